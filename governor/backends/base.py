@@ -1,0 +1,71 @@
+"""The protocol every GPU backend implements: probe (read only), snapshot, pin, restore, read.
+
+A backend drives one kind of hardware (Jetson devfreq, NVML). ``probe`` finds the devices and only reads; the daemon
+then snapshots each device's limits before its first pin, pins the level its jobs need, and restores the snapshot when
+the last job on that device ends. Frequencies are always in Hz, power in mW, energy in J.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A device's frequency limits as the hardware reports them: what we snapshot and restore."""
+
+    min_hz: int
+    max_hz: int
+    extra: tuple[tuple[str, int], ...] = ()  # backend-specific settings restored with the limits (e.g. an NVML power cap)
+
+    def to_dict(self) -> dict:
+        return {"min_hz": self.min_hz, "max_hz": self.max_hz, "extra": dict(self.extra)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Limits":
+        return cls(int(d["min_hz"]), int(d["max_hz"]), tuple(sorted((str(k), int(v)) for k, v in d.get("extra", {}).items())))
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One look at a device: its limits now, the current frequency, and utilization if the hardware reports it."""
+
+    min_hz: int
+    max_hz: int
+    cur_hz: Optional[int]
+    load_pct: Optional[float]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@runtime_checkable
+class Gpu(Protocol):
+    """One GPU whose clock the daemon can pin."""
+
+    id: str  # stable key: "0" for the Orin's single GPU, the NVML index otherwise
+    levels_hz: tuple[int, ...]  # ascending; every pin is one of these
+
+    def describe(self) -> dict:
+        """Where the device lives (paths, names): shown by status and logged at start."""
+
+    def snapshot(self) -> Limits:
+        """Read the limits to restore later."""
+
+    def pin(self, freq_hz: int) -> None:
+        """Pin min = max = freq_hz (a level of levels_hz) and verify by reading back; raise PinError if it did not take."""
+
+    def restore(self, limits: Limits) -> None:
+        """Put back a snapshot; raise BackendError if that failed (the caller logs and retries)."""
+
+    def read(self) -> Reading:
+        """Current limits, frequency and load."""
+
+
+def nearest_level(levels_hz: tuple[int, ...], freq_hz: int) -> int:
+    """The lowest level at or above freq_hz (never slow a job below what it asked for), else the top level."""
+    for level in levels_hz:
+        if level >= freq_hz:
+            return level
+    return levels_hz[-1]

@@ -1,0 +1,33 @@
+"""One error hierarchy for the whole package.
+
+OSError and friends are converted to these at the boundary where they happen (``raise ... from e``), so callers above
+the backends never see a bare OSError and the daemon can tell a client exactly what went wrong.
+"""
+
+
+class FtgovError(Exception):
+    """Base class of every error ftgov raises on purpose."""
+
+
+class ConfigError(FtgovError):
+    """The configuration file or a command-line value is invalid; the message names the key."""
+
+
+class BackendError(FtgovError):
+    """A hardware backend could not read or write what it needed (sysfs, NVML)."""
+
+
+class NodeNotFound(BackendError):
+    """No GPU frequency node was found (yet): the caller may wait and retry."""
+
+
+class PinError(BackendError):
+    """A pin did not take: the files did not read back what was written."""
+
+
+class ModelError(FtgovError):
+    """A decision-tree export is missing or malformed."""
+
+
+class StateError(FtgovError):
+    """The crash-safety state file could not be written or read."""

@@ -1,0 +1,75 @@
+"""The workload features the policy decides on, shared by the daemon, the clients and the model pipeline.
+
+One module, so the trainer and the daemon cannot drift apart: the order and encoding of the tree's inputs live here.
+The five features are those of the paper (paper.md): model type, GPU utilization, layers, hidden size and average
+sequence length (tokens per sample, not the padded length).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+ModelType = Literal["encoder", "decoder"]
+
+# The tree's input vector, in this order. model_type is encoded as a number so that a scikit-learn tree can split on it.
+FEATURE_ORDER: tuple[str, ...] = ("model_type", "gpu_util", "num_layers", "hidden_size", "seq_len")
+MODEL_TYPE_CODES: dict[str, int] = {"encoder": 0, "decoder": 1}
+
+
+class Features(BaseModel):
+    """What a job tells the daemon about itself. Strict: a string where a number belongs is an error, not a guess."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    model_type: ModelType
+    num_layers: int = Field(ge=1, le=1024)
+    hidden_size: int = Field(ge=1, le=1 << 20)
+    seq_len: float = Field(gt=0, le=1 << 20, description="average tokens per sample")
+    gpu_util: Optional[float] = Field(default=None, ge=0, le=100, description="GPU utilization, percent")
+
+    @field_validator("seq_len", "gpu_util", mode="before")
+    @classmethod
+    def _finite(cls, v):
+        # JSON has no NaN, but Python's json module accepts it: refuse it here, where the number is read.
+        if isinstance(v, bool):
+            raise ValueError("must be a number, not a boolean")
+        if isinstance(v, int):
+            return float(v)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+    def vector(self) -> list[float]:
+        """The tree's input, in FEATURE_ORDER. gpu_util must be known by now (measured when the client gave none)."""
+        if self.gpu_util is None:
+            raise ValueError("gpu_util must be measured before the features are encoded")
+        return [float(self.encoded(name)) for name in FEATURE_ORDER]
+
+    def encoded(self, name: str) -> float:
+        value = getattr(self, name)
+        return MODEL_TYPE_CODES[value] if name == "model_type" else float(value)
+
+
+# Hugging Face config.model_type values whose models are encoder-only; anything else with a causal LM head is a decoder.
+ENCODER_MODEL_TYPES = frozenset(
+    {"bert", "roberta", "deberta", "deberta-v2", "distilbert", "albert", "electra", "xlm-roberta", "camembert",
+     "mpnet", "modernbert", "megatron-bert", "ernie", "rembert"}
+)
+
+
+def from_hf_config(config) -> dict:
+    """Structural features from a Hugging Face PretrainedConfig (or a dict of its fields).
+
+    Returns model_type, num_layers and hidden_size; seq_len and gpu_util come from the data and the GPU.
+    """
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    hf_type = str(get("model_type", "") or "").lower()
+    layers = get("num_hidden_layers") or get("n_layer") or get("num_layers")
+    hidden = get("hidden_size") or get("n_embd") or get("d_model")
+    if not layers or not hidden:
+        raise ValueError(f"config of model_type {hf_type!r} names no layer count or hidden size")
+    is_encoder = hf_type in ENCODER_MODEL_TYPES or (not get("is_decoder", False) and hf_type.endswith("bert"))
+    return {"model_type": "encoder" if is_encoder else "decoder", "num_layers": int(layers), "hidden_size": int(hidden)}

@@ -1,0 +1,147 @@
+"""Evaluate an exported decision tree: plain data, no scikit-learn, no pickle.
+
+Export format ``ftgov-tree/1`` (JSON), written by model/ (the pipeline) and read here:
+
+    {"format": "ftgov-tree/1",
+     "source": "paper" | "trained",          # where the tree came from
+     "description": "...",
+     "features": ["model_type", "gpu_util", "num_layers", "hidden_size", "seq_len"],
+     "model_type_codes": {"encoder": 0, "decoder": 1},
+     "nodes": [{"feature": "num_layers", "threshold": 7.0, "left": 1, "right": 2},
+               {"freq_hz": 510000000}, ...],  # node 0 is the root; left when value <= threshold
+     "metadata": {...}}                       # free-form: data version, seed, CV scores
+
+The ``<=`` goes left, as in scikit-learn, so an exported tree gives the same answers as the estimator it came from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from governor.errors import ModelError
+from governor.features import FEATURE_ORDER, MODEL_TYPE_CODES, Features
+
+FORMAT = "ftgov-tree/1"
+
+
+@dataclass(frozen=True)
+class Split:
+    feature: str
+    threshold: float
+    left: int
+    right: int
+
+
+@dataclass(frozen=True)
+class Leaf:
+    freq_hz: int
+
+
+@dataclass(frozen=True)
+class TreeDecision:
+    freq_hz: int
+    path: tuple[str, ...]  # human-readable tests taken from the root, e.g. ("num_layers=12 > 7", "seq_len=40 <= 53")
+
+    def explain(self) -> str:
+        return " -> ".join(self.path) + f" -> {self.freq_hz / 1e6:g} MHz"
+
+
+class DecisionTree:
+    """A validated tree: every node reachable, no cycles, every leaf a frequency, every split a known feature."""
+
+    def __init__(self, nodes: list[Split | Leaf], source: str, description: str = "", metadata: dict | None = None):
+        self.nodes = nodes
+        self.source = source
+        self.description = description
+        self.metadata = metadata or {}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "DecisionTree":
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ModelError(f"not a {FORMAT} export (format={data.get('format') if isinstance(data, dict) else None!r})")
+        if list(data.get("features", [])) != list(FEATURE_ORDER):
+            raise ModelError(f"features must be {list(FEATURE_ORDER)}, got {data.get('features')!r}")
+        if data.get("model_type_codes", MODEL_TYPE_CODES) != MODEL_TYPE_CODES:
+            raise ModelError(f"model_type_codes must be {MODEL_TYPE_CODES}")
+        raw = data.get("nodes")
+        if not isinstance(raw, list) or not raw:
+            raise ModelError("nodes must be a non-empty list")
+        nodes: list[Split | Leaf] = []
+        for i, node in enumerate(raw):
+            nodes.append(_parse_node(i, node, len(raw)))
+        _check_is_tree(nodes)
+        return cls(nodes, source=str(data.get("source", "unknown")), description=str(data.get("description", "")),
+                   metadata=data.get("metadata") or {})
+
+    @classmethod
+    def load(cls, path: str | Path) -> "DecisionTree":
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ModelError(f"cannot read model file {path}: {e.strerror or e}") from e
+        try:
+            data = json.loads(text)
+        except ValueError as e:
+            raise ModelError(f"model file {path} is not valid JSON: {e}") from e
+        try:
+            return cls.from_dict(data)
+        except ModelError as e:
+            raise ModelError(f"model file {path}: {e}") from e
+
+    def leaves_hz(self) -> list[int]:
+        return sorted({n.freq_hz for n in self.nodes if isinstance(n, Leaf)})
+
+    def decide(self, features: Features) -> TreeDecision:
+        return self.decide_vector(dict(zip(FEATURE_ORDER, features.vector())))
+
+    def decide_vector(self, values: dict[str, float]) -> TreeDecision:
+        node, path = self.nodes[0], []
+        while isinstance(node, Split):
+            x = values[node.feature]
+            if x <= node.threshold:
+                path.append(f"{node.feature}={_fmt(x)} <= {_fmt(node.threshold)}")
+                node = self.nodes[node.left]
+            else:
+                path.append(f"{node.feature}={_fmt(x)} > {_fmt(node.threshold)}")
+                node = self.nodes[node.right]
+        return TreeDecision(node.freq_hz, tuple(path))
+
+
+def _fmt(x: float) -> str:
+    return f"{x:g}"
+
+
+def _parse_node(i: int, node, count: int) -> Split | Leaf:
+    if not isinstance(node, dict):
+        raise ModelError(f"node {i} is not an object")
+    if "freq_hz" in node:
+        hz = node["freq_hz"]
+        if not isinstance(hz, int) or isinstance(hz, bool) or hz <= 0:
+            raise ModelError(f"node {i}: freq_hz must be a positive integer (Hz), got {hz!r}")
+        return Leaf(hz)
+    feature, threshold = node.get("feature"), node.get("threshold")
+    if feature not in FEATURE_ORDER:
+        raise ModelError(f"node {i}: unknown feature {feature!r}")
+    if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not math.isfinite(threshold):
+        raise ModelError(f"node {i}: threshold must be a finite number, got {threshold!r}")
+    left, right = node.get("left"), node.get("right")
+    for name, child in (("left", left), ("right", right)):
+        if not isinstance(child, int) or isinstance(child, bool) or not 0 < child < count:
+            raise ModelError(f"node {i}: {name} must be a node index in 1..{count - 1}, got {child!r}")
+    return Split(feature, float(threshold), left, right)
+
+
+def _check_is_tree(nodes: list[Split | Leaf]) -> None:
+    seen, stack = set(), [0]
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            raise ModelError(f"node {i} is reached twice: not a tree")
+        seen.add(i)
+        if isinstance(nodes[i], Split):
+            stack += [nodes[i].left, nodes[i].right]
+    if len(seen) != len(nodes):
+        raise ModelError(f"nodes {sorted(set(range(len(nodes))) - seen)} are unreachable")
