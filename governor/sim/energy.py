@@ -129,7 +129,7 @@ class Calibration:
     maxn_floor_hz: float = 306e6
     # Noise (relative standard deviations at noise=1.0; the caller's noise argument scales them).
     jitter_rel: float = 0.03
-    drift_rel: float = 0.04
+    drift_rel: float = 0.015
     drift_rho: float = 0.995  # per step: a drift that lasts ~200 steps
 
 
