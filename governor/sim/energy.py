@@ -11,9 +11,9 @@ what the paper reports (docs/energy-model.md has the reasoning and the calibrati
 - power: GPU rail = SoC base + leakage(V) + C * V(f)^2 * f * activity, where activity is high in compute kernels,
   lower in memory-bound ones and small (clock tree) while the GPU waits; V(f) sits on a voltage floor below a knee
   and rises linearly above it. CPU rail: the training loop's core(s). 5 V rail: board base + DRAM energy per byte.
-- MAXN: the load-following default governor (nvhost_podgov) runs the GPU at the lowest clock that keeps its load at
-  a target, which is the top level for a busy training loop and lower for a step that waits on the CPU; it pays a
-  small ramp penalty in time because it reacts to load after the fact.
+- MAXN: the load-following default governor (nvhost_podgov) starts a busy training loop at the top level and steps
+  down while the load stays below its threshold: GPU-bound workloads stay at the top, host-bound ones settle lower;
+  it pays a small ramp penalty in time because it reacts to load after the fact.
 - noise: per-step jitter plus a slow drift (AR(1)) standing for thermal state and background activity, larger for
   workloads dominated by host-side time; the drift survives averaging over a characterization run, like real
   run-to-run variation does.
@@ -124,9 +124,8 @@ class Calibration:
     vddq_base_w: float = 0.9
     vddq_share: float = 0.35
     # MAXN (nvhost_podgov): load target and its reaction cost.
-    maxn_load_target: float = 0.65  # podgov scales down only while the load stays below this
+    maxn_down_load: float = 0.65  # podgov steps the clock down while the load stays below this
     maxn_ramp_penalty: float = 0.035  # fraction of time lost ramping back up after host-side gaps, scaled by the gap share
-    maxn_floor_hz: float = 306e6
     # Noise (relative standard deviations at noise=1.0; the caller's noise argument scales them).
     jitter_rel: float = 0.03
     drift_rel: float = 0.015
@@ -256,31 +255,23 @@ class OrinEnergyModel:
                 RAIL_VDDQ: (c.vddq_base_w + c.vddq_share * dram_w) * 1e3}
 
     def _maxn(self, w: Workload) -> StepSample:
-        """The load-following governor: the lowest clock whose load reaches the target, as a continuous clock.
+        """The load-following governor (nvhost_podgov) in steady state.
 
-        podgov moves between table levels; averaged over a step it dwells at a mix of neighbours, which a clock
-        between them stands for. It reacts to load after the fact, so after each host-side gap the GPU restarts
-        below its clock: a time penalty proportional to how much of the step those gaps are.
+        A training loop starts with the GPU busy, so podgov starts at the top level; it steps down while the load it
+        sees stays below its down-threshold and stops at the first level where the load reaches it (a slower clock
+        makes the GPU busy for more of the step). GPU-bound workloads never leave the top level; host-bound ones
+        settle lower. It reacts to load after the fact, so after each host-side gap the GPU restarts below its clock:
+        a time penalty that grows with how much of the step those gaps are.
         """
         c = self.cal
         work = self._work(w)
-        top = float(self.levels_hz[-1])
-        lo, hi = max(c.maxn_floor_hz, float(self.levels_hz[0])), top
-        if self._load(work, top) < c.maxn_load_target:
-            for _ in range(50):  # bisection: load falls as the clock rises
-                mid = 0.5 * (lo + hi)
-                if self._load(work, mid) >= c.maxn_load_target:
-                    lo = mid
-                else:
-                    hi = mid
-            freq_hz = hi
-        else:
-            freq_hz = top
-        s = self._pinned(w, freq_hz, reported_hz=None)
+        levels = sorted(self.levels_hz, reverse=True)
+        freq_hz = next((f for f in levels if self._load(work, float(f)) >= c.maxn_down_load), levels[-1])
+        s = self._pinned(w, float(freq_hz), reported_hz=None)
         gap_share = work.host_s / s.time_s
         time_s = s.time_s * (1.0 + c.maxn_ramp_penalty * (0.3 + gap_share))
-        # The ramp stretches the step but the GPU rail runs the extra time near idle: energy follows the longer step.
-        return _sample(None, time_s, s.gpu_util_pct * s.time_s / time_s, s.rails_mw, freq_hz)
+        # The ramp stretches the step at the settled level's power: energy follows the longer step.
+        return _sample(None, time_s, s.gpu_util_pct * s.time_s / time_s, s.rails_mw, float(freq_hz))
 
     def _load(self, work: _Work, freq_hz: float) -> float:
         time_s, compute_s, memory_s = self._phases(work, freq_hz)
