@@ -14,7 +14,12 @@ from pathlib import Path
 from governor.errors import BackendError
 from governor.sysfs import Root, read_int, read_text
 
-ENERGY_RAILS = ("VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0")
+RAIL_GPU_SOC = "VDD_GPU_SOC"
+RAIL_CPU_CV = "VDD_CPU_CV"
+RAIL_SYS_5V0 = "VIN_SYS_5V0"
+RAIL_VDDQ = "VDDQ_VDD2_1V8AO"
+AGX_ORIN_RAILS = (RAIL_GPU_SOC, RAIL_CPU_CV, RAIL_SYS_5V0, RAIL_VDDQ)
+ENERGY_RAILS = (RAIL_GPU_SOC, RAIL_CPU_CV, RAIL_SYS_5V0)
 HWMON_CLASS = "/sys/class/hwmon"
 _CHANNEL = re.compile(r"in(\d+)_label$")
 
