@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import csv
 import importlib
+import importlib.machinery
 import importlib.util
+import inspect
+import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,7 +17,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from governor.backends.base import Gpu, Limits
-from governor.backends.nvml import (NvmlReadOnly, POWER_LIMIT_KEY, ReadOnlyNvml, coarse_levels, probe)
+from governor.backends.nvml import POWER_LIMIT_KEY, NvmlReadOnly, ReadOnlyNvml, coarse_levels, probe
 from governor.errors import BackendError, NodeNotFound, PinError
 from governor.gpuid import GpuNotFound, find_gpu, visible_gpu
 
@@ -330,7 +336,7 @@ def test_visible_gpu_from_the_environment_alone():
 
 
 def test_visible_gpu_with_a_cpu_only_torch_is_none():
-    import torch
+    import torch  # here, not at the top: importing torch costs seconds that only this test needs
 
     assert not torch.cuda.is_available()  # this machine: CPU torch
     assert visible_gpu({}, torch) is None
@@ -338,10 +344,6 @@ def test_visible_gpu_with_a_cpu_only_torch_is_none():
 
 # ---- the fake keeps to the real module's names ----
 def test_the_fake_has_the_real_names_signatures_and_codes(nvml):
-    import inspect
-
-    import importlib.machinery
-
     real_spec = importlib.machinery.PathFinder.find_spec("pynvml", [p for p in sys.path if p != str(FAKE_DIR)])
     assert real_spec is not None and real_spec.origin != nvml.__file__, "nvidia-ml-py must be installed"
     real = importlib.util.module_from_spec(real_spec)
@@ -364,3 +366,57 @@ def test_the_fake_has_the_real_names_signatures_and_codes(nvml):
         elif name.startswith("NVMLError_"):
             assert getattr(real, name).__name__ == name
             assert value(0).value == getattr(real, name)(0).value  # the code each class carries
+
+
+# ---- scripts/nvml_observe.py, end to end on the CPU against the fake NVML ----
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "nvml_observe.py"
+TINY = ["--device", "cpu", "--arch", "gpt2", "--layers", "2", "--hidden", "64", "--heads", "2", "--vocab", "500",
+        "--seq-len", "32", "--batch", "2", "--warmup-steps", "1", "--idle-s", "0.3", "--status-every", "2"]
+
+
+def _observe(tmp_path, *args, gpu_util_pct=50):
+    config = tmp_path / "fakenvml.json"
+    config.write_text(json.dumps({"gpus": [{"util_gpu_pct": gpu_util_pct}]}))
+    calls = tmp_path / "calls.log"
+    out = tmp_path / "out"
+    env = dict(os.environ, FAKENVML_CONFIG=str(config), FAKENVML_LOG=str(calls),
+               PYTHONPATH=os.pathsep.join([str(FAKE_DIR), str(SCRIPT.parent.parent)]))
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out), *TINY, *args], env=env,
+                          capture_output=True, text=True, timeout=300)
+    daemon_log = out / "ftgovd.log"
+    assert proc.returncode == 0, proc.stderr[-4000:] + (daemon_log.read_text() if daemon_log.exists() else "")
+    with open(out / "segments.csv") as f:
+        segments = list(csv.DictReader(f))
+    return out, segments, calls.read_text().split()
+
+
+def test_observe_script_records_energy_per_step_through_the_daemon_and_changes_nothing(tmp_path):
+    out, segments, calls = _observe(tmp_path, "--steps", "6", "--eval-every", "3", "--eval-steps", "2",
+                                    "--checkpoint-every", "4", "--data-every", "5", "--data-tokens", "20000")
+    assert [s for s in calls if s.startswith(("nvmlDeviceSet", "nvmlDeviceReset"))] == []  # script and daemon
+    assert "nvmlDeviceGetTotalEnergyConsumption" in calls
+    phases = [s["phase"] for s in segments]
+    assert phases.count("train") == 6 and {"idle", "eval", "checkpoint", "data"} <= set(phases)
+    # The fake H200 at 50% load and its top clock draws 90 W + 0.5 x 560 W = 370 W: energy per segment / its
+    # duration must give that back, which checks the mJ counter, the deltas and the units end to end.
+    train = [s for s in segments if s["phase"] == "train"]
+    power_w = sum(float(s["energy_j"]) for s in train) / sum(float(s["duration_s"]) for s in train)
+    assert power_w == pytest.approx(370.0, rel=0.05)
+    assert {s["graphics_mhz_end"] for s in train} == {"1980"}
+    seen_by_daemon = {s["daemon_phase"] for s in segments if s["daemon_phase"]}
+    assert {"train", "eval", "checkpoint", "data"} <= seen_by_daemon
+    assert any(s["daemon_cur_mhz"] == "1980.0" and s["daemon_load_pct"] == "50.0" for s in segments)
+    summary = (out / "summary.md").read_text()
+    assert "policy `observe`" in summary and "| 700.0 | 700.0 | True |" in summary
+    run = json.loads((out / "run.json").read_text())
+    assert len(run["supported_graphics_mhz"]) == 110 and run["daemon"]["exit_code"] == 0
+
+
+def test_observe_script_without_the_daemon_reads_nvml_alone(tmp_path):
+    out, segments, calls = _observe(tmp_path, "--steps", "2", "--eval-every", "0", "--checkpoint-every", "0",
+                                    "--data-every", "0", "--daemon", "off", gpu_util_pct=0)
+    assert [s for s in calls if s.startswith(("nvmlDeviceSet", "nvmlDeviceReset"))] == []
+    assert [s["phase"] for s in segments] == ["idle", "train", "train"]
+    idle_power_w = float(segments[0]["energy_j"]) / float(segments[0]["duration_s"])
+    assert idle_power_w == pytest.approx(90.0, rel=0.05)  # the fake's idle draw
+    assert not (out / "ftgovd.log").exists() and "Not run: --daemon off" in (out / "summary.md").read_text()

@@ -186,6 +186,30 @@ class NvmlGpu:
         return int(self._call("graphics clock", self._nvml.nvmlDeviceGetClockInfo,
                               self._nvml.NVML_CLOCK_GRAPHICS)) * MHZ
 
+    def clocks_mhz(self) -> dict[str, int]:
+        """Current graphics, SM and memory clocks in MHz (NVML's unit, kept for logs and tables)."""
+        nvml = self._nvml
+        kinds = {"graphics": nvml.NVML_CLOCK_GRAPHICS, "sm": nvml.NVML_CLOCK_SM, "memory": nvml.NVML_CLOCK_MEM}
+        return {name: int(self._call(f"{name} clock", nvml.nvmlDeviceGetClockInfo, kind))
+                for name, kind in kinds.items()}
+
+    def driver_version(self) -> Optional[str]:
+        try:
+            return _text(self._nvml.nvmlSystemGetDriverVersion())
+        except self._nvml.NVMLError as e:
+            log.debug("driver version: %s", e)
+            return None
+
+    def clock_event_reasons(self) -> Optional[int]:
+        """Why the clock is below its maximum now (nvmlClocksEventReason* bits: idle, lock, power cap, thermal), or
+        None where the driver does not say. The lock bit (ApplicationsClocksSetting) hints at a lock NVML cannot
+        read back."""
+        try:
+            return int(self._call("clock event reasons", self._nvml.nvmlDeviceGetCurrentClocksEventReasons))
+        except (BackendError, AttributeError) as e:  # AttributeError: nvidia-ml-py older than 12.535
+            log.debug("%s", e)
+            return None
+
     def read(self) -> Reading:
         """Limits are those this process locked (NVML cannot read a lock back), else the full range; cur and load
         are read from the GPU, None when NVML cannot give them."""
