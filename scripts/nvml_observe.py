@@ -403,7 +403,7 @@ def phase_table(rows: list[dict], warmup_steps: int) -> list[dict]:
 
 
 def markdown_table(rows: list[dict]) -> str:
-    if not rows:
+    if not rows or not rows[0]:
         return "(none)\n"
     keys = list(rows[0])
     lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]

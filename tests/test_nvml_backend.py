@@ -148,6 +148,18 @@ def test_a_narrower_snapshot_is_restored_as_a_lock(nvml, system):
     gpu = probe(nvml)[0]
     gpu.restore(Limits(900 * MHZ, 1500 * MHZ))
     assert system.gpus[0].locked_mhz == (900, 1500)
+    assert (gpu.read().min_hz, gpu.read().max_hz) == (900 * MHZ, 1500 * MHZ)
+
+
+def test_pin_holds_until_another_tool_resets_the_lock(nvml, system):
+    system.set_utilization(0, 100)
+    gpu = probe(nvml)[0]
+    assert gpu.pin_holds()  # no lock held: nothing to lose
+    gpu.pin(gpu.levels_hz[3])
+    assert gpu.pin_holds()
+    nvml.nvmlDeviceResetGpuLockedClocks(nvml.nvmlDeviceGetHandleByIndex(0))  # as `nvidia-smi -rgc` would
+    assert not gpu.pin_holds()
+    assert gpu.snapshot().max_hz == gpu.supported_hz[-1]  # the snapshot cannot tell: it never sees a lock
 
 
 # ---- permission and support ----

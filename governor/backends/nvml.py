@@ -79,14 +79,23 @@ def _advice(nvml: Any, code: Optional[int], not_supported: str) -> str:
     return "see nvidia-smi -q for the GPU's state"
 
 
+NOT_SUPPORTED_ADVICE = "this GPU or driver does not support it"
+
+
+def converted(nvml: Any, what: str, e: Exception, error: type = BackendError,
+              not_supported: str = NOT_SUPPORTED_ADVICE) -> BackendError:
+    """The governor error for an NVMLError: what failed, NVML's code, and what to do about it."""
+    code = getattr(e, "value", None)
+    return error(f"{what}: {e} ({_error_name(nvml, code)}): {_advice(nvml, code, not_supported)}")
+
+
 def nvml_call(nvml: Any, what: str, fn: Callable, *args, error: type = BackendError,
-              not_supported: str = "this GPU or driver does not support it") -> Any:
-    """Call an NVML function, turning NVMLError into ``error`` with a message that says what to do."""
+              not_supported: str = NOT_SUPPORTED_ADVICE) -> Any:
+    """Call an NVML function, turning NVMLError into ``error`` (raise ... from the NVMLError)."""
     try:
         return fn(*args)
     except nvml.NVMLError as e:
-        code = getattr(e, "value", None)
-        raise error(f"{what}: {e} ({_error_name(nvml, code)}): {_advice(nvml, code, not_supported)}") from e
+        raise converted(nvml, what, e, error, not_supported) from e
 
 
 def coarse_levels(supported_hz: tuple[int, ...], count: int = DEFAULT_LEVEL_COUNT) -> tuple[int, ...]:
@@ -134,8 +143,8 @@ class NvmlGpu:
         gaps = [b - a for a, b in zip(self.supported_hz, self.supported_hz[1:])]
         # A locked GPU may read a clock one table step off the lock; more than that above it means no lock.
         self._clock_tolerance_hz = max(gaps, default=0)
-        # NVML cannot read a lock back, so what this process last locked is the only record of it.
-        self._locked_hz: Optional[int] = None
+        # NVML cannot read a lock back, so the range this process last locked (min, max) is the only record of it.
+        self._lock_hz: Optional[tuple[int, int]] = None
 
     def describe(self) -> dict:
         return {
@@ -159,9 +168,7 @@ class NvmlGpu:
         except self._nvml.NVMLError as e:
             if getattr(e, "value", None) == self._nvml.NVML_ERROR_NOT_SUPPORTED:
                 return None
-            code = getattr(e, "value", None)
-            raise BackendError(f"GPU {self.id} ({self.name}): power limit: {e} ({_error_name(self._nvml, code)}): "
-                               f"{_advice(self._nvml, code, '')}") from e
+            raise converted(self._nvml, f"GPU {self.id} ({self.name}): power limit", e) from e
 
     def power_limit_range_mw(self) -> tuple[int, int]:
         low, high = self._call("power limit constraints", self._nvml.nvmlDeviceGetPowerManagementLimitConstraints)
@@ -213,10 +220,7 @@ class NvmlGpu:
     def read(self) -> Reading:
         """Limits are those this process locked (NVML cannot read a lock back), else the full range; cur and load
         are read from the GPU, None when NVML cannot give them."""
-        if self._locked_hz is not None:
-            low, high = self._locked_hz, self._locked_hz
-        else:
-            low, high = self.supported_hz[0], self.supported_hz[-1]
+        low, high = self._lock_hz or (self.supported_hz[0], self.supported_hz[-1])
         try:
             cur_hz: Optional[int] = self.clock_hz()
         except BackendError as e:
@@ -250,11 +254,20 @@ class NvmlGpu:
         self._call(f"lock graphics clock at {mhz} MHz", self._nvml.nvmlDeviceSetGpuLockedClocks, mhz, mhz,
                    error=PinError, not_supported="this GPU cannot lock its clocks (needs Volta or newer and a "
                    "board that allows it): use the observe policy")
-        self._locked_hz = freq_hz
-        cur_hz = self.clock_hz()
-        if cur_hz > freq_hz + self._clock_tolerance_hz:
-            raise PinError(f"GPU {self.id}: locked at {mhz} MHz but the graphics clock reads {cur_hz // MHZ} MHz: the "
-                           "lock did not take (does another tool reset clocks?)")
+        self._lock_hz = (freq_hz, freq_hz)
+        if not self.pin_holds():
+            raise PinError(f"GPU {self.id}: locked at {mhz} MHz but the graphics clock reads "
+                           f"{self.clock_hz() // MHZ} MHz: the lock did not take (does another tool reset clocks?)")
+
+    def pin_holds(self) -> bool:
+        """False when there is evidence that our lock is gone: the clock reads above it by more than a table step.
+
+        What the daemon's periodic pin check should call for NVML, instead of comparing snapshot() with the pin
+        (snapshot() always reports the full range, since NVML cannot read a lock back). True when we hold no lock.
+        """
+        if self._lock_hz is None:
+            return True
+        return self.clock_hz() <= self._lock_hz[1] + self._clock_tolerance_hz
 
     def set_power_cap_mw(self, power_mw: int) -> None:
         """Set the power limit (mW) and read it back. Snapshot first: restore puts the snapshot's limit back."""
@@ -275,10 +288,11 @@ class NvmlGpu:
         try:
             if limits.min_hz <= self.supported_hz[0] and limits.max_hz >= self.supported_hz[-1]:
                 self._call("reset locked clocks", self._nvml.nvmlDeviceResetGpuLockedClocks)
+                self._lock_hz = None
             else:
                 self._call(f"lock clocks to {limits.min_hz // MHZ}..{limits.max_hz // MHZ} MHz",
                            self._nvml.nvmlDeviceSetGpuLockedClocks, limits.min_hz // MHZ, limits.max_hz // MHZ)
-            self._locked_hz = None
+                self._lock_hz = (limits.min_hz, limits.max_hz)
         except BackendError as e:
             failures.append(e)
         power_mw = dict(limits.extra).get(POWER_LIMIT_KEY)
