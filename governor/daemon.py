@@ -60,7 +60,7 @@ def probe_gpus(config: Config, root: Root, notifier: Optional[Notifier] = None) 
     from governor.backends import devfreq
 
     if config.backend == "nvml":
-        return _nvml_probe()
+        return _nvml_probe(config)
     deadline = time.monotonic() + config.node_wait_s
     delay_s, announced = 0.25, False
     while True:
@@ -69,7 +69,7 @@ def probe_gpus(config: Config, root: Root, notifier: Optional[Notifier] = None) 
         except NodeNotFound as e:
             if config.backend == "auto" and not announced:
                 try:
-                    return _nvml_probe()
+                    return _nvml_probe(config)
                 except (ImportError, FtgovError):
                     pass  # no NVML GPUs either: keep waiting for the Jetson node
             if time.monotonic() >= deadline:
@@ -83,10 +83,11 @@ def probe_gpus(config: Config, root: Root, notifier: Optional[Notifier] = None) 
             delay_s = min(delay_s * 2, 5.0)
 
 
-def _nvml_probe() -> list:
+def _nvml_probe(config: Config) -> list:
     from governor.backends import nvml
 
-    return nvml.probe()
+    # In observe mode the NVML handle refuses every call that would change the GPU: safe on a shared machine.
+    return nvml.probe(read_only=config.policy == "observe")
 
 
 def run(config: Config, *, simulate: bool = False) -> int:

@@ -90,3 +90,21 @@ class EnergyMeter:
         self.energy_j += dt * (self.last_mw + total_mw) / 2.0 / 1000.0
         self.last_t_s, self.last_mw = t_s, total_mw
         return self.energy_j
+
+
+class CounterMeter:
+    """Energy from a hardware counter that already integrates (NVML's total energy, J): the difference since start.
+
+    Same interface as EnergyMeter, so the daemon need not care which a job has; the power argument is unused.
+    """
+
+    def __init__(self, read_j):
+        self.read_j = read_j
+        self.start_j = read_j()
+
+    @property
+    def energy_j(self) -> float:
+        return self.read_j() - self.start_j
+
+    def add(self, t_s: float, total_mw: float) -> float:
+        return self.energy_j

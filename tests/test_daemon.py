@@ -100,7 +100,7 @@ def test_gpu_util_is_measured_from_the_load_file_when_absent(orin, start_daemon)
     d = start_daemon()
     features = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
     res = d.client().call("register", **features)
-    assert "measured from the GPU load file: 15.0%" in res["reason"]
+    assert "measured from the GPU's load: 15.0%" in res["reason"]
     assert res["freq_hz"] == 1020000000  # the paper tree's low-utilization branch
 
 
