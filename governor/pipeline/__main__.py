@@ -10,11 +10,11 @@ from governor.errors import FtgovError
 
 
 def main(argv: list[str] | None = None) -> int:
-    from governor.pipeline import characterize
+    from governor.pipeline import characterize, evaluate
 
     parser = argparse.ArgumentParser(prog="python -m governor.pipeline")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (characterize,):
+    for module in (characterize, evaluate):
         module.add_parser(sub)
     args = parser.parse_args(argv)
     try:

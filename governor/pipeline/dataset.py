@@ -26,6 +26,7 @@ class Sweep:
     features: Features
     energy_j: dict[int, float]  # level (Hz) -> energy per step
     time_s: dict[int, float]
+    gpu_util_pct: dict[int, float]
     maxn_energy_j: float
     maxn_time_s: float
 
@@ -80,6 +81,7 @@ def _sweep(name: str, rows: list[dict]) -> Sweep:
         features=features,
         energy_j={int(r["freq_hz"]): float(r["energy_per_step_j"]) for r in pinned},
         time_s={int(r["freq_hz"]): float(r["step_time_s"]) for r in pinned},
+        gpu_util_pct={int(r["freq_hz"]): float(r["gpu_util_pct"]) for r in pinned},
         maxn_energy_j=float(maxn[0]["energy_per_step_j"]), maxn_time_s=float(maxn[0]["step_time_s"]),
     )
 

@@ -127,7 +127,7 @@ class HfTrainingRunner:
         self.loader = torch.utils.data.DataLoader(encoded.rename_column("label", "labels"), batch_size=batch_size,
                                                   shuffle=True, collate_fn=DataCollatorWithPadding(self.tokenizer))
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr)
-        self.scaler = torch.cuda.amp.GradScaler()
+        self.scaler = torch.amp.GradScaler("cuda")  # torch >= 2.3 (JetPack 6 wheels are 2.3+)
         self._batches = iter(())
 
     def _next_batch(self):

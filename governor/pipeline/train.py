@@ -1,6 +1,11 @@
 """Train the MLG decision tree: label each configuration with its energy-optimal level, choose hyperparameters by
 leave-one-out cross-validation, fit on everything.
 
+The label is the optimum of the measured energy curve after a 3-point smoothing across neighbouring levels (weights
+1-2-1 on log energy). The floor of a U is flat to within run-to-run noise (1-3 %), so the raw argmin flips between
+neighbours by chance and a tree fitted to it learns the noise; the smoothed optimum is the centre of the floor.
+Regret is always measured against the raw energies (docs/energy-model.md has the figures).
+
 Hyperparameters are chosen by LOOCV energy regret (energy at the predicted level over the optimum's), not accuracy:
 a near miss (816 MHz for a 714 MHz optimum on a flat U) costs a fraction of a percent, a far miss costs tens of
 percent, and accuracy cannot tell them apart. Accuracy breaks ties, then the simpler tree. Both are reported.
@@ -11,6 +16,7 @@ scikit-learn and joblib are imported inside the functions: the daemon never impo
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 from governor.features import FEATURE_ORDER
@@ -27,18 +33,32 @@ PARAM_GRID = {
 @dataclass(frozen=True)
 class CvResult:
     params: dict
-    accuracy: float  # LOOCV, fraction of configurations whose optimum level was predicted exactly
+    accuracy: float  # LOOCV, fraction of configurations whose label (smoothed optimum) was predicted exactly
     mean_regret_pct: float  # LOOCV, mean over configurations of energy at the prediction over the optimum
     max_regret_pct: float
     predictions_hz: tuple[int, ...]  # per configuration, from the fold that held it out
 
 
+SMOOTHING = (1.0, 2.0, 1.0)
+
+
+def label_hz(sweep: Sweep) -> int:
+    """The level at the minimum of the smoothed log-energy curve (weights renormalised at the ends of the table)."""
+    levels = sweep.levels_hz
+    log_e = [math.log(sweep.energy_j[f]) for f in levels]
+    smoothed = []
+    for i in range(len(levels)):
+        pairs = [(w, log_e[j]) for j, w in zip((i - 1, i, i + 1), SMOOTHING) if 0 <= j < len(levels)]
+        smoothed.append(sum(w * v for w, v in pairs) / sum(w for w, _ in pairs))
+    return levels[min(range(len(levels)), key=lambda i: (smoothed[i], i))]
+
+
 def design(sweeps: list[Sweep]):
-    """(X, y): the five features in FEATURE_ORDER, encoded as the daemon encodes them; y = optimum level in Hz."""
+    """(X, y): the five features in FEATURE_ORDER, encoded as the daemon encodes them; y = label level in Hz."""
     import numpy as np
 
     X = np.array([s.features.vector() for s in sweeps], dtype=np.float64)
-    y = np.array([s.optimum_hz for s in sweeps], dtype=np.int64)
+    y = np.array([label_hz(s) for s in sweeps], dtype=np.int64)
     return X, y
 
 
@@ -59,7 +79,7 @@ def loocv(sweeps: list[Sweep], params: dict, seed: int) -> CvResult:
         est = make_estimator(params, seed).fit(X[keep], y[keep])
         preds.append(int(est.predict(X[i : i + 1])[0]))
     regrets = [s.regret_pct(p) for s, p in zip(sweeps, preds)]
-    accuracy = float(np.mean([p == s.optimum_hz for s, p in zip(sweeps, preds)]))
+    accuracy = float(np.mean([p == label for p, label in zip(preds, y)]))
     return CvResult(dict(params), accuracy, float(np.mean(regrets)), float(np.max(regrets)), tuple(preds))
 
 

@@ -125,6 +125,7 @@ class Calibration:
     vddq_share: float = 0.35
     # MAXN (nvhost_podgov): load target and its reaction cost.
     maxn_down_load: float = 0.65  # podgov steps the clock down while the load stays below this
+    maxn_boost_share: float = 0.2  # below the top level: share of steps boosted back to the top by load spikes
     maxn_ramp_penalty: float = 0.035  # fraction of time lost ramping back up after host-side gaps, scaled by the gap share
     # Noise (relative standard deviations at noise=1.0; the caller's noise argument scales them).
     jitter_rel: float = 0.03
@@ -260,18 +261,30 @@ class OrinEnergyModel:
         A training loop starts with the GPU busy, so podgov starts at the top level; it steps down while the load it
         sees stays below its down-threshold and stops at the first level where the load reaches it (a slower clock
         makes the GPU busy for more of the step). GPU-bound workloads never leave the top level; host-bound ones
-        settle lower. It reacts to load after the fact, so after each host-side gap the GPU restarts below its clock:
+        settle lower, but keep being boosted back to the top by the compute burst after each host gap. It reacts to load after the fact, so after each host-side gap the GPU restarts below its clock:
         a time penalty that grows with how much of the step those gaps are.
         """
         c = self.cal
         work = self._work(w)
         levels = sorted(self.levels_hz, reverse=True)
-        freq_hz = next((f for f in levels if self._load(work, float(f)) >= c.maxn_down_load), levels[-1])
-        s = self._pinned(w, float(freq_hz), reported_hz=None)
+        settled_hz = next((f for f in levels if self._load(work, float(f)) >= c.maxn_down_load), levels[-1])
+        s = self._pinned(w, float(settled_hz), reported_hz=None)
+        if settled_hz != levels[0]:
+            # Below the top, each compute burst after a host gap looks like a load spike: podgov boosts to the top
+            # and falls back. A share of the steps runs at the top clock; the convexity of V^2 f makes that mix
+            # cost more than its average clock would.
+            top = self._pinned(w, float(levels[0]), reported_hz=None)
+            d = c.maxn_boost_share
+            time_s = (1 - d) * s.time_s + d * top.time_s
+            rails = {k: ((1 - d) * s.time_s * s.rails_mw[k] + d * top.time_s * top.rails_mw[k]) / time_s
+                     for k in s.rails_mw}
+            util = ((1 - d) * s.time_s * s.gpu_util_pct + d * top.time_s * top.gpu_util_pct) / time_s
+            mean_hz = ((1 - d) * s.time_s * settled_hz + d * top.time_s * levels[0]) / time_s
+            s = _sample(None, time_s, util, rails, mean_hz)  # energy = the time-weighted mix of the two
         gap_share = work.host_s / s.time_s
         time_s = s.time_s * (1.0 + c.maxn_ramp_penalty * (0.3 + gap_share))
-        # The ramp stretches the step at the settled level's power: energy follows the longer step.
-        return _sample(None, time_s, s.gpu_util_pct * s.time_s / time_s, s.rails_mw, float(freq_hz))
+        # The ramp stretches the step at the same power: energy follows the longer step.
+        return _sample(None, time_s, s.gpu_util_pct * s.time_s / time_s, s.rails_mw, s.mean_freq_hz)
 
     def _load(self, work: _Work, freq_hz: float) -> float:
         time_s, compute_s, memory_s = self._phases(work, freq_hz)
