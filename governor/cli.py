@@ -12,6 +12,8 @@ from governor import __version__
 # Modules that provide add_parser(subparsers); imported when `ftgov` starts, so they keep heavy imports inside run().
 SUBCOMMAND_MODULES = (
     "governor.restore",
+    "governor.pipeline.characterize",
+    "governor.pipeline.evaluate",
     "governor.sim.cli",
 )
 

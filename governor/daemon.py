@@ -129,7 +129,6 @@ def run(config: Config, *, simulate: bool = False) -> int:
         governor.listeners.append(board.update)
         board.update(governor)
     server = Server(governor, config, notifier)
-    server.adopt_leftovers()
 
     fds = listen_fds()
     if fds:

@@ -23,12 +23,14 @@ from governor.state import GpuState, JobRecord, State, StateFile
 
 log = logging.getLogger("ftgovd")
 
+POWER_CACHE_S = 0.02
+
 
 @dataclass
 class Job:
     job_id: int
     pid: int
-    start_time: float  # the process's start time (psutil create_time), against PID reuse
+    start_time: float  # the process's start time (clock ticks since boot, /proc/PID/stat), against PID reuse
     uid: int
     name: Optional[str]
     gpu_id: str
@@ -92,6 +94,10 @@ class Governor:
         self.jobs: dict[int, Job] = {}
         self.next_job_id = 1
         self.listeners: list[Callable[["Governor"], None]] = []  # told after every change (simulated board, notify)
+        # How a save that is not urgent gets scheduled (the server: once per event-loop turn). None: save at once.
+        self.defer: Optional[Callable[[Callable[[], None]], None]] = None
+        self._save_pending = False
+        self._power_cache: tuple[float, float] = (-1.0, 0.0)
 
     # ---- jobs -------------------------------------------------------------------------------------------------------
     def default_gpu(self) -> str:
@@ -169,10 +175,10 @@ class Governor:
         if ctl.stood_down:
             if not any(j.gpu_id == gpu_id for j in self.jobs.values()):
                 ctl.stood_down = False
-            self._save()
+            self._save_soon()
             return
         if target == ctl.pinned_hz and not ctl.restore_failed:
-            self._save()
+            self._save_soon()  # only the job list changed: re-adoption data, not safety data
             return
         if target is None:
             self._restore(ctl)
@@ -252,13 +258,23 @@ class Governor:
                 for gid, ctl in self.gpus.items() if ctl.baseline is not None}
         return State(self.boot_id, gpus, [j.record() for j in self.jobs.values() if j.decision], self.next_job_id)
 
+    def _save_soon(self) -> None:
+        """Save the job list without delay for the client: one write for a burst of registrations. Safe because a
+        job missing from the file after a crash is simply not re-adopted (its pin is then restored), and a job that
+        ended but is still listed fails the process check on re-adoption."""
+        if self.defer is None:
+            self._save()
+        elif not self._save_pending:
+            self._save_pending = True
+            self.defer(self._save)
+
     def _save(self) -> None:
+        self._save_pending = False
         state = self.state()
         try:
-            if state.gpus:
-                self.state_file.write(state)
-            else:
-                self.state_file.remove()
+            # Written even with nothing pinned: next_job_id must survive restarts so that a job id names one job
+            # for the whole boot (journalctl JOB_ID=3 finds one story).
+            self.state_file.write(state)
         except StateError as e:
             # Without a state file a crash could leave the pin: refuse to pin rather than risk it.
             if any(ctl.pinned_hz is not None and not ctl.restore_failed for ctl in self.gpus.values()) and state.gpus:
@@ -266,13 +282,20 @@ class Governor:
             log.error("%s", e)
 
     def _total_mw(self) -> float:
+        """Board power now (ENERGY_RAILS). Reused for POWER_CACHE_S: the INA3221 itself refreshes only every ~140 ms
+        (update_interval), so a burst of registrations need not read eight files each."""
         if self.rails is None:
             return 0.0
+        now = time.monotonic()
+        if now - self._power_cache[0] < POWER_CACHE_S:
+            return self._power_cache[1]
         try:
-            return self.rails.total_mw(self.rails.read_mw())
+            mw = self.rails.total_mw(self.rails.read_mw())
         except BackendError as e:
             log.warning("cannot read the power rails: %s", e)
             return 0.0
+        self._power_cache = (now, mw)
+        return mw
 
     def _meter(self, gpu_id: str):
         """Rails integrated over time (Jetson), else the GPU's own energy counter (NVML), else nothing."""

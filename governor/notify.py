@@ -29,11 +29,13 @@ class Notifier:
         if not self.addr:
             return
         if self.sock is None:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            # Non-blocking: a reader that falls behind (or a full socket buffer) must never stall the daemon; a dropped
+            # STATUS= is superseded by the next one.
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         try:
             self.sock.sendto("\n".join(lines).encode(), self.addr)
         except OSError:
-            pass  # systemd gone (shutdown): nothing to tell
+            pass  # systemd gone (shutdown) or its queue full: nothing to tell now
 
     def ready(self, status: str) -> None:
         self.send("READY=1", f"STATUS={status}")
@@ -92,6 +94,17 @@ class NotifyListener:
             self.messages.append(msg)
             if predicate(msg):
                 return msg
+
+    def drain(self) -> None:
+        """Forget every message already queued (so that the next wait sees only what happens from now on)."""
+        self.sock.setblocking(False)
+        try:
+            while True:
+                self.messages.append(self.sock.recv(4096).decode(errors="replace"))
+        except BlockingIOError:
+            pass
+        finally:
+            self.sock.setblocking(True)
 
     def close(self) -> None:
         self.sock.close()

@@ -51,6 +51,7 @@ class Server:
         self._tick: Optional[asyncio.TimerHandle] = None
         self._stop = asyncio.Event()
         self.gov.listeners.append(lambda _g: self._changed())
+        self.gov.defer = lambda fn: asyncio.get_running_loop().call_soon(fn)
 
     # ---- start-up and shutdown --------------------------------------------------------------------------------------
     def adopt_leftovers(self) -> None:
@@ -84,6 +85,7 @@ class Server:
 
     async def serve(self, listen_sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        self.adopt_leftovers()  # before READY=1: no client is served until leftovers are restored or re-adopted
         server = await asyncio.start_unix_server(self._client, sock=listen_sock, limit=READ_CHUNK)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
