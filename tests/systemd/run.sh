@@ -185,6 +185,7 @@ boot_container() {
 
 main() {
     trap teardown EXIT
+    log "start"
     ensure_host_packages
     mkdir -p "$CACHE"
     WORK=$(mktemp -d /var/tmp/ftgov-systemd.XXXXXX)
