@@ -66,8 +66,8 @@ endif
 # Never overwrite an edited config: the new default goes next to it as ftgov.yaml.new.
 install-config:
 	install -d -m 0755 '$(DESTDIR)$(SYSCONFDIR)/ftgov'
-	if [ ! -e '$(CONFIG)' ]; then \
-	  install -m 0644 etc/ftgov.yaml '$(CONFIG)'; \
+	@if [ ! -e '$(CONFIG)' ]; then \
+	  install -m 0644 etc/ftgov.yaml '$(CONFIG)' && echo "installed the default $(SYSCONFDIR)/ftgov/ftgov.yaml"; \
 	elif ! cmp -s etc/ftgov.yaml '$(CONFIG)'; then \
 	  install -m 0644 etc/ftgov.yaml '$(CONFIG).new'; \
 	  echo "kept your $(SYSCONFDIR)/ftgov/ftgov.yaml; the new default is ftgov.yaml.new"; \
@@ -89,5 +89,5 @@ endif
 	done
 	if [ -f '$(VENV)/pyvenv.cfg' ]; then rm -rf '$(VENV)'; fi
 	rm -f '$(CONFIG).new'
-	if cmp -s etc/ftgov.yaml '$(CONFIG)'; then rm -f '$(CONFIG)'; rmdir '$(DESTDIR)$(SYSCONFDIR)/ftgov' 2>/dev/null || true; \
+	@if cmp -s etc/ftgov.yaml '$(CONFIG)'; then rm -f '$(CONFIG)'; rmdir '$(DESTDIR)$(SYSCONFDIR)/ftgov' 2>/dev/null || true; \
 	else [ ! -e '$(CONFIG)' ] || echo "kept your edited $(SYSCONFDIR)/ftgov/ftgov.yaml"; fi

@@ -130,7 +130,9 @@ def setup() -> None:
         "[Service]\n"
         f"Environment=FTGOV_CONFIG={CI_CONFIG}\n"
         f"ReadWritePaths={SIM_ROOT}\n"
-        "TimeoutStartSec=15s\n")
+        "TimeoutStartSec=15s\n"
+        "# Short, so that check_watchdog_pings sees a ping within a second or two.\n"
+        "WatchdogSec=2s\n")
     # A member of the ftgov group to run jobs as, made the way the package makes its group.
     p = subprocess.run(["systemd-sysusers", "-"], input=f'u {JOB_USER} - "ftgov CI job" /\nm {JOB_USER} ftgov\n',
                        text=True, capture_output=True)
@@ -172,6 +174,14 @@ def check_sandbox_in_effect() -> None:
            "ReadWritePaths=/sys/devices/platform is not a mount point in ftgovd's namespace")
     score = sh("systemd-analyze", "security", "--no-pager", "ftgovd.service").stdout.strip().splitlines()[-1]
     print(f"    systemd-analyze security: {score}")
+
+
+def check_watchdog_pings() -> None:
+    """WATCHDOG=1 arrives (systemd stamps each ping), at the interval WATCHDOG_USEC asks for."""
+    first = show("ftgovd.service", "WatchdogTimestampMonotonic", "WatchdogUSec")
+    expect(first["WatchdogUSec"] == "2s", f"WatchdogUSec={first['WatchdogUSec']}, the drop-in sets 2s")
+    wait_until(lambda: show("ftgovd.service", "WatchdogTimestampMonotonic") != {
+        "WatchdogTimestampMonotonic": first["WatchdogTimestampMonotonic"]}, "a WATCHDOG=1 ping", timeout_s=3.0)
 
 
 STATE: dict = {}
@@ -264,7 +274,8 @@ def check_uninstall() -> None:
     expect(show("ftgovd.socket", "ActiveState")["ActiveState"] == "inactive", "the socket still listens")
 
 
-CHECKS = [check_verify_with_dropin, check_socket_activation, check_sandbox_in_effect, check_job_pins_tree,
+CHECKS = [check_verify_with_dropin, check_socket_activation, check_sandbox_in_effect, check_watchdog_pings,
+          check_job_pins_tree,
           check_journal_fields, check_kill_restarts_and_restores, check_stop_restores, check_outsider_refused,
           check_install_keeps_edited_config, check_uninstall]
 

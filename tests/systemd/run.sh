@@ -188,6 +188,9 @@ main() {
     log "start"
     ensure_host_packages
     mkdir -p "$CACHE"
+    # One container at a time (fixed machine name, one per-run cgroup pair): a second run waits for the first.
+    exec 9>"$CACHE/run.lock"
+    flock -w 900 9 || die "another run holds $CACHE/run.lock"
     WORK=$(mktemp -d /var/tmp/ftgov-systemd.XXXXXX)
     ensure_rootfs_tarball
     local rootfs=$WORK/rootfs
