@@ -246,6 +246,23 @@ def check_stop_restores() -> None:
     stop_job("ftgov-ci-job2")
 
 
+def check_restore_on_stop_false() -> None:
+    """restore_on_stop: false leaves the pin at stop (ExecStopPost's restore --on-stop honours it); by hand it restores."""
+    default = CI_CONFIG.read_text()
+    expect("\nrestore_on_stop: true\n" in default, "the config has no `restore_on_stop: true` line")
+    CI_CONFIG.write_text(default.replace("\nrestore_on_stop: true\n", "\nrestore_on_stop: false\n"))
+    try:
+        job, _ = start_job("ftgov-ci-job3")
+        STATE["job3"] = job
+        sh("systemctl", "stop", "ftgovd.service")
+        expect(limits_hz() == (job["freq_hz"],) * 2, f"restore_on_stop: false, yet stop left {limits_hz()}")
+        sh("/opt/ftgov/bin/ftgov", "restore", "--config", str(CI_CONFIG), "--state-dir", "/run/ftgov")
+        expect(limits_hz() == STATE["baseline"], f"ftgov restore by hand left {limits_hz()}")
+    finally:
+        CI_CONFIG.write_text(default)
+        stop_job("ftgov-ci-job3")
+
+
 def check_outsider_refused() -> None:
     as_nobody = sh("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *CLIENT, "call", "ping",
                    check=False)
@@ -274,10 +291,19 @@ def check_uninstall() -> None:
     expect(show("ftgovd.socket", "ActiveState")["ActiveState"] == "inactive", "the socket still listens")
 
 
+def check_job_ids_unique_per_boot() -> None:
+    """JOB_ID names one job for the whole boot, across daemon restarts, or `journalctl JOB_ID=N` mixes stories."""
+    job3 = STATE["job3"]
+    names = {e.get("JOB_NAME") for e in journal("-u", "ftgovd.service", f"JOB_ID={job3['job_id']}")} - {None}
+    expect(names == {"ftgov-ci-job3"}, f"JOB_ID={job3['job_id']} in this boot's journal names jobs {sorted(names)}")
+
+
 CHECKS = [check_verify_with_dropin, check_socket_activation, check_sandbox_in_effect, check_watchdog_pings,
           check_job_pins_tree,
-          check_journal_fields, check_kill_restarts_and_restores, check_stop_restores, check_outsider_refused,
-          check_install_keeps_edited_config, check_uninstall]
+          check_journal_fields, check_kill_restarts_and_restores, check_stop_restores,
+          check_restore_on_stop_false, check_outsider_refused,
+          check_install_keeps_edited_config, check_uninstall,
+          check_job_ids_unique_per_boot]
 
 
 def main() -> int:
