@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -201,7 +202,10 @@ def check_job_pins_tree() -> None:
     uid = int(sh("id", "-u", JOB_USER).stdout)
     expect((mine[0]["pid"], mine[0]["uid"]) == (pid, uid),
            f"status says pid/uid {mine[0]['pid']}/{mine[0]['uid']}, the job is {pid}/{uid} (SO_PEERCRED)")
-    print(f"    STATUS={show('ftgovd.service', 'StatusText')['StatusText']}")
+    status_text = show("ftgovd.service", "StatusText")["StatusText"]
+    print(f"    STATUS={status_text}")
+    expect(re.search(r"\b1 job", status_text) and f"{freq / 1e6:g} MHz" in status_text,
+           f"STATUS= does not give the job count and the pinned {freq / 1e6:g} MHz: {status_text!r}")
 
 
 def check_journal_fields() -> None:
@@ -244,6 +248,10 @@ def check_stop_restores() -> None:
     expect(limits_hz() == STATE["baseline"], f"after systemctl stop the tree holds {limits_hz()}")
     expect(show("ftgovd.service", "Result")["Result"] == "success", "stop did not end cleanly")
     stop_job("ftgov-ci-job2")
+    ends = [e for e in journal("-u", "ftgovd.service", f"JOB_ID={job['job_id']}", "JOB_NAME=ftgov-ci-job2")
+            if "ENERGY_J" in e and "DURATION_S" in e]
+    expect(ends, f"no entry of job {job['job_id']} carries ENERGY_J and DURATION_S (its end)")
+    print(f"    end: {ends[-1].get('MESSAGE')!r}")
 
 
 def check_restore_on_stop_false() -> None:

@@ -18,7 +18,7 @@ SMOKE=0
 # The Debian interpreter, not whatever `python3` is first on PATH: the wheels must match the container's Python 3.11.
 HOST_PYTHON=/usr/bin/python3
 SUITE=bookworm
-HOST_PACKAGES=(systemd-container mmdebstrap libsystemd-dev pkg-config gcc python3-dev python3-venv zstd make)
+HOST_PACKAGES=(systemd-container mmdebstrap libsystemd-dev pkg-config gcc python3-dev python3-venv zstd)
 ROOTFS_PACKAGES=(systemd systemd-sysv dbus python3 python3-venv make)
 BOOT_TIMEOUT_S=60
 CHECKS_TIMEOUT_S=240
@@ -121,6 +121,7 @@ NSPAWN_PID=
 LEADER=
 WORK=
 WORK_MOUNTED=0
+CHECKS_STARTED=0
 teardown() {
     local rc=$?
     set +e
@@ -131,7 +132,8 @@ teardown() {
         wait "$NSPAWN_PID" 2>/dev/null
     fi
     leave_run_cgroup
-    if ((rc != 0)) && [[ -n $WORK && -f $WORK/console.log ]]; then
+    # Once the checks run they print the daemon's journal themselves; the console only helps before that.
+    if ((rc != 0 && !CHECKS_STARTED)) && [[ -n $WORK && -f $WORK/console.log ]]; then
         log "container console (last 40 lines):"
         tail -n 40 "$WORK/console.log" >&2
     fi
@@ -223,6 +225,7 @@ main() {
     log "make install in the container"
     in_ct make -C /src install WHEELHOUSE=/wheelhouse
     log "running checks"
+    CHECKS_STARTED=1
     timeout --foreground "$CHECKS_TIMEOUT_S" nsenter -t "$LEADER" -a env -i \
         PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
         python3 /src/tests/systemd/checks.py
