@@ -36,11 +36,15 @@ LIVE_SYSTEMD = $(and $(if $(DESTDIR),,yes),$(wildcard /run/systemd/system))
 .PHONY: install uninstall install-venv install-units install-config
 
 install: install-venv install-units install-config
-	@echo "installed. Next: usermod -aG ftgov USER; systemctl enable --now ftgovd.socket"
+	@echo "installed. First install: usermod -aG ftgov USER; systemctl enable --now ftgovd.socket." \
+	  "Upgrade: systemctl restart ftgovd"
 
+# Over an existing install the venv is updated in place rather than recreated, so a running ftgovd never finds its
+# files gone; ftgov itself is reinstalled even at the same version number. Restart the service to run the new code.
 install-venv:
-	$(PYTHON) -m venv --clear '$(VENV)'
+	$(PYTHON) -m venv '$(VENV)'
 	'$(VENV)/bin/pip' install --quiet --disable-pip-version-check $(PIP_SOURCE)
+	'$(VENV)/bin/pip' install --quiet --disable-pip-version-check --force-reinstall --no-deps $(PIP_SOURCE)
 # A venv's scripts carry its absolute path; a staged venv must carry the final one.
 ifneq ($(DESTDIR),)
 	grep -rlIF '$(VENV)' '$(VENV)/bin' '$(VENV)/pyvenv.cfg' | xargs -r sed -i 's|$(VENV)|$(PREFIX)|g'
