@@ -13,11 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from governor import gpuid
 from governor.backends.base import Gpu, Limits
 from governor.errors import BackendError, FtgovError, StateError
 from governor.features import Features
 from governor.policy import Decision, Policy, combine
-from governor.rails import EnergyMeter, Rails
+from governor.rails import CounterMeter, EnergyMeter, Rails
 from governor.state import GpuState, JobRecord, State, StateFile
 
 log = logging.getLogger("ftgovd")
@@ -97,16 +98,8 @@ class Governor:
         return next(iter(self.gpus))
 
     def find_gpu(self, key) -> str:
-        """A GPU id from a job's `gpu` field: an index/id, or a UUID the backend describes."""
-        if key is None:
-            return self.default_gpu()
-        key = str(key)
-        if key in self.gpus:
-            return key
-        for gid, ctl in self.gpus.items():
-            if ctl.gpu.describe().get("uuid") == key:
-                return gid
-        raise FtgovError(f"no GPU {key!r}; this board has {', '.join(self.gpus)}")
+        """A GPU id from a job's `gpu` field (index or UUID; none: the only GPU). GpuNotFound otherwise."""
+        return gpuid.find_gpu([c.gpu for c in self.gpus.values()], key).id
 
     def admit(self, *, pid: int, start_time: float, uid: int, name: Optional[str], gpu_id: str,
               features: Features, policy: Optional[str] = None, job_id: Optional[int] = None) -> Job:
@@ -116,7 +109,7 @@ class Governor:
         if job_id is None:
             job_id, self.next_job_id = self.next_job_id, self.next_job_id + 1
         job = Job(job_id, pid, start_time, uid, name, gpu_id, features, policy)
-        job.meter = self._meter()
+        job.meter = self._meter(gpu_id)
         self.jobs[job_id] = job
         self._notify()
         return job
@@ -153,10 +146,13 @@ class Governor:
             return None
         energy_j = None
         if job.meter is not None:
-            energy_j = job.meter.add(time.monotonic(), self._total_mw())
+            try:
+                energy_j = job.meter.add(time.monotonic(), self._total_mw())
+            except BackendError as e:
+                log.warning("%s: cannot read energy at its end: %s", job.label(), e)
         ended = Ended(job, time.monotonic() - job.started_s, energy_j, why)
         self._apply_quietly(job.gpu_id)
-        energy = "unknown (no rails)" if energy_j is None else f"{energy_j:.1f} J ({'+'.join(self.rails.energy_rails)})"
+        energy = "unknown (no rails)" if energy_j is None else f"{energy_j:.1f} J ({self.energy_source()})"
         log.info("%s ended (%s) after %.1f s, %d steps, at %s, energy %s", job.label(), why, ended.duration_s,
                  job.steps, _mhz(job.freq_hz), energy,
                  extra={**job.fields(), "DURATION_S": f"{ended.duration_s:.3f}", "STEPS": job.steps,
@@ -228,15 +224,16 @@ class Governor:
             if ctl.pinned_hz is None or ctl.stood_down:
                 continue
             try:
-                now = ctl.gpu.snapshot()
+                if ctl.gpu.pin_holds():
+                    continue
+                now = ctl.gpu.read()
             except BackendError as e:
                 log.warning("GPU %s: cannot read limits to check the pin: %s", gid, e)
                 continue
-            if (now.min_hz, now.max_hz) == (ctl.pinned_hz, ctl.pinned_hz):
-                continue
-            log.warning("GPU %s: limits changed under our pin of %s to min %s max %s (nvpmodel or jetson_clocks?); "
-                        "%s", gid, _mhz(ctl.pinned_hz), _mhz(now.min_hz), _mhz(now.max_hz),
-                        "re-applying" if self.on_external_change == "reapply" else "standing down until the jobs end",
+            log.warning("GPU %s: limits changed under our pin of %s (now min %s max %s, clock %s): nvpmodel, "
+                        "jetson_clocks or another tool? %s", gid, _mhz(ctl.pinned_hz), _mhz(now.min_hz),
+                        _mhz(now.max_hz), _mhz(now.cur_hz),
+                        "Re-applying" if self.on_external_change == "reapply" else "Standing down until the jobs end",
                         extra={"FREQ_HZ": ctl.pinned_hz})
             if self.on_external_change == "reapply":
                 try:
@@ -277,8 +274,22 @@ class Governor:
             log.warning("cannot read the power rails: %s", e)
             return 0.0
 
-    def _meter(self) -> Optional[EnergyMeter]:
-        return EnergyMeter(time.monotonic(), self._total_mw()) if self.rails is not None else None
+    def _meter(self, gpu_id: str):
+        """Rails integrated over time (Jetson), else the GPU's own energy counter (NVML), else nothing."""
+        if self.rails is not None:
+            return EnergyMeter(time.monotonic(), self._total_mw())
+        gpu = self.gpus[gpu_id].gpu
+        if callable(getattr(gpu, "energy_j", None)):
+            try:
+                return CounterMeter(gpu.energy_j)
+            except BackendError as e:
+                log.info("GPU %s has no energy counter: %s", gpu_id, e)
+        return None
+
+    def energy_source(self) -> str:
+        if self.rails is not None:
+            return "+".join(self.rails.energy_rails)
+        return "GPU energy counter (whole GPU)"
 
     def sample(self) -> None:
         """Integrate energy for every active job (called on the daemon's tick while jobs are active)."""
@@ -309,7 +320,10 @@ class Governor:
         now = time.monotonic()
         jobs = []
         for j in self.jobs.values():
-            energy = j.meter.energy_j if j.meter else None
+            try:
+                energy = j.meter.energy_j if j.meter else None
+            except BackendError:
+                energy = None
             jobs.append({"job_id": j.job_id, "name": j.name, "pid": j.pid, "uid": j.uid, "gpu": j.gpu_id,
                          "policy": j.decision.policy if j.decision else None, "freq_hz": j.freq_hz,
                          "reason": j.decision.reason if j.decision else None, "features": j.features.model_dump(),
@@ -318,7 +332,7 @@ class Governor:
                          "tuner": j.tuner.state() if j.tuner is not None else None})
         return {"policy": self.policy.name, "jobs": jobs, "gpu": gpus[0] if len(gpus) == 1 else None,
                 "gpus": gpus, "power_mw": power,
-                "energy_rails": self.rails.energy_rails if self.rails else []}
+                "energy_rails": self.rails.energy_rails if self.rails else [], "energy_source": self.energy_source()}
 
     def _notify(self) -> None:
         for listener in self.listeners:

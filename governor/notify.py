@@ -63,3 +63,39 @@ def listen_fds(env: Optional[dict] = None) -> list[int]:
     for fd in fds:
         os.set_inheritable(fd, False)
     return fds
+
+
+class NotifyListener:
+    """The receiving end of sd_notify, for running ftgovd outside systemd (demo, tests, benchmarks): waits for
+    READY=1 and STATUS= messages instead of sleeping or polling."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self.sock.bind(path)
+        self.messages: list[str] = []
+
+    def wait(self, predicate, timeout_s: float = 10.0) -> str:
+        """The next message satisfying predicate; TimeoutError after timeout_s."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no matching sd_notify message within {timeout_s} s (last: {self.messages[-3:]})")
+            self.sock.settimeout(left)
+            try:
+                msg = self.sock.recv(4096).decode(errors="replace")
+            except socket.timeout:
+                continue
+            self.messages.append(msg)
+            if predicate(msg):
+                return msg
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass

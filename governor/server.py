@@ -34,6 +34,7 @@ READ_CHUNK = 65536
 class Conn:
     peer: peers.Peer
     writer: asyncio.StreamWriter
+    task: Optional[asyncio.Task] = None
     job_ids: set[int] = field(default_factory=set)
 
 
@@ -96,8 +97,10 @@ class Server:
                 loop.remove_signal_handler(sig)
             self.notifier.stopping()
             server.close()
-            for conn in list(self.conns):
-                conn.writer.close()
+            tasks = [c.task for c in self.conns if c.task is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             self.shutdown()
 
     def stop(self) -> None:
@@ -135,16 +138,17 @@ class Server:
                                f"permission denied: uid {peer.uid} is not root and not in group "
                                f"{self.config.socket.group!r} (ask an administrator to add you to it)")
             return
-        conn = Conn(peer, writer)
+        conn = Conn(peer, writer, asyncio.current_task())
         self.conns.add(conn)
         try:
             await self._read_lines(conn, reader)
-        except (ConnectionError, OSError):
-            pass
+        except (ConnectionError, OSError, asyncio.CancelledError):
+            pass  # cancelled: the daemon is stopping, and shutdown() decides what happens to the jobs
         finally:
             self.conns.discard(conn)
-            for job_id in list(conn.job_ids):
-                self._end(job_id, "connection closed")
+            if not self._stop.is_set():
+                for job_id in list(conn.job_ids):
+                    self._end(job_id, "connection closed")
             writer.close()
 
     async def _refuse(self, writer: asyncio.StreamWriter, code: int, message: str) -> None:
@@ -235,13 +239,21 @@ class Server:
             held.close()
             raise RpcError(protocol.PERMISSION_DENIED, f"pid: process {pid} belongs to uid {held.uid}, not to you "
                            f"(uid {conn.peer.uid})", {"field": "pid"})
+        if params.tune and self.gov.policy.name == "observe":
+            held.close()
+            raise RpcError(protocol.INVALID_PARAMS, "tune: this daemon runs the observe policy and pins nothing",
+                           {"field": "tune"})
         try:
             gpu_id = self.gov.find_gpu(params.gpu)
+        except FtgovError as e:
+            held.close()
+            raise RpcError(protocol.INVALID_PARAMS, f"gpu: {e}", {"field": "gpu"}) from e
+        try:
             job = self.gov.admit(pid=pid, start_time=held.start_time, uid=conn.peer.uid, name=params.name,
                                  gpu_id=gpu_id, features=params.features(), policy="tune" if params.tune else None)
         except FtgovError as e:
             held.close()
-            raise RpcError(protocol.LIMIT_EXCEEDED if "limits." in str(e) else protocol.INVALID_PARAMS, str(e)) from e
+            raise RpcError(protocol.LIMIT_EXCEEDED, str(e)) from e
         conn.job_ids.add(job.job_id)
         self._watch(job, held)
         why = ""
@@ -333,9 +345,9 @@ class Server:
                 break
             await asyncio.sleep(min(0.05, self.config.util_sample_s))
         if not samples:
-            return 100.0, "gpu_util not given and the GPU has no load file: assumed 100%"
+            return 100.0, "gpu_util not given and the GPU reports no load: assumed 100%"
         util = sum(samples) / len(samples)
-        return util, f"gpu_util measured from the GPU load file: {util:.1f}% over {len(samples)} samples"
+        return util, f"gpu_util measured from the GPU's load: {util:.1f}% over {len(samples)} samples"
 
     def _changed(self) -> None:
         self.notifier.status(self._status_line())
