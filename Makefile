@@ -1,4 +1,10 @@
-# ftgov: install and uninstall. (Targets demo, test and bench are added by the lead.)
+# ftgov. The two commands of the README:
+#   make demo      set up a virtual environment and run the demo on a simulated Jetson AGX Orin
+#   make test      set up, then run every test (pytest, then the systemd suite in a booted container when root)
+# Also: make bench (daemon latency/memory figures), make model (retrain the MLG tree), make evaluate (policies on the
+# held-out workloads, with plots), make stress (fault-injection and load figures).
+#
+# Install on a Jetson:
 #
 #   sudo make install                    # venv in /opt/ftgov, units in /etc/systemd/system, config in /etc/ftgov
 #   sudo make install WHEELHOUSE=DIR     # offline: the package and its dependencies from a directory of wheels
@@ -33,7 +39,50 @@ endif
 # Post-install steps that touch the running system, skipped for staged installs and where systemd is not PID 1.
 LIVE_SYSTEMD = $(and $(if $(DESTDIR),,yes),$(wildcard /run/systemd/system))
 
-.PHONY: install uninstall install-venv install-units install-config
+.PHONY: install uninstall install-venv install-units install-config demo test test-unit test-systemd bench model \
+	evaluate stress
+
+# --- development: a virtual environment in .venv, made by the first target that needs it ---------------------------
+DEV_PYTHON ?= python3
+DEV_VENV = .venv
+VPY = $(DEV_VENV)/bin/python
+PIP_QUIET = --quiet --disable-pip-version-check
+
+$(DEV_VENV)/.base: pyproject.toml
+	$(DEV_PYTHON) -m venv $(DEV_VENV)
+	$(VPY) -m pip install $(PIP_QUIET) --upgrade pip
+	$(VPY) -m pip install $(PIP_QUIET) -e '.[model]'
+	touch $@
+
+# torch first and pinned: the CPU build of 2.13.0 comes from this machine's disk; asked for later by another
+# package, pip would fetch a multi-GB CUDA build instead.
+$(DEV_VENV)/.test: $(DEV_VENV)/.base
+	$(VPY) -m pip install $(PIP_QUIET) torch==2.13.0
+	$(VPY) -m pip install $(PIP_QUIET) -e '.[test]'
+	touch $@
+
+demo: $(DEV_VENV)/.base
+	$(VPY) -m governor.demo
+
+test: test-unit test-systemd
+
+test-unit: $(DEV_VENV)/.test
+	$(VPY) -m pytest
+
+# A real systemd in a container (tests/systemd/run.sh); it needs root, as CI has.
+test-systemd:
+	@if [ "$$(id -u)" = 0 ]; then bash tests/systemd/run.sh; \
+	else echo "test-systemd: SKIPPED: needs root to boot a systemd container (CI runs it as root)"; fi
+
+bench: $(DEV_VENV)/.test
+	$(VPY) benchmarks/bench_daemon.py
+
+model: $(DEV_VENV)/.base
+	$(VPY) model/train.py all --data model/data/characterization.csv --seed 0 --jobs 2
+
+evaluate: $(DEV_VENV)/.base
+	$(VPY) -m governor.pipeline evaluate --out out/evaluate
+
 
 install: install-venv install-units install-config
 	@echo "installed. First install: usermod -aG ftgov USER; systemctl enable --now ftgovd.socket." \
@@ -50,6 +99,7 @@ ifneq ($(DESTDIR),)
 	grep -rlIF '$(VENV)' '$(VENV)/bin' '$(VENV)/pyvenv.cfg' | xargs -r sed -i 's|$(VENV)|$(PREFIX)|g'
 endif
 	install -D -m 0644 model/mlg-tree.json '$(VENV)/share/ftgov/mlg-tree.json'
+	install -D -m 0644 model/ffg.json '$(VENV)/share/ftgov/ffg.json'
 	install -D -m 0644 docs/install.md '$(VENV)/share/doc/ftgov/install.md'
 	install -d '$(DESTDIR)$(BINDIR)'
 	for c in $(COMMANDS); do ln -sfn '$(PREFIX)/bin/'$$c '$(DESTDIR)$(BINDIR)/'$$c; done

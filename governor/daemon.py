@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from governor import __version__, logs
-from governor.config import DEFAULT_CONFIG_PATH, Config, default_model_path, load_config
+from governor.config import DEFAULT_CONFIG_PATH, Config, default_ffg_hz, default_model_path, load_config
 from governor.errors import FtgovError, NodeNotFound
 from governor.notify import Notifier, listen_fds
 from governor.sysfs import Root
@@ -119,7 +119,11 @@ def run(config: Config, *, simulate: bool = False) -> int:
     else:
         log.info("power rails: %s; job energy counts %s", ", ".join(rails.names), "+".join(rails.energy_rails))
     model_file = config.model_file or str(default_model_path())
-    policy = Policy.from_config(config.policy, config.ffg_freq_hz, model_file)
+    ffg_hz, ffg_from = config.ffg_freq_hz, "config"
+    if ffg_hz is None:
+        ffg_hz, ffg_from = default_ffg_hz(default_model_path())
+    log.info("FFG frequency %g MHz (from %s)", ffg_hz / 1e6, ffg_from)
+    policy = Policy.from_config(config.policy, ffg_hz, model_file)
     governor = Governor(gpus, policy, StateFile(config.state_dir), boot_id(root), rails=rails,
                         on_external_change=config.on_external_change, max_jobs=config.limits.max_jobs)
     if simulate:
