@@ -114,10 +114,12 @@ def run(config: Config, *, simulate: bool = False) -> int:
         log.info("GPU %s: %s, levels %s MHz", gpu.id, gpu.describe(),
                  " ".join(f"{hz / 1e6:g}" for hz in gpu.levels_hz))
     rails = rails_mod.discover(root)
-    if rails is None:
-        log.info("no INA3221 power rails found: job energy will be reported as null")
-    else:
+    if rails is not None:
         log.info("power rails: %s; job energy counts %s", ", ".join(rails.names), "+".join(rails.energy_rails))
+    elif any(callable(getattr(g, "energy_j", None)) for g in gpus):
+        log.info("no INA3221 power rails: job energy from the GPU's own energy counter")
+    else:
+        log.info("no INA3221 power rails found: job energy will be reported as null")
     model_file = config.model_file or str(default_model_path())
     ffg_hz, ffg_from = config.ffg_freq_hz, "config"
     if ffg_hz is None:

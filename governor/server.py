@@ -116,8 +116,9 @@ class Server:
                 self._end(job_id, "daemon stopping")
             for gid in self.gov.gpus:
                 self.gov._apply_quietly(gid)
-        else:
-            log.info("restore_on_stop is false: leaving %d job(s) and the pin in place", len(self.gov.jobs))
+        elif any(c.pinned_hz is not None for c in self.gov.gpus.values()):
+            log.info("restore_on_stop is false: leaving %d job(s) and the pin in place for the next start",
+                     len(self.gov.jobs))
         for held in self.held.values():
             held.close()
         self.held.clear()
