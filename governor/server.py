@@ -62,7 +62,10 @@ class Server:
         self.gov.next_job_id = max(self.gov.next_job_id, state.next_job_id)
         for gid, gs in state.gpus.items():
             if gid in self.gov.gpus:
-                self.gov.gpus[gid].baseline = gs.baseline
+                ctl = self.gov.gpus[gid]
+                # The hardware may hold a pin we no longer stand behind: force the next apply to write, either the
+                # re-adopted jobs' pin or the baseline.
+                ctl.baseline, ctl.pinned_hz, ctl.restore_failed = gs.baseline, gs.pinned_hz, True
                 log.info("state file: GPU %s baseline %d..%d Hz, left pinned at %s", gid, gs.baseline.min_hz,
                          gs.baseline.max_hz, gs.pinned_hz)
         for rec in state.jobs:
