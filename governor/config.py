@@ -67,6 +67,9 @@ class Config(_Strict):
                                        "default: the level with the least total energy in the training data (ffg.json)")
     restore_on_stop: bool = True
     on_external_change: Literal["reapply", "stand_down"] = "reapply"
+    low_phases: list[Literal["eval", "checkpoint", "data"]] = Field(
+        default_factory=lambda: ["checkpoint", "data"],
+        description="phases (reported with progress) during which a job needs only the lowest level; [] disables")
     limits: LimitsConfig = LimitsConfig()
     tuner: TunerConfig = TunerConfig()
     node_wait_s: float = Field(120.0, ge=0, description="how long to wait at start for the GPU node to appear")

@@ -127,7 +127,8 @@ def run(config: Config, *, simulate: bool = False) -> int:
     log.info("FFG frequency %g MHz (from %s)", ffg_hz / 1e6, ffg_from)
     policy = Policy.from_config(config.policy, ffg_hz, model_file)
     governor = Governor(gpus, policy, StateFile(config.state_dir), boot_id(root), rails=rails,
-                        on_external_change=config.on_external_change, max_jobs=config.limits.max_jobs)
+                        on_external_change=config.on_external_change, max_jobs=config.limits.max_jobs,
+                        low_phases=tuple(config.low_phases))
     if simulate:
         from governor.sim.board import Board
 

@@ -83,7 +83,8 @@ class Ended:
 
 class Governor:
     def __init__(self, gpus: list[Gpu], policy: Policy, state_file: StateFile, boot_id: str, *,
-                 rails: Optional[Rails] = None, on_external_change: str = "reapply", max_jobs: int = 64):
+                 rails: Optional[Rails] = None, on_external_change: str = "reapply", max_jobs: int = 64,
+                 low_phases: tuple[str, ...] = ()):
         self.gpus = {g.id: GpuControl(g) for g in gpus}
         self.policy = policy
         self.state_file = state_file
@@ -91,6 +92,7 @@ class Governor:
         self.rails = rails
         self.on_external_change = on_external_change
         self.max_jobs = max_jobs
+        self.low_phases = frozenset(low_phases)
         self.jobs: dict[int, Job] = {}
         self.next_job_id = 1
         self.listeners: list[Callable[["Governor"], None]] = []  # told after every change (simulated board, notify)
@@ -166,8 +168,25 @@ class Governor:
         return ended
 
     # ---- pins -------------------------------------------------------------------------------------------------------
+    def needs_hz(self, job: Job) -> Optional[int]:
+        """What one job needs now: its pick, or the GPU's lowest level while it checkpoints or loads data (the GPU
+        mostly idles then; a job that reports no phases always needs its pick)."""
+        if job.freq_hz is not None and job.phase in self.low_phases:
+            return self.gpus[job.gpu_id].gpu.levels_hz[0]
+        return job.freq_hz
+
     def target_hz(self, gpu_id: str) -> Optional[int]:
-        return combine([j.freq_hz for j in self.jobs.values() if j.gpu_id == gpu_id])
+        return combine([self.needs_hz(j) for j in self.jobs.values() if j.gpu_id == gpu_id])
+
+    def set_phase(self, job: Job, phase: Optional[str]) -> None:
+        """A job reported a phase: re-apply when that changes what it needs."""
+        if phase is None or phase == job.phase:
+            return
+        before = self.needs_hz(job)
+        job.phase = phase
+        if self.needs_hz(job) != before:
+            log.info("%s: phase %s, needs %s", job.label(), phase, _mhz(self.needs_hz(job)), extra=job.fields())
+            self._apply_quietly(job.gpu_id)
 
     def _apply(self, gpu_id: str) -> None:
         ctl = self.gpus[gpu_id]

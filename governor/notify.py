@@ -63,7 +63,12 @@ def listen_fds(env: Optional[dict] = None) -> list[int]:
         env.pop(key, None)
     fds = list(range(SD_LISTEN_FDS_START, SD_LISTEN_FDS_START + count))
     for fd in fds:
-        os.set_inheritable(fd, False)
+        try:
+            os.set_inheritable(fd, False)
+        except OSError as e:
+            from governor.errors import FtgovError
+
+            raise FtgovError(f"LISTEN_FDS={count} but file descriptor {fd} is not open: {e.strerror}") from e
     return fds
 
 

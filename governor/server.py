@@ -303,7 +303,7 @@ class Server:
     async def _rpc_progress(self, conn: Conn, params) -> dict:
         job = self._own_job(conn, params.job_id)
         job.steps = max(job.steps, params.steps)
-        job.phase = params.phase or job.phase
+        self.gov.set_phase(job, params.phase)
         if job.tuner is not None:
             job.tuner.progress(self.gov, job)
         return {}

@@ -308,3 +308,55 @@ def test_failed_pin_is_an_error_to_the_client_and_leaves_the_baseline(orin, star
     (node / "min_freq").unlink()
     (node / "min_freq").write_text(saved)
     assert c.call("register", **FEATURES)["freq_hz"] == 714000000
+
+
+def test_checkpoint_and_data_phases_drop_to_the_lowest_level(orin, start_daemon):
+    d = start_daemon()
+    c = d.client()
+    job = c.call("register", **FEATURES)["job_id"]
+    other = d.client()
+    other.call("register", model_type="decoder", num_layers=6, hidden_size=512, seq_len=20.0, gpu_util=50.0)
+    assert limits(orin) == (714000000, 714000000)
+    c.notify("progress", job_id=job, steps=100, phase="checkpoint")
+    assert c.call("ping") == {}  # the notification was handled before this reply
+    assert limits(orin) == (510000000, 510000000)  # the other job's pick, the highest need now
+    d.notify.drain()
+    other.close()
+    d.wait_jobs(1)
+    assert limits(orin) == (306000000, 306000000)
+    c.notify("progress", job_id=job, steps=101, phase="train")
+    assert c.call("ping") == {}
+    assert limits(orin) == (714000000, 714000000)
+    assert c.call("status")["jobs"][0]["phase"] == "train"
+
+
+def test_socket_activation_uses_the_passed_socket(orin, tmp_path):
+    import socket as socketmod
+    from governor.notify import NotifyListener
+
+    path = "/tmp/ftg-act-%d.sock" % os.getpid()
+    listener = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(8)
+    notify = NotifyListener(str(tmp_path / "n.sock"))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("util_sample_s: 0.05\n")
+    # LISTEN_PID must name the daemon itself: a shell sets it to its own pid, then execs the daemon (same pid).
+    fd = listener.fileno()
+    move = "" if fd == 3 else f"exec 3<&{fd} {fd}<&-; "
+    cmd = (f"{move}LISTEN_PID=$$ LISTEN_FDS=1 exec {sys.executable} -m governor.daemon --config {cfg} "
+           f"--sysfs-root {orin} --state-dir {tmp_path / 'st'} --socket /nonexistent/never-bound.sock")
+    proc = subprocess.Popen(["sh", "-c", cmd], pass_fds=(fd,), stderr=subprocess.PIPE,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "NOTIFY_SOCKET": notify.path})
+    try:
+        notify.wait(lambda m: "READY=1" in m, 20)
+        c = Rpc(path)
+        assert c.call("ping") == {}
+        assert not os.path.exists("/nonexistent/never-bound.sock")
+    finally:
+        proc.terminate()
+        err = proc.communicate(timeout=15)[1].decode()
+        listener.close()
+        os.unlink(path)
+        notify.close()
+    assert "socket-activated" in err
