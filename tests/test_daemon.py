@@ -346,7 +346,7 @@ def test_socket_activation_uses_the_passed_socket(orin, tmp_path):
     move = "" if fd == 3 else f"exec 3<&{fd} {fd}<&-; "
     cmd = (f"{move}LISTEN_PID=$$ LISTEN_FDS=1 exec {sys.executable} -m governor.daemon --config {cfg} "
            f"--sysfs-root {orin} --state-dir {tmp_path / 'st'} --socket /nonexistent/never-bound.sock")
-    proc = subprocess.Popen(["sh", "-c", cmd], pass_fds=(fd,), stderr=subprocess.PIPE,
+    proc = subprocess.Popen(["bash", "-c", cmd], pass_fds=(fd,), stderr=subprocess.PIPE,  # dash: fds <= 9 only
                             env={**os.environ, "PYTHONPATH": str(REPO), "NOTIFY_SOCKET": notify.path})
     try:
         notify.wait(lambda m: "READY=1" in m, 20)
