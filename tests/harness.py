@@ -69,7 +69,8 @@ class Daemon:
     """One ftgovd process. ``root`` is the fake sysfs root; ``workdir`` holds socket, state, config and log."""
 
     def __init__(self, root: Optional[Path], workdir: Optional[Path] = None, config: Optional[dict] = None,
-                 extra_args: tuple[str, ...] = (), simulate: bool = False, notify_name: str = "n.sock"):
+                 extra_args: tuple[str, ...] = (), simulate: bool = False, notify_name: str = "n.sock",
+                 env: Optional[dict] = None):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ftg", dir="/tmp"))  # short: AF_UNIX paths <= 107
         self.root = root
         self.socket = str(self.workdir / "s.sock")
@@ -82,6 +83,7 @@ class Daemon:
         self.notify_path = str(self.workdir / notify_name)
         self.notify = NotifyListener(self.notify_path)
         self.extra_args = extra_args
+        self.env = env or {}
         self.simulate = simulate
         self.proc: Optional[subprocess.Popen] = None
 
@@ -95,7 +97,7 @@ class Daemon:
         return cmd
 
     def start(self, wait: bool = True, timeout_s: float = 20.0) -> "Daemon":
-        env = {**os.environ, "NOTIFY_SOCKET": self.notify_path, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "NOTIFY_SOCKET": self.notify_path, "PYTHONPATH": str(REPO), **self.env}
         env.pop("INVOCATION_ID", None)
         env.pop("JOURNAL_STREAM", None)
         log = open(self.log_path, "ab")
