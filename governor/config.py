@@ -51,8 +51,12 @@ class LimitsConfig(_Strict):
 
 
 class TunerConfig(_Strict):
-    window_steps: int = Field(5, ge=1, description="training steps per measurement window")
-    warmup_steps: int = Field(2, ge=0, description="steps discarded after each frequency change")
+    """The `tune` policy's online tuner (governor.tuning; docs/tuner.md): 6 windows of 1 + 4 steps = 30 steps."""
+
+    window_steps: int = Field(4, ge=1, description="measured training steps per window")
+    warmup_steps: int = Field(1, ge=0, description="steps discarded after each frequency change")
+    max_probes: int = Field(6, ge=1, le=100, description="measurement windows at most")
+    noise_rel: float = Field(0.03, gt=0, le=1, description="relative noise of one window's energy per step")
     max_slowdown: Optional[float] = Field(None, gt=0, le=10, description="e.g. 0.10: at most 10% slower than the fastest level")
 
 

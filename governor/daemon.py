@@ -135,7 +135,9 @@ def run(config: Config, *, simulate: bool = False) -> int:
         board = Board(root, gpus[0])
         governor.listeners.append(board.update)
         board.update(governor)
-    server = Server(governor, config, notifier)
+    from governor import tune_job
+
+    server = Server(governor, config, notifier, tuner_factory=lambda gov, job: tune_job.attach(gov, job, config.tuner))
 
     fds = listen_fds()
     if fds:

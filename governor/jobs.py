@@ -155,7 +155,7 @@ class Governor:
         energy_j = None
         if job.meter is not None:
             try:
-                energy_j = job.meter.add(time.monotonic(), self._total_mw())
+                energy_j = job.meter.add(time.monotonic(), self.total_mw())
             except BackendError as e:
                 log.warning("%s: cannot read energy at its end: %s", job.label(), e)
         ended = Ended(job, time.monotonic() - job.started_s, energy_j, why)
@@ -300,7 +300,7 @@ class Governor:
                 raise
             log.error("%s", e)
 
-    def _total_mw(self) -> float:
+    def total_mw(self) -> float:
         """Board power now (ENERGY_RAILS). Reused for POWER_CACHE_S: the INA3221 itself refreshes only every ~140 ms
         (update_interval), so a burst of registrations need not read eight files each."""
         if self.rails is None:
@@ -319,7 +319,7 @@ class Governor:
     def _meter(self, gpu_id: str):
         """Rails integrated over time (Jetson), else the GPU's own energy counter (NVML), else nothing."""
         if self.rails is not None:
-            return EnergyMeter(time.monotonic(), self._total_mw())
+            return EnergyMeter(time.monotonic(), self.total_mw())
         gpu = self.gpus[gpu_id].gpu
         if callable(getattr(gpu, "energy_j", None)):
             try:
@@ -337,7 +337,7 @@ class Governor:
         """Integrate energy for every active job (called on the daemon's tick while jobs are active)."""
         if self.rails is None or not self.jobs:
             return
-        t, mw = time.monotonic(), self._total_mw()
+        t, mw = time.monotonic(), self.total_mw()
         for job in self.jobs.values():
             if job.meter is not None:
                 job.meter.add(t, mw)
