@@ -1,0 +1,128 @@
+"""ftgovd's configuration: a YAML file validated by pydantic when it is loaded.
+
+A bad file or value is a ConfigError that names the key (``limits.max_connections: Input should be greater than 0``);
+nothing is silently replaced by a default. An absent file means all defaults. Privileged settings come only from this
+root-owned file, never from clients.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from governor.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = "/etc/ftgov/ftgov.yaml"
+DEFAULT_SOCKET_PATH = "/run/ftgov/ftgov.sock"
+DEFAULT_STATE_DIR = "/run/ftgov"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SocketConfig(_Strict):
+    path: str = DEFAULT_SOCKET_PATH
+    mode: int = Field(0o660, description="file mode of the socket when ftgovd binds it itself (octal in YAML: 0660)")
+    group: str = Field("ftgov", min_length=1, description="members of this group may register jobs")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _octal(cls, v):
+        # YAML 1.1 reads 0660 as octal already; accept the string "0660" too, and refuse anything world-writable.
+        if isinstance(v, str):
+            try:
+                v = int(v, 8)
+            except ValueError as e:
+                raise ValueError(f"{v!r} is not an octal mode") from e
+        if isinstance(v, int) and not isinstance(v, bool) and v & 0o002:
+            raise ValueError("a world-writable socket would let any user pin the GPU")
+        return v
+
+
+class LimitsConfig(_Strict):
+    max_connections: int = Field(256, gt=0, le=65536)
+    max_jobs_per_connection: int = Field(8, gt=0, le=1024)
+    max_jobs: int = Field(64, gt=0, le=65536)
+
+
+class TunerConfig(_Strict):
+    window_steps: int = Field(5, ge=1, description="training steps per measurement window")
+    warmup_steps: int = Field(2, ge=0, description="steps discarded after each frequency change")
+    max_slowdown: Optional[float] = Field(None, gt=0, le=10, description="e.g. 0.10: at most 10% slower than the fastest level")
+
+
+class Config(_Strict):
+    socket: SocketConfig = SocketConfig()
+    sysfs_root: str = "/"
+    state_dir: str = DEFAULT_STATE_DIR
+    backend: Literal["auto", "devfreq", "nvml"] = "auto"
+    policy: Literal["mlg", "ffg", "observe", "tune"] = "mlg"
+    model_file: Optional[str] = Field(None, description="ftgov-tree/1 JSON; default: the tree shipped with ftgov")
+    ffg_freq_hz: int = Field(612_000_000, gt=0, description="FFG's frequency; pinned as the nearest level at or above")
+    restore_on_stop: bool = True
+    on_external_change: Literal["reapply", "stand_down"] = "reapply"
+    limits: LimitsConfig = LimitsConfig()
+    tuner: TunerConfig = TunerConfig()
+    node_wait_s: float = Field(120.0, ge=0, description="how long to wait at start for the GPU node to appear")
+    sample_interval_s: float = Field(1.0, gt=0, le=3600, description="rails and pin check while jobs are active")
+    util_sample_s: float = Field(0.5, ge=0, le=60, description="how long to sample GPU load when a job gives no gpu_util")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+def _format_errors(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"{key}: {err['msg']}")
+    return "; ".join(lines)
+
+
+def load_config(path: str | os.PathLike | None, overrides: dict | None = None, *, must_exist: bool = False) -> Config:
+    """Load and validate the config; ``overrides`` (from the command line) win over the file, key by key."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except FileNotFoundError as e:
+            if must_exist:
+                raise ConfigError(f"config file {p} does not exist") from e
+            text = ""
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from e
+        try:
+            loaded = yaml.safe_load(text) if text.strip() else {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {e}") from e
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p} must hold a mapping of keys, not {type(loaded).__name__}")
+        data = loaded
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        where = f"config file {path}" if path else "configuration"
+        raise ConfigError(f"{where}: {_format_errors(e)}") from e
+
+
+def default_model_path() -> Path:
+    """The tree shipped with ftgov: installed under <prefix>/share/ftgov, or model/ of a source checkout."""
+    import sys
+
+    for candidate in (Path(sys.prefix) / "share" / "ftgov" / "mlg-tree.json",
+                      Path(__file__).resolve().parent.parent / "model" / "mlg-tree.json"):
+        if candidate.exists():
+            return candidate
+    return Path(sys.prefix) / "share" / "ftgov" / "mlg-tree.json"

@@ -1,0 +1,166 @@
+"""ftgovd: the command line, start-up and the event loop (see governor.server for the loop itself)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from governor import __version__, logs
+from governor.config import DEFAULT_CONFIG_PATH, Config, default_model_path, load_config
+from governor.errors import FtgovError, NodeNotFound
+from governor.notify import Notifier, listen_fds
+from governor.sysfs import Root
+
+log = logging.getLogger("ftgovd")
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ftgovd", description="Energy-saving GPU frequency governor for fine-tuning jobs.")
+    p.add_argument("--config", default=None, help=f"YAML config (default {DEFAULT_CONFIG_PATH}; absent = defaults)")
+    p.add_argument("--socket", help="Unix socket path (default from config: /run/ftgov/ftgov.sock)")
+    p.add_argument("--sysfs-root", help="root under which /sys is read and written (default /)")
+    p.add_argument("--state-dir", help="where the crash-safety state file lives (default /run/ftgov)")
+    p.add_argument("--simulate", action="store_true",
+                   help="build a simulated Jetson AGX Orin (JetPack 6 layout) and govern it: try ftgov without a Jetson")
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--version", action="version", version=f"ftgovd {__version__}")
+    return p.parse_args(argv)
+
+
+def simulate_runtime_dir() -> Path:
+    """Where --simulate keeps its socket, state and tree unless told otherwise: never the real /run/ftgov."""
+    if os.geteuid() == 0:
+        return Path("/run/ftgov-sim")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(xdg) / "ftgov-sim" if xdg else Path(f"/tmp/ftgov-sim-{os.getuid()}")
+
+
+def build_config(args: argparse.Namespace) -> Config:
+    explicit = args.config is not None
+    overrides = {"socket.path": args.socket, "sysfs_root": args.sysfs_root, "state_dir": args.state_dir,
+                 "log_level": args.log_level}
+    if args.simulate:
+        base = simulate_runtime_dir()
+        overrides["socket.path"] = args.socket or str(base / "ftgov.sock")
+        overrides["state_dir"] = args.state_dir or str(base)
+    return load_config(args.config or DEFAULT_CONFIG_PATH, overrides, must_exist=explicit)
+
+
+def probe_gpus(config: Config, root: Root) -> list:
+    """Find the GPUs to govern, waiting up to node_wait_s for a Jetson devfreq node that appears late at boot."""
+    from governor.backends import devfreq
+
+    if config.backend == "nvml" or (config.backend == "auto" and not root.path(devfreq.DEVFREQ_CLASS).exists()
+                                    and _nvml_available()):
+        from governor.backends import nvml
+
+        return nvml.probe()
+    deadline = time.monotonic() + config.node_wait_s
+    delay_s, announced = 0.25, False
+    while True:
+        try:
+            return devfreq.probe(root)
+        except NodeNotFound as e:
+            if time.monotonic() >= deadline:
+                raise NodeNotFound(f"{e} (waited {config.node_wait_s:g} s; node_wait_s in the config)") from e
+            if not announced:
+                log.warning("%s; waiting up to %g s for it (the GPU node appears after the GPU first powers up)",
+                            e, config.node_wait_s)
+                announced = True
+            time.sleep(min(delay_s, max(0.0, deadline - time.monotonic())))
+            delay_s = min(delay_s * 2, 5.0)
+
+
+def _nvml_available() -> bool:
+    try:
+        import pynvml  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run(config: Config, *, simulate: bool = False) -> int:
+    from governor import rails as rails_mod
+    from governor.jobs import Governor
+    from governor.policy import Policy
+    from governor.server import Server, bind_socket
+    from governor.state import StateFile, boot_id
+
+    notifier = Notifier()
+    root = Root(config.sysfs_root)
+    board = None
+    if simulate:
+        from governor.sim import tree
+
+        sim_dir = Path(config.state_dir) / "sim-orin"
+        shutil.rmtree(sim_dir, ignore_errors=True)
+        root = tree.build(sim_dir, "jp6")
+        log.info("simulated Jetson AGX Orin (JetPack 6 layout) at %s", sim_dir)
+        print(f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}\n"
+              f"ftgovd: clients: export FTGOV_SOCKET={config.socket.path}", file=sys.stderr, flush=True)
+    gpus = probe_gpus(config, root)
+    for gpu in gpus:
+        log.info("GPU %s: %s, levels %s MHz", gpu.id, gpu.describe(),
+                 " ".join(f"{hz / 1e6:g}" for hz in gpu.levels_hz))
+    rails = rails_mod.discover(root)
+    if rails is None:
+        log.info("no INA3221 power rails found: job energy will be reported as null")
+    else:
+        log.info("power rails: %s; job energy counts %s", ", ".join(rails.names), "+".join(rails.energy_rails))
+    model_file = config.model_file or str(default_model_path())
+    policy = Policy.from_config(config.policy, config.ffg_freq_hz, model_file)
+    governor = Governor(gpus, policy, StateFile(config.state_dir), boot_id(root), rails=rails,
+                        on_external_change=config.on_external_change, max_jobs=config.limits.max_jobs)
+    if simulate:
+        from governor.sim.board import Board
+
+        board = Board(root, gpus[0])
+        governor.listeners.append(board.update)
+        board.update(governor)
+    server = Server(governor, config, notifier)
+    server.adopt_leftovers()
+
+    fds = listen_fds()
+    if fds:
+        sock = socket.socket(fileno=fds[0])
+        log.info("socket-activated: listening on %s", sock.getsockname())
+    else:
+        sock = bind_socket(config.socket.path, config.socket.mode, config.socket.group)
+    sock.setblocking(False)
+    try:
+        asyncio.run(server.serve(sock))
+    finally:
+        if not fds:
+            try:
+                os.unlink(config.socket.path)
+            except OSError:
+                pass
+    log.info("ftgovd stopped")
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        config = build_config(args)
+    except FtgovError as e:
+        print(f"ftgovd: error: {e}", file=sys.stderr)
+        return 2
+    logs.setup(config.log_level)
+    try:
+        return run(config, simulate=args.simulate)
+    except FtgovError as e:
+        log.error("%s", e)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

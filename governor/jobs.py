@@ -1,0 +1,332 @@
+"""The job table and the GPU pins it implies: the daemon's logic, with no sockets in it.
+
+Every change (a job starts, changes its features, ends; the limits change underneath) goes through ``_apply``, which
+computes each GPU's target with ``policy.combine`` (the one rule for several jobs), saves the state file before the
+first write to a GPU, then pins or restores. The server (governor.server) owns connections and process watching and
+calls in here; tests can drive this class directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from governor.backends.base import Gpu, Limits
+from governor.errors import BackendError, FtgovError, StateError
+from governor.features import Features
+from governor.policy import Decision, Policy, combine
+from governor.rails import EnergyMeter, Rails
+from governor.state import GpuState, JobRecord, State, StateFile
+
+log = logging.getLogger("ftgovd")
+
+
+@dataclass
+class Job:
+    job_id: int
+    pid: int
+    start_time: float  # the process's start time (psutil create_time), against PID reuse
+    uid: int
+    name: Optional[str]
+    gpu_id: str
+    features: Features
+    policy: Optional[str] = None  # per-job policy request (tune), else the daemon's
+    decision: Optional[Decision] = None
+    started_s: float = field(default_factory=time.monotonic)
+    steps: int = 0
+    phase: Optional[str] = None
+    meter: Optional[EnergyMeter] = None
+    adopted: bool = False
+    tuner: object = None  # governor.tuning.JobTuner when the tune policy drives this job
+
+    @property
+    def freq_hz(self) -> Optional[int]:
+        return self.decision.freq_hz if self.decision else None
+
+    def fields(self) -> dict:
+        """Structured fields for journald (JOB_ID=3 finds a job's whole story)."""
+        out = {"JOB_ID": self.job_id, "JOB_PID": self.pid, "JOB_NAME": self.name or ""}
+        if self.decision:
+            out["POLICY"] = self.decision.policy
+            out["FREQ_HZ"] = self.decision.freq_hz if self.decision.freq_hz is not None else ""
+        return out
+
+    def label(self) -> str:
+        return f"job {self.job_id}" + (f" {self.name!r}" if self.name else "") + f" (pid {self.pid})"
+
+    def record(self) -> JobRecord:
+        return JobRecord(self.job_id, self.pid, self.start_time, self.gpu_id, self.name, self.uid,
+                         self.features.model_dump(), self.freq_hz, self.decision.policy if self.decision else "")
+
+
+@dataclass
+class GpuControl:
+    gpu: Gpu
+    baseline: Optional[Limits] = None  # snapshot taken before our first pin; None while we hold nothing
+    pinned_hz: Optional[int] = None
+    restore_failed: bool = False
+    stood_down: bool = False  # someone else changed the limits under our pin and config says let them be
+
+
+@dataclass(frozen=True)
+class Ended:
+    job: Job
+    duration_s: float
+    energy_j: Optional[float]
+    why: str
+
+
+class Governor:
+    def __init__(self, gpus: list[Gpu], policy: Policy, state_file: StateFile, boot_id: str, *,
+                 rails: Optional[Rails] = None, on_external_change: str = "reapply", max_jobs: int = 64):
+        self.gpus = {g.id: GpuControl(g) for g in gpus}
+        self.policy = policy
+        self.state_file = state_file
+        self.boot_id = boot_id
+        self.rails = rails
+        self.on_external_change = on_external_change
+        self.max_jobs = max_jobs
+        self.jobs: dict[int, Job] = {}
+        self.next_job_id = 1
+        self.listeners: list[Callable[["Governor"], None]] = []  # told after every change (simulated board, notify)
+
+    # ---- jobs -------------------------------------------------------------------------------------------------------
+    def default_gpu(self) -> str:
+        return next(iter(self.gpus))
+
+    def find_gpu(self, key) -> str:
+        """A GPU id from a job's `gpu` field: an index/id, or a UUID the backend describes."""
+        if key is None:
+            return self.default_gpu()
+        key = str(key)
+        if key in self.gpus:
+            return key
+        for gid, ctl in self.gpus.items():
+            if ctl.gpu.describe().get("uuid") == key:
+                return gid
+        raise FtgovError(f"no GPU {key!r}; this board has {', '.join(self.gpus)}")
+
+    def admit(self, *, pid: int, start_time: float, uid: int, name: Optional[str], gpu_id: str,
+              features: Features, policy: Optional[str] = None, job_id: Optional[int] = None) -> Job:
+        """Put a job in the table, undecided: the simulated board sees its load before the daemon measures it."""
+        if len(self.jobs) >= self.max_jobs:
+            raise FtgovError(f"the daemon already holds {len(self.jobs)} jobs (limits.max_jobs)")
+        if job_id is None:
+            job_id, self.next_job_id = self.next_job_id, self.next_job_id + 1
+        job = Job(job_id, pid, start_time, uid, name, gpu_id, features, policy)
+        job.meter = self._meter()
+        self.jobs[job_id] = job
+        self._notify()
+        return job
+
+    def decide(self, job: Job, *, why_util: str = "") -> Decision:
+        """Decide the job's frequency and apply the combined pin. On a failed pin the job is dropped and re-raised."""
+        ctl = self.gpus[job.gpu_id]
+        decision = self.policy.decide(job.features, ctl.gpu.levels_hz, job.policy)
+        if why_util:
+            decision = Decision(decision.policy, decision.freq_hz, f"{decision.reason}; {why_util}")
+        previous, job.decision = job.decision, decision
+        try:
+            self._apply(job.gpu_id)
+        except FtgovError:
+            job.decision = previous
+            if previous is None:
+                self.jobs.pop(job.job_id, None)
+            self._apply_quietly(job.gpu_id)
+            raise
+        f = job.features
+        log.info("%s: %s L%d H%d seq %g util %s -> %s %s: %s", job.label(), f.model_type, f.num_layers,
+                 f.hidden_size, f.seq_len, "?" if f.gpu_util is None else f"{f.gpu_util:g}%", decision.policy,
+                 _mhz(decision.freq_hz), decision.reason, extra=job.fields())
+        return decision
+
+    def set_freq(self, job: Job, freq_hz: int, policy: str, reason: str) -> None:
+        """Move one job's pick (the tuner does this) and apply the combined pin."""
+        job.decision = Decision(policy, freq_hz, reason)
+        self._apply(job.gpu_id)
+
+    def end(self, job_id: int, why: str) -> Optional[Ended]:
+        job = self.jobs.pop(job_id, None)
+        if job is None:
+            return None
+        energy_j = None
+        if job.meter is not None:
+            energy_j = job.meter.add(time.monotonic(), self._total_mw())
+        ended = Ended(job, time.monotonic() - job.started_s, energy_j, why)
+        self._apply_quietly(job.gpu_id)
+        energy = "unknown (no rails)" if energy_j is None else f"{energy_j:.1f} J ({'+'.join(self.rails.energy_rails)})"
+        log.info("%s ended (%s) after %.1f s, %d steps, at %s, energy %s", job.label(), why, ended.duration_s,
+                 job.steps, _mhz(job.freq_hz), energy,
+                 extra={**job.fields(), "DURATION_S": f"{ended.duration_s:.3f}", "STEPS": job.steps,
+                        "ENERGY_J": "" if energy_j is None else f"{energy_j:.3f}"})
+        return ended
+
+    # ---- pins -------------------------------------------------------------------------------------------------------
+    def target_hz(self, gpu_id: str) -> Optional[int]:
+        return combine([j.freq_hz for j in self.jobs.values() if j.gpu_id == gpu_id])
+
+    def _apply(self, gpu_id: str) -> None:
+        ctl = self.gpus[gpu_id]
+        target = self.target_hz(gpu_id)
+        if ctl.stood_down:
+            if not any(j.gpu_id == gpu_id for j in self.jobs.values()):
+                ctl.stood_down = False
+            self._save()
+            return
+        if target == ctl.pinned_hz and not ctl.restore_failed:
+            self._save()
+            return
+        if target is None:
+            self._restore(ctl)
+        else:
+            if ctl.baseline is None:
+                ctl.baseline = ctl.gpu.snapshot()
+            ctl.pinned_hz = target
+            self._save()  # before the write: a crash now still finds the baseline on disk
+            ctl.gpu.pin(target)
+            ctl.restore_failed = False
+            log.info("GPU %s pinned to %s", gpu_id, _mhz(target), extra={"FREQ_HZ": target})
+        self._notify()
+
+    def _apply_quietly(self, gpu_id: str) -> None:
+        """Apply after a job left; a failure here is logged and retried later, never raised to a client."""
+        try:
+            self._apply(gpu_id)
+        except FtgovError as e:
+            log.error("GPU %s: could not apply the pin after a change: %s (will retry)", gpu_id, e)
+            self.gpus[gpu_id].restore_failed = True
+
+    def _restore(self, ctl: GpuControl) -> None:
+        if ctl.baseline is None:
+            ctl.pinned_hz = None
+            self._save()
+            return
+        try:
+            ctl.gpu.restore(ctl.baseline)
+        except BackendError:
+            ctl.restore_failed = True
+            self._save()
+            raise
+        log.info("GPU %s restored to its baseline %s..%s", ctl.gpu.id, _mhz(ctl.baseline.min_hz),
+                 _mhz(ctl.baseline.max_hz))
+        ctl.baseline, ctl.pinned_hz, ctl.restore_failed = None, None, False
+        self._save()
+
+    def pending_restores(self) -> bool:
+        return any(ctl.restore_failed for ctl in self.gpus.values())
+
+    def retry(self) -> None:
+        for gid, ctl in self.gpus.items():
+            if ctl.restore_failed:
+                self._apply_quietly(gid)
+
+    def check_pins(self) -> None:
+        """Notice limits changed under a pin (nvpmodel, jetson_clocks) and re-apply or stand down, as configured."""
+        for gid, ctl in self.gpus.items():
+            if ctl.pinned_hz is None or ctl.stood_down:
+                continue
+            try:
+                now = ctl.gpu.snapshot()
+            except BackendError as e:
+                log.warning("GPU %s: cannot read limits to check the pin: %s", gid, e)
+                continue
+            if (now.min_hz, now.max_hz) == (ctl.pinned_hz, ctl.pinned_hz):
+                continue
+            log.warning("GPU %s: limits changed under our pin of %s to min %s max %s (nvpmodel or jetson_clocks?); "
+                        "%s", gid, _mhz(ctl.pinned_hz), _mhz(now.min_hz), _mhz(now.max_hz),
+                        "re-applying" if self.on_external_change == "reapply" else "standing down until the jobs end",
+                        extra={"FREQ_HZ": ctl.pinned_hz})
+            if self.on_external_change == "reapply":
+                try:
+                    ctl.gpu.pin(ctl.pinned_hz)
+                except FtgovError as e:
+                    log.error("GPU %s: re-applying the pin failed: %s", gid, e)
+            else:
+                # The other tool owns the limits now: forget our baseline so that we do not undo its change later.
+                ctl.stood_down, ctl.baseline, ctl.pinned_hz = True, None, None
+                self._save()
+            self._notify()
+
+    # ---- state, energy, status -------------------------------------------------------------------------------------
+    def state(self) -> State:
+        gpus = {gid: GpuState(ctl.gpu.describe(), ctl.baseline, ctl.pinned_hz)
+                for gid, ctl in self.gpus.items() if ctl.baseline is not None}
+        return State(self.boot_id, gpus, [j.record() for j in self.jobs.values() if j.decision], self.next_job_id)
+
+    def _save(self) -> None:
+        state = self.state()
+        try:
+            if state.gpus:
+                self.state_file.write(state)
+            else:
+                self.state_file.remove()
+        except StateError as e:
+            # Without a state file a crash could leave the pin: refuse to pin rather than risk it.
+            if any(ctl.pinned_hz is not None and not ctl.restore_failed for ctl in self.gpus.values()) and state.gpus:
+                raise
+            log.error("%s", e)
+
+    def _total_mw(self) -> float:
+        if self.rails is None:
+            return 0.0
+        try:
+            return self.rails.total_mw(self.rails.read_mw())
+        except BackendError as e:
+            log.warning("cannot read the power rails: %s", e)
+            return 0.0
+
+    def _meter(self) -> Optional[EnergyMeter]:
+        return EnergyMeter(time.monotonic(), self._total_mw()) if self.rails is not None else None
+
+    def sample(self) -> None:
+        """Integrate energy for every active job (called on the daemon's tick while jobs are active)."""
+        if self.rails is None or not self.jobs:
+            return
+        t, mw = time.monotonic(), self._total_mw()
+        for job in self.jobs.values():
+            if job.meter is not None:
+                job.meter.add(t, mw)
+
+    def status(self) -> dict:
+        gpus = []
+        for gid, ctl in self.gpus.items():
+            try:
+                reading = ctl.gpu.read().to_dict()
+            except BackendError as e:
+                reading = {"error": str(e)}
+            gpus.append({"id": gid, **ctl.gpu.describe(), "available_hz": list(ctl.gpu.levels_hz), **reading,
+                         "pinned_hz": ctl.pinned_hz, "stood_down": ctl.stood_down,
+                         "baseline_min_hz": ctl.baseline.min_hz if ctl.baseline else None,
+                         "baseline_max_hz": ctl.baseline.max_hz if ctl.baseline else None})
+        power = None
+        if self.rails is not None:
+            try:
+                power = self.rails.read_mw()
+            except BackendError:
+                power = None
+        now = time.monotonic()
+        jobs = []
+        for j in self.jobs.values():
+            energy = j.meter.energy_j if j.meter else None
+            jobs.append({"job_id": j.job_id, "name": j.name, "pid": j.pid, "uid": j.uid, "gpu": j.gpu_id,
+                         "policy": j.decision.policy if j.decision else None, "freq_hz": j.freq_hz,
+                         "reason": j.decision.reason if j.decision else None, "features": j.features.model_dump(),
+                         "duration_s": round(now - j.started_s, 3), "steps": j.steps, "phase": j.phase,
+                         "energy_j": energy, "adopted": j.adopted,
+                         "tuner": j.tuner.state() if j.tuner is not None else None})
+        return {"policy": self.policy.name, "jobs": jobs, "gpu": gpus[0] if len(gpus) == 1 else None,
+                "gpus": gpus, "power_mw": power,
+                "energy_rails": self.rails.energy_rails if self.rails else []}
+
+    def _notify(self) -> None:
+        for listener in self.listeners:
+            try:
+                listener(self)
+            except Exception:  # a listener (the simulated board) must never break the daemon
+                log.exception("listener failed")
+
+
+def _mhz(hz: Optional[int]) -> str:
+    return "no pin" if hz is None else f"{hz / 1e6:g} MHz"

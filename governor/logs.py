@@ -1,0 +1,44 @@
+"""Logging: journald with structured fields under systemd, plain human lines on stderr otherwise.
+
+Log calls pass journald fields as ``extra={"JOB_ID": 3, "FREQ_HZ": ...}``; systemd-python's JournalHandler turns
+upper-case record attributes into fields, so ``journalctl -u ftgovd JOB_ID=3`` finds a job's whole story. On stderr
+the same records read as one line each.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+
+def under_systemd() -> bool:
+    # JOURNAL_STREAM: our stderr goes to the journal; INVOCATION_ID: started by systemd as a unit.
+    return bool(os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"))
+
+
+def setup(level: str = "info", *, journal: bool | None = None) -> logging.Logger:
+    """Configure the "ftgovd" logger; returns it. journal=None decides from the environment."""
+    log = logging.getLogger("ftgovd")
+    log.handlers.clear()
+    log.propagate = False
+    log.setLevel(level.upper())
+    handler: logging.Handler | None = None
+    if journal is None:
+        journal = under_systemd()
+    if journal:
+        try:
+            from systemd.journal import JournalHandler  # systemd-python: an optional extra
+        except ImportError:
+            handler = None
+            print("ftgovd: systemd-python is not installed: logging to stderr without journal fields", file=sys.stderr)
+        else:
+            handler = JournalHandler(SYSLOG_IDENTIFIER="ftgovd")
+            handler.setFormatter(logging.Formatter("%(message)s"))
+    if handler is None:
+        handler = logging.StreamHandler(sys.stderr)
+        # Under systemd without the journal module, journald adds its own timestamp: don't print one twice.
+        fmt = "%(levelname)s %(message)s" if under_systemd() else "%(asctime)s ftgovd %(levelname)s %(message)s"
+        handler.setFormatter(logging.Formatter(fmt))
+    log.addHandler(handler)
+    return log

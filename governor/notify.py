@@ -1,0 +1,65 @@
+"""systemd integration without a dependency: sd_notify datagrams and socket activation (LISTEN_FDS).
+
+Both protocols are small and stable (sd_notify(3), sd_listen_fds(3)); speaking them directly keeps the daemon free of
+libsystemd at run time. Outside systemd every call here is a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Optional
+
+SD_LISTEN_FDS_START = 3
+
+
+class Notifier:
+    def __init__(self, env: Optional[dict] = None):
+        env = os.environ if env is None else env
+        addr = env.get("NOTIFY_SOCKET")
+        if addr and addr.startswith("@"):
+            addr = "\0" + addr[1:]  # abstract namespace
+        self.addr = addr
+        self.sock: Optional[socket.socket] = None
+        usec = env.get("WATCHDOG_USEC")
+        pid = env.get("WATCHDOG_PID")
+        self.watchdog_s = int(usec) / 1e6 if usec and usec.isdigit() and (not pid or pid == str(os.getpid())) else None
+
+    def send(self, *lines: str) -> None:
+        if not self.addr:
+            return
+        if self.sock is None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        try:
+            self.sock.sendto("\n".join(lines).encode(), self.addr)
+        except OSError:
+            pass  # systemd gone (shutdown): nothing to tell
+
+    def ready(self, status: str) -> None:
+        self.send("READY=1", f"STATUS={status}")
+
+    def status(self, status: str) -> None:
+        self.send(f"STATUS={status}")
+
+    def watchdog(self) -> None:
+        self.send("WATCHDOG=1")
+
+    def stopping(self) -> None:
+        self.send("STOPPING=1")
+
+
+def listen_fds(env: Optional[dict] = None) -> list[int]:
+    """File descriptors passed by systemd socket activation, meant for this process; unsets the variables."""
+    env = os.environ if env is None else env
+    if env.get("LISTEN_PID") != str(os.getpid()):
+        return []
+    try:
+        count = int(env.get("LISTEN_FDS", "0"))
+    except ValueError:
+        return []
+    for key in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        env.pop(key, None)
+    fds = list(range(SD_LISTEN_FDS_START, SD_LISTEN_FDS_START + count))
+    for fd in fds:
+        os.set_inheritable(fd, False)
+    return fds

@@ -1,0 +1,95 @@
+"""Who is on the other end of the socket, and which process a job is: SO_PEERCRED, /proc, pidfds.
+
+Identity comes from the kernel (SO_PEERCRED), never from what the client says. A job's process is held by a pidfd,
+opened at once and checked against the start time the kernel reports, so a recycled PID can never keep a pin alive.
+"""
+
+from __future__ import annotations
+
+import grp
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Optional
+
+import psutil
+
+
+@dataclass(frozen=True)
+class Peer:
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_of(sock: socket.socket) -> Peer:
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return Peer(pid, uid, gid)
+
+
+def group_id(name: str) -> Optional[int]:
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None
+
+
+def groups_of(pid: int, primary_gid: int) -> set[int]:
+    """The process's supplementary groups from /proc (what the kernel checked when it let the peer connect)."""
+    groups = {primary_gid}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    groups.update(int(g) for g in line.split()[1:])
+                    break
+    except (OSError, ValueError):
+        pass
+    return groups
+
+
+class ProcessGone(Exception):
+    pass
+
+
+@dataclass
+class HeldProcess:
+    pid: int
+    pidfd: int
+    start_time: float
+    uid: int
+
+    def close(self) -> None:
+        try:
+            os.close(self.pidfd)
+        except OSError:
+            pass
+
+
+def hold(pid: int, expected_start_time: Optional[float] = None) -> HeldProcess:
+    """Open a pidfd for pid and make sure it is the process we mean (same start time before and after the open)."""
+    try:
+        proc = psutil.Process(pid)
+        start = proc.create_time()
+        uid = proc.uids().real
+    except (psutil.NoSuchProcess, psutil.ZombieProcess) as e:
+        raise ProcessGone(f"no process {pid}") from e
+    except psutil.AccessDenied as e:
+        raise ProcessGone(f"cannot inspect process {pid}") from e
+    if expected_start_time is not None and abs(start - expected_start_time) > 0.05:
+        raise ProcessGone(f"process {pid} is not the one we held (started at another time)")
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError as e:
+        raise ProcessGone(f"cannot open process {pid}: {e.strerror}") from e
+    try:
+        if abs(psutil.Process(pid).create_time() - start) > 0.05:
+            raise ProcessGone(f"process {pid} was replaced while we opened it")
+    except psutil.Error as e:
+        os.close(pidfd)
+        raise ProcessGone(f"process {pid} exited while we opened it") from e
+    except ProcessGone:
+        os.close(pidfd)
+        raise
+    return HeldProcess(pid, pidfd, start, uid)

@@ -1,0 +1,79 @@
+"""Policies: map a job's features to a GPU frequency (or to no pin at all).
+
+- ``mlg``: the decision tree (governor.tree), loaded from a JSON export; falls back to FFG with a logged reason when
+  the model file is missing or invalid.
+- ``ffg``: one configured frequency for every job.
+- ``observe``: pins nothing, so the default governor runs; for baseline measurements.
+- ``tune``: starts from MLG's pick; the daemon's tuner then moves it (governor.tuning).
+A tree's leaf or FFG's frequency need not be in this board's table: the pin is the nearest level at or above it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from governor.backends.base import nearest_level
+from governor.errors import ModelError
+from governor.features import Features
+from governor.tree import DecisionTree
+
+log = logging.getLogger("ftgovd")
+
+
+@dataclass(frozen=True)
+class Decision:
+    policy: str
+    freq_hz: Optional[int]  # None: no pin
+    reason: str
+
+
+class Policy:
+    """Decides for one GPU's table of levels."""
+
+    def __init__(self, name: str, ffg_freq_hz: int, tree: Optional[DecisionTree], fallback_reason: str = ""):
+        self.name = name
+        self.ffg_freq_hz = ffg_freq_hz
+        self.tree = tree
+        self.fallback_reason = fallback_reason
+
+    @classmethod
+    def from_config(cls, name: str, ffg_freq_hz: int, model_file: Optional[str | Path]) -> "Policy":
+        if name not in ("mlg", "tune"):
+            return cls(name, ffg_freq_hz, None)
+        try:
+            tree = DecisionTree.load(model_file)
+        except ModelError as e:
+            log.warning("MLG falls back to FFG at %.0f MHz: %s", ffg_freq_hz / 1e6, e)
+            return cls(name, ffg_freq_hz, None, fallback_reason=str(e))
+        log.info("MLG tree loaded from %s (source: %s, %d nodes, leaves %s MHz)", model_file, tree.source,
+                 len(tree.nodes), ", ".join(f"{hz / 1e6:g}" for hz in tree.leaves_hz()))
+        return cls(name, ffg_freq_hz, tree)
+
+    def decide(self, features: Features, levels_hz: tuple[int, ...], policy: Optional[str] = None) -> Decision:
+        name = policy or self.name
+        if name == "observe":
+            return Decision("observe", None, "observe: no pin, the default governor runs")
+        if name == "ffg" or self.tree is None:
+            level = nearest_level(levels_hz, self.ffg_freq_hz)
+            why = f"ffg: fixed {self.ffg_freq_hz / 1e6:g} MHz"
+            if name != "ffg":
+                why = f"{name} fell back to ffg ({self.fallback_reason}); " + why
+            return Decision("ffg" if name == "ffg" else f"{name}->ffg", level, why + _level_note(level, self.ffg_freq_hz))
+        tree_decision = self.tree.decide(features)
+        level = nearest_level(levels_hz, tree_decision.freq_hz)
+        return Decision(name, level, f"{self.tree.source} tree: {tree_decision.explain()}"
+                        + _level_note(level, tree_decision.freq_hz))
+
+
+def _level_note(level_hz: int, wanted_hz: int) -> str:
+    return "" if level_hz == wanted_hz else f" (nearest level {level_hz / 1e6:g} MHz)"
+
+
+def combine(freqs_hz: list[Optional[int]]) -> Optional[int]:
+    """THE rule for several jobs on one GPU: pin the highest frequency any job needs, so no job is slowed below its
+    own pick. Jobs that pin nothing (observe) do not count; with none left, the GPU returns to its baseline (None)."""
+    pins = [f for f in freqs_hz if f is not None]
+    return max(pins) if pins else None

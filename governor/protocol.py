@@ -1,0 +1,185 @@
+"""JSON-RPC 2.0 framing and validation: one JSON object per line, UTF-8, at most MAX_LINE_BYTES a line.
+
+Everything a client sends is checked here and turned into either a typed request or an RpcError with a standard code
+and a message naming the field; the server never sees raw, unchecked input.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from governor.features import Features, ModelType
+
+MAX_LINE_BYTES = 64 * 1024
+
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+SERVER_ERROR = -32000  # the backend failed (a pin did not take): the job is not registered
+PERMISSION_DENIED = -32001
+LIMIT_EXCEEDED = -32002
+UNKNOWN_JOB = -32003
+
+
+class RpcError(Exception):
+    def __init__(self, code: int, message: str, data: Optional[dict] = None):
+        super().__init__(message)
+        self.code, self.message, self.data = code, message, data
+
+    def to_dict(self) -> dict:
+        err = {"code": self.code, "message": self.message}
+        if self.data:
+            err["data"] = self.data
+        return err
+
+
+class _Params(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class FeatureParams(_Params):
+    model_type: ModelType
+    num_layers: int = Field(ge=1, le=1024)
+    hidden_size: int = Field(ge=1, le=1 << 20)
+    seq_len: float = Field(gt=0, le=1 << 20)
+    gpu_util: Optional[float] = Field(default=None, ge=0, le=100)
+
+    _finite = field_validator("seq_len", "gpu_util", mode="before")(Features._finite.__func__)
+
+    def features(self) -> Features:
+        return Features(model_type=self.model_type, num_layers=self.num_layers, hidden_size=self.hidden_size,
+                        seq_len=self.seq_len, gpu_util=self.gpu_util)
+
+
+class RegisterParams(FeatureParams):
+    name: Optional[str] = Field(default=None, max_length=256)
+    pid: Optional[int] = Field(default=None, ge=1, le=(1 << 31) - 1)
+    gpu: Optional[Union[str, int]] = None
+    tune: Optional[bool] = None
+
+    @field_validator("gpu", mode="before")
+    @classmethod
+    def _gpu(cls, v):
+        if isinstance(v, bool) or (isinstance(v, int) and v < 0) or (isinstance(v, str) and not 0 < len(v) <= 128):
+            raise ValueError("must be a GPU index (int >= 0) or a UUID string")
+        return v
+
+
+class JobParams(_Params):
+    job_id: int = Field(ge=1)
+
+
+class UpdateParams(JobParams):
+    gpu_util: Optional[float] = Field(default=None, ge=0, le=100)
+    seq_len: Optional[float] = Field(default=None, gt=0, le=1 << 20)
+
+    _finite = field_validator("seq_len", "gpu_util", mode="before")(Features._finite.__func__)
+
+
+class ProgressParams(JobParams):
+    steps: int = Field(ge=0, le=1 << 62)
+    phase: Optional[Literal["train", "eval", "checkpoint", "data"]] = None
+
+
+class EmptyParams(_Params):
+    pass
+
+
+METHODS: dict[str, type[_Params]] = {
+    "register": RegisterParams,
+    "update": UpdateParams,
+    "unregister": JobParams,
+    "progress": ProgressParams,
+    "status": EmptyParams,
+    "predict": FeatureParams,
+    "ping": EmptyParams,
+}
+
+
+@dataclass
+class Request:
+    id: Any  # None for a notification
+    method: str
+    params: _Params
+
+    @property
+    def is_notification(self) -> bool:
+        return self.id is None
+
+
+def _reject_constant(name: str):
+    # Python's json accepts NaN and Infinity; JSON does not.
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_line(line: bytes) -> Request:
+    """Parse and validate one line. Raises RpcError; ``err.data["id"]`` carries the request id when it was readable."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RpcError(PARSE_ERROR, f"invalid UTF-8 at byte {e.start}") from e
+    try:
+        msg = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as e:
+        raise RpcError(PARSE_ERROR, f"not valid JSON: {e}") from e
+    if not isinstance(msg, dict):
+        raise RpcError(INVALID_REQUEST, f"a request must be a JSON object, not {type(msg).__name__}")
+    req_id = msg.get("id")
+    if req_id is not None and (isinstance(req_id, bool) or not isinstance(req_id, (int, str))):
+        raise RpcError(INVALID_REQUEST, "id must be a string or an integer", {"field": "id"})
+    if isinstance(req_id, str) and len(req_id) > 256:
+        raise RpcError(INVALID_REQUEST, "id is too long", {"field": "id"})
+    if isinstance(req_id, int) and abs(req_id) > (1 << 53):
+        raise RpcError(INVALID_REQUEST, "id is out of range", {"field": "id"})
+
+    def fail(code: int, message: str, data: Optional[dict] = None) -> RpcError:
+        return RpcError(code, message, {**(data or {}), "id": req_id})
+
+    if msg.get("jsonrpc") != "2.0":
+        raise fail(INVALID_REQUEST, 'jsonrpc must be "2.0"', {"field": "jsonrpc"})
+    method = msg.get("method")
+    if not isinstance(method, str):
+        raise fail(INVALID_REQUEST, "method must be a string", {"field": "method"})
+    unknown = set(msg) - {"jsonrpc", "id", "method", "params"}
+    if unknown:
+        raise fail(INVALID_REQUEST, f"unknown member {sorted(unknown)[0]!r}", {"field": sorted(unknown)[0]})
+    model = METHODS.get(method)
+    if model is None:
+        raise fail(METHOD_NOT_FOUND, f"unknown method {method[:64]!r}; known: {', '.join(METHODS)}",
+                   {"field": "method"})
+    params = msg.get("params", {})
+    if not isinstance(params, dict):
+        raise fail(INVALID_PARAMS, "params must be an object (named parameters)", {"field": "params"})
+    try:
+        return Request(req_id, method, model.model_validate(params))
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "params"
+        raise fail(INVALID_PARAMS, f"{field}: {err['msg']}", {"field": field}) from e
+    except RecursionError as e:
+        raise fail(INVALID_PARAMS, "params are nested too deeply") from e
+
+
+def encode(obj: dict) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+
+def result(req_id: Any, value: dict) -> bytes:
+    return encode({"jsonrpc": "2.0", "id": req_id, "result": value})
+
+
+def error(req_id: Any, err: RpcError) -> bytes:
+    data = dict(err.data or {})
+    data.pop("id", None)
+    return encode({"jsonrpc": "2.0", "id": req_id, "error": RpcError(err.code, err.message, data).to_dict()})
+
+
+def finite(x: Optional[float]) -> Optional[float]:
+    """JSON has no NaN: report an unknown float as null."""
+    return x if x is None or math.isfinite(x) else None

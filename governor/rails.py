@@ -1,0 +1,87 @@
+"""INA3221 power rails through hwmon: discovery, power in mW, energy by integration over time.
+
+Power of a rail = mV x mA / 1000 (jetson-orin.md). Channel 7 (sum of shunt voltages) and unlabelled channels are
+skipped. Energy figures include ENERGY_RAILS only: CPU, GPU+SoC and the 5 V system rail; VDDQ_VDD2_1V8AO is fed
+from VIN_SYS_5V0, so adding it would count that power twice.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from governor.errors import BackendError
+from governor.sysfs import Root, read_int, read_text
+
+ENERGY_RAILS = ("VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0")
+HWMON_CLASS = "/sys/class/hwmon"
+_CHANNEL = re.compile(r"in(\d+)_label$")
+
+
+class Rails:
+    """The board's labelled INA3221 channels: label -> (voltage file, current file)."""
+
+    def __init__(self, channels: dict[str, tuple[Path, Path]]):
+        self.channels = channels
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.channels)
+
+    @property
+    def energy_rails(self) -> list[str]:
+        return [r for r in ENERGY_RAILS if r in self.channels]
+
+    def read_mw(self) -> dict[str, float]:
+        """Instantaneous power per rail, mW."""
+        out = {}
+        for label, (volt, curr) in self.channels.items():
+            out[label] = read_int(volt) * read_int(curr) / 1000.0
+        return out
+
+    def total_mw(self, power_mw: dict[str, float]) -> float:
+        return sum(power_mw[r] for r in self.energy_rails)
+
+
+def discover(root: Root) -> Rails | None:
+    """Find the INA3221 rails by scanning hwmon devices whose name is ina3221; None when the board has none."""
+    class_dir = root.path(HWMON_CLASS)
+    try:
+        entries = sorted(os.listdir(class_dir))
+    except OSError:
+        return None
+    channels: dict[str, tuple[Path, Path]] = {}
+    for entry in entries:
+        hwmon = root.resolve(class_dir / entry)
+        try:
+            if read_text(hwmon / "name") != "ina3221":
+                continue
+            files = os.listdir(hwmon)
+        except (BackendError, OSError):
+            continue
+        for name in files:
+            m = _CHANNEL.match(name)
+            if not m or m.group(1) == "7":
+                continue
+            label = read_text(hwmon / name)
+            ch = m.group(1)
+            if label.startswith("NC") or label.startswith("sum of"):
+                continue
+            volt, curr = hwmon / f"in{ch}_input", hwmon / f"curr{ch}_input"
+            if volt.exists() and curr.exists():
+                channels[label] = (volt, curr)
+    return Rails(channels) if channels else None
+
+
+class EnergyMeter:
+    """Trapezoidal integration of total power (ENERGY_RAILS) over samples: joules since start."""
+
+    def __init__(self, t_s: float, total_mw: float):
+        self.last_t_s, self.last_mw, self.energy_j = t_s, total_mw, 0.0
+
+    def add(self, t_s: float, total_mw: float) -> float:
+        dt = max(0.0, t_s - self.last_t_s)
+        self.energy_j += dt * (self.last_mw + total_mw) / 2.0 / 1000.0
+        self.last_t_s, self.last_mw = t_s, total_mw
+        return self.energy_j

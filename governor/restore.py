@@ -1,0 +1,75 @@
+"""`ftgov restore`: put back the baseline recorded in the state file (systemd's ExecStopPost, or by hand).
+
+A SIGKILLed daemon runs no handler; this command runs after it, from the file the daemon wrote before its first pin.
+It keeps the file's job list, so a daemon restarted afterwards can re-adopt jobs whose processes still live.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from governor.config import DEFAULT_CONFIG_PATH, load_config
+from governor.errors import FtgovError
+from governor.state import StateFile, boot_id
+from governor.sysfs import Root
+
+log = logging.getLogger("ftgovd")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("restore", help="restore the GPU limits saved before ftgovd pinned them",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("--config", default=None, help=f"daemon config (default {DEFAULT_CONFIG_PATH})")
+    p.add_argument("--state-dir", help="state dir (default from the config: /run/ftgov)")
+    p.add_argument("--sysfs-root", help="sysfs root (default from the config: /)")
+    p.add_argument("--on-stop", action="store_true",
+                   help="called as the service stops: do nothing when the config says restore_on_stop: false")
+    p.set_defaults(func=run)
+
+
+def restore(state_dir: str, root: Root, config) -> int:
+    from governor.daemon import probe_gpus
+
+    state_file = StateFile(state_dir)
+    state = state_file.read(boot_id(root))
+    if state is None or not state.gpus:
+        print(f"ftgov restore: nothing to restore (no state of this boot in {state_dir})")
+        return 0
+    gpus = {g.id: g for g in probe_gpus(config.model_copy(update={"node_wait_s": 0.0}), root)}
+    failed = 0
+    for gid, gs in state.gpus.items():
+        gpu = gpus.get(gid)
+        if gpu is None:
+            print(f"ftgov restore: GPU {gid} from the state file is not present", file=sys.stderr)
+            failed += 1
+            continue
+        try:
+            gpu.restore(gs.baseline)
+        except FtgovError as e:
+            print(f"ftgov restore: GPU {gid}: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        gs.pinned_hz = None
+        print(f"ftgov restore: GPU {gid} restored to {gs.baseline.min_hz}..{gs.baseline.max_hz} Hz")
+    if not failed:
+        if state.jobs:
+            state_file.write(state)  # keep the jobs: a restarted daemon re-adopts the live ones
+        else:
+            state_file.remove()
+    return 1 if failed else 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config or DEFAULT_CONFIG_PATH,
+                             {"state_dir": args.state_dir, "sysfs_root": args.sysfs_root},
+                             must_exist=args.config is not None)
+        if args.on_stop and not config.restore_on_stop:
+            print("ftgov restore: restore_on_stop is false in the config: leaving the pin in place")
+            return 0
+        return restore(config.state_dir, Root(config.sysfs_root), config)
+    except FtgovError as e:
+        print(f"ftgov restore: error: {e}", file=sys.stderr)
+        return 1
