@@ -78,6 +78,14 @@ class NotPermitted(RpcError):
     """-32001: the daemon refused this caller (e.g. registering a process it does not own)."""
 
 
+class LimitExceeded(RpcError):
+    """-32002: a daemon limit (connections, jobs) is reached."""
+
+
+class UnknownJob(RpcError):
+    """-32003: no such job on this connection (it ended: its process exited, or it was unregistered)."""
+
+
 _ERROR_CLASSES: dict[int, type[RpcError]] = {
     -32700: ParseError,
     -32600: InvalidRequest,
@@ -85,6 +93,8 @@ _ERROR_CLASSES: dict[int, type[RpcError]] = {
     -32602: InvalidParams,
     -32000: ServerError,
     -32001: NotPermitted,
+    -32002: LimitExceeded,
+    -32003: UnknownJob,
 }
 
 
@@ -455,7 +465,9 @@ class Job:
                 if self.steps != self._reported_steps:
                     conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase)
                 self.result = conn.call("unregister", job_id=self.job_id)
-                log.info("ftgov: job %s ended: %s", self.job_id, _summary(self.result))
+                log.info("ftgov: job %s ended: %s", self.job_id, describe_reply(self.result))
+        except UnknownJob:
+            log.info("ftgov: job %s had already ended (its process exited)", self.job_id)
         except FtgovError as e:
             # The job is over either way: closing the connection below ends it daemon-side.
             log.warning("ftgov: unregister of job %s failed (%s); closing the connection ends it", self.job_id, e)
@@ -477,7 +489,7 @@ class Job:
             self._disable(f"register refused: {e}")
             return
         self.job_id = self.registration.get("job_id")
-        log.info("ftgov: job %s registered: %s", self.job_id, _summary(self.registration))
+        log.info("ftgov: job %s registered: %s", self.job_id, describe_reply(self.registration))
         if self.steps:
             self._report()
 
@@ -500,7 +512,8 @@ class Job:
                       stacklevel=3)
 
 
-def _summary(reply: dict) -> str:
+def describe_reply(reply: dict) -> str:
+    """One line for a register/update/unregister answer: policy, frequency, duration, steps, energy, reason."""
     parts = []
     if reply.get("policy"):
         parts.append(str(reply["policy"]))
