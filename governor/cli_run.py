@@ -8,7 +8,8 @@ command runs anyway after one warning.
 Signals: the wrapper blocks the signals it forwards and waits for them with sigwaitinfo, together with SIGCHLD, so
 there is no handler race and no polling. A signal sent to the wrapper by a process (kill, systemd, a scheduler) is
 forwarded to the child. A signal the terminal sends (Ctrl-C, Ctrl-\\, a hangup) went to the whole foreground process
-group, the child included, so it is not forwarded a second time (the way sudo tells them apart: si_code SI_KERNEL).
+group, the child included, so it is not forwarded a second time (the way sudo tells them apart: si_code SI_KERNEL),
+unless the command moved to a process group of its own.
 """
 
 from __future__ import annotations
@@ -150,12 +151,19 @@ def _wait_forwarding(pid: int, waited: set) -> int:
             if done == pid:
                 return status
             continue
-        if info.si_code == SI_KERNEL:
-            continue  # from the terminal: the child, in our foreground process group, received it too
         try:
-            os.kill(pid, info.si_signo)
+            if should_forward(info, os.getpgid(pid)):
+                os.kill(pid, info.si_signo)
         except ProcessLookupError:
             pass  # it exited; its SIGCHLD is pending
+
+
+def should_forward(info, child_pgid: int) -> bool:
+    """Forward a signal unless the terminal sent it to our process group and the child is in that group too.
+
+    A command that made its own process group (setsid, setpgid) gets nothing from the terminal, so it gets ours.
+    """
+    return not (info.si_code == SI_KERNEL and child_pgid == os.getpgrp())
 
 
 def _drain(waited: set) -> None:
