@@ -291,3 +291,23 @@ def test_batch_tokens_counts_non_padding_tokens():
     assert batch_tokens({"input_ids": torch.ones(2, 4)}) is None  # padded length only: not a measurement
     assert batch_tokens({"attention_mask": torch.ones(2, 1, 4, 4)}) is None  # an extended mask: not per token
     assert batch_tokens(torch.ones(2, 4)) is None
+
+
+def test_neither_framework_is_needed_to_import_governor(tmp_path):
+    code = """
+import sys
+for name in ("torch", "transformers", "lightning", "pytorch_lightning", "prometheus_client"):
+    sys.modules[name] = None  # makes any import of it fail, as if it were not installed
+import governor, governor.client, governor.cli_run, governor.cli_ops, governor.metrics
+from governor.cli import main
+for module, extra in (("governor.hf", "hf"), ("governor.lightning", "lightning")):
+    try:
+        __import__(module)
+    except ImportError as e:
+        print(module, "ftgov[%s]" % extra in str(e))
+print("metrics", main(["metrics", "--textfile", sys.argv[1], "--once"]))
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.prom")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert out.stdout.split("\n")[:3] == ["governor.hf True", "governor.lightning True", "metrics 2"], out.stderr
+    assert "pip install 'ftgov[metrics]'" in out.stderr
