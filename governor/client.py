@@ -29,6 +29,9 @@ DEFAULT_SOCKET = "/run/ftgov/ftgov.sock"
 SOCKET_ENV = "FTGOV_SOCKET"
 # The group that may use the socket (the systemd .socket unit's SocketGroup).
 SOCKET_GROUP = "ftgov"
+# Progress goes out at most this often. A fine-tuning step on an Orin takes 100 ms or more, so every step is reported
+# (the tuner times steps from these reports); faster loops are sampled, and a step costs a clock read.
+DEFAULT_REPORT_EVERY_S = 0.1
 # One reply line is a few hundred bytes; a status with many jobs a few kilobytes. Anything past this is not ftgovd.
 MAX_REPLY_BYTES = 1 << 20
 
@@ -157,6 +160,7 @@ class Connection:
         self._next_id += 1
         self._send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": _drop_none(params)})
         reply = self._receive(method)
+        # An error with a null id answers whatever we sent last: a refusal at connect time, an unparsable line.
         if reply.get("id") != request_id and not ("error" in reply and reply.get("id") is None):
             self.close()
             raise DaemonUnavailable(f"{method}: reply for request {reply.get('id')!r}, expected {request_id}")
@@ -326,7 +330,7 @@ class Job:
     """
 
     def __init__(self, features: dict, *, name: str | None = None, socket: str | os.PathLike | None = None,
-                 pid: int | None = None, gpu: str | int | None = None, report_every_s: float = 1.0,
+                 pid: int | None = None, gpu: str | int | None = None, report_every_s: float = DEFAULT_REPORT_EVERY_S,
                  measure_batches: int = 8, timeout_s: float = 10.0):
         if report_every_s < 0:
             raise ValueError("report_every_s must be >= 0")
@@ -533,7 +537,7 @@ def describe_reply(reply: dict) -> str:
 def job(model=None, *, model_type: str | None = None, num_layers: int | None = None, hidden_size: int | None = None,
         seq_len: float | None = None, gpu_util: float | None = None, name: str | None = None,
         socket: str | os.PathLike | None = None, pid: int | None = None, gpu: str | int | None = None,
-        report_every_s: float = 1.0, measure_batches: int = 8) -> Job:
+        report_every_s: float = DEFAULT_REPORT_EVERY_S, measure_batches: int = 8) -> Job:
     """A job to hold for the life of a training run::
 
         with governor.job(model, name="bert-sst2") as job:
@@ -554,7 +558,7 @@ def job(model=None, *, model_type: str | None = None, num_layers: int | None = N
 
 
 def start_job(model=None, *, name: str | None = None, socket: str | os.PathLike | None = None,
-              report_every_s: float = 1.0, measure_batches: int = 8, **explicit) -> Job:
+              report_every_s: float = DEFAULT_REPORT_EVERY_S, measure_batches: int = 8, **explicit) -> Job:
     """For the framework adapters: ``job(...).start()``, except that features which cannot be read from the model
     warn and give a no-op job, because a callback added with no arguments must never stop training."""
     explicit = {k: (float(v) if k in ("seq_len", "gpu_util") and v is not None else v) for k, v in explicit.items()}

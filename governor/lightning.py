@@ -19,7 +19,7 @@ except ImportError:
     except ImportError as e:  # governor itself never needs Lightning; only this adapter does
         raise ImportError("governor.lightning needs Lightning: pip install 'ftgov[lightning]'") from e
 
-from governor.client import Job, check_partial_features, find_hf_config, start_job
+from governor.client import DEFAULT_REPORT_EVERY_S, Job, check_partial_features, find_hf_config, start_job
 
 
 class GovernorCallback(Callback):
@@ -27,7 +27,7 @@ class GovernorCallback(Callback):
 
     def __init__(self, *, model_type: str | None = None, num_layers: int | None = None,
                  hidden_size: int | None = None, seq_len: float | None = None, gpu_util: float | None = None,
-                 name: str | None = None, socket: str | None = None, report_every_s: float = 1.0,
+                 name: str | None = None, socket: str | None = None, report_every_s: float = DEFAULT_REPORT_EVERY_S,
                  measure_batches: int = 8):
         self._explicit = dict(model_type=model_type, num_layers=num_layers, hidden_size=hidden_size,
                               seq_len=seq_len, gpu_util=gpu_util)
