@@ -15,6 +15,8 @@ SUBCOMMAND_MODULES = (
     "governor.cli_run",
     "governor.cli_ops",
     "governor.metrics",
+    "governor.pipeline.characterize",
+    "governor.pipeline.evaluate",
     "governor.sim.cli",
 )
 

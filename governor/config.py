@@ -63,7 +63,8 @@ class Config(_Strict):
     backend: Literal["auto", "devfreq", "nvml"] = "auto"
     policy: Literal["mlg", "ffg", "observe", "tune"] = "mlg"
     model_file: Optional[str] = Field(None, description="ftgov-tree/1 JSON; default: the tree shipped with ftgov")
-    ffg_freq_hz: int = Field(612_000_000, gt=0, description="FFG's frequency; pinned as the nearest level at or above")
+    ffg_freq_hz: Optional[int] = Field(None, gt=0, description="FFG's frequency (nearest level at or above is pinned); "
+                                       "default: the level with the least total energy in the training data (ffg.json)")
     restore_on_stop: bool = True
     on_external_change: Literal["reapply", "stand_down"] = "reapply"
     limits: LimitsConfig = LimitsConfig()
@@ -115,6 +116,23 @@ def load_config(path: str | os.PathLike | None, overrides: dict | None = None, *
     except ValidationError as e:
         where = f"config file {path}" if path else "configuration"
         raise ConfigError(f"{where}: {_format_errors(e)}") from e
+
+
+FALLBACK_FFG_HZ = 612_000_000  # used only when no ffg.json ships beside the model (a broken install); logged
+
+
+def default_ffg_hz(model_file: str | os.PathLike) -> tuple[int, str]:
+    """FFG's frequency from ffg.json beside the model (written by `make model` from the same data), and where from."""
+    import json
+
+    path = Path(model_file).with_name("ffg.json")
+    try:
+        hz = json.loads(path.read_text())["freq_hz"]
+        if isinstance(hz, int) and not isinstance(hz, bool) and hz > 0:
+            return hz, str(path)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return FALLBACK_FFG_HZ, f"built-in fallback ({path} missing or invalid)"
 
 
 def default_model_path() -> Path:

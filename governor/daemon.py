@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from governor import __version__, logs
-from governor.config import DEFAULT_CONFIG_PATH, Config, default_model_path, load_config
+from governor.config import DEFAULT_CONFIG_PATH, Config, default_ffg_hz, default_model_path, load_config
 from governor.errors import FtgovError, NodeNotFound
 from governor.notify import Notifier, listen_fds
 from governor.sysfs import Root
@@ -54,37 +54,40 @@ def build_config(args: argparse.Namespace) -> Config:
     return load_config(args.config or DEFAULT_CONFIG_PATH, overrides, must_exist=explicit)
 
 
-def probe_gpus(config: Config, root: Root) -> list:
-    """Find the GPUs to govern, waiting up to node_wait_s for a Jetson devfreq node that appears late at boot."""
+def probe_gpus(config: Config, root: Root, notifier: Optional[Notifier] = None) -> list:
+    """Find the GPUs to govern: the Jetson devfreq node first, then NVML (backend: auto), waiting up to node_wait_s
+    for a devfreq node that appears late at boot (it shows up only after the GPU first powers up)."""
     from governor.backends import devfreq
 
-    if config.backend == "nvml" or (config.backend == "auto" and not root.path(devfreq.DEVFREQ_CLASS).exists()
-                                    and _nvml_available()):
-        from governor.backends import nvml
-
-        return nvml.probe()
+    if config.backend == "nvml":
+        return _nvml_probe(config)
     deadline = time.monotonic() + config.node_wait_s
     delay_s, announced = 0.25, False
     while True:
         try:
             return devfreq.probe(root)
         except NodeNotFound as e:
+            if config.backend == "auto" and not announced:
+                try:
+                    return _nvml_probe(config)
+                except (ImportError, FtgovError):
+                    pass  # no NVML GPUs either: keep waiting for the Jetson node
             if time.monotonic() >= deadline:
                 raise NodeNotFound(f"{e} (waited {config.node_wait_s:g} s; node_wait_s in the config)") from e
             if not announced:
-                log.warning("%s; waiting up to %g s for it (the GPU node appears after the GPU first powers up)",
-                            e, config.node_wait_s)
+                log.warning("%s; waiting up to %g s for it", e, config.node_wait_s)
+                if notifier is not None:
+                    notifier.status("waiting for the GPU devfreq node")
                 announced = True
             time.sleep(min(delay_s, max(0.0, deadline - time.monotonic())))
             delay_s = min(delay_s * 2, 5.0)
 
 
-def _nvml_available() -> bool:
-    try:
-        import pynvml  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def _nvml_probe(config: Config) -> list:
+    from governor.backends import nvml
+
+    # In observe mode the NVML handle refuses every call that would change the GPU: safe on a shared machine.
+    return nvml.probe(read_only=config.policy == "observe")
 
 
 def run(config: Config, *, simulate: bool = False) -> int:
@@ -106,17 +109,23 @@ def run(config: Config, *, simulate: bool = False) -> int:
         log.info("simulated Jetson AGX Orin (JetPack 6 layout) at %s", sim_dir)
         print(f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}\n"
               f"ftgovd: clients: export FTGOV_SOCKET={config.socket.path}", file=sys.stderr, flush=True)
-    gpus = probe_gpus(config, root)
+    gpus = probe_gpus(config, root, notifier)
     for gpu in gpus:
         log.info("GPU %s: %s, levels %s MHz", gpu.id, gpu.describe(),
                  " ".join(f"{hz / 1e6:g}" for hz in gpu.levels_hz))
     rails = rails_mod.discover(root)
-    if rails is None:
-        log.info("no INA3221 power rails found: job energy will be reported as null")
-    else:
+    if rails is not None:
         log.info("power rails: %s; job energy counts %s", ", ".join(rails.names), "+".join(rails.energy_rails))
+    elif any(callable(getattr(g, "energy_j", None)) for g in gpus):
+        log.info("no INA3221 power rails: job energy from the GPU's own energy counter")
+    else:
+        log.info("no INA3221 power rails found: job energy will be reported as null")
     model_file = config.model_file or str(default_model_path())
-    policy = Policy.from_config(config.policy, config.ffg_freq_hz, model_file)
+    ffg_hz, ffg_from = config.ffg_freq_hz, "config"
+    if ffg_hz is None:
+        ffg_hz, ffg_from = default_ffg_hz(default_model_path())
+    log.info("FFG frequency %g MHz (from %s)", ffg_hz / 1e6, ffg_from)
+    policy = Policy.from_config(config.policy, ffg_hz, model_file)
     governor = Governor(gpus, policy, StateFile(config.state_dir), boot_id(root), rails=rails,
                         on_external_change=config.on_external_change, max_jobs=config.limits.max_jobs)
     if simulate:
@@ -126,7 +135,6 @@ def run(config: Config, *, simulate: bool = False) -> int:
         governor.listeners.append(board.update)
         board.update(governor)
     server = Server(governor, config, notifier)
-    server.adopt_leftovers()
 
     fds = listen_fds()
     if fds:

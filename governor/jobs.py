@@ -13,21 +13,24 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from governor import gpuid
 from governor.backends.base import Gpu, Limits
 from governor.errors import BackendError, FtgovError, StateError
 from governor.features import Features
 from governor.policy import Decision, Policy, combine
-from governor.rails import EnergyMeter, Rails
+from governor.rails import CounterMeter, EnergyMeter, Rails
 from governor.state import GpuState, JobRecord, State, StateFile
 
 log = logging.getLogger("ftgovd")
+
+POWER_CACHE_S = 0.02
 
 
 @dataclass
 class Job:
     job_id: int
     pid: int
-    start_time: float  # the process's start time (psutil create_time), against PID reuse
+    start_time: float  # the process's start time (clock ticks since boot, /proc/PID/stat), against PID reuse
     uid: int
     name: Optional[str]
     gpu_id: str
@@ -91,22 +94,18 @@ class Governor:
         self.jobs: dict[int, Job] = {}
         self.next_job_id = 1
         self.listeners: list[Callable[["Governor"], None]] = []  # told after every change (simulated board, notify)
+        # How a save that is not urgent gets scheduled (the server: once per event-loop turn). None: save at once.
+        self.defer: Optional[Callable[[Callable[[], None]], None]] = None
+        self._save_pending = False
+        self._power_cache: tuple[float, float] = (-1.0, 0.0)
 
     # ---- jobs -------------------------------------------------------------------------------------------------------
     def default_gpu(self) -> str:
         return next(iter(self.gpus))
 
     def find_gpu(self, key) -> str:
-        """A GPU id from a job's `gpu` field: an index/id, or a UUID the backend describes."""
-        if key is None:
-            return self.default_gpu()
-        key = str(key)
-        if key in self.gpus:
-            return key
-        for gid, ctl in self.gpus.items():
-            if ctl.gpu.describe().get("uuid") == key:
-                return gid
-        raise FtgovError(f"no GPU {key!r}; this board has {', '.join(self.gpus)}")
+        """A GPU id from a job's `gpu` field (index or UUID; none: the only GPU). GpuNotFound otherwise."""
+        return gpuid.find_gpu([c.gpu for c in self.gpus.values()], key).id
 
     def admit(self, *, pid: int, start_time: float, uid: int, name: Optional[str], gpu_id: str,
               features: Features, policy: Optional[str] = None, job_id: Optional[int] = None) -> Job:
@@ -116,7 +115,7 @@ class Governor:
         if job_id is None:
             job_id, self.next_job_id = self.next_job_id, self.next_job_id + 1
         job = Job(job_id, pid, start_time, uid, name, gpu_id, features, policy)
-        job.meter = self._meter()
+        job.meter = self._meter(gpu_id)
         self.jobs[job_id] = job
         self._notify()
         return job
@@ -153,10 +152,13 @@ class Governor:
             return None
         energy_j = None
         if job.meter is not None:
-            energy_j = job.meter.add(time.monotonic(), self._total_mw())
+            try:
+                energy_j = job.meter.add(time.monotonic(), self._total_mw())
+            except BackendError as e:
+                log.warning("%s: cannot read energy at its end: %s", job.label(), e)
         ended = Ended(job, time.monotonic() - job.started_s, energy_j, why)
         self._apply_quietly(job.gpu_id)
-        energy = "unknown (no rails)" if energy_j is None else f"{energy_j:.1f} J ({'+'.join(self.rails.energy_rails)})"
+        energy = "unknown (no rails)" if energy_j is None else f"{energy_j:.1f} J ({self.energy_source()})"
         log.info("%s ended (%s) after %.1f s, %d steps, at %s, energy %s", job.label(), why, ended.duration_s,
                  job.steps, _mhz(job.freq_hz), energy,
                  extra={**job.fields(), "DURATION_S": f"{ended.duration_s:.3f}", "STEPS": job.steps,
@@ -173,10 +175,10 @@ class Governor:
         if ctl.stood_down:
             if not any(j.gpu_id == gpu_id for j in self.jobs.values()):
                 ctl.stood_down = False
-            self._save()
+            self._save_soon()
             return
         if target == ctl.pinned_hz and not ctl.restore_failed:
-            self._save()
+            self._save_soon()  # only the job list changed: re-adoption data, not safety data
             return
         if target is None:
             self._restore(ctl)
@@ -228,15 +230,16 @@ class Governor:
             if ctl.pinned_hz is None or ctl.stood_down:
                 continue
             try:
-                now = ctl.gpu.snapshot()
+                if ctl.gpu.pin_holds():
+                    continue
+                now = ctl.gpu.read()
             except BackendError as e:
                 log.warning("GPU %s: cannot read limits to check the pin: %s", gid, e)
                 continue
-            if (now.min_hz, now.max_hz) == (ctl.pinned_hz, ctl.pinned_hz):
-                continue
-            log.warning("GPU %s: limits changed under our pin of %s to min %s max %s (nvpmodel or jetson_clocks?); "
-                        "%s", gid, _mhz(ctl.pinned_hz), _mhz(now.min_hz), _mhz(now.max_hz),
-                        "re-applying" if self.on_external_change == "reapply" else "standing down until the jobs end",
+            log.warning("GPU %s: limits changed under our pin of %s (now min %s max %s, clock %s): nvpmodel, "
+                        "jetson_clocks or another tool? %s", gid, _mhz(ctl.pinned_hz), _mhz(now.min_hz),
+                        _mhz(now.max_hz), _mhz(now.cur_hz),
+                        "Re-applying" if self.on_external_change == "reapply" else "Standing down until the jobs end",
                         extra={"FREQ_HZ": ctl.pinned_hz})
             if self.on_external_change == "reapply":
                 try:
@@ -255,13 +258,23 @@ class Governor:
                 for gid, ctl in self.gpus.items() if ctl.baseline is not None}
         return State(self.boot_id, gpus, [j.record() for j in self.jobs.values() if j.decision], self.next_job_id)
 
+    def _save_soon(self) -> None:
+        """Save the job list without delay for the client: one write for a burst of registrations. Safe because a
+        job missing from the file after a crash is simply not re-adopted (its pin is then restored), and a job that
+        ended but is still listed fails the process check on re-adoption."""
+        if self.defer is None:
+            self._save()
+        elif not self._save_pending:
+            self._save_pending = True
+            self.defer(self._save)
+
     def _save(self) -> None:
+        self._save_pending = False
         state = self.state()
         try:
-            if state.gpus:
-                self.state_file.write(state)
-            else:
-                self.state_file.remove()
+            # Written even with nothing pinned: next_job_id must survive restarts so that a job id names one job
+            # for the whole boot (journalctl JOB_ID=3 finds one story).
+            self.state_file.write(state)
         except StateError as e:
             # Without a state file a crash could leave the pin: refuse to pin rather than risk it.
             if any(ctl.pinned_hz is not None and not ctl.restore_failed for ctl in self.gpus.values()) and state.gpus:
@@ -269,16 +282,37 @@ class Governor:
             log.error("%s", e)
 
     def _total_mw(self) -> float:
+        """Board power now (ENERGY_RAILS). Reused for POWER_CACHE_S: the INA3221 itself refreshes only every ~140 ms
+        (update_interval), so a burst of registrations need not read eight files each."""
         if self.rails is None:
             return 0.0
+        now = time.monotonic()
+        if now - self._power_cache[0] < POWER_CACHE_S:
+            return self._power_cache[1]
         try:
-            return self.rails.total_mw(self.rails.read_mw())
+            mw = self.rails.total_mw(self.rails.read_mw())
         except BackendError as e:
             log.warning("cannot read the power rails: %s", e)
             return 0.0
+        self._power_cache = (now, mw)
+        return mw
 
-    def _meter(self) -> Optional[EnergyMeter]:
-        return EnergyMeter(time.monotonic(), self._total_mw()) if self.rails is not None else None
+    def _meter(self, gpu_id: str):
+        """Rails integrated over time (Jetson), else the GPU's own energy counter (NVML), else nothing."""
+        if self.rails is not None:
+            return EnergyMeter(time.monotonic(), self._total_mw())
+        gpu = self.gpus[gpu_id].gpu
+        if callable(getattr(gpu, "energy_j", None)):
+            try:
+                return CounterMeter(gpu.energy_j)
+            except BackendError as e:
+                log.info("GPU %s has no energy counter: %s", gpu_id, e)
+        return None
+
+    def energy_source(self) -> str:
+        if self.rails is not None:
+            return "+".join(self.rails.energy_rails)
+        return "GPU energy counter (whole GPU)"
 
     def sample(self) -> None:
         """Integrate energy for every active job (called on the daemon's tick while jobs are active)."""
@@ -309,7 +343,10 @@ class Governor:
         now = time.monotonic()
         jobs = []
         for j in self.jobs.values():
-            energy = j.meter.energy_j if j.meter else None
+            try:
+                energy = j.meter.energy_j if j.meter else None
+            except BackendError:
+                energy = None
             jobs.append({"job_id": j.job_id, "name": j.name, "pid": j.pid, "uid": j.uid, "gpu": j.gpu_id,
                          "policy": j.decision.policy if j.decision else None, "freq_hz": j.freq_hz,
                          "reason": j.decision.reason if j.decision else None, "features": j.features.model_dump(),
@@ -318,7 +355,7 @@ class Governor:
                          "tuner": j.tuner.state() if j.tuner is not None else None})
         return {"policy": self.policy.name, "jobs": jobs, "gpu": gpus[0] if len(gpus) == 1 else None,
                 "gpus": gpus, "power_mw": power,
-                "energy_rails": self.rails.energy_rails if self.rails else []}
+                "energy_rails": self.rails.energy_rails if self.rails else [], "energy_source": self.energy_source()}
 
     def _notify(self) -> None:
         for listener in self.listeners:

@@ -29,11 +29,13 @@ class Notifier:
         if not self.addr:
             return
         if self.sock is None:
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+            # Non-blocking: a reader that falls behind (or a full socket buffer) must never stall the daemon; a dropped
+            # STATUS= is superseded by the next one.
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         try:
             self.sock.sendto("\n".join(lines).encode(), self.addr)
         except OSError:
-            pass  # systemd gone (shutdown): nothing to tell
+            pass  # systemd gone (shutdown) or its queue full: nothing to tell now
 
     def ready(self, status: str) -> None:
         self.send("READY=1", f"STATUS={status}")
@@ -63,3 +65,50 @@ def listen_fds(env: Optional[dict] = None) -> list[int]:
     for fd in fds:
         os.set_inheritable(fd, False)
     return fds
+
+
+class NotifyListener:
+    """The receiving end of sd_notify, for running ftgovd outside systemd (demo, tests, benchmarks): waits for
+    READY=1 and STATUS= messages instead of sleeping or polling."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+        self.sock.bind(path)
+        self.messages: list[str] = []
+
+    def wait(self, predicate, timeout_s: float = 10.0) -> str:
+        """The next message satisfying predicate; TimeoutError after timeout_s."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no matching sd_notify message within {timeout_s} s (last: {self.messages[-3:]})")
+            self.sock.settimeout(left)
+            try:
+                msg = self.sock.recv(4096).decode(errors="replace")
+            except socket.timeout:
+                continue
+            self.messages.append(msg)
+            if predicate(msg):
+                return msg
+
+    def drain(self) -> None:
+        """Forget every message already queued (so that the next wait sees only what happens from now on)."""
+        self.sock.setblocking(False)
+        try:
+            while True:
+                self.messages.append(self.sock.recv(4096).decode(errors="replace"))
+        except BlockingIOError:
+            pass
+        finally:
+            self.sock.setblocking(True)
+
+    def close(self) -> None:
+        self.sock.close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass

@@ -13,7 +13,6 @@ import struct
 from dataclasses import dataclass
 from typing import Optional
 
-import psutil
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ class ProcessGone(Exception):
 class HeldProcess:
     pid: int
     pidfd: int
-    start_time: float
+    start_time: float  # the kernel's start time of the process, in clock ticks since boot (/proc/PID/stat field 22)
     uid: int
 
     def close(self) -> None:
@@ -67,28 +66,46 @@ class HeldProcess:
             pass
 
 
+def start_ticks(pid: int) -> float:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22); ProcessGone for a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError as e:
+        raise ProcessGone(f"no process {pid}") from e
+    # The command name (field 2) is in parentheses and may itself contain spaces or parentheses.
+    fields = stat[stat.rindex(b")") + 2:].split()
+    if fields[0] == b"Z":
+        raise ProcessGone(f"process {pid} has exited")
+    return float(fields[19])
+
+
+def process_identity(pid: int) -> tuple[float, int]:
+    """(start time in clock ticks since boot, real uid) from /proc: together with the pid, names one process."""
+    start = start_ticks(pid)
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read()
+    except OSError as e:
+        raise ProcessGone(f"no process {pid}") from e
+    for line in status.splitlines():
+        if line.startswith(b"Uid:"):
+            return start, int(line.split()[1])
+    raise ProcessGone(f"cannot read the owner of process {pid}")
+
+
 def hold(pid: int, expected_start_time: Optional[float] = None) -> HeldProcess:
     """Open a pidfd for pid and make sure it is the process we mean (same start time before and after the open)."""
-    try:
-        proc = psutil.Process(pid)
-        start = proc.create_time()
-        uid = proc.uids().real
-    except (psutil.NoSuchProcess, psutil.ZombieProcess) as e:
-        raise ProcessGone(f"no process {pid}") from e
-    except psutil.AccessDenied as e:
-        raise ProcessGone(f"cannot inspect process {pid}") from e
-    if expected_start_time is not None and abs(start - expected_start_time) > 0.05:
+    start, uid = process_identity(pid)
+    if expected_start_time is not None and start != expected_start_time:
         raise ProcessGone(f"process {pid} is not the one we held (started at another time)")
     try:
         pidfd = os.pidfd_open(pid)
     except OSError as e:
         raise ProcessGone(f"cannot open process {pid}: {e.strerror}") from e
     try:
-        if abs(psutil.Process(pid).create_time() - start) > 0.05:
+        if start_ticks(pid) != start:
             raise ProcessGone(f"process {pid} was replaced while we opened it")
-    except psutil.Error as e:
-        os.close(pidfd)
-        raise ProcessGone(f"process {pid} exited while we opened it") from e
     except ProcessGone:
         os.close(pidfd)
         raise

@@ -41,11 +41,14 @@ class Policy:
 
     @classmethod
     def from_config(cls, name: str, ffg_freq_hz: int, model_file: Optional[str | Path]) -> "Policy":
-        if name not in ("mlg", "tune"):
+        if name == "ffg":
             return cls(name, ffg_freq_hz, None)
         try:
             tree = DecisionTree.load(model_file)
         except ModelError as e:
+            if name == "observe":
+                log.info("observe: no tree to report what MLG would pick: %s", e)
+                return cls(name, ffg_freq_hz, None)
             log.warning("MLG falls back to FFG at %.0f MHz: %s", ffg_freq_hz / 1e6, e)
             return cls(name, ffg_freq_hz, None, fallback_reason=str(e))
         log.info("MLG tree loaded from %s (source: %s, %d nodes, leaves %s MHz)", model_file, tree.source,
@@ -55,7 +58,11 @@ class Policy:
     def decide(self, features: Features, levels_hz: tuple[int, ...], policy: Optional[str] = None) -> Decision:
         name = policy or self.name
         if name == "observe":
-            return Decision("observe", None, "observe: no pin, the default governor runs")
+            why = "observe: no pin, the default governor runs"
+            if self.tree is not None:
+                would = self.tree.decide(features)
+                why += f" (mlg would pick {nearest_level(levels_hz, would.freq_hz) / 1e6:g} MHz: {would.explain()})"
+            return Decision("observe", None, why)
         if name == "ffg" or self.tree is None:
             level = nearest_level(levels_hz, self.ffg_freq_hz)
             why = f"ffg: fixed {self.ffg_freq_hz / 1e6:g} MHz"

@@ -14,7 +14,12 @@ from pathlib import Path
 from governor.errors import BackendError
 from governor.sysfs import Root, read_int, read_text
 
-ENERGY_RAILS = ("VDD_GPU_SOC", "VDD_CPU_CV", "VIN_SYS_5V0")
+RAIL_GPU_SOC = "VDD_GPU_SOC"
+RAIL_CPU_CV = "VDD_CPU_CV"
+RAIL_SYS_5V0 = "VIN_SYS_5V0"
+RAIL_VDDQ = "VDDQ_VDD2_1V8AO"
+AGX_ORIN_RAILS = (RAIL_GPU_SOC, RAIL_CPU_CV, RAIL_SYS_5V0, RAIL_VDDQ)
+ENERGY_RAILS = (RAIL_GPU_SOC, RAIL_CPU_CV, RAIL_SYS_5V0)
 HWMON_CLASS = "/sys/class/hwmon"
 _CHANNEL = re.compile(r"in(\d+)_label$")
 
@@ -84,4 +89,22 @@ class EnergyMeter:
         dt = max(0.0, t_s - self.last_t_s)
         self.energy_j += dt * (self.last_mw + total_mw) / 2.0 / 1000.0
         self.last_t_s, self.last_mw = t_s, total_mw
+        return self.energy_j
+
+
+class CounterMeter:
+    """Energy from a hardware counter that already integrates (NVML's total energy, J): the difference since start.
+
+    Same interface as EnergyMeter, so the daemon need not care which a job has; the power argument is unused.
+    """
+
+    def __init__(self, read_j):
+        self.read_j = read_j
+        self.start_j = read_j()
+
+    @property
+    def energy_j(self) -> float:
+        return self.read_j() - self.start_j
+
+    def add(self, t_s: float, total_mw: float) -> float:
         return self.energy_j

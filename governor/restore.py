@@ -51,13 +51,11 @@ def restore(state_dir: str, root: Root, config) -> int:
             print(f"ftgov restore: GPU {gid}: {e}", file=sys.stderr)
             failed += 1
             continue
-        gs.pinned_hz = None
         print(f"ftgov restore: GPU {gid} restored to {gs.baseline.min_hz}..{gs.baseline.max_hz} Hz")
     if not failed:
-        if state.jobs:
-            state_file.write(state)  # keep the jobs: a restarted daemon re-adopts the live ones
-        else:
-            state_file.remove()
+        # Keep the jobs (a restarted daemon re-adopts the live ones) and the job counter; forget the baselines.
+        state.gpus = {}
+        state_file.write(state)
     return 1 if failed else 0
 
 

@@ -34,6 +34,7 @@ READ_CHUNK = 65536
 class Conn:
     peer: peers.Peer
     writer: asyncio.StreamWriter
+    task: Optional[asyncio.Task] = None
     job_ids: set[int] = field(default_factory=set)
 
 
@@ -50,6 +51,7 @@ class Server:
         self._tick: Optional[asyncio.TimerHandle] = None
         self._stop = asyncio.Event()
         self.gov.listeners.append(lambda _g: self._changed())
+        self.gov.defer = lambda fn: asyncio.get_running_loop().call_soon(fn)
 
     # ---- start-up and shutdown --------------------------------------------------------------------------------------
     def adopt_leftovers(self) -> None:
@@ -60,7 +62,10 @@ class Server:
         self.gov.next_job_id = max(self.gov.next_job_id, state.next_job_id)
         for gid, gs in state.gpus.items():
             if gid in self.gov.gpus:
-                self.gov.gpus[gid].baseline = gs.baseline
+                ctl = self.gov.gpus[gid]
+                # The hardware may hold a pin we no longer stand behind: force the next apply to write, either the
+                # re-adopted jobs' pin or the baseline.
+                ctl.baseline, ctl.pinned_hz, ctl.restore_failed = gs.baseline, gs.pinned_hz, True
                 log.info("state file: GPU %s baseline %d..%d Hz, left pinned at %s", gid, gs.baseline.min_hz,
                          gs.baseline.max_hz, gs.pinned_hz)
         for rec in state.jobs:
@@ -83,6 +88,7 @@ class Server:
 
     async def serve(self, listen_sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
+        self.adopt_leftovers()  # before READY=1: no client is served until leftovers are restored or re-adopted
         server = await asyncio.start_unix_server(self._client, sock=listen_sock, limit=READ_CHUNK)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
@@ -96,8 +102,10 @@ class Server:
                 loop.remove_signal_handler(sig)
             self.notifier.stopping()
             server.close()
-            for conn in list(self.conns):
-                conn.writer.close()
+            tasks = [c.task for c in self.conns if c.task is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
             self.shutdown()
 
     def stop(self) -> None:
@@ -111,8 +119,9 @@ class Server:
                 self._end(job_id, "daemon stopping")
             for gid in self.gov.gpus:
                 self.gov._apply_quietly(gid)
-        else:
-            log.info("restore_on_stop is false: leaving %d job(s) and the pin in place", len(self.gov.jobs))
+        elif any(c.pinned_hz is not None for c in self.gov.gpus.values()):
+            log.info("restore_on_stop is false: leaving %d job(s) and the pin in place for the next start",
+                     len(self.gov.jobs))
         for held in self.held.values():
             held.close()
         self.held.clear()
@@ -135,16 +144,17 @@ class Server:
                                f"permission denied: uid {peer.uid} is not root and not in group "
                                f"{self.config.socket.group!r} (ask an administrator to add you to it)")
             return
-        conn = Conn(peer, writer)
+        conn = Conn(peer, writer, asyncio.current_task())
         self.conns.add(conn)
         try:
             await self._read_lines(conn, reader)
-        except (ConnectionError, OSError):
-            pass
+        except (ConnectionError, OSError, asyncio.CancelledError):
+            pass  # cancelled: the daemon is stopping, and shutdown() decides what happens to the jobs
         finally:
             self.conns.discard(conn)
-            for job_id in list(conn.job_ids):
-                self._end(job_id, "connection closed")
+            if not self._stop.is_set():
+                for job_id in list(conn.job_ids):
+                    self._end(job_id, "connection closed")
             writer.close()
 
     async def _refuse(self, writer: asyncio.StreamWriter, code: int, message: str) -> None:
@@ -235,13 +245,21 @@ class Server:
             held.close()
             raise RpcError(protocol.PERMISSION_DENIED, f"pid: process {pid} belongs to uid {held.uid}, not to you "
                            f"(uid {conn.peer.uid})", {"field": "pid"})
+        if params.tune and self.gov.policy.name == "observe":
+            held.close()
+            raise RpcError(protocol.INVALID_PARAMS, "tune: this daemon runs the observe policy and pins nothing",
+                           {"field": "tune"})
         try:
             gpu_id = self.gov.find_gpu(params.gpu)
+        except FtgovError as e:
+            held.close()
+            raise RpcError(protocol.INVALID_PARAMS, f"gpu: {e}", {"field": "gpu"}) from e
+        try:
             job = self.gov.admit(pid=pid, start_time=held.start_time, uid=conn.peer.uid, name=params.name,
                                  gpu_id=gpu_id, features=params.features(), policy="tune" if params.tune else None)
         except FtgovError as e:
             held.close()
-            raise RpcError(protocol.LIMIT_EXCEEDED if "limits." in str(e) else protocol.INVALID_PARAMS, str(e)) from e
+            raise RpcError(protocol.LIMIT_EXCEEDED, str(e)) from e
         conn.job_ids.add(job.job_id)
         self._watch(job, held)
         why = ""
@@ -333,9 +351,9 @@ class Server:
                 break
             await asyncio.sleep(min(0.05, self.config.util_sample_s))
         if not samples:
-            return 100.0, "gpu_util not given and the GPU has no load file: assumed 100%"
+            return 100.0, "gpu_util not given and the GPU reports no load: assumed 100%"
         util = sum(samples) / len(samples)
-        return util, f"gpu_util measured from the GPU load file: {util:.1f}% over {len(samples)} samples"
+        return util, f"gpu_util measured from the GPU's load: {util:.1f}% over {len(samples)} samples"
 
     def _changed(self) -> None:
         self.notifier.status(self._status_line())

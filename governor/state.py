@@ -88,7 +88,7 @@ class StateFile:
 
     def write(self, state: State) -> None:
         tmp = self.path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
-        data = json.dumps(state.to_dict(), indent=1, sort_keys=True).encode()
+        data = json.dumps(state.to_dict(), separators=(",", ":"), sort_keys=True).encode()
         try:
             self.dir.mkdir(parents=True, exist_ok=True, mode=0o755)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

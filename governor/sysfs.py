@@ -56,12 +56,22 @@ class Root:
         raise BackendError(f"too many symlinks resolving {self.unroot(path)}")
 
 
+MAX_ATTR_BYTES = 65536  # a sysfs attribute is at most a page; never read an endless file (a link to /dev/zero) whole
+
+
 def read_text(path: Path) -> str:
-    """Read a sysfs attribute, stripped; OSError becomes BackendError naming the file."""
+    """Read a sysfs attribute, stripped; OSError becomes BackendError naming the file.
+
+    One open and one read, without Python's text layer: this is on the daemon's register path."""
     try:
-        return path.read_text().strip()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, MAX_ATTR_BYTES)
+        finally:
+            os.close(fd)
     except OSError as e:
         raise BackendError(f"cannot read {path}: {e.strerror or e}") from e
+    return data.decode(errors="replace").strip()
 
 
 def read_int(path: Path) -> int:

@@ -62,6 +62,9 @@ class Gpu(Protocol):
     def read(self) -> Reading:
         """Current limits, frequency and load."""
 
+    def pin_holds(self) -> bool:
+        """False when there is evidence that our pin was changed by someone else (nvpmodel, jetson_clocks, a reset)."""
+
 
 def nearest_level(levels_hz: tuple[int, ...], freq_hz: int) -> int:
     """The lowest level at or above freq_hz (never slow a job below what it asked for), else the top level."""

@@ -72,6 +72,7 @@ class DevfreqGpu:
         if not levels:
             raise BackendError(f"{root.unroot(node)}/available_frequencies is empty")
         self.levels_hz: tuple[int, ...] = tuple(levels)
+        self._pinned_hz: Optional[int] = None
 
     def describe(self) -> dict:
         return {
@@ -97,12 +98,20 @@ class DevfreqGpu:
     def pin(self, freq_hz: int) -> None:
         if freq_hz not in self.levels_hz:
             raise PinError(f"{freq_hz} Hz is not a level of {self.node.name} ({', '.join(map(str, self.levels_hz))})")
+        self._pinned_hz = freq_hz
         self._write_limits(freq_hz, freq_hz)
         got = self.snapshot()
         if (got.min_hz, got.max_hz) != (freq_hz, freq_hz):
             raise PinError(f"pin to {freq_hz} Hz did not take: {self.node.name} reads min {got.min_hz} max {got.max_hz}")
 
+    def pin_holds(self) -> bool:
+        """The files still read min = max = our pin (the last level pinned through this object)."""
+        if self._pinned_hz is None:
+            return True
+        return self.snapshot() == Limits(self._pinned_hz, self._pinned_hz)
+
     def restore(self, limits: Limits) -> None:
+        self._pinned_hz = None
         self._write_limits(limits.min_hz, limits.max_hz)
         got = self.snapshot()
         if (got.min_hz, got.max_hz) != (limits.min_hz, limits.max_hz):

@@ -1,0 +1,147 @@
+# ftgov. The two commands of the README:
+#   make demo      set up a virtual environment and run the demo on a simulated Jetson AGX Orin
+#   make test      set up, then run every test (pytest, then the systemd suite in a booted container when root)
+# Also: make bench (daemon latency/memory figures), make model (retrain the MLG tree), make evaluate (policies on the
+# held-out workloads, with plots), make stress (fault-injection and load figures).
+#
+# Install on a Jetson:
+#
+#   sudo make install                    # venv in /opt/ftgov, units in /etc/systemd/system, config in /etc/ftgov
+#   sudo make install WHEELHOUSE=DIR     # offline: the package and its dependencies from a directory of wheels
+#   make install DESTDIR=/tmp/stage      # staged install for packaging (no sysusers, no daemon-reload)
+#   sudo make uninstall
+#
+# The package lives in its own virtual environment so that the daemon's dependencies never meet the system's Python
+# packages. The [systemd] extra (systemd-python, for structured journald logging) builds from source: it needs
+# libsystemd-dev, pkg-config, gcc and python3-dev, or set EXTRAS= to log plain text to the journal instead.
+
+DESTDIR ?=
+PREFIX ?= /opt/ftgov
+SYSCONFDIR ?= /etc
+UNITDIR ?= /etc/systemd/system
+SYSUSERSDIR ?= /usr/lib/sysusers.d
+# Where the commands are linked, so that `ftgov` is on PATH.
+BINDIR ?= /usr/local/bin
+PYTHON ?= /usr/bin/python3
+EXTRAS ?= systemd
+WHEELHOUSE ?=
+
+VENV = $(DESTDIR)$(PREFIX)
+CONFIG = $(DESTDIR)$(SYSCONFDIR)/ftgov/ftgov.yaml
+COMMANDS = ftgov ftgovd
+UNITS = ftgovd.service ftgovd.socket
+PKG_SPEC = $(if $(EXTRAS),[$(EXTRAS)])
+ifeq ($(WHEELHOUSE),)
+PIP_SOURCE = '.$(PKG_SPEC)'
+else
+PIP_SOURCE = --no-index --find-links '$(WHEELHOUSE)' 'ftgov$(PKG_SPEC)'
+endif
+# Post-install steps that touch the running system, skipped for staged installs and where systemd is not PID 1.
+LIVE_SYSTEMD = $(and $(if $(DESTDIR),,yes),$(wildcard /run/systemd/system))
+
+.PHONY: install uninstall install-venv install-units install-config demo test test-unit test-systemd bench model \
+	evaluate stress
+
+# --- development: a virtual environment in .venv, made by the first target that needs it ---------------------------
+DEV_PYTHON ?= python3
+DEV_VENV = .venv
+VPY = $(DEV_VENV)/bin/python
+PIP_QUIET = --quiet --disable-pip-version-check
+
+$(DEV_VENV)/.base: pyproject.toml
+	$(DEV_PYTHON) -m venv $(DEV_VENV)
+	$(VPY) -m pip install $(PIP_QUIET) --upgrade pip
+	$(VPY) -m pip install $(PIP_QUIET) -e '.[model]'
+	touch $@
+
+# torch first and pinned: the CPU build of 2.13.0 comes from this machine's disk; asked for later by another
+# package, pip would fetch a multi-GB CUDA build instead.
+$(DEV_VENV)/.test: $(DEV_VENV)/.base
+	$(VPY) -m pip install $(PIP_QUIET) torch==2.13.0
+	$(VPY) -m pip install $(PIP_QUIET) -e '.[test]'
+	touch $@
+
+demo: $(DEV_VENV)/.base
+	$(VPY) -m governor.demo
+
+test: test-unit test-systemd
+
+test-unit: $(DEV_VENV)/.test
+	$(VPY) -m pytest
+
+# A real systemd in a container (tests/systemd/run.sh); it needs root, as CI has.
+test-systemd:
+	@if [ "$$(id -u)" = 0 ]; then bash tests/systemd/run.sh; \
+	else echo "test-systemd: SKIPPED: needs root to boot a systemd container (CI runs it as root)"; fi
+
+bench: $(DEV_VENV)/.test
+	$(VPY) benchmarks/bench_daemon.py
+
+model: $(DEV_VENV)/.base
+	$(VPY) model/train.py all --data model/data/characterization.csv --seed 0 --jobs 2
+
+evaluate: $(DEV_VENV)/.base
+	$(VPY) -m governor.pipeline evaluate --out out/evaluate
+
+
+install: install-venv install-units install-config
+	@echo "installed. First install: usermod -aG ftgov USER; systemctl enable --now ftgovd.socket." \
+	  "Upgrade: systemctl restart ftgovd"
+
+# Over an existing install the venv is updated in place rather than recreated, so a running ftgovd never finds its
+# files gone; ftgov itself is reinstalled even at the same version number. Restart the service to run the new code.
+install-venv:
+	$(PYTHON) -m venv '$(VENV)'
+	'$(VENV)/bin/pip' install --quiet --disable-pip-version-check $(PIP_SOURCE)
+	'$(VENV)/bin/pip' install --quiet --disable-pip-version-check --force-reinstall --no-deps $(PIP_SOURCE)
+# A venv's scripts carry its absolute path; a staged venv must carry the final one.
+ifneq ($(DESTDIR),)
+	grep -rlIF '$(VENV)' '$(VENV)/bin' '$(VENV)/pyvenv.cfg' | xargs -r sed -i 's|$(VENV)|$(PREFIX)|g'
+endif
+	install -D -m 0644 model/mlg-tree.json '$(VENV)/share/ftgov/mlg-tree.json'
+	install -D -m 0644 model/ffg.json '$(VENV)/share/ftgov/ffg.json'
+	install -D -m 0644 docs/install.md '$(VENV)/share/doc/ftgov/install.md'
+	install -d '$(DESTDIR)$(BINDIR)'
+	for c in $(COMMANDS); do ln -sfn '$(PREFIX)/bin/'$$c '$(DESTDIR)$(BINDIR)/'$$c; done
+
+# The units name /opt/ftgov and /etc/ftgov; other prefixes are written into the installed copies.
+install-units:
+	install -d '$(DESTDIR)$(UNITDIR)' '$(DESTDIR)$(SYSUSERSDIR)'
+	for u in $(UNITS); do \
+	  sed -e 's|/opt/ftgov/|$(PREFIX)/|g' -e 's|/etc/ftgov/|$(SYSCONFDIR)/ftgov/|g' systemd/$$u > '$(DESTDIR)$(UNITDIR)/'$$u; \
+	  chmod 0644 '$(DESTDIR)$(UNITDIR)/'$$u; \
+	done
+	install -m 0644 systemd/sysusers.d/ftgov.conf '$(DESTDIR)$(SYSUSERSDIR)/ftgov.conf'
+ifneq ($(LIVE_SYSTEMD),)
+	systemd-sysusers '$(SYSUSERSDIR)/ftgov.conf'
+	systemctl daemon-reload
+endif
+
+# Never overwrite an edited config: the new default goes next to it as ftgov.yaml.new.
+install-config:
+	install -d -m 0755 '$(DESTDIR)$(SYSCONFDIR)/ftgov'
+	@if [ ! -e '$(CONFIG)' ]; then \
+	  install -m 0644 etc/ftgov.yaml '$(CONFIG)' && echo "installed the default $(SYSCONFDIR)/ftgov/ftgov.yaml"; \
+	elif ! cmp -s etc/ftgov.yaml '$(CONFIG)'; then \
+	  install -m 0644 etc/ftgov.yaml '$(CONFIG).new'; \
+	  echo "kept your $(SYSCONFDIR)/ftgov/ftgov.yaml; the new default is ftgov.yaml.new"; \
+	fi
+
+# Leaves the ftgov group (files may still carry its gid) and an edited config in place. Deletes PREFIX only when it is
+# a venv (has pyvenv.cfg), whatever PREFIX says.
+uninstall:
+ifneq ($(LIVE_SYSTEMD),)
+	-systemctl disable --now ftgovd.socket ftgovd.service
+endif
+	for u in $(UNITS); do rm -f '$(DESTDIR)$(UNITDIR)/'$$u; done
+	rm -f '$(DESTDIR)$(SYSUSERSDIR)/ftgov.conf'
+ifneq ($(LIVE_SYSTEMD),)
+	systemctl daemon-reload
+endif
+	for c in $(COMMANDS); do \
+	  if [ "$$(readlink '$(DESTDIR)$(BINDIR)/'$$c)" = '$(PREFIX)/bin/'$$c ]; then rm -f '$(DESTDIR)$(BINDIR)/'$$c; fi; \
+	done
+	if [ -f '$(VENV)/pyvenv.cfg' ]; then rm -rf '$(VENV)'; fi
+	rm -f '$(CONFIG).new'
+	@if cmp -s etc/ftgov.yaml '$(CONFIG)'; then rm -f '$(CONFIG)'; rmdir '$(DESTDIR)$(SYSCONFDIR)/ftgov' 2>/dev/null || true; \
+	else [ ! -e '$(CONFIG)' ] || echo "kept your edited $(SYSCONFDIR)/ftgov/ftgov.yaml"; fi

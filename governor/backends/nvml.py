@@ -1,0 +1,351 @@
+"""NVML backend for datacenter GPUs (H100/H200 class): lock the graphics clock, cap power, read energy and load.
+
+What NVML offers, and what that means for the Gpu protocol (docs/nvml.md has the long form):
+
+- The clocks a GPU can lock to come from nvmlDeviceGetSupportedGraphicsClocks, which needs a memory clock; we use the
+  table at the highest memory clock (the one training runs at). The table has ~100 entries 15 MHz apart on H100, so
+  ``levels_hz`` is a coarse, evenly spread subset of it for tuning; ``supported_hz`` keeps the whole table.
+- pin = nvmlDeviceSetGpuLockedClocks(min = max = MHz); restore of the unlocked state = nvmlDeviceResetGpuLockedClocks.
+- NVML has no call that reads the locked range back on most drivers. So ``snapshot()`` cannot see a lock: it reports
+  the full supported range, which is what "unlocked" means, and restoring a full-range snapshot resets the lock. A lock
+  set by someone else before ftgovd started is therefore not preserved: restore always ends in "unlocked".
+- The power limit can be read back, so it is snapshotted exactly (in Limits.extra as ``power_limit_mw``) and restored
+  only when it differs from the snapshot.
+- Every Set*/Reset* needs root (NVML_ERROR_NO_PERMISSION otherwise) and a GPU that supports it (Volta or newer;
+  NVML_ERROR_NOT_SUPPORTED otherwise). NVMLError is converted to governor.errors here, with what to do about it.
+
+Units: NVML speaks MHz, mW and mJ; this module's interface speaks Hz, mW and mJ/J like the rest of ftgov.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Optional
+
+from governor.backends.base import Limits, Reading
+from governor.errors import BackendError, NodeNotFound, PinError
+
+log = logging.getLogger(__name__)
+
+MHZ = 1_000_000
+DEFAULT_LEVEL_COUNT = 12
+POWER_LIMIT_KEY = "power_limit_mw"
+
+# Readers that never change a GPU's settings: the only functions a read-only handle lets through.
+READ_ONLY_PREFIXES = ("nvmlInit", "nvmlShutdown", "nvmlDeviceGet", "nvmlSystemGet", "nvmlErrorString",
+                      "nvmlExceptionClass")
+
+
+class NvmlReadOnly(BackendError):
+    """A function that changes GPU settings was called through a read-only NVML handle (observe mode)."""
+
+
+class ReadOnlyNvml:
+    """The pynvml module with every function that could change a GPU refused (an allow-list of readers).
+
+    Observe mode and scripts/nvml_observe.py use it on shared machines, so that not even a bug can lock a clock or
+    move a power limit there.
+    """
+
+    def __init__(self, nvml: Any):
+        self._nvml = nvml
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._nvml, name)
+        if callable(value) and name.startswith("nvml") and not name.startswith(READ_ONLY_PREFIXES):
+            def refused(*args, **kwargs):
+                raise NvmlReadOnly(f"{name} refused: this NVML handle is read-only (observe mode changes nothing)")
+            return refused
+        return value
+
+
+def _error_name(nvml: Any, code: Optional[int]) -> str:
+    for name in dir(nvml):
+        if name.startswith("NVML_ERROR_") and getattr(nvml, name) == code:
+            return name
+    return f"NVML error {code}"
+
+
+def _advice(nvml: Any, code: Optional[int], not_supported: str) -> str:
+    if code == getattr(nvml, "NVML_ERROR_NO_PERMISSION", None):
+        return "changing clocks or power limits needs root: run ftgovd as root, or use the observe policy"
+    if code == getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", None):
+        return not_supported
+    if code in (getattr(nvml, "NVML_ERROR_GPU_IS_LOST", None), getattr(nvml, "NVML_ERROR_RESET_REQUIRED", None)):
+        return "the GPU fell off the bus or needs a reset: check dmesg and nvidia-smi"
+    if code in (getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", None),
+                getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", None)):
+        return "no NVIDIA driver: install it (libnvidia-ml.so.1) or choose the devfreq backend"
+    return "see nvidia-smi -q for the GPU's state"
+
+
+NOT_SUPPORTED_ADVICE = "this GPU or driver does not support it"
+
+
+def converted(nvml: Any, what: str, e: Exception, error: type = BackendError,
+              not_supported: str = NOT_SUPPORTED_ADVICE) -> BackendError:
+    """The governor error for an NVMLError: what failed, NVML's code, and what to do about it."""
+    code = getattr(e, "value", None)
+    return error(f"{what}: {e} ({_error_name(nvml, code)}): {_advice(nvml, code, not_supported)}")
+
+
+def nvml_call(nvml: Any, what: str, fn: Callable, *args, error: type = BackendError,
+              not_supported: str = NOT_SUPPORTED_ADVICE) -> Any:
+    """Call an NVML function, turning NVMLError into ``error`` (raise ... from the NVMLError)."""
+    try:
+        return fn(*args)
+    except nvml.NVMLError as e:
+        raise converted(nvml, what, e, error, not_supported) from e
+
+
+def coarse_levels(supported_hz: tuple[int, ...], count: int = DEFAULT_LEVEL_COUNT) -> tuple[int, ...]:
+    """``count`` clocks spread evenly over the supported table (by position, so they follow its own spacing).
+
+    Ascending; always holds the lowest and the top clock, so "no slowdown" is always a level and phases with no GPU
+    work (checkpoint, data) have somewhere low to go.
+    """
+    table = sorted(set(supported_hz))
+    if count < 2:
+        raise ValueError("at least two levels: the lowest and the top clock")
+    if len(table) <= count:
+        return tuple(table)
+    picks = {round(i * (len(table) - 1) / (count - 1)) for i in range(count)}
+    return tuple(table[i] for i in sorted(picks))
+
+
+def _text(value: Any) -> str:
+    # nvidia-ml-py before 11.515 returned bytes from string getters; newer versions return str.
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class NvmlGpu:
+    """One NVIDIA GPU seen through NVML. ``id`` is its NVML index as a string; ``uuid`` its GPU-... UUID."""
+
+    def __init__(self, nvml: Any, index: int, *, level_count: int = DEFAULT_LEVEL_COUNT):
+        self._nvml = nvml
+        self.index = index
+        self.id = str(index)
+        self._handle = nvml_call(nvml, f"GPU {index}: open", nvml.nvmlDeviceGetHandleByIndex, index)
+        self.uuid = _text(nvml_call(nvml, f"GPU {index}: UUID", nvml.nvmlDeviceGetUUID, self._handle))
+        self.name = _text(nvml_call(nvml, f"GPU {index}: name", nvml.nvmlDeviceGetName, self._handle))
+        memory_mhz = nvml_call(nvml, f"GPU {index}: memory clocks", nvml.nvmlDeviceGetSupportedMemoryClocks,
+                               self._handle, not_supported="this GPU reports no clock table, so it cannot be pinned")
+        if not memory_mhz:
+            raise BackendError(f"GPU {index} ({self.name}) reports no supported memory clocks")
+        # Training runs at the top memory clock; the graphics clocks valid with it are the ones a lock can choose.
+        self.memory_clock_mhz = max(memory_mhz)
+        graphics_mhz = nvml_call(nvml, f"GPU {index}: graphics clocks", nvml.nvmlDeviceGetSupportedGraphicsClocks,
+                                 self._handle, self.memory_clock_mhz)
+        if not graphics_mhz:
+            raise BackendError(f"GPU {index} ({self.name}) reports no graphics clocks at {self.memory_clock_mhz} MHz")
+        self.supported_hz: tuple[int, ...] = tuple(sorted({int(m) * MHZ for m in graphics_mhz}))
+        self.levels_hz: tuple[int, ...] = coarse_levels(self.supported_hz, level_count)
+        gaps = [b - a for a, b in zip(self.supported_hz, self.supported_hz[1:])]
+        # A locked GPU may read a clock one table step off the lock; more than that above it means no lock.
+        self._clock_tolerance_hz = max(gaps, default=0)
+        # NVML cannot read a lock back, so the range this process last locked (min, max) is the only record of it.
+        self._lock_hz: Optional[tuple[int, int]] = None
+
+    def describe(self) -> dict:
+        return {
+            "backend": "nvml",
+            "index": self.index,
+            "uuid": self.uuid,
+            "name": self.name,
+            "memory_clock_mhz": self.memory_clock_mhz,
+            "supported_mhz": [self.supported_hz[0] // MHZ, self.supported_hz[-1] // MHZ, len(self.supported_hz)],
+            "levels_mhz": [hz // MHZ for hz in self.levels_hz],
+        }
+
+    def _call(self, what: str, fn: Callable, *args, **kwargs) -> Any:
+        return nvml_call(self._nvml, f"GPU {self.id} ({self.name}): {what}", fn, self._handle, *args, **kwargs)
+
+    # ---- reads ----
+    def power_limit_mw(self) -> Optional[int]:
+        """The power limit in force now, or None on a GPU without power management."""
+        try:
+            return int(self._nvml.nvmlDeviceGetPowerManagementLimit(self._handle))
+        except self._nvml.NVMLError as e:
+            if getattr(e, "value", None) == self._nvml.NVML_ERROR_NOT_SUPPORTED:
+                return None
+            raise converted(self._nvml, f"GPU {self.id} ({self.name}): power limit", e) from e
+
+    def power_limit_range_mw(self) -> tuple[int, int]:
+        low, high = self._call("power limit constraints", self._nvml.nvmlDeviceGetPowerManagementLimitConstraints)
+        return int(low), int(high)
+
+    def energy_mj(self) -> int:
+        """The GPU's energy counter in mJ since the driver loaded (Volta or newer). Differences give a job's energy."""
+        return int(self._call("energy counter", self._nvml.nvmlDeviceGetTotalEnergyConsumption,
+                              not_supported="this GPU has no energy counter (it needs Volta or newer)"))
+
+    def energy_j(self) -> float:
+        return self.energy_mj() / 1000.0
+
+    def power_mw(self) -> int:
+        return int(self._call("power draw", self._nvml.nvmlDeviceGetPowerUsage))
+
+    def utilization_pct(self) -> float:
+        """Percent of the driver's last sample period (1/6 s to 1 s) in which a kernel ran."""
+        return float(self._call("utilization", self._nvml.nvmlDeviceGetUtilizationRates).gpu)
+
+    def clock_hz(self) -> int:
+        return int(self._call("graphics clock", self._nvml.nvmlDeviceGetClockInfo,
+                              self._nvml.NVML_CLOCK_GRAPHICS)) * MHZ
+
+    def clocks_mhz(self) -> dict[str, int]:
+        """Current graphics, SM and memory clocks in MHz (NVML's unit, kept for logs and tables)."""
+        nvml = self._nvml
+        kinds = {"graphics": nvml.NVML_CLOCK_GRAPHICS, "sm": nvml.NVML_CLOCK_SM, "memory": nvml.NVML_CLOCK_MEM}
+        return {name: int(self._call(f"{name} clock", nvml.nvmlDeviceGetClockInfo, kind))
+                for name, kind in kinds.items()}
+
+    def driver_version(self) -> Optional[str]:
+        try:
+            return _text(self._nvml.nvmlSystemGetDriverVersion())
+        except self._nvml.NVMLError as e:
+            log.debug("driver version: %s", e)
+            return None
+
+    def clock_event_reasons(self) -> Optional[int]:
+        """Why the clock is below its maximum now (nvmlClocksEventReason* bits: idle, lock, power cap, thermal), or
+        None where the driver does not say. The lock bit (ApplicationsClocksSetting) hints at a lock NVML cannot
+        read back."""
+        try:
+            return int(self._call("clock event reasons", self._nvml.nvmlDeviceGetCurrentClocksEventReasons))
+        except (BackendError, AttributeError) as e:  # AttributeError: nvidia-ml-py older than 12.535
+            log.debug("%s", e)
+            return None
+
+    def read(self) -> Reading:
+        """Limits are those this process locked (NVML cannot read a lock back), else the full range; cur and load
+        are read from the GPU, None when NVML cannot give them."""
+        low, high = self._lock_hz or (self.supported_hz[0], self.supported_hz[-1])
+        try:
+            cur_hz: Optional[int] = self.clock_hz()
+        except BackendError as e:
+            log.debug("%s", e)
+            cur_hz = None
+        try:
+            load_pct: Optional[float] = self.utilization_pct()
+        except BackendError as e:
+            log.debug("%s", e)
+            load_pct = None
+        return Reading(low, high, cur_hz, load_pct)
+
+    def snapshot(self) -> Limits:
+        """The full clock range (= unlocked: a lock cannot be read back) and the power limit in force now."""
+        power_mw = self.power_limit_mw()
+        extra = ((POWER_LIMIT_KEY, power_mw),) if power_mw is not None else ()
+        return Limits(self.supported_hz[0], self.supported_hz[-1], extra)
+
+    # ---- writes (root only) ----
+    def pin(self, freq_hz: int) -> None:
+        """Lock the graphics clock to freq_hz (min = max) and check, as far as NVML can tell, that it took.
+
+        The check: the clock must not read above the lock by more than one table step. A clock below the lock is
+        normal (idle, power cap, thermal), so it is not an error. Whether the clock has settled when the Set call
+        returns is unverified on real hardware.
+        """
+        if freq_hz not in self.supported_hz:
+            raise PinError(f"GPU {self.id}: {freq_hz} Hz is not a supported graphics clock "
+                           f"({self.supported_hz[0] // MHZ}..{self.supported_hz[-1] // MHZ} MHz)")
+        mhz = freq_hz // MHZ
+        self._call(f"lock graphics clock at {mhz} MHz", self._nvml.nvmlDeviceSetGpuLockedClocks, mhz, mhz,
+                   error=PinError, not_supported="this GPU cannot lock its clocks (needs Volta or newer and a "
+                   "board that allows it): use the observe policy")
+        self._lock_hz = (freq_hz, freq_hz)
+        if not self.pin_holds():
+            raise PinError(f"GPU {self.id}: locked at {mhz} MHz but the graphics clock reads "
+                           f"{self.clock_hz() // MHZ} MHz: the lock did not take (does another tool reset clocks?)")
+
+    def pin_holds(self) -> bool:
+        """False when there is evidence that our lock is gone: the clock reads above it by more than a table step.
+
+        What the daemon's periodic pin check should call for NVML, instead of comparing snapshot() with the pin
+        (snapshot() always reports the full range, since NVML cannot read a lock back). True when we hold no lock.
+        """
+        if self._lock_hz is None:
+            return True
+        return self.clock_hz() <= self._lock_hz[1] + self._clock_tolerance_hz
+
+    def set_power_cap_mw(self, power_mw: int) -> None:
+        """Set the power limit (mW) and read it back. Snapshot first: restore puts the snapshot's limit back."""
+        low, high = self.power_limit_range_mw()
+        if not low <= power_mw <= high:
+            raise PinError(f"GPU {self.id}: power cap {power_mw} mW is outside what it allows ({low}..{high} mW)")
+        self._call(f"set power limit to {power_mw} mW", self._nvml.nvmlDeviceSetPowerManagementLimit, power_mw,
+                   error=PinError, not_supported="this GPU does not allow its power limit to be changed")
+        got = self.power_limit_mw()
+        if got != power_mw:
+            raise PinError(f"GPU {self.id}: set the power limit to {power_mw} mW but it reads {got} mW")
+
+    def restore(self, limits: Limits) -> None:
+        """Undo pins and caps: a full-range snapshot resets the lock (NVML's "unlocked"), a narrower one locks to it;
+        the power limit goes back to the snapshot's when it differs. Tries both, then raises BackendError if either
+        failed. Safe to repeat, and safe in a new process (after a crash): it needs no memory of what was set."""
+        failures: list[BackendError] = []
+        try:
+            if limits.min_hz <= self.supported_hz[0] and limits.max_hz >= self.supported_hz[-1]:
+                self._call("reset locked clocks", self._nvml.nvmlDeviceResetGpuLockedClocks)
+                self._lock_hz = None
+            else:
+                self._call(f"lock clocks to {limits.min_hz // MHZ}..{limits.max_hz // MHZ} MHz",
+                           self._nvml.nvmlDeviceSetGpuLockedClocks, limits.min_hz // MHZ, limits.max_hz // MHZ)
+                self._lock_hz = (limits.min_hz, limits.max_hz)
+        except BackendError as e:
+            failures.append(e)
+        power_mw = dict(limits.extra).get(POWER_LIMIT_KEY)
+        if power_mw is not None:
+            try:
+                if self.power_limit_mw() != power_mw:
+                    self._call(f"restore power limit to {power_mw} mW",
+                               self._nvml.nvmlDeviceSetPowerManagementLimit, power_mw)
+                    got = self.power_limit_mw()
+                    if got != power_mw:
+                        raise BackendError(f"GPU {self.id}: restored the power limit to {power_mw} mW but it reads "
+                                           f"{got} mW")
+            except BackendError as e:
+                failures.append(e)
+        if len(failures) == 1:
+            raise failures[0]
+        if failures:
+            raise BackendError("; ".join(str(f) for f in failures)) from failures[0]
+
+
+def import_pynvml() -> Any:
+    try:
+        import pynvml
+    except ImportError as e:
+        raise NodeNotFound("NVML backend: the nvidia-ml-py package is not installed (pip install 'ftgov[nvml]')") from e
+    return pynvml
+
+
+def probe(nvml_module: Any = None, *, read_only: bool = False, level_count: int = DEFAULT_LEVEL_COUNT) -> list[NvmlGpu]:
+    """Initialise NVML and open every GPU it sees (reads only). NodeNotFound when there is no driver or no GPU.
+
+    ``read_only`` wraps NVML so that no function that changes a GPU can be called (observe mode). A GPU that cannot
+    be opened (lost, hidden by the container) is skipped with a warning; the others are still governed.
+    """
+    nvml = nvml_module if nvml_module is not None else import_pynvml()
+    if read_only:
+        nvml = ReadOnlyNvml(nvml)
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError as e:
+        code = getattr(e, "value", None)
+        if code in (nvml.NVML_ERROR_LIBRARY_NOT_FOUND, nvml.NVML_ERROR_DRIVER_NOT_LOADED):
+            raise NodeNotFound(f"NVML backend: {e} ({_error_name(nvml, code)}): no NVIDIA driver here") from e
+        raise BackendError(f"NVML backend: nvmlInit failed: {e} ({_error_name(nvml, code)})") from e
+    count = nvml_call(nvml, "count GPUs", nvml.nvmlDeviceGetCount)
+    if count == 0:
+        raise NodeNotFound("NVML backend: the driver is loaded but sees no GPU")
+    gpus = []
+    for index in range(count):
+        try:
+            gpus.append(NvmlGpu(nvml, index, level_count=level_count))
+        except BackendError as e:
+            log.warning("skipping GPU %d: %s", index, e)
+    if not gpus:
+        raise NodeNotFound(f"NVML backend: none of the {count} GPUs could be opened (see the warnings above)")
+    return gpus

@@ -1,0 +1,92 @@
+"""Which GPU a job runs on: the daemon matches a job's ``gpu`` field to a device, the client fills that field.
+
+The names are NVML's: an index ("0", in NVML's order, which is PCI bus order) or a UUID ("GPU-8f1c..."). A UUID is
+exact everywhere; an index from CUDA_VISIBLE_DEVICES is CUDA's numbering, which equals NVML's only when
+CUDA_DEVICE_ORDER=PCI_BUS_ID or the GPUs are all alike (CUDA's default orders fastest first), so the client sends a
+UUID whenever it can find one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from governor.errors import BackendError
+
+
+class GpuNotFound(BackendError):
+    """A job named a GPU the daemon does not have (or named none where there are several)."""
+
+
+def _names(gpus: Sequence[Any]) -> str:
+    return ", ".join(f"{g.id} ({getattr(g, 'uuid', None) or 'no UUID'})" for g in gpus) or "none"
+
+
+def find_gpu(gpus: Sequence[Any], key: Union[str, int, None]):
+    """The device among ``gpus`` (objects with ``id`` and, for NVML, ``uuid``) that ``key`` names.
+
+    key: an index (int or decimal string), a full UUID, or a unique UUID prefix such as "GPU-8f1c" (as
+    CUDA_VISIBLE_DEVICES accepts); None picks the only GPU, and is an error when there are several.
+    """
+    if key is None:
+        if len(gpus) == 1:
+            return gpus[0]
+        raise GpuNotFound(f"the job names no GPU and there are {len(gpus)} ({_names(gpus)}): pass gpu (index or UUID)")
+    if isinstance(key, bool):
+        raise GpuNotFound(f"gpu must be an index or a UUID, not {key!r}")
+    text = str(key).strip()
+    if isinstance(key, int) or text.isdigit():
+        for gpu in gpus:
+            if gpu.id == str(int(text)):
+                return gpu
+        raise GpuNotFound(f"no GPU with index {text}: there are {_names(gpus)}")
+    if text.upper().startswith("MIG-"):
+        raise GpuNotFound(f"{text} is a MIG instance: clocks belong to the whole GPU, so name the GPU it is part of")
+    matches = [g for g in gpus if getattr(g, "uuid", None) and g.uuid.lower().startswith(text.lower())]
+    exact = [g for g in matches if g.uuid.lower() == text.lower()]
+    if exact:
+        return exact[0]
+    if len(matches) == 1 and text.upper().startswith("GPU-"):
+        return matches[0]
+    if len(matches) > 1:
+        raise GpuNotFound(f"{text} matches several GPUs ({_names(matches)}): give more of the UUID")
+    raise GpuNotFound(f"no GPU named {text!r}: there are {_names(gpus)}")
+
+
+def _visible_entries(value: str) -> list[str]:
+    """CUDA_VISIBLE_DEVICES as CUDA reads it: entries up to the first one that is not a valid name."""
+    entries = []
+    for entry in (e.strip() for e in value.split(",")):
+        if entry.isdigit() or entry.upper().startswith(("GPU-", "MIG-")):
+            entries.append(entry)
+        else:
+            break  # CUDA ignores an invalid entry and everything after it ("-1" hides every GPU)
+    return entries
+
+
+def visible_gpu(environ: Optional[Mapping[str, str]] = None, torch_module: Any = None) -> Optional[str]:
+    """The GPU this process computes on, as the daemon's ``gpu`` field: a UUID when torch can tell, else an index.
+
+    Uses torch only if the process has already imported it (importing torch here would cost seconds) or one is
+    passed. None when nothing says which GPU: the daemon then picks the only one, or asks.
+    """
+    env = os.environ if environ is None else environ
+    torch = torch_module if torch_module is not None else sys.modules.get("torch")
+    cuda_ordinal: Optional[int] = None
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                cuda_ordinal = int(torch.cuda.current_device())
+                uuid = getattr(torch.cuda.get_device_properties(cuda_ordinal), "uuid", None)  # torch >= 2.4
+                if uuid is not None and str(uuid):
+                    text = str(uuid)
+                    return text if text.upper().startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+        except (RuntimeError, AssertionError, AttributeError):
+            pass  # torch built without CUDA or a broken driver: fall back to the environment
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None if cuda_ordinal is None else str(cuda_ordinal)
+    entries = _visible_entries(visible)
+    ordinal = cuda_ordinal or 0
+    return entries[ordinal] if ordinal < len(entries) else None

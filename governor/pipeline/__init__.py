@@ -1,0 +1,1 @@
+"""The model pipeline: characterize -> dataset -> train -> export -> evaluate (never imported by the daemon)."""

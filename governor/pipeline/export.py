@@ -1,0 +1,87 @@
+"""Export a fitted scikit-learn DecisionTreeClassifier to the daemon's ``ftgov-tree/1`` JSON, and as readable rules.
+
+Node indices are scikit-learn's (depth-first, root 0), ``<=`` goes left, a leaf holds its majority class (the first
+one on a tie, as ``predict`` does).
+
+Thresholds: scikit-learn casts inputs to float32 before comparing, ``float32(x) <= t``; the daemon compares the
+float64 it received. The export therefore writes, for each split, the float64 threshold T for which
+``x <= T`` holds exactly when ``float32(x) <= t`` (round-to-nearest-even included), so the two agree on every input,
+thresholds included. The rules text shows the thresholds rounded for reading.
+
+Deterministic: no timestamps, fixed key order, Python's shortest float repr. Same estimator -> same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+
+from governor.features import FEATURE_ORDER, MODEL_TYPE_CODES
+from governor.tree import FORMAT
+
+
+def float64_threshold(t: float) -> float:
+    """The float64 T such that, for every float64 x, x <= T  <=>  float32(x) <= t."""
+    import numpy as np
+
+    t32 = np.float32(t)
+    if float(t32) > t:  # the largest float32 not above t
+        t32 = np.nextafter(t32, np.float32(-np.inf))
+    up = np.nextafter(t32, np.float32(np.inf))
+    mid = (float(t32) + float(up)) / 2.0  # exact in float64: float32 neighbours are 1 ulp(float32) apart
+    if np.float32(mid) == t32:  # a tie rounds down to t32 (even mantissa): the midpoint itself still goes left
+        return mid
+    return float(np.nextafter(mid, -np.inf))
+
+
+def tree_nodes(estimator) -> list[dict]:
+    t = estimator.tree_
+    nodes = []
+    for i in range(t.node_count):
+        left, right = int(t.children_left[i]), int(t.children_right[i])
+        if left == -1:
+            cls = int(estimator.classes_[int(t.value[i][0].argmax())])
+            nodes.append({"freq_hz": cls})
+        else:
+            nodes.append({"feature": FEATURE_ORDER[int(t.feature[i])],
+                          "threshold": float64_threshold(float(t.threshold[i])), "left": left, "right": right})
+    return nodes
+
+
+def to_json(estimator, description: str, metadata: dict) -> str:
+    doc = {
+        "format": FORMAT,
+        "source": "trained",
+        "description": description,
+        "features": list(FEATURE_ORDER),
+        "model_type_codes": dict(MODEL_TYPE_CODES),
+        "nodes": tree_nodes(estimator),
+        "metadata": metadata,
+    }
+    # One node per line: diffs of a retrained tree stay readable.
+    head = json.dumps({k: v for k, v in doc.items() if k not in ("nodes", "metadata")}, indent=2)[:-2]
+    nodes = ",\n".join("    " + json.dumps(n) for n in doc["nodes"])
+    meta = json.dumps(metadata, indent=2, sort_keys=True).replace("\n", "\n  ")
+    return f'{head},\n  "nodes": [\n{nodes}\n  ],\n  "metadata": {meta}\n}}\n'
+
+
+def to_rules(estimator, header: list[str]) -> str:
+    """Readable if/else rules; thresholds rounded to 2 decimals, frequencies in MHz."""
+    t = estimator.tree_
+    lines = [f"# {h}" for h in header]
+
+    def walk(i: int, depth: int) -> None:
+        pad = "|   " * depth
+        left, right = int(t.children_left[i]), int(t.children_right[i])
+        if left == -1:
+            hz = int(estimator.classes_[int(t.value[i][0].argmax())])
+            lines.append(f"{pad}-> {hz / 1e6:g} MHz  (samples: {int(t.n_node_samples[i])})")
+            return
+        name, thr = FEATURE_ORDER[int(t.feature[i])], float(t.threshold[i])
+        shown = "encoder" if name == "model_type" and thr < 0.5 else None
+        lines.append(f"{pad}if {name} <= {thr:.2f}:" + (f"  # model_type is {shown}" if shown else ""))
+        walk(left, depth + 1)
+        lines.append(f"{pad}else:  # {name} > {thr:.2f}")
+        walk(right, depth + 1)
+
+    walk(0, 0)
+    return "\n".join(lines) + "\n"

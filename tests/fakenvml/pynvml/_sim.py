@@ -1,0 +1,176 @@
+"""The simulated GPUs behind the fake pynvml: state a test can configure and inspect.
+
+A small physical picture, enough for a backend to be tested honestly: each GPU has a table of supported clocks per
+memory clock, a locked-clock range (or none), a power limit with constraints, a utilization the test sets, and an
+energy counter that integrates power over the system's clock. The clock the GPU runs at follows the lock, the load and
+the power limit the way a datacenter GPU does (within reason; the exponents are invented, not measured).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+# Values quoted from NVIDIA's specifications where known; the H200 graphics table (345..1980 MHz in 15 MHz steps) is
+# the shape H100 SXM reports and is assumed for H200, unverified. scripts/nvml_observe.py records the real table.
+H200_GRAPHICS_MHZ = tuple(range(1980, 344, -15))
+H200_MEMORY_MHZ = (3201,)
+
+
+class ManualClock:
+    """A clock the test advances by hand, so energy figures are exact."""
+
+    def __init__(self, start_s: float = 1000.0):
+        self.now_s = start_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+@dataclass
+class FakeGpu:
+    index: int
+    uuid: str
+    name: str = "NVIDIA H200"
+    memory_clocks_mhz: tuple[int, ...] = H200_MEMORY_MHZ
+    # graphics clocks per memory clock, descending as NVML returns them; None: every memory clock gets the H200 table
+    graphics_clocks_mhz: Optional[dict[int, tuple[int, ...]]] = None
+    idle_clock_mhz: int = 345
+    util_gpu_pct: int = 0
+    util_memory_pct: int = 0
+    idle_power_mw: int = 90_000
+    max_power_mw: int = 650_000  # at the top clock and 100% utilization
+    power_limit_mw: int = 700_000
+    default_power_limit_mw: int = 700_000
+    power_limit_range_mw: tuple[int, int] = (200_000, 700_000)
+    supports_locking: bool = True  # False: Set/ResetGpuLockedClocks answer NOT_SUPPORTED (pre-Volta, some boards)
+    supports_energy: bool = True  # False: GetTotalEnergyConsumption answers NOT_SUPPORTED (pre-Volta)
+    supports_power_limit: bool = True
+    ignores_lock: bool = False  # the call succeeds but the clock does not follow (a broken driver, another tool)
+    locked_mhz: Optional[tuple[int, int]] = None
+    energy_mj: float = 0.0
+    last_update_s: Optional[float] = None
+    lost: bool = False  # every call answers GPU_IS_LOST
+
+    def graphics_table(self, memory_mhz: int) -> Optional[tuple[int, ...]]:
+        if memory_mhz not in self.memory_clocks_mhz:
+            return None
+        if self.graphics_clocks_mhz is None:
+            return H200_GRAPHICS_MHZ
+        return tuple(self.graphics_clocks_mhz.get(memory_mhz, ()))
+
+    @property
+    def top_clock_mhz(self) -> int:
+        return max(self.graphics_table(max(self.memory_clocks_mhz)) or (self.idle_clock_mhz,))
+
+    def power_at_mw(self, clock_mhz: int) -> float:
+        dynamic = (self.max_power_mw - self.idle_power_mw) * (self.util_gpu_pct / 100.0)
+        return self.idle_power_mw + dynamic * (clock_mhz / self.top_clock_mhz) ** 2
+
+    def clock_and_reasons(self) -> tuple[int, set[str]]:
+        """The graphics clock now and why it is not at the top (names of nvmlClocksEventReason* bits)."""
+        reasons: set[str] = set()
+        lock = None if self.ignores_lock else self.locked_mhz
+        if self.util_gpu_pct == 0:
+            reasons.add("GpuIdle")
+            clock = lock[0] if lock else self.idle_clock_mhz
+        else:
+            clock = lock[1] if lock else self.top_clock_mhz
+        if lock:
+            reasons.add("ApplicationsClocksSetting")
+        table = sorted(self.graphics_table(max(self.memory_clocks_mhz)) or ())
+        while self.power_at_mw(clock) > self.power_limit_mw:
+            lower = [c for c in table if c < clock]
+            if not lower:
+                break
+            clock = lower[-1]
+            reasons.add("SwPowerCap")
+        return clock, reasons
+
+    def power_mw(self) -> float:
+        return self.power_at_mw(self.clock_and_reasons()[0])
+
+
+@dataclass
+class FakeSystem:
+    gpus: list[FakeGpu] = field(default_factory=list)
+    root: bool = True  # False: every Set*/Reset* answers NO_PERMISSION, as for a non-root user
+    driver_loaded: bool = True  # False: nvmlInit answers DRIVER_NOT_LOADED
+    library_found: bool = True  # False: nvmlInit answers LIBRARY_NOT_FOUND (no libnvidia-ml.so.1)
+    driver_version: str = "570.00.fake"
+    clock: Callable[[], float] = time.monotonic
+    init_count: int = 0
+    calls: list[str] = field(default_factory=list)  # every API function called, in order
+    log_path: Optional[str] = None  # also append each call's name to this file (for tests of other processes)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, name: str) -> None:
+        self.calls.append(name)
+        if self.log_path:
+            with open(self.log_path, "a") as f:
+                f.write(name + "\n")
+
+    def settle(self, gpu: FakeGpu) -> None:
+        """Integrate the GPU's energy counter up to now at the power of its state so far (before a state change)."""
+        now = self.clock()
+        if gpu.last_update_s is not None and now > gpu.last_update_s:
+            gpu.energy_mj += gpu.power_mw() * (now - gpu.last_update_s)  # mW x s = mJ
+        gpu.last_update_s = now
+
+    def set_utilization(self, index: int, gpu_pct: int, memory_pct: int = 0) -> None:
+        """Change a GPU's load (as a workload starting or stopping would), keeping its energy counter exact."""
+        with self.lock:
+            gpu = self.gpus[index]
+            self.settle(gpu)
+            gpu.util_gpu_pct, gpu.util_memory_pct = gpu_pct, memory_pct
+
+    def writes(self) -> list[str]:
+        """The calls that would have changed a real GPU's settings."""
+        return [name for name in self.calls if name.startswith(("nvmlDeviceSet", "nvmlDeviceReset"))]
+
+
+def default_gpus(count: int = 2) -> list[FakeGpu]:
+    return [FakeGpu(index=i, uuid=f"GPU-{i:08x}-5a1e-4e55-9a3d-00000000f00{i}") for i in range(count)]
+
+
+def system_from_config(config: dict) -> FakeSystem:
+    """A FakeSystem from plain data (what FAKENVML_CONFIG's JSON file holds), so another process can be given one."""
+    gpus = []
+    for i, spec in enumerate(config.get("gpus", [{}, {}])):
+        spec = dict(spec)
+        spec.setdefault("index", i)
+        spec.setdefault("uuid", f"GPU-{i:08x}-5a1e-4e55-9a3d-00000000f00{i}")
+        if "memory_clocks_mhz" in spec:
+            spec["memory_clocks_mhz"] = tuple(spec["memory_clocks_mhz"])
+        if "graphics_clocks_mhz" in spec:
+            spec["graphics_clocks_mhz"] = {int(k): tuple(v) for k, v in spec["graphics_clocks_mhz"].items()}
+        if "power_limit_range_mw" in spec:
+            spec["power_limit_range_mw"] = tuple(spec["power_limit_range_mw"])
+        if spec.get("locked_mhz") is not None:
+            spec["locked_mhz"] = tuple(spec["locked_mhz"])
+        gpus.append(FakeGpu(**spec))
+    system = FakeSystem(gpus=gpus)
+    for key in ("root", "driver_loaded", "library_found", "driver_version", "log_path"):
+        if key in config:
+            setattr(system, key, config[key])
+    return system
+
+
+def system_from_environment() -> FakeSystem:
+    """FAKENVML_CONFIG names a JSON file describing the system; FAKENVML_LOG a file that receives every call's name."""
+    path = os.environ.get("FAKENVML_CONFIG")
+    config: dict = {}
+    if path:
+        with open(path) as f:
+            config = json.load(f)
+    system = system_from_config(config)
+    if os.environ.get("FAKENVML_LOG"):
+        system.log_path = os.environ["FAKENVML_LOG"]
+    return system
