@@ -19,7 +19,6 @@ from harness import REPO
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
-QUIET = {"sample_interval_s": 3600}  # no tick: see test_hf.py
 
 
 def parse(text: str) -> dict:
@@ -28,8 +27,8 @@ def parse(text: str) -> dict:
             for fam in prometheus_parser.text_string_to_metric_families(text) for s in fam.samples}
 
 
-def test_textfile_carries_jobs_pin_load_power_and_energy(start_daemon, tmp_path):
-    daemon = start_daemon(config=QUIET)
+def test_textfile_carries_jobs_pin_load_power_energy_and_savings(start_daemon, tmp_path):
+    daemon = start_daemon(simulate=True)
     prom = tmp_path / "ftgov.prom"
     with governor.job(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40, gpu_util=60, name="bert",
                       socket=daemon.socket) as job:
@@ -49,6 +48,11 @@ def test_textfile_carries_jobs_pin_load_power_and_energy(start_daemon, tmp_path)
     assert samples[("ftgov_gpu_load_ratio", frozenset({("gpu", "0")}))] == status["gpu"]["load_pct"] / 100
     for rail, mw in status["power_mw"].items():
         assert samples[("ftgov_rail_power_watts", frozenset({("rail", rail)}))] == pytest.approx(mw / 1000)
+    ratio = samples[("ftgov_job_energy_savings_ratio_estimate", frozenset(labels))]
+    assert 0 < ratio < 0.5, "the energy model puts BERT-base at its MLG pick below MAXN (paper: 13% on average)"
+    energy_j = samples[("ftgov_job_energy_joules", frozenset(labels))]
+    saved_j = samples[("ftgov_job_energy_saved_joules_estimate", frozenset(labels))]
+    assert saved_j == pytest.approx(energy_j * ratio / (1 - ratio))
     assert not list(tmp_path.glob("ftgov.prom.*")), "written through a temporary file renamed into place"
 
 
@@ -59,7 +63,7 @@ def test_daemon_down_is_up_zero(tmp_path):
 
 
 def test_http_endpoint_on_loopback(start_daemon):
-    daemon = start_daemon(config=QUIET)
+    daemon = start_daemon()
     proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "metrics", "--port", "0", "--socket", daemon.socket],
                             env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
     try:

@@ -13,12 +13,11 @@ from governor.client import Connection
 from harness import limits
 
 BASELINE = (306000000, 1300500000)
-QUIET = {"sample_interval_s": 3600}  # no tick: see test_hf.py
 
 
 @pytest.fixture
 def daemon(start_daemon):
-    return start_daemon(config=QUIET)
+    return start_daemon()
 
 
 def test_status_shows_jobs_pin_load_and_power(daemon, orin, capsys):

@@ -21,9 +21,6 @@ from harness import limits  # noqa: E402
 
 WORDS = ["the", "film", "was", "good", "bad", "great", "plot", "acting", "very", "not", "slow", "fun", "a", "story"]
 BASELINE = (306000000, 1300500000)
-# No measurement tick during these tests: each tick sends an sd_notify STATUS the test does not read, and the
-# harness's notify socket holds only 10 datagrams (a blocking send there would stall the daemon).
-QUIET = {"sample_interval_s": 3600}
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +80,15 @@ def trainer_for(model, tokenizer, tmp_path, callbacks, steps: int = 12) -> Train
                    data_collator=DataCollatorWithPadding(tokenizer), callbacks=callbacks)
 
 
-def test_trainer_run_holds_the_pin_and_ends_the_job(start_daemon, orin, tokenizer, tmp_path):
-    daemon = start_daemon(config=QUIET)
+@pytest.fixture
+def simulated(start_daemon):
+    """ftgovd --simulate: a simulated Orin whose load and rails follow the pin; returns the daemon and its tree."""
+    daemon = start_daemon(simulate=True)
+    return daemon, daemon.state_dir / "sim-orin"
+
+
+def test_trainer_run_holds_the_pin_and_ends_the_job(simulated, tokenizer, tmp_path):
+    daemon, orin = simulated
     model = tiny_bert(tokenizer.vocab_size)
     spy = Spy(orin, model)
     governor_cb = GovernorCallback(socket=daemon.socket, measure_batches=4)  # no features: all from model and data
@@ -107,11 +111,12 @@ def test_trainer_run_holds_the_pin_and_ends_the_job(start_daemon, orin, tokenize
     log = daemon.log()
     assert re.search(rf"job {job.job_id} .*encoder L2 H32 seq {job.features['seq_len']:g} ", log), log
     assert re.search(rf"job {job.job_id} .*ended \(unregistered\) after [\d.]+ s, 12 steps", log), log
+    assert job.result["energy_j"] > 0, "the simulated rails were integrated over the job"
     assert job.result["steps"] == 12
 
 
-def test_failed_training_in_a_with_block_ends_the_job(start_daemon, orin, tokenizer, tmp_path):
-    daemon = start_daemon(config=QUIET)
+def test_failed_training_in_a_with_block_ends_the_job(simulated, tokenizer, tmp_path):
+    daemon, orin = simulated
     model = tiny_bert(tokenizer.vocab_size)
     spy = Spy(orin, model, fail_at_step=3)
     with pytest.raises(RuntimeError, match="a training failure"):

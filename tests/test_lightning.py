@@ -15,7 +15,6 @@ from governor.lightning import GovernorCallback  # noqa: E402
 from harness import limits  # noqa: E402
 
 BASELINE = (306000000, 1300500000)
-QUIET = {"sample_interval_s": 3600}  # no tick: see test_hf.py
 VOCAB = 50
 
 
@@ -74,7 +73,7 @@ def trainer(callbacks, steps: int = 8):
 
 
 def test_lightning_fit_holds_the_pin_and_ends_the_job(start_daemon, orin):
-    daemon = start_daemon(config=QUIET)
+    daemon = start_daemon()
     spy = Spy(orin)
     governor_cb = GovernorCallback(socket=daemon.socket, measure_batches=4)
     trainer([governor_cb, spy]).fit(TinyBert(), loader())
@@ -89,7 +88,7 @@ def test_lightning_fit_holds_the_pin_and_ends_the_job(start_daemon, orin):
 
 
 def test_exception_ends_the_job(start_daemon, orin):
-    daemon = start_daemon(config=QUIET)
+    daemon = start_daemon()
     governor_cb = GovernorCallback(socket=daemon.socket, seq_len=20.0)
     with pytest.raises(RuntimeError, match="a training failure"):
         trainer([governor_cb]).fit(TinyBert(fail_at_batch=3), loader())

@@ -22,7 +22,6 @@ FEATURES = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_
 FEATURE_ARGS = ["--model-type", "encoder", "--num-layers", "12", "--hidden-size", "768", "--seq-len", "60",
                 "--gpu-util", "80"]
 BASELINE = (306000000, 1300500000)
-QUIET = {"sample_interval_s": 3600}  # no tick: see test_hf.py
 
 
 def ftgov(*args, **kwargs) -> subprocess.Popen:
@@ -44,7 +43,14 @@ def expected_pin(daemon) -> int:
 
 @pytest.fixture
 def daemon(start_daemon):
-    return start_daemon(config=QUIET)
+    return start_daemon()
+
+
+@pytest.fixture
+def simulated(start_daemon):
+    """ftgovd --simulate: a simulated Orin whose load and rails follow the pin; returns the daemon and its tree."""
+    daemon = start_daemon(simulate=True)
+    return daemon, daemon.state_dir / "sim-orin"
 
 
 def child_script(orin) -> list[str]:
@@ -57,7 +63,8 @@ def pid_and_min_freq(proc) -> tuple[int, int]:
     return int(pid), int(min_freq)
 
 
-def test_signal_to_the_wrapper_is_forwarded_and_its_exit_code_is_the_childs(daemon, orin):
+def test_signal_to_the_wrapper_is_forwarded_and_its_exit_code_is_the_childs(simulated):
+    daemon, orin = simulated
     pin = expected_pin(daemon)
     proc = ftgov("run", "--socket", daemon.socket, "--name", "script", *FEATURE_ARGS, "--", *child_script(orin),
                  stdout=subprocess.PIPE)
