@@ -12,6 +12,9 @@ from governor import __version__
 # Modules that provide add_parser(subparsers); imported when `ftgov` starts, so they keep heavy imports inside run().
 SUBCOMMAND_MODULES = (
     "governor.restore",
+    "governor.cli_run",
+    "governor.cli_ops",
+    "governor.metrics",
     "governor.pipeline.characterize",
     "governor.pipeline.evaluate",
     "governor.sim.cli",

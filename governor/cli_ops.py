@@ -1,0 +1,120 @@
+"""Operator commands: `ftgov status` (what runs, at what frequency, drawing what) and `ftgov predict` (what the policy
+would pick for a workload, and why). `ftgov restore` lives in governor.restore.
+
+Both register their own subparser (see governor.cli); `add_parser` adds them together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from governor.cli_features import add_feature_arguments, features_from_args
+from governor.client import Connection
+from governor.errors import ConfigError, FtgovError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("status", help="jobs, pinned frequency, GPU load and power",
+                       description="Show ftgovd's jobs, the pinned and current GPU frequency, GPU load, rail power and "
+                                   "each job's energy so far.")
+    p.add_argument("--json", action="store_true", help="the daemon's status as JSON, for scripts")
+    p.add_argument("--socket", help="ftgovd's socket (default: $FTGOV_SOCKET, else /run/ftgov/ftgov.sock)")
+    p.set_defaults(func=run_status)
+
+    p = sub.add_parser("predict", help="what the policy would pick for a workload, and why",
+                       description="Ask ftgovd which frequency its policy picks for these features, and the decision "
+                                   "path that led there. Nothing is pinned.")
+    add_feature_arguments(p)
+    p.add_argument("--json", action="store_true", help="the answer as JSON")
+    p.add_argument("--socket", help="ftgovd's socket (default: $FTGOV_SOCKET, else /run/ftgov/ftgov.sock)")
+    p.set_defaults(func=run_predict)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    try:
+        with Connection(args.socket) as conn:
+            status = conn.call("status")
+    except FtgovError as e:
+        print(f"ftgov status: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=2, sort_keys=True) if args.json else format_status(status))
+    return 0
+
+
+def run_predict(args: argparse.Namespace) -> int:
+    try:
+        features = features_from_args(args)
+    except ConfigError as e:
+        print(f"ftgov predict: {e}", file=sys.stderr)
+        return 2
+    try:
+        with Connection(args.socket) as conn:
+            answer = conn.call("predict", **features)
+    except FtgovError as e:
+        print(f"ftgov predict: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(answer, indent=2, sort_keys=True))
+    else:
+        print(f"policy:    {answer.get('policy')}\nfrequency: {mhz(answer.get('freq_hz'))}\n"
+              f"path:      {answer.get('reason')}")
+    return 0
+
+
+def format_status(status: dict) -> str:
+    """The daemon's status as text: one block per GPU, the rails, then a table of jobs."""
+    jobs = status.get("jobs") or []
+    lines = [f"ftgovd: policy {status.get('policy')}, {len(jobs)} job(s)"]
+    for gpu in status.get("gpus") or ([status["gpu"]] if status.get("gpu") else []):
+        lines.append(_gpu_line(gpu))
+    power = status.get("power_mw")
+    if power:
+        counted = status.get("energy_rails") or []
+        rails = ", ".join(f"{rail} {mw:.0f} mW" for rail, mw in sorted(power.items()))
+        lines.append(f"  power: {rails}" + (f" (job energy counts {'+'.join(counted)})" if counted else ""))
+    if jobs:
+        rows = [("JOB", "NAME", "PID", "GPU", "POLICY", "FREQ", "STEPS", "PHASE", "TIME", "ENERGY")]
+        for j in jobs:
+            rows.append((str(j.get("job_id")), str(j.get("name") or "-"), str(j.get("pid")), str(j.get("gpu")),
+                         str(j.get("policy") or "-"), mhz(j.get("freq_hz")), str(j.get("steps", 0)),
+                         str(j.get("phase") or "-"), _duration(j.get("duration_s")), _energy(j.get("energy_j"))))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines.append("")
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        for j in jobs:
+            if j.get("reason"):
+                lines.append(f"  job {j.get('job_id')}: {j['reason']}")
+    return "\n".join(lines)
+
+
+def _gpu_line(gpu: dict) -> str:
+    if "error" in gpu:
+        return f"GPU {gpu.get('id')}: cannot read it: {gpu['error']}"
+    name = gpu.get("name") or gpu.get("devfreq") or ""
+    pinned = gpu.get("pinned_hz")
+    state = f"pinned to {mhz(pinned)}" if pinned else "not pinned"
+    if gpu.get("stood_down"):
+        state = "stood down (another tool changed the limits)"
+    baseline = ""
+    if gpu.get("baseline_min_hz") is not None:
+        baseline = f", baseline {mhz(gpu['baseline_min_hz'])}..{mhz(gpu['baseline_max_hz'])}"
+    load = gpu.get("load_pct")
+    return (f"GPU {gpu.get('id')} {name}: {state}{baseline}; now {mhz(gpu.get('cur_hz'))}, limits "
+            f"{mhz(gpu.get('min_hz'))}..{mhz(gpu.get('max_hz'))}, load {'?' if load is None else f'{load:.0f}%'}")
+
+
+def mhz(hz) -> str:
+    return "-" if hz is None else f"{hz / 1e6:g} MHz"
+
+
+def _duration(seconds) -> str:
+    if seconds is None:
+        return "-"
+    minutes, s = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{s:02d}"
+
+
+def _energy(joules) -> str:
+    return "-" if joules is None else f"{joules:.1f} J"

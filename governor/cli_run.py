@@ -1,0 +1,172 @@
+"""`ftgov run [features] -- CMD ARGS...`: run a command as a governed job, like `powerprofilesctl launch`.
+
+The child is forked and registered with pid=<child> before it execs the command, so the pin is in place from the
+command's first instruction and the daemon holds the child's own process (pidfd): the job ends when the command exits,
+even if this wrapper is SIGKILLed, and when this wrapper's connection closes. If the daemon is absent or refuses, the
+command runs anyway after one warning.
+
+Signals: the wrapper blocks the signals it forwards and waits for them with sigwaitinfo, together with SIGCHLD, so
+there is no handler race and no polling. A signal sent to the wrapper by a process (kill, systemd, a scheduler) is
+forwarded to the child. A signal the terminal sends (Ctrl-C, Ctrl-\\, a hangup) went to the whole foreground process
+group, the child included, so it is not forwarded a second time (the way sudo tells them apart: si_code SI_KERNEL),
+unless the command moved to a process group of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import shutil
+import signal
+import sys
+import warnings
+
+from governor.cli_features import add_feature_arguments, features_from_args
+from governor.client import GovernorWarning, Job, describe_reply
+from governor.errors import ConfigError
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                     signal.SIGWINCH)
+# si_code of a signal the kernel raised itself, e.g. the tty driver for Ctrl-C (Linux <asm-generic/siginfo.h>).
+SI_KERNEL = 0x80
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("run", help="run a command as a governed fine-tuning job",
+                       description="Start CMD, register it with ftgovd for as long as it runs, forward signals to it "
+                                   "and exit with its exit code (128+N when signal N killed it).")
+    add_feature_arguments(p)
+    p.add_argument("--name", help="job name shown by `ftgov status` (default: the command's name)")
+    p.add_argument("--socket", help="ftgovd's socket (default: $FTGOV_SOCKET, else /run/ftgov/ftgov.sock)")
+    p.add_argument("-v", "--verbose", action="store_true", help="print the daemon's pick and the job's summary")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("ftgov run: no command given (ftgov run [features] -- CMD ARGS...)", file=sys.stderr)
+        return 2
+    try:
+        features = features_from_args(args)
+    except ConfigError as e:
+        print(f"ftgov run: {e}", file=sys.stderr)
+        return 2
+    return run_child(command, features, name=args.name or os.path.basename(command[0]), socket=args.socket,
+                     verbose=args.verbose)
+
+
+def run_child(command: list[str], features: dict, *, name: str | None = None, socket: str | None = None,
+              verbose: bool = False) -> int:
+    """Run command as a job; returns its exit code as a shell would report it.
+
+    The child is forked, registered while it waits on a pipe, then released to exec the command, so the pin is in
+    place before the command's first instruction and the daemon never sees a pid that already exited.
+    """
+    executable = command[0] if "/" in command[0] else shutil.which(command[0])
+    if executable is None:
+        print(f"ftgov run: {command[0]}: command not found", file=sys.stderr)
+        return 127
+    waited = set(FORWARDED_SIGNALS) | {signal.SIGCHLD}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
+    job = None
+    try:
+        pid, release, exec_error = _fork_gated(executable, command, old_mask)
+        job = _register(pid, features, name, socket, verbose)
+        os.write(release, b"go")
+        os.close(release)
+        failure = _read_all(exec_error)  # EOF without data: the exec succeeded (the pipe was close-on-exec)
+        status = _wait_forwarding(pid, waited)
+        if failure:
+            errno_ = int(failure)
+            print(f"ftgov run: {command[0]}: {os.strerror(errno_)}", file=sys.stderr)
+            return 127 if errno_ == errno.ENOENT else 126  # as a shell reports them
+    finally:
+        _drain(waited)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        if job is not None:
+            job.close()
+            if verbose and job.result:
+                print(f"ftgov: job {job.job_id} ended: {describe_reply(job.result)}", file=sys.stderr)
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def _fork_gated(executable: str, command: list[str], mask) -> tuple[int, int, int]:
+    """Fork a child that execs command once the parent writes to the release pipe; returns (pid, release, error).
+
+    `ftgov run` has no other threads, so forking is safe; the child runs only a few system calls before exec.
+    """
+    gate_r, gate_w = os.pipe()
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:  # the child
+        try:
+            os.close(gate_w)
+            os.close(err_r)
+            # An exec'd program expects default dispositions: Python set SIGINT to raise KeyboardInterrupt and
+            # ignores SIGPIPE and SIGXFSZ (subprocess's restore_signals does the same).
+            for signo in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+                signal.signal(signo, signal.SIG_DFL)
+            if os.read(gate_r, 2) != b"go":
+                os._exit(125)  # the wrapper died before releasing us: do not run unsupervised
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C that came while gated acts now
+            os.execv(executable, command)
+        except OSError as e:
+            os.write(err_w, str(e.errno or 0).encode())
+        finally:
+            os._exit(126)
+    os.close(gate_r)
+    os.close(err_w)
+    return pid, gate_w, err_r
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while chunk := os.read(fd, 64):
+        chunks.append(chunk)
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def _register(pid: int, features: dict, name, socket, verbose: bool) -> Job:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", GovernorWarning)
+        job = Job(features, name=name, socket=socket, pid=pid).start()
+    for w in caught:
+        print(w.message, file=sys.stderr)
+    if verbose and job.registration:
+        print(f"ftgov: job {job.job_id}: {describe_reply(job.registration)}", file=sys.stderr)
+    return job
+
+
+def _wait_forwarding(pid: int, waited: set) -> int:
+    """Forward signals until the child exits; returns its wait status."""
+    while True:
+        info = signal.sigwaitinfo(waited)
+        if info.si_signo == signal.SIGCHLD:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done == pid:
+                return status
+            continue
+        try:
+            if should_forward(info, os.getpgid(pid)):
+                os.kill(pid, info.si_signo)
+        except ProcessLookupError:
+            pass  # it exited; its SIGCHLD is pending
+
+
+def should_forward(info, child_pgid: int) -> bool:
+    """Forward a signal unless the terminal sent it to our process group and the child is in that group too.
+
+    A command that made its own process group (setsid, setpgid) gets nothing from the terminal, so it gets ours.
+    """
+    return not (info.si_code == SI_KERNEL and child_pgid == os.getpgrp())
+
+
+def _drain(waited: set) -> None:
+    """Discard what arrived after the child exited, so unblocking does not deliver it to us (a late Ctrl-C)."""
+    for signo in signal.sigpending() & waited:
+        signal.sigtimedwait([signo], 0)

@@ -1,0 +1,93 @@
+"""Hugging Face Trainer adapter: ``Trainer(..., callbacks=[GovernorCallback()])``.
+
+A thin layer over governor.client.Job: register at train begin, progress at each optimizer step, unregister at train
+end. With no arguments the features come from the trainer's model (its config) and the sequence length from the first
+training batches' attention masks, seen through a forward pre-hook that removes itself once it has measured.
+
+The Trainer has no callback for a failed run. A process that dies closes its connection, which ends the job in the
+daemon; a process that lives on after a caught exception (a notebook) should hold the callback in a ``with`` block,
+or call ``close()``::
+
+    with GovernorCallback() as governor_cb:
+        Trainer(model, args, train_dataset=ds, callbacks=[governor_cb]).train()
+"""
+
+from __future__ import annotations
+
+try:
+    from transformers import TrainerCallback
+except ImportError as e:  # governor itself never needs transformers; only this adapter does
+    raise ImportError("governor.hf needs transformers: pip install 'ftgov[hf]'") from e
+
+from governor.client import DEFAULT_REPORT_EVERY_S, Job, check_partial_features, find_hf_config, start_job
+
+
+class GovernorCallback(TrainerCallback):
+    """Hold an ftgov job while the Trainer trains. Every argument is optional; explicit numbers override the model's."""
+
+    def __init__(self, *, model_type: str | None = None, num_layers: int | None = None,
+                 hidden_size: int | None = None, seq_len: float | None = None, gpu_util: float | None = None,
+                 name: str | None = None, socket: str | None = None, report_every_s: float = DEFAULT_REPORT_EVERY_S,
+                 measure_batches: int = 8):
+        self._explicit = dict(model_type=model_type, num_layers=num_layers, hidden_size=hidden_size,
+                              seq_len=seq_len, gpu_util=gpu_util)
+        check_partial_features(self._explicit)
+        self._options = dict(name=name, socket=socket, report_every_s=report_every_s,
+                             measure_batches=measure_batches)
+        self.job: Job | None = None
+        self._hook = None
+
+    def __enter__(self) -> "GovernorCallback":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        # A second train begin without an end is the Trainer retrying (auto_find_batch_size) or a new train() after
+        # a failed one: the same model on the same data, so the job and its pin carry on.
+        if self.job is not None and not self.job.closed:
+            return
+        options = dict(self._options)
+        options["name"] = options["name"] or _run_name(args, model)
+        self.job = start_job(model, **options, **self._explicit)
+        if not self.job.seq_len_known and not self.job.disabled and model is not None:
+            self._hook = model.register_forward_pre_hook(self._observe, with_kwargs=True)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if self.job is not None:
+            self.job.phase("train")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.job is not None:
+            self.job.step()
+
+    def on_prediction_step(self, args, state, control, **kwargs):
+        if self.job is not None:
+            self.job.phase("eval")
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.close()
+
+    def close(self) -> None:
+        """End the job (unregister) and drop the hook. Safe to call more than once."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self.job is not None:
+            self.job.close()
+
+    def _observe(self, module, args, kwargs):
+        if not module.training or self.job is None:
+            return None
+        self.job.observe_batch(kwargs)
+        if (self.job.seq_len_known or self.job.disabled) and self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        return None
+
+
+def _run_name(args, model) -> str | None:
+    config = find_hf_config(model)
+    return (getattr(config, "name_or_path", None) or getattr(args, "run_name", None)
+            or getattr(config, "model_type", None))

@@ -1,0 +1,204 @@
+"""Opt-in Prometheus exposition of ftgovd's status, so a fleet of Jetsons is watched with Prometheus and Grafana.
+
+`ftgov metrics --port 9400` serves /metrics on 127.0.0.1 (prometheus-client); every scrape asks the daemon for its
+status, so nothing is sampled between scrapes. `ftgov metrics --textfile /var/lib/node_exporter/ftgov.prom` writes
+the same metrics for node_exporter's textfile collector, atomically, every --interval seconds (or once, --once).
+
+``families(status)`` turns one status answer into metric families with no dependency; the prometheus-client import is
+confined to the exposition, and a missing package is a clear error naming the extra to install.
+Metric names use base units (hertz, watts, joules, seconds, ratio) as Prometheus conventions ask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from dataclasses import dataclass, field
+
+from governor.client import Connection
+from governor.errors import FtgovError
+
+PREFIX = "ftgov"
+
+
+@dataclass
+class Family:
+    name: str
+    help: str
+    samples: list[tuple[dict, float]] = field(default_factory=list)
+
+    def add(self, value, **labels) -> None:
+        if value is not None:
+            self.samples.append(({k: str(v) for k, v in labels.items()}, float(value)))
+
+
+def families(status: dict | None, estimate=None) -> list[Family]:
+    """Metric families (all gauges) for one daemon status; ``None`` means the daemon did not answer (up 0).
+
+    ``estimate(job) -> ratio | None`` gives a job's estimated energy savings against the default governor (MAXN).
+    """
+    up = Family(f"{PREFIX}_up", "1 when ftgovd answered the status request")
+    up.add(0 if status is None else 1)
+    if status is None:
+        return [up]
+    jobs = status.get("jobs") or []
+    active = Family(f"{PREFIX}_jobs_active", "jobs registered with ftgovd")
+    active.add(len(jobs))
+    gpu_fams = {
+        "cur_hz": Family(f"{PREFIX}_gpu_frequency_hertz", "current GPU frequency"),
+        "min_hz": Family(f"{PREFIX}_gpu_min_frequency_hertz", "GPU frequency lower limit now"),
+        "max_hz": Family(f"{PREFIX}_gpu_max_frequency_hertz", "GPU frequency upper limit now"),
+        "pinned_hz": Family(f"{PREFIX}_gpu_pinned_frequency_hertz", "frequency ftgovd pins the GPU to (absent: none)"),
+    }
+    load = Family(f"{PREFIX}_gpu_load_ratio", "GPU load, 0..1")
+    for gpu in status.get("gpus") or ([status["gpu"]] if status.get("gpu") else []):
+        for key, fam in gpu_fams.items():
+            fam.add(gpu.get(key), gpu=gpu.get("id"))
+        if gpu.get("load_pct") is not None:
+            load.add(gpu["load_pct"] / 100, gpu=gpu.get("id"))
+    power = Family(f"{PREFIX}_rail_power_watts", "power of each INA3221 rail")
+    for rail, mw in sorted((status.get("power_mw") or {}).items()):
+        power.add(mw / 1000, rail=rail)
+    job_freq = Family(f"{PREFIX}_job_frequency_hertz", "each job's pick (the GPU runs at the highest pick)")
+    job_energy = Family(f"{PREFIX}_job_energy_joules", "each job's energy so far, summed over the energy rails")
+    job_time = Family(f"{PREFIX}_job_duration_seconds", "how long each job has run")
+    job_steps = Family(f"{PREFIX}_job_steps", "training steps each job has reported")
+    savings = Family(f"{PREFIX}_job_energy_savings_ratio_estimate",
+                     "estimated energy saved against the default governor (MAXN), 0..1, from the energy model")
+    saved = Family(f"{PREFIX}_job_energy_saved_joules_estimate",
+                   "estimated joules saved so far against the default governor (MAXN)")
+    for j in jobs:
+        labels = dict(job_id=j.get("job_id"), job_name=j.get("name") or "", gpu=j.get("gpu"))
+        job_freq.add(j.get("freq_hz"), policy=j.get("policy") or "", **labels)
+        job_energy.add(j.get("energy_j"), **labels)
+        job_time.add(j.get("duration_s"), **labels)
+        job_steps.add(j.get("steps"), **labels)
+        ratio = estimate(j) if estimate is not None else None
+        if ratio is not None:
+            savings.add(ratio, **labels)
+            if j.get("energy_j") is not None and ratio < 1:
+                # energy_j was spent at the pin; MAXN would have spent energy_j / (1 - ratio).
+                saved.add(j["energy_j"] * ratio / (1 - ratio), **labels)
+    return [up, active, *gpu_fams.values(), load, power, job_freq, job_energy, job_time, job_steps, savings, saved]
+
+
+def model_savings_estimator():
+    """``estimate(job)`` from the simulated Orin energy model (calibrated to the paper), or None without it.
+
+    An estimate, not a measurement: the model's MAXN energy for the job's features against its energy at the pin.
+    (unverified on hardware: how well the model tracks a real board is what the benchmarks measure.)
+    """
+    try:
+        from governor.sim.energy import OrinEnergyModel, Workload
+    except ImportError:
+        return None
+    model = OrinEnergyModel()
+
+    def estimate(job: dict):
+        f, freq_hz = job.get("features") or {}, job.get("freq_hz")
+        if not freq_hz or not f.get("seq_len"):
+            return None
+        w = Workload(name=str(job.get("name") or job.get("job_id")), model_type=f["model_type"],
+                     num_layers=f["num_layers"], hidden_size=f["hidden_size"], seq_len=f["seq_len"])
+        maxn_j = model.expected(w, None).energy_j
+        return 1 - model.expected(w, freq_hz).energy_j / maxn_j if maxn_j > 0 else None
+
+    return estimate
+
+
+def read_status(socket: str | None, timeout_s: float = 5.0) -> dict | None:
+    try:
+        with Connection(socket, timeout_s=timeout_s) as conn:
+            return conn.call("status")
+    except FtgovError as e:
+        print(f"ftgov metrics: {e}", file=sys.stderr)
+        return None
+
+
+# ---- exposition (prometheus-client) ----------------------------------------------------------------------------------
+
+
+def _prometheus():
+    try:
+        import prometheus_client
+        from prometheus_client.core import GaugeMetricFamily
+    except ImportError as e:
+        raise FtgovError("ftgov metrics needs prometheus-client: pip install 'ftgov[metrics]'") from e
+    return prometheus_client, GaugeMetricFamily
+
+
+class DaemonCollector:
+    """A prometheus-client collector that asks ftgovd for its status at each collection."""
+
+    def __init__(self, socket: str | None = None, estimate=None):
+        self.socket = socket
+        self.estimate = estimate
+        _, self._gauge = _prometheus()
+
+    def collect(self):
+        for fam in families(read_status(self.socket), self.estimate):
+            label_names = sorted({k for labels, _ in fam.samples for k in labels})
+            gauge = self._gauge(fam.name, fam.help, labels=label_names)
+            for labels, value in fam.samples:
+                gauge.add_metric([labels.get(k, "") for k in label_names], value)
+            yield gauge
+
+
+def registry_for(socket: str | None = None):
+    prometheus_client, _ = _prometheus()
+    registry = prometheus_client.CollectorRegistry()
+    registry.register(DaemonCollector(socket, model_savings_estimator()))
+    return registry
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("metrics", help="export ftgovd's status as Prometheus metrics",
+                       description="Serve Prometheus metrics on a loopback port, or write them for node_exporter's "
+                                   "textfile collector.")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--port", type=int, help="serve /metrics on this port (e.g. 9400)")
+    where.add_argument("--textfile", metavar="PATH", help="write this .prom file (atomically) for node_exporter")
+    p.add_argument("--address", default="127.0.0.1",
+                   help="address to serve on (default 127.0.0.1: put a reverse proxy or an SSH tunnel in front)")
+    p.add_argument("--interval", type=float, default=15.0, help="seconds between textfile writes (default 15)")
+    p.add_argument("--once", action="store_true", help="write the textfile once and exit (for a systemd timer)")
+    p.add_argument("--socket", help="ftgovd's socket (default: $FTGOV_SOCKET, else /run/ftgov/ftgov.sock)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.interval <= 0:
+        print("ftgov metrics: --interval must be > 0", file=sys.stderr)
+        return 2
+    try:
+        registry = registry_for(args.socket)
+    except FtgovError as e:
+        print(f"ftgov metrics: {e}", file=sys.stderr)
+        return 2
+    prometheus_client, _ = _prometheus()
+    stop_signals = {signal.SIGINT, signal.SIGTERM}
+    # Blocked before the HTTP server's thread starts, so that thread inherits the mask and the main thread takes them.
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    try:
+        if args.textfile:
+            while True:
+                try:
+                    prometheus_client.write_to_textfile(args.textfile, registry)
+                except OSError as e:
+                    print(f"ftgov metrics: cannot write {args.textfile}: {e.strerror or e}", file=sys.stderr)
+                    return 1
+                if args.once or signal.sigtimedwait(stop_signals, args.interval) is not None:
+                    return 0
+        try:
+            server, thread = prometheus_client.start_http_server(args.port, addr=args.address, registry=registry)
+        except OSError as e:
+            print(f"ftgov metrics: cannot listen on {args.address}:{args.port}: {e.strerror or e}", file=sys.stderr)
+            return 1
+        print(f"ftgov metrics: serving http://{args.address}:{server.server_port}/metrics", file=sys.stderr,
+              flush=True)
+        signal.sigwait(stop_signals)
+        server.shutdown()
+        return 0
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
