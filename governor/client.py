@@ -330,7 +330,8 @@ class Job:
     """
 
     def __init__(self, features: dict, *, name: str | None = None, socket: str | os.PathLike | None = None,
-                 pid: int | None = None, gpu: str | int | None = None, report_every_s: float = DEFAULT_REPORT_EVERY_S,
+                 pid: int | None = None, gpu: str | int | None = None, tune: bool | None = None,
+                 report_every_s: float = DEFAULT_REPORT_EVERY_S,
                  measure_batches: int = 8, timeout_s: float = 10.0):
         if report_every_s < 0:
             raise ValueError("report_every_s must be >= 0")
@@ -341,6 +342,7 @@ class Job:
         self.socket = socket
         self.pid = pid
         self.gpu = gpu
+        self.tune = tune  # True: ask for the online tuner (policy tune) for this job
         self.report_every_s = report_every_s
         self.measure_batches = measure_batches
         self.timeout_s = timeout_s
@@ -488,7 +490,8 @@ class Job:
             return
         try:
             self.registration = self._conn.call(
-                "register", **features.model_dump(exclude_none=True), name=self.name, pid=self.pid, gpu=self.gpu)
+                "register", **features.model_dump(exclude_none=True), name=self.name, pid=self.pid, gpu=self.gpu,
+                tune=self.tune)
         except FtgovError as e:
             self._disable(f"register refused: {e}")
             return
@@ -537,7 +540,7 @@ def describe_reply(reply: dict) -> str:
 def job(model=None, *, model_type: str | None = None, num_layers: int | None = None, hidden_size: int | None = None,
         seq_len: float | None = None, gpu_util: float | None = None, name: str | None = None,
         socket: str | os.PathLike | None = None, pid: int | None = None, gpu: str | int | None = None,
-        report_every_s: float = DEFAULT_REPORT_EVERY_S, measure_batches: int = 8) -> Job:
+        tune: bool | None = None, report_every_s: float = DEFAULT_REPORT_EVERY_S, measure_batches: int = 8) -> Job:
     """A job to hold for the life of a training run::
 
         with governor.job(model, name="bert-sst2") as job:
@@ -553,7 +556,7 @@ def job(model=None, *, model_type: str | None = None, num_layers: int | None = N
     features = resolve_features(model, model_type=model_type, num_layers=num_layers, hidden_size=hidden_size,
                                 seq_len=float(seq_len) if seq_len is not None else None,
                                 gpu_util=float(gpu_util) if gpu_util is not None else None)
-    return Job(features, name=name, socket=socket, pid=pid, gpu=gpu, report_every_s=report_every_s,
+    return Job(features, name=name, socket=socket, pid=pid, gpu=gpu, tune=tune, report_every_s=report_every_s,
                measure_batches=measure_batches)
 
 

@@ -28,6 +28,7 @@ from governor.protocol import RpcError
 log = logging.getLogger("ftgovd")
 
 READ_CHUNK = 65536
+ENDED_KEPT = 16
 
 
 @dataclass(eq=False)  # identity: each connection is its own
@@ -36,6 +37,9 @@ class Conn:
     writer: asyncio.StreamWriter
     task: Optional[asyncio.Task] = None
     job_ids: set[int] = field(default_factory=set)
+    # Summaries of this connection's jobs that ended without unregister (their process exited first, as with
+    # `ftgov run`): a late unregister still gets the figures. Bounded: the oldest are dropped.
+    ended: dict[int, dict] = field(default_factory=dict)
 
 
 class Server:
@@ -309,11 +313,11 @@ class Server:
         return {}
 
     async def _rpc_unregister(self, conn: Conn, params) -> dict:
+        if params.job_id in conn.ended:
+            return conn.ended.pop(params.job_id)
         self._own_job(conn, params.job_id)
         conn.job_ids.discard(params.job_id)
-        ended = self._end(params.job_id, "unregistered")
-        return {"job_id": params.job_id, "duration_s": round(ended.duration_s, 3), "freq_hz": ended.job.freq_hz,
-                "energy_j": protocol.finite(ended.energy_j), "steps": ended.job.steps}
+        return self._summary(self._end(params.job_id, "unregistered"))
 
     # ---- job ends, processes, timers --------------------------------------------------------------------------------
     def _watch(self, job: Job, held: peers.HeldProcess) -> None:
@@ -327,9 +331,19 @@ class Server:
             held.close()
 
     def _process_exited(self, job_id: int) -> None:
-        for conn in self.conns:
-            conn.job_ids.discard(job_id)
-        self._end(job_id, "process exited")
+        owner = next((c for c in self.conns if job_id in c.job_ids), None)
+        ended = self._end(job_id, "process exited")
+        if owner is not None:
+            owner.job_ids.discard(job_id)
+            if ended is not None:
+                owner.ended[job_id] = self._summary(ended)
+                while len(owner.ended) > ENDED_KEPT:
+                    owner.ended.pop(next(iter(owner.ended)))
+
+    @staticmethod
+    def _summary(ended) -> dict:
+        return {"job_id": ended.job.job_id, "duration_s": round(ended.duration_s, 3), "freq_hz": ended.job.freq_hz,
+                "energy_j": protocol.finite(ended.energy_j), "steps": ended.job.steps, "ended": ended.why}
 
     def _end(self, job_id: int, why: str):
         self._unwatch(job_id)

@@ -63,7 +63,9 @@ def test_job_ends_when_its_named_process_exits_even_if_the_connection_lives(orin
     worker.wait()
     d.wait_jobs(0)
     assert limits(orin) == BASELINE
-    err = c.request("unregister", job_id=res["job_id"])["error"]
+    late = c.call("unregister", job_id=res["job_id"])  # the wrapper's late unregister still gets the figures
+    assert late["job_id"] == res["job_id"] and late["ended"] == "process exited"
+    err = c.request("unregister", job_id=res["job_id"])["error"]  # once
     assert err["code"] == -32003
     assert c.call("ping") == {}
 
