@@ -76,6 +76,8 @@ test-systemd:
 
 bench: $(DEV_VENV)/.test
 	$(VPY) benchmarks/bench_daemon.py
+	$(VPY) benchmarks/bench_client.py
+	$(VPY) benchmarks/bench_tuner.py
 
 model: $(DEV_VENV)/.base
 	$(VPY) model/train.py all --data model/data/characterization.csv --seed 0 --jobs 2

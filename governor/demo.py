@@ -90,11 +90,27 @@ def main() -> int:
             f"{pinned.time_s * 1e3:.0f} ms/step")
         say(f"   energy saved: {100 * (1 - pinned.energy_j / maxn.energy_j):.1f}%  "
             f"(time {100 * (pinned.time_s / maxn.time_s - 1):+.1f}%)")
+
+        say("\n== 5. The online tuner (policy tune): measure energy per step from the rails, find the minimum")
+        from governor.sim import job as simjob
+        from governor.sysfs import Root
+
+        with client.job(name="bert-base/mnli (tuned)", socket=sock, tune=True, report_every_s=0, **JOB) as tjob:
+            say(f"   starts at MLG's pick, {tjob.registration['freq_hz'] / 1e6:g} MHz; steps take as long as the "
+                "energy model says at the pinned clock")
+            simjob.run(Root(root), tjob, w, 45, time_scale=0.15)
+            with client.Connection(sock) as conn:
+                t = conn.call("status")["jobs"][0]
+        for e in t["tuner"]["estimates"]:
+            say(f"   measured {e['freq_hz'] / 1e6:6g} MHz: {e['joules_per_step']:.3f} J/step over {e['windows']} window(s) "
+                "(steps run at 0.15x wall time)")
+        oracle = min(model.levels_hz, key=lambda hz: model.expected(w, hz).energy_j)
+        say(f"   {t['reason']}: {t['freq_hz'] / 1e6:g} MHz (the model's true minimum: {oracle / 1e6:g} MHz)")
     finally:
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(15)
         notify.close()
-    say("\n== 5. The daemon's log (what `journalctl -u ftgovd` shows on a Jetson)")
+    say("\n== 6. The daemon's log (what `journalctl -u ftgovd` shows on a Jetson)")
     for line in log_path.read_text().splitlines():
         if " INFO " in line or " WARNING " in line or " ERROR " in line:
             say("   " + line.split(" ftgovd ", 1)[-1])
