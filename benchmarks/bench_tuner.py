@@ -5,7 +5,8 @@
 For every held-out workload (governor.pipeline.workloads: 10 models x QQP, RTE, CoLA, STS-B, MNLI, WNLI) and seed,
 a whole job of --job-steps steps is simulated one step at a time with the noisy energy model: the job starts at MLG's
 pick (model/mlg-tree.json), a TuningSession turns each step's report into measurement windows exactly as the daemon
-will, and the tuner's level is pinned as soon as it asks for it. Every step's energy counts: warm-up steps after a
+will, and the tuner's level is pinned as soon as it asks for it (governor/pipeline/tuned_job.py, the simulation
+`ftgov evaluate` scores too; tuner knobs default to the daemon's, governor.config.TunerConfig). Every step's energy counts: warm-up steps after a
 change of level, windows at levels that lose, and the rest of the job at the converged level.
 
 The oracle, MLG and MAXN jobs run the same number of steps with a model seeded identically (common random numbers:
@@ -26,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from governor.config import TunerConfig
 from governor.features import Features
+from governor.pipeline.tuned_job import run_tuned_job
 from governor.pipeline.workloads import held_out_workloads
 from governor.sim.energy import OrinEnergyModel, Workload
 from governor.tree import DecisionTree
-from governor.tuning import (DEFAULT_MAX_PROBES, DEFAULT_NOISE_REL, DEFAULT_WARMUP_STEPS, DEFAULT_WINDOW_STEPS,
-                             OnlineTuner, TuningSession)
 
 TREE = Path(__file__).resolve().parent.parent / "model" / "mlg-tree.json"
 
@@ -65,22 +66,9 @@ def fixed_job_j(w: Workload, freq_hz: Optional[int], noise: float, seed: int, st
     return sum(model.step(w, freq_hz).energy_j for _ in range(steps))
 
 
-def tuned_job(w: Workload, start_hz: int, args, seed: int) -> tuple[float, TuningSession]:
-    model = OrinEnergyModel(noise=args.noise, seed=seed)
-    tuner = OnlineTuner(model.levels_hz, start_hz, args.max_slowdown, noise_rel=args.noise_rel,
-                        max_probes=args.max_probes)
-    session = TuningSession(tuner, steps=0, warmup_steps=args.warmup_steps, window_steps=args.window_steps)
-    energy_j = time_s = 0.0
-    pinned_hz = session.level_hz
-    for step in range(1, args.job_steps + 1):
-        sample = model.step(w, pinned_hz)
-        energy_j += sample.energy_j
-        time_s += sample.time_s
-        session.on_progress(step, energy_j, time_s)
-        pinned_hz = session.level_hz  # the daemon re-pins right after the report that closed a window
-    if not session.converged:
-        raise RuntimeError(f"{w.name}: the tuner had not converged after {args.job_steps} steps")
-    return energy_j, session
+def tuner_config(args) -> TunerConfig:
+    return TunerConfig(window_steps=args.window_steps, warmup_steps=args.warmup_steps, max_probes=args.max_probes,
+                       noise_rel=args.noise_rel, max_slowdown=args.max_slowdown)
 
 
 def run_one(w: Workload, tree: DecisionTree, args, seed: int) -> Run:
@@ -91,10 +79,10 @@ def run_one(w: Workload, tree: DecisionTree, args, seed: int) -> Run:
                 if args.max_slowdown is None or e[hz].time_s <= (1 + args.max_slowdown) * top_s]
     oracle_hz = min(feasible, key=lambda hz: e[hz].energy_j)
     mlg_hz = mlg_pick(tree, clean, w)
-    job_j, session = tuned_job(w, mlg_hz, args, seed)
-    tuned_hz = session.tuner.best_hz
+    job = run_tuned_job(w, mlg_hz, args.job_steps, args.noise, seed, tuner_config(args))
+    tuned_hz = job.best_hz
     return Run(w.name, oracle_hz, mlg_hz, tuned_hz, e[tuned_hz].energy_j / e[oracle_hz].energy_j - 1,
-               session.profiled_steps, session.tuner.probes, job_j,
+               job.profiled_steps, job.session.tuner.probes, job.energy_j,
                fixed_job_j(w, oracle_hz, args.noise, seed, args.job_steps),
                fixed_job_j(w, mlg_hz, args.noise, seed, args.job_steps),
                fixed_job_j(w, None, args.noise, seed, args.job_steps),
@@ -178,11 +166,12 @@ def main() -> None:
                              "jitter on average, and 1.0, the model's nominal setting)")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--job-steps", type=int, default=2000)
-    parser.add_argument("--max-slowdown", type=float, default=None)
-    parser.add_argument("--noise-rel", type=float, default=DEFAULT_NOISE_REL)
-    parser.add_argument("--max-probes", type=int, default=DEFAULT_MAX_PROBES)
-    parser.add_argument("--warmup-steps", type=int, default=DEFAULT_WARMUP_STEPS)
-    parser.add_argument("--window-steps", type=int, default=DEFAULT_WINDOW_STEPS)
+    daemon = TunerConfig()  # the daemon's defaults, so the benchmark measures what ftgovd runs
+    parser.add_argument("--max-slowdown", type=float, default=daemon.max_slowdown)
+    parser.add_argument("--noise-rel", type=float, default=daemon.noise_rel)
+    parser.add_argument("--max-probes", type=int, default=daemon.max_probes)
+    parser.add_argument("--warmup-steps", type=int, default=daemon.warmup_steps)
+    parser.add_argument("--window-steps", type=int, default=daemon.window_steps)
     parser.add_argument("--per-workload", action="store_true", help="print a row per workload")
     args = parser.parse_args()
 

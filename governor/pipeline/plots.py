@@ -10,14 +10,15 @@ from pathlib import Path
 
 from governor.pipeline.dataset import Sweep
 
-# One look per policy, kept across both plots; later policies (an online tuner) fall back to the cycle.
+# One look per policy, kept across both plots; other policies fall back to the cycle.
 STYLE = {
     "ffg": {"color": "#1f77b4", "marker": "s", "size": 70},
     "paper": {"color": "#ff7f0e", "marker": "^", "size": 60},
     "mlg": {"color": "#2ca02c", "marker": "o", "size": 45},
+    "tune": {"color": "#9467bd", "marker": "D", "size": 28},  # its bar is the whole job, profiling included
     "oracle": {"color": "#d62728", "marker": "*", "size": 40},
 }
-FALLBACK_COLORS = ("#9467bd", "#8c564b", "#e377c2", "#17becf")
+FALLBACK_COLORS = ("#8c564b", "#e377c2", "#17becf", "#bcbd22")
 
 
 def _style(name: str, i: int) -> dict:

@@ -1,12 +1,14 @@
 """The policies `ftgov evaluate` compares, behind one small interface.
 
 A policy sees a workload the way the daemon does (its Features, gpu_util measured under MAXN) and picks a level, or
-None for MAXN. ``probe`` lets a policy measure a level the way a running job would (per-step energy, time and
-utilization at that level) — unused by the static policies, it is the hook for an online tuner
-(governor/tuning.py, ``OnlineTuner(levels_hz, start_hz, max_slowdown=None)``): a ``TunerPolicy`` would call
-``next_level_hz()``, ``probe`` that level, ``observe`` it, until ``converged``, and return ``best_hz()``; the steps
-spent probing then belong in its energy, which is why a pick may carry them (``Pick.probe_steps``). Add it to
-``build_policies`` (or pass it in ``extra``) and the table, JSON and plots include it.
+None for MAXN. ``probe`` gives the noise-free measurement of a level from the sweep (per-step energy, time and
+utilization); a policy that explores before settling reports the steps it spent at each level in
+``Pick.probe_steps``, and the evaluation charges them to it.
+
+``Tune`` is the daemon's `tune` policy: MLG's pick, then the online tuner (governor/tuning.py). It does not use
+``probe``: a real tuner never sees noise-free values, so its windows come from the noisy energy model, one step at a
+time (governor/pipeline/tuned_job.py), and only its decisions (the levels it ran at, for how long, and where it
+settled) are taken from that simulation; they are then scored on the same sweep as every other policy.
 """
 
 from __future__ import annotations
@@ -17,8 +19,13 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from governor.backends.base import nearest_level
+from governor.config import TunerConfig
 from governor.errors import FtgovError
 from governor.pipeline.dataset import Sweep
+from governor.pipeline.tuned_job import run_tuned_job
+from governor.pipeline.workloads import (characterization_workloads, held_out_workloads, make_workload,
+                                         model_by_name)
+from governor.sim.energy import OrinEnergyModel, Workload
 from governor.tree import DecisionTree
 
 
@@ -39,6 +46,10 @@ ProbeFn = Callable[[int], Probe]
 class Pick:
     freq_hz: int | None  # None: MAXN
     probe_steps: dict[int, int] = field(default_factory=dict)  # level -> steps spent there before settling
+
+    @property
+    def profiled_steps(self) -> int:
+        return sum(self.probe_steps.values())
 
 
 class Policy(Protocol):
@@ -87,6 +98,76 @@ class Oracle:
         return Pick(sweep.optimum_hz)
 
 
+@dataclass(frozen=True)
+class TuneSettings:
+    """How the simulated tuned jobs run: job length, the energy model's noise scale and seed, the tuner's knobs."""
+
+    job_steps: int = 2000  # issue 6's job
+    # The energy model's nominal noise, the one the held-out set was generated with: 4.2% step-to-step energy
+    # jitter on average (benchmarks/bench_tuner.py prints it); 0.71 is issue 6's "3% measurement noise".
+    noise: float = 1.0
+    seed: int = 0
+    config: TunerConfig = field(default_factory=TunerConfig)  # the daemon's defaults
+
+
+@dataclass(frozen=True)
+class Tune:
+    """The daemon's `tune` policy: start at ``start``'s pick (the trained MLG), run the online tuner on noisy windows.
+
+    Each workload's noise is seeded with ``1000 * i + settings.seed``, i its index in the simulator's catalogue
+    (held-out workloads first, in order), the seeds benchmarks/bench_tuner.py gives its ``--seeds`` runs; so the
+    same --seed always gives the same picks.
+    """
+
+    start: Tree
+    settings: TuneSettings = field(default_factory=TuneSettings)
+    name: str = "tune"
+
+    def pick(self, sweep: Sweep, probe: ProbeFn) -> Pick:
+        start_hz = self.start.pick(sweep, probe).freq_hz
+        index, workload = simulated_workload(sweep)
+        job = run_tuned_job(workload, start_hz, self.settings.job_steps, self.settings.noise,
+                            1000 * index + self.settings.seed, self.settings.config)
+        return Pick(job.best_hz, dict(job.steps_at_hz))
+
+
+def simulated_workload(sweep: Sweep) -> tuple[int, Workload]:
+    """The energy model's workload behind a sweep, with its index in the catalogue (for seeding)."""
+    catalogue = held_out_workloads() + characterization_workloads()
+    names = [w.name for w in catalogue]
+    if sweep.workload not in names:
+        raise FtgovError(f"{sweep.workload}: not a workload of the simulated Orin's catalogue; the tune policy "
+                         "simulates its job on the energy model, so it can only be evaluated on simulated sweeps")
+    index = names.index(sweep.workload)
+    w = make_workload(model_by_name(sweep.model), sweep.task)
+    f = sweep.features
+    if (w.model_type, w.num_layers, w.hidden_size) != (f.model_type, f.num_layers, f.hidden_size) \
+            or abs(w.seq_len - f.seq_len) > 0.01:
+        raise FtgovError(f"{sweep.workload}: the sweep's features {f} do not match the simulator's workload {w}")
+    levels = OrinEnergyModel().levels_hz
+    if tuple(sweep.levels_hz) != tuple(levels):
+        raise FtgovError(f"{sweep.workload}: measured at {list(sweep.levels_hz)}, the simulator has {list(levels)}")
+    return index, w
+
+
+def model_energy_j(sweeps: list[Sweep]) -> dict[str, dict[int, float]] | None:
+    """workload -> level -> the energy model's noise-free energy per step; None unless every sweep is simulated.
+
+    The sweep's own rows carry measurement noise (the held-out set: 50 steps at noise 1.0, drift included), so its
+    argmin, the "oracle", is partly a lucky reading; the noise-free curve is the yardstick that shows how close each
+    policy's level is to the true bottom of the U.
+    """
+    model = OrinEnergyModel()
+    out = {}
+    for s in sweeps:
+        try:
+            _, w = simulated_workload(s)
+        except FtgovError:
+            return None
+        out[s.workload] = {hz: model.expected(w, hz).energy_j for hz in s.levels_hz}
+    return out
+
+
 def load_ffg_hz(path: Path) -> int:
     try:
         doc = json.loads(Path(path).read_text())
@@ -98,8 +179,12 @@ def load_ffg_hz(path: Path) -> int:
     return hz
 
 
-def build_policies(ffg_path: Path, paper_tree: Path, mlg_tree: Path, extra: list[Policy] | None = None) -> list[Policy]:
-    """MAXN first (the baseline every saving is measured against), the oracle last."""
-    policies: list[Policy] = [Maxn(), Fixed(load_ffg_hz(ffg_path)), Tree(DecisionTree.load(paper_tree), "paper"),
-                              Tree(DecisionTree.load(mlg_tree), "mlg")]
+def build_policies(ffg_path: Path, paper_tree: Path, mlg_tree: Path, extra: list[Policy] | None = None,
+                   tune: TuneSettings | None = None) -> list[Policy]:
+    """MAXN first (the baseline every saving is measured against), the oracle last; with ``tune``, the tuner
+    (started from the trained MLG) right after MLG."""
+    mlg = Tree(DecisionTree.load(mlg_tree), "mlg")
+    policies: list[Policy] = [Maxn(), Fixed(load_ffg_hz(ffg_path)), Tree(DecisionTree.load(paper_tree), "paper"), mlg]
+    if tune is not None:
+        policies.append(Tune(mlg, tune))
     return policies + list(extra or []) + [Oracle()]
