@@ -19,38 +19,21 @@ try:
 except ImportError as e:  # governor itself never needs transformers; only this adapter does
     raise ImportError("governor.hf needs transformers: pip install 'ftgov[hf]'") from e
 
-from governor.client import DEFAULT_REPORT_EVERY_S, Job, check_partial_features, find_hf_config, start_job
+from governor.client import AdapterCore, find_hf_config
 
 
-class GovernorCallback(TrainerCallback):
-    """Hold an ftgov job while the Trainer trains. Every argument is optional; explicit numbers override the model's."""
+class GovernorCallback(AdapterCore, TrainerCallback):
+    """Hold an ftgov job while the Trainer trains (options: governor.client.AdapterCore)."""
 
-    def __init__(self, *, model_type: str | None = None, num_layers: int | None = None,
-                 hidden_size: int | None = None, seq_len: float | None = None, gpu_util: float | None = None,
-                 name: str | None = None, socket: str | None = None, report_every_s: float = DEFAULT_REPORT_EVERY_S,
-                 measure_batches: int = 8):
-        self._explicit = dict(model_type=model_type, num_layers=num_layers, hidden_size=hidden_size,
-                              seq_len=seq_len, gpu_util=gpu_util)
-        check_partial_features(self._explicit)
-        self._options = dict(name=name, socket=socket, report_every_s=report_every_s,
-                             measure_batches=measure_batches)
-        self.job: Job | None = None
+    def __init__(self, **options):
+        super().__init__(**options)
         self._hook = None
-
-    def __enter__(self) -> "GovernorCallback":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         # A second train begin without an end is the Trainer retrying (auto_find_batch_size) or a new train() after
         # a failed one: the same model on the same data, so the job and its pin carry on.
-        if self.job is not None and not self.job.closed:
+        if not self._start(model, _run_name(args, model)):
             return
-        options = dict(self._options)
-        options["name"] = options["name"] or _run_name(args, model)
-        self.job = start_job(model, **options, **self._explicit)
         if not self.job.seq_len_known and not self.job.disabled and model is not None:
             self._hook = model.register_forward_pre_hook(self._observe, with_kwargs=True)
 
@@ -74,8 +57,7 @@ class GovernorCallback(TrainerCallback):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
-        if self.job is not None:
-            self.job.close()
+        super().close()
 
     def _observe(self, module, args, kwargs):
         if not module.training or self.job is None:

@@ -19,32 +19,20 @@ except ImportError:
     except ImportError as e:  # governor itself never needs Lightning; only this adapter does
         raise ImportError("governor.lightning needs Lightning: pip install 'ftgov[lightning]'") from e
 
-from governor.client import DEFAULT_REPORT_EVERY_S, Job, check_partial_features, find_hf_config, start_job
+from governor.client import AdapterCore, find_hf_config
 
 
-class GovernorCallback(Callback):
-    """Hold an ftgov job while the Lightning Trainer fits. Every argument is optional; explicit numbers win."""
+class GovernorCallback(AdapterCore, Callback):
+    """Hold an ftgov job while the Lightning Trainer fits (options: governor.client.AdapterCore)."""
 
-    def __init__(self, *, model_type: str | None = None, num_layers: int | None = None,
-                 hidden_size: int | None = None, seq_len: float | None = None, gpu_util: float | None = None,
-                 name: str | None = None, socket: str | None = None, report_every_s: float = DEFAULT_REPORT_EVERY_S,
-                 measure_batches: int = 8):
-        self._explicit = dict(model_type=model_type, num_layers=num_layers, hidden_size=hidden_size,
-                              seq_len=seq_len, gpu_util=gpu_util)
-        check_partial_features(self._explicit)
-        self._options = dict(name=name, socket=socket, report_every_s=report_every_s,
-                             measure_batches=measure_batches)
-        self.job: Job | None = None
+    def __init__(self, **options):
+        super().__init__(**options)
         self._first_global_step = 0
 
     def on_train_start(self, trainer, pl_module):
-        if self.job is not None and not self.job.closed:
-            return
-        options = dict(self._options)
         config = find_hf_config(pl_module)
-        options["name"] = options["name"] or getattr(config, "name_or_path", None) or type(pl_module).__name__
-        self._first_global_step = trainer.global_step
-        self.job = start_job(pl_module, **options, **self._explicit)
+        if self._start(pl_module, getattr(config, "name_or_path", None) or type(pl_module).__name__):
+            self._first_global_step = trainer.global_step
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.job is not None:
@@ -74,7 +62,3 @@ class GovernorCallback(Callback):
     def teardown(self, trainer, pl_module, stage):
         self.close()
 
-    def close(self) -> None:
-        """End the job (unregister). Safe to call more than once."""
-        if self.job is not None:
-            self.job.close()
