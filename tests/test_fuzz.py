@@ -362,3 +362,114 @@ def test_after_the_fuzz_no_job_is_left_and_the_gpu_is_at_its_baseline(fuzz_daemo
             json.dump({"lines": TALLY.lines, "replies": TALLY.replies, "results": TALLY.results,
                        "errors": {str(k): v for k, v in sorted(TALLY.errors.items())},
                        "seconds": time.perf_counter() - TALLY.started_s}, f)
+
+
+# ---- hostile clients (liveness only here; latencies under load are benchmarks/stress.py's) -------------------------
+
+
+@pytest.fixture(scope="module")
+def hostile_daemon(tmp_path_factory):
+    root = tree.build(tmp_path_factory.mktemp("hostile") / "root", "jp6").root
+    d = Daemon(root, config={"limits": {"max_connections": 1024}}).start()
+    yield d, root
+    d.close()
+
+
+def test_a_slow_writer_does_not_hold_up_other_clients(hostile_daemon):
+    d, root = hostile_daemon
+    slow, other = Rpc(d.socket), Rpc(d.socket)
+    line = b'{"jsonrpc": "2.0", "id": 7, "method": "ping"}\n'
+    for i in range(0, len(line) - 1, 4):
+        slow.send_raw(line[i:i + 4])  # a few bytes at a time; between them the daemon serves someone else
+        assert other.call("ping") == {}
+    job = other.call("register", **FEATURES)["job_id"]
+    assert limits(root) == (714000000, 714000000)
+    slow.send_raw(line[-1:])
+    assert slow.read_reply() == {"jsonrpc": "2.0", "id": 7, "result": {}}
+    other.call("unregister", job_id=job)
+    assert limits(root) == BASELINE
+    slow.close()
+    other.close()
+
+
+def test_a_client_that_never_reads_is_throttled_and_others_are_served(hostile_daemon):
+    import psutil
+
+    d, root = hostile_daemon
+    rss_before = psutil.Process(d.proc.pid).memory_info().rss
+    hog = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    hog.connect(d.socket)
+    hog.setblocking(False)
+    request = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "status"}).encode() + b"\n"
+    burst = request * 1000
+    sent = 0
+    while sent < (64 << 20):  # stops long before: once its replies fill the socket, the daemon stops reading it
+        try:
+            sent += hog.send(burst)
+        except BlockingIOError:
+            break
+    assert sent < (64 << 20), "the daemon kept reading a client that never reads its replies"
+    other = Rpc(d.socket)
+    assert other.call("ping") == {}
+    job = other.call("register", **FEATURES)["job_id"]
+    assert limits(root) == (714000000, 714000000)
+    other.call("unregister", job_id=job)
+    rss_growth_mb = (psutil.Process(d.proc.pid).memory_info().rss - rss_before) / 2**20
+    assert rss_growth_mb < 10, f"daemon RSS grew {rss_growth_mb:.1f} MB for {sent} bytes of unread requests"
+    hog.close()
+    assert other.call("ping") == {}
+    other.close()
+
+
+def test_500_idle_connections_do_not_stop_service(hostile_daemon):
+    d, root = hostile_daemon
+    idle = []
+    try:
+        for _ in range(500):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(d.socket)
+            idle.append(s)
+        c = Rpc(d.socket)
+        assert c.call("ping") == {}
+        job = c.call("register", **FEATURES)["job_id"]
+        assert limits(root) == (714000000, 714000000)
+        c.call("unregister", job_id=job)
+        assert limits(root) == BASELINE
+        c.close()
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_connections_over_the_limit_are_refused_cleanly(start_daemon):
+    d = start_daemon(config={"limits": {"max_connections": 16}})
+    held = [Rpc(d.socket) for _ in range(16)]
+    assert held[0].call("ping") == {}
+    extra = Rpc(d.socket)
+    reply = extra.read_reply()
+    assert reply["error"]["code"] == -32002 and "max_connections" in reply["error"]["message"]
+    with pytest.raises(ConnectionError):
+        extra.read_reply()
+    assert held[-1].call("ping") == {}  # the ones inside the limit keep working
+
+
+def test_a_client_holding_the_maximum_jobs_leaves_others_served(orin, start_daemon):
+    d = start_daemon(config={"limits": {"max_jobs": 16, "max_jobs_per_connection": 8}})
+    hogs = [Rpc(d.socket), Rpc(d.socket)]
+    for hog in hogs:
+        for _ in range(8):
+            hog.call("register", **FEATURES)
+    err = hogs[0].request("register", **FEATURES)["error"]
+    assert err["code"] == -32002 and "max_jobs_per_connection" in err["message"]
+    other = Rpc(d.socket)
+    assert other.call("ping") == {}
+    assert len(other.call("status")["jobs"]) == 16
+    assert other.call("predict", **FEATURES)["freq_hz"] == 714000000
+    err = other.request("register", **FEATURES)["error"]
+    assert err["code"] == -32002 and "limits.max_jobs" in err["message"]
+    assert limits(orin) == (714000000, 714000000)
+    for hog in hogs:
+        hog.close()
+    d.wait_jobs(0)
+    assert limits(orin) == BASELINE
+    assert other.call("register", **FEATURES)["freq_hz"] == 714000000
