@@ -62,7 +62,11 @@ class Server:
         self.gov.next_job_id = max(self.gov.next_job_id, state.next_job_id)
         for gid, gs in state.gpus.items():
             if gid in self.gov.gpus:
-                self.gov.gpus[gid].baseline = gs.baseline
+                ctl = self.gov.gpus[gid]
+                ctl.baseline = gs.baseline
+                # The files hold the old pin, or whatever a kill between two writes left: make the apply below write
+                # the target (a re-adopted job's pin, or the baseline) and read it back, rather than trust them.
+                ctl.pinned_hz, ctl.restore_failed = gs.pinned_hz, True
                 log.info("state file: GPU %s baseline %d..%d Hz, left pinned at %s", gid, gs.baseline.min_hz,
                          gs.baseline.max_hz, gs.pinned_hz)
         for rec in state.jobs:
