@@ -388,7 +388,8 @@ def table(r: dict) -> str:
                      f"{ld['wall_s']:.0f} s; {ld['dropped_connections']} dropped connections, {ld['process_kills']} "
                      f"client processes SIGKILLed; jobs left {ld['jobs_left']}; files {ld['files_after']} "
                      + ("**pass**" if ld["jobs_left"] == 0 and ld["baseline_ok"] else "**FAIL**")))
-        rows.append(("load: latency", "reported", f"register p50 {ld['register_p50_ms']:.2f} ms, p99 "
+        rows.append(("load: latency", "reported", f"{2 * ld['cycles'] / ld['wall_s']:,.0f} requests/s with "
+                     f"{ld['clients']} in flight (so each waits behind the others); register p50 {ld['register_p50_ms']:.2f} ms, p99 "
                      f"{ld['register_p99_ms']:.2f} ms; unregister p50 {ld['unregister_p50_ms']:.2f} ms, p99 "
                      f"{ld['unregister_p99_ms']:.2f} ms"))
         growth = ld["rss_end_mb"] - (ld["rss_warm_mb"] or ld["rss_start_mb"])
