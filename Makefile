@@ -82,6 +82,9 @@ bench: $(DEV_VENV)/.test
 model: $(DEV_VENV)/.base
 	$(VPY) model/train.py all --data model/data/characterization.csv --seed 0 --jobs 2
 
+stress: $(DEV_VENV)/.test
+	$(VPY) benchmarks/stress.py
+
 evaluate: $(DEV_VENV)/.base
 	$(VPY) -m governor.pipeline evaluate --out out/evaluate
 

@@ -89,6 +89,7 @@ class Server:
                      "no pin" if rec.freq_hz is None else f"{rec.freq_hz / 1e6:g} MHz", extra=job.fields())
         for gid in self.gov.gpus:
             self.gov._apply_quietly(gid)
+        self._changed()  # starts the tick, which retries a restore that failed just now
 
     async def serve(self, listen_sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()

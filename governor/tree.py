@@ -82,9 +82,11 @@ class DecisionTree:
             text = Path(path).read_text()
         except OSError as e:
             raise ModelError(f"cannot read model file {path}: {e.strerror or e}") from e
+        except UnicodeDecodeError as e:
+            raise ModelError(f"model file {path} is not UTF-8 text: {e}") from e
         try:
             data = json.loads(text)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise ModelError(f"model file {path} is not valid JSON: {e}") from e
         try:
             return cls.from_dict(data)
