@@ -171,12 +171,14 @@ class Governor:
     def needs_hz(self, job: Job) -> Optional[int]:
         """What one job needs now: its pick, or the GPU's lowest level while it checkpoints or loads data (the GPU
         mostly idles then; a job that reports no phases always needs its pick)."""
-        if job.freq_hz is not None and job.phase in self.low_phases:
+        hz = job.decision.freq_hz if job.decision is not None else None
+        if hz is not None and job.phase is not None and job.phase in self.low_phases:
             return self.gpus[job.gpu_id].gpu.levels_hz[0]
-        return job.freq_hz
+        return hz
 
     def target_hz(self, gpu_id: str) -> Optional[int]:
-        return combine([self.needs_hz(j) for j in self.jobs.values() if j.gpu_id == gpu_id])
+        needs_hz = self.needs_hz  # on every register and unregister: keep the loop lean
+        return combine([needs_hz(j) for j in self.jobs.values() if j.gpu_id == gpu_id and j.decision is not None])
 
     def set_phase(self, job: Job, phase: Optional[str]) -> None:
         """A job reported a phase: re-apply when that changes what it needs."""

@@ -94,18 +94,22 @@ def process_identity(pid: int) -> tuple[float, int]:
     raise ProcessGone(f"cannot read the owner of process {pid}")
 
 
-def hold(pid: int, expected_start_time: Optional[float] = None) -> HeldProcess:
-    """Open a pidfd for pid and make sure it is the process we mean (same start time before and after the open)."""
-    start, uid = process_identity(pid)
-    if expected_start_time is not None and start != expected_start_time:
-        raise ProcessGone(f"process {pid} is not the one we held (started at another time)")
+def hold(pid: int, expected_start_time: Optional[float] = None, *, known_uid: Optional[int] = None) -> HeldProcess:
+    """Open a pidfd for pid, then read the identity of the process it refers to.
+
+    The pidfd is opened first: whatever process it holds is the one /proc shows right after (a recycled PID would
+    show the new process's start time on both), so one read gives a consistent (pidfd, start time, uid). Re-adoption
+    passes the start time it recorded, and a different one means the PID was reused.
+    """
     try:
         pidfd = os.pidfd_open(pid)
     except OSError as e:
-        raise ProcessGone(f"cannot open process {pid}: {e.strerror}") from e
+        raise ProcessGone(f"no process {pid}" if e.errno == 3 else f"cannot open process {pid}: {e.strerror}") from e
     try:
-        if start_ticks(pid) != start:
-            raise ProcessGone(f"process {pid} was replaced while we opened it")
+        # The peer's own process: the kernel already told us its uid (SO_PEERCRED); only the start time is needed.
+        start, uid = (start_ticks(pid), known_uid) if known_uid is not None else process_identity(pid)
+        if expected_start_time is not None and start != expected_start_time:
+            raise ProcessGone(f"process {pid} is not the one we held (started at another time)")
     except ProcessGone:
         os.close(pidfd)
         raise
