@@ -65,7 +65,10 @@ class Config(_Strict):
     sysfs_root: str = "/"
     state_dir: str = DEFAULT_STATE_DIR
     backend: Literal["auto", "devfreq", "nvml"] = "auto"
-    policy: Literal["mlg", "ffg", "observe", "tune"] = "mlg"
+    policy: Optional[Literal["mlg", "ffg", "observe", "tune"]] = Field(
+        None, description="default: mlg on a Jetson; tune on NVML GPUs, where the Orin-trained tree does not transfer")
+    power_cap_w: Optional[float] = Field(None, gt=0, le=100_000, description=(
+        "NVML only: also cap the GPU's power limit (W) while it is pinned; the previous limit is restored with it"))
     model_file: Optional[str] = Field(None, description="ftgov-tree/1 JSON; default: the tree shipped with ftgov")
     ffg_freq_hz: Optional[int] = Field(None, gt=0, description="FFG's frequency (nearest level at or above is pinned); "
                                        "default: the level with the least total energy in the training data (ffg.json)")

@@ -90,6 +90,13 @@ def _nvml_probe(config: Config) -> list:
     return nvml.probe(read_only=config.policy == "observe")
 
 
+def policy_name(config: Config, gpus: list) -> str:
+    """The configured policy, else the backend's default: the paper's tree on a Jetson, the tuner on NVML GPUs."""
+    if config.policy is not None:
+        return config.policy
+    return "tune" if any(g.describe().get("backend") == "nvml" for g in gpus) else "mlg"
+
+
 def run(config: Config, *, simulate: bool = False) -> int:
     from governor import rails as rails_mod
     from governor.jobs import Governor
@@ -125,10 +132,11 @@ def run(config: Config, *, simulate: bool = False) -> int:
     if ffg_hz is None:
         ffg_hz, ffg_from = default_ffg_hz(default_model_path())
     log.info("FFG frequency %g MHz (from %s)", ffg_hz / 1e6, ffg_from)
-    policy = Policy.from_config(config.policy, ffg_hz, model_file)
+    policy = Policy.from_config(policy_name(config, gpus), ffg_hz, model_file)
     governor = Governor(gpus, policy, StateFile(config.state_dir), boot_id(root), rails=rails,
                         on_external_change=config.on_external_change, max_jobs=config.limits.max_jobs,
-                        low_phases=tuple(config.low_phases))
+                        low_phases=tuple(config.low_phases),
+                        power_cap_mw=round(config.power_cap_w * 1000) if config.power_cap_w else None)
     if simulate:
         from governor.sim.board import Board
 

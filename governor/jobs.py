@@ -84,7 +84,7 @@ class Ended:
 class Governor:
     def __init__(self, gpus: list[Gpu], policy: Policy, state_file: StateFile, boot_id: str, *,
                  rails: Optional[Rails] = None, on_external_change: str = "reapply", max_jobs: int = 64,
-                 low_phases: tuple[str, ...] = ()):
+                 low_phases: tuple[str, ...] = (), power_cap_mw: Optional[int] = None):
         self.gpus = {g.id: GpuControl(g) for g in gpus}
         self.policy = policy
         self.state_file = state_file
@@ -93,6 +93,7 @@ class Governor:
         self.on_external_change = on_external_change
         self.max_jobs = max_jobs
         self.low_phases = frozenset(low_phases)
+        self.power_cap_mw = power_cap_mw
         self.jobs: dict[int, Job] = {}
         self.next_job_id = 1
         self.listeners: list[Callable[["Governor"], None]] = []  # told after every change (simulated board, notify)
@@ -204,11 +205,14 @@ class Governor:
         if target is None:
             self._restore(ctl)
         else:
-            if ctl.baseline is None:
-                ctl.baseline = ctl.gpu.snapshot()
+            first = ctl.baseline is None
+            if first:
+                ctl.baseline = ctl.gpu.snapshot()  # an NVML snapshot carries the power limit to restore
             ctl.pinned_hz = target
             self._save()  # before the write: a crash now still finds the baseline on disk
             ctl.gpu.pin(target)
+            if first and self.power_cap_mw is not None and callable(getattr(ctl.gpu, "set_power_cap_mw", None)):
+                ctl.gpu.set_power_cap_mw(self.power_cap_mw)
             ctl.restore_failed = False
             log.info("GPU %s pinned to %s", gpu_id, _mhz(target), extra={"FREQ_HZ": target})
         self._notify()

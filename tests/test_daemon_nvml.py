@@ -68,3 +68,16 @@ def test_observe_mode_changes_nothing_and_refuses_tune(nvml_daemon):
     c.call("unregister", job_id=res["job_id"])
     written = [name for name in calls.read_text().split() if name.startswith(("nvmlDeviceSet", "nvmlDeviceReset"))]
     assert written == []
+
+
+def test_nvml_defaults_to_the_tuner_and_applies_and_restores_a_power_cap(nvml_daemon):
+    d, calls = nvml_daemon(gpus=({},), power_cap_w=500)
+    c = d.client()
+    res = c.call("register", **FEATURES)
+    assert res["policy"] == "tune"  # the Orin-trained tree does not transfer: the tuner is the default on NVML
+    made = calls.read_text().split()
+    assert made.count("nvmlDeviceSetPowerManagementLimit") == 1
+    c.call("unregister", job_id=res["job_id"])
+    made = calls.read_text().split()
+    assert "nvmlDeviceResetGpuLockedClocks" in made
+    assert made.count("nvmlDeviceSetPowerManagementLimit") == 2  # the previous limit put back with the clocks
