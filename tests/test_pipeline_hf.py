@@ -11,7 +11,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import random
+import signal
 import time
 
 import pytest
@@ -192,6 +194,25 @@ def test_a_fault_mid_measurement_restores_the_gpu_and_the_run_resumes(tmp_path, 
     assert ch.characterize([job], gpu, out, steps, 0, PROV, progress=False) == len(LEVELS_HZ) - 1
     check_rows(read_rows(out), job, steps)
     assert limits(gpu) == baseline
+
+
+def test_sigterm_mid_measurement_restores_the_gpu(tmp_path, board, glue, tiny_bert):
+    gpu = probe(board)[0]
+    baseline = limits(gpu)
+    seen = []
+
+    def kill_at_second_level(step: int) -> None:
+        seen.append(limits(gpu))
+        if len(seen) == 3:  # MAXN took 2 steps; this is the first step at the first level
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    job = ch.hf_job(tiny_bert, "sst2", glue / "SST-2", gpu, discover(board), batch_size=8, device="cpu",
+                    on_step=kill_at_second_level)
+    with pytest.raises(ch.Terminated), ch.sigterm_raises():
+        ch.characterize([job], gpu, tmp_path / "c.csv", 2, 0, PROV, progress=False)
+    assert seen[-1] == (LEVELS_HZ[0], LEVELS_HZ[0]) and limits(gpu) == baseline
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
 def test_limits_moved_by_someone_else_during_a_measurement_are_refused(board, glue, tiny_bert):

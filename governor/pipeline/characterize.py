@@ -16,8 +16,10 @@ Columns: model/README.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -256,6 +258,27 @@ def hf_job(model_dir: Path, task: str, task_dir: Path, gpu, rails, *, model_name
                round(runner.seq_len, 2), batch_size, round(params_m, 3), make_runner=lambda: runner)
 
 
+class Terminated(FtgovError):
+    """SIGTERM arrived during a characterization (a `kill`, a systemd stop)."""
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """Turn SIGTERM into an exception for the duration, so the ``finally`` that restores the GPU runs.
+
+    Python's default SIGTERM action ends the process without unwinding: the pin would outlive the run. Ctrl-C needs
+    nothing (KeyboardInterrupt unwinds). The previous handler is put back on the way out.
+    """
+    def handler(signum, frame):
+        raise Terminated("terminated by SIGTERM; the GPU's limits were restored")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _board_model(root) -> str:
     try:
         return root.path("/proc/device-tree/model").read_bytes().rstrip(b"\0\n").decode(errors="replace")
@@ -286,7 +309,8 @@ def _run_hardware(args) -> int:
     job = hf_job(args.model_dir, args.task, args.task_dir, gpu, rails, model_name=args.model_name,
                  batch_size=args.batch_size, seed=args.seed, device=args.device, max_len=args.max_len)
     prov = Provenance("measured", "jetson", args.seed)
-    added = characterize([job], gpu, args.out, args.steps, args.warmup, prov, progress=not args.quiet)
+    with sigterm_raises():
+        added = characterize([job], gpu, args.out, args.steps, args.warmup, prov, progress=not args.quiet)
     write_sidecar(args.out, {
         "source": "measured", "generator": "ftgov characterize --model-dir", "board": _board_model(root),
         "model_dir": str(args.model_dir), "task": args.task, "task_dir": str(args.task_dir),
