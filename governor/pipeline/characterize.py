@@ -7,7 +7,8 @@ error) leaves the GPU at the limits it had before: the snapshot taken at the sta
 Two workloads behind one loop:
 - ``--simulate``: the energy model of a simulated Orin (simulated time: the 27-configuration sweep takes seconds);
 - ``--model-dir/--task-dir``: a Hugging Face fine-tuning loop on a Jetson, pinned through the devfreq backend and
-  measured from the INA3221 rails (governor.pipeline.hf_runner; UNTESTED ON HARDWARE).
+  measured from the INA3221 rails (governor.pipeline.hf_runner; run on CPU against a simulated sysfs tree in the
+  tests, UNTESTED ON A JETSON).
 
 Columns: model/README.md.
 """
@@ -15,8 +16,10 @@ Columns: model/README.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,30 +238,87 @@ def _run_simulated(args) -> int:
     return 0
 
 
-def _run_hardware(args) -> int:
-    """A real Jetson. UNTESTED ON HARDWARE (see governor/pipeline/hf_runner.py)."""
-    from governor.backends.devfreq import probe
+def hf_job(model_dir: Path, task: str, task_dir: Path, gpu, rails, *, model_name: str | None = None,
+           batch_size: int = 32, seed: int = 0, device: str = "cuda", max_len: int = 128,
+           on_step: Callable[[int], None] | None = None) -> Job:
+    """The Job for a Hugging Face checkpoint fine-tuned on a local GLUE task (governor.pipeline.hf_runner).
+
+    The runner is built here, not lazily, because the CSV's identity columns (shape, mean sequence length, parameter
+    count) come from the loaded model and the tokenized data.
+    """
     from governor.features import from_hf_config
     from governor.pipeline.hf_runner import HfTask, HfTrainingRunner
+
+    runner = HfTrainingRunner(model_dir, HfTask(task, task_dir), gpu, rails, batch_size=batch_size, seed=seed,
+                              max_len=max_len, device=device, on_step=on_step)
+    shape = from_hf_config(runner.model.config)
+    params_m = sum(p.numel() for p in runner.model.parameters()) / 1e6
+    name = model_name or Path(model_dir).name
+    return Job(f"{name}/{task}", name, task, shape["model_type"], shape["num_layers"], shape["hidden_size"],
+               round(runner.seq_len, 2), batch_size, round(params_m, 3), make_runner=lambda: runner)
+
+
+class Terminated(FtgovError):
+    """SIGTERM arrived during a characterization (a `kill`, a systemd stop)."""
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """Turn SIGTERM into an exception for the duration, so the ``finally`` that restores the GPU runs.
+
+    Python's default SIGTERM action ends the process without unwinding: the pin would outlive the run. Ctrl-C needs
+    nothing (KeyboardInterrupt unwinds). The previous handler is put back on the way out.
+    """
+    def handler(signum, frame):
+        raise Terminated("terminated by SIGTERM; the GPU's limits were restored")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _board_model(root) -> str:
+    try:
+        return root.path("/proc/device-tree/model").read_bytes().rstrip(b"\0\n").decode(errors="replace")
+    except OSError:
+        return "unknown"
+
+
+def _run_hardware(args) -> int:
+    """A real Jetson: devfreq pins, INA3221 rails. Exercised on CPU against a simulated sysfs tree
+    (tests/test_pipeline_hf.py); UNTESTED ON A JETSON (see governor/pipeline/hf_runner.py)."""
+    from governor.backends.devfreq import probe
     from governor.rails import discover
     from governor.sysfs import Root
 
     root = Root(args.sysfs_root)
-    found = probe(root)
-    gpu = found[0] if isinstance(found, (list, tuple)) else found  # the Orin has one GPU
+    gpu = probe(root)[0]  # the Orin has one GPU
     rails = discover(root)
     if rails is None:
         raise FtgovError("no INA3221 rails found: energy cannot be measured on this board")
-    task = HfTask(args.task, args.task_dir)
-    runner = HfTrainingRunner(args.model_dir, task, gpu, rails, batch_size=args.batch_size, seed=args.seed)
-    shape = from_hf_config(runner.model.config)
-    params_m = sum(p.numel() for p in runner.model.parameters()) / 1e6
-    name = args.model_name or args.model_dir.name
-    job = Job(f"{name}/{args.task}", name, args.task, shape["model_type"], shape["num_layers"],
-              shape["hidden_size"], round(runner.seq_len, 2), args.batch_size, round(params_m, 3),
-              make_runner=lambda: runner)
+    missing = [r for r in ENERGY_RAILS if r not in rails.channels]
+    if missing:
+        raise FtgovError(f"rails {missing} not found (have {rails.names}): energy would be undercounted")
+    baseline = gpu.snapshot()
+    if baseline.min_hz == baseline.max_hz:
+        # The MAXN row would be measured at this pin and labelled as the board's default: refuse rather than lie.
+        raise FtgovError(f"the GPU is pinned at {baseline.min_hz} Hz already (a crashed run, ftgovd, jetson_clocks?): "
+                         f"restore its default limits before characterizing")
+    job = hf_job(args.model_dir, args.task, args.task_dir, gpu, rails, model_name=args.model_name,
+                 batch_size=args.batch_size, seed=args.seed, device=args.device, max_len=args.max_len)
     prov = Provenance("measured", "jetson", args.seed)
-    added = characterize([job], gpu, args.out, args.steps, args.warmup, prov, progress=not args.quiet)
+    with sigterm_raises():
+        added = characterize([job], gpu, args.out, args.steps, args.warmup, prov, progress=not args.quiet)
+    write_sidecar(args.out, {
+        "source": "measured", "generator": "ftgov characterize --model-dir", "board": _board_model(root),
+        "model_dir": str(args.model_dir), "task": args.task, "task_dir": str(args.task_dir),
+        "device": args.device, "seed": args.seed, "steps": args.steps, "warmup_steps": args.warmup,
+        "batch_size": args.batch_size, "max_len": args.max_len, "workloads": [job.workload],
+        "levels_hz": list(gpu.levels_hz), "baseline_hz": [baseline.min_hz, baseline.max_hz],
+        "energy_rails": list(ENERGY_RAILS),
+    })
     print(f"{args.out}: {added} rows added", file=sys.stderr)
     return 0
 
@@ -275,6 +335,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--task-dir", type=Path, help="real: local copy of the GLUE task")
     p.add_argument("--model-name", help="real: name for the CSV (default: the model directory's name)")
     p.add_argument("--sysfs-root", default="/", help="real: file-system root of sysfs (default /)")
+    p.add_argument("--device", default="cuda", help="real: torch device of the training loop (default cuda; "
+                   "cpu for a dry run off the board)")
+    p.add_argument("--max-len", type=int, default=128, help="real: truncate samples to this many tokens")
     p.add_argument("--out", type=Path, default=Path("characterization.csv"), help="CSV to append to")
     p.add_argument("--steps", type=int, default=50, help="measured steps per setting (default 50)")
     p.add_argument("--warmup", type=int, default=5, help="unmeasured steps first, per setting (default 5)")
