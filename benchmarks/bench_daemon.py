@@ -31,16 +31,13 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from figures import markdown_table, pct  # noqa: E402  (benchmarks/ is on sys.path when a script here runs)
 from governor.notify import NotifyListener  # noqa: E402
 from governor.sim import tree  # noqa: E402
 
 FEATURES = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0, "gpu_util": 60.0}
 NODE = "sys/class/devfreq/17000000.gpu"
 
-
-def pct(values, p):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
 class Line:
@@ -186,8 +183,7 @@ def table(r: dict) -> str:
         ("daemon RSS after the load", f"{r['rss_mb']:.1f} MB", "<= 40 MB"),
         ("start -> READY=1 (accepting)", f"median {r['start_ready_s_median']:.3f} s, max {r['start_ready_s_max']:.3f} s", "<= 0.5 s"),
     ]
-    out = ["| figure | measured | target |", "|---|---|---|"]
-    out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    out = markdown_table(("figure", "measured", "target"), rows)
     s = r["samples"]
     out.append(f"\n({s['single']} single-client cycles, {s['concurrent']} concurrent registrations, {s['kill']} kills; "
                f"fake tree on tmpfs; {os.cpu_count()} CPUs)")

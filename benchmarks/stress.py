@@ -35,6 +35,7 @@ import psutil
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
+from figures import markdown_table, pct  # noqa: E402  (benchmarks/ is on sys.path when a script here runs)
 from governor.notify import NotifyListener  # noqa: E402
 from governor.sim import tree  # noqa: E402
 from harness import DEVFREQ, FEATURES, Daemon, Rpc, limits  # noqa: E402
@@ -42,10 +43,6 @@ from test_faults import BASELINE, kill_trial  # noqa: E402
 
 LINE_BUDGET_MS = 5.0  # issue 2: register -> pinned p99 for one client
 
-
-def pct(values, p):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))] if values else float("nan")
 
 
 def line(method, rid=1, **params) -> bytes:
@@ -398,7 +395,7 @@ def table(r: dict) -> str:
                      f"growth {growth:.2f} MB " + ("**pass**" if growth < 5 else "**FAIL**")))
         rows.append(("slow writers (a byte a second) during the load", "each gets its reply",
                      f"{ld['slow_writers_ok']}/{ld['slow_writers']}"))
-    out = ["| scenario | requirement | measured |", "|---|---|---|"] + [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    out = markdown_table(("scenario", "requirement", "measured"), rows)
     out.append(f"\n({os.cpu_count()} CPUs; fake Orin tree in tmpfs; total {r['wall_s']:.0f} s; "
                f"`.venv/bin/python benchmarks/stress.py`)")
     return "\n".join(out)
