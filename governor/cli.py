@@ -18,6 +18,7 @@ SUBCOMMAND_MODULES = (
     "governor.pipeline.characterize",
     "governor.pipeline.evaluate",
     "governor.sim.cli",
+    "governor.sim.job",
 )
 
 
