@@ -488,6 +488,10 @@ class Job:
         except ValueError as e:
             self._disable(str(e))
             return
+        if self.gpu is None:
+            from governor.gpuid import visible_gpu
+
+            self.gpu = visible_gpu()  # the GPU this process trains on (CUDA_VISIBLE_DEVICES / torch), when known
         try:
             self.registration = self._conn.call(
                 "register", **features.model_dump(exclude_none=True), name=self.name, pid=self.pid, gpu=self.gpu,

@@ -107,8 +107,16 @@ class Governor:
         return next(iter(self.gpus))
 
     def find_gpu(self, key) -> str:
-        """A GPU id from a job's `gpu` field (index or UUID; none: the only GPU). GpuNotFound otherwise."""
-        return gpuid.find_gpu([c.gpu for c in self.gpus.values()], key).id
+        """A GPU id from a job's `gpu` field (index or UUID; none: the only GPU). GpuNotFound otherwise.
+
+        A board with one GPU that has no UUID (the Orin's devfreq GPU) takes any UUID: clients fill `gpu` from CUDA
+        (torch reports a UUID on a Jetson too), and there is no other GPU it could mean. A wrong index is still wrong.
+        """
+        gpus = [c.gpu for c in self.gpus.values()]
+        if (isinstance(key, str) and key.upper().startswith("GPU-") and len(gpus) == 1
+                and not gpus[0].describe().get("uuid")):
+            return gpus[0].id
+        return gpuid.find_gpu(gpus, key).id
 
     def admit(self, *, pid: int, start_time: float, uid: int, name: Optional[str], gpu_id: str,
               features: Features, policy: Optional[str] = None, job_id: Optional[int] = None) -> Job:

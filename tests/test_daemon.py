@@ -362,3 +362,10 @@ def test_socket_activation_uses_the_passed_socket(orin, tmp_path):
         os.unlink(path)
         notify.close()
     assert "socket-activated" in err
+
+
+def test_a_cuda_uuid_names_the_orins_only_gpu(orin, start_daemon):
+    # torch on a Jetson reports a UUID for the integrated GPU; the client sends it; devfreq has no UUID to match.
+    d = start_daemon()
+    res = d.client().call("register", gpu="GPU-3f6a1c2e-0000-0000-0000-000000000000", **FEATURES)
+    assert res["gpu"] == "0" and res["freq_hz"] == 714000000
