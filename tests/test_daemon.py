@@ -369,3 +369,13 @@ def test_a_cuda_uuid_names_the_orins_only_gpu(orin, start_daemon):
     d = start_daemon()
     res = d.client().call("register", gpu="GPU-3f6a1c2e-0000-0000-0000-000000000000", **FEATURES)
     assert res["gpu"] == "0" and res["freq_hz"] == 714000000
+
+
+def test_the_daemon_stays_lean():
+    """No scikit-learn, numpy, torch or pickle on the daemon's import path (the tree is plain JSON), simulator included."""
+    code = ("import sys, governor.daemon, governor.server, governor.tune_job, governor.sim.board; "
+            "print(sorted(m for m in ('sklearn', 'numpy', 'joblib', 'torch', 'pickle', 'transformers') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out
