@@ -46,6 +46,7 @@ class SocketConfig(_Strict):
 
 class LimitsConfig(_Strict):
     max_connections: int = Field(256, gt=0, le=65536)
+    max_connections_per_uid: int = Field(64, gt=0, le=65536, description="so that one user cannot lock the others out")
     max_jobs_per_connection: int = Field(8, gt=0, le=1024)
     max_jobs: int = Field(64, gt=0, le=65536)
 

@@ -147,6 +147,10 @@ class Server:
         if len(self.conns) >= self.config.limits.max_connections:
             await self._refuse(writer, protocol.LIMIT_EXCEEDED, "too many connections (limits.max_connections)")
             return
+        if sum(1 for c in self.conns if c.peer.uid == peer.uid) >= self.config.limits.max_connections_per_uid:
+            await self._refuse(writer, protocol.LIMIT_EXCEEDED, f"too many connections from uid {peer.uid} "
+                               "(limits.max_connections_per_uid)")
+            return
         if not self._authorized(peer):
             log.warning("refused uid %d (pid %d): not root and not in group %s", peer.uid, peer.pid,
                         self.config.socket.group)

@@ -379,3 +379,19 @@ def test_the_daemon_stays_lean():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0 and out.stdout.strip() == "[]", out
+
+
+def test_one_user_cannot_take_every_connection(orin, start_daemon):
+    d = start_daemon(config={"limits": {"max_connections_per_uid": 2}})
+    held = [d.client(), d.client()]
+    assert held[1].call("ping") == {}
+    extra = d.client()
+    err = extra.read_reply()["error"]
+    assert err["code"] == -32002 and "max_connections_per_uid" in err["message"]
+    if os.geteuid() != 0:
+        return  # the other half needs a second user
+    _ensure_user("ftgovtest", groups=("ftgov",))
+    os.chmod(d.workdir, 0o755)
+    ping = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    out = _run_as("ftgovtest", d.socket, ping)  # another user still gets in
+    assert '"result":{}' in out.stdout, out

@@ -246,7 +246,8 @@ def fuzz_daemon(tmp_path_factory):
     root = tree.build(tmp_path_factory.mktemp("fuzz") / "root", "jp6").root
     # Enough connections and jobs that the limits answer only where the fuzz means them to; gpu_util measured
     # in one sample so that registrations without it stay fast.
-    d = Daemon(root, config={"util_sample_s": 0, "limits": {"max_jobs": 256, "max_connections": 1024}}).start()
+    d = Daemon(root, config={"util_sample_s": 0, "limits": {"max_jobs": 256, "max_connections": 1024,
+                                                             "max_connections_per_uid": 1024}}).start()
     yield d, root
     d.close()
 
@@ -370,7 +371,7 @@ def test_after_the_fuzz_no_job_is_left_and_the_gpu_is_at_its_baseline(fuzz_daemo
 @pytest.fixture(scope="module")
 def hostile_daemon(tmp_path_factory):
     root = tree.build(tmp_path_factory.mktemp("hostile") / "root", "jp6").root
-    d = Daemon(root, config={"limits": {"max_connections": 1024}}).start()
+    d = Daemon(root, config={"limits": {"max_connections": 1024, "max_connections_per_uid": 1024}}).start()
     yield d, root
     d.close()
 
@@ -442,7 +443,7 @@ def test_500_idle_connections_do_not_stop_service(hostile_daemon):
 
 
 def test_connections_over_the_limit_are_refused_cleanly(start_daemon):
-    d = start_daemon(config={"limits": {"max_connections": 16}})
+    d = start_daemon(config={"limits": {"max_connections": 16, "max_connections_per_uid": 1024}})
     held = [Rpc(d.socket) for _ in range(16)]
     assert held[0].call("ping") == {}
     extra = Rpc(d.socket)
