@@ -104,13 +104,10 @@ METHODS: dict[str, type[_Params]] = {
 
 @dataclass
 class Request:
-    id: Any  # None for a notification
+    id: Any
     method: str
     params: _Params
-
-    @property
-    def is_notification(self) -> bool:
-        return self.id is None
+    is_notification: bool = False  # no "id" member at all ("id": null is a request, answered with a null id)
 
 
 def _reject_constant(name: str):
@@ -138,8 +135,14 @@ def parse_line(line: bytes) -> Request:
     if isinstance(req_id, int) and abs(req_id) > (1 << 53):
         raise RpcError(INVALID_REQUEST, "id is out of range", {"field": "id"})
 
+    # A well-formed notification (no "id" member) gets no reply even when its method or params are wrong (JSON-RPC 2.0
+    # section 4.1): its sender is not waiting for one, and an unexpected reply would answer its next request. A
+    # request that is not well formed (Invalid Request) is answered with a null id, as the spec says.
+    notification = "id" not in msg
+
     def fail(code: int, message: str, data: Optional[dict] = None) -> RpcError:
-        return RpcError(code, message, {**(data or {}), "id": req_id})
+        quiet = notification and code in (METHOD_NOT_FOUND, INVALID_PARAMS)
+        return RpcError(code, message, {**(data or {}), "id": req_id, "notification": quiet})
 
     if msg.get("jsonrpc") != "2.0":
         raise fail(INVALID_REQUEST, 'jsonrpc must be "2.0"', {"field": "jsonrpc"})
@@ -157,13 +160,24 @@ def parse_line(line: bytes) -> Request:
     if not isinstance(params, dict):
         raise fail(INVALID_PARAMS, "params must be an object (named parameters)", {"field": "params"})
     try:
-        return Request(req_id, method, model.model_validate(params))
+        return Request(req_id, method, model.model_validate({k: _clean(v) for k, v in params.items()}), notification)
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "params"
         raise fail(INVALID_PARAMS, f"{field}: {err['msg']}", {"field": field}) from e
     except RecursionError as e:
         raise fail(INVALID_PARAMS, "params are nested too deeply") from e
+
+
+def _clean(value):
+    """A JSON string may escape a lone surrogate (\\ud800), which is no Unicode text: replace it (U+FFFD) rather than
+    refuse an otherwise good request over a name."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return value
 
 
 def encode(obj: dict) -> bytes:
@@ -177,6 +191,7 @@ def result(req_id: Any, value: dict) -> bytes:
 def error(req_id: Any, err: RpcError) -> bytes:
     data = dict(err.data or {})
     data.pop("id", None)
+    data.pop("notification", None)
     return encode({"jsonrpc": "2.0", "id": req_id, "error": RpcError(err.code, err.message, data).to_dict()})
 
 

@@ -219,6 +219,8 @@ class Server:
         try:
             req = protocol.parse_line(line)
         except RpcError as e:
+            if (e.data or {}).get("notification"):
+                return None
             return protocol.error((e.data or {}).get("id"), e)
         try:
             value = await getattr(self, f"_rpc_{req.method}")(conn, req.params)
