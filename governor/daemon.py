@@ -127,10 +127,11 @@ def run(config: Config, *, simulate: bool = False) -> int:
         log.info("no INA3221 power rails: job energy from the GPU's own energy counter")
     else:
         log.info("no INA3221 power rails found: job energy will be reported as null")
-    model_file = config.model_file or str(default_model_path())
+    shipped_model = default_model_path()
+    model_file = config.model_file or str(shipped_model)
     ffg_hz, ffg_from = config.ffg_freq_hz, "config"
     if ffg_hz is None:
-        ffg_hz, ffg_from = default_ffg_hz(default_model_path())
+        ffg_hz, ffg_from = default_ffg_hz(shipped_model)
     log.info("FFG frequency %g MHz (from %s)", ffg_hz / 1e6, ffg_from)
     policy = Policy.from_config(policy_name(config, gpus), ffg_hz, model_file)
     governor = Governor(gpus, policy, StateFile(config.state_dir), boot_id(root), rails=rails,

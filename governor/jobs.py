@@ -126,7 +126,7 @@ class Governor:
         if job_id is None:
             job_id, self.next_job_id = self.next_job_id, self.next_job_id + 1
         job = Job(job_id, pid, start_time, uid, name, gpu_id, features, policy)
-        job.meter = self._meter(gpu_id)
+        job.meter = self.new_meter(gpu_id)
         self.jobs[job_id] = job
         self._notify()
         return job
@@ -330,8 +330,9 @@ class Governor:
         self._power_cache = (now, mw)
         return mw
 
-    def _meter(self, gpu_id: str):
-        """Rails integrated over time (Jetson), else the GPU's own energy counter (NVML), else nothing."""
+    def new_meter(self, gpu_id: str):
+        """An energy meter from now: rails integrated over time (Jetson), else the GPU's own energy counter (NVML),
+        else None. Feed it ``meter.add(time.monotonic(), self.total_mw())``; a counter meter ignores the power."""
         if self.rails is not None:
             return EnergyMeter(time.monotonic(), self.total_mw())
         gpu = self.gpus[gpu_id].gpu

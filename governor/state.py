@@ -124,11 +124,3 @@ class StateFile:
             log.info("ignoring state file %s from another boot (%s)", self.path, state.boot_id)
             return None
         return state
-
-    def remove(self) -> None:
-        try:
-            self.path.unlink()
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise StateError(f"cannot remove state file {self.path}: {e.strerror or e}") from e

@@ -18,7 +18,6 @@ from typing import Optional
 
 from governor.config import TunerConfig
 from governor.errors import FtgovError
-from governor.rails import CounterMeter, EnergyMeter
 from governor.tuning import OnlineTuner, TuningSession
 
 log = logging.getLogger("ftgovd")
@@ -32,17 +31,13 @@ class JobTuner:
                                  max_probes=cfg.max_probes)
         self.session: Optional[TuningSession] = None
         self.status = "waiting for progress reports (without them the job keeps MLG's pick)"
-        if gov.rails is not None:
-            self.meter = EnergyMeter(time.monotonic(), gov.total_mw())
-            self._read_mw = gov.total_mw
-        elif callable(getattr(gpu, "energy_j", None)):
-            self.meter, self._read_mw = CounterMeter(gpu.energy_j), lambda: 0.0
-        else:
-            self.meter = None
+        self._total_mw = gov.total_mw
+        self.meter = gov.new_meter(job.gpu_id)  # the tuner's own: its windows must not depend on the job's meter
+        if self.meter is None:
             self.status = "no energy source (no rails, no GPU counter): keeping MLG's pick"
 
     def energy_j(self) -> float:
-        return self.meter.add(time.monotonic(), self._read_mw())
+        return self.meter.add(time.monotonic(), self._total_mw())
 
     def progress(self, gov, job) -> None:
         if self.meter is None or self.tuner.converged:

@@ -9,7 +9,6 @@ power draw) — a simplification, stated here and in docs/energy-model.md.
 
 from __future__ import annotations
 
-from typing import Optional
 
 from governor.backends.devfreq import DevfreqGpu
 from governor.sysfs import Root, read_int, write_text
@@ -25,7 +24,6 @@ class Board:
         self.model = model or OrinEnergyModel()
         self._workload_cls = Workload
         self.batch_size = batch_size
-        self.running: Optional[str] = None
 
     def workload_of(self, features, name: str):
         return self._workload_cls(name=name, model_type=features.model_type, num_layers=features.num_layers,
@@ -37,7 +35,6 @@ class Board:
         jobs = list(governor.jobs.values())
         min_hz, max_hz = read_int(self.gpu.node / "min_freq"), read_int(self.gpu.node / "max_freq")
         if not jobs:
-            self.running = None
             write_text(self.gpu.load_path, "0\n")
             write_text(self.gpu.node / "cur_freq", f"{self.gpu.levels_hz[0]}\n")
             tree.write_rails(self.root, self.model.idle_rails_mw())
@@ -47,7 +44,6 @@ class Board:
         pinned = min_hz == max_hz and min_hz in self.gpu.levels_hz
         sample = self.model.expected(workload, min_hz if pinned else None)
         cur_hz = min_hz if pinned else (sample.freq_hz or self._clamp(self.gpu.levels_hz[-1], min_hz, max_hz))
-        self.running = workload.name
         write_text(self.gpu.load_path, f"{round(sample.gpu_util_pct * 10)}\n")
         write_text(self.gpu.node / "cur_freq", f"{cur_hz}\n")
         tree.write_rails(self.root, sample.rails_mw)

@@ -25,11 +25,8 @@ def _read_hz(path: Path) -> int:
     raise RuntimeError(f"{path} stayed empty")
 
 
-def step_seconds(root: Root, workload, model) -> float:
-    """One step's duration at the clock the simulated GPU runs now (cur_freq), from the energy model."""
-    from governor.backends import devfreq
-
-    node = devfreq.find_node(root)
+def step_seconds(node: Path, workload, model) -> float:
+    """One step's duration at the clock the simulated GPU (devfreq node) runs now, from the energy model."""
     pinned = _read_hz(node / "min_freq") == _read_hz(node / "max_freq")
     return model.step(workload, _read_hz(node / "cur_freq") if pinned else None).time_s
 
@@ -37,12 +34,14 @@ def step_seconds(root: Root, workload, model) -> float:
 def run(root: Root, job, workload, steps: int, *, time_scale: float = 0.1, noise: float = 0.0, seed: int = 0,
         on_step: Optional[Callable[[int], None]] = None) -> None:
     """Run `steps` simulated steps inside an open governor.client Job."""
+    from governor.backends import devfreq
     from governor.sim.energy import OrinEnergyModel
 
     model = OrinEnergyModel(noise=noise, seed=seed)
+    node = devfreq.find_node(root)
     deadline = time.monotonic()
     for i in range(steps):
-        deadline += step_seconds(root, workload, model) * time_scale
+        deadline += step_seconds(node, workload, model) * time_scale
         time.sleep(max(0.0, deadline - time.monotonic()))  # the step itself: simulated work takes wall time
         job.step()
         if on_step is not None:
