@@ -24,6 +24,9 @@ from governor.state import GpuState, JobRecord, State, StateFile
 log = logging.getLogger("ftgovd")
 
 POWER_CACHE_S = 0.02
+# A job joining at the pin already held changes only the re-adoption list in the state file: one write for a burst
+# of registrations, this long after the first of them. The baseline and any change of pin are saved before the write.
+SAVE_COALESCE_S = 0.05
 
 
 @dataclass
@@ -97,9 +100,10 @@ class Governor:
         self.jobs: dict[int, Job] = {}
         self.next_job_id = 1
         self.listeners: list[Callable[["Governor"], None]] = []  # told after every change (simulated board, notify)
-        # How a save that is not urgent gets scheduled (the server: once per event-loop turn). None: save at once.
-        self.defer: Optional[Callable[[Callable[[], None]], None]] = None
+        # How a save that is not urgent gets scheduled: defer(fn, delay_s) (the server: a loop timer). None: at once.
+        self.defer: Optional[Callable[[Callable[[], None], float], None]] = None
         self._save_pending = False
+        self._save_prompt = False
         self._power_cache: tuple[float, float] = (-1.0, 0.0)
 
     # ---- jobs -------------------------------------------------------------------------------------------------------
@@ -168,7 +172,7 @@ class Governor:
             except BackendError as e:
                 log.warning("%s: cannot read energy at its end: %s", job.label(), e)
         ended = Ended(job, time.monotonic() - job.started_s, energy_j, why)
-        self._apply_quietly(job.gpu_id)
+        self._apply_quietly(job.gpu_id, removed=True)
         energy = "unknown (no rails)" if energy_j is None else f"{energy_j:.1f} J ({self.energy_source()})"
         log.info("%s ended (%s) after %.1f s, %d steps, at %s, energy %s", job.label(), why, ended.duration_s,
                  job.steps, _mhz(job.freq_hz), energy,
@@ -199,16 +203,16 @@ class Governor:
             log.info("%s: phase %s, needs %s", job.label(), phase, _mhz(self.needs_hz(job)), extra=job.fields())
             self._apply_quietly(job.gpu_id)
 
-    def _apply(self, gpu_id: str) -> None:
+    def _apply(self, gpu_id: str, *, removed: bool = False) -> None:
         ctl = self.gpus[gpu_id]
         target = self.target_hz(gpu_id)
         if ctl.stood_down:
             if not any(j.gpu_id == gpu_id for j in self.jobs.values()):
                 ctl.stood_down = False
-            self._save_soon()
+            self._save_soon(prompt=removed)
             return
         if target == ctl.pinned_hz and not ctl.restore_failed:
-            self._save_soon()  # only the job list changed: re-adoption data, not safety data
+            self._save_soon(prompt=removed)  # only the job list changed: re-adoption data, not safety data
             return
         if target is None:
             self._restore(ctl)
@@ -225,10 +229,10 @@ class Governor:
             log.info("GPU %s pinned to %s", gpu_id, _mhz(target), extra={"FREQ_HZ": target})
         self._notify()
 
-    def _apply_quietly(self, gpu_id: str) -> None:
+    def _apply_quietly(self, gpu_id: str, *, removed: bool = False) -> None:
         """Apply after a job left; a failure here is logged and retried later, never raised to a client."""
         try:
-            self._apply(gpu_id)
+            self._apply(gpu_id, removed=removed)
         except FtgovError as e:
             log.error("GPU %s: could not apply the pin after a change: %s (will retry)", gpu_id, e)
             self.gpus[gpu_id].restore_failed = True
@@ -291,18 +295,32 @@ class Governor:
                 for gid, ctl in self.gpus.items() if ctl.baseline is not None}
         return State(self.boot_id, gpus, [j.record() for j in self.jobs.values() if j.decision], self.next_job_id)
 
-    def _save_soon(self) -> None:
-        """Save the job list without delay for the client: one write for a burst of registrations. Safe because a
-        job missing from the file after a crash is simply not re-adopted (its pin is then restored), and a job that
-        ended but is still listed fails the process check on re-adoption."""
+    def _save_soon(self, *, prompt: bool) -> None:
+        """Save a change of the job list without making the client wait for it.
+
+        A job that joined is saved within SAVE_COALESCE_S (one write for a burst): should the daemon crash first, the
+        job is just not re-adopted and its client, whose connection died with the daemon, registers again. A job that
+        left is saved on the next event-loop turn (prompt): a job that unregistered while its process lives on must
+        not be re-adopted after a crash and keep a pin it gave up.
+        """
         if self.defer is None:
             self._save()
-        elif not self._save_pending:
-            self._save_pending = True
-            self.defer(self._save)
+            return
+        if self._save_pending and (self._save_prompt or not prompt):
+            return  # a save that comes soon enough is already on its way
+        self._save_pending, self._save_prompt = True, prompt
+        self.defer(self._save_if_pending, 0.0 if prompt else SAVE_COALESCE_S)
+
+    def _save_if_pending(self) -> None:
+        if self._save_pending:
+            self._save()
+
+    def flush(self) -> None:
+        """Write a save that is still waiting (the daemon is stopping and leaves its jobs for the next start)."""
+        self._save_if_pending()
 
     def _save(self) -> None:
-        self._save_pending = False
+        self._save_pending = self._save_prompt = False
         state = self.state()
         try:
             # Written even with nothing pinned: next_job_id must survive restarts so that a job id names one job

@@ -17,8 +17,20 @@ def under_systemd() -> bool:
     return bool(os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"))
 
 
+def lean_records() -> None:
+    """Skip what a record would otherwise collect and we never print: the caller's file and line (a walk up the
+    stack on every call), thread and process names (one thread, one process; journald adds _PID itself). These are
+    the logging module's documented switches for this; they halve the cost of a decision line on the request path."""
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    logging.logAsyncioTasks = False  # Python 3.12+; harmless before
+
+
 def setup(level: str = "info", *, journal: bool | None = None) -> logging.Logger:
     """Configure the "ftgovd" logger; returns it. journal=None decides from the environment."""
+    lean_records()
     log = logging.getLogger("ftgovd")
     log.handlers.clear()
     log.propagate = False

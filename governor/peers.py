@@ -66,13 +66,26 @@ class HeldProcess:
             pass
 
 
-def start_ticks(pid: int) -> float:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22); ProcessGone for a zombie."""
+def _read_proc(pid: int, name: str) -> bytes:
+    """/proc/PID/NAME in one read: on every registration, so without a buffered file object around it."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        fd = os.open(f"/proc/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as e:
         raise ProcessGone(f"no process {pid}") from e
+    try:
+        chunks = [os.read(fd, 4096)]
+        while len(chunks[-1]) == 4096:  # stat is a few hundred bytes; status can be longer
+            chunks.append(os.read(fd, 4096))
+    except OSError as e:
+        raise ProcessGone(f"no process {pid}") from e
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def start_ticks(pid: int) -> float:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22); ProcessGone for a zombie."""
+    stat = _read_proc(pid, "stat")
     # The command name (field 2) is in parentheses and may itself contain spaces or parentheses.
     fields = stat[stat.rindex(b")") + 2:].split()
     if fields[0] == b"Z":
@@ -83,11 +96,7 @@ def start_ticks(pid: int) -> float:
 def process_identity(pid: int) -> tuple[float, int]:
     """(start time in clock ticks since boot, real uid) from /proc: together with the pid, names one process."""
     start = start_ticks(pid)
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            status = f.read()
-    except OSError as e:
-        raise ProcessGone(f"no process {pid}") from e
+    status = _read_proc(pid, "status")
     for line in status.splitlines():
         if line.startswith(b"Uid:"):
             return start, int(line.split()[1])

@@ -53,8 +53,9 @@ class FeatureParams(_Params):
     _finite = field_validator("seq_len", "gpu_util", mode="before")(Features._finite.__func__)
 
     def features(self) -> Features:
-        return Features(model_type=self.model_type, num_layers=self.num_layers, hidden_size=self.hidden_size,
-                        seq_len=self.seq_len, gpu_util=self.gpu_util)
+        # Validated just now against the same constraints (the fields above mirror Features'): not a second time.
+        return Features.model_construct(model_type=self.model_type, num_layers=self.num_layers,
+                                        hidden_size=self.hidden_size, seq_len=self.seq_len, gpu_util=self.gpu_util)
 
 
 class RegisterParams(FeatureParams):

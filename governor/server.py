@@ -1,9 +1,14 @@
-"""The daemon's event loop: the Unix socket, one task per connection, process watching, the tick while jobs run.
+"""The daemon's event loop: the Unix socket and its connections, process watching, the tick while jobs run.
 
 serve() = start-up (adopt leftovers, bind, READY=1), the main loop, shutdown (restore unless configured not to).
 A job's hold is tied to its connection and its process: whichever ends first ends the job. Nothing here polls:
 connections, pidfds and signals are all waited on by the event loop; the only timers are the measurement tick while
 jobs run (rails, pin check) and the systemd watchdog.
+
+Connections are non-blocking sockets read and written straight from the loop's readiness callbacks, with no stream
+objects or task per connection: a request is parsed, decided and answered in the callback that read it. Only a
+request that has to wait (measuring gpu_util) becomes a task, and the lines behind it wait for it, in order. Replies
+a client does not read are buffered up to WRITE_HIGH_BYTES; past that the connection is not read until they drain.
 """
 
 from __future__ import annotations
@@ -29,18 +34,29 @@ from governor.protocol import RpcError
 log = logging.getLogger("ftgovd")
 
 READ_CHUNK = 65536
+WRITE_HIGH_BYTES = 256 * 1024
+ACCEPT_BATCH = 128  # connections accepted per readiness of the listening socket, so that requests are not starved
+ACCEPT_RETRY_S = 1.0  # out of file descriptors: the kernel keeps the connection queued; try again after this
 ENDED_KEPT = 16
 
 
 @dataclass(eq=False)  # identity: each connection is its own
 class Conn:
     peer: peers.Peer
-    writer: asyncio.StreamWriter
-    task: Optional[asyncio.Task] = None
+    sock: socket.socket
     job_ids: set[int] = field(default_factory=set)
     # Summaries of this connection's jobs that ended without unregister (their process exited first, as with
     # `ftgov run`): a late unregister still gets the figures. Bounded: the oldest are dropped.
     ended: dict[int, dict] = field(default_factory=dict)
+    rbuf: bytearray = field(default_factory=bytearray)
+    scanned: int = 0  # rbuf[:scanned] holds no newline: a line that arrives in pieces is not searched again
+    discarding: bool = False  # inside an oversized line: drop bytes up to its newline
+    wbuf: bytearray = field(default_factory=bytearray)
+    busy: Optional[asyncio.Task] = None  # a request that waits (measuring gpu_util); the lines behind it wait too
+    reading: bool = False
+    writing: bool = False
+    eof: bool = False  # the client closed its side: flush what is left to send, then close
+    closed: bool = False
 
 
 class Server:
@@ -51,13 +67,22 @@ class Server:
         self.notifier = notifier or Notifier({})
         self.tuner_factory = tuner_factory
         self.conns: set[Conn] = set()
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
         self.held: dict[int, peers.HeldProcess] = {}
         self.group_gid = peers.group_id(config.socket.group)
         self._tick: Optional[asyncio.TimerHandle] = None
         self._status_pending = False
         self._stop = asyncio.Event()
         self.gov.listeners.append(lambda _g: self._changed())
-        self.gov.defer = lambda fn: asyncio.get_running_loop().call_soon(fn)
+        self.gov.defer = self._defer
+
+    @staticmethod
+    def _defer(fn: Callable[[], None], delay_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        if delay_s > 0:
+            loop.call_later(delay_s, fn)
+        else:
+            loop.call_soon(fn)
 
     # ---- start-up and shutdown --------------------------------------------------------------------------------------
     def adopt_leftovers(self) -> None:
@@ -94,9 +119,10 @@ class Server:
         self._changed()  # starts the tick, which retries a restore that failed just now
 
     async def serve(self, listen_sock: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self.adopt_leftovers()  # before READY=1: no client is served until leftovers are restored or re-adopted
-        server = await asyncio.start_unix_server(self._client, sock=listen_sock, limit=READ_CHUNK)
+        listen_sock.setblocking(False)
+        loop.add_reader(listen_sock.fileno(), self._accept, listen_sock)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         # Everything allocated at start-up (modules, pydantic schemas, the tree) lives as long as the daemon: keep the
@@ -111,11 +137,13 @@ class Server:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             self.notifier.stopping()
-            server.close()
-            tasks = [c.task for c in self.conns if c.task is not None]
+            loop.remove_reader(listen_sock.fileno())
+            tasks = [c.busy for c in self.conns if c.busy is not None]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            for conn in list(self.conns):
+                self._close(conn)  # _stop is set: the jobs stay for shutdown() to decide on
             self.shutdown()
 
     def stop(self) -> None:
@@ -132,6 +160,7 @@ class Server:
         elif any(c.pinned_hz is not None for c in self.gov.gpus.values()):
             log.info("restore_on_stop is false: leaving %d job(s) and the pin in place for the next start",
                      len(self.gov.jobs))
+        self.gov.flush()  # a save still waiting for its timer: the next start re-adopts from this file
         for held in self.held.values():
             held.close()
         self.held.clear()
@@ -142,113 +171,240 @@ class Server:
             return True
         return self.group_gid is not None and self.group_gid in peers.groups_of(peer.pid, peer.gid)
 
-    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        peer = peers.peer_of(writer.get_extra_info("socket"))
+    def _accept(self, listen_sock: socket.socket) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, _addr = listen_sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # EMFILE, ENFILE, ENOBUFS: the connection waits in the backlog meanwhile
+                log.error("cannot accept a connection: %s; retrying in %g s", e, ACCEPT_RETRY_S)
+                self._loop.remove_reader(listen_sock.fileno())
+                self._loop.call_later(ACCEPT_RETRY_S, self._loop.add_reader, listen_sock.fileno(), self._accept,
+                                      listen_sock)
+                return
+            sock.setblocking(False)
+            self._open(sock)
+
+    def _open(self, sock: socket.socket) -> None:
+        try:
+            peer = peers.peer_of(sock)
+        except OSError:
+            sock.close()
+            return
+        refusal = self._refusal(peer)
+        if refusal is not None:
+            try:
+                sock.send(protocol.error(None, refusal))  # a few hundred bytes into an empty socket buffer
+            except OSError:
+                pass
+            sock.close()
+            return
+        conn = Conn(peer, sock)
+        self.conns.add(conn)
+        self._update_io(conn)
+
+    def _refusal(self, peer: peers.Peer) -> Optional[RpcError]:
         if len(self.conns) >= self.config.limits.max_connections:
-            await self._refuse(writer, protocol.LIMIT_EXCEEDED, "too many connections (limits.max_connections)")
-            return
+            return RpcError(protocol.LIMIT_EXCEEDED, "too many connections (limits.max_connections)")
         if sum(1 for c in self.conns if c.peer.uid == peer.uid) >= self.config.limits.max_connections_per_uid:
-            await self._refuse(writer, protocol.LIMIT_EXCEEDED, f"too many connections from uid {peer.uid} "
-                               "(limits.max_connections_per_uid)")
-            return
+            return RpcError(protocol.LIMIT_EXCEEDED, f"too many connections from uid {peer.uid} "
+                            "(limits.max_connections_per_uid)")
         if not self._authorized(peer):
             log.warning("refused uid %d (pid %d): not root and not in group %s", peer.uid, peer.pid,
                         self.config.socket.group)
-            await self._refuse(writer, protocol.PERMISSION_DENIED,
-                               f"permission denied: uid {peer.uid} is not root and not in group "
-                               f"{self.config.socket.group!r} (ask an administrator to add you to it)")
+            return RpcError(protocol.PERMISSION_DENIED, f"permission denied: uid {peer.uid} is not root and not in "
+                            f"group {self.config.socket.group!r} (ask an administrator to add you to it)")
+        return None
+
+    def _update_io(self, conn: Conn) -> None:
+        """Read while the connection can take requests (nothing waits, replies drain); write while replies wait."""
+        if conn.closed:
             return
-        conn = Conn(peer, writer, asyncio.current_task())
-        self.conns.add(conn)
+        fd = conn.sock.fileno()
+        read = not conn.eof and conn.busy is None and len(conn.wbuf) <= WRITE_HIGH_BYTES
+        if read != conn.reading:
+            if read:
+                self._loop.add_reader(fd, self._readable, conn)
+            else:
+                self._loop.remove_reader(fd)
+            conn.reading = read
+        write = bool(conn.wbuf)
+        if write != conn.writing:
+            if write:
+                self._loop.add_writer(fd, self._writable, conn)
+            else:
+                self._loop.remove_writer(fd)
+            conn.writing = write
+
+    def _readable(self, conn: Conn) -> None:
         try:
-            await self._read_lines(conn, reader)
-        except (ConnectionError, OSError, asyncio.CancelledError):
-            pass  # cancelled: the daemon is stopping, and shutdown() decides what happens to the jobs
-        finally:
-            self.conns.discard(conn)
-            if not self._stop.is_set():
-                for job_id in list(conn.job_ids):
-                    self._end(job_id, "connection closed")
-            writer.close()
-
-    async def _refuse(self, writer: asyncio.StreamWriter, code: int, message: str) -> None:
+            data = conn.sock.recv(READ_CHUNK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""  # reset by the peer: the same as a close
+        if not data:
+            conn.eof = True
+            self._end_jobs(conn, "connection closed")
+            if not conn.wbuf:
+                self._close(conn)
+            else:
+                self._update_io(conn)  # the replies still queued go out first
+            return
+        conn.rbuf += data
         try:
-            writer.write(protocol.error(None, RpcError(code, message)))
-            await writer.drain()
-        except (ConnectionError, OSError):
-            pass
-        writer.close()
+            self._process(conn)
+        except Exception:  # a bug must not leave this client's jobs pinned: drop the connection, keep serving
+            log.exception("internal error serving uid %d (pid %d); closing its connection", conn.peer.uid,
+                          conn.peer.pid)
+            self._close(conn)
 
-    async def _read_lines(self, conn: Conn, reader: asyncio.StreamReader) -> None:
-        buf = bytearray()
-        discarding = False  # inside an oversized line: drop bytes up to its newline
-        while True:
-            chunk = await reader.read(READ_CHUNK)
-            if not chunk:
-                return
-            buf += chunk
-            while True:
-                nl = buf.find(b"\n")
-                if nl < 0:
-                    if len(buf) > protocol.MAX_LINE_BYTES:
-                        if not discarding:
-                            await self._send(conn, protocol.error(None, RpcError(
-                                protocol.INVALID_REQUEST, f"line longer than {protocol.MAX_LINE_BYTES} bytes")))
-                        discarding = True
-                        buf.clear()
-                    break
-                line = bytes(buf[:nl])
-                del buf[: nl + 1]
-                if discarding:
-                    discarding = False
-                    continue
-                if len(line) > protocol.MAX_LINE_BYTES:
-                    await self._send(conn, protocol.error(None, RpcError(
-                        protocol.INVALID_REQUEST, f"line longer than {protocol.MAX_LINE_BYTES} bytes")))
-                    continue
-                if line.strip():
-                    reply = await self._handle_line(conn, line)
-                    if reply is not None:
-                        await self._send(conn, reply)
+    def _process(self, conn: Conn) -> None:
+        """Answer the complete lines in the read buffer, in order, until one has to wait or replies pile up."""
+        buf = conn.rbuf
+        while conn.busy is None and not conn.closed and len(conn.wbuf) <= WRITE_HIGH_BYTES:
+            nl = buf.find(b"\n", conn.scanned)
+            if nl < 0:
+                conn.scanned = len(buf)
+                if len(buf) > protocol.MAX_LINE_BYTES:
+                    if not conn.discarding:
+                        self._send(conn, protocol.error(None, RpcError(
+                            protocol.INVALID_REQUEST, f"line longer than {protocol.MAX_LINE_BYTES} bytes")))
+                    conn.discarding = True
+                    buf.clear()
+                    conn.scanned = 0
+                break
+            line = bytes(buf[:nl])
+            del buf[: nl + 1]
+            conn.scanned = 0
+            if conn.discarding:
+                conn.discarding = False
+                continue
+            if len(line) > protocol.MAX_LINE_BYTES:
+                self._send(conn, protocol.error(None, RpcError(
+                    protocol.INVALID_REQUEST, f"line longer than {protocol.MAX_LINE_BYTES} bytes")))
+                continue
+            if line.strip():
+                self._dispatch(conn, line)
+        self._update_io(conn)
 
-    async def _send(self, conn: Conn, data: bytes) -> None:
-        conn.writer.write(data)
-        await conn.writer.drain()
-
-    async def _handle_line(self, conn: Conn, line: bytes) -> Optional[bytes]:
+    def _dispatch(self, conn: Conn, line: bytes) -> None:
         try:
             req = protocol.parse_line(line)
         except RpcError as e:
-            if (e.data or {}).get("notification"):
-                return None
-            return protocol.error((e.data or {}).get("id"), e)
+            if not (e.data or {}).get("notification"):
+                self._send(conn, protocol.error((e.data or {}).get("id"), e))
+            return
         try:
-            value = await getattr(self, f"_rpc_{req.method}")(conn, req.params)
-        except RpcError as e:
-            return None if req.is_notification else protocol.error(req.id, e)
-        except FtgovError as e:
+            value = getattr(self, f"_rpc_{req.method}")(conn, req.params)
+        except (RpcError, FtgovError) as e:
+            self._reply_error(conn, req, e)
+            return
+        if asyncio.iscoroutine(value):  # it measures gpu_util first: the lines behind it wait for its answer
+            conn.busy = self._loop.create_task(self._finish(conn, req, value))
+            return
+        if not req.is_notification:
+            self._send(conn, protocol.result(req.id, value))
+
+    async def _finish(self, conn: Conn, req: protocol.Request, pending) -> None:
+        try:
+            value = await pending
+        except (RpcError, FtgovError) as e:
+            self._reply_error(conn, req, e)
+        else:
+            if not req.is_notification:
+                self._send(conn, protocol.result(req.id, value))
+        finally:
+            conn.busy = None
+        if not conn.closed:
+            self._process(conn)  # the lines that arrived meanwhile
+
+    def _reply_error(self, conn: Conn, req: protocol.Request, e: FtgovError | RpcError) -> None:
+        if not isinstance(e, RpcError):
             log.warning("%s from uid %d failed: %s", req.method, conn.peer.uid, e)
-            return None if req.is_notification else protocol.error(req.id, RpcError(protocol.SERVER_ERROR, str(e)))
-        return None if req.is_notification else protocol.result(req.id, value)
+            e = RpcError(protocol.SERVER_ERROR, str(e))
+        if not req.is_notification:
+            self._send(conn, protocol.error(req.id, e))
+
+    def _send(self, conn: Conn, data: bytes) -> None:
+        if conn.closed:
+            return
+        if not conn.wbuf:
+            try:
+                sent = conn.sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:  # the client is gone (EPIPE, ECONNRESET)
+                self._close(conn)
+                return
+            if sent == len(data):
+                return
+            data = data[sent:]
+        conn.wbuf += data
+        self._update_io(conn)
+
+    def _writable(self, conn: Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.wbuf)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(conn)
+            return
+        del conn.wbuf[:sent]
+        if conn.eof and not conn.wbuf:
+            self._close(conn)
+        elif len(conn.wbuf) <= WRITE_HIGH_BYTES and conn.busy is None and not conn.eof:
+            self._process(conn)  # lines held back while the replies piled up
+        else:
+            self._update_io(conn)
+
+    def _end_jobs(self, conn: Conn, why: str) -> None:
+        if not self._stop.is_set():  # stopping: shutdown() decides what happens to the jobs
+            for job_id in list(conn.job_ids):
+                self._end(job_id, why)
+            conn.job_ids.clear()
+
+    def _close(self, conn: Conn) -> None:
+        if conn.closed:
+            return
+        self._end_jobs(conn, "connection closed")
+        conn.closed = True
+        self.conns.discard(conn)
+        fd = conn.sock.fileno()
+        if conn.reading:
+            self._loop.remove_reader(fd)
+        if conn.writing:
+            self._loop.remove_writer(fd)
+        if conn.busy is not None and conn.busy is not asyncio.current_task():
+            conn.busy.cancel()
+        conn.sock.close()
 
     # ---- methods ----------------------------------------------------------------------------------------------------
-    async def _rpc_ping(self, conn: Conn, params) -> dict:
+    # Each answers at once with a dict, or, when it has to measure gpu_util first, with a coroutine that will.
+    def _rpc_ping(self, conn: Conn, params) -> dict:
         return {}
 
-    async def _rpc_status(self, conn: Conn, params) -> dict:
+    def _rpc_status(self, conn: Conn, params) -> dict:
         return self.gov.status()
 
-    async def _rpc_predict(self, conn: Conn, params) -> dict:
+    def _rpc_predict(self, conn: Conn, params):
         features = params.features()
         gid = self.gov.default_gpu()
-        why = ""
         if features.gpu_util is None:
-            util, why = await self._measure_util(gid)
-            features = features.model_copy(update={"gpu_util": util})
+            return self._predict_measured(features, gid)
+        return self._predict(features, gid, "")
+
+    async def _predict_measured(self, features, gid: str) -> dict:
+        util, why = await self._measure_util(gid)
+        return self._predict(features.model_copy(update={"gpu_util": util}), gid, why)
+
+    def _predict(self, features, gid: str, why: str) -> dict:
         d = self.gov.policy.decide(features, self.gov.gpus[gid].gpu.levels_hz)
         return {"policy": d.policy, "freq_hz": d.freq_hz, "reason": d.reason + (f"; {why}" if why else "")}
 
-    async def _rpc_register(self, conn: Conn, params) -> dict:
+    def _rpc_register(self, conn: Conn, params):
         if len(conn.job_ids) >= self.config.limits.max_jobs_per_connection:
             raise RpcError(protocol.LIMIT_EXCEEDED, f"this connection already holds {len(conn.job_ids)} jobs "
                            "(limits.max_jobs_per_connection)")
@@ -278,12 +434,18 @@ class Server:
             raise RpcError(protocol.LIMIT_EXCEEDED, str(e)) from e
         conn.job_ids.add(job.job_id)
         self._watch(job, held)
-        why = ""
         if job.features.gpu_util is None:
-            util, why = await self._measure_util(gpu_id)
-            if job.job_id not in self.gov.jobs:  # its process exited while we measured
-                raise RpcError(protocol.INVALID_PARAMS, f"pid: process {pid} exited during registration")
-            job.features = job.features.model_copy(update={"gpu_util": util})
+            return self._register_measured(conn, job)
+        return self._decide_new(conn, job, "")
+
+    async def _register_measured(self, conn: Conn, job: Job) -> dict:
+        util, why = await self._measure_util(job.gpu_id)
+        if job.job_id not in self.gov.jobs:  # its process exited while we measured
+            raise RpcError(protocol.INVALID_PARAMS, f"pid: process {job.pid} exited during registration")
+        job.features = job.features.model_copy(update={"gpu_util": util})
+        return self._decide_new(conn, job, why)
+
+    def _decide_new(self, conn: Conn, job: Job, why: str) -> dict:
         try:
             decision = self.gov.decide(job, why_util=why)
         except FtgovError:
@@ -293,14 +455,14 @@ class Server:
         if self.tuner_factory is not None:
             self.tuner_factory(self.gov, job)
         return {"job_id": job.job_id, "policy": decision.policy, "freq_hz": decision.freq_hz,
-                "reason": decision.reason, "gpu": gpu_id, "gpu_util": job.features.gpu_util}
+                "reason": decision.reason, "gpu": job.gpu_id, "gpu_util": job.features.gpu_util}
 
     def _own_job(self, conn: Conn, job_id: int) -> Job:
         if job_id not in conn.job_ids:
             raise RpcError(protocol.UNKNOWN_JOB, f"job_id: no job {job_id} on this connection", {"field": "job_id"})
         return self.gov.jobs[job_id]
 
-    async def _rpc_update(self, conn: Conn, params) -> dict:
+    def _rpc_update(self, conn: Conn, params) -> dict:
         job = self._own_job(conn, params.job_id)
         changes = {k: v for k, v in (("gpu_util", params.gpu_util), ("seq_len", params.seq_len)) if v is not None}
         if changes and any(getattr(job.features, k) != v for k, v in changes.items()):
@@ -316,7 +478,7 @@ class Server:
         d = job.decision
         return {"job_id": job.job_id, "policy": d.policy, "freq_hz": d.freq_hz, "reason": d.reason}
 
-    async def _rpc_progress(self, conn: Conn, params) -> dict:
+    def _rpc_progress(self, conn: Conn, params) -> dict:
         job = self._own_job(conn, params.job_id)
         job.steps = max(job.steps, params.steps)
         self.gov.set_phase(job, params.phase)
@@ -324,7 +486,7 @@ class Server:
             job.tuner.progress(self.gov, job)
         return {}
 
-    async def _rpc_unregister(self, conn: Conn, params) -> dict:
+    def _rpc_unregister(self, conn: Conn, params) -> dict:
         if params.job_id in conn.ended:
             return conn.ended.pop(params.job_id)
         self._own_job(conn, params.job_id)
@@ -438,5 +600,5 @@ def bind_socket(path: str, mode: int, group: Optional[str]) -> socket.socket:
     if gid is not None and os.geteuid() == 0:
         os.chown(path, 0, gid)
     os.chmod(path, mode)
-    sock.listen(128)
+    sock.listen(socket.SOMAXCONN)  # as systemd's socket unit does: a burst of clients waits in the queue, not in EAGAIN
     return sock
