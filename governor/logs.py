@@ -3,13 +3,53 @@
 Log calls pass journald fields as ``extra={"JOB_ID": 3, "FREQ_HZ": ...}``; systemd-python's JournalHandler turns
 upper-case record attributes into fields, so ``journalctl -u ftgovd JOB_ID=3`` finds a job's whole story. On stderr
 the same records read as one line each.
+
+While the event loop runs, records are written once the loop turn that made them is over (AfterTurn): a decision's
+line comes a moment after its reply, not before it, so a burst of registrations is answered first. Order is kept,
+and the daemon writes what is pending before each sd_notify message (flush()), so a STATUS= never overtakes the lines
+that led to it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
+
+
+class AfterTurn(logging.Handler):
+    """Hands records to the real handler after the current event-loop turn (at once when no loop runs)."""
+
+    def __init__(self, target: logging.Handler):
+        super().__init__()
+        self.target = target
+        self.pending: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.pending:
+            try:
+                asyncio.get_running_loop().call_soon(self.flush)
+            except RuntimeError:  # no loop: start-up, shutdown
+                self.target.handle(record)
+                return
+        self.pending.append(record)
+
+    def flush(self) -> None:
+        pending, self.pending = self.pending, []
+        for record in pending:
+            self.target.handle(record)
+
+    def close(self) -> None:
+        self.flush()
+        self.target.close()
+        super().close()
+
+
+def flush() -> None:
+    """Write the daemon's pending log lines now."""
+    for handler in logging.getLogger("ftgovd").handlers:
+        handler.flush()
 
 
 def under_systemd() -> bool:
@@ -52,5 +92,5 @@ def setup(level: str = "info", *, journal: bool | None = None) -> logging.Logger
         # Under systemd without the journal module, journald adds its own timestamp: don't print one twice.
         fmt = "%(levelname)s %(message)s" if under_systemd() else "%(asctime)s ftgovd %(levelname)s %(message)s"
         handler.setFormatter(logging.Formatter(fmt))
-    log.addHandler(handler)
+    log.addHandler(AfterTurn(handler))
     return log

@@ -10,6 +10,8 @@ import os
 import socket
 from typing import Optional
 
+from governor import logs
+
 SD_LISTEN_FDS_START = 3
 
 
@@ -28,6 +30,7 @@ class Notifier:
     def send(self, *lines: str) -> None:
         if not self.addr:
             return
+        logs.flush()  # a message never overtakes the log lines that led to it (they may wait for the loop turn's end)
         if self.sock is None:
             # Non-blocking: a reader that falls behind (or a full socket buffer) must never stall the daemon; a dropped
             # STATUS= is superseded by the next one.

@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from governor.features import Features, ModelType
+from governor.features import Features
 
 MAX_LINE_BYTES = 64 * 1024
 
@@ -43,19 +43,12 @@ class _Params(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class FeatureParams(_Params):
-    model_type: ModelType
-    num_layers: int = Field(ge=1, le=1024)
-    hidden_size: int = Field(ge=1, le=1 << 20)
-    seq_len: float = Field(gt=0, le=1 << 20)
-    gpu_util: Optional[float] = Field(default=None, ge=0, le=100)
-
-    _finite = field_validator("seq_len", "gpu_util", mode="before")(Features._finite.__func__)
+class FeatureParams(Features, _Params):
+    """The job's features: the fields, limits and checks of governor.features.Features itself, so they cannot drift."""
 
     def features(self) -> Features:
-        # Validated just now against the same constraints (the fields above mirror Features'): not a second time.
-        return Features.model_construct(model_type=self.model_type, num_layers=self.num_layers,
-                                        hidden_size=self.hidden_size, seq_len=self.seq_len, gpu_util=self.gpu_util)
+        # Validated just now by the same fields (a subclass may carry more, such as register's name and pid).
+        return Features.model_construct(**{name: getattr(self, name) for name in Features.model_fields})
 
 
 class RegisterParams(FeatureParams):
@@ -116,6 +109,11 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not valid JSON")
 
 
+# Made once: json.loads/dumps with any option build a new decoder or encoder on every call.
+_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def parse_line(line: bytes) -> Request:
     """Parse and validate one line. Raises RpcError; ``err.data["id"]`` carries the request id when it was readable."""
     try:
@@ -123,7 +121,7 @@ def parse_line(line: bytes) -> Request:
     except UnicodeDecodeError as e:
         raise RpcError(PARSE_ERROR, f"invalid UTF-8 at byte {e.start}") from e
     try:
-        msg = json.loads(text, parse_constant=_reject_constant)
+        msg = _DECODER.decode(text)
     except (ValueError, RecursionError) as e:
         raise RpcError(PARSE_ERROR, f"not valid JSON: {e}") from e
     if not isinstance(msg, dict):
@@ -182,7 +180,7 @@ def _clean(value):
 
 
 def encode(obj: dict) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    return _ENCODER.encode(obj).encode() + b"\n"
 
 
 def result(req_id: Any, value: dict) -> bytes:

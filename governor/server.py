@@ -20,6 +20,7 @@ import os
 import signal
 import socket
 import stat
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -67,6 +68,7 @@ class Server:
         self.notifier = notifier or Notifier({})
         self.tuner_factory = tuner_factory
         self.conns: set[Conn] = set()
+        self.conns_per_uid: Counter[int] = Counter()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self.held: dict[int, peers.HeldProcess] = {}
         self.group_gid = peers.group_id(config.socket.group)
@@ -202,12 +204,13 @@ class Server:
             return
         conn = Conn(peer, sock)
         self.conns.add(conn)
+        self.conns_per_uid[peer.uid] += 1
         self._update_io(conn)
 
     def _refusal(self, peer: peers.Peer) -> Optional[RpcError]:
         if len(self.conns) >= self.config.limits.max_connections:
             return RpcError(protocol.LIMIT_EXCEEDED, "too many connections (limits.max_connections)")
-        if sum(1 for c in self.conns if c.peer.uid == peer.uid) >= self.config.limits.max_connections_per_uid:
+        if self.conns_per_uid[peer.uid] >= self.config.limits.max_connections_per_uid:
             return RpcError(protocol.LIMIT_EXCEEDED, f"too many connections from uid {peer.uid} "
                             "(limits.max_connections_per_uid)")
         if not self._authorized(peer):
@@ -372,6 +375,7 @@ class Server:
         self._end_jobs(conn, "connection closed")
         conn.closed = True
         self.conns.discard(conn)
+        self.conns_per_uid[conn.peer.uid] -= 1
         fd = conn.sock.fileno()
         if conn.reading:
             self._loop.remove_reader(fd)
@@ -495,13 +499,19 @@ class Server:
 
     # ---- job ends, processes, timers --------------------------------------------------------------------------------
     def _watch(self, job: Job, held: peers.HeldProcess) -> None:
+        # The pidfd is open, so an exit cannot be missed: it is seen whenever the pidfd joins the loop, which is
+        # after this turn's replies (a burst of registrations is answered first).
         self.held[job.job_id] = held
-        asyncio.get_running_loop().add_reader(held.pidfd, self._process_exited, job.job_id)
+        self._loop.call_soon(self._watch_now, job.job_id, held)
+
+    def _watch_now(self, job_id: int, held: peers.HeldProcess) -> None:
+        if self.held.get(job_id) is held:  # not ended meanwhile
+            self._loop.add_reader(held.pidfd, self._process_exited, job_id)
 
     def _unwatch(self, job_id: int) -> None:
         held = self.held.pop(job_id, None)
         if held is not None:
-            asyncio.get_running_loop().remove_reader(held.pidfd)
+            self._loop.remove_reader(held.pidfd)  # a no-op if it had not joined yet
             held.close()
 
     def _process_exited(self, job_id: int) -> None:

@@ -121,6 +121,17 @@ class Daemon:
         return Rpc(self.socket)
 
     def log(self) -> str:
+        """The daemon's log so far. While it runs, a ping first: the daemon writes a loop turn's lines after that
+        turn's replies, and it answers the ping only after writing every line of the requests before it."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                rpc = Rpc(self.socket, timeout_s=5.0)
+                try:
+                    rpc.call("ping")
+                finally:
+                    rpc.close()
+            except (OSError, AssertionError):
+                pass  # not serving (stopping, wedged on purpose): read what is there
         try:
             return self.log_path.read_text(errors="replace")
         except OSError:
