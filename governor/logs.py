@@ -37,6 +37,18 @@ class AfterTurn(logging.Handler):
 
     def flush(self) -> None:
         pending, self.pending = self.pending, []
+        if not pending:
+            return
+        if type(self.target) is logging.StreamHandler:  # one write for the turn's lines, not one each
+            target = self.target
+            try:
+                text = "".join(target.format(r) + target.terminator for r in pending if target.filter(r))
+                with target.lock:
+                    target.stream.write(text)
+                    target.stream.flush()
+            except Exception:
+                target.handleError(pending[-1])  # as emit() would: say so on stderr, never raise into the daemon
+            return
         for record in pending:
             self.target.handle(record)
 

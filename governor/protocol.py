@@ -43,12 +43,15 @@ class _Params(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
+_FEATURE_FIELDS = tuple(Features.model_fields)
+
+
 class FeatureParams(Features, _Params):
     """The job's features: the fields, limits and checks of governor.features.Features itself, so they cannot drift."""
 
     def features(self) -> Features:
-        # Validated just now by the same fields (a subclass may carry more, such as register's name and pid).
-        return Features.model_construct(**{name: getattr(self, name) for name in Features.model_fields})
+        """The Features alone (a subclass carries more, such as register's name and pid)."""
+        return Features.model_validate({name: getattr(self, name) for name in _FEATURE_FIELDS})
 
 
 class RegisterParams(FeatureParams):
