@@ -17,6 +17,7 @@ import asyncio
 import gc
 import logging
 import os
+import select
 import signal
 import socket
 import stat
@@ -71,6 +72,10 @@ class Server:
         self.conns_per_uid: Counter[int] = Counter()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self.held: dict[int, peers.HeldProcess] = {}
+        # Jobs' pidfds wait in an epoll of their own, which the loop watches as one file: joining it is one cheap
+        # epoll_ctl, where the loop's own add_reader costs several times that on every registration.
+        self._exits = select.epoll()
+        self._exit_job: dict[int, int] = {}  # pidfd -> job id
         self.group_gid = peers.group_id(config.socket.group)
         self._tick: Optional[asyncio.TimerHandle] = None
         self._status_pending = False
@@ -122,6 +127,7 @@ class Server:
 
     async def serve(self, listen_sock: socket.socket) -> None:
         loop = self._loop = asyncio.get_running_loop()
+        loop.add_reader(self._exits.fileno(), self._processes_exited)
         self.adopt_leftovers()  # before READY=1: no client is served until leftovers are restored or re-adopted
         listen_sock.setblocking(False)
         loop.add_reader(listen_sock.fileno(), self._accept, listen_sock)
@@ -166,6 +172,9 @@ class Server:
         for held in self.held.values():
             held.close()
         self.held.clear()
+        self._exit_job.clear()
+        self._loop.remove_reader(self._exits.fileno())
+        self._exits.close()
 
     # ---- connections ------------------------------------------------------------------------------------------------
     def _authorized(self, peer: peers.Peer) -> bool:
@@ -256,12 +265,17 @@ class Server:
                 self._update_io(conn)  # the replies still queued go out first
             return
         conn.rbuf += data
+        self._serve(conn)
+
+    def _serve(self, conn: Conn) -> None:
         try:
             self._process(conn)
         except Exception:  # a bug must not leave this client's jobs pinned: drop the connection, keep serving
-            log.exception("internal error serving uid %d (pid %d); closing its connection", conn.peer.uid,
-                          conn.peer.pid)
-            self._close(conn)
+            self._internal_error(conn)
+
+    def _internal_error(self, conn: Conn) -> None:
+        log.exception("internal error serving uid %d (pid %d); closing its connection", conn.peer.uid, conn.peer.pid)
+        self._close(conn)
 
     def _process(self, conn: Conn) -> None:
         """Answer the complete lines in the read buffer, in order, until one has to wait or replies pile up."""
@@ -314,14 +328,21 @@ class Server:
         try:
             value = await pending
         except (RpcError, FtgovError) as e:
+            conn.busy = None
             self._reply_error(conn, req, e)
+        except asyncio.CancelledError:
+            conn.busy = None
+            raise
+        except Exception:
+            conn.busy = None
+            self._internal_error(conn)
+            return
         else:
+            conn.busy = None
             if not req.is_notification:
                 self._send(conn, protocol.result(req.id, value))
-        finally:
-            conn.busy = None
         if not conn.closed:
-            self._process(conn)  # the lines that arrived meanwhile
+            self._serve(conn)  # the lines that arrived meanwhile
 
     def _reply_error(self, conn: Conn, req: protocol.Request, e: FtgovError | RpcError) -> None:
         if not isinstance(e, RpcError):
@@ -359,7 +380,7 @@ class Server:
         if conn.eof and not conn.wbuf:
             self._close(conn)
         elif len(conn.wbuf) <= WRITE_HIGH_BYTES and conn.busy is None and not conn.eof:
-            self._process(conn)  # lines held back while the replies piled up
+            self._serve(conn)  # lines held back while the replies piled up
         else:
             self._update_io(conn)
 
@@ -499,20 +520,22 @@ class Server:
 
     # ---- job ends, processes, timers --------------------------------------------------------------------------------
     def _watch(self, job: Job, held: peers.HeldProcess) -> None:
-        # The pidfd is open, so an exit cannot be missed: it is seen whenever the pidfd joins the loop, which is
-        # after this turn's replies (a burst of registrations is answered first).
         self.held[job.job_id] = held
-        self._loop.call_soon(self._watch_now, job.job_id, held)
-
-    def _watch_now(self, job_id: int, held: peers.HeldProcess) -> None:
-        if self.held.get(job_id) is held:  # not ended meanwhile
-            self._loop.add_reader(held.pidfd, self._process_exited, job_id)
+        self._exit_job[held.pidfd] = job.job_id
+        self._exits.register(held.pidfd, select.EPOLLIN)  # readable once the process has exited
 
     def _unwatch(self, job_id: int) -> None:
         held = self.held.pop(job_id, None)
         if held is not None:
-            self._loop.remove_reader(held.pidfd)  # a no-op if it had not joined yet
+            del self._exit_job[held.pidfd]
+            self._exits.unregister(held.pidfd)
             held.close()
+
+    def _processes_exited(self) -> None:
+        for pidfd, _events in self._exits.poll(0):
+            job_id = self._exit_job.get(pidfd)
+            if job_id is not None:  # not ended by an earlier one of these
+                self._process_exited(job_id)
 
     def _process_exited(self, job_id: int) -> None:
         owner = next((c for c in self.conns if job_id in c.job_ids), None)
