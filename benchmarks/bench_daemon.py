@@ -2,7 +2,9 @@
 
 - register -> pinned latency: the reply to `register` is sent after the pin is written and read back, so the
   client-side round trip bounds "register until the files hold the pin" (checked on every sample).
-- 50 concurrent clients registering at once.
+- 50 concurrent clients registering at once: 50 connections open, then all 50 lines sent in the same moment, each
+  client timed to its own reply; 100 bursts. A burst is served one request after another, so its tail is the
+  burst's length; on a shared VM whole bursts run slow now and then, and over 20 bursts one slow burst was the p99.
 - client SIGKILL -> baseline restored: from the kill to the daemon's STATUS= saying the GPU is at its baseline
   (the daemon sends it right after the restore's read-back).
 - idle CPU time over 30 s, RSS after the load, start -> READY=1 and start -> first answered ping.
@@ -95,7 +97,7 @@ def start(workdir: Path, root: Path):
     return proc, notify, ready_s
 
 
-def bench(n_single: int, n_kill: int, idle_s: float) -> dict:
+def bench(n_single: int, n_bursts: int, n_kill: int, idle_s: float) -> dict:
     base = Path(tempfile.mkdtemp(prefix="ftgb", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     try:
         root = tree.build(base / "root", "jp6").root
@@ -117,9 +119,11 @@ def bench(n_single: int, n_kill: int, idle_s: float) -> dict:
         c.close()
 
         # 50 concurrent clients: 50 connections open, then all 50 registrations sent at the same moment
-        lat50 = []
-        for _round in range(max(1, n_single // 50)):
-            lat50 += asyncio.run(concurrent_round(sock, 50))
+        lat50, burst_max = [], []
+        for _round in range(n_bursts):
+            burst = asyncio.run(concurrent_round(sock, 50))
+            lat50 += burst
+            burst_max.append(max(burst))
             notify.drain()
             notify.wait(lambda m: "STATUS=0 job(s)" in m, 10)
 
@@ -162,10 +166,11 @@ def bench(n_single: int, n_kill: int, idle_s: float) -> dict:
         return {
             "register_p50_ms": statistics.median(lat), "register_p99_ms": pct(lat, 99),
             "register50_p50_ms": statistics.median(lat50), "register50_p99_ms": pct(lat50, 99),
+            "burst_max_ms_median": statistics.median(burst_max), "burst_max_ms_max": max(burst_max),
             "kill_restore_p50_ms": statistics.median(kill), "kill_restore_p99_ms": pct(kill, 99),
             "idle_cpu_ms": idle_cpu_ms, "idle_s": idle_s, "rss_mb": rss_mb,
             "start_ready_s_median": statistics.median(starts), "start_ready_s_max": max(starts),
-            "samples": {"single": len(lat), "concurrent": len(lat50), "kill": len(kill)},
+            "samples": {"single": len(lat), "concurrent": len(lat50), "bursts": n_bursts, "kill": len(kill)},
         }
     finally:
         shutil.rmtree(base, ignore_errors=True)
@@ -175,6 +180,7 @@ def table(r: dict) -> str:
     rows = [
         ("register -> pinned, 1 client", f"p50 {r['register_p50_ms']:.2f} ms, p99 {r['register_p99_ms']:.2f} ms", "p99 <= 5 ms"),
         ("register -> pinned, 50 concurrent clients", f"p50 {r['register50_p50_ms']:.2f} ms, p99 {r['register50_p99_ms']:.2f} ms", "p99 <= 20 ms"),
+        ("  last reply of a burst", f"median {r['burst_max_ms_median']:.2f} ms, slowest {r['burst_max_ms_max']:.2f} ms", "(the tail above)"),
         ("client SIGKILL -> baseline restored", f"p50 {r['kill_restore_p50_ms']:.2f} ms, p99 {r['kill_restore_p99_ms']:.2f} ms", "p99 <= 50 ms"),
         (f"idle daemon CPU time over {r['idle_s']:g} s", f"{r['idle_cpu_ms']:.1f} ms", "<= 10 ms"),
         ("daemon RSS after the load", f"{r['rss_mb']:.1f} MB", "<= 40 MB"),
@@ -182,7 +188,8 @@ def table(r: dict) -> str:
     ]
     out = markdown_table(("figure", "measured", "target"), rows)
     s = r["samples"]
-    out.append(f"\n({s['single']} single-client cycles, {s['concurrent']} concurrent registrations, {s['kill']} kills; "
+    out.append(f"\n({s['single']} single-client cycles, {s['concurrent']} concurrent registrations in {s['bursts']} bursts, "
+               f"{s['kill']} kills; "
                f"fake tree on tmpfs; {os.cpu_count()} CPUs)")
     return "\n".join(out)
 
@@ -192,7 +199,8 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="fewer samples and a 3 s idle window (a smoke run)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
-    r = bench(n_single=100 if a.quick else 1000, n_kill=10 if a.quick else 100, idle_s=3.0 if a.quick else 30.0)
+    r = bench(n_single=100 if a.quick else 1000, n_bursts=4 if a.quick else 100, n_kill=10 if a.quick else 100,
+              idle_s=3.0 if a.quick else 30.0)
     print(json.dumps(r, indent=1) if a.json else table(r))
     return 0
 

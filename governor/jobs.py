@@ -116,6 +116,8 @@ class Governor:
         A board with one GPU that has no UUID (the Orin's devfreq GPU) takes any UUID: clients fill `gpu` from CUDA
         (torch reports a UUID on a Jetson too), and there is no other GPU it could mean. A wrong index is still wrong.
         """
+        if key is None and len(self.gpus) == 1:  # the usual register: no gpu field, one GPU
+            return next(iter(self.gpus))
         gpus = [c.gpu for c in self.gpus.values()]
         if (isinstance(key, str) and key.upper().startswith("GPU-") and len(gpus) == 1
                 and not gpus[0].describe().get("uuid")):
@@ -190,8 +192,10 @@ class Governor:
         return hz
 
     def target_hz(self, gpu_id: str) -> Optional[int]:
-        needs_hz = self.needs_hz  # on every register and unregister: keep the loop lean
-        return combine([needs_hz(j) for j in self.jobs.values() if j.gpu_id == gpu_id and j.decision is not None])
+        # On every register and unregister, over every job: keep the loop lean. A job that has reported no phase
+        # needs its pick (as needs_hz says), read without a call.
+        return combine([j.decision.freq_hz if j.phase is None else self.needs_hz(j)
+                        for j in self.jobs.values() if j.gpu_id == gpu_id and j.decision is not None])
 
     def set_phase(self, job: Job, phase: Optional[str]) -> None:
         """A job reported a phase: re-apply when that changes what it needs."""
