@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import grp
 import os
+import select
 import socket
 import struct
 from dataclasses import dataclass
@@ -64,6 +65,12 @@ class HeldProcess:
             os.close(self.pidfd)
         except OSError:
             pass
+
+    def another(self) -> "HeldProcess":
+        """A hold of its own on the same process (a pidfd duplicate); ProcessGone once the process has exited."""
+        if select.select([self.pidfd], [], [], 0)[0]:  # a pidfd turns readable when its process exits
+            raise ProcessGone(f"process {self.pid} has exited")
+        return HeldProcess(self.pid, os.dup(self.pidfd), self.start_time, self.uid)
 
 
 def _read_proc(pid: int, name: str) -> bytes:

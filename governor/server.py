@@ -46,6 +46,9 @@ ENDED_KEPT = 16
 class Conn:
     peer: peers.Peer
     sock: socket.socket
+    # The connecting process, held from the moment it connected: its jobs (pid left out) hold it through duplicates,
+    # so a registration does not open and read /proc again, and the pid cannot have been reused since the connect.
+    process: Optional[peers.HeldProcess] = None
     job_ids: set[int] = field(default_factory=set)
     # Summaries of this connection's jobs that ended without unregister (their process exited first, as with
     # `ftgov run`): a late unregister still gets the figures. Bounded: the oldest are dropped.
@@ -211,7 +214,11 @@ class Server:
                 pass
             sock.close()
             return
-        conn = Conn(peer, sock)
+        try:
+            process = peers.hold(peer.pid, known_uid=peer.uid)
+        except peers.ProcessGone:
+            process = None  # exited already (or from another pid namespace): its registrations will say so
+        conn = Conn(peer, sock, process)
         self.conns.add(conn)
         self.conns_per_uid[peer.uid] += 1
         self._update_io(conn)
@@ -404,6 +411,8 @@ class Server:
             self._loop.remove_writer(fd)
         if conn.busy is not None and conn.busy is not asyncio.current_task():
             conn.busy.cancel()
+        if conn.process is not None:
+            conn.process.close()
         conn.sock.close()
 
     # ---- methods ----------------------------------------------------------------------------------------------------
@@ -435,7 +444,10 @@ class Server:
                            "(limits.max_jobs_per_connection)")
         pid = params.pid or conn.peer.pid
         try:
-            held = peers.hold(pid, known_uid=conn.peer.uid if pid == conn.peer.pid else None)
+            if pid == conn.peer.pid and conn.process is not None:
+                held = conn.process.another()
+            else:
+                held = peers.hold(pid, known_uid=conn.peer.uid if pid == conn.peer.pid else None)
         except peers.ProcessGone as e:
             raise RpcError(protocol.INVALID_PARAMS, f"pid: {e}", {"field": "pid"}) from e
         if conn.peer.uid != 0 and held.uid != conn.peer.uid:

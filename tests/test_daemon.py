@@ -69,6 +69,33 @@ def test_job_ends_when_its_named_process_exits_even_if_the_connection_lives(orin
     assert c.call("ping") == {}
 
 
+def test_a_connection_outliving_its_process_cannot_register_for_it(orin, start_daemon):
+    # The daemon holds the connecting process from the connect on: once it has exited, a child that inherited the
+    # connection registering without a pid gets a clear error, never a pin for a dead (or recycled) pid.
+    d = start_daemon()
+    code = f"""
+import json, os, sys
+sys.path.insert(0, {str(REPO / 'tests')!r})
+from harness import Rpc, FEATURES
+c = Rpc({d.socket!r})
+assert c.call("ping") == {{}}
+r, w = os.pipe()
+if os.fork() == 0:
+    os.close(w)
+    os.read(r, 1)  # EOF: the parent, who connected, has exited
+    print(json.dumps(c.request("register", **FEATURES)), flush=True)
+    os._exit(0)
+os._exit(0)
+"""
+    # run() returns when the pipe closes: the grandchild holds it until it has printed the daemon's reply
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30).stdout
+    assert out.strip(), "the inheriting child printed nothing"
+    reply = json.loads(out)
+    assert reply["error"]["code"] == -32602 and "has exited" in reply["error"]["message"], reply
+    assert d.client().call("status")["jobs"] == []
+    assert limits(orin) == BASELINE
+
+
 def test_overlapping_jobs_pin_the_highest_pick(orin, start_daemon):
     d = start_daemon()
     small, big = d.client(), d.client()
