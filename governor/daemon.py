@@ -97,6 +97,23 @@ def policy_name(config: Config, gpus: list) -> str:
     return "tune" if any(g.describe().get("backend") == "nvml" for g in gpus) else "mlg"
 
 
+def raise_fd_limit(config: Config) -> None:
+    """Room for the configured limits: a connection takes two descriptors (its socket and a pidfd for its process),
+    a job one more. The soft limit is 1024 by default (for select()'s sake; the daemon never uses select()), the hard
+    limit under systemd 524288: take what the limits need, never more than the hard limit allows."""
+    import resource
+
+    need = 2 * config.limits.max_connections + config.limits.max_jobs + 64  # + listening socket, epolls, files, logs
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        new = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        if new < need:
+            log.warning("open files limited to %d (hard limit), but limits.max_connections=%d and max_jobs=%d need "
+                        "about %d: some connections will wait or be refused", new, config.limits.max_connections,
+                        config.limits.max_jobs, need)
+
+
 def run(config: Config, *, simulate: bool = False) -> int:
     from governor import rails as rails_mod
     from governor.jobs import Governor
@@ -105,6 +122,7 @@ def run(config: Config, *, simulate: bool = False) -> int:
     from governor.state import StateFile, boot_id
 
     notifier = Notifier()
+    raise_fd_limit(config)
     root = Root(config.sysfs_root)
     board = None
     if simulate:

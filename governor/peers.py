@@ -68,7 +68,9 @@ class HeldProcess:
 
     def another(self) -> "HeldProcess":
         """A hold of its own on the same process (a pidfd duplicate); ProcessGone once the process has exited."""
-        if select.select([self.pidfd], [], [], 0)[0]:  # a pidfd turns readable when its process exits
+        poll = select.poll()  # not select(): it cannot take a descriptor numbered 1024 or more
+        poll.register(self.pidfd, select.POLLIN)
+        if poll.poll(0):  # a pidfd turns readable when its process exits
             raise ProcessGone(f"process {self.pid} has exited")
         return HeldProcess(self.pid, os.dup(self.pidfd), self.start_time, self.uid)
 
