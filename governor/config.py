@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from governor.errors import ConfigError
 
-DEFAULT_CONFIG_PATH = "/etc/ftgov/ftgov.yaml"
 DEFAULT_SOCKET_PATH = "/run/ftgov/ftgov.sock"
 DEFAULT_STATE_DIR = "/run/ftgov"
 

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from governor import __version__, logs
-from governor.config import DEFAULT_CONFIG_PATH, Config, default_ffg_hz, default_model_path, load_config
+from governor import DEFAULT_CONFIG_PATH, __version__, logs
+from governor.config import Config, default_ffg_hz, default_model_path, load_config
 from governor.errors import FtgovError, NodeNotFound
 from governor.notify import Notifier, listen_fds
 from governor.sysfs import Root

@@ -10,7 +10,7 @@ import argparse
 import logging
 import sys
 
-from governor.config import DEFAULT_CONFIG_PATH, load_config
+from governor import DEFAULT_CONFIG_PATH
 from governor.errors import FtgovError
 from governor.state import StateFile, boot_id
 from governor.sysfs import Root
@@ -60,6 +60,8 @@ def restore(state_dir: str, root: Root, config) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from governor.config import load_config  # pydantic: not for every `ftgov` start
+
     try:
         config = load_config(args.config or DEFAULT_CONFIG_PATH,
                              {"state_dir": args.state_dir, "sysfs_root": args.sysfs_root},

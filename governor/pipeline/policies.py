@@ -16,10 +16,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from governor.backends.base import nearest_level
-from governor.config import TunerConfig
 from governor.errors import FtgovError
 from governor.pipeline.dataset import Sweep
 from governor.pipeline.tuned_job import run_tuned_job
@@ -27,6 +26,9 @@ from governor.pipeline.workloads import (characterization_workloads, held_out_wo
                                          model_by_name)
 from governor.sim.energy import OrinEnergyModel, Workload
 from governor.tree import DecisionTree
+
+if TYPE_CHECKING:
+    from governor.config import TunerConfig
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,12 @@ class Oracle:
         return Pick(sweep.optimum_hz)
 
 
+def _daemon_tuner_config() -> "TunerConfig":
+    from governor.config import TunerConfig  # pydantic: imported when a tuned job runs, not when `ftgov` starts
+
+    return TunerConfig()
+
+
 @dataclass(frozen=True)
 class TuneSettings:
     """How the simulated tuned jobs run: job length, the energy model's noise scale and seed, the tuner's knobs."""
@@ -107,7 +115,7 @@ class TuneSettings:
     # jitter on average (benchmarks/bench_tuner.py prints it); 0.71 is issue 6's "3% measurement noise".
     noise: float = 1.0
     seed: int = 0
-    config: TunerConfig = field(default_factory=TunerConfig)  # the daemon's defaults
+    config: TunerConfig = field(default_factory=_daemon_tuner_config)  # the daemon's defaults
 
 
 @dataclass(frozen=True)
