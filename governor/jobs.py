@@ -303,9 +303,9 @@ class Governor:
         """Save a change of the job list without making the client wait for it.
 
         A job that joined is saved within SAVE_COALESCE_S (one write for a burst): should the daemon crash first, the
-        job is just not re-adopted and its client, whose connection died with the daemon, registers again. A job that
-        left is saved on the next event-loop turn (prompt): a job that unregistered while its process lives on must
-        not be re-adopted after a crash and keep a pin it gave up.
+        job is just not re-adopted, and runs on at the default clocks (safe, and what a job whose client lost the
+        daemon does anyway). A job that left is saved on the next event-loop turn (prompt): a job that unregistered
+        while its process lives on must not be re-adopted after a crash and keep a pin it gave up.
         """
         if self.defer is None:
             self._save()
