@@ -86,7 +86,9 @@ async def concurrent_round(sock: str, n: int) -> list[float]:
 def start(workdir: Path, root: Path):
     notify = NotifyListener(str(workdir / "n.sock"))
     cfg = workdir / "c.yaml"
-    cfg.write_text(f"model_file: {REPO / 'model' / 'paper-tree.json'}\nsample_interval_s: 1.0\n")
+    # All 50 clients run as this one user: room for their 50 jobs (limits.max_jobs_per_uid is 32 by default).
+    cfg.write_text(f"model_file: {REPO / 'model' / 'paper-tree.json'}\nsample_interval_s: 1.0\n"
+                   "limits: {max_jobs_per_uid: 64}\n")
     env = {**os.environ, "NOTIFY_SOCKET": notify.path, "PYTHONPATH": str(REPO)}
     profile = (["-m", "cProfile", "-o", f"{os.environ['FTGOV_PROFILE']}.{workdir.name}"]
                if os.environ.get("FTGOV_PROFILE") else [])

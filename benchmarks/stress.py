@@ -323,7 +323,9 @@ def hostile_and_load(base: Path, clients: int, cycles: int, probes: int, seed: i
     # As deployed: a line per decision (info), not debug.
     d = Daemon(root, workdir=base / "load", config={"util_sample_s": 0, "sample_interval_s": 1.0,
                                                      "limits": {"max_connections": 1024,
-                                                                "max_connections_per_uid": 1024}},
+                                                                "max_connections_per_uid": 1024,
+                                                                # every client here is root: one uid, all 64 jobs
+                                                                "max_jobs_per_uid": 64}},
                extra_args=("--log-level", "info"))
     d.start()
     try:
@@ -333,7 +335,8 @@ def hostile_and_load(base: Path, clients: int, cycles: int, probes: int, seed: i
         # The load gets a config with room for 200 clients' jobs: a second daemon on the same tree, after this one.
         d.close()
         d = Daemon(root, workdir=base / "load2", config={"util_sample_s": 0, "sample_interval_s": 1.0, "limits": {
-            "max_connections": 1024, "max_connections_per_uid": 1024, "max_jobs": 512}}, extra_args=("--log-level", "info"))
+            "max_connections": 1024, "max_connections_per_uid": 1024, "max_jobs": 512, "max_jobs_per_uid": 512}},
+            extra_args=("--log-level", "info"))
         d.start()
         ps = psutil.Process(d.proc.pid)
         rss_start = rss()

@@ -47,6 +47,7 @@ class LimitsConfig(_Strict):
     max_connections: int = Field(256, gt=0, le=65536)
     max_connections_per_uid: int = Field(64, gt=0, le=65536, description="so that one user cannot lock the others out")
     max_jobs_per_connection: int = Field(8, gt=0, le=1024)
+    max_jobs_per_uid: int = Field(32, gt=0, le=65536, description="so that one user cannot take every job slot")
     max_jobs: int = Field(64, gt=0, le=65536)
 
 

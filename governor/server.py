@@ -439,9 +439,14 @@ class Server:
         return {"policy": d.policy, "freq_hz": d.freq_hz, "reason": d.reason + (f"; {why}" if why else "")}
 
     def _rpc_register(self, conn: Conn, params):
-        if len(conn.job_ids) >= self.config.limits.max_jobs_per_connection:
+        limits = self.config.limits
+        if len(conn.job_ids) >= limits.max_jobs_per_connection:
             raise RpcError(protocol.LIMIT_EXCEEDED, f"this connection already holds {len(conn.job_ids)} jobs "
                            "(limits.max_jobs_per_connection)")
+        held_by_uid = sum(1 for j in self.gov.jobs.values() if j.uid == conn.peer.uid)
+        if held_by_uid >= limits.max_jobs_per_uid:
+            raise RpcError(protocol.LIMIT_EXCEEDED, f"uid {conn.peer.uid} already holds {held_by_uid} jobs "
+                           "(limits.max_jobs_per_uid)")
         pid = params.pid or conn.peer.pid
         try:
             if pid == conn.peer.pid and conn.process is not None:

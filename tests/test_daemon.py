@@ -407,6 +407,28 @@ def test_the_daemon_stays_lean():
     assert out.returncode == 0 and out.stdout.strip() == "[]", out
 
 
+def test_one_user_cannot_take_every_job_slot(orin, start_daemon):
+    d = start_daemon(config={"limits": {"max_jobs": 16, "max_jobs_per_uid": 3}})
+    first, second = d.client(), d.client()
+    for _ in range(2):
+        first.call("register", **FEATURES)
+    second.call("register", **FEATURES)  # this uid's third, on another connection
+    err = second.request("register", **FEATURES)["error"]
+    assert err["code"] == -32002 and "max_jobs_per_uid" in err["message"], err
+    assert len(second.call("status")["jobs"]) == 3
+    first.close()
+    d.wait_jobs(1)
+    assert second.call("register", **FEATURES)["freq_hz"] == 714000000  # its slots are free again
+    if os.geteuid() != 0:
+        return  # the other half needs a second user
+    second.call("register", **FEATURES)  # uid 0 at its 3 again
+    _ensure_user("ftgovtest", groups=("ftgov",))
+    os.chmod(d.workdir, 0o755)
+    out = _run_as("ftgovtest", d.socket, json.dumps({"jsonrpc": "2.0", "id": 1, "method": "register",
+                                                       "params": FEATURES}))
+    assert '"freq_hz":714000000' in out.stdout, out  # another user still gets a job
+
+
 def test_one_user_cannot_take_every_connection(orin, start_daemon):
     d = start_daemon(config={"limits": {"max_connections_per_uid": 2}})
     held = [d.client(), d.client()]

@@ -246,7 +246,8 @@ def fuzz_daemon(tmp_path_factory):
     root = tree.build(tmp_path_factory.mktemp("fuzz") / "root", "jp6").root
     # Enough connections and jobs that the limits answer only where the fuzz means them to; gpu_util measured
     # in one sample so that registrations without it stay fast.
-    d = Daemon(root, config={"util_sample_s": 0, "limits": {"max_jobs": 256, "max_connections": 1024,
+    d = Daemon(root, config={"util_sample_s": 0, "limits": {"max_jobs": 256, "max_jobs_per_uid": 256,
+                                                             "max_connections": 1024,
                                                              "max_connections_per_uid": 1024}}).start()
     yield d, root
     d.close()
