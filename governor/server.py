@@ -240,21 +240,20 @@ class Server:
         """Read while the connection can take requests (nothing waits, replies drain); write while replies wait."""
         if conn.closed:
             return
-        fd = conn.sock.fileno()
         read = not conn.eof and conn.busy is None and len(conn.wbuf) <= WRITE_HIGH_BYTES
         if read != conn.reading:
-            if read:
-                self._loop.add_reader(fd, self._readable, conn)
-            else:
-                self._loop.remove_reader(fd)
-            conn.reading = read
+            conn.reading = self._watch_io(conn, read, self._loop.add_reader, self._loop.remove_reader, self._readable)
         write = bool(conn.wbuf)
         if write != conn.writing:
-            if write:
-                self._loop.add_writer(fd, self._writable, conn)
-            else:
-                self._loop.remove_writer(fd)
-            conn.writing = write
+            conn.writing = self._watch_io(conn, write, self._loop.add_writer, self._loop.remove_writer, self._writable)
+
+    @staticmethod
+    def _watch_io(conn: Conn, want: bool, add, remove, callback) -> bool:
+        if want:
+            add(conn.sock.fileno(), callback, conn)
+        else:
+            remove(conn.sock.fileno())
+        return want
 
     def _readable(self, conn: Conn) -> None:
         try:
