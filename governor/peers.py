@@ -14,6 +14,7 @@ import struct
 from dataclasses import dataclass
 from typing import Optional
 
+from governor.sysfs import read_once
 
 
 @dataclass(frozen=True)
@@ -39,12 +40,11 @@ def groups_of(pid: int, primary_gid: int) -> set[int]:
     """The process's supplementary groups from /proc (what the kernel checked when it let the peer connect)."""
     groups = {primary_gid}
     try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Groups:"):
-                    groups.update(int(g) for g in line.split()[1:])
-                    break
-    except (OSError, ValueError):
+        for line in _read_proc(pid, "status").splitlines():
+            if line.startswith(b"Groups:"):
+                groups.update(int(g) for g in line.split()[1:])
+                break
+    except (ProcessGone, ValueError):
         pass
     return groups
 
@@ -76,20 +76,11 @@ class HeldProcess:
 
 
 def _read_proc(pid: int, name: str) -> bytes:
-    """/proc/PID/NAME in one read: on every registration, so without a buffered file object around it."""
+    """/proc/PID/NAME in one read (a seq_file hands over the whole of it): on the register and accept paths."""
     try:
-        fd = os.open(f"/proc/{pid}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+        return read_once(f"/proc/{pid}/{name}")
     except OSError as e:
         raise ProcessGone(f"no process {pid}") from e
-    try:
-        chunks = [os.read(fd, 4096)]
-        while len(chunks[-1]) == 4096:  # stat is a few hundred bytes; status can be longer
-            chunks.append(os.read(fd, 4096))
-    except OSError as e:
-        raise ProcessGone(f"no process {pid}") from e
-    finally:
-        os.close(fd)
-    return b"".join(chunks)
 
 
 def start_ticks(pid: int) -> float:

@@ -264,11 +264,11 @@ class Server:
             data = b""  # reset by the peer: the same as a close
         if not data:
             conn.eof = True
-            self._end_jobs(conn, "connection closed")
             if not conn.wbuf:
-                self._close(conn)
+                self._close(conn)  # which ends its jobs
             else:
-                self._update_io(conn)  # the replies still queued go out first
+                self._end_jobs(conn, "connection closed")
+                self._update_io(conn)  # the replies still queued go out first, then _writable closes
             return
         conn.rbuf += data
         self._serve(conn)

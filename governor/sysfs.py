@@ -59,16 +59,20 @@ class Root:
 MAX_ATTR_BYTES = 65536  # a sysfs attribute is at most a page; never read an endless file (a link to /dev/zero) whole
 
 
-def read_text(path: Path) -> str:
-    """Read a sysfs attribute, stripped; OSError becomes BackendError naming the file.
-
-    One open and one read, without Python's text layer: this is on the daemon's register path."""
+def read_once(path: str | os.PathLike) -> bytes:
+    """One open and one read (at most MAX_ATTR_BYTES), without Python's file layers: sysfs attributes and /proc
+    files on the daemon's register path. OSError is the caller's to convert."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            data = os.read(fd, MAX_ATTR_BYTES)
-        finally:
-            os.close(fd)
+        return os.read(fd, MAX_ATTR_BYTES)
+    finally:
+        os.close(fd)
+
+
+def read_text(path: Path) -> str:
+    """Read a sysfs attribute, stripped; OSError becomes BackendError naming the file."""
+    try:
+        data = read_once(path)
     except OSError as e:
         raise BackendError(f"cannot read {path}: {e.strerror or e}") from e
     return data.decode(errors="replace").strip()
