@@ -62,7 +62,7 @@ $(DEV_VENV)/.test: $(DEV_VENV)/.base
 	touch $@
 
 demo: $(DEV_VENV)/.base
-	$(VPY) -m governor.demo
+	$(VPY) -m governor.sim.demo
 
 test: test-unit test-systemd
 

@@ -5,8 +5,8 @@
 For every held-out workload (governor.pipeline.workloads: 10 models x QQP, RTE, CoLA, STS-B, MNLI, WNLI) and seed,
 a whole job of --job-steps steps is simulated one step at a time with the noisy energy model: the job starts at MLG's
 pick (model/mlg-tree.json), a TuningSession turns each step's report into measurement windows exactly as the daemon
-will, and the tuner's level is pinned as soon as it asks for it (governor/pipeline/tuned_job.py, the simulation
-`ftgov evaluate` scores too; tuner knobs default to the daemon's, governor.config.TunerConfig). Every step's energy counts: warm-up steps after a
+will, and the tuner's level is pinned as soon as it asks for it (governor/sim/tuned_job.py, the simulation
+`ftgov evaluate` scores too; tuner knobs default to the daemon's, governor.daemon.config.TunerConfig). Every step's energy counts: warm-up steps after a
 change of level, windows at levels that lose, and the rest of the job at the converged level.
 
 The oracle, MLG and MAXN jobs run the same number of steps with a model seeded identically (common random numbers:
@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from governor.config import TunerConfig
+from governor.daemon.config import TunerConfig
 from governor.features import Features
-from governor.pipeline.tuned_job import run_tuned_job
+from governor.sim.tuned_job import run_tuned_job
 from governor.pipeline.workloads import held_out_workloads
 from governor.sim.energy import OrinEnergyModel, Workload
-from governor.tree import DecisionTree
+from governor.policy.tree import DecisionTree
 
 TREE = Path(__file__).resolve().parent.parent / "model" / "mlg-tree.json"
 

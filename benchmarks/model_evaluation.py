@@ -13,7 +13,7 @@ from pathlib import Path
 from governor.pipeline import dataset
 from governor.pipeline import evaluate as ev
 from governor.pipeline.policies import build_policies
-from governor.tree import DecisionTree
+from governor.policy.tree import DecisionTree
 
 MODEL = Path(__file__).resolve().parent.parent / "model"
 

@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from figures import markdown_table, pct  # noqa: E402  (benchmarks/ is on sys.path when a script here runs)
-from governor.notify import NotifyListener  # noqa: E402
+from governor.daemon.notify import NotifyListener  # noqa: E402
 from governor.sim import tree  # noqa: E402
 from harness import DEVFREQ, FEATURES, Daemon, Rpc, limits  # noqa: E402
 from test_faults import BASELINE, kill_trial  # noqa: E402
@@ -73,7 +73,7 @@ def fuzz(examples: int) -> dict:
 
 _ZYGOTE = r"""
 import json, os, signal, sys
-import governor.daemon, governor.server, governor.jobs, governor.policy, governor.backends.devfreq, governor.rails
+import governor.daemon, governor.daemon.server, governor.daemon.pins, governor.policy, governor.backends.devfreq, governor.backends.rails
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel; the driver waits on pidfds
 for req in sys.stdin:
     req = json.loads(req)

@@ -4,7 +4,7 @@ Nothing is done at import time: the daemon, the client and the model pipeline im
 """
 
 __version__ = "0.1.0"
-DEFAULT_CONFIG_PATH = "/etc/ftgov/ftgov.yaml"  # here, not in governor.config: `ftgov --help` names it without pydantic
+DEFAULT_CONFIG_PATH = "/etc/ftgov/ftgov.yaml"  # here, not in governor.daemon.config: `ftgov --help` names it without pydantic
 
 
 def job(*args, **kwargs):

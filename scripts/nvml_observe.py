@@ -45,7 +45,7 @@ if str(REPO) not in sys.path:
 
 from governor.backends.nvml import MHZ, NvmlGpu, probe  # noqa: E402
 from governor.errors import FtgovError  # noqa: E402
-from governor.gpuid import GpuNotFound, find_gpu, visible_gpu  # noqa: E402
+from governor.backends.gpuid import GpuNotFound, find_gpu, visible_gpu  # noqa: E402
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -123,7 +123,7 @@ class Daemon:
 
     def start(self, timeout_s: float = 60.0) -> RpcClient:
         """Start ftgovd and wait for its READY=1 (sd_notify, the readiness signal systemd would get)."""
-        cmd = [sys.executable, "-c", "import sys; from governor.daemon import main; sys.exit(main(sys.argv[1:]))",
+        cmd = [sys.executable, "-c", "import sys; from governor.daemon.main import main; sys.exit(main(sys.argv[1:]))",
                "--config", str(self.config_path), "--log-level", "info"]
         notify_path = str(self.dir / "notify.sock")
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

@@ -18,7 +18,7 @@ from typing import Optional
 
 import yaml
 
-from governor.notify import NotifyListener
+from governor.daemon.notify import NotifyListener
 
 REPO = Path(__file__).resolve().parent.parent
 DEVFREQ = "sys/class/devfreq/17000000.gpu"

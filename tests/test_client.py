@@ -298,7 +298,7 @@ def test_neither_framework_is_needed_to_import_governor(tmp_path):
 import sys
 for name in ("torch", "transformers", "lightning", "pytorch_lightning", "prometheus_client"):
     sys.modules[name] = None  # makes any import of it fail, as if it were not installed
-import governor, governor.client, governor.cli_run, governor.cli_ops, governor.metrics
+import governor, governor.client, governor.cli.run, governor.cli.ops, governor.cli.metrics
 from governor.cli import main
 for module, extra in (("governor.hf", "hf"), ("governor.lightning", "lightning")):
     try:

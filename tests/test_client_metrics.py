@@ -14,7 +14,7 @@ import pytest
 import governor
 from governor.cli import main
 from governor.client import Connection
-from governor.metrics import families
+from governor.cli.metrics import families
 from harness import REPO
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")

@@ -360,7 +360,7 @@ def test_checkpoint_and_data_phases_drop_to_the_lowest_level(orin, start_daemon)
 
 def test_socket_activation_uses_the_passed_socket(orin, tmp_path):
     import socket as socketmod
-    from governor.notify import NotifyListener
+    from governor.daemon.notify import NotifyListener
 
     path = "/tmp/ftg-act-%d.sock" % os.getpid()
     listener = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_STREAM)
@@ -399,7 +399,7 @@ def test_a_cuda_uuid_names_the_orins_only_gpu(orin, start_daemon):
 
 def test_the_daemon_stays_lean():
     """No scikit-learn, numpy, torch or pickle on the daemon's import path (the tree is plain JSON), simulator included."""
-    code = ("import sys, governor.daemon, governor.server, governor.tune_job, governor.sim.board; "
+    code = ("import sys, governor.daemon, governor.daemon.server, governor.daemon.tuning, governor.sim.board; "
             "print(sorted(m for m in ('sklearn', 'numpy', 'joblib', 'torch', 'pickle', 'transformers') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

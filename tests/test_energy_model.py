@@ -11,7 +11,7 @@ import pytest
 
 from governor.pipeline.workloads import (MODELS, characterization_workloads, held_out_workloads, make_workload,
                                          model_by_name)
-from governor.rails import ENERGY_RAILS
+from governor.backends.rails import ENERGY_RAILS
 from governor.sim.energy import OrinEnergyModel, Workload
 
 MHZ = 1_000_000

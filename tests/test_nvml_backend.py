@@ -19,7 +19,7 @@ from hypothesis import given, strategies as st
 from governor.backends.base import Gpu, Limits
 from governor.backends.nvml import POWER_LIMIT_KEY, NvmlReadOnly, ReadOnlyNvml, coarse_levels, probe
 from governor.errors import BackendError, NodeNotFound, PinError
-from governor.gpuid import GpuNotFound, find_gpu, visible_gpu
+from governor.backends.gpuid import GpuNotFound, find_gpu, visible_gpu
 
 FAKE_DIR = Path(__file__).parent / "fakenvml"
 MHZ = 1_000_000

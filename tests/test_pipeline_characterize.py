@@ -12,9 +12,9 @@ import pytest
 
 from governor.errors import FtgovError
 from governor.pipeline import characterize as ch
-from governor.pipeline.simulated import SimulatedGpu
+from governor.sim.gpu import SimulatedGpu
 from governor.pipeline.workloads import characterization_workloads, held_out_workloads
-from governor.rails import ENERGY_RAILS
+from governor.backends.rails import ENERGY_RAILS
 from governor.sim.energy import OrinEnergyModel
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from governor.config import TunerConfig
+from governor.daemon.config import TunerConfig
 from governor.errors import FtgovError
 from governor.pipeline import dataset
 from governor.pipeline import evaluate as ev
 from governor.pipeline.policies import Pick, TuneSettings, build_policies, model_energy_j, simulated_workload
-from governor.pipeline.tuned_job import run_tuned_job
-from governor.tree import DecisionTree
+from governor.sim.tuned_job import run_tuned_job
+from governor.policy.tree import DecisionTree
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "model"

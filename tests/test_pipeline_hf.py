@@ -25,7 +25,7 @@ from governor.backends.devfreq import probe  # noqa: E402
 from governor.errors import FtgovError  # noqa: E402
 from governor.pipeline import characterize as ch  # noqa: E402
 from governor.pipeline.hf_runner import HfTask, HfTrainingRunner  # noqa: E402
-from governor.rails import AGX_ORIN_RAILS, ENERGY_RAILS, discover  # noqa: E402
+from governor.backends.rails import AGX_ORIN_RAILS, ENERGY_RAILS, discover  # noqa: E402
 from governor.sim import tree  # noqa: E402
 
 WORDS = ["good", "bad", "movie", "plot", "actor", "great", "awful", "fun", "dull", "story", "the", "a", "was", "very",

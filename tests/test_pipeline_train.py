@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 from governor.features import FEATURE_ORDER
 from governor.pipeline import dataset, train
 from governor.pipeline.export import float64_threshold
-from governor.tree import DecisionTree, Leaf, Split
+from governor.policy.tree import DecisionTree, Leaf, Split
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "model" / "data" / "characterization.csv"

@@ -203,7 +203,7 @@ def test_terminal_signals_are_told_apart_from_kill():
     """The kernel marks a signal the terminal raises (Ctrl-C) with SI_KERNEL, and kill() with SI_USER: check on a
     real pseudo-terminal, in a process that makes it its controlling terminal."""
     script = ("import fcntl, os, pty, signal, termios\n"
-              "from governor.cli_run import should_forward\n"
+              "from governor.cli.run import should_forward\n"
               "os.setsid()\n"
               "master, slave = pty.openpty()\n"
               "fcntl.ioctl(slave, termios.TIOCSCTTY, 0)\n"

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from governor.errors import FtgovError
-from governor.tuning import (DEFAULT_MAX_PROBES, DEFAULT_WARMUP_STEPS, DEFAULT_WINDOW_STEPS, OnlineTuner, ProbeWindow,
+from governor.policy.tuner import (DEFAULT_MAX_PROBES, DEFAULT_WARMUP_STEPS, DEFAULT_WINDOW_STEPS, OnlineTuner, ProbeWindow,
                              TuningError, TuningSession)
 
 # The JetPack 6 AGX Orin table (jetson-orin.md).

@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Protocol
 
 from governor.errors import FtgovError
 from governor.pipeline.measure import Measurement
-from governor.rails import AGX_ORIN_RAILS, ENERGY_RAILS
+from governor.backends.rails import AGX_ORIN_RAILS, ENERGY_RAILS
 
 SETTING_MAXN = "maxn"
 SETTING_PINNED = "pinned"
@@ -182,7 +182,7 @@ def characterize(jobs: Iterable[Job], gpu, csv_path: Path, steps: int, warmup: i
 # -- building jobs ----------------------------------------------------------------------------------------------
 
 def simulated_jobs(workloads, gpu, seed: int, noise: float) -> list[Job]:
-    from governor.pipeline.simulated import SimulatedRunner
+    from governor.sim.gpu import SimulatedRunner
 
     jobs = []
     for w in workloads:
@@ -219,7 +219,7 @@ def write_sidecar(csv_path: Path, meta: dict) -> None:
 
 
 def _run_simulated(args) -> int:
-    from governor.pipeline.simulated import SimulatedGpu
+    from governor.sim.gpu import SimulatedGpu
     from governor.sim.energy import OrinEnergyModel
 
     gpu = SimulatedGpu(OrinEnergyModel().levels_hz)
@@ -290,7 +290,7 @@ def _run_hardware(args) -> int:
     """A real Jetson: devfreq pins, INA3221 rails. Exercised on CPU against a simulated sysfs tree
     (tests/test_pipeline_hf.py); UNTESTED ON A JETSON (see governor/pipeline/hf_runner.py)."""
     from governor.backends.devfreq import probe
-    from governor.rails import discover
+    from governor.backends.rails import discover
     from governor.sysfs import Root
 
     root = Root(args.sysfs_root)

@@ -2,7 +2,7 @@
 
 Every policy is scored on the same measurements: its picked level's row of the held-out CSV (per-step energy over
 VDD_GPU_SOC + VDD_CPU_CV + VIN_SYS_5V0, and per-step time), MAXN's own row for MAXN. The online tuner ("tune":
-MLG's pick, then governor/tuning.py on noisy windows from the energy model, as the daemon runs it) is scored over a
+MLG's pick, then governor/policy/tuner.py on noisy windows from the energy model, as the daemon runs it) is scored over a
 whole job of --job-steps steps: the steps it spent at each level while profiling, at those levels' rows, and the rest
 at the level it converged on. ``--json`` prints
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 
 from governor.features import FEATURE_ORDER, MODEL_TYPE_CODES
-from governor.tree import FORMAT
+from governor.policy.tree import FORMAT
 
 
 def float64_threshold(t: float) -> float:

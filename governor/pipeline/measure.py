@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from governor.rails import ENERGY_RAILS
+from governor.backends.rails import ENERGY_RAILS
 
 
 @dataclass

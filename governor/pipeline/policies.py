@@ -5,9 +5,9 @@ None for MAXN. ``probe`` gives the noise-free measurement of a level from the sw
 utilization); a policy that explores before settling reports the steps it spent at each level in
 ``Pick.probe_steps``, and the evaluation charges them to it.
 
-``Tune`` is the daemon's `tune` policy: MLG's pick, then the online tuner (governor/tuning.py). It does not use
+``Tune`` is the daemon's `tune` policy: MLG's pick, then the online tuner (governor/policy/tuner.py). It does not use
 ``probe``: a real tuner never sees noise-free values, so its windows come from the noisy energy model, one step at a
-time (governor/pipeline/tuned_job.py), and only its decisions (the levels it ran at, for how long, and where it
+time (governor/sim/tuned_job.py), and only its decisions (the levels it ran at, for how long, and where it
 settled) are taken from that simulation; they are then scored on the same sweep as every other policy.
 """
 
@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Callable, Protocol
 from governor.backends.base import nearest_level
 from governor.errors import FtgovError
 from governor.pipeline.dataset import Sweep
-from governor.pipeline.tuned_job import run_tuned_job
+from governor.sim.tuned_job import run_tuned_job
 from governor.pipeline.workloads import (characterization_workloads, held_out_workloads, make_workload,
                                          model_by_name)
 from governor.sim.energy import OrinEnergyModel, Workload
-from governor.tree import DecisionTree
+from governor.policy.tree import DecisionTree
 
 if TYPE_CHECKING:
-    from governor.config import TunerConfig
+    from governor.daemon.config import TunerConfig
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class Oracle:
 
 
 def _daemon_tuner_config() -> "TunerConfig":
-    from governor.config import TunerConfig  # pydantic: imported when a tuned job runs, not when `ftgov` starts
+    from governor.daemon.config import TunerConfig  # pydantic: imported when a tuned job runs, not when `ftgov` starts
 
     return TunerConfig()
 

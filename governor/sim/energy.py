@@ -27,7 +27,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from governor.rails import ENERGY_RAILS, RAIL_CPU_CV, RAIL_GPU_SOC, RAIL_SYS_5V0, RAIL_VDDQ
+from governor.backends.rails import ENERGY_RAILS, RAIL_CPU_CV, RAIL_GPU_SOC, RAIL_SYS_5V0, RAIL_VDDQ
 
 # JetPack 6 AGX Orin 64GB GPU table (jetson-orin.md; the paper's 11 levels).
 JP6_LEVELS_HZ = (306000000, 408000000, 510000000, 612000000, 714000000, 816000000, 918000000, 1020000000,

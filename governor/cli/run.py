@@ -22,7 +22,7 @@ import signal
 import sys
 import warnings
 
-from governor.cli_features import add_feature_arguments, features_from_args
+from governor.cli.features import add_feature_arguments, features_from_args
 from governor.client import GovernorWarning, Job, describe_reply
 from governor.errors import ConfigError
 

@@ -2,7 +2,7 @@
 
 Every change (a job starts, changes its features, ends; the limits change underneath) goes through ``_apply``, which
 computes each GPU's target with ``policy.combine`` (the one rule for several jobs), saves the state file before the
-first write to a GPU, then pins or restores. The server (governor.server) owns connections and process watching and
+first write to a GPU, then pins or restores. The server (governor.daemon.server) owns connections and process watching and
 calls in here; tests can drive this class directly.
 """
 
@@ -13,13 +13,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from governor import gpuid
+from governor.backends import gpuid
 from governor.backends.base import Gpu, Limits
 from governor.errors import BackendError, FtgovError, StateError
 from governor.features import Features
 from governor.policy import Decision, Policy, combine
-from governor.rails import CounterMeter, EnergyMeter, Rails
-from governor.state import GpuState, JobRecord, State, StateFile
+from governor.backends.rails import CounterMeter, EnergyMeter, Rails
+from governor.daemon.state import GpuState, JobRecord, State, StateFile
 
 log = logging.getLogger("ftgovd")
 
@@ -45,7 +45,7 @@ class Job:
     phase: Optional[str] = None
     meter: Optional[EnergyMeter] = None
     adopted: bool = False
-    tuner: object = None  # governor.tuning.JobTuner when the tune policy drives this job
+    tuner: object = None  # governor.policy.tuner.JobTuner when the tune policy drives this job
 
     @property
     def freq_hz(self) -> Optional[int]:

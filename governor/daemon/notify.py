@@ -10,7 +10,7 @@ import os
 import socket
 from typing import Optional
 
-from governor import logs
+from governor.daemon import logs
 
 SD_LISTEN_FDS_START = 3
 

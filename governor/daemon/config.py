@@ -52,7 +52,7 @@ class LimitsConfig(_Strict):
 
 
 class TunerConfig(_Strict):
-    """The `tune` policy's online tuner (governor.tuning; docs/tuner.md): 6 windows of 1 + 4 steps = 30 steps."""
+    """The `tune` policy's online tuner (governor.policy.tuner; docs/tuner.md): 6 windows of 1 + 4 steps = 30 steps."""
 
     window_steps: int = Field(4, ge=1, description="measured training steps per window")
     warmup_steps: int = Field(1, ge=0, description="steps discarded after each frequency change")
@@ -151,7 +151,7 @@ def default_model_path() -> Path:
     import sys
 
     for candidate in (Path(sys.prefix) / "share" / "ftgov" / "mlg-tree.json",
-                      Path(__file__).resolve().parent.parent / "model" / "mlg-tree.json"):
+                      Path(__file__).resolve().parents[2] / "model" / "mlg-tree.json"):
         if candidate.exists():
             return candidate
     return Path(sys.prefix) / "share" / "ftgov" / "mlg-tree.json"

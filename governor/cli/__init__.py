@@ -11,13 +11,13 @@ from governor import __version__
 
 # Modules that provide add_parser(subparsers); imported when `ftgov` starts, so they keep heavy imports inside run().
 SUBCOMMAND_MODULES = (
-    "governor.restore",
-    "governor.cli_run",
-    "governor.cli_ops",
-    "governor.metrics",
+    "governor.cli.restore",
+    "governor.cli.run",
+    "governor.cli.ops",
+    "governor.cli.metrics",
     "governor.pipeline.characterize",
     "governor.pipeline.evaluate",
-    "governor.sim.cli",
+    "governor.cli.sim",
     "governor.sim.job",
 )
 
@@ -42,6 +42,3 @@ def main(argv: Optional[list[str]] = None) -> int:
     except KeyboardInterrupt:
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,7 +12,7 @@ import sys
 
 from governor import DEFAULT_CONFIG_PATH
 from governor.errors import FtgovError
-from governor.state import StateFile, boot_id
+from governor.daemon.state import StateFile, boot_id
 from governor.sysfs import Root
 
 log = logging.getLogger("ftgovd")
@@ -30,7 +30,7 @@ def add_parser(sub) -> None:
 
 
 def restore(state_dir: str, root: Root, config) -> int:
-    from governor.daemon import probe_gpus
+    from governor.daemon.main import probe_gpus
 
     state_file = StateFile(state_dir)
     state = state_file.read(boot_id(root))
@@ -60,7 +60,7 @@ def restore(state_dir: str, root: Root, config) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from governor.config import load_config  # pydantic: not for every `ftgov` start
+    from governor.daemon.config import load_config  # pydantic: not for every `ftgov` start
 
     try:
         config = load_config(args.config or DEFAULT_CONFIG_PATH,

@@ -1,5 +1,5 @@
 """Operator commands: `ftgov status` (what runs, at what frequency, drawing what) and `ftgov predict` (what the policy
-would pick for a workload, and why). `ftgov restore` lives in governor.restore.
+would pick for a workload, and why). `ftgov restore` lives in governor.cli.restore.
 
 Both register their own subparser (see governor.cli); `add_parser` adds them together.
 """
@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from governor.cli_features import add_feature_arguments, features_from_args
+from governor.cli.features import add_feature_arguments, features_from_args
 from governor.client import Connection
 from governor.errors import ConfigError, FtgovError
 

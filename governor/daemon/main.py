@@ -1,4 +1,4 @@
-"""ftgovd: the command line, start-up and the event loop (see governor.server for the loop itself)."""
+"""ftgovd: the command line, start-up and the event loop (see governor.daemon.server for the loop itself)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from governor import DEFAULT_CONFIG_PATH, __version__, logs
-from governor.config import Config, default_ffg_hz, default_model_path, load_config
+from governor import DEFAULT_CONFIG_PATH, __version__
+from governor.daemon import logs
+from governor.daemon.config import Config, default_ffg_hz, default_model_path, load_config
 from governor.errors import FtgovError, NodeNotFound
-from governor.notify import Notifier, listen_fds
+from governor.daemon.notify import Notifier, listen_fds
 from governor.sysfs import Root
 
 log = logging.getLogger("ftgovd")
@@ -115,11 +116,11 @@ def raise_fd_limit(config: Config) -> None:
 
 
 def run(config: Config, *, simulate: bool = False) -> int:
-    from governor import rails as rails_mod
-    from governor.jobs import Governor
+    from governor.backends import rails as rails_mod
+    from governor.daemon.pins import Governor
     from governor.policy import Policy
-    from governor.server import Server, bind_socket
-    from governor.state import StateFile, boot_id
+    from governor.daemon.server import Server, bind_socket
+    from governor.daemon.state import StateFile, boot_id
 
     notifier = Notifier()
     raise_fd_limit(config)
@@ -162,7 +163,7 @@ def run(config: Config, *, simulate: bool = False) -> int:
         board = Board(root, gpus[0])
         governor.listeners.append(board.update)
         board.update(governor)
-    from governor import tune_job
+    from governor.daemon import tuning as tune_job
 
     server = Server(governor, config, notifier, tuner_factory=lambda gov, job: tune_job.attach(gov, job, config.tuner))
 
@@ -199,6 +200,3 @@ def main(argv: Optional[list[str]] = None) -> int:
         log.error("%s", e)
         return 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -16,9 +16,9 @@ import logging
 import time
 from typing import Optional
 
-from governor.config import TunerConfig
+from governor.daemon.config import TunerConfig
 from governor.errors import FtgovError
-from governor.tuning import OnlineTuner, TuningSession
+from governor.policy.tuner import OnlineTuner, TuningSession
 
 log = logging.getLogger("ftgovd")
 

@@ -25,13 +25,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from governor import peers, protocol
-from governor.config import Config
+from governor.daemon import peers, protocol
+from governor.daemon.config import Config
 from governor.errors import FtgovError
-from governor.jobs import Governor, Job
-from governor.notify import Notifier
+from governor.daemon.pins import Governor, Job
+from governor.daemon.notify import Notifier
 from governor.policy import Decision
-from governor.protocol import RpcError
+from governor.daemon.protocol import RpcError
 
 log = logging.getLogger("ftgovd")
 

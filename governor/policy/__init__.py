@@ -1,10 +1,10 @@
 """Policies: map a job's features to a GPU frequency (or to no pin at all).
 
-- ``mlg``: the decision tree (governor.tree), loaded from a JSON export; falls back to FFG with a logged reason when
+- ``mlg``: the decision tree (governor.policy.tree), loaded from a JSON export; falls back to FFG with a logged reason when
   the model file is missing or invalid.
 - ``ffg``: one configured frequency for every job.
 - ``observe``: pins nothing, so the default governor runs; for baseline measurements.
-- ``tune``: starts from MLG's pick; the daemon's tuner then moves it (governor.tuning).
+- ``tune``: starts from MLG's pick; the daemon's tuner then moves it (governor.policy.tuner).
 A tree's leaf or FFG's frequency need not be in this board's table: the pin is the nearest level at or above it.
 """
 
@@ -18,7 +18,7 @@ from typing import Optional
 from governor.backends.base import nearest_level
 from governor.errors import ModelError
 from governor.features import Features
-from governor.tree import DecisionTree
+from governor.policy.tree import DecisionTree
 
 log = logging.getLogger("ftgovd")
 

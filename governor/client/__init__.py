@@ -489,7 +489,7 @@ class Job:
             self._disable(str(e))
             return
         if self.gpu is None:
-            from governor.gpuid import visible_gpu
+            from governor.backends.gpuid import visible_gpu
 
             self.gpu = visible_gpu()  # the GPU this process trains on (CUDA_VISIBLE_DEVICES / torch), when known
         try:

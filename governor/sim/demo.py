@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from governor.notify import NotifyListener
+from governor.daemon.notify import NotifyListener
 
 DEVFREQ = "sys/class/devfreq/17000000.gpu"
 JOB = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0}  # BERT-base on MNLI

@@ -1,0 +1,5 @@
+import sys
+
+from governor.cli import main
+
+sys.exit(main())

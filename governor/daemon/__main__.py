@@ -1,0 +1,5 @@
+import sys
+
+from governor.daemon.main import main
+
+sys.exit(main())
