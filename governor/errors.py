@@ -31,3 +31,14 @@ class ModelError(FtgovError):
 
 class StateError(FtgovError):
     """The crash-safety state file could not be written or read."""
+
+
+# The JSON-RPC error codes of the daemon's replies: the daemon sends them, the client maps them to its exceptions.
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+SERVER_ERROR = -32000  # the backend failed (a pin did not take): the job is not registered
+PERMISSION_DENIED = -32001
+LIMIT_EXCEEDED = -32002
+UNKNOWN_JOB = -32003

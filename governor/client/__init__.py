@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 from pydantic import ValidationError
 
+from governor import errors
 from governor.errors import FtgovError
 from governor.features import Features, from_hf_config
 
@@ -90,14 +91,14 @@ class UnknownJob(RpcError):
 
 
 _ERROR_CLASSES: dict[int, type[RpcError]] = {
-    -32700: ParseError,
-    -32600: InvalidRequest,
-    -32601: MethodNotFound,
-    -32602: InvalidParams,
-    -32000: ServerError,
-    -32001: NotPermitted,
-    -32002: LimitExceeded,
-    -32003: UnknownJob,
+    errors.PARSE_ERROR: ParseError,
+    errors.INVALID_REQUEST: InvalidRequest,
+    errors.METHOD_NOT_FOUND: MethodNotFound,
+    errors.INVALID_PARAMS: InvalidParams,
+    errors.SERVER_ERROR: ServerError,
+    errors.PERMISSION_DENIED: NotPermitted,
+    errors.LIMIT_EXCEEDED: LimitExceeded,
+    errors.UNKNOWN_JOB: UnknownJob,
 }
 
 
