@@ -1,6 +1,6 @@
 """JSON-RPC 2.0 framing and validation: one JSON object per line, UTF-8, at most MAX_LINE_BYTES a line.
 
-Everything a client sends is checked here and turned into either a typed request or an RpcError with a standard code
+Everything a client sends is checked here and turned into either a typed request or an RpcFault with a standard code
 and a message naming the field; the server never sees raw, unchecked input.
 """
 
@@ -13,21 +13,15 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from governor.errors import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
 from governor.features import Features
 
 MAX_LINE_BYTES = 64 * 1024
 
-PARSE_ERROR = -32700
-INVALID_REQUEST = -32600
-METHOD_NOT_FOUND = -32601
-INVALID_PARAMS = -32602
-SERVER_ERROR = -32000  # the backend failed (a pin did not take): the job is not registered
-PERMISSION_DENIED = -32001
-LIMIT_EXCEEDED = -32002
-UNKNOWN_JOB = -32003
 
+class RpcFault(Exception):
+    """An error reply to one request (the client's counterpart is governor.client.RpcError)."""
 
-class RpcError(Exception):
     def __init__(self, code: int, message: str, data: Optional[dict] = None):
         super().__init__(message)
         self.code, self.message, self.data = code, message, data
@@ -118,33 +112,33 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
 def parse_line(line: bytes) -> Request:
-    """Parse and validate one line. Raises RpcError; ``err.data["id"]`` carries the request id when it was readable."""
+    """Parse and validate one line. Raises RpcFault; ``err.data["id"]`` carries the request id when it was readable."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise RpcError(PARSE_ERROR, f"invalid UTF-8 at byte {e.start}") from e
+        raise RpcFault(PARSE_ERROR, f"invalid UTF-8 at byte {e.start}") from e
     try:
         msg = _DECODER.decode(text)
     except (ValueError, RecursionError) as e:
-        raise RpcError(PARSE_ERROR, f"not valid JSON: {e}") from e
+        raise RpcFault(PARSE_ERROR, f"not valid JSON: {e}") from e
     if not isinstance(msg, dict):
-        raise RpcError(INVALID_REQUEST, f"a request must be a JSON object, not {type(msg).__name__}")
+        raise RpcFault(INVALID_REQUEST, f"a request must be a JSON object, not {type(msg).__name__}")
     req_id = msg.get("id")
     if req_id is not None and (isinstance(req_id, bool) or not isinstance(req_id, (int, str))):
-        raise RpcError(INVALID_REQUEST, "id must be a string or an integer", {"field": "id"})
+        raise RpcFault(INVALID_REQUEST, "id must be a string or an integer", {"field": "id"})
     if isinstance(req_id, str) and len(req_id) > 256:
-        raise RpcError(INVALID_REQUEST, "id is too long", {"field": "id"})
+        raise RpcFault(INVALID_REQUEST, "id is too long", {"field": "id"})
     if isinstance(req_id, int) and abs(req_id) > (1 << 53):
-        raise RpcError(INVALID_REQUEST, "id is out of range", {"field": "id"})
+        raise RpcFault(INVALID_REQUEST, "id is out of range", {"field": "id"})
 
     # A well-formed notification (no "id" member) gets no reply even when its method or params are wrong (JSON-RPC 2.0
     # section 4.1): its sender is not waiting for one, and an unexpected reply would answer its next request. A
     # request that is not well formed (Invalid Request) is answered with a null id, as the spec says.
     notification = "id" not in msg
 
-    def fail(code: int, message: str, data: Optional[dict] = None) -> RpcError:
+    def fail(code: int, message: str, data: Optional[dict] = None) -> RpcFault:
         quiet = notification and code in (METHOD_NOT_FOUND, INVALID_PARAMS)
-        return RpcError(code, message, {**(data or {}), "id": req_id, "notification": quiet})
+        return RpcFault(code, message, {**(data or {}), "id": req_id, "notification": quiet})
 
     if msg.get("jsonrpc") != "2.0":
         raise fail(INVALID_REQUEST, 'jsonrpc must be "2.0"', {"field": "jsonrpc"})
@@ -190,11 +184,11 @@ def result(req_id: Any, value: dict) -> bytes:
     return encode({"jsonrpc": "2.0", "id": req_id, "result": value})
 
 
-def error(req_id: Any, err: RpcError) -> bytes:
+def error(req_id: Any, err: RpcFault) -> bytes:
     data = dict(err.data or {})
     data.pop("id", None)
     data.pop("notification", None)
-    return encode({"jsonrpc": "2.0", "id": req_id, "error": RpcError(err.code, err.message, data).to_dict()})
+    return encode({"jsonrpc": "2.0", "id": req_id, "error": RpcFault(err.code, err.message, data).to_dict()})
 
 
 def finite(x: Optional[float]) -> Optional[float]:

@@ -5,10 +5,7 @@ A job's hold is tied to its connection and its process: whichever ends first end
 connections, pidfds and signals are all waited on by the event loop; the only timers are the measurement tick while
 jobs run (rails, pin check) and the systemd watchdog.
 
-Connections are non-blocking sockets read and written straight from the loop's readiness callbacks, with no stream
-objects or task per connection: a request is parsed, decided and answered in the callback that read it. Only a
-request that has to wait (measuring gpu_util) becomes a task, and the lines behind it wait for it, in order. Replies
-a client does not read are buffered up to WRITE_HIGH_BYTES; past that the connection is not read until they drain.
+Each connection is one asyncio protocol object (governor.daemon.connection) on asyncio's own socket transport.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ import signal
 import socket
 import stat
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from governor.daemon import peers, protocol
@@ -31,37 +27,11 @@ from governor.errors import FtgovError
 from governor.daemon.pins import Governor, Job
 from governor.daemon.notify import Notifier
 from governor.policy import Decision
-from governor.daemon.protocol import RpcError
+from governor.daemon.protocol import RpcFault
+from governor.daemon.connection import READ_CHUNK, Connection
+from governor.errors import INVALID_PARAMS, LIMIT_EXCEEDED, PERMISSION_DENIED, UNKNOWN_JOB
 
 log = logging.getLogger("ftgovd")
-
-READ_CHUNK = 65536
-WRITE_HIGH_BYTES = 256 * 1024
-ACCEPT_BATCH = 128  # connections accepted per readiness of the listening socket, so that requests are not starved
-ACCEPT_RETRY_S = 1.0  # out of file descriptors: the kernel keeps the connection queued; try again after this
-ENDED_KEPT = 16
-
-
-@dataclass(eq=False)  # identity: each connection is its own
-class Conn:
-    peer: peers.Peer
-    sock: socket.socket
-    # The connecting process, held from the moment it connected: its jobs (pid left out) hold it through duplicates,
-    # so a registration does not open and read /proc again, and the pid cannot have been reused since the connect.
-    process: Optional[peers.HeldProcess] = None
-    job_ids: set[int] = field(default_factory=set)
-    # Summaries of this connection's jobs that ended without unregister (their process exited first, as with
-    # `ftgov run`): a late unregister still gets the figures. Bounded: the oldest are dropped.
-    ended: dict[int, dict] = field(default_factory=dict)
-    rbuf: bytearray = field(default_factory=bytearray)
-    scanned: int = 0  # rbuf[:scanned] holds no newline: a line that arrives in pieces is not searched again
-    discarding: bool = False  # inside an oversized line: drop bytes up to its newline
-    wbuf: bytearray = field(default_factory=bytearray)
-    busy: Optional[asyncio.Task] = None  # a request that waits (measuring gpu_util); the lines behind it wait too
-    reading: bool = False
-    writing: bool = False
-    eof: bool = False  # the client closed its side: flush what is left to send, then close
-    closed: bool = False
 
 
 class Server:
@@ -71,7 +41,7 @@ class Server:
         self.config = config
         self.notifier = notifier or Notifier({})
         self.tuner_factory = tuner_factory
-        self.conns: set[Conn] = set()
+        self.conns: set[Connection] = set()
         self.conns_per_uid: Counter[int] = Counter()
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self.held: dict[int, peers.HeldProcess] = {}
@@ -83,6 +53,8 @@ class Server:
         self._tick: Optional[asyncio.TimerHandle] = None
         self._status_pending = False
         self._stop = asyncio.Event()
+        self.methods = self  # what a connection calls: call(conn, method, params)
+        self.read_buffer = memoryview(bytearray(READ_CHUNK))
         self.gov.listeners.append(lambda _g: self._changed())
         self.gov.defer = self._defer
 
@@ -132,8 +104,9 @@ class Server:
         loop = self._loop = asyncio.get_running_loop()
         loop.add_reader(self._exits.fileno(), self._processes_exited)
         self.adopt_leftovers()  # before READY=1: no client is served until leftovers are restored or re-adopted
-        listen_sock.setblocking(False)
-        loop.add_reader(listen_sock.fileno(), self._accept, listen_sock)
+        # backlog: asyncio listens again with it; keep the queue systemd's socket unit (or bind_socket) made.
+        listener = await loop.create_unix_server(lambda: Connection(self), sock=listen_sock,
+                                                 backlog=socket.SOMAXCONN)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         # Everything allocated at start-up (modules, pydantic schemas, the tree) lives as long as the daemon: keep the
@@ -148,13 +121,13 @@ class Server:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
             self.notifier.stopping()
-            loop.remove_reader(listen_sock.fileno())
+            listener.close()
             tasks = [c.busy for c in self.conns if c.busy is not None]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             for conn in list(self.conns):
-                self._close(conn)  # _stop is set: the jobs stay for shutdown() to decide on
+                conn.close()  # _stop is set: the jobs stay for shutdown() to decide on
             self.shutdown()
 
     def stop(self) -> None:
@@ -185,244 +158,45 @@ class Server:
             return True
         return self.group_gid is not None and self.group_gid in peers.groups_of(peer.pid, peer.gid)
 
-    def _accept(self, listen_sock: socket.socket) -> None:
-        for _ in range(ACCEPT_BATCH):
-            try:
-                sock, _addr = listen_sock.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:  # EMFILE, ENFILE, ENOBUFS: the connection waits in the backlog meanwhile
-                log.error("cannot accept a connection: %s; retrying in %g s", e, ACCEPT_RETRY_S)
-                self._loop.remove_reader(listen_sock.fileno())
-                self._loop.call_later(ACCEPT_RETRY_S, self._loop.add_reader, listen_sock.fileno(), self._accept,
-                                      listen_sock)
-                return
-            sock.setblocking(False)
-            self._open(sock)
-
-    def _open(self, sock: socket.socket) -> None:
-        try:
-            peer = peers.peer_of(sock)
-        except OSError:
-            sock.close()
-            return
-        refusal = self._refusal(peer)
-        if refusal is not None:
-            try:
-                sock.send(protocol.error(None, refusal))  # a few hundred bytes into an empty socket buffer
-            except OSError:
-                pass
-            sock.close()
-            return
-        try:
-            process = peers.hold(peer.pid, known_uid=peer.uid)
-        except peers.ProcessGone:
-            process = None  # exited already (or from another pid namespace): its registrations will say so
-        conn = Conn(peer, sock, process)
-        self.conns.add(conn)
-        self.conns_per_uid[peer.uid] += 1
-        self._update_io(conn)
-
-    def _refusal(self, peer: peers.Peer) -> Optional[RpcError]:
+    def refusal(self, peer: peers.Peer) -> Optional[RpcFault]:
         if len(self.conns) >= self.config.limits.max_connections:
-            return RpcError(protocol.LIMIT_EXCEEDED, "too many connections (limits.max_connections)")
+            return RpcFault(LIMIT_EXCEEDED, "too many connections (limits.max_connections)")
         if self.conns_per_uid[peer.uid] >= self.config.limits.max_connections_per_uid:
-            return RpcError(protocol.LIMIT_EXCEEDED, f"too many connections from uid {peer.uid} "
+            return RpcFault(LIMIT_EXCEEDED, f"too many connections from uid {peer.uid} "
                             "(limits.max_connections_per_uid)")
         if not self._authorized(peer):
             log.warning("refused uid %d (pid %d): not root and not in group %s", peer.uid, peer.pid,
                         self.config.socket.group)
-            return RpcError(protocol.PERMISSION_DENIED, f"permission denied: uid {peer.uid} is not root and not in "
+            return RpcFault(PERMISSION_DENIED, f"permission denied: uid {peer.uid} is not root and not in "
                             f"group {self.config.socket.group!r} (ask an administrator to add you to it)")
         return None
 
-    def _update_io(self, conn: Conn) -> None:
-        """Read while the connection can take requests (nothing waits, replies drain); write while replies wait."""
-        if conn.closed:
-            return
-        read = not conn.eof and conn.busy is None and len(conn.wbuf) <= WRITE_HIGH_BYTES
-        if read != conn.reading:
-            conn.reading = self._watch_io(conn, read, self._loop.add_reader, self._loop.remove_reader, self._readable)
-        write = bool(conn.wbuf)
-        if write != conn.writing:
-            conn.writing = self._watch_io(conn, write, self._loop.add_writer, self._loop.remove_writer, self._writable)
+    def opened(self, conn: Connectionection) -> None:
+        self.conns.add(conn)
+        self.conns_per_uid[conn.peer.uid] += 1
 
-    @staticmethod
-    def _watch_io(conn: Conn, want: bool, add, remove, callback) -> bool:
-        if want:
-            add(conn.sock.fileno(), callback, conn)
-        else:
-            remove(conn.sock.fileno())
-        return want
+    def closed(self, conn: Connectionection) -> None:
+        self.conns.discard(conn)
+        self.conns_per_uid[conn.peer.uid] -= 1
 
-    def _readable(self, conn: Conn) -> None:
-        try:
-            data = conn.sock.recv(READ_CHUNK)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""  # reset by the peer: the same as a close
-        if not data:
-            conn.eof = True
-            if not conn.wbuf:
-                self._close(conn)  # which ends its jobs
-            else:
-                self._end_jobs(conn, "connection closed")
-                self._update_io(conn)  # the replies still queued go out first, then _writable closes
-            return
-        conn.rbuf += data
-        self._serve(conn)
-
-    def _serve(self, conn: Conn) -> None:
-        try:
-            self._process(conn)
-        except Exception:  # a bug must not leave this client's jobs pinned: drop the connection, keep serving
-            self._internal_error(conn)
-
-    def _internal_error(self, conn: Conn) -> None:
-        log.exception("internal error serving uid %d (pid %d); closing its connection", conn.peer.uid, conn.peer.pid)
-        self._close(conn)
-
-    def _process(self, conn: Conn) -> None:
-        """Answer the complete lines in the read buffer, in order, until one has to wait or replies pile up."""
-        buf = conn.rbuf
-        while conn.busy is None and not conn.closed and len(conn.wbuf) <= WRITE_HIGH_BYTES:
-            nl = buf.find(b"\n", conn.scanned)
-            if nl < 0:
-                conn.scanned = len(buf)
-                if len(buf) > protocol.MAX_LINE_BYTES:
-                    if not conn.discarding:
-                        self._send(conn, protocol.error(None, RpcError(
-                            protocol.INVALID_REQUEST, f"line longer than {protocol.MAX_LINE_BYTES} bytes")))
-                    conn.discarding = True
-                    buf.clear()
-                    conn.scanned = 0
-                break
-            line = bytes(buf[:nl])
-            del buf[: nl + 1]
-            conn.scanned = 0
-            if conn.discarding:
-                conn.discarding = False
-                continue
-            if len(line) > protocol.MAX_LINE_BYTES:
-                self._send(conn, protocol.error(None, RpcError(
-                    protocol.INVALID_REQUEST, f"line longer than {protocol.MAX_LINE_BYTES} bytes")))
-                continue
-            if line.strip():
-                self._dispatch(conn, line)
-        self._update_io(conn)
-
-    def _dispatch(self, conn: Conn, line: bytes) -> None:
-        try:
-            req = protocol.parse_line(line)
-        except RpcError as e:
-            if not (e.data or {}).get("notification"):
-                self._send(conn, protocol.error((e.data or {}).get("id"), e))
-            return
-        try:
-            value = getattr(self, f"_rpc_{req.method}")(conn, req.params)
-        except (RpcError, FtgovError) as e:
-            self._reply_error(conn, req, e)
-            return
-        if asyncio.iscoroutine(value):  # it measures gpu_util first: the lines behind it wait for its answer
-            conn.busy = self._loop.create_task(self._finish(conn, req, value))
-            return
-        if not req.is_notification:
-            self._send(conn, protocol.result(req.id, value))
-
-    async def _finish(self, conn: Conn, req: protocol.Request, pending) -> None:
-        try:
-            value = await pending
-        except (RpcError, FtgovError) as e:
-            conn.busy = None
-            self._reply_error(conn, req, e)
-        except asyncio.CancelledError:
-            conn.busy = None
-            raise
-        except Exception:
-            conn.busy = None
-            self._internal_error(conn)
-            return
-        else:
-            conn.busy = None
-            if not req.is_notification:
-                self._send(conn, protocol.result(req.id, value))
-        if not conn.closed:
-            self._serve(conn)  # the lines that arrived meanwhile
-
-    def _reply_error(self, conn: Conn, req: protocol.Request, e: FtgovError | RpcError) -> None:
-        if not isinstance(e, RpcError):
-            log.warning("%s from uid %d failed: %s", req.method, conn.peer.uid, e)
-            e = RpcError(protocol.SERVER_ERROR, str(e))
-        if not req.is_notification:
-            self._send(conn, protocol.error(req.id, e))
-
-    def _send(self, conn: Conn, data: bytes) -> None:
-        if conn.closed:
-            return
-        if not conn.wbuf:
-            try:
-                sent = conn.sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                sent = 0
-            except OSError:  # the client is gone (EPIPE, ECONNRESET)
-                self._close(conn)
-                return
-            if sent == len(data):
-                return
-            data = data[sent:]
-        conn.wbuf += data
-        self._update_io(conn)
-
-    def _writable(self, conn: Conn) -> None:
-        try:
-            sent = conn.sock.send(conn.wbuf)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self._close(conn)
-            return
-        del conn.wbuf[:sent]
-        if conn.eof and not conn.wbuf:
-            self._close(conn)
-        elif len(conn.wbuf) <= WRITE_HIGH_BYTES and conn.busy is None and not conn.eof:
-            self._serve(conn)  # lines held back while the replies piled up
-        else:
-            self._update_io(conn)
-
-    def _end_jobs(self, conn: Conn, why: str) -> None:
+    def end_jobs(self, conn: Connectionection, why: str) -> None:
         if not self._stop.is_set():  # stopping: shutdown() decides what happens to the jobs
             for job_id in list(conn.job_ids):
                 self._end(job_id, why)
             conn.job_ids.clear()
 
-    def _close(self, conn: Conn) -> None:
-        if conn.closed:
-            return
-        self._end_jobs(conn, "connection closed")
-        conn.closed = True
-        self.conns.discard(conn)
-        self.conns_per_uid[conn.peer.uid] -= 1
-        fd = conn.sock.fileno()
-        if conn.reading:
-            self._loop.remove_reader(fd)
-        if conn.writing:
-            self._loop.remove_writer(fd)
-        if conn.busy is not None and conn.busy is not asyncio.current_task():
-            conn.busy.cancel()
-        if conn.process is not None:
-            conn.process.close()
-        conn.sock.close()
+    def call(self, conn: Connectionection, method: str, params):
+        return getattr(self, f"_rpc_{method}")(conn, params)
 
     # ---- methods ----------------------------------------------------------------------------------------------------
     # Each answers at once with a dict, or, when it has to measure gpu_util first, with a coroutine that will.
-    def _rpc_ping(self, conn: Conn, params) -> dict:
+    def _rpc_ping(self, conn: Connection, params) -> dict:
         return {}
 
-    def _rpc_status(self, conn: Conn, params) -> dict:
+    def _rpc_status(self, conn: Connection, params) -> dict:
         return self.gov.status()
 
-    def _rpc_predict(self, conn: Conn, params):
+    def _rpc_predict(self, conn: Connection, params):
         features = params.features()
         gid = self.gov.default_gpu()
         if features.gpu_util is None:
@@ -437,14 +211,14 @@ class Server:
         d = self.gov.policy.decide(features, self.gov.gpus[gid].gpu.levels_hz)
         return {"policy": d.policy, "freq_hz": d.freq_hz, "reason": d.reason + (f"; {why}" if why else "")}
 
-    def _rpc_register(self, conn: Conn, params):
+    def _rpc_register(self, conn: Connection, params):
         limits = self.config.limits
         if len(conn.job_ids) >= limits.max_jobs_per_connection:
-            raise RpcError(protocol.LIMIT_EXCEEDED, f"this connection already holds {len(conn.job_ids)} jobs "
+            raise RpcFault(LIMIT_EXCEEDED, f"this connection already holds {len(conn.job_ids)} jobs "
                            "(limits.max_jobs_per_connection)")
         held_by_uid = sum(1 for j in self.gov.jobs.values() if j.uid == conn.peer.uid)
         if held_by_uid >= limits.max_jobs_per_uid:
-            raise RpcError(protocol.LIMIT_EXCEEDED, f"uid {conn.peer.uid} already holds {held_by_uid} jobs "
+            raise RpcFault(LIMIT_EXCEEDED, f"uid {conn.peer.uid} already holds {held_by_uid} jobs "
                            "(limits.max_jobs_per_uid)")
         pid = params.pid or conn.peer.pid
         try:
@@ -453,40 +227,40 @@ class Server:
             else:
                 held = peers.hold(pid, known_uid=conn.peer.uid if pid == conn.peer.pid else None)
         except peers.ProcessGone as e:
-            raise RpcError(protocol.INVALID_PARAMS, f"pid: {e}", {"field": "pid"}) from e
+            raise RpcFault(INVALID_PARAMS, f"pid: {e}", {"field": "pid"}) from e
         if conn.peer.uid != 0 and held.uid != conn.peer.uid:
             held.close()
-            raise RpcError(protocol.PERMISSION_DENIED, f"pid: process {pid} belongs to uid {held.uid}, not to you "
+            raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} belongs to uid {held.uid}, not to you "
                            f"(uid {conn.peer.uid})", {"field": "pid"})
         if params.tune and self.gov.policy.name == "observe":
             held.close()
-            raise RpcError(protocol.INVALID_PARAMS, "tune: this daemon runs the observe policy and pins nothing",
+            raise RpcFault(INVALID_PARAMS, "tune: this daemon runs the observe policy and pins nothing",
                            {"field": "tune"})
         try:
             gpu_id = self.gov.find_gpu(params.gpu)
         except FtgovError as e:
             held.close()
-            raise RpcError(protocol.INVALID_PARAMS, f"gpu: {e}", {"field": "gpu"}) from e
+            raise RpcFault(INVALID_PARAMS, f"gpu: {e}", {"field": "gpu"}) from e
         try:
             job = self.gov.admit(pid=pid, start_time=held.start_time, uid=conn.peer.uid, name=params.name,
                                  gpu_id=gpu_id, features=params.features(), policy="tune" if params.tune else None)
         except FtgovError as e:
             held.close()
-            raise RpcError(protocol.LIMIT_EXCEEDED, str(e)) from e
+            raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
         conn.job_ids.add(job.job_id)
         self._watch(job, held)
         if job.features.gpu_util is None:
             return self._register_measured(conn, job)
         return self._decide_new(conn, job, "")
 
-    async def _register_measured(self, conn: Conn, job: Job) -> dict:
+    async def _register_measured(self, conn: Connection, job: Job) -> dict:
         util, why = await self._measure_util(job.gpu_id)
         if job.job_id not in self.gov.jobs:  # its process exited while we measured
-            raise RpcError(protocol.INVALID_PARAMS, f"pid: process {job.pid} exited during registration")
+            raise RpcFault(INVALID_PARAMS, f"pid: process {job.pid} exited during registration")
         job.features = job.features.model_copy(update={"gpu_util": util})
         return self._decide_new(conn, job, why)
 
-    def _decide_new(self, conn: Conn, job: Job, why: str) -> dict:
+    def _decide_new(self, conn: Connection, job: Job, why: str) -> dict:
         try:
             decision = self.gov.decide(job, why_util=why)
         except FtgovError:
@@ -498,12 +272,12 @@ class Server:
         return {"job_id": job.job_id, "policy": decision.policy, "freq_hz": decision.freq_hz,
                 "reason": decision.reason, "gpu": job.gpu_id, "gpu_util": job.features.gpu_util}
 
-    def _own_job(self, conn: Conn, job_id: int) -> Job:
+    def _own_job(self, conn: Connection, job_id: int) -> Job:
         if job_id not in conn.job_ids:
-            raise RpcError(protocol.UNKNOWN_JOB, f"job_id: no job {job_id} on this connection", {"field": "job_id"})
+            raise RpcFault(UNKNOWN_JOB, f"job_id: no job {job_id} on this connection", {"field": "job_id"})
         return self.gov.jobs[job_id]
 
-    def _rpc_update(self, conn: Conn, params) -> dict:
+    def _rpc_update(self, conn: Connection, params) -> dict:
         job = self._own_job(conn, params.job_id)
         changes = {k: v for k, v in (("gpu_util", params.gpu_util), ("seq_len", params.seq_len)) if v is not None}
         if changes and any(getattr(job.features, k) != v for k, v in changes.items()):
@@ -519,7 +293,7 @@ class Server:
         d = job.decision
         return {"job_id": job.job_id, "policy": d.policy, "freq_hz": d.freq_hz, "reason": d.reason}
 
-    def _rpc_progress(self, conn: Conn, params) -> dict:
+    def _rpc_progress(self, conn: Connection, params) -> dict:
         job = self._own_job(conn, params.job_id)
         job.steps = max(job.steps, params.steps)
         self.gov.set_phase(job, params.phase)
@@ -527,7 +301,7 @@ class Server:
             job.tuner.progress(self.gov, job)
         return {}
 
-    def _rpc_unregister(self, conn: Conn, params) -> dict:
+    def _rpc_unregister(self, conn: Connection, params) -> dict:
         if params.job_id in conn.ended:
             return conn.ended.pop(params.job_id)
         self._own_job(conn, params.job_id)
@@ -559,9 +333,7 @@ class Server:
         if owner is not None:
             owner.job_ids.discard(job_id)
             if ended is not None:
-                owner.ended[job_id] = self._summary(ended)
-                while len(owner.ended) > ENDED_KEPT:
-                    owner.ended.pop(next(iter(owner.ended)))
+                owner.keep_ended(job_id, self._summary(ended))
 
     @staticmethod
     def _summary(ended) -> dict:

@@ -1,0 +1,232 @@
+"""One client connection: an asyncio BufferedProtocol that frames lines, answers them in order and keeps back-pressure.
+
+The transport (asyncio's selector transport) owns the socket, the reads and the write buffer; this object owns the
+framing and the order of replies. A request is parsed, decided and answered in the callback that read it. Only a
+request that has to wait (measuring gpu_util) becomes a task, and the lines behind it wait for it, in order: reading
+pauses meanwhile. Replies a client does not read are buffered by the transport up to WRITE_HIGH_BYTES; past that it
+calls pause_writing and the connection stops being read until resume_writing says the buffer drained.
+
+The peer's credentials (SO_PEERCRED) are read and its process held (a pidfd) when it connects, so that a
+registration does not open /proc again and the pid cannot have been reused since the connect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Optional
+
+from governor.daemon import peers, protocol
+from governor.daemon.protocol import RpcFault
+from governor.errors import INVALID_REQUEST, SERVER_ERROR, FtgovError
+
+if TYPE_CHECKING:
+    from governor.daemon.server import Server
+
+log = logging.getLogger("ftgovd")
+
+READ_CHUNK = 65536
+WRITE_HIGH_BYTES = 256 * 1024
+ENDED_KEPT = 16
+
+
+class Connection(asyncio.BufferedProtocol):
+    def __init__(self, server: "Server"):
+        self.server = server
+        self.transport: Optional[asyncio.Transport] = None
+        self.peer: Optional[peers.Peer] = None
+        # The connecting process, held from the moment it connected: its jobs (pid left out) hold it through duplicates.
+        self.process: Optional[peers.HeldProcess] = None
+        self.job_ids: set[int] = set()
+        # Summaries of this connection's jobs that ended without unregister (their process exited first, as with
+        # `ftgov run`): a late unregister still gets the figures. Bounded: the oldest are dropped.
+        self.ended: dict[int, dict] = {}
+        # One read buffer for all connections (the server's): the transport fills it and calls buffer_updated at
+        # once, so no two connections hold it at the same time, and 50 idle connections do not cost 50 buffers.
+        self._view = server.read_buffer
+        self.rbuf = bytearray()
+        self.scanned = 0  # rbuf[:scanned] holds no newline: a line that arrives in pieces is not searched again
+        self.discarding = False  # inside an oversized line: drop bytes up to its newline
+        self.busy: Optional[asyncio.Task] = None  # a request that waits; the lines behind it wait too
+        self.write_paused = False  # the transport's buffer is over WRITE_HIGH_BYTES
+        self.reading = True
+        self.eof = False
+        self.closed = False
+        self.counted = False  # in the server's connection counts
+
+    # ---- the transport's callbacks ----------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        try:
+            self.peer = peers.peer_of(transport.get_extra_info("socket"))
+        except OSError:
+            self.closed = True
+            transport.abort()
+            return
+        refusal = self.server.refusal(self.peer)
+        if refusal is not None:
+            self.closed = True
+            transport.write(protocol.error(None, refusal))  # a few hundred bytes into an empty socket buffer
+            transport.close()
+            return
+        try:
+            self.process = peers.hold(self.peer.pid, known_uid=self.peer.uid)
+        except peers.ProcessGone:
+            self.process = None  # exited already (or from another pid namespace): its registrations will say so
+        transport.set_write_buffer_limits(high=WRITE_HIGH_BYTES, low=WRITE_HIGH_BYTES)
+        self.server.opened(self)
+        self.counted = True
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.rbuf += self._view[:nbytes]
+        self.serve()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self.server.end_jobs(self, "connection closed")
+        return False  # the transport sends what is still buffered, then closes
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self._forget()
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.busy is None and not self.eof and not self.closed:
+            self.serve()  # lines held back while the replies piled up
+
+    # ---- requests ---------------------------------------------------------------------------------------------------
+    def serve(self) -> None:
+        try:
+            self._process()
+        except Exception:  # a bug must not leave this client's jobs pinned: drop the connection, keep serving
+            self._internal_error()
+
+    def _internal_error(self) -> None:
+        log.exception("internal error serving uid %d (pid %d); closing its connection", self.peer.uid, self.peer.pid)
+        self.close()
+
+    def _process(self) -> None:
+        """Answer the complete lines in the read buffer, in order, until one has to wait or replies pile up."""
+        buf = self.rbuf
+        while self.busy is None and not self.closed and not self.write_paused:
+            nl = buf.find(b"\n", self.scanned)
+            if nl < 0:
+                self.scanned = len(buf)
+                if len(buf) > protocol.MAX_LINE_BYTES:
+                    if not self.discarding:
+                        self.send(protocol.error(None, _too_long()))
+                    self.discarding = True
+                    buf.clear()
+                    self.scanned = 0
+                break
+            line = bytes(buf[:nl])
+            del buf[: nl + 1]
+            self.scanned = 0
+            if self.discarding:
+                self.discarding = False
+                continue
+            if len(line) > protocol.MAX_LINE_BYTES:
+                self.send(protocol.error(None, _too_long()))
+                continue
+            if line.strip():
+                self._dispatch(line)
+        self._update_reading()
+
+    def _dispatch(self, line: bytes) -> None:
+        try:
+            req = protocol.parse_line(line)
+        except RpcFault as e:
+            if not (e.data or {}).get("notification"):
+                self.send(protocol.error((e.data or {}).get("id"), e))
+            return
+        try:
+            value = self.server.methods.call(self, req.method, req.params)
+        except (RpcFault, FtgovError) as e:
+            self._reply_error(req, e)
+            return
+        if asyncio.iscoroutine(value):  # it measures gpu_util first: the lines behind it wait for its answer
+            self.busy = asyncio.get_running_loop().create_task(self._finish(req, value))
+            return
+        if not req.is_notification:
+            self.send(protocol.result(req.id, value))
+
+    async def _finish(self, req: protocol.Request, pending) -> None:
+        try:
+            value = await pending
+        except (RpcFault, FtgovError) as e:
+            self.busy = None
+            self._reply_error(req, e)
+        except asyncio.CancelledError:
+            self.busy = None
+            raise
+        except Exception:
+            self.busy = None
+            self._internal_error()
+            return
+        else:
+            self.busy = None
+            if not req.is_notification:
+                self.send(protocol.result(req.id, value))
+        if not self.closed:
+            self.serve()  # the lines that arrived meanwhile
+
+    def _reply_error(self, req: protocol.Request, e: FtgovError | RpcFault) -> None:
+        if not isinstance(e, RpcFault):
+            log.warning("%s from uid %d failed: %s", req.method, self.peer.uid, e)
+            e = RpcFault(SERVER_ERROR, str(e))
+        if not req.is_notification:
+            self.send(protocol.error(req.id, e))
+
+    def send(self, data: bytes) -> None:
+        if not self.closed:
+            self.transport.write(data)  # calls pause_writing when the buffer passes WRITE_HIGH_BYTES
+
+    def _update_reading(self) -> None:
+        """Read while the connection can take requests: nothing waits and the replies drain."""
+        if self.closed:
+            return
+        want = not self.eof and self.busy is None and not self.write_paused
+        if want != self.reading:
+            self.reading = want
+            if want:
+                self.transport.resume_reading()
+            else:
+                self.transport.pause_reading()
+
+    # ---- the end ----------------------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close now, dropping unsent replies (a bug, or the daemon stopping)."""
+        if self.closed:
+            return
+        self._forget()
+        self.transport.abort()
+
+    def _forget(self) -> None:
+        if self.closed and not self.counted:
+            return
+        self.closed = True
+        self.server.end_jobs(self, "connection closed")
+        if self.counted:
+            self.counted = False
+            self.server.closed(self)
+        if self.busy is not None and self.busy is not asyncio.current_task():
+            self.busy.cancel()
+        if self.process is not None:
+            self.process.close()
+            self.process = None
+
+    def keep_ended(self, job_id: int, summary: dict) -> None:
+        self.ended[job_id] = summary
+        while len(self.ended) > ENDED_KEPT:
+            self.ended.pop(next(iter(self.ended)))
+
+
+def _too_long() -> RpcFault:
+    return RpcFault(INVALID_REQUEST, f"line longer than {protocol.MAX_LINE_BYTES} bytes")
