@@ -45,7 +45,7 @@ def test_textfile_carries_jobs_pin_load_power_energy_and_savings(start_daemon, t
     assert samples[("ftgov_job_frequency_hertz", frozenset(labels | {("policy", "mlg")}))] == pin
     assert samples[("ftgov_job_steps", frozenset(labels))] == 30
     assert samples[("ftgov_job_energy_joules", frozenset(labels))] >= 0
-    assert samples[("ftgov_gpu_load_ratio", frozenset({("gpu", "0")}))] == status["gpu"]["load_pct"] / 100
+    assert samples[("ftgov_gpu_load_ratio", frozenset({("gpu", "0")}))] == status["gpus"][0]["load_pct"] / 100
     for rail, mw in status["power_mw"].items():
         assert samples[("ftgov_rail_power_watts", frozenset({("rail", rail)}))] == pytest.approx(mw / 1000)
     ratio = samples[("ftgov_job_energy_savings_ratio_estimate", frozenset(labels))]

@@ -33,7 +33,7 @@ def test_status_shows_jobs_pin_load_and_power(daemon, orin, capsys):
 
     [entry] = status["jobs"]
     assert (entry["name"], entry["freq_hz"], entry["steps"]) == ("pythia-70m", pin, 12)
-    assert status["gpu"]["pinned_hz"] == pin
+    assert status["gpus"][0]["pinned_hz"] == pin
     mhz = f"{pin / 1e6:g} MHz"
     assert f"pinned to {mhz}" in text
     row = next(line for line in text.splitlines() if "pythia-70m" in line)

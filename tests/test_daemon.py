@@ -105,7 +105,7 @@ def test_overlapping_jobs_pin_the_highest_pick(orin, start_daemon):
     assert b["freq_hz"] == 816000000 and limits(orin) == (816000000, 816000000)
     status = small.call("status")
     assert {j["freq_hz"] for j in status["jobs"]} == {510000000, 816000000}
-    assert status["gpu"]["min_hz"] == 816000000 and status["gpu"]["baseline_min_hz"] == BASELINE[0]
+    assert status["gpus"][0]["min_hz"] == 816000000 and status["gpus"][0]["baseline_min_hz"] == BASELINE[0]
     big.call("unregister", job_id=b["job_id"])
     assert limits(orin) == (510000000, 510000000)  # back to the remaining job's pick, not to the baseline
     small.close()
@@ -416,6 +416,7 @@ def test_one_user_cannot_take_every_job_slot(orin, start_daemon):
     err = second.request("register", **FEATURES)["error"]
     assert err["code"] == -32002 and "max_jobs_per_uid" in err["message"], err
     assert len(second.call("status")["jobs"]) == 3
+    d.wait_jobs(3)  # past the STATUS= of the first registrations, so that the wait below sees the close's
     first.close()
     d.wait_jobs(1)
     assert second.call("register", **FEATURES)["freq_hz"] == 714000000  # its slots are free again

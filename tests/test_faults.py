@@ -124,7 +124,7 @@ def test_limits_changed_under_a_pin_are_left_alone_with_stand_down(orin, start_d
         _write_limits(node, *theirs)
         watch.drain()
         d.wait_status(lambda m: "STATUS=1 job(s); GPU 0 at baseline" in m)  # stood down: it holds no pin now
-        assert c.call("status")["gpu"]["stood_down"] is True
+        assert c.call("status")["gpus"][0]["stood_down"] is True
         c.call("unregister", job_id=job)
         d.wait_jobs(0)
         assert limits(orin) == theirs  # their change is not undone when our job ends

@@ -360,8 +360,8 @@ def test_after_the_fuzz_no_job_is_left_and_the_gpu_is_at_its_baseline(fuzz_daemo
     d, root = fuzz_daemon
     c = Rpc(d.socket)
     status = c.call("status")
-    assert status["jobs"] == [] and (status["gpu"]["min_hz"], status["gpu"]["max_hz"]) == BASELINE
-    assert status["gpu"]["pinned_hz"] is None and limits(root) == BASELINE
+    assert status["jobs"] == [] and (status["gpus"][0]["min_hz"], status["gpus"][0]["max_hz"]) == BASELINE
+    assert status["gpus"][0]["pinned_hz"] is None and limits(root) == BASELINE
     assert c.call("register", **FEATURES)["freq_hz"] == 714000000  # and it still pins
     d.notify.drain()  # the fuzz left STATUS= messages queued: wait for the one this close causes
     c.close()

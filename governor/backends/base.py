@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional, Protocol, runtime_checkable
 
+from governor.errors import BackendError
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -45,7 +47,11 @@ class Gpu(Protocol):
     """One GPU whose clock the daemon can pin."""
 
     id: str  # stable key: "0" for the Orin's single GPU, the NVML index otherwise
+    uuid: Optional[str]  # NVML's GPU-... UUID; None for the Orin's devfreq GPU
     levels_hz: tuple[int, ...]  # ascending; every pin is one of these
+    # Optional capabilities, declared rather than guessed: the daemon asks these flags before calling the methods.
+    has_energy_counter: bool  # energy_j() reads the GPU's own cumulative energy counter (NVML; a Jetson has rails)
+    has_power_cap: bool  # set_power_cap_mw() sets a power limit (NVML), restored with the snapshot
 
     def describe(self) -> dict:
         """Where the device lives (paths, names): shown by status and logged at start."""
@@ -64,6 +70,26 @@ class Gpu(Protocol):
 
     def pin_holds(self) -> bool:
         """False when there is evidence that our pin was changed by someone else (nvpmodel, jetson_clocks, a reset)."""
+
+    def energy_j(self) -> float:
+        """The GPU's cumulative energy counter (has_energy_counter); BackendError when it cannot be read."""
+
+    def set_power_cap_mw(self, power_mw: int) -> None:
+        """Set a power limit (has_power_cap); BackendError when refused."""
+
+
+class GpuBase:
+    """Defaults for a backend without the optional capabilities: the flags say no, and the methods refuse."""
+
+    uuid: Optional[str] = None
+    has_energy_counter = False
+    has_power_cap = False
+
+    def energy_j(self) -> float:
+        raise BackendError(f"GPU {self.id} has no energy counter")
+
+    def set_power_cap_mw(self, power_mw: int) -> None:
+        raise BackendError(f"GPU {self.id} has no power cap")
 
 
 def nearest_level(levels_hz: tuple[int, ...], freq_hz: int) -> int:

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from governor.backends.base import Limits, Reading
+from governor.backends.base import GpuBase, Limits, Reading
 from governor.errors import BackendError, NodeNotFound, PinError
 from governor.sysfs import Root, read_int, read_text, write_text
 
@@ -58,7 +58,7 @@ def _load_file(root: Root, device: Path) -> Optional[Path]:
     return None  # Thor has no load file
 
 
-class DevfreqGpu:
+class DevfreqGpu(GpuBase):
     """The Orin's single GPU, driven through its devfreq node."""
 
     id = "0"

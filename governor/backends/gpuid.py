@@ -20,14 +20,16 @@ class GpuNotFound(BackendError):
 
 
 def _names(gpus: Sequence[Any]) -> str:
-    return ", ".join(f"{g.id} ({getattr(g, 'uuid', None) or 'no UUID'})" for g in gpus) or "none"
+    return ", ".join(f"{g.id} ({g.uuid or 'no UUID'})" for g in gpus) or "none"
 
 
 def find_gpu(gpus: Sequence[Any], key: Union[str, int, None]):
-    """The device among ``gpus`` (objects with ``id`` and, for NVML, ``uuid``) that ``key`` names.
+    """The device among ``gpus`` (objects with ``id`` and ``uuid``, None where the device has none) that ``key`` names.
 
     key: an index (int or decimal string), a full UUID, or a unique UUID prefix such as "GPU-8f1c" (as
     CUDA_VISIBLE_DEVICES accepts); None picks the only GPU, and is an error when there are several.
+    A single GPU that has no UUID (the Orin's devfreq GPU) takes any UUID: clients fill ``gpu`` from CUDA (torch
+    reports a UUID on a Jetson too), and there is no other GPU it could mean. A wrong index is still wrong.
     """
     if key is None:
         if len(gpus) == 1:
@@ -41,9 +43,11 @@ def find_gpu(gpus: Sequence[Any], key: Union[str, int, None]):
             if gpu.id == str(int(text)):
                 return gpu
         raise GpuNotFound(f"no GPU with index {text}: there are {_names(gpus)}")
+    if text.upper().startswith("GPU-") and len(gpus) == 1 and not gpus[0].uuid:
+        return gpus[0]
     if text.upper().startswith("MIG-"):
         raise GpuNotFound(f"{text} is a MIG instance: clocks belong to the whole GPU, so name the GPU it is part of")
-    matches = [g for g in gpus if getattr(g, "uuid", None) and g.uuid.lower().startswith(text.lower())]
+    matches = [g for g in gpus if g.uuid and g.uuid.lower().startswith(text.lower())]
     exact = [g for g in matches if g.uuid.lower() == text.lower()]
     if exact:
         return exact[0]

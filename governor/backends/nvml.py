@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Optional
 
-from governor.backends.base import Limits, Reading
+from governor.backends.base import GpuBase, Limits, Reading
 from governor.errors import BackendError, NodeNotFound, PinError
 
 log = logging.getLogger(__name__)
@@ -113,21 +113,19 @@ def coarse_levels(supported_hz: tuple[int, ...], count: int = DEFAULT_LEVEL_COUN
     return tuple(table[i] for i in sorted(picks))
 
 
-def _text(value: Any) -> str:
-    # nvidia-ml-py before 11.515 returned bytes from string getters; newer versions return str.
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-class NvmlGpu:
+class NvmlGpu(GpuBase):
     """One NVIDIA GPU seen through NVML. ``id`` is its NVML index as a string; ``uuid`` its GPU-... UUID."""
+
+    has_energy_counter = True
+    has_power_cap = True
 
     def __init__(self, nvml: Any, index: int, *, level_count: int = DEFAULT_LEVEL_COUNT):
         self._nvml = nvml
         self.index = index
         self.id = str(index)
         self._handle = nvml_call(nvml, f"GPU {index}: open", nvml.nvmlDeviceGetHandleByIndex, index)
-        self.uuid = _text(nvml_call(nvml, f"GPU {index}: UUID", nvml.nvmlDeviceGetUUID, self._handle))
-        self.name = _text(nvml_call(nvml, f"GPU {index}: name", nvml.nvmlDeviceGetName, self._handle))
+        self.uuid = str(nvml_call(nvml, f"GPU {index}: UUID", nvml.nvmlDeviceGetUUID, self._handle))
+        self.name = str(nvml_call(nvml, f"GPU {index}: name", nvml.nvmlDeviceGetName, self._handle))
         memory_mhz = nvml_call(nvml, f"GPU {index}: memory clocks", nvml.nvmlDeviceGetSupportedMemoryClocks,
                                self._handle, not_supported="this GPU reports no clock table, so it cannot be pinned")
         if not memory_mhz:
@@ -202,7 +200,7 @@ class NvmlGpu:
 
     def driver_version(self) -> Optional[str]:
         try:
-            return _text(self._nvml.nvmlSystemGetDriverVersion())
+            return str(self._nvml.nvmlSystemGetDriverVersion())
         except self._nvml.NVMLError as e:
             log.debug("driver version: %s", e)
             return None
@@ -213,7 +211,7 @@ class NvmlGpu:
         read back."""
         try:
             return int(self._call("clock event reasons", self._nvml.nvmlDeviceGetCurrentClocksEventReasons))
-        except (BackendError, AttributeError) as e:  # AttributeError: nvidia-ml-py older than 12.535
+        except BackendError as e:
             log.debug("%s", e)
             return None
 

@@ -52,7 +52,7 @@ def families(status: dict | None, estimate=None) -> list[Family]:
         "pinned_hz": Family(f"{PREFIX}_gpu_pinned_frequency_hertz", "frequency ftgovd pins the GPU to (absent: none)"),
     }
     load = Family(f"{PREFIX}_gpu_load_ratio", "GPU load, 0..1")
-    for gpu in status.get("gpus") or ([status["gpu"]] if status.get("gpu") else []):
+    for gpu in status.get("gpus") or []:
         for key, fam in gpu_fams.items():
             fam.add(gpu.get(key), gpu=gpu.get("id"))
         if gpu.get("load_pct") is not None:

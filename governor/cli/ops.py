@@ -67,7 +67,7 @@ def format_status(status: dict) -> str:
     """The daemon's status as text: one block per GPU, the rails, then a table of jobs."""
     jobs = status.get("jobs") or []
     lines = [f"ftgovd: policy {status.get('policy')}, {len(jobs)} job(s)"]
-    for gpu in status.get("gpus") or ([status["gpu"]] if status.get("gpu") else []):
+    for gpu in status.get("gpus") or []:
         lines.append(_gpu_line(gpu))
     power = status.get("power_mw")
     if power:

@@ -30,14 +30,14 @@ def add_parser(sub) -> None:
 
 
 def restore(state_dir: str, root: Root, config) -> int:
-    from governor.daemon.main import probe_gpus
+    from governor.backends import probe_gpus
 
     state_file = StateFile(state_dir)
     state = state_file.read(boot_id(root))
     if state is None or not state.gpus:
         print(f"ftgov restore: nothing to restore (no state of this boot in {state_dir})")
         return 0
-    gpus = {g.id: g for g in probe_gpus(config.model_copy(update={"node_wait_s": 0.0}), root)}
+    gpus = {g.id: g for g in probe_gpus(config.backend, root, read_only=False)}
     failed = 0
     for gid, gs in state.gpus.items():
         gpu = gpus.get(gid)

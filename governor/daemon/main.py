@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import os
+import resource
 import shutil
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
-from governor import DEFAULT_CONFIG_PATH, __version__
-from governor.daemon import logs
+from governor import DEFAULT_CONFIG_PATH, __version__, backends
+from governor.backends import rails as rails_mod
+from governor.daemon import logs, tuning
 from governor.daemon.config import Config, default_ffg_hz, default_model_path, load_config
-from governor.errors import FtgovError, NodeNotFound
 from governor.daemon.notify import Notifier, listen_fds
+from governor.daemon.pins import PinController
+from governor.daemon.server import Server, bind_socket
+from governor.daemon.state import StateFile, boot_id
+from governor.daemon.ticks import Ticker, defer_on_loop
+from governor.errors import FtgovError
+from governor.policy import Policy
 from governor.sysfs import Root
 
 log = logging.getLogger("ftgovd")
@@ -56,39 +63,13 @@ def build_config(args: argparse.Namespace) -> Config:
 
 
 def probe_gpus(config: Config, root: Root, notifier: Optional[Notifier] = None) -> list:
-    """Find the GPUs to govern: the Jetson devfreq node first, then NVML (backend: auto), waiting up to node_wait_s
-    for a devfreq node that appears late at boot (it shows up only after the GPU first powers up)."""
-    from governor.backends import devfreq
+    """The GPUs to govern, from the backend registry (governor.backends): devfreq, then NVML for backend auto."""
+    def on_wait(why: str, wait_s: float) -> None:
+        if notifier is not None:
+            notifier.status("waiting for the GPU devfreq node")
 
-    if config.backend == "nvml":
-        return _nvml_probe(config)
-    deadline = time.monotonic() + config.node_wait_s
-    delay_s, announced = 0.25, False
-    while True:
-        try:
-            return devfreq.probe(root)
-        except NodeNotFound as e:
-            if config.backend == "auto" and not announced:
-                try:
-                    return _nvml_probe(config)
-                except (ImportError, FtgovError):
-                    pass  # no NVML GPUs either: keep waiting for the Jetson node
-            if time.monotonic() >= deadline:
-                raise NodeNotFound(f"{e} (waited {config.node_wait_s:g} s; node_wait_s in the config)") from e
-            if not announced:
-                log.warning("%s; waiting up to %g s for it", e, config.node_wait_s)
-                if notifier is not None:
-                    notifier.status("waiting for the GPU devfreq node")
-                announced = True
-            time.sleep(min(delay_s, max(0.0, deadline - time.monotonic())))
-            delay_s = min(delay_s * 2, 5.0)
-
-
-def _nvml_probe(config: Config) -> list:
-    from governor.backends import nvml
-
-    # In observe mode the NVML handle refuses every call that would change the GPU: safe on a shared machine.
-    return nvml.probe(read_only=config.policy == "observe")
+    return backends.probe_gpus(config.backend, root, node_wait_s=config.node_wait_s,
+                               read_only=config.policy == "observe", on_wait=on_wait)
 
 
 def policy_name(config: Config, gpus: list) -> str:
@@ -102,8 +83,6 @@ def raise_fd_limit(config: Config) -> None:
     """Room for the configured limits: a connection takes two descriptors (its socket and a pidfd for its process),
     a job one more. The soft limit is 1024 by default (for select()'s sake; the daemon never uses select()), the hard
     limit under systemd 524288: take what the limits need, never more than the hard limit allows."""
-    import resource
-
     need = 2 * config.limits.max_connections + config.limits.max_jobs + 64  # + listening socket, epolls, files, logs
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
@@ -116,25 +95,11 @@ def raise_fd_limit(config: Config) -> None:
 
 
 def run(config: Config, *, simulate: bool = False) -> int:
-    from governor.backends import rails as rails_mod
-    from governor.daemon.pins import Governor
-    from governor.policy import Policy
-    from governor.daemon.server import Server, bind_socket
-    from governor.daemon.state import StateFile, boot_id
-
     notifier = Notifier()
     raise_fd_limit(config)
     root = Root(config.sysfs_root)
-    board = None
     if simulate:
-        from governor.sim import tree
-
-        sim_dir = Path(config.state_dir) / "sim-orin"
-        shutil.rmtree(sim_dir, ignore_errors=True)
-        root = tree.build(sim_dir, "jp6")
-        log.info("simulated Jetson AGX Orin (JetPack 6 layout) at %s", sim_dir)
-        print(f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}\n"
-              f"ftgovd: clients: export FTGOV_SOCKET={config.socket.path}", file=sys.stderr, flush=True)
+        root = _simulated_root(config)
     gpus = probe_gpus(config, root, notifier)
     for gpu in gpus:
         log.info("GPU %s: %s, levels %s MHz", gpu.id, gpu.describe(),
@@ -142,30 +107,25 @@ def run(config: Config, *, simulate: bool = False) -> int:
     rails = rails_mod.discover(root)
     if rails is not None:
         log.info("power rails: %s; job energy counts %s", ", ".join(rails.names), "+".join(rails.energy_rails))
-    elif any(callable(getattr(g, "energy_j", None)) for g in gpus):
+    elif any(g.has_energy_counter for g in gpus):
         log.info("no INA3221 power rails: job energy from the GPU's own energy counter")
     else:
         log.info("no INA3221 power rails found: job energy will be reported as null")
-    shipped_model = default_model_path()
-    model_file = config.model_file or str(shipped_model)
-    ffg_hz, ffg_from = config.ffg_freq_hz, "config"
-    if ffg_hz is None:
-        ffg_hz, ffg_from = default_ffg_hz(shipped_model)
-    log.info("FFG frequency %g MHz (from %s)", ffg_hz / 1e6, ffg_from)
-    policy = Policy.from_config(policy_name(config, gpus), ffg_hz, model_file)
-    governor = Governor(gpus, policy, StateFile(config.state_dir), boot_id(root), rails=rails,
-                        on_external_change=config.on_external_change, max_jobs=config.limits.max_jobs,
-                        low_phases=tuple(config.low_phases),
-                        power_cap_mw=round(config.power_cap_w * 1000) if config.power_cap_w else None)
-    if simulate:
-        from governor.sim.board import Board
-
-        board = Board(root, gpus[0])
-        governor.listeners.append(board.update)
-        board.update(governor)
-    from governor.daemon import tuning as tune_job
-
-    server = Server(governor, config, notifier, tuner_factory=lambda gov, job: tune_job.attach(gov, job, config.tuner))
+    policy = build_policy(config, gpus)
+    ticker = Ticker(notifier, config.sample_interval_s)
+    listeners = [ticker.changed]
+    board = _simulated_board(root, gpus) if simulate else None
+    if board is not None:
+        listeners.insert(0, board.update)
+    pins = PinController(gpus, policy, StateFile(config.state_dir), boot_id(root), rails=rails,
+                         on_external_change=config.on_external_change, max_jobs=config.limits.max_jobs,
+                         low_phases=tuple(config.low_phases),
+                         power_cap_mw=round(config.power_cap_w * 1000) if config.power_cap_w else None,
+                         listeners=tuple(listeners), defer=defer_on_loop,
+                         attach_tuner=functools.partial(tuning.attach, config.tuner))
+    if board is not None:
+        board.update(pins)
+    server = Server(pins, config, notifier, ticker)
 
     fds = listen_fds()
     if fds:
@@ -184,6 +144,36 @@ def run(config: Config, *, simulate: bool = False) -> int:
                 pass
     log.info("ftgovd stopped")
     return 0
+
+
+def build_policy(config: Config, gpus: list) -> Policy:
+    shipped_model = default_model_path()
+    model_file = config.model_file or str(shipped_model)
+    ffg_hz, ffg_from = config.ffg_freq_hz, "config"
+    if ffg_hz is None:
+        ffg_hz, ffg_from = default_ffg_hz(shipped_model)
+    log.info("FFG frequency %g MHz (from %s)", ffg_hz / 1e6, ffg_from)
+    return Policy.from_config(policy_name(config, gpus), ffg_hz, model_file)
+
+
+# --simulate only: the simulator is imported here, never on the production path (the daemon's import graph holds no
+# governor.sim; tests/daemon/test_import_graph.py checks it).
+def _simulated_root(config: Config) -> Root:
+    from governor.sim import tree
+
+    sim_dir = Path(config.state_dir) / "sim-orin"
+    shutil.rmtree(sim_dir, ignore_errors=True)
+    root = tree.build(sim_dir, "jp6")
+    log.info("simulated Jetson AGX Orin (JetPack 6 layout) at %s", sim_dir)
+    print(f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}\n"
+          f"ftgovd: clients: export FTGOV_SOCKET={config.socket.path}", file=sys.stderr, flush=True)
+    return root
+
+
+def _simulated_board(root: Root, gpus: list):
+    from governor.sim.board import Board
+
+    return Board(root, gpus[0])
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -57,7 +57,7 @@ class ProcessGone(Exception):
 class HeldProcess:
     pid: int
     pidfd: int
-    start_time: float  # the kernel's start time of the process, in clock ticks since boot (/proc/PID/stat field 22)
+    start_ticks: int  # the kernel's start time of the process, in clock ticks since boot (/proc/PID/stat field 22)
     uid: int
 
     def close(self) -> None:
@@ -72,7 +72,7 @@ class HeldProcess:
         poll.register(self.pidfd, select.POLLIN)
         if poll.poll(0):  # a pidfd turns readable when its process exits
             raise ProcessGone(f"process {self.pid} has exited")
-        return HeldProcess(self.pid, os.dup(self.pidfd), self.start_time, self.uid)
+        return HeldProcess(self.pid, os.dup(self.pidfd), self.start_ticks, self.uid)
 
 
 def _read_proc(pid: int, name: str) -> bytes:
@@ -83,17 +83,17 @@ def _read_proc(pid: int, name: str) -> bytes:
         raise ProcessGone(f"no process {pid}") from e
 
 
-def start_ticks(pid: int) -> float:
+def start_ticks(pid: int) -> int:
     """The process's start time in clock ticks since boot (/proc/PID/stat field 22); ProcessGone for a zombie."""
     stat = _read_proc(pid, "stat")
     # The command name (field 2) is in parentheses and may itself contain spaces or parentheses.
     fields = stat[stat.rindex(b")") + 2:].split()
     if fields[0] == b"Z":
         raise ProcessGone(f"process {pid} has exited")
-    return float(fields[19])
+    return int(fields[19])
 
 
-def process_identity(pid: int) -> tuple[float, int]:
+def process_identity(pid: int) -> tuple[int, int]:
     """(start time in clock ticks since boot, real uid) from /proc: together with the pid, names one process."""
     start = start_ticks(pid)
     status = _read_proc(pid, "status")
@@ -103,7 +103,7 @@ def process_identity(pid: int) -> tuple[float, int]:
     raise ProcessGone(f"cannot read the owner of process {pid}")
 
 
-def hold(pid: int, expected_start_time: Optional[float] = None, *, known_uid: Optional[int] = None) -> HeldProcess:
+def hold(pid: int, expected_start_ticks: Optional[int] = None, *, known_uid: Optional[int] = None) -> HeldProcess:
     """Open a pidfd for pid, then read the identity of the process it refers to.
 
     The pidfd is opened first: whatever process it holds is the one /proc shows right after (a recycled PID would
@@ -117,7 +117,7 @@ def hold(pid: int, expected_start_time: Optional[float] = None, *, known_uid: Op
     try:
         # The peer's own process: the kernel already told us its uid (SO_PEERCRED); only the start time is needed.
         start, uid = (start_ticks(pid), known_uid) if known_uid is not None else process_identity(pid)
-        if expected_start_time is not None and start != expected_start_time:
+        if expected_start_ticks is not None and start != expected_start_ticks:
             raise ProcessGone(f"process {pid} is not the one we held (started at another time)")
     except ProcessGone:
         os.close(pidfd)

@@ -2,24 +2,25 @@
 
 Every change (a job starts, changes its features, ends; the limits change underneath) goes through ``_apply``, which
 computes each GPU's target with ``policy.combine`` (the one rule for several jobs), saves the state file before the
-first write to a GPU, then pins or restores. The server (governor.daemon.server) owns connections and process watching and
-calls in here; tests can drive this class directly.
+first write to a GPU, then pins or restores. The server (governor.daemon.server) owns connections and process watching
+and calls in here; tests drive this class directly (tests/pure/test_pin_controller.py).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Callable, Optional
 
 from governor.backends import gpuid
-from governor.backends.base import Gpu, Limits
+from governor.backends.base import Gpu
+from governor.backends.rails import CounterMeter, EnergyMeter, Rails
+from governor.daemon.jobs import ActiveJob, Ended, GpuControl, mhz
+from governor.daemon.state import GpuState, State, StateFile
 from governor.errors import BackendError, FtgovError, StateError
 from governor.features import Features
-from governor.policy import Decision, Policy, combine
-from governor.backends.rails import CounterMeter, EnergyMeter, Rails
-from governor.daemon.state import GpuState, JobRecord, State, StateFile
+from governor.policy import Decision, Policy, PolicyName, combine
 
 log = logging.getLogger("ftgovd")
 
@@ -29,65 +30,24 @@ POWER_CACHE_S = 0.02
 SAVE_COALESCE_S = 0.05
 
 
-@dataclass
-class Job:
-    job_id: int
-    pid: int
-    start_time: float  # the process's start time (clock ticks since boot, /proc/PID/stat), against PID reuse
-    uid: int
-    name: Optional[str]
-    gpu_id: str
-    features: Features
-    policy: Optional[str] = None  # per-job policy request (tune), else the daemon's
-    decision: Optional[Decision] = None
-    started_s: float = field(default_factory=time.monotonic)
-    steps: int = 0
-    phase: Optional[str] = None
-    meter: Optional[EnergyMeter] = None
-    adopted: bool = False
-    tuner: object = None  # governor.policy.tuner.JobTuner when the tune policy drives this job
-
-    @property
-    def freq_hz(self) -> Optional[int]:
-        return self.decision.freq_hz if self.decision else None
-
-    def fields(self) -> dict:
-        """Structured fields for journald (JOB_ID=3 finds a job's whole story)."""
-        out = {"JOB_ID": self.job_id, "JOB_PID": self.pid, "JOB_NAME": self.name or ""}
-        if self.decision:
-            out["POLICY"] = self.decision.policy
-            out["FREQ_HZ"] = self.decision.freq_hz if self.decision.freq_hz is not None else ""
-        return out
-
-    def label(self) -> str:
-        return f"job {self.job_id}" + (f" {self.name!r}" if self.name else "") + f" (pid {self.pid})"
-
-    def record(self) -> JobRecord:
-        return JobRecord(self.job_id, self.pid, self.start_time, self.gpu_id, self.name, self.uid,
-                         self.features.model_dump(), self.freq_hz, self.decision.policy if self.decision else "")
+Listener = Callable[["PinController"], None]
+Defer = Callable[[Callable[[], None], float], None]
+AttachTuner = Callable[["PinController", ActiveJob], None]
 
 
-@dataclass
-class GpuControl:
-    gpu: Gpu
-    baseline: Optional[Limits] = None  # snapshot taken before our first pin; None while we hold nothing
-    pinned_hz: Optional[int] = None
-    restore_failed: bool = False
-    stood_down: bool = False  # someone else changed the limits under our pin and config says let them be
+class PinController:
+    """The job table and the pins it implies, for every GPU.
 
+    listeners: told after every change (the simulated board, the server's STATUS=). defer(fn, delay_s): how a save
+    that is not urgent is scheduled (the server: a loop timer); None saves at once. attach_tuner(controller, job):
+    called after each decision, so that a job whose policy is tune gets (or loses) its tuner as part of deciding.
+    """
 
-@dataclass(frozen=True)
-class Ended:
-    job: Job
-    duration_s: float
-    energy_j: Optional[float]
-    why: str
-
-
-class Governor:
     def __init__(self, gpus: list[Gpu], policy: Policy, state_file: StateFile, boot_id: str, *,
                  rails: Optional[Rails] = None, on_external_change: str = "reapply", max_jobs: int = 64,
-                 low_phases: tuple[str, ...] = (), power_cap_mw: Optional[int] = None):
+                 low_phases: tuple[str, ...] = (), power_cap_mw: Optional[int] = None,
+                 listeners: tuple[Listener, ...] = (), defer: Optional[Defer] = None,
+                 attach_tuner: Optional[AttachTuner] = None):
         self.gpus = {g.id: GpuControl(g) for g in gpus}
         self.policy = policy
         self.state_file = state_file
@@ -97,11 +57,11 @@ class Governor:
         self.max_jobs = max_jobs
         self.low_phases = frozenset(low_phases)
         self.power_cap_mw = power_cap_mw
-        self.jobs: dict[int, Job] = {}
+        self.jobs: dict[int, ActiveJob] = {}
         self.next_job_id = 1
-        self.listeners: list[Callable[["Governor"], None]] = []  # told after every change (simulated board, notify)
-        # How a save that is not urgent gets scheduled: defer(fn, delay_s) (the server: a loop timer). None: at once.
-        self.defer: Optional[Callable[[Callable[[], None], float], None]] = None
+        self.listeners = tuple(listeners)
+        self.defer = defer
+        self.attach_tuner = attach_tuner
         self._save_pending = False
         self._save_prompt = False
         self._power_cache: tuple[float, float] = (-1.0, 0.0)
@@ -111,38 +71,55 @@ class Governor:
         return next(iter(self.gpus))
 
     def find_gpu(self, key) -> str:
-        """A GPU id from a job's `gpu` field (index or UUID; none: the only GPU). GpuNotFound otherwise.
-
-        A board with one GPU that has no UUID (the Orin's devfreq GPU) takes any UUID: clients fill `gpu` from CUDA
-        (torch reports a UUID on a Jetson too), and there is no other GPU it could mean. A wrong index is still wrong.
-        """
+        """A GPU id from a job's `gpu` field (index or UUID; none: the only GPU). GpuNotFound otherwise."""
         if key is None and len(self.gpus) == 1:  # the usual register: no gpu field, one GPU
             return next(iter(self.gpus))
-        gpus = [c.gpu for c in self.gpus.values()]
-        if (isinstance(key, str) and key.upper().startswith("GPU-") and len(gpus) == 1
-                and not gpus[0].describe().get("uuid")):
-            return gpus[0].id
-        return gpuid.find_gpu(gpus, key).id
+        return gpuid.find_gpu([c.gpu for c in self.gpus.values()], key).id
 
-    def admit(self, *, pid: int, start_time: float, uid: int, name: Optional[str], gpu_id: str,
-              features: Features, policy: Optional[str] = None, job_id: Optional[int] = None) -> Job:
+    def admit(self, *, pid: int, start_ticks: int, uid: int, name: Optional[str], gpu_id: str,
+              features: Features, policy: Optional[PolicyName] = None, job_id: Optional[int] = None) -> ActiveJob:
         """Put a job in the table, undecided: the simulated board sees its load before the daemon measures it."""
         if len(self.jobs) >= self.max_jobs:
             raise FtgovError(f"the daemon already holds {len(self.jobs)} jobs (limits.max_jobs)")
         if job_id is None:
             job_id, self.next_job_id = self.next_job_id, self.next_job_id + 1
-        job = Job(job_id, pid, start_time, uid, name, gpu_id, features, policy)
+        job = ActiveJob(job_id, pid, start_ticks, uid, name, gpu_id, features, policy)
         job.meter = self.new_meter(gpu_id)
         self.jobs[job_id] = job
         self._notify()
         return job
 
-    def decide(self, job: Job, *, why_util: str = "") -> Decision:
-        """Decide the job's frequency and apply the combined pin. On a failed pin the job is dropped and re-raised."""
+    def adopt(self, state: State) -> list[ActiveJob]:
+        """Take back what a previous daemon of this boot left (its state file): each GPU's baseline and pin, and the
+        jobs whose processes still run (the caller drops the others from ``state`` first). Then apply: the adopted
+        jobs' pin, or the baseline where none is left. Returns the adopted jobs."""
+        self.next_job_id = max(self.next_job_id, state.next_job_id)
+        for gid, gs in state.gpus.items():
+            if gid in self.gpus:
+                ctl = self.gpus[gid]
+                # The hardware may hold a pin we no longer stand behind: force the next apply to write, either the
+                # re-adopted jobs' pin or the baseline.
+                ctl.baseline, ctl.pinned_hz, ctl.restore_failed = gs.baseline, gs.pinned_hz, True
+                log.info("state file: GPU %s baseline %d..%d Hz, left pinned at %s", gid, gs.baseline.min_hz,
+                         gs.baseline.max_hz, gs.pinned_hz)
+        adopted = []
+        for rec in state.jobs:
+            job = self.admit(pid=rec.pid, start_ticks=rec.start_ticks, uid=rec.uid, name=rec.name, gpu_id=rec.gpu,
+                             features=Features(**rec.features), job_id=rec.job_id)
+            job.adopted = True
+            job.decision = Decision.from_label(rec.policy, rec.freq_hz, "re-adopted after a daemon restart")
+            adopted.append(job)
+            log.info("%s re-adopted after a daemon restart at %s", job.label(), mhz(rec.freq_hz), extra=job.fields())
+        self.reapply()
+        return adopted
+
+    def decide(self, job: ActiveJob, *, why_util: str = "") -> Decision:
+        """Decide the job's frequency and apply the combined pin; then attach a tuner if its policy is tune. On a
+        failed pin the job is dropped (when it had no decision before) and the error re-raised."""
         ctl = self.gpus[job.gpu_id]
         decision = self.policy.decide(job.features, ctl.gpu.levels_hz, job.policy)
         if why_util:
-            decision = Decision(decision.policy, decision.freq_hz, f"{decision.reason}; {why_util}")
+            decision = replace(decision, reason=f"{decision.reason}; {why_util}")
         previous, job.decision = job.decision, decision
         try:
             self._apply(job.gpu_id)
@@ -154,13 +131,15 @@ class Governor:
             raise
         f = job.features
         log.info("%s: %s L%d H%d seq %g util %s -> %s %s: %s", job.label(), f.model_type, f.num_layers,
-                 f.hidden_size, f.seq_len, "?" if f.gpu_util is None else f"{f.gpu_util:g}%", decision.policy,
-                 _mhz(decision.freq_hz), decision.reason, extra=job.fields())
+                 f.hidden_size, f.seq_len, "?" if f.gpu_util is None else f"{f.gpu_util:g}%", decision.label,
+                 mhz(decision.freq_hz), decision.reason, extra=job.fields())
+        if self.attach_tuner is not None:
+            self.attach_tuner(self, job)
         return decision
 
-    def set_freq(self, job: Job, freq_hz: int, policy: str, reason: str) -> None:
+    def set_freq(self, job: ActiveJob, freq_hz: int, reason: str) -> None:
         """Move one job's pick (the tuner does this) and apply the combined pin."""
-        job.decision = Decision(policy, freq_hz, reason)
+        job.decision = Decision(PolicyName.TUNE, freq_hz, reason)
         self._apply(job.gpu_id)
 
     def end(self, job_id: int, why: str) -> Optional[Ended]:
@@ -177,13 +156,13 @@ class Governor:
         self._apply_quietly(job.gpu_id, removed=True)
         energy = "unknown (no rails)" if energy_j is None else f"{energy_j:.1f} J ({self.energy_source()})"
         log.info("%s ended (%s) after %.1f s, %d steps, at %s, energy %s", job.label(), why, ended.duration_s,
-                 job.steps, _mhz(job.freq_hz), energy,
+                 job.steps, mhz(job.freq_hz), energy,
                  extra={**job.fields(), "DURATION_S": f"{ended.duration_s:.3f}", "STEPS": job.steps,
                         "ENERGY_J": "" if energy_j is None else f"{energy_j:.3f}"})
         return ended
 
     # ---- pins -------------------------------------------------------------------------------------------------------
-    def needs_hz(self, job: Job) -> Optional[int]:
+    def needs_hz(self, job: ActiveJob) -> Optional[int]:
         """What one job needs now: its pick, or the GPU's lowest level while it checkpoints or loads data (the GPU
         mostly idles then; a job that reports no phases always needs its pick)."""
         hz = job.decision.freq_hz if job.decision is not None else None
@@ -192,19 +171,16 @@ class Governor:
         return hz
 
     def target_hz(self, gpu_id: str) -> Optional[int]:
-        # On every register and unregister, over every job: keep the loop lean. A job that has reported no phase
-        # needs its pick (as needs_hz says), read without a call.
-        return combine([j.decision.freq_hz if j.phase is None else self.needs_hz(j)
-                        for j in self.jobs.values() if j.gpu_id == gpu_id and j.decision is not None])
+        return combine([self.needs_hz(j) for j in self.jobs.values() if j.gpu_id == gpu_id and j.decision is not None])
 
-    def set_phase(self, job: Job, phase: Optional[str]) -> None:
+    def set_phase(self, job: ActiveJob, phase: Optional[str]) -> None:
         """A job reported a phase: re-apply when that changes what it needs."""
         if phase is None or phase == job.phase:
             return
         before = self.needs_hz(job)
         job.phase = phase
         if self.needs_hz(job) != before:
-            log.info("%s: phase %s, needs %s", job.label(), phase, _mhz(self.needs_hz(job)), extra=job.fields())
+            log.info("%s: phase %s, needs %s", job.label(), phase, mhz(self.needs_hz(job)), extra=job.fields())
             self._apply_quietly(job.gpu_id)
 
     def _apply(self, gpu_id: str, *, removed: bool = False) -> None:
@@ -227,11 +203,16 @@ class Governor:
             ctl.pinned_hz = target
             self._save()  # before the write: a crash now still finds the baseline on disk
             ctl.gpu.pin(target)
-            if first and self.power_cap_mw is not None and callable(getattr(ctl.gpu, "set_power_cap_mw", None)):
+            if first and self.power_cap_mw is not None and ctl.gpu.has_power_cap:
                 ctl.gpu.set_power_cap_mw(self.power_cap_mw)
             ctl.restore_failed = False
-            log.info("GPU %s pinned to %s", gpu_id, _mhz(target), extra={"FREQ_HZ": target})
+            log.info("GPU %s pinned to %s", gpu_id, mhz(target), extra={"FREQ_HZ": target})
         self._notify()
+
+    def reapply(self) -> None:
+        """Apply every GPU's pin (or baseline) again; failures are logged and left for retry."""
+        for gid in self.gpus:
+            self._apply_quietly(gid)
 
     def _apply_quietly(self, gpu_id: str, *, removed: bool = False) -> None:
         """Apply after a job left; a failure here is logged and retried later, never raised to a client."""
@@ -252,8 +233,8 @@ class Governor:
             ctl.restore_failed = True
             self._save()
             raise
-        log.info("GPU %s restored to its baseline %s..%s", ctl.gpu.id, _mhz(ctl.baseline.min_hz),
-                 _mhz(ctl.baseline.max_hz))
+        log.info("GPU %s restored to its baseline %s..%s", ctl.gpu.id, mhz(ctl.baseline.min_hz),
+                 mhz(ctl.baseline.max_hz))
         ctl.baseline, ctl.pinned_hz, ctl.restore_failed = None, None, False
         self._save()
 
@@ -278,8 +259,8 @@ class Governor:
                 log.warning("GPU %s: cannot read limits to check the pin: %s", gid, e)
                 continue
             log.warning("GPU %s: limits changed under our pin of %s (now min %s max %s, clock %s): nvpmodel, "
-                        "jetson_clocks or another tool? %s", gid, _mhz(ctl.pinned_hz), _mhz(now.min_hz),
-                        _mhz(now.max_hz), _mhz(now.cur_hz),
+                        "jetson_clocks or another tool? %s", gid, mhz(ctl.pinned_hz), mhz(now.min_hz),
+                        mhz(now.max_hz), mhz(now.cur_hz),
                         "Re-applying" if self.on_external_change == "reapply" else "Standing down until the jobs end",
                         extra={"FREQ_HZ": ctl.pinned_hz})
             if self.on_external_change == "reapply":
@@ -358,7 +339,7 @@ class Governor:
         if self.rails is not None:
             return EnergyMeter(time.monotonic(), self.total_mw())
         gpu = self.gpus[gpu_id].gpu
-        if callable(getattr(gpu, "energy_j", None)):
+        if gpu.has_energy_counter:
             try:
                 return CounterMeter(gpu.energy_j)
             except BackendError as e:
@@ -404,13 +385,12 @@ class Governor:
             except BackendError:
                 energy = None
             jobs.append({"job_id": j.job_id, "name": j.name, "pid": j.pid, "uid": j.uid, "gpu": j.gpu_id,
-                         "policy": j.decision.policy if j.decision else None, "freq_hz": j.freq_hz,
+                         "policy": j.decision.label if j.decision else None, "freq_hz": j.freq_hz,
                          "reason": j.decision.reason if j.decision else None, "features": j.features.model_dump(),
                          "duration_s": round(now - j.started_s, 3), "steps": j.steps, "phase": j.phase,
                          "energy_j": energy, "adopted": j.adopted,
                          "tuner": j.tuner.state() if j.tuner is not None else None})
-        return {"policy": self.policy.name, "jobs": jobs, "gpu": gpus[0] if len(gpus) == 1 else None,
-                "gpus": gpus, "power_mw": power,
+        return {"policy": self.policy.name.value, "jobs": jobs, "gpus": gpus, "power_mw": power,
                 "energy_rails": self.rails.energy_rails if self.rails else [], "energy_source": self.energy_source()}
 
     def _notify(self) -> None:
@@ -420,6 +400,3 @@ class Governor:
             except Exception:  # a listener (the simulated board) must never break the daemon
                 log.exception("listener failed")
 
-
-def _mhz(hz: Optional[int]) -> str:
-    return "no pin" if hz is None else f"{hz / 1e6:g} MHz"

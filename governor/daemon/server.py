@@ -1,16 +1,15 @@
-"""The daemon's event loop: the Unix socket and its connections, process watching, the tick while jobs run.
+"""The daemon's lifecycle: start-up, the main loop, shutdown, signals; and which connection and process holds which job.
 
-serve() = start-up (adopt leftovers, bind, READY=1), the main loop, shutdown (restore unless configured not to).
+serve() = start-up (adopt leftovers, listen, READY=1), the main loop, shutdown (restore unless configured not to).
 A job's hold is tied to its connection and its process: whichever ends first ends the job. Nothing here polls:
-connections, pidfds and signals are all waited on by the event loop; the only timers are the measurement tick while
-jobs run (rails, pin check) and the systemd watchdog.
-
-Each connection is one asyncio protocol object (governor.daemon.connection) on asyncio's own socket transport.
+connections (governor.daemon.connection), pidfds and signals are all waited on by the event loop; the timers are in
+governor.daemon.ticks, the RPC methods in governor.daemon.rpc.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import logging
 import os
@@ -19,92 +18,68 @@ import signal
 import socket
 import stat
 from collections import Counter
-from typing import Callable, Optional
+from typing import Optional
 
-from governor.daemon import peers, protocol
+from governor.daemon import peers
 from governor.daemon.config import Config
-from governor.errors import FtgovError
-from governor.daemon.pins import Governor, Job
-from governor.daemon.notify import Notifier
-from governor.policy import Decision
-from governor.daemon.protocol import RpcFault
 from governor.daemon.connection import READ_CHUNK, Connection
-from governor.errors import INVALID_PARAMS, LIMIT_EXCEEDED, PERMISSION_DENIED, UNKNOWN_JOB
+from governor.daemon.notify import Notifier
+from governor.daemon.jobs import ActiveJob, Ended
+from governor.daemon.pins import PinController
+from governor.daemon.protocol import RpcFault
+from governor.daemon.rpc import Methods, summary
+from governor.daemon.ticks import Ticker, status_line
+from governor.errors import LIMIT_EXCEEDED, PERMISSION_DENIED, FtgovError
 
 log = logging.getLogger("ftgovd")
 
 
 class Server:
-    def __init__(self, governor: Governor, config: Config, notifier: Optional[Notifier] = None,
-                 tuner_factory: Optional[Callable] = None):
-        self.gov = governor
+    """``ticker`` must be one of the PinController's listeners (main builds both): it turns changes into STATUS=."""
+
+    def __init__(self, pins: PinController, config: Config, notifier: Notifier, ticker: Ticker):
+        self.pins = pins
         self.config = config
-        self.notifier = notifier or Notifier({})
-        self.tuner_factory = tuner_factory
+        self.notifier = notifier
+        self.ticker = ticker
+        self.methods = Methods(self)
         self.conns: set[Connection] = set()
         self.conns_per_uid: Counter[int] = Counter()
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        # One read buffer for every connection: see Connection.get_buffer.
+        self.read_buffer = memoryview(bytearray(READ_CHUNK))
         self.held: dict[int, peers.HeldProcess] = {}
         # Jobs' pidfds wait in an epoll of their own, which the loop watches as one file: joining it is one cheap
         # epoll_ctl, where the loop's own add_reader costs several times that on every registration.
         self._exits = select.epoll()
         self._exit_job: dict[int, int] = {}  # pidfd -> job id
         self.group_gid = peers.group_id(config.socket.group)
-        self._tick: Optional[asyncio.TimerHandle] = None
-        self._status_pending = False
         self._stop = asyncio.Event()
-        self.methods = self  # what a connection calls: call(conn, method, params)
-        self.read_buffer = memoryview(bytearray(READ_CHUNK))
-        self.gov.listeners.append(lambda _g: self._changed())
-        self.gov.defer = self._defer
-
-    @staticmethod
-    def _defer(fn: Callable[[], None], delay_s: float) -> None:
-        loop = asyncio.get_running_loop()
-        if delay_s > 0:
-            loop.call_later(delay_s, fn)
-        else:
-            loop.call_soon(fn)
 
     # ---- start-up and shutdown --------------------------------------------------------------------------------------
     def adopt_leftovers(self) -> None:
-        """Before serving: take back the baseline from a state file of this boot, re-adopt live jobs, restore the rest."""
-        state = self.gov.state_file.read(self.gov.boot_id)
+        """Before serving: take back the state a previous daemon of this boot left, with the jobs whose processes
+        still run (each held again, with its recorded start time against PID reuse); the pin controller re-applies."""
+        state = self.pins.state_file.read(self.pins.boot_id)
         if state is None:
             return
-        self.gov.next_job_id = max(self.gov.next_job_id, state.next_job_id)
-        for gid, gs in state.gpus.items():
-            if gid in self.gov.gpus:
-                ctl = self.gov.gpus[gid]
-                # The hardware may hold a pin we no longer stand behind: force the next apply to write, either the
-                # re-adopted jobs' pin or the baseline.
-                ctl.baseline, ctl.pinned_hz, ctl.restore_failed = gs.baseline, gs.pinned_hz, True
-                log.info("state file: GPU %s baseline %d..%d Hz, left pinned at %s", gid, gs.baseline.min_hz,
-                         gs.baseline.max_hz, gs.pinned_hz)
+        live, held = [], {}
         for rec in state.jobs:
             try:
-                held = peers.hold(rec.pid, rec.start_time)
+                held[rec.job_id] = peers.hold(rec.pid, rec.start_ticks)
             except peers.ProcessGone as e:
                 log.info("job %d from before the restart is gone: %s", rec.job_id, e)
                 continue
-            from governor.features import Features
-
-            job = self.gov.admit(pid=rec.pid, start_time=rec.start_time, uid=rec.uid, name=rec.name, gpu_id=rec.gpu,
-                                 features=Features(**rec.features), job_id=rec.job_id)
-            job.adopted = True
-            job.decision = Decision(rec.policy, rec.freq_hz, "re-adopted after a daemon restart")
-            self._watch(job, held)
-            log.info("%s re-adopted after a daemon restart at %s", job.label(),
-                     "no pin" if rec.freq_hz is None else f"{rec.freq_hz / 1e6:g} MHz", extra=job.fields())
-        for gid in self.gov.gpus:
-            self.gov._apply_quietly(gid)
-        self._changed()  # starts the tick, which retries a restore that failed just now
+            live.append(rec)
+        for job in self.pins.adopt(dataclasses.replace(state, jobs=live)):
+            self.watch(job, held[job.job_id])
+        self.ticker.changed(self.pins)  # starts the tick, which retries a restore that failed just now
 
     async def serve(self, listen_sock: socket.socket) -> None:
-        loop = self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         loop.add_reader(self._exits.fileno(), self._processes_exited)
         self.adopt_leftovers()  # before READY=1: no client is served until leftovers are restored or re-adopted
-        # backlog: asyncio listens again with it; keep the queue systemd's socket unit (or bind_socket) made.
+        # backlog: asyncio calls listen() again with it; keep the queue that systemd's socket unit (or bind_socket)
+        # made, so that a burst of clients waits in the queue, not in EAGAIN.
         listener = await loop.create_unix_server(lambda: Connection(self), sock=listen_sock,
                                                  backlog=socket.SOMAXCONN)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -112,9 +87,9 @@ class Server:
         # Everything allocated at start-up (modules, pydantic schemas, the tree) lives as long as the daemon: keep the
         # cyclic garbage collector from walking it again on every collection, which showed as latency spikes.
         gc.freeze()
-        self.notifier.ready(self._status_line())
-        log.info("ftgovd ready on %s (policy %s)", listen_sock.getsockname(), self.gov.policy.name)
-        self._watchdog()
+        self.notifier.ready(self.status_line())
+        log.info("ftgovd ready on %s (policy %s)", listen_sock.getsockname(), self.pins.policy.name)
+        self.ticker.start_watchdog()
         try:
             await self._stop.wait()
         finally:
@@ -129,28 +104,26 @@ class Server:
             for conn in list(self.conns):
                 conn.close()  # _stop is set: the jobs stay for shutdown() to decide on
             self.shutdown()
-
-    def stop(self) -> None:
-        self._stop.set()
+            loop.remove_reader(self._exits.fileno())
+            self._exits.close()
 
     def shutdown(self) -> None:
-        if self._tick is not None:
-            self._tick.cancel()
+        self.ticker.stop()
         if self.config.restore_on_stop:
-            for job_id in list(self.gov.jobs):
-                self._end(job_id, "daemon stopping")
-            for gid in self.gov.gpus:
-                self.gov._apply_quietly(gid)
-        elif any(c.pinned_hz is not None for c in self.gov.gpus.values()):
+            for job_id in list(self.pins.jobs):
+                self.end(job_id, "daemon stopping")
+            self.pins.reapply()
+        elif any(c.pinned_hz is not None for c in self.pins.gpus.values()):
             log.info("restore_on_stop is false: leaving %d job(s) and the pin in place for the next start",
-                     len(self.gov.jobs))
-        self.gov.flush()  # a save still waiting for its timer: the next start re-adopts from this file
+                     len(self.pins.jobs))
+        self.pins.flush()  # a save still waiting for its timer: the next start re-adopts from this file
         for held in self.held.values():
             held.close()
         self.held.clear()
         self._exit_job.clear()
-        self._loop.remove_reader(self._exits.fileno())
-        self._exits.close()
+
+    def status_line(self) -> str:
+        return status_line(self.pins)
 
     # ---- connections ------------------------------------------------------------------------------------------------
     def _authorized(self, peer: peers.Peer) -> bool:
@@ -159,6 +132,7 @@ class Server:
         return self.group_gid is not None and self.group_gid in peers.groups_of(peer.pid, peer.gid)
 
     def refusal(self, peer: peers.Peer) -> Optional[RpcFault]:
+        """Why a new connection is refused (limits, permission), or None to serve it."""
         if len(self.conns) >= self.config.limits.max_connections:
             return RpcFault(LIMIT_EXCEEDED, "too many connections (limits.max_connections)")
         if self.conns_per_uid[peer.uid] >= self.config.limits.max_connections_per_uid:
@@ -171,150 +145,27 @@ class Server:
                             f"group {self.config.socket.group!r} (ask an administrator to add you to it)")
         return None
 
-    def opened(self, conn: Connectionection) -> None:
+    def opened(self, conn: Connection) -> None:
         self.conns.add(conn)
         self.conns_per_uid[conn.peer.uid] += 1
 
-    def closed(self, conn: Connectionection) -> None:
+    def closed(self, conn: Connection) -> None:
         self.conns.discard(conn)
         self.conns_per_uid[conn.peer.uid] -= 1
 
-    def end_jobs(self, conn: Connectionection, why: str) -> None:
+    def end_jobs(self, conn: Connection, why: str) -> None:
         if not self._stop.is_set():  # stopping: shutdown() decides what happens to the jobs
             for job_id in list(conn.job_ids):
-                self._end(job_id, why)
+                self.end(job_id, why)
             conn.job_ids.clear()
 
-    def call(self, conn: Connectionection, method: str, params):
-        return getattr(self, f"_rpc_{method}")(conn, params)
-
-    # ---- methods ----------------------------------------------------------------------------------------------------
-    # Each answers at once with a dict, or, when it has to measure gpu_util first, with a coroutine that will.
-    def _rpc_ping(self, conn: Connection, params) -> dict:
-        return {}
-
-    def _rpc_status(self, conn: Connection, params) -> dict:
-        return self.gov.status()
-
-    def _rpc_predict(self, conn: Connection, params):
-        features = params.features()
-        gid = self.gov.default_gpu()
-        if features.gpu_util is None:
-            return self._predict_measured(features, gid)
-        return self._predict(features, gid, "")
-
-    async def _predict_measured(self, features, gid: str) -> dict:
-        util, why = await self._measure_util(gid)
-        return self._predict(features.model_copy(update={"gpu_util": util}), gid, why)
-
-    def _predict(self, features, gid: str, why: str) -> dict:
-        d = self.gov.policy.decide(features, self.gov.gpus[gid].gpu.levels_hz)
-        return {"policy": d.policy, "freq_hz": d.freq_hz, "reason": d.reason + (f"; {why}" if why else "")}
-
-    def _rpc_register(self, conn: Connection, params):
-        limits = self.config.limits
-        if len(conn.job_ids) >= limits.max_jobs_per_connection:
-            raise RpcFault(LIMIT_EXCEEDED, f"this connection already holds {len(conn.job_ids)} jobs "
-                           "(limits.max_jobs_per_connection)")
-        held_by_uid = sum(1 for j in self.gov.jobs.values() if j.uid == conn.peer.uid)
-        if held_by_uid >= limits.max_jobs_per_uid:
-            raise RpcFault(LIMIT_EXCEEDED, f"uid {conn.peer.uid} already holds {held_by_uid} jobs "
-                           "(limits.max_jobs_per_uid)")
-        pid = params.pid or conn.peer.pid
-        try:
-            if pid == conn.peer.pid and conn.process is not None:
-                held = conn.process.another()
-            else:
-                held = peers.hold(pid, known_uid=conn.peer.uid if pid == conn.peer.pid else None)
-        except peers.ProcessGone as e:
-            raise RpcFault(INVALID_PARAMS, f"pid: {e}", {"field": "pid"}) from e
-        if conn.peer.uid != 0 and held.uid != conn.peer.uid:
-            held.close()
-            raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} belongs to uid {held.uid}, not to you "
-                           f"(uid {conn.peer.uid})", {"field": "pid"})
-        if params.tune and self.gov.policy.name == "observe":
-            held.close()
-            raise RpcFault(INVALID_PARAMS, "tune: this daemon runs the observe policy and pins nothing",
-                           {"field": "tune"})
-        try:
-            gpu_id = self.gov.find_gpu(params.gpu)
-        except FtgovError as e:
-            held.close()
-            raise RpcFault(INVALID_PARAMS, f"gpu: {e}", {"field": "gpu"}) from e
-        try:
-            job = self.gov.admit(pid=pid, start_time=held.start_time, uid=conn.peer.uid, name=params.name,
-                                 gpu_id=gpu_id, features=params.features(), policy="tune" if params.tune else None)
-        except FtgovError as e:
-            held.close()
-            raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
-        conn.job_ids.add(job.job_id)
-        self._watch(job, held)
-        if job.features.gpu_util is None:
-            return self._register_measured(conn, job)
-        return self._decide_new(conn, job, "")
-
-    async def _register_measured(self, conn: Connection, job: Job) -> dict:
-        util, why = await self._measure_util(job.gpu_id)
-        if job.job_id not in self.gov.jobs:  # its process exited while we measured
-            raise RpcFault(INVALID_PARAMS, f"pid: process {job.pid} exited during registration")
-        job.features = job.features.model_copy(update={"gpu_util": util})
-        return self._decide_new(conn, job, why)
-
-    def _decide_new(self, conn: Connection, job: Job, why: str) -> dict:
-        try:
-            decision = self.gov.decide(job, why_util=why)
-        except FtgovError:
-            conn.job_ids.discard(job.job_id)
-            self._unwatch(job.job_id)
-            raise
-        if self.tuner_factory is not None:
-            self.tuner_factory(self.gov, job)
-        return {"job_id": job.job_id, "policy": decision.policy, "freq_hz": decision.freq_hz,
-                "reason": decision.reason, "gpu": job.gpu_id, "gpu_util": job.features.gpu_util}
-
-    def _own_job(self, conn: Connection, job_id: int) -> Job:
-        if job_id not in conn.job_ids:
-            raise RpcFault(UNKNOWN_JOB, f"job_id: no job {job_id} on this connection", {"field": "job_id"})
-        return self.gov.jobs[job_id]
-
-    def _rpc_update(self, conn: Connection, params) -> dict:
-        job = self._own_job(conn, params.job_id)
-        changes = {k: v for k, v in (("gpu_util", params.gpu_util), ("seq_len", params.seq_len)) if v is not None}
-        if changes and any(getattr(job.features, k) != v for k, v in changes.items()):
-            old = job.features
-            job.features = job.features.model_copy(update=changes)
-            try:
-                self.gov.decide(job)
-            except FtgovError:
-                job.features = old
-                raise
-            if self.tuner_factory is not None:
-                self.tuner_factory(self.gov, job)
-        d = job.decision
-        return {"job_id": job.job_id, "policy": d.policy, "freq_hz": d.freq_hz, "reason": d.reason}
-
-    def _rpc_progress(self, conn: Connection, params) -> dict:
-        job = self._own_job(conn, params.job_id)
-        job.steps = max(job.steps, params.steps)
-        self.gov.set_phase(job, params.phase)
-        if job.tuner is not None:
-            job.tuner.progress(self.gov, job)
-        return {}
-
-    def _rpc_unregister(self, conn: Connection, params) -> dict:
-        if params.job_id in conn.ended:
-            return conn.ended.pop(params.job_id)
-        self._own_job(conn, params.job_id)
-        conn.job_ids.discard(params.job_id)
-        return self._summary(self._end(params.job_id, "unregistered"))
-
-    # ---- job ends, processes, timers --------------------------------------------------------------------------------
-    def _watch(self, job: Job, held: peers.HeldProcess) -> None:
+    # ---- processes --------------------------------------------------------------------------------------------------
+    def watch(self, job: ActiveJob, held: peers.HeldProcess) -> None:
         self.held[job.job_id] = held
         self._exit_job[held.pidfd] = job.job_id
         self._exits.register(held.pidfd, select.EPOLLIN)  # readable once the process has exited
 
-    def _unwatch(self, job_id: int) -> None:
+    def unwatch(self, job_id: int) -> None:
         held = self.held.pop(job_id, None)
         if held is not None:
             del self._exit_job[held.pidfd]
@@ -329,70 +180,15 @@ class Server:
 
     def _process_exited(self, job_id: int) -> None:
         owner = next((c for c in self.conns if job_id in c.job_ids), None)
-        ended = self._end(job_id, "process exited")
+        ended = self.end(job_id, "process exited")
         if owner is not None:
             owner.job_ids.discard(job_id)
             if ended is not None:
-                owner.keep_ended(job_id, self._summary(ended))
+                owner.keep_ended(job_id, summary(ended))
 
-    @staticmethod
-    def _summary(ended) -> dict:
-        return {"job_id": ended.job.job_id, "duration_s": round(ended.duration_s, 3), "freq_hz": ended.job.freq_hz,
-                "energy_j": protocol.finite(ended.energy_j), "steps": ended.job.steps, "ended": ended.why}
-
-    def _end(self, job_id: int, why: str):
-        self._unwatch(job_id)
-        return self.gov.end(job_id, why)
-
-    async def _measure_util(self, gpu_id: str) -> tuple[float, str]:
-        """Average the GPU load file over util_sample_s (the job is already running when it registers)."""
-        gpu = self.gov.gpus[gpu_id].gpu
-        samples = []
-        deadline = asyncio.get_running_loop().time() + self.config.util_sample_s
-        while True:
-            try:
-                load = gpu.read().load_pct
-            except FtgovError:
-                load = None
-            if load is not None:
-                samples.append(load)
-            if asyncio.get_running_loop().time() >= deadline:
-                break
-            await asyncio.sleep(min(0.05, self.config.util_sample_s))
-        if not samples:
-            return 100.0, "gpu_util not given and the GPU reports no load: assumed 100%"
-        util = sum(samples) / len(samples)
-        return util, f"gpu_util measured from the GPU's load: {util:.1f}% over {len(samples)} samples"
-
-    def _changed(self) -> None:
-        # One STATUS= per event-loop turn, however many changes a burst of requests made in it.
-        if not self._status_pending:
-            self._status_pending = True
-            asyncio.get_running_loop().call_soon(self._send_status)
-        if self._tick is None and (self.gov.jobs or self.gov.pending_restores()):
-            self._tick = asyncio.get_running_loop().call_later(self.config.sample_interval_s, self._on_tick)
-
-    def _send_status(self) -> None:
-        self._status_pending = False
-        self.notifier.status(self._status_line())
-
-    def _on_tick(self) -> None:
-        self._tick = None
-        self.gov.sample()
-        self.gov.check_pins()
-        if self.gov.pending_restores():
-            self.gov.retry()
-        self._changed()
-
-    def _watchdog(self) -> None:
-        if self.notifier.watchdog_s:
-            self.notifier.watchdog()
-            asyncio.get_running_loop().call_later(self.notifier.watchdog_s / 3, self._watchdog)
-
-    def _status_line(self) -> str:
-        pins = [f"GPU {gid} {'pinned to %g MHz' % (c.pinned_hz / 1e6) if c.pinned_hz else 'at baseline'}"
-                for gid, c in self.gov.gpus.items()]
-        return f"{len(self.gov.jobs)} job(s); " + ", ".join(pins)
+    def end(self, job_id: int, why: str) -> Optional[Ended]:
+        self.unwatch(job_id)
+        return self.pins.end(job_id, why)
 
 
 def bind_socket(path: str, mode: int, group: Optional[str]) -> socket.socket:

@@ -50,7 +50,7 @@ class JobRecord:
 
     job_id: int
     pid: int
-    start_time: float
+    start_ticks: int
     gpu: str
     name: Optional[str]
     uid: int

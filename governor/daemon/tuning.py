@@ -18,6 +18,7 @@ from typing import Optional
 
 from governor.daemon.config import TunerConfig
 from governor.errors import FtgovError
+from governor.policy import PolicyName
 from governor.policy.tuner import OnlineTuner, TuningSession
 
 log = logging.getLogger("ftgovd")
@@ -84,7 +85,7 @@ class JobTuner:
         if job.freq_hz == level_hz and job.decision.reason == reason:
             return
         try:
-            gov.set_freq(job, level_hz, "tune", reason)
+            gov.set_freq(job, level_hz, reason)
         except FtgovError as e:
             log.error("%s: could not pin %g MHz for tuning: %s", job.label(), level_hz / 1e6, e, extra=job.fields())
             self.meter, self.status = None, f"stopped: {e}"
@@ -94,10 +95,10 @@ class JobTuner:
                 "profiled_steps": self.session.profiled_steps if self.session else 0}
 
 
-def attach(gov, job, cfg: TunerConfig) -> None:
+def attach(cfg: TunerConfig, gov, job) -> None:
     """Give the job a tuner when its policy is tune and it has a pin to start from; a new one after an update."""
     job.tuner = None
-    if job.decision is None or job.freq_hz is None or not job.decision.policy.startswith("tune"):
+    if job.decision is None or job.freq_hz is None or job.decision.policy is not PolicyName.TUNE:
         return
     try:
         job.tuner = JobTuner(gov, job, cfg)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Optional
 
@@ -23,30 +24,53 @@ from governor.policy.tree import DecisionTree
 log = logging.getLogger("ftgovd")
 
 
+class PolicyName(str, Enum):
+    MLG = "mlg"
+    FFG = "ffg"
+    OBSERVE = "observe"
+    TUNE = "tune"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class Decision:
-    policy: str
+    policy: PolicyName  # the policy asked for
     freq_hz: Optional[int]  # None: no pin
     reason: str
+    fell_back_to: Optional[PolicyName] = None  # the policy that decided instead (mlg without a tree: ffg)
+
+    @property
+    def label(self) -> str:
+        """The name replies, logs and the state file carry: "mlg", or "mlg->ffg" after a fallback."""
+        return self.policy.value if self.fell_back_to is None else f"{self.policy.value}->{self.fell_back_to.value}"
+
+    @classmethod
+    def from_label(cls, label: str, freq_hz: Optional[int], reason: str) -> "Decision":
+        asked, _, fell = label.partition("->")
+        return cls(PolicyName(asked), freq_hz, reason, PolicyName(fell) if fell else None)
 
 
 class Policy:
     """Decides for one GPU's table of levels."""
 
-    def __init__(self, name: str, ffg_freq_hz: int, tree: Optional[DecisionTree], fallback_reason: str = ""):
-        self.name = name
+    def __init__(self, name: PolicyName | str, ffg_freq_hz: int, tree: Optional[DecisionTree],
+                 fallback_reason: str = ""):
+        self.name = PolicyName(name)
         self.ffg_freq_hz = ffg_freq_hz
         self.tree = tree
         self.fallback_reason = fallback_reason
 
     @classmethod
-    def from_config(cls, name: str, ffg_freq_hz: int, model_file: Optional[str | Path]) -> "Policy":
-        if name == "ffg":
+    def from_config(cls, name: PolicyName | str, ffg_freq_hz: int, model_file: Optional[str | Path]) -> "Policy":
+        name = PolicyName(name)
+        if name is PolicyName.FFG:
             return cls(name, ffg_freq_hz, None)
         try:
             tree = DecisionTree.load(model_file)
         except ModelError as e:
-            if name == "observe":
+            if name is PolicyName.OBSERVE:
                 log.info("observe: no tree to report what MLG would pick: %s", e)
                 return cls(name, ffg_freq_hz, None)
             log.warning("MLG falls back to FFG at %.0f MHz: %s", ffg_freq_hz / 1e6, e)
@@ -55,20 +79,23 @@ class Policy:
                  len(tree.nodes), ", ".join(f"{hz / 1e6:g}" for hz in tree.leaves_hz()))
         return cls(name, ffg_freq_hz, tree)
 
-    def decide(self, features: Features, levels_hz: tuple[int, ...], policy: Optional[str] = None) -> Decision:
-        name = policy or self.name
-        if name == "observe":
+    def decide(self, features: Features, levels_hz: tuple[int, ...],
+               policy: Optional[PolicyName] = None) -> Decision:
+        name = PolicyName(policy) if policy is not None else self.name
+        if name is PolicyName.OBSERVE:
             why = "observe: no pin, the default governor runs"
             if self.tree is not None:
                 would = self.tree.decide(features)
                 why += f" (mlg would pick {nearest_level(levels_hz, would.freq_hz) / 1e6:g} MHz: {would.explain()})"
-            return Decision("observe", None, why)
-        if name == "ffg" or self.tree is None:
+            return Decision(name, None, why)
+        if name is PolicyName.FFG or self.tree is None:
             level = nearest_level(levels_hz, self.ffg_freq_hz)
             why = f"ffg: fixed {self.ffg_freq_hz / 1e6:g} MHz"
-            if name != "ffg":
+            fell_back_to = None
+            if name is not PolicyName.FFG:
                 why = f"{name} fell back to ffg ({self.fallback_reason}); " + why
-            return Decision("ffg" if name == "ffg" else f"{name}->ffg", level, why + _level_note(level, self.ffg_freq_hz))
+                fell_back_to = PolicyName.FFG
+            return Decision(name, level, why + _level_note(level, self.ffg_freq_hz), fell_back_to)
         tree_decision = self.tree.decide(features)
         level = nearest_level(levels_hz, tree_decision.freq_hz)
         return Decision(name, level, f"{self.tree.source} tree: {tree_decision.explain()}"

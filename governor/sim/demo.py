@@ -70,7 +70,7 @@ def main() -> int:
             j = st["jobs"][0]
             power = st["power_mw"] or {}
             say(f"   status after {j['steps']} steps: job {j['job_id']} '{j['name']}' at {j['freq_hz'] / 1e6:g} MHz, "
-                f"GPU load {st['gpu']['load_pct']:.1f}%, energy so far {j['energy_j']:.2f} J")
+                f"GPU load {st['gpus'][0]['load_pct']:.1f}%, energy so far {j['energy_j']:.2f} J")
             say("   rails: " + ", ".join(f"{k} {v / 1000:.2f} W" for k, v in sorted(power.items())))
         res = job.result
         say("\n== 3. The job ends; the daemon restores the baseline")

@@ -1,0 +1,74 @@
+"""What the pin controller keeps: the jobs it holds, each GPU's pin and baseline, and a job's end."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from governor.backends.base import Gpu, Limits
+from governor.backends.rails import EnergyMeter
+from governor.daemon.state import JobRecord
+from governor.features import Features
+from governor.policy import Decision, PolicyName
+
+
+@dataclass
+class ActiveJob:
+    """A job the daemon holds (the client's handle on it is governor.client.Job)."""
+
+    job_id: int
+    pid: int
+    start_ticks: int  # the process's start time (clock ticks since boot, /proc/PID/stat), against PID reuse
+    uid: int
+    name: Optional[str]
+    gpu_id: str
+    features: Features
+    policy: Optional[PolicyName] = None  # per-job policy request (tune), else the daemon's
+    decision: Optional[Decision] = None
+    started_s: float = field(default_factory=time.monotonic)
+    steps: int = 0
+    phase: Optional[str] = None
+    meter: Optional[EnergyMeter] = None
+    adopted: bool = False
+    tuner: object = None  # governor.policy.tuner.JobTuner when the tune policy drives this job
+
+    @property
+    def freq_hz(self) -> Optional[int]:
+        return self.decision.freq_hz if self.decision else None
+
+    def fields(self) -> dict:
+        """Structured fields for journald (JOB_ID=3 finds a job's whole story)."""
+        out = {"JOB_ID": self.job_id, "JOB_PID": self.pid, "JOB_NAME": self.name or ""}
+        if self.decision:
+            out["POLICY"] = self.decision.label
+            out["FREQ_HZ"] = self.decision.freq_hz if self.decision.freq_hz is not None else ""
+        return out
+
+    def label(self) -> str:
+        return f"job {self.job_id}" + (f" {self.name!r}" if self.name else "") + f" (pid {self.pid})"
+
+    def record(self) -> JobRecord:
+        return JobRecord(self.job_id, self.pid, self.start_ticks, self.gpu_id, self.name, self.uid,
+                         self.features.model_dump(), self.freq_hz, self.decision.label if self.decision else "")
+
+
+@dataclass
+class GpuControl:
+    gpu: Gpu
+    baseline: Optional[Limits] = None  # snapshot taken before our first pin; None while we hold nothing
+    pinned_hz: Optional[int] = None
+    restore_failed: bool = False
+    stood_down: bool = False  # someone else changed the limits under our pin and config says let them be
+
+
+@dataclass(frozen=True)
+class Ended:
+    job: ActiveJob
+    duration_s: float
+    energy_j: Optional[float]
+    why: str
+
+
+def mhz(hz: Optional[int]) -> str:
+    return "no pin" if hz is None else f"{hz / 1e6:g} MHz"

@@ -1,0 +1,176 @@
+"""The daemon's JSON-RPC methods: register, update, progress, unregister, status, predict, ping.
+
+Each answers at once with a dict, or, when it has to measure gpu_util first, with a coroutine that will (the
+connection then holds the lines behind it). Parameters arrive validated (governor.daemon.protocol); what is checked
+here is what needs the daemon's state: limits, the caller's right to name a process, the GPU it names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from governor.daemon import peers, protocol
+from governor.daemon.jobs import ActiveJob
+from governor.daemon.protocol import RpcFault
+from governor.errors import INVALID_PARAMS, LIMIT_EXCEEDED, PERMISSION_DENIED, UNKNOWN_JOB, FtgovError
+from governor.policy import PolicyName
+
+if TYPE_CHECKING:
+    from governor.daemon.connection import Connection
+    from governor.daemon.server import Server
+
+log = logging.getLogger("ftgovd")
+
+
+class Methods:
+    def __init__(self, server: "Server"):
+        self.server = server
+        self.pins = server.pins
+        self.config = server.config
+
+    def call(self, conn: "Connection", method: str, params):
+        return getattr(self, f"rpc_{method}")(conn, params)
+
+    def rpc_ping(self, conn: "Connection", params) -> dict:
+        return {}
+
+    def rpc_status(self, conn: "Connection", params) -> dict:
+        return self.pins.status()
+
+    def rpc_predict(self, conn: "Connection", params):
+        features = params.features()
+        gid = self.pins.default_gpu()
+        if features.gpu_util is None:
+            return self._predict_measured(features, gid)
+        return self._predict(features, gid, "")
+
+    async def _predict_measured(self, features, gid: str) -> dict:
+        util_pct, why = await self._measure_util_pct(gid)
+        return self._predict(features.model_copy(update={"gpu_util": util_pct}), gid, why)
+
+    def _predict(self, features, gid: str, why: str) -> dict:
+        d = self.pins.policy.decide(features, self.pins.gpus[gid].gpu.levels_hz)
+        return {"policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason + (f"; {why}" if why else "")}
+
+    def rpc_register(self, conn: "Connection", params):
+        limits = self.config.limits
+        if len(conn.job_ids) >= limits.max_jobs_per_connection:
+            raise RpcFault(LIMIT_EXCEEDED, f"this connection already holds {len(conn.job_ids)} jobs "
+                           "(limits.max_jobs_per_connection)")
+        held_by_uid = sum(1 for j in self.pins.jobs.values() if j.uid == conn.peer.uid)
+        if held_by_uid >= limits.max_jobs_per_uid:
+            raise RpcFault(LIMIT_EXCEEDED, f"uid {conn.peer.uid} already holds {held_by_uid} jobs "
+                           "(limits.max_jobs_per_uid)")
+        pid = params.pid or conn.peer.pid
+        try:
+            if pid == conn.peer.pid and conn.process is not None:
+                held = conn.process.another()
+            else:
+                held = peers.hold(pid, known_uid=conn.peer.uid if pid == conn.peer.pid else None)
+        except peers.ProcessGone as e:
+            raise RpcFault(INVALID_PARAMS, f"pid: {e}", {"field": "pid"}) from e
+        if conn.peer.uid != 0 and held.uid != conn.peer.uid:
+            held.close()
+            raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} belongs to uid {held.uid}, not to you "
+                           f"(uid {conn.peer.uid})", {"field": "pid"})
+        if params.tune and self.pins.policy.name is PolicyName.OBSERVE:
+            held.close()
+            raise RpcFault(INVALID_PARAMS, "tune: this daemon runs the observe policy and pins nothing",
+                           {"field": "tune"})
+        try:
+            gpu_id = self.pins.find_gpu(params.gpu)
+        except FtgovError as e:
+            held.close()
+            raise RpcFault(INVALID_PARAMS, f"gpu: {e}", {"field": "gpu"}) from e
+        try:
+            job = self.pins.admit(pid=pid, start_ticks=held.start_ticks, uid=conn.peer.uid, name=params.name,
+                                  gpu_id=gpu_id, features=params.features(),
+                                  policy=PolicyName.TUNE if params.tune else None)
+        except FtgovError as e:
+            held.close()
+            raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
+        conn.job_ids.add(job.job_id)
+        self.server.watch(job, held)
+        if job.features.gpu_util is None:
+            return self._register_measured(conn, job)
+        return self._decide_new(conn, job, "")
+
+    async def _register_measured(self, conn: "Connection", job: ActiveJob) -> dict:
+        util_pct, why = await self._measure_util_pct(job.gpu_id)
+        if job.job_id not in self.pins.jobs:  # its process exited while we measured
+            raise RpcFault(INVALID_PARAMS, f"pid: process {job.pid} exited during registration")
+        job.features = job.features.model_copy(update={"gpu_util": util_pct})
+        return self._decide_new(conn, job, why)
+
+    def _decide_new(self, conn: "Connection", job: ActiveJob, why: str) -> dict:
+        try:
+            decision = self.pins.decide(job, why_util=why)
+        except FtgovError:
+            conn.job_ids.discard(job.job_id)
+            self.server.unwatch(job.job_id)
+            raise
+        return {"job_id": job.job_id, "policy": decision.label, "freq_hz": decision.freq_hz,
+                "reason": decision.reason, "gpu": job.gpu_id, "gpu_util": job.features.gpu_util}
+
+    def _own_job(self, conn: "Connection", job_id: int) -> ActiveJob:
+        if job_id not in conn.job_ids:
+            raise RpcFault(UNKNOWN_JOB, f"job_id: no job {job_id} on this connection", {"field": "job_id"})
+        return self.pins.jobs[job_id]
+
+    def rpc_update(self, conn: "Connection", params) -> dict:
+        job = self._own_job(conn, params.job_id)
+        changes = {k: v for k, v in (("gpu_util", params.gpu_util), ("seq_len", params.seq_len)) if v is not None}
+        if changes and any(getattr(job.features, k) != v for k, v in changes.items()):
+            old = job.features
+            job.features = job.features.model_copy(update=changes)
+            try:
+                self.pins.decide(job)
+            except FtgovError:
+                job.features = old
+                raise
+        d = job.decision
+        return {"job_id": job.job_id, "policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason}
+
+    def rpc_progress(self, conn: "Connection", params) -> dict:
+        job = self._own_job(conn, params.job_id)
+        job.steps = max(job.steps, params.steps)
+        self.pins.set_phase(job, params.phase)
+        if job.tuner is not None:
+            job.tuner.progress(self.pins, job)
+        return {}
+
+    def rpc_unregister(self, conn: "Connection", params) -> dict:
+        if params.job_id in conn.ended:
+            return conn.ended.pop(params.job_id)
+        self._own_job(conn, params.job_id)
+        conn.job_ids.discard(params.job_id)
+        return summary(self.server.end(params.job_id, "unregistered"))
+
+    async def _measure_util_pct(self, gpu_id: str) -> tuple[float, str]:
+        """Average the GPU load file over util_sample_s (the job is already running when it registers)."""
+        gpu = self.pins.gpus[gpu_id].gpu
+        samples = []
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.util_sample_s
+        while True:
+            try:
+                load_pct = gpu.read().load_pct
+            except FtgovError:
+                load_pct = None
+            if load_pct is not None:
+                samples.append(load_pct)
+            if loop.time() >= deadline:
+                break
+            await asyncio.sleep(min(0.05, self.config.util_sample_s))
+        if not samples:
+            return 100.0, "gpu_util not given and the GPU reports no load: assumed 100%"
+        util_pct = sum(samples) / len(samples)
+        return util_pct, f"gpu_util measured from the GPU's load: {util_pct:.1f}% over {len(samples)} samples"
+
+
+def summary(ended) -> dict:
+    """What unregister answers (and what a connection keeps for a job whose process ended first)."""
+    return {"job_id": ended.job.job_id, "duration_s": round(ended.duration_s, 3), "freq_hz": ended.job.freq_hz,
+            "energy_j": protocol.finite(ended.energy_j), "steps": ended.job.steps, "ended": ended.why}

@@ -1,0 +1,71 @@
+"""The daemon's timers: the measurement tick while jobs run, STATUS= after changes, the systemd watchdog.
+
+Nothing here polls: the tick runs only while jobs are active or a restore waits for a retry, and goes quiet when
+neither is true, so an idle daemon wakes only for the watchdog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Callable, Optional
+
+from governor.daemon.notify import Notifier
+
+if TYPE_CHECKING:
+    from governor.daemon.pins import PinController
+
+
+def defer_on_loop(fn: Callable[[], None], delay_s: float) -> None:
+    """The PinController's ``defer``: run fn on the running event loop after delay_s (next turn for 0)."""
+    loop = asyncio.get_running_loop()
+    if delay_s > 0:
+        loop.call_later(delay_s, fn)
+    else:
+        loop.call_soon(fn)
+
+
+class Ticker:
+    """A listener of the PinController (``changed``): schedules the tick and one STATUS= per loop turn."""
+
+    def __init__(self, notifier: Notifier, sample_interval_s: float):
+        self.notifier = notifier
+        self.sample_interval_s = sample_interval_s
+        self._tick: Optional[asyncio.TimerHandle] = None
+        self._status_pending = False
+
+    def changed(self, pins: "PinController") -> None:
+        # One STATUS= per event-loop turn, however many changes a burst of requests made in it.
+        loop = asyncio.get_running_loop()
+        if not self._status_pending:
+            self._status_pending = True
+            loop.call_soon(self._send_status, pins)
+        if self._tick is None and (pins.jobs or pins.pending_restores()):
+            self._tick = loop.call_later(self.sample_interval_s, self._on_tick, pins)
+
+    def _send_status(self, pins: "PinController") -> None:
+        self._status_pending = False
+        self.notifier.status(status_line(pins))
+
+    def _on_tick(self, pins: "PinController") -> None:
+        self._tick = None
+        pins.sample()
+        pins.check_pins()
+        if pins.pending_restores():
+            pins.retry()
+        self.changed(pins)
+
+    def start_watchdog(self) -> None:
+        if self.notifier.watchdog_s:
+            self.notifier.watchdog()
+            asyncio.get_running_loop().call_later(self.notifier.watchdog_s / 3, self.start_watchdog)
+
+    def stop(self) -> None:
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+
+
+def status_line(pins: "PinController") -> str:
+    states = [f"GPU {gid} {'pinned to %g MHz' % (c.pinned_hz / 1e6) if c.pinned_hz else 'at baseline'}"
+              for gid, c in pins.gpus.items()]
+    return f"{len(pins.jobs)} job(s); " + ", ".join(states)
