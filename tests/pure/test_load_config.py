@@ -1,0 +1,44 @@
+"""load_config: defaults, overrides, and loud errors that name the key."""
+
+import pytest
+
+from governor.daemon.config import load_config
+from governor.errors import ConfigError
+
+
+def test_an_absent_file_means_defaults(tmp_path):
+    cfg = load_config(tmp_path / "none.yaml")
+    assert cfg.limits.max_jobs == 64 and cfg.socket.mode == 0o660
+
+
+def test_an_absent_file_named_explicitly_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "none.yaml", must_exist=True)
+
+
+def test_overrides_win_key_by_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("limits:\n  max_jobs: 10\n  max_jobs_per_uid: 5\nsocket:\n  path: /tmp/a.sock\n")
+    cfg = load_config(path, {"socket.path": "/tmp/b.sock", "state_dir": None})
+    assert (cfg.limits.max_jobs, cfg.limits.max_jobs_per_uid, cfg.socket.path) == (10, 5, "/tmp/b.sock")
+
+
+@pytest.mark.parametrize("text, key", [
+    ("limits:\n  max_connections: 0\n", "limits.max_connections"),
+    ("socket:\n  mode: 0666\n", "socket.mode"),
+    ("nonsense: 1\n", "nonsense"),
+    ("policy: fastest\n", "policy"),
+])
+def test_a_bad_value_names_its_key(tmp_path, text, key):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(path)
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "a: [\n"])
+def test_a_file_that_is_not_a_mapping_is_refused(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError):
+        load_config(path)

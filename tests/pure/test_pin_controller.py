@@ -1,0 +1,166 @@
+"""The pin controller's state machine with a fake GPU: admit, decide, end, adopt. No sockets, no processes."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+
+from governor.backends.base import GpuBase, Limits, Reading
+from governor.daemon.pins import PinController
+from governor.daemon.state import StateFile
+from governor.errors import PinError
+from governor.features import Features
+from governor.policy import Policy, PolicyName
+
+LEVELS = (306_000_000, 612_000_000, 714_000_000, 918_000_000, 1_300_500_000)
+BASELINE = Limits(306_000_000, 1_300_500_000)
+ENCODER = Features(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, gpu_util=60.0)
+
+
+class FakeGpu(GpuBase):
+    """Holds limits like a devfreq node; ``fail_pins`` makes the next pins fail."""
+
+    id = "0"
+
+    def __init__(self):
+        self.levels_hz = LEVELS
+        self.limits = BASELINE
+        self.writes: list[Optional[int]] = []  # each pin (Hz) and each restore (None)
+        self.fail_pins = 0
+
+    def describe(self) -> dict:
+        return {"backend": "fake"}
+
+    def snapshot(self) -> Limits:
+        return self.limits
+
+    def pin(self, freq_hz: int) -> None:
+        if self.fail_pins:
+            self.fail_pins -= 1
+            raise PinError("the fake refuses")
+        self.limits = Limits(freq_hz, freq_hz)
+        self.writes.append(freq_hz)
+
+    def restore(self, limits: Limits) -> None:
+        self.limits = limits
+        self.writes.append(None)
+
+    def read(self) -> Reading:
+        return Reading(self.limits.min_hz, self.limits.max_hz, self.limits.max_hz, 50.0)
+
+    def pin_holds(self) -> bool:
+        return self.limits.min_hz == self.limits.max_hz
+
+
+@pytest.fixture
+def gpu():
+    return FakeGpu()
+
+
+def controller(gpu, tmp_path, ffg_hz=714_000_000, **kwargs) -> PinController:
+    policy = Policy(PolicyName.FFG, ffg_hz, None)
+    return PinController([gpu], policy, StateFile(tmp_path / "state"), "boot-1", **kwargs)
+
+
+def job(pins: PinController, pid=100, features=ENCODER, **kwargs):
+    return pins.admit(pid=pid, start_ticks=5000 + pid, uid=1000, name=None, gpu_id="0", features=features, **kwargs)
+
+
+def test_admit_pins_nothing_until_decided(gpu, tmp_path):
+    pins = controller(gpu, tmp_path)
+    j = job(pins)
+    assert j.decision is None and gpu.writes == [] and pins.target_hz("0") is None
+
+
+def test_decide_pins_and_end_restores_the_baseline(gpu, tmp_path):
+    pins = controller(gpu, tmp_path)
+    j = job(pins)
+    assert pins.decide(j).freq_hz == 714_000_000
+    assert gpu.limits == Limits(714_000_000, 714_000_000) and pins.gpus["0"].baseline == BASELINE
+    ended = pins.end(j.job_id, "unregistered")
+    assert ended.why == "unregistered" and gpu.limits == BASELINE and gpu.writes == [714_000_000, None]
+    assert pins.end(j.job_id, "again") is None
+
+
+def test_two_jobs_hold_the_higher_pick_until_both_end(gpu, tmp_path):
+    pins = controller(gpu, tmp_path)
+    low, high = job(pins, 100), job(pins, 101)
+    pins.decide(low)
+    pins.set_freq(high, 918_000_000, "tune: probing")
+    assert gpu.limits.max_hz == 918_000_000
+    pins.end(high.job_id, "unregistered")
+    assert gpu.limits.max_hz == 714_000_000  # back to the remaining job's pick, not the baseline
+    pins.end(low.job_id, "unregistered")
+    assert gpu.limits == BASELINE
+
+
+def test_a_low_phase_drops_to_the_lowest_level(gpu, tmp_path):
+    pins = controller(gpu, tmp_path, low_phases=("checkpoint",))
+    j = job(pins)
+    pins.decide(j)
+    pins.set_phase(j, "checkpoint")
+    assert gpu.limits.max_hz == LEVELS[0]
+    pins.set_phase(j, "train")
+    assert gpu.limits.max_hz == 714_000_000
+
+
+def test_a_failed_first_pin_drops_the_job_and_leaves_the_baseline(gpu, tmp_path):
+    pins = controller(gpu, tmp_path)
+    j = job(pins)
+    gpu.fail_pins = 1
+    with pytest.raises(PinError):
+        pins.decide(j)
+    assert j.job_id not in pins.jobs and gpu.limits == BASELINE and not pins.pending_restores()
+
+
+def test_listeners_and_deferral_come_through_the_constructor(gpu, tmp_path):
+    seen, deferred = [], []
+    pins = controller(gpu, tmp_path, listeners=(lambda p: seen.append(len(p.jobs)),),
+                      defer=lambda fn, delay_s: deferred.append((fn, delay_s)))
+    j = job(pins)
+    pins.decide(j)
+    second = job(pins, 101)
+    pins.decide(second)  # same pin: only the job list changed, so its save is deferred
+    assert seen and deferred and deferred[-1][1] > 0
+    deferred[-1][0]()
+    assert {r.job_id for r in pins.state_file.read("boot-1").jobs} == {j.job_id, second.job_id}
+
+
+def test_deciding_attaches_the_tuner(gpu, tmp_path):
+    attached = []
+    pins = controller(gpu, tmp_path, attach_tuner=lambda p, j: attached.append((j.job_id, j.decision.policy)))
+    j = job(pins, policy=PolicyName.TUNE)
+    pins.decide(j)
+    assert attached == [(j.job_id, PolicyName.TUNE)]
+
+
+def test_adopt_takes_back_live_jobs_and_the_baseline(gpu, tmp_path):
+    first = controller(gpu, tmp_path)
+    j = job(first)
+    first.decide(j)
+    state = first.state_file.read("boot-1")  # what a crashed daemon left: pinned, one job
+    assert state.gpus["0"].pinned_hz == 714_000_000 and state.jobs[0].start_ticks == 5100
+
+    again = controller(gpu, tmp_path)
+    adopted = again.adopt(state)
+    assert [a.job_id for a in adopted] == [j.job_id] and adopted[0].adopted
+    assert adopted[0].decision.label == "ffg" and again.gpus["0"].baseline == BASELINE
+    assert gpu.limits.max_hz == 714_000_000 and again.next_job_id == j.job_id + 1
+    again.end(j.job_id, "process exited")
+    assert gpu.limits == BASELINE
+
+
+def test_adopt_with_no_live_job_restores(gpu, tmp_path):
+    first = controller(gpu, tmp_path)
+    first.decide(job(first))
+    state = first.state_file.read("boot-1")
+    state.jobs.clear()  # the server drops the records whose processes are gone
+    again = controller(gpu, tmp_path)
+    assert again.adopt(state) == []
+    assert gpu.limits == BASELINE and again.gpus["0"].baseline is None
+
+
+def test_an_unknown_uuid_on_a_single_uuidless_gpu_is_that_gpu(gpu, tmp_path):
+    pins = controller(gpu, tmp_path)
+    assert pins.find_gpu("GPU-1234abcd") == "0" and pins.find_gpu(None) == "0" and pins.find_gpu(0) == "0"
