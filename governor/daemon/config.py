@@ -73,6 +73,8 @@ class Config(_Strict):
     model_file: Optional[str] = Field(None, description="ftgov-tree/1 JSON; default: the tree shipped with ftgov")
     ffg_freq_hz: Optional[int] = Field(None, gt=0, description="FFG's frequency (nearest level at or above is pinned); "
                                        "default: the level with the least total energy in the training data (ffg.json)")
+    pin_above_power_mode: bool = Field(False, description=(
+        "pin above the GPU's max_freq as found before the first pin (the nvpmodel power mode's cap); default never"))
     restore_on_stop: bool = True
     on_external_change: Literal["reapply", "stand_down"] = "reapply"
     low_phases: list[Literal["eval", "checkpoint", "data"]] = Field(

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 from governor.backends import gpuid
 from governor.backends.base import Gpu
 from governor.backends.rails import CounterMeter, EnergyMeter, Rails
+from governor.daemon import logs
 from governor.daemon.jobs import ActiveJob, Ended, GpuControl, mhz
 from governor.daemon.state import GpuState, State, StateFile
 from governor.errors import BackendError, FtgovError, StateError
@@ -47,7 +48,7 @@ class PinController:
                  rails: Optional[Rails] = None, on_external_change: str = "reapply", max_jobs: int = 64,
                  low_phases: tuple[str, ...] = (), power_cap_mw: Optional[int] = None,
                  listeners: tuple[Listener, ...] = (), defer: Optional[Defer] = None,
-                 attach_tuner: Optional[AttachTuner] = None):
+                 attach_tuner: Optional[AttachTuner] = None, pin_above_power_mode: bool = False):
         self.gpus = {g.id: GpuControl(g) for g in gpus}
         self.policy = policy
         self.state_file = state_file
@@ -57,6 +58,7 @@ class PinController:
         self.max_jobs = max_jobs
         self.low_phases = frozenset(low_phases)
         self.power_cap_mw = power_cap_mw
+        self.pin_above_power_mode = pin_above_power_mode
         self.jobs: dict[int, ActiveJob] = {}
         self.next_job_id = 1
         self.listeners = tuple(listeners)
@@ -120,6 +122,12 @@ class PinController:
         decision = self.policy.decide(job.features, ctl.gpu.levels_hz, job.policy)
         if why_util:
             decision = replace(decision, reason=f"{decision.reason}; {why_util}")
+        # Logged before any hardware access: a read or write that hangs (and is killed by the watchdog) leaves it.
+        f = job.features
+        log.info("%s: %s L%d H%d seq %g util %s -> %s %s: %s", job.label(), f.model_type, f.num_layers,
+                 f.hidden_size, f.seq_len, "?" if f.gpu_util is None else f"{f.gpu_util:g}%", decision.label,
+                 mhz(decision.freq_hz), decision.reason, extra=job.fields())
+        decision = self.within_ceiling(job, decision)
         previous, job.decision = job.decision, decision
         try:
             self._apply(job.gpu_id)
@@ -129,13 +137,44 @@ class PinController:
                 self.jobs.pop(job.job_id, None)
             self._apply_quietly(job.gpu_id)
             raise
-        f = job.features
-        log.info("%s: %s L%d H%d seq %g util %s -> %s %s: %s", job.label(), f.model_type, f.num_layers,
-                 f.hidden_size, f.seq_len, "?" if f.gpu_util is None else f"{f.gpu_util:g}%", decision.label,
-                 mhz(decision.freq_hz), decision.reason, extra=job.fields())
         if self.attach_tuner is not None:
             self.attach_tuner(self, job)
         return decision
+
+    def ceiling_hz(self, gpu_id: str) -> Optional[int]:
+        """The highest clock a pin may take: the max_freq found before our first pin, which is the power mode's cap
+        (nvpmodel writes it: AGX Orin MODE_30W 612 MHz), unless pin_above_power_mode. None: no ceiling."""
+        if self.pin_above_power_mode:
+            return None
+        ctl = self.gpus[gpu_id]
+        if ctl.baseline is not None:
+            return ctl.baseline.max_hz
+        logs.flush()  # a hardware read follows: the lines before it must be out should it hang
+        try:
+            return ctl.gpu.snapshot().max_hz
+        except BackendError as e:
+            log.warning("GPU %s: cannot read the power mode's cap: %s", gpu_id, e)
+            return None
+
+    def allowed_levels(self, gpu_id: str) -> tuple[int, ...]:
+        """The GPU's levels a pin may take (see ceiling_hz); the lowest level at least."""
+        levels, ceiling = self.gpus[gpu_id].gpu.levels_hz, self.ceiling_hz(gpu_id)
+        if ceiling is None:
+            return levels
+        return tuple(hz for hz in levels if hz <= ceiling) or levels[:1]
+
+    def within_ceiling(self, job: ActiveJob, decision: Decision) -> Decision:
+        """The decision, moved down to the highest level under the power mode's cap when it is above it."""
+        if decision.freq_hz is None:
+            return decision
+        ceiling = self.ceiling_hz(job.gpu_id)
+        if ceiling is None or decision.freq_hz <= ceiling:
+            return decision
+        level = self.allowed_levels(job.gpu_id)[-1]
+        note = f"capped by the power mode at {mhz(ceiling)}" + ("" if level == ceiling else f" (level {mhz(level)})")
+        log.info("%s: %s instead of %s (pin_above_power_mode: true allows more)", job.label(), note,
+                 mhz(decision.freq_hz), extra=job.fields())
+        return replace(decision, freq_hz=level, reason=f"{decision.reason}; {note}")
 
     def set_freq(self, job: ActiveJob, freq_hz: int, reason: str) -> None:
         """Move one job's pick (the tuner does this) and apply the combined pin."""
@@ -194,6 +233,7 @@ class PinController:
         if target == ctl.pinned_hz and not ctl.restore_failed:
             self._save_soon(prompt=removed)  # only the job list changed: re-adoption data, not safety data
             return
+        logs.flush()  # the hardware is touched next: the decision's lines go out first, should a write hang
         if target is None:
             self._restore(ctl)
         else:
@@ -264,6 +304,7 @@ class PinController:
                         "Re-applying" if self.on_external_change == "reapply" else "Standing down until the jobs end",
                         extra={"FREQ_HZ": ctl.pinned_hz})
             if self.on_external_change == "reapply":
+                logs.flush()
                 try:
                     ctl.gpu.pin(ctl.pinned_hz)
                 except FtgovError as e:

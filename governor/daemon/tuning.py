@@ -27,8 +27,8 @@ log = logging.getLogger("ftgovd")
 class JobTuner:
     def __init__(self, gov, job, cfg: TunerConfig):
         self.cfg = cfg
-        gpu = gov.gpus[job.gpu_id].gpu
-        self.tuner = OnlineTuner(gpu.levels_hz, job.freq_hz, max_slowdown=cfg.max_slowdown, noise_rel=cfg.noise_rel,
+        # Never a level above the power mode's cap (unless the config allows it): the tuner probes only what it may pin.
+        self.tuner = OnlineTuner(gov.allowed_levels(job.gpu_id), job.freq_hz, max_slowdown=cfg.max_slowdown, noise_rel=cfg.noise_rel,
                                  max_probes=cfg.max_probes)
         self.session: Optional[TuningSession] = None
         self.status = "waiting for progress reports (without them the job keeps MLG's pick)"
@@ -95,8 +95,18 @@ class JobTuner:
                 "profiled_steps": self.session.profiled_steps if self.session else 0}
 
 
+class TunerAttach:
+    """The PinController's attach_tuner: gives a job a tuner when its policy is tune and it has a pin to start from
+    (a new one after an update). ``cfg`` is replaced when the config is reloaded; running tuners keep theirs."""
+
+    def __init__(self, cfg: TunerConfig):
+        self.cfg = cfg
+
+    def __call__(self, gov, job) -> None:
+        attach(self.cfg, gov, job)
+
+
 def attach(cfg: TunerConfig, gov, job) -> None:
-    """Give the job a tuner when its policy is tune and it has a pin to start from; a new one after an update."""
     job.tuner = None
     if job.decision is None or job.freq_hz is None or job.decision.policy is not PolicyName.TUNE:
         return

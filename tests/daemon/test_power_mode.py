@@ -1,0 +1,36 @@
+"""The power mode's cap (nvpmodel's max_freq) is respected: no pin above the max found before the first pin."""
+
+from harness import DEVFREQ, FEATURES, limits
+
+MODE_30W_MAX_HZ = 612_000_000  # AGX Orin MODE_30W caps the GPU here
+
+
+def capped_tree(orin):
+    (orin / DEVFREQ / "max_freq").write_text(f"{MODE_30W_MAX_HZ}\n")
+    return orin
+
+
+def test_a_pick_above_the_power_modes_cap_is_pinned_at_the_cap(orin, start_daemon):
+    d = start_daemon(root=capped_tree(orin))
+    c = d.client()
+    res = c.call("register", **FEATURES)  # the paper's tree picks 714 MHz for this job
+    assert res["freq_hz"] == MODE_30W_MAX_HZ and "capped by the power mode at 612 MHz" in res["reason"]
+    assert limits(orin) == (MODE_30W_MAX_HZ, MODE_30W_MAX_HZ)
+    assert "capped by the power mode at 612 MHz" in d.log()
+    c.call("unregister", job_id=res["job_id"])
+    d.wait_status(lambda m: "at baseline" in m)
+    assert limits(orin) == (306_000_000, MODE_30W_MAX_HZ)
+
+
+def test_a_pick_under_the_cap_is_left_alone(orin, start_daemon):
+    d = start_daemon(root=capped_tree(orin))
+    res = d.client().call("register", **{**FEATURES, "seq_len": 80.0, "num_layers": 4})
+    assert res["freq_hz"] <= MODE_30W_MAX_HZ and "capped" not in res["reason"]
+
+
+def test_the_config_may_allow_pinning_above_the_cap(orin, start_daemon):
+    d = start_daemon(root=capped_tree(orin), config={"pin_above_power_mode": True})
+    c = d.client()  # held: closing the connection would end the job
+    res = c.call("register", **FEATURES)
+    assert res["freq_hz"] == 714_000_000 and "capped" not in res["reason"]
+    assert limits(orin) == (714_000_000, 714_000_000)
