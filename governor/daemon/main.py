@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import logging
 import os
 import resource
@@ -12,7 +11,7 @@ import shutil
 import socket
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from governor import DEFAULT_CONFIG_PATH, __version__, backends
 from governor.backends import rails as rails_mod
@@ -20,6 +19,7 @@ from governor.daemon import logs, tuning
 from governor.daemon.config import Config, default_ffg_hz, default_model_path, load_config
 from governor.daemon.notify import Notifier, listen_fds
 from governor.daemon.pins import PinController
+from governor.daemon.reload import Reloader
 from governor.daemon.server import Server, bind_socket
 from governor.daemon.state import StateFile, boot_id
 from governor.daemon.ticks import Ticker, defer_on_loop
@@ -94,7 +94,7 @@ def raise_fd_limit(config: Config) -> None:
                         config.limits.max_jobs, need)
 
 
-def run(config: Config, *, simulate: bool = False) -> int:
+def run(config: Config, *, simulate: bool = False, load_config_again: Optional[Callable[[], Config]] = None) -> int:
     notifier = Notifier()
     raise_fd_limit(config)
     root = Root(config.sysfs_root)
@@ -112,6 +112,7 @@ def run(config: Config, *, simulate: bool = False) -> int:
     else:
         log.info("no INA3221 power rails found: job energy will be reported as null")
     policy = build_policy(config, gpus)
+    tuner = tuning.TunerAttach(config.tuner)
     ticker = Ticker(notifier, config.sample_interval_s)
     listeners = [ticker.changed]
     board = _simulated_board(root, gpus) if simulate else None
@@ -122,10 +123,14 @@ def run(config: Config, *, simulate: bool = False) -> int:
                          low_phases=tuple(config.low_phases),
                          power_cap_mw=round(config.power_cap_w * 1000) if config.power_cap_w else None,
                          listeners=tuple(listeners), defer=defer_on_loop,
-                         attach_tuner=functools.partial(tuning.attach, config.tuner))
+                         attach_tuner=tuner,
+                         pin_above_power_mode=config.pin_above_power_mode)
     if board is not None:
         board.update(pins)
-    server = Server(pins, config, notifier, ticker)
+    reloader = None
+    if load_config_again is not None:
+        reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus), tuner)
+    server = Server(pins, config, notifier, ticker, reloader)
 
     fds = listen_fds()
     if fds:
@@ -144,6 +149,17 @@ def run(config: Config, *, simulate: bool = False) -> int:
                 pass
     log.info("ftgovd stopped")
     return 0
+
+
+def route_loggers() -> None:
+    """The daemon's modules that log under their own names (governor.backends.nvml) and asyncio's own messages (an
+    accept that ran out of file descriptors) go through the daemon's handler and level, as "ftgovd" does."""
+    daemon = logging.getLogger("ftgovd")
+    for name in ("governor", "asyncio"):
+        logger = logging.getLogger(name)
+        logger.handlers = list(daemon.handlers)
+        logger.setLevel(daemon.level)
+        logger.propagate = False
 
 
 def build_policy(config: Config, gpus: list) -> Policy:
@@ -184,8 +200,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"ftgovd: error: {e}", file=sys.stderr)
         return 2
     logs.setup(config.log_level)
+    route_loggers()
     try:
-        return run(config, simulate=args.simulate)
+        return run(config, simulate=args.simulate, load_config_again=lambda: build_config(args))
     except FtgovError as e:
         log.error("%s", e)
         return 1

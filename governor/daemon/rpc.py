@@ -28,7 +28,10 @@ class Methods:
     def __init__(self, server: "Server"):
         self.server = server
         self.pins = server.pins
-        self.config = server.config
+
+    @property
+    def config(self):
+        return self.server.config  # replaced on reload
 
     def call(self, conn: "Connection", method: str, params):
         return getattr(self, f"rpc_{method}")(conn, params)

@@ -18,7 +18,7 @@ import signal
 import socket
 import stat
 from collections import Counter
-from typing import Optional
+from typing import Callable, Optional
 
 from governor.daemon import peers
 from governor.daemon.config import Config
@@ -37,8 +37,10 @@ log = logging.getLogger("ftgovd")
 class Server:
     """``ticker`` must be one of the PinController's listeners (main builds both): it turns changes into STATUS=."""
 
-    def __init__(self, pins: PinController, config: Config, notifier: Notifier, ticker: Ticker):
+    def __init__(self, pins: PinController, config: Config, notifier: Notifier, ticker: Ticker,
+                 reload: Optional[Callable[["Server"], None]] = None):
         self.pins = pins
+        self.reload = reload  # on SIGHUP (governor.daemon.reload); None: SIGHUP is ignored
         self.config = config
         self.notifier = notifier
         self.ticker = ticker
@@ -84,6 +86,7 @@ class Server:
                                                  backlog=socket.SOMAXCONN)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
         # Everything allocated at start-up (modules, pydantic schemas, the tree) lives as long as the daemon: keep the
         # cyclic garbage collector from walking it again on every collection, which showed as latency spikes.
         gc.freeze()
@@ -93,7 +96,7 @@ class Server:
         try:
             await self._stop.wait()
         finally:
-            for sig in (signal.SIGTERM, signal.SIGINT):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
                 loop.remove_signal_handler(sig)
             self.notifier.stopping()
             listener.close()
@@ -106,6 +109,15 @@ class Server:
             self.shutdown()
             loop.remove_reader(self._exits.fileno())
             self._exits.close()
+
+    def _reload(self) -> None:
+        if self.reload is None:
+            log.info("SIGHUP: nothing to reload")
+            return
+        try:
+            self.reload(self)
+        except Exception:  # a bug in reloading must not take the daemon (and its pins) down
+            log.exception("reload failed; the running config and model stay")
 
     def shutdown(self) -> None:
         self.ticker.stop()

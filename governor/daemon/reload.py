@@ -1,0 +1,70 @@
+"""SIGHUP: read the config file and the model again while the jobs run on (`systemctl reload ftgovd`).
+
+Pins and jobs stay: a running job keeps the decision it has, a new job is decided by the new policy. A new config
+that does not validate, or a model file the new policy cannot load, is refused with the reason, and the running
+config and model stay. Settings that only take effect at start (the socket, the roots, the backend) keep their
+running values until a restart, and the log says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Callable
+
+from governor.daemon.config import Config
+from governor.daemon.tuning import TunerAttach
+from governor.errors import FtgovError
+from governor.policy import Policy
+
+if TYPE_CHECKING:
+    from governor.daemon.server import Server
+
+log = logging.getLogger("ftgovd")
+
+AT_START_ONLY = ("socket", "sysfs_root", "state_dir", "backend", "node_wait_s")
+
+
+class Reloader:
+    def __init__(self, load: Callable[[], Config], build_policy: Callable[[Config], Policy], tuner: TunerAttach):
+        self.load = load
+        self.build_policy = build_policy
+        self.tuner = tuner
+
+    def __call__(self, server: "Server") -> None:
+        notifier = server.notifier
+        notifier.send(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        try:
+            new, policy = self._checked(server)
+        except FtgovError as e:
+            log.error("reload refused: %s; the running config and model stay", e)
+            notifier.send(f"READY=1\nSTATUS=reload refused: {e}")
+            return
+        pins = server.pins
+        pins.policy = policy
+        pins.max_jobs = new.limits.max_jobs
+        pins.low_phases = frozenset(new.low_phases)
+        pins.on_external_change = new.on_external_change
+        pins.power_cap_mw = round(new.power_cap_w * 1000) if new.power_cap_w else None
+        pins.pin_above_power_mode = new.pin_above_power_mode
+        self.tuner.cfg = new.tuner
+        server.ticker.sample_interval_s = new.sample_interval_s
+        server.config = new
+        for name in ("ftgovd", "governor", "asyncio"):  # the daemon's loggers (governor.daemon.main.route_loggers)
+            logging.getLogger(name).setLevel(new.log_level.upper())
+        log.info("config and model reloaded: policy %s; %d running job(s) keep their pins", pins.policy.name,
+                 len(pins.jobs))
+        notifier.send(f"READY=1\nSTATUS=config reloaded; {server.status_line()}")
+
+    def _checked(self, server: "Server") -> tuple[Config, Policy]:
+        old = server.config
+        new = self.load()
+        kept = [k for k in AT_START_ONLY if getattr(new, k) != getattr(old, k)]
+        if kept:
+            log.warning("reload: %s take effect only at start; keeping the running values until a restart",
+                        ", ".join(kept))
+            new = new.model_copy(update={k: getattr(old, k) for k in kept})
+        policy = self.build_policy(new)
+        if policy.fallback_reason and not server.pins.policy.fallback_reason:
+            raise FtgovError(f"the new model cannot be used ({policy.fallback_reason})")
+        return new, policy

@@ -1,0 +1,55 @@
+"""SIGHUP reloads the config and the model; pins and jobs stay; a bad new config is refused and the old one kept."""
+
+import signal
+
+import yaml
+
+from harness import FEATURES, limits
+
+
+def rewrite_config(d, **changes) -> None:
+    cfg = yaml.safe_load(d.config_path.read_text())
+    cfg.update(changes)
+    d.config_path.write_text(yaml.safe_dump(cfg))
+
+
+def reload(d, outcome: str) -> str:
+    d.proc.send_signal(signal.SIGHUP)
+    return d.wait_status(lambda m: outcome in m)
+
+
+def test_a_reload_changes_the_policy_for_new_jobs_and_keeps_the_running_ones(orin, start_daemon):
+    d = start_daemon()
+    c = d.client()
+    first = c.call("register", **FEATURES)
+    assert first["policy"] == "mlg" and limits(orin) == (714_000_000, 714_000_000)
+    rewrite_config(d, policy="ffg", ffg_freq_hz=918_000_000)
+    reload(d, "config reloaded")
+    status = c.call("status")  # the same connection: the daemon did not restart
+    assert [j["job_id"] for j in status["jobs"]] == [first["job_id"]] and status["jobs"][0]["policy"] == "mlg"
+    assert status["policy"] == "ffg" and limits(orin) == (714_000_000, 714_000_000)
+    second = c.call("register", **FEATURES)
+    assert (second["policy"], second["freq_hz"]) == ("ffg", 918_000_000)
+    assert limits(orin) == (918_000_000, 918_000_000)
+    assert "config and model reloaded: policy ffg; 1 running job(s) keep their pins" in d.log()
+
+
+def test_a_bad_new_config_is_refused_with_the_reason(orin, start_daemon):
+    d = start_daemon()
+    c = d.client()
+    job = c.call("register", **FEATURES)
+    rewrite_config(d, limits={"max_connections": 0})
+    message = reload(d, "reload refused")
+    assert "limits.max_connections" in message
+    assert d.proc.poll() is None and c.call("status")["jobs"][0]["job_id"] == job["job_id"]
+    assert limits(orin) == (714_000_000, 714_000_000)
+    assert "reload refused: " in d.log() and "the running config and model stay" in d.log()
+    assert c.call("register", **FEATURES)["policy"] == "mlg"  # the old config still decides
+
+
+def test_a_model_that_cannot_be_loaded_is_refused(orin, start_daemon, tmp_path):
+    d = start_daemon()
+    rewrite_config(d, model_file=str(tmp_path / "missing.json"))
+    assert "cannot read model file" in reload(d, "reload refused")
+    res = d.client().call("register", **FEATURES)
+    assert (res["policy"], res["freq_hz"]) == ("mlg", 714_000_000)  # the tree, not FFG
