@@ -83,6 +83,8 @@ class Config(_Strict):
     limits: LimitsConfig = LimitsConfig()
     tuner: TunerConfig = TunerConfig()
     node_wait_s: float = Field(120.0, ge=0, description="how long to wait at start for the GPU node to appear")
+    probe_retry_s: float = Field(30.0, gt=0, le=86400, description=(
+        "with no GPU found at start: how often to probe again (the daemon serves meanwhile and governs nothing)"))
     sample_interval_s: float = Field(1.0, gt=0, le=3600, description="rails and pin check while jobs are active")
     util_sample_s: float = Field(0.5, ge=0, le=60, description="how long to sample GPU load when a job gives no gpu_util")
     log_level: Literal["debug", "info", "warning", "error"] = "info"

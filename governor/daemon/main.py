@@ -23,11 +23,13 @@ from governor.daemon.reload import Reloader
 from governor.daemon.server import Server, bind_socket
 from governor.daemon.state import StateFile, boot_id
 from governor.daemon.ticks import Ticker, defer_on_loop
-from governor.errors import FtgovError
+from governor.errors import FtgovError, NodeNotFound
 from governor.policy import Policy
 from governor.sysfs import Root
 
 log = logging.getLogger("ftgovd")
+
+START_SLACK_S = 10.0  # beyond node_wait_s: the rest of start-up
 
 
 def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -62,14 +64,29 @@ def build_config(args: argparse.Namespace) -> Config:
     return load_config(args.config or DEFAULT_CONFIG_PATH, overrides, must_exist=explicit)
 
 
-def probe_gpus(config: Config, root: Root, notifier: Optional[Notifier] = None) -> list:
+def probe_gpus(config: Config, root: Root, notifier: Optional[Notifier] = None,
+               node_wait_s: Optional[float] = None) -> list:
     """The GPUs to govern, from the backend registry (governor.backends): devfreq, then NVML for backend auto."""
     def on_wait(why: str, wait_s: float) -> None:
         if notifier is not None:
+            # Start-up takes longer than systemd's start timeout may allow: say how much longer, once.
+            notifier.send(f"EXTEND_TIMEOUT_USEC={round((wait_s + START_SLACK_S) * 1e6)}")
             notifier.status("waiting for the GPU devfreq node")
 
-    return backends.probe_gpus(config.backend, root, node_wait_s=config.node_wait_s,
+    return backends.probe_gpus(config.backend, root,
+                               node_wait_s=config.node_wait_s if node_wait_s is None else node_wait_s,
                                read_only=config.policy == "observe", on_wait=on_wait)
+
+
+def probe_at_start(config: Config, root: Root, notifier: Notifier) -> tuple[list, Optional[str]]:
+    """The GPUs, or none and why: a board whose GPU node never appears (headless, rail-gated) gets a daemon that is
+    ready, says why it governs nothing, and probes again, instead of one that exits and is restarted in a loop."""
+    try:
+        return probe_gpus(config, root, notifier), None
+    except NodeNotFound as e:
+        log.error("no GPU to govern: %s; serving without one and probing again every %g s (probe_retry_s)", e,
+                  config.probe_retry_s)
+        return [], str(e)
 
 
 def policy_name(config: Config, gpus: list) -> str:
@@ -100,7 +117,7 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Optional[C
     root = Root(config.sysfs_root)
     if simulate:
         root = _simulated_root(config)
-    gpus = probe_gpus(config, root, notifier)
+    gpus, missing_why = probe_at_start(config, root, notifier)
     for gpu in gpus:
         log.info("GPU %s: %s, levels %s MHz", gpu.id, gpu.describe(),
                  " ".join(f"{hz / 1e6:g}" for hz in gpu.levels_hz))
@@ -124,13 +141,14 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Optional[C
                          power_cap_mw=round(config.power_cap_w * 1000) if config.power_cap_w else None,
                          listeners=tuple(listeners), defer=defer_on_loop,
                          attach_tuner=tuner,
-                         pin_above_power_mode=config.pin_above_power_mode)
+                         pin_above_power_mode=config.pin_above_power_mode, missing_why=missing_why)
     if board is not None:
         board.update(pins)
     reloader = None
     if load_config_again is not None:
         reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus), tuner)
-    server = Server(pins, config, notifier, ticker, reloader)
+    server = Server(pins, config, notifier, ticker, reloader,
+                    probe=lambda: probe_gpus(config, root, node_wait_s=0.0))
 
     fds = listen_fds()
     if fds:

@@ -48,7 +48,8 @@ class PinController:
                  rails: Optional[Rails] = None, on_external_change: str = "reapply", max_jobs: int = 64,
                  low_phases: tuple[str, ...] = (), power_cap_mw: Optional[int] = None,
                  listeners: tuple[Listener, ...] = (), defer: Optional[Defer] = None,
-                 attach_tuner: Optional[AttachTuner] = None, pin_above_power_mode: bool = False):
+                 attach_tuner: Optional[AttachTuner] = None, pin_above_power_mode: bool = False,
+                 missing_why: Optional[str] = None):
         self.gpus = {g.id: GpuControl(g) for g in gpus}
         self.policy = policy
         self.state_file = state_file
@@ -59,6 +60,7 @@ class PinController:
         self.low_phases = frozenset(low_phases)
         self.power_cap_mw = power_cap_mw
         self.pin_above_power_mode = pin_above_power_mode
+        self.missing_why = missing_why  # why there is no GPU (none found at start); None once one is governed
         self.jobs: dict[int, ActiveJob] = {}
         self.next_job_id = 1
         self.listeners = tuple(listeners)
@@ -69,6 +71,13 @@ class PinController:
         self._power_cache: tuple[float, float] = (-1.0, 0.0)
 
     # ---- jobs -------------------------------------------------------------------------------------------------------
+    def add_gpus(self, gpus: list[Gpu]) -> None:
+        """GPUs that appeared after start (a late devfreq node found by a later probe)."""
+        for gpu in gpus:
+            self.gpus.setdefault(gpu.id, GpuControl(gpu))
+        self.missing_why = None
+        self._notify()
+
     def default_gpu(self) -> str:
         return next(iter(self.gpus))
 
@@ -106,6 +115,10 @@ class PinController:
                          gs.baseline.max_hz, gs.pinned_hz)
         adopted = []
         for rec in state.jobs:
+            if rec.gpu not in self.gpus:
+                log.warning("job %d from before the restart ran on GPU %s, which is not here now: not re-adopted",
+                            rec.job_id, rec.gpu)
+                continue
             job = self.admit(pid=rec.pid, start_ticks=rec.start_ticks, uid=rec.uid, name=rec.name, gpu_id=rec.gpu,
                              features=Features(**rec.features), job_id=rec.job_id)
             job.adopted = True
@@ -431,7 +444,8 @@ class PinController:
                          "duration_s": round(now - j.started_s, 3), "steps": j.steps, "phase": j.phase,
                          "energy_j": energy, "adopted": j.adopted,
                          "tuner": j.tuner.state() if j.tuner is not None else None})
-        return {"policy": self.policy.name.value, "jobs": jobs, "gpus": gpus, "power_mw": power,
+        return {"policy": self.policy.name.value, "jobs": jobs, "gpus": gpus, "gpu_missing": self.missing_why,
+                "power_mw": power,
                 "energy_rails": self.rails.energy_rails if self.rails else [], "energy_source": self.energy_source()}
 
     def _notify(self) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from governor.daemon import peers, protocol
 from governor.daemon.jobs import ActiveJob
 from governor.daemon.protocol import RpcFault
-from governor.errors import INVALID_PARAMS, LIMIT_EXCEEDED, PERMISSION_DENIED, UNKNOWN_JOB, FtgovError
+from governor.errors import INVALID_PARAMS, LIMIT_EXCEEDED, PERMISSION_DENIED, SERVER_ERROR, UNKNOWN_JOB, FtgovError
 from governor.policy import PolicyName
 
 if TYPE_CHECKING:
@@ -42,7 +42,13 @@ class Methods:
     def rpc_status(self, conn: "Connection", params) -> dict:
         return self.pins.status()
 
+    def _no_gpu(self) -> RpcFault:
+        return RpcFault(SERVER_ERROR, f"no GPU to govern yet ({self.pins.missing_why}); ftgovd probes again every "
+                        f"{self.config.probe_retry_s:g} s: training runs on at the default clocks")
+
     def rpc_predict(self, conn: "Connection", params):
+        if not self.pins.gpus:
+            raise self._no_gpu()
         features = params.features()
         gid = self.pins.default_gpu()
         if features.gpu_util is None:
@@ -58,6 +64,8 @@ class Methods:
         return {"policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason + (f"; {why}" if why else "")}
 
     def rpc_register(self, conn: "Connection", params):
+        if not self.pins.gpus:
+            raise self._no_gpu()
         limits = self.config.limits
         if len(conn.job_ids) >= limits.max_jobs_per_connection:
             raise RpcFault(LIMIT_EXCEEDED, f"this connection already holds {len(conn.job_ids)} jobs "

@@ -38,8 +38,10 @@ class Server:
     """``ticker`` must be one of the PinController's listeners (main builds both): it turns changes into STATUS=."""
 
     def __init__(self, pins: PinController, config: Config, notifier: Notifier, ticker: Ticker,
-                 reload: Optional[Callable[["Server"], None]] = None):
+                 reload: Optional[Callable[["Server"], None]] = None,
+                 probe: Optional[Callable[[], Optional[list]]] = None):
         self.pins = pins
+        self.probe = probe  # finds the GPUs again while none is governed (governor.daemon.main.probe_gpus)
         self.reload = reload  # on SIGHUP (governor.daemon.reload); None: SIGHUP is ignored
         self.config = config
         self.notifier = notifier
@@ -93,6 +95,8 @@ class Server:
         self.notifier.ready(self.status_line())
         log.info("ftgovd ready on %s (policy %s)", listen_sock.getsockname(), self.pins.policy.name)
         self.ticker.start_watchdog()
+        if not self.pins.gpus and self.probe is not None:
+            loop.call_later(self.config.probe_retry_s, self._probe_again)
         try:
             await self._stop.wait()
         finally:
@@ -109,6 +113,20 @@ class Server:
             self.shutdown()
             loop.remove_reader(self._exits.fileno())
             self._exits.close()
+
+    def _probe_again(self) -> None:
+        try:
+            gpus = self.probe()
+        except FtgovError as e:
+            log.debug("still no GPU: %s", e)
+            gpus = None
+        if not gpus:
+            asyncio.get_running_loop().call_later(self.config.probe_retry_s, self._probe_again)
+            return
+        for gpu in gpus:
+            log.info("GPU %s found: %s, levels %s MHz; governing it from now", gpu.id, gpu.describe(),
+                     " ".join(f"{hz / 1e6:g}" for hz in gpu.levels_hz))
+        self.pins.add_gpus(gpus)
 
     def _reload(self) -> None:
         if self.reload is None:

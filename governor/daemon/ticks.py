@@ -68,4 +68,6 @@ class Ticker:
 def status_line(pins: "PinController") -> str:
     states = [f"GPU {gid} {'pinned to %g MHz' % (c.pinned_hz / 1e6) if c.pinned_hz else 'at baseline'}"
               for gid, c in pins.gpus.items()]
+    if not pins.gpus:
+        return f"{len(pins.jobs)} job(s); no GPU: {pins.missing_why or 'none found'}"
     return f"{len(pins.jobs)} job(s); " + ", ".join(states)

@@ -1,0 +1,24 @@
+"""A board whose GPU devfreq node never appears: ready with no GPU, clear errors, and a later probe that finds it."""
+
+from harness import FEATURES
+from governor.sim import tree
+
+
+def test_no_gpu_node_means_ready_without_a_gpu_then_governing_once_it_appears(tmp_path, start_daemon):
+    root = tmp_path / "headless"
+    root.mkdir()
+    d = start_daemon(root=root, config={"node_wait_s": 0.3, "probe_retry_s": 0.2})  # waits for READY=1
+    extend = [m for m in d.notify.messages if "EXTEND_TIMEOUT_USEC=" in m]
+    assert extend and int(extend[0].split("EXTEND_TIMEOUT_USEC=")[1].split()[0]) >= 300_000
+    assert "no GPU to govern" in d.log() and "probing again every 0.2 s" in d.log()
+    c = d.client()
+    status = c.call("status")
+    assert status["gpus"] == [] and "no devfreq class" in status["gpu_missing"]
+    err = c.request("register", **FEATURES)["error"]
+    assert err["code"] == -32000 and "no GPU to govern yet" in err["message"] and "default clocks" in err["message"]
+    assert d.proc.poll() is None  # not exited, so no restart loop
+
+    tree.build(root, "jp6")  # the GPU powers up (rail-gating off): the next probe finds it
+    d.wait_status(lambda m: "GPU 0 at baseline" in m)
+    assert c.call("status")["gpu_missing"] is None
+    assert c.call("register", **FEATURES)["freq_hz"] == 714_000_000
