@@ -124,12 +124,17 @@ def test_update_redecides_when_features_change(orin, start_daemon):
 
 
 def test_gpu_util_is_measured_from_the_load_file_when_absent(orin, start_daemon):
+    # Measured once the job trains (its first progress report), no longer at registration: tests/daemon/
+    # test_utilization.py has the rest.
     (orin / "sys/devices/platform/bus@0/17000000.gpu/load").write_text("150\n")  # 15.0 %
     d = start_daemon()
     features = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
-    res = d.client().call("register", **features)
-    assert "measured from the GPU's load: 15.0%" in res["reason"]
-    assert res["freq_hz"] == 1020000000  # the paper tree's low-utilization branch
+    c = d.client()
+    job = c.call("register", **features)["job_id"]
+    c.notify("progress", job_id=job, steps=1)
+    d.wait_status(lambda m: "pinned to 1020 MHz" in m)  # the paper tree's low-utilization branch
+    entry = c.call("status")["jobs"][0]
+    assert "measured while the job trains: 15.0%" in entry["reason"] and entry["freq_hz"] == 1020000000
 
 
 def test_predict_pins_nothing(orin, start_daemon):

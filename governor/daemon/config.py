@@ -86,7 +86,10 @@ class Config(_Strict):
     probe_retry_s: float = Field(30.0, gt=0, le=86400, description=(
         "with no GPU found at start: how often to probe again (the daemon serves meanwhile and governs nothing)"))
     sample_interval_s: float = Field(1.0, gt=0, le=3600, description="rails and pin check while jobs are active")
-    util_sample_s: float = Field(0.5, ge=0, le=60, description="how long to sample GPU load when a job gives no gpu_util")
+    util_sample_s: float = Field(0.5, ge=0, le=60, description=(
+        "how long the GPU load is sampled for a job that gives no gpu_util (from its first training step)"))
+    util_settle_s: float = Field(30.0, ge=0, le=3600, description=(
+        "a job that gives no gpu_util and reports no progress: its load is sampled this long after it registers"))
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 

@@ -15,8 +15,9 @@ from typing import Callable, Optional
 
 from governor.backends import gpuid
 from governor.backends.base import Gpu
-from governor.backends.rails import CounterMeter, EnergyMeter, Rails
+from governor.backends.rails import Rails
 from governor.daemon import logs
+from governor.daemon.energy import BoardEnergy
 from governor.daemon.jobs import ActiveJob, Ended, GpuControl, mhz
 from governor.daemon.state import GpuState, State, StateFile
 from governor.errors import BackendError, FtgovError, StateError
@@ -25,7 +26,6 @@ from governor.policy import Decision, Policy, PolicyName, combine
 
 log = logging.getLogger("ftgovd")
 
-POWER_CACHE_S = 0.02
 # A job joining at the pin already held changes only the re-adoption list in the state file: one write for a burst
 # of registrations, this long after the first of them. The baseline and any change of pin are saved before the write.
 SAVE_COALESCE_S = 0.05
@@ -55,6 +55,7 @@ class PinController:
         self.state_file = state_file
         self.boot_id = boot_id
         self.rails = rails
+        self.energy = BoardEnergy(rails)
         self.on_external_change = on_external_change
         self.max_jobs = max_jobs
         self.low_phases = frozenset(low_phases)
@@ -68,7 +69,6 @@ class PinController:
         self.attach_tuner = attach_tuner
         self._save_pending = False
         self._save_prompt = False
-        self._power_cache: tuple[float, float] = (-1.0, 0.0)
 
     # ---- jobs -------------------------------------------------------------------------------------------------------
     def add_gpus(self, gpus: list[Gpu]) -> None:
@@ -95,7 +95,7 @@ class PinController:
         if job_id is None:
             job_id, self.next_job_id = self.next_job_id, self.next_job_id + 1
         job = ActiveJob(job_id, pid, start_ticks, uid, name, gpu_id, features, policy)
-        job.meter = self.new_meter(gpu_id)
+        job.meter = self.energy.new_meter(self.gpus[gpu_id].gpu)
         self.jobs[job_id] = job
         self._notify()
         return job
@@ -154,6 +154,14 @@ class PinController:
             self.attach_tuner(self, job)
         return decision
 
+    def hold_unpinned(self, job: ActiveJob, why: str) -> Decision:
+        """A job whose decision waits for its gpu_util (governor.daemon.utilization): in the table with no pin, so the
+        default governor runs, which is the clock the feature is defined at."""
+        job.decision = Decision(job.policy or self.policy.name, None, why)
+        log.info("%s: %s", job.label(), why, extra=job.fields())
+        self._apply_quietly(job.gpu_id)
+        return job.decision
+
     def ceiling_hz(self, gpu_id: str) -> Optional[int]:
         """The highest clock a pin may take: the max_freq found before our first pin, which is the power mode's cap
         (nvpmodel writes it: AGX Orin MODE_30W 612 MHz), unless pin_above_power_mode. None: no ceiling."""
@@ -201,12 +209,12 @@ class PinController:
         energy_j = None
         if job.meter is not None:
             try:
-                energy_j = job.meter.add(time.monotonic(), self.total_mw())
+                energy_j = job.meter.add(time.monotonic(), self.energy.total_mw())
             except BackendError as e:
                 log.warning("%s: cannot read energy at its end: %s", job.label(), e)
         ended = Ended(job, time.monotonic() - job.started_s, energy_j, why)
         self._apply_quietly(job.gpu_id, removed=True)
-        energy = "unknown (no rails)" if energy_j is None else f"{energy_j:.1f} J ({self.energy_source()})"
+        energy = "unknown (no rails)" if energy_j is None else f"{energy_j:.1f} J ({self.energy.source()})"
         log.info("%s ended (%s) after %.1f s, %d steps, at %s, energy %s", job.label(), why, ended.duration_s,
                  job.steps, mhz(job.freq_hz), energy,
                  extra={**job.fields(), "DURATION_S": f"{ended.duration_s:.3f}", "STEPS": job.steps,
@@ -371,82 +379,9 @@ class PinController:
                 raise
             log.error("%s", e)
 
-    def total_mw(self) -> float:
-        """Board power now (ENERGY_RAILS). Reused for POWER_CACHE_S: the INA3221 itself refreshes only every ~140 ms
-        (update_interval), so a burst of registrations need not read eight files each."""
-        if self.rails is None:
-            return 0.0
-        now = time.monotonic()
-        if now - self._power_cache[0] < POWER_CACHE_S:
-            return self._power_cache[1]
-        try:
-            mw = self.rails.total_mw(self.rails.read_mw())
-        except BackendError as e:
-            log.warning("cannot read the power rails: %s", e)
-            return 0.0
-        self._power_cache = (now, mw)
-        return mw
-
-    def new_meter(self, gpu_id: str):
-        """An energy meter from now: rails integrated over time (Jetson), else the GPU's own energy counter (NVML),
-        else None. Feed it ``meter.add(time.monotonic(), self.total_mw())``; a counter meter ignores the power."""
-        if self.rails is not None:
-            return EnergyMeter(time.monotonic(), self.total_mw())
-        gpu = self.gpus[gpu_id].gpu
-        if gpu.has_energy_counter:
-            try:
-                return CounterMeter(gpu.energy_j)
-            except BackendError as e:
-                log.info("GPU %s has no energy counter: %s", gpu_id, e)
-        return None
-
-    def energy_source(self) -> str:
-        if self.rails is not None:
-            return "+".join(self.rails.energy_rails)
-        return "GPU energy counter (whole GPU)"
-
     def sample(self) -> None:
         """Integrate energy for every active job (called on the daemon's tick while jobs are active)."""
-        if self.rails is None or not self.jobs:
-            return
-        t, mw = time.monotonic(), self.total_mw()
-        for job in self.jobs.values():
-            if job.meter is not None:
-                job.meter.add(t, mw)
-
-    def status(self) -> dict:
-        gpus = []
-        for gid, ctl in self.gpus.items():
-            try:
-                reading = ctl.gpu.read().to_dict()
-            except BackendError as e:
-                reading = {"error": str(e)}
-            gpus.append({"id": gid, **ctl.gpu.describe(), "available_hz": list(ctl.gpu.levels_hz), **reading,
-                         "pinned_hz": ctl.pinned_hz, "stood_down": ctl.stood_down,
-                         "baseline_min_hz": ctl.baseline.min_hz if ctl.baseline else None,
-                         "baseline_max_hz": ctl.baseline.max_hz if ctl.baseline else None})
-        power = None
-        if self.rails is not None:
-            try:
-                power = self.rails.read_mw()
-            except BackendError:
-                power = None
-        now = time.monotonic()
-        jobs = []
-        for j in self.jobs.values():
-            try:
-                energy = j.meter.energy_j if j.meter else None
-            except BackendError:
-                energy = None
-            jobs.append({"job_id": j.job_id, "name": j.name, "pid": j.pid, "uid": j.uid, "gpu": j.gpu_id,
-                         "policy": j.decision.label if j.decision else None, "freq_hz": j.freq_hz,
-                         "reason": j.decision.reason if j.decision else None, "features": j.features.model_dump(),
-                         "duration_s": round(now - j.started_s, 3), "steps": j.steps, "phase": j.phase,
-                         "energy_j": energy, "adopted": j.adopted,
-                         "tuner": j.tuner.state() if j.tuner is not None else None})
-        return {"policy": self.policy.name.value, "jobs": jobs, "gpus": gpus, "gpu_missing": self.missing_why,
-                "power_mw": power,
-                "energy_rails": self.rails.energy_rails if self.rails else [], "energy_source": self.energy_source()}
+        self.energy.sample(self.jobs.values())
 
     def _notify(self) -> None:
         for listener in self.listeners:

@@ -49,6 +49,7 @@ class Reloader:
         pins.pin_above_power_mode = new.pin_above_power_mode
         self.tuner.cfg = new.tuner
         server.ticker.sample_interval_s = new.sample_interval_s
+        server.sampler.sample_s, server.sampler.settle_s = new.util_sample_s, new.util_settle_s
         server.config = new
         for name in ("ftgovd", "governor", "asyncio"):  # the daemon's loggers (governor.daemon.main.route_loggers)
             logging.getLogger(name).setLevel(new.log_level.upper())

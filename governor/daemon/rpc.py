@@ -11,7 +11,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from governor.daemon import peers, protocol
+from governor.daemon import peers, protocol, status
 from governor.daemon.jobs import ActiveJob
 from governor.daemon.protocol import RpcFault
 from governor.errors import INVALID_PARAMS, LIMIT_EXCEEDED, PERMISSION_DENIED, SERVER_ERROR, UNKNOWN_JOB, FtgovError
@@ -22,6 +22,9 @@ if TYPE_CHECKING:
     from governor.daemon.server import Server
 
 log = logging.getLogger("ftgovd")
+
+MEASURING = ("waiting for gpu_util, which this decision needs: it is measured over the job's first training steps "
+             "(or after a settling delay without progress reports); no pin until then, the default governor runs")
 
 
 class Methods:
@@ -40,7 +43,7 @@ class Methods:
         return {}
 
     def rpc_status(self, conn: "Connection", params) -> dict:
-        return self.pins.status()
+        return status.status(self.pins)
 
     def _no_gpu(self) -> RpcFault:
         return RpcFault(SERVER_ERROR, f"no GPU to govern yet ({self.pins.missing_why}); ftgovd probes again every "
@@ -104,16 +107,11 @@ class Methods:
             raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
         conn.job_ids.add(job.job_id)
         self.server.watch(job, held)
-        if job.features.gpu_util is None:
-            return self._register_measured(conn, job)
+        if job.features.gpu_util is None and self.pins.policy.needs_gpu_util(job.features, job.policy):
+            decision = self.pins.hold_unpinned(job, MEASURING)
+            self.server.sampler.start(job)
+            return self._registered(job, decision)
         return self._decide_new(conn, job, "")
-
-    async def _register_measured(self, conn: "Connection", job: ActiveJob) -> dict:
-        util_pct, why = await self._measure_util_pct(job.gpu_id)
-        if job.job_id not in self.pins.jobs:  # its process exited while we measured
-            raise RpcFault(INVALID_PARAMS, f"pid: process {job.pid} exited during registration")
-        job.features = job.features.model_copy(update={"gpu_util": util_pct})
-        return self._decide_new(conn, job, why)
 
     def _decide_new(self, conn: "Connection", job: ActiveJob, why: str) -> dict:
         try:
@@ -122,6 +120,10 @@ class Methods:
             conn.job_ids.discard(job.job_id)
             self.server.unwatch(job.job_id)
             raise
+        return self._registered(job, decision)
+
+    @staticmethod
+    def _registered(job: ActiveJob, decision) -> dict:
         return {"job_id": job.job_id, "policy": decision.label, "freq_hz": decision.freq_hz,
                 "reason": decision.reason, "gpu": job.gpu_id, "gpu_util": job.features.gpu_util}
 
@@ -136,11 +138,18 @@ class Methods:
         if changes and any(getattr(job.features, k) != v for k, v in changes.items()):
             old = job.features
             job.features = job.features.model_copy(update=changes)
-            try:
-                self.pins.decide(job)
-            except FtgovError:
-                job.features = old
-                raise
+            sampler = self.server.sampler
+            if job.features.gpu_util is None and self.pins.policy.needs_gpu_util(job.features, job.policy):
+                if not sampler.waiting(job):  # a new seq_len leads the tree to a gpu_util test: measure it
+                    self.pins.hold_unpinned(job, MEASURING)
+                    sampler.start(job)
+            else:
+                sampler.forget(job.job_id)  # the client sent gpu_util, or it no longer matters
+                try:
+                    self.pins.decide(job)
+                except FtgovError:
+                    job.features = old
+                    raise
         d = job.decision
         return {"job_id": job.job_id, "policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason}
 
@@ -148,6 +157,7 @@ class Methods:
         job = self._own_job(conn, params.job_id)
         job.steps = max(job.steps, params.steps)
         self.pins.set_phase(job, params.phase)
+        self.server.sampler.progress(job, params.phase)
         if job.tuner is not None:
             job.tuner.progress(self.pins, job)
         return {}

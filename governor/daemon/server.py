@@ -29,6 +29,7 @@ from governor.daemon.pins import PinController
 from governor.daemon.protocol import RpcFault
 from governor.daemon.rpc import Methods, summary
 from governor.daemon.ticks import Ticker, status_line
+from governor.daemon.utilization import UtilizationSampler
 from governor.errors import LIMIT_EXCEEDED, PERMISSION_DENIED, FtgovError
 
 log = logging.getLogger("ftgovd")
@@ -47,6 +48,7 @@ class Server:
         self.notifier = notifier
         self.ticker = ticker
         self.methods = Methods(self)
+        self.sampler = UtilizationSampler(pins, config.util_sample_s, config.util_settle_s)
         self.conns: set[Connection] = set()
         self.conns_per_uid: Counter[int] = Counter()
         # One read buffer for every connection: see Connection.get_buffer.
@@ -76,6 +78,8 @@ class Server:
             live.append(rec)
         for job in self.pins.adopt(dataclasses.replace(state, jobs=live)):
             self.watch(job, held[job.job_id])
+            if job.features.gpu_util is None and job.freq_hz is None:  # it was waiting for its measurement
+                self.sampler.start(job)
         self.ticker.changed(self.pins)  # starts the tick, which retries a restore that failed just now
 
     async def serve(self, listen_sock: socket.socket) -> None:
@@ -218,6 +222,7 @@ class Server:
 
     def end(self, job_id: int, why: str) -> Optional[Ended]:
         self.unwatch(job_id)
+        self.sampler.forget(job_id)
         return self.pins.end(job_id, why)
 
 

@@ -32,8 +32,9 @@ class JobTuner:
                                  max_probes=cfg.max_probes)
         self.session: Optional[TuningSession] = None
         self.status = "waiting for progress reports (without them the job keeps MLG's pick)"
-        self._total_mw = gov.total_mw
-        self.meter = gov.new_meter(job.gpu_id)  # the tuner's own: its windows must not depend on the job's meter
+        self._total_mw = gov.energy.total_mw
+        # The tuner's own meter: its windows must not depend on the job's.
+        self.meter = gov.energy.new_meter(gov.gpus[job.gpu_id].gpu)
         if self.meter is None:
             self.status = "no energy source (no rails, no GPU counter): keeping MLG's pick"
 

@@ -18,8 +18,8 @@ from typing import Optional
 
 from governor.backends.base import nearest_level
 from governor.errors import ModelError
-from governor.features import Features
-from governor.policy.tree import DecisionTree
+from governor.features import FEATURE_ORDER, Features
+from governor.policy.tree import DecisionTree, Split
 
 log = logging.getLogger("ftgovd")
 
@@ -79,9 +79,27 @@ class Policy:
                  len(tree.nodes), ", ".join(f"{hz / 1e6:g}" for hz in tree.leaves_hz()))
         return cls(name, ffg_freq_hz, tree)
 
+    def needs_gpu_util(self, features: Features, policy: Optional[PolicyName] = None) -> bool:
+        """Whether the decision for these features depends on gpu_util: the tree's path for them tests it."""
+        name = PolicyName(policy) if policy is not None else self.name
+        if name is PolicyName.FFG or self.tree is None:
+            return False
+        values = dict(zip(FEATURE_ORDER, features.model_copy(update={"gpu_util": 0.0}).vector()))
+        node = self.tree.nodes[0]
+        while isinstance(node, Split):
+            if node.feature == "gpu_util":
+                return True
+            node = self.tree.nodes[node.left if values[node.feature] <= node.threshold else node.right]
+        return False
+
     def decide(self, features: Features, levels_hz: tuple[int, ...],
                policy: Optional[PolicyName] = None) -> Decision:
+        """The decision. gpu_util may be unknown (None) only where needs_gpu_util says it does not matter."""
         name = PolicyName(policy) if policy is not None else self.name
+        if features.gpu_util is None:
+            if self.needs_gpu_util(features, name):
+                raise ValueError("gpu_util must be measured before this decision")
+            features = features.model_copy(update={"gpu_util": 0.0})  # not on the path: any value decides the same
         if name is PolicyName.OBSERVE:
             why = "observe: no pin, the default governor runs"
             if self.tree is not None:

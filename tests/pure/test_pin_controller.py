@@ -164,3 +164,12 @@ def test_adopt_with_no_live_job_restores(gpu, tmp_path):
 def test_an_unknown_uuid_on_a_single_uuidless_gpu_is_that_gpu(gpu, tmp_path):
     pins = controller(gpu, tmp_path)
     assert pins.find_gpu("GPU-1234abcd") == "0" and pins.find_gpu(None) == "0" and pins.find_gpu(0) == "0"
+
+
+def test_a_job_waiting_for_its_gpu_util_holds_no_pin_until_decided(gpu, tmp_path):
+    pins = controller(gpu, tmp_path)
+    j = job(pins, features=ENCODER.model_copy(update={"gpu_util": None}))
+    assert pins.hold_unpinned(j, "waiting").freq_hz is None and gpu.writes == []
+    j.features = j.features.model_copy(update={"gpu_util": 70.0})
+    pins.decide(j, why_util="measured")
+    assert gpu.limits.max_hz == 714_000_000 and j.decision.reason.endswith("; measured")

@@ -59,3 +59,14 @@ def test_labels_round_trip_through_the_state_file(label):
 def test_an_unknown_policy_name_is_refused():
     with pytest.raises(ValueError):
         Policy("fastest", 918_000_000, None)
+
+
+def test_whether_a_decision_needs_gpu_util_follows_the_trees_path(tree):
+    policy = Policy(PolicyName.MLG, 918_000_000, tree)
+    unknown = BERT.model_copy(update={"gpu_util": None})
+    assert policy.needs_gpu_util(unknown)  # num_layers 12 > 7: the next split tests gpu_util
+    small = unknown.model_copy(update={"num_layers": 4})
+    assert not policy.needs_gpu_util(small) and policy.decide(small, LEVELS).freq_hz == 612_000_000
+    assert not Policy(PolicyName.FFG, 918_000_000, tree).needs_gpu_util(unknown)
+    with pytest.raises(ValueError, match="gpu_util must be measured"):
+        policy.decide(unknown, LEVELS)

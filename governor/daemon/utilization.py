@@ -1,0 +1,122 @@
+"""gpu_util for a job that did not send it: measured while the job trains, not when it registers.
+
+The tree's gpu_util is the GPU load of the running fine-tuning loop at the default governor (that is how the
+training data defines it). When a job registers, its loop has not started (a Trainer is still setting up; the child
+of `ftgov run` may not be running yet), and the load then reads near 0. So:
+
+1. At register, a decision that does not depend on gpu_util (ffg, or a tree path that tests no gpu_util) is made at
+   once. Otherwise the job holds no pin yet: the default governor runs, which is the clock the feature is defined at.
+2. The job's first progress report of a training step (steps >= 1, phase train or none) starts the sampling: the
+   GPU's load is read every SAMPLE_EVERY_S for util_sample_s, and the job is decided once, on the mean.
+3. A job that reports no progress (an unmodified script under `ftgov run`) is sampled util_settle_s after it
+   registered, while its process runs.
+4. A GPU that reports no load: 100% is assumed (the high-utilization branch, the one that slows a job least), and
+   the reason says so.
+
+While another job holds a pin on the same GPU the load is not measured at the default governor; the log says so.
+The measured figure, when it was taken and over how many samples are logged and put in the decision's reason;
+status shows the figure in the job's features.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from governor.daemon.jobs import ActiveJob, mhz
+from governor.daemon.pins import PinController
+from governor.errors import FtgovError
+
+log = logging.getLogger("ftgovd")
+
+SAMPLE_EVERY_S = 0.05
+ASSUMED_UTIL_PCT = 100.0
+
+
+@dataclass
+class _Pending:
+    settle: Optional[asyncio.TimerHandle]
+    sampling: bool = False
+    samples: list[float] = field(default_factory=list)
+
+
+class UtilizationSampler:
+    def __init__(self, pins: PinController, sample_s: float, settle_s: float):
+        self.pins = pins
+        self.sample_s = sample_s
+        self.settle_s = settle_s
+        self._pending: dict[int, _Pending] = {}
+
+    def waiting(self, job: ActiveJob) -> bool:
+        return job.job_id in self._pending
+
+    def start(self, job: ActiveJob) -> None:
+        """The job needs gpu_util: wait for its first training step (or the settling delay)."""
+        settle = asyncio.get_running_loop().call_later(self.settle_s, self._settled, job.job_id)
+        self._pending[job.job_id] = _Pending(settle)
+
+    def progress(self, job: ActiveJob, phase: Optional[str]) -> None:
+        pending = self._pending.get(job.job_id)
+        if pending is None or pending.sampling or job.steps < 1 or phase not in (None, "train"):
+            return
+        self._begin(job.job_id, pending, f"from training step {job.steps}")
+
+    def forget(self, job_id: int) -> None:
+        pending = self._pending.pop(job_id, None)
+        if pending is not None and pending.settle is not None:
+            pending.settle.cancel()
+
+    def _settled(self, job_id: int) -> None:
+        pending = self._pending.get(job_id)
+        if pending is not None and not pending.sampling:
+            pending.settle = None
+            self._begin(job_id, pending, "with no progress reports, after the settling delay (util_settle_s)")
+
+    def _begin(self, job_id: int, pending: _Pending, when: str) -> None:
+        if pending.settle is not None:
+            pending.settle.cancel()
+            pending.settle = None
+        pending.sampling = True
+        loop = asyncio.get_running_loop()
+        self._sample(job_id, pending, loop.time() + self.sample_s, when)
+
+    def _sample(self, job_id: int, pending: _Pending, deadline: float, when: str) -> None:
+        job = self.pins.jobs.get(job_id)
+        if job is None or self._pending.get(job_id) is not pending:
+            return  # ended meanwhile
+        try:
+            load_pct = self.pins.gpus[job.gpu_id].gpu.read().load_pct
+        except FtgovError as e:
+            log.debug("%s: cannot read the GPU's load: %s", job.label(), e)
+            load_pct = None
+        if load_pct is not None:
+            pending.samples.append(load_pct)
+        loop = asyncio.get_running_loop()
+        if loop.time() + SAMPLE_EVERY_S <= deadline:
+            loop.call_later(SAMPLE_EVERY_S, self._sample, job_id, pending, deadline, when)
+        else:
+            self._finish(job, pending, when)
+
+    def _finish(self, job: ActiveJob, pending: _Pending, when: str) -> None:
+        del self._pending[job.job_id]
+        after_s = time.monotonic() - job.started_s
+        if pending.samples:
+            util_pct = sum(pending.samples) / len(pending.samples)
+            why = (f"gpu_util measured while the job trains: {util_pct:.1f}% over {len(pending.samples)} samples "
+                   f"in {self.sample_s:g} s, {when}, {after_s:.1f} s after registering")
+        else:
+            util_pct = ASSUMED_UTIL_PCT
+            why = f"gpu_util not given and the GPU reports no load: assumed {ASSUMED_UTIL_PCT:g}%"
+        others = self.pins.gpus[job.gpu_id].pinned_hz
+        if others is not None:
+            why += f" (while other jobs held the GPU at {mhz(others)}, not at the default governor)"
+        log.info("%s: %s", job.label(), why, extra={**job.fields(), "GPU_UTIL_PCT": f"{util_pct:.1f}"})
+        job.features = job.features.model_copy(update={"gpu_util": util_pct})
+        try:
+            self.pins.decide(job, why_util=why)
+        except FtgovError as e:  # the pin did not take: the job runs on unpinned, as a client would be told
+            log.error("%s: could not pin after measuring gpu_util: %s; it runs at the default clocks", job.label(), e,
+                      extra=job.fields())

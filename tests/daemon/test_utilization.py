@@ -1,0 +1,60 @@
+"""gpu_util is measured while the job trains, not when it registers (when the GPU idles while the job sets up)."""
+
+from harness import FEATURES, limits
+
+LOAD = "sys/devices/platform/bus@0/17000000.gpu/load"  # per mille
+STRUCTURE = {k: v for k, v in FEATURES.items() if k != "gpu_util"}  # BERT-base: the tree tests gpu_util for it
+
+
+def set_load(orin, pct: float) -> None:
+    (orin / LOAD).write_text(f"{round(pct * 10)}\n")
+
+
+def test_the_load_is_sampled_from_the_first_training_step_not_at_registration(orin, start_daemon):
+    set_load(orin, 9.3)  # the Trainer is still setting up: the GPU idles
+    d = start_daemon()
+    c = d.client()
+    res = c.call("register", **STRUCTURE)
+    assert res["freq_hz"] is None and res["gpu_util"] is None and "waiting for gpu_util" in res["reason"]
+    assert limits(orin) == (306_000_000, 1_300_500_000)  # the default governor runs while it waits
+    set_load(orin, 60.0)  # the training loop runs
+    c.notify("progress", job_id=res["job_id"], steps=1, phase="train")
+    d.wait_status(lambda m: "pinned to 714 MHz" in m)  # gpu_util 60 > 22 (9.3% would have meant 1020 MHz)
+    job = c.call("status")["jobs"][0]
+    assert job["features"]["gpu_util"] == 60.0 and job["freq_hz"] == 714_000_000
+    assert "measured while the job trains: 60.0%" in job["reason"] and "from training step 1" in job["reason"]
+    assert "gpu_util measured while the job trains: 60.0%" in d.log()
+
+
+def test_a_job_without_progress_reports_is_sampled_after_the_settling_delay(orin, start_daemon):
+    set_load(orin, 0.0)  # `ftgov run`: the child has not started
+    d = start_daemon(config={"util_settle_s": 0.5})
+    c = d.client()
+    job_id = c.call("register", **STRUCTURE)["job_id"]
+    set_load(orin, 80.0)
+    d.wait_status(lambda m: "pinned to 714 MHz" in m)
+    job = c.call("status")["jobs"][0]
+    assert job["job_id"] == job_id and job["features"]["gpu_util"] == 80.0
+    assert "with no progress reports, after the settling delay" in job["reason"]
+
+
+def test_a_decision_that_does_not_test_gpu_util_is_made_at_once(orin, start_daemon):
+    d = start_daemon()
+    c = d.client()
+    res = c.call("register", **{**STRUCTURE, "num_layers": 4})  # the tree's num_layers <= 7 side tests seq_len only
+    assert res["freq_hz"] == 612_000_000 and res["gpu_util"] is None
+    assert c.call("status")["jobs"][0]["features"]["gpu_util"] is None
+
+
+def test_a_job_that_ends_while_waiting_is_not_measured_later(orin, start_daemon):
+    set_load(orin, 60.0)
+    d = start_daemon(config={"util_settle_s": 0.3})
+    c = d.client()
+    first = c.call("register", **STRUCTURE)["job_id"]
+    assert c.call("unregister", job_id=first)["freq_hz"] is None
+    held = d.client()  # the second job's connection, kept open: closing it would end the job
+    second = held.call("register", **STRUCTURE)["job_id"]
+    d.wait_status(lambda m: "pinned to 714 MHz" in m)  # the second job's delay ran out, so the first's did too
+    measured = [line for line in d.log().splitlines() if "gpu_util measured" in line]
+    assert measured and all(f"job {second} " in line for line in measured), measured
+    assert [j["job_id"] for j in held.call("status")["jobs"]] == [second]
