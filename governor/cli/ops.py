@@ -69,6 +69,8 @@ def format_status(status: dict) -> str:
     lines = [f"ftgovd: policy {status.get('policy')}, {len(jobs)} job(s)"]
     for gpu in status.get("gpus") or []:
         lines.append(_gpu_line(gpu))
+    if status.get("gpu_missing"):
+        lines.append(f"  no GPU governed: {status['gpu_missing']} (the daemon probes again)")
     power = status.get("power_mw")
     if power:
         counted = status.get("energy_rails") or []

@@ -140,7 +140,11 @@ class PinController:
         log.info("%s: %s L%d H%d seq %g util %s -> %s %s: %s", job.label(), f.model_type, f.num_layers,
                  f.hidden_size, f.seq_len, "?" if f.gpu_util is None else f"{f.gpu_util:g}%", decision.label,
                  mhz(decision.freq_hz), decision.reason, extra=job.fields())
-        decision = self.within_ceiling(job, decision)
+        capped = self.within_ceiling(job.gpu_id, decision)
+        if capped is not decision:
+            log.info("%s: %s instead of %s (pin_above_power_mode: true allows more)", job.label(),
+                     capped.reason.rsplit("; ", 1)[1], mhz(decision.freq_hz), extra=job.fields())
+        decision = capped
         previous, job.decision = job.decision, decision
         try:
             self._apply(job.gpu_id)
@@ -184,17 +188,15 @@ class PinController:
             return levels
         return tuple(hz for hz in levels if hz <= ceiling) or levels[:1]
 
-    def within_ceiling(self, job: ActiveJob, decision: Decision) -> Decision:
+    def within_ceiling(self, gpu_id: str, decision: Decision) -> Decision:
         """The decision, moved down to the highest level under the power mode's cap when it is above it."""
         if decision.freq_hz is None:
             return decision
-        ceiling = self.ceiling_hz(job.gpu_id)
+        ceiling = self.ceiling_hz(gpu_id)
         if ceiling is None or decision.freq_hz <= ceiling:
             return decision
-        level = self.allowed_levels(job.gpu_id)[-1]
+        level = self.allowed_levels(gpu_id)[-1]
         note = f"capped by the power mode at {mhz(ceiling)}" + ("" if level == ceiling else f" (level {mhz(level)})")
-        log.info("%s: %s instead of %s (pin_above_power_mode: true allows more)", job.label(), note,
-                 mhz(decision.freq_hz), extra=job.fields())
         return replace(decision, freq_hz=level, reason=f"{decision.reason}; {note}")
 
     def set_freq(self, job: ActiveJob, freq_hz: int, reason: str) -> None:

@@ -16,7 +16,8 @@ def test_a_pick_above_the_power_modes_cap_is_pinned_at_the_cap(orin, start_daemo
     res = c.call("register", **FEATURES)  # the paper's tree picks 714 MHz for this job
     assert res["freq_hz"] == MODE_30W_MAX_HZ and "capped by the power mode at 612 MHz" in res["reason"]
     assert limits(orin) == (MODE_30W_MAX_HZ, MODE_30W_MAX_HZ)
-    assert "capped by the power mode at 612 MHz" in d.log()
+    assert "capped by the power mode at 612 MHz instead of 714 MHz" in d.log()
+    assert c.call("predict", **FEATURES)["freq_hz"] == MODE_30W_MAX_HZ  # what it would pin says the same
     c.call("unregister", job_id=res["job_id"])
     d.wait_status(lambda m: "at baseline" in m)
     assert limits(orin) == (306_000_000, MODE_30W_MAX_HZ)
