@@ -6,8 +6,10 @@ import argparse
 import asyncio
 import logging
 import os
+import select
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,6 +54,7 @@ def build_config(args: argparse.Namespace) -> Config:
         base = simulate_runtime_dir()
         overrides["socket.path"] = args.socket or str(base / "ftgov.sock")
         overrides["state_dir"] = args.state_dir or str(base)
+        overrides["sysfs_root"] = str(Path(overrides["state_dir"]) / "sim-orin")
     return load_config(args.config or DEFAULT_CONFIG_PATH, overrides, must_exist=explicit)
 
 
@@ -115,6 +118,28 @@ def raise_fd_limit(config: Config) -> None:
                         config.limits.max_jobs, need)
 
 
+def start_simulated_board(config: Config) -> None:
+    """--simulate: build a simulated Orin at sysfs_root and start its board, a process of its own (governor.sim is
+    never imported here) that reacts to what is written into the tree as a board does. Returns once the board
+    watches the tree. The board ends when this process does: it waits for EOF on a pipe only this process holds."""
+    sim_dir = Path(config.sysfs_root)
+    shutil.rmtree(sim_dir, ignore_errors=True)
+    keep_r, keep_w = os.pipe()  # keep_w stays open (close-on-exec) for the daemon's lifetime, unreferenced
+    env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}  # readiness is the daemon's to tell
+    proc = subprocess.Popen([sys.executable, "-m", "governor.sim.board", "--tree", str(sim_dir), "--build", "jp6",
+                             "--until-stdin-closes"], stdin=keep_r, stdout=subprocess.PIPE, env=env)
+    os.close(keep_r)
+    with proc.stdout:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        line = proc.stdout.readline() if ready else b""
+    if line.strip() != b"ready":
+        proc.kill()
+        raise FtgovError(f"the simulated board did not start (exit status {proc.wait()}; its errors are above)")
+    log.info("simulated Jetson AGX Orin (JetPack 6 layout) at %s, board process %d", sim_dir, proc.pid)
+    print(f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}\n"
+          f"ftgovd: clients: export FTGOV_SOCKET={config.socket.path}", file=sys.stderr, flush=True)
+
+
 def run(config: Config, *, simulate: bool = False) -> int:
     from governor.backends import rails as rails_mod
     from governor.daemon.pins import Governor
@@ -124,24 +149,17 @@ def run(config: Config, *, simulate: bool = False) -> int:
 
     notifier = Notifier()
     raise_fd_limit(config)
-    root = Root(config.sysfs_root)
-    board = None
     if simulate:
-        from governor.sim import tree
-
-        sim_dir = Path(config.state_dir) / "sim-orin"
-        shutil.rmtree(sim_dir, ignore_errors=True)
-        root = tree.build(sim_dir, "jp6")
-        log.info("simulated Jetson AGX Orin (JetPack 6 layout) at %s", sim_dir)
-        print(f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}\n"
-              f"ftgovd: clients: export FTGOV_SOCKET={config.socket.path}", file=sys.stderr, flush=True)
+        start_simulated_board(config)
+    root = Root(config.sysfs_root)
     gpus = probe_gpus(config, root, notifier)
     for gpu in gpus:
         log.info("GPU %s: %s, levels %s MHz", gpu.id, gpu.describe(),
                  " ".join(f"{hz / 1e6:g}" for hz in gpu.levels_hz))
     rails = rails_mod.discover(root)
     if rails is not None:
-        log.info("power rails: %s; job energy counts %s", ", ".join(rails.names), "+".join(rails.energy_rails))
+        (log.info if rails.energy_rails else log.warning)("power rails: %s; %s", ", ".join(rails.names),
+                                                          rails.describe_energy())
     elif any(callable(getattr(g, "energy_j", None)) for g in gpus):
         log.info("no INA3221 power rails: job energy from the GPU's own energy counter")
     else:
@@ -157,12 +175,6 @@ def run(config: Config, *, simulate: bool = False) -> int:
                         on_external_change=config.on_external_change, max_jobs=config.limits.max_jobs,
                         low_phases=tuple(config.low_phases),
                         power_cap_mw=round(config.power_cap_w * 1000) if config.power_cap_w else None)
-    if simulate:
-        from governor.sim.board import Board
-
-        board = Board(root, gpus[0])
-        governor.listeners.append(board.update)
-        board.update(governor)
     from governor.daemon import tuning as tune_job
 
     server = Server(governor, config, notifier, tuner_factory=lambda gov, job: tune_job.attach(gov, job, config.tuner))

@@ -355,7 +355,7 @@ class Governor:
     def new_meter(self, gpu_id: str):
         """An energy meter from now: rails integrated over time (Jetson), else the GPU's own energy counter (NVML),
         else None. Feed it ``meter.add(time.monotonic(), self.total_mw())``; a counter meter ignores the power."""
-        if self.rails is not None:
+        if self.rails is not None and self.rails.energy_rails:
             return EnergyMeter(time.monotonic(), self.total_mw())
         gpu = self.gpus[gpu_id].gpu
         if callable(getattr(gpu, "energy_j", None)):

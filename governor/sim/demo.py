@@ -9,6 +9,7 @@ energy model, what the same steps would have cost under MAXN (the default, load-
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -36,8 +37,31 @@ def files(root: Path) -> str:
             f"cur_freq={read('cur_freq') / 1e6:g} MHz")
 
 
+def settled(root: Path, cur_hz: int, timeout_s: float = 10.0) -> None:
+    """Wait until the board shows the clock (it reacts to the pin a moment after the daemon writes it)."""
+    from governor.sim.inotify import IN_MOVED_TO, Inotify
+
+    node = root / DEVFREQ
+    watcher = Inotify()
+    try:
+        watcher.watch(node.resolve(), IN_MOVED_TO)
+        deadline = time.monotonic() + timeout_s
+        while int((node / "cur_freq").read_text()) != cur_hz:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([watcher.fd], [], [], left)[0]:
+                return  # show what the files hold, late or not
+            watcher.read()
+    finally:
+        watcher.close()
+
+
 def main() -> int:
     from governor import client
+    from governor.sim import job as simjob
+    from governor.sim.energy import OrinEnergyModel, workload_from_features
+    from governor.sysfs import Root
+
+    w = workload_from_features(JOB, "bert-base/mnli")
 
     work = Path(tempfile.mkdtemp(prefix="ftgov-demo-", dir="/tmp"))
     sock = str(work / "ftgov.sock")
@@ -61,12 +85,15 @@ def main() -> int:
             reg = job.registration
             say(f"   daemon chose {reg['freq_hz'] / 1e6:g} MHz with policy {reg['policy']}")
             say(f"   why: {reg['reason']}")
+            settled(root, reg["freq_hz"])
             say(f"   pinned: {files(root)}")
-            for _ in range(STEPS):
-                time.sleep(STEP_S)  # the "training step" of this demo
-                job.step()
-            with client.Connection(sock) as conn:
-                st = conn.call("status")
+            with simjob.announce(Root(root), w) as on_board:  # the board shows the load while steps run
+                on_board.stepping(True)
+                for _ in range(STEPS):
+                    time.sleep(STEP_S)  # the "training step" of this demo
+                    job.step()
+                with client.Connection(sock) as conn:
+                    st = conn.call("status")
             j = st["jobs"][0]
             power = st["power_mw"] or {}
             say(f"   status after {j['steps']} steps: job {j['job_id']} '{j['name']}' at {j['freq_hz'] / 1e6:g} MHz, "
@@ -76,13 +103,11 @@ def main() -> int:
         say("\n== 3. The job ends; the daemon restores the baseline")
         say(f"   job ran {res['duration_s']:.2f} s, {res['steps']} steps, measured energy {res['energy_j']:.2f} J "
             f"(VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0)")
+        settled(root, int((root / DEVFREQ / "min_freq").read_text()))
         say(f"   restored: {files(root)}")
 
         say("\n== 4. What the pin saves (energy model, per training step of this workload)")
-        from governor.sim.energy import OrinEnergyModel, Workload
-
         model = OrinEnergyModel()
-        w = Workload(name="bert-base/mnli", **JOB)
         maxn = model.expected(w, None)
         pinned = model.expected(w, reg["freq_hz"])
         say(f"   MAXN (load-following default governor): {maxn.energy_j:.3f} J/step, {maxn.time_s * 1e3:.0f} ms/step")
@@ -92,9 +117,6 @@ def main() -> int:
             f"(time {100 * (pinned.time_s / maxn.time_s - 1):+.1f}%)")
 
         say("\n== 5. The online tuner (policy tune): measure energy per step from the rails, find the minimum")
-        from governor.sim import job as simjob
-        from governor.sysfs import Root
-
         with client.job(name="bert-base/mnli (tuned)", socket=sock, tune=True, report_every_s=0, **JOB) as tjob:
             say(f"   starts at MLG's pick, {tjob.registration['freq_hz'] / 1e6:g} MHz; steps take as long as the "
                 "energy model says at the pinned clock")

@@ -27,11 +27,20 @@ import math
 import random
 from dataclasses import dataclass
 
-from governor.backends.rails import ENERGY_RAILS, RAIL_CPU_CV, RAIL_GPU_SOC, RAIL_SYS_5V0, RAIL_VDDQ
+from collections.abc import Mapping
+from typing import Any
 
-# JetPack 6 AGX Orin 64GB GPU table (jetson-orin.md; the paper's 11 levels).
-JP6_LEVELS_HZ = (306000000, 408000000, 510000000, 612000000, 714000000, 816000000, 918000000, 1020000000,
-                 1122000000, 1224000000, 1300500000)
+from governor.backends.rails import (
+    AGX_ENERGY_RAILS as ENERGY_RAILS,
+    RAIL_CPU_CV,
+    RAIL_CPU_GPU_CV,
+    RAIL_GPU_SOC,
+    RAIL_IN,
+    RAIL_SOC,
+    RAIL_SYS_5V0,
+    RAIL_VDDQ,
+)
+from governor.sim.tree import JP6_LEVELS_HZ
 
 ENCODER_VOCAB = 30522  # BERT word pieces; input embeddings tied with the MLM head (not trained for classification)
 DECODER_VOCAB = 50304  # Pythia (GPT-NeoX tokenizer, padded); input and output embeddings untied
@@ -60,6 +69,26 @@ class Workload:
         if self.params_m is not None:
             return self.params_m
         return (_layer_params(self) + _embedding_params(self)) / 1e6
+
+
+def workload_from_features(features: Mapping[str, Any] | Any, name: str, batch_size: int = 32) -> Workload:
+    """The Workload of a job's features (a mapping, or an object with the fields, such as governor.features.Features):
+    the one conversion every caller uses. ``gpu_util`` and other extra fields are ignored: the model derives the load."""
+    get = features.get if isinstance(features, Mapping) else lambda key: getattr(features, key)
+    return Workload(name=name, model_type=get("model_type"), num_layers=get("num_layers"),
+                    hidden_size=get("hidden_size"), seq_len=get("seq_len"), batch_size=batch_size)
+
+
+def nx_rails_mw(rails_mw: Mapping[str, float], cal: "Calibration | None" = None) -> dict[str, float]:
+    """The AGX Orin rails of a step (the model's own split) as an Orin NX/Nano module's INA3221 reads them.
+
+    VDD_IN is the module's input: the same total as the AGX energy sum, so energy per step is the same figure on
+    both. VDD_SOC carries the SoC base; VDD_CPU_GPU_CV the rest of the GPU rail plus the CPU. An assumed split
+    (unverified: the model is calibrated to AGX Orin figures; nothing here is measured on an NX).
+    """
+    soc_mw = (cal or Calibration()).soc_base_w * 1e3
+    return {RAIL_IN: sum(rails_mw[r] for r in ENERGY_RAILS), RAIL_SOC: soc_mw,
+            RAIL_CPU_GPU_CV: rails_mw[RAIL_GPU_SOC] - soc_mw + rails_mw[RAIL_CPU_CV]}
 
 
 @dataclass(frozen=True)
