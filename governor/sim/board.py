@@ -42,10 +42,10 @@ LIMIT_FILES = ("min_freq", "max_freq")
 _WORKLOAD_FIELDS = {f.name for f in fields(Workload)}
 
 
-def _read_int(path: Path) -> int | None:
+def _int(text: str) -> int | None:
     try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
+        return int(text.split()[0])
+    except (ValueError, IndexError):
         return None
 
 
@@ -64,24 +64,19 @@ class Board:
         has_nx_rails = any(RAIL_IN in channels.values() for channels in self.layout.rails.values())
         self._rails_of = nx_rails_mw if has_nx_rails else dict
         self._khz = {"min_freq": 0, "max_freq": S32_MAX}
-        self._seen: dict[str, str] = {}  # each limit file's text when the board last read or wrote it
-        for name in LIMIT_FILES:
-            self._take_request(name)
+        # Each limit file as the board last took or wrote it: ((inode, mtime, size), text).
+        self._seen: dict[str, tuple[tuple[int, int, int], str]] = {}
         self._written: dict[Path, str] = {}  # what the board last wrote to each output file
         self._rails_written: dict[str, float] | None = None
         self._pidfds: dict[int, int] = {}  # pidfd -> pid of a job's process
 
     # -- the kernel's side: requests and the effective range ---------------------------------------------------
 
-    def _take_request(self, name: str) -> None:
-        """Read what was written to min_freq or max_freq as the new request (a non-number is refused, as the
-        kernel refuses it with EINVAL: the request stays as it was)."""
+    def _take_request(self, name: str, text: str) -> None:
+        """``text``, written to min_freq or max_freq, as the new request (a non-number is refused, as the kernel
+        refuses it with EINVAL: the request stays as it was)."""
         try:
-            self._seen[name] = (self.node / name).read_text()
-        except OSError:
-            return
-        try:
-            hz = int(self._seen[name].split()[0])
+            hz = int(text.split()[0])
         except (ValueError, IndexError):
             return
         if hz < 0:
@@ -100,24 +95,32 @@ class Board:
         return min(min_hz, max_hz), max_hz
 
     def _show_limits(self) -> None:
-        """Rewrite the files that do not read the effective range. A write may have landed after its event was read
-        (the daemon writes max then min, or min then max): a file that no longer reads what the board last saw in
-        it is a new request, taken before anything is rewritten, so the board never overwrites a newer write."""
+        """Take every write not yet taken, then rewrite the files that do not read the effective range.
+
+        A file's identity (inode, mtime, size) and text tell a new write from the board's own rewrite: an event read
+        late (for a write that the board has already taken and clamped) is no new request, and a write that lands
+        after its event was read is one, so the board never overwrites a newer write with an older range.
+        """
         in_flight = set()
         for name in LIMIT_FILES:
+            path = self.node / name
             try:
-                text = (self.node / name).read_text()
+                st, text = os.stat(path), path.read_text()
             except OSError:
                 in_flight.add(name)
                 continue
             if not text.strip():  # truncated by a write still in progress: its close event follows
                 in_flight.add(name)
-            elif text != self._seen.get(name):
-                self._take_request(name)
+            elif ((st.st_ino, st.st_mtime_ns, st.st_size), text) != self._seen.get(name):
+                self._take_request(name, text)
+                self._seen[name] = ((st.st_ino, st.st_mtime_ns, st.st_size), text)
         for name, hz in zip(LIMIT_FILES, self.effective()):
-            if name not in in_flight and _read_int(self.node / name) != hz:
-                self._seen[name] = f"{hz}\n"
-                tree.replace_file(self.root, self.node / name, self._seen[name])
+            if name in in_flight or (name in self._seen and _int(self._seen[name][1]) == hz):
+                continue
+            path = self.node / name
+            tree.replace_file(self.root, path, f"{hz}\n")
+            st = os.stat(path)
+            self._seen[name] = ((st.st_ino, st.st_mtime_ns, st.st_size), f"{hz}\n")
 
     # -- what runs ---------------------------------------------------------------------------------------------
 
@@ -187,9 +190,7 @@ class Board:
     # -- the loop ----------------------------------------------------------------------------------------------
 
     def handle(self, events: list[tuple[Path, str, int]]) -> None:
-        for directory, name, _mask in events:
-            if directory == self.node and name in LIMIT_FILES:
-                self._take_request(name)
+        """React to a batch of events: which files changed is read from the files themselves (_show_limits)."""
         self._show_limits()
         self.update()
 
