@@ -174,13 +174,15 @@ class Board:
                 cur_hz = allowed[0] if allowed else max_hz
                 sample = self._model(self.levels_hz).expected(heaviest, cur_hz)
             load, rails = round(sample.gpu_util_pct * 10), sample.rails_mw
-        self._show(self.node / "cur_freq", f"{cur_hz}\n")
-        if self.load_path is not None:
-            self._show(self.load_path, f"{load}\n")
+        # Rails, then load, then cur_freq: a reader that sees a new load sees its rails, one that sees a new
+        # clock sees both.
         power_mw = self._rails_of(rails)
         if power_mw != self._rails_written:
             tree.write_rails(self.root, power_mw)
             self._rails_written = power_mw
+        if self.load_path is not None:
+            self._show(self.load_path, f"{load}\n")
+        self._show(self.node / "cur_freq", f"{cur_hz}\n")
 
     def _show(self, path: Path, text: str) -> None:
         if self._written.get(path) != text:
