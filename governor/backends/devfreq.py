@@ -1,7 +1,9 @@
 """Jetson GPU devfreq backend: find the GPU's devfreq node, pin min_freq = max_freq, restore.
 
-Facts from jetson-orin.md: the node is found by scanning /sys/class/devfreq (JetPack 6 names it 17000000.gpu, JetPack 5
-17000000.ga10b) and matching the device's of_node name or compatible; other devfreq nodes (vic, DLA) are skipped.
+The node is found by scanning /sys/class/devfreq (JetPack 6 names it 17000000.gpu, JetPack 5 17000000.ga10b) and
+matching the device's of_node name or compatible; other devfreq nodes (vic, DLA) are skipped. The class link leads to
+the real node under /sys/devices/platform on both releases, not to the driver's links (JetPack 5's
+/sys/devices/17000000.ga10b and /sys/devices/gpu.0, JetPack 6's bus@0/gpu.0).
 Frequencies in these files are in Hz. On 5.10/5.15 kernels min_freq/max_freq accept any integer and reads return the
 effective, clamped range, so every pin writes in the order that keeps min <= max at each step and reads both back.
 """
@@ -51,7 +53,7 @@ def find_node(root: Root) -> Path:
 
 
 def _load_file(root: Root, device: Path) -> Optional[Path]:
-    """The GPU's per-mille load file: on the device itself, or on the gpu.0 platform device (jetson-orin.md)."""
+    """The GPU's per-mille load file: on the device itself, or on the gpu.0 platform device."""
     for candidate in (device / "load", root.path("/sys/devices/platform/gpu.0/load")):
         if candidate.exists():
             return candidate

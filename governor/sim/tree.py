@@ -20,7 +20,6 @@ directory (the layout's name, the jobs that run, scratch space for its atomic wr
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path

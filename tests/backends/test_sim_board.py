@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,10 +21,9 @@ from harness import REPO
 from simboard import read, running_board, wait_reads
 
 BERT = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0}
-NODE = "sys/class/devfreq/17000000.gpu"
 
 
-def node_of(root) -> "os.PathLike":
+def node_of(root) -> Path:
     return devfreq.find_node(Root(root))
 
 
