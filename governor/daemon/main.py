@@ -51,6 +51,9 @@ def build_config(args: argparse.Namespace) -> Config:
     overrides = {"socket.path": args.socket, "sysfs_root": args.sysfs_root, "state_dir": args.state_dir,
                  "log_level": args.log_level}
     if args.simulate:
+        if args.sysfs_root:
+            raise FtgovError("--simulate builds its own tree (under the state directory); to serve a tree of your "
+                             "own, run python -m governor.sim.board --tree DIR beside ftgovd --sysfs-root DIR")
         base = simulate_runtime_dir()
         overrides["socket.path"] = args.socket or str(base / "ftgov.sock")
         overrides["state_dir"] = args.state_dir or str(base)

@@ -33,7 +33,8 @@ JP6_LEVELS_HZ = (306000000, 408000000, 510000000, 612000000, 714000000, 81600000
 JP5_LEVELS_HZ = (114750000, 216750000, 318750000, 420750000, 522750000, 624750000, 726750000, 828750000,
                  930750000, 1032750000, 1134750000, 1236750000, 1300500000)
 # Orin NX 16GB (25 W), JetPack 6: only the range 306..918 MHz is known; the levels in between are assumed to be
-# the AGX JetPack 6 steps (unverified: no listing of the NX table was available).
+# the AGX JetPack 6 steps (unverified: no listing of the NX table was available). An Orin Nano tops out lower
+# (about 625 MHz at 15 W, unverified); the nx-jp6 tree stands for both modules with the NX's table.
 NX_LEVELS_HZ = (306000000, 408000000, 510000000, 612000000, 714000000, 816000000, 918000000)
 
 RAIL_MV = 5000  # every simulated rail reads 5 V; its current carries the power

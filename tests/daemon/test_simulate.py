@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import re
 import select
+import subprocess
 import sys
 
 from fswatch import Watch
 from governor.backends import devfreq
 from governor.sim import tree
 from governor.sysfs import Root, write_text
-from harness import FEATURES, Daemon, limits
+from harness import FEATURES, REPO, Daemon, limits
 from simboard import running_board, wait_reads
 
 # Run ftgovd's own entry point, and write down at exit which modules its process imported.
@@ -88,3 +89,11 @@ def test_the_log_names_the_energy_sum_of_each_board(tmp_path, start_daemon):
     c = d.client()
     job = c.call("register", **FEATURES)
     assert c.call("unregister", job_id=job["job_id"])["energy_j"] is None, "no figure rather than a partial one"
+
+
+def test_simulate_refuses_a_tree_of_your_own(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "governor.daemon", "--simulate", "--sysfs-root", str(tmp_path),
+                           "--config", os.devnull], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and "--simulate builds its own tree" in proc.stderr, proc
+    assert list(tmp_path.iterdir()) == [], "nothing written, nothing removed"
