@@ -50,7 +50,7 @@ def _int(text: str) -> int | None:
 
 
 class Board:
-    """One simulated board over one tree. ``handle(events)`` and ``update()`` are the reactions; ``serve`` the loop."""
+    """One simulated board over one tree: ``react()`` after writes into it, ``serve()`` waits for them."""
 
     def __init__(self, root: Root):
         self.root = root
@@ -191,8 +191,8 @@ class Board:
 
     # -- the loop ----------------------------------------------------------------------------------------------
 
-    def handle(self, events: list[tuple[Path, str, int]]) -> None:
-        """React to a batch of events: which files changed is read from the files themselves (_show_limits)."""
+    def react(self) -> None:
+        """After a batch of events: which limit files were written is read from the files themselves."""
         self._show_limits()
         self.update()
 
@@ -201,7 +201,7 @@ class Board:
         watcher = Inotify()
         watcher.watch(self.node, IN_CLOSE_WRITE)
         watcher.watch(self.jobs_dir, IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE)
-        self.handle([])
+        self.react()
         if on_ready is not None:
             on_ready()
         while True:
@@ -213,7 +213,8 @@ class Board:
                 if fd in self._pidfds:  # a job's process ended
                     del self._pidfds[fd]
                     os.close(fd)
-            self.handle(watcher.read())
+            watcher.read()  # drained: the files say what changed
+            self.react()
 
 
 def main(argv: list[str] | None = None) -> int:
