@@ -15,6 +15,7 @@ import argparse
 import itertools
 import json
 import os
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -100,18 +101,38 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--time-scale", type=float, default=0.1, help="wall time per simulated second (default 0.1)")
     p.add_argument("--tune", action="store_true", help="ask for the online tuner for this job")
+    p.add_argument("--no-daemon", action="store_true",
+                   help="run the steps on the board without registering, as an unmodified script (try ftgov run)")
     p.set_defaults(func=_main)
+
+
+class _Unregistered:
+    """The steps of a script that knows nothing of ftgovd: nothing to report."""
+
+    result = None
+
+    def step(self) -> None:
+        pass
 
 
 def _main(args: argparse.Namespace) -> int:
     from governor import client
     from governor.sim.energy import workload_from_features
 
+    root = Root(Path(args.tree))
+    try:
+        tree.layout_of(root)
+    except ValueError as e:
+        print(f"ftgov sim-job: {e}", file=sys.stderr)
+        return 1
     features = {"model_type": args.model_type, "num_layers": args.num_layers, "hidden_size": args.hidden_size,
                 "seq_len": args.seq_len}
     workload = workload_from_features(features, "sim-job")
+    if args.no_daemon:
+        run(root, _Unregistered(), workload, args.steps, time_scale=args.time_scale)
+        return 0
     with client.job(name="sim-job", socket=args.socket, tune=args.tune or None, report_every_s=0.05,
                     **features) as job:
-        run(Root(Path(args.tree)), job, workload, args.steps, time_scale=args.time_scale)
+        run(root, job, workload, args.steps, time_scale=args.time_scale)
     print(job.result)
     return 0

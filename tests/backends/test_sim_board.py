@@ -171,3 +171,21 @@ def test_a_tree_that_is_not_simulated_is_refused(tmp_path):
     out = subprocess.run([sys.executable, "-m", "governor.sim.board", "--tree", str(tmp_path)], capture_output=True,
                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 1 and "not a simulated tree" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_sim_job_runs_its_steps_on_the_board(orin):
+    load = devfreq.probe(Root(orin))[0].load_path
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with running_board(orin):
+        job = subprocess.Popen([sys.executable, "-m", "governor.cli", "sim-job", "--tree", str(orin), "--no-daemon",
+                                "--steps", "400", "--time-scale", "0.05"], env=env, stderr=subprocess.PIPE)
+        try:
+            wait_reads(load, lambda t: t != "0", 30)  # as an unmodified script under ftgov run would load the GPU
+        finally:
+            job.terminate()
+            job.wait()
+        assert wait_reads(load, lambda t: t == "0") == "0", "its process ended: the board idles"
+    missing = subprocess.run([sys.executable, "-m", "governor.cli", "sim-job", "--tree", str(orin / "missing")],
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "not a simulated tree" in missing.stderr
+    assert "Traceback" not in missing.stderr
