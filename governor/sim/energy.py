@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from governor.backends.rails import (
-    AGX_ENERGY_RAILS as ENERGY_RAILS,
+    ENERGY_RAILS,
     RAIL_CPU_CV,
     RAIL_CPU_GPU_CV,
     RAIL_GPU_SOC,
