@@ -51,7 +51,7 @@ copy_source() {
 
 sha_of() { sha256sum | cut -c1-16; }
 
-# Dependency wheels (pydantic, psutil, pyyaml, systemd-python, ...) are cached under a key made of the project metadata and
+# Dependency wheels (pydantic, pyyaml, systemd-python, nvidia-ml-py) are cached under a key made of the project metadata and
 # the interpreter; the project's own wheel is rebuilt every run because it is the thing under test.
 build_wheels() {
     local src=$1 out=$2
@@ -69,7 +69,8 @@ build_wheels() {
     if [[ ! -d $deps ]]; then
         log "building dependency wheels into $deps"
         rm -rf "$deps.tmp"
-        "$venv/bin/pip" wheel -q --no-build-isolation -w "$deps.tmp" "$src[systemd]"
+        # nvml: check_nvml_dropin installs with BACKEND=nvml, which adds nvidia-ml-py.
+        "$venv/bin/pip" wheel -q --no-build-isolation -w "$deps.tmp" "$src[systemd,nvml]"
         rm -f "$deps.tmp"/ftgov-*.whl
         mv "$deps.tmp" "$deps"
     fi
