@@ -19,7 +19,8 @@ SMOKE=0
 HOST_PYTHON=/usr/bin/python3
 SUITE=bookworm
 HOST_PACKAGES=(systemd-container mmdebstrap libsystemd-dev pkg-config gcc python3-dev python3-venv zstd)
-ROOTFS_PACKAGES=(systemd systemd-sysv dbus python3 python3-venv make)
+# procps: the unit's ExecReload= runs /bin/kill, which every Ubuntu/L4T image has and a minimal Debian lacks.
+ROOTFS_PACKAGES=(systemd systemd-sysv dbus python3 python3-venv make procps)
 BOOT_TIMEOUT_S=60
 CHECKS_TIMEOUT_S=240
 
