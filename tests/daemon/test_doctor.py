@@ -212,3 +212,26 @@ def test_text_output_gives_each_fix(orin):
     fail = next(i for i, line in enumerate(lines) if line.startswith("FAIL  devfreq"))
     assert lines[fail + 1].strip().startswith("fix: ")
     assert lines[-1].endswith("WARN") and "FAIL" in lines[-1]
+
+
+READ_ONLY_INT_FILE = Path("/proc/sys/fs/file-nr")  # reads as an integer, refuses writes, root's too
+
+
+def test_pin_check_that_cannot_write_fails_and_its_restore_is_retried(orin, start_daemon):
+    d = start_daemon()
+    max_freq = (orin / DEVFREQ / "max_freq").resolve()
+    saved = max_freq.read_text()
+    max_freq.unlink()
+    max_freq.symlink_to(READ_ONLY_INT_FILE)
+    rc, checks = doctor(orin, d)
+    assert rc == 1
+    pin = one(checks, "pin")
+    assert pin["status"] == "FAIL" and "failed" in pin["detail"] and "restore failed" in pin["detail"], pin
+    assert "read-only" in one(checks, "limits")["detail"]
+    d.notify.drain()
+    max_freq.unlink()
+    max_freq.write_text(saved)
+    d.wait_status(lambda m: "STATUS=0 job(s); GPU 0 at baseline" in m)  # retried on the daemon's tick
+    # (The baseline it restores is what max_freq read at the snapshot: the integer the broken file gave.)
+    assert json.loads((d.state_dir / "state.json").read_text())["gpus"] == {}
+    assert "GPU 0 restored to its baseline" in d.log()
