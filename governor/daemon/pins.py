@@ -302,6 +302,8 @@ class Governor:
     def _pin_check(self, ctl: GpuControl) -> dict:
         if ctl.stood_down:
             return {"ok": False, "wrote": False, "detail": "stood down: another tool changed the limits under a pin"}
+        if ctl.restore_failed:
+            return {"ok": False, "wrote": False, "detail": "a restore failed and is being retried: see the journal"}
         if ctl.pinned_hz is not None:
             holds = ctl.gpu.pin_holds()
             return {"ok": holds, "wrote": False, "pinned_hz": ctl.pinned_hz,
