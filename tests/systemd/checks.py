@@ -284,6 +284,36 @@ def check_outsider_refused() -> None:
     expect(as_member.returncode == 0, f"a member of ftgov was refused: {as_member.stdout}{as_member.stderr}")
 
 
+def doctor(*as_user: str) -> tuple[int, dict[str, list[dict]]]:
+    p = sh(*as_user, "/opt/ftgov/bin/ftgov", "doctor", "--json", "--config", str(CI_CONFIG), check=False)
+    try:
+        out = json.loads(p.stdout)
+    except ValueError as e:
+        raise CheckFailed(f"ftgov doctor gave no JSON (rc {p.returncode}): {p.stdout}{p.stderr}") from e
+    checks: dict[str, list[dict]] = {}
+    for c in out["checks"]:
+        checks.setdefault(c["name"], []).append(c)
+    return p.returncode, checks
+
+
+def check_doctor() -> None:
+    """`ftgov doctor` on the installed system: the daemon's pin check writes through the sandbox and restores; a member
+    of ftgov may use the socket; an outsider is told the fix."""
+    rc, checks = doctor()
+    fails = [c for cs in checks.values() for c in cs if c["status"] == "FAIL"]
+    expect(rc == 0 and not fails, f"doctor as root: rc {rc}, FAIL lines {fails}")
+    pin = checks["pin"][0]
+    expect(pin["status"] == "OK" and "restored" in pin["detail"], f"doctor's pin check: {pin}")
+    expect(limits_hz() == STATE["baseline"], f"after doctor's pin check the tree holds {limits_hz()}")
+    print(f"    root: {pin['detail']}")
+    rc, checks = doctor("setpriv", f"--reuid={JOB_USER}", f"--regid={JOB_USER}", "--init-groups")
+    expect(checks["socket"][0]["status"] == "OK", f"doctor as a member of ftgov: {checks['socket']}")
+    rc, checks = doctor("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
+    socket = checks["socket"][0]
+    expect(rc == 1 and socket["status"] == "FAIL" and "usermod -aG ftgov" in socket["fix"],
+           f"doctor as an outsider: rc {rc}, {socket}")
+
+
 def check_unit_order_and_reload() -> None:
     """Ordered after the boot-time power-mode write; `systemctl reload` sends SIGHUP to the daemon."""
     svc = show("ftgovd.service", "After", "ExecReload")
@@ -385,7 +415,7 @@ def check_job_ids_unique_per_boot() -> None:
 CHECKS = [check_verify_with_dropin, check_socket_activation, check_sandbox_in_effect, check_watchdog_pings,
           check_job_pins_tree,
           check_journal_fields, check_kill_restarts_and_restores, check_stop_restores,
-          check_restore_on_stop_false, check_outsider_refused, check_unit_order_and_reload,
+          check_restore_on_stop_false, check_outsider_refused, check_doctor, check_unit_order_and_reload,
           check_priorities_without_systemd_python,
           check_install_keeps_edited_config, check_nvml_dropin, check_uninstall,
           check_job_ids_unique_per_boot]
