@@ -317,6 +317,7 @@ class Governor:
         ctl.baseline, ctl.pinned_hz = ctl.gpu.snapshot(), level
         self._save()  # before the write, as for a job: a crash in between still finds the baseline
         result: dict = {"ok": True, "wrote": True, "pinned_hz": level}
+        log.info("GPU %s: pin check: pinning at the current %s, restoring at once", ctl.gpu.id, _mhz(level))
         try:
             ctl.gpu.pin(level)
             result["detail"] = f"pinned at the current {_mhz(level)} and restored"
