@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
-
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from governor.backends.rails import (
