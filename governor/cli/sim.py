@@ -18,6 +18,8 @@ def add_parser(sub) -> None:
     p.add_argument("--layout", choices=sorted(LAYOUTS), default="jp6",
                    help="; ".join(f"{name}: {spec.description}" for name, spec in LAYOUTS.items()) + " (default jp6)")
     p.add_argument("--max-hz", type=int, help="baseline max_freq, as a power mode caps it (default: the table's top)")
+    p.add_argument("--power-mode", type=int, help="AGX Orin nvpmodel mode (0 MAXN, 1 15W, 2 30W, 3 50W): writes "
+                                                  "nvpmodel's conf and status and caps the baseline max")
     p.set_defaults(func=run)
 
 
@@ -25,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from governor.sim import tree
 
     try:
-        spec = tree.layout_of(tree.build(args.dir, args.layout, max_hz=args.max_hz))
+        spec = tree.layout_of(tree.build(args.dir, args.layout, max_hz=args.max_hz, power_mode=args.power_mode))
     except ValueError as e:
         print(f"ftgov sim-tree: {e}", file=sys.stderr)
         return 2

@@ -222,11 +222,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tree", required=True, help="the simulated tree (made by ftgov sim-tree, or by --build)")
     p.add_argument("--build", choices=sorted(tree.LAYOUTS), help="build a tree of this layout at --tree first")
     p.add_argument("--max-hz", type=int, help="with --build: the baseline max_freq (a power mode's cap)")
+    p.add_argument("--power-mode", type=int, help="with --build: an AGX Orin nvpmodel mode (conf, status, its cap)")
     p.add_argument("--until-stdin-closes", action="store_true",
                    help="exit when standard input reaches EOF (the process that started the board has ended)")
     args = p.parse_args(argv)
     try:
-        root = tree.build(args.tree, args.build, max_hz=args.max_hz) if args.build else Root(args.tree)
+        if args.build:
+            root = tree.build(args.tree, args.build, max_hz=args.max_hz, power_mode=args.power_mode)
+        else:
+            root = Root(args.tree)
         board = Board(root)
     except (ValueError, OSError, FtgovError) as e:
         print(f"governor.sim.board: {args.tree}: {e}", file=sys.stderr)

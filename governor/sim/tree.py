@@ -43,6 +43,15 @@ JOBS_DIR = SIM_DIR + "/jobs"  # one JSON file per simulated job that runs (gover
 TMP_DIR = SIM_DIR + "/tmp"  # where atomic writes are staged: same file system as the tree, outside /sys
 
 
+# AGX Orin power modes: nvpmodel id -> (name, GPU max Hz, None: no cap). The caps are NVIDIA's AGX Orin conf; the ids
+# and MODE_30W as the default follow NVIDIA's published conf (unverified on a board).
+AGX_POWER_MODES = {0: ("MAXN", None), 1: ("MODE_15W", 408000000), 2: ("MODE_30W", 612000000), 3: ("MODE_50W", 816000000)}
+AGX_DEFAULT_MODE = 2
+NVPMODEL_CONF = "/etc/nvpmodel.conf"
+# Where nvpmodel keeps the mode it last set, "pmode:0002 ..." (unverified: from third-party reports).
+NVPMODEL_STATUS = "/var/lib/nvpmodel/status"
+
+
 @dataclass(frozen=True)
 class Layout:
     """One board and JetPack release: where the GPU sits, its table, its INA3221 channels."""
@@ -126,16 +135,26 @@ def _of_node(root: Root, dt_path: str, name: str, compatible: str) -> Path:
 
 
 def build(directory: str | os.PathLike, layout: str = "jp6", *, boot_id: str | None = None,
-          max_hz: int | None = None) -> Root:
+          max_hz: int | None = None, power_mode: int | None = None) -> Root:
     """Create the tree under ``directory`` (which may exist) and return its Root.
 
     ``max_hz`` is the baseline max_freq, as a power mode leaves it (AGX Orin MODE_30W: 612000000); by default the
-    table's top (MAXN). Any integer is taken: a capped max need not be a table level.
+    table's top (MAXN). Any integer is taken: a capped max need not be a table level. ``power_mode`` (an AGX Orin
+    nvpmodel id, AGX_POWER_MODES) also writes nvpmodel's conf and status under the root and sets max_hz to the
+    mode's cap.
     """
     try:
         spec = LAYOUTS[layout]
     except KeyError:
         raise ValueError(f"unknown layout {layout!r} ({', '.join(LAYOUTS)})") from None
+    if power_mode is not None:
+        if spec.rails is not _AGX_RAILS or power_mode not in AGX_POWER_MODES:
+            raise ValueError(f"power mode {power_mode!r}: the simulated modes are AGX Orin's "
+                             f"({', '.join(f'{i} {n}' for i, (n, _) in AGX_POWER_MODES.items())})")
+        cap_hz = AGX_POWER_MODES[power_mode][1]
+        if max_hz is not None and max_hz != (cap_hz or spec.levels_hz[-1]):
+            raise ValueError(f"max_hz {max_hz} contradicts power mode {power_mode}'s cap")
+        max_hz = cap_hz
     if max_hz is not None and not spec.levels_hz[0] <= max_hz <= spec.levels_hz[-1]:
         raise ValueError(f"max_hz {max_hz} is outside the {spec.name} table "
                          f"({spec.levels_hz[0]}..{spec.levels_hz[-1]} Hz)")
@@ -168,6 +187,8 @@ def build(directory: str | os.PathLike, layout: str = "jp6", *, boot_id: str | N
     if boot_id is None:
         boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     _write(root.path("/proc/sys/kernel/random/boot_id"), boot_id + "\n")
+    if power_mode is not None:
+        _nvpmodel(root, power_mode)
     _write(root.path(SIM_DIR) / "layout", spec.name + "\n")
     root.path(JOBS_DIR).mkdir(parents=True, exist_ok=True)
     root.path(TMP_DIR).mkdir(parents=True, exist_ok=True)
@@ -195,6 +216,17 @@ def _ina3221(root: Root, spec: Layout) -> None:
         _link(root.path("/sys/bus/i2c/drivers/ina3221") / chip, i2c / chip)
         _link(root.path("/sys/class/hwmon") / f"hwmon{n}", hwmon)
     write_rails(root, spec.idle_rails_mw)
+
+
+def _nvpmodel(root: Root, mode: int) -> None:
+    """nvpmodel's conf (the GPU part of each mode, in the layout of NVIDIA's published confs) and its status."""
+    lines = ["< PARAM TYPE=CLOCK NAME=GPU >", "MIN_FREQ /sys/devices/platform/gpu.0/devfreq_dev/min_freq",
+             "MAX_FREQ /sys/devices/platform/gpu.0/devfreq_dev/max_freq"]
+    for mode_id, (name, cap_hz) in AGX_POWER_MODES.items():
+        lines += [f"< POWER_MODEL ID={mode_id} NAME={name} >", "GPU MIN_FREQ 0", f"GPU MAX_FREQ {cap_hz or -1}"]
+    lines.append(f"< PM_CONFIG DEFAULT={AGX_DEFAULT_MODE} >")
+    _write(root.path(NVPMODEL_CONF), "\n".join(lines) + "\n")
+    _write(root.path(NVPMODEL_STATUS), f"pmode:{mode:04d} fmode:quiet\n")
 
 
 def layout_of(root: Root) -> Layout:

@@ -113,3 +113,18 @@ def test_the_nx_split_keeps_the_agx_total():
     nx = energy.nx_rails_mw(s.rails_mw)
     assert nx["VDD_IN"] == pytest.approx(s.power_mw)
     assert nx["VDD_CPU_GPU_CV"] + nx["VDD_SOC"] < nx["VDD_IN"], "the 5 V system rail's share is only in VDD_IN"
+
+
+def test_a_power_mode_writes_nvpmodel_files_and_caps_the_baseline(tmp_path):
+    root = tree.build(tmp_path / "30w", "jp6", power_mode=2)
+    assert devfreq.probe(root)[0].snapshot() == Limits(306000000, 612000000)
+    conf = root.path(tree.NVPMODEL_CONF).read_text()
+    assert "< POWER_MODEL ID=2 NAME=MODE_30W >\nGPU MIN_FREQ 0\nGPU MAX_FREQ 612000000" in conf
+    assert "< PM_CONFIG DEFAULT=2 >" in conf
+    assert root.path(tree.NVPMODEL_STATUS).read_text().startswith("pmode:0002")
+    maxn = tree.build(tmp_path / "maxn", "jp5", power_mode=0)
+    assert devfreq.probe(maxn)[0].snapshot().max_hz == tree.JP5_LEVELS_HZ[-1]
+    with pytest.raises(ValueError, match="AGX Orin"):
+        tree.build(tmp_path / "nx", "nx-jp6", power_mode=2)
+    with pytest.raises(ValueError, match="contradicts"):
+        tree.build(tmp_path / "both", "jp6", power_mode=2, max_hz=816000000)
