@@ -72,7 +72,8 @@ class Workload:
 
 def workload_from_features(features: Mapping[str, Any] | Any, name: str, batch_size: int = 32) -> Workload:
     """The Workload of a job's features (a mapping, or an object with the fields, such as governor.features.Features):
-    the one conversion every caller uses. ``gpu_util`` and other extra fields are ignored: the model derives the load."""
+    the one conversion every caller uses. ``gpu_util`` and other extra fields are ignored: the model derives the
+    load."""
     get = features.get if isinstance(features, Mapping) else lambda key: getattr(features, key)
     return Workload(name=name, model_type=get("model_type"), num_layers=get("num_layers"),
                     hidden_size=get("hidden_size"), seq_len=get("seq_len"), batch_size=batch_size)

@@ -1,4 +1,4 @@
-"""inotify through ctypes (the stdlib has no binding): the simulated board waits on writes into its tree, never polls."""
+"""inotify through ctypes (the stdlib has no binding): the simulated board waits on writes into its tree."""
 
 from __future__ import annotations
 

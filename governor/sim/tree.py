@@ -45,7 +45,8 @@ TMP_DIR = SIM_DIR + "/tmp"  # where atomic writes are staged: same file system a
 
 # AGX Orin power modes: nvpmodel id -> (name, GPU max Hz, None: no cap). The caps are NVIDIA's AGX Orin conf; the ids
 # and MODE_30W as the default follow NVIDIA's published conf (unverified on a board).
-AGX_POWER_MODES = {0: ("MAXN", None), 1: ("MODE_15W", 408000000), 2: ("MODE_30W", 612000000), 3: ("MODE_50W", 816000000)}
+AGX_POWER_MODES = {0: ("MAXN", None), 1: ("MODE_15W", 408000000), 2: ("MODE_30W", 612000000),
+                   3: ("MODE_50W", 816000000)}
 AGX_DEFAULT_MODE = 2
 NVPMODEL_CONF = "/etc/nvpmodel.conf"
 # Where nvpmodel keeps the mode it last set, "pmode:0002 ..." (unverified: from third-party reports).
