@@ -288,7 +288,7 @@ def _board_model(root) -> str:
 
 def _run_hardware(args) -> int:
     """A real Jetson: devfreq pins, INA3221 rails. Exercised on CPU against a simulated sysfs tree
-    (tests/test_pipeline_hf.py); UNTESTED ON A JETSON (see governor/pipeline/hf_runner.py)."""
+    (tests/pipeline/test_pipeline_hf.py); UNTESTED ON A JETSON (see governor/pipeline/hf_runner.py)."""
     from governor.backends.devfreq import probe
     from governor.backends.rails import discover
     from governor.sysfs import Root

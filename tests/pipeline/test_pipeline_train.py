@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import random
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +15,8 @@ from governor.features import FEATURE_ORDER
 from governor.pipeline import dataset, train
 from governor.pipeline.export import float64_threshold
 from governor.policy.tree import DecisionTree, Leaf, Split
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "model" / "data" / "characterization.csv"
 
 
