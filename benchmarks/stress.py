@@ -73,7 +73,7 @@ def fuzz(examples: int) -> dict:
 
 _ZYGOTE = r"""
 import json, os, signal, sys
-import governor.daemon, governor.daemon.server, governor.daemon.pins, governor.policy, governor.backends.devfreq, governor.backends.rails
+import governor.daemon.main, governor.daemon.server, governor.daemon.pins, governor.policy, governor.backends.devfreq, governor.backends.rails
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel; the driver waits on pidfds
 for req in sys.stdin:
     req = json.loads(req)
@@ -85,7 +85,7 @@ for req in sys.stdin:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         code = 1
         try:
-            code = governor.daemon.main(req["argv"])
+            code = governor.daemon.main.main(req["argv"])
         finally:
             os._exit(code)
     print(pid, flush=True)
@@ -117,12 +117,13 @@ class ForkedDaemon:
         self.wait_status(lambda m: "READY=1" in m, 20)
 
     def wait_status(self, predicate, timeout_s: float = 10.0) -> str:
-        return self.notify.wait(predicate, timeout_s)
+        return self.notify.wait(predicate, timeout_s, pidfd=self.pidfd)
 
     def kill(self) -> None:
         os.kill(self.pid, signal.SIGKILL)
         select.select([self.pidfd], [], [], 10)  # readable once the process is gone
         os.close(self.pidfd)
+        self.pidfd = None
 
     def close(self) -> None:
         if self.pidfd is not None:

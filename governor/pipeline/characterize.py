@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
 from governor.errors import FtgovError
-from governor.pipeline.measure import Measurement
+from governor.pipeline.measure import SettingMeasurement
 from governor.backends.rails import AGX_ORIN_RAILS, ENERGY_RAILS
 
 SETTING_MAXN = "maxn"
@@ -42,7 +42,7 @@ COLUMNS = (
 
 
 class Runner(Protocol):
-    def run(self, steps: int, warmup: int = 0) -> Measurement:
+    def run(self, steps: int, warmup: int = 0) -> SettingMeasurement:
         """Run steps at whatever clock the GPU holds now, and measure them."""
 
 
@@ -91,7 +91,7 @@ def _fmt(x: float | None, digits: int = 7) -> str:
     return "" if x is None else f"{x:.{digits}g}"
 
 
-def make_row(job: Job, freq_hz: int | None, m: Measurement, prov: Provenance) -> dict[str, str]:
+def make_row(job: Job, freq_hz: int | None, m: SettingMeasurement, prov: Provenance) -> dict[str, str]:
     if m.steps <= 0 or m.duration_s <= 0:
         raise FtgovError(f"{job.workload}: empty measurement")
     power_mw = m.energy_j / m.duration_s * 1e3

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from governor.errors import FtgovError
-from governor.pipeline.measure import Measurement
+from governor.pipeline.measure import SettingMeasurement
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class RailSampler:
         self.rails = rails
         self.gpu = gpu
         self.interval_s = interval_s
-        self.measurement = Measurement.start()
+        self.measurement = SettingMeasurement.start()
         self.limits_seen: set[tuple[int, int]] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -287,7 +287,7 @@ class HfTrainingRunner:
 
             torch.cuda.synchronize(self.device)
 
-    def run(self, steps: int, warmup: int = 0) -> Measurement:
+    def run(self, steps: int, warmup: int = 0) -> SettingMeasurement:
         self.model.train()
         for _ in range(warmup):
             self._step()

@@ -77,13 +77,14 @@ class Daemon:
 
     The config written is TEST_CONFIG updated with ``config``; ``test_config=False`` writes ``config`` alone (the
     daemon's own defaults otherwise), and ``config_file`` names an existing file instead (os.devnull: every default).
-    ``python_args`` go before ``-m governor.daemon`` (a profiler, say)."""
+    ``python_args`` go before ``-m governor.daemon`` (a profiler, say); ``python`` is the interpreter (another
+    venv's, to run an installed ftgov: then pass env={"PYTHONPATH": ""} so that the checkout is not imported)."""
 
     def __init__(self, root: Optional[Path], workdir: Optional[Path] = None, config: Optional[dict] = None,
                  extra_args: tuple[str, ...] = (), simulate: bool = False, notify_name: str = "n.sock",
                  env: Optional[dict] = None, *, test_config: bool = True, config_file: Optional[str] = None,
                  state_dir: Optional[Path] = None, log_path: Optional[Path] = None, log_level: str = "debug",
-                 python_args: tuple[str, ...] = ()):
+                 python_args: tuple[str, ...] = (), python: str = sys.executable):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ftg", dir="/tmp"))  # short: AF_UNIX paths <= 107
         self.root = root
         self.socket = str(self.workdir / "s.sock")
@@ -101,11 +102,12 @@ class Daemon:
         self.simulate = simulate
         self.log_level = log_level
         self.python_args = python_args
+        self.python = python
         self.proc: Optional[subprocess.Popen] = None
         self.pidfd: Optional[int] = None
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, *self.python_args, "-m", "governor.daemon", "--config", str(self.config_path),
+        cmd = [self.python, *self.python_args, "-m", "governor.daemon", "--config", str(self.config_path),
                "--socket", self.socket, "--state-dir", str(self.state_dir), "--log-level", self.log_level,
                *self.extra_args]
         if self.simulate:

@@ -26,8 +26,8 @@ def at_baseline(m: str) -> bool:
 def kill_trial(d, root: Path, rng: random.Random, window_s: float = 0.004) -> dict:
     """SIGKILL the daemon at a random moment of a register or an unregister, restart it, check what it left.
 
-    ``d`` has socket, state_dir, notify, wait_status(), start() (returns at READY=1) and kill(). The job's process is a `sleep`
-    that dies before the restart in half the trials. Raises AssertionError on anything illegal; returns what
+    ``d`` has socket, state_dir, notify, wait_status(), start() (returns at READY=1) and kill(). The job's process is
+    a `sleep` that dies before the restart in half the trials. Raises AssertionError on anything illegal; returns what
     happened: the phase, the files after the kill, the outcome after the restart and the writes it made.
     """
     node = (root / DEVFREQ).resolve()
@@ -79,8 +79,9 @@ def kill_trial(d, root: Path, rng: random.Random, window_s: float = 0.004) -> di
         else:
             assert now == BASELINE, f"no job after the restart but the files read {now}"
             outcome = "baseline" if after_kill == BASELINE else "restored"
-        return {"phase": phase, "after_kill": {BASELINE: "baseline", PINNED: "pinned", MID_WRITE: "mid-write"}[after_kill],
-                "outcome": outcome, "writes": writes, "delay_s": delay_s, "torn": torn}
+        seen = {BASELINE: "baseline", PINNED: "pinned", MID_WRITE: "mid-write"}[after_kill]
+        return {"phase": phase, "after_kill": seen, "outcome": outcome, "writes": writes, "delay_s": delay_s,
+                "torn": torn}
     finally:
         if c is not None:
             c.close()

@@ -7,7 +7,7 @@ import os
 import select
 import socket
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 
 class DaemonExited(RuntimeError):
@@ -21,7 +21,7 @@ class NotifyListener:
         self.sock.bind(path)
         self.messages: list[str] = []
 
-    def wait(self, predicate: Callable[[str], bool], timeout_s: float = 10.0, pidfd: Optional[int] = None) -> str:
+    def wait(self, predicate: Callable[[str], bool], timeout_s: float = 10.0, pidfd: int | None = None) -> str:
         """The next message satisfying predicate; TimeoutError after timeout_s. With ``pidfd`` (os.pidfd_open of the
         sender), DaemonExited as soon as that process is gone and has left no such message: a daemon that dies at
         start fails the wait at once instead of at the timeout."""
