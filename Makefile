@@ -39,7 +39,7 @@ endif
 # Post-install steps that touch the running system, skipped for staged installs and where systemd is not PID 1.
 LIVE_SYSTEMD = $(and $(if $(DESTDIR),,yes),$(wildcard /run/systemd/system))
 
-.PHONY: install uninstall install-venv install-units install-config demo test test-unit test-systemd bench model \
+.PHONY: install uninstall install-venv install-units install-config demo test test-unit test-systemd lint bench model \
 	evaluate stress
 
 # --- development: a virtual environment in .venv, made by the first target that needs it ---------------------------
@@ -64,7 +64,12 @@ $(DEV_VENV)/.test: $(DEV_VENV)/.base
 demo: $(DEV_VENV)/.base
 	$(VPY) -m governor.sim.demo
 
-test: test-unit test-systemd
+# Lint first: a finding fails the run before the slow suites start.
+test: lint test-unit test-systemd
+
+# ruff comes with the [test] extra; its rules are pyproject.toml's [tool.ruff].
+lint: $(DEV_VENV)/.test
+	$(VPY) -m ruff check .
 
 test-unit: $(DEV_VENV)/.test
 	$(VPY) -m pytest
