@@ -23,6 +23,7 @@ from governor.errors import FtgovError
 from governor.features import FEATURE_ORDER, MODEL_TYPE_CODES
 from governor.pipeline import dataset
 from governor.policy.tree import FORMAT
+from governor.units import mhz
 
 
 def float64_threshold(t: float) -> float:
@@ -80,7 +81,7 @@ def to_rules(estimator, header: list[str]) -> str:
         left, right = int(t.children_left[i]), int(t.children_right[i])
         if left == -1:
             hz = int(estimator.classes_[int(t.value[i][0].argmax())])
-            lines.append(f"{pad}-> {hz / 1e6:g} MHz  (samples: {int(t.n_node_samples[i])})")
+            lines.append(f"{pad}-> {mhz(hz)}  (samples: {int(t.n_node_samples[i])})")
             return
         name, thr = FEATURE_ORDER[int(t.feature[i])], float(t.threshold[i])
         shown = "encoder" if name == "model_type" and thr < 0.5 else None
