@@ -1,7 +1,8 @@
 # ftgov. The two commands of the README:
 #   make demo      set up a virtual environment and run the demo on a simulated Jetson AGX Orin
 #   make test      set up, then run every test (pytest, then the systemd suite in a booted container when root)
-# Also: make bench (daemon latency/memory figures), make model (retrain the MLG tree), make evaluate (policies on the
+# Also: make lint (ruff; make test runs it first), make bench (daemon latency/memory figures), make model (retrain
+# the MLG tree: the pipeline's stages, each file from the files it is computed from), make evaluate (policies on the
 # held-out workloads, with plots), make stress (fault-injection and load figures).
 #
 # Install on a Jetson:

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,19 @@ def _run(cmd: list, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, **kwargs)
 
 
+def _skip_if_offline(done: subprocess.CompletedProcess, what: str) -> None:
+    if done.returncode != 0 and any(m in done.stdout + done.stderr for m in OFFLINE):
+        pytest.skip(f"the package index is unreachable, so {what} cannot be installed: "
+                    f"{(done.stderr.strip().splitlines() or ['?'])[-1]}")
+
+
+def _version(dist: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in metadata.version(dist).split(".")[:2] if p.isdigit())
+    except metadata.PackageNotFoundError:
+        return ()
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
     """A clean venv (`python -m venv`, no system site-packages) with the wheel built from this checkout installed,
@@ -34,17 +48,18 @@ def installed(tmp_path_factory) -> Path:
     shutil.copy(REPO / "pyproject.toml", src)
     shutil.copy(REPO / "README.md", src)
     shutil.copytree(REPO / "governor", src / "governor", ignore=shutil.ignore_patterns("__pycache__"))
-    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", tmp / "dist", src],
+    # pyproject's build-system wants setuptools>=77: with it here, build offline; without, pip fetches it.
+    offline_build = ["--no-build-isolation"] if _version("setuptools") >= (77,) else []
+    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *offline_build, "-w", tmp / "dist", src],
                  timeout=300)
+    _skip_if_offline(built, "setuptools for the build")
     assert built.returncode == 0, built.stdout + built.stderr
     (wheel,) = (tmp / "dist").glob("ftgov-*.whl")
     venv = tmp / "venv"
     made = _run([sys.executable, "-m", "venv", venv], timeout=120)
     assert made.returncode == 0, made.stderr
     pip = _run([venv / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check", wheel], timeout=600)
-    if pip.returncode != 0 and any(m in pip.stdout + pip.stderr for m in OFFLINE):
-        pytest.skip(f"the package index is unreachable, so the wheel's dependencies cannot be installed: "
-                    f"{(pip.stderr.strip().splitlines() or ['?'])[-1]}")
+    _skip_if_offline(pip, "the wheel's dependencies")
     assert pip.returncode == 0, pip.stdout + pip.stderr
     return venv
 
