@@ -9,6 +9,8 @@
 #
 #   sudo make install                    # venv in /opt/ftgov, units in /etc/systemd/system, config in /etc/ftgov
 #   sudo make install WHEELHOUSE=DIR     # offline: the package and its dependencies from a directory of wheels
+#   sudo make install BACKEND=nvml       # an NVIDIA datacenter/desktop GPU: nvidia-ml-py, and the unit drop-in that
+#                                        # lets the sandboxed daemon reach /dev/nvidia* (systemd/ftgovd.service.d/nvml.conf)
 #   make install DESTDIR=/tmp/stage      # staged install for packaging (no sysusers, no daemon-reload)
 #   sudo make uninstall
 #
@@ -26,12 +28,21 @@ BINDIR ?= /usr/local/bin
 PYTHON ?= /usr/bin/python3
 EXTRAS ?= systemd
 WHEELHOUSE ?=
+# devfreq (a Jetson; the default) or nvml.
+BACKEND ?= devfreq
+ifeq ($(filter $(BACKEND),devfreq nvml),)
+$(error BACKEND=$(BACKEND): use devfreq (a Jetson) or nvml (an NVIDIA datacenter or desktop GPU))
+endif
 
 VENV = $(DESTDIR)$(PREFIX)
 CONFIG = $(DESTDIR)$(SYSCONFDIR)/ftgov/ftgov.yaml
 COMMANDS = ftgov ftgovd
 UNITS = ftgovd.service ftgovd.socket
-PKG_SPEC = $(if $(EXTRAS),[$(EXTRAS)])
+DROPIN_DIR = $(DESTDIR)$(UNITDIR)/ftgovd.service.d
+comma := ,
+space := $(subst ,, )
+PKG_EXTRAS = $(strip $(EXTRAS) $(if $(filter nvml,$(BACKEND)),nvml))
+PKG_SPEC = $(if $(PKG_EXTRAS),[$(subst $(space),$(comma),$(PKG_EXTRAS))])
 ifeq ($(WHEELHOUSE),)
 PIP_SOURCE = '.$(PKG_SPEC)'
 else
@@ -153,6 +164,12 @@ install-units:
 	  chmod 0644 '$(DESTDIR)$(UNITDIR)/'$$u; \
 	done
 	install -m 0644 systemd/sysusers.d/ftgov.conf '$(DESTDIR)$(SYSUSERSDIR)/ftgov.conf'
+# The NVML drop-in is added by BACKEND=nvml and kept by a later plain `make install` (an upgrade must not take the
+# GPU away from a running setup); uninstall removes it.
+ifeq ($(BACKEND),nvml)
+	install -d '$(DROPIN_DIR)'
+	install -m 0644 systemd/ftgovd.service.d/nvml.conf '$(DROPIN_DIR)/nvml.conf'
+endif
 ifneq ($(LIVE_SYSTEMD),)
 	systemd-sysusers '$(SYSUSERSDIR)/ftgov.conf'
 	systemctl daemon-reload
@@ -175,6 +192,8 @@ ifneq ($(LIVE_SYSTEMD),)
 	-systemctl disable --now ftgovd.socket ftgovd.service
 endif
 	for u in $(UNITS); do rm -f '$(DESTDIR)$(UNITDIR)/'$$u; done
+	rm -f '$(DROPIN_DIR)/nvml.conf'
+	rmdir '$(DROPIN_DIR)' 2>/dev/null || true  # kept when it holds the operator's own drop-ins
 	rm -f '$(DESTDIR)$(SYSUSERSDIR)/ftgov.conf'
 ifneq ($(LIVE_SYSTEMD),)
 	systemctl daemon-reload

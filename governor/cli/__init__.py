@@ -14,6 +14,7 @@ SUBCOMMAND_MODULES = (
     "governor.cli.restore",
     "governor.cli.run",
     "governor.cli.ops",
+    "governor.cli.doctor",
     "governor.cli.metrics",
     "governor.pipeline.characterize",
     "governor.pipeline.evaluate",

@@ -293,6 +293,44 @@ class Governor:
                 self._save()
             self._notify()
 
+    def pin_check(self) -> list[dict]:
+        """Show that each GPU can be pinned, without moving its clock (for `ftgov doctor`). A GPU pinned for jobs is
+        checked by reading (the pin holds); an idle one is pinned at the level it runs at now and restored at once,
+        through the same save-before-write path as a job's pin. One call, one event-loop turn: no job interleaves."""
+        return [{"gpu": gid, **self._pin_check(ctl)} for gid, ctl in self.gpus.items()]
+
+    def _pin_check(self, ctl: GpuControl) -> dict:
+        if ctl.stood_down:
+            return {"ok": False, "wrote": False, "detail": "stood down: another tool changed the limits under a pin"}
+        if ctl.restore_failed:
+            return {"ok": False, "wrote": False, "detail": "a restore failed and is being retried: see the journal"}
+        if ctl.pinned_hz is not None:
+            holds = ctl.gpu.pin_holds()
+            return {"ok": holds, "wrote": False, "pinned_hz": ctl.pinned_hz,
+                    "detail": f"pinned for jobs at {_mhz(ctl.pinned_hz)}; "
+                              + ("the pin holds" if holds else "the limits no longer read the pin")}
+        reading = ctl.gpu.read()
+        now_hz = reading.cur_hz if reading.cur_hz is not None else reading.max_hz
+        # Within the limits in force (another tool's min = max included), the level nearest the clock now.
+        allowed = [hz for hz in ctl.gpu.levels_hz if reading.min_hz <= hz <= reading.max_hz] or ctl.gpu.levels_hz
+        level = min(allowed, key=lambda hz: abs(hz - now_hz))
+        ctl.baseline, ctl.pinned_hz = ctl.gpu.snapshot(), level
+        self._save()  # before the write, as for a job: a crash in between still finds the baseline
+        result: dict = {"ok": True, "wrote": True, "pinned_hz": level}
+        log.info("GPU %s: pin check: pinning at the current %s, restoring at once", ctl.gpu.id, _mhz(level))
+        try:
+            ctl.gpu.pin(level)
+            result["detail"] = f"pinned at the current {_mhz(level)} and restored"
+        except FtgovError as e:
+            result.update(ok=False, detail=f"pin at {_mhz(level)} failed: {e}")
+        try:
+            self._restore(ctl)
+        except BackendError as e:  # _restore marked it: the tick retries, as after a job
+            result.update(ok=False, detail=f"{result['detail']}; restore failed: {e} (retrying)")
+        (log.info if result["ok"] else log.warning)("GPU %s: pin check: %s", ctl.gpu.id, result["detail"])
+        self._notify()
+        return result
+
     # ---- state, energy, status -------------------------------------------------------------------------------------
     def state(self) -> State:
         gpus = {gid: GpuState(ctl.gpu.describe(), ctl.baseline, ctl.pinned_hz)

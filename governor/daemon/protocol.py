@@ -96,6 +96,7 @@ METHODS: dict[str, type[_Params]] = {
     "status": EmptyParams,
     "predict": FeatureParams,
     "ping": EmptyParams,
+    "pin_check": EmptyParams,  # `ftgov doctor`: can the daemon pin each GPU? (Governor.pin_check)
 }
 
 

@@ -422,6 +422,10 @@ class Server:
     def _rpc_status(self, conn: Conn, params) -> dict:
         return self.gov.status()
 
+    def _rpc_pin_check(self, conn: Conn, params) -> dict:
+        log.info("pin check requested by uid %d (pid %d)", conn.peer.uid, conn.peer.pid)
+        return {"gpus": self.gov.pin_check()}
+
     def _rpc_predict(self, conn: Conn, params):
         features = params.features()
         gid = self.gov.default_gpu()
