@@ -416,6 +416,7 @@ def test_one_user_cannot_take_every_job_slot(orin, start_daemon):
     err = second.request("register", **FEATURES)["error"]
     assert err["code"] == -32002 and "max_jobs_per_uid" in err["message"], err
     assert len(second.call("status")["jobs"]) == 3
+    d.notify.drain()  # the STATUS=1 job(s) of the first registration is queued still: wait for the one after close
     first.close()
     d.wait_jobs(1)
     assert second.call("register", **FEATURES)["freq_hz"] == 714000000  # its slots are free again
