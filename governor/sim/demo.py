@@ -12,13 +12,12 @@ import os
 import select
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from governor.daemon.notify import NotifyListener
+from tests.support.daemon import Daemon  # the launcher tests and benchmarks use: `make demo` runs in the checkout
 
 DEVFREQ = "sys/class/devfreq/17000000.gpu"
 JOB = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0}  # BERT-base on MNLI
@@ -64,18 +63,14 @@ def main() -> int:
     w = workload_from_features(JOB, "bert-base/mnli")
 
     work = Path(tempfile.mkdtemp(prefix="ftgov-demo-", dir="/tmp"))
-    sock = str(work / "ftgov.sock")
-    notify = NotifyListener(str(work / "notify.sock"))
-    log_path = work / "ftgovd.log"
-    env = {**os.environ, "NOTIFY_SOCKET": notify.path}
-    cmd = [sys.executable, "-m", "governor.daemon", "--simulate", "--socket", sock, "--state-dir", str(work),
-           "--config", os.devnull]
+    daemon = Daemon(None, workdir=work, simulate=True, config_file=os.devnull, state_dir=work, log_level="info",
+                    notify_name="notify.sock")
+    sock = daemon.socket
+    log_path = daemon.log_path
     say("== 1. Start ftgovd on a simulated Jetson AGX Orin")
-    say("   $ " + " ".join(["ftgovd"] + cmd[3:]))
-    with open(log_path, "wb") as log:
-        daemon = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
+    say("   $ " + " ".join(["ftgovd"] + daemon.command()[3:]))
     try:
-        notify.wait(lambda m: "READY=1" in m, 30)
+        daemon.start(timeout_s=30)
         root = work / "sim-orin"
         say(f"   ready; simulated sysfs tree at {root}")
         say(f"   baseline: {files(root)}")
@@ -129,16 +124,15 @@ def main() -> int:
         oracle = min(model.levels_hz, key=lambda hz: model.expected(w, hz).energy_j)
         say(f"   {t['reason']}: {t['freq_hz'] / 1e6:g} MHz (the model's true minimum: {oracle / 1e6:g} MHz)")
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(15)
-        notify.close()
+        returncode = daemon.stop(signal.SIGTERM, timeout_s=15)
+        daemon.close()
     say("\n== 6. The daemon's log (what `journalctl -u ftgovd` shows on a Jetson)")
     for line in log_path.read_text().splitlines():
         if " INFO " in line or " WARNING " in line or " ERROR " in line:
             say("   " + line.split(" ftgovd ", 1)[-1])
     shutil.rmtree(work, ignore_errors=True)
     say("\nDone. Try it yourself: ftgovd --simulate, then FTGOV_SOCKET=... ftgov status")
-    return 0 if daemon.returncode == 0 else 1
+    return 0 if returncode == 0 else 1
 
 
 if __name__ == "__main__":

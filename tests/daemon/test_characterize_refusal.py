@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from harness import limits
+from tests.support.daemon import limits
 
 from governor.cli import build_parser
 from governor.cli.doctor import refuse_while_daemon_runs

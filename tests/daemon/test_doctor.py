@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import DEVFREQ, FEATURES, REPO, limits
+from tests.support.daemon import DEVFREQ, FEATURES, REPO, limits
 
 from governor.sim import tree
 

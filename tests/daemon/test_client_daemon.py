@@ -9,7 +9,7 @@ import torch
 
 import governor
 from governor.client import Connection, GovernorWarning
-from harness import limits
+from tests.support.daemon import limits
 
 BASELINE = (306000000, 1300500000)
 SMALL = dict(model_type="encoder", num_layers=2, hidden_size=32)

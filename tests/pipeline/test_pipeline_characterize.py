@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-from pathlib import Path
 
 import pytest
 
@@ -16,8 +15,8 @@ from governor.sim.gpu import SimulatedGpu
 from governor.pipeline.workloads import characterization_workloads, held_out_workloads
 from governor.backends.rails import ENERGY_RAILS
 from governor.sim.energy import OrinEnergyModel
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 PROV = ch.Provenance("simulated", OrinEnergyModel.VERSION, 0)
 
 

@@ -3,38 +3,37 @@ scikit-learn's answers."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from governor.cli import main as ftgov
 from governor.features import FEATURE_ORDER
 from governor.pipeline import dataset, train
 from governor.pipeline.export import float64_threshold
 from governor.policy.tree import DecisionTree, Leaf, Split
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "model" / "data" / "characterization.csv"
-
-
-def load_train_script():
-    spec = importlib.util.spec_from_file_location("model_train", REPO / "model" / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
 def fresh(tmp_path_factory):
-    """A full `make model` run (labels, fit, export, ffg) into a temporary directory, one worker."""
+    """A full `make model` run (dataset, fit, export, ffg) into a temporary directory, one worker, through `ftgov
+    model STAGE` (the same stages as `python -m governor.pipeline STAGE`)."""
     out = tmp_path_factory.mktemp("model")
-    script = load_train_script()
-    assert script.main(["all", "--data", str(DATA), "--out-dir", str(out), "--artifacts", str(out / "artifacts"),
-                        "--seed", "0", "--jobs", "1"]) == 0
+    art = out / "artifacts"
+    data = ["--data", str(DATA)]
+    for stage in (["dataset", *data, "--out", str(art / "dataset.csv")],
+                  ["fit", *data, "--dataset", str(art / "dataset.csv"), "--estimator", str(art / "mlg.joblib"),
+                   "--report", str(art / "cv-report.json"), "--seed", "0", "--jobs", "1"],
+                  ["export", *data, "--estimator", str(art / "mlg.joblib"), "--report", str(art / "cv-report.json"),
+                   "--tree", str(out / "mlg-tree.json"), "--rules", str(out / "mlg-rules.txt")],
+                  ["ffg", *data, "--out", str(out / "ffg.json")]):
+        assert ftgov(["model", *stage]) == 0, stage
     return out
 
 

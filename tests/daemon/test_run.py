@@ -16,7 +16,7 @@ import time
 import pytest
 
 from governor.client import Connection
-from harness import DEVFREQ, REPO, limits
+from tests.support.daemon import DEVFREQ, REPO, limits
 
 FEATURES = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 60.0, "gpu_util": 80.0}
 FEATURE_ARGS = ["--model-type", "encoder", "--num-layers", "12", "--hidden-size", "768", "--seq-len", "60",

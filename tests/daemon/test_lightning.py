@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from governor.lightning import GovernorCallback  # noqa: E402
-from harness import limits  # noqa: E402
+from tests.support.daemon import limits  # noqa: E402
 
 BASELINE = (306000000, 1300500000)
 VOCAB = 50

@@ -4,7 +4,7 @@ pinned clock, the rails following the pin, and the tuner converging on the least
 from governor.sim import job as simjob
 from governor.sim.energy import OrinEnergyModel, Workload
 from governor.sysfs import Root
-from harness import FEATURES
+from tests.support.daemon import FEATURES
 
 BERT_BASE = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
 

@@ -1,4 +1,4 @@
-"""The NVML backend against the fake pynvml (tests/fakenvml): probing, levels, pin/restore, power cap, errors, reads."""
+"""The NVML backend against the fake pynvml (tests/support/fakenvml): probing, levels, pin/restore, power cap, errors, reads."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from governor.backends.base import Gpu, Limits
 from governor.backends.nvml import POWER_LIMIT_KEY, NvmlReadOnly, ReadOnlyNvml, coarse_levels, probe
 from governor.errors import BackendError, NodeNotFound, PinError
 from governor.backends.gpuid import GpuNotFound, find_gpu, visible_gpu
+from tests.support import FAKENVML_DIR as FAKE_DIR, REPO
 
-FAKE_DIR = Path(__file__).parent / "fakenvml"
 MHZ = 1_000_000
 
 
@@ -381,7 +381,7 @@ def test_the_fake_has_the_real_names_signatures_and_codes(nvml):
 
 
 # ---- scripts/nvml_observe.py, end to end on the CPU against the fake NVML ----
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "nvml_observe.py"
+SCRIPT = REPO / "scripts" / "nvml_observe.py"
 TINY = ["--device", "cpu", "--arch", "gpt2", "--layers", "2", "--hidden", "64", "--heads", "2", "--vocab", "500",
         "--seq-len", "32", "--batch", "2", "--warmup-steps", "1", "--idle-s", "0.3", "--status-every", "2"]
 

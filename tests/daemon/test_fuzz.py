@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harness import FEATURES, Daemon, Rpc, limits
+from tests.support.daemon import FEATURES, Daemon, Rpc, limits
 from governor.sim import tree
 
 BASELINE = (306000000, 1300500000)

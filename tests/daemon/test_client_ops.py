@@ -10,7 +10,7 @@ import pytest
 import governor
 from governor.cli import main
 from governor.client import Connection
-from harness import limits
+from tests.support.daemon import limits
 
 BASELINE = (306000000, 1300500000)
 

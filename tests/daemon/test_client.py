@@ -14,7 +14,6 @@ import sys
 import tempfile
 import threading
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,8 +22,8 @@ import torch
 from governor import client
 from governor.client import (Connection, DaemonUnavailable, GovernorWarning, InvalidParams, NotPermitted, RpcError,
                              SocketPermissionError, batch_tokens, job)
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 BERT_TINY = {"model_type": "bert", "num_hidden_layers": 2, "hidden_size": 32}
 
 

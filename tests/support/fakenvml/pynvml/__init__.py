@@ -1,6 +1,6 @@
 """A fake ``pynvml`` (nvidia-ml-py) backed by simulated GPUs, for tests on machines without an NVIDIA driver.
 
-Put ``tests/fakenvml`` first on sys.path (or PYTHONPATH) and ``import pynvml`` gets this module. It has the real
+Put ``tests/support/fakenvml`` first on sys.path (or PYTHONPATH) and ``import pynvml`` gets this module. It has the real
 module's function names, signatures, return types (MHz, mW, mJ, percent), constants with the real values, and the same
 error classes: ``NVMLError(code)`` returns the subclass for the code (``NVMLError_NoPermission`` ...), built the way
 nvidia-ml-py builds them. Only the functions ftgov uses are simulated; anything else is absent, so code that strays

@@ -2,13 +2,12 @@
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
-from harness import FEATURES, REPO
+from tests.support.daemon import FEATURES, REPO
+from tests.support import FAKENVML_DIR as FAKE_DIR
 
-FAKE_DIR = Path(__file__).resolve().parent / "fakenvml"
 
 
 @pytest.fixture

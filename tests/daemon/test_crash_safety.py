@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from harness import FEATURES, REPO, limits
+from tests.support.daemon import FEATURES, REPO, limits
 
 BASELINE = (306000000, 1300500000)
 PINNED = (714000000, 714000000)

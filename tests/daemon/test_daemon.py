@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from harness import DEVFREQ, FEATURES, REPO, Daemon, Rpc, limits
+from tests.support.daemon import DEVFREQ, FEATURES, REPO, Daemon, Rpc, limits
 from governor.sim import tree
 
 BASELINE = (306000000, 1300500000)
@@ -40,7 +40,7 @@ def test_connection_close_restores_baseline(orin, start_daemon):
 
 def test_sigkill_of_the_client_process_restores_baseline(orin, start_daemon):
     d = start_daemon()
-    code = (f"import sys; sys.path.insert(0, {str(REPO / 'tests')!r}); from harness import Rpc, FEATURES; "
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); from tests.support.daemon import Rpc, FEATURES; "
             f"c = Rpc({d.socket!r}); c.call('register', **FEATURES); print('ok', flush=True); sys.stdin.read()")
     child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert child.stdout.readline() == b"ok\n"
@@ -75,8 +75,8 @@ def test_a_connection_outliving_its_process_cannot_register_for_it(orin, start_d
     d = start_daemon()
     code = f"""
 import json, os, sys
-sys.path.insert(0, {str(REPO / 'tests')!r})
-from harness import Rpc, FEATURES
+sys.path.insert(0, {str(REPO)!r})
+from tests.support.daemon import Rpc, FEATURES
 c = Rpc({d.socket!r})
 assert c.call("ping") == {{}}
 r, w = os.pipe()
@@ -360,7 +360,7 @@ def test_checkpoint_and_data_phases_drop_to_the_lowest_level(orin, start_daemon)
 
 def test_socket_activation_uses_the_passed_socket(orin, tmp_path):
     import socket as socketmod
-    from governor.daemon.notify import NotifyListener
+    from tests.support.notify import NotifyListener
 
     path = "/tmp/ftg-act-%d.sock" % os.getpid()
     listener = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_STREAM)
@@ -416,12 +416,20 @@ def test_one_user_cannot_take_every_job_slot(orin, start_daemon):
     err = second.request("register", **FEATURES)["error"]
     assert err["code"] == -32002 and "max_jobs_per_uid" in err["message"], err
     assert len(second.call("status")["jobs"]) == 3
+    d.notify.drain()  # the STATUS=1 job(s) of the first registration is queued still: wait for the one after close
     first.close()
     d.wait_jobs(1)
     assert second.call("register", **FEATURES)["freq_hz"] == 714000000  # its slots are free again
+
+
+def test_another_user_still_gets_a_job_when_one_user_holds_all_of_theirs(orin, start_daemon):
     if os.geteuid() != 0:
-        return  # the other half needs a second user
-    second.call("register", **FEATURES)  # uid 0 at its 3 again
+        pytest.skip("needs root to create a second user with useradd")
+    d = start_daemon(config={"limits": {"max_jobs": 16, "max_jobs_per_uid": 3}})
+    held = d.client()
+    for _ in range(3):
+        held.call("register", **FEATURES)
+    assert held.request("register", **FEATURES)["error"]["code"] == -32002  # this uid is at its 3
     _ensure_user("ftgovtest", groups=("ftgov",))
     os.chmod(d.workdir, 0o755)
     out = _run_as("ftgovtest", d.socket, json.dumps({"jsonrpc": "2.0", "id": 1, "method": "register",
@@ -436,8 +444,15 @@ def test_one_user_cannot_take_every_connection(orin, start_daemon):
     extra = d.client()
     err = extra.read_reply()["error"]
     assert err["code"] == -32002 and "max_connections_per_uid" in err["message"]
+
+
+def test_another_user_still_gets_in_when_one_user_holds_all_of_their_connections(orin, start_daemon):
     if os.geteuid() != 0:
-        return  # the other half needs a second user
+        pytest.skip("needs root to create a second user with useradd")
+    d = start_daemon(config={"limits": {"max_connections_per_uid": 2}})
+    held = [d.client(), d.client()]
+    assert held[1].call("ping") == {}
+    assert d.client().read_reply()["error"]["code"] == -32002  # this uid is at its 2
     _ensure_user("ftgovtest", groups=("ftgov",))
     os.chmod(d.workdir, 0o755)
     ping = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})

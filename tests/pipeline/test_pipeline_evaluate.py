@@ -7,7 +7,6 @@ import contextlib
 import io
 import json
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +17,8 @@ from governor.pipeline import evaluate as ev
 from governor.pipeline.policies import Pick, TuneSettings, build_policies, model_energy_j, simulated_workload
 from governor.sim.tuned_job import run_tuned_job
 from governor.policy.tree import DecisionTree
+from tests.support import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "model"
 POLICIES = ("maxn", "ffg", "paper", "mlg", "tune", "oracle")
 STATIC = ("ffg", "paper", "mlg", "oracle")

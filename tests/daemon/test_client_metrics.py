@@ -15,7 +15,7 @@ import governor
 from governor.cli import main
 from governor.client import Connection
 from governor.cli.metrics import families
-from harness import REPO
+from tests.support.daemon import REPO
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 

@@ -17,7 +17,7 @@ from transformers import (BertConfig, BertForSequenceClassification, BertTokeniz
 from governor.client import GovernorWarning, find_hf_config  # noqa: E402
 from governor.features import from_hf_config  # noqa: E402
 from governor.hf import GovernorCallback  # noqa: E402
-from harness import limits  # noqa: E402
+from tests.support.daemon import limits  # noqa: E402
 
 WORDS = ["the", "film", "was", "good", "bad", "great", "plot", "acting", "very", "not", "slow", "fun", "a", "story"]
 BASELINE = (306000000, 1300500000)
