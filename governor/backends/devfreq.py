@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 from governor.backends.base import Limits, Reading
 from governor.errors import BackendError, NodeNotFound, PinError
@@ -52,7 +51,7 @@ def find_node(root: Root) -> Path:
     raise NodeNotFound(f"no GPU devfreq node among {entries or 'no entries'} in {DEVFREQ_CLASS} under {root.root}")
 
 
-def _load_file(root: Root, device: Path) -> Optional[Path]:
+def _load_file(root: Root, device: Path) -> Path | None:
     """The GPU's per-mille load file: on the device itself, or on the gpu.0 platform device."""
     for candidate in (device / "load", root.path("/sys/devices/platform/gpu.0/load")):
         if candidate.exists():
@@ -74,7 +73,7 @@ class DevfreqGpu:
         if not levels:
             raise BackendError(f"{root.unroot(node)}/available_frequencies is empty")
         self.levels_hz: tuple[int, ...] = tuple(levels)
-        self._pinned_hz: Optional[int] = None
+        self._pinned_hz: int | None = None
 
     def describe(self) -> dict:
         return {
@@ -104,7 +103,8 @@ class DevfreqGpu:
         self._write_limits(freq_hz, freq_hz)
         got = self.snapshot()
         if (got.min_hz, got.max_hz) != (freq_hz, freq_hz):
-            raise PinError(f"pin to {freq_hz} Hz did not take: {self.node.name} reads min {got.min_hz} max {got.max_hz}")
+            raise PinError(f"pin to {freq_hz} Hz did not take: {self.node.name} reads min {got.min_hz} "
+                           f"max {got.max_hz}")
 
     def pin_holds(self) -> bool:
         """The files still read min = max = our pin (the last level pinned through this object)."""

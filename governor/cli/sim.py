@@ -7,7 +7,8 @@ devfreq writes, load, clock and rails following the pin and the simulated jobs).
 from __future__ import annotations
 
 import argparse
-import sys
+
+from governor.errors import FtgovError
 
 
 def add_parser(sub) -> None:
@@ -29,8 +30,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         spec = tree.layout_of(tree.build(args.dir, args.layout, max_hz=args.max_hz, power_mode=args.power_mode))
     except ValueError as e:
-        print(f"ftgov sim-tree: {e}", file=sys.stderr)
-        return 2
+        raise FtgovError(str(e)) from e
     print(f"simulated {spec.description} at {args.dir}: ftgovd --sysfs-root {args.dir}; "
           f"python -m governor.sim.board --tree {args.dir} makes it follow the pins")
     return 0

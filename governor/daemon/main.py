@@ -32,7 +32,8 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     p.add_argument("--sysfs-root", help="root under which /sys is read and written (default /)")
     p.add_argument("--state-dir", help="where the crash-safety state file lives (default /run/ftgov)")
     p.add_argument("--simulate", action="store_true",
-                   help="build a simulated Jetson AGX Orin (JetPack 6 layout) and govern it: try ftgov without a Jetson")
+                   help="build a simulated Jetson AGX Orin (JetPack 6 layout), start its board, and govern it: "
+                        "try ftgov without a Jetson")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--version", action="version", version=f"ftgovd {__version__}")
     return p.parse_args(argv)

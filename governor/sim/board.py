@@ -114,7 +114,7 @@ class Board:
             elif ((st.st_ino, st.st_mtime_ns, st.st_size), text) != self._seen.get(name):
                 self._take_request(name, text)
                 self._seen[name] = ((st.st_ino, st.st_mtime_ns, st.st_size), text)
-        for name, hz in zip(LIMIT_FILES, self.effective()):
+        for name, hz in zip(LIMIT_FILES, self.effective(), strict=True):
             if name in in_flight or (name in self._seen and _int(self._seen[name][1]) == hz):
                 continue
             path = self.node / name

@@ -119,8 +119,8 @@ def main() -> int:
             with client.Connection(sock) as conn:
                 t = conn.call("status")["jobs"][0]
         for e in t["tuner"]["estimates"]:
-            say(f"   measured {e['freq_hz'] / 1e6:6g} MHz: {e['joules_per_step']:.3f} J/step over {e['windows']} window(s) "
-                "(steps run at 0.15x wall time)")
+            say(f"   measured {e['freq_hz'] / 1e6:6g} MHz: {e['joules_per_step']:.3f} J/step over "
+                f"{e['windows']} window(s) (steps run at 0.15x wall time)")
         oracle = min(model.levels_hz, key=lambda hz: model.expected(w, hz).energy_j)
         say(f"   {t['reason']}: {t['freq_hz'] / 1e6:g} MHz (the model's true minimum: {oracle / 1e6:g} MHz)")
     finally:

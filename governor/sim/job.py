@@ -15,13 +15,13 @@ import argparse
 import itertools
 import json
 import os
-import sys
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
+from governor.errors import FtgovError
 from governor.sim import tree
 from governor.sysfs import Root
 
@@ -72,7 +72,7 @@ def step_seconds(node: Path, workload, model) -> float:
 
 
 def run(root: Root, job, workload, steps: int, *, time_scale: float = 0.1, noise: float = 0.0, seed: int = 0,
-        on_step: Optional[Callable[[int], None]] = None) -> None:
+        on_step: Callable[[int], None] | None = None) -> None:
     """Run `steps` simulated steps inside an open governor.client Job; the board shows the load while they run."""
     from governor.backends import devfreq
     from governor.sim.energy import OrinEnergyModel
@@ -123,8 +123,7 @@ def _main(args: argparse.Namespace) -> int:
     try:
         tree.layout_of(root)
     except ValueError as e:
-        print(f"ftgov sim-job: {e}", file=sys.stderr)
-        return 1
+        raise FtgovError(str(e)) from e
     features = {"model_type": args.model_type, "num_layers": args.num_layers, "hidden_size": args.hidden_size,
                 "seq_len": args.seq_len}
     workload = workload_from_features(features, "sim-job")

@@ -17,8 +17,8 @@ from governor.sim import job as simjob
 from governor.sim import tree
 from governor.sim.energy import OrinEnergyModel, nx_rails_mw, workload_from_features
 from governor.sysfs import Root, write_text
-from harness import REPO
-from simboard import read, running_board, wait_reads
+from tests.support import REPO
+from tests.support.board import read, running_board, wait_reads
 
 BERT = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0}
 
@@ -187,5 +187,6 @@ def test_sim_job_runs_its_steps_on_the_board(orin):
         assert wait_reads(load, lambda t: t == "0") == "0", "its process ended: the board idles"
     missing = subprocess.run([sys.executable, "-m", "governor.cli", "sim-job", "--tree", str(orin / "missing")],
                              env=env, capture_output=True, text=True, timeout=60)
-    assert missing.returncode == 1 and "not a simulated tree" in missing.stderr
+    assert missing.returncode == 1 and missing.stderr.startswith("ftgov: error: ")
+    assert "not a simulated tree" in missing.stderr
     assert "Traceback" not in missing.stderr

@@ -9,12 +9,13 @@ import select
 import subprocess
 import sys
 
-from fswatch import Watch
 from governor.backends import devfreq
 from governor.sim import tree
 from governor.sysfs import Root, write_text
-from harness import FEATURES, REPO, Daemon, limits
-from simboard import running_board, wait_reads
+from tests.support import REPO
+from tests.support.board import running_board, wait_reads
+from tests.support.daemon import FEATURES, Daemon, limits
+from tests.support.fswatch import Watch
 
 # Run ftgovd's own entry point, and write down at exit which modules its process imported.
 _RECORD_MODULES = (
@@ -29,7 +30,8 @@ _RECORD_MODULES = (
 class RecordingDaemon(Daemon):
     def command(self) -> list[str]:
         cmd = super().command()
-        return [sys.executable, "-c", _RECORD_MODULES, str(self.workdir / "modules.txt"), *cmd[3:]]
+        return [sys.executable, "-c", _RECORD_MODULES, str(self.workdir / "modules.txt"),
+                *cmd[cmd.index("governor.daemon") + 1:]]
 
 
 def test_simulate_keeps_the_simulator_out_of_the_daemon_process(start_daemon):

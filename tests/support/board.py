@@ -13,8 +13,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from fswatch import Watch
-from harness import REPO
+from tests.support import REPO
+from tests.support.fswatch import Watch
 
 
 @contextmanager
