@@ -13,22 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import NVPMODEL_CONF
 from tests.support.daemon import DEVFREQ, FEATURES, REPO, limits
 
 from governor.sim import tree
 
 BASELINE = (306000000, 1300500000)
-NVPMODEL_CONF = """\
-< PARAM TYPE=CLOCK NAME=GPU >
-MAX_FREQ /sys/devices/platform/gpu.0/devfreq_dev/max_freq
-< POWER_MODEL ID=0 NAME=MAXN >
-GPU MIN_FREQ 0
-GPU MAX_FREQ -1
-< POWER_MODEL ID=2 NAME=MODE_30W >
-GPU MIN_FREQ 0
-GPU MAX_FREQ 612000000
-< PM_CONFIG DEFAULT=2 >
-"""
+
 
 
 def power_mode(root: Path, mode: int) -> None:

@@ -10,7 +10,8 @@ import socket
 import pytest
 
 from governor.cli import doctor
-from test_doctor import NVPMODEL_CONF
+from tests.support import NVPMODEL_CONF
+
 
 
 def test_l4t_release():

@@ -14,3 +14,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 FAKENVML_DIR = Path(__file__).resolve().parent / "fakenvml"
+
+# An AGX Orin /etc/nvpmodel.conf cut to two modes, in the layout ftgov doctor parses (unverified on a board).
+NVPMODEL_CONF = """\
+< PARAM TYPE=CLOCK NAME=GPU >
+MAX_FREQ /sys/devices/platform/gpu.0/devfreq_dev/max_freq
+< POWER_MODEL ID=0 NAME=MAXN >
+GPU MIN_FREQ 0
+GPU MAX_FREQ -1
+< POWER_MODEL ID=2 NAME=MODE_30W >
+GPU MIN_FREQ 0
+GPU MAX_FREQ 612000000
+< PM_CONFIG DEFAULT=2 >
+"""
