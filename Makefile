@@ -1,13 +1,16 @@
 # ftgov. The two commands of the README:
 #   make demo      set up a virtual environment and run the demo on a simulated Jetson AGX Orin
 #   make test      set up, then run every test (pytest, then the systemd suite in a booted container when root)
-# Also: make bench (daemon latency/memory figures), make model (retrain the MLG tree), make evaluate (policies on the
+# Also: make lint (ruff; make test runs it first), make bench (daemon latency/memory figures), make model (retrain
+# the MLG tree: the pipeline's stages, each file from the files it is computed from), make evaluate (policies on the
 # held-out workloads, with plots), make stress (fault-injection and load figures).
 #
 # Install on a Jetson:
 #
 #   sudo make install                    # venv in /opt/ftgov, units in /etc/systemd/system, config in /etc/ftgov
 #   sudo make install WHEELHOUSE=DIR     # offline: the package and its dependencies from a directory of wheels
+#   sudo make install BACKEND=nvml       # an NVIDIA datacenter/desktop GPU: nvidia-ml-py, and the unit drop-in that
+#                                        # lets the sandboxed daemon reach /dev/nvidia* (systemd/ftgovd.service.d/nvml.conf)
 #   make install DESTDIR=/tmp/stage      # staged install for packaging (no sysusers, no daemon-reload)
 #   sudo make uninstall
 #
@@ -25,12 +28,21 @@ BINDIR ?= /usr/local/bin
 PYTHON ?= /usr/bin/python3
 EXTRAS ?= systemd
 WHEELHOUSE ?=
+# devfreq (a Jetson; the default) or nvml.
+BACKEND ?= devfreq
+ifeq ($(filter $(BACKEND),devfreq nvml),)
+$(error BACKEND=$(BACKEND): use devfreq (a Jetson) or nvml (an NVIDIA datacenter or desktop GPU))
+endif
 
 VENV = $(DESTDIR)$(PREFIX)
 CONFIG = $(DESTDIR)$(SYSCONFDIR)/ftgov/ftgov.yaml
 COMMANDS = ftgov ftgovd
 UNITS = ftgovd.service ftgovd.socket
-PKG_SPEC = $(if $(EXTRAS),[$(EXTRAS)])
+DROPIN_DIR = $(DESTDIR)$(UNITDIR)/ftgovd.service.d
+comma := ,
+space := $(subst ,, )
+PKG_EXTRAS = $(strip $(EXTRAS) $(if $(filter nvml,$(BACKEND)),nvml))
+PKG_SPEC = $(if $(PKG_EXTRAS),[$(subst $(space),$(comma),$(PKG_EXTRAS))])
 ifeq ($(WHEELHOUSE),)
 PIP_SOURCE = '.$(PKG_SPEC)'
 else
@@ -39,7 +51,7 @@ endif
 # Post-install steps that touch the running system, skipped for staged installs and where systemd is not PID 1.
 LIVE_SYSTEMD = $(and $(if $(DESTDIR),,yes),$(wildcard /run/systemd/system))
 
-.PHONY: install uninstall install-venv install-units install-config demo test test-unit test-systemd bench model \
+.PHONY: install uninstall install-venv install-units install-config demo test test-unit test-systemd lint bench model \
 	evaluate stress
 
 # --- development: a virtual environment in .venv, made by the first target that needs it ---------------------------
@@ -64,7 +76,12 @@ $(DEV_VENV)/.test: $(DEV_VENV)/.base
 demo: $(DEV_VENV)/.base
 	$(VPY) -m governor.sim.demo
 
-test: test-unit test-systemd
+# Lint first: a finding fails the run before the slow suites start.
+test: lint test-unit test-systemd
+
+# ruff comes with the [test] extra; its rules are pyproject.toml's [tool.ruff].
+lint: $(DEV_VENV)/.test
+	$(VPY) -m ruff check .
 
 test-unit: $(DEV_VENV)/.test
 	$(VPY) -m pytest
@@ -79,14 +96,46 @@ bench: $(DEV_VENV)/.test
 	$(VPY) benchmarks/bench_client.py
 	$(VPY) benchmarks/bench_tuner.py
 
-model: $(DEV_VENV)/.base
-	$(VPY) model/train.py all --data model/data/characterization.csv --seed 0 --jobs 2
+# --- the model pipeline (governor/pipeline): each file is made from the files it is computed from, so `make model`
+# redoes only the stages whose inputs changed (cookiecutter-data-science style; `make -B model` redoes them all).
+# The trained tree and FFG's frequency go to governor/data/, the package data the daemon loads (model/ links them).
+PIPELINE = $(VPY) -m governor.pipeline
+CHARACTERIZATION = model/data/characterization.csv
+HELD_OUT = model/data/held-out.csv
+ARTIFACTS = model/artifacts
+SHIPPED = governor/data
+MODEL_SEED ?= 0
+MODEL_JOBS ?= 2
+
+model: $(SHIPPED)/mlg-tree.json $(SHIPPED)/ffg.json
+
+# The measurements are committed; these recreate a deleted one (characterize appends to an existing file).
+$(CHARACTERIZATION): | $(DEV_VENV)/.base
+	$(PIPELINE) characterize --simulate --suite characterization --seed 0 --quiet --out $@
+$(HELD_OUT): | $(DEV_VENV)/.base
+	$(PIPELINE) characterize --simulate --suite held-out --seed 1 --quiet --out $@
+
+$(ARTIFACTS)/dataset.csv: $(CHARACTERIZATION) | $(DEV_VENV)/.base
+	$(PIPELINE) dataset --data $< --out $@
+
+# fit scores each fold on the whole energy curve, so it reads the characterization beside the labels.
+$(ARTIFACTS)/mlg.joblib: $(ARTIFACTS)/dataset.csv $(CHARACTERIZATION) | $(DEV_VENV)/.base
+	$(PIPELINE) fit --data $(CHARACTERIZATION) --dataset $< --estimator $@ --report $(ARTIFACTS)/cv-report.json \
+	  --seed $(MODEL_SEED) --jobs $(MODEL_JOBS)
+
+$(SHIPPED)/mlg-tree.json: $(ARTIFACTS)/mlg.joblib | $(DEV_VENV)/.base
+	$(PIPELINE) export --data $(CHARACTERIZATION) --estimator $< --report $(ARTIFACTS)/cv-report.json --tree $@ \
+	  --rules model/mlg-rules.txt
+
+$(SHIPPED)/ffg.json: $(CHARACTERIZATION) | $(DEV_VENV)/.base
+	$(PIPELINE) ffg --data $< --out $@
 
 stress: $(DEV_VENV)/.test
 	$(VPY) benchmarks/stress.py
 
-evaluate: $(DEV_VENV)/.base
-	$(VPY) -m governor.pipeline evaluate --out out/evaluate
+evaluate: $(SHIPPED)/mlg-tree.json $(SHIPPED)/ffg.json $(HELD_OUT) | $(DEV_VENV)/.base
+	$(PIPELINE) evaluate --data $(HELD_OUT) --mlg-tree $(SHIPPED)/mlg-tree.json --ffg $(SHIPPED)/ffg.json \
+	  --paper-tree $(SHIPPED)/paper-tree.json --out out/evaluate
 
 
 install: install-venv install-units install-config
@@ -103,8 +152,6 @@ install-venv:
 ifneq ($(DESTDIR),)
 	grep -rlIF '$(VENV)' '$(VENV)/bin' '$(VENV)/pyvenv.cfg' | xargs -r sed -i 's|$(VENV)|$(PREFIX)|g'
 endif
-	install -D -m 0644 model/mlg-tree.json '$(VENV)/share/ftgov/mlg-tree.json'
-	install -D -m 0644 model/ffg.json '$(VENV)/share/ftgov/ffg.json'
 	install -D -m 0644 docs/install.md '$(VENV)/share/doc/ftgov/install.md'
 	install -d '$(DESTDIR)$(BINDIR)'
 	for c in $(COMMANDS); do ln -sfn '$(PREFIX)/bin/'$$c '$(DESTDIR)$(BINDIR)/'$$c; done
@@ -117,6 +164,12 @@ install-units:
 	  chmod 0644 '$(DESTDIR)$(UNITDIR)/'$$u; \
 	done
 	install -m 0644 systemd/sysusers.d/ftgov.conf '$(DESTDIR)$(SYSUSERSDIR)/ftgov.conf'
+# The NVML drop-in is added by BACKEND=nvml and kept by a later plain `make install` (an upgrade must not take the
+# GPU away from a running setup); uninstall removes it.
+ifeq ($(BACKEND),nvml)
+	install -d '$(DROPIN_DIR)'
+	install -m 0644 systemd/ftgovd.service.d/nvml.conf '$(DROPIN_DIR)/nvml.conf'
+endif
 ifneq ($(LIVE_SYSTEMD),)
 	systemd-sysusers '$(SYSUSERSDIR)/ftgov.conf'
 	systemctl daemon-reload
@@ -139,6 +192,8 @@ ifneq ($(LIVE_SYSTEMD),)
 	-systemctl disable --now ftgovd.socket ftgovd.service
 endif
 	for u in $(UNITS); do rm -f '$(DESTDIR)$(UNITDIR)/'$$u; done
+	rm -f '$(DROPIN_DIR)/nvml.conf'
+	rmdir '$(DROPIN_DIR)' 2>/dev/null || true  # kept when it holds the operator's own drop-ins
 	rm -f '$(DESTDIR)$(SYSUSERSDIR)/ftgov.conf'
 ifneq ($(LIVE_SYSTEMD),)
 	systemctl daemon-reload

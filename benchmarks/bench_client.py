@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from governor.daemon.notify import NotifyListener  # noqa: E402
+from tests.support.daemon import Daemon  # noqa: E402
 
 FEATURES = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0, "gpu_util": 60.0}
 
@@ -49,16 +49,12 @@ def main() -> int:
     import governor
 
     work = Path(tempfile.mkdtemp(prefix="ftgbc", dir="/tmp"))
-    sock = str(work / "s.sock")
-    notify = NotifyListener(str(work / "n.sock"))
-    env = {**os.environ, "NOTIFY_SOCKET": notify.path, "PYTHONPATH": str(REPO)}
-    log = open(work / "ftgovd.log", "wb")
-    daemon = subprocess.Popen([sys.executable, "-m", "governor.daemon", "--simulate", "--socket", sock, "--state-dir",
-                               str(work), "--config", os.devnull, "--log-level", "warning"], stdout=log, stderr=log,
-                              env=env)
+    daemon = Daemon(None, workdir=work, simulate=True, config_file=os.devnull, state_dir=work, log_level="warning")
+    sock = daemon.socket
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     rows = []
     try:
-        notify.wait(lambda m: "READY=1" in m, 30)
+        daemon.start(timeout_s=30)
         with governor.job(**FEATURES, socket=sock) as job:
             rows.append(("job.step(), default rate limit", f"{per_call_ns(job.step, 1_000_000):.0f} ns"))
         with governor.job(**FEATURES, socket=sock, report_every_s=0) as job:
@@ -86,10 +82,8 @@ def main() -> int:
         rows.append(("`true` run directly (median of 20)", f"{bare:.1f} ms"))
         rows.append(("`ftgov run -- true` (median of 20)", f"{wrapped:.1f} ms"))
     finally:
-        daemon.terminate()
-        daemon.wait(30)
-        log.close()
-        notify.close()
+        daemon.stop(timeout_s=30)
+        daemon.close()
         shutil.rmtree(work, ignore_errors=True)
     width = max(len(name) for name, _ in rows)
     print(f"{'client figure':<{width}}  value")

@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from figures import markdown_table, pct  # noqa: E402  (benchmarks/ is on sys.path when a script here runs)
-from governor.daemon.notify import NotifyListener  # noqa: E402
 from governor.sim import tree  # noqa: E402
+from tests.support.daemon import Daemon  # noqa: E402
 
 FEATURES = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0, "gpu_util": 60.0}
 NODE = "sys/class/devfreq/17000000.gpu"
@@ -84,21 +84,16 @@ async def concurrent_round(sock: str, n: int) -> list[float]:
 
 
 def start(workdir: Path, root: Path):
-    notify = NotifyListener(str(workdir / "n.sock"))
-    cfg = workdir / "c.yaml"
     # All 50 clients run as this one user: room for their 50 jobs (limits.max_jobs_per_uid is 32 by default).
-    cfg.write_text(f"model_file: {REPO / 'model' / 'paper-tree.json'}\nsample_interval_s: 1.0\n"
-                   "limits: {max_jobs_per_uid: 64}\n")
-    env = {**os.environ, "NOTIFY_SOCKET": notify.path, "PYTHONPATH": str(REPO)}
-    profile = (["-m", "cProfile", "-o", f"{os.environ['FTGOV_PROFILE']}.{workdir.name}"]
-               if os.environ.get("FTGOV_PROFILE") else [])
-    cmd = [sys.executable, *profile, "-m", "governor.daemon", "--config", str(cfg), "--socket", str(workdir / "s.sock"),
-           "--state-dir", str(workdir / "state"), "--sysfs-root", str(root), "--log-level", "info"]  # as deployed: a line per decision
+    config = {"model_file": str(REPO / "model" / "paper-tree.json"), "sample_interval_s": 1.0,
+              "limits": {"max_jobs_per_uid": 64}}
+    profile = (("-m", "cProfile", "-o", f"{os.environ['FTGOV_PROFILE']}.{workdir.name}")
+               if os.environ.get("FTGOV_PROFILE") else ())
+    # As deployed: info, a line per decision.
+    d = Daemon(root, workdir=workdir, config=config, test_config=False, log_level="info", python_args=profile)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stderr=open(workdir / "log", "wb"))
-    notify.wait(lambda m: "READY=1" in m, 30)
-    ready_s = time.perf_counter() - t0
-    return proc, notify, ready_s
+    d.start(timeout_s=30)
+    return d, time.perf_counter() - t0
 
 
 def bench(n_single: int, n_bursts: int, n_kill: int, idle_s: float) -> dict:
@@ -109,10 +104,11 @@ def bench(n_single: int, n_bursts: int, n_kill: int, idle_s: float) -> dict:
     try:
         root = tree.build(base / "root", "jp6").root
         node = root / NODE
-        proc, notify, ready_s = start(base, root)
+        d, ready_s = start(base, root)
+        notify = d.notify
         sock = str(base / "s.sock")
         Line(sock).call("ping")
-        ps = psutil.Process(proc.pid)
+        ps = psutil.Process(d.proc.pid)
 
         # 1 client: register -> pinned, then unregister
         lat = []
@@ -155,21 +151,18 @@ def bench(n_single: int, n_bursts: int, n_kill: int, idle_s: float) -> dict:
         cpu0 = sum(ps.cpu_times()[:2])
         time.sleep(idle_s)  # measuring idleness is the point here
         idle_cpu_ms = (sum(ps.cpu_times()[:2]) - cpu0) * 1e3
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
-        notify.close()
+        d.stop(signal.SIGTERM)
+        d.close()
 
         # cold start -> accepting connections (a fresh process each time)
         starts = []
         for i in range(5):
             wd = base / f"cold{i}"
             wd.mkdir()
-            p2, n2, ready_s = start(wd, root)
+            d2, ready_s = start(wd, root)
             starts.append(ready_s)
-            Line(str(wd / "s.sock")).call("ping")
-            p2.send_signal(signal.SIGTERM)
-            p2.wait(10)
-            n2.close()
+            Line(d2.socket).call("ping")
+            d2.close()
         return {
             "register_p50_ms": statistics.median(lat), "register_p99_ms": pct(lat, 99),
             "register50_p50_ms": statistics.median(lat50), "register50_p99_ms": pct(lat50, 99),

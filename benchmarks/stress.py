@@ -1,10 +1,10 @@
 """Fault and load figures (issue 7): `make stress` prints the table for the README.
 
-1. Protocol fuzz: tests/test_fuzz.py run with enough hypothesis examples for 10,000+ lines.
+1. Protocol fuzz: tests/daemon/test_fuzz.py run with enough hypothesis examples for 10,000+ lines.
 2. Hostile clients: a probe client's ping and register->pinned latency, quiet and next to 500 idle connections,
    10 clients that never read their replies, and a client holding the maximum number of jobs; 20 slow writers
    (a byte a second) run through the load phase and must get their replies at the end.
-3. SIGKILL of the daemon at random points of register/unregister, restarted each time (tests/test_faults.kill_trial).
+3. SIGKILL of the daemon at random points of register/unregister, restarted each time (tests/support/faults.kill_trial).
    The daemon is forked from a process that has already imported ftgovd (the same code and process as
    `python -m governor.daemon`, without the interpreter's 0.7 s start each time), so that 1,000 trials fit.
 4. Load: 200 concurrent clients, 10,000 register/unregister cycles, clients dropping their connections at random
@@ -33,13 +33,13 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
+sys.path.insert(0, str(REPO))
 
 from figures import markdown_table, pct  # noqa: E402  (benchmarks/ is on sys.path when a script here runs)
-from governor.daemon.notify import NotifyListener  # noqa: E402
 from governor.sim import tree  # noqa: E402
-from harness import DEVFREQ, FEATURES, Daemon, Rpc, limits  # noqa: E402
-from test_faults import BASELINE, kill_trial  # noqa: E402
+from tests.support.daemon import DEVFREQ, FEATURES, Daemon, Rpc, limits  # noqa: E402
+from tests.support.faults import BASELINE, kill_trial  # noqa: E402
+from tests.support.notify import NotifyListener  # noqa: E402
 
 LINE_BUDGET_MS = 5.0  # issue 2: register -> pinned p99 for one client
 
@@ -58,8 +58,8 @@ def fuzz(examples: int) -> dict:
                "PYTHONPATH": str(REPO)}
         t = time.perf_counter()
         proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               "tests/test_fuzz.py::test_fuzzed_lines_each_get_their_reply_and_the_daemon_keeps_serving",
-                               "tests/test_fuzz.py::test_after_the_fuzz_no_job_is_left_and_the_gpu_is_at_its_baseline"],
+                               "tests/daemon/test_fuzz.py::test_fuzzed_lines_each_get_their_reply_and_the_daemon_keeps_serving",
+                               "tests/daemon/test_fuzz.py::test_after_the_fuzz_no_job_is_left_and_the_gpu_is_at_its_baseline"],
                               cwd=REPO, env=env, capture_output=True, text=True)
         wall_s = time.perf_counter() - t
         if proc.returncode != 0:
@@ -73,7 +73,7 @@ def fuzz(examples: int) -> dict:
 
 _ZYGOTE = r"""
 import json, os, signal, sys
-import governor.daemon, governor.daemon.server, governor.daemon.pins, governor.policy, governor.backends.devfreq, governor.backends.rails
+import governor.daemon.main, governor.daemon.server, governor.daemon.pins, governor.policy, governor.backends.devfreq, governor.backends.rails
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel; the driver waits on pidfds
 for req in sys.stdin:
     req = json.loads(req)
@@ -85,7 +85,7 @@ for req in sys.stdin:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         code = 1
         try:
-            code = governor.daemon.main(req["argv"])
+            code = governor.daemon.main.main(req["argv"])
         finally:
             os._exit(code)
     print(pid, flush=True)
@@ -117,12 +117,13 @@ class ForkedDaemon:
         self.wait_status(lambda m: "READY=1" in m, 20)
 
     def wait_status(self, predicate, timeout_s: float = 10.0) -> str:
-        return self.notify.wait(predicate, timeout_s)
+        return self.notify.wait(predicate, timeout_s, pidfd=self.pidfd)
 
     def kill(self) -> None:
         os.kill(self.pid, signal.SIGKILL)
         select.select([self.pidfd], [], [], 10)  # readable once the process is gone
         os.close(self.pidfd)
+        self.pidfd = None
 
     def close(self) -> None:
         if self.pidfd is not None:

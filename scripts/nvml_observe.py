@@ -30,7 +30,6 @@ import shutil
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -108,64 +107,38 @@ class RpcClient:
 
 
 class Daemon:
-    """ftgovd in the observe policy with the NVML backend, on a private socket and state dir under the output."""
+    """ftgovd in the observe policy with the NVML backend, on a private socket and state dir, its log under the output."""
 
     def __init__(self, out: Path):
+        from tests.support.daemon import Daemon as Launcher  # from the checkout, as this script runs
+
         self.dir = Path(tempfile.mkdtemp(prefix="ftgov-observe-"))  # short: a Unix socket path has ~100 bytes
-        self.socket_path = str(self.dir / "ftgov.sock")
-        self.log_path = out / "ftgovd.log"
-        self.config_path = self.dir / "ftgov.yaml"
-        self.config_path.write_text(
+        config = self.dir / "ftgov.yaml"
+        # The caller's PYTHONPATH is kept: it may put a pynvml stand-in first (tests/support/fakenvml).
+        pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        self.launcher = Launcher(None, workdir=self.dir, config_file=str(config), log_path=out / "ftgovd.log",
+                                 log_level="info", env={"PYTHONPATH": pythonpath})
+        self.socket_path = self.launcher.socket
+        self.log_path = self.launcher.log_path
+        config.write_text(
             "# written by scripts/nvml_observe.py: observe only, never pin\n"
-            f"backend: nvml\npolicy: observe\nrestore_on_stop: false\nstate_dir: {self.dir / 'state'}\n"
+            f"backend: nvml\npolicy: observe\nrestore_on_stop: false\nstate_dir: {self.launcher.state_dir}\n"
             f"socket:\n  path: {self.socket_path}\n  mode: '0600'\n")
-        self.proc: Optional[subprocess.Popen] = None
 
     def start(self, timeout_s: float = 60.0) -> RpcClient:
         """Start ftgovd and wait for its READY=1 (sd_notify, the readiness signal systemd would get)."""
-        cmd = [sys.executable, "-c", "import sys; from governor.daemon.main import main; sys.exit(main(sys.argv[1:]))",
-               "--config", str(self.config_path), "--log-level", "info"]
-        notify_path = str(self.dir / "notify.sock")
-        notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        notify.bind(notify_path)
-        pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-        env = dict(os.environ, PYTHONPATH=pythonpath, NOTIFY_SOCKET=notify_path)
-        self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
-        deadline = time.monotonic() + timeout_s
         try:
-            while True:
-                # Wake at least every second to notice a daemon that died before it could say anything.
-                notify.settimeout(max(0.01, min(1.0, deadline - time.monotonic())))
-                try:
-                    message = notify.recv(4096).decode(errors="replace")
-                except socket.timeout:
-                    message = ""
-                if "READY=1" in message.split("\n"):
-                    return RpcClient(self.socket_path)
-                if self.proc.poll() is not None:
-                    raise FtgovError(f"ftgovd exited with {self.proc.returncode} at start:\n{self.log_tail()}")
-                if time.monotonic() >= deadline:
-                    raise FtgovError(f"ftgovd was not ready within {timeout_s:g} s:\n{self.log_tail()}")
-        finally:
-            notify.close()
+            self.launcher.start(timeout_s=timeout_s)
+        except (TimeoutError, RuntimeError) as e:
+            raise FtgovError(f"ftgovd did not become ready:\n{self.log_tail()}") from e
+        return RpcClient(self.socket_path)
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
     def stop(self) -> Optional[int]:
-        code = None
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                code = self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                code = self.proc.wait()
-        elif self.proc is not None:
-            code = self.proc.returncode
-        if self.proc is not None:
-            self.log.close()
+        code = self.launcher.stop(timeout_s=20)
+        self.launcher.close()
         shutil.rmtree(self.dir, ignore_errors=True)
         return code
 

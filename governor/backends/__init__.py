@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from governor.backends import devfreq, nvml
 from governor.backends.base import Gpu
@@ -34,7 +34,7 @@ def probe_one(name: str, root: Root, *, read_only: bool = False) -> list[Gpu]:
 
 
 def probe_gpus(backend: str, root: Root, *, node_wait_s: float = 0.0, read_only: bool = False,
-               on_wait: Optional[Callable[[str, float], None]] = None) -> list[Gpu]:
+               on_wait: Callable[[str, float], None] | None = None) -> list[Gpu]:
     """The GPUs of the first backend that finds any (``backend``: "auto" for ORDER, or one name).
 
     A backend in LATE is retried until node_wait_s has passed; the others are asked once (an NVML library without a

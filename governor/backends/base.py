@@ -8,7 +8,7 @@ the last job on that device ends. Frequencies are always in Hz, power in mW, ene
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Optional, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from governor.errors import BackendError
 
@@ -19,14 +19,16 @@ class Limits:
 
     min_hz: int
     max_hz: int
-    extra: tuple[tuple[str, int], ...] = ()  # backend-specific settings restored with the limits (e.g. an NVML power cap)
+    # Backend-specific settings restored with the limits (e.g. an NVML power cap).
+    extra: tuple[tuple[str, int], ...] = ()
 
     def to_dict(self) -> dict:
         return {"min_hz": self.min_hz, "max_hz": self.max_hz, "extra": dict(self.extra)}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Limits":
-        return cls(int(d["min_hz"]), int(d["max_hz"]), tuple(sorted((str(k), int(v)) for k, v in d.get("extra", {}).items())))
+    def from_dict(cls, d: dict) -> Limits:
+        extra = tuple(sorted((str(k), int(v)) for k, v in d.get("extra", {}).items()))
+        return cls(int(d["min_hz"]), int(d["max_hz"]), extra)
 
 
 @dataclass(frozen=True)
@@ -35,8 +37,8 @@ class Reading:
 
     min_hz: int
     max_hz: int
-    cur_hz: Optional[int]
-    load_pct: Optional[float]
+    cur_hz: int | None
+    load_pct: float | None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -47,7 +49,7 @@ class Gpu(Protocol):
     """One GPU whose clock the daemon can pin."""
 
     id: str  # stable key: "0" for the Orin's single GPU, the NVML index otherwise
-    uuid: Optional[str]  # NVML's GPU-... UUID; None for the Orin's devfreq GPU
+    uuid: str | None  # NVML's GPU-... UUID; None for the Orin's devfreq GPU
     levels_hz: tuple[int, ...]  # ascending; every pin is one of these
     # Optional capabilities, declared rather than guessed: the daemon asks these flags before calling the methods.
     has_energy_counter: bool  # energy_j() reads the GPU's own cumulative energy counter (NVML; a Jetson has rails)
@@ -60,7 +62,7 @@ class Gpu(Protocol):
         """Read the limits to restore later."""
 
     def pin(self, freq_hz: int) -> None:
-        """Pin min = max = freq_hz (a level of levels_hz) and verify by reading back; raise PinError if it did not take."""
+        """Pin min = max = freq_hz (a level of levels_hz), verified by reading back; PinError if it did not take."""
 
     def restore(self, limits: Limits) -> None:
         """Put back a snapshot; raise BackendError if that failed (the caller logs and retries)."""
@@ -81,7 +83,7 @@ class Gpu(Protocol):
 class GpuBase:
     """Defaults for a backend without the optional capabilities: the flags say no, and the methods refuse."""
 
-    uuid: Optional[str] = None
+    uuid: str | None = None
     has_energy_counter = False
     has_power_cap = False
 

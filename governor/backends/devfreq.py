@@ -1,7 +1,9 @@
 """Jetson GPU devfreq backend: find the GPU's devfreq node, pin min_freq = max_freq, restore.
 
-Facts from jetson-orin.md: the node is found by scanning /sys/class/devfreq (JetPack 6 names it 17000000.gpu, JetPack 5
-17000000.ga10b) and matching the device's of_node name or compatible; other devfreq nodes (vic, DLA) are skipped.
+The node is found by scanning /sys/class/devfreq (JetPack 6 names it 17000000.gpu, JetPack 5 17000000.ga10b) and
+matching the device's of_node name or compatible; other devfreq nodes (vic, DLA) are skipped. The class link leads to
+the real node under /sys/devices/platform on both releases, not to the driver's links (JetPack 5's
+/sys/devices/17000000.ga10b and /sys/devices/gpu.0, JetPack 6's bus@0/gpu.0).
 Frequencies in these files are in Hz. On 5.10/5.15 kernels min_freq/max_freq accept any integer and reads return the
 effective, clamped range, so every pin writes in the order that keeps min <= max at each step and reads both back.
 """
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 from governor.backends.base import GpuBase, Limits, Reading
 from governor.errors import BackendError, NodeNotFound, PinError
@@ -50,8 +51,8 @@ def find_node(root: Root) -> Path:
     raise NodeNotFound(f"no GPU devfreq node among {entries or 'no entries'} in {DEVFREQ_CLASS} under {root.root}")
 
 
-def _load_file(root: Root, device: Path) -> Optional[Path]:
-    """The GPU's per-mille load file: on the device itself, or on the gpu.0 platform device (jetson-orin.md)."""
+def _load_file(root: Root, device: Path) -> Path | None:
+    """The GPU's per-mille load file: on the device itself, or on the gpu.0 platform device."""
     for candidate in (device / "load", root.path("/sys/devices/platform/gpu.0/load")):
         if candidate.exists():
             return candidate
@@ -72,7 +73,7 @@ class DevfreqGpu(GpuBase):
         if not levels:
             raise BackendError(f"{root.unroot(node)}/available_frequencies is empty")
         self.levels_hz: tuple[int, ...] = tuple(levels)
-        self._pinned_hz: Optional[int] = None
+        self._pinned_hz: int | None = None
 
     def describe(self) -> dict:
         return {
@@ -102,7 +103,8 @@ class DevfreqGpu(GpuBase):
         self._write_limits(freq_hz, freq_hz)
         got = self.snapshot()
         if (got.min_hz, got.max_hz) != (freq_hz, freq_hz):
-            raise PinError(f"pin to {freq_hz} Hz did not take: {self.node.name} reads min {got.min_hz} max {got.max_hz}")
+            raise PinError(f"pin to {freq_hz} Hz did not take: {self.node.name} reads min {got.min_hz} "
+                           f"max {got.max_hz}")
 
     def pin_holds(self) -> bool:
         """The files still read min = max = our pin (the last level pinned through this object)."""

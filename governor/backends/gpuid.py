@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Mapping, Optional, Sequence, Union
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from governor.errors import BackendError
 
@@ -23,7 +24,7 @@ def _names(gpus: Sequence[Any]) -> str:
     return ", ".join(f"{g.id} ({g.uuid or 'no UUID'})" for g in gpus) or "none"
 
 
-def find_gpu(gpus: Sequence[Any], key: Union[str, int, None]):
+def find_gpu(gpus: Sequence[Any], key: str | int | None):
     """The device among ``gpus`` (objects with ``id`` and ``uuid``, None where the device has none) that ``key`` names.
 
     key: an index (int or decimal string), a full UUID, or a unique UUID prefix such as "GPU-8f1c" (as
@@ -69,7 +70,7 @@ def _visible_entries(value: str) -> list[str]:
     return entries
 
 
-def visible_gpu(environ: Optional[Mapping[str, str]] = None, torch_module: Any = None) -> Optional[str]:
+def visible_gpu(environ: Mapping[str, str] | None = None, torch_module: Any = None) -> str | None:
     """The GPU this process computes on, as the daemon's ``gpu`` field: a UUID when torch can tell, else an index.
 
     Uses torch only if the process has already imported it (importing torch here would cost seconds) or one is
@@ -77,7 +78,7 @@ def visible_gpu(environ: Optional[Mapping[str, str]] = None, torch_module: Any =
     """
     env = os.environ if environ is None else environ
     torch = torch_module if torch_module is not None else sys.modules.get("torch")
-    cuda_ordinal: Optional[int] = None
+    cuda_ordinal: int | None = None
     if torch is not None:
         try:
             if torch.cuda.is_available():

@@ -1,8 +1,12 @@
 """INA3221 power rails through hwmon: discovery, power in mW, energy by integration over time.
 
-Power of a rail = mV x mA / 1000 (jetson-orin.md). Channel 7 (sum of shunt voltages) and unlabelled channels are
-skipped. Energy figures include ENERGY_RAILS only: CPU, GPU+SoC and the 5 V system rail; VDDQ_VDD2_1V8AO is fed
-from VIN_SYS_5V0, so adding it would count that power twice.
+Power of a rail = mV x mA / 1000. Channel 7 (sum of shunt voltages) is skipped, and so are unused channels: JetPack 5
+labels them ``NC``, JetPack 6 gives them no label file (and fails reads of their inputs).
+
+Which rails an energy figure adds up depends on the board (ENERGY_SUMS, first match wins): an Orin NX or Nano
+module measures its input, VDD_IN, which is the total; an AGX Orin has no VDD_IN, so its figure is
+VDD_GPU_SOC + VDD_CPU_CV + VIN_SYS_5V0 (AGX_ENERGY_RAILS). VDDQ_VDD2_1V8AO is fed from VIN_SYS_5V0: adding it would
+count that power twice.
 """
 
 from __future__ import annotations
@@ -19,7 +23,17 @@ RAIL_CPU_CV = "VDD_CPU_CV"
 RAIL_SYS_5V0 = "VIN_SYS_5V0"
 RAIL_VDDQ = "VDDQ_VDD2_1V8AO"
 AGX_ORIN_RAILS = (RAIL_GPU_SOC, RAIL_CPU_CV, RAIL_SYS_5V0, RAIL_VDDQ)
-ENERGY_RAILS = (RAIL_GPU_SOC, RAIL_CPU_CV, RAIL_SYS_5V0)
+AGX_ENERGY_RAILS = (RAIL_GPU_SOC, RAIL_CPU_CV, RAIL_SYS_5V0)
+ENERGY_RAILS = AGX_ENERGY_RAILS  # the sum the energy model and the characterization data are defined by
+RAIL_IN = "VDD_IN"  # Orin NX / Orin Nano: the module's input
+RAIL_CPU_GPU_CV = "VDD_CPU_GPU_CV"
+RAIL_SOC = "VDD_SOC"
+NX_ORIN_RAILS = (RAIL_IN, RAIL_CPU_GPU_CV, RAIL_SOC)
+# (rails, what the sum is): the first whose rails are all present is the board's energy figure.
+ENERGY_SUMS = (
+    ((RAIL_IN,), "the module's total input (Orin NX/Nano)"),
+    (AGX_ENERGY_RAILS, "GPU+SoC, CPU and the 5 V system rail (AGX Orin)"),
+)
 HWMON_CLASS = "/sys/class/hwmon"
 _CHANNEL = re.compile(r"in(\d+)_label$")
 
@@ -29,14 +43,20 @@ class Rails:
 
     def __init__(self, channels: dict[str, tuple[Path, Path]]):
         self.channels = channels
+        chosen = next(((rails, what) for rails, what in ENERGY_SUMS if all(r in channels for r in rails)), None)
+        self.energy_rails: list[str] = list(chosen[0]) if chosen else []
+        self.energy_sum = chosen[1] if chosen else None  # what energy_rails add up to, for the log
 
     @property
     def names(self) -> list[str]:
         return sorted(self.channels)
 
-    @property
-    def energy_rails(self) -> list[str]:
-        return [r for r in ENERGY_RAILS if r in self.channels]
+    def describe_energy(self) -> str:
+        """One phrase for the start-up log: which sum job energy counts, or why there is none."""
+        if not self.energy_rails:
+            known = "; ".join("+".join(rails) for rails, _ in ENERGY_SUMS)
+            return f"no known energy sum among these rails (known: {known}): job energy will be reported as null"
+        return f"job energy counts {'+'.join(self.energy_rails)}: {self.energy_sum}"
 
     def read_mw(self) -> dict[str, float]:
         """Instantaneous power per rail, mW."""
@@ -69,9 +89,12 @@ def discover(root: Root) -> Rails | None:
             m = _CHANNEL.match(name)
             if not m or m.group(1) == "7":
                 continue
-            label = read_text(hwmon / name)
+            try:
+                label = read_text(hwmon / name)
+            except BackendError:
+                continue  # listed, then gone or unreadable: not a channel to count
             ch = m.group(1)
-            if label.startswith("NC") or label.startswith("sum of"):
+            if not label or label == "NC" or label.startswith("NC_") or label.startswith("sum of"):
                 continue
             volt, curr = hwmon / f"in{ch}_input", hwmon / f"curr{ch}_input"
             if volt.exists() and curr.exists():

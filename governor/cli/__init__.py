@@ -5,18 +5,20 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from typing import Optional
 
 from governor import __version__
+from governor.errors import FtgovError
 
 # Modules that provide add_parser(subparsers); imported when `ftgov` starts, so they keep heavy imports inside run().
 SUBCOMMAND_MODULES = (
     "governor.cli.restore",
     "governor.cli.run",
     "governor.cli.ops",
+    "governor.cli.doctor",
     "governor.cli.metrics",
     "governor.pipeline.characterize",
     "governor.pipeline.evaluate",
+    "governor.cli.model",
     "governor.cli.sim",
     "governor.sim.job",
 )
@@ -31,14 +33,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    parser = build_parser()
+def run_command(parser: argparse.ArgumentParser, argv: list[str] | None, prog: str) -> int:
+    """Parse and run one command. A user's error (an FtgovError: a missing file, a bad value, no GPU node) is one
+    line on stderr and exit 1; bad usage is argparse's message and exit 2; anything else is a bug and keeps its
+    traceback."""
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)
+    except FtgovError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(build_parser(), argv, prog="ftgov")

@@ -90,7 +90,7 @@ def model_savings_estimator():
     (unverified on hardware: how well the model tracks a real board is what the benchmarks measure.)
     """
     try:
-        from governor.sim.energy import OrinEnergyModel, Workload
+        from governor.sim.energy import OrinEnergyModel, workload_from_features
     except ImportError:
         return None
     model = OrinEnergyModel()
@@ -99,8 +99,7 @@ def model_savings_estimator():
         f, freq_hz = job.get("features") or {}, job.get("freq_hz")
         if not freq_hz or not f.get("seq_len"):
             return None
-        w = Workload(name=str(job.get("name") or job.get("job_id")), model_type=f["model_type"],
-                     num_layers=f["num_layers"], hidden_size=f["hidden_size"], seq_len=f["seq_len"])
+        w = workload_from_features(f, str(job.get("name") or job.get("job_id")))
         maxn_j = model.expected(w, None).energy_j
         return 1 - model.expected(w, freq_hz).energy_j / maxn_j if maxn_j > 0 else None
 

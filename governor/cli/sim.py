@@ -1,20 +1,36 @@
-"""`ftgov sim-tree DIR`: write a static simulated Orin sysfs tree (for tests, the systemd CI and trying things out)."""
+"""`ftgov sim-tree DIR`: write a simulated Orin sysfs tree (for tests, the systemd CI and trying things out).
+
+The tree alone is static files; ``python -m governor.sim.board --tree DIR`` makes it behave as a board (clamped
+devfreq writes, load, clock and rails following the pin and the simulated jobs).
+"""
 
 from __future__ import annotations
 
 import argparse
 
+from governor.errors import FtgovError
+
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("sim-tree", help="create a simulated Jetson AGX Orin sysfs tree under DIR")
+    from governor.sim.tree import LAYOUTS
+
+    p = sub.add_parser("sim-tree", help="create a simulated Jetson Orin sysfs tree under DIR")
     p.add_argument("dir")
-    p.add_argument("--layout", choices=["jp6", "jp5"], default="jp6", help="JetPack 6 (default) or JetPack 5 layout")
+    p.add_argument("--layout", choices=sorted(LAYOUTS), default="jp6",
+                   help="; ".join(f"{name}: {spec.description}" for name, spec in LAYOUTS.items()) + " (default jp6)")
+    p.add_argument("--max-hz", type=int, help="baseline max_freq, as a power mode caps it (default: the table's top)")
+    p.add_argument("--power-mode", type=int, help="AGX Orin nvpmodel mode (0 MAXN, 1 15W, 2 30W, 3 50W): writes "
+                                                  "nvpmodel's conf and status and caps the baseline max")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from governor.sim import tree
 
-    tree.build(args.dir, args.layout)
-    print(f"simulated Orin ({args.layout}) at {args.dir}: ftgovd --sysfs-root {args.dir}")
+    try:
+        spec = tree.layout_of(tree.build(args.dir, args.layout, max_hz=args.max_hz, power_mode=args.power_mode))
+    except ValueError as e:
+        raise FtgovError(str(e)) from e
+    print(f"simulated {spec.description} at {args.dir}: ftgovd --sysfs-root {args.dir}; "
+          f"python -m governor.sim.board --tree {args.dir} makes it follow the pins")
     return 0

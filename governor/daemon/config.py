@@ -14,7 +14,9 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from governor.errors import ConfigError
+from governor import data
+from governor.errors import ConfigError, ModelError
+from governor.policy.ffg import read_ffg_hz
 
 DEFAULT_SOCKET_PATH = "/run/ftgov/ftgov.sock"
 DEFAULT_STATE_DIR = "/run/ftgov"
@@ -141,24 +143,13 @@ FALLBACK_FFG_HZ = 612_000_000  # used only when no ffg.json ships beside the mod
 
 def default_ffg_hz(model_file: str | os.PathLike) -> tuple[int, str]:
     """FFG's frequency from ffg.json beside the model (written by `make model` from the same data), and where from."""
-    import json
-
     path = Path(model_file).with_name("ffg.json")
     try:
-        hz = json.loads(path.read_text())["freq_hz"]
-        if isinstance(hz, int) and not isinstance(hz, bool) and hz > 0:
-            return hz, str(path)
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return FALLBACK_FFG_HZ, f"built-in fallback ({path} missing or invalid)"
+        return read_ffg_hz(path), str(path)
+    except ModelError as e:
+        return FALLBACK_FFG_HZ, f"built-in fallback ({e})"
 
 
 def default_model_path() -> Path:
-    """The tree shipped with ftgov: installed under <prefix>/share/ftgov, or model/ of a source checkout."""
-    import sys
-
-    for candidate in (Path(sys.prefix) / "share" / "ftgov" / "mlg-tree.json",
-                      Path(__file__).resolve().parents[2] / "model" / "mlg-tree.json"):
-        if candidate.exists():
-            return candidate
-    return Path(sys.prefix) / "share" / "ftgov" / "mlg-tree.json"
+    """The tree shipped with ftgov, as package data (governor/data/), installed or in a checkout."""
+    return data.path(data.MLG_TREE)

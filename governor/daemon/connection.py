@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from governor.daemon import peers, protocol
 from governor.daemon.protocol import RpcFault
@@ -31,12 +31,12 @@ ENDED_KEPT = 16
 
 
 class Connection(asyncio.BufferedProtocol):
-    def __init__(self, server: "Server"):
+    def __init__(self, server: Server):
         self.server = server
-        self.transport: Optional[asyncio.Transport] = None
-        self.peer: Optional[peers.Peer] = None
+        self.transport: asyncio.Transport | None = None
+        self.peer: peers.Peer | None = None
         # The connecting process, held from the moment it connected: its jobs (pid left out) hold it through duplicates.
-        self.process: Optional[peers.HeldProcess] = None
+        self.process: peers.HeldProcess | None = None
         self.job_ids: set[int] = set()
         # Summaries of this connection's jobs that ended without unregister (their process exited first, as with
         # `ftgov run`): a late unregister still gets the figures. Bounded: the oldest are dropped.
@@ -47,7 +47,7 @@ class Connection(asyncio.BufferedProtocol):
         self.rbuf = bytearray()
         self.scanned = 0  # rbuf[:scanned] holds no newline: a line that arrives in pieces is not searched again
         self.discarding = False  # inside an oversized line: drop bytes up to its newline
-        self.busy: Optional[asyncio.Task] = None  # a request that waits; the lines behind it wait too
+        self.busy: asyncio.Task | None = None  # a request that waits; the lines behind it wait too
         self.write_paused = False  # the transport's buffer is over WRITE_HIGH_BYTES
         self.reading = True
         self.eof = False
@@ -89,7 +89,7 @@ class Connection(asyncio.BufferedProtocol):
         self.server.end_jobs(self, "connection closed")
         return False  # the transport sends what is still buffered, then closes
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._forget()
 
     def pause_writing(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from governor.backends.base import Gpu
 from governor.backends.rails import CounterMeter, EnergyMeter, Rails
@@ -16,7 +16,7 @@ POWER_CACHE_S = 0.02
 
 
 class BoardEnergy:
-    def __init__(self, rails: Optional[Rails]):
+    def __init__(self, rails: Rails | None):
         self.rails = rails
         self._power_cache: tuple[float, float] = (-1.0, 0.0)
 
@@ -39,7 +39,7 @@ class BoardEnergy:
     def new_meter(self, gpu: Gpu):
         """An energy meter from now: rails integrated over time (Jetson), else the GPU's own energy counter (NVML),
         else None. Feed it ``meter.add(time.monotonic(), self.total_mw())``; a counter meter ignores the power."""
-        if self.rails is not None:
+        if self.rails is not None and self.rails.energy_rails:
             return EnergyMeter(time.monotonic(), self.total_mw())
         if gpu.has_energy_counter:
             try:

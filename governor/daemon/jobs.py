@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
+from governor import units
 from governor.backends.base import Gpu, Limits
 from governor.backends.rails import EnergyMeter
 from governor.daemon.state import JobRecord
@@ -21,20 +21,20 @@ class ActiveJob:
     pid: int
     start_ticks: int  # the process's start time (clock ticks since boot, /proc/PID/stat), against PID reuse
     uid: int
-    name: Optional[str]
+    name: str | None
     gpu_id: str
     features: Features
-    policy: Optional[PolicyName] = None  # per-job policy request (tune), else the daemon's
-    decision: Optional[Decision] = None
+    policy: PolicyName | None = None  # per-job policy request (tune), else the daemon's
+    decision: Decision | None = None
     started_s: float = field(default_factory=time.monotonic)
     steps: int = 0
-    phase: Optional[str] = None
-    meter: Optional[EnergyMeter] = None
+    phase: str | None = None
+    meter: EnergyMeter | None = None
     adopted: bool = False
     tuner: object = None  # governor.policy.tuner.JobTuner when the tune policy drives this job
 
     @property
-    def freq_hz(self) -> Optional[int]:
+    def freq_hz(self) -> int | None:
         return self.decision.freq_hz if self.decision else None
 
     def fields(self) -> dict:
@@ -56,8 +56,8 @@ class ActiveJob:
 @dataclass
 class GpuControl:
     gpu: Gpu
-    baseline: Optional[Limits] = None  # snapshot taken before our first pin; None while we hold nothing
-    pinned_hz: Optional[int] = None
+    baseline: Limits | None = None  # snapshot taken before our first pin; None while we hold nothing
+    pinned_hz: int | None = None
     restore_failed: bool = False
     stood_down: bool = False  # someone else changed the limits under our pin and config says let them be
 
@@ -66,9 +66,10 @@ class GpuControl:
 class Ended:
     job: ActiveJob
     duration_s: float
-    energy_j: Optional[float]
+    energy_j: float | None
     why: str
 
 
-def mhz(hz: Optional[int]) -> str:
-    return "no pin" if hz is None else f"{hz / 1e6:g} MHz"
+def mhz(hz: int | None) -> str:
+    """A pin for the log: governor.units.mhz, "no pin" for none."""
+    return units.mhz(hz, none="no pin")

@@ -8,6 +8,11 @@ While the event loop runs, records are written once the loop turn that made them
 line comes a moment after its reply, not before it, so a burst of registrations is answered first. Order is kept,
 and the daemon writes what is pending before each sd_notify message (flush()), so a STATUS= never overtakes the lines
 that led to it.
+
+Without systemd-python (installed with ``EXTRAS=``) under systemd, stderr is the journal's stream: each line then
+starts with its syslog priority, ``<3>`` for an error (sd-daemon(3)), so ``journalctl -p warning`` still finds
+errors. That stream carries no fields, so a warning's or error's code location is written into its message
+(``[pins.py:212]``); info lines, the daemon's running story, go without it.
 """
 
 from __future__ import annotations
@@ -69,11 +74,51 @@ def under_systemd() -> bool:
     return bool(os.environ.get("JOURNAL_STREAM") or os.environ.get("INVOCATION_ID"))
 
 
-def lean_records() -> None:
+def stderr_is_journal() -> bool:
+    """True when stderr is the stream systemd connected to the journal: JOURNAL_STREAM holds that stream's
+    device:inode, and a child whose stderr was redirected elsewhere inherits the variable, so compare with fstat."""
+    dev, sep, ino = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    if not sep:
+        return False
+    try:
+        st = os.fstat(sys.stderr.fileno())
+        return (st.st_dev, st.st_ino) == (int(dev), int(ino))
+    except (OSError, ValueError, AttributeError):  # no stderr, not a real file, a malformed variable
+        return False
+
+
+# syslog priorities (syslog(3)) of the logging levels; anything between two levels takes the lower one's.
+_PRIORITIES = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))
+_DEBUG_PRIORITY = 7
+
+
+def syslog_priority(levelno: int) -> int:
+    return next((prio for level, prio in _PRIORITIES if levelno >= level), _DEBUG_PRIORITY)
+
+
+class PriorityFormatter(logging.Formatter):
+    """Lines for journald's stdout/stderr stream: every line of a record (a traceback's too, which journald would
+    otherwise store at info) starts with ``<N>``, its syslog priority; warnings and errors end with where they were
+    logged, since the stream cannot carry CODE_FILE/CODE_LINE fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        if record.levelno >= logging.WARNING and record.lineno:
+            first, nl, rest = text.partition("\n")
+            text = f"{first} [{record.filename}:{record.lineno}]{nl}{rest}"
+        prefix = f"<{syslog_priority(record.levelno)}>"
+        return "\n".join(prefix + line for line in text.split("\n"))
+
+
+_SRCFILE = logging._srcfile  # the logging module's own value: where its stack walk for the caller stops
+
+
+def lean_records(*, keep_location: bool = False) -> None:
     """Skip what a record would otherwise collect and we never print: the caller's file and line (a walk up the
     stack on every call), thread and process names (one thread, one process; journald adds _PID itself). These are
-    the logging module's documented switches for this; they halve the cost of a decision line on the request path."""
-    logging._srcfile = None
+    the logging module's documented switches for this; they halve the cost of a decision line on the request path.
+    keep_location: the journal stores the file and line (CODE_FILE, CODE_LINE), worth the walk there."""
+    logging._srcfile = _SRCFILE if keep_location else None
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
@@ -82,7 +127,6 @@ def lean_records() -> None:
 
 def setup(level: str = "info", *, journal: bool | None = None) -> logging.Logger:
     """Configure the "ftgovd" logger; returns it. journal=None decides from the environment."""
-    lean_records()
     log = logging.getLogger("ftgovd")
     log.handlers.clear()
     log.propagate = False
@@ -90,19 +134,26 @@ def setup(level: str = "info", *, journal: bool | None = None) -> logging.Logger
     handler: logging.Handler | None = None
     if journal is None:
         journal = under_systemd()
+    prefixed = journal and stderr_is_journal()
     if journal:
         try:
             from systemd.journal import JournalHandler  # systemd-python: an optional extra
         except ImportError:
             handler = None
-            print("ftgovd: systemd-python is not installed: logging to stderr without journal fields", file=sys.stderr)
+            how = "with <N> priority prefixes" if prefixed else "as plain lines"
+            print(f"ftgovd: systemd-python is not installed: logging to stderr {how}, without journal fields",
+                  file=sys.stderr)
         else:
             handler = JournalHandler(SYSLOG_IDENTIFIER="ftgovd")
             handler.setFormatter(logging.Formatter("%(message)s"))
+    lean_records(keep_location=handler is not None or prefixed)
     if handler is None:
         handler = logging.StreamHandler(sys.stderr)
-        # Under systemd without the journal module, journald adds its own timestamp: don't print one twice.
-        fmt = "%(levelname)s %(message)s" if under_systemd() else "%(asctime)s ftgovd %(levelname)s %(message)s"
-        handler.setFormatter(logging.Formatter(fmt))
+        if prefixed:
+            handler.setFormatter(PriorityFormatter("%(levelname)s %(message)s"))
+        else:
+            # Under systemd without the journal module, journald adds its own timestamp: don't print one twice.
+            fmt = "%(levelname)s %(message)s" if under_systemd() else "%(asctime)s ftgovd %(levelname)s %(message)s"
+            handler.setFormatter(logging.Formatter(fmt))
     log.addHandler(AfterTurn(handler))
     return log

@@ -7,11 +7,13 @@ import asyncio
 import logging
 import os
 import resource
+import select
 import shutil
 import socket
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Optional
 
 from governor import DEFAULT_CONFIG_PATH, __version__, backends
 from governor.backends import rails as rails_mod
@@ -32,14 +34,15 @@ log = logging.getLogger("ftgovd")
 START_SLACK_S = 10.0  # beyond node_wait_s: the rest of start-up
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ftgovd", description="Energy-saving GPU frequency governor for fine-tuning jobs.")
     p.add_argument("--config", default=None, help=f"YAML config (default {DEFAULT_CONFIG_PATH}; absent = defaults)")
     p.add_argument("--socket", help="Unix socket path (default from config: /run/ftgov/ftgov.sock)")
     p.add_argument("--sysfs-root", help="root under which /sys is read and written (default /)")
     p.add_argument("--state-dir", help="where the crash-safety state file lives (default /run/ftgov)")
     p.add_argument("--simulate", action="store_true",
-                   help="build a simulated Jetson AGX Orin (JetPack 6 layout) and govern it: try ftgov without a Jetson")
+                   help="build a simulated Jetson AGX Orin (JetPack 6 layout), start its board, and govern it: "
+                        "try ftgov without a Jetson")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--version", action="version", version=f"ftgovd {__version__}")
     return p.parse_args(argv)
@@ -58,14 +61,18 @@ def build_config(args: argparse.Namespace) -> Config:
     overrides = {"socket.path": args.socket, "sysfs_root": args.sysfs_root, "state_dir": args.state_dir,
                  "log_level": args.log_level}
     if args.simulate:
+        if args.sysfs_root:
+            raise FtgovError("--simulate builds its own tree (under the state directory); to serve a tree of your "
+                             "own, run python -m governor.sim.board --tree DIR beside ftgovd --sysfs-root DIR")
         base = simulate_runtime_dir()
         overrides["socket.path"] = args.socket or str(base / "ftgov.sock")
         overrides["state_dir"] = args.state_dir or str(base)
+        overrides["sysfs_root"] = str(Path(overrides["state_dir"]) / "sim-orin")
     return load_config(args.config or DEFAULT_CONFIG_PATH, overrides, must_exist=explicit)
 
 
-def probe_gpus(config: Config, root: Root, notifier: Optional[Notifier] = None,
-               node_wait_s: Optional[float] = None) -> list:
+def probe_gpus(config: Config, root: Root, notifier: Notifier | None = None,
+               node_wait_s: float | None = None) -> list:
     """The GPUs to govern, from the backend registry (governor.backends): devfreq, then NVML for backend auto."""
     def on_wait(why: str, wait_s: float) -> None:
         if notifier is not None:
@@ -78,7 +85,7 @@ def probe_gpus(config: Config, root: Root, notifier: Optional[Notifier] = None,
                                read_only=config.policy == "observe", on_wait=on_wait)
 
 
-def probe_at_start(config: Config, root: Root, notifier: Notifier) -> tuple[list, Optional[str]]:
+def probe_at_start(config: Config, root: Root, notifier: Notifier) -> tuple[list, str | None]:
     """The GPUs, or none and why: a board whose GPU node never appears (headless, rail-gated) gets a daemon that is
     ready, says why it governs nothing, and probes again, instead of one that exits and is restarted in a loop."""
     try:
@@ -111,19 +118,42 @@ def raise_fd_limit(config: Config) -> None:
                         config.limits.max_jobs, need)
 
 
-def run(config: Config, *, simulate: bool = False, load_config_again: Optional[Callable[[], Config]] = None) -> int:
+def start_simulated_board(config: Config) -> None:
+    """--simulate: build a simulated Orin at sysfs_root and start its board, a process of its own (governor.sim is
+    never imported here) that reacts to what is written into the tree as a board does. Returns once the board
+    watches the tree. The board ends when this process does: it waits for EOF on a pipe only this process holds."""
+    sim_dir = Path(config.sysfs_root)
+    shutil.rmtree(sim_dir, ignore_errors=True)
+    keep_r, keep_w = os.pipe()  # keep_w stays open (close-on-exec) for the daemon's lifetime, unreferenced
+    env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}  # readiness is the daemon's to tell
+    proc = subprocess.Popen([sys.executable, "-m", "governor.sim.board", "--tree", str(sim_dir), "--build", "jp6",
+                             "--until-stdin-closes"], stdin=keep_r, stdout=subprocess.PIPE, env=env)
+    os.close(keep_r)
+    with proc.stdout:
+        ready, _, _ = select.select([proc.stdout], [], [], 60)
+        line = proc.stdout.readline() if ready else b""
+    if line.strip() != b"ready":
+        proc.kill()
+        raise FtgovError(f"the simulated board did not start (exit status {proc.wait()}; its errors are above)")
+    log.info("simulated Jetson AGX Orin (JetPack 6 layout) at %s, board process %d", sim_dir, proc.pid)
+    print(f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}\n"
+          f"ftgovd: clients: export FTGOV_SOCKET={config.socket.path}", file=sys.stderr, flush=True)
+
+
+def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[], Config] | None = None) -> int:
     notifier = Notifier()
     raise_fd_limit(config)
-    root = Root(config.sysfs_root)
     if simulate:
-        root = _simulated_root(config)
+        start_simulated_board(config)
+    root = Root(config.sysfs_root)
     gpus, missing_why = probe_at_start(config, root, notifier)
     for gpu in gpus:
         log.info("GPU %s: %s, levels %s MHz", gpu.id, gpu.describe(),
                  " ".join(f"{hz / 1e6:g}" for hz in gpu.levels_hz))
     rails = rails_mod.discover(root)
     if rails is not None:
-        log.info("power rails: %s; job energy counts %s", ", ".join(rails.names), "+".join(rails.energy_rails))
+        (log.info if rails.energy_rails else log.warning)("power rails: %s; %s", ", ".join(rails.names),
+                                                          rails.describe_energy())
     elif any(g.has_energy_counter for g in gpus):
         log.info("no INA3221 power rails: job energy from the GPU's own energy counter")
     else:
@@ -131,19 +161,14 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Optional[C
     policy = build_policy(config, gpus)
     tuner = tuning.TunerAttach(config.tuner)
     ticker = Ticker(notifier, config.sample_interval_s)
-    listeners = [ticker.changed]
-    board = _simulated_board(root, gpus) if simulate else None
-    if board is not None:
-        listeners.insert(0, board.update)
+    listeners = (ticker.changed,)
     pins = PinController(gpus, policy, StateFile(config.state_dir), boot_id(root), rails=rails,
                          on_external_change=config.on_external_change, max_jobs=config.limits.max_jobs,
                          low_phases=tuple(config.low_phases),
                          power_cap_mw=round(config.power_cap_w * 1000) if config.power_cap_w else None,
-                         listeners=tuple(listeners), defer=defer_on_loop,
+                         listeners=listeners, defer=defer_on_loop,
                          attach_tuner=tuner,
                          pin_above_power_mode=config.pin_above_power_mode, missing_why=missing_why)
-    if board is not None:
-        board.update(pins)
     reloader = None
     if load_config_again is not None:
         reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus), tuner)
@@ -190,27 +215,7 @@ def build_policy(config: Config, gpus: list) -> Policy:
     return Policy.from_config(policy_name(config, gpus), ffg_hz, model_file)
 
 
-# --simulate only: the simulator is imported here, never on the production path (the daemon's import graph holds no
-# governor.sim; tests/daemon/test_import_graph.py checks it).
-def _simulated_root(config: Config) -> Root:
-    from governor.sim import tree
-
-    sim_dir = Path(config.state_dir) / "sim-orin"
-    shutil.rmtree(sim_dir, ignore_errors=True)
-    root = tree.build(sim_dir, "jp6")
-    log.info("simulated Jetson AGX Orin (JetPack 6 layout) at %s", sim_dir)
-    print(f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}\n"
-          f"ftgovd: clients: export FTGOV_SOCKET={config.socket.path}", file=sys.stderr, flush=True)
-    return root
-
-
-def _simulated_board(root: Root, gpus: list):
-    from governor.sim.board import Board
-
-    return Board(root, gpus[0])
-
-
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config = build_config(args)

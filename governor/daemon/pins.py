@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable, Optional
 
 from governor.backends import gpuid
 from governor.backends.base import Gpu
@@ -45,11 +45,11 @@ class PinController:
     """
 
     def __init__(self, gpus: list[Gpu], policy: Policy, state_file: StateFile, boot_id: str, *,
-                 rails: Optional[Rails] = None, on_external_change: str = "reapply", max_jobs: int = 64,
-                 low_phases: tuple[str, ...] = (), power_cap_mw: Optional[int] = None,
-                 listeners: tuple[Listener, ...] = (), defer: Optional[Defer] = None,
-                 attach_tuner: Optional[AttachTuner] = None, pin_above_power_mode: bool = False,
-                 missing_why: Optional[str] = None):
+                 rails: Rails | None = None, on_external_change: str = "reapply", max_jobs: int = 64,
+                 low_phases: tuple[str, ...] = (), power_cap_mw: int | None = None,
+                 listeners: tuple[Listener, ...] = (), defer: Defer | None = None,
+                 attach_tuner: AttachTuner | None = None, pin_above_power_mode: bool = False,
+                 missing_why: str | None = None):
         self.gpus = {g.id: GpuControl(g) for g in gpus}
         self.policy = policy
         self.state_file = state_file
@@ -87,8 +87,8 @@ class PinController:
             return next(iter(self.gpus))
         return gpuid.find_gpu([c.gpu for c in self.gpus.values()], key).id
 
-    def admit(self, *, pid: int, start_ticks: int, uid: int, name: Optional[str], gpu_id: str,
-              features: Features, policy: Optional[PolicyName] = None, job_id: Optional[int] = None) -> ActiveJob:
+    def admit(self, *, pid: int, start_ticks: int, uid: int, name: str | None, gpu_id: str,
+              features: Features, policy: PolicyName | None = None, job_id: int | None = None) -> ActiveJob:
         """Put a job in the table, undecided: the simulated board sees its load before the daemon measures it."""
         if len(self.jobs) >= self.max_jobs:
             raise FtgovError(f"the daemon already holds {len(self.jobs)} jobs (limits.max_jobs)")
@@ -166,7 +166,7 @@ class PinController:
         self._apply_quietly(job.gpu_id)
         return job.decision
 
-    def ceiling_hz(self, gpu_id: str) -> Optional[int]:
+    def ceiling_hz(self, gpu_id: str) -> int | None:
         """The highest clock a pin may take: the max_freq found before our first pin, which is the power mode's cap
         (nvpmodel writes it: AGX Orin MODE_30W 612 MHz), unless pin_above_power_mode. None: no ceiling."""
         if self.pin_above_power_mode:
@@ -204,7 +204,7 @@ class PinController:
         job.decision = Decision(PolicyName.TUNE, freq_hz, reason)
         self._apply(job.gpu_id)
 
-    def end(self, job_id: int, why: str) -> Optional[Ended]:
+    def end(self, job_id: int, why: str) -> Ended | None:
         job = self.jobs.pop(job_id, None)
         if job is None:
             return None
@@ -224,7 +224,7 @@ class PinController:
         return ended
 
     # ---- pins -------------------------------------------------------------------------------------------------------
-    def needs_hz(self, job: ActiveJob) -> Optional[int]:
+    def needs_hz(self, job: ActiveJob) -> int | None:
         """What one job needs now: its pick, or the GPU's lowest level while it checkpoints or loads data (the GPU
         mostly idles then; a job that reports no phases always needs its pick)."""
         hz = job.decision.freq_hz if job.decision is not None else None
@@ -232,10 +232,10 @@ class PinController:
             return self.gpus[job.gpu_id].gpu.levels_hz[0]
         return hz
 
-    def target_hz(self, gpu_id: str) -> Optional[int]:
+    def target_hz(self, gpu_id: str) -> int | None:
         return combine([self.needs_hz(j) for j in self.jobs.values() if j.gpu_id == gpu_id and j.decision is not None])
 
-    def set_phase(self, job: ActiveJob, phase: Optional[str]) -> None:
+    def set_phase(self, job: ActiveJob, phase: str | None) -> None:
         """A job reported a phase: re-apply when that changes what it needs."""
         if phase is None or phase == job.phase:
             return
@@ -337,6 +337,44 @@ class PinController:
                 ctl.stood_down, ctl.baseline, ctl.pinned_hz = True, None, None
                 self._save()
             self._notify()
+
+    def pin_check(self) -> list[dict]:
+        """Show that each GPU can be pinned, without moving its clock (for `ftgov doctor`). A GPU pinned for jobs is
+        checked by reading (the pin holds); an idle one is pinned at the level it runs at now and restored at once,
+        through the same save-before-write path as a job's pin. One call, one event-loop turn: no job interleaves."""
+        return [{"gpu": gid, **self._pin_check(ctl)} for gid, ctl in self.gpus.items()]
+
+    def _pin_check(self, ctl: GpuControl) -> dict:
+        if ctl.stood_down:
+            return {"ok": False, "wrote": False, "detail": "stood down: another tool changed the limits under a pin"}
+        if ctl.restore_failed:
+            return {"ok": False, "wrote": False, "detail": "a restore failed and is being retried: see the journal"}
+        if ctl.pinned_hz is not None:
+            holds = ctl.gpu.pin_holds()
+            return {"ok": holds, "wrote": False, "pinned_hz": ctl.pinned_hz,
+                    "detail": f"pinned for jobs at {mhz(ctl.pinned_hz)}; "
+                              + ("the pin holds" if holds else "the limits no longer read the pin")}
+        reading = ctl.gpu.read()
+        now_hz = reading.cur_hz if reading.cur_hz is not None else reading.max_hz
+        # Within the limits in force (another tool's min = max included), the level nearest the clock now.
+        allowed = [hz for hz in ctl.gpu.levels_hz if reading.min_hz <= hz <= reading.max_hz] or ctl.gpu.levels_hz
+        level = min(allowed, key=lambda hz: abs(hz - now_hz))
+        ctl.baseline, ctl.pinned_hz = ctl.gpu.snapshot(), level
+        self._save()  # before the write, as for a job: a crash in between still finds the baseline
+        result: dict = {"ok": True, "wrote": True, "pinned_hz": level}
+        log.info("GPU %s: pin check: pinning at the current %s, restoring at once", ctl.gpu.id, mhz(level))
+        try:
+            ctl.gpu.pin(level)
+            result["detail"] = f"pinned at the current {mhz(level)} and restored"
+        except FtgovError as e:
+            result.update(ok=False, detail=f"pin at {mhz(level)} failed: {e}")
+        try:
+            self._restore(ctl)
+        except BackendError as e:  # _restore marked it: the tick retries, as after a job
+            result.update(ok=False, detail=f"{result['detail']}; restore failed: {e} (retrying)")
+        (log.info if result["ok"] else log.warning)("GPU %s: pin check: %s", ctl.gpu.id, result["detail"])
+        self._notify()
+        return result
 
     # ---- state, energy, status -------------------------------------------------------------------------------------
     def state(self) -> State:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -22,7 +22,7 @@ MAX_LINE_BYTES = 64 * 1024
 class RpcFault(Exception):
     """An error reply to one request (the client's counterpart is governor.client.RpcError)."""
 
-    def __init__(self, code: int, message: str, data: Optional[dict] = None):
+    def __init__(self, code: int, message: str, data: dict | None = None):
         super().__init__(message)
         self.code, self.message, self.data = code, message, data
 
@@ -49,10 +49,10 @@ class FeatureParams(Features, _Params):
 
 
 class RegisterParams(FeatureParams):
-    name: Optional[str] = Field(default=None, max_length=256)
-    pid: Optional[int] = Field(default=None, ge=1, le=(1 << 31) - 1)
-    gpu: Optional[Union[str, int]] = None
-    tune: Optional[bool] = None
+    name: str | None = Field(default=None, max_length=256)
+    pid: int | None = Field(default=None, ge=1, le=(1 << 31) - 1)
+    gpu: str | int | None = None
+    tune: bool | None = None
 
     @field_validator("gpu", mode="before")
     @classmethod
@@ -67,15 +67,15 @@ class JobParams(_Params):
 
 
 class UpdateParams(JobParams):
-    gpu_util: Optional[float] = Field(default=None, ge=0, le=100)
-    seq_len: Optional[float] = Field(default=None, gt=0, le=1 << 20)
+    gpu_util: float | None = Field(default=None, ge=0, le=100)
+    seq_len: float | None = Field(default=None, gt=0, le=1 << 20)
 
     _finite = field_validator("seq_len", "gpu_util", mode="before")(Features._finite.__func__)
 
 
 class ProgressParams(JobParams):
     steps: int = Field(ge=0, le=1 << 62)
-    phase: Optional[Literal["train", "eval", "checkpoint", "data"]] = None
+    phase: Literal["train", "eval", "checkpoint", "data"] | None = None
 
 
 class EmptyParams(_Params):
@@ -90,6 +90,7 @@ METHODS: dict[str, type[_Params]] = {
     "status": EmptyParams,
     "predict": FeatureParams,
     "ping": EmptyParams,
+    "pin_check": EmptyParams,  # `ftgov doctor`: can the daemon pin each GPU? (PinController.pin_check)
 }
 
 
@@ -136,7 +137,7 @@ def parse_line(line: bytes) -> Request:
     # request that is not well formed (Invalid Request) is answered with a null id, as the spec says.
     notification = "id" not in msg
 
-    def fail(code: int, message: str, data: Optional[dict] = None) -> RpcFault:
+    def fail(code: int, message: str, data: dict | None = None) -> RpcFault:
         quiet = notification and code in (METHOD_NOT_FOUND, INVALID_PARAMS)
         return RpcFault(code, message, {**(data or {}), "id": req_id, "notification": quiet})
 
@@ -191,6 +192,6 @@ def error(req_id: Any, err: RpcFault) -> bytes:
     return encode({"jsonrpc": "2.0", "id": req_id, "error": RpcFault(err.code, err.message, data).to_dict()})
 
 
-def finite(x: Optional[float]) -> Optional[float]:
+def finite(x: float | None) -> float | None:
     """JSON has no NaN: report an unknown float as null."""
     return x if x is None or math.isfinite(x) else None

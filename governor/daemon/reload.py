@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from governor.daemon.config import Config
 from governor.daemon.tuning import TunerAttach
@@ -31,7 +32,7 @@ class Reloader:
         self.build_policy = build_policy
         self.tuner = tuner
 
-    def __call__(self, server: "Server") -> None:
+    def __call__(self, server: Server) -> None:
         notifier = server.notifier
         notifier.send(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
         try:
@@ -57,7 +58,7 @@ class Reloader:
                  len(pins.jobs))
         notifier.send(f"READY=1\nSTATUS=config reloaded; {server.status_line()}")
 
-    def _checked(self, server: "Server") -> tuple[Config, Policy]:
+    def _checked(self, server: Server) -> tuple[Config, Policy]:
         old = server.config
         new = self.load()
         kept = [k for k in AT_START_ONLY if getattr(new, k) != getattr(old, k)]

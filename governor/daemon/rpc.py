@@ -28,7 +28,7 @@ MEASURING = ("waiting for gpu_util, which this decision needs: it is measured ov
 
 
 class Methods:
-    def __init__(self, server: "Server"):
+    def __init__(self, server: Server):
         self.server = server
         self.pins = server.pins
 
@@ -36,20 +36,24 @@ class Methods:
     def config(self):
         return self.server.config  # replaced on reload
 
-    def call(self, conn: "Connection", method: str, params):
+    def call(self, conn: Connection, method: str, params):
         return getattr(self, f"rpc_{method}")(conn, params)
 
-    def rpc_ping(self, conn: "Connection", params) -> dict:
+    def rpc_ping(self, conn: Connection, params) -> dict:
         return {}
 
-    def rpc_status(self, conn: "Connection", params) -> dict:
+    def rpc_status(self, conn: Connection, params) -> dict:
         return status.status(self.pins)
 
     def _no_gpu(self) -> RpcFault:
         return RpcFault(SERVER_ERROR, f"no GPU to govern yet ({self.pins.missing_why}); ftgovd probes again every "
                         f"{self.config.probe_retry_s:g} s: training runs on at the default clocks")
 
-    def rpc_predict(self, conn: "Connection", params):
+    def rpc_pin_check(self, conn: Connection, params) -> dict:
+        log.info("pin check requested by uid %d (pid %d)", conn.peer.uid, conn.peer.pid)
+        return {"gpus": self.pins.pin_check()}
+
+    def rpc_predict(self, conn: Connection, params):
         if not self.pins.gpus:
             raise self._no_gpu()
         features = params.features()
@@ -66,7 +70,7 @@ class Methods:
         d = self.pins.within_ceiling(gid, self.pins.policy.decide(features, self.pins.gpus[gid].gpu.levels_hz))
         return {"policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason + (f"; {why}" if why else "")}
 
-    def rpc_register(self, conn: "Connection", params):
+    def rpc_register(self, conn: Connection, params):
         if not self.pins.gpus:
             raise self._no_gpu()
         limits = self.config.limits
@@ -113,7 +117,7 @@ class Methods:
             return self._registered(job, decision)
         return self._decide_new(conn, job, "")
 
-    def _decide_new(self, conn: "Connection", job: ActiveJob, why: str) -> dict:
+    def _decide_new(self, conn: Connection, job: ActiveJob, why: str) -> dict:
         try:
             decision = self.pins.decide(job, why_util=why)
         except FtgovError:
@@ -127,12 +131,12 @@ class Methods:
         return {"job_id": job.job_id, "policy": decision.label, "freq_hz": decision.freq_hz,
                 "reason": decision.reason, "gpu": job.gpu_id, "gpu_util": job.features.gpu_util}
 
-    def _own_job(self, conn: "Connection", job_id: int) -> ActiveJob:
+    def _own_job(self, conn: Connection, job_id: int) -> ActiveJob:
         if job_id not in conn.job_ids:
             raise RpcFault(UNKNOWN_JOB, f"job_id: no job {job_id} on this connection", {"field": "job_id"})
         return self.pins.jobs[job_id]
 
-    def rpc_update(self, conn: "Connection", params) -> dict:
+    def rpc_update(self, conn: Connection, params) -> dict:
         job = self._own_job(conn, params.job_id)
         changes = {k: v for k, v in (("gpu_util", params.gpu_util), ("seq_len", params.seq_len)) if v is not None}
         if changes and any(getattr(job.features, k) != v for k, v in changes.items()):
@@ -153,7 +157,7 @@ class Methods:
         d = job.decision
         return {"job_id": job.job_id, "policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason}
 
-    def rpc_progress(self, conn: "Connection", params) -> dict:
+    def rpc_progress(self, conn: Connection, params) -> dict:
         job = self._own_job(conn, params.job_id)
         job.steps = max(job.steps, params.steps)
         self.pins.set_phase(job, params.phase)
@@ -162,7 +166,7 @@ class Methods:
             job.tuner.progress(self.pins, job)
         return {}
 
-    def rpc_unregister(self, conn: "Connection", params) -> dict:
+    def rpc_unregister(self, conn: Connection, params) -> dict:
         if params.job_id in conn.ended:
             return conn.ended.pop(params.job_id)
         self._own_job(conn, params.job_id)

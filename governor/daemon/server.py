@@ -18,13 +18,13 @@ import signal
 import socket
 import stat
 from collections import Counter
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from governor.daemon import peers
 from governor.daemon.config import Config
 from governor.daemon.connection import READ_CHUNK, Connection
-from governor.daemon.notify import Notifier
 from governor.daemon.jobs import ActiveJob, Ended
+from governor.daemon.notify import Notifier
 from governor.daemon.pins import PinController
 from governor.daemon.protocol import RpcFault
 from governor.daemon.rpc import Methods, summary
@@ -39,8 +39,8 @@ class Server:
     """``ticker`` must be one of the PinController's listeners (main builds both): it turns changes into STATUS=."""
 
     def __init__(self, pins: PinController, config: Config, notifier: Notifier, ticker: Ticker,
-                 reload: Optional[Callable[["Server"], None]] = None,
-                 probe: Optional[Callable[[], Optional[list]]] = None):
+                 reload: Callable[[Server], None] | None = None,
+                 probe: Callable[[], list | None] | None = None):
         self.pins = pins
         self.probe = probe  # finds the GPUs again while none is governed (governor.daemon.main.probe_gpus)
         self.reload = reload  # on SIGHUP (governor.daemon.reload); None: SIGHUP is ignored
@@ -165,7 +165,7 @@ class Server:
             return True
         return self.group_gid is not None and self.group_gid in peers.groups_of(peer.pid, peer.gid)
 
-    def refusal(self, peer: peers.Peer) -> Optional[RpcFault]:
+    def refusal(self, peer: peers.Peer) -> RpcFault | None:
         """Why a new connection is refused (limits, permission), or None to serve it."""
         if len(self.conns) >= self.config.limits.max_connections:
             return RpcFault(LIMIT_EXCEEDED, "too many connections (limits.max_connections)")
@@ -220,13 +220,13 @@ class Server:
             if ended is not None:
                 owner.keep_ended(job_id, summary(ended))
 
-    def end(self, job_id: int, why: str) -> Optional[Ended]:
+    def end(self, job_id: int, why: str) -> Ended | None:
         self.unwatch(job_id)
         self.sampler.forget(job_id)
         return self.pins.end(job_id, why)
 
 
-def bind_socket(path: str, mode: int, group: Optional[str]) -> socket.socket:
+def bind_socket(path: str, mode: int, group: str | None) -> socket.socket:
     """Bind the socket ourselves (started by hand): no window where it exists with a looser mode than configured."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, mode=0o755, exist_ok=True)

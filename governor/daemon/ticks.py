@@ -7,7 +7,8 @@ neither is true, so an idle daemon wakes only for the watchdog.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from governor.daemon.notify import Notifier
 
@@ -30,10 +31,10 @@ class Ticker:
     def __init__(self, notifier: Notifier, sample_interval_s: float):
         self.notifier = notifier
         self.sample_interval_s = sample_interval_s
-        self._tick: Optional[asyncio.TimerHandle] = None
+        self._tick: asyncio.TimerHandle | None = None
         self._status_pending = False
 
-    def changed(self, pins: "PinController") -> None:
+    def changed(self, pins: PinController) -> None:
         # One STATUS= per event-loop turn, however many changes a burst of requests made in it.
         loop = asyncio.get_running_loop()
         if not self._status_pending:
@@ -42,11 +43,11 @@ class Ticker:
         if self._tick is None and (pins.jobs or pins.pending_restores()):
             self._tick = loop.call_later(self.sample_interval_s, self._on_tick, pins)
 
-    def _send_status(self, pins: "PinController") -> None:
+    def _send_status(self, pins: PinController) -> None:
         self._status_pending = False
         self.notifier.status(status_line(pins))
 
-    def _on_tick(self, pins: "PinController") -> None:
+    def _on_tick(self, pins: PinController) -> None:
         self._tick = None
         pins.sample()
         pins.check_pins()
@@ -65,7 +66,7 @@ class Ticker:
             self._tick = None
 
 
-def status_line(pins: "PinController") -> str:
+def status_line(pins: PinController) -> str:
     states = [f"GPU {gid} {'pinned to %g MHz' % (c.pinned_hz / 1e6) if c.pinned_hz else 'at baseline'}"
               for gid, c in pins.gpus.items()]
     if not pins.gpus:

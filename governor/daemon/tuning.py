@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
 
 from governor.daemon.config import TunerConfig
 from governor.errors import FtgovError
@@ -31,7 +30,7 @@ class JobTuner:
         self.tuner = OnlineTuner(gov.allowed_levels(job.gpu_id), job.freq_hz, max_slowdown=cfg.max_slowdown,
                                  noise_rel=cfg.noise_rel,
                                  max_probes=cfg.max_probes)
-        self.session: Optional[TuningSession] = None
+        self.session: TuningSession | None = None
         self.status = "waiting for progress reports (without them the job keeps MLG's pick)"
         self._total_mw = gov.energy.total_mw
         # The tuner's own meter: its windows must not depend on the job's.

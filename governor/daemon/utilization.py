@@ -24,7 +24,6 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
 from governor.daemon.jobs import ActiveJob, mhz
 from governor.daemon.pins import PinController
@@ -38,7 +37,7 @@ ASSUMED_UTIL_PCT = 100.0
 
 @dataclass
 class _Pending:
-    settle: Optional[asyncio.TimerHandle]
+    settle: asyncio.TimerHandle | None
     sampling: bool = False
     samples: list[float] = field(default_factory=list)
 
@@ -58,7 +57,7 @@ class UtilizationSampler:
         settle = asyncio.get_running_loop().call_later(self.settle_s, self._settled, job.job_id)
         self._pending[job.job_id] = _Pending(settle)
 
-    def progress(self, job: ActiveJob, phase: Optional[str]) -> None:
+    def progress(self, job: ActiveJob, phase: str | None) -> None:
         pending = self._pending.get(job.job_id)
         if pending is None or pending.sampling or job.steps < 1 or phase not in (None, "train"):
             return

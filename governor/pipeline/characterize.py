@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Protocol
 
 from governor.errors import FtgovError
-from governor.pipeline.measure import Measurement
+from governor.pipeline.measure import SettingMeasurement
 from governor.backends.rails import AGX_ORIN_RAILS, ENERGY_RAILS
 
 SETTING_MAXN = "maxn"
@@ -42,12 +42,12 @@ COLUMNS = (
 
 
 class Runner(Protocol):
-    def run(self, steps: int, warmup: int = 0) -> Measurement:
+    def run(self, steps: int, warmup: int = 0) -> SettingMeasurement:
         """Run steps at whatever clock the GPU holds now, and measure them."""
 
 
 @dataclass(frozen=True)
-class Job:
+class SweepJob:
     """One workload to characterize: its identity for the CSV and the runner that executes it."""
 
     workload: str  # "model/task"
@@ -91,7 +91,7 @@ def _fmt(x: float | None, digits: int = 7) -> str:
     return "" if x is None else f"{x:.{digits}g}"
 
 
-def make_row(job: Job, freq_hz: int | None, m: Measurement, prov: Provenance) -> dict[str, str]:
+def make_row(job: SweepJob, freq_hz: int | None, m: SettingMeasurement, prov: Provenance) -> dict[str, str]:
     if m.steps <= 0 or m.duration_s <= 0:
         raise FtgovError(f"{job.workload}: empty measurement")
     power_mw = m.energy_j / m.duration_s * 1e3
@@ -135,7 +135,7 @@ class Progress:
             self._bar.close()
 
 
-def characterize(jobs: Iterable[Job], gpu, csv_path: Path, steps: int, warmup: int, prov: Provenance,
+def characterize(jobs: Iterable[SweepJob], gpu, csv_path: Path, steps: int, warmup: int, prov: Provenance,
                  on_row: Callable[[dict], None] | None = None, progress: bool = True) -> int:
     """Measure every (job, setting) not yet in csv_path; return how many rows were added.
 
@@ -181,13 +181,13 @@ def characterize(jobs: Iterable[Job], gpu, csv_path: Path, steps: int, warmup: i
 
 # -- building jobs ----------------------------------------------------------------------------------------------
 
-def simulated_jobs(workloads, gpu, seed: int, noise: float) -> list[Job]:
+def simulated_jobs(workloads, gpu, seed: int, noise: float) -> list[SweepJob]:
     from governor.sim.gpu import SimulatedRunner
 
     jobs = []
     for w in workloads:
         model, task = w.name.split("/", 1)
-        jobs.append(Job(w.name, model, task, w.model_type, w.num_layers, w.hidden_size, w.seq_len, w.batch_size,
+        jobs.append(SweepJob(w.name, model, task, w.model_type, w.num_layers, w.hidden_size, w.seq_len, w.batch_size,
                         round(w.total_params_m, 3),
                         make_runner=lambda w=w: SimulatedRunner(w, gpu, seed=seed, noise=noise)))
     return jobs
@@ -240,8 +240,8 @@ def _run_simulated(args) -> int:
 
 def hf_job(model_dir: Path, task: str, task_dir: Path, gpu, rails, *, model_name: str | None = None,
            batch_size: int = 32, seed: int = 0, device: str = "cuda", max_len: int = 128,
-           on_step: Callable[[int], None] | None = None) -> Job:
-    """The Job for a Hugging Face checkpoint fine-tuned on a local GLUE task (governor.pipeline.hf_runner).
+           on_step: Callable[[int], None] | None = None) -> SweepJob:
+    """The SweepJob for a Hugging Face checkpoint fine-tuned on a local GLUE task (governor.pipeline.hf_runner).
 
     The runner is built here, not lazily, because the CSV's identity columns (shape, mean sequence length, parameter
     count) come from the loaded model and the tokenized data.
@@ -254,7 +254,7 @@ def hf_job(model_dir: Path, task: str, task_dir: Path, gpu, rails, *, model_name
     shape = from_hf_config(runner.model.config)
     params_m = sum(p.numel() for p in runner.model.parameters()) / 1e6
     name = model_name or Path(model_dir).name
-    return Job(f"{name}/{task}", name, task, shape["model_type"], shape["num_layers"], shape["hidden_size"],
+    return SweepJob(f"{name}/{task}", name, task, shape["model_type"], shape["num_layers"], shape["hidden_size"],
                round(runner.seq_len, 2), batch_size, round(params_m, 3), make_runner=lambda: runner)
 
 
@@ -288,7 +288,10 @@ def _board_model(root) -> str:
 
 def _run_hardware(args) -> int:
     """A real Jetson: devfreq pins, INA3221 rails. Exercised on CPU against a simulated sysfs tree
-    (tests/test_pipeline_hf.py); UNTESTED ON A JETSON (see governor/pipeline/hf_runner.py)."""
+    (tests/pipeline/test_pipeline_hf.py); UNTESTED ON A JETSON (see governor/pipeline/hf_runner.py)."""
+    from governor.cli.doctor import refuse_while_daemon_runs
+
+    refuse_while_daemon_runs("ftgov characterize")  # the sweep writes devfreq itself: one writer at a time
     from governor.backends.devfreq import probe
     from governor.backends.rails import discover
     from governor.sysfs import Root

@@ -1,18 +1,28 @@
-"""Read a characterization CSV back as one sweep per workload: features, energy and time per setting.
+"""Read a characterization CSV back as one sweep per workload: features, energy and time per setting; and the
+`dataset` stage, which labels each configuration with the level the tree is trained to pick.
 
 The tree's gpu_util feature is the utilization measured under MAXN: that is what the daemon sees when a job
 registers without one, because the job runs under the board's default governor until the daemon pins a clock.
+
+The label is the optimum of the measured energy curve after a 3-point smoothing across neighbouring levels (weights
+1-2-1 on log energy). The floor of a U is flat to within run-to-run noise (1-3 %), so the raw argmin flips between
+neighbours by chance and a tree fitted to it learns the noise; the smoothed optimum is the centre of the floor.
+Regret is always measured against the raw energies (docs/energy-model.md has the figures).
 """
 
 from __future__ import annotations
 
+import argparse
 import csv
 import hashlib
+import json
+import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from governor.errors import FtgovError
-from governor.features import Features
+from governor.features import FEATURE_ORDER, Features
 
 
 @dataclass(frozen=True)
@@ -91,3 +101,89 @@ def sha256(path: str | Path) -> str:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError as e:
         raise FtgovError(f"cannot read {path}: {e.strerror or e}") from e
+
+
+def meta(data: str | Path) -> dict:
+    """The provenance sidecar written beside a characterization CSV (``NAME.meta.json``); {} when there is none."""
+    data = Path(data)
+    try:
+        return json.loads(data.with_name(data.name + ".meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+SMOOTHING = (1.0, 2.0, 1.0)
+
+
+def label_hz(sweep: Sweep) -> int:
+    """The level at the minimum of the smoothed log-energy curve (weights renormalised at the ends of the table)."""
+    levels = sweep.levels_hz
+    log_e = [math.log(sweep.energy_j[f]) for f in levels]
+    smoothed = []
+    for i in range(len(levels)):
+        pairs = [(w, log_e[j]) for j, w in zip((i - 1, i, i + 1), SMOOTHING) if 0 <= j < len(levels)]
+        smoothed.append(sum(w * v for w, v in pairs) / sum(w for w, _ in pairs))
+    return levels[min(range(len(levels)), key=lambda i: (smoothed[i], i))]
+
+
+def write_dataset(data: Path, out: Path) -> int:
+    """Per configuration: the five features (encoded as the daemon encodes them), the label and the raw optimum
+    beside it. Returns the number of configurations."""
+    sweeps = load(data)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["workload", *FEATURE_ORDER, "label_hz", "raw_optimum_hz", "regret_of_label_pct",
+                    "savings_at_label_pct"])
+        for s in sweeps:
+            label = label_hz(s)
+            w.writerow([s.workload, *(f"{v:g}" for v in s.features.vector()), label, s.optimum_hz,
+                        f"{s.regret_pct(label):.2f}", f"{s.savings_pct(s.energy_j[label]):.2f}"])
+    return len(sweeps)
+
+
+def read_labels(path: str | Path, sweeps: list[Sweep]) -> dict[str, int]:
+    """workload -> label level (Hz) from a file written by `dataset`, for exactly the workloads of ``sweeps``, whose
+    features it must hold as they are now (a dataset written from other data is refused, not trained on)."""
+    path = Path(path)
+    try:
+        with path.open(newline="") as f:
+            rows = {r["workload"]: r for r in csv.DictReader(f)}
+    except OSError as e:
+        raise FtgovError(f"cannot read {path}: {e.strerror or e}") from e
+    except (KeyError, csv.Error) as e:
+        raise FtgovError(f"{path}: not a dataset written by `dataset` ({e})") from e
+    labels = {}
+    for s in sweeps:
+        row = rows.get(s.workload)
+        if row is None:
+            raise FtgovError(f"{path} has no label for {s.workload}: write it again from this data (`dataset`)")
+        try:
+            vector = [float(row[name]) for name in FEATURE_ORDER]
+            labels[s.workload] = int(row["label_hz"])
+        except (KeyError, ValueError) as e:
+            raise FtgovError(f"{path}: {s.workload}: bad or missing column ({e})") from e
+        if vector != [float(f"{v:g}") for v in s.features.vector()]:
+            raise FtgovError(f"{path}: {s.workload}'s features differ from the data's: write it again (`dataset`)")
+        if labels[s.workload] not in s.energy_j:
+            raise FtgovError(f"{path}: {s.workload}: label {labels[s.workload]} Hz is not a measured level")
+    if len(rows) != len(sweeps):
+        extra = sorted(set(rows) - {s.workload for s in sweeps})
+        raise FtgovError(f"{path} labels workloads the data does not hold: {', '.join(extra)}")
+    return labels
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("dataset", help="label each characterized configuration with its energy-optimal level",
+                              description="Write the training set: per configuration the five features and the label "
+                              "(the energy optimum of the 1-2-1 smoothed curve).")
+    p.add_argument("--data", type=Path, default=Path("model/data/characterization.csv"), help="characterization CSV")
+    p.add_argument("--out", type=Path, default=Path("model/artifacts/dataset.csv"))
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    n = write_dataset(args.data, args.out)
+    print(f"{args.out}: {n} labelled configurations", file=sys.stderr)
+    return 0

@@ -23,10 +23,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from governor import data
 from governor.errors import FtgovError
 from governor.pipeline import dataset
 from governor.pipeline.dataset import Sweep
-from governor.pipeline.policies import Pick, Policy, Probe, TuneSettings, build_policies, model_energy_j
+from governor.pipeline.policies import EvaluatedPolicy, Pick, Probe, TuneSettings, build_policies, model_energy_j
+from governor.units import mhz
 
 MODEL_DIR = Path("model")
 SMALL_MODEL_PARAMS_M = 70.5  # the paper's line: "models > 70M" vs "<= 70M"
@@ -54,7 +56,7 @@ def score(sweep: Sweep, pick: Pick, steps: int = TuneSettings.job_steps) -> Outc
     return Outcome(pick.freq_hz, energy, time_s, spent if pick.probe_steps else None)
 
 
-def evaluate(sweeps: list[Sweep], policies: list[Policy],
+def evaluate(sweeps: list[Sweep], policies: list[EvaluatedPolicy],
              job_steps: int = TuneSettings.job_steps) -> dict[str, dict[str, Outcome]]:
     """workload -> policy name -> outcome; probing is charged over a job of `job_steps` steps."""
     results = {}
@@ -128,7 +130,7 @@ def table(sweeps: list[Sweep], results, names: list[str], job_steps: int = TuneS
     lines = [head, "-" * len(head)]
     for s in sweeps:
         r = results[s.workload]
-        cells = " ".join(f"{_mhz(r[n].freq_hz):>6} {savings_pct(s, r[n]):>8.1f}%"
+        cells = " ".join(f"{mhz(r[n].freq_hz, none='maxn', unit=False):>6} {savings_pct(s, r[n]):>8.1f}%"
                          + (f" {r[n].profiled_steps:>5}" if n in probing else "") for n in picked)
         lines.append(f"{s.workload:<20} {r['maxn'].energy_j:>11.3f} {r['maxn'].time_s:>7.3f} {cells}")
     lines.append("-" * len(head))
@@ -157,18 +159,15 @@ def table(sweeps: list[Sweep], results, names: list[str], job_steps: int = TuneS
     return "\n".join(lines)
 
 
-def _mhz(hz: int | None) -> str:
-    return "maxn" if hz is None else f"{hz / 1e6:.0f}"
-
-
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("evaluate", help="compare MAXN, FFG, the paper's tree, the trained MLG, the online "
                               "tuner and the oracle",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, default=MODEL_DIR / "data" / "held-out.csv", help="held-out characterization CSV")
-    p.add_argument("--mlg-tree", type=Path, default=MODEL_DIR / "mlg-tree.json")
-    p.add_argument("--paper-tree", type=Path, default=MODEL_DIR / "paper-tree.json")
-    p.add_argument("--ffg", type=Path, default=MODEL_DIR / "ffg.json", help="JSON with the FFG level, {\"freq_hz\": N}")
+    p.add_argument("--mlg-tree", type=Path, default=data.path(data.MLG_TREE), help="default: the shipped tree")
+    p.add_argument("--paper-tree", type=Path, default=data.path(data.PAPER_TREE))
+    p.add_argument("--ffg", type=Path, default=data.path(data.FFG),
+                   help="JSON with the FFG level, {\"freq_hz\": N} (default: the shipped one)")
     p.add_argument("--out", type=Path, help="directory for the PNG plots (none when omitted)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     p.add_argument("--job-steps", type=int, default=TuneSettings.job_steps,
@@ -182,7 +181,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
-def run(args, extra_policies: list[Policy] | None = None) -> int:
+def run(args, extra_policies: list[EvaluatedPolicy] | None = None) -> int:
     """extra_policies: more policies to compare (an online tuner), placed before the oracle."""
     sweeps = dataset.load(args.data)
     if args.job_steps < 1:

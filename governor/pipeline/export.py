@@ -1,4 +1,5 @@
-"""Export a fitted scikit-learn DecisionTreeClassifier to the daemon's ``ftgov-tree/1`` JSON, and as readable rules.
+"""The `export` stage: a fitted scikit-learn DecisionTreeClassifier as the daemon's ``ftgov-tree/1`` JSON (by default
+into governor/data/, the package data the daemon loads), and as readable rules.
 
 Node indices are scikit-learn's (depth-first, root 0), ``<=`` goes left, a leaf holds its majority class (the first
 one on a tie, as ``predict`` does).
@@ -13,10 +14,16 @@ Deterministic: no timestamps, fixed key order, Python's shortest float repr. Sam
 
 from __future__ import annotations
 
+import argparse
 import json
+import sys
+from pathlib import Path
 
+from governor.errors import FtgovError
 from governor.features import FEATURE_ORDER, MODEL_TYPE_CODES
+from governor.pipeline import dataset
 from governor.policy.tree import FORMAT
+from governor.units import mhz
 
 
 def float64_threshold(t: float) -> float:
@@ -74,7 +81,7 @@ def to_rules(estimator, header: list[str]) -> str:
         left, right = int(t.children_left[i]), int(t.children_right[i])
         if left == -1:
             hz = int(estimator.classes_[int(t.value[i][0].argmax())])
-            lines.append(f"{pad}-> {hz / 1e6:g} MHz  (samples: {int(t.n_node_samples[i])})")
+            lines.append(f"{pad}-> {mhz(hz)}  (samples: {int(t.n_node_samples[i])})")
             return
         name, thr = FEATURE_ORDER[int(t.feature[i])], float(t.threshold[i])
         shown = "encoder" if name == "model_type" and thr < 0.5 else None
@@ -85,3 +92,58 @@ def to_rules(estimator, header: list[str]) -> str:
 
     walk(0, 0)
     return "\n".join(lines) + "\n"
+
+
+def run_export(data: Path, estimator_path: Path, report_path: Path, tree_path: Path, rules_path: Path) -> None:
+    import joblib
+
+    try:
+        estimator = joblib.load(estimator_path)
+        report = json.loads(report_path.read_text())
+    except (OSError, ValueError) as e:
+        raise FtgovError(f"cannot read the fitted tree ({estimator_path}, {report_path}): {e}; run `fit` first") from e
+    meta = dataset.meta(data)
+    metadata = {
+        "data": report["data"], "data_sha256": report["data_sha256"], "data_source": meta.get("source", "unknown"),
+        "energy_model": meta.get("energy_model"), "data_seed": meta.get("seed"), "seed": report["seed"],
+        "hyperparameters": report["params"], "loocv_accuracy": report["loocv_accuracy"],
+        "loocv_mean_regret_pct": report["loocv_mean_regret_pct"],
+        "loocv_max_regret_pct": report["loocv_max_regret_pct"],
+        "loocv_raw_optimum_hit_rate": report["loocv_raw_optimum_hit_rate"],
+        "label": "energy-optimal level of the measured curve after 1-2-1 smoothing on log energy",
+        "gpu_util": "GPU load under MAXN (the board's default governor), percent",
+        "thresholds": "float64 equivalents of scikit-learn's float32 comparisons (see governor/pipeline/export.py)",
+    }
+    description = ("MLG tree trained by the model pipeline (make model) on the " + str(meta.get("source", ""))
+                   + " characterization set (model/data/characterization.csv): label = energy-optimal level of the "
+                   "1-2-1 smoothed curve, hyperparameters by LOOCV energy regret.")
+    tree_path.parent.mkdir(parents=True, exist_ok=True)
+    tree_path.write_text(to_json(estimator, description, metadata))
+    header = [f"MLG tree, trained on {report['data']} ({metadata['data_source']}, {metadata['energy_model']}, "
+              f"data seed {metadata['data_seed']}), training seed {report['seed']}",
+              f"hyperparameters {json.dumps(report['params'], sort_keys=True)}",
+              f"LOOCV accuracy {report['loocv_accuracy']:.3f} (label), {report['loocv_raw_optimum_hit_rate']:.3f} "
+              f"(raw optimum); mean energy regret "
+              f"{report['loocv_mean_regret_pct']:.2f}% (max {report['loocv_max_regret_pct']:.2f}%)",
+              "model_type: 0 = encoder, 1 = decoder; gpu_util: GPU load under MAXN, percent"]
+    rules_path.parent.mkdir(parents=True, exist_ok=True)
+    rules_path.write_text(to_rules(estimator, header))
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("export", help="write the fitted tree as the daemon's JSON and as readable rules",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, default=Path("model/data/characterization.csv"),
+                   help="characterization CSV (its provenance goes into the tree's metadata)")
+    p.add_argument("--estimator", type=Path, default=Path("model/artifacts/mlg.joblib"), help="from `fit`")
+    p.add_argument("--report", type=Path, default=Path("model/artifacts/cv-report.json"), help="from `fit`")
+    p.add_argument("--tree", type=Path, default=Path("governor/data/mlg-tree.json"), help="ftgov-tree/1 JSON to write")
+    p.add_argument("--rules", type=Path, default=Path("model/mlg-rules.txt"), help="readable rules to write")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    run_export(args.data, args.estimator, args.report, args.tree, args.rules)
+    print(f"{args.tree}, {args.rules} written", file=sys.stderr)
+    return 0

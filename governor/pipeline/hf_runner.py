@@ -1,7 +1,7 @@
 """The real workload for characterization on a Jetson: a Hugging Face fine-tuning loop, measured from the rails.
 
 UNTESTED ON A JETSON. The loop, the GLUE reader, the rail sampling and the pinning run in the test suite on CPU against
-a simulated Orin sysfs tree (tests/test_pipeline_hf.py); the CUDA parts (fp16 autocast, the gradient scaler,
+a simulated Orin sysfs tree (tests/pipeline/test_pipeline_hf.py); the CUDA parts (fp16 autocast, the gradient scaler,
 torch.cuda.synchronize) and the real INA3221/devfreq files have never run on a board. Treat its first run there as a test.
 
 The GLUE copy is read with the standard library, in the layout of GLUE's own distribution (one directory per task,
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from governor.errors import FtgovError
-from governor.pipeline.measure import Measurement
+from governor.pipeline.measure import SettingMeasurement
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class RailSampler:
         self.rails = rails
         self.gpu = gpu
         self.interval_s = interval_s
-        self.measurement = Measurement.start()
+        self.measurement = SettingMeasurement.start()
         self.limits_seen: set[tuple[int, int]] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -287,7 +287,7 @@ class HfTrainingRunner:
 
             torch.cuda.synchronize(self.device)
 
-    def run(self, steps: int, warmup: int = 0) -> Measurement:
+    def run(self, steps: int, warmup: int = 0) -> SettingMeasurement:
         self.model.train()
         for _ in range(warmup):
             self._step()

@@ -8,7 +8,7 @@ from governor.backends.rails import ENERGY_RAILS
 
 
 @dataclass
-class Measurement:
+class SettingMeasurement:
     """Sums over the measured steps. Energy per rail is the integral of its power over the run (J)."""
 
     steps: int = 0
@@ -20,7 +20,7 @@ class Measurement:
     freq_time_s: float = 0.0
 
     @classmethod
-    def start(cls) -> "Measurement":
+    def start(cls) -> "SettingMeasurement":
         return cls()
 
     def add_interval(self, duration_s: float, rails_mw: dict[str, float], util_pct: float | None,

@@ -1,9 +1,13 @@
 """The policies `ftgov evaluate` compares, behind one small interface.
 
 A policy sees a workload the way the daemon does (its Features, gpu_util measured under MAXN) and picks a level, or
-None for MAXN. ``probe`` gives the noise-free measurement of a level from the sweep (per-step energy, time and
-utilization); a policy that explores before settling reports the steps it spent at each level in
-``Pick.probe_steps``, and the evaluation charges them to it.
+None for MAXN. MAXN, FFG and the trees decide through the daemon's own code (governor.policy.Policy.decide, with the
+sweep's levels as the GPU's table), so the evaluation scores the decisions ftgovd would make: MAXN is the daemon's
+`observe` (no pin, the default governor runs), FFG its `ffg`, a tree its `mlg`.
+
+``probe`` gives the noise-free measurement of a level from the sweep (per-step energy, time and utilization); a
+policy that explores before settling reports the steps it spent at each level in ``Pick.probe_steps``, and the
+evaluation charges them to it.
 
 ``Tune`` is the daemon's `tune` policy: MLG's pick, then the online tuner (governor/policy/tuner.py). It does not use
 ``probe``: a real tuner never sees noise-free values, so its windows come from the noisy energy model, one step at a
@@ -13,19 +17,19 @@ settled) are taken from that simulation; they are then scored on the same sweep 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from governor.backends.base import nearest_level
 from governor.errors import FtgovError
 from governor.pipeline.dataset import Sweep
-from governor.sim.tuned_job import run_tuned_job
 from governor.pipeline.workloads import (characterization_workloads, held_out_workloads, make_workload,
                                          model_by_name)
-from governor.sim.energy import OrinEnergyModel, Workload
+from governor.policy import Policy
+from governor.policy.ffg import read_ffg_hz
 from governor.policy.tree import DecisionTree
+from governor.sim.energy import OrinEnergyModel, Workload
+from governor.sim.tuned_job import run_tuned_job
 
 if TYPE_CHECKING:
     from governor.daemon.config import TunerConfig
@@ -54,40 +58,48 @@ class Pick:
         return sum(self.probe_steps.values())
 
 
-class Policy(Protocol):
+class EvaluatedPolicy(Protocol):
     name: str
 
     def pick(self, sweep: Sweep, probe: ProbeFn) -> Pick: ...
 
 
+def _daemon_pick(policy: Policy, sweep: Sweep) -> Pick:
+    return Pick(policy.decide(sweep.features, sweep.levels_hz).freq_hz)
+
+
 @dataclass(frozen=True)
 class Maxn:
+    """No pin: the daemon's `observe`, under which the board's default governor runs."""
+
     name: str = "maxn"
 
     def pick(self, sweep: Sweep, probe: ProbeFn) -> Pick:
-        return Pick(None)
+        return _daemon_pick(Policy("observe", 0, None), sweep)
 
 
 @dataclass(frozen=True)
 class Fixed:
-    """FFG: one level for every workload."""
+    """FFG: one level for every workload (the daemon's `ffg`: the nearest level at or above it)."""
 
     freq_hz: int
     name: str = "ffg"
 
     def pick(self, sweep: Sweep, probe: ProbeFn) -> Pick:
-        return Pick(nearest_level(sweep.levels_hz, self.freq_hz))
+        return _daemon_pick(Policy("ffg", self.freq_hz, None), sweep)
 
 
 @dataclass(frozen=True)
 class Tree:
-    """MLG: a decision tree over the workload's features (the daemon's evaluator, not scikit-learn)."""
+    """MLG: a decision tree over the workload's features, decided as the daemon's `mlg` decides (its evaluator, not
+    scikit-learn). ``ffg_freq_hz`` is the daemon's fallback, used only by a policy without a tree."""
 
     tree: DecisionTree
     name: str
+    ffg_freq_hz: int = 0
 
     def pick(self, sweep: Sweep, probe: ProbeFn) -> Pick:
-        return Pick(nearest_level(sweep.levels_hz, self.tree.decide(sweep.features).freq_hz))
+        return _daemon_pick(Policy("mlg", self.ffg_freq_hz, self.tree), sweep)
 
 
 @dataclass(frozen=True)
@@ -176,23 +188,15 @@ def model_energy_j(sweeps: list[Sweep]) -> dict[str, dict[int, float]] | None:
     return out
 
 
-def load_ffg_hz(path: Path) -> int:
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise FtgovError(f"cannot read FFG frequency from {path}: {e}") from e
-    hz = doc.get("freq_hz") if isinstance(doc, dict) else None
-    if not isinstance(hz, int) or isinstance(hz, bool) or hz <= 0:
-        raise FtgovError(f"{path}: freq_hz must be a positive integer (Hz)")
-    return hz
-
-
-def build_policies(ffg_path: Path, paper_tree: Path, mlg_tree: Path, extra: list[Policy] | None = None,
-                   tune: TuneSettings | None = None) -> list[Policy]:
+def build_policies(ffg_path: Path, paper_tree: Path, mlg_tree: Path, extra: list[EvaluatedPolicy] | None = None,
+                   tune: TuneSettings | None = None) -> list[EvaluatedPolicy]:
     """MAXN first (the baseline every saving is measured against), the oracle last; with ``tune``, the tuner
-    (started from the trained MLG) right after MLG."""
-    mlg = Tree(DecisionTree.load(mlg_tree), "mlg")
-    policies: list[Policy] = [Maxn(), Fixed(load_ffg_hz(ffg_path)), Tree(DecisionTree.load(paper_tree), "paper"), mlg]
+    (started from the trained MLG) right after MLG. A missing or bad file is an error here, not a fallback: an
+    evaluation of a policy that is not there would score FFG under its name."""
+    ffg_hz = read_ffg_hz(ffg_path)
+    mlg = Tree(DecisionTree.load(mlg_tree), "mlg", ffg_hz)
+    policies: list[EvaluatedPolicy] = [Maxn(), Fixed(ffg_hz), Tree(DecisionTree.load(paper_tree), "paper", ffg_hz),
+                                       mlg]
     if tune is not None:
         policies.append(Tune(mlg, tune))
     return policies + list(extra or []) + [Oracle()]

@@ -1,26 +1,27 @@
-"""Train the MLG decision tree: label each configuration with its energy-optimal level, choose hyperparameters by
-leave-one-out cross-validation, fit on everything.
-
-The label is the optimum of the measured energy curve after a 3-point smoothing across neighbouring levels (weights
-1-2-1 on log energy). The floor of a U is flat to within run-to-run noise (1-3 %), so the raw argmin flips between
-neighbours by chance and a tree fitted to it learns the noise; the smoothed optimum is the centre of the floor.
-Regret is always measured against the raw energies (docs/energy-model.md has the figures).
+"""Train the MLG decision tree (the `fit` stage): choose hyperparameters by leave-one-out cross-validation on the
+labels `dataset` wrote, fit on everything, save the estimator (joblib) and the CV report.
 
 Hyperparameters are chosen by LOOCV energy regret (energy at the predicted level over the optimum's), not accuracy:
 a near miss (816 MHz for a 714 MHz optimum on a flat U) costs a fraction of a percent, a far miss costs tens of
-percent, and accuracy cannot tell them apart. Accuracy breaks ties, then the simpler tree. Both are reported.
+percent, and accuracy cannot tell them apart. Accuracy breaks ties, then the simpler tree. Both are reported. Regret
+needs the whole energy curve, so fit reads the characterization CSV beside the labels.
 
 scikit-learn and joblib are imported inside the functions: the daemon never imports this module.
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
-import math
+import json
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
+from governor.errors import FtgovError
 from governor.features import FEATURE_ORDER
-from governor.pipeline.dataset import Sweep
+from governor.pipeline import dataset
+from governor.pipeline.dataset import Sweep, label_hz
 
 # Small on purpose: 27 samples cannot support a finer search, and every extra point is one more way to overfit LOOCV.
 PARAM_GRID = {
@@ -39,26 +40,16 @@ class CvResult:
     predictions_hz: tuple[int, ...]  # per configuration, from the fold that held it out
 
 
-SMOOTHING = (1.0, 2.0, 1.0)
+Labels = dict[str, int]  # workload -> label level (Hz), as `dataset` wrote them
 
 
-def label_hz(sweep: Sweep) -> int:
-    """The level at the minimum of the smoothed log-energy curve (weights renormalised at the ends of the table)."""
-    levels = sweep.levels_hz
-    log_e = [math.log(sweep.energy_j[f]) for f in levels]
-    smoothed = []
-    for i in range(len(levels)):
-        pairs = [(w, log_e[j]) for j, w in zip((i - 1, i, i + 1), SMOOTHING) if 0 <= j < len(levels)]
-        smoothed.append(sum(w * v for w, v in pairs) / sum(w for w, _ in pairs))
-    return levels[min(range(len(levels)), key=lambda i: (smoothed[i], i))]
-
-
-def design(sweeps: list[Sweep]):
-    """(X, y): the five features in FEATURE_ORDER, encoded as the daemon encodes them; y = label level in Hz."""
+def design(sweeps: list[Sweep], labels: Labels | None = None):
+    """(X, y): the five features in FEATURE_ORDER, encoded as the daemon encodes them; y = label level in Hz
+    (``labels``, or dataset.label_hz of each sweep when None)."""
     import numpy as np
 
     X = np.array([s.features.vector() for s in sweeps], dtype=np.float64)
-    y = np.array([label_hz(s) for s in sweeps], dtype=np.int64)
+    y = np.array([labels[s.workload] if labels is not None else label_hz(s) for s in sweeps], dtype=np.int64)
     return X, y
 
 
@@ -68,11 +59,11 @@ def make_estimator(params: dict, seed: int):
     return DecisionTreeClassifier(random_state=seed, **params)
 
 
-def loocv(sweeps: list[Sweep], params: dict, seed: int) -> CvResult:
+def loocv(sweeps: list[Sweep], params: dict, seed: int, labels: Labels | None = None) -> CvResult:
     """Leave each configuration out in turn, fit on the rest, predict it."""
     import numpy as np
 
-    X, y = design(sweeps)
+    X, y = design(sweeps, labels)
     preds = []
     for i in range(len(sweeps)):
         keep = np.arange(len(sweeps)) != i
@@ -88,12 +79,13 @@ def grid() -> list[dict]:
     return [dict(zip(keys, values)) for values in itertools.product(*(PARAM_GRID[k] for k in keys))]
 
 
-def search(sweeps: list[Sweep], seed: int, n_jobs: int = 1) -> tuple[CvResult, list[CvResult]]:
+def search(sweeps: list[Sweep], seed: int, n_jobs: int = 1,
+           labels: Labels | None = None) -> tuple[CvResult, list[CvResult]]:
     """LOOCV over the grid in parallel (joblib); the winner by (regret, -accuracy, simplicity, grid order)."""
     from joblib import Parallel, delayed
 
     candidates = grid()
-    results = Parallel(n_jobs=n_jobs)(delayed(loocv)(sweeps, p, seed) for p in candidates)
+    results = Parallel(n_jobs=n_jobs)(delayed(loocv)(sweeps, p, seed, labels) for p in candidates)
 
     def rank(item):
         i, r = item
@@ -105,10 +97,66 @@ def search(sweeps: list[Sweep], seed: int, n_jobs: int = 1) -> tuple[CvResult, l
     return best, list(results)
 
 
-def fit(sweeps: list[Sweep], params: dict, seed: int):
-    X, y = design(sweeps)
+def fit(sweeps: list[Sweep], params: dict, seed: int, labels: Labels | None = None):
+    X, y = design(sweeps, labels)
     return make_estimator(params, seed).fit(X, y)
 
 
 def feature_names() -> list[str]:
     return list(FEATURE_ORDER)
+
+
+def run_fit(data: Path, dataset_path: Path, estimator_path: Path, report_path: Path, seed: int, jobs: int) -> dict:
+    """The `fit` stage: LOOCV search, fit on everything, write the estimator and the report; returns the report."""
+    import joblib
+    import sklearn
+
+    sweeps = dataset.load(data)
+    labels = dataset.read_labels(dataset_path, sweeps)
+    best, results = search(sweeps, seed=seed, n_jobs=jobs, labels=labels)
+    estimator = fit(sweeps, best.params, seed, labels)
+    estimator_path.parent.mkdir(parents=True, exist_ok=True)
+    joblib.dump(estimator, estimator_path)
+    report = {
+        "data": str(data.name), "data_sha256": dataset.sha256(data), "seed": seed,
+        "params": best.params, "loocv_accuracy": round(best.accuracy, 4),
+        "loocv_mean_regret_pct": round(best.mean_regret_pct, 3), "loocv_max_regret_pct": round(best.max_regret_pct, 3),
+        "loocv_predictions_hz": {s.workload: p for s, p in zip(sweeps, best.predictions_hz)},
+        "label_hz": {s.workload: labels[s.workload] for s in sweeps},
+        "raw_optimum_hz": {s.workload: s.optimum_hz for s in sweeps},
+        "loocv_raw_optimum_hit_rate": round(sum(p == s.optimum_hz for s, p in zip(sweeps, best.predictions_hz))
+                                            / len(sweeps), 4),
+        "train_accuracy": round(float(estimator.score(*design(sweeps, labels))), 4),
+        "n_leaves": int(estimator.get_n_leaves()), "depth": int(estimator.get_depth()),
+        "grid_size": len(results), "sklearn_version": sklearn.__version__,
+        "grid": [{"params": r.params, "accuracy": round(r.accuracy, 4), "mean_regret_pct": round(r.mean_regret_pct, 3)}
+                 for r in results],
+    }
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"LOOCV over {len(sweeps)} configurations, {len(results)} hyperparameter sets; chosen {best.params}\n"
+          f"  LOOCV accuracy {best.accuracy:.3f} (raw optimum hit {report['loocv_raw_optimum_hit_rate']:.3f}), "
+          f"mean energy regret {best.mean_regret_pct:.2f}% (max {best.max_regret_pct:.2f}%); "
+          f"tree: depth {report['depth']}, {report['n_leaves']} leaves", file=sys.stderr)
+    return report
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("fit", help="choose the tree's hyperparameters by LOOCV energy regret and fit it",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", type=Path, default=Path("model/data/characterization.csv"),
+                   help="characterization CSV (the energy curves that score each fold)")
+    p.add_argument("--dataset", type=Path, default=Path("model/artifacts/dataset.csv"), help="labels from `dataset`")
+    p.add_argument("--estimator", type=Path, default=Path("model/artifacts/mlg.joblib"), help="joblib file to write")
+    p.add_argument("--report", type=Path, default=Path("model/artifacts/cv-report.json"), help="CV report to write")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=2, help="joblib workers for the LOOCV search")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    if args.jobs < 1:
+        raise FtgovError(f"--jobs must be >= 1, got {args.jobs}")
+    run_fit(args.data, args.dataset, args.estimator, args.report, args.seed, args.jobs)
+    return 0

@@ -1,7 +1,7 @@
 """Policies: map a job's features to a GPU frequency (or to no pin at all).
 
-- ``mlg``: the decision tree (governor.policy.tree), loaded from a JSON export; falls back to FFG with a logged reason when
-  the model file is missing or invalid.
+- ``mlg``: the decision tree (governor.policy.tree), loaded from a JSON export; falls back to FFG with a logged reason
+  when the model file is missing or invalid.
 - ``ffg``: one configured frequency for every job.
 - ``observe``: pins nothing, so the default governor runs; for baseline measurements.
 - ``tune``: starts from MLG's pick; the daemon's tuner then moves it (governor.policy.tuner).
@@ -14,7 +14,6 @@ import logging
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Optional
 
 from governor.backends.base import nearest_level
 from governor.errors import ModelError
@@ -37,9 +36,9 @@ class PolicyName(str, Enum):
 @dataclass(frozen=True)
 class Decision:
     policy: PolicyName  # the policy asked for
-    freq_hz: Optional[int]  # None: no pin
+    freq_hz: int | None  # None: no pin
     reason: str
-    fell_back_to: Optional[PolicyName] = None  # the policy that decided instead (mlg without a tree: ffg)
+    fell_back_to: PolicyName | None = None  # the policy that decided instead (mlg without a tree: ffg)
 
     @property
     def label(self) -> str:
@@ -47,7 +46,7 @@ class Decision:
         return self.policy.value if self.fell_back_to is None else f"{self.policy.value}->{self.fell_back_to.value}"
 
     @classmethod
-    def from_label(cls, label: str, freq_hz: Optional[int], reason: str) -> "Decision":
+    def from_label(cls, label: str, freq_hz: int | None, reason: str) -> Decision:
         asked, _, fell = label.partition("->")
         return cls(PolicyName(asked), freq_hz, reason, PolicyName(fell) if fell else None)
 
@@ -55,7 +54,7 @@ class Decision:
 class Policy:
     """Decides for one GPU's table of levels."""
 
-    def __init__(self, name: PolicyName | str, ffg_freq_hz: int, tree: Optional[DecisionTree],
+    def __init__(self, name: PolicyName | str, ffg_freq_hz: int, tree: DecisionTree | None,
                  fallback_reason: str = ""):
         self.name = PolicyName(name)
         self.ffg_freq_hz = ffg_freq_hz
@@ -63,7 +62,7 @@ class Policy:
         self.fallback_reason = fallback_reason
 
     @classmethod
-    def from_config(cls, name: PolicyName | str, ffg_freq_hz: int, model_file: Optional[str | Path]) -> "Policy":
+    def from_config(cls, name: PolicyName | str, ffg_freq_hz: int, model_file: str | Path | None) -> Policy:
         name = PolicyName(name)
         if name is PolicyName.FFG:
             return cls(name, ffg_freq_hz, None)
@@ -79,12 +78,12 @@ class Policy:
                  len(tree.nodes), ", ".join(f"{hz / 1e6:g}" for hz in tree.leaves_hz()))
         return cls(name, ffg_freq_hz, tree)
 
-    def needs_gpu_util(self, features: Features, policy: Optional[PolicyName] = None) -> bool:
+    def needs_gpu_util(self, features: Features, policy: PolicyName | None = None) -> bool:
         """Whether the decision for these features depends on gpu_util: the tree's path for them tests it."""
         name = PolicyName(policy) if policy is not None else self.name
         if name is PolicyName.FFG or self.tree is None:
             return False
-        values = dict(zip(FEATURE_ORDER, features.model_copy(update={"gpu_util": 0.0}).vector()))
+        values = dict(zip(FEATURE_ORDER, features.model_copy(update={"gpu_util": 0.0}).vector(), strict=True))
         node = self.tree.nodes[0]
         while isinstance(node, Split):
             if node.feature == "gpu_util":
@@ -93,7 +92,7 @@ class Policy:
         return False
 
     def decide(self, features: Features, levels_hz: tuple[int, ...],
-               policy: Optional[PolicyName] = None) -> Decision:
+               policy: PolicyName | None = None) -> Decision:
         """The decision. gpu_util may be unknown (None) only where needs_gpu_util says it does not matter."""
         name = PolicyName(policy) if policy is not None else self.name
         if features.gpu_util is None:
@@ -124,7 +123,7 @@ def _level_note(level_hz: int, wanted_hz: int) -> str:
     return "" if level_hz == wanted_hz else f" (nearest level {level_hz / 1e6:g} MHz)"
 
 
-def combine(freqs_hz: list[Optional[int]]) -> Optional[int]:
+def combine(freqs_hz: list[int | None]) -> int | None:
     """THE rule for several jobs on one GPU: pin the highest frequency any job needs, so no job is slowed below its
     own pick. Jobs that pin nothing (observe) do not count; with none left, the GPU returns to its baseline (None)."""
     pins = [f for f in freqs_hz if f is not None]

@@ -1,53 +1,250 @@
-"""The simulated board: makes the fake tree's load, cur_freq and INA3221 rails follow the pin and the running jobs.
+"""The simulated board: a process that makes a simulated tree behave as a Jetson Orin does under what is written to it.
 
-On hardware the GPU load and rail power change because a training loop runs at the pinned clock. Here the daemon
-tells the board (a listener on the job table) what runs; the board asks the energy model (governor.sim.energy) what a
-training step at the pinned frequency costs and writes the files the daemon then reads, exactly as it would read a
-real Orin's. Several jobs at once: the board runs the heaviest one (the GPU is time-shared; the busiest job sets the
-power draw) — a simplification, stated here and in docs/energy-model.md.
+    python -m governor.sim.board --tree DIR [--build jp6|jp5|nx-jp6 [--max-hz HZ]]
+
+It runs beside ftgovd (``ftgovd --simulate`` starts one; ``ftgovd --sysfs-root DIR`` serves its tree), and knows
+nothing of the daemon: like a board, it sees only the files. It waits (inotify, no polling) for
+
+- writes to the GPU devfreq node's ``min_freq``/``max_freq``: it keeps them as the kernel keeps a user's QoS request
+  (kHz, min rounded down, max rounded up, 0 on max meaning no limit) and rewrites both files with the effective
+  range, clamped to the table, min := max when they cross. A real sysfs does this inside the write, so that the
+  next read already sees it; here it lands a moment after the write (the board reacts to the write event).
+- simulated jobs (governor.sim.job) announcing themselves: a JSON file each under ``ftgov-sim/jobs/`` holding the
+  workload, its pid and whether its training steps run now.
+
+Then it rewrites ``cur_freq``, the per-mille GPU ``load`` and the INA3221 rails from the energy model
+(governor.sim.energy) at the clock the range allows. Load shows only while a job's steps run, as on a real GPU
+(idle before the first step and between steps). Several jobs at once: the board runs the heaviest one (the GPU is
+time-shared; the busiest job sets the power draw), a simplification stated in docs/energy-model.md. Idle rails are
+the model's idle at the lowest clock whatever the range (a pinned idle GPU's clock tree is not modelled).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import select
+import sys
+from dataclasses import fields
+from pathlib import Path
 
-from governor.backends.devfreq import DevfreqGpu
-from governor.sysfs import Root, read_int, write_text
+from governor.backends.devfreq import DevfreqGpu, find_node
+from governor.backends.rails import RAIL_IN
+from governor.errors import FtgovError
 from governor.sim import tree
+from governor.sim.energy import OrinEnergyModel, Workload, nx_rails_mw
+from governor.sim.inotify import IN_CLOSE_WRITE, IN_DELETE, IN_MOVED_FROM, IN_MOVED_TO, Inotify
+from governor.sysfs import Root
+
+S32_MAX = 2**31 - 1  # PM QoS values are s32 kHz; the max request's default is "no limit"
+LIMIT_FILES = ("min_freq", "max_freq")
+_WORKLOAD_FIELDS = {f.name for f in fields(Workload)}
+
+
+def _int(text: str) -> int | None:
+    try:
+        return int(text.split()[0])
+    except (ValueError, IndexError):
+        return None
 
 
 class Board:
-    def __init__(self, root: Root, gpu: DevfreqGpu, model=None, *, batch_size: int = 32):
-        from governor.sim.energy import OrinEnergyModel, Workload
+    """One simulated board over one tree: ``react()`` after writes into it, ``serve()`` waits for them."""
 
+    def __init__(self, root: Root):
         self.root = root
-        self.gpu = gpu
-        self.model = model or OrinEnergyModel()
-        self._workload_cls = Workload
-        self.batch_size = batch_size
+        self.layout = tree.layout_of(root)
+        self.node = find_node(root)
+        gpu = DevfreqGpu(root, self.node)
+        self.levels_hz, self.load_path = gpu.levels_hz, gpu.load_path
+        self.jobs_dir = root.path(tree.JOBS_DIR)
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        self._models: dict[tuple[int, ...], OrinEnergyModel] = {}
+        has_nx_rails = any(RAIL_IN in channels.values() for channels in self.layout.rails.values())
+        self._rails_of = nx_rails_mw if has_nx_rails else dict
+        self._khz = {"min_freq": 0, "max_freq": S32_MAX}
+        # Each limit file as the board last took or wrote it: ((inode, mtime, size), text).
+        self._seen: dict[str, tuple[tuple[int, int, int], str]] = {}
+        self._written: dict[Path, str] = {}  # what the board last wrote to each output file
+        self._rails_written: dict[str, float] | None = None
+        self._pidfds: dict[int, int] = {}  # pidfd -> pid of a job's process
 
-    def workload_of(self, features, name: str):
-        return self._workload_cls(name=name, model_type=features.model_type, num_layers=features.num_layers,
-                                  hidden_size=features.hidden_size, seq_len=features.seq_len,
-                                  batch_size=self.batch_size)
+    # -- the kernel's side: requests and the effective range ---------------------------------------------------
 
-    def update(self, governor) -> None:
-        """Rewrite load, cur_freq and rails for what runs now at the limits the files hold."""
-        jobs = list(governor.jobs.values())
-        min_hz, max_hz = read_int(self.gpu.node / "min_freq"), read_int(self.gpu.node / "max_freq")
-        if not jobs:
-            write_text(self.gpu.load_path, "0\n")
-            write_text(self.gpu.node / "cur_freq", f"{self.gpu.levels_hz[0]}\n")
-            tree.write_rails(self.root, self.model.idle_rails_mw())
+    def _take_request(self, name: str, text: str) -> None:
+        """``text``, written to min_freq or max_freq, as the new request (a non-number is refused, as the kernel
+        refuses it with EINVAL: the request stays as it was)."""
+        try:
+            hz = int(text.split()[0])
+        except (ValueError, IndexError):
             return
-        heaviest = max(jobs, key=lambda j: j.features.num_layers * j.features.hidden_size ** 2 * j.features.seq_len)
-        workload = self.workload_of(heaviest.features, heaviest.name or f"job-{heaviest.job_id}")
-        pinned = min_hz == max_hz and min_hz in self.gpu.levels_hz
-        sample = self.model.expected(workload, min_hz if pinned else None)
-        cur_hz = min_hz if pinned else (sample.freq_hz or self._clamp(self.gpu.levels_hz[-1], min_hz, max_hz))
-        write_text(self.gpu.load_path, f"{round(sample.gpu_util_pct * 10)}\n")
-        write_text(self.gpu.node / "cur_freq", f"{cur_hz}\n")
-        tree.write_rails(self.root, sample.rails_mw)
+        if hz < 0:
+            return
+        if name == "min_freq":
+            self._khz[name] = min(hz // 1000, S32_MAX)
+        else:
+            khz = -(-hz // 1000)
+            self._khz[name] = S32_MAX if khz == 0 else min(khz, S32_MAX)
 
-    @staticmethod
-    def _clamp(hz: int, lo: int, hi: int) -> int:
-        return min(max(hz, lo), hi)
+    def effective(self) -> tuple[int, int]:
+        """(min, max) in Hz as the kernel reads them back: the requests within the table, min := max if they cross."""
+        lo, hi = self.levels_hz[0], self.levels_hz[-1]
+        min_hz = max(lo, self._khz["min_freq"] * 1000)
+        max_hz = hi if self._khz["max_freq"] == S32_MAX else min(hi, self._khz["max_freq"] * 1000)
+        return min(min_hz, max_hz), max_hz
+
+    def _show_limits(self) -> None:
+        """Take every write not yet taken, then rewrite the files that do not read the effective range.
+
+        A file's identity (inode, mtime, size) and text tell a new write from the board's own rewrite: an event read
+        late (for a write that the board has already taken and clamped) is no new request, and a write that lands
+        after its event was read is one, so the board never overwrites a newer write with an older range.
+        """
+        in_flight = set()
+        for name in LIMIT_FILES:
+            path = self.node / name
+            try:
+                st, text = os.stat(path), path.read_text()
+            except OSError:
+                in_flight.add(name)
+                continue
+            if not text.strip():  # truncated by a write still in progress: its close event follows
+                in_flight.add(name)
+            elif ((st.st_ino, st.st_mtime_ns, st.st_size), text) != self._seen.get(name):
+                self._take_request(name, text)
+                self._seen[name] = ((st.st_ino, st.st_mtime_ns, st.st_size), text)
+        for name, hz in zip(LIMIT_FILES, self.effective(), strict=True):
+            if name in in_flight or (name in self._seen and _int(self._seen[name][1]) == hz):
+                continue
+            path = self.node / name
+            tree.replace_file(self.root, path, f"{hz}\n")
+            st = os.stat(path)
+            self._seen[name] = ((st.st_ino, st.st_mtime_ns, st.st_size), f"{hz}\n")
+
+    # -- what runs ---------------------------------------------------------------------------------------------
+
+    def running_workloads(self) -> list[Workload]:
+        """The workloads of announced jobs whose steps run now and whose process lives (stale files are removed)."""
+        out = []
+        for path in sorted(self.jobs_dir.glob("*.json")):
+            try:
+                job = json.loads(path.read_text())
+                pid = int(job["pid"])
+                workload = Workload(**{k: v for k, v in job["workload"].items() if k in _WORKLOAD_FIELDS})
+            except FileNotFoundError:
+                continue
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                print(f"governor.sim.board: ignoring {path}: {e}", file=sys.stderr, flush=True)
+                continue
+            if not self._watch_pid(pid):
+                path.unlink(missing_ok=True)
+                continue
+            if job.get("stepping"):
+                out.append(workload)
+        return out
+
+    def _watch_pid(self, pid: int) -> bool:
+        """True when the process lives; its exit then wakes the loop (a pidfd turns readable)."""
+        if pid in self._pidfds.values():
+            return True
+        try:
+            self._pidfds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            return False
+        return True
+
+    def _model(self, allowed: tuple[int, ...]) -> OrinEnergyModel:
+        if allowed not in self._models:
+            self._models[allowed] = OrinEnergyModel(levels_hz=allowed)
+        return self._models[allowed]
+
+    def update(self) -> None:
+        """Rewrite cur_freq, load and rails for what runs now within the effective range."""
+        min_hz, max_hz = self.effective()
+        allowed = tuple(hz for hz in self.levels_hz if min_hz <= hz <= max_hz)
+        workloads = self.running_workloads()
+        if not workloads:
+            cur_hz, load, rails = min_hz, 0, self._model(self.levels_hz).idle_rails_mw()
+        else:
+            heaviest = max(workloads, key=lambda w: w.num_layers * w.hidden_size ** 2 * w.seq_len)
+            if len(allowed) > 1:  # the load-following governor moves within the range: a busy loop sits on top
+                sample, cur_hz = self._model(allowed).expected(heaviest, None), allowed[-1]
+            else:  # one clock: a pin (or a range between two levels, which the clock cannot leave)
+                cur_hz = allowed[0] if allowed else max_hz
+                sample = self._model(self.levels_hz).expected(heaviest, cur_hz)
+            load, rails = round(sample.gpu_util_pct * 10), sample.rails_mw
+        # Rails, then load, then cur_freq: a reader that sees a new load sees its rails, one that sees a new
+        # clock sees both.
+        power_mw = self._rails_of(rails)
+        if power_mw != self._rails_written:
+            tree.write_rails(self.root, power_mw)
+            self._rails_written = power_mw
+        if self.load_path is not None:
+            self._show(self.load_path, f"{load}\n")
+        self._show(self.node / "cur_freq", f"{cur_hz}\n")
+
+    def _show(self, path: Path, text: str) -> None:
+        if self._written.get(path) != text:
+            tree.replace_file(self.root, path, text)
+            self._written[path] = text
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+
+    def react(self) -> None:
+        """After a batch of events: which limit files were written is read from the files themselves."""
+        self._show_limits()
+        self.update()
+
+    def serve(self, stop_fd: int | None = None, on_ready=None) -> None:
+        """React until ``stop_fd`` (a pipe's read end) reaches EOF, or forever without one."""
+        watcher = Inotify()
+        watcher.watch(self.node, IN_CLOSE_WRITE)
+        watcher.watch(self.jobs_dir, IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE)
+        self.react()
+        if on_ready is not None:
+            on_ready()
+        while True:
+            waiting = [watcher.fd, *self._pidfds, *([stop_fd] if stop_fd is not None else [])]
+            ready, _, _ = select.select(waiting, [], [])
+            if stop_fd in ready and not os.read(stop_fd, 4096):
+                return
+            for fd in ready:
+                if fd in self._pidfds:  # a job's process ended
+                    del self._pidfds[fd]
+                    os.close(fd)
+            watcher.read()  # drained: the files say what changed
+            self.react()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m governor.sim.board", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tree", required=True, help="the simulated tree (made by ftgov sim-tree, or by --build)")
+    p.add_argument("--build", choices=sorted(tree.LAYOUTS), help="build a tree of this layout at --tree first")
+    p.add_argument("--max-hz", type=int, help="with --build: the baseline max_freq (a power mode's cap)")
+    p.add_argument("--power-mode", type=int, help="with --build: an AGX Orin nvpmodel mode (conf, status, its cap)")
+    p.add_argument("--until-stdin-closes", action="store_true",
+                   help="exit when standard input reaches EOF (the process that started the board has ended)")
+    args = p.parse_args(argv)
+    try:
+        if args.build:
+            root = tree.build(args.tree, args.build, max_hz=args.max_hz, power_mode=args.power_mode)
+        else:
+            root = Root(args.tree)
+        board = Board(root)
+    except (ValueError, OSError, FtgovError) as e:
+        print(f"governor.sim.board: {args.tree}: {e}", file=sys.stderr)
+        return 1
+
+    def ready() -> None:
+        print("ready", flush=True)
+
+    try:
+        board.serve(sys.stdin.fileno() if args.until_stdin_closes else None, on_ready=ready)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

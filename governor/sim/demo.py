@@ -9,15 +9,15 @@ energy model, what the same steps would have cost under MAXN (the default, load-
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from governor.daemon.notify import NotifyListener
+from tests.support.daemon import Daemon  # the launcher tests and benchmarks use: `make demo` runs in the checkout
 
 DEVFREQ = "sys/class/devfreq/17000000.gpu"
 JOB = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0}  # BERT-base on MNLI
@@ -36,22 +36,41 @@ def files(root: Path) -> str:
             f"cur_freq={read('cur_freq') / 1e6:g} MHz")
 
 
+def settled(root: Path, cur_hz: int, timeout_s: float = 10.0) -> None:
+    """Wait until the board shows the clock (it reacts to the pin a moment after the daemon writes it)."""
+    from governor.sim.inotify import IN_MOVED_TO, Inotify
+
+    node = root / DEVFREQ
+    watcher = Inotify()
+    try:
+        watcher.watch(node.resolve(), IN_MOVED_TO)
+        deadline = time.monotonic() + timeout_s
+        while int((node / "cur_freq").read_text()) != cur_hz:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([watcher.fd], [], [], left)[0]:
+                return  # show what the files hold, late or not
+            watcher.read()
+    finally:
+        watcher.close()
+
+
 def main() -> int:
     from governor import client
+    from governor.sim import job as simjob
+    from governor.sim.energy import OrinEnergyModel, workload_from_features
+    from governor.sysfs import Root
+
+    w = workload_from_features(JOB, "bert-base/mnli")
 
     work = Path(tempfile.mkdtemp(prefix="ftgov-demo-", dir="/tmp"))
-    sock = str(work / "ftgov.sock")
-    notify = NotifyListener(str(work / "notify.sock"))
-    log_path = work / "ftgovd.log"
-    env = {**os.environ, "NOTIFY_SOCKET": notify.path}
-    cmd = [sys.executable, "-m", "governor.daemon", "--simulate", "--socket", sock, "--state-dir", str(work),
-           "--config", os.devnull]
+    daemon = Daemon(None, workdir=work, simulate=True, config_file=os.devnull, state_dir=work, log_level="info",
+                    notify_name="notify.sock")
+    sock = daemon.socket
+    log_path = daemon.log_path
     say("== 1. Start ftgovd on a simulated Jetson AGX Orin")
-    say("   $ " + " ".join(["ftgovd"] + cmd[3:]))
-    with open(log_path, "wb") as log:
-        daemon = subprocess.Popen(cmd, stdout=log, stderr=log, env=env)
+    say("   $ " + " ".join(["ftgovd"] + daemon.command()[3:]))
     try:
-        notify.wait(lambda m: "READY=1" in m, 30)
+        daemon.start(timeout_s=30)
         root = work / "sim-orin"
         say(f"   ready; simulated sysfs tree at {root}")
         say(f"   baseline: {files(root)}")
@@ -61,12 +80,15 @@ def main() -> int:
             reg = job.registration
             say(f"   daemon chose {reg['freq_hz'] / 1e6:g} MHz with policy {reg['policy']}")
             say(f"   why: {reg['reason']}")
+            settled(root, reg["freq_hz"])
             say(f"   pinned: {files(root)}")
-            for _ in range(STEPS):
-                time.sleep(STEP_S)  # the "training step" of this demo
-                job.step()
-            with client.Connection(sock) as conn:
-                st = conn.call("status")
+            with simjob.announce(Root(root), w) as on_board:  # the board shows the load while steps run
+                on_board.stepping(True)
+                for _ in range(STEPS):
+                    time.sleep(STEP_S)  # the "training step" of this demo
+                    job.step()
+                with client.Connection(sock) as conn:
+                    st = conn.call("status")
             j = st["jobs"][0]
             power = st["power_mw"] or {}
             say(f"   status after {j['steps']} steps: job {j['job_id']} '{j['name']}' at {j['freq_hz'] / 1e6:g} MHz, "
@@ -76,13 +98,11 @@ def main() -> int:
         say("\n== 3. The job ends; the daemon restores the baseline")
         say(f"   job ran {res['duration_s']:.2f} s, {res['steps']} steps, measured energy {res['energy_j']:.2f} J "
             f"(VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0)")
+        settled(root, int((root / DEVFREQ / "min_freq").read_text()))
         say(f"   restored: {files(root)}")
 
         say("\n== 4. What the pin saves (energy model, per training step of this workload)")
-        from governor.sim.energy import OrinEnergyModel, Workload
-
         model = OrinEnergyModel()
-        w = Workload(name="bert-base/mnli", **JOB)
         maxn = model.expected(w, None)
         pinned = model.expected(w, reg["freq_hz"])
         say(f"   MAXN (load-following default governor): {maxn.energy_j:.3f} J/step, {maxn.time_s * 1e3:.0f} ms/step")
@@ -92,9 +112,6 @@ def main() -> int:
             f"(time {100 * (pinned.time_s / maxn.time_s - 1):+.1f}%)")
 
         say("\n== 5. The online tuner (policy tune): measure energy per step from the rails, find the minimum")
-        from governor.sim import job as simjob
-        from governor.sysfs import Root
-
         with client.job(name="bert-base/mnli (tuned)", socket=sock, tune=True, report_every_s=0, **JOB) as tjob:
             say(f"   starts at MLG's pick, {tjob.registration['freq_hz'] / 1e6:g} MHz; steps take as long as the "
                 "energy model says at the pinned clock")
@@ -102,21 +119,20 @@ def main() -> int:
             with client.Connection(sock) as conn:
                 t = conn.call("status")["jobs"][0]
         for e in t["tuner"]["estimates"]:
-            say(f"   measured {e['freq_hz'] / 1e6:6g} MHz: {e['joules_per_step']:.3f} J/step over {e['windows']} window(s) "
-                "(steps run at 0.15x wall time)")
+            say(f"   measured {e['freq_hz'] / 1e6:6g} MHz: {e['joules_per_step']:.3f} J/step over "
+                f"{e['windows']} window(s) (steps run at 0.15x wall time)")
         oracle = min(model.levels_hz, key=lambda hz: model.expected(w, hz).energy_j)
         say(f"   {t['reason']}: {t['freq_hz'] / 1e6:g} MHz (the model's true minimum: {oracle / 1e6:g} MHz)")
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(15)
-        notify.close()
+        returncode = daemon.stop(signal.SIGTERM, timeout_s=15)
+        daemon.close()
     say("\n== 6. The daemon's log (what `journalctl -u ftgovd` shows on a Jetson)")
     for line in log_path.read_text().splitlines():
         if " INFO " in line or " WARNING " in line or " ERROR " in line:
             say("   " + line.split(" ftgovd ", 1)[-1])
     shutil.rmtree(work, ignore_errors=True)
     say("\nDone. Try it yourself: ftgovd --simulate, then FTGOV_SOCKET=... ftgov status")
-    return 0 if daemon.returncode == 0 else 1
+    return 0 if returncode == 0 else 1
 
 
 if __name__ == "__main__":

@@ -25,13 +25,21 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from governor.backends.rails import ENERGY_RAILS, RAIL_CPU_CV, RAIL_GPU_SOC, RAIL_SYS_5V0, RAIL_VDDQ
-
-# JetPack 6 AGX Orin 64GB GPU table (jetson-orin.md; the paper's 11 levels).
-JP6_LEVELS_HZ = (306000000, 408000000, 510000000, 612000000, 714000000, 816000000, 918000000, 1020000000,
-                 1122000000, 1224000000, 1300500000)
+from governor.backends.rails import (
+    ENERGY_RAILS,
+    RAIL_CPU_CV,
+    RAIL_CPU_GPU_CV,
+    RAIL_GPU_SOC,
+    RAIL_IN,
+    RAIL_SOC,
+    RAIL_SYS_5V0,
+    RAIL_VDDQ,
+)
+from governor.sim.tree import JP6_LEVELS_HZ
 
 ENCODER_VOCAB = 30522  # BERT word pieces; input embeddings tied with the MLM head (not trained for classification)
 DECODER_VOCAB = 50304  # Pythia (GPT-NeoX tokenizer, padded); input and output embeddings untied
@@ -60,6 +68,27 @@ class Workload:
         if self.params_m is not None:
             return self.params_m
         return (_layer_params(self) + _embedding_params(self)) / 1e6
+
+
+def workload_from_features(features: Mapping[str, Any] | Any, name: str, batch_size: int = 32) -> Workload:
+    """The Workload of a job's features (a mapping, or an object with the fields, such as governor.features.Features):
+    the one conversion every caller uses. ``gpu_util`` and other extra fields are ignored: the model derives the
+    load."""
+    get = features.get if isinstance(features, Mapping) else lambda key: getattr(features, key)
+    return Workload(name=name, model_type=get("model_type"), num_layers=get("num_layers"),
+                    hidden_size=get("hidden_size"), seq_len=get("seq_len"), batch_size=batch_size)
+
+
+def nx_rails_mw(rails_mw: Mapping[str, float], cal: Calibration | None = None) -> dict[str, float]:
+    """The AGX Orin rails of a step (the model's own split) as an Orin NX/Nano module's INA3221 reads them.
+
+    VDD_IN is the module's input: the same total as the AGX energy sum, so energy per step is the same figure on
+    both. VDD_SOC carries the SoC base; VDD_CPU_GPU_CV the rest of the GPU rail plus the CPU. An assumed split
+    (unverified: the model is calibrated to AGX Orin figures; nothing here is measured on an NX).
+    """
+    soc_mw = (cal or Calibration()).soc_base_w * 1e3
+    return {RAIL_IN: sum(rails_mw[r] for r in ENERGY_RAILS), RAIL_SOC: soc_mw,
+            RAIL_CPU_GPU_CV: rails_mw[RAIL_GPU_SOC] - soc_mw + rails_mw[RAIL_CPU_CV]}
 
 
 @dataclass(frozen=True)
@@ -93,7 +122,8 @@ class Calibration:
     bytes_per_param: float = 40.0
     act_bytes_per_token_layer_hidden: float = 160.0  # activations written and re-read, incl. elementwise kernels
     dram_bw_bps: float = 120e9  # achievable LPDDR5 bandwidth (204.8 GB/s peak)
-    sm_bytes_per_cycle: float = 160.0  # L2/crossbar bytes per GPU cycle: below ~750 MHz memory kernels slow with the clock
+    # L2/crossbar bytes per GPU cycle: below ~750 MHz memory kernels slow with the clock
+    sm_bytes_per_cycle: float = 160.0
     # Host side (PyTorch eager on the A78AE cores).
     launch_s_per_op: float = 40e-6  # PyTorch eager per op on the A78AE cores
     ops_per_layer: float = 110.0  # forward + backward + optimizer kernels per transformer layer
@@ -126,7 +156,8 @@ class Calibration:
     # MAXN (nvhost_podgov): load target and its reaction cost.
     maxn_down_load: float = 0.65  # podgov steps the clock down while the load stays below this
     maxn_boost_share: float = 0.2  # below the top level: share of steps boosted back to the top by load spikes
-    maxn_ramp_penalty: float = 0.035  # fraction of time lost ramping back up after host-side gaps, scaled by the gap share
+    # Fraction of time lost ramping back up after host-side gaps, scaled by the gap share.
+    maxn_ramp_penalty: float = 0.035
     # Noise (relative standard deviations at noise=1.0; the caller's noise argument scales them).
     jitter_rel: float = 0.03
     drift_rel: float = 0.015
@@ -217,7 +248,8 @@ class OrinEnergyModel:
         eff = (c.eff_max * w.hidden_size / (w.hidden_size + c.eff_hidden_half)
                * tokens / (tokens + c.eff_tokens_half))
         params = w.total_params_m * 1e6
-        mem_bytes = params * c.bytes_per_param + c.act_bytes_per_token_layer_hidden * tokens * w.num_layers * w.hidden_size
+        mem_bytes = (params * c.bytes_per_param
+                     + c.act_bytes_per_token_layer_hidden * tokens * w.num_layers * w.hidden_size)
         launch_s = c.launch_s_per_op * (c.ops_per_layer * w.num_layers + c.ops_fixed)
         host_s = c.host_fixed_s + c.host_per_sample_s * w.batch_size
         activity = c.act_compute_min + (1.0 - c.act_compute_min) * eff / c.eff_max
@@ -261,7 +293,8 @@ class OrinEnergyModel:
         A training loop starts with the GPU busy, so podgov starts at the top level; it steps down while the load it
         sees stays below its down-threshold and stops at the first level where the load reaches it (a slower clock
         makes the GPU busy for more of the step). GPU-bound workloads never leave the top level; host-bound ones
-        settle lower, but keep being boosted back to the top by the compute burst after each host gap. It reacts to load after the fact, so after each host-side gap the GPU restarts below its clock:
+        settle lower, but keep being boosted back to the top by the compute burst after each host gap. It reacts to
+        load after the fact, so after each host-side gap the GPU restarts below its clock:
         a time penalty that grows with how much of the step those gaps are.
         """
         c = self.cal

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from governor.backends.base import Limits, Reading
 from governor.errors import PinError
-from governor.pipeline.measure import Measurement
+from governor.pipeline.measure import SettingMeasurement
 from governor.sim.energy import OrinEnergyModel, Workload
 
 
@@ -61,13 +61,13 @@ class SimulatedRunner:
     seed: int = 0
     noise: float = 0.0
 
-    def run(self, steps: int, warmup: int = 0) -> Measurement:
+    def run(self, steps: int, warmup: int = 0) -> SettingMeasurement:
         freq_hz = self.gpu.pinned_hz()
         model = OrinEnergyModel(noise=self.noise, seed=cell_seed(self.seed, self.workload.name, freq_hz),
                                 levels_hz=self.gpu.levels_hz)
         for _ in range(warmup):
             model.step(self.workload, freq_hz)
-        m = Measurement.start()
+        m = SettingMeasurement.start()
         for _ in range(steps):
             s = model.step(self.workload, freq_hz)
             m.add_interval(s.time_s, s.rails_mw, s.gpu_util_pct, s.mean_freq_hz)

@@ -3,16 +3,56 @@ current clock, so the daemon's rails-based energy per step has the real U shape 
 
 Used by tests, the demo and `ftgov sim-job` (try the `tune` policy without a Jetson). ``time_scale`` shrinks every
 step by the same factor, which keeps the ratios between levels (and so the energy-optimal level) unchanged.
+
+A job tells the simulated board (governor.sim.board) what it runs through the tree, as a training process tells a
+real GPU by running kernels on it: ``announce`` writes a file under the tree's ``ftgov-sim/jobs/`` with the workload
+and whether its steps run now; the board shows the workload's load and power only while they do.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
+import os
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Optional
 
+from governor.errors import FtgovError
+from governor.sim import tree
 from governor.sysfs import Root
+
+_announcements = itertools.count(1)
+
+
+class Announcement:
+    """A job's file in the board's jobs directory; ``stepping(True)`` while its training steps run."""
+
+    def __init__(self, root: Root, workload):
+        self.root, self.workload = root, workload
+        self.path = root.path(tree.JOBS_DIR) / f"{os.getpid()}-{next(_announcements)}.json"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.stepping(False)
+
+    def stepping(self, running: bool) -> None:
+        record = {"pid": os.getpid(), "workload": asdict(self.workload), "stepping": running}
+        tree.replace_file(self.root, self.path, json.dumps(record) + "\n")
+
+    def withdraw(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+@contextmanager
+def announce(root: Root, workload) -> Iterator[Announcement]:
+    """The job is on the board (idle until ``stepping(True)``) for the block's duration."""
+    a = Announcement(root, workload)
+    try:
+        yield a
+    finally:
+        a.withdraw()
 
 
 def _read_hz(path: Path) -> int:
@@ -27,25 +67,27 @@ def _read_hz(path: Path) -> int:
 
 def step_seconds(node: Path, workload, model) -> float:
     """One step's duration at the clock the simulated GPU (devfreq node) runs now, from the energy model."""
-    pinned = _read_hz(node / "min_freq") == _read_hz(node / "max_freq")
-    return model.step(workload, _read_hz(node / "cur_freq") if pinned else None).time_s
+    min_hz, max_hz = _read_hz(node / "min_freq"), _read_hz(node / "max_freq")
+    return model.step(workload, min_hz if min_hz == max_hz else None).time_s
 
 
 def run(root: Root, job, workload, steps: int, *, time_scale: float = 0.1, noise: float = 0.0, seed: int = 0,
-        on_step: Optional[Callable[[int], None]] = None) -> None:
-    """Run `steps` simulated steps inside an open governor.client Job."""
+        on_step: Callable[[int], None] | None = None) -> None:
+    """Run `steps` simulated steps inside an open governor.client Job; the board shows the load while they run."""
     from governor.backends import devfreq
     from governor.sim.energy import OrinEnergyModel
 
     model = OrinEnergyModel(noise=noise, seed=seed)
     node = devfreq.find_node(root)
-    deadline = time.monotonic()
-    for i in range(steps):
-        deadline += step_seconds(node, workload, model) * time_scale
-        time.sleep(max(0.0, deadline - time.monotonic()))  # the step itself: simulated work takes wall time
-        job.step()
-        if on_step is not None:
-            on_step(i + 1)
+    with announce(root, workload) as on_board:
+        on_board.stepping(True)
+        deadline = time.monotonic()
+        for i in range(steps):
+            deadline += step_seconds(node, workload, model) * time_scale
+            time.sleep(max(0.0, deadline - time.monotonic()))  # the step itself: simulated work takes wall time
+            job.step()
+            if on_step is not None:
+                on_step(i + 1)
 
 
 def add_parser(sub) -> None:
@@ -59,18 +101,37 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--time-scale", type=float, default=0.1, help="wall time per simulated second (default 0.1)")
     p.add_argument("--tune", action="store_true", help="ask for the online tuner for this job")
+    p.add_argument("--no-daemon", action="store_true",
+                   help="run the steps on the board without registering, as an unmodified script (try ftgov run)")
     p.set_defaults(func=_main)
+
+
+class _Unregistered:
+    """The steps of a script that knows nothing of ftgovd: nothing to report."""
+
+    result = None
+
+    def step(self) -> None:
+        pass
 
 
 def _main(args: argparse.Namespace) -> int:
     from governor import client
-    from governor.sim.energy import Workload
+    from governor.sim.energy import workload_from_features
 
+    root = Root(Path(args.tree))
+    try:
+        tree.layout_of(root)
+    except ValueError as e:
+        raise FtgovError(str(e)) from e
     features = {"model_type": args.model_type, "num_layers": args.num_layers, "hidden_size": args.hidden_size,
                 "seq_len": args.seq_len}
-    workload = Workload(name="sim-job", **features)
+    workload = workload_from_features(features, "sim-job")
+    if args.no_daemon:
+        run(root, _Unregistered(), workload, args.steps, time_scale=args.time_scale)
+        return 0
     with client.job(name="sim-job", socket=args.socket, tune=args.tune or None, report_every_s=0.05,
                     **features) as job:
-        run(Root(Path(args.tree)), job, workload, args.steps, time_scale=args.time_scale)
+        run(root, job, workload, args.steps, time_scale=args.time_scale)
     print(job.result)
     return 0

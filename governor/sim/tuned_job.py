@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 from governor.daemon.config import TunerConfig
 from governor.errors import FtgovError
-from governor.sim.energy import OrinEnergyModel, Workload
 from governor.policy.tuner import OnlineTuner, TuningSession
+from governor.sim.energy import OrinEnergyModel, Workload
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """A board whose GPU devfreq node never appears: ready with no GPU, clear errors, and a later probe that finds it."""
 
-from harness import FEATURES
 from governor.sim import tree
+from tests.support.daemon import FEATURES
 
 
 def test_no_gpu_node_means_ready_without_a_gpu_then_governing_once_it_appears(tmp_path, start_daemon):

@@ -6,9 +6,9 @@ import os
 import threading
 from pathlib import Path
 
-from harness import DEVFREQ, FEATURES, REPO
+from tests.support.daemon import DEVFREQ, FEATURES, REPO
 
-FAKE_NVML = Path(__file__).resolve().parents[1] / "fakenvml"
+FAKE_NVML = Path(__file__).resolve().parents[1] / "support" / "fakenvml"
 
 
 def test_the_decision_line_is_written_before_a_hardware_access_that_hangs(orin, start_daemon):

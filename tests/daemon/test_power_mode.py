@@ -1,6 +1,6 @@
 """The power mode's cap (nvpmodel's max_freq) is respected: no pin above the max found before the first pin."""
 
-from harness import DEVFREQ, FEATURES, limits
+from tests.support.daemon import DEVFREQ, FEATURES, limits
 
 MODE_30W_MAX_HZ = 612_000_000  # AGX Orin MODE_30W caps the GPU here
 

@@ -4,7 +4,7 @@ import signal
 
 import yaml
 
-from harness import FEATURES, limits
+from tests.support.daemon import FEATURES, limits
 
 
 def rewrite_config(d, **changes) -> None:

@@ -1,6 +1,6 @@
 """gpu_util is measured while the job trains, not when it registers (when the GPU idles while the job sets up)."""
 
-from harness import FEATURES, limits
+from tests.support.daemon import FEATURES, limits
 
 LOAD = "sys/devices/platform/bus@0/17000000.gpu/load"  # per mille
 STRUCTURE = {k: v for k, v in FEATURES.items() if k != "gpu_util"}  # BERT-base: the tree tests gpu_util for it

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Optional
-
 import pytest
 
 from governor.backends.base import GpuBase, Limits, Reading
@@ -26,7 +24,7 @@ class FakeGpu(GpuBase):
     def __init__(self):
         self.levels_hz = LEVELS
         self.limits = BASELINE
-        self.writes: list[Optional[int]] = []  # each pin (Hz) and each restore (None)
+        self.writes: list[int | None] = []  # each pin (Hz) and each restore (None)
         self.fail_pins = 0
 
     def describe(self) -> dict:

@@ -217,6 +217,9 @@ def check_journal_fields() -> None:
     d = decisions[0]
     for field, want in (("POLICY", job["policy"]), ("JOB_NAME", "ftgov-ci-job1"), ("JOB_PID", str(pid))):
         expect(d.get(field) == want, f"decision entry has {field}={d.get(field)!r}, want {want!r}: {d}")
+    # Where in the code a line comes from is kept (systemd-python sends the record's file and line).
+    expect(d.get("CODE_FILE", "").endswith("pins.py") and int(d.get("CODE_LINE") or 0) > 0,
+           f"decision entry has CODE_FILE={d.get('CODE_FILE')!r} CODE_LINE={d.get('CODE_LINE')!r}")
     print(f"    {len(entries)} entries; decision: {d.get('MESSAGE')!r}")
 
 
@@ -281,6 +284,106 @@ def check_outsider_refused() -> None:
     expect(as_member.returncode == 0, f"a member of ftgov was refused: {as_member.stdout}{as_member.stderr}")
 
 
+def doctor(*as_user: str) -> tuple[int, dict[str, list[dict]]]:
+    p = sh(*as_user, "/opt/ftgov/bin/ftgov", "doctor", "--json", "--config", str(CI_CONFIG), check=False)
+    try:
+        out = json.loads(p.stdout)
+    except ValueError as e:
+        raise CheckFailed(f"ftgov doctor gave no JSON (rc {p.returncode}): {p.stdout}{p.stderr}") from e
+    checks: dict[str, list[dict]] = {}
+    for c in out["checks"]:
+        checks.setdefault(c["name"], []).append(c)
+    return p.returncode, checks
+
+
+def check_doctor() -> None:
+    """`ftgov doctor` on the installed system: the daemon's pin check writes through the sandbox and restores; a member
+    of ftgov may use the socket; an outsider is told the fix."""
+    rc, checks = doctor()
+    fails = [c for cs in checks.values() for c in cs if c["status"] == "FAIL"]
+    expect(rc == 0 and not fails, f"doctor as root: rc {rc}, FAIL lines {fails}")
+    pin = checks["pin"][0]
+    expect(pin["status"] == "OK" and "restored" in pin["detail"], f"doctor's pin check: {pin}")
+    expect(limits_hz() == STATE["baseline"], f"after doctor's pin check the tree holds {limits_hz()}")
+    print(f"    root: {pin['detail']}")
+    rc, checks = doctor("setpriv", f"--reuid={JOB_USER}", f"--regid={JOB_USER}", "--init-groups")
+    expect(checks["socket"][0]["status"] == "OK", f"doctor as a member of ftgov: {checks['socket']}")
+    rc, checks = doctor("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
+    socket = checks["socket"][0]
+    expect(rc == 1 and socket["status"] == "FAIL" and "usermod -aG ftgov" in socket["fix"],
+           f"doctor as an outsider: rc {rc}, {socket}")
+
+
+def check_unit_order_and_reload() -> None:
+    """Ordered after the boot-time power-mode write; `systemctl reload` sends SIGHUP to the daemon."""
+    svc = show("ftgovd.service", "After", "ExecReload")
+    after = svc["After"].split()
+    for unit in ("nvpmodel.service", "nvpower.service", "ftgovd.socket"):
+        expect(unit in after, f"ftgovd.service is not ordered after {unit}: After={svc['After']}")
+    expect("/bin/kill" in svc["ExecReload"] and "-HUP" in svc["ExecReload"], f"ExecReload={svc['ExecReload']}")
+
+
+PRIORITY_PROBE = """
+import sys
+sys.modules["systemd"] = None  # as installed with EXTRAS=: no systemd-python
+from governor.daemon import logs
+log = logs.setup("info")
+log.info("ftgov-ci-priority info line")
+log.error("ftgov-ci-priority error line")
+logs.flush()
+"""
+
+
+def check_priorities_without_systemd_python() -> None:
+    """Without systemd-python, lines on the journal's stderr stream still carry their priority: `journalctl -p
+    warning` finds the error and not the info line."""
+    unit = "ftgov-ci-priority"
+    sh("systemd-run", "--quiet", "--wait", f"--unit={unit}", "/opt/ftgov/bin/python", "-c", PRIORITY_PROBE)
+
+    def entries(*args: str) -> list[dict]:
+        return [e for e in journal("-u", unit, *args) if "ftgov-ci-priority" in str(e.get("MESSAGE", ""))]
+
+    # journald reads the stream asynchronously: the unit's end does not mean its lines are stored yet.
+    wait_until(lambda: len(entries()) >= 2, "the probe's two lines in the journal")
+    warnings = entries("-p", "warning")
+    expect([e.get("PRIORITY") for e in warnings] == ["3"] and "error line" in warnings[0]["MESSAGE"],
+           f"journalctl -p warning gives {warnings}")
+    expect(re.search(r"\[<string>:\d+\]$", warnings[0]["MESSAGE"]), f"no code location: {warnings[0]['MESSAGE']!r}")
+    info = [e for e in entries() if "info line" in e["MESSAGE"]]
+    expect([e.get("PRIORITY") for e in info] == ["6"], f"the info line: {info}")
+    print(f"    {warnings[0]['MESSAGE']!r} at priority 3")
+
+
+NVML_DROPIN = Path("/etc/systemd/system/ftgovd.service.d/nvml.conf")
+
+
+def check_nvml_dropin() -> None:
+    """`make install BACKEND=nvml` adds the drop-in that opens the NVIDIA device nodes to the sandboxed daemon. The
+    container has no GPU: what is checked is the unit's effective sandbox, and that the daemon still starts in it."""
+    sh("make", "-C", str(SRC), "--no-print-directory", "install", "WHEELHOUSE=/wheelhouse", "BACKEND=nvml",
+       timeout_s=120)
+    expect(NVML_DROPIN.exists(), f"make install BACKEND=nvml did not install {NVML_DROPIN}")
+    verify_units()
+    sh("/opt/ftgov/bin/python", "-c", "import pynvml")  # the nvml extra came with it
+    props = show("ftgovd.service", "PrivateDevices", "DevicePolicy", "DeviceAllow", "CapabilityBoundingSet",
+                 "DropInPaths")
+    print(f"    {props}")
+    expect(str(NVML_DROPIN) in props["DropInPaths"], f"drop-in not loaded: DropInPaths={props['DropInPaths']}")
+    expect(props["PrivateDevices"] == "no", f"PrivateDevices={props['PrivateDevices']}: /dev/nvidia* stay hidden")
+    expect(props["DevicePolicy"] == "closed", f"DevicePolicy={props['DevicePolicy']}: want closed")
+    expect("char-nvidia* rw" in props["DeviceAllow"], f"DeviceAllow={props['DeviceAllow']}: NVIDIA nodes not allowed")
+    expect(props["CapabilityBoundingSet"] == "cap_sys_admin",
+           f"CapabilityBoundingSet={props['CapabilityBoundingSet']}: NVML's clock controls need CAP_SYS_ADMIN only")
+    sh("systemctl", "restart", "ftgovd.service")
+    expect(call("ping") == {}, "ftgovd does not answer under the NVML drop-in")
+    pid = show("ftgovd.service", "MainPID")["MainPID"]
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    expect(int(status["CapBnd"].strip(), 16) == 1 << 21, f"CapBnd={status['CapBnd'].strip()}: want CAP_SYS_ADMIN only")
+    # A plain upgrade keeps the operator's backend choice.
+    sh("make", "-C", str(SRC), "--no-print-directory", "install", "WHEELHOUSE=/wheelhouse", timeout_s=120)
+    expect(NVML_DROPIN.exists(), "a plain make install removed the NVML drop-in")
+
+
 def check_install_keeps_edited_config() -> None:
     config = Path("/etc/ftgov/ftgov.yaml")
     edited = config.read_text().replace("log_level: info", "log_level: debug")
@@ -295,7 +398,8 @@ def check_install_keeps_edited_config() -> None:
 def check_uninstall() -> None:
     sh("make", "-C", str(SRC), "--no-print-directory", "uninstall")
     for gone in ("/opt/ftgov", "/usr/local/bin/ftgov", "/usr/local/bin/ftgovd", "/etc/systemd/system/ftgovd.service",
-                 "/etc/systemd/system/ftgovd.socket", "/usr/lib/sysusers.d/ftgov.conf", "/etc/ftgov/ftgov.yaml.new"):
+                 "/etc/systemd/system/ftgovd.socket", "/usr/lib/sysusers.d/ftgov.conf", "/etc/ftgov/ftgov.yaml.new",
+                 str(NVML_DROPIN)):
         expect(not os.path.lexists(gone), f"{gone} is left after make uninstall")
     expect(Path("/etc/ftgov/ftgov.yaml").exists(), "make uninstall removed an edited config")
     expect(show("ftgovd.socket", "ActiveState")["ActiveState"] == "inactive", "the socket still listens")
@@ -311,8 +415,9 @@ def check_job_ids_unique_per_boot() -> None:
 CHECKS = [check_verify_with_dropin, check_socket_activation, check_sandbox_in_effect, check_watchdog_pings,
           check_job_pins_tree,
           check_journal_fields, check_kill_restarts_and_restores, check_stop_restores,
-          check_restore_on_stop_false, check_outsider_refused,
-          check_install_keeps_edited_config, check_uninstall,
+          check_restore_on_stop_false, check_outsider_refused, check_doctor, check_unit_order_and_reload,
+          check_priorities_without_systemd_python,
+          check_install_keeps_edited_config, check_nvml_dropin, check_uninstall,
           check_job_ids_unique_per_boot]
 
 

@@ -19,7 +19,8 @@ SMOKE=0
 HOST_PYTHON=/usr/bin/python3
 SUITE=bookworm
 HOST_PACKAGES=(systemd-container mmdebstrap libsystemd-dev pkg-config gcc python3-dev python3-venv zstd)
-ROOTFS_PACKAGES=(systemd systemd-sysv dbus python3 python3-venv make)
+# procps: the unit's ExecReload= runs /bin/kill, which every Ubuntu/L4T image has and a minimal Debian lacks.
+ROOTFS_PACKAGES=(systemd systemd-sysv dbus python3 python3-venv make procps)
 BOOT_TIMEOUT_S=60
 CHECKS_TIMEOUT_S=240
 
@@ -51,7 +52,7 @@ copy_source() {
 
 sha_of() { sha256sum | cut -c1-16; }
 
-# Dependency wheels (pydantic, psutil, pyyaml, systemd-python, ...) are cached under a key made of the project metadata and
+# Dependency wheels (pydantic, pyyaml, systemd-python, nvidia-ml-py) are cached under a key made of the project metadata and
 # the interpreter; the project's own wheel is rebuilt every run because it is the thing under test.
 build_wheels() {
     local src=$1 out=$2
@@ -69,7 +70,8 @@ build_wheels() {
     if [[ ! -d $deps ]]; then
         log "building dependency wheels into $deps"
         rm -rf "$deps.tmp"
-        "$venv/bin/pip" wheel -q --no-build-isolation -w "$deps.tmp" "$src[systemd]"
+        # nvml: check_nvml_dropin installs with BACKEND=nvml, which adds nvidia-ml-py.
+        "$venv/bin/pip" wheel -q --no-build-isolation -w "$deps.tmp" "$src[systemd,nvml]"
         rm -f "$deps.tmp"/ftgov-*.whl
         mv "$deps.tmp" "$deps"
     fi

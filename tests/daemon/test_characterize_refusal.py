@@ -1,0 +1,57 @@
+"""One writer: `ftgov characterize` on a board refuses to sweep devfreq while ftgovd serves."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from tests.support.daemon import limits
+
+from governor.cli import build_parser
+from governor.cli.doctor import refuse_while_daemon_runs
+from governor.errors import FtgovError
+from governor.pipeline import characterize
+
+
+def hardware_args(orin, tmp_path):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "task").mkdir()
+    return build_parser().parse_args(["characterize", "--model-dir", str(tmp_path / "model"), "--task", "sst2",
+                                      "--task-dir", str(tmp_path / "task"), "--sysfs-root", str(orin),
+                                      "--out", str(tmp_path / "out.csv"), "--quiet"])
+
+
+def test_refused_while_ftgovd_runs(orin, start_daemon, tmp_path, monkeypatch):
+    d = start_daemon()
+    monkeypatch.setenv("FTGOV_SOCKET", d.socket)
+    before = limits(orin)
+    with pytest.raises(FtgovError, match=r"ftgovd is active .* answers a ping.*systemctl stop ftgovd\.socket ftgovd"):
+        characterize.run(hardware_args(orin, tmp_path))
+    assert limits(orin) == before
+    assert not (tmp_path / "out.csv").exists()
+
+
+def test_not_refused_when_nothing_listens(tmp_path):
+    refuse_while_daemon_runs("test", str(tmp_path / "none.sock"))  # no socket: nothing to fight with
+
+
+def test_refused_when_something_accepts_but_does_not_answer(tmp_path):
+    path = str(tmp_path / "mute.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+
+    def accept_and_hang_up():
+        conn, _ = listener.accept()
+        conn.close()
+
+    t = threading.Thread(target=accept_and_hang_up)
+    t.start()
+    try:
+        with pytest.raises(FtgovError, match="did not answer a ping"):
+            refuse_while_daemon_runs("test", path)
+    finally:
+        t.join(10)
+        listener.close()

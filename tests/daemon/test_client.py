@@ -1,0 +1,312 @@
+"""The client core against a tiny JSON-RPC server on a real Unix socket (the wire protocol, not our code, is faked).
+
+The tests against the real daemon are in test_client_daemon.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import socketserver
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from governor import client
+from governor.client import (Connection, DaemonUnavailable, GovernorWarning, InvalidParams, NotPermitted, RpcError,
+                             SocketPermissionError, batch_tokens, job)
+from tests.support import REPO
+
+BERT_TINY = {"model_type": "bert", "num_hidden_layers": 2, "hidden_size": 32}
+
+
+class Fault(Exception):
+    def __init__(self, code, message, data=None):
+        self.error = {"code": code, "message": message, **({"data": data} if data is not None else {})}
+
+
+class FakeDaemon:
+    """Speaks the wire protocol: records every message it receives, answers requests from ``handlers``."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.messages: list[dict] = []
+        self.closed_connections = 0
+        self.cond = threading.Condition()
+        self.handlers = {
+            "ping": lambda p: {},
+            "register": lambda p: {"job_id": 7, "policy": "MLG", "freq_hz": 612000000, "reason": "test", "gpu": "0"},
+            "unregister": lambda p: {"job_id": p["job_id"], "duration_s": 1.0, "freq_hz": 612000000,
+                                     "energy_j": None, "steps": self.last_steps()},
+            "update": lambda p: {"job_id": p["job_id"], "freq_hz": 714000000, "policy": "MLG", "reason": "test"},
+        }
+        self.drop_after: str | None = None  # a method after which the daemon hangs up
+        self.silent: set[str] = set()  # methods the daemon never answers
+        daemon = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self):
+                for line in self.rfile:
+                    message = json.loads(line)
+                    with daemon.cond:
+                        daemon.messages.append(message)
+                        daemon.cond.notify_all()
+                    method = message.get("method")
+                    if "id" in message and method not in daemon.silent:
+                        self.wfile.write(json.dumps(daemon.answer(message)).encode() + b"\n")
+                    if method == daemon.drop_after:
+                        break
+                with daemon.cond:
+                    daemon.closed_connections += 1
+                    daemon.cond.notify_all()
+
+        self.server = socketserver.ThreadingUnixStreamServer(path, Handler)
+        self.server.daemon_threads = True
+        # shutdown() waits up to one poll interval; keep it short so teardown is quick.
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+
+    def answer(self, message):
+        reply = {"jsonrpc": "2.0", "id": message["id"]}
+        handler = self.handlers.get(message["method"])
+        try:
+            if handler is None:
+                raise Fault(-32601, f"no method {message['method']}")
+            reply["result"] = handler(message.get("params", {}))
+        except Fault as f:
+            reply["error"] = f.error
+        return reply
+
+    def methods(self) -> list[str]:
+        with self.cond:
+            return [m["method"] for m in self.messages]
+
+    def of(self, method) -> list[dict]:
+        with self.cond:
+            return [m for m in self.messages if m["method"] == method]
+
+    def last_steps(self):
+        progress = self.of("progress")
+        return progress[-1]["params"]["steps"] if progress else 0
+
+    def wait_for(self, predicate, timeout_s=5.0):
+        with self.cond:
+            assert self.cond.wait_for(predicate, timeout_s), f"timed out; messages: {self.messages}"
+
+
+@pytest.fixture
+def short_dir():
+    # AF_UNIX paths are limited to 108 bytes; pytest's tmp_path can be longer.
+    with tempfile.TemporaryDirectory(prefix="ftc", dir="/tmp") as d:
+        yield d
+
+
+@pytest.fixture
+def daemon(short_dir):
+    fake = FakeDaemon(os.path.join(short_dir, "s"))
+    fake.thread.start()
+    yield fake
+    fake.server.shutdown()
+    fake.server.server_close()
+
+
+def test_job_registers_reports_progress_and_unregisters(daemon):
+    with job(BERT_TINY, seq_len=40, name="bert-tiny", socket=daemon.path, report_every_s=0) as j:
+        for _ in range(3):
+            j.step()
+    assert daemon.methods() == ["register", "progress", "progress", "progress", "unregister"]
+    register = daemon.of("register")[0]["params"]
+    assert register == {"model_type": "encoder", "num_layers": 2, "hidden_size": 32, "seq_len": 40.0,
+                        "name": "bert-tiny"}
+    assert all("id" not in m for m in daemon.of("progress")), "progress must be a notification"
+    assert [m["params"]["steps"] for m in daemon.of("progress")] == [1, 2, 3]
+    assert j.registration["freq_hz"] == 612000000
+    assert j.result["steps"] == 3
+    daemon.wait_for(lambda: daemon.closed_connections == 1)
+
+
+def test_progress_is_rate_limited_and_the_exact_total_is_sent_before_unregister(daemon):
+    with job(BERT_TINY, seq_len=40, socket=daemon.path, report_every_s=3600) as j:
+        for _ in range(1000):
+            j.step()
+    assert [m["params"]["steps"] for m in daemon.of("progress")] == [1, 1000]
+    assert daemon.methods()[-1] == "unregister"
+
+
+def test_socket_from_environment(daemon, monkeypatch):
+    monkeypatch.setenv("FTGOV_SOCKET", daemon.path)
+    assert client.socket_path() == daemon.path
+    assert client.socket_path("/elsewhere") == "/elsewhere"
+    with job(BERT_TINY, seq_len=40) as j:
+        assert j.registered
+    monkeypatch.delenv("FTGOV_SOCKET")
+    assert client.socket_path() == "/run/ftgov/ftgov.sock"
+
+
+def test_registration_waits_for_the_measured_sequence_length(daemon):
+    masks = [[[1] * 10 + [0] * 6, [1] * 16], [[1] * 4 + [0] * 12, [1] * 2 + [0] * 14], [[1] * 8 + [0] * 8] * 2]
+    with job(BERT_TINY, socket=daemon.path, measure_batches=3, report_every_s=0) as j:
+        for mask in masks[:2]:
+            j.observe_batch({"input_ids": mask, "attention_mask": mask})
+            j.step()
+        assert "register" not in daemon.methods()
+        j.observe_batch({"attention_mask": masks[2]})
+        assert j.registered
+        j.observe_batch({"attention_mask": [[1] * 16] * 2})  # measured already: ignored
+    register = daemon.of("register")[0]["params"]
+    assert register["seq_len"] == pytest.approx((10 + 16 + 4 + 2 + 8 + 8) / 6)
+    # Steps taken before registration are reported right after it.
+    assert daemon.methods()[:2] == ["register", "progress"]
+    assert daemon.of("progress")[0]["params"]["steps"] == 2
+
+
+def test_update_and_phase(daemon):
+    with job(BERT_TINY, seq_len=40, socket=daemon.path) as j:
+        assert j.update(gpu_util=55.5)["freq_hz"] == 714000000
+        j.phase("eval")
+        j.phase("eval")  # unchanged: nothing sent
+        j.phase("train")
+    assert daemon.of("update")[0]["params"] == {"job_id": 7, "gpu_util": 55.5}
+    assert [m["params"].get("phase") for m in daemon.of("progress")] == ["eval", "train"]
+
+
+def test_daemon_absent_warns_once_and_training_goes_on(short_dir):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with job(BERT_TINY, socket=os.path.join(short_dir, "missing.sock")) as j:
+            for _ in range(20):
+                j.observe_batch({"attention_mask": [[1, 1, 0]]})
+                j.step()
+            j.update(gpu_util=10.0)
+            j.phase("eval")
+    assert [w.category for w in caught] == [GovernorWarning]
+    assert "ftgovd is not running" in str(caught[0].message)
+    assert "missing.sock" in str(caught[0].message)
+    assert j.disabled and not j.registered and j.steps == 20
+
+
+def test_refused_registration_warns_with_the_daemons_reason(daemon):
+    def refuse(params):
+        raise Fault(-32602, "seq_len must be > 0", {"field": "seq_len"})
+
+    daemon.handlers["register"] = refuse
+    with pytest.warns(GovernorWarning, match=r"register refused: register: seq_len must be > 0 \(field 'seq_len'\)"):
+        with job(BERT_TINY, seq_len=40, socket=daemon.path) as j:
+            j.step()
+    assert j.disabled
+    assert daemon.methods() == ["register"]  # nothing more once refused
+    daemon.wait_for(lambda: daemon.closed_connections == 1)
+
+
+@pytest.mark.parametrize("code, cls", [(-32602, InvalidParams), (-32001, NotPermitted), (-32099, RpcError)])
+def test_json_rpc_errors_become_ftgov_errors(daemon, code, cls):
+    def fail(params):
+        raise Fault(code, "no", {"field": "pid"})
+
+    daemon.handlers["register"] = fail
+    with Connection(daemon.path) as conn:
+        with pytest.raises(cls) as info:
+            conn.call("register", pid=1)
+        assert (info.value.code, info.value.message, info.value.data) == (code, "no", {"field": "pid"})
+        with pytest.raises(client.MethodNotFound):
+            conn.call("nonesuch")
+        assert conn.call("ping") == {}  # the connection survives an error reply
+
+
+def test_daemon_hanging_up_mid_job_disables_the_job(daemon):
+    daemon.drop_after = "register"
+    with pytest.warns(GovernorWarning, match="lost the connection"):
+        with job(BERT_TINY, seq_len=40, socket=daemon.path, report_every_s=0) as j:
+            daemon.wait_for(lambda: daemon.closed_connections == 1)
+            j.step()
+            j.step()
+    assert j.disabled
+
+
+def test_no_reply_times_out(daemon):
+    daemon.silent.add("ping")
+    with Connection(daemon.path, timeout_s=0.2) as conn:
+        with pytest.raises(DaemonUnavailable, match="no reply"):
+            conn.call("ping")
+        assert conn.closed
+
+
+def test_stale_socket_file_is_named(short_dir):
+    path = os.path.join(short_dir, "stale")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.close()  # the file stays, nobody listens
+    with pytest.raises(DaemonUnavailable, match="nothing listens"):
+        Connection(path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_permission_denied_names_the_group(daemon):
+    os.chmod(daemon.path, 0o600)
+    os.chmod(os.path.dirname(daemon.path), 0o755)
+    # Import as root (the interpreter lives under /root), then become nobody before connecting.
+    code = ("import os\nfrom governor.client import Connection, SocketPermissionError\n"
+            "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
+            "try:\n    Connection(%r)\nexcept SocketPermissionError as e:\n    print(e)\n" % daemon.path)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(REPO)}, timeout=60)
+    assert "permission denied" in out.stdout and "group 'ftgov'" in out.stdout, out.stderr
+    assert issubclass(SocketPermissionError, DaemonUnavailable)
+
+
+def test_bad_features_raise_before_training():
+    with pytest.raises(ValueError, match="model_type"):
+        job(model_type="mixture", num_layers=2, hidden_size=32, seq_len=10)
+    with pytest.raises(ValueError, match="num_layers"):
+        job(BERT_TINY, num_layers=0)
+    with pytest.raises(ValueError, match="missing: hidden_size"):
+        job(model_type="decoder", num_layers=2)
+
+
+def test_seq_len_never_measured_warns(daemon):
+    with pytest.warns(GovernorWarning, match="no 2-D attention_mask"):
+        with job(BERT_TINY, socket=daemon.path, measure_batches=2) as j:
+            for _ in range(4):
+                j.observe_batch({"input_ids": [[1, 2, 3]]})
+                j.step()
+    assert "register" not in daemon.methods()
+    with pytest.warns(GovernorWarning, match="no batch was observed"):
+        with job(BERT_TINY, socket=daemon.path, measure_batches=2) as j:
+            for _ in range(4):
+                j.step()
+
+
+def test_batch_tokens_counts_non_padding_tokens():
+    mask = [[1, 1, 1, 0], [1, 0, 0, 0]]
+    assert batch_tokens({"attention_mask": mask}) == (4.0, 2)
+    assert batch_tokens(({"attention_mask": torch.tensor(mask)}, torch.zeros(2))) == (4.0, 2)
+    assert batch_tokens(attention_mask=np.array(mask, dtype=bool)) == (4.0, 2)
+    assert batch_tokens({"input_ids": torch.ones(2, 4)}) is None  # padded length only: not a measurement
+    assert batch_tokens({"attention_mask": torch.ones(2, 1, 4, 4)}) is None  # an extended mask: not per token
+    assert batch_tokens(torch.ones(2, 4)) is None
+
+
+def test_neither_framework_is_needed_to_import_governor(tmp_path):
+    code = """
+import sys
+for name in ("torch", "transformers", "lightning", "pytorch_lightning", "prometheus_client"):
+    sys.modules[name] = None  # makes any import of it fail, as if it were not installed
+import governor, governor.client, governor.cli.run, governor.cli.ops, governor.cli.metrics
+from governor.cli import main
+for module, extra in (("governor.hf", "hf"), ("governor.lightning", "lightning")):
+    try:
+        __import__(module)
+    except ImportError as e:
+        print(module, "ftgov[%s]" % extra in str(e))
+print("metrics", main(["metrics", "--textfile", sys.argv[1], "--once"]))
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m.prom")], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert out.stdout.split("\n")[:3] == ["governor.hf True", "governor.lightning True", "metrics 2"], out.stderr
+    assert "pip install 'ftgov[metrics]'" in out.stderr

@@ -1,0 +1,83 @@
+"""The client core in a plain training loop, against the real ftgovd on a fake Orin tree."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import governor
+from governor.client import Connection, GovernorWarning
+from tests.support.daemon import limits
+
+BASELINE = (306000000, 1300500000)
+SMALL = dict(model_type="encoder", num_layers=2, hidden_size=32)
+
+
+@pytest.fixture
+def daemon(start_daemon):
+    return start_daemon()
+
+
+def predicted_hz(daemon, **features) -> int:
+    with Connection(daemon.socket) as conn:
+        return conn.call("predict", **features)["freq_hz"]
+
+
+def test_plain_loop_holds_the_pin_for_the_with_block(daemon, orin):
+    pin = predicted_hz(daemon, **SMALL, seq_len=40.0, gpu_util=90.0)
+    seen = []
+    with governor.job(**SMALL, seq_len=40, gpu_util=90, name="loop", socket=daemon.socket, report_every_s=0) as job:
+        for _ in range(5):
+            seen.append(limits(orin))
+            job.step()
+    assert seen == [(pin, pin)] * 5
+    assert limits(orin) == BASELINE
+    assert job.result["steps"] == 5
+    assert re.search(rf"job {job.job_id} 'loop' .*ended \(unregistered\) after [\d.]+ s, 5 steps", daemon.log())
+
+
+def test_exception_in_the_loop_ends_the_job(daemon, orin):
+    with pytest.raises(ZeroDivisionError):
+        with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket) as job:
+            job.step()
+            1 / 0
+    assert limits(orin) == BASELINE
+    assert re.search(rf"job {job.job_id} .*ended \(unregistered\) after [\d.]+ s, 1 steps", daemon.log())
+
+
+def test_sequence_length_measured_from_masks_then_registered(daemon, orin):
+    torch.manual_seed(0)
+    lengths = torch.randint(5, 60, (8, 16))  # 8 batches of 16 samples padded to 64 tokens
+    masks = [(torch.arange(64)[None, :] < row[:, None]).long() for row in lengths]
+    seen = []
+    with governor.job(**SMALL, gpu_util=90, socket=daemon.socket, measure_batches=3) as job:
+        for mask in masks:
+            job.observe_batch({"input_ids": torch.ones_like(mask), "attention_mask": mask})
+            seen.append(limits(orin))
+            job.step()
+    measured = lengths[:3].float().mean().item()
+    assert job.features["seq_len"] == pytest.approx(measured)
+    pin = predicted_hz(daemon, **SMALL, seq_len=measured, gpu_util=90.0)
+    assert seen[:2] == [BASELINE] * 2 and seen[2:] == [(pin, pin)] * 6
+    assert re.search(rf"job {job.job_id} .*seq {measured:g} ", daemon.log()), daemon.log()
+
+
+def test_update_moves_the_pin(daemon, orin):
+    short = predicted_hz(daemon, **SMALL, seq_len=10.0, gpu_util=90.0)
+    long = predicted_hz(daemon, **SMALL, seq_len=500.0, gpu_util=90.0)
+    assert short != long, "the shipped tree splits on seq_len for small models"
+    with governor.job(**SMALL, seq_len=10, gpu_util=90, socket=daemon.socket) as job:
+        assert limits(orin) == (short, short)
+        assert job.update(seq_len=500)["freq_hz"] == long
+        assert limits(orin) == (long, long)
+
+
+def test_refused_registration_lets_the_loop_run(daemon, orin):
+    with pytest.warns(GovernorWarning, match=r"register refused: register: gpu: no GPU .*\(field 'gpu'\)"):
+        with governor.job(**SMALL, seq_len=40, gpu=7, socket=daemon.socket) as job:
+            for _ in range(3):
+                job.step()
+    assert job.disabled and job.steps == 3
+    assert limits(orin) == BASELINE

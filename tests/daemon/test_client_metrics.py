@@ -1,0 +1,90 @@
+"""Prometheus exposition of the real daemon's status: the node_exporter textfile and the loopback HTTP endpoint."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+import governor
+from governor.cli import main
+from governor.client import Connection
+from governor.cli.metrics import families
+from tests.support.daemon import REPO
+
+prometheus_parser = pytest.importorskip("prometheus_client.parser")
+
+
+
+def parse(text: str) -> dict:
+    """{(name, frozenset(labels)): value} for every sample in an exposition."""
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in prometheus_parser.text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_textfile_carries_jobs_pin_load_power_energy_and_savings(start_daemon, tmp_path):
+    daemon = start_daemon(simulate=True)
+    prom = tmp_path / "ftgov.prom"
+    with governor.job(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40, gpu_util=60, name="bert",
+                      socket=daemon.socket) as job:
+        job.step(30)
+        assert main(["metrics", "--textfile", str(prom), "--once", "--socket", daemon.socket]) == 0
+        with Connection(daemon.socket) as conn:
+            status = conn.call("status")
+    samples = parse(prom.read_text())
+    pin = job.registration["freq_hz"]
+    labels = {("job_id", str(job.job_id)), ("job_name", "bert"), ("gpu", "0")}
+    assert samples[("ftgov_up", frozenset())] == 1
+    assert samples[("ftgov_jobs_active", frozenset())] == 1
+    assert samples[("ftgov_gpu_pinned_frequency_hertz", frozenset({("gpu", "0")}))] == pin
+    assert samples[("ftgov_job_frequency_hertz", frozenset(labels | {("policy", "mlg")}))] == pin
+    assert samples[("ftgov_job_steps", frozenset(labels))] == 30
+    assert samples[("ftgov_job_energy_joules", frozenset(labels))] >= 0
+    assert samples[("ftgov_gpu_load_ratio", frozenset({("gpu", "0")}))] == status["gpus"][0]["load_pct"] / 100
+    for rail, mw in status["power_mw"].items():
+        assert samples[("ftgov_rail_power_watts", frozenset({("rail", rail)}))] == pytest.approx(mw / 1000)
+    ratio = samples[("ftgov_job_energy_savings_ratio_estimate", frozenset(labels))]
+    assert 0 < ratio < 0.5, "the energy model puts BERT-base at its MLG pick below MAXN (paper: 13% on average)"
+    energy_j = samples[("ftgov_job_energy_joules", frozenset(labels))]
+    saved_j = samples[("ftgov_job_energy_saved_joules_estimate", frozenset(labels))]
+    assert saved_j == pytest.approx(energy_j * ratio / (1 - ratio))
+    assert not list(tmp_path.glob("ftgov.prom.*")), "written through a temporary file renamed into place"
+
+
+def test_daemon_down_is_up_zero(tmp_path):
+    prom = tmp_path / "ftgov.prom"
+    assert main(["metrics", "--textfile", str(prom), "--once", "--socket", str(tmp_path / "none.sock")]) == 0
+    assert parse(prom.read_text()) == {("ftgov_up", frozenset()): 0}
+
+
+def test_http_endpoint_on_loopback(start_daemon):
+    daemon = start_daemon()
+    proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "metrics", "--port", "0", "--socket", daemon.socket],
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        url = re.search(r"http://127\.0\.0\.1:\d+/metrics", line)
+        assert url, line
+        with urllib.request.urlopen(url.group(0), timeout=30) as reply:
+            samples = parse(reply.read().decode())
+        assert samples[("ftgov_up", frozenset())] == 1
+        assert samples[("ftgov_jobs_active", frozenset())] == 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+
+
+def test_savings_estimate_from_an_estimator():
+    status = {"jobs": [{"job_id": 1, "name": "a", "gpu": "0", "freq_hz": 612000000, "energy_j": 300.0,
+                        "duration_s": 10.0, "steps": 5, "policy": "mlg"}]}
+    by_name = {f.name: f.samples for f in families(status, estimate=lambda job: 0.25)}
+    assert by_name["ftgov_job_energy_savings_ratio_estimate"][0][1] == 0.25
+    # 300 J at the pin, 25% below MAXN: MAXN would have taken 400 J.
+    assert by_name["ftgov_job_energy_saved_joules_estimate"][0][1] == pytest.approx(100.0)
+    assert by_name["ftgov_gpu_pinned_frequency_hertz"] == []

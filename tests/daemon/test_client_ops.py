@@ -1,0 +1,72 @@
+"""`ftgov status` and `ftgov predict` against the real daemon, through the real `ftgov` entry point."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+import governor
+from governor.cli import main
+from governor.client import Connection
+from tests.support.daemon import limits
+
+BASELINE = (306000000, 1300500000)
+
+
+@pytest.fixture
+def daemon(start_daemon):
+    return start_daemon()
+
+
+def test_status_shows_jobs_pin_load_and_power(daemon, orin, capsys):
+    with governor.job(model_type="decoder", num_layers=6, hidden_size=512, seq_len=30, gpu_util=70,
+                      name="pythia-70m", socket=daemon.socket) as job:
+        job.step(12)
+        assert main(["status", "--socket", daemon.socket, "--json"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert main(["status", "--socket", daemon.socket]) == 0
+        text = capsys.readouterr().out
+    pin = job.registration["freq_hz"]
+    assert limits(orin) == BASELINE  # the status above was taken while the job ran
+
+    [entry] = status["jobs"]
+    assert (entry["name"], entry["freq_hz"], entry["steps"]) == ("pythia-70m", pin, 12)
+    assert status["gpus"][0]["pinned_hz"] == pin
+    mhz = f"{pin / 1e6:g} MHz"
+    assert f"pinned to {mhz}" in text
+    row = next(line for line in text.splitlines() if "pythia-70m" in line)
+    assert re.match(rf"{job.job_id}\s+pythia-70m\s+\d+\s+0\s+\S+\s+{mhz}\s+12\s", row), row
+    for rail, mw in status["power_mw"].items():
+        assert f"{rail} {mw:.0f} mW" in text
+    assert f"job {job.job_id}: {entry['reason']}" in text
+
+
+def test_status_with_no_jobs(daemon, capsys):
+    assert main(["status", "--socket", daemon.socket]) == 0
+    out = capsys.readouterr().out
+    assert "0 job(s)" in out and "not pinned" in out and "JOB" not in out
+
+
+def test_predict_prints_policy_frequency_and_tree_path(daemon, capsys):
+    features = dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=60.0, gpu_util=80.0)
+    with Connection(daemon.socket) as conn:
+        expected = conn.call("predict", **features)
+    argv = ["predict", "--socket", daemon.socket, "--model-type", "encoder", "--num-layers", "12",
+            "--hidden-size", "768", "--seq-len", "60", "--gpu-util", "80"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"frequency: {expected['freq_hz'] / 1e6:g} MHz" in out
+    assert f"path:      {expected['reason']}" in out
+    assert "seq_len=60" in expected["reason"], "the reason is the tree path"
+    assert main([*argv, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == expected
+
+
+def test_operator_errors_are_clear(tmp_path, capsys):
+    assert main(["status", "--socket", str(tmp_path / "none.sock")]) == 1
+    assert "ftgovd is not running: no socket at" in capsys.readouterr().err
+    assert main(["predict", "--model-type", "encoder", "--num-layers", "2", "--hidden-size", "0", "--seq-len", "9",
+                 "--socket", str(tmp_path / "none.sock")]) == 2
+    assert "hidden_size" in capsys.readouterr().err

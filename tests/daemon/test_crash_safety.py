@@ -1,0 +1,160 @@
+"""Crash safety: the state file, re-adoption after a daemon restart, `ftgov restore`, restore_on_stop: false."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from tests.support.daemon import FEATURES, REPO, limits
+
+BASELINE = (306000000, 1300500000)
+PINNED = (714000000, 714000000)
+
+
+def _worker():
+    """A process that stands for a training job: it lives until we kill it."""
+    return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+
+
+def _ftgov(*args, env_extra=None):
+    return subprocess.run([sys.executable, "-m", "governor.cli", *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO), **(env_extra or {})})
+
+
+def test_state_file_holds_the_baseline_before_the_pin(orin, start_daemon):
+    d = start_daemon()
+    c = d.client()
+    c.call("register", name="j", **FEATURES)
+    state = json.loads((d.state_dir / "state.json").read_text())
+    assert state["gpus"]["0"]["baseline"]["min_hz"] == BASELINE[0]
+    assert state["gpus"]["0"]["pinned_hz"] == PINNED[0]
+    assert state["boot_id"] == (orin / "proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def test_killed_daemon_restarts_and_readopts_a_live_job(orin, start_daemon):
+    d = start_daemon()
+    worker = _worker()
+    try:
+        c = d.client()  # held open: closing it would end the job before the kill
+        job = c.call("register", pid=worker.pid, name="live", **FEATURES)["job_id"]
+        d.stop(signal.SIGKILL)
+        assert limits(orin) == PINNED  # nobody restored: the daemon died without a handler
+        d2 = start_daemon(workdir=d.workdir, notify_name="n2.sock")
+        status = d2.client().call("status")
+        assert [(j["job_id"], j["adopted"]) for j in status["jobs"]] == [(job, True)]
+        assert limits(orin) == PINNED
+        assert "re-adopted after a daemon restart" in d2.log()
+        worker.kill()
+        worker.wait()
+        d2.wait_jobs(0)
+        assert limits(orin) == BASELINE
+        # Job ids go on counting within a boot: a new job never reuses an old id.
+        assert d2.client().call("register", **FEATURES)["job_id"] == job + 1
+    finally:
+        worker.kill()
+
+
+def test_killed_daemon_restarts_and_restores_when_the_job_died_too(orin, start_daemon):
+    d = start_daemon()
+    worker = _worker()
+    c = d.client()
+    c.call("register", pid=worker.pid, **FEATURES)
+    d.stop(signal.SIGKILL)
+    worker.kill()
+    worker.wait()
+    assert limits(orin) == PINNED
+    d2 = start_daemon(workdir=d.workdir, notify_name="n2.sock")
+    assert limits(orin) == BASELINE  # restored before READY=1
+    assert d2.client().call("status")["jobs"] == []
+
+
+def test_ftgov_restore_after_a_sigkill_then_the_restart_readopts(orin, start_daemon):
+    d = start_daemon()
+    worker = _worker()
+    try:
+        c = d.client()
+        c.call("register", pid=worker.pid, **FEATURES)
+        d.stop(signal.SIGKILL)
+        out = _ftgov("restore", "--config", str(d.config_path), "--state-dir", str(d.state_dir),
+                     "--sysfs-root", str(orin))
+        assert out.returncode == 0, out
+        assert "GPU 0 restored" in out.stdout and limits(orin) == BASELINE
+        again = _ftgov("restore", "--config", str(d.config_path), "--state-dir", str(d.state_dir),
+                       "--sysfs-root", str(orin))
+        assert again.returncode == 0 and "nothing to restore" in again.stdout
+        d2 = start_daemon(workdir=d.workdir, notify_name="n2.sock")
+        assert limits(orin) == PINNED  # the live job is held again, on a fresh baseline snapshot
+        worker.kill()
+        worker.wait()
+        d2.wait_jobs(0)
+        assert limits(orin) == BASELINE
+    finally:
+        worker.kill()
+
+
+def test_state_from_another_boot_is_ignored(orin, start_daemon):
+    d = start_daemon()
+    c = d.client()
+    c.call("register", **FEATURES)
+    d.stop(signal.SIGKILL)
+    # "Reboot": the board came back with fresh limits and a new boot id; the old file must not be "restored".
+    (orin / "proc/sys/kernel/random/boot_id").write_text("00000000-0000-0000-0000-000000000000\n")
+    node = orin / "sys/class/devfreq/17000000.gpu"
+    (node / "min_freq").write_text("408000000\n")
+    (node / "max_freq").write_text("1224000000\n")
+    out = _ftgov("restore", "--config", str(d.config_path), "--state-dir", str(d.state_dir), "--sysfs-root", str(orin))
+    assert "nothing to restore" in out.stdout
+    d2 = start_daemon(workdir=d.workdir, notify_name="n2.sock")
+    assert limits(orin) == (408000000, 1224000000)
+    assert "from another boot" in d2.log()
+
+
+def test_restore_on_stop_false_leaves_the_pin(orin, start_daemon):
+    d = start_daemon(config={"restore_on_stop": False})
+    worker = _worker()
+    try:
+        c = d.client()
+        c.call("register", pid=worker.pid, **FEATURES)
+        assert d.stop() == 0
+        assert limits(orin) == PINNED
+        out = _ftgov("restore", "--on-stop", "--config", str(d.config_path), "--state-dir", str(d.state_dir),
+                     "--sysfs-root", str(orin))
+        assert out.returncode == 0 and "leaving the pin" in out.stdout and limits(orin) == PINNED
+        d2 = start_daemon(workdir=d.workdir, notify_name="n2.sock", config={"restore_on_stop": False})
+        assert d2.client().call("status")["jobs"][0]["adopted"] is True
+    finally:
+        worker.kill()
+
+
+def test_sigterm_restores_by_default(orin, start_daemon):
+    d = start_daemon()
+    c = d.client()
+    c.call("register", **FEATURES)
+    assert d.stop() == 0
+    assert limits(orin) == BASELINE
+
+
+def test_limits_changed_under_the_pin_are_reapplied_or_left(orin, start_daemon):
+    for mode, expect in (("reapply", BASELINE), ("stand_down", (306000000, 2147483647))):
+        d = start_daemon(config={"on_external_change": mode})
+        c = d.client()
+        c.call("register", **FEATURES)
+        node = orin / "sys/class/devfreq/17000000.gpu"
+        d.notify.drain()
+        # What nvpmodel -m 0 does: MIN_FREQ 0 / MAX_FREQ 2147483647 (a plain file keeps the raw values).
+        (node / "min_freq").write_text("306000000\n")
+        (node / "max_freq").write_text("2147483647\n")
+        # Every tick while a job runs checks the pin, then sends STATUS=; the second tick after the write has
+        # certainly seen it.
+        for _ in range(2):
+            d.wait_status(lambda m: "STATUS=" in m)
+        assert "limits changed under our pin" in d.log()
+        if mode == "reapply":
+            assert limits(orin) == PINNED
+        c.close()
+        d.wait_jobs(0)
+        assert limits(orin) == expect  # stood down: the other tool's limits are left alone at the job's end
+        d.stop()
+        (node / "min_freq").write_text("306000000\n")
+        (node / "max_freq").write_text("1300500000\n")

@@ -1,0 +1,82 @@
+"""ftgovd on the NVML backend, against the fake pynvml (real API names and error codes) in the daemon's process."""
+
+import json
+import os
+
+import pytest
+
+from tests.support.daemon import FEATURES, REPO
+from tests.support import FAKENVML_DIR as FAKE_DIR
+
+
+
+@pytest.fixture
+def nvml_daemon(start_daemon, tmp_path):
+    def start(gpus=({}, {}), system=None, **config):
+        spec = tmp_path / "fakenvml.json"
+        spec.write_text(json.dumps({"gpus": list(gpus), **(system or {})}))
+        calls = tmp_path / "calls.log"
+        env = {"FAKENVML_CONFIG": str(spec), "FAKENVML_LOG": str(calls),
+               "PYTHONPATH": os.pathsep.join([str(FAKE_DIR), str(REPO)])}
+        d = start_daemon(root=tmp_path / "no-jetson", config={"backend": "nvml", **config}, env=env)
+        return d, calls
+    return start
+
+
+def test_job_on_a_named_gpu_locks_that_gpu_and_reset_restores(nvml_daemon):
+    d, calls = nvml_daemon()
+    c = d.client()
+    status = c.call("status")
+    assert [g["id"] for g in status["gpus"]] == ["0", "1"]
+    uuid = status["gpus"][1]["uuid"]
+    res = c.call("register", gpu=uuid, **FEATURES)
+    assert res["gpu"] == "1" and res["freq_hz"] in status["gpus"][1]["available_hz"]
+    gpus = c.call("status")["gpus"]
+    assert gpus[1]["pinned_hz"] == res["freq_hz"] and gpus[0]["pinned_hz"] is None
+    assert "nvmlDeviceSetGpuLockedClocks" in calls.read_text().split()
+    end = c.call("unregister", job_id=res["job_id"])
+    assert end["energy_j"] is not None and end["energy_j"] >= 0  # from the GPU's energy counter
+    assert "nvmlDeviceResetGpuLockedClocks" in calls.read_text().split()
+    assert c.call("status")["gpus"][1]["pinned_hz"] is None
+
+
+def test_a_job_naming_no_gpu_on_a_multi_gpu_host_is_refused(nvml_daemon):
+    d, _calls = nvml_daemon()
+    err = d.client().request("register", **FEATURES)["error"]
+    assert err["code"] == -32602 and err["data"]["field"] == "gpu" and "pass gpu" in err["message"]
+    err = d.client().request("register", gpu=7, **FEATURES)["error"]
+    assert err["code"] == -32602 and "no GPU with index 7" in err["message"]
+
+
+def test_no_permission_is_an_error_to_the_client_and_nothing_stays_registered(nvml_daemon):
+    d, calls = nvml_daemon(gpus=({},), system={"root": False})  # every Set*/Reset* answers NVML_ERROR_NO_PERMISSION
+    c = d.client()
+    err = c.request("register", **FEATURES)["error"]
+    assert err["code"] == -32000 and "NO_PERMISSION" in err["message"]
+    assert c.call("status")["jobs"] == []
+    assert c.call("ping") == {}
+
+
+def test_observe_mode_changes_nothing_and_refuses_tune(nvml_daemon):
+    d, calls = nvml_daemon(policy="observe")
+    c = d.client()
+    res = c.call("register", gpu=0, **FEATURES)
+    assert res["freq_hz"] is None and "mlg would pick" in res["reason"]
+    err = c.request("register", gpu=0, tune=True, **FEATURES)["error"]
+    assert err["data"]["field"] == "tune"
+    c.call("unregister", job_id=res["job_id"])
+    written = [name for name in calls.read_text().split() if name.startswith(("nvmlDeviceSet", "nvmlDeviceReset"))]
+    assert written == []
+
+
+def test_nvml_defaults_to_the_tuner_and_applies_and_restores_a_power_cap(nvml_daemon):
+    d, calls = nvml_daemon(gpus=({},), power_cap_w=500)
+    c = d.client()
+    res = c.call("register", **FEATURES)
+    assert res["policy"] == "tune"  # the Orin-trained tree does not transfer: the tuner is the default on NVML
+    made = calls.read_text().split()
+    assert made.count("nvmlDeviceSetPowerManagementLimit") == 1
+    c.call("unregister", job_id=res["job_id"])
+    made = calls.read_text().split()
+    assert "nvmlDeviceResetGpuLockedClocks" in made
+    assert made.count("nvmlDeviceSetPowerManagementLimit") == 2  # the previous limit put back with the clocks

@@ -1,0 +1,228 @@
+"""`ftgov doctor` against good and broken simulated Orins, with and without a running ftgovd."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.support import NVPMODEL_CONF
+from tests.support.daemon import DEVFREQ, FEATURES, REPO, limits
+
+from governor.sim import tree
+
+BASELINE = (306000000, 1300500000)
+
+
+
+def power_mode(root: Path, mode: int) -> None:
+    (root / "etc/nvpmodel.conf").write_text(NVPMODEL_CONF)
+    (root / "var/lib/nvpmodel").mkdir(parents=True, exist_ok=True)
+    (root / "var/lib/nvpmodel/status").write_text(f"pmode:{mode:04d} fmode:quiet\n")
+
+
+# As another user: the interpreter may live where that user cannot read (a venv under /root), so the child starts as
+# root, imports what doctor uses, then drops to the user with no supplementary groups and runs it.
+AS_USER = """
+import os, sys
+import governor.cli, governor.cli.doctor, governor.backends.devfreq, governor.backends.rails, governor.sysfs
+import governor.daemon.config, governor.daemon.state, governor.policy.tree, encodings.idna
+args = governor.cli.build_parser().parse_args(sys.argv[1:-1])  # imports every subcommand's module
+uid = int(sys.argv[-1])
+os.setgroups([])
+os.setgid(uid)
+os.setuid(uid)
+sys.exit(args.func(args))
+"""
+
+
+def doctor(root: Path, daemon=None, *, user: int | None = None) -> tuple[int, dict[str, list[dict]]]:
+    args = ["doctor", "--json", "--sysfs-root", str(root)]
+    if daemon is not None:
+        args += ["--config", str(daemon.config_path), "--socket", daemon.socket, "--state-dir", str(daemon.state_dir)]
+    else:
+        args += ["--config", str(REPO / "etc/ftgov.yaml"), "--socket", str(root / "none.sock"),
+                 "--state-dir", str(root / "state")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "governor.cli", *args] if user is None else [sys.executable, "-c", AS_USER,
+                                                                              *args, str(user)]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60, cwd="/")
+    assert p.stdout, p.stderr
+    out = json.loads(p.stdout)
+    assert out["ok"] == (p.returncode == 0)
+    checks: dict[str, list[dict]] = {}
+    for c in out["checks"]:
+        assert c["status"] in ("OK", "WARN", "FAIL"), c
+        checks.setdefault(c["name"], []).append(c)
+    return p.returncode, checks
+
+
+def one(checks, name: str) -> dict:
+    (check,) = checks[name]
+    return check
+
+
+def test_good_board_with_ftgovd_pins_at_the_current_level_and_restores(orin, start_daemon):
+    power_mode(orin, 0)
+    d = start_daemon()
+    rc, checks = doctor(orin, d)
+    assert rc == 0, checks
+    assert not [c for cs in checks.values() for c in cs if c["status"] == "FAIL"]
+    assert "L4T R36.4.3 (JetPack 6)" in one(checks, "board")["detail"]
+    assert "11 levels" in one(checks, "devfreq")["detail"]
+    pin = one(checks, "pin")
+    assert pin["status"] == "OK" and "pinned at the current 306 MHz and restored" in pin["detail"], pin
+    assert one(checks, "power mode")["status"] == "OK" and "MAXN" in one(checks, "power mode")["detail"]
+    assert "VDD_GPU_SOC+VDD_CPU_CV+VIN_SYS_5V0" in one(checks, "rails")["detail"]
+    assert one(checks, "socket")["status"] == "OK" and one(checks, "holder")["status"] == "OK"
+    assert limits(orin) == BASELINE
+    log = d.log()
+    assert "pin check: pinned at the current 306 MHz and restored" in log
+    assert "GPU 0 restored to its baseline" in log
+    assert json.loads((d.state_dir / "state.json").read_text())["gpus"] == {}  # nothing left to restore
+
+
+def test_a_jobs_pin_is_checked_by_reading_not_written(orin, start_daemon):
+    d = start_daemon()
+    c = d.client()
+    freq = c.call("register", **FEATURES)["freq_hz"]
+    assert limits(orin) == (freq, freq)
+    rc, checks = doctor(orin, d)
+    pin = one(checks, "pin")
+    assert pin["status"] == "OK" and "no write" in pin["detail"] and "the pin holds" in pin["detail"], pin
+    assert "ftgovd's pin for 1 job(s)" in one(checks, "holder")["detail"]
+    assert limits(orin) == (freq, freq)
+    c.close()
+
+
+def test_no_devfreq_node(orin):
+    (orin / "sys/class/devfreq/17000000.gpu").unlink()
+    rc, checks = doctor(orin)
+    assert rc == 1
+    devfreq = one(checks, "devfreq")
+    assert devfreq["status"] == "FAIL" and "no GPU devfreq node" in devfreq["detail"] and "CUDA" in devfreq["fix"]
+    assert one(checks, "pin")["status"] == "FAIL"
+
+
+def test_min_freq_read_only(orin):
+    (orin / DEVFREQ / "min_freq").chmod(0o444)
+    rc, checks = doctor(orin)
+    assert rc == 1
+    check = one(checks, "limits")
+    assert check["status"] == "FAIL" and "min_freq of 17000000.gpu are read-only" in check["detail"]
+
+
+def test_root_write_test_with_ftgovd_stopped(orin):
+    if os.geteuid() != 0:
+        pytest.skip("the write test runs only as root")
+    rc, checks = doctor(orin)
+    pin = one(checks, "pin")
+    assert pin["status"] == "OK" and "root write test" in pin["detail"], pin
+    assert limits(orin) == BASELINE
+
+
+def test_pinned_by_someone_else(orin, start_daemon):
+    d = start_daemon()
+    node = orin / DEVFREQ
+    (node / "min_freq").write_text((node / "max_freq").read_text())  # what jetson_clocks does
+    rc, checks = doctor(orin, d)
+    assert rc == 1
+    holder = one(checks, "holder")
+    assert holder["status"] == "FAIL" and "jetson_clocks" in holder["detail"] and "nvpmodel" in holder["fix"]
+    # The pin check stays within the limits in force: the clock never leaves the other tool's level.
+    assert "pinned at the current 1300.5 MHz" in one(checks, "pin")["detail"]
+    assert limits(orin) == (1300500000, 1300500000)
+
+
+def test_no_rails_is_a_warning(orin, start_daemon):
+    for link in (orin / "sys/class/hwmon").iterdir():
+        link.unlink()
+    d = start_daemon()
+    rc, checks = doctor(orin, d)
+    assert rc == 0
+    rails = one(checks, "rails")
+    assert rails["status"] == "WARN" and "energy is not reported" in rails["detail"]
+
+
+def test_caller_not_in_the_socket_group(start_daemon):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run doctor as another user")
+    # Readable by anyone, as /sys and /run/ftgov are (pytest's own temporary directories are not).
+    board = Path(tempfile.mkdtemp(prefix="ftgdoc", dir="/tmp"))
+    try:
+        board.chmod(0o755)
+        tree.build(board, "jp6")
+        d = start_daemon(board)
+        d.workdir.chmod(0o755)
+        rc, checks = doctor(board, d, user=65534)
+    finally:
+        shutil.rmtree(board)
+    assert rc == 1
+    socket = one(checks, "socket")
+    assert socket["status"] == "FAIL" and "not in group" in socket["detail"], socket
+    assert "usermod -aG" in socket["fix"]
+    assert one(checks, "pin")["status"] == "WARN"  # nobody may neither reach the daemon nor write the limits
+
+
+def test_pin_left_by_a_crashed_daemon(orin, start_daemon):
+    d = start_daemon()
+    c = d.client()
+    freq = c.call("register", **FEATURES)["freq_hz"]
+    d.stop(signal.SIGKILL)
+    c.close()
+    rc, checks = doctor(orin, d)
+    assert rc == 1
+    state = one(checks, "state")
+    assert state["status"] == "FAIL" and f"pinned at {freq / 1e6:g} MHz" in state["detail"]
+    assert "ftgov restore" in state["fix"]
+    assert one(checks, "holder")["status"] == "FAIL"
+
+
+def test_power_mode_cap_below_the_table(orin):
+    power_mode(orin, 2)
+    rc, checks = doctor(orin)
+    mode = one(checks, "power mode")
+    assert mode["status"] == "WARN" and "MODE_30W" in mode["detail"] and "capped at 612 MHz" in mode["detail"]
+
+
+def test_text_output_gives_each_fix(orin):
+    (orin / "sys/class/devfreq/17000000.gpu").unlink()
+    p = subprocess.run([sys.executable, "-m", "governor.cli", "doctor", "--sysfs-root", str(orin), "--socket",
+                        str(orin / "none.sock"), "--state-dir", str(orin / "state"), "--config",
+                        str(REPO / "etc/ftgov.yaml")], capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    assert p.returncode == 1
+    lines = p.stdout.splitlines()
+    fail = next(i for i, line in enumerate(lines) if line.startswith("FAIL  devfreq"))
+    assert lines[fail + 1].strip().startswith("fix: ")
+    assert lines[-1].endswith("WARN") and "FAIL" in lines[-1]
+
+
+READ_ONLY_INT_FILE = Path("/proc/sys/fs/file-nr")  # reads as an integer, refuses writes, root's too
+
+
+def test_pin_check_that_cannot_write_fails_and_its_restore_is_retried(orin, start_daemon):
+    d = start_daemon()
+    max_freq = (orin / DEVFREQ / "max_freq").resolve()
+    saved = max_freq.read_text()
+    max_freq.unlink()
+    max_freq.symlink_to(READ_ONLY_INT_FILE)
+    rc, checks = doctor(orin, d)
+    assert rc == 1
+    pin = one(checks, "pin")
+    assert pin["status"] == "FAIL" and "failed" in pin["detail"] and "restore failed" in pin["detail"], pin
+    assert "read-only" in one(checks, "limits")["detail"]
+    d.notify.drain()
+    max_freq.unlink()
+    max_freq.write_text(saved)
+    d.wait_status(lambda m: "STATUS=0 job(s); GPU 0 at baseline" in m)  # retried on the daemon's tick
+    # (The baseline it restores is what max_freq read at the snapshot: the integer the broken file gave.)
+    assert json.loads((d.state_dir / "state.json").read_text())["gpus"] == {}
+    assert "GPU 0 restored to its baseline" in d.log()

@@ -1,0 +1,169 @@
+"""The Hugging Face adapter: a real Trainer fine-tuning a tiny BERT-shaped model (random weights, synthetic text, a
+WordPiece vocabulary built here, CPU torch) against the real ftgovd on a fake Orin tree."""
+
+from __future__ import annotations
+
+import random
+import re
+import warnings
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+import torch  # noqa: E402
+from transformers import (BertConfig, BertForSequenceClassification, BertTokenizer, DataCollatorWithPadding,  # noqa: E402
+                          Trainer, TrainerCallback, TrainingArguments)
+
+from governor.client import GovernorWarning, find_hf_config  # noqa: E402
+from governor.features import from_hf_config  # noqa: E402
+from governor.hf import GovernorCallback  # noqa: E402
+from tests.support.daemon import limits  # noqa: E402
+
+WORDS = ["the", "film", "was", "good", "bad", "great", "plot", "acting", "very", "not", "slow", "fun", "a", "story"]
+BASELINE = (306000000, 1300500000)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    vocab = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    return BertTokenizer(vocab_file=str(vocab))
+
+
+class Sentences(torch.utils.data.Dataset):
+    """Synthetic sentences of 3..30 words: padded batches are much longer than their average sample."""
+
+    def __init__(self, tokenizer, n: int, seed: int = 0):
+        rng = random.Random(seed)
+        texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 30))) for _ in range(n)]
+        self.items = [{**tokenizer(t), "labels": rng.randint(0, 1)} for t in texts]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+
+def tiny_bert(vocab_size: int) -> BertForSequenceClassification:
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64, num_labels=2)
+    return BertForSequenceClassification(config)
+
+
+class Spy(TrainerCallback):
+    """Reads the devfreq limits at every step, and the non-padding length of the batches the model is fed."""
+
+    def __init__(self, root, model, fail_at_step: int | None = None):
+        self.root, self.fail_at_step = root, fail_at_step
+        self.limits_seen: list[tuple[int, int]] = []
+        self.lengths: list[tuple[float, int]] = []
+        model.register_forward_pre_hook(self._record, with_kwargs=True)
+
+    def _record(self, module, args, kwargs):
+        if module.training:
+            mask = kwargs["attention_mask"]
+            self.lengths.append((float(mask.sum()), mask.shape[0], mask.shape[1]))
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.limits_seen.append(limits(self.root))
+        if state.global_step == self.fail_at_step:
+            raise RuntimeError("a training failure")
+
+
+def trainer_for(model, tokenizer, tmp_path, callbacks, steps: int = 12) -> Trainer:
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4,
+                             learning_rate=1e-3, use_cpu=True, report_to=[], save_strategy="no",
+                             logging_strategy="no", disable_tqdm=True, seed=0)
+    return Trainer(model=model, args=args, train_dataset=Sentences(tokenizer, 64),
+                   data_collator=DataCollatorWithPadding(tokenizer), callbacks=callbacks)
+
+
+@pytest.fixture
+def simulated(start_daemon):
+    """ftgovd --simulate: a simulated Orin whose load and rails follow the pin; returns the daemon and its tree."""
+    daemon = start_daemon(simulate=True)
+    return daemon, daemon.state_dir / "sim-orin"
+
+
+def test_trainer_run_holds_the_pin_and_ends_the_job(simulated, tokenizer, tmp_path):
+    daemon, orin = simulated
+    model = tiny_bert(tokenizer.vocab_size)
+    spy = Spy(orin, model)
+    governor_cb = GovernorCallback(socket=daemon.socket, measure_batches=4)  # no features: all from model and data
+    trainer_for(model, tokenizer, tmp_path, [governor_cb, spy]).train()
+
+    job = governor_cb.job
+    assert job.registration is not None, daemon.log()
+    pin = job.registration["freq_hz"]
+    # The first steps ran before seq_len was measured (registration waits for 4 batches); after that, the pin held.
+    assert spy.limits_seen[:3] == [BASELINE] * 3
+    assert spy.limits_seen[4:] == [(pin, pin)] * (len(spy.limits_seen) - 4)
+    assert limits(orin) == BASELINE, "the baseline is back once training ended"
+
+    tokens, samples = sum(t for t, _, _ in spy.lengths[:4]), sum(n for _, n, _ in spy.lengths[:4])
+    padded = sum(n * width for _, n, width in spy.lengths[:4]) / samples
+    assert job.features["seq_len"] == pytest.approx(tokens / samples)
+    assert job.features["seq_len"] < padded, "the measure is of real tokens, not the padded length"
+    assert (job.features["model_type"], job.features["num_layers"], job.features["hidden_size"]) == ("encoder", 2, 32)
+
+    log = daemon.log()
+    assert re.search(rf"job {job.job_id} .*encoder L2 H32 seq {job.features['seq_len']:g} ", log), log
+    assert re.search(rf"job {job.job_id} .*ended \(unregistered\) after [\d.]+ s, 12 steps", log), log
+    assert job.result["energy_j"] > 0, "the simulated rails were integrated over the job"
+    assert job.result["steps"] == 12
+
+
+def test_failed_training_in_a_with_block_ends_the_job(simulated, tokenizer, tmp_path):
+    daemon, orin = simulated
+    model = tiny_bert(tokenizer.vocab_size)
+    spy = Spy(orin, model, fail_at_step=3)
+    with pytest.raises(RuntimeError, match="a training failure"):
+        with GovernorCallback(socket=daemon.socket, seq_len=20.0, name="failing") as governor_cb:
+            trainer_for(model, tokenizer, tmp_path, [governor_cb, spy]).train()
+    pin = governor_cb.job.registration["freq_hz"]
+    assert spy.limits_seen == [(pin, pin)] * 3
+    assert limits(orin) == BASELINE
+    assert re.search(r"job \d+ 'failing' .*ended \(unregistered\) after [\d.]+ s, 3 steps", daemon.log()), \
+        "the governor (first in the list) counted step 3 before the spy raised"
+
+
+def test_training_goes_on_without_the_daemon(tokenizer, tmp_path):
+    model = tiny_bert(tokenizer.vocab_size)
+    governor_cb = GovernorCallback(socket=str(tmp_path / "absent.sock"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        output = trainer_for(model, tokenizer, tmp_path, [governor_cb], steps=4).train()
+    assert output.global_step == 4
+    ours = [w for w in caught if w.category is GovernorWarning]
+    assert len(ours) == 1 and "ftgovd is not running" in str(ours[0].message)
+
+
+def test_bad_explicit_numbers_fail_when_the_callback_is_made():
+    with pytest.raises(ValueError, match="num_layers"):
+        GovernorCallback(num_layers=0)
+
+
+@pytest.mark.parametrize("config_cls, kwargs, expected", [
+    ("BertConfig", dict(num_hidden_layers=12, hidden_size=768), ("encoder", 12, 768)),
+    ("RobertaConfig", dict(num_hidden_layers=6, hidden_size=384), ("encoder", 6, 384)),
+    ("DebertaV2Config", dict(num_hidden_layers=24, hidden_size=1024), ("encoder", 24, 1024)),
+    ("GPTNeoXConfig", dict(num_hidden_layers=6, hidden_size=512), ("decoder", 6, 512)),
+    ("GPT2Config", dict(n_layer=12, n_embd=768), ("decoder", 12, 768)),
+    ("LlamaConfig", dict(num_hidden_layers=16, hidden_size=2048), ("decoder", 16, 2048)),
+])
+def test_features_from_real_hf_configs(config_cls, kwargs, expected):
+    config = getattr(transformers, config_cls)(**kwargs)
+    f = from_hf_config(find_hf_config(config))
+    assert (f["model_type"], f["num_layers"], f["hidden_size"]) == expected
+
+
+def test_config_found_through_a_wrapping_module():
+    class Wrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone = tiny_bert(20)
+
+    assert find_hf_config(Wrapper()).num_hidden_layers == 2
+    assert find_hf_config(torch.nn.Linear(2, 2)) is None

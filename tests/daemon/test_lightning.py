@@ -1,0 +1,97 @@
+"""The Lightning adapter: a real Lightning Trainer fitting a tiny BERT-shaped model (random weights, synthetic
+token ids, CPU torch) against the real ftgovd on a fake Orin tree."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pl = pytest.importorskip("lightning.pytorch")
+transformers = pytest.importorskip("transformers")
+import torch  # noqa: E402
+
+from governor.lightning import GovernorCallback  # noqa: E402
+from tests.support.daemon import limits  # noqa: E402
+
+BASELINE = (306000000, 1300500000)
+VOCAB = 50
+
+
+def padded_batch(items):
+    width = max(len(ids) for ids, _ in items)
+    input_ids = torch.zeros(len(items), width, dtype=torch.long)
+    mask = torch.zeros(len(items), width, dtype=torch.long)
+    for row, (ids, _) in enumerate(items):
+        input_ids[row, :len(ids)] = torch.tensor(ids)
+        mask[row, :len(ids)] = 1
+    return {"input_ids": input_ids, "attention_mask": mask, "labels": torch.tensor([label for _, label in items])}
+
+
+def loader(n: int = 64):
+    g = torch.Generator().manual_seed(0)
+    items = [(torch.randint(5, VOCAB, (int(torch.randint(3, 40, (1,), generator=g)),), generator=g).tolist(), i % 2)
+             for i in range(n)]
+    return torch.utils.data.DataLoader(items, batch_size=4, collate_fn=padded_batch)
+
+
+class TinyBert(pl.LightningModule):
+    def __init__(self, fail_at_batch: int | None = None):
+        super().__init__()
+        torch.manual_seed(0)
+        config = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=64, max_position_embeddings=64, num_labels=2)
+        self.model = transformers.BertForSequenceClassification(config)
+        self.fail_at_batch = fail_at_batch
+
+    def training_step(self, batch, batch_idx):
+        if batch_idx == self.fail_at_batch:
+            raise RuntimeError("a training failure")
+        return self.model(**batch).loss
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+class Spy(pl.Callback):
+    def __init__(self, root):
+        self.root = root
+        self.limits_seen = []
+        self.batches = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        mask = batch["attention_mask"]
+        self.batches.append((float(mask.sum()), mask.shape[0]))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.limits_seen.append(limits(self.root))
+
+
+def trainer(callbacks, steps: int = 8):
+    return pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
+
+
+def test_lightning_fit_holds_the_pin_and_ends_the_job(start_daemon, orin):
+    daemon = start_daemon()
+    spy = Spy(orin)
+    governor_cb = GovernorCallback(socket=daemon.socket, measure_batches=4)
+    trainer([governor_cb, spy]).fit(TinyBert(), loader())
+    job = governor_cb.job
+    pin = job.registration["freq_hz"]
+    assert spy.limits_seen[:3] == [BASELINE] * 3 and spy.limits_seen[3:] == [(pin, pin)] * 5
+    assert limits(orin) == BASELINE
+    tokens, samples = map(sum, zip(*spy.batches[:4]))
+    assert job.features["seq_len"] == pytest.approx(tokens / samples)
+    assert (job.features["num_layers"], job.features["hidden_size"]) == (2, 32)
+    assert re.search(rf"job {job.job_id} 'TinyBert' .*ended \(unregistered\) after [\d.]+ s, 8 steps", daemon.log())
+
+
+def test_exception_ends_the_job(start_daemon, orin):
+    daemon = start_daemon()
+    governor_cb = GovernorCallback(socket=daemon.socket, seq_len=20.0)
+    with pytest.raises(RuntimeError, match="a training failure"):
+        trainer([governor_cb]).fit(TinyBert(fail_at_batch=3), loader())
+    assert governor_cb.job.registration is not None
+    assert limits(orin) == BASELINE
+    assert re.search(r"job \d+ .*ended \(unregistered\) after [\d.]+ s, 3 steps", daemon.log()), daemon.log()

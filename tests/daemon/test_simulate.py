@@ -1,0 +1,101 @@
+"""ftgovd beside the simulated board: --simulate keeps the simulator out of the daemon's process, the board ends with
+it, and the daemon's pin check, restore and energy figures hold against a board that behaves like the kernel."""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import subprocess
+import sys
+
+from governor.backends import devfreq
+from governor.sim import tree
+from governor.sysfs import Root, write_text
+from tests.support import REPO
+from tests.support.board import running_board, wait_reads
+from tests.support.daemon import FEATURES, Daemon, limits
+from tests.support.fswatch import Watch
+
+# Run ftgovd's own entry point, and write down at exit which modules its process imported.
+_RECORD_MODULES = (
+    "import atexit, runpy, sys\n"
+    "out = sys.argv.pop(1)\n"
+    "atexit.register(lambda: open(out, 'w').write('\\n'.join(sorted(sys.modules))))\n"
+    "sys.argv[0] = 'ftgovd'\n"
+    "runpy.run_module('governor.daemon', run_name='__main__', alter_sys=True)\n"
+)
+
+
+class RecordingDaemon(Daemon):
+    def command(self) -> list[str]:
+        cmd = super().command()
+        return [sys.executable, "-c", _RECORD_MODULES, str(self.workdir / "modules.txt"),
+                *cmd[cmd.index("governor.daemon") + 1:]]
+
+
+def test_simulate_keeps_the_simulator_out_of_the_daemon_process(start_daemon):
+    d = RecordingDaemon(None, simulate=True)
+    try:
+        d.start()
+        assert d.client().call("register", **FEATURES)["freq_hz"] == 714000000
+        board_pid = int(re.search(r"board process (\d+)", d.log()).group(1))
+        board = os.pidfd_open(board_pid)
+        assert d.stop() == 0
+        # The board waits on a pipe only the daemon held: it ends with it.
+        assert select.select([board], [], [], 15)[0], "the board process outlived the daemon"
+        os.close(board)
+        modules = (d.workdir / "modules.txt").read_text().split()
+    finally:
+        d.close()
+    assert "governor.daemon.main" in modules, "the record is of the daemon's process"
+    leaked = [m for m in modules if m.split(".")[0] in ("numpy", "sklearn", "torch")
+              or m.startswith(("governor.sim", "governor.pipeline", "governor.client", "governor.cli"))]
+    assert leaked == []
+
+
+def test_pin_check_and_restore_against_a_board_that_clamps(orin, start_daemon):
+    node = devfreq.find_node(Root(orin))
+    with running_board(orin):
+        # nvpmodel's MAXN writes 0 / 2147483647; the kernel reads them back as the table's ends.
+        write_text(node / "max_freq", "2147483647")
+        write_text(node / "min_freq", "0")
+        wait_reads(node / "min_freq", lambda t: t == "306000000")
+        wait_reads(node / "max_freq", lambda t: t == "1300500000")
+        d = start_daemon()
+        c = d.client()
+        job = c.call("register", **FEATURES)
+        assert limits(orin) == (714000000, 714000000)
+        watch = Watch(node)
+        try:
+            write_text(node / "max_freq", "1300500000")  # a tool raises the max under the pin: min keeps 714
+            watch.wait(lambda: "limits changed under our pin" in d.log() and limits(orin) == (714000000, 714000000))
+        finally:
+            watch.close()
+        c.call("unregister", job_id=job["job_id"])
+        assert limits(orin) == (306000000, 1300500000), "the baseline as the kernel reads it"
+
+
+def test_the_log_names_the_energy_sum_of_each_board(tmp_path, start_daemon):
+    nx = tree.build(tmp_path / "nx", "nx-jp6").root
+    d = start_daemon(root=nx)
+    assert "job energy counts VDD_IN: the module's total input (Orin NX/Nano)" in d.log()
+    c = d.client()
+    job = c.call("register", **FEATURES)
+    assert c.call("unregister", job_id=job["job_id"])["energy_j"] is not None
+    d.close()
+
+    (nx / "sys/class/hwmon/hwmon1/in1_label").unlink()  # no VDD_IN: no sum applies
+    d = start_daemon(root=nx)
+    assert re.search(r"WARNING .*power rails: VDD_CPU_GPU_CV, VDD_SOC; no known energy sum", d.log()), d.log()
+    c = d.client()
+    job = c.call("register", **FEATURES)
+    assert c.call("unregister", job_id=job["job_id"])["energy_j"] is None, "no figure rather than a partial one"
+
+
+def test_simulate_refuses_a_tree_of_your_own(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "governor.daemon", "--simulate", "--sysfs-root", str(tmp_path),
+                           "--config", os.devnull], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 2 and "--simulate builds its own tree" in proc.stderr, proc
+    assert list(tmp_path.iterdir()) == [], "nothing written, nothing removed"

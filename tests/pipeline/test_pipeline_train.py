@@ -1,0 +1,111 @@
+"""Training is reproducible, the committed export is what training produces, and the daemon's evaluator gives
+scikit-learn's answers."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from governor.cli import main as ftgov
+from governor.features import FEATURE_ORDER
+from governor.pipeline import dataset, train
+from governor.pipeline.export import float64_threshold
+from governor.policy.tree import DecisionTree, Leaf, Split
+from tests.support import REPO
+
+DATA = REPO / "model" / "data" / "characterization.csv"
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory):
+    """A full `make model` run (dataset, fit, export, ffg) into a temporary directory, one worker, through `ftgov
+    model STAGE` (the same stages as `python -m governor.pipeline STAGE`)."""
+    out = tmp_path_factory.mktemp("model")
+    art = out / "artifacts"
+    data = ["--data", str(DATA)]
+    for stage in (["dataset", *data, "--out", str(art / "dataset.csv")],
+                  ["fit", *data, "--dataset", str(art / "dataset.csv"), "--estimator", str(art / "mlg.joblib"),
+                   "--report", str(art / "cv-report.json"), "--seed", "0", "--jobs", "1"],
+                  ["export", *data, "--estimator", str(art / "mlg.joblib"), "--report", str(art / "cv-report.json"),
+                   "--tree", str(out / "mlg-tree.json"), "--rules", str(out / "mlg-rules.txt")],
+                  ["ffg", *data, "--out", str(out / "ffg.json")]):
+        assert ftgov(["model", *stage]) == 0, stage
+    return out
+
+
+@pytest.mark.parametrize("name", ["mlg-tree.json", "mlg-rules.txt", "ffg.json"])
+def test_committed_model_equals_a_fresh_training_run(fresh, name):
+    assert (fresh / name).read_bytes() == (REPO / "model" / name).read_bytes()
+
+
+def test_committed_tree_loads_and_names_its_data():
+    tree = DecisionTree.load(REPO / "model" / "mlg-tree.json")
+    assert tree.source == "trained"
+    assert tree.metadata["data_sha256"] == dataset.sha256(DATA)
+    assert tree.metadata["data_source"] == "simulated"
+    assert set(tree.leaves_hz()) <= set(dataset.load(DATA)[0].levels_hz)
+
+
+def test_ffg_is_the_level_with_least_total_energy():
+    sweeps = dataset.load(DATA)
+    ffg = json.loads((REPO / "model" / "ffg.json").read_text())
+    totals = {f: sum(s.energy_j[f] for s in sweeps) for f in sweeps[0].levels_hz}
+    assert ffg["freq_hz"] == min(totals, key=totals.get)
+
+
+def test_labels_are_the_per_configuration_energy_optimum():
+    for s in dataset.load(DATA):
+        assert s.energy_j[s.optimum_hz] == min(s.energy_j.values())
+        assert s.regret_pct(s.optimum_hz) == 0.0
+
+
+def random_vectors(tree: DecisionTree, n: int, seed: int) -> np.ndarray:
+    """Random feature vectors over the features' ranges, plus every threshold and its float neighbours."""
+    rng = random.Random(seed)
+    rows = [[rng.choice((0.0, 1.0)), rng.uniform(0, 100), float(rng.randint(1, 64)), float(rng.randint(32, 4096)),
+             rng.uniform(1, 512)] for _ in range(n)]
+    for node in tree.nodes:
+        if isinstance(node, Split):
+            i = FEATURE_ORDER.index(node.feature)
+            for x in (node.threshold, np.nextafter(node.threshold, -np.inf), np.nextafter(node.threshold, np.inf),
+                      float(np.float32(node.threshold)), round(node.threshold, 2)):
+                base = list(rows[rng.randrange(n)])
+                base[i] = float(x)
+                rows.append(base)
+    return np.array(rows, dtype=np.float64)
+
+
+def test_daemon_evaluator_matches_sklearn_on_random_vectors():
+    tree = DecisionTree.load(REPO / "model" / "mlg-tree.json")
+    sweeps = dataset.load(DATA)
+    estimator = train.fit(sweeps, tree.metadata["hyperparameters"], tree.metadata["seed"])
+    X = random_vectors(tree, 5000, seed=11)
+    expected = estimator.predict(X)
+    got = [tree.decide_vector(dict(zip(FEATURE_ORDER, row))).freq_hz for row in X.tolist()]
+    assert got == [int(v) for v in expected]
+    assert len(set(got)) == len(tree.leaves_hz())  # the vectors reached every kind of leaf
+
+
+@settings(max_examples=300, deadline=None)
+@given(t=st.floats(min_value=-1e6, max_value=1e6, allow_nan=False),
+       offset_ulps=st.integers(min_value=-4, max_value=4))
+def test_exported_threshold_is_exact_for_float32_comparison(t, offset_ulps):
+    t = float(np.float64(np.float32(t)) + (t - float(np.float32(t))) / 2)  # sklearn thresholds: midpoints
+    T = float64_threshold(t)
+    x = np.float32(t)
+    for _ in range(abs(offset_ulps)):
+        x = np.nextafter(x, np.float32(np.inf if offset_ulps > 0 else -np.inf))
+    for candidate in (float(x), T, float(np.nextafter(T, np.inf)), float(np.nextafter(T, -np.inf))):
+        assert (candidate <= T) == (float(np.float32(candidate)) <= t)
+
+
+def test_exported_nodes_mirror_the_estimator():
+    tree = DecisionTree.load(REPO / "model" / "mlg-tree.json")
+    sweeps = dataset.load(DATA)
+    estimator = train.fit(sweeps, tree.metadata["hyperparameters"], tree.metadata["seed"])
+    assert len(tree.nodes) == estimator.tree_.node_count
+    assert sum(isinstance(n, Leaf) for n in tree.nodes) == estimator.get_n_leaves()

@@ -1,0 +1,37 @@
+"""`ftgov` answers a user's error with one line and exit 1 (2 for usage), never a traceback; a bug keeps its
+traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+import governor.pipeline.characterize as characterize
+from governor.cli import main
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["characterize", "--simulate", "--steps", "0", "--out", "{tmp}/c.csv"], "--steps must be >= 1"),
+    (["evaluate", "--data", "/missing"], "cannot read /missing"),
+    (["sim-job", "--tree", "/missing"], "/missing"),
+    (["model", "fit", "--data", "/missing"], "cannot read /missing"),
+])
+def test_a_user_error_is_one_line_and_exit_1(argv, message, tmp_path, capsys):
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ftgov: error: ") and message in err and err.count("\n") == 1, err
+
+
+def test_bad_usage_exits_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["evaluate", "--job-steps", "many"])
+    assert e.value.code == 2
+    assert "invalid int value" in capsys.readouterr().err
+
+
+def test_an_internal_error_keeps_its_traceback(monkeypatch, tmp_path):
+    def broken(args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(characterize, "run", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["characterize", "--simulate", "--out", str(tmp_path / "c.csv")])
