@@ -19,6 +19,7 @@ from governor.backends.rails import Rails
 from governor.daemon import logs
 from governor.daemon.energy import BoardEnergy
 from governor.daemon.jobs import ActiveJob, Ended, GpuControl, mhz
+from governor.daemon.powermode import PowerModeCap
 from governor.daemon.state import GpuState, State, StateFile
 from governor.errors import BackendError, FtgovError, StateError
 from governor.features import Features
@@ -60,7 +61,7 @@ class PinController:
         self.max_jobs = max_jobs
         self.low_phases = frozenset(low_phases)
         self.power_cap_mw = power_cap_mw
-        self.pin_above_power_mode = pin_above_power_mode
+        self.power_mode = PowerModeCap(self.gpus, pin_above_power_mode)
         self.missing_why = missing_why  # why there is no GPU (none found at start); None once one is governed
         self.jobs: dict[int, ActiveJob] = {}
         self.next_job_id = 1
@@ -140,7 +141,7 @@ class PinController:
         log.info("%s: %s L%d H%d seq %g util %s -> %s %s: %s", job.label(), f.model_type, f.num_layers,
                  f.hidden_size, f.seq_len, "?" if f.gpu_util is None else f"{f.gpu_util:g}%", decision.label,
                  mhz(decision.freq_hz), decision.reason, extra=job.fields())
-        capped = self.within_ceiling(job.gpu_id, decision)
+        capped = self.power_mode.within(job.gpu_id, decision)
         if capped is not decision:
             log.info("%s: %s instead of %s (pin_above_power_mode: true allows more)", job.label(),
                      capped.reason.rsplit("; ", 1)[1], mhz(decision.freq_hz), extra=job.fields())
@@ -165,39 +166,6 @@ class PinController:
         log.info("%s: %s", job.label(), why, extra=job.fields())
         self._apply_quietly(job.gpu_id)
         return job.decision
-
-    def ceiling_hz(self, gpu_id: str) -> int | None:
-        """The highest clock a pin may take: the max_freq found before our first pin, which is the power mode's cap
-        (nvpmodel writes it: AGX Orin MODE_30W 612 MHz), unless pin_above_power_mode. None: no ceiling."""
-        if self.pin_above_power_mode:
-            return None
-        ctl = self.gpus[gpu_id]
-        if ctl.baseline is not None:
-            return ctl.baseline.max_hz
-        logs.flush()  # a hardware read follows: the lines before it must be out should it hang
-        try:
-            return ctl.gpu.snapshot().max_hz
-        except BackendError as e:
-            log.warning("GPU %s: cannot read the power mode's cap: %s", gpu_id, e)
-            return None
-
-    def allowed_levels(self, gpu_id: str) -> tuple[int, ...]:
-        """The GPU's levels a pin may take (see ceiling_hz); the lowest level at least."""
-        levels, ceiling = self.gpus[gpu_id].gpu.levels_hz, self.ceiling_hz(gpu_id)
-        if ceiling is None:
-            return levels
-        return tuple(hz for hz in levels if hz <= ceiling) or levels[:1]
-
-    def within_ceiling(self, gpu_id: str, decision: Decision) -> Decision:
-        """The decision, moved down to the highest level under the power mode's cap when it is above it."""
-        if decision.freq_hz is None:
-            return decision
-        ceiling = self.ceiling_hz(gpu_id)
-        if ceiling is None or decision.freq_hz <= ceiling:
-            return decision
-        level = self.allowed_levels(gpu_id)[-1]
-        note = f"capped by the power mode at {mhz(ceiling)}" + ("" if level == ceiling else f" (level {mhz(level)})")
-        return replace(decision, freq_hz=level, reason=f"{decision.reason}; {note}")
 
     def set_freq(self, job: ActiveJob, freq_hz: int, reason: str) -> None:
         """Move one job's pick (the tuner does this) and apply the combined pin."""

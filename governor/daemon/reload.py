@@ -47,7 +47,7 @@ class Reloader:
         pins.low_phases = frozenset(new.low_phases)
         pins.on_external_change = new.on_external_change
         pins.power_cap_mw = round(new.power_cap_w * 1000) if new.power_cap_w else None
-        pins.pin_above_power_mode = new.pin_above_power_mode
+        pins.power_mode.pin_above = new.pin_above_power_mode
         self.tuner.cfg = new.tuner
         server.ticker.sample_interval_s = new.sample_interval_s
         server.sampler.sample_s, server.sampler.settle_s = new.util_sample_s, new.util_settle_s

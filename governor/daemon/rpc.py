@@ -67,7 +67,7 @@ class Methods:
         return self._predict(features.model_copy(update={"gpu_util": util_pct}), gid, why)
 
     def _predict(self, features, gid: str, why: str) -> dict:
-        d = self.pins.within_ceiling(gid, self.pins.policy.decide(features, self.pins.gpus[gid].gpu.levels_hz))
+        d = self.pins.power_mode.within(gid, self.pins.policy.decide(features, self.pins.gpus[gid].gpu.levels_hz))
         return {"policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason + (f"; {why}" if why else "")}
 
     def rpc_register(self, conn: Connection, params):

@@ -27,7 +27,7 @@ class JobTuner:
     def __init__(self, gov, job, cfg: TunerConfig):
         self.cfg = cfg
         # Never a level above the power mode's cap (unless the config allows it): the tuner probes only what it may pin.
-        self.tuner = OnlineTuner(gov.allowed_levels(job.gpu_id), job.freq_hz, max_slowdown=cfg.max_slowdown,
+        self.tuner = OnlineTuner(gov.power_mode.allowed_levels(job.gpu_id), job.freq_hz, max_slowdown=cfg.max_slowdown,
                                  noise_rel=cfg.noise_rel,
                                  max_probes=cfg.max_probes)
         self.session: TuningSession | None = None

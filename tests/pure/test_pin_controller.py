@@ -171,3 +171,14 @@ def test_a_job_waiting_for_its_gpu_util_holds_no_pin_until_decided(gpu, tmp_path
     j.features = j.features.model_copy(update={"gpu_util": 70.0})
     pins.decide(j, why_util="measured")
     assert gpu.limits.max_hz == 714_000_000 and j.decision.reason.endswith("; measured")
+
+
+def test_a_pick_above_the_power_modes_cap_is_moved_down_to_it(gpu, tmp_path):
+    gpu.limits = Limits(306_000_000, 612_000_000)  # nvpmodel MODE_30W
+    pins = controller(gpu, tmp_path, ffg_hz=918_000_000)
+    d = pins.decide(job(pins))
+    assert d.freq_hz == 612_000_000 and "capped by the power mode at 612 MHz" in d.reason
+    assert pins.power_mode.allowed_levels("0") == LEVELS[:2]
+    allowed = controller(FakeGpu(), tmp_path / "b", ffg_hz=918_000_000, pin_above_power_mode=True)
+    allowed.gpus["0"].gpu.limits = Limits(306_000_000, 612_000_000)
+    assert allowed.decide(job(allowed)).freq_hz == 918_000_000

@@ -1,0 +1,53 @@
+"""The power mode's cap: nvpmodel's modes cap the GPU through max_freq (AGX Orin MODE_30W: 612 MHz; 15 W and 50 W
+have their own). ftgovd never pins above the max found before its first pin unless pin_above_power_mode allows it."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from governor.daemon import logs
+from governor.daemon.jobs import GpuControl, mhz
+from governor.errors import BackendError
+from governor.policy import Decision
+
+log = logging.getLogger("ftgovd")
+
+
+class PowerModeCap:
+    def __init__(self, gpus: dict[str, GpuControl], pin_above: bool = False):
+        self.gpus = gpus  # the PinController's, shared: a baseline taken there is the cap here
+        self.pin_above = pin_above
+
+    def ceiling_hz(self, gpu_id: str) -> int | None:
+        """The highest clock a pin may take: the max_freq found before our first pin, which is the power mode's cap
+        (nvpmodel writes it: AGX Orin MODE_30W 612 MHz), unless pin_above_power_mode. None: no ceiling."""
+        if self.pin_above:
+            return None
+        ctl = self.gpus[gpu_id]
+        if ctl.baseline is not None:
+            return ctl.baseline.max_hz
+        logs.flush()  # a hardware read follows: the lines before it must be out should it hang
+        try:
+            return ctl.gpu.snapshot().max_hz
+        except BackendError as e:
+            log.warning("GPU %s: cannot read the power mode's cap: %s", gpu_id, e)
+            return None
+
+    def allowed_levels(self, gpu_id: str) -> tuple[int, ...]:
+        """The GPU's levels a pin may take (see ceiling_hz); the lowest level at least."""
+        levels, ceiling = self.gpus[gpu_id].gpu.levels_hz, self.ceiling_hz(gpu_id)
+        if ceiling is None:
+            return levels
+        return tuple(hz for hz in levels if hz <= ceiling) or levels[:1]
+
+    def within(self, gpu_id: str, decision: Decision) -> Decision:
+        """The decision, moved down to the highest level under the power mode's cap when it is above it."""
+        if decision.freq_hz is None:
+            return decision
+        ceiling = self.ceiling_hz(gpu_id)
+        if ceiling is None or decision.freq_hz <= ceiling:
+            return decision
+        level = self.allowed_levels(gpu_id)[-1]
+        note = f"capped by the power mode at {mhz(ceiling)}" + ("" if level == ceiling else f" (level {mhz(level)})")
+        return replace(decision, freq_hz=level, reason=f"{decision.reason}; {note}")
