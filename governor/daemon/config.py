@@ -63,6 +63,16 @@ class TunerConfig(_Strict):
     max_slowdown: Optional[float] = Field(None, gt=0, le=10, description="e.g. 0.10: at most 10% slower than the fastest level")
 
 
+DEFAULT_STORE_PATH = "/var/lib/ftgov/measurements.sqlite"
+
+
+class StoreConfig(_Strict):
+    """The measurement store (governor.daemon.store): every job's features, windows and outcome."""
+
+    path: Optional[str] = Field(DEFAULT_STORE_PATH, description="SQLite file; null: keep no store")
+    max_jobs: int = Field(20000, gt=0, le=10_000_000, description="the oldest jobs are dropped past this many")
+
+
 class Config(_Strict):
     socket: SocketConfig = SocketConfig()
     sysfs_root: str = "/"
@@ -82,6 +92,7 @@ class Config(_Strict):
         description="phases (reported with progress) during which a job needs only the lowest level; [] disables")
     limits: LimitsConfig = LimitsConfig()
     tuner: TunerConfig = TunerConfig()
+    store: StoreConfig = StoreConfig()
     node_wait_s: float = Field(120.0, ge=0, description="how long to wait at start for the GPU node to appear")
     sample_interval_s: float = Field(1.0, gt=0, le=3600, description="rails and pin check while jobs are active")
     util_sample_s: float = Field(0.5, ge=0, le=60, description="how long to sample GPU load when a job gives no gpu_util")

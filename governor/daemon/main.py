@@ -59,6 +59,7 @@ def build_config(args: argparse.Namespace) -> Config:
         overrides["socket.path"] = args.socket or str(base / "ftgov.sock")
         overrides["state_dir"] = args.state_dir or str(base)
         overrides["sysfs_root"] = str(Path(overrides["state_dir"]) / "sim-orin")
+        overrides["store.path"] = str(Path(overrides["state_dir"]) / "measurements.sqlite")  # never the board's
     return load_config(args.config or DEFAULT_CONFIG_PATH, overrides, must_exist=explicit)
 
 
@@ -181,6 +182,7 @@ def run(config: Config, *, simulate: bool = False) -> int:
                         power_cap_mw=round(config.power_cap_w * 1000) if config.power_cap_w else None)
     from governor.daemon import tuning as tune_job
 
+    recorder = _recorder(config, governor, gpus, root)
     server = Server(governor, config, notifier, tuner_factory=lambda gov, job: tune_job.attach(gov, job, config.tuner))
 
     fds = listen_fds()
@@ -193,6 +195,8 @@ def run(config: Config, *, simulate: bool = False) -> int:
     try:
         asyncio.run(server.serve(sock))
     finally:
+        if recorder is not None:
+            recorder.close()  # the jobs shutdown just ended are written before we exit
         if not fds:
             try:
                 os.unlink(config.socket.path)
@@ -200,6 +204,17 @@ def run(config: Config, *, simulate: bool = False) -> int:
                 pass
     log.info("ftgovd stopped")
     return 0
+
+
+def _recorder(config: Config, governor, gpus: list, root: Root):
+    if config.store.path is None:
+        return None
+    from governor.daemon.recorder import Recorder, board_identity
+    from governor.daemon.store import StoreWriter
+
+    governor.recorder = Recorder(StoreWriter(config.store.path, config.store.max_jobs), governor,
+                                 {g.id: board_identity(root, g) for g in gpus}, governor.boot_id)
+    return governor.recorder
 
 
 def main(argv: Optional[list[str]] = None) -> int:

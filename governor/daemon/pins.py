@@ -105,6 +105,7 @@ class Governor:
         self._save_pending = False
         self._save_prompt = False
         self._power_cache: tuple[float, float] = (-1.0, 0.0)
+        self.recorder = None  # governor.daemon.recorder.Recorder: told of every job that ends (the measurement store)
 
     # ---- jobs -------------------------------------------------------------------------------------------------------
     def default_gpu(self) -> str:
@@ -180,6 +181,8 @@ class Governor:
                  job.steps, _mhz(job.freq_hz), energy,
                  extra={**job.fields(), "DURATION_S": f"{ended.duration_s:.3f}", "STEPS": job.steps,
                         "ENERGY_J": "" if energy_j is None else f"{energy_j:.3f}"})
+        if self.recorder is not None:
+            self.recorder.job_ended(ended)
         return ended
 
     # ---- pins -------------------------------------------------------------------------------------------------------
@@ -449,7 +452,8 @@ class Governor:
                          "tuner": j.tuner.state() if j.tuner is not None else None})
         return {"policy": self.policy.name, "jobs": jobs, "gpu": gpus[0] if len(gpus) == 1 else None,
                 "gpus": gpus, "power_mw": power,
-                "energy_rails": self.rails.energy_rails if self.rails else [], "energy_source": self.energy_source()}
+                "energy_rails": self.rails.energy_rails if self.rails else [], "energy_source": self.energy_source(),
+                "store": self.recorder.status() if self.recorder is not None else None}
 
     def _notify(self) -> None:
         for listener in self.listeners:

@@ -30,6 +30,7 @@ class JobTuner:
         self.tuner = OnlineTuner(gpu.levels_hz, job.freq_hz, max_slowdown=cfg.max_slowdown, noise_rel=cfg.noise_rel,
                                  max_probes=cfg.max_probes)
         self.session: Optional[TuningSession] = None
+        self.windows: list = []  # (Measurement, gpu_util) per closed window, for the measurement store
         self.status = "waiting for progress reports (without them the job keeps MLG's pick)"
         self._total_mw = gov.total_mw
         self.meter = gov.new_meter(job.gpu_id)  # the tuner's own: its windows must not depend on the job's meter
@@ -65,6 +66,7 @@ class JobTuner:
             return
         if m is None:
             return
+        self.windows.append((m, job.features.gpu_util))
         state = self.tuner.state()
         log.info("%s: tune probe %d at %g MHz: %.4f J/step, %.4f s/step over %d steps -> %s", job.label(),
                  state["probes"], m.level_hz / 1e6, m.joules_per_step, m.seconds_per_step, m.measured_steps,
