@@ -1,0 +1,471 @@
+"""`ftgov model retrain`: a board-specific MLG tree from the shipped characterization data plus the board's own
+measurement store (docs/store.md has the reasoning; this docstring is the rule).
+
+1. Board curves. The store's tuned jobs are grouped by their features (one group per workload the board ran); each
+   level's energy per step is the step-weighted mean of every window measured there, over every job of the group.
+   Windows at the default governor (no level) are not part of a curve.
+2. Labels. A curve yields a label when its windows bracket a minimum: the least measured level has both table
+   neighbours measured and worse (at an end of the table, its one neighbour). The label is that level.
+3. A partial curve against a full sweep. A characterization sweep measures every level (50 steps each) and counts
+   with weight 1. A bracketed board curve counts BOARD_WEIGHT (it is this board, where the sweep is the simulated or
+   reference board), times its confidence: how clearly its neighbours are worse, in standard deviations of the
+   difference (``noise_rel`` per window, pooled over the windows behind each level), divided by Z_CLEAR and capped
+   at 1. A minimum bracketed by a hair counts little; one confirmed over several jobs counts fully. A sweep whose
+   workload the board itself measured (same features) is replaced by the board's curve.
+4. The board's curves correct the simulated ones. Each board curve is compared, level by level, with the nearest
+   characterization sweep (same model type, nearest in log layers, log hidden size, log sequence length and
+   utilization): the difference of their log energies with its mean over the common levels removed (the shape, not
+   the scale: the workloads differ in size). Pooled over the board's curves (weighted by windows) this is one log
+   offset per level, the board's systematic departure (its voltage table, leakage, memory: what shifts every
+   workload's curve alike); levels the board never measured take the nearest measured level's offset. Every sweep's
+   energies are multiplied by exp(offset) and relabelled (1-2-1 smoothed optimum, as in training) before fitting.
+5. Fit: the training grid, leave-one-out CV over every sample with the weights above, chosen by weighted LOOCV energy
+   regret (accuracy breaks ties), then fitted on everything. Deterministic for the same stores, data and seed.
+6. Report: accuracy and energy regret of the tree the daemon uses now and of the new one on the board's own labelled
+   curves (regret where the pick was not measured: the measured neighbour's energy times the corrected sweep's ratio,
+   counted as estimated), and the LOOCV figures.
+7. Export: ftgov-tree/1 with the provenance (stores, jobs, identity, offsets, figures) in ``metadata`` and a top-level
+   ``provenance``; checked by the daemon's own reader, then written to a temporary file and renamed over the target.
+   `systemctl reload ftgovd` loads it (set ``model_file`` to it once).
+
+scikit-learn is imported inside the functions: the daemon never imports this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from governor.errors import FtgovError
+from governor.features import FEATURE_ORDER, Features
+from governor.pipeline import dataset, train
+from governor.pipeline.dataset import Sweep
+
+BOARD_WEIGHT = 3.0
+Z_CLEAR = 2.0
+NOISE_REL = 0.03  # one window's relative noise, as the daemon's tuner assumes (tuner.noise_rel)
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "model" / "data" / "characterization.csv"
+DEFAULT_STORE = "/var/lib/ftgov/measurements.sqlite"
+
+
+@dataclass
+class BoardCurve:
+    """One workload as the board measured it: level -> mean J/step, and the windows and jobs behind it."""
+
+    features: Features
+    energy_j: dict[int, float]
+    windows: dict[int, int]
+    jobs: int
+    label_hz: Optional[int] = None
+    confidence: float = 0.0
+    trees_hz: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def weight(self) -> float:
+        return BOARD_WEIGHT * self.confidence
+
+
+def feature_key(f: Features) -> tuple:
+    return (f.model_type, f.num_layers, f.hidden_size, round(f.seq_len, 1), round(f.gpu_util or 0.0))
+
+
+def board_curves(records: Iterable, levels_hz: tuple[int, ...]) -> list[BoardCurve]:
+    """Group tuned jobs by features; pool their windows per level (only levels of the characterization table)."""
+    sums: dict[tuple, dict] = {}
+    for r in records:
+        wins = [w for w in r.windows if w.level_hz in levels_hz and w.joules_per_step > 0 and w.steps > 0]
+        if not wins or r.gpu_util is None:
+            continue
+        f = Features(model_type=r.model_type, num_layers=r.num_layers, hidden_size=r.hidden_size,
+                     seq_len=float(r.seq_len), gpu_util=float(r.gpu_util))
+        g = sums.setdefault(feature_key(f), {"features": f, "j": {}, "steps": {}, "n": {}, "jobs": 0})
+        g["jobs"] += 1
+        for w in wins:
+            g["j"][w.level_hz] = g["j"].get(w.level_hz, 0.0) + w.joules_per_step * w.steps
+            g["steps"][w.level_hz] = g["steps"].get(w.level_hz, 0) + w.steps
+            g["n"][w.level_hz] = g["n"].get(w.level_hz, 0) + 1
+    curves = []
+    for key in sorted(sums):
+        g = sums[key]
+        curve = BoardCurve(g["features"], {hz: g["j"][hz] / g["steps"][hz] for hz in sorted(g["j"])},
+                           dict(sorted(g["n"].items())), g["jobs"])
+        curve.label_hz, curve.confidence = bracket(curve, levels_hz)
+        curves.append(curve)
+    return curves
+
+
+def bracket(curve: BoardCurve, levels_hz: tuple[int, ...],
+            noise_rel: float = NOISE_REL) -> tuple[Optional[int], float]:
+    """(label, confidence) when the measured minimum has worse measured neighbours on both sides, else (None, 0)."""
+    best = min(curve.energy_j, key=lambda hz: (curve.energy_j[hz], hz))
+    i = levels_hz.index(best)
+    neighbours = [levels_hz[j] for j in (i - 1, i + 1) if 0 <= j < len(levels_hz)]
+    if any(hz not in curve.energy_j for hz in neighbours):
+        return None, 0.0
+    z = min(math.log(curve.energy_j[hz] / curve.energy_j[best])
+            / (noise_rel * math.sqrt(1 / curve.windows[hz] + 1 / curve.windows[best])) for hz in neighbours)
+    return best, min(1.0, max(z, 0.0) / Z_CLEAR)
+
+
+def _distance(a: Features, b: Features) -> float:
+    if a.model_type != b.model_type:
+        return math.inf
+    return math.dist((math.log(a.num_layers), math.log(a.hidden_size), math.log(a.seq_len), (a.gpu_util or 0) / 25),
+                     (math.log(b.num_layers), math.log(b.hidden_size), math.log(b.seq_len), (b.gpu_util or 0) / 25))
+
+
+def nearest_sweep(f: Features, sweeps: list[Sweep]) -> Sweep:
+    return min(sweeps, key=lambda s: (_distance(f, s.features), s.workload))
+
+
+def level_offsets(curves: list[BoardCurve], sweeps: list[Sweep]) -> dict[int, float]:
+    """Per level, the pooled log-energy shape difference board - nearest sweep; 0 everywhere without board curves."""
+    levels = sweeps[0].levels_hz
+    num = {hz: 0.0 for hz in levels}
+    den = {hz: 0.0 for hz in levels}
+    for c in curves:
+        common = [hz for hz in c.energy_j if hz in levels]
+        if len(common) < 2:
+            continue  # one level has no shape
+        s = nearest_sweep(c.features, sweeps)
+        d = {hz: math.log(c.energy_j[hz]) - math.log(s.energy_j[hz]) for hz in common}
+        mean = sum(d.values()) / len(d)
+        for hz in common:
+            num[hz] += c.windows[hz] * (d[hz] - mean)
+            den[hz] += c.windows[hz]
+    known = [hz for hz in levels if den[hz] > 0]
+    if not known:
+        return {hz: 0.0 for hz in levels}
+    out = {}
+    for hz in levels:
+        nearest = hz if den[hz] > 0 else min(known, key=lambda k: (abs(k - hz), k))
+        out[hz] = num[nearest] / den[nearest]
+    return out
+
+
+def corrected(sweeps: list[Sweep], offsets: dict[int, float]) -> list[Sweep]:
+    return [replace(s, energy_j={hz: e * math.exp(offsets.get(hz, 0.0)) for hz, e in s.energy_j.items()})
+            for s in sweeps]
+
+
+@dataclass
+class Sample:
+    """One training row: features, label, weight, and how to price any level (for regret)."""
+
+    name: str
+    features: Features
+    label_hz: int
+    weight: float
+    energy_at: Callable[[int], tuple[float, bool]]  # level -> (energy per step, estimated?)
+
+
+def sweep_sample(s: Sweep) -> Sample:
+    return Sample(s.workload, s.features, train.label_hz(s), 1.0, lambda hz, s=s: (s.energy_j[hz], False))
+
+
+def curve_sample(c: BoardCurve, reference: Sweep, index: int) -> Sample:
+    def energy_at(hz: int) -> tuple[float, bool]:
+        if hz in c.energy_j:
+            return c.energy_j[hz], False
+        m = min(c.energy_j, key=lambda k: (abs(k - hz), k))  # nearest measured level, scaled by the sweep's shape
+        return c.energy_j[m] * reference.energy_j[hz] / reference.energy_j[m], True
+
+    return Sample(f"board/{index}", c.features, c.label_hz, c.weight, energy_at)
+
+
+def regret_pct(sample: Sample, hz: int) -> tuple[float, bool]:
+    e, est = sample.energy_at(hz)
+    opt, _ = sample.energy_at(sample.label_hz)
+    return 100.0 * (e / opt - 1.0), est
+
+
+def build_samples(sweeps: list[Sweep], curves: list[BoardCurve]) -> tuple[list[Sample], dict[int, float]]:
+    offsets = level_offsets(curves, sweeps)
+    fixed = corrected(sweeps, offsets)
+    labelled = [c for c in curves if c.label_hz is not None and c.confidence > 0]
+    covered = {feature_key(c.features) for c in labelled}
+    samples = [sweep_sample(s) for s in fixed if feature_key(s.features) not in covered]
+    samples += [curve_sample(c, nearest_sweep(c.features, fixed), i) for i, c in enumerate(labelled)]
+    return samples, offsets
+
+
+def _design(samples: list[Sample]):
+    import numpy as np
+
+    X = np.array([s.features.vector() for s in samples], dtype=np.float64)
+    y = np.array([s.label_hz for s in samples], dtype=np.int64)
+    w = np.array([s.weight for s in samples], dtype=np.float64)
+    return X, y, w
+
+
+@dataclass(frozen=True)
+class WeightedCv:
+    params: dict
+    accuracy: float
+    mean_regret_pct: float
+
+
+def loocv(samples: list[Sample], params: dict, seed: int) -> WeightedCv:
+    import numpy as np
+
+    X, y, w = _design(samples)
+    hits = regrets = 0.0
+    for i in range(len(samples)):
+        keep = np.arange(len(samples)) != i
+        est = train.make_estimator(params, seed).fit(X[keep], y[keep], sample_weight=w[keep])
+        pred = int(est.predict(X[i: i + 1])[0])
+        hits += w[i] * (pred == y[i])
+        regrets += w[i] * regret_pct(samples[i], pred)[0]
+    total = float(w.sum())
+    return WeightedCv(dict(params), hits / total, regrets / total)
+
+
+def search(samples: list[Sample], seed: int, n_jobs: int = 1) -> WeightedCv:
+    from joblib import Parallel, delayed
+
+    candidates = train.grid()
+    results = Parallel(n_jobs=n_jobs)(delayed(loocv)(samples, p, seed) for p in candidates)
+
+    def rank(item):
+        i, r = item
+        depth = r.params["max_depth"] if r.params["max_depth"] is not None else 99
+        return (round(r.mean_regret_pct, 9), -round(r.accuracy, 9), depth, -r.params["min_samples_leaf"], i)
+
+    return min(enumerate(results), key=rank)[1]
+
+
+def fit(samples: list[Sample], params: dict, seed: int):
+    X, y, w = _design(samples)
+    return train.make_estimator(params, seed).fit(X, y, sample_weight=w)
+
+
+def score_on_board(decide: Callable[[Features], int], curves: list[BoardCurve], sweeps: list[Sweep]) -> dict:
+    """Accuracy and energy regret of a decision function on the board's labelled curves."""
+    labelled = [c for c in curves if c.label_hz is not None]
+    if not labelled:
+        return {"curves": 0, "accuracy": None, "mean_regret_pct": None, "estimated": 0}
+    hits, regrets, estimated = 0, [], 0
+    for i, c in enumerate(labelled):
+        pick = decide(c.features)
+        sample = curve_sample(c, nearest_sweep(c.features, sweeps), i)
+        r, est = regret_pct(sample, pick)
+        hits += pick == c.label_hz
+        regrets.append(r)
+        estimated += est
+    return {"curves": len(labelled), "accuracy": round(hits / len(labelled), 4),
+            "mean_regret_pct": round(sum(regrets) / len(regrets), 3), "estimated": estimated}
+
+
+def tree_decider(tree, levels_hz: tuple[int, ...]) -> Callable[[Features], int]:
+    from governor.backends.base import nearest_level
+
+    return lambda f: nearest_level(levels_hz, tree.decide(f).freq_hz)
+
+
+# ---- the stores ---------------------------------------------------------------------------------------------------------
+
+def store_paths(store: Optional[str], from_dir: Optional[str]) -> list[Path]:
+    if from_dir is None:
+        return [Path(store or DEFAULT_STORE)]
+    d = Path(from_dir)
+    if not d.is_dir():
+        raise FtgovError(f"--from {d}: not a directory")
+    paths = sorted(p for p in d.rglob("*.sqlite") if p.is_file())
+    if not paths:
+        raise FtgovError(f"--from {d}: no *.sqlite stores in it")
+    return paths
+
+
+def load_records(paths: list[Path]) -> tuple[list, dict]:
+    """Every job of every store, duplicates (the same store copied twice) once; the boards' identity, which must be
+    one kind of board."""
+    from governor.daemon import store
+
+    seen, records, kinds, sources = set(), [], set(), []
+    for p in paths:
+        conn = store.open_read_only(p)
+        try:
+            jobs = store.read_jobs(conn)
+        finally:
+            conn.close()
+        sources.append({"path": str(p), "jobs": len(jobs)})
+        for r in jobs:
+            key = (r.boot_id, r.daemon_job_id, r.ended_at, r.board_model, r.name)
+            if key in seen:
+                continue
+            seen.add(key)
+            records.append(r)
+            kinds.add((r.board_model, r.gpu_name))
+    if len(kinds) > 1:
+        raise FtgovError("the stores come from different kinds of board: "
+                         + "; ".join(f"{b or '?'} / {g or '?'}" for b, g in sorted(kinds, key=str))
+                         + " (retrain one kind at a time)")
+    board, gpu = next(iter(kinds)) if kinds else (None, None)
+    l4t = sorted({r.l4t_release for r in records if r.l4t_release})
+    return records, {"board_model": board, "gpu_name": gpu, "l4t_releases": l4t, "stores": sources}
+
+
+# ---- the whole stage ----------------------------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    estimator: object
+    report: dict
+    samples: list[Sample]
+
+
+def retrain(records: list, sweeps: list[Sweep], seed: int = 0, current_tree=None, n_jobs: int = 1) -> Result:
+    levels = sweeps[0].levels_hz
+    curves = board_curves(records, levels)
+    samples, offsets = build_samples(sweeps, curves)
+    best = search(samples, seed, n_jobs)
+    estimator = fit(samples, best.params, seed)
+    fixed = corrected(sweeps, offsets)
+
+    def new_decide(f: Features) -> int:
+        return int(estimator.predict([f.vector()])[0])
+
+    labelled = [c for c in curves if c.label_hz is not None]
+    report = {
+        "seed": seed, "hyperparameters": best.params,
+        "loocv_accuracy": round(best.accuracy, 4), "loocv_mean_regret_pct": round(best.mean_regret_pct, 3),
+        "jobs": len(records), "tuned_jobs": sum(1 for r in records if r.windows),
+        "board_curves": len(curves), "labelled_curves": len(labelled),
+        "board_weight": round(sum(c.weight for c in labelled), 3),
+        "sweeps_used": sum(1 for s in samples if not s.name.startswith("board/")), "sweeps": len(sweeps),
+        "level_log_offsets": {str(hz): round(v, 5) for hz, v in offsets.items()},
+        "after": score_on_board(new_decide, curves, fixed),
+        "before": (score_on_board(tree_decider(current_tree, levels), curves, fixed)
+                   if current_tree is not None else None),
+    }
+    return Result(estimator, report, samples)
+
+
+def export_tree(result: Result, out: Path, provenance: dict) -> str:
+    """Write the ftgov-tree/1 export atomically (temp file in the same directory, fsync, rename); its model_id."""
+    from governor.pipeline import export
+    from governor.policy.tree import DecisionTree
+
+    nodes = export.tree_nodes(result.estimator)
+    model_id = "retrained-" + hashlib.sha256(json.dumps(nodes, sort_keys=True).encode()).hexdigest()[:12]
+    r = result.report
+    metadata = {"model_id": model_id, "seed": r["seed"], "hyperparameters": r["hyperparameters"],
+                "loocv_accuracy": r["loocv_accuracy"], "loocv_mean_regret_pct": r["loocv_mean_regret_pct"],
+                "label": "characterization sweeps (corrected by the board's level offsets, 1-2-1 smoothed optimum) "
+                         "and the board's bracketed minima, weighted (governor/pipeline/retrain.py)",
+                "gpu_util": "GPU load under MAXN (the board's default governor), percent",
+                "thresholds": "float64 equivalents of scikit-learn's float32 comparisons (see governor/pipeline/export.py)",
+                "retrained": {k: v for k, v in r.items() if k not in ("seed", "hyperparameters")}}
+    description = (f"MLG tree retrained on the board's measurement store ({r['labelled_curves']} labelled workloads "
+                   f"from {r['tuned_jobs']} tuned jobs) and {r['sweeps_used']} characterization sweeps.")
+    doc = json.loads(export.to_json(result.estimator, description, metadata))
+    doc["source"] = "retrained"
+    doc["provenance"] = provenance
+    DecisionTree.from_dict(doc)  # what the daemon will read: never install a tree it would refuse
+    text = json.dumps(doc, indent=1, sort_keys=False) + "\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # the daemon reads it; it holds nothing secret
+        os.replace(tmp, out)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dir_fd = os.open(out.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)
+    return model_id
+
+
+# ---- command line -------------------------------------------------------------------------------------------------------
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("retrain", help="retrain the MLG tree from the board's measurement store")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--store", help=f"the board's store (default {DEFAULT_STORE})")
+    src.add_argument("--from", dest="from_dir", metavar="DIR",
+                     help="merge every *.sqlite store under DIR (copied from many boards of one kind)")
+    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shipped characterization CSV")
+    p.add_argument("--current", type=Path, help="the tree the board uses now, for the before figures "
+                   "(default: model_file of --config, else the shipped tree)")
+    p.add_argument("--config", help="ftgovd's config, for model_file and store.path")
+    p.add_argument("--out", type=Path, help="where to write the tree (default: mlg-tree.json beside the store)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="joblib workers for the LOOCV search")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from governor.policy.tree import DecisionTree
+
+    store_path, current = args.store, args.current
+    if args.config or current is None or store_path is None:
+        from governor import DEFAULT_CONFIG_PATH
+        from governor.daemon.config import default_model_path, load_config
+
+        cfg = load_config(args.config or DEFAULT_CONFIG_PATH, must_exist=args.config is not None)
+        store_path = store_path or cfg.store.path
+        current = current or Path(cfg.model_file or default_model_path())
+    paths = store_paths(store_path, args.from_dir)
+    records, identity = load_records(paths)
+    sweeps = dataset.load(args.data)
+    tree = DecisionTree.load(current)
+    result = retrain(records, sweeps, args.seed, tree, args.jobs)
+    out = (args.out or paths[0].with_name("mlg-tree.json")) if args.from_dir is None else args.out
+    if out is None:
+        raise FtgovError("--from needs --out: where to write the fleet's tree")
+    provenance = {**identity, "data": args.data.name, "data_sha256": dataset.sha256(args.data),
+                  "replaces": {"path": str(current), "source": tree.source,
+                               "model_id": tree.metadata.get("model_id")}}
+    model_id = export_tree(result, out, provenance)
+    r = result.report
+    if args.json:
+        print(json.dumps({"out": str(out), "model_id": model_id, **r}, indent=2))
+        return 0
+    print(f"{len(records)} jobs from {len(paths)} store(s) ({identity['board_model'] or 'unknown board'}): "
+          f"{r['tuned_jobs']} tuned, {r['board_curves']} workloads, {r['labelled_curves']} with a bracketed minimum")
+    print(f"LOOCV over {len(result.samples)} samples: accuracy {r['loocv_accuracy']:.3f}, mean energy regret "
+          f"{r['loocv_mean_regret_pct']:.2f}%; chosen {json.dumps(r['hyperparameters'], sort_keys=True)}")
+    for name in ("before", "after"):
+        s = r[name]
+        if s is None or not s["curves"]:
+            print(f"  {name:6} no labelled board workloads to score on")
+            continue
+        print(f"  {name:6} on the board's {s['curves']} labelled workloads: accuracy {s['accuracy']:.3f}, "
+              f"mean energy regret {s['mean_regret_pct']:.2f}% ({s['estimated']} estimated from the sweep's shape)")
+    print(f"wrote {out} ({model_id}); point model_file at it and run `systemctl reload ftgovd`")
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """`python -m governor.pipeline.retrain ...`: this stage alone."""
+    parser = argparse.ArgumentParser(prog="retrain")
+    add_parser(parser.add_subparsers(dest="stage", required=True))
+    args = parser.parse_args(["retrain", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return args.func(args)
+    except FtgovError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
