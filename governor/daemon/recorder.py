@@ -6,6 +6,7 @@ start. The tuner's windows come from the job's tuner (governor.daemon.tuning kee
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import Optional
@@ -19,7 +20,7 @@ log = logging.getLogger("ftgovd")
 def board_identity(root: Root, gpu) -> dict:
     """Board model and L4T release (Jetson: /proc/device-tree/model, /etc/nv_tegra_release), GPU name and driver."""
     desc = gpu.describe()
-    return {"board_model": _first_line(root, "/proc/device-tree/model"),
+    return {"levels_hz": json.dumps(list(gpu.levels_hz)),"board_model": _first_line(root, "/proc/device-tree/model"),
             "l4t_release": _first_line(root, "/etc/nv_tegra_release"),
             "backend": desc.get("backend"), "gpu_name": desc.get("name"),
             # NVML reports its driver; devfreq has none beyond the L4T release (unverified on a real board).

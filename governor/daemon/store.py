@@ -50,6 +50,7 @@ CREATE TABLE jobs (
     model_type TEXT NOT NULL, num_layers INTEGER NOT NULL, hidden_size INTEGER NOT NULL, seq_len REAL NOT NULL,
     gpu_util REAL,
     board_model TEXT, l4t_release TEXT, backend TEXT, gpu_name TEXT, driver TEXT,
+    levels_hz TEXT,                     -- the GPU's table of levels, JSON: a window's neighbours are read from it
     model_version TEXT, model_source TEXT,
     policy TEXT, freq_hz INTEGER, reason TEXT,
     steps INTEGER, energy_j REAL,
@@ -76,7 +77,7 @@ INSERT INTO totals VALUES (1, 0, 0.0, 0.0);
 """
 
 JOB_COLUMNS = ("ended_at", "duration_s", "boot_id", "daemon_job_id", "uid", "name", "model_type", "num_layers",
-               "hidden_size", "seq_len", "gpu_util", "board_model", "l4t_release", "backend", "gpu_name", "driver",
+               "hidden_size", "seq_len", "gpu_util", "board_model", "l4t_release", "backend", "gpu_name", "driver", "levels_hz",
                "model_version", "model_source", "policy", "freq_hz", "reason", "steps", "energy_j", "start_hz",
                "converged", "saved_rel", "saved_basis", "ended")
 _INSERT_JOB = f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_COLUMNS))})"
@@ -119,6 +120,7 @@ class JobRecord:
     backend: Optional[str] = None
     gpu_name: Optional[str] = None
     driver: Optional[str] = None
+    levels_hz: Optional[str] = None  # JSON list
     model_version: Optional[str] = None
     model_source: Optional[str] = None
     policy: Optional[str] = None

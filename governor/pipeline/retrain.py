@@ -414,6 +414,17 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except FtgovError as e:
+        print(f"ftgov model retrain: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # writing the tree
+        print(f"ftgov model retrain: cannot write {e.filename or 'the tree'}: {e.strerror or e}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
     from governor.policy.tree import DecisionTree
 
     store_path, current = args.store, args.current
@@ -460,11 +471,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="retrain")
     add_parser(parser.add_subparsers(dest="stage", required=True))
     args = parser.parse_args(["retrain", *(sys.argv[1:] if argv is None else argv)])
-    try:
-        return args.func(args)
-    except FtgovError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    return args.func(args)
 
 
 if __name__ == "__main__":

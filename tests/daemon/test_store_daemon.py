@@ -1,11 +1,12 @@
 """The measurement store in the real daemon: a tuned job lands in it with its windows, identity and outcome; the loop
 keeps answering while the writer thread commits; totals survive a restart; a corrupt store never stops the daemon."""
 
+import json
 import os
 
 from governor.daemon import store
 from governor.sim import job as simjob
-from governor.sim.energy import Workload
+from governor.sim.energy import OrinEnergyModel, Workload
 from governor.sysfs import Root
 from harness import FEATURES
 
@@ -39,6 +40,7 @@ def test_a_tuned_job_lands_in_the_store_with_its_windows(start_daemon):
     assert j.policy == "tune" and j.freq_hz == summary["freq_hz"] == tuner["best_hz"] and j.converged
     assert j.start_hz == tuner["start_hz"] and j.steps == 45 and j.energy_j > 0 and j.duration_s > 0
     assert j.board_model == "NVIDIA Jetson AGX Orin Developer Kit" and j.l4t_release.startswith("# R36")
+    assert json.loads(j.levels_hz) == list(OrinEnergyModel().levels_hz)
     assert j.backend == "devfreq" and j.model_source == "paper" and j.model_version
     assert len(j.windows) == tuner["probes"] >= 2
     assert {w.level_hz for w in j.windows} == {e["freq_hz"] for e in tuner["estimates"]}
