@@ -187,8 +187,9 @@ def regret_pct(sample: Sample, hz: int) -> tuple[float, bool]:
     return 100.0 * (e / opt - 1.0), est
 
 
-def build_samples(sweeps: list[Sweep], curves: list[BoardCurve]) -> tuple[list[Sample], dict[int, float]]:
-    offsets = level_offsets(curves, sweeps)
+def build_samples(sweeps: list[Sweep], curves: list[BoardCurve],
+                  correct: bool = True) -> tuple[list[Sample], dict[int, float]]:
+    offsets = level_offsets(curves, sweeps) if correct else {hz: 0.0 for hz in sweeps[0].levels_hz}
     fixed = corrected(sweeps, offsets)
     labelled = [c for c in curves if c.label_hz is not None and c.confidence > 0]
     covered = {feature_key(c.features) for c in labelled}
@@ -322,10 +323,26 @@ class Result:
     samples: list[Sample]
 
 
-def retrain(records: list, sweeps: list[Sweep], seed: int = 0, current_tree=None, n_jobs: int = 1) -> Result:
+def loo_board_picks(samples: list[Sample], params: dict, seed: int) -> dict[int, int]:
+    """For each board sample, the pick of a tree fitted without it: the honest "after" on the board's own jobs."""
+    import numpy as np
+
+    X, y, w = _design(samples)
+    picks = {}
+    for i, s in enumerate(samples):
+        if s.name.startswith("board/"):
+            keep = np.arange(len(samples)) != i
+            est = train.make_estimator(params, seed).fit(X[keep], y[keep], sample_weight=w[keep])
+            picks[int(s.name.split("/")[1])] = int(est.predict(X[i: i + 1])[0])
+    return picks
+
+
+def retrain(records: list, sweeps: list[Sweep], seed: int = 0, current_tree=None, n_jobs: int = 1,
+            correct: bool = True) -> Result:
+    """``correct=False`` leaves the sweeps as shipped (for measuring what the correction is worth)."""
     levels = sweeps[0].levels_hz
     curves = board_curves(records, levels)
-    samples, offsets = build_samples(sweeps, curves)
+    samples, offsets = build_samples(sweeps, curves, correct)
     best = search(samples, seed, n_jobs)
     estimator = fit(samples, best.params, seed)
     fixed = corrected(sweeps, offsets)
@@ -334,6 +351,9 @@ def retrain(records: list, sweeps: list[Sweep], seed: int = 0, current_tree=None
         return int(estimator.predict([f.vector()])[0])
 
     labelled = [c for c in curves if c.label_hz is not None]
+    loo = loo_board_picks(samples, best.params, seed)
+    used = [c for c in labelled if c.confidence > 0]  # the board samples, in build_samples' order
+    by_features = {feature_key(c.features): loo[i] for i, c in enumerate(used)}
     report = {
         "seed": seed, "hyperparameters": best.params,
         "loocv_accuracy": round(best.accuracy, 4), "loocv_mean_regret_pct": round(best.mean_regret_pct, 3),
@@ -343,6 +363,7 @@ def retrain(records: list, sweeps: list[Sweep], seed: int = 0, current_tree=None
         "sweeps_used": sum(1 for s in samples if not s.name.startswith("board/")), "sweeps": len(sweeps),
         "level_log_offsets": {str(hz): round(v, 5) for hz, v in offsets.items()},
         "after": score_on_board(new_decide, curves, fixed),
+        "after_loocv": score_on_board(lambda f: by_features.get(feature_key(f), new_decide(f)), used, fixed),
         "before": (score_on_board(tree_decider(current_tree, levels), curves, fixed)
                    if current_tree is not None else None),
     }
@@ -455,12 +476,13 @@ def _run(args: argparse.Namespace) -> int:
           f"{r['tuned_jobs']} tuned, {r['board_curves']} workloads, {r['labelled_curves']} with a bracketed minimum")
     print(f"LOOCV over {len(result.samples)} samples: accuracy {r['loocv_accuracy']:.3f}, mean energy regret "
           f"{r['loocv_mean_regret_pct']:.2f}%; chosen {json.dumps(r['hyperparameters'], sort_keys=True)}")
-    for name in ("before", "after"):
-        s = r[name]
+    for key, name in (("before", "before (the tree in use)"), ("after", "after (fitted on them)"),
+                      ("after_loocv", "after (each left out)")):
+        s = r[key]
         if s is None or not s["curves"]:
-            print(f"  {name:6} no labelled board workloads to score on")
+            print(f"  {name:24} no labelled board workloads to score on")
             continue
-        print(f"  {name:6} on the board's {s['curves']} labelled workloads: accuracy {s['accuracy']:.3f}, "
+        print(f"  {name:24} on the board's {s['curves']} labelled workloads: accuracy {s['accuracy']:.3f}, "
               f"mean energy regret {s['mean_regret_pct']:.2f}% ({s['estimated']} estimated from the sweep's shape)")
     print(f"wrote {out} ({model_id}); point model_file at it and run `systemctl reload ftgovd`")
     return 0
