@@ -3,7 +3,8 @@
 #   make test      set up, then run every test (pytest, then the systemd suite in a booted container when root)
 # Also: make lint (ruff; make test runs it first), make bench (daemon latency/memory figures), make model (retrain
 # the MLG tree: the pipeline's stages, each file from the files it is computed from), make evaluate (policies on the
-# held-out workloads, with plots), make stress (fault-injection and load figures).
+# held-out workloads, with plots), make stress (fault-injection and load figures), make learn (the measurement store
+# teaching the tree on a simulated board).
 #
 # Install on a Jetson:
 #
