@@ -58,10 +58,12 @@ def store_path(args: argparse.Namespace) -> str:
     from governor import DEFAULT_CONFIG_PATH
     from governor.daemon.config import load_config
 
+    from governor.daemon.config import DEFAULT_STORE_PATH
+
     path = load_config(args.config or DEFAULT_CONFIG_PATH, must_exist=args.config is not None).store.path
     if path is None:
         raise FtgovError("the config keeps no measurement store (store.path: null)")
-    return path
+    return DEFAULT_STORE_PATH if path == "auto" else path
 
 
 def add_store_arguments(p: argparse.ArgumentParser) -> None:

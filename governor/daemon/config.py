@@ -63,13 +63,15 @@ class TunerConfig(_Strict):
     max_slowdown: Optional[float] = Field(None, gt=0, le=10, description="e.g. 0.10: at most 10% slower than the fastest level")
 
 
-DEFAULT_STORE_PATH = "/var/lib/ftgov/measurements.sqlite"
+DEFAULT_STORE_PATH = "/var/lib/ftgov/measurements.sqlite"  # where the unit's StateDirectory=ftgov puts it
 
 
 class StoreConfig(_Strict):
     """The measurement store (governor.daemon.store): every job's features, windows and outcome."""
 
-    path: Optional[str] = Field(DEFAULT_STORE_PATH, description="SQLite file; null: keep no store")
+    path: Optional[str] = Field("auto", min_length=1, description=(
+        "SQLite file; auto: measurements.sqlite in systemd's $STATE_DIRECTORY (/var/lib/ftgov), and no store for a "
+        "daemon started by hand (a test, a benchmark) unless a path is given; null: keep no store"))
     max_jobs: int = Field(20000, gt=0, le=10_000_000, description="the oldest jobs are dropped past this many")
 
 
@@ -97,6 +99,15 @@ class Config(_Strict):
     sample_interval_s: float = Field(1.0, gt=0, le=3600, description="rails and pin check while jobs are active")
     util_sample_s: float = Field(0.5, ge=0, le=60, description="how long to sample GPU load when a job gives no gpu_util")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+def store_path(config: Config, environ=os.environ) -> Optional[str]:
+    """The daemon's store file, or None for none (see StoreConfig.path)."""
+    path = config.store.path
+    if path != "auto":
+        return path
+    state_dir = environ.get("STATE_DIRECTORY", "").split(":")[0]  # systemd lists one per StateDirectory= entry
+    return str(Path(state_dir) / "measurements.sqlite") if state_dir else None
 
 
 def _format_errors(e: ValidationError) -> str:

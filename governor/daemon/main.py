@@ -17,7 +17,7 @@ from typing import Optional
 
 from governor import DEFAULT_CONFIG_PATH, __version__
 from governor.daemon import logs
-from governor.daemon.config import Config, default_ffg_hz, default_model_path, load_config
+from governor.daemon.config import Config, default_ffg_hz, default_model_path, load_config, store_path
 from governor.errors import FtgovError, NodeNotFound
 from governor.daemon.notify import Notifier, listen_fds
 from governor.sysfs import Root
@@ -207,12 +207,14 @@ def run(config: Config, *, simulate: bool = False) -> int:
 
 
 def _recorder(config: Config, governor, gpus: list, root: Root):
-    if config.store.path is None:
+    path = store_path(config)
+    if path is None:
+        log.info("no measurement store (store.path %s)", "auto: no $STATE_DIRECTORY" if config.store.path else "null")
         return None
     from governor.daemon.recorder import Recorder, board_identity
     from governor.daemon.store import StoreWriter
 
-    governor.recorder = Recorder(StoreWriter(config.store.path, config.store.max_jobs), governor,
+    governor.recorder = Recorder(StoreWriter(path, config.store.max_jobs), governor,
                                  {g.id: board_identity(root, g) for g in gpus}, governor.boot_id)
     return governor.recorder
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from governor.daemon.config import DEFAULT_STORE_PATH
 from governor.errors import FtgovError
 from governor.features import FEATURE_ORDER, Features
 from governor.pipeline import dataset, train
@@ -53,7 +54,6 @@ BOARD_WEIGHT = 3.0
 Z_CLEAR = 2.0
 NOISE_REL = 0.03  # one window's relative noise, as the daemon's tuner assumes (tuner.noise_rel)
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "model" / "data" / "characterization.csv"
-DEFAULT_STORE = "/var/lib/ftgov/measurements.sqlite"
 
 
 @dataclass
@@ -275,7 +275,7 @@ def tree_decider(tree, levels_hz: tuple[int, ...]) -> Callable[[Features], int]:
 
 def store_paths(store: Optional[str], from_dir: Optional[str]) -> list[Path]:
     if from_dir is None:
-        return [Path(store or DEFAULT_STORE)]
+        return [Path(store or DEFAULT_STORE_PATH)]
     d = Path(from_dir)
     if not d.is_dir():
         raise FtgovError(f"--from {d}: not a directory")
@@ -420,7 +420,7 @@ def export_tree(result: Result, out: Path, provenance: dict) -> str:
 def add_parser(sub) -> None:
     p = sub.add_parser("retrain", help="retrain the MLG tree from the board's measurement store")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--store", help=f"the board's store (default {DEFAULT_STORE})")
+    src.add_argument("--store", help=f"the board's store (default {DEFAULT_STORE_PATH})")
     src.add_argument("--from", dest="from_dir", metavar="DIR",
                      help="merge every *.sqlite store under DIR (copied from many boards of one kind)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shipped characterization CSV")
@@ -454,7 +454,8 @@ def _run(args: argparse.Namespace) -> int:
         from governor.daemon.config import default_model_path, load_config
 
         cfg = load_config(args.config or DEFAULT_CONFIG_PATH, must_exist=args.config is not None)
-        store_path = store_path or cfg.store.path
+        configured = cfg.store.path
+        store_path = store_path or (DEFAULT_STORE_PATH if configured in ("auto", None) else configured)
         current = current or Path(cfg.model_file or default_model_path())
     paths = store_paths(store_path, args.from_dir)
     records, identity = load_records(paths)

@@ -92,7 +92,7 @@ def test_retrain_is_deterministic_and_reports_before_and_after(sim_store, tmp_pa
     assert run_cli(*args, "--out", tmp_path / "b.json", "--json") == 0
     report = json.loads(capsys.readouterr().out)
     assert (tmp_path / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
-    assert "before (the tree in use)  on the board's" in out and "after (each left out)    on the board's" in out
+    assert "before (the tree in use)" in out and "after (each left out)" in out and "on the board's 2" in out
     assert report["labelled_curves"] > 5 and report["tuned_jobs"] == 40
     assert report["after"]["mean_regret_pct"] < report["before"]["mean_regret_pct"]
     assert report["after_loocv"]["mean_regret_pct"] < report["before"]["mean_regret_pct"]

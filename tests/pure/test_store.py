@@ -172,3 +172,22 @@ def test_measured_saving_prefers_the_default_governor_window():
     assert store.measured_saving(ws, 714_000_000, 816_000_000) == (pytest.approx(0.25), "default governor")
     assert store.measured_saving(ws[1:], 714_000_000, 816_000_000) == (pytest.approx(1 - 1.5 / 1.6), "start level")
     assert store.measured_saving(ws[1:], 612_000_000, 816_000_000) == (None, None)
+
+
+def test_the_store_path_is_systemds_state_directory_or_none_unless_configured():
+    from governor.daemon.config import load_config, store_path
+
+    auto = load_config(None)
+    assert store_path(auto, {"STATE_DIRECTORY": "/var/lib/ftgov"}) == "/var/lib/ftgov/measurements.sqlite"
+    assert store_path(auto, {}) is None  # started by hand: no store on the board's disk unless asked for
+    assert store_path(load_config(None, {"store.path": "/tmp/x.sqlite"}), {"STATE_DIRECTORY": "/s"}) == "/tmp/x.sqlite"
+    none = load_config(None).model_copy(update={"store": load_config(None).store.model_copy(update={"path": None})})
+    assert store_path(none, {"STATE_DIRECTORY": "/s"}) is None
+
+
+def test_the_daemons_store_pulls_in_no_numpy_or_scikit_learn():
+    code = ("import sys, governor.daemon.main, governor.daemon.store, governor.daemon.recorder; "
+            "print([m for m in ('numpy', 'sklearn', 'governor.pipeline', 'governor.sim') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
+    assert out.strip() == "[]"
