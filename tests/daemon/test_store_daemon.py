@@ -3,6 +3,8 @@ keeps answering while the writer thread commits; totals survive a restart; a cor
 
 import json
 import os
+import sqlite3
+import time
 
 from governor.daemon import store
 from governor.sim import job as simjob
@@ -69,6 +71,28 @@ def test_the_loop_answers_while_jobs_are_recorded_and_totals_survive_a_restart(o
     assert d2.client().call("status")["store"]["jobs"] == 80
 
 
+def test_a_blocked_store_never_holds_up_a_reply(orin, start_daemon, tmp_path):
+    """Another process holds the store's write lock: the writer thread waits on it, the event loop does not."""
+    path = tmp_path / "m.sqlite"
+    d = start_daemon(config={"store": {"path": str(path)}})
+    c = d.client()
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # the writer's BEGIN IMMEDIATE now waits (busy timeout 5 s)
+    try:
+        started = time.monotonic()
+        for i in range(10):
+            job = c.call("register", name=f"j{i}", **FEATURES)
+            c.call("unregister", job_id=job["job_id"])
+        pending = c.call("status")["store"]["pending"]
+        elapsed_s = time.monotonic() - started
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert pending >= 1 and elapsed_s < 2.0, (pending, elapsed_s)  # replies came while the commits waited
+    d.stop()
+    assert [j.name for j in store.read_jobs(store.open_read_only(path))] == [f"j{i}" for i in range(10)]
+
+
 def test_a_corrupt_store_is_moved_aside_and_the_daemon_serves(orin, start_daemon, tmp_path):
     path = tmp_path / "m.sqlite"
     path.write_bytes(os.urandom(5000))
@@ -90,3 +114,4 @@ def test_an_unwritable_store_never_stops_the_daemon(orin, start_daemon, tmp_path
     job = c.call("register", **FEATURES)
     c.call("unregister", job_id=job["job_id"])
     assert "cannot create" in c.call("status")["store"]["error"]
+

@@ -134,10 +134,10 @@ def test_sigkill_mid_write_keeps_every_committed_job(tmp_path):
     assert all(len(j.windows) == 8 for j in jobs)  # no job without its windows: one transaction each
 
 
-def test_writer_thread_commits_while_other_threads_submit_and_read(tmp_path):
+def test_writer_thread_commits_while_other_threads_submit_and_readers_see_whole_jobs(tmp_path):
     path = tmp_path / "m.sqlite"
     writer = StoreWriter(path, max_jobs=1000)
-    submitted = threading.Event()
+    reader = store.open_read_only(path)
 
     def produce(k):
         for i in range(50):
@@ -146,15 +146,19 @@ def test_writer_thread_commits_while_other_threads_submit_and_read(tmp_path):
     threads = [threading.Thread(target=produce, args=(k,)) for k in range(4)]
     for t in threads:
         t.start()
-    reader = store.open_read_only(path) if path.exists() else None
+    seen = []
+    for _ in range(20):  # WAL: a reader gets a snapshot between the writer's transactions, never half a job
+        jobs = store.read_jobs(reader)
+        assert all(len(j.windows) == 2 for j in jobs)
+        seen.append(len(jobs))
     for t in threads:
         t.join()
-    submitted.set()
     writer.join_queue()
+    assert seen == sorted(seen)
     assert writer.status()["jobs"] == 200 and writer.status()["error"] is None
     writer.close()
-    conn = reader or store.open_read_only(path)
-    assert len(store.read_jobs(conn)) == 200
+    names = sorted(j.name for j in store.read_jobs(reader))
+    assert names == sorted(f"t{k}-{i}" for k in range(4) for i in range(50))
 
 
 def test_writer_with_an_unopenable_store_drops_records_and_says_why(tmp_path):
