@@ -1,7 +1,8 @@
 """Proof on the simulator that the board's measurement store teaches the tree (`make learn`, a few minutes).
 
-The board: the simulated Orin with a different calibration of the energy model (governor.sim.learning.BOARD: a GPU whose voltage floor
-holds up to 900 MHz, as another speed bin or DVFS table might; invented for the proof, unverified on hardware). The
+The board: the simulated Orin with a different calibration of the energy model (governor.sim.learning.BOARD: a GPU
+whose voltage floor holds up to 900 MHz, as another speed bin or DVFS table might; invented for the proof, unverified
+on hardware). The
 shipped tree (model/mlg-tree.json) was trained on the default calibration, so on this board it is wrong by a level
 or two, as a real board's tree would be. The daemon's decisions start from it.
 
@@ -36,7 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from governor.daemon import store as store_mod  # noqa: E402
 from governor.daemon.config import TunerConfig  # noqa: E402
-from governor.daemon.store import StoreWriter  # noqa: E402
+from governor.daemon.recorder import StoreWriter  # noqa: E402
 from governor.pipeline import dataset, retrain  # noqa: E402
 from governor.pipeline.workloads import held_out_workloads  # noqa: E402
 from governor.policy.tree import DecisionTree  # noqa: E402

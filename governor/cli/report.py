@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
 
 def workloads(jobs) -> list[dict]:
     """Jobs grouped by features, the most frequent first; each with its pooled curve and bracketed minimum."""
-    from governor.pipeline.retrain import board_curves, feature_key
+    from governor.pipeline.board_data import board_curves, feature_key
     from governor.features import Features
 
     table = next((tuple(json.loads(j.levels_hz)) for j in reversed(jobs) if j.levels_hz), None)

@@ -211,8 +211,7 @@ def _recorder(config: Config, governor, gpus: list, root: Root):
     if path is None:
         log.info("no measurement store (store.path %s)", "auto: no $STATE_DIRECTORY" if config.store.path else "null")
         return None
-    from governor.daemon.recorder import Recorder, board_identity
-    from governor.daemon.store import StoreWriter
+    from governor.daemon.recorder import Recorder, StoreWriter, board_identity
 
     governor.recorder = Recorder(StoreWriter(path, config.store.max_jobs), governor,
                                  {g.id: board_identity(root, g) for g in gpus}, governor.boot_id)

@@ -15,18 +15,16 @@ Safety, as SQLite's own guidance for an application file format says:
   (energy, energy saved) live in their own row and survive the pruning.
 - Job names and every other client string are bound as parameters, never formatted into SQL.
 
-The daemon writes from one thread (StoreWriter) fed by a queue, so a commit's fsync never blocks the event loop;
-readers (the CLI, retraining) open the file read-only. Nothing here imports numpy or scikit-learn.
+The daemon writes from one thread (governor.daemon.recorder.StoreWriter) fed by a queue, so a commit's fsync never
+blocks the event loop; readers (the CLI, retraining) open the file read-only. Nothing here imports numpy or
+scikit-learn.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import queue
 import sqlite3
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -77,7 +75,8 @@ INSERT INTO totals VALUES (1, 0, 0.0, 0.0);
 """
 
 JOB_COLUMNS = ("ended_at", "duration_s", "boot_id", "daemon_job_id", "uid", "name", "model_type", "num_layers",
-               "hidden_size", "seq_len", "gpu_util", "board_model", "l4t_release", "backend", "gpu_name", "driver", "levels_hz",
+               "hidden_size", "seq_len", "gpu_util", "board_model", "l4t_release", "backend", "gpu_name", "driver",
+               "levels_hz",
                "model_version", "model_source", "policy", "freq_hz", "reason", "steps", "energy_j", "start_hz",
                "converged", "saved_rel", "saved_basis", "ended")
 _INSERT_JOB = f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_COLUMNS))})"
@@ -292,7 +291,7 @@ def _totals(conn: sqlite3.Connection) -> dict:
                                                                                   "saved_j": 0.0}
 
 
-# ---- reading (the CLI, retraining: never the daemon's loop) ------------------------------------------------------------
+# ---- reading (the CLI, retraining: never the daemon's loop) ----------------------------------------------------------
 
 def open_read_only(path: str | os.PathLike) -> sqlite3.Connection:
     """Open a store for reading; StoreError names the file when it is absent, unreadable or not a store."""
@@ -350,95 +349,3 @@ def record_dict(rec: JobRecord) -> dict:
     d = asdict(rec)
     d["saved_j"] = rec.saved_j
     return d
-
-
-# ---- the daemon's side -------------------------------------------------------------------------------------------------
-
-_STOP = object()
-
-
-class StoreWriter:
-    """Owns a Store on a thread of its own: ``submit`` only puts the record on a queue, so the event loop never waits
-    on a commit. The store is opened (and checked, and a corrupt file moved aside) in the constructor, at start-up
-    before READY=1, so that status has the totals from the first request. A store that cannot be opened at all is
-    logged once and the records are dropped: governing goes on."""
-
-    def __init__(self, path: str | os.PathLike, max_jobs: int = DEFAULT_MAX_JOBS):
-        self.path = Path(path)
-        self.max_jobs = max_jobs
-        self._queue: queue.Queue = queue.Queue()
-        self._lock = threading.Lock()
-        self._totals = {"jobs": 0, "energy_j": 0.0, "saved_j": 0.0}
-        self.error: Optional[str] = None
-        self.written = 0
-        self._store = self._open()
-        self._thread = threading.Thread(target=self._run, name="ftgov-store", daemon=True)
-        self._thread.start()
-
-    def submit(self, rec: JobRecord) -> None:
-        self._queue.put(rec)
-
-    def status(self) -> dict:
-        """For the daemon's status (and Prometheus): the cumulative totals of committed jobs."""
-        with self._lock:
-            return {"path": str(self.path), **self._totals, "error": self.error, "pending": self._queue.qsize()}
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Write what is queued, then stop (the daemon's shutdown: the jobs it just ended are recorded)."""
-        self._queue.put(_STOP)
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            log.error("measurement store: still writing after %g s at shutdown; the last jobs may be lost", timeout_s)
-
-    def join_queue(self) -> None:
-        """Wait until everything submitted so far is committed (tests, benchmarks)."""
-        self._queue.join()
-
-    def _open(self) -> Optional[Store]:
-        try:
-            store = Store(self.path, self.max_jobs)
-            self._totals = store.totals()
-        except (StoreError, sqlite3.Error) as e:
-            self.error = str(e)
-            log.error("measurement store disabled: %s", e)
-            return None
-        log.info("measurement store %s: %d job(s) so far", self.path, self._totals["jobs"])
-        return store
-
-    def _run(self) -> None:
-        store = self._store
-        while True:
-            rec = self._queue.get()
-            try:
-                if rec is _STOP:
-                    break
-                if store is not None:
-                    self._write(store, rec)
-            finally:
-                self._queue.task_done()
-        if store is not None:
-            store.close()
-
-    def _write(self, store: Store, rec: JobRecord) -> None:
-        try:
-            store.add(rec)
-            totals = store.totals()
-        except sqlite3.Error as e:
-            log.error("measurement store: could not record job %s: %s", rec.daemon_job_id, e)
-            with self._lock:
-                self.error = str(e)
-            return
-        self.written += 1
-        with self._lock:
-            self._totals, self.error = totals, None
-
-
-def tree_version(tree) -> Optional[str]:
-    """A short id of the tree the daemon decides with: its own ``model_id`` when the export carries one, else a hash of
-    its nodes (so a reload that changes the tree changes the id)."""
-    if tree is None:
-        return None
-    meta = getattr(tree, "metadata", None) or {}
-    if isinstance(meta.get("model_id"), str):
-        return meta["model_id"]
-    return hashlib.sha256(repr(tree.nodes).encode()).hexdigest()[:16]

@@ -11,7 +11,7 @@ import pytest
 from governor.daemon.store import JobRecord, Store, Window
 from governor.errors import FtgovError
 from governor.features import FEATURE_ORDER, Features
-from governor.pipeline import dataset, retrain
+from governor.pipeline import board_data, dataset, retrain
 from governor.policy.tree import DecisionTree
 from governor.sim import learning
 
@@ -21,20 +21,20 @@ LEVELS = (306, 408, 510, 612, 714, 816, 918)
 F = Features(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, gpu_util=60.0)
 
 
-def curve(energy: dict[int, float], windows: int = 1) -> retrain.BoardCurve:
-    return retrain.BoardCurve(F, energy, {hz: windows for hz in energy}, 1)
+def curve(energy: dict[int, float], windows: int = 1) -> board_data.BoardCurve:
+    return board_data.BoardCurve(F, energy, {hz: windows for hz in energy}, 1)
 
 
 def test_a_minimum_with_worse_neighbours_on_both_sides_is_a_label():
-    label, confidence = retrain.bracket(curve({510: 1.10, 612: 1.00, 714: 1.12}), LEVELS)
+    label, confidence = board_data.bracket(curve({510: 1.10, 612: 1.00, 714: 1.12}), LEVELS)
     assert label == 612 and confidence == 1.0
-    assert retrain.bracket(curve({612: 1.00, 714: 1.05}), LEVELS) == (None, 0.0)  # 510 unmeasured: not bracketed
-    assert retrain.bracket(curve({306: 1.00, 408: 1.20}), LEVELS)[0] == 306  # the end of the table brackets it
+    assert board_data.bracket(curve({612: 1.00, 714: 1.05}), LEVELS) == (None, 0.0)  # 510 unmeasured: not bracketed
+    assert board_data.bracket(curve({306: 1.00, 408: 1.20}), LEVELS)[0] == 306  # the end of the table brackets it
 
 
 def test_a_minimum_bracketed_within_noise_counts_less_and_more_windows_count_more():
-    _, once = retrain.bracket(curve({510: 1.03, 612: 1.00, 714: 1.04}), LEVELS)
-    _, many = retrain.bracket(curve({510: 1.03, 612: 1.00, 714: 1.04}, windows=6), LEVELS)
+    _, once = board_data.bracket(curve({510: 1.03, 612: 1.00, 714: 1.04}), LEVELS)
+    _, many = board_data.bracket(curve({510: 1.03, 612: 1.00, 714: 1.04}, windows=6), LEVELS)
     assert 0 < once < many <= 1.0
 
 
@@ -45,7 +45,7 @@ def test_windows_of_one_workload_pool_across_jobs_and_the_default_governor_is_le
 
     recs = [job(0, [Window(None, 2.0, 0.1, 4), Window(510_000_000, 1.2, 0.1, 4), Window(612_000_000, 1.0, 0.1, 4)]),
             job(1, [Window(612_000_000, 1.2, 0.1, 12), Window(714_000_000, 1.3, 0.1, 4)]), job(2, [])]
-    [c] = retrain.board_curves(recs, tuple(hz * 1_000_000 for hz in LEVELS))
+    [c] = board_data.board_curves(recs, tuple(hz * 1_000_000 for hz in LEVELS))
     assert c.jobs == 2 and c.windows == {510_000_000: 1, 612_000_000: 2, 714_000_000: 1}
     assert c.energy_j[612_000_000] == pytest.approx((1.0 * 4 + 1.2 * 12) / 16)
     assert c.label_hz == 612_000_000
@@ -57,14 +57,14 @@ def test_the_board_curves_shift_the_simulated_ones_where_the_board_departs_from_
     levels = s.levels_hz
     # The board: the nearest sweep's own curve, 10% dearer at the top three levels.
     board = {hz: s.energy_j[hz] * (1.1 if hz >= levels[-3] else 1.0) for hz in levels}
-    c = retrain.BoardCurve(s.features, board, {hz: 2 for hz in levels}, 1)
-    offsets = retrain.level_offsets([c], sweeps)
+    c = board_data.BoardCurve(s.features, board, {hz: 2 for hz in levels}, 1)
+    offsets = board_data.level_offsets([c], sweeps)
     shape = [offsets[hz] - offsets[levels[0]] for hz in levels]
     assert shape[-1] == pytest.approx(np.log(1.1)) and shape[0] == 0 and shape[-4] == pytest.approx(0, abs=1e-12)
-    fixed = retrain.corrected(sweeps, offsets)
+    fixed = board_data.corrected(sweeps, offsets)
     assert fixed[1].energy_j[levels[-1]] / fixed[1].energy_j[levels[0]] == pytest.approx(
         1.1 * sweeps[1].energy_j[levels[-1]] / sweeps[1].energy_j[levels[0]])
-    assert retrain.level_offsets([], sweeps) == {hz: 0.0 for hz in levels}
+    assert board_data.level_offsets([], sweeps) == {hz: 0.0 for hz in levels}
 
 
 @pytest.fixture(scope="module")

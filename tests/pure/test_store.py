@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from governor.daemon import store
-from governor.daemon.store import JobRecord, Store, StoreWriter, Window
+from governor.daemon.recorder import StoreWriter
+from governor.daemon.store import JobRecord, Store, Window
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,7 +109,8 @@ s = Store(sys.argv[1])
 i = 0
 while True:
     s.add(JobRecord(ended_at=float(i), model_type="decoder", num_layers=6, hidden_size=512, seq_len=22.0,
-                    name=f"job {i}", energy_j=float(i), windows=tuple(Window(306000000 + k, 1.0, 0.1, 4) for k in range(8))))
+                    name=f"job {i}", energy_j=float(i),
+                    windows=tuple(Window(306000000 + k, 1.0, 0.1, 4) for k in range(8))))
     print(i, flush=True)  # committed
     i += 1
 """
@@ -190,7 +192,7 @@ def test_the_store_path_is_systemds_state_directory_or_none_unless_configured():
 
 
 def test_the_daemons_store_pulls_in_no_numpy_or_scikit_learn():
-    code = ("import sys, governor.daemon.main, governor.daemon.store, governor.daemon.recorder; "
+    code = ("import sys, governor.daemon.main, governor.daemon.recorder; "
             "print([m for m in ('numpy', 'sklearn', 'governor.pipeline', 'governor.sim') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
