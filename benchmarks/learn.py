@@ -1,10 +1,10 @@
-"""Proof on the simulator that the board's measurement store teaches the tree (`make learn`, a few minutes).
+"""Proof on the simulator that the board's measurement store teaches the tree (`make learn`, about 30 s).
 
 The board: the simulated Orin with a different calibration of the energy model (governor.sim.learning.BOARD: a GPU
 whose voltage floor holds up to 900 MHz, as another speed bin or DVFS table might; invented for the proof, unverified
-on hardware). The
-shipped tree (model/mlg-tree.json) was trained on the default calibration, so on this board it is wrong by a level
-or two, as a real board's tree would be. The daemon's decisions start from it.
+on hardware). The shipped tree (model/mlg-tree.json) was trained on the default calibration, so on this board it is
+wrong by a level or two, as a real board's tree would be. The daemon's decisions start from it (or from the paper's
+tree, --start paper).
 
 A stream of tuned jobs runs on the board: each is a workload from a pool of the board's users' jobs (every model of
 the catalogue at a few sequence lengths, none of them a held-out workload), starting at the tree's pick, tuned by the
