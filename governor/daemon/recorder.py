@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from governor.daemon.store import DEFAULT_MAX_JOBS, JobRecord, Store, StoreError, Window, measured_saving
+from governor.errors import FtgovError
 from governor.sysfs import Root
 
 log = logging.getLogger("ftgovd")
@@ -31,6 +32,17 @@ def board_identity(root: Root, gpu) -> dict:
             "backend": desc.get("backend"), "gpu_name": desc.get("name"),
             # NVML reports its driver; devfreq has none beyond the L4T release (unverified on a real board).
             "driver": getattr(gpu, "driver_version", None)}
+
+
+def window_util_pct(gov, job) -> Optional[float]:
+    """The GPU's load as a window closes, for the store: one reading at that moment, not an average over the window
+    (the load file is itself the driver's recent average on a Jetson; unverified over how long). Without a load
+    file, the job's utilization feature."""
+    try:
+        load = gov.gpus[job.gpu_id].gpu.read().load_pct
+    except FtgovError:
+        load = None
+    return load if load is not None else job.features.gpu_util
 
 
 def _first_line(root: Root, path: str) -> Optional[str]:

@@ -17,6 +17,7 @@ import time
 from typing import Optional
 
 from governor.daemon.config import TunerConfig
+from governor.daemon.recorder import window_util_pct
 from governor.errors import FtgovError
 from governor.policy.tuner import OnlineTuner, TuningSession
 
@@ -66,7 +67,7 @@ class JobTuner:
             return
         if m is None:
             return
-        self.windows.append((m, job.features.gpu_util))
+        self.windows.append((m, window_util_pct(gov, job)))
         state = self.tuner.state()
         log.info("%s: tune probe %d at %g MHz: %.4f J/step, %.4f s/step over %d steps -> %s", job.label(),
                  state["probes"], m.level_hz / 1e6, m.joules_per_step, m.seconds_per_step, m.measured_steps,

@@ -46,8 +46,12 @@ def test_a_tuned_job_lands_in_the_store_with_its_windows(start_daemon):
     assert j.backend == "devfreq" and j.model_source == "paper" and j.model_version
     assert len(j.windows) == tuner["probes"] >= 2
     assert {w.level_hz for w in j.windows} == {e["freq_hz"] for e in tuner["estimates"]}
-    assert all(w.joules_per_step > 0 and w.seconds_per_step > 0 and w.steps >= 4 and w.gpu_util == 80.0
-               for w in j.windows)
+    assert all(w.joules_per_step > 0 and w.seconds_per_step > 0 and w.steps >= 4 for w in j.windows)
+    # Each window's utilization is the GPU's load as it closed (the registered 80% is the MAXN feature): a slower
+    # clock keeps the simulated GPU busier.
+    by_level = sorted((w.level_hz, w.gpu_util) for w in j.windows)
+    assert all(0 < u <= 100 for _, u in by_level) and [u for _, u in by_level] == sorted(
+        (u for _, u in by_level), reverse=True)
     if j.freq_hz != j.start_hz:
         assert j.saved_basis == "start level" and j.saved_rel is not None
 
