@@ -71,8 +71,10 @@ def test_the_loop_answers_while_jobs_are_recorded_and_totals_survive_a_restart(o
     assert [j.name for j in jobs] == [f"job {i}\n" for i in range(30, 80)]  # bounded: the oldest were dropped
     assert all(j.policy == "mlg" and j.freq_hz == 714000000 and j.windows == () for j in jobs)
     assert store.read_totals(conn)["jobs"] == 80
+    totals = store.read_totals(conn)
     d2 = start_daemon(config=cfg)
-    assert d2.client().call("status")["store"]["jobs"] == 80
+    status = d2.client().call("status")["store"]
+    assert status["jobs"] == 80 and status["energy_j"] == totals["energy_j"] > 0 and status["error"] is None
 
 
 def test_a_blocked_store_never_holds_up_a_reply(orin, start_daemon, tmp_path):
