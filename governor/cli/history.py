@@ -12,7 +12,6 @@ import re
 import sys
 import time
 from datetime import datetime
-from typing import Optional
 
 from governor.errors import FtgovError
 
@@ -20,7 +19,7 @@ _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
-def printable(text: Optional[str]) -> str:
+def printable(text: str | None) -> str:
     """The string with control and format characters (C0, C1, DEL, bidi overrides) escaped as \\x.., \\u...."""
     if text is None:
         return ""
@@ -36,7 +35,7 @@ def printable(text: Optional[str]) -> str:
     return "".join(out)
 
 
-def parse_since(text: str, now: Optional[float] = None) -> float:
+def parse_since(text: str, now: float | None = None) -> float:
     """Unix time from '7d', '12h', '30m', '90s', '2w' (ago), an ISO date or date-time (local time), or epoch seconds."""
     now = time.time() if now is None else now
     m = _RELATIVE.match(text.strip())
@@ -56,9 +55,7 @@ def store_path(args: argparse.Namespace) -> str:
     if args.store:
         return args.store
     from governor import DEFAULT_CONFIG_PATH
-    from governor.daemon.config import load_config
-
-    from governor.daemon.config import DEFAULT_STORE_PATH
+    from governor.daemon.config import DEFAULT_STORE_PATH, load_config
 
     path = load_config(args.config or DEFAULT_CONFIG_PATH, must_exist=args.config is not None).store.path
     if path is None:
@@ -72,7 +69,7 @@ def add_store_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="ftgovd's config (default /etc/ftgov/ftgov.yaml)")
 
 
-def load(args: argparse.Namespace, since: Optional[float] = None):
+def load(args: argparse.Namespace, since: float | None = None):
     from governor.daemon import store
 
     conn = store.open_read_only(store_path(args))

@@ -37,8 +37,8 @@ def add_parser(sub) -> None:
 
 def workloads(jobs) -> list[dict]:
     """Jobs grouped by features, the most frequent first; each with its pooled curve and bracketed minimum."""
-    from governor.pipeline.board_data import board_curves, feature_key
     from governor.features import Features
+    from governor.pipeline.board_data import board_curves, feature_key
 
     table = next((tuple(json.loads(j.levels_hz)) for j in reversed(jobs) if j.levels_hz), None)
     if table is None:
@@ -97,7 +97,7 @@ def _curves(plt, groups: list[dict], path: Path) -> None:
         ax.axis("off")
     if not shown:
         axes[0][0].text(0.5, 0.5, "no tuned jobs: no measured curves", ha="center", va="center")
-    for ax, g in zip(axes.flat, shown):
+    for ax, g in zip(axes.flat, shown, strict=False):
         c = g["curve"]
         mhz = [hz / 1e6 for hz in c.energy_j]
         ax.plot(mhz, list(c.energy_j.values()), "o-", ms=4)

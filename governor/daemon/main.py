@@ -17,7 +17,8 @@ from typing import Optional
 
 from governor import DEFAULT_CONFIG_PATH, __version__
 from governor.daemon import logs
-from governor.daemon.config import Config, default_ffg_hz, default_model_path, load_config, store_path
+from governor.daemon.config import (Config, default_ffg_hz, default_model_path, load_config,
+                                    store_path)
 from governor.errors import FtgovError, NodeNotFound
 from governor.daemon.notify import Notifier, listen_fds
 from governor.sysfs import Root

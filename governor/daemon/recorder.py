@@ -15,7 +15,6 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 from governor.daemon.store import DEFAULT_MAX_JOBS, JobRecord, Store, StoreError, Window, measured_saving
 from governor.errors import FtgovError
@@ -34,7 +33,7 @@ def board_identity(root: Root, gpu) -> dict:
             "driver": getattr(gpu, "driver_version", None)}
 
 
-def window_util_pct(gov, job) -> Optional[float]:
+def window_util_pct(gov, job) -> float | None:
     """The GPU's load as a window closes, for the store: one reading at that moment, not an average over the window
     (the load file is itself the driver's recent average on a Jetson; unverified over how long). Without a load
     file, the job's utilization feature."""
@@ -45,7 +44,7 @@ def window_util_pct(gov, job) -> Optional[float]:
     return load if load is not None else job.features.gpu_util
 
 
-def _first_line(root: Root, path: str) -> Optional[str]:
+def _first_line(root: Root, path: str) -> str | None:
     try:
         text = root.path(path).read_bytes()[:4096].replace(b"\0", b"\n").decode(errors="replace")
     except OSError:
@@ -55,7 +54,7 @@ def _first_line(root: Root, path: str) -> Optional[str]:
 
 
 class Recorder:
-    def __init__(self, writer: StoreWriter, gov, identity: dict[str, dict], boot_id: Optional[str]):
+    def __init__(self, writer: StoreWriter, gov, identity: dict[str, dict], boot_id: str | None):
         self.writer = writer
         self.gov = gov
         self.identity = identity  # per GPU id
@@ -71,7 +70,7 @@ class Recorder:
         if rec is not None:
             self.writer.submit(rec)
 
-    def record(self, ended) -> Optional[JobRecord]:
+    def record(self, ended) -> JobRecord | None:
         job = ended.job
         if job.decision is None:
             return None  # refused before a decision: nothing ran under us
@@ -116,7 +115,7 @@ class StoreWriter:
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._totals = {"jobs": 0, "energy_j": 0.0, "saved_j": 0.0}
-        self.error: Optional[str] = None
+        self.error: str | None = None
         self.written = 0
         self._store = self._open()
         self._thread = threading.Thread(target=self._run, name="ftgov-store", daemon=True)
@@ -141,7 +140,7 @@ class StoreWriter:
         """Wait until everything submitted so far is committed (tests, benchmarks)."""
         self._queue.join()
 
-    def _open(self) -> Optional[Store]:
+    def _open(self) -> Store | None:
         try:
             store = Store(self.path, self.max_jobs)
             self._totals = store.totals()
@@ -180,7 +179,7 @@ class StoreWriter:
             self._totals, self.error = totals, None
 
 
-def tree_version(tree) -> Optional[str]:
+def tree_version(tree) -> str | None:
     """A short id of the tree the daemon decides with: its own ``model_id`` when the export carries one, else a hash of
     its nodes (so a reload that changes the tree changes the id)."""
     if tree is None:

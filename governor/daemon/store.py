@@ -26,9 +26,9 @@ import logging
 import os
 import sqlite3
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
 
 from governor.errors import FtgovError
 
@@ -92,11 +92,11 @@ class StoreError(FtgovError):
 class Window:
     """One measurement window: mean energy and time per step at one level (None: the default governor)."""
 
-    level_hz: Optional[int]
+    level_hz: int | None
     joules_per_step: float
     seconds_per_step: float
     steps: int
-    gpu_util: Optional[float] = None
+    gpu_util: float | None = None
 
 
 @dataclass(frozen=True)
@@ -108,48 +108,48 @@ class JobRecord:
     num_layers: int
     hidden_size: int
     seq_len: float
-    gpu_util: Optional[float] = None
-    duration_s: Optional[float] = None
-    boot_id: Optional[str] = None
-    daemon_job_id: Optional[int] = None
-    uid: Optional[int] = None
-    name: Optional[str] = None
-    board_model: Optional[str] = None
-    l4t_release: Optional[str] = None
-    backend: Optional[str] = None
-    gpu_name: Optional[str] = None
-    driver: Optional[str] = None
-    levels_hz: Optional[str] = None  # JSON list
-    model_version: Optional[str] = None
-    model_source: Optional[str] = None
-    policy: Optional[str] = None
-    freq_hz: Optional[int] = None
-    reason: Optional[str] = None
-    steps: Optional[int] = None
-    energy_j: Optional[float] = None
-    start_hz: Optional[int] = None
-    converged: Optional[bool] = None
-    saved_rel: Optional[float] = None
-    saved_basis: Optional[str] = None
-    ended: Optional[str] = None
+    gpu_util: float | None = None
+    duration_s: float | None = None
+    boot_id: str | None = None
+    daemon_job_id: int | None = None
+    uid: int | None = None
+    name: str | None = None
+    board_model: str | None = None
+    l4t_release: str | None = None
+    backend: str | None = None
+    gpu_name: str | None = None
+    driver: str | None = None
+    levels_hz: str | None = None  # JSON list
+    model_version: str | None = None
+    model_source: str | None = None
+    policy: str | None = None
+    freq_hz: int | None = None
+    reason: str | None = None
+    steps: int | None = None
+    energy_j: float | None = None
+    start_hz: int | None = None
+    converged: bool | None = None
+    saved_rel: float | None = None
+    saved_basis: str | None = None
+    ended: str | None = None
     windows: tuple[Window, ...] = field(default_factory=tuple)
 
     @property
-    def saved_j(self) -> Optional[float]:
+    def saved_j(self) -> float | None:
         """Joules saved against the basis: the job spent energy_j; at the basis it would have spent energy_j/(1-s)."""
         if self.energy_j is None or self.saved_rel is None or not self.saved_rel < 1:
             return None
         return self.energy_j * self.saved_rel / (1 - self.saved_rel)
 
 
-def measured_saving(windows: Iterable[Window], chosen_hz: Optional[int],
-                    start_hz: Optional[int]) -> tuple[Optional[float], Optional[str]]:
+def measured_saving(windows: Iterable[Window], chosen_hz: int | None,
+                    start_hz: int | None) -> tuple[float | None, str | None]:
     """The saving per step the windows themselves show, and against what.
 
     Against the default governor when a window measured it (level None); else against the tuner's start (the tree's
     pick), which is what tuning saved on top of the tree. None when the windows do not measure both ends.
     """
-    by_level: dict[Optional[int], list[float]] = {}
+    by_level: dict[int | None, list[float]] = {}
     for w in windows:
         by_level.setdefault(w.level_hz, []).append(w.joules_per_step)
     if chosen_hz not in by_level:
@@ -317,7 +317,7 @@ def open_read_only(path: str | os.PathLike) -> sqlite3.Connection:
         raise StoreError(f"cannot read the measurement store {p}: {e}") from e
 
 
-def read_jobs(conn: sqlite3.Connection, since: Optional[float] = None) -> list[JobRecord]:
+def read_jobs(conn: sqlite3.Connection, since: float | None = None) -> list[JobRecord]:
     """Every job (ended at or after ``since``, Unix time), oldest first, with its windows."""
     try:
         rows = conn.execute("SELECT * FROM jobs WHERE ended_at >= ? ORDER BY id",

@@ -24,11 +24,11 @@ their weights against the characterization sweeps, and the board's correction of
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Optional
 
 from governor.features import Features
-from governor.pipeline import train
+from governor.pipeline import dataset
 from governor.pipeline.dataset import Sweep
 
 BOARD_WEIGHT = 3.0
@@ -44,7 +44,7 @@ class BoardCurve:
     energy_j: dict[int, float]
     windows: dict[int, int]
     jobs: int
-    label_hz: Optional[int] = None
+    label_hz: int | None = None
     confidence: float = 0.0
 
     @property
@@ -82,7 +82,7 @@ def board_curves(records: Iterable, levels_hz: tuple[int, ...]) -> list[BoardCur
 
 
 def bracket(curve: BoardCurve, levels_hz: tuple[int, ...],
-            noise_rel: float = NOISE_REL) -> tuple[Optional[int], float]:
+            noise_rel: float = NOISE_REL) -> tuple[int | None, float]:
     """(label, confidence) when the measured minimum has worse measured neighbours on both sides, else (None, 0)."""
     best = min(curve.energy_j, key=lambda hz: (curve.energy_j[hz], hz))
     i = levels_hz.index(best)
@@ -147,7 +147,7 @@ class Sample:
 
 
 def sweep_sample(s: Sweep) -> Sample:
-    return Sample(s.workload, s.features, train.label_hz(s), 1.0, lambda hz, s=s: (s.energy_j[hz], False))
+    return Sample(s.workload, s.features, dataset.label_hz(s), 1.0, lambda hz, s=s: (s.energy_j[hz], False))
 
 
 def curve_sample(c: BoardCurve, reference: Sweep, index: int) -> Sample:

@@ -23,16 +23,25 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
 
 from governor.daemon.config import DEFAULT_STORE_PATH
 from governor.errors import FtgovError
 from governor.features import Features
 from governor.pipeline import dataset, train
-from governor.pipeline.board_data import (BoardCurve, Sample, board_curves, build_samples, corrected, curve_sample,
-                                          feature_key, nearest_sweep, regret_pct)
+from governor.pipeline.board_data import (
+    BoardCurve,
+    Sample,
+    board_curves,
+    build_samples,
+    corrected,
+    curve_sample,
+    feature_key,
+    nearest_sweep,
+    regret_pct,
+)
 from governor.pipeline.dataset import Sweep
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "model" / "data" / "characterization.csv"
@@ -113,7 +122,7 @@ def tree_decider(tree, levels_hz: tuple[int, ...]) -> Callable[[Features], int]:
 
 # ---- the stores ------------------------------------------------------------------------------------------------------
 
-def store_paths(store: Optional[str], from_dir: Optional[str]) -> list[Path]:
+def store_paths(store: str | None, from_dir: str | None) -> list[Path]:
     if from_dir is None:
         return [Path(store or DEFAULT_STORE_PATH)]
     d = Path(from_dir)
@@ -264,7 +273,8 @@ def add_parser(sub) -> None:
     src.add_argument("--store", help=f"the board's store (default {DEFAULT_STORE_PATH})")
     src.add_argument("--from", dest="from_dir", metavar="DIR",
                      help="merge every *.sqlite store under DIR (copied from many boards of one kind)")
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the shipped characterization CSV")
+    p.add_argument("--data", type=Path, help="the characterization CSV (default: model/data/characterization.csv of "
+                   "the source tree)")
     p.add_argument("--current", type=Path, help="the tree the board uses now, for the before figures "
                    "(default: model_file of --config, else the shipped tree)")
     p.add_argument("--config", help="ftgovd's config, for model_file and store.path")
@@ -298,6 +308,10 @@ def _run(args: argparse.Namespace) -> int:
         configured = cfg.store.path
         store_path = store_path or (DEFAULT_STORE_PATH if configured in ("auto", None) else configured)
         current = current or Path(cfg.model_file or default_model_path())
+    if args.data is None:
+        if not DEFAULT_DATA.is_file():  # an installed ftgov carries the tree, not the data it was trained on
+            raise FtgovError("no characterization data: pass --data model/data/characterization.csv (from the source)")
+        args.data = DEFAULT_DATA
     paths = store_paths(store_path, args.from_dir)
     records, identity = load_records(paths)
     sweeps = dataset.load(args.data)
@@ -330,7 +344,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """`python -m governor.pipeline.retrain ...`: this stage alone."""
     parser = argparse.ArgumentParser(prog="retrain")
     add_parser(parser.add_subparsers(dest="stage", required=True))

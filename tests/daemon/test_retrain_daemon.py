@@ -8,7 +8,7 @@ from governor.daemon.store import Store
 from governor.pipeline import dataset, retrain
 from governor.policy.tree import DecisionTree
 from governor.sim import learning
-from harness import FEATURES
+from tests.support.daemon import FEATURES
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,7 +10,7 @@ from governor.daemon import store
 from governor.sim import job as simjob
 from governor.sim.energy import OrinEnergyModel, Workload
 from governor.sysfs import Root
-from harness import FEATURES
+from tests.support.daemon import FEATURES
 
 BERT_BASE = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
 

@@ -121,7 +121,7 @@ def test_the_export_is_read_by_the_daemon_and_matches_scikit_learn(sim_store, tm
                 row[FEATURE_ORDER.index(node.feature)] = float(x)
                 rows.append(row)
     expected = result.estimator.predict(np.array(rows))
-    got = [tree.decide_vector(dict(zip(FEATURE_ORDER, r))).freq_hz for r in rows]
+    got = [tree.decide_vector(dict(zip(FEATURE_ORDER, r, strict=True))).freq_hz for r in rows]
     assert got == [int(v) for v in expected]
 
 
