@@ -3,7 +3,8 @@
 #   make test      set up, then run every test (pytest, then the systemd suite in a booted container when root)
 # Also: make lint (ruff; make test runs it first), make bench (daemon latency/memory figures), make model (retrain
 # the MLG tree: the pipeline's stages, each file from the files it is computed from), make evaluate (policies on the
-# held-out workloads, with plots), make stress (fault-injection and load figures).
+# held-out workloads, with plots), make stress (fault-injection and load figures), make learn (the measurement store
+# teaching the tree on a simulated board).
 #
 # Install on a Jetson:
 #
@@ -52,7 +53,7 @@ endif
 LIVE_SYSTEMD = $(and $(if $(DESTDIR),,yes),$(wildcard /run/systemd/system))
 
 .PHONY: install uninstall install-venv install-units install-config demo test test-unit test-systemd lint bench model \
-	evaluate stress
+	evaluate stress learn
 
 # --- development: a virtual environment in .venv, made by the first target that needs it ---------------------------
 DEV_PYTHON ?= python3
@@ -136,6 +137,10 @@ stress: $(DEV_VENV)/.test
 evaluate: $(SHIPPED)/mlg-tree.json $(SHIPPED)/ffg.json $(HELD_OUT) | $(DEV_VENV)/.base
 	$(PIPELINE) evaluate --data $(HELD_OUT) --mlg-tree $(SHIPPED)/mlg-tree.json --ffg $(SHIPPED)/ffg.json \
 	  --paper-tree $(SHIPPED)/paper-tree.json --out out/evaluate
+
+# The measurement store teaching the tree on a simulated board (benchmarks/learn.py): table and figure in out/learn.
+learn: $(DEV_VENV)/.base
+	$(VPY) benchmarks/learn.py --out out/learn
 
 
 install: install-venv install-units install-config

@@ -21,6 +21,8 @@ SUBCOMMAND_MODULES = (
     "governor.cli.model",
     "governor.cli.sim",
     "governor.sim.job",
+    "governor.cli.history",
+    "governor.cli.report",
 )
 
 

@@ -80,7 +80,21 @@ def families(status: dict | None, estimate=None) -> list[Family]:
             if j.get("energy_j") is not None and ratio < 1:
                 # energy_j was spent at the pin; MAXN would have spent energy_j / (1 - ratio).
                 saved.add(j["energy_j"] * ratio / (1 - ratio), **labels)
-    return [up, active, *gpu_fams.values(), load, power, job_freq, job_energy, job_time, job_steps, savings, saved]
+    return [up, active, *gpu_fams.values(), load, power, job_freq, job_energy, job_time, job_steps, savings, saved,
+            *store_families(status.get("store"))]
+
+
+def store_families(store: dict | None) -> list[Family]:
+    """Cumulative figures of every job the measurement store has recorded (they survive restarts and pruning)."""
+    jobs = Family(f"{PREFIX}_jobs_recorded", "jobs recorded in the measurement store since it was created")
+    energy = Family(f"{PREFIX}_energy_joules_cumulative", "energy of every recorded job, summed over the energy rails")
+    saved = Family(f"{PREFIX}_energy_saved_joules_cumulative",
+                   "energy saved by every recorded job, as measured by its own windows (see ftgov history)")
+    if store and store.get("error") is None:
+        jobs.add(store.get("jobs"))
+        energy.add(store.get("energy_j"))
+        saved.add(store.get("saved_j"))
+    return [jobs, energy, saved]
 
 
 def model_savings_estimator():

@@ -63,6 +63,18 @@ class TunerConfig(_Strict):
     max_slowdown: Optional[float] = Field(None, gt=0, le=10, description="e.g. 0.10: at most 10% slower than the fastest level")
 
 
+DEFAULT_STORE_PATH = "/var/lib/ftgov/measurements.sqlite"  # where the unit's StateDirectory=ftgov puts it
+
+
+class StoreConfig(_Strict):
+    """The measurement store (governor.daemon.store): every job's features, windows and outcome."""
+
+    path: Optional[str] = Field("auto", min_length=1, description=(
+        "SQLite file; auto: measurements.sqlite in systemd's $STATE_DIRECTORY (/var/lib/ftgov), and no store for a "
+        "daemon started by hand (a test, a benchmark) unless a path is given; null: keep no store"))
+    max_jobs: int = Field(20000, gt=0, le=10_000_000, description="the oldest jobs are dropped past this many")
+
+
 class Config(_Strict):
     socket: SocketConfig = SocketConfig()
     sysfs_root: str = "/"
@@ -84,6 +96,7 @@ class Config(_Strict):
         description="phases (reported with progress) during which a job needs only the lowest level; [] disables")
     limits: LimitsConfig = LimitsConfig()
     tuner: TunerConfig = TunerConfig()
+    store: StoreConfig = StoreConfig()
     node_wait_s: float = Field(120.0, ge=0, description="how long to wait at start for the GPU node to appear")
     probe_retry_s: float = Field(30.0, gt=0, le=86400, description=(
         "with no GPU found at start: how often to probe again (the daemon serves meanwhile and governs nothing)"))
@@ -93,6 +106,15 @@ class Config(_Strict):
     util_settle_s: float = Field(30.0, ge=0, le=3600, description=(
         "a job that gives no gpu_util and reports no progress: its load is sampled this long after it registers"))
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+def store_path(config: Config, environ=os.environ) -> Optional[str]:
+    """The daemon's store file, or None for none (see StoreConfig.path)."""
+    path = config.store.path
+    if path != "auto":
+        return path
+    state_dir = environ.get("STATE_DIRECTORY", "").split(":")[0]  # systemd lists one per StateDirectory= entry
+    return str(Path(state_dir) / "measurements.sqlite") if state_dir else None
 
 
 def _format_errors(e: ValidationError) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 from governor import DEFAULT_CONFIG_PATH, __version__, backends
 from governor.backends import rails as rails_mod
 from governor.daemon import logs, tuning
-from governor.daemon.config import Config, default_ffg_hz, default_model_path, load_config
+from governor.daemon.config import Config, default_ffg_hz, default_model_path, load_config, store_path
 from governor.daemon.notify import Notifier, listen_fds
 from governor.daemon.pins import PinController
 from governor.daemon.reload import Reloader
@@ -68,6 +68,7 @@ def build_config(args: argparse.Namespace) -> Config:
         overrides["socket.path"] = args.socket or str(base / "ftgov.sock")
         overrides["state_dir"] = args.state_dir or str(base)
         overrides["sysfs_root"] = str(Path(overrides["state_dir"]) / "sim-orin")
+        overrides["store.path"] = str(Path(overrides["state_dir"]) / "measurements.sqlite")  # never the board's
     return load_config(args.config or DEFAULT_CONFIG_PATH, overrides, must_exist=explicit)
 
 
@@ -172,6 +173,7 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[
     reloader = None
     if load_config_again is not None:
         reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus), tuner)
+    recorder = _recorder(config, pins, gpus, root)
     server = Server(pins, config, notifier, ticker, reloader,
                     probe=lambda: probe_gpus(config, root, node_wait_s=0.0))
 
@@ -185,6 +187,8 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[
     try:
         asyncio.run(server.serve(sock))
     finally:
+        if recorder is not None:
+            recorder.close()  # the jobs shutdown just ended are written before we exit
         if not fds:
             try:
                 os.unlink(config.socket.path)
@@ -213,6 +217,19 @@ def build_policy(config: Config, gpus: list) -> Policy:
         ffg_hz, ffg_from = default_ffg_hz(shipped_model)
     log.info("FFG frequency %g MHz (from %s)", ffg_hz / 1e6, ffg_from)
     return Policy.from_config(policy_name(config, gpus), ffg_hz, model_file)
+
+
+def _recorder(config: Config, pins: PinController, gpus: list, root: Root):
+    """The measurement store's recorder, told of every job that ends (None: no store)."""
+    path = store_path(config)
+    if path is None:
+        log.info("no measurement store (store.path %s)", "auto: no $STATE_DIRECTORY" if config.store.path else "null")
+        return None
+    from governor.daemon.recorder import Recorder, StoreWriter, board_identity
+
+    pins.recorder = Recorder(StoreWriter(path, config.store.max_jobs), pins,
+                                 {g.id: board_identity(root, g) for g in gpus}, pins.boot_id)
+    return pins.recorder
 
 
 def main(argv: list[str] | None = None) -> int:

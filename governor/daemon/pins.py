@@ -70,6 +70,7 @@ class PinController:
         self.attach_tuner = attach_tuner
         self._save_pending = False
         self._save_prompt = False
+        self.recorder = None  # governor.daemon.recorder.Recorder (set by main): told of every job that ends
 
     # ---- jobs -------------------------------------------------------------------------------------------------------
     def add_gpus(self, gpus: list[Gpu]) -> None:
@@ -189,6 +190,8 @@ class PinController:
                  job.steps, mhz(job.freq_hz), energy,
                  extra={**job.fields(), "DURATION_S": f"{ended.duration_s:.3f}", "STEPS": job.steps,
                         "ENERGY_J": "" if energy_j is None else f"{energy_j:.3f}"})
+        if self.recorder is not None:
+            self.recorder.job_ended(ended)
         return ended
 
     # ---- pins -------------------------------------------------------------------------------------------------------

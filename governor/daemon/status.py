@@ -41,4 +41,5 @@ def status(pins: PinController) -> dict:
                      "tuner": j.tuner.state() if j.tuner is not None else None})
     return {"policy": pins.policy.name.value, "jobs": jobs, "gpus": gpus, "gpu_missing": pins.missing_why,
             "power_mw": power,
-            "energy_rails": pins.rails.energy_rails if pins.rails else [], "energy_source": pins.energy.source()}
+            "energy_rails": pins.rails.energy_rails if pins.rails else [], "energy_source": pins.energy.source(),
+            "store": pins.recorder.status() if pins.recorder is not None else None}

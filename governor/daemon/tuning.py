@@ -16,6 +16,7 @@ import logging
 import time
 
 from governor.daemon.config import TunerConfig
+from governor.daemon.recorder import window_util_pct
 from governor.errors import FtgovError
 from governor.policy import PolicyName
 from governor.policy.tuner import OnlineTuner, TuningSession
@@ -31,6 +32,7 @@ class JobTuner:
                                  noise_rel=cfg.noise_rel,
                                  max_probes=cfg.max_probes)
         self.session: TuningSession | None = None
+        self.windows: list = []  # (Measurement, gpu_util) per closed window, for the measurement store
         self.status = "waiting for progress reports (without them the job keeps MLG's pick)"
         self._total_mw = gov.energy.total_mw
         # The tuner's own meter: its windows must not depend on the job's.
@@ -67,6 +69,7 @@ class JobTuner:
             return
         if m is None:
             return
+        self.windows.append((m, window_util_pct(gov, job)))
         state = self.tuner.state()
         log.info("%s: tune probe %d at %g MHz: %.4f J/step, %.4f s/step over %d steps -> %s", job.label(),
                  state["probes"], m.level_hz / 1e6, m.joules_per_step, m.seconds_per_step, m.measured_steps,

@@ -6,6 +6,7 @@
     export        the fitted tree as the daemon's JSON and as rules                   -> governor/data/mlg-tree.json
     ffg           FFG's single frequency                                              -> governor/data/ffg.json
     evaluate      every policy through the daemon's Policy.decide on held-out workloads
+    retrain       the tree from the board's measurement store and the characterization -> mlg-tree.json
 
 Run as ``python -m governor.pipeline STAGE`` or ``ftgov model STAGE``; the Makefile's ``model`` target chains them
 by their files. Each stage module has add_parser(subparsers) and run(args) and keeps numpy and scikit-learn imports
@@ -23,6 +24,7 @@ STAGE_MODULES = (
     "governor.pipeline.export",
     "governor.pipeline.ffg",
     "governor.pipeline.evaluate",
+    "governor.pipeline.retrain",
 )
 
 

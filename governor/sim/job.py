@@ -15,6 +15,7 @@ import argparse
 import itertools
 import json
 import os
+import select
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from governor.errors import FtgovError
 from governor.sim import tree
+from governor.sim.inotify import IN_CLOSE_WRITE, IN_MODIFY, Inotify
 from governor.sysfs import Root
 
 _announcements = itertools.count(1)
@@ -55,14 +57,25 @@ def announce(root: Root, workload) -> Iterator[Announcement]:
         a.withdraw()
 
 
-def _read_hz(path: Path) -> int:
-    # The fake tree's files are plain files, rewritten by truncate-then-write: a reader racing the daemon can catch
-    # one empty. A real sysfs attribute is replaced atomically, so only the simulation needs the second look.
-    for _ in range(100):
-        text = path.read_text().strip()
-        if text:
-            return int(text)
-    raise RuntimeError(f"{path} stayed empty")
+def _read_hz(path: Path, timeout_s: float = 5.0) -> int:
+    """The attribute's value. The daemon writes the fake tree's plain files by truncate-then-write, so a read can land
+    between the two and find the file empty (a real sysfs attribute is replaced in one step): then wait for the write
+    that completes it (inotify, not a retry loop)."""
+    text = path.read_text().strip()
+    if text:
+        return int(text)
+    ino = Inotify()
+    try:
+        ino.watch(path.parent, IN_MODIFY | IN_CLOSE_WRITE)
+        text = path.read_text().strip()  # written between the first read and the watch: no event will come
+        while not text:
+            if not select.select([ino.fd], [], [], timeout_s)[0]:
+                raise RuntimeError(f"{path} stayed empty for {timeout_s:g} s")
+            ino.read()
+            text = path.read_text().strip()
+        return int(text)
+    finally:
+        ino.close()
 
 
 def step_seconds(node: Path, workload, model) -> float:

@@ -99,3 +99,15 @@ def test_simulate_refuses_a_tree_of_your_own(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 2 and "--simulate builds its own tree" in proc.stderr, proc
     assert list(tmp_path.iterdir()) == [], "nothing written, nothing removed"
+
+
+def test_sim_job_tunes_against_simulate_while_the_daemon_rewrites_the_limits(start_daemon):
+    # The daemon's truncate-then-write of min_freq/max_freq can leave a plain file empty for a moment; the job's
+    # steps read the limits meanwhile and must wait for the write, never fail on it.
+    d = start_daemon(None, simulate=True)
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-m", "governor.cli", "sim-job", "--socket", d.socket, "--tree",
+                              str(d.state_dir / "sim-orin"), "--tune", "--steps", "120", "--time-scale", "0.02"],
+                             capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+        assert out.returncode == 0, out.stderr
+        assert "'steps': 120" in out.stdout and "'ended': 'unregistered'" in out.stdout, out.stdout

@@ -1,0 +1,124 @@
+"""`ftgov history`: the jobs in the board's measurement store, with their frequency, duration, energy and saving.
+
+Reads the store file directly (read-only; it is root's, as the daemon's state is: run as root, or on a copy). Job
+names are the clients' strings: control characters are shown escaped, so a name cannot rewrite the terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from datetime import datetime
+
+from governor.errors import FtgovError
+
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def printable(text: str | None) -> str:
+    """The string with control and format characters (C0, C1, DEL, bidi overrides) escaped as \\x.., \\u...."""
+    if text is None:
+        return ""
+    import unicodedata
+
+    out = []
+    for ch in text:
+        if unicodedata.category(ch)[0] == "C":
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """Unix time from '7d', '12h', '30m', '90s', '2w' (ago), an ISO date or date-time (local time), or epoch seconds."""
+    now = time.time() if now is None else now
+    m = _RELATIVE.match(text.strip())
+    if m:
+        return now - float(m.group(1)) * _UNIT_S[m.group(2)]
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(text.strip()).timestamp()
+    except ValueError as e:
+        raise FtgovError(f"--since {text!r}: give 7d, 12h, 30m, an ISO date (2026-12-01) or date-time") from e
+
+
+def store_path(args: argparse.Namespace) -> str:
+    if args.store:
+        return args.store
+    from governor import DEFAULT_CONFIG_PATH
+    from governor.daemon.config import DEFAULT_STORE_PATH, load_config
+
+    path = load_config(args.config or DEFAULT_CONFIG_PATH, must_exist=args.config is not None).store.path
+    if path is None:
+        raise FtgovError("the config keeps no measurement store (store.path: null)")
+    return DEFAULT_STORE_PATH if path == "auto" else path
+
+
+def add_store_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--store", help="the measurement store (default: store.path of the config, "
+                   "/var/lib/ftgov/measurements.sqlite)")
+    p.add_argument("--config", help="ftgovd's config (default /etc/ftgov/ftgov.yaml)")
+
+
+def load(args: argparse.Namespace, since: float | None = None):
+    from governor.daemon import store
+
+    conn = store.open_read_only(store_path(args))
+    try:
+        return store.read_jobs(conn, since), store.read_totals(conn)
+    finally:
+        conn.close()
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("history", help="the jobs the daemon governed: frequency, duration, energy, saving",
+                       description="List the jobs in the board's measurement store, oldest first.")
+    add_store_arguments(p)
+    p.add_argument("--since", help="only jobs that ended since then: 7d, 12h, 30m, or an ISO date/date-time")
+    p.add_argument("--json", action="store_true", help="every field of every job, windows included, as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from governor.daemon.store import record_dict
+
+    try:
+        since = parse_since(args.since) if args.since else None
+        jobs, totals = load(args, since)
+    except FtgovError as e:
+        print(f"ftgov history: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"jobs": [record_dict(j) for j in jobs], "totals": totals}, indent=2))
+        return 0
+    print(format_table(jobs, totals))
+    return 0
+
+
+def _num(value, fmt: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, fmt)
+
+
+def format_table(jobs, totals: dict) -> str:
+    head = f"{'ended':19}  {'job':24}  {'policy':8}  {'MHz':>7}  {'time s':>8}  {'steps':>6}  {'energy J':>9}  saved"
+    lines = [head]
+    for j in jobs:
+        name = printable(j.name) or "-"
+        if len(name) > 24:
+            name = name[:23] + "~"
+        saved = "-" if j.saved_rel is None else f"{100 * j.saved_rel:.1f}% vs {j.saved_basis}"
+        lines.append(f"{datetime.fromtimestamp(j.ended_at).strftime('%Y-%m-%d %H:%M:%S')}  {name:24}  "
+                     f"{printable(j.policy or '-'):8}  {_num(j.freq_hz and j.freq_hz / 1e6, 'g'):>7}  "
+                     f"{_num(j.duration_s, '.1f'):>8}  {_num(j.steps, 'd'):>6}  {_num(j.energy_j, '.1f'):>9}  {saved}")
+    lines.append(f"{len(jobs)} job(s) listed; in all {totals['jobs']} recorded, {totals['energy_j']:.1f} J, "
+                 f"{totals['saved_j']:.1f} J measured saved")
+    return "\n".join(lines)

@@ -1,0 +1,171 @@
+"""`ftgov report --out DIR`: what the board measured and saved, as figures and a table.
+
+- curves.png: per workload (jobs of the same features), the measured energy per step at each level the tuner visited,
+  the minimum marked where the windows bracket it (what retraining takes as the label);
+- savings.png: each job's measured saving over time, and the cumulative energy saved;
+- summary.md and summary.csv: per workload, its jobs, levels measured, bracketed minimum, last pick, mean saving and
+  energy.
+
+matplotlib is imported inside the command (`pip install 'ftgov[model]'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+
+from governor.cli.history import add_store_arguments, load, parse_since, printable
+from governor.errors import FtgovError
+
+MAX_CURVE_PANELS = 12
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("report", help="figures and a table of the board's measured curves and savings",
+                       description="Draw the board's measured energy curves per workload and the savings over time "
+                                   "(PNG), and write a summary table, from the measurement store.")
+    add_store_arguments(p)
+    p.add_argument("--out", type=Path, required=True, help="directory for curves.png, savings.png, summary.md/.csv")
+    p.add_argument("--since", help="only jobs that ended since then: 7d, 12h, or an ISO date/date-time")
+    p.set_defaults(func=run)
+
+
+def workloads(jobs) -> list[dict]:
+    """Jobs grouped by features, the most frequent first; each with its pooled curve and bracketed minimum."""
+    from governor.features import Features
+    from governor.pipeline.board_data import board_curves, feature_key
+
+    table = next((tuple(json.loads(j.levels_hz)) for j in reversed(jobs) if j.levels_hz), None)
+    if table is None:
+        table = tuple(sorted({w.level_hz for j in jobs for w in j.windows if w.level_hz is not None}))
+    curves = {feature_key(c.features): c for c in board_curves(jobs, table)}
+    groups: dict[tuple, list] = {}
+    for j in jobs:
+        f = Features(model_type=j.model_type, num_layers=j.num_layers, hidden_size=j.hidden_size,
+                     seq_len=float(j.seq_len), gpu_util=j.gpu_util if j.gpu_util is None else float(j.gpu_util))
+        groups.setdefault(feature_key(f), []).append(j)
+    out = []
+    for key, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), str(kv[0]))):
+        names = Counter(printable(j.name) or "-" for j in members)
+        saved = [j.saved_rel for j in members if j.saved_rel is not None]
+        out.append({"key": key, "name": names.most_common(1)[0][0], "jobs": members, "curve": curves.get(key),
+                    "mean_saved": sum(saved) / len(saved) if saved else None,
+                    "energy_j": sum(j.energy_j or 0.0 for j in members)})
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        jobs, totals = load(args, parse_since(args.since) if args.since else None)
+        if not jobs:
+            raise FtgovError("the store holds no jobs (in that range)")
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError as e:
+            raise FtgovError("ftgov report needs matplotlib: pip install 'ftgov[model]'") from e
+        args.out.mkdir(parents=True, exist_ok=True)
+    except (FtgovError, OSError) as e:
+        print(f"ftgov report: {e}", file=sys.stderr)
+        return 1
+    groups = workloads(jobs)
+    _curves(plt, groups, args.out / "curves.png")
+    _savings(plt, jobs, args.out / "savings.png")
+    _summary(groups, totals, args.out)
+    print(f"{args.out}: curves.png, savings.png, summary.md, summary.csv ({len(jobs)} jobs, {len(groups)} workloads)")
+    return 0
+
+
+def _label(g: dict) -> str:
+    model_type, layers, hidden, seq, util = g["key"]
+    return f"{g['name'][:28]}\n{model_type} L{layers} H{hidden} seq {seq:g} util {util:g}%"
+
+
+def _curves(plt, groups: list[dict], path: Path) -> None:
+    shown = [g for g in groups if g["curve"] is not None][:MAX_CURVE_PANELS]
+    cols = min(4, max(1, len(shown)))
+    rows = max(1, -(-len(shown) // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), squeeze=False)
+    for ax in axes.flat[len(shown):]:
+        ax.axis("off")
+    if not shown:
+        axes[0][0].text(0.5, 0.5, "no tuned jobs: no measured curves", ha="center", va="center")
+    for ax, g in zip(axes.flat, shown, strict=False):
+        c = g["curve"]
+        mhz = [hz / 1e6 for hz in c.energy_j]
+        ax.plot(mhz, list(c.energy_j.values()), "o-", ms=4)
+        if c.label_hz is not None:
+            ax.plot([c.label_hz / 1e6], [c.energy_j[c.label_hz]], "r*", ms=12, label="bracketed minimum")
+            ax.legend(fontsize=6)
+        ax.set_title(_label(g) + f"\n{c.jobs} tuned job(s)", fontsize=7)
+        ax.set_xlabel("GPU MHz", fontsize=7)
+        ax.set_ylabel("J / step", fontsize=7)
+        ax.tick_params(labelsize=6)
+    fig.suptitle("Measured energy per step (tuner windows, pooled per workload)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _savings(plt, jobs, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    measured = [j for j in jobs if j.saved_rel is not None]
+    for basis, marker in (("default governor", "o"), ("start level", "^")):
+        pts = [j for j in measured if j.saved_basis == basis]
+        if pts:
+            ax.plot([datetime.fromtimestamp(j.ended_at) for j in pts], [100 * j.saved_rel for j in pts], marker,
+                    ls="none", ms=4, label=f"per job, vs the {basis}")
+    ax.set_ylabel("energy saved per step (%)")
+    ax.axhline(0, color="0.6", lw=0.8)
+    ax2 = ax.twinx()
+    cumulative, total = [], 0.0
+    for j in jobs:
+        total += j.saved_j or 0.0
+        cumulative.append(total / 1e3)
+    ax2.plot([datetime.fromtimestamp(j.ended_at) for j in jobs], cumulative, "C3-", label="cumulative saved")
+    ax2.set_ylabel("cumulative saved (kJ)")
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    labels = ax.get_legend_handles_labels()[1] + ax2.get_legend_handles_labels()[1]
+    ax.legend(handles, labels, fontsize=7, loc="upper left")
+    ax.set_title("Measured savings over time", fontsize=9)
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+SUMMARY_FIELDS = ("workload", "model_type", "num_layers", "hidden_size", "seq_len", "gpu_util", "jobs", "tuned_jobs",
+                  "levels_measured", "bracketed_minimum_mhz", "last_pick_mhz", "mean_saved_pct", "energy_j")
+
+
+def _summary(groups: list[dict], totals: dict, out: Path) -> None:
+    rows = []
+    for g in groups:
+        c, members = g["curve"], g["jobs"]
+        model_type, layers, hidden, seq, util = g["key"]
+        last = members[-1].freq_hz
+        rows.append({"workload": g["name"], "model_type": model_type, "num_layers": layers, "hidden_size": hidden,
+                     "seq_len": seq, "gpu_util": util, "jobs": len(members),
+                     "tuned_jobs": sum(1 for j in members if j.windows),
+                     "levels_measured": len(c.energy_j) if c else 0,
+                     "bracketed_minimum_mhz": f"{c.label_hz / 1e6:g}" if c and c.label_hz else "",
+                     "last_pick_mhz": f"{last / 1e6:g}" if last else "",
+                     "mean_saved_pct": f"{100 * g['mean_saved']:.2f}" if g["mean_saved"] is not None else "",
+                     "energy_j": f"{g['energy_j']:.1f}"})
+    with (out / "summary.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=SUMMARY_FIELDS, lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    md = ["| " + " | ".join(SUMMARY_FIELDS) + " |", "|" + "---|" * len(SUMMARY_FIELDS)]
+    md += ["| " + " | ".join(str(r[k]).replace("|", "\\|") for k in SUMMARY_FIELDS) + " |" for r in rows]
+    md.append("")
+    md.append(f"{totals['jobs']} jobs recorded in all: {totals['energy_j'] / 1e3:.1f} kJ, "
+              f"{totals['saved_j'] / 1e3:.1f} kJ measured saved.")
+    (out / "summary.md").write_text("\n".join(md) + "\n")

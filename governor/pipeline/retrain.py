@@ -1,0 +1,356 @@
+"""`ftgov model retrain`: a board-specific MLG tree from the shipped characterization data plus the board's own
+measurement store (docs/store.md has the reasoning; this docstring is the rule).
+
+1-4. Board curves, labels from bracketed minima, their weights against the sweeps, and the board's correction of
+   the sweeps: governor/pipeline/board_data.py.
+5. Fit: the training grid, leave-one-out CV over every sample with the weights above, chosen by weighted LOOCV energy
+   regret (accuracy breaks ties), then fitted on everything. Deterministic for the same stores, data and seed.
+6. Report: accuracy and energy regret of the tree the daemon uses now and of the new one on the board's own labelled
+   curves (regret where the pick was not measured: the measured neighbour's energy times the corrected sweep's ratio,
+   counted as estimated), and the LOOCV figures.
+7. Export: ftgov-tree/1 with the provenance (stores, jobs, identity, offsets, figures) in ``metadata`` and a top-level
+   ``provenance``; checked by the daemon's own reader, then written to a temporary file and renamed over the target.
+   `systemctl reload ftgovd` loads it (set ``model_file`` to it once).
+
+scikit-learn is imported inside the functions: the daemon never imports this module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from governor.daemon.config import DEFAULT_STORE_PATH
+from governor.errors import FtgovError
+from governor.features import Features
+from governor.pipeline import dataset, train
+from governor.pipeline.board_data import (
+    BoardCurve,
+    Sample,
+    board_curves,
+    build_samples,
+    corrected,
+    curve_sample,
+    feature_key,
+    nearest_sweep,
+    regret_pct,
+)
+from governor.pipeline.dataset import Sweep
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "model" / "data" / "characterization.csv"
+
+
+def _design(samples: list[Sample]):
+    import numpy as np
+
+    X = np.array([s.features.vector() for s in samples], dtype=np.float64)
+    y = np.array([s.label_hz for s in samples], dtype=np.int64)
+    w = np.array([s.weight for s in samples], dtype=np.float64)
+    return X, y, w
+
+
+@dataclass(frozen=True)
+class WeightedCv:
+    params: dict
+    accuracy: float
+    mean_regret_pct: float
+
+
+def loocv(samples: list[Sample], params: dict, seed: int) -> WeightedCv:
+    import numpy as np
+
+    X, y, w = _design(samples)
+    hits = regrets = 0.0
+    for i in range(len(samples)):
+        keep = np.arange(len(samples)) != i
+        est = train.make_estimator(params, seed).fit(X[keep], y[keep], sample_weight=w[keep])
+        pred = int(est.predict(X[i: i + 1])[0])
+        hits += w[i] * (pred == y[i])
+        regrets += w[i] * regret_pct(samples[i], pred)[0]
+    total = float(w.sum())
+    return WeightedCv(dict(params), hits / total, regrets / total)
+
+
+def search(samples: list[Sample], seed: int, n_jobs: int = 1) -> WeightedCv:
+    from joblib import Parallel, delayed
+
+    candidates = train.grid()
+    results = Parallel(n_jobs=n_jobs)(delayed(loocv)(samples, p, seed) for p in candidates)
+
+    def rank(item):
+        i, r = item
+        depth = r.params["max_depth"] if r.params["max_depth"] is not None else 99
+        return (round(r.mean_regret_pct, 9), -round(r.accuracy, 9), depth, -r.params["min_samples_leaf"], i)
+
+    return min(enumerate(results), key=rank)[1]
+
+
+def fit(samples: list[Sample], params: dict, seed: int):
+    X, y, w = _design(samples)
+    return train.make_estimator(params, seed).fit(X, y, sample_weight=w)
+
+
+def score_on_board(decide: Callable[[Features], int], curves: list[BoardCurve], sweeps: list[Sweep]) -> dict:
+    """Accuracy and energy regret of a decision function on the board's labelled curves."""
+    labelled = [c for c in curves if c.label_hz is not None]
+    if not labelled:
+        return {"curves": 0, "accuracy": None, "mean_regret_pct": None, "estimated": 0}
+    hits, regrets, estimated = 0, [], 0
+    for i, c in enumerate(labelled):
+        pick = decide(c.features)
+        sample = curve_sample(c, nearest_sweep(c.features, sweeps), i)
+        r, est = regret_pct(sample, pick)
+        hits += pick == c.label_hz
+        regrets.append(r)
+        estimated += est
+    return {"curves": len(labelled), "accuracy": round(hits / len(labelled), 4),
+            "mean_regret_pct": round(sum(regrets) / len(regrets), 3), "estimated": estimated}
+
+
+def tree_decider(tree, levels_hz: tuple[int, ...]) -> Callable[[Features], int]:
+    from governor.backends.base import nearest_level
+
+    return lambda f: nearest_level(levels_hz, tree.decide(f).freq_hz)
+
+
+# ---- the stores ------------------------------------------------------------------------------------------------------
+
+def store_paths(store: str | None, from_dir: str | None) -> list[Path]:
+    if from_dir is None:
+        return [Path(store or DEFAULT_STORE_PATH)]
+    d = Path(from_dir)
+    if not d.is_dir():
+        raise FtgovError(f"--from {d}: not a directory")
+    paths = sorted(p for p in d.rglob("*.sqlite") if p.is_file())
+    if not paths:
+        raise FtgovError(f"--from {d}: no *.sqlite stores in it")
+    return paths
+
+
+def load_records(paths: list[Path]) -> tuple[list, dict]:
+    """Every job of every store, duplicates (the same store copied twice) once; the boards' identity, which must be
+    one kind of board."""
+    from governor.daemon import store
+
+    seen, records, kinds, sources = set(), [], set(), []
+    for p in paths:
+        conn = store.open_read_only(p)
+        try:
+            jobs = store.read_jobs(conn)
+        finally:
+            conn.close()
+        sources.append({"path": str(p), "jobs": len(jobs)})
+        for r in jobs:
+            key = (r.boot_id, r.daemon_job_id, r.ended_at, r.board_model, r.name)
+            if key in seen:
+                continue
+            seen.add(key)
+            records.append(r)
+            kinds.add((r.board_model, r.gpu_name))
+    if len(kinds) > 1:
+        raise FtgovError("the stores come from different kinds of board: "
+                         + "; ".join(f"{b or '?'} / {g or '?'}" for b, g in sorted(kinds, key=str))
+                         + " (retrain one kind at a time)")
+    board, gpu = next(iter(kinds)) if kinds else (None, None)
+    l4t = sorted({r.l4t_release for r in records if r.l4t_release})
+    return records, {"board_model": board, "gpu_name": gpu, "l4t_releases": l4t, "stores": sources}
+
+
+# ---- the whole stage -------------------------------------------------------------------------------------------------
+
+@dataclass
+class Result:
+    estimator: object
+    report: dict
+    samples: list[Sample]
+
+
+def loo_board_picks(samples: list[Sample], params: dict, seed: int) -> dict[int, int]:
+    """For each board sample, the pick of a tree fitted without it: the honest "after" on the board's own jobs."""
+    import numpy as np
+
+    X, y, w = _design(samples)
+    picks = {}
+    for i, s in enumerate(samples):
+        if s.name.startswith("board/"):
+            keep = np.arange(len(samples)) != i
+            est = train.make_estimator(params, seed).fit(X[keep], y[keep], sample_weight=w[keep])
+            picks[int(s.name.split("/")[1])] = int(est.predict(X[i: i + 1])[0])
+    return picks
+
+
+def retrain(records: list, sweeps: list[Sweep], seed: int = 0, current_tree=None, n_jobs: int = 1,
+            correct: bool = True) -> Result:
+    """``correct=False`` leaves the sweeps as shipped (for measuring what the correction is worth)."""
+    levels = sweeps[0].levels_hz
+    curves = board_curves(records, levels)
+    samples, offsets = build_samples(sweeps, curves, correct)
+    best = search(samples, seed, n_jobs)
+    estimator = fit(samples, best.params, seed)
+    fixed = corrected(sweeps, offsets)
+
+    def new_decide(f: Features) -> int:
+        return int(estimator.predict([f.vector()])[0])
+
+    labelled = [c for c in curves if c.label_hz is not None]
+    loo = loo_board_picks(samples, best.params, seed)
+    used = [c for c in labelled if c.confidence > 0]  # the board samples, in build_samples' order
+    by_features = {feature_key(c.features): loo[i] for i, c in enumerate(used)}
+    report = {
+        "seed": seed, "hyperparameters": best.params,
+        "loocv_accuracy": round(best.accuracy, 4), "loocv_mean_regret_pct": round(best.mean_regret_pct, 3),
+        "jobs": len(records), "tuned_jobs": sum(1 for r in records if r.windows),
+        "board_curves": len(curves), "labelled_curves": len(labelled),
+        "board_weight": round(sum(c.weight for c in labelled), 3),
+        "sweeps_used": sum(1 for s in samples if not s.name.startswith("board/")), "sweeps": len(sweeps),
+        "level_log_offsets": {str(hz): round(v, 5) for hz, v in offsets.items()},
+        "after": score_on_board(new_decide, curves, fixed),
+        "after_loocv": score_on_board(lambda f: by_features.get(feature_key(f), new_decide(f)), used, fixed),
+        "before": (score_on_board(tree_decider(current_tree, levels), curves, fixed)
+                   if current_tree is not None else None),
+    }
+    return Result(estimator, report, samples)
+
+
+def export_tree(result: Result, out: Path, provenance: dict) -> str:
+    """Write the ftgov-tree/1 export atomically (temp file in the same directory, fsync, rename); its model_id."""
+    from governor.pipeline import export
+    from governor.policy.tree import DecisionTree
+
+    nodes = export.tree_nodes(result.estimator)
+    model_id = "retrained-" + hashlib.sha256(json.dumps(nodes, sort_keys=True).encode()).hexdigest()[:12]
+    r = result.report
+    metadata = {"model_id": model_id, "seed": r["seed"], "hyperparameters": r["hyperparameters"],
+                "loocv_accuracy": r["loocv_accuracy"], "loocv_mean_regret_pct": r["loocv_mean_regret_pct"],
+                "label": "characterization sweeps (corrected by the board's level offsets, 1-2-1 smoothed optimum) "
+                         "and the board's bracketed minima, weighted (governor/pipeline/retrain.py)",
+                "gpu_util": "GPU load under MAXN (the board's default governor), percent",
+                "thresholds": "float64 equivalents of scikit-learn's float32 comparisons "
+                              "(see governor/pipeline/export.py)",
+                "retrained": {k: v for k, v in r.items() if k not in ("seed", "hyperparameters")}}
+    description = (f"MLG tree retrained on the board's measurement store ({r['labelled_curves']} labelled workloads "
+                   f"from {r['tuned_jobs']} tuned jobs) and {r['sweeps_used']} characterization sweeps.")
+    doc = json.loads(export.to_json(result.estimator, description, metadata))
+    doc["source"] = "retrained"
+    doc["provenance"] = provenance
+    DecisionTree.from_dict(doc)  # what the daemon will read: never install a tree it would refuse
+    text = json.dumps(doc, indent=1, sort_keys=False) + "\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # the daemon reads it; it holds nothing secret
+        os.replace(tmp, out)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dir_fd = os.open(out.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)
+    return model_id
+
+
+# ---- command line ----------------------------------------------------------------------------------------------------
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("retrain", help="retrain the MLG tree from the board's measurement store")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--store", help=f"the board's store (default {DEFAULT_STORE_PATH})")
+    src.add_argument("--from", dest="from_dir", metavar="DIR",
+                     help="merge every *.sqlite store under DIR (copied from many boards of one kind)")
+    p.add_argument("--data", type=Path, help="the characterization CSV (default: model/data/characterization.csv of "
+                   "the source tree)")
+    p.add_argument("--current", type=Path, help="the tree the board uses now, for the before figures "
+                   "(default: model_file of --config, else the shipped tree)")
+    p.add_argument("--config", help="ftgovd's config, for model_file and store.path")
+    p.add_argument("--out", type=Path, help="where to write the tree (default: mlg-tree.json beside the store)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="joblib workers for the LOOCV search")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except FtgovError as e:
+        print(f"ftgov model retrain: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # writing the tree
+        print(f"ftgov model retrain: cannot write {e.filename or 'the tree'}: {e.strerror or e}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    from governor.policy.tree import DecisionTree
+
+    store_path, current = args.store, args.current
+    if args.config or current is None or store_path is None:
+        from governor import DEFAULT_CONFIG_PATH
+        from governor.daemon.config import default_model_path, load_config
+
+        cfg = load_config(args.config or DEFAULT_CONFIG_PATH, must_exist=args.config is not None)
+        configured = cfg.store.path
+        store_path = store_path or (DEFAULT_STORE_PATH if configured in ("auto", None) else configured)
+        current = current or Path(cfg.model_file or default_model_path())
+    if args.data is None:
+        if not DEFAULT_DATA.is_file():  # an installed ftgov carries the tree, not the data it was trained on
+            raise FtgovError("no characterization data: pass --data model/data/characterization.csv (from the source)")
+        args.data = DEFAULT_DATA
+    paths = store_paths(store_path, args.from_dir)
+    records, identity = load_records(paths)
+    sweeps = dataset.load(args.data)
+    tree = DecisionTree.load(current)
+    result = retrain(records, sweeps, args.seed, tree, args.jobs)
+    out = (args.out or paths[0].with_name("mlg-tree.json")) if args.from_dir is None else args.out
+    if out is None:
+        raise FtgovError("--from needs --out: where to write the fleet's tree")
+    provenance = {**identity, "data": args.data.name, "data_sha256": dataset.sha256(args.data),
+                  "replaces": {"path": str(current), "source": tree.source,
+                               "model_id": tree.metadata.get("model_id")}}
+    model_id = export_tree(result, out, provenance)
+    r = result.report
+    if args.json:
+        print(json.dumps({"out": str(out), "model_id": model_id, **r}, indent=2))
+        return 0
+    print(f"{len(records)} jobs from {len(paths)} store(s) ({identity['board_model'] or 'unknown board'}): "
+          f"{r['tuned_jobs']} tuned, {r['board_curves']} workloads, {r['labelled_curves']} with a bracketed minimum")
+    print(f"LOOCV over {len(result.samples)} samples: accuracy {r['loocv_accuracy']:.3f}, mean energy regret "
+          f"{r['loocv_mean_regret_pct']:.2f}%; chosen {json.dumps(r['hyperparameters'], sort_keys=True)}")
+    for key, name in (("before", "before (the tree in use)"), ("after", "after (fitted on them)"),
+                      ("after_loocv", "after (each left out)")):
+        s = r[key]
+        if s is None or not s["curves"]:
+            print(f"  {name:24} no labelled board workloads to score on")
+            continue
+        print(f"  {name:24} on the board's {s['curves']} labelled workloads: accuracy {s['accuracy']:.3f}, "
+              f"mean energy regret {s['mean_regret_pct']:.2f}% ({s['estimated']} estimated from the sweep's shape)")
+    print(f"wrote {out} ({model_id}); point model_file at it and run `systemctl reload ftgovd`")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m governor.pipeline.retrain ...`: this stage alone."""
+    parser = argparse.ArgumentParser(prog="retrain")
+    add_parser(parser.add_subparsers(dest="stage", required=True))
+    args = parser.parse_args(["retrain", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

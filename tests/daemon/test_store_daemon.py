@@ -1,0 +1,123 @@
+"""The measurement store in the real daemon: a tuned job lands in it with its windows, identity and outcome; the loop
+keeps answering while the writer thread commits; totals survive a restart; a corrupt store never stops the daemon."""
+
+import json
+import os
+import sqlite3
+import time
+
+from governor.daemon import store
+from governor.sim import job as simjob
+from governor.sim.energy import OrinEnergyModel, Workload
+from governor.sysfs import Root
+from tests.support.daemon import FEATURES
+
+BERT_BASE = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
+
+
+class ProgressJob:
+    def __init__(self, rpc, job_id):
+        self.rpc, self.job_id, self.steps = rpc, job_id, 0
+
+    def step(self):
+        self.steps += 1
+        self.rpc.notify("progress", job_id=self.job_id, steps=self.steps)
+
+
+def test_a_tuned_job_lands_in_the_store_with_its_windows(start_daemon):
+    d = start_daemon(simulate=True)
+    c = d.client()
+    res = c.call("register", tune=True, gpu_util=80.0, name="bert'); DROP TABLE jobs; --\x1b[31m", **BERT_BASE)
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), Workload(name="w", **BERT_BASE), 45,
+               time_scale=0.15)
+    tuner = c.call("status")["jobs"][0]["tuner"]
+    assert tuner["converged"], tuner
+    summary = c.call("unregister", job_id=res["job_id"])
+    d.stop()  # the writer commits what is queued before the daemon exits
+    jobs = store.read_jobs(store.open_read_only(d.state_dir / "measurements.sqlite"))
+    assert len(jobs) == 1
+    j = jobs[0]
+    assert j.name == "bert'); DROP TABLE jobs; --\x1b[31m"
+    assert (j.model_type, j.num_layers, j.hidden_size, j.seq_len, j.gpu_util) == ("encoder", 12, 768, 40.0, 80.0)
+    assert j.policy == "tune" and j.freq_hz == summary["freq_hz"] == tuner["best_hz"] and j.converged
+    assert j.start_hz == tuner["start_hz"] and j.steps == 45 and j.energy_j > 0 and j.duration_s > 0
+    assert j.board_model == "NVIDIA Jetson AGX Orin Developer Kit" and j.l4t_release.startswith("# R36")
+    assert json.loads(j.levels_hz) == list(OrinEnergyModel().levels_hz)
+    assert j.backend == "devfreq" and j.model_source == "paper" and j.model_version
+    assert len(j.windows) == tuner["probes"] >= 2
+    assert {w.level_hz for w in j.windows} == {e["freq_hz"] for e in tuner["estimates"]}
+    assert all(w.joules_per_step > 0 and w.seconds_per_step > 0 and w.steps >= 4 for w in j.windows)
+    # Each window's utilization is the GPU's load as it closed (the registered 80% is the MAXN feature): a slower
+    # clock keeps the simulated GPU busier.
+    by_level = sorted((w.level_hz, w.gpu_util) for w in j.windows)
+    assert all(0 < u <= 100 for _, u in by_level) and [u for _, u in by_level] == sorted(
+        (u for _, u in by_level), reverse=True)
+    if j.freq_hz != j.start_hz:
+        assert j.saved_basis == "start level" and j.saved_rel is not None
+
+
+def test_the_loop_answers_while_jobs_are_recorded_and_totals_survive_a_restart(orin, start_daemon, tmp_path):
+    path = tmp_path / "m.sqlite"
+    cfg = {"store": {"path": str(path), "max_jobs": 50}}
+    d = start_daemon(config=cfg)
+    c = d.client()
+    for i in range(80):  # every end queues a commit (fsync); each reply must still come straight back
+        job = c.call("register", name=f"job {i}\n", **FEATURES)
+        assert c.call("ping") == {}
+        c.call("unregister", job_id=job["job_id"])
+    d.stop()
+    conn = store.open_read_only(path)
+    jobs = store.read_jobs(conn)
+    assert [j.name for j in jobs] == [f"job {i}\n" for i in range(30, 80)]  # bounded: the oldest were dropped
+    assert all(j.policy == "mlg" and j.freq_hz == 714000000 and j.windows == () for j in jobs)
+    assert store.read_totals(conn)["jobs"] == 80
+    totals = store.read_totals(conn)
+    d2 = start_daemon(config=cfg)
+    status = d2.client().call("status")["store"]
+    assert status["jobs"] == 80 and status["energy_j"] == totals["energy_j"] > 0 and status["error"] is None
+
+
+def test_a_blocked_store_never_holds_up_a_reply(orin, start_daemon, tmp_path):
+    """Another process holds the store's write lock: the writer thread waits on it, the event loop does not."""
+    path = tmp_path / "m.sqlite"
+    d = start_daemon(config={"store": {"path": str(path)}})
+    c = d.client()
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # the writer's BEGIN IMMEDIATE now waits (busy timeout 5 s)
+    try:
+        started = time.monotonic()
+        for i in range(10):
+            job = c.call("register", name=f"j{i}", **FEATURES)
+            c.call("unregister", job_id=job["job_id"])
+        pending = c.call("status")["store"]["pending"]
+        elapsed_s = time.monotonic() - started
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert pending >= 1 and elapsed_s < 2.0, (pending, elapsed_s)  # replies came while the commits waited
+    d.stop()
+    assert [j.name for j in store.read_jobs(store.open_read_only(path))] == [f"j{i}" for i in range(10)]
+
+
+def test_a_corrupt_store_is_moved_aside_and_the_daemon_serves(orin, start_daemon, tmp_path):
+    path = tmp_path / "m.sqlite"
+    path.write_bytes(os.urandom(5000))
+    d = start_daemon(config={"store": {"path": str(path)}})
+    c = d.client()
+    job = c.call("register", **FEATURES)
+    c.call("unregister", job_id=job["job_id"])
+    assert c.call("status")["store"]["error"] is None
+    d.stop()
+    assert list(tmp_path.glob("m.sqlite.corrupt-*")) and "moved aside" in d.log()
+    assert len(store.read_jobs(store.open_read_only(path))) == 1
+
+
+def test_an_unwritable_store_never_stops_the_daemon(orin, start_daemon, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    d = start_daemon(config={"store": {"path": str(blocker / "m.sqlite")}})
+    c = d.client()
+    job = c.call("register", **FEATURES)
+    c.call("unregister", job_id=job["job_id"])
+    assert "cannot create" in c.call("status")["store"]["error"]
+
