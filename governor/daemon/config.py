@@ -105,6 +105,11 @@ class Config(_Strict):
         "how long the GPU load is sampled for a job that gives no gpu_util (from its first training step)"))
     util_settle_s: float = Field(30.0, ge=0, le=3600, description=(
         "a job that gives no gpu_util and reports no progress: its load is sampled this long after it registers"))
+    util_active_pct: float = Field(10.0, ge=0, le=100, description=(
+        "such a job's loop counts as running once a window's mean load reaches this; until then it is still "
+        "setting up (loading a model, initializing CUDA) and sampling goes on"))
+    util_settle_max_s: float = Field(600.0, ge=0, le=86400, description=(
+        "how long after registering such a job may still be setting up; then it is decided on the load it shows"))
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 

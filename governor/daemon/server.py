@@ -48,7 +48,8 @@ class Server:
         self.notifier = notifier
         self.ticker = ticker
         self.methods = Methods(self)
-        self.sampler = UtilizationSampler(pins, config.util_sample_s, config.util_settle_s)
+        self.sampler = UtilizationSampler(pins, config.util_sample_s, config.util_settle_s,
+                                          active_pct=config.util_active_pct, settle_max_s=config.util_settle_max_s)
         self.conns: set[Connection] = set()
         self.conns_per_uid: Counter[int] = Counter()
         # One read buffer for every connection: see Connection.get_buffer.

@@ -9,7 +9,12 @@ of `ftgov run` may not be running yet), and the load then reads near 0. So:
 2. The job's first progress report of a training step (steps >= 1, phase train or none) starts the sampling: the
    GPU's load is read every SAMPLE_EVERY_S for util_sample_s, and the job is decided once, on the mean.
 3. A job that reports no progress (an unmodified script under `ftgov run`) is sampled util_settle_s after it
-   registered, while its process runs.
+   registered, while its process runs. A fixed delay is not enough on a real GPU: under `ftgov run` on an H200 a
+   BERT-base script was still importing torch and initializing CUDA 12 s after it started, and the load read 0%
+   while its loop later ran at 78% (scripts/first_contact.py). So windows of util_sample_s go on while the mean
+   load stays under util_active_pct (the loop is not running yet); the window after the first one that reaches it
+   decides (the first may have caught the ramp-up). A job still under it util_settle_max_s after registering is
+   decided on the load it shows, and the reason says so.
 4. A GPU that reports no load: 100% is assumed (the high-utilization branch, the one that slows a job least), and
    the reason says so.
 
@@ -40,13 +45,18 @@ class _Pending:
     settle: asyncio.TimerHandle | None
     sampling: bool = False
     samples: list[float] = field(default_factory=list)
+    waiting_for_load: bool = False  # no progress reports: windows go on until the load shows the loop runs
+    ramp_seen: bool = False  # a window has reached the active load; the next one decides
 
 
 class UtilizationSampler:
-    def __init__(self, pins: PinController, sample_s: float, settle_s: float):
+    def __init__(self, pins: PinController, sample_s: float, settle_s: float, *, active_pct: float = 10.0,
+                 settle_max_s: float = 600.0):
         self.pins = pins
         self.sample_s = sample_s
         self.settle_s = settle_s
+        self.active_pct = active_pct
+        self.settle_max_s = settle_max_s
         self._pending: dict[int, _Pending] = {}
 
     def waiting(self, job: ActiveJob) -> bool:
@@ -72,6 +82,7 @@ class UtilizationSampler:
         pending = self._pending.get(job_id)
         if pending is not None and not pending.sampling:
             pending.settle = None
+            pending.waiting_for_load = True
             self._begin(job_id, pending, "with no progress reports, after the settling delay (util_settle_s)")
 
     def _begin(self, job_id: int, pending: _Pending, when: str) -> None:
@@ -96,8 +107,22 @@ class UtilizationSampler:
         loop = asyncio.get_running_loop()
         if loop.time() + SAMPLE_EVERY_S <= deadline:
             loop.call_later(SAMPLE_EVERY_S, self._sample, job_id, pending, deadline, when)
+        elif self._another_window(job, pending):
+            pending.samples = []
+            self._sample(job_id, pending, loop.time() + self.sample_s, when)
         else:
             self._finish(job, pending, when)
+
+    def _another_window(self, job: ActiveJob, pending: _Pending) -> bool:
+        """Without progress reports, whether the window just closed shows the job still setting up (or ramping up)."""
+        if not pending.waiting_for_load or not pending.samples:
+            return False
+        if pending.ramp_seen:
+            return False  # this window came after the load first reached active_pct: it decides
+        if sum(pending.samples) / len(pending.samples) >= self.active_pct:
+            pending.ramp_seen = True
+            return True
+        return time.monotonic() - job.started_s < self.settle_max_s
 
     def _finish(self, job: ActiveJob, pending: _Pending, when: str) -> None:
         del self._pending[job.job_id]
@@ -106,6 +131,9 @@ class UtilizationSampler:
             util_pct = sum(pending.samples) / len(pending.samples)
             why = (f"gpu_util measured while the job trains: {util_pct:.1f}% over {len(pending.samples)} samples "
                    f"in {self.sample_s:g} s, {when}, {after_s:.1f} s after registering")
+            if pending.waiting_for_load and not pending.ramp_seen:
+                why += (f" (the load stayed under {self.active_pct:g}% for util_settle_max_s: decided on what the "
+                        "job shows)")
         else:
             util_pct = ASSUMED_UTIL_PCT
             why = f"gpu_util not given and the GPU reports no load: assumed {ASSUMED_UTIL_PCT:g}%"

@@ -1,6 +1,7 @@
 """gpu_util is measured while the job trains, not when it registers (when the GPU idles while the job sets up)."""
 
 from tests.support.daemon import FEATURES, limits
+from tests.support.fswatch import IN_CLOSE_NOWRITE, Watch
 
 LOAD = "sys/devices/platform/bus@0/17000000.gpu/load"  # per mille
 STRUCTURE = {k: v for k, v in FEATURES.items() if k != "gpu_util"}  # BERT-base: the tree tests gpu_util for it
@@ -36,6 +37,35 @@ def test_a_job_without_progress_reports_is_sampled_after_the_settling_delay(orin
     job = c.call("status")["jobs"][0]
     assert job["job_id"] == job_id and job["features"]["gpu_util"] == 80.0
     assert "with no progress reports, after the settling delay" in job["reason"]
+
+
+def test_a_job_without_progress_still_setting_up_after_the_delay_is_measured_once_its_loop_runs(orin, start_daemon):
+    # A real script under `ftgov run` can still be importing torch and initializing CUDA when the settling delay
+    # ends (on an H200 the load read 0% there, and 78% once the loop ran): a window under util_active_pct is not
+    # the loop's load, so sampling goes on.
+    set_load(orin, 0.0)
+    d = start_daemon(config={"util_settle_s": 0.05, "util_sample_s": 0.1})
+    watch = Watch((orin / LOAD).parent, mask=IN_CLOSE_NOWRITE)
+    c = d.client()
+    job_id = c.call("register", **STRUCTURE)["job_id"]
+    watch.wait(lambda: sum(1 for name, _ in watch.events if name == "load") >= 8)  # several idle windows read
+    job = c.call("status")["jobs"][0]
+    assert job["job_id"] == job_id and job["freq_hz"] is None and job["features"]["gpu_util"] is None
+    set_load(orin, 80.0)
+    d.wait_status(lambda m: "pinned to 714 MHz" in m)  # 0% would have meant 1020 MHz
+    job = c.call("status")["jobs"][0]
+    assert job["features"]["gpu_util"] == 80.0 and "with no progress reports" in job["reason"]
+    watch.close()
+
+
+def test_a_job_whose_load_never_rises_is_decided_on_it_after_util_settle_max_s(orin, start_daemon):
+    set_load(orin, 3.0)
+    d = start_daemon(config={"util_settle_s": 0.05, "util_sample_s": 0.1, "util_settle_max_s": 0.3})
+    c = d.client()
+    c.call("register", **STRUCTURE)
+    d.wait_status(lambda m: "pinned to 1020 MHz" in m)  # gpu_util 3 <= 22
+    job = c.call("status")["jobs"][0]
+    assert job["features"]["gpu_util"] == 3.0 and "stayed under 10%" in job["reason"]
 
 
 def test_a_decision_that_does_not_test_gpu_util_is_made_at_once(orin, start_daemon):

@@ -17,6 +17,7 @@ from pathlib import Path
 IN_MODIFY = 0x2
 IN_ATTRIB = 0x4
 IN_CLOSE_WRITE = 0x8
+IN_CLOSE_NOWRITE = 0x10  # a file opened for reading was closed: someone read it
 IN_MOVED_FROM = 0x40
 IN_MOVED_TO = 0x80
 IN_CREATE = 0x100
@@ -25,7 +26,7 @@ IN_DELETE_SELF = 0x400
 IN_NONBLOCK = 0o4000
 IN_CLOEXEC = 0o2000000
 CHANGES = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF
-NAMES = {IN_MODIFY: "modify", IN_ATTRIB: "attrib", IN_CLOSE_WRITE: "close_write", IN_MOVED_FROM: "moved_from",
+NAMES = {IN_MODIFY: "modify", IN_ATTRIB: "attrib", IN_CLOSE_WRITE: "close_write", IN_CLOSE_NOWRITE: "close_nowrite", IN_MOVED_FROM: "moved_from",
          IN_MOVED_TO: "moved_to", IN_CREATE: "create", IN_DELETE: "delete", IN_DELETE_SELF: "delete_self"}
 _HEADER = struct.Struct("iIII")
 
