@@ -296,6 +296,8 @@ class OnlineTuner:
             return
         # A level just below the feasible ones may still be feasible, within the noise of the time fit: worth a look.
         lowest = lo - 1 if lo > 0 and self._feasible(lo - 1, fit, slack=self.noise_rel) else lo
+        if fit is None and lo > 0:  # one level measured (the start is the top): its neighbour gives the first fit
+            lowest = lo - 1
         yield from self._local(best, lowest, top, log_j)
 
         # 3. Beyond the rise: a rise next to the incumbent may be a bump with another dip behind it (real curves

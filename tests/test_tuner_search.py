@@ -137,3 +137,14 @@ def test_max_slowdown_holds_from_any_start_on_bumpy_curves(curve_seed, start_f, 
     ratio = times[levels.index(tuner.best_hz)] / times[-1]
     # 1.5% noise on each window's time: the ratio of two is off by about 2.1%; the fit pools windows.
     assert ratio <= 1 + max_slowdown + 2 * 0.021
+
+
+def test_max_slowdown_from_the_top_start_still_searches():
+    # The start is the reference level: one measured level gives no time fit, so its neighbour is measured first.
+    levels = table(15)
+    energy = u_curve(15, 0.5)
+    times = [0.05 + 0.3e9 / hz for hz in levels]
+    tuner = tune(levels, energy, 14, random.Random(0), noise=0.0, times=times, max_slowdown=0.5, noise_rel=1e-9)
+    assert tuner.probes > 1
+    feasible = [i for i in range(15) if times[i] <= 1.5 * times[-1]]
+    assert tuner.best_hz == levels[min(feasible, key=energy.__getitem__)]
