@@ -26,9 +26,10 @@ the incumbent (the measured feasible level with the least estimate) and the sear
    (half the way to the end at most): a hump looks like a wall from inside. A level found there that is lower than
    its measured neighbours and not clearly worse than the incumbent is a valley, walked like the incumbent (2-3).
 5. Confirm: the incumbent, the closest contender within ``z_confirm`` of it, and the start while it is within noise,
-   are measured again (the fewer-measured of each pair first) until they differ clearly or both have
-   ``confirm_windows`` windows. Other levels within noise of a flat bottom are left: whichever is picked, they are
-   equal to within the noise.
+   are measured again (the fewer-measured of each pair first) until they differ clearly, or both have
+   ``confirm_windows`` windows and a wrong choice between them could cost at most CONFIRM_TOL_NOISE x ``noise_rel``
+   at ``z_confirm`` standard deviations (a tie gets four or five windows each, levels 2% apart two). Other levels
+   within noise of a flat bottom are left: whichever is picked, they are equal to within the noise.
 6. Stop when nothing is left to do, or when the next window is not affordable, and pick the incumbent.
 
 Budget: what exploration costs is the energy its windows spend above the incumbent (the estimate of the optimum):
@@ -41,6 +42,15 @@ at most FAR_SHARE of what is left. ``total_steps`` is the number of steps the jo
 end; unknown (None), ASSUMED_TOTAL_STEPS (2,000) is assumed. A short job explores less: a window 10% above the
 incumbent costs 0.5 step of energy, so a 2,000-step job at 1.5% may spend 60 of them, a 100-step job 3. Descending
 to cheaper levels and re-measuring the incumbent are never refused. ``max_probes`` is only a safety cap.
+
+max_slowdown: what may be chosen is decided by each level's own windows, never by a fit: a measured level is
+feasible when its mean step time over the top's is within ``1 + max_slowdown`` by FEASIBLE_Z standard deviations of
+that ratio (``noise_rel`` and both levels' windows). A cheaper level over the limit only within noise is measured
+again, with the top, up to MAX_CONFIRM_WINDOWS each. The step-time fit (``_seconds``) only says where to explore, and
+the walk down goes one level past the lowest measured feasible level whatever the fit says (measured step times bend
+and are not always monotone in the clock). If the times are noisy like the energies, a level whose true ratio is
+over the limit is chosen with probability at most about 16% (one-sided 1 s.d.) and only when it reads under it; one
+over it by 2 s.d. (6% with one window each at 3% noise) about 0.1%.
 
 Never worse than the start beyond noise: the start is always measured, is always among the levels confirmed while
 it is within noise of the incumbent, and is replaced at the end only by a level whose estimate is lower by more than
@@ -85,9 +95,9 @@ DEFAULT_EXPLORE_BUDGET_FRAC = 0.015
 # Job length assumed when the caller does not give one: a short fine-tuning run. Longer jobs would justify more
 # exploration, so this errs on the side of exploring too little.
 ASSUMED_TOTAL_STEPS = 2000
-# Windows each of two levels within noise of each other get before the tuner stops trying to tell them apart: with 3
-# each and 3% noise the difference is known to 2.4%, worth at most about 0.4% of expected regret.
-DEFAULT_CONFIRM_WINDOWS = 3
+# Windows each of two levels within noise of each other get at least before the tuner may stop telling them apart;
+# CONFIRM_TOL_NOISE decides when it does. Two is enough for levels a few percent apart; a tie gets more.
+DEFAULT_CONFIRM_WINDOWS = 2
 # Contenders confirmed besides the incumbent: the closest one in noise units. Confirming every level within noise of a
 # flat bottom costs windows and buys nothing: such levels are equal to within the noise, whichever is picked.
 CONFIRM_CONTENDERS = 1
@@ -100,6 +110,15 @@ START_MARGIN_Z = 0.5
 # The part of the budget left that one look past a wall may spend: it is a speculative window, often at a steep and
 # costly level, and must not take what confirming the bottom needs.
 FAR_SHARE = 0.25
+# Two levels within noise of each other are told apart (step 5) once both have confirm_windows windows and what
+# choosing the lower could cost, z_confirm standard deviations of their difference minus that difference, is at most
+# CONFIRM_TOL_NOISE x noise_rel (4% at 3% noise): two windows each for levels 2% apart, four or five for a tie. In
+# noise units, so that it holds for any curve and any noise; MAX_CONFIRM_WINDOWS caps a tie.
+CONFIRM_TOL_NOISE = 4.0 / 3.0
+MAX_CONFIRM_WINDOWS = 6
+# A measured level may be chosen under max_slowdown only if its own step time over the top's, as measured, is within
+# the limit by this many standard deviations of that ratio (from noise_rel and both levels' windows).
+FEASIBLE_Z = 1.0
 
 
 class TuningError(FtgovError, ValueError):
@@ -287,17 +306,14 @@ class OnlineTuner:
             return
         fit = self._seconds()
         lo = self._lowest_feasible(fit)
-        if not self._feasible(self._start, fit) and not self._est[lo].n:
+        if not self._feasible(self._start, fit, slack=self.noise_rel) and not self._est[lo].n:
             yield _Plan("anchor", lo, "the start is slower than max_slowdown allows: restart at the lowest feasible "
                                       "level", free=True)
             return
         if best is None:  # no feasible level measured: only possible when the table has a single level
             yield _Plan("done", None, "no feasible level measured")
             return
-        # A level just below the feasible ones may still be feasible, within the noise of the time fit: worth a look.
-        lowest = lo - 1 if lo > 0 and self._feasible(lo - 1, fit, slack=self.noise_rel) else lo
-        if fit is None and lo > 0:  # one level measured (the start is the top): its neighbour gives the first fit
-            lowest = lo - 1
+        lowest = self._explorable_low(lo, fit)
         yield from self._local(best, lowest, top, log_j)
 
         # 3. Beyond the rise: a rise next to the incumbent may be a bump with another dip behind it (real curves
@@ -333,13 +349,16 @@ class OnlineTuner:
 
         # 5. Confirm: levels within noise of the incumbent are measured again, the fewer-measured of each pair
         # first, until they differ clearly or both have confirm_windows windows.
-        below = best - 1
-        if (self.max_slowdown is not None and below >= 0 and self._est[below].n
-                and log_j[below] < log_j[best] and not self._feasible(below, fit)
-                and self._feasible(below, fit, slack=self.noise_rel)):
-            again = below if self._est[below].n <= self._est[top].n else top
-            yield _Plan("confirm", again, f"{self._mhz(below)} is cheaper and within noise of the slowdown limit: "
-                                          "measure again")
+        if self.max_slowdown is not None:
+            # A cheaper level that is too slow only within noise: its time and the top's are measured again (the
+            # fewer-measured first) until it is feasible or clearly not, or both have MAX_CONFIRM_WINDOWS.
+            for v in sorted((v for v in log_j if log_j[v] < log_j[best] and not self._feasible(v, fit)
+                             and self._feasible(v, fit, slack=self.noise_rel)), key=log_j.get):
+                if min(self._est[v].n, self._est[top].n) >= MAX_CONFIRM_WINDOWS:
+                    continue
+                again = v if self._est[v].n <= self._est[top].n else top
+                yield _Plan("confirm", again, f"{self._mhz(v)} is cheaper and within noise of the slowdown limit: "
+                                              "measure again")
         contenders = sorted((self._z(i, best, log_j), i) for i in log_j
                             if i != best and lowest <= i <= top and self._feasible(i, fit))
         # The start is always among them while it is within noise: it is what the job would run without tuning,
@@ -348,11 +367,44 @@ class OnlineTuner:
         if self._start in log_j and self._start != best and self._feasible(self._start, fit):
             confirm.append((self._z(self._start, best, log_j), self._start))
         for z, i in confirm:
-            if z >= self.z_confirm or min(self._est[i].n, self._est[best].n) >= self.confirm_windows:
+            if z >= self.z_confirm or self._told_apart(i, best, log_j):
                 continue
             again = i if self._est[i].n < self._est[best].n else best
             yield _Plan("confirm", again, f"{self._mhz(i)} is within noise of {self._mhz(best)}: measure again")
         yield _Plan("done", None, "every side closed and every contender told apart")
+
+    def _told_apart(self, i: int, best: int, log_j: dict[int, float]) -> bool:
+        """Whether two levels within noise need no more windows: both have confirm_windows, and choosing the lower
+        could cost at most CONFIRM_TOL_NOISE x noise_rel at z_confirm standard deviations (a fixed window count
+        leaves a tie at 3 windows each 2.4% apart in s.d., and one such tie in a few hundred picks a level 6-9% off)."""
+        n = min(self._est[i].n, self._est[best].n)
+        if n < self.confirm_windows:
+            return False
+        sd = self.noise_rel * math.sqrt(1.0 / self._est[i].n + 1.0 / self._est[best].n)
+        return (n >= MAX_CONFIRM_WINDOWS
+                or self.z_confirm * sd - abs(log_j[i] - log_j[best]) <= CONFIRM_TOL_NOISE * self.noise_rel)
+
+    def _explorable_low(self, lo: int, fit: Optional[list[float]]) -> int:
+        """The lowest level worth measuring under max_slowdown. Below the lowest feasible level ``lo``: levels
+        measured but feasible within noise (they may be re-measured), and then one unmeasured level if the fit says it
+        may be feasible, or if the level above it is measured feasible: a fit of measured step times does not know
+        the levels below them (real step times bend, even rise with the clock), so the walk down ends only at a
+        measured level that is too slow."""
+        if self.max_slowdown is None:
+            return lo
+        lowest = lo
+        while lowest > 0:
+            below = lowest - 1
+            if self._est[below].n:
+                if not self._feasible(below, fit, slack=self.noise_rel):
+                    break
+                lowest = below
+                continue
+            if self._feasible(below, fit, slack=self.noise_rel) or fit is None or (
+                    self._est[lowest].n and self._feasible(lowest, fit, slack=self.noise_rel)):
+                lowest = below
+            break
+        return lowest
 
     def _local(self, best: int, lowest: int, top: int, log_j: dict[int, float]) -> Iterator[_Plan]:
         """Descend, then refine, around a valley's bottom ``best`` until both its neighbours are measured."""
@@ -478,13 +530,25 @@ class OnlineTuner:
         return [coef[0] + coef[1] * (1e9 / hz) + coef[2] * (1e9 / hz) ** 2 for hz in self.levels_hz]
 
     def _feasible(self, i: int, seconds: Optional[list[float]], slack: float = 0.0) -> bool:
-        """Whether level i is within max_slowdown of the fastest level (with some slack: worth exploring)."""
+        """Whether level i is within max_slowdown of the fastest level. A measured level is judged by its own
+        windows against the top's: without slack, its time ratio must be within the limit by FEASIBLE_Z standard
+        deviations of that ratio (it may be chosen); with slack, it must not be over the limit by z_confirm of them
+        (not clearly too slow: worth measuring again). An unmeasured level is judged by the fit, times (1 + slack)
+        with slack (worth exploring); a fit never makes a level chosen, since only measured levels are."""
         if self.max_slowdown is None:
             return True
         top = len(self.levels_hz) - 1
         if seconds is None or not self._est[top].n:  # nothing known yet: only the start and the top are candidates
             return i in (top, self._start)
-        return seconds[i] <= (1.0 + self.max_slowdown) * (1.0 + slack) * seconds[top]
+        limit = math.log1p(self.max_slowdown) + math.log1p(slack)
+        e, et = self._est[i], self._est[top]
+        if e.n:
+            if i == top:
+                return True
+            ratio = math.log((e.sum_s / e.n) / (et.sum_s / et.n))
+            sd = self.noise_rel * math.sqrt(1.0 / e.n + 1.0 / et.n)
+            return ratio + (-self.z_confirm if slack else FEASIBLE_Z) * sd <= math.log1p(self.max_slowdown)
+        return seconds[i] <= math.exp(limit) * seconds[top]
 
     def _lowest_feasible(self, seconds: Optional[list[float]]) -> int:
         return next(i for i in range(len(self.levels_hz)) if self._feasible(i, seconds) or i == len(self.levels_hz) - 1)

@@ -203,14 +203,14 @@ def test_single_level_converges_at_once():
 
 def test_state_is_json_ready():
     tuner = OnlineTuner(LEVELS, 714000000, max_slowdown=0.1)
-    tuner.observe(714000000, 10.0, 0.75)
+    tuner.observe(714000000, 10.0, 0.72)
     tuner.observe(1300500000, 12.0, 0.7)
     state = json.loads(json.dumps(tuner.state()))
     assert state["phase"] == "descend" and state["probes"] == 2 and state["converged"] is False
     assert state["start_hz"] == 714000000 and state["best_hz"] == 714000000 and state["max_slowdown"] == 0.1
     assert [e["freq_hz"] for e in state["estimates"]] == [714000000, 1300500000]
     assert state["estimates"][0] == {"freq_hz": 714000000, "windows": 1, "joules_per_step": 10.0,
-                                     "smoothed_joules_per_step": pytest.approx(10.0), "seconds_per_step": 0.75,
+                                     "smoothed_joules_per_step": pytest.approx(10.0), "seconds_per_step": 0.72,
                                      "feasible": True}
 
 
