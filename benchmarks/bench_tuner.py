@@ -23,7 +23,8 @@ the converged level's regret, with no noise in the score.
 
 Both tuners see the same curves, starts and seeds: "v1" is the tuner before the energy-budgeted search
 (benchmarks/tuner_v1.py, a frozen copy: at most 6 windows), "new" is governor/tuning.py with its defaults and
-``total_steps`` set to the job's length. About a minute for real + adversarial at 5 seeds, two for simulated.
+``total_steps`` set to the job's length. The last table is a summary for the README: one row per set and start, the
+new tuner's figures with the old one's in brackets. About a minute for real + adversarial at 5 seeds, two for simulated.
 """
 
 from __future__ import annotations
@@ -137,11 +138,12 @@ def pct(x: float) -> str:
 def table(title: str, runs: list[Run], max_slowdown: Optional[float] = None) -> None:
     print(f"### {title}")
     print()
-    extra = " | slowdown vs top, worst" if max_slowdown is not None else ""
+    extra = (" | slowdown vs top, worst | runs over the limit by > 1 / > 3 points"
+             if max_slowdown is not None else "")
     print("| start | tuner | level vs min: mean / p90 / worst | whole job vs optimum: mean / worst | windows: mean / max "
           "| level worse than start (runs), worst | whole job vs start, worst | whole job vs default, worst"
           f"{extra} |")
-    print("|---|---|---|---|---|---|---|---|" + ("---|" if extra else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if extra else ""))
     for start in dict.fromkeys(r.start for r in runs):
         for kind in TUNERS:
             rs = [r for r in runs if r.start == start and r.tuner == kind]
@@ -154,8 +156,46 @@ def table(title: str, runs: list[Run], max_slowdown: Optional[float] = None) -> 
                    f"| {len(worse)} of {len(rs)}, {pct(max(worse)) if worse else '-'} "
                    f"| {pct(max(r.job_vs_start for r in rs))} | {pct(max(r.job_vs_default for r in rs))}")
             if extra:
-                row += f" | {pct(max(r.slowdown for r in rs))}"
+                over = [r.slowdown - max_slowdown for r in rs]
+                row += (f" | {pct(max(r.slowdown for r in rs))} "
+                        f"| {sum(o > 0.01 for o in over)} / {sum(o > 0.03 for o in over)} of {len(rs)}")
             print(row + " |")
+    print()
+
+
+def summary_rows(name: str, runs: list[Run], noise: float) -> list[str]:
+    """One row per start of a set: the new tuner's figures with the old one's beside them (old in brackets).
+    ``noise`` is one window's relative s.d.: a level worse than the start by less is within noise of it."""
+    rows = []
+    for start in dict.fromkeys(r.start for r in runs):
+        by = {kind: [r for r in runs if r.start == start and r.tuner == kind] for kind in TUNERS}
+
+        def cell(fmt, kinds=TUNERS):
+            vals = [fmt(by[k]) for k in kinds if by[k]]
+            return vals[-1] + (f" ({vals[0]})" if len(vals) > 1 else "")
+
+        rows.append(" | ".join([
+            f"| {name}", start,
+            cell(lambda rs: "{} / {} / {}".format(*(pct(f(r.level_regret for r in rs)) for f in
+                                                     (statistics.mean, lambda x: p90(list(x)), max)))),
+            cell(lambda rs: pct(statistics.mean(r.job_regret for r in rs))),
+            cell(lambda rs: f"{statistics.mean(r.windows for r in rs):.1f}"),
+            cell(lambda rs: f"{sum(r.vs_start > 1e-12 for r in rs)} / {sum(r.vs_start > noise for r in rs)} "
+                            f"of {len(rs)}, {pct(max(r.vs_start for r in rs))}"),
+            cell(lambda rs: pct(max(r.job_vs_default for r in rs))),
+        ]) + " |")
+    return rows
+
+
+def print_summary(rows: list[str]) -> None:
+    old = f" ({TUNERS[0]} in brackets)" if len(TUNERS) > 1 else ""
+    print(f"### Summary: {TUNERS[-1]} tuner{old}")
+    print()
+    print("| set | start | level vs min: mean / p90 / worst | whole job vs optimum, mean | windows, mean "
+          "| runs on a level worse than the start: any / by > one window's noise, worst | whole job vs default, worst |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(row)
     print()
 
 
@@ -189,18 +229,22 @@ def main() -> None:
           f"(simulated); {args.job_steps}-step jobs; v1 = the tuner before the energy-budgeted search, new = "
           "governor/tuning.py")
     print()
+    summary: list[str] = []
     for name in args.sets:
         if name == "real":
             curves = real_curves(args.data)
             runs = window_runs(curves, args, None)
             table(f"real Jetson curves ({len(curves)}; default governor = top level)", runs)
+            summary += summary_rows("real", runs, args.noise_rel)
         elif name == "adversarial":
             curves = adversarial_curves()
             runs = window_runs(curves, args, None)
             table(f"adversarial shapes ({len(curves)}; default governor = top level)", runs)
+            summary += summary_rows("adversarial", runs, args.noise_rel)
         else:
             runs = simulated_runs(args)
             table("simulated Orin, held-out workloads (60; default governor = MAXN)", runs)
+            summary += summary_rows("simulated", runs, args.noise_rel)
         if args.worst:
             worst_cases(runs, args.worst)
     if args.max_slowdown is not None:
@@ -208,8 +252,10 @@ def main() -> None:
         runs = window_runs(curves, args, args.max_slowdown)
         table(f"real Jetson curves, max_slowdown {args.max_slowdown} (vs the best level within it)", runs,
               args.max_slowdown)
+        summary += summary_rows(f"real, max_slowdown {args.max_slowdown}", runs, args.noise_rel)
         if args.worst:
             worst_cases(runs, args.worst)
+    print_summary(summary)
 
 
 if __name__ == "__main__":
