@@ -163,8 +163,8 @@ class OnlineTuner:
     standard deviations make a difference "clear". ``explore_budget_frac`` bounds the energy exploration may cost, as a
     fraction of the job's energy: ``total_steps`` steps (from the first window to the end of the job; None: unknown,
     ASSUMED_TOTAL_STEPS is assumed) at the incumbent's energy per step. ``probe_steps`` is what one window costs in
-    steps (warm-up included; TuningSession sets it from its own window). ``confirm_windows`` is how many windows two
-    levels within noise of each other get before the tuner stops telling them apart. ``max_probes`` is a safety cap
+    steps (warm-up included; TuningSession sets it from its own window). ``confirm_windows`` is the fewest windows two
+    levels within noise of each other get before the tuner may stop telling them apart. ``max_probes`` is a safety cap
     on the windows.
     """
 
