@@ -28,7 +28,7 @@ the incumbent (the measured feasible level with the least estimate) and the sear
 5. Confirm: the incumbent, the closest contender within ``z_confirm`` of it, and the start while it is within noise,
    are measured again (the fewer-measured of each pair first) until they differ clearly, or both have
    ``confirm_windows`` windows and a wrong choice between them could cost at most CONFIRM_TOL_NOISE x ``noise_rel``
-   at ``z_confirm`` standard deviations (a tie gets four or five windows each, levels 2% apart two). Other levels
+   at ``z_confirm`` standard deviations (a tie gets five or six windows each, levels 2.4% apart two). Other levels
    within noise of a flat bottom are left: whichever is picked, they are equal to within the noise.
 6. Stop when nothing is left to do, or when the next window is not affordable, and pick the incumbent.
 
@@ -112,9 +112,9 @@ START_MARGIN_Z = 0.5
 FAR_SHARE = 0.25
 # Two levels within noise of each other are told apart (step 5) once both have confirm_windows windows and what
 # choosing the lower could cost, z_confirm standard deviations of their difference minus that difference, is at most
-# CONFIRM_TOL_NOISE x noise_rel (4% at 3% noise): two windows each for levels 2% apart, four or five for a tie. In
-# noise units, so that it holds for any curve and any noise; MAX_CONFIRM_WINDOWS caps a tie.
-CONFIRM_TOL_NOISE = 4.0 / 3.0
+# CONFIRM_TOL_NOISE x noise_rel (3.6% at 3% noise): two windows each for levels 2.4% apart, five or six for a tie.
+# In noise units, so that it holds for any curve and any noise; MAX_CONFIRM_WINDOWS caps a tie.
+CONFIRM_TOL_NOISE = 1.2
 MAX_CONFIRM_WINDOWS = 6
 # A measured level may be chosen under max_slowdown only if its own step time over the top's, as measured, is within
 # the limit by this many standard deviations of that ratio (from noise_rel and both levels' windows).
@@ -314,6 +314,13 @@ class OnlineTuner:
             yield _Plan("done", None, "no feasible level measured")
             return
         lowest = self._explorable_low(lo, fit)
+        if self._est[best].n == 1:
+            # One window clearly below the measured levels on both sides is as likely an outlier as a sharp dip, and
+            # every wall and look past it would be judged against it: measure it again before walking from it.
+            near = [self._side(best, d, lowest, top) for d in (-1, 1)]
+            if all(side and self._z(side[0], best, log_j) >= self.z_confirm for side in near):
+                yield _Plan("confirm", best, f"{self._mhz(best)} reads clearly below its measured neighbours on one "
+                                             "window: measure it again before walking from it")
         yield from self._local(best, lowest, top, log_j)
 
         # 3. Beyond the rise: a rise next to the incumbent may be a bump with another dip behind it (real curves
