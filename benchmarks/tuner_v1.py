@@ -1,4 +1,4 @@
-"""FROZEN COPY of governor/tuning.py before the energy-budgeted search (branch tuner at ec37816), so that
+"""FROZEN COPY of the tuner (governor/policy/tuner.py) before the energy-budgeted search (branch tuner at ec37816), so that
 benchmarks/bench_tuner.py can report that tuner beside the new one on the same curves and seeds. Do not edit; the
 governor does not import it. The original docstring follows.
 
@@ -43,7 +43,7 @@ a comparison alone. On the simulated Orin this cuts the tuner's mean error 2-3 t
 
 Never worse than the start: the start is always measured, and a level replaces it only when its estimate is lower.
 Smoothing moves an estimate only towards a convex fit of its neighbours, so the chosen level's own windows never read
-worse than the start's by more than noise (tests/test_tuning.py checks this over random curves and noise).
+worse than the start's by more than noise (tests/pure/test_tuning.py checks this over random curves and noise).
 
 Why not golden-section or ternary search over level indices: with 11 levels they need about as many windows as the
 descent before they have bracketed anything, their first probes are at the ends of the table (the costliest levels to
