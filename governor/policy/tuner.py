@@ -57,14 +57,7 @@ it is within noise of the incumbent, and is replaced at the end only by a level 
 START_MARGIN_Z standard deviations of the difference (the least of many noisy levels reads low: without a margin,
 exploring more levels would make a lucky window more likely to win).
 
-No smoothing across levels: a local quadratic through the levels near the bottom pools their windows on a smooth U
-(it cut the error on the simulated Orin 2-3 times at 6 windows), but on the measured Jetson curves it erases isolated
-minima and bumps smaller than a window's noise; the raw means were 2.5 times better there (docs/tuner.md).
-
-Why not golden-section or ternary search over level indices: their first probes are at the ends of the table, the
-costliest levels, they assume one minimum, and comparing two single windows a few percent apart is exactly what
-noise gets wrong. Why not fit a global model of the curve and jump to its minimum: real curves are not one smooth
-function of the clock (voltage steps, memory-bound phases), so a global fit is biased where it matters.
+Why no smoothing across levels, and why not golden-section search or a global fit: docs/tuner.md.
 
 Nothing here touches hardware or clocks: the daemon (and the benchmark, and ``ftgov evaluate``) feed it measurements.
 ``TuningSession`` turns a job's progress reports and a cumulative rail-energy counter into those measurements, with
@@ -75,16 +68,24 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional
 
-from governor.errors import FtgovError
+from governor.policy.estimates import ASSUMED_TOTAL_STEPS, FEASIBLE_Z, Estimates, _Estimate
+from governor.policy.windows import (
+    DEFAULT_WARMUP_STEPS,
+    DEFAULT_WINDOW_STEPS,
+    Measurement,
+    ProbeWindow,
+    TuningError,
+    TuningSession,
+    _count,
+    _positive,
+)
 
-# A probe is DEFAULT_WARMUP_STEPS discarded steps after a change of level, then DEFAULT_WINDOW_STEPS measured steps.
-# One warm-up step is enough to leave the step during which the clock changed out of the window (a devfreq write takes
-# effect within milliseconds; unverified on a real Orin), and four measured steps average out most of the step noise.
-DEFAULT_WARMUP_STEPS = 1
-DEFAULT_WINDOW_STEPS = 4
+__all__ = ["ASSUMED_TOTAL_STEPS", "DEFAULT_WARMUP_STEPS", "DEFAULT_WINDOW_STEPS", "FEASIBLE_Z", "Measurement",
+           "OnlineTuner", "ProbeWindow", "TuningError", "TuningSession"]
+
 # A safety cap only: the energy budget and the search's own stopping rules end it long before on any curve we know of;
 # this bounds the time a job can spend off its best level if a measurement source misbehaves.
 DEFAULT_MAX_PROBES = 40
@@ -92,9 +93,6 @@ DEFAULT_NOISE_REL = 0.03  # relative s.d. of one window's joules per step: "a fe
 DEFAULT_Z_CONFIRM = 2.0
 # Exploration may cost at most this fraction of the job's energy (windows above the incumbent, counted in joules).
 DEFAULT_EXPLORE_BUDGET_FRAC = 0.015
-# Job length assumed when the caller does not give one: a short fine-tuning run. Longer jobs would justify more
-# exploration, so this errs on the side of exploring too little.
-ASSUMED_TOTAL_STEPS = 2000
 # Windows each of two levels within noise of each other get at least before the tuner may stop telling them apart;
 # CONFIRM_TOL_NOISE decides when it does. Two is enough for levels a few percent apart; a tie gets more.
 DEFAULT_CONFIRM_WINDOWS = 2
@@ -116,41 +114,22 @@ FAR_SHARE = 0.25
 # In noise units, so that it holds for any curve and any noise; MAX_CONFIRM_WINDOWS caps a tie.
 CONFIRM_TOL_NOISE = 1.2
 MAX_CONFIRM_WINDOWS = 6
-# A measured level may be chosen under max_slowdown only if its own step time over the top's, as measured, is within
-# the limit by this many standard deviations of that ratio (from noise_rel and both levels' windows).
-FEASIBLE_Z = 1.0
 
 
-class TuningError(FtgovError, ValueError):
-    """A bad argument or measurement given to the tuner (unknown level, non-positive or non-finite value)."""
 
 
-@dataclass
-class _Estimate:
-    """Running sums of the windows measured at one level."""
-
-    n: int = 0
-    sum_j: float = 0.0
-    sum_log_j: float = 0.0
-    sum_s: float = 0.0
-
-    def add(self, joules: float, seconds: float) -> None:
-        self.n += 1
-        self.sum_j += joules
-        self.sum_log_j += math.log(joules)
-        self.sum_s += seconds
 
 
 @dataclass(frozen=True)
 class _Plan:
     phase: str  # start | fastest | anchor | descend | refine | beyond | confirm | done
-    index: Optional[int]  # level index to measure next; None when done
+    index: int | None  # level index to measure next; None when done
     reason: str
     free: bool = False  # measured whatever the budget says (the start, the reference for max_slowdown)
     share: float = 1.0  # the part of the budget left that this one window may spend
 
 
-class OnlineTuner:
+class OnlineTuner(Estimates):
     """Finds the level with the least energy per step from one measurement window at a time.
 
     Call ``next_level_hz()`` for the level to run the next window at, run it, then ``observe(level_hz, joules_per_step,
@@ -168,10 +147,10 @@ class OnlineTuner:
     on the windows.
     """
 
-    def __init__(self, levels_hz: Iterable[int], start_hz: int, max_slowdown: Optional[float] = None, *,
+    def __init__(self, levels_hz: Iterable[int], start_hz: int, max_slowdown: float | None = None, *,
                  noise_rel: float = DEFAULT_NOISE_REL, max_probes: int = DEFAULT_MAX_PROBES,
                  z_confirm: float = DEFAULT_Z_CONFIRM, explore_budget_frac: float = DEFAULT_EXPLORE_BUDGET_FRAC,
-                 total_steps: Optional[int] = None, probe_steps: int = DEFAULT_WARMUP_STEPS + DEFAULT_WINDOW_STEPS,
+                 total_steps: int | None = None, probe_steps: int = DEFAULT_WARMUP_STEPS + DEFAULT_WINDOW_STEPS,
                  confirm_windows: int = DEFAULT_CONFIRM_WINDOWS):
         self.levels_hz = _check_levels(levels_hz)
         if isinstance(start_hz, bool) or start_hz not in self.levels_hz:
@@ -188,7 +167,7 @@ class OnlineTuner:
         self._start = self.levels_hz.index(start_hz)
         self._est = [_Estimate() for _ in self.levels_hz]
         self._probes = 0
-        self._final: Optional[int] = None
+        self._final: int | None = None
         self._far_looks: set[int] = set()  # levels measured as a look past a wall: each side gets one
         self._plan = self._replan()
 
@@ -209,7 +188,7 @@ class OnlineTuner:
         if self._final is None:
             self._plan = self._replan()
 
-    def set_job(self, total_steps: Optional[int] = None, probe_steps: Optional[int] = None) -> None:
+    def set_job(self, total_steps: int | None = None, probe_steps: int | None = None) -> None:
         """Tell the tuner, once it exists, how long the job is and what a window costs (TuningSession does)."""
         if total_steps is not None:
             self.total_steps = _count(total_steps, "total_steps", 1)
@@ -294,7 +273,7 @@ class OnlineTuner:
         self._final = best
         return _Plan("done", None, reason)
 
-    def _candidates(self, log_j: dict[int, float], best: Optional[int]) -> Iterator[_Plan]:
+    def _candidates(self, log_j: dict[int, float], best: int | None) -> Iterator[_Plan]:
         """What to measure next, most useful first; the first affordable one is taken (a plan with index None ends
         the search). Re-planned from all windows after each one, so any measurement can move the incumbent."""
         top = len(self.levels_hz) - 1
@@ -391,7 +370,7 @@ class OnlineTuner:
         return (n >= MAX_CONFIRM_WINDOWS
                 or self.z_confirm * sd - abs(log_j[i] - log_j[best]) <= CONFIRM_TOL_NOISE * self.noise_rel)
 
-    def _explorable_low(self, lo: int, fit: Optional[list[float]]) -> int:
+    def _explorable_low(self, lo: int, fit: list[float] | None) -> int:
         """The lowest level worth measuring under max_slowdown. Below the lowest feasible level ``lo``: levels
         measured but feasible within noise (they may be re-measured), and then one unmeasured level if the fit says it
         may be feasible, or if the level above it is measured feasible: a fit of measured step times does not know
@@ -443,7 +422,7 @@ class OnlineTuner:
         stop = lowest - 1 if d < 0 else top + 1
         return [i for i in range(best + d, stop, d) if self._est[i].n]
 
-    def _next_unmeasured(self, best: int, d: int, lowest: int, top: int) -> Optional[int]:
+    def _next_unmeasured(self, best: int, d: int, lowest: int, top: int) -> int | None:
         stop = lowest - 1 if d < 0 else top + 1
         return next((i for i in range(best + d, stop, d) if not self._est[i].n), None)
 
@@ -461,125 +440,8 @@ class OnlineTuner:
     def _mhz(self, i: int) -> str:
         return f"{self.levels_hz[i] / 1e6:g} MHz"
 
-    def _incumbent(self, log_j: dict[int, float]) -> Optional[int]:
-        """The measured feasible level with the least estimated energy per step."""
-        fit = self._seconds()
-        return min((i for i in log_j if self._feasible(i, fit)), key=log_j.get, default=None)
-
-    def _z(self, a: int, b: int, log_j: dict[int, float]) -> float:
-        """(log E_a - log E_b) in standard deviations of that difference, from the windows behind each."""
-        sd = self.noise_rel * math.sqrt(1.0 / self._est[a].n + 1.0 / self._est[b].n)
-        return (log_j[a] - log_j[b]) / sd
-
-    # --- the exploration budget ----------------------------------------------------------------------------------
-
-    def _budget_j(self, log_j: dict[int, float], best: int) -> float:
-        steps = self.total_steps if self.total_steps is not None else ASSUMED_TOTAL_STEPS
-        return self.explore_budget_frac * steps * math.exp(log_j[best])
-
-    def _spent_j(self, log_j: dict[int, float], best: int) -> float:
-        """Energy the windows so far cost above the incumbent (the estimate of the optimum); cheaper ones cost none."""
-        e_best = math.exp(log_j[best])
-        return sum(e.n * self.probe_steps * max(0.0, e.sum_j / e.n - e_best) for e in self._est if e.n)
-
-    def _affordable(self, i: int, log_j: dict[int, float], best: int, share: float = 1.0) -> bool:
-        cost_j = self.probe_steps * max(0.0, math.exp(self._predict(i, log_j)) - math.exp(log_j[best]))
-        return cost_j <= 0.0 or cost_j <= share * (self._budget_j(log_j, best) - self._spent_j(log_j, best))
-
-    def _predict(self, i: int, log_j: dict[int, float]) -> float:
-        """Log energy expected at level i, for its cost: its estimate when measured; between two measured levels the
-        line through them; beyond the measured ones the nearest, or the line through the two nearest when it rises
-        outward (the pessimistic choice: the budget must not be spent on a hope)."""
-        if i in log_j:
-            return log_j[i]
-        lower = [k for k in log_j if k < i]
-        upper = [k for k in log_j if k > i]
-        if lower and upper:
-            a, b = max(lower), min(upper)
-            return log_j[a] + (log_j[b] - log_j[a]) * (i - a) / (b - a)
-        near = sorted(lower or upper, key=lambda k: abs(k - i))
-        if len(near) < 2:
-            return log_j[near[0]]
-        a, b = near[0], near[1]
-        return max(log_j[a], log_j[a] + (log_j[a] - log_j[b]) * abs(i - a) / abs(a - b))
-
-    # --- estimates -----------------------------------------------------------------------------------------------
-
-    def _raw_log_energy(self) -> dict[int, float]:
-        """Mean log energy per step of each measured level (log: the noise is relative, so it is even there)."""
-        return {i: e.sum_log_j / e.n for i, e in enumerate(self._est) if e.n}
-
-    def _log_energy(self) -> dict[int, float]:
-        """The estimates the search compares: the raw means. No smoothing across levels: a quadratic through the
-        levels near the bottom pools their windows on a smooth U, but real curves have bumps and isolated minima
-        smaller than a window's noise, which such a fit erases (docs/tuner.md)."""
-        return self._raw_log_energy()
-
-    # --- step time, for max_slowdown ------------------------------------------------------------------------------
-
-    def _seconds(self) -> Optional[list[float]]:
-        """Estimated step time of every level; None before two levels are measured.
-
-        Time is a smooth, convex, falling function of 1/f: ``a + b/f`` for a compute-bound step, flattening near the
-        top clock for a host- or launch-bound one, where a global ``a + b/f`` fit misplaces the feasibility boundary
-        by a level. With three or more levels measured, a weighted least-squares quadratic in 1/f pools every window,
-        so that neither the top's one window nor the boundary level's decides the slowdown alone; with two, the line
-        through them. Below the slowest measured level this extrapolates, optimistically when the fit bends: that only
-        decides what to explore, and an explored level enters the fit.
-        """
-        pts = [(1e9 / hz, e.sum_s / e.n, e.n) for hz, e in zip(self.levels_hz, self._est) if e.n]
-        if len(pts) < 2:
-            return None
-        coef = _weighted_quadratic(pts) if len(pts) >= 3 else None
-        if coef is None:
-            (xa, ta, _), (xb, tb, _) = sorted(pts)[:2]
-            coef = (ta - (tb - ta) / (xb - xa) * xa, (tb - ta) / (xb - xa), 0.0)
-        return [coef[0] + coef[1] * (1e9 / hz) + coef[2] * (1e9 / hz) ** 2 for hz in self.levels_hz]
-
-    def _feasible(self, i: int, seconds: Optional[list[float]], slack: float = 0.0) -> bool:
-        """Whether level i is within max_slowdown of the fastest level. A measured level is judged by its own
-        windows against the top's: without slack, its time ratio must be within the limit by FEASIBLE_Z standard
-        deviations of that ratio (it may be chosen); with slack, it must not be over the limit by z_confirm of them
-        (not clearly too slow: worth measuring again). An unmeasured level is judged by the fit, times (1 + slack)
-        with slack (worth exploring); a fit never makes a level chosen, since only measured levels are."""
-        if self.max_slowdown is None:
-            return True
-        top = len(self.levels_hz) - 1
-        if seconds is None or not self._est[top].n:  # nothing known yet: only the start and the top are candidates
-            return i in (top, self._start)
-        limit = math.log1p(self.max_slowdown) + math.log1p(slack)
-        e, et = self._est[i], self._est[top]
-        if e.n:
-            if i == top:
-                return True
-            ratio = math.log((e.sum_s / e.n) / (et.sum_s / et.n))
-            sd = self.noise_rel * math.sqrt(1.0 / e.n + 1.0 / et.n)
-            return ratio + (-self.z_confirm if slack else FEASIBLE_Z) * sd <= math.log1p(self.max_slowdown)
-        return seconds[i] <= math.exp(limit) * seconds[top]
-
-    def _lowest_feasible(self, seconds: Optional[list[float]]) -> int:
-        return next(i for i in range(len(self.levels_hz)) if self._feasible(i, seconds) or i == len(self.levels_hz) - 1)
 
 
-def _weighted_quadratic(points: list[tuple[float, float, int]]) -> Optional[tuple[float, float, float]]:
-    """(c0, c1, c2) minimising sum n (y - c0 - c1 x - c2 x^2)^2 over (x, y, n); None when singular."""
-    m = [[0.0] * 4 for _ in range(3)]  # the normal equations, augmented
-    for x, y, n in points:
-        powers = (1.0, x, x * x)
-        for r in range(3):
-            for c in range(3):
-                m[r][c] += n * powers[r] * powers[c]
-            m[r][3] += n * powers[r] * y
-    for col in range(3):  # Gauss-Jordan with partial pivoting
-        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) < 1e-12:
-            return None
-        m[col], m[pivot] = m[pivot], m[col]
-        for r in range(3):
-            if r != col:
-                f = m[r][col] / m[col][col]
-                m[r] = [a - f * b for a, b in zip(m[r], m[col])]
-    return tuple(m[r][3] / m[r][r] for r in range(3))
 
 
 def _check_levels(levels_hz: Iterable[int]) -> tuple[int, ...]:
@@ -595,122 +457,7 @@ def _check_levels(levels_hz: Iterable[int]) -> tuple[int, ...]:
     return levels
 
 
-def _positive(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise TuningError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
 
 
-@dataclass(frozen=True)
-class Measurement:
-    """One closed measurement window, ready for ``OnlineTuner.observe``."""
-
-    level_hz: int
-    joules_per_step: float
-    seconds_per_step: float
-    measured_steps: int  # steps inside the window
-    profiled_steps: int  # steps from the start of the probe to the end of the window: warm-up included
 
 
-class ProbeWindow:
-    """One probe at one level, fed by a job's progress reports.
-
-    ``steps`` is the job's total step count (the ``progress`` notification), ``energy_j`` a cumulative energy counter
-    (the rails integrated from any origin) and ``time_s`` a monotonic clock, all read when the report arrives: only their
-    differences are used. The first ``warmup_steps`` steps after ``begin_steps`` are discarded (the step during which
-    the clock changed); the window then closes at the first report at least ``window_steps`` steps later. Reports may
-    skip steps: the window is then longer, and the per-step figures use the steps that really passed. A report of any
-    phase but "train" (eval, checkpoint, data loading) discards the open window, which restarts at the next train report.
-    """
-
-    def __init__(self, level_hz: int, begin_steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
-                 window_steps: int = DEFAULT_WINDOW_STEPS):
-        self.level_hz = level_hz
-        self.begin_steps = _count(begin_steps, "begin_steps", 0)
-        self.warmup_steps = _count(warmup_steps, "warmup_steps", 0)
-        self.window_steps = _count(window_steps, "window_steps", 1)
-        self._last_steps = self.begin_steps
-        self._mark: Optional[tuple[int, float, float]] = None  # (steps, energy_j, time_s) where the window opened
-        self.measurement: Optional[Measurement] = None
-
-    def feed(self, steps: int, energy_j: float, time_s: float, phase: str = "train") -> Optional[Measurement]:
-        """Take one progress report; return the measurement when this report closes the window."""
-        if self.measurement is not None:
-            raise TuningError("this window is already closed: start a new one")
-        steps = _count(steps, "steps", 0)
-        if steps < self._last_steps:
-            raise TuningError(f"steps went backwards: {steps} after {self._last_steps}")
-        self._last_steps = steps
-        if phase != "train":
-            self._mark = None
-            return None
-        if self._mark is None:
-            if steps >= self.begin_steps + self.warmup_steps:
-                self._mark = (steps, float(energy_j), float(time_s))
-            return None
-        mark_steps, mark_j, mark_s = self._mark
-        n = steps - mark_steps
-        if n < self.window_steps:
-            return None
-        joules, seconds = float(energy_j) - mark_j, float(time_s) - mark_s
-        if not (math.isfinite(joules) and joules > 0 and math.isfinite(seconds) and seconds > 0):
-            raise TuningError(f"window at {self.level_hz} Hz measured {joules!r} J in {seconds!r} s: the energy counter "
-                              "or the clock did not advance")
-        self.measurement = Measurement(self.level_hz, joules / n, seconds / n, n, steps - self.begin_steps)
-        return self.measurement
-
-
-class TuningSession:
-    """Drives an ``OnlineTuner`` from a job's progress reports: the loop the daemon, ``ftgov evaluate`` and the
-    benchmark share, so that warm-up and window arithmetic are written once.
-
-    Create it when the job has been pinned at ``tuner.next_level_hz()`` (the start level), with the step count,
-    energy counter and clock read then; ``total_steps``, when the job's length is known, is the step count it will
-    end at (same count as ``steps``): the tuner's exploration budget is a fraction of the energy of the steps left. Feed every progress report to ``on_progress``; when it returns a measurement,
-    pin ``level_hz`` if it changed (and log the measurement with ``tuner.state()``). Re-measuring the level already
-    pinned needs no warm-up; a new level gets ``warmup_steps`` discarded steps first.
-    """
-
-    def __init__(self, tuner: OnlineTuner, steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
-                 window_steps: int = DEFAULT_WINDOW_STEPS, *, total_steps: Optional[int] = None):
-        self.tuner = tuner
-        self.warmup_steps = warmup_steps
-        self.window_steps = window_steps
-        self.profiled_steps = 0
-        # The tuner's budget is priced in windows of this session's size, over the steps the job has left.
-        remaining = None
-        if total_steps is not None:
-            remaining = max(1, _count(total_steps, "total_steps", 0) - _count(steps, "steps", 0))
-        tuner.set_job(total_steps=remaining, probe_steps=max(1, warmup_steps + window_steps))
-        self._window = ProbeWindow(tuner.next_level_hz(), steps, warmup_steps, window_steps)
-
-    @property
-    def level_hz(self) -> int:
-        """The level the job should be pinned at now."""
-        return self.tuner.next_level_hz()
-
-    @property
-    def converged(self) -> bool:
-        return self.tuner.converged
-
-    def on_progress(self, steps: int, energy_j: float, time_s: float, phase: str = "train") -> Optional[Measurement]:
-        if self.tuner.converged:
-            return None
-        m = self._window.feed(steps, energy_j, time_s, phase)
-        if m is None:
-            return None
-        self.tuner.observe(m.level_hz, m.joules_per_step, m.seconds_per_step)
-        self.profiled_steps += m.profiled_steps
-        if not self.tuner.converged:
-            nxt = self.tuner.next_level_hz()
-            warmup = 0 if nxt == m.level_hz else self.warmup_steps
-            self._window = ProbeWindow(nxt, steps, warmup, self.window_steps)
-            if warmup == 0:  # the same level goes on running: this report opens the next window at once
-                self._window.feed(steps, energy_j, time_s, phase)
-        return m
-
-
-def _count(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise TuningError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)

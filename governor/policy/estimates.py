@@ -1,0 +1,156 @@
+"""What the online tuner knows from its windows: each level's estimate, the z score of a difference, the energy
+budget and what exploration has spent of it, and the step times that max_slowdown is judged by. A mixin of
+``OnlineTuner`` (governor.policy.tuner), kept apart so that the search reads on its own."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Job length assumed when the caller does not give one: a short fine-tuning run. Longer jobs would justify more
+# exploration, so this errs on the side of exploring too little.
+ASSUMED_TOTAL_STEPS = 2000
+# A measured level may be chosen under max_slowdown only if its own step time over the top's, as measured, is within
+# the limit by this many standard deviations of that ratio (from noise_rel and both levels' windows).
+FEASIBLE_Z = 1.0
+
+
+@dataclass
+class _Estimate:
+    """Running sums of the windows measured at one level."""
+
+    n: int = 0
+    sum_j: float = 0.0
+    sum_log_j: float = 0.0
+    sum_s: float = 0.0
+
+    def add(self, joules: float, seconds: float) -> None:
+        self.n += 1
+        self.sum_j += joules
+        self.sum_log_j += math.log(joules)
+        self.sum_s += seconds
+
+
+class Estimates:
+    """The estimates half of OnlineTuner: it reads the tuner's levels_hz, _est, noise_rel, probe_steps, total_steps,
+    explore_budget_frac, max_slowdown, z_confirm and _start."""
+
+    def _incumbent(self, log_j: dict[int, float]) -> int | None:
+        """The measured feasible level with the least estimated energy per step."""
+        fit = self._seconds()
+        return min((i for i in log_j if self._feasible(i, fit)), key=log_j.get, default=None)
+
+    def _z(self, a: int, b: int, log_j: dict[int, float]) -> float:
+        """(log E_a - log E_b) in standard deviations of that difference, from the windows behind each."""
+        sd = self.noise_rel * math.sqrt(1.0 / self._est[a].n + 1.0 / self._est[b].n)
+        return (log_j[a] - log_j[b]) / sd
+
+    # --- the exploration budget ----------------------------------------------------------------------------------
+
+    def _budget_j(self, log_j: dict[int, float], best: int) -> float:
+        steps = self.total_steps if self.total_steps is not None else ASSUMED_TOTAL_STEPS
+        return self.explore_budget_frac * steps * math.exp(log_j[best])
+
+    def _spent_j(self, log_j: dict[int, float], best: int) -> float:
+        """Energy the windows so far cost above the incumbent (the estimate of the optimum); cheaper ones cost none."""
+        e_best = math.exp(log_j[best])
+        return sum(e.n * self.probe_steps * max(0.0, e.sum_j / e.n - e_best) for e in self._est if e.n)
+
+    def _affordable(self, i: int, log_j: dict[int, float], best: int, share: float = 1.0) -> bool:
+        cost_j = self.probe_steps * max(0.0, math.exp(self._predict(i, log_j)) - math.exp(log_j[best]))
+        return cost_j <= 0.0 or cost_j <= share * (self._budget_j(log_j, best) - self._spent_j(log_j, best))
+
+    def _predict(self, i: int, log_j: dict[int, float]) -> float:
+        """Log energy expected at level i, for its cost: its estimate when measured; between two measured levels the
+        line through them; beyond the measured ones the nearest, or the line through the two nearest when it rises
+        outward (the pessimistic choice: the budget must not be spent on a hope)."""
+        if i in log_j:
+            return log_j[i]
+        lower = [k for k in log_j if k < i]
+        upper = [k for k in log_j if k > i]
+        if lower and upper:
+            a, b = max(lower), min(upper)
+            return log_j[a] + (log_j[b] - log_j[a]) * (i - a) / (b - a)
+        near = sorted(lower or upper, key=lambda k: abs(k - i))
+        if len(near) < 2:
+            return log_j[near[0]]
+        a, b = near[0], near[1]
+        return max(log_j[a], log_j[a] + (log_j[a] - log_j[b]) * abs(i - a) / abs(a - b))
+
+    # --- estimates -----------------------------------------------------------------------------------------------
+
+    def _raw_log_energy(self) -> dict[int, float]:
+        """Mean log energy per step of each measured level (log: the noise is relative, so it is even there)."""
+        return {i: e.sum_log_j / e.n for i, e in enumerate(self._est) if e.n}
+
+    def _log_energy(self) -> dict[int, float]:
+        """The estimates the search compares: the raw means. No smoothing across levels: a quadratic through the
+        levels near the bottom pools their windows on a smooth U, but real curves have bumps and isolated minima
+        smaller than a window's noise, which such a fit erases (docs/tuner.md)."""
+        return self._raw_log_energy()
+
+    # --- step time, for max_slowdown ------------------------------------------------------------------------------
+
+    def _seconds(self) -> list[float] | None:
+        """Estimated step time of every level; None before two levels are measured.
+
+        Time is a smooth, convex, falling function of 1/f: ``a + b/f`` for a compute-bound step, flattening near the
+        top clock for a host- or launch-bound one, where a global ``a + b/f`` fit misplaces the feasibility boundary
+        by a level. With three or more levels measured, a weighted least-squares quadratic in 1/f pools every window,
+        so that neither the top's one window nor the boundary level's decides the slowdown alone; with two, the line
+        through them. Below the slowest measured level this extrapolates, optimistically when the fit bends: that only
+        decides what to explore, and an explored level enters the fit.
+        """
+        pts = [(1e9 / hz, e.sum_s / e.n, e.n) for hz, e in zip(self.levels_hz, self._est) if e.n]
+        if len(pts) < 2:
+            return None
+        coef = _weighted_quadratic(pts) if len(pts) >= 3 else None
+        if coef is None:
+            (xa, ta, _), (xb, tb, _) = sorted(pts)[:2]
+            coef = (ta - (tb - ta) / (xb - xa) * xa, (tb - ta) / (xb - xa), 0.0)
+        return [coef[0] + coef[1] * (1e9 / hz) + coef[2] * (1e9 / hz) ** 2 for hz in self.levels_hz]
+
+    def _feasible(self, i: int, seconds: list[float] | None, slack: float = 0.0) -> bool:
+        """Whether level i is within max_slowdown of the fastest level. A measured level is judged by its own
+        windows against the top's: without slack, its time ratio must be within the limit by FEASIBLE_Z standard
+        deviations of that ratio (it may be chosen); with slack, it must not be over the limit by z_confirm of them
+        (not clearly too slow: worth measuring again). An unmeasured level is judged by the fit, times (1 + slack)
+        with slack (worth exploring); a fit never makes a level chosen, since only measured levels are."""
+        if self.max_slowdown is None:
+            return True
+        top = len(self.levels_hz) - 1
+        if seconds is None or not self._est[top].n:  # nothing known yet: only the start and the top are candidates
+            return i in (top, self._start)
+        limit = math.log1p(self.max_slowdown) + math.log1p(slack)
+        e, et = self._est[i], self._est[top]
+        if e.n:
+            if i == top:
+                return True
+            ratio = math.log((e.sum_s / e.n) / (et.sum_s / et.n))
+            sd = self.noise_rel * math.sqrt(1.0 / e.n + 1.0 / et.n)
+            return ratio + (-self.z_confirm if slack else FEASIBLE_Z) * sd <= math.log1p(self.max_slowdown)
+        return seconds[i] <= math.exp(limit) * seconds[top]
+
+    def _lowest_feasible(self, seconds: list[float] | None) -> int:
+        return next(i for i in range(len(self.levels_hz)) if self._feasible(i, seconds) or i == len(self.levels_hz) - 1)
+
+
+def _weighted_quadratic(points: list[tuple[float, float, int]]) -> tuple[float, float, float] | None:
+    """(c0, c1, c2) minimising sum n (y - c0 - c1 x - c2 x^2)^2 over (x, y, n); None when singular."""
+    m = [[0.0] * 4 for _ in range(3)]  # the normal equations, augmented
+    for x, y, n in points:
+        powers = (1.0, x, x * x)
+        for r in range(3):
+            for c in range(3):
+                m[r][c] += n * powers[r] * powers[c]
+            m[r][3] += n * powers[r] * y
+    for col in range(3):  # Gauss-Jordan with partial pivoting
+        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
+        if abs(m[pivot][col]) < 1e-12:
+            return None
+        m[col], m[pivot] = m[pivot], m[col]
+        for r in range(3):
+            if r != col:
+                f = m[r][col] / m[col][col]
+                m[r] = [a - f * b for a, b in zip(m[r], m[col])]
+    return tuple(m[r][3] / m[r][r] for r in range(3))
