@@ -1,4 +1,5 @@
-"""inotify through ctypes: see every change to the fake devfreq files, and wait for one without polling.
+"""See every change to the fake devfreq files, and wait for one without polling (inotify, through the simulator's
+binding governor.sim.inotify).
 
 The fault tests use it to wait until the daemon has re-applied a pin, and to check that nothing but the pin and
 restore paths touched the files (which files changed, and how: written, created, deleted, renamed).
@@ -6,13 +7,11 @@ restore paths touched the files (which files changed, and how: written, created,
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import os
 import select
-import struct
 import time
 from pathlib import Path
+
+from governor.sim.inotify import Inotify
 
 IN_MODIFY = 0x2
 IN_ATTRIB = 0x4
@@ -23,28 +22,20 @@ IN_MOVED_TO = 0x80
 IN_CREATE = 0x100
 IN_DELETE = 0x200
 IN_DELETE_SELF = 0x400
-IN_NONBLOCK = 0o4000
-IN_CLOEXEC = 0o2000000
 CHANGES = IN_MODIFY | IN_ATTRIB | IN_CLOSE_WRITE | IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_DELETE_SELF
-NAMES = {IN_MODIFY: "modify", IN_ATTRIB: "attrib", IN_CLOSE_WRITE: "close_write", IN_CLOSE_NOWRITE: "close_nowrite", IN_MOVED_FROM: "moved_from",
-         IN_MOVED_TO: "moved_to", IN_CREATE: "create", IN_DELETE: "delete", IN_DELETE_SELF: "delete_self"}
-_HEADER = struct.Struct("iIII")
+NAMES = {IN_MODIFY: "modify", IN_ATTRIB: "attrib", IN_CLOSE_WRITE: "close_write", IN_CLOSE_NOWRITE: "close_nowrite",
+         IN_MOVED_FROM: "moved_from", IN_MOVED_TO: "moved_to", IN_CREATE: "create", IN_DELETE: "delete",
+         IN_DELETE_SELF: "delete_self"}
 
 
 class Watch:
     """Watches directories (their entries' contents and names) for changes."""
 
     def __init__(self, *directories: Path, mask: int = CHANGES):
-        self._libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        self.fd = self._libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
-        if self.fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1")
-        self.dirs: dict[int, Path] = {}
+        self._ino = Inotify()
+        self.fd = self._ino.fd
         for d in directories:
-            wd = self._libc.inotify_add_watch(self.fd, os.fsencode(d), mask)
-            if wd < 0:
-                raise OSError(ctypes.get_errno(), f"inotify_add_watch {d}")
-            self.dirs[wd] = Path(d)
+            self._ino.watch(Path(d), mask)
         self.events: list[tuple[str, str]] = []  # (file name, kind), in order
 
     def read(self, timeout_s: float) -> list[tuple[str, str]]:
@@ -52,18 +43,7 @@ class Watch:
         ready, _, _ = select.select([self.fd], [], [], max(0.0, timeout_s))
         if not ready:
             return []
-        try:
-            data = os.read(self.fd, 1 << 16)
-        except BlockingIOError:
-            return []
-        out, pos = [], 0
-        while pos < len(data):
-            _wd, mask, _cookie, length = _HEADER.unpack_from(data, pos)
-            name = data[pos + _HEADER.size: pos + _HEADER.size + length].rstrip(b"\0").decode()
-            pos += _HEADER.size + length
-            for bit, kind in NAMES.items():
-                if mask & bit:
-                    out.append((name, kind))
+        out = [(name, kind) for _dir, name, mask in self._ino.read() for bit, kind in NAMES.items() if mask & bit]
         self.events += out
         return out
 
@@ -86,4 +66,4 @@ class Watch:
             self.read(left)
 
     def close(self) -> None:
-        os.close(self.fd)
+        self._ino.close()
