@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,33 +35,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from figures import markdown_table, pct  # noqa: E402  (benchmarks/ is on sys.path when a script here runs)
+
 from governor.sim import tree  # noqa: E402
-from tests.support.daemon import Daemon  # noqa: E402
+from tests.support.daemon import Daemon, Rpc  # noqa: E402
 
 FEATURES = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0, "gpu_util": 60.0}
 NODE = "sys/class/devfreq/17000000.gpu"
 
-
-
-class Line:
-    def __init__(self, path):
-        self.s = socket.socket(socket.AF_UNIX)
-        self.s.connect(path)
-        self.f = self.s.makefile("rwb")
-        self.id = 0
-
-    def call(self, method, **params):
-        self.id += 1
-        self.f.write(json.dumps({"jsonrpc": "2.0", "id": self.id, "method": method, "params": params}).encode() + b"\n")
-        self.f.flush()
-        reply = json.loads(self.f.readline())
-        if "result" not in reply:
-            raise RuntimeError(reply)
-        return reply["result"]
-
-    def close(self):
-        self.f.close()
-        self.s.close()
 
 
 async def concurrent_round(sock: str, n: int) -> list[float]:
@@ -107,12 +86,12 @@ def bench(n_single: int, n_bursts: int, n_kill: int, idle_s: float) -> dict:
         d, ready_s = start(base, root)
         notify = d.notify
         sock = str(base / "s.sock")
-        Line(sock).call("ping")
+        Rpc(sock).call("ping")
         ps = psutil.Process(d.proc.pid)
 
         # 1 client: register -> pinned, then unregister
         lat = []
-        c = Line(sock)
+        c = Rpc(sock)
         for _ in range(n_single):
             t = time.perf_counter()
             job = c.call("register", **FEATURES)["job_id"]
@@ -161,7 +140,7 @@ def bench(n_single: int, n_bursts: int, n_kill: int, idle_s: float) -> dict:
             wd.mkdir()
             d2, ready_s = start(wd, root)
             starts.append(ready_s)
-            Line(d2.socket).call("ping")
+            Rpc(d2.socket).call("ping")
             d2.close()
         return {
             "register_p50_ms": statistics.median(lat), "register_p99_ms": pct(lat, 99),

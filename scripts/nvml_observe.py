@@ -28,7 +28,6 @@ import platform
 import random
 import shutil
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -36,18 +35,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run from a checkout without installing ftgov
 
-from governor.backends.nvml import MHZ, NvmlGpu, probe  # noqa: E402
-from governor.errors import FtgovError  # noqa: E402
 from governor.backends.gpuid import GpuNotFound, find_gpu, visible_gpu  # noqa: E402
+from governor.backends.nvml import MHZ, NvmlGpu, probe  # noqa: E402
+from governor.client import Connection  # noqa: E402
+from governor.errors import FtgovError  # noqa: E402
 
 
-def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="directory for the CSV, markdown and JSON output")
     p.add_argument("--arch", choices=["gpt2", "bert"], default="gpt2", help="decoder (GPT-2) or encoder (BERT, MLM)")
@@ -76,36 +76,6 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 # ---- the daemon, spoken to in its own protocol (one JSON object per line) ----
-class RpcClient:
-    def __init__(self, path: str, timeout_s: float = 30.0):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(timeout_s)
-        self.sock.connect(path)
-        self.reader = self.sock.makefile("rb")
-        self.next_id = 1
-
-    def call(self, method: str, params: Optional[dict] = None) -> dict:
-        request_id, self.next_id = self.next_id, self.next_id + 1
-        self._send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": params or {}})
-        line = self.reader.readline()
-        if not line:
-            raise FtgovError(f"ftgovd closed the connection during {method}")
-        reply = json.loads(line)
-        if "error" in reply:
-            raise FtgovError(f"ftgovd {method}: {reply['error'].get('message')} ({reply['error'].get('code')})")
-        return reply["result"]
-
-    def notify(self, method: str, params: dict) -> None:
-        self._send({"jsonrpc": "2.0", "method": method, "params": params})
-
-    def _send(self, message: dict) -> None:
-        self.sock.sendall(json.dumps(message).encode() + b"\n")
-
-    def close(self) -> None:
-        self.reader.close()
-        self.sock.close()
-
-
 class Daemon:
     """ftgovd in the observe policy with the NVML backend, on a private socket and state dir, its log under the output."""
 
@@ -125,18 +95,18 @@ class Daemon:
             f"backend: nvml\npolicy: observe\nrestore_on_stop: false\nstate_dir: {self.launcher.state_dir}\n"
             f"socket:\n  path: {self.socket_path}\n  mode: '0600'\n")
 
-    def start(self, timeout_s: float = 60.0) -> RpcClient:
+    def start(self, timeout_s: float = 60.0) -> Connection:
         """Start ftgovd and wait for its READY=1 (sd_notify, the readiness signal systemd would get)."""
         try:
             self.launcher.start(timeout_s=timeout_s)
         except (TimeoutError, RuntimeError) as e:
             raise FtgovError(f"ftgovd did not become ready:\n{self.log_tail()}") from e
-        return RpcClient(self.socket_path)
+        return Connection(self.socket_path, timeout_s=30.0)
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
-    def stop(self) -> Optional[int]:
+    def stop(self) -> int | None:
         code = self.launcher.stop(timeout_s=20)
         self.launcher.close()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -205,8 +175,8 @@ class Recorder:
     sampler: Sampler
     t0: float
     rows: list[dict] = field(default_factory=list)
-    daemon: Optional[RpcClient] = None
-    job_id: Optional[int] = None
+    daemon: Connection | None = None
+    job_id: int | None = None
     gpu_id: str = ""
 
     FIELDS = ["segment", "phase", "step", "t_start_s", "duration_s", "energy_j", "power_w", "util_pct_end",
@@ -217,7 +187,7 @@ class Recorder:
     def begin(self) -> tuple[float, float]:
         return time.monotonic(), self.gpu.energy_j()
 
-    def end(self, started: tuple[float, float], phase: str, step: int, loss: Optional[float] = None,
+    def end(self, started: tuple[float, float], phase: str, step: int, loss: float | None = None,
             status: bool = False) -> dict:
         t_start, e_start = started
         t_end, e_end = time.monotonic(), self.gpu.energy_j()
@@ -234,7 +204,7 @@ class Recorder:
                "loss": None if loss is None else round(loss, 4)}
         if self.daemon is not None and self.job_id is not None:
             if phase in PROTOCOL_PHASES:  # the idle baseline is no phase of the job's
-                self.daemon.notify("progress", {"job_id": self.job_id, "steps": step, "phase": phase})
+                self.daemon.notify("progress", job_id=self.job_id, steps=step, phase=phase)
             if status:
                 row.update(self._daemon_view())
         self.rows.append(row)
@@ -253,7 +223,7 @@ class Recorder:
 
 
 
-def _mean(values: list) -> Optional[float]:
+def _mean(values: list) -> float | None:
     values = [v for v in values if v is not None]
     return round(statistics.fmean(values), 2) if values else None
 
@@ -451,12 +421,12 @@ def steady_state(rows: list[dict], args) -> dict:
             "energy_per_1k_tokens_j": round(1000 * sum(energy) / (tokens_per_step * len(train)), 3)}
 
 
-def _w(mw: Optional[int]) -> Optional[float]:
+def _w(mw: int | None) -> float | None:
     return None if mw is None else mw / 1000.0
 
 
 # ---- main ----
-def choose_gpu(gpus: list[NvmlGpu], key: Optional[str], meta: dict) -> NvmlGpu:
+def choose_gpu(gpus: list[NvmlGpu], key: str | None, meta: dict) -> NvmlGpu:
     """--gpu, else the GPU torch computes on (its UUID), else the only GPU there is."""
     if key is not None:
         return find_gpu(gpus, key)
@@ -474,7 +444,7 @@ def choose_gpu(gpus: list[NvmlGpu], key: Optional[str], meta: dict) -> NvmlGpu:
     return gpu
 
 
-def open_daemon_job(args, out: Path, gpu: NvmlGpu, config, recorder: Recorder, meta: dict) -> Optional[Daemon]:
+def open_daemon_job(args, out: Path, gpu: NvmlGpu, config, recorder: Recorder, meta: dict) -> Daemon | None:
     """Start ftgovd (observe policy) and register this run as a job on it; None when the daemon is not used.
 
     Under --daemon auto a daemon that cannot start or register is reported and the run goes on with direct reads
@@ -492,8 +462,8 @@ def open_daemon_job(args, out: Path, gpu: NvmlGpu, config, recorder: Recorder, m
         check_observe_only(recorder.daemon.call("status"), gpu.id)
         from governor.features import from_hf_config
 
-        register = recorder.daemon.call("register", {**from_hf_config(config), "seq_len": float(args.seq_len),
-                                                     "name": "nvml_observe", "pid": os.getpid(), "gpu": gpu.uuid})
+        register = recorder.daemon.call("register", **{**from_hf_config(config), "seq_len": float(args.seq_len),
+                                                       "name": "nvml_observe", "pid": os.getpid(), "gpu": gpu.uuid})
         meta["daemon"] = {"policy": register["policy"], "job_id": register["job_id"], "register": register}
         if register.get("freq_hz") is not None:
             raise FtgovError(f"ftgovd answered a pin ({register}): refusing to train on a shared GPU")
@@ -511,7 +481,7 @@ def open_daemon_job(args, out: Path, gpu: NvmlGpu, config, recorder: Recorder, m
         return None
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -541,7 +511,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         recorder.end(started, "idle", 0, status=daemon is not None)
         run_training(args, model, args.device, recorder)
         if daemon is not None:
-            meta["daemon"]["unregister"] = recorder.daemon.call("unregister", {"job_id": recorder.job_id})
+            meta["daemon"]["unregister"] = recorder.daemon.call("unregister", job_id=recorder.job_id)
     finally:
         sampler.stop()
         if recorder.daemon is not None:
@@ -559,7 +529,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     return 0
 
 
-def _hex(value: Optional[int]) -> Optional[str]:
+def _hex(value: int | None) -> str | None:
     return None if value is None else hex(value)
 
 
