@@ -1,4 +1,4 @@
-"""Client figures (issue 5): what the governor costs a training loop, against a real ftgovd --simulate.
+"""Client figures: what the governor costs a training loop, against a real ftgovd --simulate.
 
 - job.step(): the per-step cost with the default rate limit (a clock read; a notification at most every 0.1 s), and
   with a notification at every step (report_every_s=0);

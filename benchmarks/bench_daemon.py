@@ -1,4 +1,4 @@
-"""Daemon figures (issue 2), on the fake Orin tree in tmpfs: `make bench` prints the table for the README.
+"""Daemon figures, on the fake Orin tree in tmpfs: `make bench` prints the table for the README.
 
 - register -> pinned latency: the reply to `register` is sent after the pin is written and read back, so the
   client-side round trip bounds "register until the files hold the pin" (checked on every sample).
@@ -9,7 +9,7 @@
   (the daemon sends it right after the restore's read-back).
 - idle CPU time over 30 s, RSS after the load, start -> READY=1 and start -> first answered ping (the package
   byte-compiled first, as an install leaves it).
-Targets (issue 2): p99 <= 5 ms (1 client), <= 20 ms (50 clients), SIGKILL restore p99 <= 50 ms, idle CPU <= 10 ms
+Targets (the README's figures table): p99 <= 5 ms (1 client), <= 20 ms (50 clients), SIGKILL restore p99 <= 50 ms, idle CPU <= 10 ms
 over 30 s, RSS <= 40 MB, start -> accepting <= 0.5 s.
 """
 

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/model_evaluation.py
 
-Targets (issue 4): trained MLG within 2 points of the oracle's average savings on the held-out set; no held-out
+Targets: trained MLG within 2 points of the oracle's average savings on the held-out set; no held-out
 workload above MAXN's energy. Simulated data (model/data, governor/sim/energy.py): not a hardware measurement.
 """
 

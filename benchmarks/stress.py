@@ -1,4 +1,4 @@
-"""Fault and load figures (issue 7): `make stress` prints the table for the README.
+"""Fault and load figures: `make stress` prints the table for the README.
 
 1. Protocol fuzz: tests/daemon/test_fuzz.py run with enough hypothesis examples for 10,000+ lines.
 2. Hostile clients: a probe client's ping and register->pinned latency, quiet and next to 500 idle connections,
@@ -41,7 +41,7 @@ from tests.support.daemon import DEVFREQ, FEATURES, Daemon, Rpc, limits  # noqa:
 from tests.support.faults import BASELINE, kill_trial  # noqa: E402
 from tests.support.notify import NotifyListener  # noqa: E402
 
-LINE_BUDGET_MS = 5.0  # issue 2: register -> pinned p99 for one client
+LINE_BUDGET_MS = 5.0  # the daemon's target for register -> pinned p99, one client
 
 
 

@@ -4,7 +4,7 @@ governor does not import it. The original docstring follows.
 
 Online energy tuner: measure energy per training step at a few GPU levels while the job runs, and pin the minimum.
 
-Why online: the MLG tree picks the energy-optimal level for only 62% of workloads (paper.md), and a level or two off
+Why online: the MLG tree picks the energy-optimal level for only 62% of workloads (the paper), and a level or two off
 the bottom of the U-shaped energy curve costs several percent. Measuring the job itself removes the model's error; the
 cost is a few windows at levels that are not the optimum, a fraction of a percent of a 2,000-step job.
 
@@ -68,13 +68,13 @@ from typing import Iterable, Optional
 from governor.errors import FtgovError
 
 # A probe is DEFAULT_WARMUP_STEPS discarded steps after a change of level, then DEFAULT_WINDOW_STEPS measured steps:
-# 5 steps in all, so DEFAULT_MAX_PROBES probes profile at most 30 steps (the budget of issue 6). One warm-up step is
+# 5 steps in all, so DEFAULT_MAX_PROBES probes profile at most 30 steps (its budget). One warm-up step is
 # enough to leave the step during which the clock changed out of the window (a devfreq write takes effect within
 # milliseconds; unverified on a real Orin), and four measured steps average out most of the step-to-step noise.
 DEFAULT_WARMUP_STEPS = 1
 DEFAULT_WINDOW_STEPS = 4
 DEFAULT_MAX_PROBES = 6
-DEFAULT_NOISE_REL = 0.03  # relative s.d. of one window's joules per step: "a few percent" (issue 6)
+DEFAULT_NOISE_REL = 0.03  # relative s.d. of one window's joules per step: "a few percent"
 DEFAULT_Z_CONFIRM = 2.0
 # Levels either side of the incumbent that the quadratic smoothing uses: wide enough to pool the 4-5 levels a search
 # measures, narrow enough that the U's asymmetric far ends do not bend the fit.

@@ -23,7 +23,7 @@ JTOP_SOCKET = "/run/jtop.sock"
 NVPMODEL_CONF = "/etc/nvpmodel.conf"
 # Where nvpmodel keeps the mode it last set, as "pmode:0002 ..." (unverified: from third-party reports, not L4T source).
 NVPMODEL_STATUS = "/var/lib/nvpmodel/status"
-NO_CAP_HZ = 2147483647  # nvpmodel's "no limit" for GPU MAX_FREQ (jetson-orin.md); -1 in some confs
+NO_CAP_HZ = 2147483647  # nvpmodel's "no limit" for GPU MAX_FREQ (the value nvpmodel writes for MAXN); -1 in some confs
 
 
 @dataclass

@@ -122,9 +122,9 @@ def _daemon_tuner_config() -> "TunerConfig":
 class TuneSettings:
     """How the simulated tuned jobs run: job length, the energy model's noise scale and seed, the tuner's knobs."""
 
-    job_steps: int = 2000  # issue 6's job
+    job_steps: int = 2000  # a short fine-tuning run, the job length the tuner's figures use
     # The energy model's nominal noise, the one the held-out set was generated with: 4.2% step-to-step energy
-    # jitter on average (benchmarks/bench_tuner.py prints it); 0.71 is issue 6's "3% measurement noise".
+    # jitter on average (benchmarks/bench_tuner.py prints it); 0.71 gives 3% step-to-step noise.
     noise: float = 1.0
     seed: int = 0
     config: TunerConfig = field(default_factory=_daemon_tuner_config)  # the daemon's defaults

@@ -1,4 +1,4 @@
-"""Fault injection against the real ftgovd process (issue 7, part 3).
+"""Fault injection against the real ftgovd process (docs/stress.md).
 
 A devfreq file turns read-only or vanishes mid-job; the limits are changed underneath a pin; the state dir is
 unwritable or full; the model file is corrupt; the daemon is SIGKILLed at random points of register/unregister and

@@ -1,4 +1,4 @@
-"""Protocol fuzzing and hostile clients against the real ftgovd process (issue 7, parts 1 and 2).
+"""Protocol fuzzing and hostile clients against the real ftgovd process (docs/stress.md).
 
 Hypothesis generates lines, valid and invalid (wrong types, huge and negative numbers, NaN/Infinity, deep nesting,
 unicode, invalid UTF-8, oversized, binary garbage, a last line without its newline), spreads them over several

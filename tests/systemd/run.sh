@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end tests of ftgovd under a real systemd: boots a Debian bookworm container with systemd-nspawn (systemd is PID 1
 # inside, which it is not on our CI machines), installs ftgov in it with `make install`, and runs checks.py there.
-# Recipe and pitfalls: /work/shared/reference/systemd-in-ci.md.
+# Recipe and pitfalls: docs/install.md (the systemd suite) and the comments below.
 #
 # Usage: tests/systemd/run.sh [--smoke]      (as root; --smoke stops after booting and running `systemctl --version`)
 # Environment: FTGOV_CI_CACHE (default /var/cache/ftgov-ci) holds the root file system tarball and the dependency wheels,
