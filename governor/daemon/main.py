@@ -18,7 +18,7 @@ from governor.daemon import logs
 from governor.daemon.config import Config, default_ffg_hz, default_model_path, load_config
 from governor.errors import FtgovError, NodeNotFound
 from governor.daemon.notify import Notifier, listen_fds
-from governor.sysfs import Root
+from governor.sysfs import Root, trusted_root
 
 log = logging.getLogger("ftgovd")
 
@@ -104,7 +104,7 @@ def raise_fd_limit(config: Config) -> None:
     limit under systemd 524288: take what the limits need, never more than the hard limit allows."""
     import resource
 
-    need = 2 * config.limits.max_connections + config.limits.max_jobs + 64  # + listening socket, epolls, files, logs
+    need = 2 * (config.limits.max_connections + config.limits.root_reserve_connections) + config.limits.max_jobs + 64  # + listening socket, epolls, files, logs
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
         new = need if hard == resource.RLIM_INFINITY else min(need, hard)
@@ -119,12 +119,13 @@ def run(config: Config, *, simulate: bool = False) -> int:
     from governor.backends import rails as rails_mod
     from governor.daemon.pins import Governor
     from governor.policy import Policy
-    from governor.daemon.server import Server, bind_socket
+    from governor.daemon.listen import bind_socket
+    from governor.daemon.server import Server
     from governor.daemon.state import StateFile, boot_id
 
     notifier = Notifier()
     raise_fd_limit(config)
-    root = Root(config.sysfs_root)
+    root = trusted_root(config.sysfs_root)
     board = None
     if simulate:
         from governor.sim import tree

@@ -20,12 +20,12 @@ import os
 import select
 import signal
 import socket
-import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from governor.daemon import peers, protocol
+from governor.daemon import admission, peers, protocol, ratelimit, redact
+from governor.daemon import state as state_mod
 from governor.daemon.config import Config
 from governor.errors import FtgovError
 from governor.daemon.pins import Governor, Job
@@ -62,6 +62,7 @@ class Conn:
     writing: bool = False
     eof: bool = False  # the client closed its side: flush what is left to send, then close
     closed: bool = False
+    idle: Optional[admission.IdleTimer] = None
 
 
 class Server:
@@ -85,6 +86,7 @@ class Server:
         self._stop = asyncio.Event()
         self.gov.listeners.append(lambda _g: self._changed())
         self.gov.defer = self._defer
+        self.redecide = ratelimit.Coalescer(self._defer)
 
     @staticmethod
     def _defer(fn: Callable[[], None], delay_s: float) -> None:
@@ -97,7 +99,8 @@ class Server:
     # ---- start-up and shutdown --------------------------------------------------------------------------------------
     def adopt_leftovers(self) -> None:
         """Before serving: take back the baseline from a state file of this boot, re-adopt live jobs, restore the rest."""
-        state = self.gov.state_file.read(self.gov.boot_id)
+        state = state_mod.checked(self.gov.state_file.read(self.gov.boot_id),
+                                  {gid: c.gpu.levels_hz for gid, c in self.gov.gpus.items()})
         if state is None:
             return
         self.gov.next_job_id = max(self.gov.next_job_id, state.next_job_id)
@@ -111,7 +114,7 @@ class Server:
                          gs.baseline.max_hz, gs.pinned_hz)
         for rec in state.jobs:
             try:
-                held = peers.hold(rec.pid, rec.start_time)
+                held = peers.hold_recorded(rec.pid, rec.start_time, rec.uid)
             except peers.ProcessGone as e:
                 log.info("job %d from before the restart is gone: %s", rec.job_id, e)
                 continue
@@ -180,10 +183,15 @@ class Server:
         self._exits.close()
 
     # ---- connections ------------------------------------------------------------------------------------------------
-    def _authorized(self, peer: peers.Peer) -> bool:
+    def _authorized(self, peer: peers.Peer, sock: socket.socket, process: Optional[peers.HeldProcess]) -> bool:
         if peer.uid in (0, os.geteuid()):
             return True
-        return self.group_gid is not None and self.group_gid in peers.groups_of(peer.pid, peer.gid)
+        if self.group_gid is None:
+            return False
+        groups = peers.peer_groups(sock, peer)
+        if groups is None:  # no SO_PEERGROUPS: the groups of the process we hold (its uid checked), else none
+            groups = peers.groups_of(process.pid, peer.gid) if process is not None else {peer.gid}
+        return self.group_gid in groups
 
     def _accept(self, listen_sock: socket.socket) -> None:
         for _ in range(ACCEPT_BATCH):
@@ -206,30 +214,37 @@ class Server:
         except OSError:
             sock.close()
             return
-        refusal = self._refusal(peer)
+        try:
+            process = peers.hold_peer(sock, peer)
+        except peers.ProcessGone:
+            process = None  # exited already (or from another pid namespace): its registrations will say so
+        token = ratelimit.caused_by(peer.uid)
+        try:
+            refusal = self._refusal(peer, sock, process)
+        finally:
+            ratelimit.done(token)
         if refusal is not None:
             try:
                 sock.send(protocol.error(None, refusal))  # a few hundred bytes into an empty socket buffer
             except OSError:
                 pass
+            if process is not None:
+                process.close()
             sock.close()
             return
-        try:
-            process = peers.hold(peer.pid, known_uid=peer.uid)
-        except peers.ProcessGone:
-            process = None  # exited already (or from another pid namespace): its registrations will say so
         conn = Conn(peer, sock, process)
+        conn.idle = admission.IdleTimer(self._loop, self.config.limits.idle_timeout_s,
+                                        lambda: bool(conn.job_ids) or conn.busy is not None, lambda: self._close(conn))
         self.conns.add(conn)
         self.conns_per_uid[peer.uid] += 1
         self._update_io(conn)
 
-    def _refusal(self, peer: peers.Peer) -> Optional[RpcError]:
-        if len(self.conns) >= self.config.limits.max_connections:
-            return RpcError(protocol.LIMIT_EXCEEDED, "too many connections (limits.max_connections)")
-        if self.conns_per_uid[peer.uid] >= self.config.limits.max_connections_per_uid:
-            return RpcError(protocol.LIMIT_EXCEEDED, f"too many connections from uid {peer.uid} "
-                            "(limits.max_connections_per_uid)")
-        if not self._authorized(peer):
+    def _refusal(self, peer: peers.Peer, sock: socket.socket, process) -> Optional[RpcError]:
+        full = admission.connection_refusal(self.config.limits, uid=peer.uid, total=len(self.conns),
+                                            of_uid=self.conns_per_uid[peer.uid])
+        if full is not None:
+            return RpcError(protocol.LIMIT_EXCEEDED, full)
+        if not self._authorized(peer, sock, process):
             log.warning("refused uid %d (pid %d): not root and not in group %s", peer.uid, peer.pid,
                         self.config.socket.group)
             return RpcError(protocol.PERMISSION_DENIED, f"permission denied: uid {peer.uid} is not root and not in "
@@ -271,13 +286,17 @@ class Server:
                 self._update_io(conn)  # the replies still queued go out first, then _writable closes
             return
         conn.rbuf += data
+        conn.idle.touch()
         self._serve(conn)
 
     def _serve(self, conn: Conn) -> None:
+        token = ratelimit.caused_by(conn.peer.uid)
         try:
             self._process(conn)
         except Exception:  # a bug must not leave this client's jobs pinned: drop the connection, keep serving
             self._internal_error(conn)
+        finally:
+            ratelimit.done(token)
 
     def _internal_error(self, conn: Conn) -> None:
         log.exception("internal error serving uid %d (pid %d); closing its connection", conn.peer.uid, conn.peer.pid)
@@ -401,6 +420,8 @@ class Server:
             return
         self._end_jobs(conn, "connection closed")
         conn.closed = True
+        if conn.idle is not None:
+            conn.idle.cancel()
         self.conns.discard(conn)
         self.conns_per_uid[conn.peer.uid] -= 1
         fd = conn.sock.fileno()
@@ -420,7 +441,7 @@ class Server:
         return {}
 
     def _rpc_status(self, conn: Conn, params) -> dict:
-        return self.gov.status()
+        return redact.status_for(self.gov.status(), conn.peer.uid)
 
     def _rpc_predict(self, conn: Conn, params):
         features = params.features()
@@ -448,10 +469,15 @@ class Server:
                            "(limits.max_jobs_per_uid)")
         pid = params.pid or conn.peer.pid
         try:
+            if params.pid is None and conn.process is None:
+                raise peers.ProcessGone(f"the process that connected (pid {pid}) had exited by the time the daemon "
+                                        "accepted the connection: pass pid")
             if pid == conn.peer.pid and conn.process is not None:
                 held = conn.process.another()
             else:
-                held = peers.hold(pid, known_uid=conn.peer.uid if pid == conn.peer.pid else None)
+                held = peers.hold(pid)
+        except peers.NotTheirs as e:
+            raise RpcError(protocol.PERMISSION_DENIED, f"pid: {e}", {"field": "pid"}) from e
         except peers.ProcessGone as e:
             raise RpcError(protocol.INVALID_PARAMS, f"pid: {e}", {"field": "pid"}) from e
         if conn.peer.uid != 0 and held.uid != conn.peer.uid:
@@ -506,18 +532,28 @@ class Server:
     def _rpc_update(self, conn: Conn, params) -> dict:
         job = self._own_job(conn, params.job_id)
         changes = {k: v for k, v in (("gpu_util", params.gpu_util), ("seq_len", params.seq_len)) if v is not None}
+        deferred_s = 0.0
         if changes and any(getattr(job.features, k) != v for k, v in changes.items()):
             old = job.features
             job.features = job.features.model_copy(update=changes)
-            try:
-                self.gov.decide(job)
-            except FtgovError:
-                job.features = old
-                raise
-            if self.tuner_factory is not None:
-                self.tuner_factory(self.gov, job)
+            deferred_s = self.redecide.request(job.job_id, lambda: self._redecide(job, old))
         d = job.decision
-        return {"job_id": job.job_id, "policy": d.policy, "freq_hz": d.freq_hz, "reason": d.reason}
+        reply = {"job_id": job.job_id, "policy": d.policy, "freq_hz": d.freq_hz, "reason": d.reason}
+        if changes and deferred_s:  # within a second of the last re-decision: decided when the window ends
+            reply["deferred_s"] = round(deferred_s, 3)
+        return reply
+
+    def _redecide(self, job: Job, old) -> None:
+        """Decide again on the job's changed features (at once, or deferred by the coalescer: ratelimit)."""
+        if job.job_id not in self.gov.jobs:
+            return
+        try:
+            self.gov.decide(job)
+        except FtgovError:
+            job.features = old
+            raise
+        if self.tuner_factory is not None:
+            self.tuner_factory(self.gov, job)
 
     def _rpc_progress(self, conn: Conn, params) -> dict:
         job = self._own_job(conn, params.job_id)
@@ -570,6 +606,7 @@ class Server:
 
     def _end(self, job_id: int, why: str):
         self._unwatch(job_id)
+        self.redecide.forget(job_id)
         return self.gov.end(job_id, why)
 
     async def _measure_util(self, gpu_id: str) -> tuple[float, str]:
@@ -621,33 +658,3 @@ class Server:
         pins = [f"GPU {gid} {'pinned to %g MHz' % (c.pinned_hz / 1e6) if c.pinned_hz else 'at baseline'}"
                 for gid, c in self.gov.gpus.items()]
         return f"{len(self.gov.jobs)} job(s); " + ", ".join(pins)
-
-
-def bind_socket(path: str, mode: int, group: Optional[str]) -> socket.socket:
-    """Bind the socket ourselves (started by hand): no window where it exists with a looser mode than configured."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    if os.path.lexists(path):
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            raise FtgovError(f"{path} exists and is not a socket; refusing to replace it")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except OSError:
-            os.unlink(path)  # stale: its daemon is gone
-        else:
-            raise FtgovError(f"another ftgovd is already listening on {path}")
-        finally:
-            probe.close()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    old_umask = os.umask(0o777 & ~mode)
-    try:
-        sock.bind(path)
-    finally:
-        os.umask(old_umask)
-    gid = peers.group_id(group) if group else None
-    if gid is not None and os.geteuid() == 0:
-        os.chown(path, 0, gid)
-    os.chmod(path, mode)
-    sock.listen(socket.SOMAXCONN)  # as systemd's socket unit does: a burst of clients waits in the queue, not in EAGAIN
-    return sock
