@@ -24,11 +24,13 @@ def needs_root() -> None:
 
 @pytest.fixture
 def member():
-    """A throwaway user in the ftgov group, removed afterwards: (name, uid)."""
+    """A throwaway user in the ftgov group, removed afterwards (the group stays): (name, uid)."""
     needs_root()
     name = f"ftgs{secrets.token_hex(3)}"
     subprocess.run(["groupadd", "-f", "ftgov"], check=True)
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "-G", "ftgov", name], check=True)
+    # ftgov as the primary group too: then SO_PEERCRED's gid alone makes the peer a member (as on many installs).
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "-g", "ftgov", "-G", "ftgov", name],
+                   check=True)
     try:
         uid = int(subprocess.run(["id", "-u", name], capture_output=True, text=True, check=True).stdout)
         yield name, uid

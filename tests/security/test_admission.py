@@ -78,5 +78,6 @@ def test_defaults_take_many_users_to_exhaust():
 def test_new_limits_are_validated(key):
     from pydantic import ValidationError
 
-    with pytest.raises(ValidationError):
+    assert getattr(LimitsConfig(**{key: 5}), key) == 5
+    with pytest.raises(ValidationError, match=key):
         LimitsConfig(**{key: -1})

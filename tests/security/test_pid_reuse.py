@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 
 import pytest
 
@@ -122,3 +123,33 @@ def test_a_record_whose_process_belongs_to_another_uid_is_not_readopted(orin, st
     assert d.client().call("status")["jobs"] == []
     assert limits(orin) == BASELINE
     assert "belongs to uid 0, but the record says uid 4242" in d.log()
+
+
+_DROP_TO_4242 = """
+import os, sys
+sys.stdin.readline()
+os.setuid(4242)
+print("dropped", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_held_process_whose_real_uid_changed_is_not_handed_to_a_new_job():
+    # Each new job on the connection's process reads its real uid again: a process that is no longer the uid that
+    # connected (here root's, turned 4242's) is not that uid's to register.
+    needs_root()
+    proc = subprocess.Popen([sys.executable, "-c", _DROP_TO_4242], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        held = peers.hold(proc.pid)
+        assert held.uid == 0
+        held.another().close()
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "dropped"
+        with pytest.raises(peers.NotTheirs, match="now belongs to uid 4242"):
+            held.another()
+        held.close()
+    finally:
+        proc.kill()
+        proc.wait()

@@ -17,8 +17,9 @@ from harness import limits
 ONE_HZ = {"0": {"describe": {}, "baseline": {"min_hz": 1, "max_hz": 1, "extra": {}}, "pinned_hz": 1}}
 
 
-def _restore(d, orin):
-    return ftgov("restore", "--config", str(d.config_path), "--state-dir", str(d.state_dir), "--sysfs-root", str(orin))
+def _restore(d, orin, state_dir=None):
+    return ftgov("restore", "--config", str(d.config_path), "--state-dir", str(state_dir or d.state_dir),
+                 "--sysfs-root", str(orin))
 
 
 def test_a_forged_baseline_of_1_hz_is_not_written_to_the_gpu(orin, start_daemon):
@@ -122,6 +123,8 @@ def test_a_state_dir_others_can_write_is_refused(tmp_path, orin, start_daemon, h
     with pytest.raises(StateError, match="another user could replace the state file"):
         StateFile(state_dir).read("boot")
     d = start_daemon(launch=False, extra_args=("--state-dir", str(state_dir)))
+    out = _restore(d, orin, state_dir)
+    assert out.returncode == 1 and "another user could replace the state file" in out.stderr, out
     d.start(wait=False)
     assert d.proc.wait(30) == 1
     assert "another user could replace the state file" in d.log()
