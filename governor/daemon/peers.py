@@ -99,6 +99,9 @@ class HeldProcess:
     pidfd: int
     start_time: float  # the kernel's start time of the process, in clock ticks since boot (/proc/PID/stat field 22)
     uid: int
+    # Held by number (no SO_PEERPIDFD): its real uid is read again on every use. From the socket's own pidfd it is
+    # the process that connected, checked once.
+    recheck_uid: bool = True
 
     def close(self) -> None:
         try:
@@ -108,16 +111,16 @@ class HeldProcess:
 
     def another(self) -> "HeldProcess":
         """A hold of its own on the same process (a pidfd duplicate); ProcessGone once the process has exited, or
-        NotTheirs once its real uid is no longer the one it had when it was first held."""
+        NotTheirs (recheck_uid) once its real uid is no longer the one it had when it was first held."""
         if not _alive(self.pidfd):
             raise ProcessGone(f"process {self.pid} has exited")
-        pidfd = os.dup(self.pidfd)
-        try:
-            _same_owner(pidfd, self.pid, self.start_time, self.uid)
-        except ProcessGone:
-            os.close(pidfd)
-            raise
-        return HeldProcess(self.pid, pidfd, self.start_time, self.uid)
+        if self.recheck_uid:
+            real_uid = _real_uid(self.pid)
+            if not _alive(self.pidfd):  # the read may have been of a successor on the same number
+                raise ProcessGone(f"process {self.pid} has exited")
+            if real_uid != self.uid:
+                raise NotTheirs(f"process {self.pid} now belongs to uid {real_uid}, not uid {self.uid}")
+        return HeldProcess(self.pid, os.dup(self.pidfd), self.start_time, self.uid, self.recheck_uid)
 
 
 def _read_proc(pid: int, name: str) -> bytes:
@@ -138,14 +141,16 @@ def start_ticks(pid: int) -> float:
     return float(fields[19])
 
 
+def _real_uid(pid: int) -> int:
+    for line in _read_proc(pid, "status").splitlines():
+        if line.startswith(b"Uid:"):
+            return int(line.split()[1])
+    raise ProcessGone(f"cannot read the owner of process {pid}")
+
+
 def process_identity(pid: int) -> tuple[float, int]:
     """(start time in clock ticks since boot, real uid) from /proc: together with the pid, names one process."""
-    start = start_ticks(pid)
-    status = _read_proc(pid, "status")
-    for line in status.splitlines():
-        if line.startswith(b"Uid:"):
-            return start, int(line.split()[1])
-    raise ProcessGone(f"cannot read the owner of process {pid}")
+    return start_ticks(pid), _real_uid(pid)
 
 
 def _identity_of(pidfd: int, pid: int) -> tuple[float, int]:
@@ -155,14 +160,6 @@ def _identity_of(pidfd: int, pid: int) -> tuple[float, int]:
     if not _alive(pidfd):
         raise ProcessGone(f"process {pid} has exited")
     return identity
-
-
-def _same_owner(pidfd: int, pid: int, start_time: float, uid: int) -> None:
-    start, real_uid = _identity_of(pidfd, pid)
-    if start != start_time:
-        raise ProcessGone(f"process {pid} is not the one we held (started at another time)")
-    if real_uid != uid:
-        raise NotTheirs(f"process {pid} now belongs to uid {real_uid}, not uid {uid}")
 
 
 def hold(pid: int, expected_start_time: Optional[float] = None) -> HeldProcess:
@@ -220,15 +217,15 @@ def hold_peer(sock: socket.socket, peer: Peer) -> HeldProcess:
                             "connecting process has exited and its pid was reused")
         return held
     try:
+        # The pidfd is the process that connected, and SO_PEERCRED its credentials: only the start time is read (a
+        # live pidfd after the read proves it was this process's).
+        start = start_ticks(peer.pid)
         if not _alive(pidfd):
             raise ProcessGone(f"process {peer.pid} that connected has exited")
-        start, uid = _identity_of(pidfd, peer.pid)
-        if uid != peer.uid:  # a setuid exec since it connected: not the uid the socket speaks for
-            raise NotTheirs(f"process {peer.pid} belongs to uid {uid} now, but uid {peer.uid} connected")
     except ProcessGone:
         os.close(pidfd)
         raise
-    return HeldProcess(peer.pid, pidfd, start, uid)
+    return HeldProcess(peer.pid, pidfd, start, peer.uid, recheck_uid=False)
 
 
 def hold_recorded(pid: int, start_time: float, uid: int) -> HeldProcess:
