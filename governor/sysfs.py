@@ -71,12 +71,18 @@ def trusted_root(path: str | os.PathLike) -> Root:
     root = Root(path)
     if os.path.realpath(root.root) == "/" or os.geteuid() != 0:
         return root
+    # A root that does not exist yet (no Jetson: the daemon goes on to NVML, or waits for the node) is as safe as the
+    # directory it would be created in.
+    where = Path(os.path.abspath(root.root))
+    while not where.exists() and where != where.parent:
+        where = where.parent
     try:
-        st = os.stat(root.root)
+        st = os.stat(where)
     except OSError as e:
         raise ConfigError(f"sysfs_root {root.root}: {e.strerror or e}") from e
     if st.st_uid != 0 or st.st_mode & 0o022:
-        raise ConfigError(f"sysfs_root {root.root} belongs to uid {st.st_uid} with mode "
+        named = "" if where == Path(os.path.abspath(root.root)) else f" (its nearest existing parent {where})"
+        raise ConfigError(f"sysfs_root {root.root}{named} belongs to uid {st.st_uid} with mode "
                           f"{stat.S_IMODE(st.st_mode):04o}: as root, ftgovd only uses a root it owns and that no one "
                           "else can write to")
     return root

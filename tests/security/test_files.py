@@ -131,3 +131,17 @@ def test_a_socket_swapped_for_a_symlink_after_bind_does_not_redirect_the_chown(t
         bind_socket(str(path), 0o660, "ftgov")
     st = os.stat(victim)
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (0, 0, 0o600)
+
+
+def test_a_sysfs_root_yet_to_appear_in_a_directory_others_can_write_is_refused(tmp_path):
+    # A daemon that waits for the GPU node would otherwise read whatever tree another user builds there meanwhile.
+    needs_root()
+    from governor.errors import ConfigError
+    from governor.sysfs import trusted_root
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    with pytest.raises(ConfigError, match="nearest existing parent"):
+        trusted_root(shared / "later" / "root")
+    assert trusted_root(tmp_path / "not-yet").root == tmp_path / "not-yet"  # a parent only root can write: fine
