@@ -228,6 +228,32 @@ def hold_peer(sock: socket.socket, peer: Peer) -> HeldProcess:
     return HeldProcess(peer.pid, pidfd, start, peer.uid, recheck_uid=False)
 
 
+def is_member(sock: socket.socket, peer: Peer, process: Optional[HeldProcess], group_gid: Optional[int]) -> bool:
+    """Whether the peer was in the group when it connected: SO_PEERGROUPS, else the groups of the process held for
+    it (its uid checked against the socket's), else its primary group alone."""
+    if group_gid is None:
+        return False
+    groups = peer_groups(sock, peer)
+    if groups is None:
+        groups = groups_of(process.pid, peer.gid) if process is not None else {peer.gid}
+    return group_gid in groups
+
+
+def process_for_job(connected: Optional[HeldProcess], peer: Peer, pid: Optional[int]) -> HeldProcess:
+    """The process a new job holds: the connecting process (pid left out, or its own pid), else pid held by number.
+
+    ProcessGone when it has exited, including a connecting process already gone when the connection was accepted (its
+    number may be someone else's by now); NotTheirs when it no longer has the uid it was held with. Whether the caller
+    may name a process held by number is the caller's check (its uid is in the hold).
+    """
+    if pid is None and connected is None:
+        raise ProcessGone(f"the process that connected (pid {peer.pid}) had exited by the time the daemon accepted "
+                          "the connection: pass pid")
+    if (pid is None or pid == peer.pid) and connected is not None:
+        return connected.another()
+    return hold(pid)
+
+
 def hold_recorded(pid: int, start_time: float, uid: int) -> HeldProcess:
     """Re-adoption: the process a saved job record names, if it is still that job's.
 

@@ -184,14 +184,7 @@ class Server:
 
     # ---- connections ------------------------------------------------------------------------------------------------
     def _authorized(self, peer: peers.Peer, sock: socket.socket, process: Optional[peers.HeldProcess]) -> bool:
-        if peer.uid in (0, os.geteuid()):
-            return True
-        if self.group_gid is None:
-            return False
-        groups = peers.peer_groups(sock, peer)
-        if groups is None:  # no SO_PEERGROUPS: the groups of the process we hold (its uid checked), else none
-            groups = peers.groups_of(process.pid, peer.gid) if process is not None else {peer.gid}
-        return self.group_gid in groups
+        return peer.uid in (0, os.geteuid()) or peers.is_member(sock, peer, process, self.group_gid)
 
     def _accept(self, listen_sock: socket.socket) -> None:
         for _ in range(ACCEPT_BATCH):
@@ -469,13 +462,7 @@ class Server:
                            "(limits.max_jobs_per_uid)")
         pid = params.pid or conn.peer.pid
         try:
-            if params.pid is None and conn.process is None:
-                raise peers.ProcessGone(f"the process that connected (pid {pid}) had exited by the time the daemon "
-                                        "accepted the connection: pass pid")
-            if pid == conn.peer.pid and conn.process is not None:
-                held = conn.process.another()
-            else:
-                held = peers.hold(pid)
+            held = peers.process_for_job(conn.process, conn.peer, params.pid)
         except peers.NotTheirs as e:
             raise RpcError(protocol.PERMISSION_DENIED, f"pid: {e}", {"field": "pid"}) from e
         except peers.ProcessGone as e:

@@ -153,3 +153,14 @@ def test_a_held_process_whose_real_uid_changed_is_not_handed_to_a_new_job():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_without_peergroups_membership_comes_from_the_held_process_only(root_sleep, monkeypatch):
+    # Never from whatever the peer's pid names now: with no held process, the primary group from SO_PEERCRED alone.
+    monkeypatch.setattr(peers, "SO_PEERGROUPS", None)
+    a, b = socket.socketpair()
+    with a, b:
+        stranger = peers.Peer(root_sleep.pid, 4242, 4242)
+        assert not peers.is_member(a, stranger, None, os.getgid() if os.getgid() != 4242 else 0)
+        assert peers.is_member(a, stranger, None, 4242)
+        assert not peers.is_member(a, stranger, None, None)
