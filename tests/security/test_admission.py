@@ -3,7 +3,6 @@ closed, and the per-uid defaults take many users to exhaust."""
 
 from __future__ import annotations
 
-import json
 import socket
 
 import pytest
