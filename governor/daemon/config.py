@@ -47,9 +47,14 @@ class SocketConfig(_Strict):
 
 class LimitsConfig(_Strict):
     max_connections: int = Field(256, gt=0, le=65536)
-    max_connections_per_uid: int = Field(64, gt=0, le=65536, description="so that one user cannot lock the others out")
+    max_connections_per_uid: int = Field(16, gt=0, le=65536, description=(
+        "so that a few users cannot lock the others out: it takes max_connections / this many users to fill it"))
+    root_reserve_connections: int = Field(16, ge=0, le=65536, description=(
+        "connections root may open beyond max_connections, so that `ftgov status` works while members fill it"))
+    idle_timeout_s: float = Field(60.0, gt=0, le=86400, description=(
+        "a connection that holds no job and sends nothing this long is closed"))
     max_jobs_per_connection: int = Field(8, gt=0, le=1024)
-    max_jobs_per_uid: int = Field(32, gt=0, le=65536, description="so that one user cannot take every job slot")
+    max_jobs_per_uid: int = Field(8, gt=0, le=65536, description="so that a few users cannot take every job slot")
     max_jobs: int = Field(64, gt=0, le=65536)
 
 

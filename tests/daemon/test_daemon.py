@@ -119,8 +119,11 @@ def test_update_redecides_when_features_change(orin, start_daemon):
     job = c.call("register", **FEATURES)["job_id"]
     res = c.call("update", job_id=job, seq_len=80.0)
     assert res["freq_hz"] == 816000000 and limits(orin) == (816000000, 816000000)
+    # Within a second of the last re-decision: answered with the pin in force, decided when the second is over.
     res = c.call("update", job_id=job, gpu_util=10.0)
-    assert res["freq_hz"] == 1020000000
+    assert res["freq_hz"] == 816000000 and 0 < res["deferred_s"] <= 1.0, res
+    d.wait_status(lambda m: "pinned to 1020 MHz" in m)
+    assert c.call("status")["jobs"][0]["freq_hz"] == 1020000000 and limits(orin) == (1020000000, 1020000000)
 
 
 def test_gpu_util_is_measured_from_the_load_file_when_absent(orin, start_daemon):

@@ -458,7 +458,8 @@ def test_600_idle_connections_do_not_stop_service(hostile_daemon):
 
 
 def test_connections_over_the_limit_are_refused_cleanly(start_daemon):
-    d = start_daemon(config={"limits": {"max_connections": 16, "max_connections_per_uid": 1024}})
+    d = start_daemon(config={"limits": {"max_connections": 16, "max_connections_per_uid": 1024,
+                                        "root_reserve_connections": 0}})  # the tests run as root
     held = [Rpc(d.socket) for _ in range(16)]
     assert held[0].call("ping") == {}
     extra = Rpc(d.socket)
@@ -470,7 +471,7 @@ def test_connections_over_the_limit_are_refused_cleanly(start_daemon):
 
 
 def test_a_client_holding_the_maximum_jobs_leaves_others_served(orin, start_daemon):
-    d = start_daemon(config={"limits": {"max_jobs": 16, "max_jobs_per_connection": 8}})
+    d = start_daemon(config={"limits": {"max_jobs": 16, "max_jobs_per_connection": 8, "max_jobs_per_uid": 16}})
     hogs = [Rpc(d.socket), Rpc(d.socket)]
     for hog in hogs:
         for _ in range(8):
