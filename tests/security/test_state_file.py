@@ -49,10 +49,18 @@ def _bad_files(orin):
         "gpus a list": json.dumps({**header, "gpus": [1, 2]}).encode(),
         "100k-deep nesting": b'{"format": "ftgov-state/1", "jobs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
         "not JSON": b"\xff\xfe garbage",
+        # What the daemon wrote before the field was renamed start_ticks (an int): not read as a job with no start.
+        "the old start_time key": json.dumps({**header, "jobs": [_old_record(job_record(os.getpid()))]}).encode(),
     }
 
 
-@pytest.mark.parametrize("kind", ["wrong types", "gpus a list", "100k-deep nesting", "not JSON"])
+def _old_record(rec: dict) -> dict:
+    rec = dict(rec)
+    rec["start_time"] = float(rec.pop("start_ticks"))
+    return rec
+
+
+@pytest.mark.parametrize("kind", ["wrong types", "gpus a list", "100k-deep nesting", "not JSON", "the old start_time key"])
 def test_a_malformed_state_file_is_set_aside_not_a_crash(orin, start_daemon, kind):
     d = start_daemon(launch=False)
     path = write_state(d, orin, raw=_bad_files(orin)[kind])
@@ -64,6 +72,7 @@ def test_a_malformed_state_file_is_set_aside_not_a_crash(orin, start_daemon, kin
     assert d.client().call("ping") == {}
     assert "ignoring invalid state file" in d.log()
     assert (path.parent / "state.json.invalid").exists()
+    assert d.client().call("status")["jobs"] == []
 
 
 def test_a_400_mb_state_file_is_not_read(orin, start_daemon):
