@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import socket as socketlib
 import time
 import warnings
@@ -147,6 +148,22 @@ class Connection:
     @property
     def closed(self) -> bool:
         return self._sock is None
+
+    def closed_by_daemon(self) -> bool:
+        """Whether ftgovd has closed its end (read without waiting, nothing consumed): it closes a connection that
+        holds no job and sends nothing for its limits.idle_timeout_s, and it may have restarted meanwhile."""
+        if self._sock is None:
+            return True
+        poll = select.poll()
+        poll.register(self._sock, select.POLLIN)
+        if not poll.poll(0):
+            return False
+        try:
+            return self._sock.recv(1, socketlib.MSG_PEEK | socketlib.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:  # reset by the daemon
+            return True
 
     def close(self) -> None:
         """Close the connection. The daemon ends any job still held by it."""
@@ -489,6 +506,17 @@ class Job:
         except ValueError as e:
             self._disable(str(e))
             return
+        if self._conn.closed_by_daemon():
+            # Measuring seq_len took longer than the daemon keeps a connection that holds no job (or the daemon
+            # restarted): nothing was sent on it yet, so connecting again cannot register the job twice.
+            log.info("ftgov: ftgovd closed the connection while the job started; connecting again")
+            self._conn.close()
+            try:
+                self._conn = Connection(self.socket, timeout_s=self.timeout_s)
+            except DaemonUnavailable as e:
+                self._conn = None
+                self._disable(str(e))
+                return
         if self.gpu is None:
             from governor.backends.gpuid import visible_gpu
 
