@@ -46,6 +46,13 @@ class IdleTimer:
     def touch(self) -> None:
         self.last_s = self.clock()
 
+    def set_timeout(self, timeout_s: float) -> None:
+        """A new limits.idle_timeout_s (a reload): counted from the last activity, as if it had always been so."""
+        self.timeout_s = timeout_s
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = self.loop.call_later(max(0.0, self.last_s + timeout_s - self.clock()), self._fire)
+
     def cancel(self) -> None:
         if self.handle is not None:
             self.handle.cancel()
