@@ -88,7 +88,7 @@ def format_status(status: dict) -> str:
                 str(j.get("phase") or "-"), _duration(j.get("duration_s")), _energy(j.get("energy_j")))))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [printable(line) for line in lines] + [""]
-        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
         lines += [printable(f"  job {j.get('job_id')}: {j['reason']}") for j in jobs if j.get("reason")]
         return "\n".join(lines)
     return "\n".join(printable(line) for line in lines)

@@ -11,8 +11,8 @@ import logging
 import sys
 
 from governor import DEFAULT_CONFIG_PATH
-from governor.errors import FtgovError
 from governor.daemon.state import StateFile, baseline_problem, boot_id
+from governor.errors import FtgovError
 from governor.sysfs import Root, trusted_root
 
 log = logging.getLogger("ftgovd")

@@ -139,7 +139,7 @@ class Connection:
         self._sock = sock
         self._reader = sock.makefile("rb")
 
-    def __enter__(self) -> "Connection":
+    def __enter__(self) -> Connection:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -249,7 +249,8 @@ def _drop_none(params: dict) -> dict:
 
 
 def find_hf_config(model):
-    """The Hugging Face config of a model, a PEFT wrapper, a LightningModule holding one, or a config itself; or None."""
+    """The Hugging Face config of a model, a PEFT wrapper, a LightningModule holding one, or a config itself; or
+    None."""
     if model is None:
         return None
     if isinstance(model, Mapping) or _looks_like_config(model):
@@ -380,7 +381,7 @@ class Job:
         self._batches_seen = 0
         self._unmeasurable_batches = 0
 
-    def __enter__(self) -> "Job":
+    def __enter__(self) -> Job:
         self.start()
         return self
 
@@ -399,7 +400,7 @@ class Job:
     def seq_len_known(self) -> bool:
         return "seq_len" in self.features
 
-    def start(self) -> "Job":
+    def start(self) -> Job:
         """Connect, and register now if the features are complete. Idempotent."""
         if self._started or self.disabled:
             return self

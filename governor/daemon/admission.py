@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 
-def connection_refusal(limits, *, uid: int, total: int, of_uid: int) -> Optional[str]:
+def connection_refusal(limits, *, uid: int, total: int, of_uid: int) -> str | None:
     """Why a new connection from uid is refused (a message naming the limit), or None to admit it.
 
     ``total`` is the number of open connections, ``of_uid`` those of this uid; ``limits`` a LimitsConfig.
@@ -41,7 +41,7 @@ class IdleTimer:
                  close: Callable[[], None], clock: Callable[[], float] = time.monotonic):
         self.loop, self.timeout_s, self.holds, self.close, self.clock = loop, timeout_s, holds, close, clock
         self.last_s = clock()
-        self.handle: Optional[asyncio.TimerHandle] = loop.call_later(timeout_s, self._fire)
+        self.handle: asyncio.TimerHandle | None = loop.call_later(timeout_s, self._fire)
 
     def touch(self) -> None:
         self.last_s = self.clock()

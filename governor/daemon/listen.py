@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import socket
 import stat
-from typing import Optional
 
 from governor.daemon import peers
 from governor.errors import FtgovError
@@ -57,7 +56,7 @@ def _clear_stale(dirfd: int, name: str, path: str) -> None:
         probe.close()
 
 
-def bind_socket(path: str, mode: int, group: Optional[str]) -> socket.socket:
+def bind_socket(path: str, mode: int, group: str | None) -> socket.socket:
     """Bind and listen on path with exactly mode (and the group, as root): no window with a looser mode, and no
     symlink swap that can redirect the ownership change."""
     directory, name = os.path.split(os.path.abspath(path))

@@ -18,7 +18,6 @@ import select
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Optional
 
 from governor.sysfs import read_once
 
@@ -45,14 +44,14 @@ def peer_of(sock: socket.socket) -> Peer:
     return Peer(pid, uid, gid)
 
 
-def group_id(name: str) -> Optional[int]:
+def group_id(name: str) -> int | None:
     try:
         return grp.getgrnam(name).gr_gid
     except KeyError:
         return None
 
 
-def peer_groups(sock: socket.socket, peer: Peer) -> Optional[set[int]]:
+def peer_groups(sock: socket.socket, peer: Peer) -> set[int] | None:
     """The groups the peer had when it connected (SO_PEERGROUPS: from the socket's credentials, not from a pid
     that may since name another process); None where the kernel cannot say (older than 4.13, more than 256 groups)."""
     if SO_PEERGROUPS is None:
@@ -109,7 +108,7 @@ class HeldProcess:
         except OSError:
             pass
 
-    def another(self) -> "HeldProcess":
+    def another(self) -> HeldProcess:
         """A hold of its own on the same process (a pidfd duplicate); ProcessGone once the process has exited, or
         NotTheirs (recheck_uid) once its real uid is no longer the one it had when it was first held."""
         if not _alive(self.pidfd):
@@ -162,7 +161,7 @@ def _identity_of(pidfd: int, pid: int) -> tuple[int, int]:
     return identity
 
 
-def hold(pid: int, expected_start_ticks: Optional[int] = None) -> HeldProcess:
+def hold(pid: int, expected_start_ticks: int | None = None) -> HeldProcess:
     """Open a pidfd for pid, then read the identity (start time, real uid) of the process it refers to.
 
     The pidfd is opened first and checked alive after the read, so the identity is that of the held process (a
@@ -184,7 +183,7 @@ def hold(pid: int, expected_start_ticks: Optional[int] = None) -> HeldProcess:
     return HeldProcess(pid, pidfd, start, uid)
 
 
-def _socket_pidfd(sock: socket.socket) -> Optional[int]:
+def _socket_pidfd(sock: socket.socket) -> int | None:
     """A pidfd for the process that connected (SO_PEERPIDFD), or None where the kernel has no such option."""
     if SO_PEERPIDFD is None:
         return None
@@ -228,7 +227,7 @@ def hold_peer(sock: socket.socket, peer: Peer) -> HeldProcess:
     return HeldProcess(peer.pid, pidfd, start, peer.uid, recheck_uid=False)
 
 
-def is_member(sock: socket.socket, peer: Peer, process: Optional[HeldProcess], group_gid: Optional[int]) -> bool:
+def is_member(sock: socket.socket, peer: Peer, process: HeldProcess | None, group_gid: int | None) -> bool:
     """Whether the peer was in the group when it connected: SO_PEERGROUPS, else the groups of the process held for
     it (its uid checked against the socket's), else its primary group alone."""
     if group_gid is None:
@@ -239,7 +238,7 @@ def is_member(sock: socket.socket, peer: Peer, process: Optional[HeldProcess], g
     return group_gid in groups
 
 
-def process_for_job(connected: Optional[HeldProcess], peer: Peer, pid: Optional[int]) -> HeldProcess:
+def process_for_job(connected: HeldProcess | None, peer: Peer, pid: int | None) -> HeldProcess:
     """The process a new job holds: the connecting process (pid left out, or its own pid), else pid held by number.
 
     ProcessGone when it has exited, including a connecting process already gone when the connection was accepted (its

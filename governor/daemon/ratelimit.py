@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
-from typing import Callable, Hashable, Optional
+from collections.abc import Callable, Hashable
 
 REDECIDE_INTERVAL_S = 1.0
 LOG_LINES_PER_S = 10.0
@@ -26,7 +26,7 @@ class Coalescer:
     """At most one run per key per interval_s; see the module docstring."""
 
     def __init__(self, defer: Callable[[Callable[[], None], float], None], interval_s: float = REDECIDE_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic, on_error: Optional[Callable[[Exception], None]] = None):
+                 clock: Callable[[], float] = time.monotonic, on_error: Callable[[Exception], None] | None = None):
         self.defer, self.interval_s, self.clock = defer, interval_s, clock
         self.on_error = on_error or (lambda e: logging.getLogger("ftgovd").error("deferred re-decision failed: %s", e))
         self.last_s: dict[Hashable, float] = {}
@@ -63,10 +63,10 @@ class Coalescer:
             self.on_error(e)
 
 
-_CLIENT_UID: contextvars.ContextVar[Optional[int]] = contextvars.ContextVar("ftgov_client_uid", default=None)
+_CLIENT_UID: contextvars.ContextVar[int | None] = contextvars.ContextVar("ftgov_client_uid", default=None)
 
 
-def caused_by(uid: Optional[int]) -> contextvars.Token:
+def caused_by(uid: int | None) -> contextvars.Token:
     """Lines logged from now until ``done(token)`` (and in tasks started meanwhile) count against uid's bucket."""
     return _CLIENT_UID.set(uid)
 
@@ -108,7 +108,7 @@ class LogLimit(logging.Filter):
         return True
 
 
-def install(logger: logging.Logger, limit: Optional[LogLimit] = None) -> LogLimit:
+def install(logger: logging.Logger, limit: LogLimit | None = None) -> LogLimit:
     """Put one LogLimit on the logger (replacing an earlier one)."""
     for f in [f for f in logger.filters if isinstance(f, LogLimit)]:
         logger.removeFilter(f)

@@ -21,9 +21,10 @@ import logging
 import os
 import secrets
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -55,7 +56,7 @@ def boot_id(root: Root) -> str:
 class GpuState:
     describe: dict
     baseline: Limits
-    pinned_hz: Optional[int] = None
+    pinned_hz: int | None = None
 
     def to_dict(self) -> dict:
         return {"describe": self.describe, "baseline": self.baseline.to_dict(), "pinned_hz": self.pinned_hz}
@@ -69,10 +70,10 @@ class JobRecord:
     pid: int
     start_ticks: int
     gpu: str
-    name: Optional[str]
+    name: str | None
     uid: int
     features: dict
-    freq_hz: Optional[int]
+    freq_hz: int | None
     policy: str
 
 
@@ -90,7 +91,7 @@ class _LimitsModel(_Strict):
 class _GpuModel(_Strict):
     describe: dict[str, Any] = Field(default_factory=dict, max_length=64)
     baseline: _LimitsModel
-    pinned_hz: Optional[int] = Field(default=None, ge=1, le=_MAX_HZ)
+    pinned_hz: int | None = Field(default=None, ge=1, le=_MAX_HZ)
 
 
 class _JobModel(_Strict):
@@ -98,10 +99,10 @@ class _JobModel(_Strict):
     pid: int = Field(ge=0, le=(1 << 31) - 1)
     start_ticks: int = Field(ge=0, le=(1 << 63) - 1)
     gpu: str = Field(max_length=128)
-    name: Optional[str] = Field(default=None, max_length=256)
+    name: str | None = Field(default=None, max_length=256)
     uid: int = Field(ge=0, le=(1 << 32) - 1)
     features: dict[str, Any]
-    freq_hz: Optional[int] = Field(default=None, ge=1, le=_MAX_HZ)
+    freq_hz: int | None = Field(default=None, ge=1, le=_MAX_HZ)
     policy: str = Field(max_length=32)
 
     @field_validator("features")
@@ -132,7 +133,7 @@ class State:
                 "jobs": [vars(j) for j in self.jobs]}
 
     @classmethod
-    def from_json(cls, raw: bytes) -> "State":
+    def from_json(cls, raw: bytes) -> State:
         """Parse and validate a whole file; StateError naming the first problem (pydantic's JSON parser bounds the
         nesting, so a 100,000-deep array is an error, not a RecursionError)."""
         try:
@@ -148,11 +149,11 @@ class State:
         return cls(m.boot_id, gpus, jobs, m.next_job_id)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "State":
+    def from_dict(cls, d: dict) -> State:
         return cls.from_json(json.dumps(d).encode())
 
 
-def baseline_problem(baseline: Limits, levels_hz: Sequence[int]) -> Optional[str]:
+def baseline_problem(baseline: Limits, levels_hz: Sequence[int]) -> str | None:
     """Why a saved baseline must not be written back to a GPU with these levels (None: it may).
 
     A baseline is what the GPU's limits were before our pin, so it lies within the GPU's own table: anything else
@@ -164,7 +165,7 @@ def baseline_problem(baseline: Limits, levels_hz: Sequence[int]) -> Optional[str
     return None
 
 
-def checked(state: Optional[State], levels_hz: dict[str, Sequence[int]]) -> Optional[State]:
+def checked(state: State | None, levels_hz: dict[str, Sequence[int]]) -> State | None:
     """The part of a saved state that may be acted on for GPUs with these levels: each GPU's baseline and pin within
     its table, each job on a GPU we have at one of its levels (or no pin) with a pid above 1. The rest is logged and
     dropped. The uid of a job's process is checked when it is held (peers.hold_recorded)."""
@@ -214,7 +215,7 @@ class StateFile:
         self.dir = Path(state_dir)
         self.path = self.dir / STATE_FILE
 
-    def _open_dir(self, *, create: bool) -> Optional[int]:
+    def _open_dir(self, *, create: bool) -> int | None:
         """The state dir, opened (not through a symlink in its last component) and checked; None when absent."""
         if create:
             self.dir.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -260,7 +261,7 @@ class StateFile:
         finally:
             os.close(dirfd)
 
-    def read(self, current_boot_id: str) -> Optional[State]:
+    def read(self, current_boot_id: str) -> State | None:
         """The saved state of this boot, or None (no file, another boot's, or invalid: each is logged, an invalid
         file set aside). StateError only for a state dir that cannot be trusted or read at all."""
         try:

@@ -62,9 +62,10 @@ class DecisionTree:
         self.metadata = metadata or {}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "DecisionTree":
+    def from_dict(cls, data: dict) -> DecisionTree:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ModelError(f"not a {FORMAT} export (format={data.get('format') if isinstance(data, dict) else None!r})")
+            found = data.get("format") if isinstance(data, dict) else None
+            raise ModelError(f"not a {FORMAT} export (format={found!r})")
         if list(data.get("features", [])) != list(FEATURE_ORDER):
             raise ModelError(f"features must be {list(FEATURE_ORDER)}, got {data.get('features')!r}")
         if data.get("model_type_codes", MODEL_TYPE_CODES) != MODEL_TYPE_CODES:
@@ -80,7 +81,7 @@ class DecisionTree:
                    metadata=data.get("metadata") or {})
 
     @classmethod
-    def load(cls, path: str | Path) -> "DecisionTree":
+    def load(cls, path: str | Path) -> DecisionTree:
         try:
             text = _read_bounded(path).decode()
         except OSError as e:
@@ -100,7 +101,7 @@ class DecisionTree:
         return sorted({n.freq_hz for n in self.nodes if isinstance(n, Leaf)})
 
     def decide(self, features: Features) -> TreeDecision:
-        return self.decide_vector(dict(zip(FEATURE_ORDER, features.vector())))
+        return self.decide_vector(dict(zip(FEATURE_ORDER, features.vector(), strict=True)))
 
     def decide_vector(self, values: dict[str, float]) -> TreeDecision:
         node, path = self.nodes[0], []

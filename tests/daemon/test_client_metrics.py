@@ -13,8 +13,8 @@ import pytest
 
 import governor
 from governor.cli import main
-from governor.client import Connection
 from governor.cli.metrics import families
+from governor.client import Connection
 from tests.support.daemon import REPO
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")

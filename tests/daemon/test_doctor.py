@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from governor.sim import tree
 from tests.support import NVPMODEL_CONF
 from tests.support.daemon import DEVFREQ, FEATURES, REPO, limits
-
-from governor.sim import tree
 
 BASELINE = (306000000, 1300500000)
 

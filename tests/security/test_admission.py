@@ -7,10 +7,10 @@ import socket
 
 import pytest
 
-from tests.support.security import open_to_members, run_as
 from governor.daemon.admission import connection_refusal
 from governor.daemon.config import LimitsConfig
 from tests.support.daemon import FEATURES
+from tests.support.security import open_to_members, run_as
 
 _HOLD_CONNECTIONS = """
 import socket, sys

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from tests.support.security import open_to_members, run_as
 from governor.cli.metrics import families
 from governor.daemon.redact import status_for
 from tests.support.daemon import FEATURES
+from tests.support.security import open_to_members, run_as
 
 _REGISTER_THEN_STATUS = """
 import json, socket, sys

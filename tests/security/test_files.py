@@ -12,13 +12,13 @@ import sys
 
 import pytest
 
-from tests.support.security import BASELINE, needs_root
 from governor.daemon.listen import bind_socket
 from governor.errors import BackendError, FtgovError, ModelError
 from governor.policy.tree import MAX_MODEL_BYTES, DecisionTree
 from governor.sysfs import EXCERPT_CHARS, read_int, write_text
 from tests.support import REPO
 from tests.support.daemon import DEVFREQ, FEATURES, limits
+from tests.support.security import BASELINE, needs_root
 
 SECRET = "SECRET-ROOT-ONLY-0123456789-abcdefghijklmnopqrstuvwxyz\n"
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.security import ftgov, job_record, write_state
 from governor.cli.escape import printable
 from governor.cli.metrics import families
 from governor.cli.ops import format_status
 from tests.support.daemon import FEATURES
+from tests.support.security import ftgov, job_record, write_state
 
 HOSTILE = {
     "OSC title": "\x1b]0;root@board: all good\x07",

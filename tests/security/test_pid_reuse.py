@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from tests.support.security import BASELINE, job_record, needs_root, open_to_members, run_as, write_state
 from governor.daemon import peers
 from tests.support.daemon import FEATURES, limits
+from tests.support.security import BASELINE, job_record, needs_root, open_to_members, run_as, write_state
 
 # The member's process: a child connects on the shared socket and exits at once; the parent keeps the connection.
 _CONNECT_THEN_EXIT = """

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import logging
 
-from tests.support.security import open_to_members, run_as
 from governor.daemon import ratelimit
 from tests.support.daemon import FEATURES, limits
+from tests.support.security import open_to_members, run_as
 
 
 def test_alternating_updates_move_the_pin_about_once_a_second(orin, start_daemon):

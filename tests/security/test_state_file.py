@@ -9,10 +9,10 @@ import stat
 
 import pytest
 
-from tests.support.security import BASELINE, boot_id_of, ftgov, job_record, needs_root, state_dir_of, write_state
 from governor.daemon.state import MAX_STATE_BYTES, State, StateFile
 from governor.errors import StateError
 from tests.support.daemon import limits
+from tests.support.security import BASELINE, boot_id_of, ftgov, job_record, needs_root, state_dir_of, write_state
 
 ONE_HZ = {"0": {"describe": {}, "baseline": {"min_hz": 1, "max_hz": 1, "extra": {}}, "pinned_hz": 1}}
 
@@ -60,7 +60,8 @@ def _old_record(rec: dict) -> dict:
     return rec
 
 
-@pytest.mark.parametrize("kind", ["wrong types", "gpus a list", "100k-deep nesting", "not JSON", "the old start_time key"])
+@pytest.mark.parametrize("kind", ["wrong types", "gpus a list", "100k-deep nesting", "not JSON",
+                                  "the old start_time key"])
 def test_a_malformed_state_file_is_set_aside_not_a_crash(orin, start_daemon, kind):
     d = start_daemon(launch=False)
     path = write_state(d, orin, raw=_bad_files(orin)[kind])
