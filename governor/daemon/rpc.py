@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from governor.daemon import peers, protocol, redact, status
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ftgovd")
 
+# A pin check writes the pin twice and saves the state file twice: a member may ask for one a second (root always).
+PIN_CHECK_INTERVAL_S = 1.0
+
 MEASURING = ("waiting for gpu_util, which this decision needs: it is measured over the job's first training steps "
              "(or after a settling delay without progress reports); no pin until then, the default governor runs")
 
@@ -31,6 +35,7 @@ class Methods:
     def __init__(self, server: Server):
         self.server = server
         self.pins = server.pins
+        self._pin_checked_s: dict[int, float] = {}  # uid -> when its last pin check ran (monotonic)
 
     @property
     def config(self):
@@ -50,6 +55,14 @@ class Methods:
                         f"{self.config.probe_retry_s:g} s: training runs on at the default clocks")
 
     def rpc_pin_check(self, conn: Connection, params) -> dict:
+        uid = conn.peer.uid
+        if uid != 0:
+            now_s = time.monotonic()
+            wait_s = self._pin_checked_s.get(uid, -PIN_CHECK_INTERVAL_S) + PIN_CHECK_INTERVAL_S - now_s
+            if wait_s > 0:
+                raise RpcFault(LIMIT_EXCEEDED, f"pin_check: at most one a second per user (each writes the pin and "
+                               f"saves the state file); try again in {wait_s:.1f} s")
+            self._pin_checked_s[uid] = now_s
         log.info("pin check requested by uid %d (pid %d)", conn.peer.uid, conn.peer.pid)
         return {"gpus": self.pins.pin_check()}
 

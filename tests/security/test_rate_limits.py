@@ -7,7 +7,7 @@ import logging
 
 from governor.daemon import ratelimit
 from tests.support.daemon import FEATURES, limits
-from tests.support.security import open_to_members, run_as
+from tests.support.security import BASELINE, open_to_members, run_as
 
 
 def test_alternating_updates_move_the_pin_about_once_a_second(orin, start_daemon):
@@ -102,3 +102,29 @@ def test_a_member_cannot_flood_the_daemons_log(orin, start_daemon, member):
     # Four lines a cycle, 600 unbounded; the bucket passes 50 at once and 10 a second after that.
     assert lines < 300, f"{lines} lines about this member's jobs"
     assert f"caused by uid {uid} suppressed" in log
+
+
+_PIN_CHECKS = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(sys.argv[1])
+f = s.makefile()
+for i in range(int(sys.argv[2])):
+    s.sendall(json.dumps({"jsonrpc": "2.0", "id": i, "method": "pin_check", "params": {}}).encode() + b"\\n")
+    print(f.readline(), end="", flush=True)
+"""
+
+
+def test_a_member_gets_one_pin_check_a_second(orin, start_daemon, member):
+    user, _uid = member
+    d = start_daemon()
+    open_to_members(d)
+    out, err = run_as(user, _PIN_CHECKS, d.socket, "20").communicate(timeout=60)
+    replies = [json.loads(line) for line in out.splitlines()]
+    assert len(replies) == 20, err
+    checked = [r for r in replies if "result" in r]
+    refused = [r for r in replies if r.get("error", {}).get("code") == -32002]
+    assert 1 <= len(checked) <= 2 and len(checked) + len(refused) == 20, replies  # 20 asked within a second or two
+    assert "one a second" in refused[0]["error"]["message"]
+    assert checked[0]["result"]["gpus"][0]["ok"] and limits(orin) == BASELINE
+    root = d.client()
+    assert all(root.call("pin_check")["gpus"][0]["ok"] for _ in range(3))  # root is not limited
