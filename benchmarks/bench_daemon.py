@@ -84,9 +84,10 @@ async def concurrent_round(sock: str, n: int) -> list[float]:
 
 
 def start(workdir: Path, root: Path):
-    # All 50 clients run as this one user: room for their 50 jobs (limits.max_jobs_per_uid is 32 by default).
+    # All 50 clients run as this one user: room for their 50 connections and jobs (by default a uid may hold 16
+    # connections and 8 jobs).
     config = {"model_file": str(REPO / "model" / "paper-tree.json"), "sample_interval_s": 1.0,
-              "limits": {"max_jobs_per_uid": 64}}
+              "limits": {"max_jobs_per_uid": 64, "max_connections_per_uid": 64}}
     profile = (("-m", "cProfile", "-o", f"{os.environ['FTGOV_PROFILE']}.{workdir.name}")
                if os.environ.get("FTGOV_PROFILE") else ())
     # As deployed: info, a line per decision.
