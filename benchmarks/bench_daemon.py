@@ -63,9 +63,10 @@ async def concurrent_round(sock: str, n: int) -> list[float]:
 
 
 def start(workdir: Path, root: Path):
-    # All 50 clients run as this one user: room for their 50 jobs (limits.max_jobs_per_uid is 32 by default).
+    # All 50 clients run as this one user: room for their 50 connections and jobs (by default a uid may hold 16
+    # connections and 8 jobs).
     config = {"model_file": str(REPO / "model" / "paper-tree.json"), "sample_interval_s": 1.0,
-              "limits": {"max_jobs_per_uid": 64}}
+              "limits": {"max_jobs_per_uid": 64, "max_connections_per_uid": 64}}
     profile = (("-m", "cProfile", "-o", f"{os.environ['FTGOV_PROFILE']}.{workdir.name}")
                if os.environ.get("FTGOV_PROFILE") else ())
     # As deployed: info, a line per decision.
@@ -156,20 +157,24 @@ def bench(n_single: int, n_bursts: int, n_kill: int, idle_s: float) -> dict:
 
 
 def table(r: dict) -> str:
+    def spread(name: str, lo: str = "p50", hi: str = "p99", unit: str = "ms", fmt: str = ".2f") -> str:
+        keys = {"p50": f"{name}_p50_ms", "p99": f"{name}_p99_ms", "median": f"{name}_median", "max": f"{name}_max",
+                "slowest": f"{name}_max"}
+        return f"{lo} {r[keys[lo]]:{fmt}} {unit}, {hi} {r[keys[hi]]:{fmt}} {unit}"
+
     rows = [
-        ("register -> pinned, 1 client", f"p50 {r['register_p50_ms']:.2f} ms, p99 {r['register_p99_ms']:.2f} ms", "p99 <= 5 ms"),
-        ("register -> pinned, 50 concurrent clients", f"p50 {r['register50_p50_ms']:.2f} ms, p99 {r['register50_p99_ms']:.2f} ms", "p99 <= 20 ms"),
-        ("  last reply of a burst", f"median {r['burst_max_ms_median']:.2f} ms, slowest {r['burst_max_ms_max']:.2f} ms", "(the tail above)"),
-        ("client SIGKILL -> baseline restored", f"p50 {r['kill_restore_p50_ms']:.2f} ms, p99 {r['kill_restore_p99_ms']:.2f} ms", "p99 <= 50 ms"),
+        ("register -> pinned, 1 client", spread("register"), "p99 <= 5 ms"),
+        ("register -> pinned, 50 concurrent clients", spread("register50"), "p99 <= 20 ms"),
+        ("  last reply of a burst", spread("burst_max_ms", "median", "slowest"), "(the tail above)"),
+        ("client SIGKILL -> baseline restored", spread("kill_restore"), "p99 <= 50 ms"),
         (f"idle daemon CPU time over {r['idle_s']:g} s", f"{r['idle_cpu_ms']:.1f} ms", "<= 10 ms"),
         ("daemon RSS after the load", f"{r['rss_mb']:.1f} MB", "<= 40 MB"),
-        ("start -> READY=1 (accepting)", f"median {r['start_ready_s_median']:.3f} s, max {r['start_ready_s_max']:.3f} s", "<= 0.5 s"),
+        ("start -> READY=1 (accepting)", spread("start_ready_s", "median", "max", "s", ".3f"), "<= 0.5 s"),
     ]
     out = markdown_table(("figure", "measured", "target"), rows)
     s = r["samples"]
-    out.append(f"\n({s['single']} single-client cycles, {s['concurrent']} concurrent registrations in {s['bursts']} bursts, "
-               f"{s['kill']} kills; "
-               f"fake tree on tmpfs; {os.cpu_count()} CPUs)")
+    out.append(f"\n({s['single']} single-client cycles, {s['concurrent']} concurrent registrations in "
+               f"{s['bursts']} bursts, {s['kill']} kills; fake tree on tmpfs; {os.cpu_count()} CPUs)")
     return "\n".join(out)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from governor.backends.base import GpuBase, Limits, Reading
 from governor.errors import BackendError, NodeNotFound, PinError
-from governor.sysfs import Root, read_int, read_text, write_text
+from governor.sysfs import Root, excerpt, read_int, read_text, write_text
 
 DEVFREQ_CLASS = "/sys/class/devfreq"
 GPU_OF_NAMES = frozenset({"ga10b", "gv11b", "gp10b", "gb10b", "gpu"})
@@ -69,7 +69,12 @@ class DevfreqGpu(GpuBase):
         self.node = node
         self.device = root.resolve(node / "device")
         self.load_path = _load_file(root, self.device)
-        levels = sorted({int(x) for x in read_text(node / "available_frequencies").split()})
+        text = read_text(node / "available_frequencies")
+        try:
+            levels = sorted({int(x) for x in text.split()})
+        except ValueError as e:
+            raise BackendError(f"{root.unroot(node)}/available_frequencies holds {excerpt(text)}, not a list of "
+                               "frequencies") from e
         if not levels:
             raise BackendError(f"{root.unroot(node)}/available_frequencies is empty")
         self.levels_hz: tuple[int, ...] = tuple(levels)

@@ -1,7 +1,8 @@
 """`ftgov history`: the jobs in the board's measurement store, with their frequency, duration, energy and saving.
 
 Reads the store file directly (read-only; it is root's, as the daemon's state is: run as root, or on a copy). Job
-names are the clients' strings: control characters are shown escaped, so a name cannot rewrite the terminal.
+names are the clients' strings: control characters are shown escaped (governor.cli.escape), so a name cannot rewrite
+the terminal.
 """
 
 from __future__ import annotations
@@ -13,26 +14,11 @@ import sys
 import time
 from datetime import datetime
 
+from governor.cli.escape import printable
 from governor.errors import FtgovError
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-
-
-def printable(text: str | None) -> str:
-    """The string with control and format characters (C0, C1, DEL, bidi overrides) escaped as \\x.., \\u...."""
-    if text is None:
-        return ""
-    import unicodedata
-
-    out = []
-    for ch in text:
-        if unicodedata.category(ch)[0] == "C":
-            code = ord(ch)
-            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
-        else:
-            out.append(ch)
-    return "".join(out)
 
 
 def parse_since(text: str, now: float | None = None) -> float:
@@ -112,7 +98,7 @@ def format_table(jobs, totals: dict) -> str:
     head = f"{'ended':19}  {'job':24}  {'policy':8}  {'MHz':>7}  {'time s':>8}  {'steps':>6}  {'energy J':>9}  saved"
     lines = [head]
     for j in jobs:
-        name = printable(j.name) or "-"
+        name = printable(j.name) if j.name else "-"
         if len(name) > 24:
             name = name[:23] + "~"
         saved = "-" if j.saved_rel is None else f"{100 * j.saved_rel:.1f}% vs {j.saved_basis}"

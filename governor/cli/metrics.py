@@ -7,6 +7,10 @@ the same metrics for node_exporter's textfile collector, atomically, every --int
 ``families(status)`` turns one status answer into metric families with no dependency; the prometheus-client import is
 confined to the exposition, and a missing package is a clear error naming the extra to install.
 Metric names use base units (hertz, watts, joules, seconds, ratio) as Prometheus conventions ask.
+
+Job names (by default a model's local path) are labels only with --job-names: the HTTP exporter answers any local
+user, and a textfile is read by node_exporter for anyone who can scrape it. Label values are escaped
+(governor.cli.escape): a name from a client must not carry terminal escapes into whatever prints the metrics.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import signal
 import sys
 from dataclasses import dataclass, field
 
+from governor.cli.escape import printable
 from governor.client import Connection
 from governor.errors import FtgovError
 
@@ -30,11 +35,12 @@ class Family:
 
     def add(self, value, **labels) -> None:
         if value is not None:
-            self.samples.append(({k: str(v) for k, v in labels.items()}, float(value)))
+            self.samples.append(({k: printable(str(v)) for k, v in labels.items()}, float(value)))
 
 
-def families(status: dict | None, estimate=None) -> list[Family]:
+def families(status: dict | None, estimate=None, *, job_names: bool = False) -> list[Family]:
     """Metric families (all gauges) for one daemon status; ``None`` means the daemon did not answer (up 0).
+    ``job_names``: label each job's samples with its name too (opt-in: see the module docstring).
 
     ``estimate(job) -> ratio | None`` gives a job's estimated energy savings against the default governor (MAXN).
     """
@@ -69,7 +75,9 @@ def families(status: dict | None, estimate=None) -> list[Family]:
     saved = Family(f"{PREFIX}_job_energy_saved_joules_estimate",
                    "estimated joules saved so far against the default governor (MAXN)")
     for j in jobs:
-        labels = dict(job_id=j.get("job_id"), job_name=j.get("name") or "", gpu=j.get("gpu"))
+        labels = dict(job_id=j.get("job_id"), gpu=j.get("gpu"))
+        if job_names:
+            labels["job_name"] = j.get("name") or ""
         job_freq.add(j.get("freq_hz"), policy=j.get("policy") or "", **labels)
         job_energy.add(j.get("energy_j"), **labels)
         job_time.add(j.get("duration_s"), **labels)
@@ -144,13 +152,14 @@ def _prometheus():
 class DaemonCollector:
     """A prometheus-client collector that asks ftgovd for its status at each collection."""
 
-    def __init__(self, socket: str | None = None, estimate=None):
+    def __init__(self, socket: str | None = None, estimate=None, *, job_names: bool = False):
         self.socket = socket
         self.estimate = estimate
+        self.job_names = job_names
         _, self._gauge = _prometheus()
 
     def collect(self):
-        for fam in families(read_status(self.socket), self.estimate):
+        for fam in families(read_status(self.socket), self.estimate, job_names=self.job_names):
             label_names = sorted({k for labels, _ in fam.samples for k in labels})
             gauge = self._gauge(fam.name, fam.help, labels=label_names)
             for labels, value in fam.samples:
@@ -158,10 +167,10 @@ class DaemonCollector:
             yield gauge
 
 
-def registry_for(socket: str | None = None):
+def registry_for(socket: str | None = None, *, job_names: bool = False):
     prometheus_client, _ = _prometheus()
     registry = prometheus_client.CollectorRegistry()
-    registry.register(DaemonCollector(socket, model_savings_estimator()))
+    registry.register(DaemonCollector(socket, model_savings_estimator(), job_names=job_names))
     return registry
 
 
@@ -176,6 +185,9 @@ def add_parser(sub) -> None:
                    help="address to serve on (default 127.0.0.1: put a reverse proxy or an SSH tunnel in front)")
     p.add_argument("--interval", type=float, default=15.0, help="seconds between textfile writes (default 15)")
     p.add_argument("--once", action="store_true", help="write the textfile once and exit (for a systemd timer)")
+    p.add_argument("--job-names", action="store_true",
+                   help="label job metrics with job names too (off by default: names, often model paths, would be "
+                        "readable by anyone who can scrape the exporter)")
     p.add_argument("--socket", help="ftgovd's socket (default: $FTGOV_SOCKET, else /run/ftgov/ftgov.sock)")
     p.set_defaults(func=run)
 
@@ -185,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
         print("ftgov metrics: --interval must be > 0", file=sys.stderr)
         return 2
     try:
-        registry = registry_for(args.socket)
+        registry = registry_for(args.socket, job_names=args.job_names)
     except FtgovError as e:
         print(f"ftgov metrics: {e}", file=sys.stderr)
         return 2

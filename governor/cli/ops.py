@@ -10,6 +10,7 @@ import argparse
 import json
 import sys
 
+from governor.cli.escape import printable
 from governor.cli.features import add_feature_arguments, features_from_args
 from governor.client import Connection
 from governor.errors import ConfigError, FtgovError
@@ -58,13 +59,15 @@ def run_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(answer, indent=2, sort_keys=True))
     else:
-        print(f"policy:    {answer.get('policy')}\nfrequency: {mhz(answer.get('freq_hz'))}\n"
-              f"path:      {answer.get('reason')}")
+        print("\n".join(printable(line) for line in (f"policy:    {answer.get('policy')}",
+                                                      f"frequency: {mhz(answer.get('freq_hz'))}",
+                                                      f"path:      {answer.get('reason')}")))
     return 0
 
 
 def format_status(status: dict) -> str:
-    """The daemon's status as text: one block per GPU, the rails, then a table of jobs."""
+    """The daemon's status as text: one block per GPU, the rails, then a table of jobs. Each line is escaped
+    (governor.cli.escape): job names come from clients. Others' jobs come redacted (no name, pid): shown as "-"."""
     jobs = status.get("jobs") or []
     lines = [f"ftgovd: policy {status.get('policy')}, {len(jobs)} job(s)"]
     for gpu in status.get("gpus") or []:
@@ -79,16 +82,20 @@ def format_status(status: dict) -> str:
     if jobs:
         rows = [("JOB", "NAME", "PID", "GPU", "POLICY", "FREQ", "STEPS", "PHASE", "TIME", "ENERGY")]
         for j in jobs:
-            rows.append((str(j.get("job_id")), str(j.get("name") or "-"), str(j.get("pid")), str(j.get("gpu")),
-                         str(j.get("policy") or "-"), mhz(j.get("freq_hz")), str(j.get("steps", 0)),
-                         str(j.get("phase") or "-"), _duration(j.get("duration_s")), _energy(j.get("energy_j"))))
+            rows.append(tuple(printable(cell) for cell in (
+                str(j.get("job_id")), str(j.get("name") or "-"), _or_dash(j.get("pid")), str(j.get("gpu")),
+                str(j.get("policy") or "-"), mhz(j.get("freq_hz")), str(j.get("steps", 0)),
+                str(j.get("phase") or "-"), _duration(j.get("duration_s")), _energy(j.get("energy_j")))))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        lines.append("")
-        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-        for j in jobs:
-            if j.get("reason"):
-                lines.append(f"  job {j.get('job_id')}: {j['reason']}")
-    return "\n".join(lines)
+        lines = [printable(line) for line in lines] + [""]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+        lines += [printable(f"  job {j.get('job_id')}: {j['reason']}") for j in jobs if j.get("reason")]
+        return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
+
+
+def _or_dash(value) -> str:
+    return "-" if value is None else str(value)
 
 
 def _gpu_line(gpu: dict) -> str:

@@ -19,7 +19,8 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
-from governor.cli.history import add_store_arguments, load, parse_since, printable
+from governor.cli.escape import printable
+from governor.cli.history import add_store_arguments, load, parse_since
 from governor.errors import FtgovError
 
 MAX_CURVE_PANELS = 12
@@ -51,7 +52,7 @@ def workloads(jobs) -> list[dict]:
         groups.setdefault(feature_key(f), []).append(j)
     out = []
     for key, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), str(kv[0]))):
-        names = Counter(printable(j.name) or "-" for j in members)
+        names = Counter(printable(j.name) if j.name else "-" for j in members)
         saved = [j.saved_rel for j in members if j.saved_rel is not None]
         out.append({"key": key, "name": names.most_common(1)[0][0], "jobs": members, "curve": curves.get(key),
                     "mean_saved": sum(saved) / len(saved) if saved else None,

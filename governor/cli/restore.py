@@ -11,9 +11,9 @@ import logging
 import sys
 
 from governor import DEFAULT_CONFIG_PATH
+from governor.daemon.state import StateFile, baseline_problem, boot_id
 from governor.errors import FtgovError
-from governor.daemon.state import StateFile, boot_id
-from governor.sysfs import Root
+from governor.sysfs import Root, trusted_root
 
 log = logging.getLogger("ftgovd")
 
@@ -45,6 +45,11 @@ def restore(state_dir: str, root: Root, config) -> int:
             print(f"ftgov restore: GPU {gid} from the state file is not present", file=sys.stderr)
             failed += 1
             continue
+        problem = baseline_problem(gs.baseline, gpu.levels_hz)
+        if problem is not None:
+            print(f"ftgov restore: GPU {gid}: not restoring: {problem}", file=sys.stderr)
+            failed += 1
+            continue
         try:
             gpu.restore(gs.baseline)
         except FtgovError as e:
@@ -69,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         if args.on_stop and not config.restore_on_stop:
             print("ftgov restore: restore_on_stop is false in the config: leaving the pin in place")
             return 0
-        return restore(config.state_dir, Root(config.sysfs_root), config)
+        return restore(config.state_dir, trusted_root(config.sysfs_root), config)
     except FtgovError as e:
         print(f"ftgov restore: error: {e}", file=sys.stderr)
         return 1

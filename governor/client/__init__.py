@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import select
 import socket as socketlib
 import time
 import warnings
@@ -138,7 +139,7 @@ class Connection:
         self._sock = sock
         self._reader = sock.makefile("rb")
 
-    def __enter__(self) -> "Connection":
+    def __enter__(self) -> Connection:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -147,6 +148,22 @@ class Connection:
     @property
     def closed(self) -> bool:
         return self._sock is None
+
+    def closed_by_daemon(self) -> bool:
+        """Whether ftgovd has closed its end (read without waiting, nothing consumed): it closes a connection that
+        holds no job and sends nothing for its limits.idle_timeout_s, and it may have restarted meanwhile."""
+        if self._sock is None:
+            return True
+        poll = select.poll()
+        poll.register(self._sock, select.POLLIN)
+        if not poll.poll(0):
+            return False
+        try:
+            return self._sock.recv(1, socketlib.MSG_PEEK | socketlib.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:  # reset by the daemon
+            return True
 
     def close(self) -> None:
         """Close the connection. The daemon ends any job still held by it."""
@@ -232,7 +249,8 @@ def _drop_none(params: dict) -> dict:
 
 
 def find_hf_config(model):
-    """The Hugging Face config of a model, a PEFT wrapper, a LightningModule holding one, or a config itself; or None."""
+    """The Hugging Face config of a model, a PEFT wrapper, a LightningModule holding one, or a config itself; or
+    None."""
     if model is None:
         return None
     if isinstance(model, Mapping) or _looks_like_config(model):
@@ -363,7 +381,7 @@ class Job:
         self._batches_seen = 0
         self._unmeasurable_batches = 0
 
-    def __enter__(self) -> "Job":
+    def __enter__(self) -> Job:
         self.start()
         return self
 
@@ -382,7 +400,7 @@ class Job:
     def seq_len_known(self) -> bool:
         return "seq_len" in self.features
 
-    def start(self) -> "Job":
+    def start(self) -> Job:
         """Connect, and register now if the features are complete. Idempotent."""
         if self._started or self.disabled:
             return self
@@ -489,6 +507,17 @@ class Job:
         except ValueError as e:
             self._disable(str(e))
             return
+        if self._conn.closed_by_daemon():
+            # Measuring seq_len took longer than the daemon keeps a connection that holds no job (or the daemon
+            # restarted): nothing was sent on it yet, so connecting again cannot register the job twice.
+            log.info("ftgov: ftgovd closed the connection while the job started; connecting again")
+            self._conn.close()
+            try:
+                self._conn = Connection(self.socket, timeout_s=self.timeout_s)
+            except DaemonUnavailable as e:
+                self._conn = None
+                self._disable(str(e))
+                return
         if self.gpu is None:
             from governor.backends.gpuid import visible_gpu
 

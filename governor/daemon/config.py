@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -47,9 +47,14 @@ class SocketConfig(_Strict):
 
 class LimitsConfig(_Strict):
     max_connections: int = Field(256, gt=0, le=65536)
-    max_connections_per_uid: int = Field(64, gt=0, le=65536, description="so that one user cannot lock the others out")
+    max_connections_per_uid: int = Field(16, gt=0, le=65536, description=(
+        "so that a few users cannot lock the others out: it takes max_connections / this many users to fill it"))
+    root_reserve_connections: int = Field(16, ge=0, le=65536, description=(
+        "connections root may open beyond max_connections, so that `ftgov status` works while members fill it"))
+    idle_timeout_s: float = Field(60.0, gt=0, le=86400, description=(
+        "a connection that holds no job and sends nothing this long is closed"))
     max_jobs_per_connection: int = Field(8, gt=0, le=1024)
-    max_jobs_per_uid: int = Field(32, gt=0, le=65536, description="so that one user cannot take every job slot")
+    max_jobs_per_uid: int = Field(8, gt=0, le=65536, description="so that a few users cannot take every job slot")
     max_jobs: int = Field(64, gt=0, le=65536)
 
 
@@ -60,7 +65,8 @@ class TunerConfig(_Strict):
     warmup_steps: int = Field(1, ge=0, description="steps discarded after each frequency change")
     max_probes: int = Field(6, ge=1, le=100, description="measurement windows at most")
     noise_rel: float = Field(0.03, gt=0, le=1, description="relative noise of one window's energy per step")
-    max_slowdown: Optional[float] = Field(None, gt=0, le=10, description="e.g. 0.10: at most 10% slower than the fastest level")
+    max_slowdown: float | None = Field(None, gt=0, le=10,
+                                       description="e.g. 0.10: at most 10% slower than the fastest level")
 
 
 DEFAULT_STORE_PATH = "/var/lib/ftgov/measurements.sqlite"  # where the unit's StateDirectory=ftgov puts it
@@ -69,7 +75,7 @@ DEFAULT_STORE_PATH = "/var/lib/ftgov/measurements.sqlite"  # where the unit's St
 class StoreConfig(_Strict):
     """The measurement store (governor.daemon.store): every job's features, windows and outcome."""
 
-    path: Optional[str] = Field("auto", min_length=1, description=(
+    path: str | None = Field("auto", min_length=1, description=(
         "SQLite file; auto: measurements.sqlite in systemd's $STATE_DIRECTORY (/var/lib/ftgov), and no store for a "
         "daemon started by hand (a test, a benchmark) unless a path is given; null: keep no store"))
     max_jobs: int = Field(20000, gt=0, le=10_000_000, description="the oldest jobs are dropped past this many")
@@ -80,12 +86,12 @@ class Config(_Strict):
     sysfs_root: str = "/"
     state_dir: str = DEFAULT_STATE_DIR
     backend: Literal["auto", "devfreq", "nvml"] = "auto"
-    policy: Optional[Literal["mlg", "ffg", "observe", "tune"]] = Field(
+    policy: Literal["mlg", "ffg", "observe", "tune"] | None = Field(
         None, description="default: mlg on a Jetson; tune on NVML GPUs, where the Orin-trained tree does not transfer")
-    power_cap_w: Optional[float] = Field(None, gt=0, le=100_000, description=(
+    power_cap_w: float | None = Field(None, gt=0, le=100_000, description=(
         "NVML only: also cap the GPU's power limit (W) while it is pinned; the previous limit is restored with it"))
-    model_file: Optional[str] = Field(None, description="ftgov-tree/1 JSON; default: the tree shipped with ftgov")
-    ffg_freq_hz: Optional[int] = Field(None, gt=0, description="FFG's frequency (nearest level at or above is pinned); "
+    model_file: str | None = Field(None, description="ftgov-tree/1 JSON; default: the tree shipped with ftgov")
+    ffg_freq_hz: int | None = Field(None, gt=0, description="FFG's frequency (nearest level at or above is pinned); "
                                        "default: the level with the least total energy in the training data (ffg.json)")
     pin_above_power_mode: bool = Field(False, description=(
         "pin above the GPU's max_freq as found before the first pin (the nvpmodel power mode's cap); default never"))
@@ -113,7 +119,7 @@ class Config(_Strict):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
-def store_path(config: Config, environ=os.environ) -> Optional[str]:
+def store_path(config: Config, environ=os.environ) -> str | None:
     """The daemon's store file, or None for none (see StoreConfig.path)."""
     path = config.store.path
     if path != "auto":

@@ -6,8 +6,10 @@ request that has to wait (measuring gpu_util) becomes a task, and the lines behi
 pauses meanwhile. Replies a client does not read are buffered by the transport up to WRITE_HIGH_BYTES; past that it
 calls pause_writing and the connection stops being read until resume_writing says the buffer drained.
 
-The peer's credentials (SO_PEERCRED) are read and its process held (a pidfd) when it connects, so that a
-registration does not open /proc again and the pid cannot have been reused since the connect.
+The peer's credentials (SO_PEERCRED) are read and its process held (a pidfd: the socket's own where the kernel gives
+one, governor.daemon.peers) when it connects, so that a registration does not open /proc again and the pid cannot
+have been reused since the connect. A connection that holds no job and sends nothing for limits.idle_timeout_s is
+closed (governor.daemon.admission). The log lines a request causes count against its uid (governor.daemon.ratelimit).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from governor.daemon import peers, protocol
+from governor.daemon import admission, peers, protocol, ratelimit
 from governor.daemon.protocol import RpcFault
 from governor.errors import INVALID_REQUEST, SERVER_ERROR, FtgovError
 
@@ -53,35 +55,49 @@ class Connection(asyncio.BufferedProtocol):
         self.eof = False
         self.closed = False
         self.counted = False  # in the server's connection counts
+        self.idle: admission.IdleTimer | None = None
 
     # ---- the transport's callbacks ----------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
+        sock = transport.get_extra_info("socket")
         try:
-            self.peer = peers.peer_of(transport.get_extra_info("socket"))
+            self.peer = peers.peer_of(sock)
         except OSError:
             self.closed = True
             transport.abort()
             return
-        refusal = self.server.refusal(self.peer)
+        # Held before the refusal check: where the socket cannot tell the peer's groups, the group check reads them
+        # from this process, whose uid has been checked against the socket's.
+        try:
+            process = peers.hold_peer(sock, self.peer)
+        except peers.ProcessGone:
+            process = None  # exited already (or from another pid namespace): its registrations will say so
+        token = ratelimit.caused_by(self.peer.uid)
+        try:
+            refusal = self.server.refusal(self.peer, sock, process)
+        finally:
+            ratelimit.done(token)
         if refusal is not None:
             self.closed = True
+            if process is not None:
+                process.close()
             transport.write(protocol.error(None, refusal))  # a few hundred bytes into an empty socket buffer
             transport.close()
             return
-        try:
-            self.process = peers.hold(self.peer.pid, known_uid=self.peer.uid)
-        except peers.ProcessGone:
-            self.process = None  # exited already (or from another pid namespace): its registrations will say so
+        self.process = process
         transport.set_write_buffer_limits(high=WRITE_HIGH_BYTES, low=WRITE_HIGH_BYTES)
         self.server.opened(self)
         self.counted = True
+        self.idle = admission.IdleTimer(asyncio.get_running_loop(), self.server.config.limits.idle_timeout_s,
+                                        lambda: bool(self.job_ids) or self.busy is not None, self.close)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._view
 
     def buffer_updated(self, nbytes: int) -> None:
         self.rbuf += self._view[:nbytes]
+        self.idle.touch()
         self.serve()
 
     def eof_received(self) -> bool:
@@ -103,10 +119,14 @@ class Connection(asyncio.BufferedProtocol):
 
     # ---- requests ---------------------------------------------------------------------------------------------------
     def serve(self) -> None:
+        # Lines logged meanwhile, and in tasks started meanwhile (they copy the context), are this uid's.
+        token = ratelimit.caused_by(self.peer.uid)
         try:
             self._process()
         except Exception:  # a bug must not leave this client's jobs pinned: drop the connection, keep serving
             self._internal_error()
+        finally:
+            ratelimit.done(token)
 
     def _internal_error(self) -> None:
         log.exception("internal error serving uid %d (pid %d); closing its connection", self.peer.uid, self.peer.pid)
@@ -212,6 +232,8 @@ class Connection(asyncio.BufferedProtocol):
         if self.closed and not self.counted:
             return
         self.closed = True
+        if self.idle is not None:
+            self.idle.cancel()
         self.server.end_jobs(self, "connection closed")
         if self.counted:
             self.counted = False

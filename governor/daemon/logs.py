@@ -22,6 +22,8 @@ import logging
 import os
 import sys
 
+from governor.daemon import ratelimit
+
 
 class AfterTurn(logging.Handler):
     """Hands records to the real handler after the current event-loop turn (at once when no loop runs)."""
@@ -156,4 +158,5 @@ def setup(level: str = "info", *, journal: bool | None = None) -> logging.Logger
             fmt = "%(levelname)s %(message)s" if under_systemd() else "%(asctime)s ftgovd %(levelname)s %(message)s"
             handler.setFormatter(logging.Formatter(fmt))
     log.addHandler(AfterTurn(handler))
+    ratelimit.install(log)  # lines a client causes are bounded per uid
     return log

@@ -19,15 +19,16 @@ from governor import DEFAULT_CONFIG_PATH, __version__, backends
 from governor.backends import rails as rails_mod
 from governor.daemon import logs, tuning
 from governor.daemon.config import Config, default_ffg_hz, default_model_path, load_config, store_path
+from governor.daemon.listen import bind_socket
 from governor.daemon.notify import Notifier, listen_fds
 from governor.daemon.pins import PinController
 from governor.daemon.reload import Reloader
-from governor.daemon.server import Server, bind_socket
+from governor.daemon.server import Server
 from governor.daemon.state import StateFile, boot_id
 from governor.daemon.ticks import Ticker, defer_on_loop
 from governor.errors import FtgovError, NodeNotFound
 from governor.policy import Policy
-from governor.sysfs import Root
+from governor.sysfs import Root, trusted_root
 
 log = logging.getLogger("ftgovd")
 
@@ -108,7 +109,9 @@ def raise_fd_limit(config: Config) -> None:
     """Room for the configured limits: a connection takes two descriptors (its socket and a pidfd for its process),
     a job one more. The soft limit is 1024 by default (for select()'s sake; the daemon never uses select()), the hard
     limit under systemd 524288: take what the limits need, never more than the hard limit allows."""
-    need = 2 * config.limits.max_connections + config.limits.max_jobs + 64  # + listening socket, epolls, files, logs
+    limits = config.limits
+    # + listening socket, epolls, files, logs
+    need = 2 * (limits.max_connections + limits.root_reserve_connections) + limits.max_jobs + 64
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
         new = need if hard == resource.RLIM_INFINITY else min(need, hard)
@@ -146,7 +149,7 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[
     raise_fd_limit(config)
     if simulate:
         start_simulated_board(config)
-    root = Root(config.sysfs_root)
+    root = trusted_root(config.sysfs_root)
     gpus, missing_why = probe_at_start(config, root, notifier)
     for gpu in gpus:
         log.info("GPU %s: %s, levels %s MHz", gpu.id, gpu.describe(),

@@ -52,6 +52,11 @@ class Reloader:
         server.ticker.sample_interval_s = new.sample_interval_s
         server.sampler.sample_s, server.sampler.settle_s = new.util_sample_s, new.util_settle_s
         server.config = new
+        # The connection limits (root's reserve, per uid) are read at each accept; an idle timeout also applies to the
+        # connections open now.
+        for conn in server.conns:
+            if conn.idle is not None:
+                conn.idle.set_timeout(new.limits.idle_timeout_s)
         for name in ("ftgovd", "governor", "asyncio"):  # the daemon's loggers (governor.daemon.main.route_loggers)
             logging.getLogger(name).setLevel(new.log_level.upper())
         log.info("config and model reloaded: policy %s; %d running job(s) keep their pins", pins.policy.name,

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
-from governor.daemon import peers, protocol, status
+from governor.daemon import peers, protocol, redact, status
 from governor.daemon.jobs import ActiveJob
 from governor.daemon.protocol import RpcFault
 from governor.errors import INVALID_PARAMS, LIMIT_EXCEEDED, PERMISSION_DENIED, SERVER_ERROR, UNKNOWN_JOB, FtgovError
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ftgovd")
 
+# A pin check writes the pin twice and saves the state file twice: a member may ask for one a second (root always).
+PIN_CHECK_INTERVAL_S = 1.0
+
 MEASURING = ("waiting for gpu_util, which this decision needs: it is measured over the job's first training steps "
              "(or after a settling delay without progress reports); no pin until then, the default governor runs")
 
@@ -31,6 +35,7 @@ class Methods:
     def __init__(self, server: Server):
         self.server = server
         self.pins = server.pins
+        self._pin_checked_s: dict[int, float] = {}  # uid -> when its last pin check ran (monotonic)
 
     @property
     def config(self):
@@ -43,13 +48,21 @@ class Methods:
         return {}
 
     def rpc_status(self, conn: Connection, params) -> dict:
-        return status.status(self.pins)
+        return redact.status_for(status.status(self.pins), conn.peer.uid)
 
     def _no_gpu(self) -> RpcFault:
         return RpcFault(SERVER_ERROR, f"no GPU to govern yet ({self.pins.missing_why}); ftgovd probes again every "
                         f"{self.config.probe_retry_s:g} s: training runs on at the default clocks")
 
     def rpc_pin_check(self, conn: Connection, params) -> dict:
+        uid = conn.peer.uid
+        if uid != 0:
+            now_s = time.monotonic()
+            wait_s = self._pin_checked_s.get(uid, -PIN_CHECK_INTERVAL_S) + PIN_CHECK_INTERVAL_S - now_s
+            if wait_s > 0:
+                raise RpcFault(LIMIT_EXCEEDED, f"pin_check: at most one a second per user (each writes the pin and "
+                               f"saves the state file); try again in {wait_s:.1f} s")
+            self._pin_checked_s[uid] = now_s
         log.info("pin check requested by uid %d (pid %d)", conn.peer.uid, conn.peer.pid)
         return {"gpus": self.pins.pin_check()}
 
@@ -83,10 +96,9 @@ class Methods:
                            "(limits.max_jobs_per_uid)")
         pid = params.pid or conn.peer.pid
         try:
-            if pid == conn.peer.pid and conn.process is not None:
-                held = conn.process.another()
-            else:
-                held = peers.hold(pid, known_uid=conn.peer.uid if pid == conn.peer.pid else None)
+            held = peers.process_for_job(conn.process, conn.peer, params.pid)
+        except peers.NotTheirs as e:
+            raise RpcFault(PERMISSION_DENIED, f"pid: {e}", {"field": "pid"}) from e
         except peers.ProcessGone as e:
             raise RpcFault(INVALID_PARAMS, f"pid: {e}", {"field": "pid"}) from e
         if conn.peer.uid != 0 and held.uid != conn.peer.uid:
@@ -139,23 +151,34 @@ class Methods:
     def rpc_update(self, conn: Connection, params) -> dict:
         job = self._own_job(conn, params.job_id)
         changes = {k: v for k, v in (("gpu_util", params.gpu_util), ("seq_len", params.seq_len)) if v is not None}
+        deferred_s = 0.0
         if changes and any(getattr(job.features, k) != v for k, v in changes.items()):
             old = job.features
             job.features = job.features.model_copy(update=changes)
-            sampler = self.server.sampler
-            if job.features.gpu_util is None and self.pins.policy.needs_gpu_util(job.features, job.policy):
-                if not sampler.waiting(job):  # a new seq_len leads the tree to a gpu_util test: measure it
-                    self.pins.hold_unpinned(job, MEASURING)
-                    sampler.start(job)
-            else:
-                sampler.forget(job.job_id)  # the client sent gpu_util, or it no longer matters
-                try:
-                    self.pins.decide(job)
-                except FtgovError:
-                    job.features = old
-                    raise
+            deferred_s = self.server.redecide.request(job.job_id, lambda: self._redecide(job, old))
         d = job.decision
-        return {"job_id": job.job_id, "policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason}
+        reply = {"job_id": job.job_id, "policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason}
+        if deferred_s:  # within a second of the last re-decision: decided on the latest features when the window ends
+            reply["deferred_s"] = round(deferred_s, 3)
+        return reply
+
+    def _redecide(self, job: ActiveJob, old) -> None:
+        """Decide again on the job's changed features, at once or when the coalescer's window ends
+        (governor.daemon.ratelimit); ``old`` is put back when the pin fails."""
+        if job.job_id not in self.pins.jobs:  # ended while the re-decision waited
+            return
+        sampler = self.server.sampler
+        if job.features.gpu_util is None and self.pins.policy.needs_gpu_util(job.features, job.policy):
+            if not sampler.waiting(job):  # a new seq_len leads the tree to a gpu_util test: measure it
+                self.pins.hold_unpinned(job, MEASURING)
+                sampler.start(job)
+            return
+        sampler.forget(job.job_id)  # the client sent gpu_util, or it no longer matters
+        try:
+            self.pins.decide(job)
+        except FtgovError:
+            job.features = old
+            raise
 
     def rpc_progress(self, conn: Connection, params) -> dict:
         job = self._own_job(conn, params.job_id)

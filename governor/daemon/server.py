@@ -16,11 +16,11 @@ import os
 import select
 import signal
 import socket
-import stat
 from collections import Counter
 from collections.abc import Callable
 
-from governor.daemon import peers
+from governor.daemon import admission, peers, ratelimit
+from governor.daemon import state as state_mod
 from governor.daemon.config import Config
 from governor.daemon.connection import READ_CHUNK, Connection
 from governor.daemon.jobs import ActiveJob, Ended
@@ -28,7 +28,7 @@ from governor.daemon.notify import Notifier
 from governor.daemon.pins import PinController
 from governor.daemon.protocol import RpcFault
 from governor.daemon.rpc import Methods, summary
-from governor.daemon.ticks import Ticker, status_line
+from governor.daemon.ticks import Ticker, defer_on_loop, status_line
 from governor.daemon.utilization import UtilizationSampler
 from governor.errors import LIMIT_EXCEEDED, PERMISSION_DENIED, FtgovError
 
@@ -61,18 +61,22 @@ class Server:
         self._exit_job: dict[int, int] = {}  # pidfd -> job id
         self.group_gid = peers.group_id(config.socket.group)
         self._stop = asyncio.Event()
+        # A client's updates re-decide its job at most about once a second (each is a pin write and a state save).
+        self.redecide = ratelimit.Coalescer(defer_on_loop)
 
     # ---- start-up and shutdown --------------------------------------------------------------------------------------
     def adopt_leftovers(self) -> None:
         """Before serving: take back the state a previous daemon of this boot left, with the jobs whose processes
         still run (each held again, with its recorded start time against PID reuse); the pin controller re-applies."""
-        state = self.pins.state_file.read(self.pins.boot_id)
+        # Only what fits these GPUs is acted on (a baseline within the GPU's table, no job on pid 0 or 1).
+        state = state_mod.checked(self.pins.state_file.read(self.pins.boot_id),
+                                  {gid: c.gpu.levels_hz for gid, c in self.pins.gpus.items()})
         if state is None:
             return
         live, held = [], {}
         for rec in state.jobs:
             try:
-                held[rec.job_id] = peers.hold(rec.pid, rec.start_ticks)
+                held[rec.job_id] = peers.hold_recorded(rec.pid, rec.start_ticks, rec.uid)
             except peers.ProcessGone as e:
                 log.info("job %d from before the restart is gone: %s", rec.job_id, e)
                 continue
@@ -161,19 +165,18 @@ class Server:
         return status_line(self.pins)
 
     # ---- connections ------------------------------------------------------------------------------------------------
-    def _authorized(self, peer: peers.Peer) -> bool:
-        if peer.uid in (0, os.geteuid()):
-            return True
-        return self.group_gid is not None and self.group_gid in peers.groups_of(peer.pid, peer.gid)
+    def _authorized(self, peer: peers.Peer, sock: socket.socket, process: peers.HeldProcess | None) -> bool:
+        return peer.uid in (0, os.geteuid()) or peers.is_member(sock, peer, process, self.group_gid)
 
-    def refusal(self, peer: peers.Peer) -> RpcFault | None:
-        """Why a new connection is refused (limits, permission), or None to serve it."""
-        if len(self.conns) >= self.config.limits.max_connections:
-            return RpcFault(LIMIT_EXCEEDED, "too many connections (limits.max_connections)")
-        if self.conns_per_uid[peer.uid] >= self.config.limits.max_connections_per_uid:
-            return RpcFault(LIMIT_EXCEEDED, f"too many connections from uid {peer.uid} "
-                            "(limits.max_connections_per_uid)")
-        if not self._authorized(peer):
+    def refusal(self, peer: peers.Peer, sock: socket.socket, process: peers.HeldProcess | None) -> RpcFault | None:
+        """Why a new connection is refused (limits with root's reserve, permission), or None to serve it. ``process``
+        is the connecting process held at accept (None: it had exited), for the group check where the socket cannot
+        give the peer's groups."""
+        full = admission.connection_refusal(self.config.limits, uid=peer.uid, total=len(self.conns),
+                                            of_uid=self.conns_per_uid[peer.uid])
+        if full is not None:
+            return RpcFault(LIMIT_EXCEEDED, full)
+        if not self._authorized(peer, sock, process):
             log.warning("refused uid %d (pid %d): not root and not in group %s", peer.uid, peer.pid,
                         self.config.socket.group)
             return RpcFault(PERMISSION_DENIED, f"permission denied: uid {peer.uid} is not root and not in "
@@ -224,34 +227,6 @@ class Server:
     def end(self, job_id: int, why: str) -> Ended | None:
         self.unwatch(job_id)
         self.sampler.forget(job_id)
+        self.redecide.forget(job_id)
         return self.pins.end(job_id, why)
 
-
-def bind_socket(path: str, mode: int, group: str | None) -> socket.socket:
-    """Bind the socket ourselves (started by hand): no window where it exists with a looser mode than configured."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o755, exist_ok=True)
-    if os.path.lexists(path):
-        if not stat.S_ISSOCK(os.lstat(path).st_mode):
-            raise FtgovError(f"{path} exists and is not a socket; refusing to replace it")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except OSError:
-            os.unlink(path)  # stale: its daemon is gone
-        else:
-            raise FtgovError(f"another ftgovd is already listening on {path}")
-        finally:
-            probe.close()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    old_umask = os.umask(0o777 & ~mode)
-    try:
-        sock.bind(path)
-    finally:
-        os.umask(old_umask)
-    gid = peers.group_id(group) if group else None
-    if gid is not None and os.geteuid() == 0:
-        os.chown(path, 0, gid)
-    os.chmod(path, mode)
-    sock.listen(socket.SOMAXCONN)  # as systemd's socket unit does: a burst of clients waits in the queue, not in EAGAIN
-    return sock

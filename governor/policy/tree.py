@@ -16,8 +16,11 @@ The ``<=`` goes left, as in scikit-learn, so an exported tree gives the same ans
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,9 +62,10 @@ class DecisionTree:
         self.metadata = metadata or {}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "DecisionTree":
+    def from_dict(cls, data: dict) -> DecisionTree:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
-            raise ModelError(f"not a {FORMAT} export (format={data.get('format') if isinstance(data, dict) else None!r})")
+            found = data.get("format") if isinstance(data, dict) else None
+            raise ModelError(f"not a {FORMAT} export (format={found!r})")
         if list(data.get("features", [])) != list(FEATURE_ORDER):
             raise ModelError(f"features must be {list(FEATURE_ORDER)}, got {data.get('features')!r}")
         if data.get("model_type_codes", MODEL_TYPE_CODES) != MODEL_TYPE_CODES:
@@ -77,9 +81,9 @@ class DecisionTree:
                    metadata=data.get("metadata") or {})
 
     @classmethod
-    def load(cls, path: str | Path) -> "DecisionTree":
+    def load(cls, path: str | Path) -> DecisionTree:
         try:
-            text = Path(path).read_text()
+            text = _read_bounded(path).decode()
         except OSError as e:
             raise ModelError(f"cannot read model file {path}: {e.strerror or e}") from e
         except UnicodeDecodeError as e:
@@ -97,7 +101,7 @@ class DecisionTree:
         return sorted({n.freq_hz for n in self.nodes if isinstance(n, Leaf)})
 
     def decide(self, features: Features) -> TreeDecision:
-        return self.decide_vector(dict(zip(FEATURE_ORDER, features.vector())))
+        return self.decide_vector(dict(zip(FEATURE_ORDER, features.vector(), strict=True)))
 
     def decide_vector(self, values: dict[str, float]) -> TreeDecision:
         node, path = self.nodes[0], []
@@ -110,6 +114,27 @@ class DecisionTree:
                 path.append(f"{node.feature}={_fmt(x)} > {_fmt(node.threshold)}")
                 node = self.nodes[node.right]
         return TreeDecision(node.freq_hz, tuple(path))
+
+
+# The shipped tree is a few KB; a tree of 10,000 nodes is under 1 MiB. The daemon reads the model as root at start:
+# a device (/dev/zero), a FIFO or a huge file must be an error, not an endless read or a memory blow-up.
+MAX_MODEL_BYTES = 4 * 1024 * 1024
+
+
+def _read_bounded(path: str | Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO must not block the open
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        if st.st_size > MAX_MODEL_BYTES:
+            raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than {MAX_MODEL_BYTES}")
+        data = os.read(fd, MAX_MODEL_BYTES + 1)
+        if len(data) > MAX_MODEL_BYTES:
+            raise OSError(errno.EFBIG, f"more than {MAX_MODEL_BYTES} bytes")
+        return data
+    finally:
+        os.close(fd)
 
 
 def _fmt(x: float) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import select
+import warnings
 
 import pytest
 import torch
@@ -42,7 +44,7 @@ def test_exception_in_the_loop_ends_the_job(daemon, orin):
     with pytest.raises(ZeroDivisionError):
         with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket) as job:
             job.step()
-            1 / 0
+            raise ZeroDivisionError
     assert limits(orin) == BASELINE
     assert re.search(rf"job {job.job_id} .*ended \(unregistered\) after [\d.]+ s, 1 steps", daemon.log())
 
@@ -81,3 +83,20 @@ def test_refused_registration_lets_the_loop_run(daemon, orin):
                 job.step()
     assert job.disabled and job.steps == 3
     assert limits(orin) == BASELINE
+
+
+def test_a_start_slower_than_the_idle_timeout_still_registers(start_daemon, orin):
+    """The client connects at start and registers only once seq_len is measured; the daemon closes a connection that
+    holds no job after limits.idle_timeout_s. The client connects again, once, rather than lose the job."""
+    daemon = start_daemon(config={"limits": {"idle_timeout_s": 0.2}})
+    pin = predicted_hz(daemon, **SMALL, seq_len=3.0, gpu_util=90.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GovernorWarning)
+        with governor.job(**SMALL, gpu_util=90, socket=daemon.socket, measure_batches=2) as job:
+            job.observe_batch({"attention_mask": [[1, 1, 1, 0]]})
+            ready, _, _ = select.select([job._conn._sock], [], [], 10)  # the daemon's close: EOF turns it readable
+            assert ready
+            job.observe_batch({"attention_mask": [[1, 1, 1, 0]]})
+            assert job.registered and limits(orin) == (pin, pin)
+            job.step()
+    assert job.result["steps"] == 1 and limits(orin) == BASELINE

@@ -13,8 +13,8 @@ import pytest
 
 import governor
 from governor.cli import main
-from governor.client import Connection
 from governor.cli.metrics import families
+from governor.client import Connection
 from tests.support.daemon import REPO
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
@@ -33,7 +33,7 @@ def test_textfile_carries_jobs_pin_load_power_energy_and_savings(start_daemon, t
     with governor.job(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40, gpu_util=60, name="bert",
                       socket=daemon.socket) as job:
         job.step(30)
-        assert main(["metrics", "--textfile", str(prom), "--once", "--socket", daemon.socket]) == 0
+        assert main(["metrics", "--textfile", str(prom), "--once", "--job-names", "--socket", daemon.socket]) == 0
         with Connection(daemon.socket) as conn:
             status = conn.call("status")
     samples = parse(prom.read_text())

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from tests.support.daemon import DEVFREQ, FEATURES, REPO, Daemon, Rpc, limits
 from governor.sim import tree
+from tests.support.daemon import DEVFREQ, FEATURES, REPO, Daemon, Rpc, limits
 
 BASELINE = (306000000, 1300500000)
 
@@ -119,8 +119,11 @@ def test_update_redecides_when_features_change(orin, start_daemon):
     job = c.call("register", **FEATURES)["job_id"]
     res = c.call("update", job_id=job, seq_len=80.0)
     assert res["freq_hz"] == 816000000 and limits(orin) == (816000000, 816000000)
+    # Within a second of the last re-decision: answered with the pin in force, decided when the second is over.
     res = c.call("update", job_id=job, gpu_util=10.0)
-    assert res["freq_hz"] == 1020000000
+    assert res["freq_hz"] == 816000000 and 0 < res["deferred_s"] <= 1.0, res
+    d.wait_status(lambda m: "pinned to 1020 MHz" in m)
+    assert c.call("status")["jobs"][0]["freq_hz"] == 1020000000 and limits(orin) == (1020000000, 1020000000)
 
 
 def test_gpu_util_is_measured_from_the_load_file_when_absent(orin, start_daemon):
@@ -365,9 +368,10 @@ def test_checkpoint_and_data_phases_drop_to_the_lowest_level(orin, start_daemon)
 
 def test_socket_activation_uses_the_passed_socket(orin, tmp_path):
     import socket as socketmod
+
     from tests.support.notify import NotifyListener
 
-    path = "/tmp/ftg-act-%d.sock" % os.getpid()
+    path = f"/tmp/ftg-act-{os.getpid()}.sock"
     listener = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_STREAM)
     listener.bind(path)
     listener.listen(8)
@@ -403,7 +407,8 @@ def test_a_cuda_uuid_names_the_orins_only_gpu(orin, start_daemon):
 
 
 def test_the_daemon_stays_lean():
-    """No scikit-learn, numpy, torch or pickle on the daemon's import path (the tree is plain JSON), simulator included."""
+    """No scikit-learn, numpy, torch or pickle on the daemon's import path (the tree is plain JSON), simulator
+    included."""
     code = ("import sys, governor.daemon, governor.daemon.server, governor.daemon.tuning, governor.sim.board; "
             "print(sorted(m for m in ('sklearn', 'numpy', 'joblib', 'torch', 'pickle', 'transformers') "
             "if m in sys.modules))")

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from governor.sim import tree
 from tests.support import NVPMODEL_CONF
 from tests.support.daemon import DEVFREQ, FEATURES, REPO, limits
-
-from governor.sim import tree
 
 BASELINE = (306000000, 1300500000)
 
@@ -208,21 +207,30 @@ def test_text_output_gives_each_fix(orin):
 READ_ONLY_INT_FILE = Path("/proc/sys/fs/file-nr")  # reads as an integer, refuses writes, root's too
 
 
+def _mount_read_only_int_file(path: Path) -> None:
+    """Put READ_ONLY_INT_FILE at path as a file, not a symlink (the daemon refuses a symlinked attribute): a bind
+    mount, which needs root with CAP_SYS_ADMIN."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: bind-mounts a read-only file over max_freq")
+    p = subprocess.run(["mount", "--bind", str(READ_ONLY_INT_FILE), str(path)], capture_output=True, text=True)
+    if p.returncode != 0:
+        pytest.skip(f"cannot bind-mount a read-only file over max_freq here: {p.stderr.strip()}")
+
+
 def test_pin_check_that_cannot_write_fails_and_its_restore_is_retried(orin, start_daemon):
     d = start_daemon()
     max_freq = (orin / DEVFREQ / "max_freq").resolve()
-    saved = max_freq.read_text()
-    max_freq.unlink()
-    max_freq.symlink_to(READ_ONLY_INT_FILE)
-    rc, checks = doctor(orin, d)
-    assert rc == 1
-    pin = one(checks, "pin")
-    assert pin["status"] == "FAIL" and "failed" in pin["detail"] and "restore failed" in pin["detail"], pin
-    assert "read-only" in one(checks, "limits")["detail"]
-    d.notify.drain()
-    max_freq.unlink()
-    max_freq.write_text(saved)
+    _mount_read_only_int_file(max_freq)
+    try:
+        rc, checks = doctor(orin, d)
+        assert rc == 1
+        pin = one(checks, "pin")
+        assert pin["status"] == "FAIL" and "failed" in pin["detail"] and "restore failed" in pin["detail"], pin
+        assert "read-only" in one(checks, "limits")["detail"]
+        d.notify.drain()
+    finally:
+        subprocess.run(["umount", str(max_freq)], check=True)
     d.wait_status(lambda m: "STATUS=0 job(s); GPU 0 at baseline" in m)  # retried on the daemon's tick
-    # (The baseline it restores is what max_freq read at the snapshot: the integer the broken file gave.)
+    # (The baseline it restores is what max_freq read at the snapshot: the integer the mounted file gave.)
     assert json.loads((d.state_dir / "state.json").read_text())["gpus"] == {}
     assert "GPU 0 restored to its baseline" in d.log()

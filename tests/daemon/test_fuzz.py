@@ -18,14 +18,13 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.daemon import FEATURES, Daemon, Rpc, limits
 from governor.sim import tree
+from tests.support.daemon import FEATURES, Daemon, Rpc, limits
 
 BASELINE = (306000000, 1300500000)
 MAX_LINE_BYTES = 64 * 1024  # the protocol's documented limit (README), not imported: the test states the contract
@@ -42,7 +41,7 @@ class Line:
     max_replies: int
     ids: tuple = (None,)  # the ids a reply may carry
     result_ok: bool = True  # may the reply be a result (not only an error)?
-    error_codes: Optional[frozenset] = None  # allowed error codes; None: any JSON-RPC error code
+    error_codes: frozenset | None = None  # allowed error codes; None: any JSON-RPC error code
 
 
 SCHEMA_ERRORS = frozenset({-32700, -32600, -32601})
@@ -223,7 +222,7 @@ def sessions(draw):
         stream += json.dumps({"jsonrpc": "2.0", "id": SENTINEL, "method": "ping"}).encode() + b"\n"
         tail = draw(st.sampled_from([b"", b"", b"", b'{"jsonrpc":"2.0","id":1,"method":"pi', b"\xff\xfe"]))
         cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(stream) - 1)), max_size=4))))
-        pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])] + ([tail] if tail else [])
+        pieces = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)] + ([tail] if tail else [])
         conns.append((lines, pieces))
     order = draw(st.permutations([i for i, (_l, p) in enumerate(conns) for _ in p]))
     return conns, order
@@ -282,7 +281,7 @@ def check_replies(lines: list[Line], replies: list[dict], tally: Tally) -> None:
         if sum(takes) != len(replies):
             continue
         pairs, i = [], 0
-        for line, take in zip(lines, takes):
+        for line, take in zip(lines, takes, strict=False):
             pairs += [(line, reply) for reply in replies[i: i + take]]
             i += take
         if all(_fits(line, reply) for line, reply in pairs):
@@ -303,7 +302,8 @@ def _fits(line: Line, reply: dict) -> bool:
 
 def _check_one(line: Line, reply: dict, tally: Tally) -> None:
     ctx = (line.data[:200], reply)
-    assert reply.get("jsonrpc") == "2.0" and set(reply) in ({"jsonrpc", "id", "result"}, {"jsonrpc", "id", "error"}), ctx
+    shapes = ({"jsonrpc", "id", "result"}, {"jsonrpc", "id", "error"})
+    assert reply.get("jsonrpc") == "2.0" and set(reply) in shapes, ctx
     assert reply["id"] in line.ids, ctx
     tally.replies += 1
     if "result" in reply:
@@ -337,7 +337,7 @@ def test_fuzzed_lines_each_get_their_reply_and_the_daemon_keeps_serving(fuzz_dae
             socks[k].sendall(conns[k][1][cursor[k]])
             cursor[k] += 1
         held_jobs = 0
-        for s, (lines, pieces) in zip(socks, conns):
+        for s, (lines, _pieces) in zip(socks, conns, strict=True):
             replies = _read_until_sentinel(s, bytearray())
             check_replies(lines, replies, TALLY)
             TALLY.lines += len(lines)
@@ -458,7 +458,8 @@ def test_600_idle_connections_do_not_stop_service(hostile_daemon):
 
 
 def test_connections_over_the_limit_are_refused_cleanly(start_daemon):
-    d = start_daemon(config={"limits": {"max_connections": 16, "max_connections_per_uid": 1024}})
+    d = start_daemon(config={"limits": {"max_connections": 16, "max_connections_per_uid": 1024,
+                                        "root_reserve_connections": 0}})  # the tests run as root
     held = [Rpc(d.socket) for _ in range(16)]
     assert held[0].call("ping") == {}
     extra = Rpc(d.socket)
@@ -470,7 +471,7 @@ def test_connections_over_the_limit_are_refused_cleanly(start_daemon):
 
 
 def test_a_client_holding_the_maximum_jobs_leaves_others_served(orin, start_daemon):
-    d = start_daemon(config={"limits": {"max_jobs": 16, "max_jobs_per_connection": 8}})
+    d = start_daemon(config={"limits": {"max_jobs": 16, "max_jobs_per_connection": 8, "max_jobs_per_uid": 16}})
     hogs = [Rpc(d.socket), Rpc(d.socket)]
     for hog in hogs:
         for _ in range(8):

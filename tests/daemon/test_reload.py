@@ -53,3 +53,23 @@ def test_a_model_that_cannot_be_loaded_is_refused(orin, start_daemon, tmp_path):
     assert "cannot read model file" in reload(d, "reload refused")
     res = d.client().call("register", **FEATURES)
     assert (res["policy"], res["freq_hz"]) == ("mlg", 714_000_000)  # the tree, not FFG
+
+
+def test_a_reload_applies_the_new_connection_limits_root_reserve_and_idle_timeout(orin, start_daemon):
+    d = start_daemon()
+    c = d.client()
+    job = c.call("register", **FEATURES)
+    idle = d.client()
+    assert idle.call("ping") == {}
+    rewrite_config(d, limits={"max_connections": 2, "root_reserve_connections": 1, "max_connections_per_uid": 16,
+                              "idle_timeout_s": 1.0})
+    reload(d, "config reloaded")
+    # The connection open before the reload, holding no job, is closed on the new timeout (EOF: recv returns b"").
+    assert idle.sock.recv(1) == b""
+    idle.close()
+    others = [d.client(), d.client()]  # two ordinary slots, then root's one reserved connection
+    for other in others:
+        assert other.call("ping") == {}
+    refused = d.client().read_reply()
+    assert refused["error"]["code"] == -32002 and "root_reserve_connections" in refused["error"]["message"], refused
+    assert c.call("status")["jobs"][0]["job_id"] == job["job_id"]  # holding a job: never idle-closed

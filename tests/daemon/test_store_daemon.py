@@ -27,7 +27,7 @@ class ProgressJob:
 def test_a_tuned_job_lands_in_the_store_with_its_windows(start_daemon):
     d = start_daemon(simulate=True)
     c = d.client()
-    res = c.call("register", tune=True, gpu_util=80.0, name="bert'); DROP TABLE jobs; --\x1b[31m", **BERT_BASE)
+    res = c.call("register", tune=True, gpu_util=80.0, name="bert'); DROP TABLE jobs; --", **BERT_BASE)
     simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), Workload(name="w", **BERT_BASE), 45,
                time_scale=0.15)
     tuner = c.call("status")["jobs"][0]["tuner"]
@@ -37,7 +37,7 @@ def test_a_tuned_job_lands_in_the_store_with_its_windows(start_daemon):
     jobs = store.read_jobs(store.open_read_only(d.state_dir / "measurements.sqlite"))
     assert len(jobs) == 1
     j = jobs[0]
-    assert j.name == "bert'); DROP TABLE jobs; --\x1b[31m"
+    assert j.name == "bert'); DROP TABLE jobs; --"
     assert (j.model_type, j.num_layers, j.hidden_size, j.seq_len, j.gpu_util) == ("encoder", 12, 768, 40.0, 80.0)
     assert j.policy == "tune" and j.freq_hz == summary["freq_hz"] == tuner["best_hz"] and j.converged
     assert j.start_hz == tuner["start_hz"] and j.steps == 45 and j.energy_j > 0 and j.duration_s > 0
@@ -62,13 +62,13 @@ def test_the_loop_answers_while_jobs_are_recorded_and_totals_survive_a_restart(o
     d = start_daemon(config=cfg)
     c = d.client()
     for i in range(80):  # every end queues a commit (fsync); each reply must still come straight back
-        job = c.call("register", name=f"job {i}\n", **FEATURES)
+        job = c.call("register", name=f"job {i}\"'", **FEATURES)
         assert c.call("ping") == {}
         c.call("unregister", job_id=job["job_id"])
     d.stop()
     conn = store.open_read_only(path)
     jobs = store.read_jobs(conn)
-    assert [j.name for j in jobs] == [f"job {i}\n" for i in range(30, 80)]  # bounded: the oldest were dropped
+    assert [j.name for j in jobs] == [f"job {i}\"'" for i in range(30, 80)]  # bounded: the oldest were dropped
     assert all(j.policy == "mlg" and j.freq_hz == 714000000 and j.windows == () for j in jobs)
     assert store.read_totals(conn)["jobs"] == 80
     totals = store.read_totals(conn)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from governor.cli import main
-from governor.cli.history import parse_since, printable
+from governor.cli.escape import printable
+from governor.cli.history import parse_since
 from governor.cli.metrics import families
 from governor.daemon.store import Store
 from governor.errors import FtgovError
@@ -67,6 +68,7 @@ def test_since_accepts_relative_and_iso_times_and_refuses_the_rest():
 def test_printable_escapes_control_and_format_characters_only():
     assert printable("bert-base/sst2 ü 名前") == "bert-base/sst2 ü 名前"
     assert printable("a\x00b\x7fc\x9bd\u200be") == "a\\x00b\\x7fc\\x9bd\\u200be"
+    assert printable("forged \\x1b") == "forged \\\\x1b"  # a backslash is doubled: no escape can be faked
 
 
 def test_history_on_a_missing_store_says_so(tmp_path, capsys):

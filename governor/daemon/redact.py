@@ -1,0 +1,21 @@
+"""What a caller may see of other users' jobs: least disclosure in `status`.
+
+A job's name (by default the model's local path), pid and features say what a user works on; its frequency and GPU
+say only what the GPU does, which every member sees anyway. Root and the daemon's own uid see everything; everyone
+else sees their own jobs in full and others' with only the fields in OTHERS_SEE.
+"""
+
+from __future__ import annotations
+
+import os
+
+OTHERS_SEE = ("job_id", "gpu", "policy", "freq_hz", "phase", "duration_s", "adopted")
+
+
+def status_for(status: dict, uid: int) -> dict:
+    """The status as uid may see it (a new dict; the daemon's own is untouched)."""
+    if uid in (0, os.geteuid()):
+        return status
+    jobs = [j if j.get("uid") == uid else {**{k: j.get(k) for k in OTHERS_SEE}, "redacted": True}
+            for j in status.get("jobs") or []]
+    return {**status, "jobs": jobs}

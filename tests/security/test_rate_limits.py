@@ -1,0 +1,130 @@
+"""One client cannot drive the pin (and a state-file fsync) a thousand times a second, nor flood the log."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from governor.daemon import ratelimit
+from tests.support.daemon import FEATURES, limits
+from tests.support.security import BASELINE, open_to_members, run_as
+
+
+def test_alternating_updates_move_the_pin_about_once_a_second(orin, start_daemon):
+    d = start_daemon()
+    c = d.client()
+    job = c.call("register", **FEATURES)["job_id"]
+    pins_before = d.log().count("GPU 0 pinned to")
+    for i in range(200):
+        c.call("update", job_id=job, seq_len=80.0 if i % 2 == 0 else 40.0)
+    c.call("update", job_id=job, seq_len=80.0)
+    d.wait_status(lambda m: "pinned to 816 MHz" in m)  # the last word takes effect when its window ends
+    assert limits(orin) == (816000000, 816000000)
+    changes = d.log().count("GPU 0 pinned to") - pins_before
+    assert 1 <= changes <= 4, f"{changes} pin changes for 201 updates"
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_coalescer_runs_the_latest_request_at_the_windows_end():
+    clock, timers, ran = _Clock(), [], []
+    co = ratelimit.Coalescer(lambda fn, delay: timers.append((delay, fn)), 1.0, clock)
+    assert co.request("job", lambda: ran.append("a")) == 0.0 and ran == ["a"]
+    clock.now += 0.25
+    assert co.request("job", lambda: ran.append("b")) == 0.75
+    assert co.request("job", lambda: ran.append("c")) == 0.75
+    assert ran == ["a"] and len(timers) == 1, "one timer for the window, however many requests"
+    clock.now += 0.75
+    timers.pop()[1]()
+    assert ran == ["a", "c"]
+    assert co.request("other", lambda: ran.append("x")) == 0.0  # per key
+    co.forget("job")
+    assert co.request("job", lambda: ran.append("d")) == 0.0
+
+
+def test_log_lines_are_bounded_per_uid_with_a_count_of_what_was_dropped():
+    clock = _Clock()
+    logger = logging.getLogger("ftgov-test-loglimit")
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger.handlers = [handler]
+    ratelimit.install(logger, ratelimit.LogLimit(rate_per_s=10, burst=20, clock=clock))
+    token = ratelimit.caused_by(1000)
+    try:
+        for i in range(500):
+            logger.info("line %d", i)
+        assert len(records) == 20
+        clock.now += 1.0  # ten more tokens
+        logger.info("after")
+    finally:
+        ratelimit.done(token)
+    logger.info("not caused by a client")
+    messages = [r.getMessage() for r in records]
+    assert messages[20] == "480 log line(s) caused by uid 1000 suppressed (more than 10 a second)"
+    assert messages[21:] == ["after", "not caused by a client"]
+
+
+_CYCLES = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(sys.argv[1])
+f = s.makefile()
+features = json.loads(sys.argv[2])
+for i in range(int(sys.argv[3])):
+    s.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "register", "params": features}).encode() + b"\\n")
+    job = json.loads(f.readline())["result"]["job_id"]
+    s.sendall(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "unregister", "params": {"job_id": job}}).encode()
+              + b"\\n")
+    assert "result" in json.loads(f.readline())
+print("done", flush=True)
+"""
+
+
+def test_a_member_cannot_flood_the_daemons_log(orin, start_daemon, member):
+    user, uid = member
+    d = start_daemon()
+    open_to_members(d)
+    proc = run_as(user, _CYCLES, d.socket, json.dumps(FEATURES), "150")
+    out, err = proc.communicate(timeout=60)
+    assert out.strip() == "done", err
+    d.client().call("register", **FEATURES)  # root's lines always pass
+    log = d.log()
+    lines = sum(log.count(s) for s in ("-> mlg 714 MHz", "GPU 0 pinned to", "restored to its baseline",
+                                        "ended (unregistered)"))
+    # Four lines a cycle, 600 unbounded; the bucket passes 50 at once and 10 a second after that.
+    assert lines < 300, f"{lines} lines about this member's jobs"
+    assert f"caused by uid {uid} suppressed" in log
+
+
+_PIN_CHECKS = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(sys.argv[1])
+f = s.makefile()
+for i in range(int(sys.argv[2])):
+    s.sendall(json.dumps({"jsonrpc": "2.0", "id": i, "method": "pin_check", "params": {}}).encode() + b"\\n")
+    print(f.readline(), end="", flush=True)
+"""
+
+
+def test_a_member_gets_one_pin_check_a_second(orin, start_daemon, member):
+    user, _uid = member
+    d = start_daemon()
+    open_to_members(d)
+    out, err = run_as(user, _PIN_CHECKS, d.socket, "20").communicate(timeout=60)
+    replies = [json.loads(line) for line in out.splitlines()]
+    assert len(replies) == 20, err
+    checked = [r for r in replies if "result" in r]
+    refused = [r for r in replies if r.get("error", {}).get("code") == -32002]
+    assert 1 <= len(checked) <= 2 and len(checked) + len(refused) == 20, replies  # 20 asked within a second or two
+    assert "one a second" in refused[0]["error"]["message"]
+    assert checked[0]["result"]["gpus"][0]["ok"] and limits(orin) == BASELINE
+    root = d.client()
+    assert all(root.call("pin_check")["gpus"][0]["ok"] for _ in range(3))  # root is not limited
