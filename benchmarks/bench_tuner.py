@@ -1,197 +1,261 @@
-"""The online tuner on the simulated held-out workloads, against the oracle, MLG and MAXN (issue 6's targets).
+"""The online tuner on real, simulated and adversarial energy curves, from three starts, today's tuner beside the new one.
 
-    PYTHONPATH=. python benchmarks/bench_tuner.py [--noise 0.71 1.0] [--seeds 5] [--job-steps 2000] [--max-slowdown X]
+    PYTHONPATH=. python benchmarks/bench_tuner.py [--sets real adversarial simulated] [--seeds 5] [--job-steps 2000]
+        [--noise-rel 0.03] [--model-noise 0.71] [--max-slowdown 0.1] [--data ../shared/data/loudva] [--worst N]
 
-For every held-out workload (governor.pipeline.workloads: 10 models x QQP, RTE, CoLA, STS-B, MNLI, WNLI) and seed,
-a whole job of --job-steps steps is simulated one step at a time with the noisy energy model: the job starts at MLG's
-pick (model/mlg-tree.json), a TuningSession turns each step's report into measurement windows exactly as the daemon
-will, and the tuner's level is pinned as soon as it asks for it (governor/sim/tuned_job.py, the simulation
-`ftgov evaluate` scores too; tuner knobs default to the daemon's, governor.daemon.config.TunerConfig). Every step's energy counts: warm-up steps after a
-change of level, windows at levels that lose, and the rest of the job at the converged level.
+Curve sets (benchmarks/tuner_curves.py):
 
-The oracle, MLG and MAXN jobs run the same number of steps with a model seeded identically (common random numbers:
-the same random draws), so the differences are the policies' and not the noise's. "Level" figures compare
-the noise-free energy per step of the converged level with the oracle's (the best fixed level, noise-free).
+- real: 146 measured Jetson AGX Xavier / Xavier NX curves (one per board and batch size; --data, default
+  ../shared/data/loudva from the repo root). Starts: the middle of the table, its top, its bottom. The top level
+  stands in for the default governor (the boards' default runs the GPU at or near its top clock under load).
+- adversarial: shapes made in code (minimum at an end, flat bottoms, plateau then dip, two dips, spikes), on 11, 15
+  and 25 levels; same starts.
+- simulated: the 60 held-out workloads on the simulated Orin, each a whole job run step by step through the noisy
+  model at --model-noise (0.71: about 3% step-to-step energy noise) with a TuningSession exactly as
+  governor/pipeline/tuned_job.py does. Starts: MLG's pick (model/mlg-tree.json), the top, the bottom. The default
+  governor is the model's MAXN.
 
---noise takes OrinEnergyModel's noise scales; for each, the script first prints what it does to energy per step
-(0.71: 3% step-to-step on average, the issue's "3% measurement noise"; 1.0, the model's nominal setting: 4.2%).
-Needs governor.sim.energy and governor.pipeline.workloads (branch model). About 75 s per noise setting at 5 seeds.
+Real and adversarial curves are simulated per window: each window at a level returns the curve's J/step and s/step
+times (1 + N(0, --noise-rel)). A job of --job-steps steps is the windows (1 warm-up + 4 measured steps after a change of
+level, 4 when the level is re-measured in place) then the rest at the converged level. Every job is charged at the
+noise-free energy per step of the levels it ran at, so "whole job vs optimum" is exactly the exploration cost plus
+the converged level's regret, with no noise in the score.
+
+Both tuners see the same curves, starts and seeds: "v1" is the tuner before the energy-budgeted search
+(benchmarks/tuner_v1.py, a frozen copy: at most 6 windows), "new" is governor/policy/tuner.py with its defaults and
+``total_steps`` set to the job's length. The last table is a summary for the README: one row per set and start, the
+new tuner's figures with the old one's in brackets. About a minute for real + adversarial at 5 seeds, two for simulated.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
+import random
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from governor.daemon.config import TunerConfig
-from governor.features import Features
-from governor.sim.tuned_job import run_tuned_job
-from governor.pipeline.workloads import held_out_workloads
-from governor.sim.energy import OrinEnergyModel, Workload
-from governor.policy.tree import DecisionTree
+from benchmarks import tuner_v1
+from benchmarks.tuner_curves import (DEFAULT_DATA, Curve, JobResult, adversarial_curves, real_curves,
+                                     run_model_job, run_window_job)
+from governor.policy import tuner as tuning
 
 TREE = Path(__file__).resolve().parent.parent / "model" / "mlg-tree.json"
+TUNERS = ("v1", "new")
 
 
 @dataclass
 class Run:
-    workload: str
-    oracle_hz: int
-    mlg_hz: int
-    tuned_hz: int
-    level_regret: float  # noise-free E(tuned) / E(oracle) - 1
-    profiled_steps: int
-    probes: int
-    job_j: float
-    oracle_job_j: float
-    mlg_job_j: float
-    maxn_job_j: float
-    slowdown: float  # noise-free t(tuned) / t(top level) - 1
+    curve: str
+    start: str
+    tuner: str
+    level_regret: float  # noise-free E(converged) / E(optimum) - 1
+    job_regret: float  # whole job (exploration counted) / (job_steps x E(optimum)) - 1
+    windows: int
+    vs_start: float  # noise-free E(converged) / E(start) - 1
+    job_vs_start: float  # whole job / (job_steps x E(start)) - 1
+    job_vs_default: float  # whole job / default governor's job - 1
+    slowdown: float = 0.0  # noise-free t(converged) / t(top) - 1
 
 
-def mlg_pick(tree: DecisionTree, model: OrinEnergyModel, w: Workload) -> int:
-    # The daemon measures utilization when the client gives none; under MAXN is where a job starts.
-    util = model.expected(w, None).gpu_util_pct
-    features = Features(model_type=w.model_type, num_layers=w.num_layers, hidden_size=w.hidden_size,
-                        seq_len=float(w.seq_len), gpu_util=round(util, 1))
-    return tree.decide(features).freq_hz
+def make_tuner(kind: str, levels_hz, start_hz: int, max_slowdown, noise_rel: float, job_steps: int):
+    if kind == "v1":
+        return tuner_v1.OnlineTuner(levels_hz, start_hz, max_slowdown, noise_rel=noise_rel)
+    return tuning.OnlineTuner(levels_hz, start_hz, max_slowdown, noise_rel=noise_rel, total_steps=job_steps)
 
 
-def fixed_job_j(w: Workload, freq_hz: Optional[int], noise: float, seed: int, steps: int) -> float:
-    model = OrinEnergyModel(noise=noise, seed=seed)
-    return sum(model.step(w, freq_hz).energy_j for _ in range(steps))
+def starts_for(curve: Curve) -> dict[str, int]:
+    n = len(curve.levels_hz)
+    return {"mid-table": curve.levels_hz[n // 2], "top": curve.levels_hz[-1], "bottom": curve.levels_hz[0]}
 
 
-def tuner_config(args) -> TunerConfig:
-    return TunerConfig(window_steps=args.window_steps, warmup_steps=args.warmup_steps, max_probes=args.max_probes,
-                       noise_rel=args.noise_rel, max_slowdown=args.max_slowdown)
+def window_runs(curves: list[Curve], args, max_slowdown: Optional[float]) -> list[Run]:
+    runs = []
+    for ci, curve in enumerate(curves):
+        opt = curve.best_index(max_slowdown)
+        e_opt = curve.energy_j[opt]
+        for si, (start_name, start_hz) in enumerate(starts_for(curve).items()):
+            for seed in range(args.seeds):
+                for kind in TUNERS:
+                    rng = random.Random(1_000_003 * seed + 1009 * ci + si)
+                    tuner = make_tuner(kind, curve.levels_hz, start_hz, max_slowdown, args.noise_rel, args.job_steps)
+                    job = run_window_job(tuner, curve, rng, args.noise_rel, args.job_steps)
+                    e = curve.energy_at(job.best_hz)
+                    runs.append(Run(curve.name, start_name, kind, e / e_opt - 1,
+                                    job.energy_j / (args.job_steps * e_opt) - 1, job.windows,
+                                    e / curve.energy_at(start_hz) - 1,
+                                    job.energy_j / (args.job_steps * curve.energy_at(start_hz)) - 1,
+                                    job.energy_j / (args.job_steps * curve.energy_j[-1]) - 1,
+                                    curve.time_at(job.best_hz) / curve.time_s[-1] - 1))
+    return runs
 
 
-def run_one(w: Workload, tree: DecisionTree, args, seed: int) -> Run:
+def simulated_runs(args) -> list[Run]:
+    from governor.features import Features
+    from governor.pipeline.workloads import held_out_workloads
+    from governor.sim.energy import OrinEnergyModel
+    from governor.tree import DecisionTree
+
+    tree = DecisionTree.load(TREE)
     clean = OrinEnergyModel()
-    e = {hz: clean.expected(w, hz) for hz in clean.levels_hz}
-    top_s = e[clean.levels_hz[-1]].time_s
-    feasible = [hz for hz in clean.levels_hz
-                if args.max_slowdown is None or e[hz].time_s <= (1 + args.max_slowdown) * top_s]
-    oracle_hz = min(feasible, key=lambda hz: e[hz].energy_j)
-    mlg_hz = mlg_pick(tree, clean, w)
-    job = run_tuned_job(w, mlg_hz, args.job_steps, args.noise, seed, tuner_config(args))
-    tuned_hz = job.best_hz
-    return Run(w.name, oracle_hz, mlg_hz, tuned_hz, e[tuned_hz].energy_j / e[oracle_hz].energy_j - 1,
-               job.profiled_steps, job.session.tuner.probes, job.energy_j,
-               fixed_job_j(w, oracle_hz, args.noise, seed, args.job_steps),
-               fixed_job_j(w, mlg_hz, args.noise, seed, args.job_steps),
-               fixed_job_j(w, None, args.noise, seed, args.job_steps),
-               e[tuned_hz].time_s / top_s - 1)
-
-
-def measured_noise(noise: float, steps: int = 400) -> tuple[float, float]:
-    """What a noise setting means for energy per step, averaged over the workloads at their oracle level:
-    (step-to-step jitter, total deviation from the expected value including the slow drift), relative."""
-    clean = OrinEnergyModel()
-    jitter, total = [], []
+    levels = clean.levels_hz
+    runs = []
     for i, w in enumerate(held_out_workloads()):
-        hz = min(clean.levels_hz, key=lambda f: clean.expected(w, f).energy_j)
-        expected_j = clean.expected(w, hz).energy_j
-        model = OrinEnergyModel(noise=noise, seed=10**6 + i)
-        xs = [model.step(w, hz).energy_j / expected_j for _ in range(steps)]
-        jitter.append(statistics.pstdev([b - a for a, b in zip(xs, xs[1:])]) / math.sqrt(2))
-        total.append(math.sqrt(statistics.mean((x - 1) ** 2 for x in xs)))
-    return statistics.mean(jitter), statistics.mean(total)
+        e = {hz: clean.expected(w, hz).energy_j for hz in levels}
+        e_opt = min(e.values())
+        maxn_j = clean.expected(w, None).energy_j
+        util = clean.expected(w, None).gpu_util_pct
+        mlg_hz = tree.decide(Features(model_type=w.model_type, num_layers=w.num_layers, hidden_size=w.hidden_size,
+                                      seq_len=float(w.seq_len), gpu_util=round(util, 1))).freq_hz
+        for start_name, start_hz in (("MLG", mlg_hz), ("top", levels[-1]), ("bottom", levels[0])):
+            for seed in range(args.seeds):
+                for kind in TUNERS:
+                    def session(levels_hz, start, kind=kind):
+                        t = make_tuner(kind, levels_hz, start, None, args.noise_rel, args.job_steps)
+                        if kind == "v1":
+                            return tuner_v1.TuningSession(t, steps=0)
+                        return tuning.TuningSession(t, steps=0)
+                    job: JobResult = run_model_job(w, start_hz, args.job_steps, args.model_noise, 1000 * i + seed,
+                                                   session)
+                    eb = e[job.best_hz]
+                    runs.append(Run(w.name, start_name, kind, eb / e_opt - 1,
+                                    job.energy_j / (args.job_steps * e_opt) - 1, job.windows, eb / e[start_hz] - 1,
+                                    job.energy_j / (args.job_steps * e[start_hz]) - 1,
+                                    job.energy_j / (args.job_steps * maxn_j) - 1))
+    return runs
+
+
+def p90(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.9 * len(xs)))]
 
 
 def pct(x: float) -> str:
-    return f"{100 * x:+.2f}"
+    return f"{100 * x:+.2f}%"
 
 
-def per_workload_table(runs: list[Run]) -> None:
-    print("| workload | oracle | MLG | tuned (MHz, per seed) | level vs oracle % (mean/max) | profiled steps (max) "
-          "| job vs oracle % | MLG job vs oracle % | job vs MAXN % |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
-    for name in dict.fromkeys(r.workload for r in runs):
-        rs = [r for r in runs if r.workload == name]
-        print(f"| {name} | {rs[0].oracle_hz // 10**6} | {rs[0].mlg_hz // 10**6} "
-              f"| {' '.join(str(r.tuned_hz // 10**6) for r in rs)} "
-              f"| {pct(statistics.mean(r.level_regret for r in rs))}/{pct(max(r.level_regret for r in rs))} "
-              f"| {max(r.profiled_steps for r in rs)} "
-              f"| {pct(statistics.mean(r.job_j / r.oracle_job_j - 1 for r in rs))} "
-              f"| {pct(statistics.mean(r.mlg_job_j / r.oracle_job_j - 1 for r in rs))} "
-              f"| {pct(statistics.mean(r.job_j / r.maxn_job_j - 1 for r in rs))} |")
+def table(title: str, runs: list[Run], max_slowdown: Optional[float] = None) -> None:
+    print(f"### {title}")
+    print()
+    extra = (" | slowdown vs top, worst | runs over the limit by > 1 / > 3 points"
+             if max_slowdown is not None else "")
+    print("| start | tuner | level vs min: mean / p90 / worst | whole job vs optimum: mean / worst | windows: mean / max "
+          "| level worse than start (runs), worst | whole job vs start, worst | whole job vs default, worst"
+          f"{extra} |")
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if extra else ""))
+    for start in dict.fromkeys(r.start for r in runs):
+        for kind in TUNERS:
+            rs = [r for r in runs if r.start == start and r.tuner == kind]
+            lv = [r.level_regret for r in rs]
+            jb = [r.job_regret for r in rs]
+            wn = [r.windows for r in rs]
+            worse = [r.vs_start for r in rs if r.vs_start > 1e-12]
+            row = (f"| {start} | {kind} | {pct(statistics.mean(lv))} / {pct(p90(lv))} / {pct(max(lv))} "
+                   f"| {pct(statistics.mean(jb))} / {pct(max(jb))} | {statistics.mean(wn):.1f} / {max(wn)} "
+                   f"| {len(worse)} of {len(rs)}, {pct(max(worse)) if worse else '-'} "
+                   f"| {pct(max(r.job_vs_start for r in rs))} | {pct(max(r.job_vs_default for r in rs))}")
+            if extra:
+                over = [r.slowdown - max_slowdown for r in rs]
+                row += (f" | {pct(max(r.slowdown for r in rs))} "
+                        f"| {sum(o > 0.01 for o in over)} / {sum(o > 0.03 for o in over)} of {len(rs)}")
+            print(row + " |")
     print()
 
 
-def summary_table(runs: list[Run], max_slowdown: Optional[float]) -> None:
-    level = [r.level_regret for r in runs]
-    job = [r.job_j / r.oracle_job_j - 1 for r in runs]
-    mlg_job = [r.mlg_job_j / r.oracle_job_j - 1 for r in runs]
-    vs_maxn = [r.job_j / r.maxn_job_j - 1 for r in runs]
-    profiled = [r.profiled_steps for r in runs]
-    rows = [
-        ("converged level vs oracle energy, mean", f"{pct(statistics.mean(level))}%", "<= +1%",
-         statistics.mean(level) <= 0.01),
-        ("converged level vs oracle energy, worst", f"{pct(max(level))}%", "<= +3%", max(level) <= 0.03),
-        ("runs whose converged level is within 3% of the oracle's",
-         f"{100 * statistics.mean(x <= 0.03 for x in level):.1f}% of {len(level)}", "", None),
-        ("converged on the oracle's level", f"{100 * statistics.mean(r.tuned_hz == r.oracle_hz for r in runs):.0f}%"
-         f" (MLG's pick: {100 * statistics.mean(r.mlg_hz == r.oracle_hz for r in runs):.0f}%)", "", None),
-        ("profiled steps, mean / max", f"{statistics.mean(profiled):.1f} / {max(profiled)}", "<= 30",
-         max(profiled) <= 30),
-        ("probes (windows), mean / max", f"{statistics.mean(r.probes for r in runs):.1f} / "
-         f"{max(r.probes for r in runs)}", "", None),
-        ("whole job vs oracle, mean", f"{pct(statistics.mean(job))}% (MLG {pct(statistics.mean(mlg_job))}%)",
-         "<= +2%", statistics.mean(job) <= 0.02),
-        ("whole job vs oracle, worst", f"{pct(max(job))}% (MLG {pct(max(mlg_job))}%)", "", None),
-        ("whole job vs MAXN, mean / worst", f"{pct(statistics.mean(vs_maxn))}% / {pct(max(vs_maxn))}%",
-         "worst < 0", max(vs_maxn) < 0),
-    ]
-    if max_slowdown is not None:
-        slow = [r.slowdown for r in runs]
-        rows.append(("slowdown vs top level, mean / worst", f"{pct(statistics.mean(slow))}% / {pct(max(slow))}%",
-                     f"<= {100 * max_slowdown:.0f}% (+noise)", None))
-    print("| figure | measured | target | met |")
-    print("|---|---|---|---|")
-    for name, value, target, ok in rows:
-        print(f"| {name} | {value} | {target} | {'' if ok is None else ('yes' if ok else 'NO')} |")
+def summary_rows(name: str, runs: list[Run], noise: float) -> list[str]:
+    """One row per start of a set: the new tuner's figures with the old one's beside them (old in brackets).
+    ``noise`` is one window's relative s.d.: a level worse than the start by less is within noise of it."""
+    rows = []
+    for start in dict.fromkeys(r.start for r in runs):
+        by = {kind: [r for r in runs if r.start == start and r.tuner == kind] for kind in TUNERS}
+
+        def cell(fmt, kinds=TUNERS):
+            vals = [fmt(by[k]) for k in kinds if by[k]]
+            return vals[-1] + (f" ({vals[0]})" if len(vals) > 1 else "")
+
+        rows.append(" | ".join([
+            f"| {name}", start,
+            cell(lambda rs: "{} / {} / {}".format(*(pct(f(r.level_regret for r in rs)) for f in
+                                                     (statistics.mean, lambda x: p90(list(x)), max)))),
+            cell(lambda rs: pct(statistics.mean(r.job_regret for r in rs))),
+            cell(lambda rs: f"{statistics.mean(r.windows for r in rs):.1f}"),
+            cell(lambda rs: f"{sum(r.vs_start > 1e-12 for r in rs)} / {sum(r.vs_start > noise for r in rs)} "
+                            f"of {len(rs)}, {pct(max(r.vs_start for r in rs))}"),
+            cell(lambda rs: pct(max(r.job_vs_default for r in rs))),
+        ]) + " |")
+    return rows
+
+
+def print_summary(rows: list[str]) -> None:
+    old = f" ({TUNERS[0]} in brackets)" if len(TUNERS) > 1 else ""
+    print(f"### Summary: {TUNERS[-1]} tuner{old}")
+    print()
+    print("| set | start | level vs min: mean / p90 / worst | whole job vs optimum, mean | windows, mean "
+          "| runs on a level worse than the start: any / by > one window's noise, worst | whole job vs default, worst |")
+    print("|---|---|---|---|---|---|---|")
+    for row in rows:
+        print(row)
+    print()
+
+
+def worst_cases(runs: list[Run], n: int) -> None:
+    print("| curve | start | tuner | level vs min | windows |")
+    print("|---|---|---|---|---|")
+    for r in sorted((r for r in runs if r.tuner == TUNERS[-1]), key=lambda r: -r.level_regret)[:n]:
+        print(f"| {r.curve} | {r.start} | {r.tuner} | {pct(r.level_regret)} | {r.windows} |")
     print()
 
 
 def main() -> None:
+    global TUNERS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--noise", type=float, nargs="+", default=[0.71, 1.0],
-                        help="OrinEnergyModel noise scales to run (default: 0.71, which gives 3%% per-step energy "
-                             "jitter on average, and 1.0, the model's nominal setting)")
+    parser.add_argument("--sets", nargs="+", default=["real", "adversarial", "simulated"],
+                        choices=["real", "adversarial", "simulated"])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--job-steps", type=int, default=2000)
-    daemon = TunerConfig()  # the daemon's defaults, so the benchmark measures what ftgovd runs
-    parser.add_argument("--max-slowdown", type=float, default=daemon.max_slowdown)
-    parser.add_argument("--noise-rel", type=float, default=daemon.noise_rel)
-    parser.add_argument("--max-probes", type=int, default=daemon.max_probes)
-    parser.add_argument("--warmup-steps", type=int, default=daemon.warmup_steps)
-    parser.add_argument("--window-steps", type=int, default=daemon.window_steps)
-    parser.add_argument("--per-workload", action="store_true", help="print a row per workload")
+    parser.add_argument("--noise-rel", type=float, default=0.03, help="relative s.d. of one window's J/step and s/step "
+                        "(real and adversarial); also the tuners' noise_rel")
+    parser.add_argument("--model-noise", type=float, default=0.71, help="OrinEnergyModel noise scale (simulated)")
+    parser.add_argument("--max-slowdown", type=float, default=None,
+                        help="also run the real curves with this max_slowdown (their latency_s is the step time)")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of jetson_inference_dvfs.csv")
+    parser.add_argument("--worst", type=int, default=0, help="list the new tuner's N worst runs per set")
+    parser.add_argument("--tuners", nargs="+", default=list(TUNERS), choices=list(TUNERS))
     args = parser.parse_args()
+    TUNERS = tuple(args.tuners)
 
-    tree = DecisionTree.load(TREE)
-    workloads = held_out_workloads()
-    print(f"energy model {OrinEnergyModel.VERSION}; {len(workloads)} held-out workloads x {args.seeds} seeds; "
-          f"job {args.job_steps} steps; probe = {args.warmup_steps} warm-up + {args.window_steps} measured steps, "
-          f"at most {args.max_probes} probes; noise_rel {args.noise_rel}; max_slowdown {args.max_slowdown}")
+    print(f"{args.seeds} seeds; window noise {args.noise_rel:.0%} (real, adversarial), model noise {args.model_noise} "
+          f"(simulated); {args.job_steps}-step jobs; v1 = the tuner before the energy-budgeted search, new = "
+          "governor/policy/tuner.py")
     print()
-    for noise in args.noise:
-        jitter, total = measured_noise(noise)
-        print(f"## noise {noise}: energy per step deviates {100 * jitter:.1f}% step to step and {100 * total:.1f}% "
-              "from its expected value with the drift (mean over workloads)")
-        print()
-        run_args = argparse.Namespace(**{**vars(args), "noise": noise})
-        runs = [run_one(w, tree, run_args, seed=1000 * i + s)
-                for i, w in enumerate(workloads) for s in range(args.seeds)]
-        if args.per_workload:
-            per_workload_table(runs)
-        summary_table(runs, args.max_slowdown)
+    summary: list[str] = []
+    for name in args.sets:
+        if name == "real":
+            curves = real_curves(args.data)
+            runs = window_runs(curves, args, None)
+            table(f"real Jetson curves ({len(curves)}; default governor = top level)", runs)
+            summary += summary_rows("real", runs, args.noise_rel)
+        elif name == "adversarial":
+            curves = adversarial_curves()
+            runs = window_runs(curves, args, None)
+            table(f"adversarial shapes ({len(curves)}; default governor = top level)", runs)
+            summary += summary_rows("adversarial", runs, args.noise_rel)
+        else:
+            runs = simulated_runs(args)
+            table("simulated Orin, held-out workloads (60; default governor = MAXN)", runs)
+            summary += summary_rows("simulated", runs, args.noise_rel)
+        if args.worst:
+            worst_cases(runs, args.worst)
+    if args.max_slowdown is not None:
+        curves = real_curves(args.data)
+        runs = window_runs(curves, args, args.max_slowdown)
+        table(f"real Jetson curves, max_slowdown {args.max_slowdown} (vs the best level within it)", runs,
+              args.max_slowdown)
+        summary += summary_rows(f"real, max_slowdown {args.max_slowdown}", runs, args.noise_rel)
+        if args.worst:
+            worst_cases(runs, args.worst)
+    print_summary(summary)
 
 
 if __name__ == "__main__":

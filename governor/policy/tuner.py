@@ -1,57 +1,74 @@
 """Online energy tuner: measure energy per training step at a few GPU levels while the job runs, and pin the minimum.
 
-Why online: the MLG tree picks the energy-optimal level for only 62% of workloads (paper.md), and a level or two off
-the bottom of the U-shaped energy curve costs several percent. Measuring the job itself removes the model's error; the
-cost is a few windows at levels that are not the optimum, a fraction of a percent of a 2,000-step job.
+Why online: the MLG tree picks the energy-optimal level for only part of the workloads, and a level or two off the
+bottom of the energy curve costs several percent. Measuring the job itself removes the model's error. Real curves are
+not smooth U's: they have plateaus, bumps, second dips, isolated minima, and minima at an end of the table; the start
+may be anywhere (MLG's pick, the top clock, the bottom). The search below makes no assumption about where it starts,
+and its cost is bounded in energy, not in windows.
 
-Algorithm: noise-aware descent from the start level, then confirm; estimates smoothed by the U's local shape.
-A "window" is one measurement of mean energy and time per step at one level (``observe``); the budget is
-``max_probes`` windows (6: with 1 warm-up and 4 measured steps each, at most 30 profiled steps).
+A "window" is one measurement of mean energy and time per step at one level (``observe``); a probe is a window plus
+its warm-up steps (``probe_steps``, 5 by default). Estimates are the mean log energy per step of each level's windows
+(the noise is relative, so it is even in log units); comparisons are z scores from ``noise_rel`` and the windows
+behind each estimate. After every window the next one is re-planned from all of them, so any measurement can move
+the incumbent (the measured feasible level with the least estimate) and the search goes on from there.
 
-1. Measure the start level: MLG's pick, usually at or next to the optimum, so the search starts near the bottom.
-2. With ``max_slowdown`` set, measure the top level once: it is the fastest level, and its step time is the reference
-   the slowdown is measured against. We measure it rather than extrapolate to it from levels near the bottom of the
-   U: extrapolating ``a + b/f`` from two windows to 1.3 GHz multiplies their noise about 2.4 times, and host- or
-   launch-bound steps flatten out near the top anyway; one window at the top costs a few steps at higher power.
-   Step time is then estimated for every level by a weighted least-squares quadratic in 1/f through all measured
-   levels (time is smooth and convex in 1/f), which pools the windows so that no single one decides the slowdown.
-   A level is feasible when its estimate is within ``(1 + max_slowdown)`` of the top's; the feasible levels are all
-   those from a lowest one up. If the start is infeasible the search restarts at that lowest feasible level: the
-   unconstrained optimum is then below it and, the curve being U-shaped, the constrained one is at or just above it.
-   The level just below the boundary is explored, and re-measured while it is cheaper than the incumbent, as long as
-   it is within noise of the limit: a level of energy is at stake there (the U is steep below the usual boundary).
-3. Descent: the incumbent is the measured feasible level with the least estimated energy. While one of its two
-   neighbours is unmeasured, measure it (the lower first). The U shape is what makes this cheap: a neighbour that is
-   worse means the minimum is not beyond it, so the walk goes one way, stops at the first rise, and never sweeps the
-   table.
-4. Confirm: with both neighbours measured, compare each with the incumbent by a z score from ``noise_rel`` (relative
-   standard deviation of one window) and the windows behind each estimate. A neighbour within ``z_confirm`` is a
-   close contender: first measure the level beyond it if that is unmeasured (the minimum may be there), otherwise
-   measure again whichever of the pair has fewer windows. Any measurement can move the incumbent, and the descent
-   resumes from the new one: "step, then confirm", so that one noisy window neither stops the walk early nor sends
-   it the wrong way.
-5. Stop when both neighbours are clearly worse or the budget is spent, and pick the incumbent.
+1. Measure the start. With ``max_slowdown`` set, measure the top level once (the reference for the slowdown), and if
+   the start is too slow, restart at the lowest feasible level (step time per level: see ``_seconds``).
+2. Descend: while a side of the incumbent has nothing measured on it, measure that side. The stride is twice the
+   distance the walk came from the other side, so a minimum half a table away costs a few windows (1, 2, 4...
+   levels), never more than half the way to the end of the table (an end is often the costliest level: it is
+   measured only once the walk is next to it). There is no window cap that stops the walk while energy falls.
+3. Refine: bisect the gap between the incumbent and its nearest measured level on each side, until both its
+   neighbours are measured.
+4. Past the rise: a rise next to the bottom may be a bump. On each side the walk goes on outward, one level at a time,
+   until the measured run climbs like a U's wall (two levels or more, the outermost the highest and at least
+   ``WALL_Z * z_confirm`` standard deviations above the incumbent). At a wall it looks once as far again past it
+   (half the way to the end at most): a hump looks like a wall from inside. A level found there that is lower than
+   its measured neighbours and not clearly worse than the incumbent is a valley, walked like the incumbent (2-3).
+5. Confirm: the incumbent, the closest contender within ``z_confirm`` of it, and the start while it is within noise,
+   are measured again (the fewer-measured of each pair first) until they differ clearly, or both have
+   ``confirm_windows`` windows and a wrong choice between them could cost at most CONFIRM_TOL_NOISE x ``noise_rel``
+   at ``z_confirm`` standard deviations (a tie gets four or five windows each, levels 2% apart two). Other levels
+   within noise of a flat bottom are left: whichever is picked, they are equal to within the noise.
+6. Stop when nothing is left to do, or when the next window is not affordable, and pick the incumbent.
 
-Estimates: log energy per step (the noise is relative, so it is even in log units). Near its minimum a smooth U is a
-parabola, so once four or more levels lie within SMOOTH_RADIUS of the raw incumbent, a weighted least-squares quadratic
-through them replaces their means: every window then informs every nearby level, instead of one noisy window deciding
-a comparison alone. On the simulated Orin this cuts the tuner's mean error 2-3 times at the same budget (docs/tuner.md).
+Budget: what exploration costs is the energy its windows spend above the incumbent (the estimate of the optimum):
+``probe_steps`` x (E_level - E_incumbent) per window; a window at a level cheaper than the incumbent costs nothing.
+A window is taken only if its predicted cost fits in what is left of ``explore_budget_frac`` x ``total_steps`` x
+E_incumbent (the job's energy at the incumbent); the prediction is the level's estimate when measured, the line
+through its measured neighbours between two, and beyond the measured levels the nearest one or the line through the
+two nearest when it rises (pessimistic: the budget is not spent on a hope). A look past a wall, speculative, may spend
+at most FAR_SHARE of what is left. ``total_steps`` is the number of steps the job runs from the first window to its
+end; unknown (None), ASSUMED_TOTAL_STEPS (2,000) is assumed. A short job explores less: a window 10% above the
+incumbent costs 0.5 step of energy, so a 2,000-step job at 1.5% may spend 60 of them, a 100-step job 3. Descending
+to cheaper levels and re-measuring the incumbent are never refused. ``max_probes`` is only a safety cap.
 
-Never worse than the start: the start is always measured, and a level replaces it only when its estimate is lower.
-Smoothing moves an estimate only towards a convex fit of its neighbours, so the chosen level's own windows never read
-worse than the start's by more than noise (tests/test_tuning.py checks this over random curves and noise).
+max_slowdown: what may be chosen is decided by each level's own windows, never by a fit: a measured level is
+feasible when its mean step time over the top's is within ``1 + max_slowdown`` by FEASIBLE_Z standard deviations of
+that ratio (``noise_rel`` and both levels' windows). A cheaper level over the limit only within noise is measured
+again, with the top, up to MAX_CONFIRM_WINDOWS each. The step-time fit (``_seconds``) only says where to explore, and
+the walk down goes one level past the lowest measured feasible level whatever the fit says (measured step times bend
+and are not always monotone in the clock). If the times are noisy like the energies, a level whose true ratio is
+over the limit is chosen with probability at most about 16% (one-sided 1 s.d.) and only when it reads under it; one
+over it by 2 s.d. (6% with one window each at 3% noise) about 0.1%.
 
-Why not golden-section or ternary search over level indices: with 11 levels they need about as many windows as the
-descent before they have bracketed anything, their first probes are at the ends of the table (the costliest levels to
-visit), and they ignore that the start is usually within a level or two of the optimum; comparing two single windows
-a few percent apart is also exactly what noise gets wrong. Why not fit a global model of the curve and jump to its
-minimum: its shape depends on the voltage table and on how utilization moves with the clock, so a global fit is
-biased; a local quadratic through measured levels only, used to estimate them and never to extrapolate, is far less
-so (a U is a parabola near its bottom whatever sets its ends).
+Never worse than the start beyond noise: the start is always measured, is always among the levels confirmed while
+it is within noise of the incumbent, and is replaced at the end only by a level whose estimate is lower by more than
+START_MARGIN_Z standard deviations of the difference (the least of many noisy levels reads low: without a margin,
+exploring more levels would make a lucky window more likely to win).
+
+No smoothing across levels: a local quadratic through the levels near the bottom pools their windows on a smooth U
+(it cut the error on the simulated Orin 2-3 times at 6 windows), but on the measured Jetson curves it erases isolated
+minima and bumps smaller than a window's noise; the raw means were 2.5 times better there (docs/tuner.md).
+
+Why not golden-section or ternary search over level indices: their first probes are at the ends of the table, the
+costliest levels, they assume one minimum, and comparing two single windows a few percent apart is exactly what
+noise gets wrong. Why not fit a global model of the curve and jump to its minimum: real curves are not one smooth
+function of the clock (voltage steps, memory-bound phases), so a global fit is biased where it matters.
 
 Nothing here touches hardware or clocks: the daemon (and the benchmark, and ``ftgov evaluate``) feed it measurements.
 ``TuningSession`` turns a job's progress reports and a cumulative rail-energy counter into those measurements, with
-warm-up steps discarded after each change of level.
+warm-up steps discarded after each change of level, and tells the tuner the job's remaining length when it is known.
 """
 
 from __future__ import annotations
@@ -59,22 +76,49 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 from governor.errors import FtgovError
 
-# A probe is DEFAULT_WARMUP_STEPS discarded steps after a change of level, then DEFAULT_WINDOW_STEPS measured steps:
-# 5 steps in all, so DEFAULT_MAX_PROBES probes profile at most 30 steps (the budget of issue 6). One warm-up step is
-# enough to leave the step during which the clock changed out of the window (a devfreq write takes effect within
-# milliseconds; unverified on a real Orin), and four measured steps average out most of the step-to-step noise.
+# A probe is DEFAULT_WARMUP_STEPS discarded steps after a change of level, then DEFAULT_WINDOW_STEPS measured steps.
+# One warm-up step is enough to leave the step during which the clock changed out of the window (a devfreq write takes
+# effect within milliseconds; unverified on a real Orin), and four measured steps average out most of the step noise.
 DEFAULT_WARMUP_STEPS = 1
 DEFAULT_WINDOW_STEPS = 4
-DEFAULT_MAX_PROBES = 6
-DEFAULT_NOISE_REL = 0.03  # relative s.d. of one window's joules per step: "a few percent" (issue 6)
+# A safety cap only: the energy budget and the search's own stopping rules end it long before on any curve we know of;
+# this bounds the time a job can spend off its best level if a measurement source misbehaves.
+DEFAULT_MAX_PROBES = 40
+DEFAULT_NOISE_REL = 0.03  # relative s.d. of one window's joules per step: "a few percent"
 DEFAULT_Z_CONFIRM = 2.0
-# Levels either side of the incumbent that the quadratic smoothing uses: wide enough to pool the 4-5 levels a search
-# measures, narrow enough that the U's asymmetric far ends do not bend the fit.
-SMOOTH_RADIUS = 3
+# Exploration may cost at most this fraction of the job's energy (windows above the incumbent, counted in joules).
+DEFAULT_EXPLORE_BUDGET_FRAC = 0.015
+# Job length assumed when the caller does not give one: a short fine-tuning run. Longer jobs would justify more
+# exploration, so this errs on the side of exploring too little.
+ASSUMED_TOTAL_STEPS = 2000
+# Windows each of two levels within noise of each other get at least before the tuner may stop telling them apart;
+# CONFIRM_TOL_NOISE decides when it does. Two is enough for levels a few percent apart; a tie gets more.
+DEFAULT_CONFIRM_WINDOWS = 2
+# Contenders confirmed besides the incumbent: the closest one in noise units. Confirming every level within noise of a
+# flat bottom costs windows and buys nothing: such levels are equal to within the noise, whichever is picked.
+CONFIRM_CONTENDERS = 1
+# A run of rising levels is a wall once its outermost is this many z_confirm above the incumbent (one s.d. at the
+# default): lower than "clearly", because the look past the wall, not this test, is what tells a hump from a wall.
+WALL_Z = 0.5
+# How far below the start (in s.d. of the difference) a level must read to replace it at the end: half an s.d. halved
+# the runs that settle on a level worse than a mid-table start on the Jetson curves, for +0.07% of mean regret.
+START_MARGIN_Z = 0.5
+# The part of the budget left that one look past a wall may spend: it is a speculative window, often at a steep and
+# costly level, and must not take what confirming the bottom needs.
+FAR_SHARE = 0.25
+# Two levels within noise of each other are told apart (step 5) once both have confirm_windows windows and what
+# choosing the lower could cost, z_confirm standard deviations of their difference minus that difference, is at most
+# CONFIRM_TOL_NOISE x noise_rel (4% at 3% noise): two windows each for levels 2% apart, four or five for a tie. In
+# noise units, so that it holds for any curve and any noise; MAX_CONFIRM_WINDOWS caps a tie.
+CONFIRM_TOL_NOISE = 4.0 / 3.0
+MAX_CONFIRM_WINDOWS = 6
+# A measured level may be chosen under max_slowdown only if its own step time over the top's, as measured, is within
+# the limit by this many standard deviations of that ratio (from noise_rel and both levels' windows).
+FEASIBLE_Z = 1.0
 
 
 class TuningError(FtgovError, ValueError):
@@ -99,9 +143,11 @@ class _Estimate:
 
 @dataclass(frozen=True)
 class _Plan:
-    phase: str  # start | fastest | anchor | descend | expand | confirm | done
+    phase: str  # start | fastest | anchor | descend | refine | beyond | confirm | done
     index: Optional[int]  # level index to measure next; None when done
     reason: str
+    free: bool = False  # measured whatever the budget says (the start, the reference for max_slowdown)
+    share: float = 1.0  # the part of the budget left that this one window may spend
 
 
 class OnlineTuner:
@@ -113,14 +159,20 @@ class OnlineTuner:
     decision is frozen: ``next_level_hz()`` and ``best_hz`` return the chosen level, and later observations are kept in
     ``state()`` but change nothing. Re-tuning (new job features) means a new tuner.
 
-    ``noise_rel`` is the relative standard deviation of one window's energy per step; ``max_probes`` bounds the windows
-    (with a report every step and no eval in between, profiling costs at most ``max_probes`` x (warm-up + window)
-    steps); ``z_confirm`` is how many standard deviations make a difference "clear".
+    ``noise_rel`` is the relative standard deviation of one window's energy per step; ``z_confirm`` is how many
+    standard deviations make a difference "clear". ``explore_budget_frac`` bounds the energy exploration may cost, as a
+    fraction of the job's energy: ``total_steps`` steps (from the first window to the end of the job; None: unknown,
+    ASSUMED_TOTAL_STEPS is assumed) at the incumbent's energy per step. ``probe_steps`` is what one window costs in
+    steps (warm-up included; TuningSession sets it from its own window). ``confirm_windows`` is the fewest windows two
+    levels within noise of each other get before the tuner may stop telling them apart. ``max_probes`` is a safety cap
+    on the windows.
     """
 
     def __init__(self, levels_hz: Iterable[int], start_hz: int, max_slowdown: Optional[float] = None, *,
                  noise_rel: float = DEFAULT_NOISE_REL, max_probes: int = DEFAULT_MAX_PROBES,
-                 z_confirm: float = DEFAULT_Z_CONFIRM):
+                 z_confirm: float = DEFAULT_Z_CONFIRM, explore_budget_frac: float = DEFAULT_EXPLORE_BUDGET_FRAC,
+                 total_steps: Optional[int] = None, probe_steps: int = DEFAULT_WARMUP_STEPS + DEFAULT_WINDOW_STEPS,
+                 confirm_windows: int = DEFAULT_CONFIRM_WINDOWS):
         self.levels_hz = _check_levels(levels_hz)
         if isinstance(start_hz, bool) or start_hz not in self.levels_hz:
             raise TuningError(f"start_hz {start_hz!r} is not one of the levels {list(self.levels_hz)}")
@@ -129,10 +181,15 @@ class OnlineTuner:
         self.noise_rel = _positive(noise_rel, "noise_rel")
         self.max_probes = _count(max_probes, "max_probes", 1)
         self.z_confirm = _positive(z_confirm, "z_confirm")
+        self.explore_budget_frac = _positive(explore_budget_frac, "explore_budget_frac")
+        self.total_steps = None if total_steps is None else _count(total_steps, "total_steps", 1)
+        self.probe_steps = _count(probe_steps, "probe_steps", 1)
+        self.confirm_windows = _count(confirm_windows, "confirm_windows", 1)
         self._start = self.levels_hz.index(start_hz)
         self._est = [_Estimate() for _ in self.levels_hz]
         self._probes = 0
         self._final: Optional[int] = None
+        self._far_looks: set[int] = set()  # levels measured as a look past a wall: each side gets one
         self._plan = self._replan()
 
     # --- the interface -------------------------------------------------------------------------------------------
@@ -149,6 +206,15 @@ class OnlineTuner:
         seconds = _positive(seconds_per_step, "seconds_per_step")
         self._est[self.levels_hz.index(level_hz)].add(joules, seconds)
         self._probes += 1
+        if self._final is None:
+            self._plan = self._replan()
+
+    def set_job(self, total_steps: Optional[int] = None, probe_steps: Optional[int] = None) -> None:
+        """Tell the tuner, once it exists, how long the job is and what a window costs (TuningSession does)."""
+        if total_steps is not None:
+            self.total_steps = _count(total_steps, "total_steps", 1)
+        if probe_steps is not None:
+            self.probe_steps = _count(probe_steps, "probe_steps", 1)
         if self._final is None:
             self._plan = self._replan()
 
@@ -172,6 +238,7 @@ class OnlineTuner:
         """What the daemon's ``status`` shows and its log records after each probe (JSON-ready)."""
         fit = self._seconds()
         log_j = self._log_energy()
+        best = self._incumbent(log_j)
         estimates = [{"freq_hz": hz, "windows": e.n, "joules_per_step": e.sum_j / e.n,
                       "smoothed_joules_per_step": math.exp(log_j[i]), "seconds_per_step": e.sum_s / e.n,
                       "feasible": self._feasible(i, fit)}
@@ -187,80 +254,247 @@ class OnlineTuner:
             "converged": self.converged,
             "max_slowdown": self.max_slowdown,
             "fastest_seconds_per_step": None if fit is None else fit[-1],
+            "total_steps": self.total_steps,
+            "explore_budget_j": None if best is None else self._budget_j(log_j, best),
+            "explore_spent_j": None if best is None else self._spent_j(log_j, best),
             "estimates": estimates,
         }
 
     # --- planning ------------------------------------------------------------------------------------------------
 
     def _replan(self) -> _Plan:
-        plan = self._search()
-        if plan.index is not None and self._probes < self.max_probes:
-            return plan
-        reason = plan.reason if plan.index is None else f"probe budget of {self.max_probes} windows spent"
-        best = self._incumbent(self._log_energy())
-        if best is None:  # only infeasible levels measured and the budget is gone: keep the start
+        log_j = self._log_energy()
+        best = self._incumbent(log_j)
+        skipped = None
+        if self._probes < self.max_probes:
+            for plan in self._candidates(log_j, best):
+                if plan.index is None or plan.free or self._affordable(plan.index, log_j, best, plan.share):
+                    if plan.index is not None:
+                        if plan.phase == "far":
+                            self._far_looks.add(plan.index)
+                        return plan
+                    reason = plan.reason
+                    break
+                skipped = skipped or plan
+            else:
+                reason = "search complete"
+            if skipped is not None:
+                reason = (f"{reason}; not affordable within the exploration budget: {skipped.phase} "
+                          f"{self.levels_hz[skipped.index]} Hz")
+        else:
+            reason = f"safety cap of {self.max_probes} windows reached"
+        if best is None:  # only infeasible levels measured and no window left: keep the start
             best, reason = self._start, reason + "; nothing feasible measured: keeping the start"
+        elif (best != self._start and self._start in log_j and self._feasible(self._start, self._seconds())
+              and self._z(self._start, best, log_j) < START_MARGIN_Z):
+            # The least of many noisy levels reads low: a level replaces the start, what the job runs untuned, only
+            # when it is lower by more than START_MARGIN_Z standard deviations of the difference.
+            reason += f"; {self._mhz(best)} is not clearly lower than the start: keeping the start"
+            best = self._start
         self._final = best
         return _Plan("done", None, reason)
 
-    def _search(self) -> _Plan:
+    def _candidates(self, log_j: dict[int, float], best: Optional[int]) -> Iterator[_Plan]:
+        """What to measure next, most useful first; the first affordable one is taken (a plan with index None ends
+        the search). Re-planned from all windows after each one, so any measurement can move the incumbent."""
         top = len(self.levels_hz) - 1
         if not self._est[self._start].n:
-            return _Plan("start", self._start, "measure the start level")
+            yield _Plan("start", self._start, "measure the start level", free=True)
+            return
         if self.max_slowdown is not None and not self._est[top].n:
-            return _Plan("fastest", top, "measure the fastest level: the reference for max_slowdown")
+            yield _Plan("fastest", top, "measure the fastest level: the reference for max_slowdown", free=True)
+            return
         fit = self._seconds()
         lo = self._lowest_feasible(fit)
-        if not self._feasible(self._start, fit) and not self._est[lo].n:
-            return _Plan("anchor", lo, "the start is slower than max_slowdown allows: restart at the lowest feasible level")
-        log_j = self._log_energy()
-        best = self._incumbent(log_j)
+        if not self._feasible(self._start, fit, slack=self.noise_rel) and not self._est[lo].n:
+            yield _Plan("anchor", lo, "the start is slower than max_slowdown allows: restart at the lowest feasible "
+                                      "level", free=True)
+            return
         if best is None:  # no feasible level measured: only possible when the table has a single level
-            return _Plan("done", None, "no feasible level measured")
-        # A level just below the feasible ones may still be feasible, within the noise of the time fit: worth a look.
-        lowest = lo - 1 if lo > 0 and self._feasible(lo - 1, fit, slack=self.noise_rel) else lo
-        for nb in (best - 1, best + 1):
-            if lowest <= nb <= top and not self._est[nb].n:
-                return _Plan("descend", nb, f"incumbent {self.levels_hz[best]} Hz: measure its neighbour")
-        below = best - 1
-        if (self.max_slowdown is not None and below >= 0 and self._est[below].n
-                and log_j[below] < log_j[best] and not self._feasible(below, fit)
-                and self._feasible(below, fit, slack=self.noise_rel)):
-            again = below if self._est[below].n <= self._est[top].n else top
-            return _Plan("confirm", again, f"{self.levels_hz[below]} Hz is cheaper and within noise of the slowdown "
-                                           "limit: measure again")
-        weakest = self._least_certain_neighbour(best, lo, log_j)
-        if weakest is None:
-            return _Plan("done", None, "both neighbours of the incumbent are clearly worse")
-        # A close contender: first look past it, since the minimum may lie there and a fourth level lets the
-        # smoothing pool the windows; once that is known, measure the closer pair again.
-        beyond = weakest + (weakest - best)
-        if lowest <= beyond <= top and not self._est[beyond].n:
-            return _Plan("expand", beyond, f"{self.levels_hz[weakest]} Hz is within noise of {self.levels_hz[best]} Hz: "
-                                            "measure the level beyond it")
-        again = weakest if self._est[weakest].n < self._est[best].n else best
-        return _Plan("confirm", again,
-                     f"{self.levels_hz[weakest]} Hz is within noise of {self.levels_hz[best]} Hz: measure again")
+            yield _Plan("done", None, "no feasible level measured")
+            return
+        lowest = self._explorable_low(lo, fit)
+        yield from self._local(best, lowest, top, log_j)
+
+        # 3. Beyond the rise: a rise next to the incumbent may be a bump with another dip behind it (real curves
+        # have them). The walk goes on outward while the levels past the incumbent do not yet climb like a U's wall
+        # (see _wall); at a wall it looks once a stride further, as far past the wall as the wall is wide, unless a
+        # level past it is measured already: a hump looks like a wall from inside, and only that look tells them
+        # apart. What it finds lower than the wall is a valley, walked in step 4.
+        for d in (-1, 1):
+            nxt = self._next_unmeasured(best, d, lowest, top)
+            if nxt is None:
+                continue
+            if not self._wall(best, d, nxt, log_j):
+                yield _Plan("beyond", nxt, f"{self._mhz(best)} rises towards {self._mhz(nxt - d)}, not yet like a "
+                                           f"wall: look past it at {self._mhz(nxt)}")
+                continue
+            if any((k - nxt) * d > 0 or k in self._far_looks for k in self._side(best, d, lowest, top)):
+                continue  # past the wall is known already, or was looked at once (it may have become the wall)
+            outer = nxt - d
+            room = (outer - lowest) if d < 0 else (top - outer)
+            far = outer + d * max(1, min(abs(outer - best), (room + 1) // 2))
+            yield _Plan("far", far, f"energy climbs from {self._mhz(best)} to {self._mhz(outer)}: look as far "
+                                    f"again, at {self._mhz(far)}, for a dip behind a hump", share=FAR_SHARE)
+
+        # 4. Valleys: a measured level lower than its measured neighbours and not clearly worse than the incumbent
+        # (a second dip found past a hump) is walked like the incumbent, so its own minimum is found.
+        valleys = sorted((log_j[v], v) for v in log_j
+                         if v != best and lowest <= v <= top and self._feasible(v, fit)
+                         and self._z(v, best, log_j) < self.z_confirm
+                         and all(log_j[s[0]] > log_j[v] for s in (self._side(v, -1, lowest, top),
+                                                                   self._side(v, 1, lowest, top)) if s))
+        for _, v in valleys:
+            yield from self._local(v, lowest, top, log_j)
+
+        # 5. Confirm: levels within noise of the incumbent are measured again, the fewer-measured of each pair
+        # first, until they differ clearly or both have confirm_windows windows.
+        if self.max_slowdown is not None:
+            # A cheaper level that is too slow only within noise: its time and the top's are measured again (the
+            # fewer-measured first) until it is feasible or clearly not, or both have MAX_CONFIRM_WINDOWS.
+            for v in sorted((v for v in log_j if log_j[v] < log_j[best] and not self._feasible(v, fit)
+                             and self._feasible(v, fit, slack=self.noise_rel)), key=log_j.get):
+                if min(self._est[v].n, self._est[top].n) >= MAX_CONFIRM_WINDOWS:
+                    continue
+                again = v if self._est[v].n <= self._est[top].n else top
+                yield _Plan("confirm", again, f"{self._mhz(v)} is cheaper and within noise of the slowdown limit: "
+                                              "measure again")
+        contenders = sorted((self._z(i, best, log_j), i) for i in log_j
+                            if i != best and lowest <= i <= top and self._feasible(i, fit))
+        # The start is always among them while it is within noise: it is what the job would run without tuning,
+        # and a level that beats it on few windows may only be lucky (the least of many noisy levels reads low).
+        confirm = contenders[:CONFIRM_CONTENDERS]
+        if self._start in log_j and self._start != best and self._feasible(self._start, fit):
+            confirm.append((self._z(self._start, best, log_j), self._start))
+        for z, i in confirm:
+            if z >= self.z_confirm or self._told_apart(i, best, log_j):
+                continue
+            again = i if self._est[i].n < self._est[best].n else best
+            yield _Plan("confirm", again, f"{self._mhz(i)} is within noise of {self._mhz(best)}: measure again")
+        yield _Plan("done", None, "every side closed and every contender told apart")
+
+    def _told_apart(self, i: int, best: int, log_j: dict[int, float]) -> bool:
+        """Whether two levels within noise need no more windows: both have confirm_windows, and choosing the lower
+        could cost at most CONFIRM_TOL_NOISE x noise_rel at z_confirm standard deviations (a fixed window count
+        leaves a tie at 3 windows each 2.4% apart in s.d., and one such tie in a few hundred picks a level 6-9% off)."""
+        n = min(self._est[i].n, self._est[best].n)
+        if n < self.confirm_windows:
+            return False
+        sd = self.noise_rel * math.sqrt(1.0 / self._est[i].n + 1.0 / self._est[best].n)
+        return (n >= MAX_CONFIRM_WINDOWS
+                or self.z_confirm * sd - abs(log_j[i] - log_j[best]) <= CONFIRM_TOL_NOISE * self.noise_rel)
+
+    def _explorable_low(self, lo: int, fit: Optional[list[float]]) -> int:
+        """The lowest level worth measuring under max_slowdown. Below the lowest feasible level ``lo``: levels
+        measured but feasible within noise (they may be re-measured), and then one unmeasured level if the fit says it
+        may be feasible, or if the level above it is measured feasible: a fit of measured step times does not know
+        the levels below them (real step times bend, even rise with the clock), so the walk down ends only at a
+        measured level that is too slow."""
+        if self.max_slowdown is None:
+            return lo
+        lowest = lo
+        while lowest > 0:
+            below = lowest - 1
+            if self._est[below].n:
+                if not self._feasible(below, fit, slack=self.noise_rel):
+                    break
+                lowest = below
+                continue
+            if self._feasible(below, fit, slack=self.noise_rel) or fit is None or (
+                    self._est[lowest].n and self._feasible(lowest, fit, slack=self.noise_rel)):
+                lowest = below
+            break
+        return lowest
+
+    def _local(self, best: int, lowest: int, top: int, log_j: dict[int, float]) -> Iterator[_Plan]:
+        """Descend, then refine, around a valley's bottom ``best`` until both its neighbours are measured."""
+        sides = {d: self._side(best, d, lowest, top) for d in (-1, 1)}
+        # 1. Descend: a side with nothing measured on it. The stride is twice the distance we came from the other
+        # side (energy fell over it), so a start half a table away costs a few windows, not one per level; never
+        # more than half the way to the end of the table, so an end (often the costliest level) is only measured
+        # once the walk is next to it.
+        order = sorted((-1, 1), key=lambda d: (not sides[-d], d))
+        for d in order:
+            if sides[d] or not lowest <= best + d <= top:
+                continue
+            other = sides[-d]
+            stride = 2 * abs(other[0] - best) if other else 1
+            room = (best - lowest) if d < 0 else (top - best)
+            stride = max(1, min(stride, (room + 1) // 2))
+            yield _Plan("descend", best + d * stride,
+                        f"{self._mhz(best)}: energy falls towards it, measure {stride} level(s) "
+                        f"{'below' if d < 0 else 'above'}")
+        # 2. Refine: a gap between the bottom and its nearest measured level on a side; bisect the wider first.
+        gaps = sorted(((abs(sides[d][0] - best), d) for d in (-1, 1) if sides[d] and abs(sides[d][0] - best) > 1),
+                      reverse=True)
+        for gap, d in gaps:
+            yield _Plan("refine", best + d * (gap // 2),
+                        f"the minimum lies between {self._mhz(sides[d][0])} and {self._mhz(best)}: bisect")
+
+    def _side(self, best: int, d: int, lowest: int, top: int) -> list[int]:
+        """Measured levels on side d of the incumbent, within the explorable range, nearest first."""
+        stop = lowest - 1 if d < 0 else top + 1
+        return [i for i in range(best + d, stop, d) if self._est[i].n]
+
+    def _next_unmeasured(self, best: int, d: int, lowest: int, top: int) -> Optional[int]:
+        stop = lowest - 1 if d < 0 else top + 1
+        return next((i for i in range(best + d, stop, d) if not self._est[i].n), None)
+
+    def _wall(self, best: int, d: int, nxt: int, log_j: dict[int, float]) -> bool:
+        """Whether the measured run from the incumbent to just before ``nxt`` climbs like a U's wall: two levels or
+        more, the outermost the highest of them and clearly worse than the incumbent. A run whose outermost level is
+        lower than one inside it is coming down a bump: the walk goes on."""
+        run = list(range(best + d, nxt, d))
+        if len(run) < 2:
+            return False
+        outer = run[-1]
+        return (log_j[outer] >= max(log_j[i] for i in run)
+                and self._z(outer, best, log_j) >= WALL_Z * self.z_confirm)
+
+    def _mhz(self, i: int) -> str:
+        return f"{self.levels_hz[i] / 1e6:g} MHz"
 
     def _incumbent(self, log_j: dict[int, float]) -> Optional[int]:
         """The measured feasible level with the least estimated energy per step."""
         fit = self._seconds()
         return min((i for i in log_j if self._feasible(i, fit)), key=log_j.get, default=None)
 
-    def _least_certain_neighbour(self, best: int, lo: int, log_j: dict[int, float]) -> Optional[int]:
-        """The neighbour of the incumbent whose difference from it is smallest in noise units, if below z_confirm."""
-        weakest, weakest_z = None, self.z_confirm
-        for nb in (best - 1, best + 1):
-            if lo <= nb < len(self.levels_hz) and self._est[nb].n:
-                z = self._z(nb, best, log_j)
-                if z < weakest_z:
-                    weakest, weakest_z = nb, z
-        return weakest
-
     def _z(self, a: int, b: int, log_j: dict[int, float]) -> float:
         """(log E_a - log E_b) in standard deviations of that difference, from the windows behind each."""
         sd = self.noise_rel * math.sqrt(1.0 / self._est[a].n + 1.0 / self._est[b].n)
         return (log_j[a] - log_j[b]) / sd
+
+    # --- the exploration budget ----------------------------------------------------------------------------------
+
+    def _budget_j(self, log_j: dict[int, float], best: int) -> float:
+        steps = self.total_steps if self.total_steps is not None else ASSUMED_TOTAL_STEPS
+        return self.explore_budget_frac * steps * math.exp(log_j[best])
+
+    def _spent_j(self, log_j: dict[int, float], best: int) -> float:
+        """Energy the windows so far cost above the incumbent (the estimate of the optimum); cheaper ones cost none."""
+        e_best = math.exp(log_j[best])
+        return sum(e.n * self.probe_steps * max(0.0, e.sum_j / e.n - e_best) for e in self._est if e.n)
+
+    def _affordable(self, i: int, log_j: dict[int, float], best: int, share: float = 1.0) -> bool:
+        cost_j = self.probe_steps * max(0.0, math.exp(self._predict(i, log_j)) - math.exp(log_j[best]))
+        return cost_j <= 0.0 or cost_j <= share * (self._budget_j(log_j, best) - self._spent_j(log_j, best))
+
+    def _predict(self, i: int, log_j: dict[int, float]) -> float:
+        """Log energy expected at level i, for its cost: its estimate when measured; between two measured levels the
+        line through them; beyond the measured ones the nearest, or the line through the two nearest when it rises
+        outward (the pessimistic choice: the budget must not be spent on a hope)."""
+        if i in log_j:
+            return log_j[i]
+        lower = [k for k in log_j if k < i]
+        upper = [k for k in log_j if k > i]
+        if lower and upper:
+            a, b = max(lower), min(upper)
+            return log_j[a] + (log_j[b] - log_j[a]) * (i - a) / (b - a)
+        near = sorted(lower or upper, key=lambda k: abs(k - i))
+        if len(near) < 2:
+            return log_j[near[0]]
+        a, b = near[0], near[1]
+        return max(log_j[a], log_j[a] + (log_j[a] - log_j[b]) * abs(i - a) / abs(a - b))
 
     # --- estimates -----------------------------------------------------------------------------------------------
 
@@ -269,25 +503,10 @@ class OnlineTuner:
         return {i: e.sum_log_j / e.n for i, e in enumerate(self._est) if e.n}
 
     def _log_energy(self) -> dict[int, float]:
-        """Log energy per step of each measured level, smoothed by a quadratic near the incumbent.
-
-        Around its minimum a smooth U is a parabola, so a weighted least-squares quadratic through the levels within
-        SMOOTH_RADIUS of the raw incumbent pools their windows: the noise of one window no longer decides alone.
-        Needs four levels to smooth anything (three it interpolates); a fit that is not convex is noise: not used.
-        """
-        raw = self._raw_log_energy()
-        centre = self._incumbent(raw)
-        if centre is None:
-            return raw
-        near = [i for i in raw if abs(i - centre) <= SMOOTH_RADIUS]
-        if len(near) < 4:
-            return raw
-        ghz = {i: (self.levels_hz[i] - self.levels_hz[centre]) / 1e9 for i in near}
-        coef = _weighted_quadratic([(ghz[i], raw[i], self._est[i].n) for i in near])
-        if coef is None or coef[2] <= 0:
-            return raw
-        c0, c1, c2 = coef
-        return {**raw, **{i: c0 + c1 * ghz[i] + c2 * ghz[i] ** 2 for i in near}}
+        """The estimates the search compares: the raw means. No smoothing across levels: a quadratic through the
+        levels near the bottom pools their windows on a smooth U, but real curves have bumps and isolated minima
+        smaller than a window's noise, which such a fit erases (docs/tuner.md)."""
+        return self._raw_log_energy()
 
     # --- step time, for max_slowdown ------------------------------------------------------------------------------
 
@@ -311,13 +530,25 @@ class OnlineTuner:
         return [coef[0] + coef[1] * (1e9 / hz) + coef[2] * (1e9 / hz) ** 2 for hz in self.levels_hz]
 
     def _feasible(self, i: int, seconds: Optional[list[float]], slack: float = 0.0) -> bool:
-        """Whether level i is within max_slowdown of the fastest level (with some slack: worth exploring)."""
+        """Whether level i is within max_slowdown of the fastest level. A measured level is judged by its own
+        windows against the top's: without slack, its time ratio must be within the limit by FEASIBLE_Z standard
+        deviations of that ratio (it may be chosen); with slack, it must not be over the limit by z_confirm of them
+        (not clearly too slow: worth measuring again). An unmeasured level is judged by the fit, times (1 + slack)
+        with slack (worth exploring); a fit never makes a level chosen, since only measured levels are."""
         if self.max_slowdown is None:
             return True
         top = len(self.levels_hz) - 1
         if seconds is None or not self._est[top].n:  # nothing known yet: only the start and the top are candidates
             return i in (top, self._start)
-        return seconds[i] <= (1.0 + self.max_slowdown) * (1.0 + slack) * seconds[top]
+        limit = math.log1p(self.max_slowdown) + math.log1p(slack)
+        e, et = self._est[i], self._est[top]
+        if e.n:
+            if i == top:
+                return True
+            ratio = math.log((e.sum_s / e.n) / (et.sum_s / et.n))
+            sd = self.noise_rel * math.sqrt(1.0 / e.n + 1.0 / et.n)
+            return ratio + (-self.z_confirm if slack else FEASIBLE_Z) * sd <= math.log1p(self.max_slowdown)
+        return seconds[i] <= math.exp(limit) * seconds[top]
 
     def _lowest_feasible(self, seconds: Optional[list[float]]) -> int:
         return next(i for i in range(len(self.levels_hz)) if self._feasible(i, seconds) or i == len(self.levels_hz) - 1)
@@ -427,17 +658,23 @@ class TuningSession:
     benchmark share, so that warm-up and window arithmetic are written once.
 
     Create it when the job has been pinned at ``tuner.next_level_hz()`` (the start level), with the step count,
-    energy counter and clock read then. Feed every progress report to ``on_progress``; when it returns a measurement,
+    energy counter and clock read then; ``total_steps``, when the job's length is known, is the step count it will
+    end at (same count as ``steps``): the tuner's exploration budget is a fraction of the energy of the steps left. Feed every progress report to ``on_progress``; when it returns a measurement,
     pin ``level_hz`` if it changed (and log the measurement with ``tuner.state()``). Re-measuring the level already
     pinned needs no warm-up; a new level gets ``warmup_steps`` discarded steps first.
     """
 
     def __init__(self, tuner: OnlineTuner, steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
-                 window_steps: int = DEFAULT_WINDOW_STEPS):
+                 window_steps: int = DEFAULT_WINDOW_STEPS, *, total_steps: Optional[int] = None):
         self.tuner = tuner
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
         self.profiled_steps = 0
+        # The tuner's budget is priced in windows of this session's size, over the steps the job has left.
+        remaining = None
+        if total_steps is not None:
+            remaining = max(1, _count(total_steps, "total_steps", 0) - _count(steps, "steps", 0))
+        tuner.set_job(total_steps=remaining, probe_steps=max(1, warmup_steps + window_steps))
         self._window = ProbeWindow(tuner.next_level_hz(), steps, warmup_steps, window_steps)
 
     @property

@@ -63,22 +63,23 @@ def regret(curve: Curve, hz: int, max_slowdown=None) -> float:
     return curve.joules(hz) / curve.joules(curve.best(max_slowdown)) - 1
 
 
-def test_noise_free_start_at_the_optimum_needs_only_its_two_neighbours():
+def test_noise_free_start_at_the_optimum_checks_past_the_first_rise_on_each_side():
+    # Two rising levels make a wall on each side; then one look as far again past each wall, for a dip behind a hump.
     curve = Curve(0.7)
     tuner = run_tuner(curve, curve.best(), random.Random(0), noise=0.0)
     assert tuner.best_hz == curve.best()
-    assert tuner.probes == 3
-    assert {e["freq_hz"] for e in tuner.state()["estimates"]} == {612000000, 714000000, 816000000}
+    assert tuner.probes == 7
+    assert {LEVELS.index(e["freq_hz"]) for e in tuner.state()["estimates"]} == {1, 2, 3, 4, 5, 6, 8}
 
 
 def test_noise_free_descent_walks_to_the_minimum_without_sweeping():
     curve = Curve(0.95)
     assert curve.best() == 918000000
-    tuner = run_tuner(curve, 408000000, random.Random(0), noise=0.0, max_probes=20)
+    tuner = run_tuner(curve, 408000000, random.Random(0), noise=0.0)
     assert tuner.best_hz == 918000000
     measured = {e["freq_hz"] for e in tuner.state()["estimates"]}
-    assert measured == set(LEVELS[0:8])  # one level past the minimum, and not the top three
-    assert tuner.state()["phase"] == "done" and "clearly worse" in tuner.state()["reason"]
+    assert len(measured) < len(LEVELS)  # it walks and looks past the walls, but does not sweep the table
+    assert tuner.state()["phase"] == "done" and "every side closed" in tuner.state()["reason"]
 
 
 def tuning_regrets(noise: float, window_steps: int, seed: int) -> tuple[list[float], list[int]]:
@@ -102,7 +103,7 @@ def test_converges_near_the_minimum_under_three_percent_step_noise():
     regrets, probes = tuning_regrets(noise=0.03, window_steps=DEFAULT_WINDOW_STEPS, seed=6)
     assert statistics.mean(regrets) < 0.005
     assert max(regrets) < 0.04
-    assert max(probes) <= DEFAULT_MAX_PROBES < len(LEVELS)
+    assert statistics.mean(probes) <= 16 and max(probes) < 3 * len(LEVELS)
 
 
 def test_converges_on_average_even_with_three_percent_noise_per_window():
@@ -178,10 +179,10 @@ def test_infeasible_start_restarts_at_the_lowest_feasible_level():
 def test_converged_decision_is_frozen():
     curve = Curve(0.7)
     tuner = run_tuner(curve, 714000000, random.Random(0), noise=0.0)
-    best = tuner.best_hz
+    best, probes = tuner.best_hz, tuner.probes
     tuner.observe(306000000, 0.001, 0.001)  # far better than anything: would win if the search reopened
     assert tuner.converged and tuner.best_hz == best and tuner.next_level_hz() == best
-    assert tuner.probes == 4
+    assert tuner.probes == probes + 1
 
 
 def test_observing_a_level_other_than_the_one_asked_replans():
@@ -190,7 +191,8 @@ def test_observing_a_level_other_than_the_one_asked_replans():
     assert tuner.next_level_hz() == 612000000
     tuner.observe(1020000000, 9.0, 0.8)  # the daemon ran another level: it counts
     assert tuner.best_hz == 1020000000
-    assert tuner.next_level_hz() in (918000000, 1122000000)
+    # Energy fell from 714 to 1020 MHz: the walk goes on upward, at twice that stride but at most half-way to the top.
+    assert tuner.next_level_hz() == 1224000000
 
 
 def test_single_level_converges_at_once():
@@ -201,14 +203,14 @@ def test_single_level_converges_at_once():
 
 def test_state_is_json_ready():
     tuner = OnlineTuner(LEVELS, 714000000, max_slowdown=0.1)
-    tuner.observe(714000000, 10.0, 0.75)
+    tuner.observe(714000000, 10.0, 0.72)
     tuner.observe(1300500000, 12.0, 0.7)
     state = json.loads(json.dumps(tuner.state()))
     assert state["phase"] == "descend" and state["probes"] == 2 and state["converged"] is False
     assert state["start_hz"] == 714000000 and state["best_hz"] == 714000000 and state["max_slowdown"] == 0.1
     assert [e["freq_hz"] for e in state["estimates"]] == [714000000, 1300500000]
     assert state["estimates"][0] == {"freq_hz": 714000000, "windows": 1, "joules_per_step": 10.0,
-                                     "smoothed_joules_per_step": pytest.approx(10.0), "seconds_per_step": 0.75,
+                                     "smoothed_joules_per_step": pytest.approx(10.0), "seconds_per_step": 0.72,
                                      "feasible": True}
 
 
@@ -310,11 +312,11 @@ def run_session(curve: Curve, start_hz: int, rng: random.Random, noise: float, t
     return session, energy_j, pins
 
 
-def test_session_profiles_at_most_thirty_steps_and_ends_on_the_best_level():
+def test_session_ends_on_the_best_level_and_exploration_costs_little():
     curve = Curve(0.7)
     session, energy_j, pins = run_session(curve, 510000000, random.Random(0), noise=0.0)
     assert session.converged and pins[-1] == curve.best() == session.level_hz
-    assert session.profiled_steps <= DEFAULT_MAX_PROBES * (DEFAULT_WARMUP_STEPS + DEFAULT_WINDOW_STEPS) == 30
+    assert session.profiled_steps <= 20 * (DEFAULT_WARMUP_STEPS + DEFAULT_WINDOW_STEPS)
     assert energy_j < 2000 * curve.joules(510000000)
     assert energy_j <= 2000 * curve.joules(curve.best()) * 1.01
 
