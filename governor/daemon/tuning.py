@@ -84,6 +84,10 @@ class JobTuner:
         return self.meter.add(time.monotonic(), self._total_mw())
 
     @property
+    def baseline_wanted(self) -> bool:
+        return self.baseline is None and self.baseline_status == "wanted" and self.meter is not None
+
+    @property
     def baseline_open(self) -> bool:
         """The job is measuring its baseline window now (unpinned)."""
         return self._baseline_window is not None and self.baseline is None
@@ -93,7 +97,7 @@ class JobTuner:
             return
         energy_j = self.energy_j()  # integrate at every report, shared or not, so the counter stays continuous
         shared = any(j.gpu_id == job.gpu_id and j is not job for j in gov.jobs.values())
-        if self.baseline is None and self.baseline_status == "wanted":
+        if self.baseline_wanted:
             self._baseline_progress(gov, job, energy_j, shared)
             return
         if self.tuner is None:
@@ -275,7 +279,9 @@ class TunerAttach:
                                              "converged on this kind of GPU yet")
         job.tune_start_hz = start
         prev = job.tuner if isinstance(job.tuner, JobTuner) else None
-        if prev is not None and prev.baseline_open:
+        # Unpinned already and reporting training steps (it waited for its gpu_util): the baseline window is taken
+        # there, not after a pin. A job that reports no progress gets its pin: it would measure no window.
+        if prev is not None and (prev.baseline_open or (prev.baseline_wanted and job.freq_hz is None and job.steps)):
             return Decision(PolicyName.TUNE, None, f"{BASELINE_REASON}, then {mhz(start)}; {reason}")
         return Decision(decision.policy, start, reason, decision.fell_back_to)
 

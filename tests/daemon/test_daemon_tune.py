@@ -139,3 +139,19 @@ def test_tune_without_progress_keeps_the_mlg_pick(orin, start_daemon):
     assert res["policy"] == "tune" and res["freq_hz"] == 714000000  # the paper tree's pick, the tuner's start
     tuner = c.call("status")["jobs"][0]["tuner"]
     assert tuner["probes"] == 0 and "without them the job keeps" in tuner["status"]
+
+
+def test_a_job_measuring_its_gpu_util_measures_its_baseline_in_the_same_unpinned_stretch(orin, start_daemon):
+    """No gpu_util given: the job trains unpinned while the daemon samples its load; the baseline window is taken
+    in that same stretch, so the GPU is first pinned only after both, and never unpinned again for a baseline."""
+    d = start_daemon(simulate=True, config={"util_sample_s": 0.05})
+    c = d.client()
+    res = c.call("register", tune=True, **BERT_BASE)
+    assert res["freq_hz"] is None  # waiting for gpu_util
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, 40, time_scale=0.15)
+    job = c.call("status")["jobs"][0]
+    assert job["tuner"]["baseline"]["status"] == "measured", job["tuner"]
+    log = d.log()
+    assert "gpu_util measured while the job trains" in log
+    assert log.index("baseline at the default governor") < log.index("pinned to")
+    assert "restored to its baseline" not in log  # never pinned before the baseline: nothing to undo for it
