@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from governor.cli import metrics
 from governor.daemon.config import TunerConfig
 from governor.sim import job as simjob
 from governor.sim.energy import OrinEnergyModel, Workload
@@ -107,6 +108,10 @@ def test_a_tuned_job_reports_its_measured_saving_against_the_default_governor(or
     assert job["tuner"]["baseline"]["status"] == "measured" and job["tuner"]["baseline"]["steps"] >= 4
     in_status = job["saving"]
     assert in_status is not None and in_status["basis"] == "default governor"
+    exported = {f.name: f.samples for f in metrics.families(res["client"].call("status"))}
+    (labels, ratio), = exported["ftgov_job_energy_saved_ratio"]
+    assert labels["job_id"] == str(res["job_id"]) and 0 < ratio < 1
+    assert exported["ftgov_job_energy_saved_measured_steps"][0][1] >= 8
     end = res["client"].call("unregister", job_id=res["job_id"])
     true_pct = 100 * (1 - ENERGY_J[end["freq_hz"]] / MODEL.expected(WORKLOAD, None).energy_j)
     assert true_pct > 10  # the model's saving is large here: the sign and size are a real check
