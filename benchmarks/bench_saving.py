@@ -6,9 +6,9 @@ step takes as long as the energy model says at the pinned clock, times --time-sc
 measured against its baseline window at the default governor; the table sets it beside the energy model's (noise
 free) saving of the converged level against MAXN, and the windows the search used.
 
-    PYTHONPATH=. python benchmarks/bench_saving.py [--jobs 8] [--time-scale 0.1] [--tail 50]
+    PYTHONPATH=. python benchmarks/bench_saving.py [--jobs 8] [--time-scale 0.3] [--tail 50]
 
-Takes about a minute on a 2-core VM. The measured figure carries the simulated rails' integration over a sleeping
+Takes about 110 s on a 2-core VM. The measured figure carries the simulated rails' integration over a sleeping
 process: wall-clock jitter of a few ms per step, more under CPU contention.
 """
 
@@ -86,7 +86,8 @@ def run_job(d: Daemon, w: Workload, model: OrinEnergyModel, args) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--jobs", type=int, default=len(WORKLOADS))
-    p.add_argument("--time-scale", type=float, default=0.1)
+    p.add_argument("--time-scale", type=float, default=0.3, help=(
+        "wall time per simulated second; below 0.3 the sleep jitter of short steps skews the measured saving"))
     p.add_argument("--tail", type=int, default=50, help="steps run at the chosen level after convergence")
     p.add_argument("--total-steps", type=int, default=2000, help="the job length each job registers with")
     p.add_argument("--max-steps", type=int, default=400, help="a job that has not converged by then stops")
