@@ -1,8 +1,9 @@
 """Hugging Face Trainer adapter: ``Trainer(..., callbacks=[GovernorCallback()])``.
 
 A thin layer over governor.client.Job: register at train begin (with the run's length, state.max_steps, for the
-tuner's budget), progress at each optimizer step, unregister at train end. With no arguments the features come from the trainer's model (its config) and the sequence length from the first
-training batches' attention masks, seen through a forward pre-hook that removes itself once it has measured.
+tuner's budget), progress at each optimizer step, unregister at train end. With no arguments the features come from
+the trainer's model (its config) and the sequence length from the first training batches' attention masks, seen
+through a forward pre-hook that removes itself once it has measured.
 
 The Trainer has no callback for a failed run. A process that dies closes its connection, which ends the job in the
 daemon; a process that lives on after a caught exception (a notebook) should hold the callback in a ``with`` block,

@@ -541,7 +541,8 @@ class Job:
 def _check_total_steps(total_steps):
     if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)
                                     or total_steps < 1):
-        raise ValueError(f"total_steps must be a positive integer (the step count the job ends at), got {total_steps!r}")
+        raise ValueError(f"total_steps must be a positive integer (the step count the job ends at), "
+                         f"got {total_steps!r}")
     return total_steps
 
 

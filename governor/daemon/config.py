@@ -61,7 +61,8 @@ class TunerConfig(_Strict):
     daemon and for the simulations alike, so that they cannot drift."""
 
     window_steps: int = Field(_tuner.DEFAULT_WINDOW_STEPS, ge=1, description="measured training steps per window")
-    warmup_steps: int = Field(_tuner.DEFAULT_WARMUP_STEPS, ge=0, description="steps discarded after each frequency change")
+    warmup_steps: int = Field(_tuner.DEFAULT_WARMUP_STEPS, ge=0,
+                              description="steps discarded after each frequency change")
     max_probes: int = Field(_tuner.DEFAULT_MAX_PROBES, ge=1, le=1000, description=(
         "measurement windows at most: a safety cap only; the energy budget ends the search first"))
     noise_rel: float = Field(_tuner.DEFAULT_NOISE_REL, gt=0, le=1,
