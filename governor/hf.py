@@ -1,8 +1,9 @@
 """Hugging Face Trainer adapter: ``Trainer(..., callbacks=[GovernorCallback()])``.
 
-A thin layer over governor.client.Job: register at train begin, progress at each optimizer step, unregister at train
-end. With no arguments the features come from the trainer's model (its config) and the sequence length from the first
-training batches' attention masks, seen through a forward pre-hook that removes itself once it has measured.
+A thin layer over governor.client.Job: register at train begin (with the run's length, state.max_steps, for the
+tuner's budget), progress at each optimizer step, unregister at train end. With no arguments the features come from
+the trainer's model (its config) and the sequence length from the first training batches' attention masks, seen
+through a forward pre-hook that removes itself once it has measured.
 
 The Trainer has no callback for a failed run. A process that dies closes its connection, which ends the job in the
 daemon; a process that lives on after a caught exception (a notebook) should hold the callback in a ``with`` block,
@@ -32,7 +33,7 @@ class GovernorCallback(AdapterCore, TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         # A second train begin without an end is the Trainer retrying (auto_find_batch_size) or a new train() after
         # a failed one: the same model on the same data, so the job and its pin carry on.
-        if not self._start(model, _run_name(args, model)):
+        if not self._start(model, _run_name(args, model), _steps_left(state)):
             return
         if not self.job.seq_len_known and not self.job.disabled and model is not None:
             self._hook = model.register_forward_pre_hook(self._observe, with_kwargs=True)
@@ -67,6 +68,15 @@ class GovernorCallback(AdapterCore, TrainerCallback):
             self._hook.remove()
             self._hook = None
         return None
+
+
+def _steps_left(state) -> int | None:
+    """The optimizer steps this train() will run (the tuner's budget is priced over them): max_steps, which the
+    Trainer sets from num_train_epochs when max_steps is not given, less the steps of a resumed checkpoint."""
+    total, done = getattr(state, "max_steps", 0), getattr(state, "global_step", 0) or 0
+    if isinstance(total, int) and not isinstance(total, bool) and total > done:
+        return total - done
+    return None
 
 
 def _run_name(args, model) -> str | None:

@@ -19,6 +19,8 @@ except ImportError:
     except ImportError as e:  # governor itself never needs Lightning; only this adapter does
         raise ImportError("governor.lightning needs Lightning: pip install 'ftgov[lightning]'") from e
 
+import math
+
 from governor.client import AdapterCore, find_hf_config
 
 
@@ -31,7 +33,8 @@ class GovernorCallback(AdapterCore, Callback):
 
     def on_train_start(self, trainer, pl_module):
         config = find_hf_config(pl_module)
-        if self._start(pl_module, getattr(config, "name_or_path", None) or type(pl_module).__name__):
+        if self._start(pl_module, getattr(config, "name_or_path", None) or type(pl_module).__name__,
+                       _steps_left(trainer)):
             self._first_global_step = trainer.global_step
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -61,4 +64,18 @@ class GovernorCallback(AdapterCore, Callback):
 
     def teardown(self, trainer, pl_module, stage):
         self.close()
+
+
+def _steps_left(trainer) -> int | None:
+    """The optimizer steps this fit will run, for the tuner's budget: estimated_stepping_batches (max_steps, or the
+    epochs' batches over gradient accumulation; inf for an endless fit), else max_steps when set; less global_step."""
+    try:
+        estimated = trainer.estimated_stepping_batches
+    except Exception:  # noqa: BLE001 - it may need a datamodule the trainer cannot size; the length is optional
+        estimated = None
+    done = getattr(trainer, "global_step", 0) or 0
+    for total in (estimated, getattr(trainer, "max_steps", -1)):
+        if isinstance(total, (int, float)) and not isinstance(total, bool) and math.isfinite(total) and total > done:
+            return int(total) - done
+    return None
 

@@ -74,6 +74,11 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
                      "estimated energy saved against the default governor (MAXN), 0..1, from the energy model")
     saved = Family(f"{PREFIX}_job_energy_saved_joules_estimate",
                    "estimated joules saved so far against the default governor (MAXN)")
+    measured = Family(f"{PREFIX}_job_energy_saved_ratio",
+                      "energy per step saved against the default governor, 0..1, measured: a tuned job's baseline "
+                      "window against its chosen level (absent until both are measured)")
+    measured_steps = Family(f"{PREFIX}_job_energy_saved_measured_steps",
+                            "steps the measured saving is measured over (baseline window and chosen level)")
     for j in jobs:
         labels = dict(job_id=j.get("job_id"), gpu=j.get("gpu"))
         if job_names:
@@ -82,6 +87,9 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
         job_energy.add(j.get("energy_j"), **labels)
         job_time.add(j.get("duration_s"), **labels)
         job_steps.add(j.get("steps"), **labels)
+        if j.get("saving"):
+            measured.add(j["saving"].get("saved_rel"), **labels)
+            measured_steps.add(j["saving"].get("measured_steps"), **labels)
         ratio = estimate(j) if estimate is not None else None
         if ratio is not None:
             savings.add(ratio, **labels)
@@ -89,7 +97,7 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
                 # energy_j was spent at the pin; MAXN would have spent energy_j / (1 - ratio).
                 saved.add(j["energy_j"] * ratio / (1 - ratio), **labels)
     return [up, active, *gpu_fams.values(), load, power, job_freq, job_energy, job_time, job_steps, savings, saved,
-            *store_families(status.get("store"))]
+            measured, measured_steps, *store_families(status.get("store"))]
 
 
 def store_families(store: dict | None) -> list[Family]:

@@ -351,7 +351,7 @@ class Job:
     def __init__(self, features: dict, *, name: str | None = None, socket: str | os.PathLike | None = None,
                  pid: int | None = None, gpu: str | int | None = None, tune: bool | None = None,
                  report_every_s: float = DEFAULT_REPORT_EVERY_S,
-                 measure_batches: int = 8, timeout_s: float = 10.0):
+                 measure_batches: int = 8, timeout_s: float = 10.0, total_steps: int | None = None):
         if report_every_s < 0:
             raise ValueError("report_every_s must be >= 0")
         if measure_batches < 1:
@@ -362,6 +362,10 @@ class Job:
         self.pid = pid
         self.gpu = gpu
         self.tune = tune  # True: ask for the online tuner (policy tune) for this job
+        # The step count the job ends at (same count as step()), when known: the tuner's exploration budget is a
+        # fraction of the job's energy, so a short job explores less. None: the daemon's tuner assumes its default.
+        self.total_steps = _check_total_steps(total_steps)
+        self._sent_total_steps: int | None = None
         self.report_every_s = report_every_s
         self.measure_batches = measure_batches
         self.timeout_s = timeout_s
@@ -461,6 +465,13 @@ class Job:
         if self.job_id is not None and self._conn is not None:
             self._report()
 
+    def set_total_steps(self, total_steps: int | None) -> None:
+        """The job's length (the step count it ends at), once known: sent with register, or with the next progress
+        report when the job is registered already."""
+        self.total_steps = _check_total_steps(total_steps)
+        if self.job_id is not None and self._conn is not None and self.total_steps != self._sent_total_steps:
+            self._report()
+
     def update(self, *, gpu_util: float | None = None, seq_len: float | None = None) -> dict | None:
         """Send new feature values; the daemon may move the pin. Returns its answer, None when not registered."""
         if seq_len is not None:
@@ -525,19 +536,22 @@ class Job:
         try:
             self.registration = self._conn.call(
                 "register", **features.model_dump(exclude_none=True), name=self.name, pid=self.pid, gpu=self.gpu,
-                tune=self.tune)
+                tune=self.tune, total_steps=self.total_steps)
         except FtgovError as e:
             self._disable(f"register refused: {e}")
             return
         self.job_id = self.registration.get("job_id")
+        self._sent_total_steps = self.total_steps
         log.info("ftgov: job %s registered: %s", self.job_id, describe_reply(self.registration))
         if self.steps:
             self._report()
 
     def _report(self) -> None:
+        total = self.total_steps if self.total_steps != self._sent_total_steps else None
         try:
-            self._conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase)
+            self._conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase, total_steps=total)
             self._reported_steps = self.steps
+            self._sent_total_steps = self.total_steps
         except DaemonUnavailable as e:
             self._disable(str(e))
 
@@ -553,6 +567,14 @@ class Job:
                       stacklevel=3)
 
 
+def _check_total_steps(total_steps):
+    if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)
+                                    or total_steps < 1):
+        raise ValueError(f"total_steps must be a positive integer (the step count the job ends at), "
+                         f"got {total_steps!r}")
+    return total_steps
+
+
 def describe_reply(reply: dict) -> str:
     """One line for a register/update/unregister answer: policy, frequency, duration, steps, energy, reason."""
     parts = []
@@ -566,6 +588,9 @@ def describe_reply(reply: dict) -> str:
         parts.append(f"{reply['steps']} steps")
     if reply.get("energy_j") is not None:
         parts.append(f"{reply['energy_j']:.1f} J")
+    if reply.get("saved_pct") is not None:
+        parts.append(f"saved {reply['saved_pct']:g}% energy per step vs the default governor, measured over "
+                     f"{reply.get('saved_measured_steps')} steps")
     if reply.get("reason"):
         parts.append(f"({reply['reason']})")
     return " ".join(parts)
@@ -574,7 +599,8 @@ def describe_reply(reply: dict) -> str:
 def job(model=None, *, model_type: str | None = None, num_layers: int | None = None, hidden_size: int | None = None,
         seq_len: float | None = None, gpu_util: float | None = None, name: str | None = None,
         socket: str | os.PathLike | None = None, pid: int | None = None, gpu: str | int | None = None,
-        tune: bool | None = None, report_every_s: float = DEFAULT_REPORT_EVERY_S, measure_batches: int = 8) -> Job:
+        tune: bool | None = None, report_every_s: float = DEFAULT_REPORT_EVERY_S, measure_batches: int = 8,
+        total_steps: int | None = None) -> Job:
     """A job to hold for the life of a training run::
 
         with governor.job(model, name="bert-sst2") as job:
@@ -584,18 +610,20 @@ def job(model=None, *, model_type: str | None = None, num_layers: int | None = N
                 job.step()
 
     ``model`` is a Hugging Face model or config (its model_type, layers and hidden size are read); explicit numbers
-    override it. Bad feature values raise ValueError here, before training starts; a daemon that is absent or refuses
+    override it. ``total_steps``: the step count the job ends at, when known (the tuner explores less for a short
+    job). Bad feature values raise ValueError here, before training starts; a daemon that is absent or refuses
     only warns (GovernorWarning), and the job does nothing.
     """
     features = resolve_features(model, model_type=model_type, num_layers=num_layers, hidden_size=hidden_size,
                                 seq_len=float(seq_len) if seq_len is not None else None,
                                 gpu_util=float(gpu_util) if gpu_util is not None else None)
     return Job(features, name=name, socket=socket, pid=pid, gpu=gpu, tune=tune, report_every_s=report_every_s,
-               measure_batches=measure_batches)
+               measure_batches=measure_batches, total_steps=total_steps)
 
 
 def start_job(model=None, *, name: str | None = None, socket: str | os.PathLike | None = None,
-              report_every_s: float = DEFAULT_REPORT_EVERY_S, measure_batches: int = 8, **explicit) -> Job:
+              report_every_s: float = DEFAULT_REPORT_EVERY_S, measure_batches: int = 8,
+              total_steps: int | None = None, **explicit) -> Job:
     """For the framework adapters: ``job(...).start()``, except that features which cannot be read from the model
     warn and give a no-op job, because a callback added with no arguments must never stop training."""
     explicit = {k: (float(v) if k in ("seq_len", "gpu_util") and v is not None else v) for k, v in explicit.items()}
@@ -606,7 +634,7 @@ def start_job(model=None, *, name: str | None = None, socket: str | os.PathLike 
         idle = Job({}, **options)
         idle._disable(str(e))
         return idle
-    return Job(features, **options).start()
+    return Job(features, **options, total_steps=total_steps).start()
 
 
 class AdapterCore:
@@ -625,14 +653,15 @@ class AdapterCore:
                              measure_batches=measure_batches)
         self.job: Job | None = None
 
-    def _start(self, model, default_name: str | None) -> bool:
+    def _start(self, model, default_name: str | None, total_steps: int | None = None) -> bool:
         """Start the job for this training run; False when one is already open (a retried or repeated train on the
-        same model and data: the job and its pin carry on)."""
+        same model and data: the job and its pin carry on). ``total_steps``: the run's optimizer steps, when the
+        framework knows them."""
         if self.job is not None and not self.job.closed:
             return False
         options = dict(self._options)
         options["name"] = options["name"] or default_name
-        self.job = start_job(model, **options, **self._explicit)
+        self.job = start_job(model, **options, total_steps=total_steps, **self._explicit)
         return True
 
     def close(self) -> None:

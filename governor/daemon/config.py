@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from governor import data
 from governor.errors import ConfigError, ModelError
+from governor.policy import tuner as _tuner
 from governor.policy.ffg import read_ffg_hz
 
 DEFAULT_SOCKET_PATH = "/run/ftgov/ftgov.sock"
@@ -59,14 +60,40 @@ class LimitsConfig(_Strict):
 
 
 class TunerConfig(_Strict):
-    """The `tune` policy's online tuner (governor.policy.tuner; docs/tuner.md): 6 windows of 1 + 4 steps = 30 steps."""
+    """The `tune` policy's online tuner (governor.policy.tuner; docs/tuner.md). Its defaults are the tuner's own, so
+    the daemon never cuts the search short: the search's budget is energy (explore_budget_frac of the job's energy),
+    and max_probes is only a safety cap. ``new_tuner`` and ``new_session`` build the tuner from these knobs for the
+    daemon and for the simulations alike, so that they cannot drift."""
 
-    window_steps: int = Field(4, ge=1, description="measured training steps per window")
-    warmup_steps: int = Field(1, ge=0, description="steps discarded after each frequency change")
-    max_probes: int = Field(6, ge=1, le=100, description="measurement windows at most")
-    noise_rel: float = Field(0.03, gt=0, le=1, description="relative noise of one window's energy per step")
+    window_steps: int = Field(_tuner.DEFAULT_WINDOW_STEPS, ge=1, description="measured training steps per window")
+    warmup_steps: int = Field(_tuner.DEFAULT_WARMUP_STEPS, ge=0,
+                              description="steps discarded after each frequency change")
+    max_probes: int = Field(_tuner.DEFAULT_MAX_PROBES, ge=1, le=1000, description=(
+        "measurement windows at most: a safety cap only; the energy budget ends the search first"))
+    noise_rel: float = Field(_tuner.DEFAULT_NOISE_REL, gt=0, le=1,
+                             description="relative noise of one window's energy per step")
     max_slowdown: float | None = Field(None, gt=0, le=10,
                                        description="e.g. 0.10: at most 10% slower than the fastest level")
+    explore_budget_frac: float = Field(_tuner.DEFAULT_EXPLORE_BUDGET_FRAC, gt=0, le=1, description=(
+        "exploration may cost at most this fraction of the job's energy (windows above the best level, in joules)"))
+    confirm_windows: int = Field(_tuner.DEFAULT_CONFIRM_WINDOWS, ge=1, le=100, description=(
+        "the fewest windows two levels within noise of each other get before the tuner may stop telling them apart"))
+    baseline_window: bool = Field(True, description=(
+        "measure one window (warmup_steps + window_steps) at the default governor before the pin, so that the job's "
+        "end reports a measured saving against it"))
+
+    def new_tuner(self, levels_hz, start_hz: int) -> _tuner.OnlineTuner:
+        """An OnlineTuner with these knobs (the job's length is the session's to give: ``new_session``)."""
+        return _tuner.OnlineTuner(levels_hz, start_hz, self.max_slowdown, noise_rel=self.noise_rel,
+                                 max_probes=self.max_probes, explore_budget_frac=self.explore_budget_frac,
+                                 confirm_windows=self.confirm_windows,
+                                 probe_steps=max(1, self.warmup_steps + self.window_steps))
+
+    def new_session(self, online: _tuner.OnlineTuner, steps: int,
+                    total_steps: int | None = None) -> _tuner.TuningSession:
+        """A TuningSession over ``online`` from step count ``steps``; ``total_steps`` is the count the job ends at
+        (None: unknown, the tuner assumes its ASSUMED_TOTAL_STEPS)."""
+        return _tuner.TuningSession(online, steps, self.warmup_steps, self.window_steps, total_steps=total_steps)
 
 
 DEFAULT_STORE_PATH = "/var/lib/ftgov/measurements.sqlite"  # where the unit's StateDirectory=ftgov puts it

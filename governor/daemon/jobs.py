@@ -31,7 +31,9 @@ class ActiveJob:
     phase: str | None = None
     meter: EnergyMeter | None = None
     adopted: bool = False
-    tuner: object = None  # governor.policy.tuner.JobTuner when the tune policy drives this job
+    tuner: object = None  # governor.daemon.tuning.JobTuner when the tune policy drives this job
+    total_steps: int | None = None  # the step count the job ends at, when its client knows it (register, progress)
+    tune_start_hz: int | None = None  # where the tuner starts (governor.daemon.tuning.TunerAttach.plan)
 
     @property
     def freq_hz(self) -> int | None:
@@ -68,6 +70,7 @@ class Ended:
     duration_s: float
     energy_j: float | None
     why: str
+    saving: dict | None = None  # measured against the default governor (governor.daemon.tuning.JobTuner.finish)
 
 
 def mhz(hz: int | None) -> str:

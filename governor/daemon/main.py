@@ -171,7 +171,7 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[
                          low_phases=tuple(config.low_phases),
                          power_cap_mw=round(config.power_cap_w * 1000) if config.power_cap_w else None,
                          listeners=listeners, defer=defer_on_loop,
-                         attach_tuner=tuner,
+                         attach_tuner=tuner, plan_tune=tuner.plan,
                          pin_above_power_mode=config.pin_above_power_mode, missing_why=missing_why)
     reloader = None
     if load_config_again is not None:
@@ -230,8 +230,11 @@ def _recorder(config: Config, pins: PinController, gpus: list, root: Root):
         return None
     from governor.daemon.recorder import Recorder, StoreWriter, board_identity
 
+    from governor.daemon.starts import TuneStarts
+
     pins.recorder = Recorder(StoreWriter(path, config.store.max_jobs), pins,
                                  {g.id: board_identity(root, g) for g in gpus}, pins.boot_id)
+    pins.attach_tuner.starts = TuneStarts.load(path)  # before READY=1: where tuned jobs start on NVML GPUs
     return pins.recorder
 
 

@@ -35,6 +35,7 @@ SAVE_COALESCE_S = 0.05
 Listener = Callable[["PinController"], None]
 Defer = Callable[[Callable[[], None], float], None]
 AttachTuner = Callable[["PinController", ActiveJob], None]
+PlanTune = Callable[["PinController", ActiveJob, Decision], Decision]
 
 
 class PinController:
@@ -42,14 +43,17 @@ class PinController:
 
     listeners: told after every change (the simulated board, the server's STATUS=). defer(fn, delay_s): how a save
     that is not urgent is scheduled (the server: a loop timer); None saves at once. attach_tuner(controller, job):
-    called after each decision, so that a job whose policy is tune gets (or loses) its tuner as part of deciding.
+    called after each decision (and when a job is held unpinned), so that a job whose policy is tune gets (or loses)
+    its tuner as part of deciding. plan_tune(controller, job, decision): a tuned job's decision as the tuner wants it
+    applied (its start level, or no pin while its baseline window runs).
     """
 
     def __init__(self, gpus: list[Gpu], policy: Policy, state_file: StateFile, boot_id: str, *,
                  rails: Rails | None = None, on_external_change: str = "reapply", max_jobs: int = 64,
                  low_phases: tuple[str, ...] = (), power_cap_mw: int | None = None,
                  listeners: tuple[Listener, ...] = (), defer: Defer | None = None,
-                 attach_tuner: AttachTuner | None = None, pin_above_power_mode: bool = False,
+                 attach_tuner: AttachTuner | None = None, plan_tune: PlanTune | None = None,
+                 pin_above_power_mode: bool = False,
                  missing_why: str | None = None):
         self.gpus = {g.id: GpuControl(g) for g in gpus}
         self.policy = policy
@@ -68,6 +72,7 @@ class PinController:
         self.listeners = tuple(listeners)
         self.defer = defer
         self.attach_tuner = attach_tuner
+        self.plan_tune = plan_tune
         self._save_pending = False
         self._save_prompt = False
         self.recorder = None  # governor.daemon.recorder.Recorder (set by main): told of every job that ends
@@ -147,6 +152,8 @@ class PinController:
             log.info("%s: %s instead of %s (pin_above_power_mode: true allows more)", job.label(),
                      capped.reason.rsplit("; ", 1)[1], mhz(decision.freq_hz), extra=job.fields())
         decision = capped
+        if self.plan_tune is not None and decision.policy is PolicyName.TUNE and decision.freq_hz is not None:
+            decision = self.plan_tune(self, job, decision)
         previous, job.decision = job.decision, decision
         try:
             self._apply(job.gpu_id)
@@ -166,10 +173,13 @@ class PinController:
         job.decision = Decision(job.policy or self.policy.name, None, why)
         log.info("%s: %s", job.label(), why, extra=job.fields())
         self._apply_quietly(job.gpu_id)
+        if self.attach_tuner is not None:
+            self.attach_tuner(self, job)  # a tuned job measures its baseline window while it waits unpinned
         return job.decision
 
-    def set_freq(self, job: ActiveJob, freq_hz: int, reason: str) -> None:
-        """Move one job's pick (the tuner does this) and apply the combined pin."""
+    def set_freq(self, job: ActiveJob, freq_hz: int | None, reason: str) -> None:
+        """Move one job's pick (the tuner does this; None: no pin, for its baseline window) and apply the combined
+        pin."""
         job.decision = Decision(PolicyName.TUNE, freq_hz, reason)
         self._apply(job.gpu_id)
 
@@ -183,13 +193,18 @@ class PinController:
                 energy_j = job.meter.add(time.monotonic(), self.energy.total_mw())
             except BackendError as e:
                 log.warning("%s: cannot read energy at its end: %s", job.label(), e)
-        ended = Ended(job, time.monotonic() - job.started_s, energy_j, why)
+        saving = job.tuner.finish(job) if hasattr(job.tuner, "finish") else None
+        ended = Ended(job, time.monotonic() - job.started_s, energy_j, why, saving)
         self._apply_quietly(job.gpu_id, removed=True)
         energy = "unknown (no rails)" if energy_j is None else f"{energy_j:.1f} J ({self.energy.source()})"
-        log.info("%s ended (%s) after %.1f s, %d steps, at %s, energy %s", job.label(), why, ended.duration_s,
-                 job.steps, mhz(job.freq_hz), energy,
+        saved = "" if saving is None else (f"; saved {saving['saved_pct']:g}% energy per step vs the default governor, "
+                                           f"measured over {saving['measured_steps']} steps")
+        log.info("%s ended (%s) after %.1f s, %d steps, at %s, energy %s%s", job.label(), why, ended.duration_s,
+                 job.steps, mhz(job.freq_hz), energy, saved,
                  extra={**job.fields(), "DURATION_S": f"{ended.duration_s:.3f}", "STEPS": job.steps,
-                        "ENERGY_J": "" if energy_j is None else f"{energy_j:.3f}"})
+                        "ENERGY_J": "" if energy_j is None else f"{energy_j:.3f}",
+                        **({} if saving is None else {"SAVED_PCT": f"{saving['saved_pct']:g}",
+                                                      "SAVED_MEASURED_STEPS": saving["measured_steps"]})})
         if self.recorder is not None:
             self.recorder.job_ended(ended)
         return ended

@@ -49,11 +49,20 @@ class FeatureParams(Features, _Params):
         return Features.model_validate({name: getattr(self, name) for name in _FEATURE_FIELDS})
 
 
+def _total_steps(v):
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 62):
+        raise ValueError("must be a positive integer: the step count the job ends at (as counted in progress steps)")
+    return v
+
+
 class RegisterParams(FeatureParams):
     name: str | None = Field(default=None, max_length=256)
     pid: int | None = Field(default=None, ge=1, le=(1 << 31) - 1)
     gpu: str | int | None = None
     tune: bool | None = None
+    total_steps: int | None = None  # the job's length, for the tuner's energy budget
+
+    _total_steps = field_validator("total_steps", mode="before")(_total_steps)
 
     @field_validator("name")
     @classmethod
@@ -101,6 +110,9 @@ class UpdateParams(JobParams):
 class ProgressParams(JobParams):
     steps: int = Field(ge=0, le=1 << 62)
     phase: Literal["train", "eval", "checkpoint", "data"] | None = None
+    total_steps: int | None = None  # the job's length, when it becomes known (or changes) after register
+
+    _total_steps = field_validator("total_steps", mode="before")(_total_steps)
 
 
 class EmptyParams(_Params):

@@ -81,8 +81,11 @@ class Recorder:
         if tuner is not None:
             windows = tuple(Window(m.level_hz, m.joules_per_step, m.seconds_per_step, m.measured_steps, util)
                             for m, util in getattr(tuner, "windows", ()))
-            start_hz, converged = tuner.tuner.start_hz, tuner.tuner.converged
+            if getattr(tuner, "tuner", None) is not None:
+                start_hz, converged = tuner.tuner.start_hz, tuner.tuner.converged
         saved_rel, basis = measured_saving(windows, job.freq_hz, start_hz)
+        if ended.saving is not None:  # against the baseline window, the converged level measured over the job's rest
+            saved_rel, basis = ended.saving["saved_rel"], ended.saving["basis"]
         tree = getattr(self.gov.policy, "tree", None)
         return JobRecord(
             ended_at=time.time(), duration_s=ended.duration_s, boot_id=self.boot_id, daemon_job_id=job.job_id,

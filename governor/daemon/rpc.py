@@ -121,6 +121,7 @@ class Methods:
         except FtgovError as e:
             held.close()
             raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
+        job.total_steps = params.total_steps
         conn.job_ids.add(job.job_id)
         self.server.watch(job, held)
         if job.features.gpu_util is None and self.pins.policy.needs_gpu_util(job.features, job.policy):
@@ -183,6 +184,10 @@ class Methods:
     def rpc_progress(self, conn: Connection, params) -> dict:
         job = self._own_job(conn, params.job_id)
         job.steps = max(job.steps, params.steps)
+        if params.total_steps is not None and params.total_steps != job.total_steps:
+            job.total_steps = params.total_steps
+            if job.tuner is not None:
+                job.tuner.set_total_steps(job)
         self.pins.set_phase(job, params.phase)
         self.server.sampler.progress(job, params.phase)
         if job.tuner is not None:
@@ -220,5 +225,9 @@ class Methods:
 
 def summary(ended) -> dict:
     """What unregister answers (and what a connection keeps for a job whose process ended first)."""
-    return {"job_id": ended.job.job_id, "duration_s": round(ended.duration_s, 3), "freq_hz": ended.job.freq_hz,
-            "energy_j": protocol.finite(ended.energy_j), "steps": ended.job.steps, "ended": ended.why}
+    out = {"job_id": ended.job.job_id, "duration_s": round(ended.duration_s, 3), "freq_hz": ended.job.freq_hz,
+           "energy_j": protocol.finite(ended.energy_j), "steps": ended.job.steps, "ended": ended.why}
+    if ended.saving is not None:  # a tuned job's measured saving vs the default governor (governor.daemon.tuning)
+        out.update(saved_pct=ended.saving["saved_pct"], saved_measured_steps=ended.saving["measured_steps"],
+                   saving=ended.saving)
+    return out

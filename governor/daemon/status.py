@@ -36,9 +36,11 @@ def status(pins: PinController) -> dict:
         jobs.append({"job_id": j.job_id, "name": j.name, "pid": j.pid, "uid": j.uid, "gpu": j.gpu_id,
                      "policy": j.decision.label if j.decision else None, "freq_hz": j.freq_hz,
                      "reason": j.decision.reason if j.decision else None, "features": j.features.model_dump(),
-                     "duration_s": round(now - j.started_s, 3), "steps": j.steps, "phase": j.phase,
+                     "duration_s": round(now - j.started_s, 3), "steps": j.steps, "total_steps": j.total_steps,
+                     "phase": j.phase,
                      "energy_j": energy, "adopted": j.adopted,
-                     "tuner": j.tuner.state() if j.tuner is not None else None})
+                     "tuner": j.tuner.state() if j.tuner is not None else None,
+                     "saving": j.tuner.saving() if j.tuner is not None else None})
     return {"policy": pins.policy.name.value, "jobs": jobs, "gpus": gpus, "gpu_missing": pins.missing_why,
             "power_mw": power,
             "energy_rails": pins.rails.energy_rails if pins.rails else [], "energy_source": pins.energy.source(),

@@ -1,13 +1,32 @@
 """The `tune` policy in the daemon: one job's OnlineTuner, driven by its progress reports and the board's energy.
 
-The job starts at MLG's pick (the tuner's start level). Each `progress` notification feeds a TuningSession with the
-job's step count, a cumulative energy reading (the INA3221 rails integrated at every report, or the GPU's own
-counter on NVML) and the clock; a closed window becomes one tuner observation, and the job is moved to the next level
-to measure, then to the level the tuner converges on. Every probe is logged with journald fields.
+Where it starts (``TunerAttach.plan``):
+- on a Jetson devfreq board, at MLG's pick: the tree was trained on this board's energy curves;
+- on any other GPU (NVML), the Orin tree's MHz means nothing in that GPU's table, so the start is the level the last
+  tuned job of the same shape converged on, on the same kind of GPU (governor.daemon.starts: loaded from the
+  measurement store at start-up, and learnt from every tuned job that converges), else the top of the table (what the
+  default governor runs a busy GPU at): the tuner then walks down only while energy falls, and its search is never
+  worse than its start beyond noise, so never worse than not tuning (docs/nvml.md).
+
+The baseline window (``TunerConfig.baseline_window``, on by default): at the job's first training progress report,
+while it is alone on its GPU, the job runs one probe (warmup_steps + window_steps) unpinned, at the default governor
+(MAXN on a Jetson, unlocked clocks on NVML), before the search begins. A job that is held unpinned anyway while its
+gpu_util is measured (governor.daemon.utilization) measures the baseline in that same stretch, at no extra cost. At
+the job's end, the saving per step against that window is reported (unregister's result, the log's SAVED_PCT field,
+status, Prometheus, the measurement store): the converged level's energy per step is measured over the steps run
+there after convergence, or over its tuner windows when the job ended too soon after. A job that reports no progress
+keeps its start pin and has no baseline; a job sharing its GPU measures none either (the default governor does not
+run while another job holds a pin, and the rails would measure both).
+
+Each `progress` notification feeds a TuningSession with the job's step count, a cumulative energy reading (the INA3221
+rails integrated at every report, or the GPU's own counter on NVML) and the clock; a closed window becomes one tuner
+observation, and the job is moved to the next level to measure, then to the level the tuner converges on. Every probe
+is logged with journald fields. The job's length (``total_steps`` from register or progress) sets the tuner's energy
+budget; unknown, the tuner assumes its ASSUMED_TOTAL_STEPS.
 
 Tuning needs the GPU to itself: the rails measure the whole board, so while another job shares the GPU the windows
 would mix both. The tuner then pauses (its last best level stays the job's pick) and resumes when the job is alone.
-Without progress reports nothing is measured and the job keeps MLG's pick; `reason` says so.
+Without progress reports nothing is measured and the job keeps its start; `reason` says so.
 """
 
 from __future__ import annotations
@@ -16,38 +35,77 @@ import logging
 import time
 
 from governor.daemon.config import TunerConfig
+from governor.daemon.jobs import mhz
 from governor.daemon.recorder import window_util_pct
+from governor.daemon.starts import TuneStarts, gpu_key
 from governor.errors import FtgovError
-from governor.policy import PolicyName
-from governor.policy.tuner import OnlineTuner, TuningSession
+from governor.policy import Decision, PolicyName
+from governor.policy.tuner import Measurement, ProbeWindow
 
 log = logging.getLogger("ftgovd")
 
+BASELINE_REASON = "tune: one window at the default governor (the baseline for the measured saving)"
+
 
 class JobTuner:
-    def __init__(self, gov, job, cfg: TunerConfig):
+    """One job's tuner. ``carry`` is the job's previous JobTuner (a new decision after an update): the energy meter and
+    the baseline window carry over, the search starts again."""
+
+    def __init__(self, gov, job, cfg: TunerConfig, starts: TuneStarts | None = None, carry: JobTuner | None = None):
         self.cfg = cfg
+        self.starts = starts
+        self.gpu_key = gpu_key(gov.gpus[job.gpu_id].gpu)
         # Never a level above the power mode's cap (unless the config allows it): the tuner probes only what it may pin.
-        self.tuner = OnlineTuner(gov.power_mode.allowed_levels(job.gpu_id), job.freq_hz, max_slowdown=cfg.max_slowdown,
-                                 noise_rel=cfg.noise_rel,
-                                 max_probes=cfg.max_probes)
-        self.session: TuningSession | None = None
+        self.levels_hz = gov.power_mode.allowed_levels(job.gpu_id)
+        start = job.tune_start_hz
+        # None while the job waits, unpinned, for its decision (gpu_util being measured).
+        self.tuner = cfg.new_tuner(self.levels_hz, start) if start in self.levels_hz else None
+        self.session = None
         self.windows: list = []  # (Measurement, gpu_util) per closed window, for the measurement store
-        self.status = "waiting for progress reports (without them the job keeps MLG's pick)"
+        self.status = "waiting for progress reports (without them the job keeps its start)"
         self._total_mw = gov.energy.total_mw
-        # The tuner's own meter: its windows must not depend on the job's.
-        self.meter = gov.energy.new_meter(gov.gpus[job.gpu_id].gpu)
+        self.baseline: Measurement | None = None
+        self.baseline_status = "wanted" if cfg.baseline_window else "off (tuner.baseline_window: false)"
+        self._baseline_window: ProbeWindow | None = None
+        self._tail: list | None = None  # [steps, energy_j] at the first report after convergence, then the last
+        self._tail_end: tuple[int, float] | None = None
+        self._tail_mixed = False
+        if carry is not None:
+            self.meter, self.baseline, self.baseline_status = carry.meter, carry.baseline, carry.baseline_status
+            self._baseline_window = carry._baseline_window
+            self.windows = [w for w in carry.windows if w[0].level_hz is None]
+        else:
+            # The tuner's own meter: its windows must not depend on the job's.
+            self.meter = gov.energy.new_meter(gov.gpus[job.gpu_id].gpu)
         if self.meter is None:
-            self.status = "no energy source (no rails, no GPU counter): keeping MLG's pick"
+            self.status = "no energy source (no rails, no GPU counter): keeping the start"
 
     def energy_j(self) -> float:
         return self.meter.add(time.monotonic(), self._total_mw())
 
+    @property
+    def baseline_wanted(self) -> bool:
+        return self.baseline is None and self.baseline_status == "wanted" and self.meter is not None
+
+    @property
+    def baseline_open(self) -> bool:
+        """The job is measuring its baseline window now (unpinned)."""
+        return self._baseline_window is not None and self.baseline is None
+
     def progress(self, gov, job) -> None:
-        if self.meter is None or self.tuner.converged:
+        if self.meter is None:
             return
         energy_j = self.energy_j()  # integrate at every report, shared or not, so the counter stays continuous
-        if any(j.gpu_id == job.gpu_id and j is not job for j in gov.jobs.values()):
+        shared = any(j.gpu_id == job.gpu_id and j is not job for j in gov.jobs.values())
+        if self.baseline_wanted:
+            self._baseline_progress(gov, job, energy_j, shared)
+            return
+        if self.tuner is None:
+            return
+        if self.tuner.converged:
+            self._tail_progress(job, energy_j, shared)
+            return
+        if shared:
             if self.session is not None:
                 log.info("%s: tuning paused: another job shares GPU %s and the rails would measure both",
                          job.label(), job.gpu_id, extra=job.fields())
@@ -56,13 +114,13 @@ class JobTuner:
         if self.session is None:
             # (Re)start windows from here, at the level the tuner wants next.
             self._move(gov, job, self.tuner.next_level_hz(), "tune: probing")
-            self.session = TuningSession(self.tuner, job.steps, self.cfg.warmup_steps, self.cfg.window_steps)
+            self.session = self.cfg.new_session(self.tuner, job.steps, total_steps=job.total_steps)
             self.status = "measuring"
             return
         try:
             m = self.session.on_progress(job.steps, energy_j, time.monotonic(), job.phase or "train")
         except FtgovError as e:
-            log.warning("%s: tuning stopped: %s; keeping %g MHz", job.label(), e, self.tuner.best_hz / 1e6,
+            log.warning("%s: tuning stopped: %s; keeping %s", job.label(), e, mhz(self.tuner.best_hz),
                         extra=job.fields())
             self.meter, self.status = None, f"stopped: {e}"
             self._move(gov, job, self.tuner.best_hz, f"tune: stopped ({e}); best measured")
@@ -85,36 +143,160 @@ class JobTuner:
         else:
             self._move(gov, job, self.session.level_hz, f"tune: probing ({state['reason']})")
 
-    def _move(self, gov, job, level_hz: int, reason: str) -> None:
+    def set_total_steps(self, job) -> None:
+        """The client told the job's length after the search began: the budget is re-priced over the steps left."""
+        if self.session is not None and job.total_steps is not None and not self.tuner.converged:
+            self.tuner.set_job(total_steps=max(1, job.total_steps - job.steps))
+
+    # ---- the baseline window ----------------------------------------------------------------------------------------
+
+    def _baseline_progress(self, gov, job, energy_j: float, shared: bool) -> None:
+        if shared:
+            self.baseline_status = "skipped: another job shares the GPU (the default governor does not run then)"
+            self._baseline_window = None
+            log.info("%s: no baseline window: %s", job.label(), self.baseline_status, extra=job.fields())
+            if self.tuner is not None and job.freq_hz is None:
+                self._move(gov, job, self.tuner.start_hz, "tune: start (no baseline: the GPU is shared)")
+            return
+        if self._baseline_window is None:
+            if job.steps < 1 or (job.phase or "train") != "train":
+                return
+            if job.freq_hz is not None:
+                self._move(gov, job, None, BASELINE_REASON)
+            self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps)
+            self.status = "measuring the baseline window at the default governor"
+            return
+        try:
+            m = self._baseline_window.feed(job.steps, energy_j, time.monotonic(), job.phase or "train")
+        except FtgovError as e:
+            self.baseline_status, self._baseline_window = f"failed: {e}", None
+            m = None
+        if m is None:
+            if self.baseline_status == "wanted":
+                return
+        else:
+            self.baseline, self.baseline_status = m, "measured"
+            self.windows.insert(0, (m, window_util_pct(gov, job)))
+            log.info("%s: baseline at the default governor: %.4f J/step, %.4f s/step over %d steps", job.label(),
+                     m.joules_per_step, m.seconds_per_step, m.measured_steps,
+                     extra={**job.fields(), "BASELINE_J_PER_STEP": f"{m.joules_per_step:.6f}",
+                            "BASELINE_S_PER_STEP": f"{m.seconds_per_step:.6f}"})
+        if self.tuner is not None:  # decided already: pin the start; the search begins at the next report
+            self.status = "waiting for progress reports"
+            self._move(gov, job, self.tuner.start_hz, f"tune: start at {mhz(self.tuner.start_hz)}")
+
+    # ---- the measured saving ----------------------------------------------------------------------------------------
+
+    def _tail_progress(self, job, energy_j: float, shared: bool) -> None:
+        """After convergence: the steps run at the chosen level, from the first report after the re-pin (the steps
+        before it are its warm-up), for the saving. A stretch shared with another job is no measurement of this one."""
+        if shared:
+            self._tail_mixed = True
+        elif self._tail is None:
+            self._tail = [job.steps, energy_j]
+        else:
+            self._tail_end = (job.steps, energy_j)
+
+    def saving(self) -> dict | None:
+        """The saving per step measured so far against the baseline window; None without both ends."""
+        if self.baseline is None or self.tuner is None:
+            return None
+        best_hz = self.tuner.best_hz
+        steps, joules, over = 0, 0.0, "tuner windows"
+        if self._tail is not None and self._tail_end is not None and not self._tail_mixed:
+            steps, joules = self._tail_end[0] - self._tail[0], self._tail_end[1] - self._tail[1]
+            over = "steps after convergence"
+        if steps < self.cfg.window_steps or joules <= 0:
+            at_best = [m for m, _ in self.windows if m.level_hz == best_hz]
+            steps = sum(m.measured_steps for m in at_best)
+            joules = sum(m.joules_per_step * m.measured_steps for m in at_best)
+            over = "tuner windows"
+        if steps <= 0 or joules <= 0:
+            return None
+        tuned = joules / steps
+        saved_rel = 1.0 - tuned / self.baseline.joules_per_step
+        return {"saved_pct": round(100.0 * saved_rel, 2), "saved_rel": saved_rel, "basis": "default governor",
+                "freq_hz": best_hz, "converged": self.tuner.converged,
+                "measured_steps": self.baseline.measured_steps + steps, "baseline_steps": self.baseline.measured_steps,
+                "tuned_steps": steps, "tuned_over": over, "baseline_j_per_step": self.baseline.joules_per_step,
+                "tuned_j_per_step": tuned}
+
+    def finish(self, job) -> dict | None:
+        """The job ends: its measured saving (None without a baseline); a converged level is learnt for the next
+        job of this shape on this kind of GPU."""
+        if self.tuner is not None and self.tuner.converged and self.starts is not None:
+            self.starts.learn(self.gpu_key, job.features, self.tuner.best_hz)
+        return self.saving()
+
+    # ---- pins, status -----------------------------------------------------------------------------------------------
+
+    def _move(self, gov, job, level_hz: int | None, reason: str) -> None:
         if job.freq_hz == level_hz and job.decision.reason == reason:
             return
         try:
             gov.set_freq(job, level_hz, reason)
         except FtgovError as e:
-            log.error("%s: could not pin %g MHz for tuning: %s", job.label(), level_hz / 1e6, e, extra=job.fields())
+            log.error("%s: could not pin %s for tuning: %s", job.label(), mhz(level_hz), e, extra=job.fields())
             self.meter, self.status = None, f"stopped: {e}"
 
     def state(self) -> dict:
-        return {**self.tuner.state(), "status": self.status,
+        search = self.tuner.state() if self.tuner is not None else {
+            "phase": "undecided", "probes": 0, "converged": False, "estimates": [], "start_hz": None}
+        return {**search, "status": self.status, "baseline": self._baseline_state(), "saving": self.saving(),
                 "profiled_steps": self.session.profiled_steps if self.session else 0}
+
+    def _baseline_state(self) -> dict:
+        out = {"status": self.baseline_status}
+        if self.baseline is not None:
+            out.update(joules_per_step=self.baseline.joules_per_step, seconds_per_step=self.baseline.seconds_per_step,
+                       steps=self.baseline.measured_steps)
+        return out
 
 
 class TunerAttach:
-    """The PinController's attach_tuner: gives a job a tuner when its policy is tune and it has a pin to start from
-    (a new one after an update). ``cfg`` is replaced when the config is reloaded; running tuners keep theirs."""
+    """The PinController's tuner hooks: ``plan`` picks a tuned job's start (and keeps it unpinned while its baseline
+    window runs); ``__call__`` (attach_tuner) gives a job whose policy is tune its JobTuner, after each decision and
+    when it is held unpinned. ``cfg`` is replaced when the config is reloaded; running tuners keep theirs.
+    ``starts``: the converged levels of past tuned jobs (set at start-up from the measurement store)."""
 
-    def __init__(self, cfg: TunerConfig):
+    def __init__(self, cfg: TunerConfig, starts: TuneStarts | None = None):
         self.cfg = cfg
+        self.starts = starts if starts is not None else TuneStarts()
+
+    def plan(self, gov, job, decision: Decision) -> Decision:
+        """The decision to apply for a tuned job whose policy decided ``decision`` (a pin)."""
+        levels = gov.power_mode.allowed_levels(job.gpu_id)
+        gpu = gov.gpus[job.gpu_id].gpu
+        start, reason = decision.freq_hz, decision.reason
+        if gpu.describe().get("backend") != "devfreq":
+            learnt = self.starts.lookup(gpu_key(gpu), job.features)
+            if learnt in levels:
+                start, reason = learnt, (f"tune: starts at {mhz(learnt)}, where the last tuned job of this shape "
+                                         "converged on this kind of GPU")
+            else:
+                start, reason = levels[-1], (f"tune: starts at the top of the table, {mhz(levels[-1])} (what the "
+                                             "default governor runs a busy GPU at); no tuned job of this shape has "
+                                             "converged on this kind of GPU yet")
+        job.tune_start_hz = start
+        prev = job.tuner if isinstance(job.tuner, JobTuner) else None
+        # Unpinned already and reporting training steps (it waited for its gpu_util): the baseline window is taken
+        # there, not after a pin. A job that reports no progress gets its pin: it would measure no window.
+        if prev is not None and (prev.baseline_open or (prev.baseline_wanted and job.freq_hz is None and job.steps)):
+            return Decision(PolicyName.TUNE, None, f"{BASELINE_REASON}, then {mhz(start)}; {reason}")
+        return Decision(decision.policy, start, reason, decision.fell_back_to)
 
     def __call__(self, gov, job) -> None:
-        attach(self.cfg, gov, job)
+        attach(self.cfg, gov, job, self.starts)
 
 
-def attach(cfg: TunerConfig, gov, job) -> None:
+def attach(cfg: TunerConfig, gov, job, starts: TuneStarts | None = None) -> None:
+    prev = job.tuner if isinstance(job.tuner, JobTuner) else None
     job.tuner = None
-    if job.decision is None or job.freq_hz is None or job.decision.policy is not PolicyName.TUNE:
+    if job.decision is None or job.decision.policy is not PolicyName.TUNE:
         return
+    if job.decision.freq_hz is None and not (cfg.baseline_window or job.tune_start_hz is not None):
+        return  # held unpinned with nothing to measure
     try:
-        job.tuner = JobTuner(gov, job, cfg)
+        job.tuner = JobTuner(gov, job, cfg, starts, carry=prev)
     except FtgovError as e:
         log.warning("%s: cannot tune: %s; keeping %s", job.label(), e, job.decision.reason, extra=job.fields())

@@ -19,7 +19,6 @@ from governor.daemon.config import TunerConfig
 from governor.daemon.store import JobRecord, Window, measured_saving
 from governor.features import Features
 from governor.pipeline.workloads import MODELS, make_workload
-from governor.policy.tuner import OnlineTuner, TuningSession
 from governor.sim.energy import Calibration, OrinEnergyModel, Workload
 
 BOARD = dataclasses.replace(Calibration(), knee_hz=900e6, v_floor=0.70, v_curve_exponent=2.2)
@@ -62,9 +61,8 @@ def tuned_job(w: Workload, start_hz: int, seed: int, cfg: TunerConfig | None = N
               calibration: Calibration = BOARD, job_steps: int = JOB_STEPS) -> TunedRun:
     cfg = cfg or TunerConfig()
     model = board_model(NOISE, seed, calibration)
-    tuner = OnlineTuner(model.levels_hz, start_hz, cfg.max_slowdown, noise_rel=cfg.noise_rel,
-                        max_probes=cfg.max_probes)
-    session = TuningSession(tuner, steps=0, warmup_steps=cfg.warmup_steps, window_steps=cfg.window_steps)
+    tuner = cfg.new_tuner(model.levels_hz, start_hz)
+    session = cfg.new_session(tuner, steps=0, total_steps=job_steps)
     windows, energy_j, time_s, step = [], 0.0, 0.0, 0
     while not session.converged and step < job_steps:
         step += 1

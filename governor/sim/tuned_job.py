@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from governor.daemon.config import TunerConfig
 from governor.errors import FtgovError
-from governor.policy.tuner import OnlineTuner, TuningSession
+from governor.policy.tuner import TuningSession
 from governor.sim.energy import OrinEnergyModel, Workload
 
 
@@ -44,9 +44,7 @@ def run_tuned_job(w: Workload, start_hz: int, job_steps: int, noise: float, seed
     """
     cfg = config or TunerConfig()
     model = OrinEnergyModel(noise=noise, seed=seed)
-    tuner = OnlineTuner(model.levels_hz, start_hz, cfg.max_slowdown, noise_rel=cfg.noise_rel,
-                        max_probes=cfg.max_probes)
-    session = TuningSession(tuner, steps=0, warmup_steps=cfg.warmup_steps, window_steps=cfg.window_steps)
+    session = cfg.new_session(cfg.new_tuner(model.levels_hz, start_hz), steps=0, total_steps=job_steps)
     job = TunedJob(0.0, 0.0, session)
     pinned_hz = session.level_hz
     for step in range(1, job_steps + 1):

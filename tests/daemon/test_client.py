@@ -310,3 +310,14 @@ print("metrics", main(["metrics", "--textfile", sys.argv[1], "--once"]))
                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
     assert out.stdout.split("\n")[:3] == ["governor.hf True", "governor.lightning True", "metrics 2"], out.stderr
     assert "pip install 'ftgov[metrics]'" in out.stderr
+
+
+def test_the_jobs_length_goes_with_register_and_a_later_one_with_the_next_progress_only(daemon):
+    with job(BERT_TINY, seq_len=40, socket=daemon.path, report_every_s=0, total_steps=500) as j:
+        j.step()
+        j.set_total_steps(800)
+        j.step()
+    assert daemon.of("register")[0]["params"]["total_steps"] == 500
+    assert [m["params"].get("total_steps") for m in daemon.of("progress")] == [None, 800, None]
+    with pytest.raises(ValueError, match="total_steps must be a positive integer"):
+        job(BERT_TINY, seq_len=40, socket=daemon.path, total_steps=0)

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from governor.daemon import store
 from tests.support.daemon import FEATURES, REPO
 from tests.support import FAKENVML_DIR as FAKE_DIR
 
@@ -80,3 +81,39 @@ def test_nvml_defaults_to_the_tuner_and_applies_and_restores_a_power_cap(nvml_da
     made = calls.read_text().split()
     assert "nvmlDeviceResetGpuLockedClocks" in made
     assert made.count("nvmlDeviceSetPowerManagementLimit") == 2  # the previous limit put back with the clocks
+
+
+def test_a_tuned_job_starts_at_the_top_of_the_table_then_where_its_shape_converged_before(nvml_daemon, tmp_path):
+    """The Orin tree's MHz mean nothing on this GPU: the start is the top of the table (what the default governor
+    runs a busy GPU at), until the measurement store holds a converged level for the same shape on this kind of GPU."""
+    path = tmp_path / "m.sqlite"
+    d, _calls = nvml_daemon(gpus=({},), store={"path": str(path)})
+    c = d.client()
+    gpu = c.call("status")["gpus"][0]
+    levels = gpu["available_hz"]
+    res = c.call("register", **FEATURES)
+    assert res["policy"] == "tune" and res["freq_hz"] == levels[-1], res
+    assert "top of the table" in res["reason"]
+    c.call("unregister", job_id=res["job_id"])
+    d.stop()
+
+    features = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
+    s = store.Store(path)
+    # A job of the same shape whose measured seq_len differs by 5% (within governor.daemon.starts' tolerance).
+    s.add(store.JobRecord(ended_at=1.7e9, **{**features, "seq_len": features["seq_len"] * 1.05}, gpu_util=55.0,
+                          backend="nvml", gpu_name=gpu["name"], levels_hz=json.dumps(levels), policy="tune",
+                          freq_hz=levels[3], converged=True))
+    s.close()
+    d2, _calls = nvml_daemon(gpus=({},), store={"path": str(path)})
+    c = d2.client()
+    res = c.call("register", **FEATURES)
+    assert res["freq_hz"] == levels[3] and "where the last tuned job of this shape converged" in res["reason"], res
+    c.call("unregister", job_id=res["job_id"])
+    other = c.call("register", **{**FEATURES, "num_layers": FEATURES["num_layers"] * 2})
+    assert other["freq_hz"] == levels[-1], other  # another shape: nothing learnt for it
+
+
+def test_on_a_jetson_the_tree_still_picks_the_start(orin, start_daemon):
+    d = start_daemon(config={"policy": "tune"})
+    res = d.client().call("register", **FEATURES)
+    assert res["freq_hz"] == 714000000 and "tree:" in res["reason"], res  # the paper tree's pick, not the top

@@ -1,6 +1,12 @@
 """The `tune` policy in the real daemon: a simulated job whose steps take as long as the energy model says at the
 pinned clock, the rails following the pin, and the tuner converging on the least energy per step."""
 
+import re
+
+import pytest
+
+from governor.cli import metrics
+from governor.daemon.config import TunerConfig
 from governor.sim import job as simjob
 from governor.sim.energy import OrinEnergyModel, Workload
 from governor.sysfs import Root
@@ -20,23 +26,115 @@ class ProgressJob:
         self.rpc.notify("progress", job_id=self.job_id, steps=self.steps)
 
 
-def test_tune_converges_within_thirty_profiled_steps_on_the_least_energy_level(orin, start_daemon):
-    d = start_daemon(simulate=True)
-    root = Root(d.state_dir / "sim-orin")
+WORKLOAD = Workload(name="bert-base", **BERT_BASE)
+MODEL = OrinEnergyModel()
+ENERGY_J = {hz: MODEL.expected(WORKLOAD, hz).energy_j for hz in MODEL.levels_hz}  # per step, noise-free
+
+
+def tuned_job(d, steps: int, **register) -> tuple[dict, dict]:
+    """Register a tuned bert-base job, run ``steps`` simulated steps; its status entry and its register answer."""
     c = d.client()
-    res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE)
+    res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE, **register)
     assert res["policy"] == "tune"
-    workload = Workload(name="bert-base", **BERT_BASE)
-    simjob.run(root, ProgressJob(c, res["job_id"]), workload, 45, time_scale=0.15)
-    job = c.call("status")["jobs"][0]
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, steps, time_scale=0.15)
+    job = next(j for j in c.call("status")["jobs"] if j["job_id"] == res["job_id"])
+    return job, {**res, "client": c}
+
+
+def exploration_cost_j(tuner: dict) -> float:
+    """What the search cost above the level it chose, at the energy model's true energies: every window's steps
+    (warm-up included: an upper bound, a re-measure of the pinned level has none) at its level's excess."""
+    probe_steps = 1 + 4
+    return sum(e["windows"] * probe_steps * max(0.0, ENERGY_J[e["freq_hz"]] - ENERGY_J[tuner["best_hz"]])
+               for e in tuner["estimates"])
+
+
+def test_tune_converges_on_the_least_energy_level_within_its_energy_budget(orin, start_daemon):
+    """The budget is energy, not windows (docs/tuner.md): what the search spends above the level it converges on is
+    at most explore_budget_frac of the job's energy at that level, plus what the windows' noise can add to the
+    tuner's own reckoning (3% of a window's energy, 3 s.d. over the windows)."""
+    d = start_daemon(simulate=True)
+    job, _ = tuned_job(d, 140, total_steps=2000)
     tuner = job["tuner"]
     assert tuner["converged"], tuner
-    assert tuner["profiled_steps"] <= 30
-    model = OrinEnergyModel()
-    energy = {hz: model.expected(workload, hz).energy_j for hz in model.levels_hz}
-    oracle = min(energy, key=energy.get)
-    assert energy[job["freq_hz"]] <= energy[oracle] * 1.03, (job["freq_hz"], oracle, tuner)
+    assert tuner["total_steps"] is not None and tuner["total_steps"] <= 2000
+    oracle = min(ENERGY_J, key=ENERGY_J.get)
+    # 5%: a window here is 4 steps of 20-40 ms of wall time on a shared VM, whose sleep jitter adds to the noise.
+    assert ENERGY_J[job["freq_hz"]] <= ENERGY_J[oracle] * 1.05, (job["freq_hz"], oracle, tuner)
+    cfg = TunerConfig()
+    e_best = ENERGY_J[tuner["best_hz"]]
+    windows = sum(e["windows"] for e in tuner["estimates"])
+    slack_j = 3 * cfg.noise_rel * 5 * e_best * windows ** 0.5
+    assert exploration_cost_j(tuner) <= cfg.explore_budget_frac * 2000 * e_best + slack_j, tuner
     assert "tune probe" in d.log() and "converged" in job["reason"]
+
+
+def test_a_short_job_explores_fewer_windows_than_a_long_one(orin, start_daemon):
+    """total_steps from register prices the search: the same workload from the same start, 60 steps against 100,000."""
+    d = start_daemon(simulate=True)
+    short, res = tuned_job(d, 90, total_steps=60)
+    res["client"].call("unregister", job_id=res["job_id"])  # one at a time: a shared GPU pauses the tuner
+    long, _ = tuned_job(d, 160, total_steps=100_000)
+    assert short["tuner"]["converged"] and long["tuner"]["converged"], (short["tuner"], long["tuner"])
+    assert short["tuner"]["start_hz"] == long["tuner"]["start_hz"]
+    assert short["tuner"]["probes"] < long["tuner"]["probes"], (short["tuner"], long["tuner"])
+    assert exploration_cost_j(short["tuner"]) <= exploration_cost_j(long["tuner"])
+
+
+def test_total_steps_may_come_with_progress_and_bad_values_are_refused(orin, start_daemon):
+    d = start_daemon(simulate=True)
+    c = d.client()
+    for bad in (0, -3, 2.5, True, "100"):
+        err = c.request("register", tune=True, gpu_util=80.0, total_steps=bad, **BERT_BASE)["error"]
+        assert err["code"] == -32602 and err["data"]["field"] == "total_steps", err
+        assert "positive integer" in err["message"]
+    assert c.call("status")["jobs"] == []
+    res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE)
+    err = c.request("progress", job_id=res["job_id"], steps=1, total_steps=0)["error"]
+    assert err["data"]["field"] == "total_steps"
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, 12, time_scale=0.15)
+    c.call("progress", job_id=res["job_id"], steps=12, total_steps=512)
+    tuner = c.call("status")["jobs"][0]["tuner"]
+    assert tuner["total_steps"] is not None and tuner["total_steps"] <= 512 - 12 + 1, tuner
+
+
+def test_a_tuned_job_reports_its_measured_saving_against_the_default_governor(orin, start_daemon):
+    """One window unpinned (MAXN) before the search; at the end the saving per step against it, measured over the
+    steps after convergence, matches the energy model's (MAXN vs the converged level) within the measurement's noise
+    (the simulated rails over a sleeping process: a few percent)."""
+    d = start_daemon(simulate=True)
+    job, res = tuned_job(d, 180, total_steps=2000)
+    assert job["tuner"]["converged"], job["tuner"]
+    assert job["tuner"]["baseline"]["status"] == "measured" and job["tuner"]["baseline"]["steps"] >= 4
+    in_status = job["saving"]
+    assert in_status is not None and in_status["basis"] == "default governor"
+    exported = {f.name: f.samples for f in metrics.families(res["client"].call("status"))}
+    (labels, ratio), = exported["ftgov_job_energy_saved_ratio"]
+    assert labels["job_id"] == str(res["job_id"]) and 0 < ratio < 1
+    assert exported["ftgov_job_energy_saved_measured_steps"][0][1] >= 8
+    end = res["client"].call("unregister", job_id=res["job_id"])
+    true_pct = 100 * (1 - ENERGY_J[end["freq_hz"]] / MODEL.expected(WORKLOAD, None).energy_j)
+    assert true_pct > 10  # the model's saving is large here: the sign and size are a real check
+    assert end["saved_pct"] == pytest.approx(true_pct, abs=5), (end, true_pct)
+    saving = end["saving"]
+    assert saving["tuned_over"] == "steps after convergence" and saving["freq_hz"] == end["freq_hz"]
+    assert end["saved_measured_steps"] == saving["baseline_steps"] + saving["tuned_steps"] > 50
+    assert abs(in_status["saved_pct"] - end["saved_pct"]) < 5
+    log = d.log()
+    assert re.search(rf"job {res['job_id']} .*ended \(unregistered\).* saved {end['saved_pct']:g}% energy per step vs "
+                     rf"the default governor, measured over {end['saved_measured_steps']} steps", log), log
+    assert re.search(r"baseline at the default governor: [\d.]+ J/step", log)
+    # The baseline ran unpinned: the GPU went back to its full range between the start pin and the search.
+    assert log.index("restored to its baseline") < log.index("baseline at the default governor")
+
+
+def test_without_the_baseline_window_the_search_starts_at_once_and_no_saving_is_claimed(orin, start_daemon):
+    d = start_daemon(simulate=True, config={"tuner": {"baseline_window": False}})
+    job, res = tuned_job(d, 30)
+    assert job["tuner"]["baseline"]["status"].startswith("off") and job["saving"] is None
+    end = res["client"].call("unregister", job_id=res["job_id"])
+    assert "saved_pct" not in end
+    assert d.log().count("restored to its baseline") == 1  # only at the end: never unpinned for a baseline
 
 
 def test_tune_without_progress_keeps_the_mlg_pick(orin, start_daemon):
@@ -46,3 +144,19 @@ def test_tune_without_progress_keeps_the_mlg_pick(orin, start_daemon):
     assert res["policy"] == "tune" and res["freq_hz"] == 714000000  # the paper tree's pick, the tuner's start
     tuner = c.call("status")["jobs"][0]["tuner"]
     assert tuner["probes"] == 0 and "without them the job keeps" in tuner["status"]
+
+
+def test_a_job_measuring_its_gpu_util_measures_its_baseline_in_the_same_unpinned_stretch(orin, start_daemon):
+    """No gpu_util given: the job trains unpinned while the daemon samples its load; the baseline window is taken
+    in that same stretch, so the GPU is first pinned only after both, and never unpinned again for a baseline."""
+    d = start_daemon(simulate=True, config={"util_sample_s": 0.05})
+    c = d.client()
+    res = c.call("register", tune=True, **BERT_BASE)
+    assert res["freq_hz"] is None  # waiting for gpu_util
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, 40, time_scale=0.15)
+    job = c.call("status")["jobs"][0]
+    assert job["tuner"]["baseline"]["status"] == "measured", job["tuner"]
+    log = d.log()
+    assert "gpu_util measured while the job trains" in log
+    assert log.index("baseline at the default governor") < log.index("pinned to")
+    assert "restored to its baseline" not in log  # never pinned before the baseline: nothing to undo for it

@@ -167,3 +167,21 @@ def test_config_found_through_a_wrapping_module():
 
     assert find_hf_config(Wrapper()).num_hidden_layers == 2
     assert find_hf_config(torch.nn.Linear(2, 2)) is None
+
+
+class TotalSteps(TrainerCallback):
+    """What the daemon holds as the job's length, read from its status after every step."""
+
+    def __init__(self, daemon):
+        self.rpc, self.seen = daemon.client(), []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seen.extend(j["total_steps"] for j in self.rpc.call("status")["jobs"])
+
+
+def test_the_trainers_max_steps_goes_to_the_daemon_for_the_tuners_budget(simulated, tokenizer, tmp_path):
+    daemon, _orin = simulated
+    model = tiny_bert(tokenizer.vocab_size)
+    governor_cb, spy = GovernorCallback(socket=daemon.socket, seq_len=20.0), TotalSteps(daemon)
+    trainer_for(model, tokenizer, tmp_path, [governor_cb, spy], steps=5).train()
+    assert governor_cb.job.total_steps == 5 and spy.seen == [5] * 5

@@ -95,3 +95,20 @@ def test_exception_ends_the_job(start_daemon, orin):
     assert governor_cb.job.registration is not None
     assert limits(orin) == BASELINE
     assert re.search(r"job \d+ .*ended \(unregistered\) after [\d.]+ s, 3 steps", daemon.log()), daemon.log()
+
+
+class TotalSteps(pl.Callback):
+    """What the daemon holds as the job's length, read from its status after every batch."""
+
+    def __init__(self, daemon):
+        self.rpc, self.seen = daemon.client(), []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.seen.extend(j["total_steps"] for j in self.rpc.call("status")["jobs"])
+
+
+def test_the_fit_length_goes_to_the_daemon_for_the_tuners_budget(start_daemon, orin):
+    daemon = start_daemon()
+    governor_cb, spy = GovernorCallback(socket=daemon.socket, seq_len=20.0), TotalSteps(daemon)
+    trainer([governor_cb, spy], steps=6).fit(TinyBert(), loader())
+    assert governor_cb.job.total_steps == 6 and spy.seen == [6] * 6

@@ -28,7 +28,7 @@ def test_a_tuned_job_lands_in_the_store_with_its_windows(start_daemon):
     d = start_daemon(simulate=True)
     c = d.client()
     res = c.call("register", tune=True, gpu_util=80.0, name="bert'); DROP TABLE jobs; --", **BERT_BASE)
-    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), Workload(name="w", **BERT_BASE), 45,
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), Workload(name="w", **BERT_BASE), 120,
                time_scale=0.15)
     tuner = c.call("status")["jobs"][0]["tuner"]
     assert tuner["converged"], tuner
@@ -40,20 +40,23 @@ def test_a_tuned_job_lands_in_the_store_with_its_windows(start_daemon):
     assert j.name == "bert'); DROP TABLE jobs; --"
     assert (j.model_type, j.num_layers, j.hidden_size, j.seq_len, j.gpu_util) == ("encoder", 12, 768, 40.0, 80.0)
     assert j.policy == "tune" and j.freq_hz == summary["freq_hz"] == tuner["best_hz"] and j.converged
-    assert j.start_hz == tuner["start_hz"] and j.steps == 45 and j.energy_j > 0 and j.duration_s > 0
+    assert j.start_hz == tuner["start_hz"] and j.steps == 120 and j.energy_j > 0 and j.duration_s > 0
     assert j.board_model == "NVIDIA Jetson AGX Orin Developer Kit" and j.l4t_release.startswith("# R36")
     assert json.loads(j.levels_hz) == list(OrinEnergyModel().levels_hz)
     assert j.backend == "devfreq" and j.model_source == "paper" and j.model_version
-    assert len(j.windows) == tuner["probes"] >= 2
-    assert {w.level_hz for w in j.windows} == {e["freq_hz"] for e in tuner["estimates"]}
+    # The baseline window first, at the default governor (level NULL), then the tuner's windows.
+    assert j.windows[0].level_hz is None and j.windows[0].steps == tuner["baseline"]["steps"] >= 4
+    tuned = j.windows[1:]
+    assert len(tuned) == tuner["probes"] >= 2
+    assert {w.level_hz for w in tuned} == {e["freq_hz"] for e in tuner["estimates"]}
     assert all(w.joules_per_step > 0 and w.seconds_per_step > 0 and w.steps >= 4 for w in j.windows)
     # Each window's utilization is the GPU's load as it closed (the registered 80% is the MAXN feature): a slower
     # clock keeps the simulated GPU busier.
-    by_level = sorted((w.level_hz, w.gpu_util) for w in j.windows)
+    by_level = sorted((w.level_hz, w.gpu_util) for w in tuned)
     assert all(0 < u <= 100 for _, u in by_level) and [u for _, u in by_level] == sorted(
         (u for _, u in by_level), reverse=True)
-    if j.freq_hz != j.start_hz:
-        assert j.saved_basis == "start level" and j.saved_rel is not None
+    # The saving is the one unregister reported: against the baseline window.
+    assert j.saved_basis == "default governor" and j.saved_rel == summary["saving"]["saved_rel"] > 0
 
 
 def test_the_loop_answers_while_jobs_are_recorded_and_totals_survive_a_restart(orin, start_daemon, tmp_path):

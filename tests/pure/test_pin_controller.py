@@ -182,3 +182,29 @@ def test_a_pick_above_the_power_modes_cap_is_moved_down_to_it(gpu, tmp_path):
     allowed = controller(FakeGpu(), tmp_path / "b", ffg_hz=918_000_000, pin_above_power_mode=True)
     allowed.gpus["0"].gpu.limits = Limits(306_000_000, 612_000_000)
     assert allowed.decide(job(allowed)).freq_hz == 918_000_000
+
+
+def test_a_tuned_job_off_devfreq_starts_at_the_top_and_its_end_logs_the_measured_saving(gpu, tmp_path, caplog):
+    from governor.daemon.config import TunerConfig
+    from governor.daemon.tuning import TunerAttach
+
+    attach = TunerAttach(TunerConfig())
+    pins = controller(gpu, tmp_path, attach_tuner=attach, plan_tune=attach.plan)
+    j = job(pins, policy=PolicyName.TUNE)
+    decision = pins.decide(j)
+    assert decision.freq_hz == LEVELS[-1] and "top of the table" in decision.reason  # the fake GPU is no devfreq node
+
+    class Measured:  # what a JobTuner's finish returns for a job with a baseline window (governor.daemon.tuning)
+        def finish(self, job):
+            return {"saved_pct": 21.5, "saved_rel": 0.215, "measured_steps": 54, "basis": "default governor"}
+
+        def state(self):
+            return {}
+
+    j.tuner = Measured()
+    with caplog.at_level("INFO", logger="ftgovd"):
+        ended = pins.end(j.job_id, "unregistered")
+    assert ended.saving["saved_pct"] == 21.5
+    record = next(r for r in caplog.records if "ended (unregistered)" in r.getMessage())
+    assert "saved 21.5% energy per step vs the default governor, measured over 54 steps" in record.getMessage()
+    assert record.SAVED_PCT == "21.5" and record.SAVED_MEASURED_STEPS == 54  # journald fields

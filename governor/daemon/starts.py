@@ -1,0 +1,97 @@
+"""Where a tuned job starts on a GPU the Orin tree was not trained for (NVML): the level the last tuned job of the same
+shape converged on, on the same kind of GPU.
+
+The tree's leaves are Orin clocks; mapped onto another GPU's table they mean nothing (816 MHz lands near the bottom of
+an H200's 345..1980 MHz). So on such a GPU the start is, in order:
+
+1. the converged level of the most recent tuned job with the same model_type, num_layers and hidden_size and a
+   seq_len within SEQ_LEN_TOLERANCE, on a GPU of the same name with the same table of levels (this index);
+2. else the top of the table (the highest level the power mode allows): what the default governor runs a busy GPU at,
+   so the tuner only walks down while energy falls and is never worse than not tuning beyond noise.
+
+gpu_util is not matched: on these GPUs it is measured at the default governor and varies from run to run of the
+same job. The index is loaded from the measurement store once at start-up, before the daemon serves (one query, a
+few columns, no windows), and every tuned job that converges while the daemon runs is added to it when it ends, store
+or no store. Lookups are a dict access and a short scan: nothing on the request path touches the file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sqlite3
+from pathlib import Path
+
+from governor.daemon.store import StoreError, open_read_only
+from governor.features import Features
+
+log = logging.getLogger("ftgovd")
+
+# Two jobs of one model whose average sequence lengths differ by at most this (relative) are taken for one workload:
+# padding-free lengths of one data set measured over a few batches differ by a few percent from run to run.
+SEQ_LEN_TOLERANCE = 0.10
+KEPT_PER_SHAPE = 16  # the most recent converged levels kept per model shape and GPU kind
+
+
+def gpu_key(gpu) -> tuple[str, tuple[int, ...]]:
+    """The kind of GPU a converged level is valid for: its name and its table of levels."""
+    return str(gpu.describe().get("name")), tuple(gpu.levels_hz)
+
+
+class TuneStarts:
+    def __init__(self):
+        # (gpu name, levels, model_type, num_layers, hidden_size) -> [(seq_len, freq_hz)], most recent last
+        self._levels: dict[tuple, list[tuple[float, int]]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._levels.values())
+
+    @classmethod
+    def load(cls, path: str | Path | None) -> TuneStarts:
+        """The converged levels of the tuned jobs in the store at ``path``; empty when there is none or it cannot be
+        read (logged: a start from the top of the table is always safe)."""
+        starts = cls()
+        if path is None or not Path(path).is_file():
+            return starts
+        try:
+            conn = open_read_only(path)
+        except StoreError as e:
+            log.warning("tuner starts: cannot read the measurement store: %s; tuned jobs on NVML GPUs start at the top "
+                        "of the table", e)
+            return starts
+        try:
+            rows = conn.execute("SELECT gpu_name, levels_hz, model_type, num_layers, hidden_size, seq_len, freq_hz "
+                                "FROM jobs WHERE policy = 'tune' AND converged = 1 AND backend != 'devfreq' "
+                                "AND freq_hz IS NOT NULL ORDER BY id").fetchall()
+        except sqlite3.Error as e:
+            log.warning("tuner starts: cannot read the measurement store %s: %s", path, e)
+            return starts
+        finally:
+            conn.close()
+        for r in rows:
+            try:
+                levels = tuple(int(hz) for hz in json.loads(r["levels_hz"] or "[]"))
+            except (ValueError, TypeError):
+                continue
+            starts._add((str(r["gpu_name"]), levels, r["model_type"], r["num_layers"], r["hidden_size"]),
+                        float(r["seq_len"]), int(r["freq_hz"]))
+        log.info("tuner starts: %d converged level(s) from %s", len(starts), path)
+        return starts
+
+    def learn(self, key: tuple[str, tuple[int, ...]], features: Features, freq_hz: int) -> None:
+        """A tuned job converged on ``freq_hz`` on a GPU of kind ``key`` (gpu_key)."""
+        self._add((*key, features.model_type, features.num_layers, features.hidden_size), features.seq_len, freq_hz)
+
+    def lookup(self, key: tuple[str, tuple[int, ...]], features: Features) -> int | None:
+        """The most recent converged level for these features on this kind of GPU, or None."""
+        seen = self._levels.get((*key, features.model_type, features.num_layers, features.hidden_size), [])
+        limit = math.log1p(SEQ_LEN_TOLERANCE)
+        return next((hz for seq_len, hz in reversed(seen)
+                     if seq_len > 0 and abs(math.log(seq_len / features.seq_len)) <= limit), None)
+
+    def _add(self, key: tuple, seq_len: float, freq_hz: int) -> None:
+        if freq_hz in key[1]:
+            seen = self._levels.setdefault(key, [])
+            seen.append((seq_len, freq_hz))
+            del seen[:-KEPT_PER_SHAPE]
