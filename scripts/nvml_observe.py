@@ -41,9 +41,10 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run from a checkout without installing ftgov
 
-from governor.backends.gpuid import GpuNotFound, find_gpu, visible_gpu  # noqa: E402
+from governor.backends.gpuid import GpuNotFound, find_gpu  # noqa: E402
 from governor.backends.nvml import MHZ, NvmlGpu, probe  # noqa: E402
 from governor.client import Connection  # noqa: E402
+from governor.client.features import visible_gpu  # noqa: E402
 from governor.errors import FtgovError  # noqa: E402
 
 

@@ -8,9 +8,7 @@ UUID whenever it can find one.
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from governor.errors import BackendError
@@ -57,41 +55,3 @@ def find_gpu(gpus: Sequence[Any], key: str | int | None):
     if len(matches) > 1:
         raise GpuNotFound(f"{text} matches several GPUs ({_names(matches)}): give more of the UUID")
     raise GpuNotFound(f"no GPU named {text!r}: there are {_names(gpus)}")
-
-
-def _visible_entries(value: str) -> list[str]:
-    """CUDA_VISIBLE_DEVICES as CUDA reads it: entries up to the first one that is not a valid name."""
-    entries = []
-    for entry in (e.strip() for e in value.split(",")):
-        if entry.isdigit() or entry.upper().startswith(("GPU-", "MIG-")):
-            entries.append(entry)
-        else:
-            break  # CUDA ignores an invalid entry and everything after it ("-1" hides every GPU)
-    return entries
-
-
-def visible_gpu(environ: Mapping[str, str] | None = None, torch_module: Any = None) -> str | None:
-    """The GPU this process computes on, as the daemon's ``gpu`` field: a UUID when torch can tell, else an index.
-
-    Uses torch only if the process has already imported it (importing torch here would cost seconds) or one is
-    passed. None when nothing says which GPU: the daemon then picks the only one, or asks.
-    """
-    env = os.environ if environ is None else environ
-    torch = torch_module if torch_module is not None else sys.modules.get("torch")
-    cuda_ordinal: int | None = None
-    if torch is not None:
-        try:
-            if torch.cuda.is_available():
-                cuda_ordinal = int(torch.cuda.current_device())
-                uuid = getattr(torch.cuda.get_device_properties(cuda_ordinal), "uuid", None)  # torch >= 2.4
-                if uuid is not None and str(uuid):
-                    text = str(uuid)
-                    return text if text.upper().startswith(("GPU-", "MIG-")) else f"GPU-{text}"
-        except (RuntimeError, AssertionError, AttributeError):
-            pass  # torch built without CUDA or a broken driver: fall back to the environment
-    visible = env.get("CUDA_VISIBLE_DEVICES")
-    if visible is None:
-        return None if cuda_ordinal is None else str(cuda_ordinal)
-    entries = _visible_entries(visible)
-    ordinal = cuda_ordinal or 0
-    return entries[ordinal] if ordinal < len(entries) else None

@@ -14,13 +14,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from governor.backends.base import Gpu, Limits
+from governor.backends.gpuid import GpuNotFound, find_gpu
 from governor.backends.nvml import POWER_LIMIT_KEY, NvmlReadOnly, ReadOnlyNvml, coarse_levels, probe
+from governor.client.features import visible_gpu
 from governor.errors import BackendError, NodeNotFound, PinError
-from governor.backends.gpuid import GpuNotFound, find_gpu, visible_gpu
-from tests.support import FAKENVML_DIR as FAKE_DIR, REPO
+from tests.support import FAKENVML_DIR as FAKE_DIR
+from tests.support import REPO
 
 MHZ = 1_000_000
 

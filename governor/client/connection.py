@@ -1,0 +1,231 @@
+"""The JSON-RPC connection to ftgovd: one request per line, the daemon's errors as exceptions, and what each
+failure to connect means for the user."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import socket as socketlib
+
+from governor import errors
+from governor.errors import FtgovError
+
+log = logging.getLogger("governor.client")
+
+DEFAULT_SOCKET = "/run/ftgov/ftgov.sock"
+SOCKET_ENV = "FTGOV_SOCKET"
+# The group that may use the socket (the systemd .socket unit's SocketGroup).
+SOCKET_GROUP = "ftgov"
+# Progress goes out at most this often. A fine-tuning step on an Orin takes 100 ms or more, so every step is reported
+# (the tuner times steps from these reports); faster loops are sampled, and a step costs a clock read.
+DEFAULT_REPORT_EVERY_S = 0.1
+# One reply line is a few hundred bytes; a status with many jobs a few kilobytes. Anything past this is not ftgovd.
+MAX_REPLY_BYTES = 1 << 20
+
+
+class DaemonUnavailable(FtgovError):
+    """ftgovd cannot be reached: no socket, nobody listening, or the connection broke."""
+
+
+class SocketPermissionError(DaemonUnavailable):
+    """The socket exists but this user may not connect to it."""
+
+
+class RpcError(FtgovError):
+    """ftgovd answered a request with a JSON-RPC error."""
+
+    def __init__(self, code: int, message: str, data=None, method: str | None = None):
+        self.code = code
+        self.message = message
+        self.data = data
+        self.method = method
+        field = data.get("field") if isinstance(data, dict) else None
+        where = f" (field {field!r})" if field else ""
+        super().__init__(f"{method + ': ' if method else ''}{message}{where} [JSON-RPC {code}]")
+
+
+class ParseError(RpcError):
+    """-32700: the daemon could not parse what was sent."""
+
+
+class InvalidRequest(RpcError):
+    """-32600: not a valid JSON-RPC request."""
+
+
+class MethodNotFound(RpcError):
+    """-32601: the daemon has no such method (an older daemon?)."""
+
+
+class InvalidParams(RpcError):
+    """-32602: a parameter is missing or out of range; ``data["field"]`` names it."""
+
+
+class ServerError(RpcError):
+    """-32000: the daemon could not do it (a failed pin, a backend error)."""
+
+
+class NotPermitted(RpcError):
+    """-32001: the daemon refused this caller (e.g. registering a process it does not own)."""
+
+
+class LimitExceeded(RpcError):
+    """-32002: a daemon limit (connections, jobs) is reached."""
+
+
+class UnknownJob(RpcError):
+    """-32003: no such job on this connection (it ended: its process exited, or it was unregistered)."""
+
+
+_ERROR_CLASSES: dict[int, type[RpcError]] = {
+    errors.PARSE_ERROR: ParseError,
+    errors.INVALID_REQUEST: InvalidRequest,
+    errors.METHOD_NOT_FOUND: MethodNotFound,
+    errors.INVALID_PARAMS: InvalidParams,
+    errors.SERVER_ERROR: ServerError,
+    errors.PERMISSION_DENIED: NotPermitted,
+    errors.LIMIT_EXCEEDED: LimitExceeded,
+    errors.UNKNOWN_JOB: UnknownJob,
+}
+
+
+def rpc_error(code: int, message: str, data=None, method: str | None = None) -> RpcError:
+    """The RpcError subclass for a JSON-RPC error code (RpcError itself for codes we do not know)."""
+    return _ERROR_CLASSES.get(code, RpcError)(code, message, data, method)
+
+
+class GovernorWarning(UserWarning):
+    """Training goes on, but without the governor (the daemon is absent or refused the job)."""
+
+
+def socket_path(socket: str | os.PathLike | None = None) -> str:
+    """Where the daemon listens: the ``socket`` argument, else $FTGOV_SOCKET, else /run/ftgov/ftgov.sock."""
+    if socket:
+        return os.fspath(socket)
+    return os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+
+
+class Connection:
+    """A synchronous JSON-RPC 2.0 connection to ftgovd: one JSON object per line over a Unix stream socket.
+
+    Not thread-safe: one connection belongs to one thread (the training loop).
+    """
+
+    def __init__(self, socket: str | os.PathLike | None = None, timeout_s: float = 10.0):
+        self.path = socket_path(socket)
+        self.timeout_s = timeout_s
+        self._next_id = 1
+        sock = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(self.path)
+        except OSError as e:
+            sock.close()
+            raise _connect_error(self.path, e) from e
+        self._sock = sock
+        self._reader = sock.makefile("rb")
+
+    def __enter__(self) -> Connection:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._sock is None
+
+    def closed_by_daemon(self) -> bool:
+        """Whether ftgovd has closed its end (read without waiting, nothing consumed): it closes a connection that
+        holds no job and sends nothing for its limits.idle_timeout_s, and it may have restarted meanwhile."""
+        if self._sock is None:
+            return True
+        poll = select.poll()
+        poll.register(self._sock, select.POLLIN)
+        if not poll.poll(0):
+            return False
+        try:
+            return self._sock.recv(1, socketlib.MSG_PEEK | socketlib.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:  # reset by the daemon
+            return True
+
+    def close(self) -> None:
+        """Close the connection. The daemon ends any job still held by it."""
+        if self._sock is not None:
+            self._reader.close()
+            self._sock.close()
+            self._sock = None
+
+    def call(self, method: str, **params) -> dict:
+        """Send a request and wait for its reply; a JSON-RPC error becomes an RpcError subclass."""
+        request_id = self._next_id
+        self._next_id += 1
+        self._send({"jsonrpc": "2.0", "id": request_id, "method": method, "params": _drop_none(params)})
+        reply = self._receive(method)
+        # An error with a null id answers whatever we sent last: a refusal at connect time, an unparsable line.
+        if reply.get("id") != request_id and not ("error" in reply and reply.get("id") is None):
+            self.close()
+            raise DaemonUnavailable(f"{method}: reply for request {reply.get('id')!r}, expected {request_id}")
+        if "error" in reply:
+            error = reply["error"] if isinstance(reply["error"], dict) else {}
+            raise rpc_error(int(error.get("code", -32603)), str(error.get("message", "unknown error")),
+                            error.get("data"), method)
+        result = reply.get("result")
+        return result if isinstance(result, dict) else {}
+
+    def notify(self, method: str, **params) -> None:
+        """Send a notification: no id, and the daemon sends no reply."""
+        self._send({"jsonrpc": "2.0", "method": method, "params": _drop_none(params)})
+
+    def _send(self, message: dict) -> None:
+        if self._sock is None:
+            raise DaemonUnavailable(f"connection to {self.path} is closed")
+        line = json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+        try:
+            self._sock.sendall(line)
+        except OSError as e:  # the daemon went away (EPIPE), or stopped reading for timeout_s
+            self.close()
+            raise DaemonUnavailable(f"lost the connection to ftgovd at {self.path}: {e}") from e
+
+    def _receive(self, method: str) -> dict:
+        # Lines without an id would be notifications from the daemon; the protocol has none yet, so skip them.
+        while True:
+            try:
+                line = self._reader.readline(MAX_REPLY_BYTES)
+            except OSError as e:  # includes the timeout
+                self.close()
+                raise DaemonUnavailable(f"{method}: no reply from ftgovd at {self.path}: {e}") from e
+            if not line:
+                self.close()
+                raise DaemonUnavailable(f"{method}: ftgovd closed the connection at {self.path}")
+            if not line.endswith(b"\n"):
+                self.close()
+                raise DaemonUnavailable(f"{method}: reply longer than {MAX_REPLY_BYTES} bytes")
+            try:
+                reply = json.loads(line)
+            except ValueError as e:
+                self.close()
+                raise DaemonUnavailable(f"{method}: ftgovd sent something that is not JSON: {line[:80]!r}") from e
+            if isinstance(reply, dict) and ("id" in reply or "error" in reply):
+                return reply
+
+
+def _connect_error(path: str, e: OSError) -> DaemonUnavailable:
+    if isinstance(e, PermissionError):
+        return SocketPermissionError(
+            f"permission denied on {path}: join the group '{SOCKET_GROUP}' "
+            f"(sudo usermod -aG {SOCKET_GROUP} $USER, then log in again), or run as root")
+    if isinstance(e, FileNotFoundError):
+        return DaemonUnavailable(
+            f"ftgovd is not running: no socket at {path} "
+            f"(start it with 'systemctl start ftgovd', or point {SOCKET_ENV} / --socket at its socket)")
+    if isinstance(e, ConnectionRefusedError):
+        return DaemonUnavailable(f"nothing listens on {path}: ftgovd stopped and left its socket behind?")
+    return DaemonUnavailable(f"cannot connect to ftgovd at {path}: {e}")
+
+
+def _drop_none(params: dict) -> dict:
+    return {k: v for k, v in params.items() if v is not None}

@@ -1,0 +1,137 @@
+"""What the client works out about the job it registers: the workload features from a model or its Hugging Face
+config, the average tokens per sample from the batches, and the GPU this process computes on."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from governor.features import Features, from_hf_config
+
+
+def find_hf_config(model):
+    """The Hugging Face config of a model, a PEFT wrapper, a LightningModule holding one, or a config itself; or
+    None."""
+    if model is None:
+        return None
+    if isinstance(model, Mapping) or _looks_like_config(model):
+        return model
+    config = getattr(model, "config", None)
+    if _looks_like_config(config):
+        return config
+    modules = getattr(model, "modules", None)
+    if callable(modules):  # a torch Module wrapping a transformers model somewhere inside
+        for sub in modules():
+            config = getattr(sub, "config", None)
+            if _looks_like_config(config):
+                return config
+    return None
+
+
+def _looks_like_config(obj) -> bool:
+    return obj is not None and not isinstance(obj, Mapping) and hasattr(obj, "model_type") and hasattr(obj, "to_dict")
+
+
+def resolve_features(model=None, **explicit) -> dict:
+    """The features known so far: the model's config first, explicit numbers over it. seq_len may still be missing.
+
+    Raises ValueError when what is known is invalid, or when the structure (model_type, num_layers, hidden_size) is
+    neither given nor readable from ``model``.
+    """
+    known: dict = {}
+    config = find_hf_config(model)
+    if config is not None:
+        known.update(from_hf_config(config))
+    known.update({k: v for k, v in explicit.items() if v is not None})
+    missing = [k for k in ("model_type", "num_layers", "hidden_size") if k not in known]
+    if missing:
+        source = f"no Hugging Face config found on {type(model).__name__}" if model is not None else "no model given"
+        raise ValueError(f"job features missing: {', '.join(missing)} ({source}: pass model_type, num_layers "
+                         "and hidden_size)")
+    check_partial_features(known)  # seq_len may still be to measure: a bad number fails now, before training
+    return known
+
+
+def check_partial_features(values: dict) -> None:
+    """Validate the features given so far, with stand-ins for the rest: a bad number fails when it is given."""
+    stand_ins = {"model_type": "encoder", "num_layers": 1, "hidden_size": 1, "seq_len": 1.0}
+    check_features({**stand_ins, **{k: v for k, v in values.items() if v is not None}})
+
+
+def check_features(values: dict) -> Features:
+    try:
+        return Features(**values)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        raise ValueError(f"invalid job features: {problems}") from None
+
+
+def batch_tokens(batch=None, *, attention_mask=None) -> tuple[float, int] | None:
+    """(non-padding tokens, samples) in one batch, from its attention mask; None when it carries no 2-D mask.
+
+    ``batch`` is a mapping (a dict, a BatchEncoding, the keyword arguments of a forward call) or a tuple/list holding
+    one. Without a mask the padded length is all there is, and the policy wants the real one, so we do not guess.
+    """
+    mask = attention_mask if attention_mask is not None else _find_mask(batch)
+    if mask is None:
+        return None
+    shape = getattr(mask, "shape", None)
+    if shape is not None:
+        if len(shape) != 2 or shape[0] == 0:
+            return None
+        return float(mask.sum()), int(shape[0])
+    if isinstance(mask, (list, tuple)) and mask and all(isinstance(row, (list, tuple)) for row in mask):
+        return float(sum(sum(row) for row in mask)), len(mask)
+    return None
+
+
+def _find_mask(batch):
+    if isinstance(batch, Mapping):
+        return batch.get("attention_mask")
+    if isinstance(batch, (list, tuple)):
+        for item in batch:
+            if isinstance(item, Mapping) and item.get("attention_mask") is not None:
+                return item["attention_mask"]
+    return None
+
+
+def _visible_entries(value: str) -> list[str]:
+    """CUDA_VISIBLE_DEVICES as CUDA reads it: entries up to the first one that is not a valid name."""
+    entries = []
+    for entry in (e.strip() for e in value.split(",")):
+        if entry.isdigit() or entry.upper().startswith(("GPU-", "MIG-")):
+            entries.append(entry)
+        else:
+            break  # CUDA ignores an invalid entry and everything after it ("-1" hides every GPU)
+    return entries
+
+
+def visible_gpu(environ: Mapping[str, str] | None = None, torch_module: Any = None) -> str | None:
+    """The GPU this process computes on, as the daemon's ``gpu`` field: a UUID when torch can tell, else an index.
+
+    Uses torch only if the process has already imported it (importing torch here would cost seconds) or one is
+    passed. None when nothing says which GPU: the daemon then picks the only one, or asks.
+    """
+    env = os.environ if environ is None else environ
+    torch = torch_module if torch_module is not None else sys.modules.get("torch")
+    cuda_ordinal: int | None = None
+    if torch is not None:
+        try:
+            if torch.cuda.is_available():
+                cuda_ordinal = int(torch.cuda.current_device())
+                uuid = getattr(torch.cuda.get_device_properties(cuda_ordinal), "uuid", None)  # torch >= 2.4
+                if uuid is not None and str(uuid):
+                    text = str(uuid)
+                    return text if text.upper().startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+        except (RuntimeError, AssertionError, AttributeError):
+            pass  # torch built without CUDA or a broken driver: fall back to the environment
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None if cuda_ordinal is None else str(cuda_ordinal)
+    entries = _visible_entries(visible)
+    ordinal = cuda_ordinal or 0
+    return entries[ordinal] if ordinal < len(entries) else None

@@ -1,0 +1,317 @@
+"""The job that training code holds for its life: registration, progress reports, and the end on every way out."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+
+from governor.client.connection import (
+    DEFAULT_REPORT_EVERY_S,
+    Connection,
+    DaemonUnavailable,
+    GovernorWarning,
+    UnknownJob,
+)
+from governor.client.features import batch_tokens, check_features, resolve_features, visible_gpu
+from governor.errors import FtgovError
+
+log = logging.getLogger("governor.client")
+
+
+class Job:
+    """A fine-tuning job registered with ftgovd for the life of a ``with`` block (see ``job``).
+
+    States: created -> started (connected) -> registered -> closed. When the daemon is absent or refuses, the job
+    warns once and becomes a no-op: every method still works and does nothing, so training never stops for us.
+
+    When seq_len is not given, registration waits until ``observe_batch`` has seen ``measure_batches`` batches, so the
+    daemon decides once, on the measured average, instead of pinning a guess and moving the pin a few steps later.
+    """
+
+    def __init__(self, features: dict, *, name: str | None = None, socket: str | os.PathLike | None = None,
+                 pid: int | None = None, gpu: str | int | None = None, tune: bool | None = None,
+                 report_every_s: float = DEFAULT_REPORT_EVERY_S,
+                 measure_batches: int = 8, timeout_s: float = 10.0, total_steps: int | None = None):
+        if report_every_s < 0:
+            raise ValueError("report_every_s must be >= 0")
+        if measure_batches < 1:
+            raise ValueError("measure_batches must be >= 1")
+        self.features = dict(features)
+        self.name = name
+        self.socket = socket
+        self.pid = pid
+        self.gpu = gpu
+        self.tune = tune  # True: ask for the online tuner (policy tune) for this job
+        # The step count the job ends at (same count as step()), when known: the tuner's exploration budget is a
+        # fraction of the job's energy, so a short job explores less. None: the daemon's tuner assumes its default.
+        self.total_steps = _check_total_steps(total_steps)
+        self._sent_total_steps: int | None = None
+        self.report_every_s = report_every_s
+        self.measure_batches = measure_batches
+        self.timeout_s = timeout_s
+        self.job_id: int | None = None
+        self.registration: dict | None = None  # the daemon's answer to register: policy, freq_hz, reason, gpu
+        self.result: dict | None = None  # the daemon's answer to unregister: duration_s, energy_j, steps
+        self.steps = 0
+        self.disabled = False
+        self._conn: Connection | None = None
+        self._started = False
+        self._closed = False
+        self._reported_steps = 0
+        self._next_report_s = 0.0
+        self._phase: str | None = None
+        self._tokens = 0.0
+        self._samples = 0
+        self._batches_seen = 0
+        self._unmeasurable_batches = 0
+
+    def __enter__(self) -> Job:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def registered(self) -> bool:
+        return self.job_id is not None and not self._closed
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def seq_len_known(self) -> bool:
+        return "seq_len" in self.features
+
+    def start(self) -> Job:
+        """Connect, and register now if the features are complete. Idempotent."""
+        if self._started or self.disabled:
+            return self
+        self._started = True
+        try:
+            self._conn = Connection(self.socket, timeout_s=self.timeout_s)
+        except DaemonUnavailable as e:
+            self._disable(str(e))
+            return self
+        if self.seq_len_known:
+            self._register()
+        return self
+
+    def observe_batch(self, batch=None, *, attention_mask=None) -> None:
+        """Measure the average non-padding sequence length from the first batches; register once it is known.
+
+        Costs nothing once the measurement is done (or when seq_len was given).
+        """
+        if self.seq_len_known or self.disabled or self._closed:
+            return
+        counted = batch_tokens(batch, attention_mask=attention_mask)
+        if counted is None:
+            self._unmeasurable_batches += 1
+            if self._unmeasurable_batches == self.measure_batches and self._batches_seen == 0:
+                self._disable("cannot measure the sequence length: the batches carry no 2-D attention_mask; "
+                              "pass seq_len= (average tokens per sample)")
+            return
+        tokens, samples = counted
+        self._tokens += tokens
+        self._samples += samples
+        self._batches_seen += 1
+        if self._batches_seen >= self.measure_batches and self._tokens > 0:
+            self.features["seq_len"] = self._tokens / self._samples
+            log.info("ftgov: measured seq_len %.1f tokens/sample over %d samples", self.features["seq_len"],
+                     self._samples)
+            if self._started:
+                self._register()
+
+    def step(self, n: int = 1) -> None:
+        """Count n training steps. Reports the total at most every report_every_s, so a step costs a clock read."""
+        self.steps += n
+        if self.job_id is None or self._conn is None:
+            if (self._conn is not None and not self.seq_len_known and self.steps >= self.measure_batches
+                    and self._batches_seen == 0 and self._unmeasurable_batches == 0):
+                self._disable("seq_len is unknown and no batch was observed: pass seq_len= "
+                              "or call job.observe_batch(batch) on the first batches")
+            return
+        now_s = time.monotonic()
+        if now_s >= self._next_report_s:
+            self._next_report_s = now_s + self.report_every_s
+            self._report()
+
+    def phase(self, phase: str) -> None:
+        """Tell the daemon what the job does now ("train", "eval", "checkpoint", "data"); sent only on a change."""
+        if phase == self._phase:
+            return
+        self._phase = phase
+        if self.job_id is not None and self._conn is not None:
+            self._report()
+
+    def set_total_steps(self, total_steps: int | None) -> None:
+        """The job's length (the step count it ends at), once known: sent with register, or with the next progress
+        report when the job is registered already."""
+        self.total_steps = _check_total_steps(total_steps)
+        if self.job_id is not None and self._conn is not None and self.total_steps != self._sent_total_steps:
+            self._report()
+
+    def update(self, *, gpu_util: float | None = None, seq_len: float | None = None) -> dict | None:
+        """Send new feature values; the daemon may move the pin. Returns its answer, None when not registered."""
+        if seq_len is not None:
+            self.features["seq_len"] = float(seq_len)
+        if gpu_util is not None:
+            self.features["gpu_util"] = float(gpu_util)
+        if self.job_id is None or self._conn is None:
+            if self._started and not self.disabled and self.seq_len_known:
+                self._register()
+            return None
+        try:
+            return self._conn.call("update", job_id=self.job_id, gpu_util=gpu_util, seq_len=seq_len)
+        except FtgovError as e:
+            self._disable(f"update refused: {e}")
+            return None
+
+    def close(self) -> None:
+        """Report the final step count, unregister and close. Idempotent; never raises for the daemon's sake."""
+        if self._closed:
+            return
+        self._closed = True
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            if self.job_id is not None:
+                if self.steps != self._reported_steps:
+                    conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase)
+                self.result = conn.call("unregister", job_id=self.job_id)
+                log.info("ftgov: job %s ended: %s", self.job_id, describe_reply(self.result))
+        except UnknownJob:
+            log.info("ftgov: job %s had already ended (its process exited)", self.job_id)
+        except FtgovError as e:
+            # The job is over either way: closing the connection below ends it daemon-side.
+            log.warning("ftgov: unregister of job %s failed (%s); closing the connection ends it", self.job_id, e)
+        finally:
+            conn.close()
+
+    def _register(self) -> None:
+        if self.job_id is not None or self._conn is None:
+            return
+        try:
+            features = check_features(self.features)
+        except ValueError as e:
+            self._disable(str(e))
+            return
+        if self._conn.closed_by_daemon():
+            # Measuring seq_len took longer than the daemon keeps a connection that holds no job (or the daemon
+            # restarted): nothing was sent on it yet, so connecting again cannot register the job twice.
+            log.info("ftgov: ftgovd closed the connection while the job started; connecting again")
+            self._conn.close()
+            try:
+                self._conn = Connection(self.socket, timeout_s=self.timeout_s)
+            except DaemonUnavailable as e:
+                self._conn = None
+                self._disable(str(e))
+                return
+        if self.gpu is None:
+            self.gpu = visible_gpu()  # the GPU this process trains on (CUDA_VISIBLE_DEVICES / torch), when known
+        try:
+            self.registration = self._conn.call(
+                "register", **features.model_dump(exclude_none=True), name=self.name, pid=self.pid, gpu=self.gpu,
+                tune=self.tune, total_steps=self.total_steps)
+        except FtgovError as e:
+            self._disable(f"register refused: {e}")
+            return
+        self.job_id = self.registration.get("job_id")
+        self._sent_total_steps = self.total_steps
+        log.info("ftgov: job %s registered: %s", self.job_id, describe_reply(self.registration))
+        if self.steps:
+            self._report()
+
+    def _report(self) -> None:
+        total = self.total_steps if self.total_steps != self._sent_total_steps else None
+        try:
+            self._conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase, total_steps=total)
+            self._reported_steps = self.steps
+            self._sent_total_steps = self.total_steps
+        except DaemonUnavailable as e:
+            self._disable(str(e))
+
+    def _disable(self, why: str) -> None:
+        """Warn once and carry on without the governor."""
+        if self.disabled:
+            return
+        self.disabled = True
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        warnings.warn(f"ftgov: training goes on without the GPU frequency governor: {why}", GovernorWarning,
+                      stacklevel=3)
+
+
+def _check_total_steps(total_steps):
+    if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int)
+                                    or total_steps < 1):
+        raise ValueError(f"total_steps must be a positive integer (the step count the job ends at), "
+                         f"got {total_steps!r}")
+    return total_steps
+
+
+def describe_reply(reply: dict) -> str:
+    """One line for a register/update/unregister answer: policy, frequency, duration, steps, energy, reason."""
+    parts = []
+    if reply.get("policy"):
+        parts.append(str(reply["policy"]))
+    if reply.get("freq_hz"):
+        parts.append(f"{reply['freq_hz'] / 1e6:g} MHz")
+    if reply.get("duration_s") is not None:
+        parts.append(f"{reply['duration_s']:.1f} s")
+    if reply.get("steps") is not None:
+        parts.append(f"{reply['steps']} steps")
+    if reply.get("energy_j") is not None:
+        parts.append(f"{reply['energy_j']:.1f} J")
+    if reply.get("saved_pct") is not None:
+        parts.append(f"saved {reply['saved_pct']:g}% energy per step vs the default governor, measured over "
+                     f"{reply.get('saved_measured_steps')} steps")
+    if reply.get("reason"):
+        parts.append(f"({reply['reason']})")
+    return " ".join(parts)
+
+
+def job(model=None, *, model_type: str | None = None, num_layers: int | None = None, hidden_size: int | None = None,
+        seq_len: float | None = None, gpu_util: float | None = None, name: str | None = None,
+        socket: str | os.PathLike | None = None, pid: int | None = None, gpu: str | int | None = None,
+        tune: bool | None = None, report_every_s: float = DEFAULT_REPORT_EVERY_S, measure_batches: int = 8,
+        total_steps: int | None = None) -> Job:
+    """A job to hold for the life of a training run::
+
+        with governor.job(model, name="bert-sst2") as job:
+            for batch in loader:
+                job.observe_batch(batch)   # measures seq_len from the first batches, then registers
+                ...
+                job.step()
+
+    ``model`` is a Hugging Face model or config (its model_type, layers and hidden size are read); explicit numbers
+    override it. ``total_steps``: the step count the job ends at, when known (the tuner explores less for a short
+    job). Bad feature values raise ValueError here, before training starts; a daemon that is absent or refuses
+    only warns (GovernorWarning), and the job does nothing.
+    """
+    features = resolve_features(model, model_type=model_type, num_layers=num_layers, hidden_size=hidden_size,
+                                seq_len=float(seq_len) if seq_len is not None else None,
+                                gpu_util=float(gpu_util) if gpu_util is not None else None)
+    return Job(features, name=name, socket=socket, pid=pid, gpu=gpu, tune=tune, report_every_s=report_every_s,
+               measure_batches=measure_batches, total_steps=total_steps)
+
+
+def start_job(model=None, *, name: str | None = None, socket: str | os.PathLike | None = None,
+              report_every_s: float = DEFAULT_REPORT_EVERY_S, measure_batches: int = 8,
+              total_steps: int | None = None, **explicit) -> Job:
+    """For the framework adapters: ``job(...).start()``, except that features which cannot be read from the model
+    warn and give a no-op job, because a callback added with no arguments must never stop training."""
+    explicit = {k: (float(v) if k in ("seq_len", "gpu_util") and v is not None else v) for k, v in explicit.items()}
+    options = dict(name=name, socket=socket, report_every_s=report_every_s, measure_batches=measure_batches)
+    try:
+        features = resolve_features(model, **explicit)
+    except ValueError as e:
+        idle = Job({}, **options)
+        idle._disable(str(e))
+        return idle
+    return Job(features, **options, total_steps=total_steps).start()
