@@ -4,7 +4,12 @@ Nothing is done at import time: the daemon, the client and the model pipeline im
 """
 
 __version__ = "0.1.0"
-DEFAULT_CONFIG_PATH = "/etc/ftgov/ftgov.yaml"  # here, not in governor.daemon.config: `ftgov --help` names it without pydantic
+# Here, not in governor.daemon.config: `ftgov --help` names it without importing pydantic.
+DEFAULT_CONFIG_PATH = "/etc/ftgov/ftgov.yaml"
+# Where ftgovd listens and which group may connect (systemd/ftgovd.socket and sysusers.d say the same): the daemon's
+# defaults and the client's, from this one place.
+DEFAULT_SOCKET_PATH = "/run/ftgov/ftgov.sock"
+SOCKET_GROUP = "ftgov"
 
 
 def job(*args, **kwargs):

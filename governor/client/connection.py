@@ -9,15 +9,13 @@ import os
 import select
 import socket as socketlib
 
-from governor import errors
+from governor import DEFAULT_SOCKET_PATH, SOCKET_GROUP, errors
 from governor.errors import FtgovError
 
 log = logging.getLogger("governor.client")
 
-DEFAULT_SOCKET = "/run/ftgov/ftgov.sock"
+DEFAULT_SOCKET = DEFAULT_SOCKET_PATH
 SOCKET_ENV = "FTGOV_SOCKET"
-# The group that may use the socket (the systemd .socket unit's SocketGroup).
-SOCKET_GROUP = "ftgov"
 # Progress goes out at most this often. A fine-tuning step on an Orin takes 100 ms or more, so every step is reported
 # (the tuner times steps from these reports); faster loops are sampled, and a step costs a clock read.
 DEFAULT_REPORT_EVERY_S = 0.1

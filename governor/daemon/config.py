@@ -14,12 +14,11 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from governor import data
+from governor import DEFAULT_SOCKET_PATH, SOCKET_GROUP, data
 from governor.errors import ConfigError, ModelError
 from governor.policy import tuner as _tuner
 from governor.policy.ffg import read_ffg_hz
 
-DEFAULT_SOCKET_PATH = "/run/ftgov/ftgov.sock"
 DEFAULT_STATE_DIR = "/run/ftgov"
 
 
@@ -30,7 +29,7 @@ class _Strict(BaseModel):
 class SocketConfig(_Strict):
     path: str = DEFAULT_SOCKET_PATH
     mode: int = Field(0o660, description="file mode of the socket when ftgovd binds it itself (octal in YAML: 0660)")
-    group: str = Field("ftgov", min_length=1, description="members of this group may register jobs")
+    group: str = Field(SOCKET_GROUP, min_length=1, description="members of this group may register jobs")
 
     @field_validator("mode", mode="before")
     @classmethod
