@@ -8,7 +8,7 @@ sequence length (tokens per sample, not the padded length).
 from __future__ import annotations
 
 import math
-from typing import Literal, Optional
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -28,7 +28,7 @@ class Features(BaseModel):
     num_layers: int = Field(ge=1, le=1024)
     hidden_size: int = Field(ge=1, le=1 << 20)
     seq_len: float = Field(gt=0, le=1 << 20, description="average tokens per sample")
-    gpu_util: Optional[float] = Field(default=None, ge=0, le=100, description="GPU utilization, percent")
+    gpu_util: float | None = Field(default=None, ge=0, le=100, description="GPU utilization, percent")
 
     @field_validator("seq_len", "gpu_util", mode="before")
     @classmethod

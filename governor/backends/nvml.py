@@ -20,7 +20,8 @@ Units: NVML speaks MHz, mW and mJ; this module's interface speaks Hz, mW and mJ/
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from governor.backends.base import GpuBase, Limits, Reading
 from governor.errors import BackendError, NodeNotFound, PinError
@@ -59,14 +60,14 @@ class ReadOnlyNvml:
         return value
 
 
-def _error_name(nvml: Any, code: Optional[int]) -> str:
+def _error_name(nvml: Any, code: int | None) -> str:
     for name in dir(nvml):
         if name.startswith("NVML_ERROR_") and getattr(nvml, name) == code:
             return name
     return f"NVML error {code}"
 
 
-def _advice(nvml: Any, code: Optional[int], not_supported: str) -> str:
+def _advice(nvml: Any, code: int | None, not_supported: str) -> str:
     if code == getattr(nvml, "NVML_ERROR_NO_PERMISSION", None):
         return "changing clocks or power limits needs root: run ftgovd as root, or use the observe policy"
     if code == getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", None):
@@ -142,7 +143,7 @@ class NvmlGpu(GpuBase):
         # A locked GPU may read a clock one table step off the lock; more than that above it means no lock.
         self._clock_tolerance_hz = max(gaps, default=0)
         # NVML cannot read a lock back, so the range this process last locked (min, max) is the only record of it.
-        self._lock_hz: Optional[tuple[int, int]] = None
+        self._lock_hz: tuple[int, int] | None = None
 
     def describe(self) -> dict:
         return {
@@ -159,7 +160,7 @@ class NvmlGpu(GpuBase):
         return nvml_call(self._nvml, f"GPU {self.id} ({self.name}): {what}", fn, self._handle, *args, **kwargs)
 
     # ---- reads ----
-    def power_limit_mw(self) -> Optional[int]:
+    def power_limit_mw(self) -> int | None:
         """The power limit in force now, or None on a GPU without power management."""
         try:
             return int(self._nvml.nvmlDeviceGetPowerManagementLimit(self._handle))
@@ -198,14 +199,14 @@ class NvmlGpu(GpuBase):
         return {name: int(self._call(f"{name} clock", nvml.nvmlDeviceGetClockInfo, kind))
                 for name, kind in kinds.items()}
 
-    def driver_version(self) -> Optional[str]:
+    def driver_version(self) -> str | None:
         try:
             return str(self._nvml.nvmlSystemGetDriverVersion())
         except self._nvml.NVMLError as e:
             log.debug("driver version: %s", e)
             return None
 
-    def clock_event_reasons(self) -> Optional[int]:
+    def clock_event_reasons(self) -> int | None:
         """Why the clock is below its maximum now (nvmlClocksEventReason* bits: idle, lock, power cap, thermal), or
         None where the driver does not say. The lock bit (ApplicationsClocksSetting) hints at a lock NVML cannot
         read back."""
@@ -220,12 +221,12 @@ class NvmlGpu(GpuBase):
         are read from the GPU, None when NVML cannot give them."""
         low, high = self._lock_hz or (self.supported_hz[0], self.supported_hz[-1])
         try:
-            cur_hz: Optional[int] = self.clock_hz()
+            cur_hz: int | None = self.clock_hz()
         except BackendError as e:
             log.debug("%s", e)
             cur_hz = None
         try:
-            load_pct: Optional[float] = self.utilization_pct()
+            load_pct: float | None = self.utilization_pct()
         except BackendError as e:
             log.debug("%s", e)
             load_pct = None

@@ -15,6 +15,7 @@ from pathlib import Path
 from governor.client import Connection, MethodNotFound
 from governor.errors import BackendError, FtgovError, NodeNotFound
 from governor.sysfs import Root
+from governor.units import mhz
 
 OK, WARN, FAIL = "OK", "WARN", "FAIL"
 START_SOCKET = "sudo systemctl enable --now ftgovd.socket"
@@ -90,10 +91,6 @@ def check_board(ctx: Context) -> list[Check]:
 
 # ---- devfreq node, pin ------------------------------------------------------------------------------------------
 
-def _mhz(hz) -> str:
-    return "?" if hz is None else f"{hz / 1e6:g} MHz"
-
-
 def _writable(path: Path) -> bool:
     """sysfs gives an attribute without a store method mode 0444, and then refuses the write even to root."""
     return bool(os.stat(path).st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
@@ -115,8 +112,8 @@ def check_devfreq(ctx: Context) -> list[Check]:
     ctx.gpu = gpu
     where = ctx.root.unroot(gpu.node)
     detail = (f"{gpu.node.name} at {where}: {len(gpu.levels_hz)} levels "
-              f"{' '.join(f'{hz / 1e6:g}' for hz in gpu.levels_hz)} MHz; limits {_mhz(reading.min_hz)}.."
-              f"{_mhz(reading.max_hz)}, now {_mhz(reading.cur_hz)}")
+              f"{' '.join(mhz(hz, unit=False) for hz in gpu.levels_hz)} MHz; limits {mhz(reading.min_hz, none='?')}.."
+              f"{mhz(reading.max_hz, none='?')}, now {mhz(reading.cur_hz, none='?')}")
     checks = [Check("devfreq", OK, detail)]
     if not where.startswith("/sys/devices/platform/"):
         checks = [Check("devfreq", FAIL, detail + ": outside /sys/devices/platform, which the unit's sandbox leaves "
@@ -171,8 +168,8 @@ def write_back(gpu) -> Check:
     if after != before:
         return Check("pin", FAIL, f"root write test: wrote back {before.min_hz}..{before.max_hz} Hz, reads "
                                   f"{after.min_hz}..{after.max_hz} Hz", "something else writes the limits: see 'holder'")
-    return Check("pin", OK, f"root write test (ftgovd stopped): wrote back min {_mhz(before.min_hz)} and max "
-                            f"{_mhz(before.max_hz)}; they read back the same")
+    return Check("pin", OK, f"root write test (ftgovd stopped): wrote back min {mhz(before.min_hz, none='?')} and max "
+                            f"{mhz(before.max_hz, none='?')}; they read back the same")
 
 
 def check_holder(ctx: Context) -> list[Check]:
@@ -183,11 +180,11 @@ def check_holder(ctx: Context) -> list[Check]:
     gpu_status = next(iter((ctx.status or {}).get("gpus") or []), {})
     ours = gpu_status.get("pinned_hz")
     if reading.min_hz != reading.max_hz:
-        return [Check("holder", OK, f"nothing holds the clock: min {_mhz(reading.min_hz)} < max {_mhz(reading.max_hz)}")]
+        return [Check("holder", OK, f"nothing holds the clock: min {mhz(reading.min_hz, none='?')} < max {mhz(reading.max_hz, none='?')}")]
     if ours is not None and ours == reading.min_hz:
-        return [Check("holder", OK, f"min = max = {_mhz(ours)}: ftgovd's pin for "
+        return [Check("holder", OK, f"min = max = {mhz(ours, none='?')}: ftgovd's pin for "
                                     f"{len((ctx.status or {}).get('jobs') or [])} job(s)")]
-    return [Check("holder", FAIL, f"min = max = {_mhz(reading.min_hz)}, not ftgovd's pin: jetson_clocks (it copies "
+    return [Check("holder", FAIL, f"min = max = {mhz(reading.min_hz, none='?')}, not ftgovd's pin: jetson_clocks (it copies "
                                   "max_freq into min_freq), a crashed characterize, or another tool holds the clock; "
                                   "ftgovd would take this pin as the baseline to restore",
                   "sudo jetson_clocks --restore (after a jetson_clocks --store), or set the power mode again "
@@ -251,9 +248,9 @@ def check_nvpmodel(ctx: Context) -> list[Check]:
     if cap_hz is None:
         return [Check("power mode", OK, f"mode {mode} {name} (from {source}): no GPU cap")]
     top = ctx.gpu.levels_hz[-1] if ctx.gpu is not None else None
-    detail = f"mode {mode} {name} (from {source}): the GPU is capped at {_mhz(cap_hz)}"
+    detail = f"mode {mode} {name} (from {source}): the GPU is capped at {mhz(cap_hz, none='?')}"
     if top is not None and cap_hz < top:
-        return [Check("power mode", WARN, detail + f", below the table's top {_mhz(top)}: levels above the cap "
+        return [Check("power mode", WARN, detail + f", below the table's top {mhz(top, none='?')}: levels above the cap "
                                                    "are not reachable in this mode",
                       "for the full range choose a mode without a GPU cap (sudo nvpmodel -m 0 is MAXN on AGX Orin)")]
     return [Check("power mode", OK, detail)]
@@ -357,7 +354,7 @@ def check_model(ctx: Context) -> list[Check]:
                       f"{path} ({origin}) does not load: {e}; MLG falls back to a fixed frequency (FFG)",
                       "reinstall (make install) or point model_file in the config at an ftgov-tree/1 export")]
     return [Check("model", OK, f"{path} ({origin}): {len(tree.nodes)} nodes, source {tree.source}, leaves "
-                               f"{', '.join(f'{hz / 1e6:g}' for hz in tree.leaves_hz())} MHz (ftgovd reads it at start)")]
+                               f"{', '.join(mhz(hz, unit=False) for hz in tree.leaves_hz())} MHz (ftgovd reads it at start)")]
 
 
 def check_state(ctx: Context) -> list[Check]:
@@ -375,8 +372,8 @@ def check_state(ctx: Context) -> list[Check]:
     if state is None or not state.gpus:
         what = "no state file" if not state_file.path.exists() else "no pin recorded for this boot"
         return [Check("state", OK, f"{state_file.path}: {what}")]
-    pins = ", ".join(f"GPU {gid} pinned at {_mhz(g.pinned_hz)}, baseline {_mhz(g.baseline.min_hz)}.."
-                     f"{_mhz(g.baseline.max_hz)}" for gid, g in state.gpus.items())
+    pins = ", ".join(f"GPU {gid} pinned at {mhz(g.pinned_hz, none='?')}, baseline {mhz(g.baseline.min_hz, none='?')}.."
+                     f"{mhz(g.baseline.max_hz, none='?')}" for gid, g in state.gpus.items())
     if ctx.status is not None:
         return [Check("state", OK, f"{state_file.path}: {pins} (the running ftgovd's)")]
     return [Check("state", FAIL, f"{state_file.path}: {pins}, but ftgovd does not run: a crashed daemon left the pin",

@@ -14,6 +14,7 @@ from governor.cli.escape import printable
 from governor.cli.features import add_feature_arguments, features_from_args
 from governor.client import Connection
 from governor.errors import ConfigError, FtgovError
+from governor.units import mhz
 
 
 def add_parser(sub) -> None:
@@ -112,10 +113,6 @@ def _gpu_line(gpu: dict) -> str:
     load = gpu.get("load_pct")
     return (f"GPU {gpu.get('id')} {name}: {state}{baseline}; now {mhz(gpu.get('cur_hz'))}, limits "
             f"{mhz(gpu.get('min_hz'))}..{mhz(gpu.get('max_hz'))}, load {'?' if load is None else f'{load:.0f}%'}")
-
-
-def mhz(hz) -> str:
-    return "-" if hz is None else f"{hz / 1e6:g} MHz"
 
 
 def _duration(seconds) -> str:

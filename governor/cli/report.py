@@ -22,6 +22,7 @@ from pathlib import Path
 from governor.cli.escape import printable
 from governor.cli.history import add_store_arguments, load, parse_since
 from governor.errors import FtgovError
+from governor.units import mhz
 
 MAX_CURVE_PANELS = 12
 
@@ -156,8 +157,8 @@ def _summary(groups: list[dict], totals: dict, out: Path) -> None:
                      "seq_len": seq, "gpu_util": util, "jobs": len(members),
                      "tuned_jobs": sum(1 for j in members if j.windows),
                      "levels_measured": len(c.energy_j) if c else 0,
-                     "bracketed_minimum_mhz": f"{c.label_hz / 1e6:g}" if c and c.label_hz else "",
-                     "last_pick_mhz": f"{last / 1e6:g}" if last else "",
+                     "bracketed_minimum_mhz": mhz(c.label_hz, unit=False) if c and c.label_hz else "",
+                     "last_pick_mhz": mhz(last, unit=False) if last else "",
                      "mean_saved_pct": f"{100 * g['mean_saved']:.2f}" if g["mean_saved"] is not None else "",
                      "energy_j": f"{g['energy_j']:.1f}"})
     with (out / "summary.csv").open("w", newline="") as f:

@@ -16,6 +16,7 @@ from governor.client.connection import (
 )
 from governor.client.features import batch_tokens, check_features, resolve_features, visible_gpu
 from governor.errors import FtgovError
+from governor.units import mhz
 
 log = logging.getLogger("governor.client")
 
@@ -261,7 +262,7 @@ def describe_reply(reply: dict) -> str:
     if reply.get("policy"):
         parts.append(str(reply["policy"]))
     if reply.get("freq_hz"):
-        parts.append(f"{reply['freq_hz'] / 1e6:g} MHz")
+        parts.append(f"{mhz(reply['freq_hz'])}")
     if reply.get("duration_s") is not None:
         parts.append(f"{reply['duration_s']:.1f} s")
     if reply.get("steps") is not None:

@@ -29,6 +29,7 @@ from governor.daemon.ticks import Ticker, defer_on_loop
 from governor.errors import FtgovError, NodeNotFound
 from governor.policy import Policy
 from governor.sysfs import Root, trusted_root
+from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
 
@@ -153,7 +154,7 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[
     gpus, missing_why = probe_at_start(config, root, notifier)
     for gpu in gpus:
         log.info("GPU %s: %s, levels %s MHz", gpu.id, gpu.describe(),
-                 " ".join(f"{hz / 1e6:g}" for hz in gpu.levels_hz))
+                 " ".join(mhz(hz, unit=False) for hz in gpu.levels_hz))
     rails = rails_mod.discover(root)
     if rails is not None:
         (log.info if rails.energy_rails else log.warning)("power rails: %s; %s", ", ".join(rails.names),
@@ -229,7 +230,6 @@ def _recorder(config: Config, pins: PinController, gpus: list, root: Root):
         log.info("no measurement store (store.path %s)", "auto: no $STATE_DIRECTORY" if config.store.path else "null")
         return None
     from governor.daemon.recorder import Recorder, StoreWriter, board_identity
-
     from governor.daemon.starts import TuneStarts
 
     pins.recorder = Recorder(StoreWriter(path, config.store.max_jobs), pins,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Optional
 
 from governor.daemon import logs
 
@@ -16,13 +15,13 @@ SD_LISTEN_FDS_START = 3
 
 
 class Notifier:
-    def __init__(self, env: Optional[dict] = None):
+    def __init__(self, env: dict | None = None):
         env = os.environ if env is None else env
         addr = env.get("NOTIFY_SOCKET")
         if addr and addr.startswith("@"):
             addr = "\0" + addr[1:]  # abstract namespace
         self.addr = addr
-        self.sock: Optional[socket.socket] = None
+        self.sock: socket.socket | None = None
         usec = env.get("WATCHDOG_USEC")
         pid = env.get("WATCHDOG_PID")
         self.watchdog_s = int(usec) / 1e6 if usec and usec.isdigit() and (not pid or pid == str(os.getpid())) else None
@@ -53,7 +52,7 @@ class Notifier:
         self.send("STOPPING=1")
 
 
-def listen_fds(env: Optional[dict] = None) -> list[int]:
+def listen_fds(env: dict | None = None) -> list[int]:
     """File descriptors passed by systemd socket activation, meant for this process; unsets the variables."""
     env = os.environ if env is None else env
     if env.get("LISTEN_PID") != str(os.getpid()):

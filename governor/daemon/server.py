@@ -31,6 +31,7 @@ from governor.daemon.rpc import Methods, summary
 from governor.daemon.ticks import Ticker, defer_on_loop, status_line
 from governor.daemon.utilization import UtilizationSampler
 from governor.errors import LIMIT_EXCEEDED, PERMISSION_DENIED, FtgovError
+from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
 
@@ -134,7 +135,7 @@ class Server:
             return
         for gpu in gpus:
             log.info("GPU %s found: %s, levels %s MHz; governing it from now", gpu.id, gpu.describe(),
-                     " ".join(f"{hz / 1e6:g}" for hz in gpu.levels_hz))
+                     " ".join(mhz(hz, unit=False) for hz in gpu.levels_hz))
         self.pins.add_gpus(gpus)
 
     def _reload(self) -> None:

@@ -131,8 +131,8 @@ class JobTuner:
         state = self.tuner.state()
         log.info("%s: tune probe %d at %g MHz: %.4f J/step, %.4f s/step over %d steps -> %s", job.label(),
                  state["probes"], m.level_hz / 1e6, m.joules_per_step, m.seconds_per_step, m.measured_steps,
-                 f"converged on {self.tuner.best_hz / 1e6:g} MHz" if self.tuner.converged
-                 else f"next {self.session.level_hz / 1e6:g} MHz ({state['reason']})",
+                 f"converged on {mhz(self.tuner.best_hz)}" if self.tuner.converged
+                 else f"next {mhz(self.session.level_hz)} ({state['reason']})",
                  extra={**job.fields(), "TUNE_PROBE": state["probes"], "TUNE_LEVEL_HZ": m.level_hz,
                         "TUNE_J_PER_STEP": f"{m.joules_per_step:.6f}", "TUNE_S_PER_STEP": f"{m.seconds_per_step:.6f}"})
         if self.tuner.converged:

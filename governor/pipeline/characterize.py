@@ -21,13 +21,14 @@ import csv
 import json
 import signal
 import sys
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Protocol
+from typing import Protocol
 
+from governor.backends.rails import AGX_ORIN_RAILS, ENERGY_RAILS
 from governor.errors import FtgovError
 from governor.pipeline.measure import SettingMeasurement
-from governor.backends.rails import AGX_ORIN_RAILS, ENERGY_RAILS
 
 SETTING_MAXN = "maxn"
 SETTING_PINNED = "pinned"
@@ -219,8 +220,8 @@ def write_sidecar(csv_path: Path, meta: dict) -> None:
 
 
 def _run_simulated(args) -> int:
-    from governor.sim.gpu import SimulatedGpu
     from governor.sim.energy import OrinEnergyModel
+    from governor.sim.gpu import SimulatedGpu
 
     gpu = SimulatedGpu(OrinEnergyModel().levels_hz)
     workloads = select_workloads(args.suite, args.workload)

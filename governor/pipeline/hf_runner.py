@@ -19,9 +19,9 @@ import json
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from governor.errors import FtgovError
 from governor.pipeline.measure import SettingMeasurement
@@ -84,7 +84,7 @@ class RailSampler:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
-    def __enter__(self) -> "RailSampler":
+    def __enter__(self) -> RailSampler:
         # The first sample is taken here, on the caller's thread, so the measured span starts before the first step.
         self._first = self._sample()
         self._thread = threading.Thread(target=self._run, name="rail-sampler", daemon=True)

@@ -20,7 +20,7 @@ class SettingMeasurement:
     freq_time_s: float = 0.0
 
     @classmethod
-    def start(cls) -> "SettingMeasurement":
+    def start(cls) -> SettingMeasurement:
         return cls()
 
     def add_interval(self, duration_s: float, rails_mw: dict[str, float], util_pct: float | None,

@@ -17,14 +17,14 @@ settled) are taken from that simulation; they are then scored on the same sweep 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from governor.errors import FtgovError
 from governor.pipeline.dataset import Sweep
-from governor.pipeline.workloads import (characterization_workloads, held_out_workloads, make_workload,
-                                         model_by_name)
+from governor.pipeline.workloads import characterization_workloads, held_out_workloads, make_workload, model_by_name
 from governor.policy import Policy
 from governor.policy.ffg import read_ffg_hz
 from governor.policy.tree import DecisionTree
@@ -112,7 +112,7 @@ class Oracle:
         return Pick(sweep.optimum_hz)
 
 
-def _daemon_tuner_config() -> "TunerConfig":
+def _daemon_tuner_config() -> TunerConfig:
     from governor.daemon.config import TunerConfig  # pydantic: imported when a tuned job runs, not when `ftgov` starts
 
     return TunerConfig()

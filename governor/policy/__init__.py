@@ -19,6 +19,7 @@ from governor.backends.base import nearest_level
 from governor.errors import ModelError
 from governor.features import FEATURE_ORDER, Features
 from governor.policy.tree import DecisionTree, Split
+from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
 
@@ -75,7 +76,7 @@ class Policy:
             log.warning("MLG falls back to FFG at %.0f MHz: %s", ffg_freq_hz / 1e6, e)
             return cls(name, ffg_freq_hz, None, fallback_reason=str(e))
         log.info("MLG tree loaded from %s (source: %s, %d nodes, leaves %s MHz)", model_file, tree.source,
-                 len(tree.nodes), ", ".join(f"{hz / 1e6:g}" for hz in tree.leaves_hz()))
+                 len(tree.nodes), ", ".join(mhz(hz, unit=False) for hz in tree.leaves_hz()))
         return cls(name, ffg_freq_hz, tree)
 
     def needs_gpu_util(self, features: Features, policy: PolicyName | None = None) -> bool:
@@ -103,11 +104,11 @@ class Policy:
             why = "observe: no pin, the default governor runs"
             if self.tree is not None:
                 would = self.tree.decide(features)
-                why += f" (mlg would pick {nearest_level(levels_hz, would.freq_hz) / 1e6:g} MHz: {would.explain()})"
+                why += f" (mlg would pick {mhz(nearest_level(levels_hz, would.freq_hz))}: {would.explain()})"
             return Decision(name, None, why)
         if name is PolicyName.FFG or self.tree is None:
             level = nearest_level(levels_hz, self.ffg_freq_hz)
-            why = f"ffg: fixed {self.ffg_freq_hz / 1e6:g} MHz"
+            why = f"ffg: fixed {mhz(self.ffg_freq_hz)}"
             fell_back_to = None
             if name is not PolicyName.FFG:
                 why = f"{name} fell back to ffg ({self.fallback_reason}); " + why
@@ -120,7 +121,7 @@ class Policy:
 
 
 def _level_note(level_hz: int, wanted_hz: int) -> str:
-    return "" if level_hz == wanted_hz else f" (nearest level {level_hz / 1e6:g} MHz)"
+    return "" if level_hz == wanted_hz else f" (nearest level {mhz(level_hz)})"
 
 
 def combine(freqs_hz: list[int | None]) -> int | None:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from governor.errors import ModelError
 from governor.features import FEATURE_ORDER, MODEL_TYPE_CODES, Features
+from governor.units import mhz
 
 FORMAT = "ftgov-tree/1"
 
@@ -49,7 +50,7 @@ class TreeDecision:
     path: tuple[str, ...]  # human-readable tests taken from the root, e.g. ("num_layers=12 > 7", "seq_len=40 <= 53")
 
     def explain(self) -> str:
-        return " -> ".join(self.path) + f" -> {self.freq_hz / 1e6:g} MHz"
+        return " -> ".join(self.path) + f" -> {mhz(self.freq_hz)}"
 
 
 class DecisionTree:

@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from governor.units import mhz
 from tests.support.daemon import Daemon  # the launcher tests and benchmarks use: `make demo` runs in the checkout
 
 DEVFREQ = "sys/class/devfreq/17000000.gpu"
@@ -32,8 +33,8 @@ def say(text: str = "") -> None:
 def files(root: Path) -> str:
     node = root / DEVFREQ
     read = lambda name: int((node / name).read_text())  # noqa: E731
-    return (f"min_freq={read('min_freq') / 1e6:g} MHz  max_freq={read('max_freq') / 1e6:g} MHz  "
-            f"cur_freq={read('cur_freq') / 1e6:g} MHz")
+    return (f"min_freq={mhz(read('min_freq'))}  max_freq={mhz(read('max_freq'))}  "
+            f"cur_freq={mhz(read('cur_freq'))}")
 
 
 def settled(root: Path, cur_hz: int, timeout_s: float = 10.0) -> None:
@@ -78,7 +79,7 @@ def main() -> int:
         say("\n== 2. A fine-tuning job registers (BERT-base, 12 layers, hidden 768, ~40 tokens/sample)")
         with client.job(name="bert-base/mnli", socket=sock, report_every_s=0, **JOB) as job:
             reg = job.registration
-            say(f"   daemon chose {reg['freq_hz'] / 1e6:g} MHz with policy {reg['policy']}")
+            say(f"   daemon chose {mhz(reg['freq_hz'])} with policy {reg['policy']}")
             say(f"   why: {reg['reason']}")
             settled(root, reg["freq_hz"])
             say(f"   pinned: {files(root)}")
@@ -91,7 +92,7 @@ def main() -> int:
                     st = conn.call("status")
             j = st["jobs"][0]
             power = st["power_mw"] or {}
-            say(f"   status after {j['steps']} steps: job {j['job_id']} '{j['name']}' at {j['freq_hz'] / 1e6:g} MHz, "
+            say(f"   status after {j['steps']} steps: job {j['job_id']} '{j['name']}' at {mhz(j['freq_hz'])}, "
                 f"GPU load {st['gpus'][0]['load_pct']:.1f}%, energy so far {j['energy_j']:.2f} J")
             say("   rails: " + ", ".join(f"{k} {v / 1000:.2f} W" for k, v in sorted(power.items())))
         res = job.result
@@ -106,14 +107,14 @@ def main() -> int:
         maxn = model.expected(w, None)
         pinned = model.expected(w, reg["freq_hz"])
         say(f"   MAXN (load-following default governor): {maxn.energy_j:.3f} J/step, {maxn.time_s * 1e3:.0f} ms/step")
-        say(f"   pinned at {reg['freq_hz'] / 1e6:g} MHz:                  {pinned.energy_j:.3f} J/step, "
+        say(f"   pinned at {mhz(reg['freq_hz'])}:                  {pinned.energy_j:.3f} J/step, "
             f"{pinned.time_s * 1e3:.0f} ms/step")
         say(f"   energy saved: {100 * (1 - pinned.energy_j / maxn.energy_j):.1f}%  "
             f"(time {100 * (pinned.time_s / maxn.time_s - 1):+.1f}%)")
 
         say("\n== 5. The online tuner (policy tune): measure energy per step from the rails, find the minimum")
         with client.job(name="bert-base/mnli (tuned)", socket=sock, tune=True, report_every_s=0, **JOB) as tjob:
-            say(f"   starts at MLG's pick, {tjob.registration['freq_hz'] / 1e6:g} MHz; steps take as long as the "
+            say(f"   starts at MLG's pick, {mhz(tjob.registration['freq_hz'])}; steps take as long as the "
                 "energy model says at the pinned clock")
             simjob.run(Root(root), tjob, w, 150, time_scale=0.15)
             with client.Connection(sock) as conn:
@@ -122,7 +123,7 @@ def main() -> int:
             say(f"   measured {e['freq_hz'] / 1e6:6g} MHz: {e['joules_per_step']:.3f} J/step over "
                 f"{e['windows']} window(s) (steps run at 0.15x wall time)")
         oracle = min(model.levels_hz, key=lambda hz: model.expected(w, hz).energy_j)
-        say(f"   {t['reason']}: {t['freq_hz'] / 1e6:g} MHz (the model's true minimum: {oracle / 1e6:g} MHz)")
+        say(f"   {t['reason']}: {mhz(t['freq_hz'])} (the model's true minimum: {mhz(oracle)})")
         if tjob.result and tjob.result.get("saved_pct") is not None:
             say(f"   measured: saved {tjob.result['saved_pct']:g}% energy per step vs the default governor, over "
                 f"{tjob.result['saved_measured_steps']} steps (the model says "
