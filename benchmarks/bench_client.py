@@ -67,7 +67,8 @@ def main() -> int:
         rows.append(("job.observe_batch(), measuring (32x128 mask)",
                      f"{per_call_ns(lambda: measuring.observe_batch(batch), 20_000) / 1e3:.1f} us"))
         with governor.job(**FEATURES, socket=sock) as job:
-            rows.append(("job.observe_batch(), seq_len known", f"{per_call_ns(lambda: job.observe_batch(batch), 1_000_000):.0f} ns"))
+            observe_ns = per_call_ns(lambda: job.observe_batch(batch), 1_000_000)
+            rows.append(("job.observe_batch(), seq_len known", f"{observe_ns:.0f} ns"))
 
         def round_trip():
             with governor.job(**FEATURES, socket=sock):

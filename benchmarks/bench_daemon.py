@@ -9,7 +9,8 @@
   (the daemon sends it right after the restore's read-back).
 - idle CPU time over 30 s, RSS after the load, start -> READY=1 and start -> first answered ping (the package
   byte-compiled first, as an install leaves it).
-Targets (the README's figures table): p99 <= 5 ms (1 client), <= 20 ms (50 clients), SIGKILL restore p99 <= 50 ms, idle CPU <= 10 ms
+Targets (the README's figures table): p99 <= 5 ms (1 client), <= 20 ms (50 clients), SIGKILL restore p99 <= 50 ms,
+idle CPU <= 10 ms
 over 30 s, RSS <= 40 MB, start -> accepting <= 0.5 s.
 """
 

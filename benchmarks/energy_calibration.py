@@ -38,7 +38,8 @@ def main() -> None:
               f"| {maxn.mean_freq_hz / 1e6:.0f} | {maxn.gpu_util_pct:.0f} | {energy[best].time_s * 1e3:.0f} |")
     print()
     print(f"savings vs MAXN, models > 70M: mean {statistics.mean(big):.1f}%, range {min(big):.1f}..{max(big):.1f}")
-    print(f"savings vs MAXN, models <= 70M: mean {statistics.mean(small):.1f}%, range {min(small):.1f}..{max(small):.1f}")
+    print(f"savings vs MAXN, models <= 70M: mean {statistics.mean(small):.1f}%, "
+          f"range {min(small):.1f}..{max(small):.1f}")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from figures import markdown_table, pct  # noqa: E402  (benchmarks/ is on sys.path when a script here runs)
+
 from governor.sim import tree  # noqa: E402
 from tests.support.daemon import DEVFREQ, FEATURES, Daemon, Rpc, limits  # noqa: E402
 from tests.support.faults import BASELINE, kill_trial  # noqa: E402
@@ -73,7 +74,8 @@ def fuzz(examples: int) -> dict:
 
 _ZYGOTE = r"""
 import json, os, signal, sys
-import governor.daemon.main, governor.daemon.server, governor.daemon.pins, governor.policy, governor.backends.devfreq, governor.backends.rails
+import governor.daemon.main, governor.daemon.server, governor.daemon.pins, governor.policy
+import governor.backends.devfreq, governor.backends.rails
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel; the driver waits on pidfds
 for req in sys.stdin:
     req = json.loads(req)
@@ -247,7 +249,8 @@ while True:
     i += 1
     f.write(json.dumps({"jsonrpc": "2.0", "id": i, "method": "register", "params": p}).encode() + b"\n"); f.flush()
     job = json.loads(f.readline())["result"]["job_id"]
-    f.write(json.dumps({"jsonrpc": "2.0", "id": i, "method": "unregister", "params": {"job_id": job}}).encode() + b"\n"); f.flush()
+    f.write(json.dumps({"jsonrpc": "2.0", "id": i, "method": "unregister", "params": {"job_id": job}}).encode() + b"\n")
+    f.flush()
     f.readline()
 """
 
@@ -392,7 +395,8 @@ def table(r: dict) -> str:
                      f"client processes SIGKILLed; jobs left {ld['jobs_left']}; files {ld['files_after']} "
                      + ("**pass**" if ld["jobs_left"] == 0 and ld["baseline_ok"] else "**FAIL**")))
         rows.append(("load: latency", "reported", f"{2 * ld['cycles'] / ld['wall_s']:,.0f} requests/s with "
-                     f"{ld['clients']} in flight (so each waits behind the others); register p50 {ld['register_p50_ms']:.2f} ms, p99 "
+                     f"{ld['clients']} in flight (so each waits behind the others); "
+                     f"register p50 {ld['register_p50_ms']:.2f} ms, p99 "
                      f"{ld['register_p99_ms']:.2f} ms; unregister p50 {ld['unregister_p50_ms']:.2f} ms, p99 "
                      f"{ld['unregister_p99_ms']:.2f} ms"))
         growth = ld["rss_end_mb"] - (ld["rss_warm_mb"] or ld["rss_start_mb"])

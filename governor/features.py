@@ -1,8 +1,8 @@
 """The workload features the policy decides on, shared by the daemon, the clients and the model pipeline.
 
 One module, so the trainer and the daemon cannot drift apart: the order and encoding of the tree's inputs live here.
-The five features are those of the paper's tree (docs/energy-model.md): model type, GPU utilization, layers, hidden size and average
-sequence length (tokens per sample, not the padded length).
+The five features are those of the paper's tree (docs/energy-model.md): model type, GPU utilization, layers, hidden
+size and average sequence length (tokens per sample, not the padded length).
 """
 
 from __future__ import annotations

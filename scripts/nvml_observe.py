@@ -78,7 +78,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # ---- the daemon, spoken to in its own protocol (one JSON object per line) ----
 class Daemon:
-    """ftgovd in the observe policy with the NVML backend, on a private socket and state dir, its log under the output."""
+    """ftgovd in the observe policy with the NVML backend, on a private socket and state dir, its log under the
+    output."""
 
     def __init__(self, out: Path):
         from tests.support.daemon import Daemon as Launcher  # from the checkout, as this script runs

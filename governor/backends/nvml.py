@@ -139,7 +139,7 @@ class NvmlGpu(GpuBase):
             raise BackendError(f"GPU {index} ({self.name}) reports no graphics clocks at {self.memory_clock_mhz} MHz")
         self.supported_hz: tuple[int, ...] = tuple(sorted({int(m) * MHZ for m in graphics_mhz}))
         self.levels_hz: tuple[int, ...] = coarse_levels(self.supported_hz, level_count)
-        gaps = [b - a for a, b in zip(self.supported_hz, self.supported_hz[1:])]
+        gaps = [b - a for a, b in zip(self.supported_hz, self.supported_hz[1:], strict=False)]
         # A locked GPU may read a clock one table step off the lock; more than that above it means no lock.
         self._clock_tolerance_hz = max(gaps, default=0)
         # NVML cannot read a lock back, so the range this process last locked (min, max) is the only record of it.

@@ -167,7 +167,8 @@ def write_back(gpu) -> Check:
         return Check("pin", FAIL, f"root write test: {e}", "check the kernel log (dmesg) and SELinux/AppArmor")
     if after != before:
         return Check("pin", FAIL, f"root write test: wrote back {before.min_hz}..{before.max_hz} Hz, reads "
-                                  f"{after.min_hz}..{after.max_hz} Hz", "something else writes the limits: see 'holder'")
+                                  f"{after.min_hz}..{after.max_hz} Hz",
+                     "something else writes the limits: see 'holder'")
     return Check("pin", OK, f"root write test (ftgovd stopped): wrote back min {mhz(before.min_hz, none='?')} and max "
                             f"{mhz(before.max_hz, none='?')}; they read back the same")
 
@@ -180,11 +181,13 @@ def check_holder(ctx: Context) -> list[Check]:
     gpu_status = next(iter((ctx.status or {}).get("gpus") or []), {})
     ours = gpu_status.get("pinned_hz")
     if reading.min_hz != reading.max_hz:
-        return [Check("holder", OK, f"nothing holds the clock: min {mhz(reading.min_hz, none='?')} < max {mhz(reading.max_hz, none='?')}")]
+        return [Check("holder", OK, f"nothing holds the clock: min {mhz(reading.min_hz, none='?')} "
+                                    f"< max {mhz(reading.max_hz, none='?')}")]
     if ours is not None and ours == reading.min_hz:
         return [Check("holder", OK, f"min = max = {mhz(ours, none='?')}: ftgovd's pin for "
                                     f"{len((ctx.status or {}).get('jobs') or [])} job(s)")]
-    return [Check("holder", FAIL, f"min = max = {mhz(reading.min_hz, none='?')}, not ftgovd's pin: jetson_clocks (it copies "
+    return [Check("holder", FAIL, f"min = max = {mhz(reading.min_hz, none='?')}, not ftgovd's pin: "
+                                  "jetson_clocks (it copies "
                                   "max_freq into min_freq), a crashed characterize, or another tool holds the clock; "
                                   "ftgovd would take this pin as the baseline to restore",
                   "sudo jetson_clocks --restore (after a jetson_clocks --store), or set the power mode again "
@@ -250,7 +253,8 @@ def check_nvpmodel(ctx: Context) -> list[Check]:
     top = ctx.gpu.levels_hz[-1] if ctx.gpu is not None else None
     detail = f"mode {mode} {name} (from {source}): the GPU is capped at {mhz(cap_hz, none='?')}"
     if top is not None and cap_hz < top:
-        return [Check("power mode", WARN, detail + f", below the table's top {mhz(top, none='?')}: levels above the cap "
+        return [Check("power mode", WARN, detail + f", below the table's top {mhz(top, none='?')}: "
+                                                   "levels above the cap "
                                                    "are not reachable in this mode",
                       "for the full range choose a mode without a GPU cap (sudo nvpmodel -m 0 is MAXN on AGX Orin)")]
     return [Check("power mode", OK, detail)]
@@ -354,7 +358,8 @@ def check_model(ctx: Context) -> list[Check]:
                       f"{path} ({origin}) does not load: {e}; MLG falls back to a fixed frequency (FFG)",
                       "reinstall (make install) or point model_file in the config at an ftgov-tree/1 export")]
     return [Check("model", OK, f"{path} ({origin}): {len(tree.nodes)} nodes, source {tree.source}, leaves "
-                               f"{', '.join(mhz(hz, unit=False) for hz in tree.leaves_hz())} MHz (ftgovd reads it at start)")]
+                               f"{', '.join(mhz(hz, unit=False) for hz in tree.leaves_hz())} MHz "
+                               "(ftgovd reads it at start)")]
 
 
 def check_state(ctx: Context) -> list[Check]:

@@ -121,7 +121,7 @@ def label_hz(sweep: Sweep) -> int:
     log_e = [math.log(sweep.energy_j[f]) for f in levels]
     smoothed = []
     for i in range(len(levels)):
-        pairs = [(w, log_e[j]) for j, w in zip((i - 1, i, i + 1), SMOOTHING) if 0 <= j < len(levels)]
+        pairs = [(w, log_e[j]) for j, w in zip((i - 1, i, i + 1), SMOOTHING, strict=False) if 0 <= j < len(levels)]
         smoothed.append(sum(w * v for w, v in pairs) / sum(w for w, _ in pairs))
     return levels[min(range(len(levels)), key=lambda i: (smoothed[i], i))]
 

@@ -2,9 +2,9 @@
 
 Every policy is scored on the same measurements: its picked level's row of the held-out CSV (per-step energy over
 VDD_GPU_SOC + VDD_CPU_CV + VIN_SYS_5V0, and per-step time), MAXN's own row for MAXN. The online tuner ("tune":
-MLG's pick, then governor/policy/tuner.py on noisy windows from the energy model, as the daemon runs it) is scored over a
-whole job of --job-steps steps: the steps it spent at each level while profiling, at those levels' rows, and the rest
-at the level it converged on. ``--json`` prints
+MLG's pick, then governor/policy/tuner.py on noisy windows from the energy model, as the daemon runs it) is scored
+over a whole job of --job-steps steps: the steps it spent at each level while profiling, at those levels' rows, and
+the rest at the level it converged on. ``--json`` prints
 
     {"workloads": [{"name", "model", "task",
                     "policies": {"maxn"|"ffg"|"paper"|"mlg"|"tune"|"oracle": {"freq_hz", "energy_j", "time_s"}}}],
@@ -78,8 +78,8 @@ def summary(sweeps: list[Sweep], results, names: list[str], truth: dict | None =
     out = {}
     for name in names:
         sav = [savings_pct(s, results[s.workload][name]) for s in sweeps]
-        big = [v for s, v in zip(sweeps, sav) if s.params_m > SMALL_MODEL_PARAMS_M]
-        small = [v for s, v in zip(sweeps, sav) if s.params_m <= SMALL_MODEL_PARAMS_M]
+        big = [v for s, v in zip(sweeps, sav, strict=False) if s.params_m > SMALL_MODEL_PARAMS_M]
+        small = [v for s, v in zip(sweeps, sav, strict=False) if s.params_m <= SMALL_MODEL_PARAMS_M]
         slow = [results[s.workload][name].time_s / s.maxn_time_s - 1 for s in sweeps]
         regret = [100 * (results[s.workload][name].energy_j / s.energy_j[s.optimum_hz] - 1) for s in sweeps]
         profiled = [results[s.workload][name].profiled_steps for s in sweeps]
@@ -163,7 +163,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("evaluate", help="compare MAXN, FFG, the paper's tree, the trained MLG, the online "
                               "tuner and the oracle",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=MODEL_DIR / "data" / "held-out.csv", help="held-out characterization CSV")
+    p.add_argument("--data", type=Path, default=MODEL_DIR / "data" / "held-out.csv",
+                   help="held-out characterization CSV")
     p.add_argument("--mlg-tree", type=Path, default=data.path(data.MLG_TREE), help="default: the shipped tree")
     p.add_argument("--paper-tree", type=Path, default=data.path(data.PAPER_TREE))
     p.add_argument("--ffg", type=Path, default=data.path(data.FFG),

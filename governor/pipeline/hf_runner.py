@@ -2,7 +2,8 @@
 
 UNTESTED ON A JETSON. The loop, the GLUE reader, the rail sampling and the pinning run in the test suite on CPU against
 a simulated Orin sysfs tree (tests/pipeline/test_pipeline_hf.py); the CUDA parts (fp16 autocast, the gradient scaler,
-torch.cuda.synchronize) and the real INA3221/devfreq files have never run on a board. Treat its first run there as a test.
+torch.cuda.synchronize) and the real INA3221/devfreq files have never run on a board. Treat its first run there as a
+test.
 
 The GLUE copy is read with the standard library, in the layout of GLUE's own distribution (one directory per task,
 ``train.tsv`` as written by the GLUE download script), or as ``train.jsonl`` with the Hugging Face ``glue`` columns.

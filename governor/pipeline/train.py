@@ -69,14 +69,14 @@ def loocv(sweeps: list[Sweep], params: dict, seed: int, labels: Labels | None = 
         keep = np.arange(len(sweeps)) != i
         est = make_estimator(params, seed).fit(X[keep], y[keep])
         preds.append(int(est.predict(X[i : i + 1])[0]))
-    regrets = [s.regret_pct(p) for s, p in zip(sweeps, preds)]
-    accuracy = float(np.mean([p == label for p, label in zip(preds, y)]))
+    regrets = [s.regret_pct(p) for s, p in zip(sweeps, preds, strict=False)]
+    accuracy = float(np.mean([p == label for p, label in zip(preds, y, strict=False)]))
     return CvResult(dict(params), accuracy, float(np.mean(regrets)), float(np.max(regrets)), tuple(preds))
 
 
 def grid() -> list[dict]:
     keys = sorted(PARAM_GRID)
-    return [dict(zip(keys, values)) for values in itertools.product(*(PARAM_GRID[k] for k in keys))]
+    return [dict(zip(keys, values, strict=False)) for values in itertools.product(*(PARAM_GRID[k] for k in keys))]
 
 
 def search(sweeps: list[Sweep], seed: int, n_jobs: int = 1,
@@ -121,10 +121,11 @@ def run_fit(data: Path, dataset_path: Path, estimator_path: Path, report_path: P
         "data": str(data.name), "data_sha256": dataset.sha256(data), "seed": seed,
         "params": best.params, "loocv_accuracy": round(best.accuracy, 4),
         "loocv_mean_regret_pct": round(best.mean_regret_pct, 3), "loocv_max_regret_pct": round(best.max_regret_pct, 3),
-        "loocv_predictions_hz": {s.workload: p for s, p in zip(sweeps, best.predictions_hz)},
+        "loocv_predictions_hz": {s.workload: p for s, p in zip(sweeps, best.predictions_hz, strict=False)},
         "label_hz": {s.workload: labels[s.workload] for s in sweeps},
         "raw_optimum_hz": {s.workload: s.optimum_hz for s in sweeps},
-        "loocv_raw_optimum_hit_rate": round(sum(p == s.optimum_hz for s, p in zip(sweeps, best.predictions_hz))
+        "loocv_raw_optimum_hit_rate": round(sum(p == s.optimum_hz
+                                                for s, p in zip(sweeps, best.predictions_hz, strict=True))
                                             / len(sweeps), 4),
         "train_accuracy": round(float(estimator.score(*design(sweeps, labels))), 4),
         "n_leaves": int(estimator.get_n_leaves()), "depth": int(estimator.get_depth()),

@@ -1,8 +1,9 @@
 """The paper's model and task catalogue, as simulated workloads.
 
-Shapes follow the paper's models (docs/energy-model.md); BERT-xLarge's shape is not given there: we use 36 layers x 1280 hidden (about 0.75 B
-parameters), between BERT-large and a 1 B model. Average sequence lengths are the paper's guides (BERT word pieces,
-pair tasks counting both parts); where it gives a range (SST-2 13-25) we take a value inside it.
+Shapes follow the paper's models (docs/energy-model.md); BERT-xLarge's shape is not given there: we use 36 layers x
+1280 hidden (about 0.75 B parameters), between BERT-large and a 1 B model. Average sequence lengths are the paper's
+guides (BERT word pieces, pair tasks counting both parts); where it gives a range (SST-2 13-25)
+we take a value inside it.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ MODELS: tuple[ModelShape, ...] = (
     ModelShape("pythia-1b", "decoder", 16, 2048),
 )
 
-# Average tokens per sample (the paper's figures). Decoders see a few more tokens (GPT-NeoX BPE splits GLUE text a little finer
-# than BERT word pieces and there is no [CLS]/[SEP]; net about +5%): unverified, a guide for the simulation only.
+# Average tokens per sample (the paper's figures). Decoders see a few more tokens (GPT-NeoX BPE splits GLUE text a
+# little finer than BERT word pieces and there is no [CLS]/[SEP]; net about +5%): unverified, a guide for the
+# simulation only.
 TASK_SEQ_LEN: dict[str, float] = {
     "sst2": 22.0, "qnli": 50.0, "mrpc": 53.0,  # characterization
     "qqp": 30.0, "rte": 70.0, "cola": 11.0, "stsb": 31.0, "mnli": 40.0, "wnli": 38.0,  # held out

@@ -1,4 +1,5 @@
-"""The NVML backend against the fake pynvml (tests/support/fakenvml): probing, levels, pin/restore, power cap, errors, reads."""
+"""The NVML backend against the fake pynvml (tests/support/fakenvml): probing, levels, pin/restore, power cap, errors,
+reads."""
 
 from __future__ import annotations
 

@@ -7,12 +7,11 @@ import threading
 
 import pytest
 
-from tests.support.daemon import limits
-
 from governor.cli import build_parser
 from governor.cli.doctor import refuse_while_daemon_runs
 from governor.errors import FtgovError
 from governor.pipeline import characterize
+from tests.support.daemon import limits
 
 
 def hardware_args(orin, tmp_path):

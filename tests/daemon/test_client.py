@@ -20,8 +20,17 @@ import pytest
 import torch
 
 from governor import client
-from governor.client import (Connection, DaemonUnavailable, GovernorWarning, InvalidParams, NotPermitted, RpcError,
-                             SocketPermissionError, batch_tokens, job)
+from governor.client import (
+    Connection,
+    DaemonUnavailable,
+    GovernorWarning,
+    InvalidParams,
+    NotPermitted,
+    RpcError,
+    SocketPermissionError,
+    batch_tokens,
+    job,
+)
 from tests.support import REPO
 
 BERT_TINY = {"model_type": "bert", "num_hidden_layers": 2, "hidden_size": 32}
@@ -253,7 +262,7 @@ def test_permission_denied_names_the_group(daemon):
     # Import as root (the interpreter lives under /root), then become nobody before connecting.
     code = ("import os\nfrom governor.client import Connection, SocketPermissionError\n"
             "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
-            "try:\n    Connection(%r)\nexcept SocketPermissionError as e:\n    print(e)\n" % daemon.path)
+            f"try:\n    Connection({daemon.path!r})\nexcept SocketPermissionError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"PYTHONPATH": str(REPO)}, timeout=60)
     assert "permission denied" in out.stdout and "group 'ftgov'" in out.stdout, out.stderr

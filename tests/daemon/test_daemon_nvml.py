@@ -6,9 +6,8 @@ import os
 import pytest
 
 from governor.daemon import store
-from tests.support.daemon import FEATURES, REPO
 from tests.support import FAKENVML_DIR as FAKE_DIR
-
+from tests.support.daemon import FEATURES, REPO
 
 
 @pytest.fixture

@@ -118,7 +118,8 @@ def test_limits_changed_under_a_pin_are_left_alone_with_stand_down(orin, start_d
         c.call("unregister", job_id=job)
         d.wait_jobs(0)
         assert limits(orin) == theirs  # their change is not undone when our job ends
-        assert [e for e in watch.drain() if e[0] in ("min_freq", "max_freq")] == [], "the daemon wrote after standing down"
+        writes = [e for e in watch.drain() if e[0] in ("min_freq", "max_freq")]
+        assert writes == [], "the daemon wrote after standing down"
     finally:
         watch.close()
     assert c.call("register", **FEATURES)["freq_hz"] == 714000000  # with no job left it governs again
@@ -154,7 +155,8 @@ def tiny_tmpfs(tmp_path):
     mnt.mkdir()
     proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mnt)], capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a 16 KiB tmpfs for a full state dir (needs root/CAP_SYS_ADMIN): {proc.stderr.strip()}")
+        pytest.skip("cannot mount a 16 KiB tmpfs for a full state dir (needs root/CAP_SYS_ADMIN): "
+                    f"{proc.stderr.strip()}")
     yield mnt
     subprocess.run(["umount", "-l", str(mnt)], check=False)
 

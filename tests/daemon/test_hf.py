@@ -11,8 +11,15 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
-from transformers import (BertConfig, BertForSequenceClassification, BertTokenizer, DataCollatorWithPadding,  # noqa: E402
-                          Trainer, TrainerCallback, TrainingArguments)
+from transformers import (  # noqa: E402
+    BertConfig,
+    BertForSequenceClassification,
+    BertTokenizer,
+    DataCollatorWithPadding,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 from governor.client import GovernorWarning, find_hf_config  # noqa: E402
 from governor.features import from_hf_config  # noqa: E402

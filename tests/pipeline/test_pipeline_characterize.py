@@ -9,12 +9,12 @@ import json
 
 import pytest
 
+from governor.backends.rails import ENERGY_RAILS
 from governor.errors import FtgovError
 from governor.pipeline import characterize as ch
-from governor.sim.gpu import SimulatedGpu
 from governor.pipeline.workloads import characterization_workloads, held_out_workloads
-from governor.backends.rails import ENERGY_RAILS
 from governor.sim.energy import OrinEnergyModel
+from governor.sim.gpu import SimulatedGpu
 from tests.support import REPO
 
 PROV = ch.Provenance("simulated", OrinEnergyModel.VERSION, 0)

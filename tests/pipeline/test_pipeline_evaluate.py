@@ -15,8 +15,8 @@ from governor.errors import FtgovError
 from governor.pipeline import dataset
 from governor.pipeline import evaluate as ev
 from governor.pipeline.policies import Pick, TuneSettings, build_policies, model_energy_j, simulated_workload
-from governor.sim.tuned_job import run_tuned_job
 from governor.policy.tree import DecisionTree
+from governor.sim.tuned_job import run_tuned_job
 from tests.support import REPO
 
 MODEL = REPO / "model"
@@ -28,7 +28,8 @@ def parse(argv):
     parser = argparse.ArgumentParser()
     ev.add_parser(parser.add_subparsers())
     args = parser.parse_args(["evaluate", "--data", str(MODEL / "data" / "held-out.csv"),
-                              "--mlg-tree", str(MODEL / "mlg-tree.json"), "--paper-tree", str(MODEL / "paper-tree.json"),
+                              "--mlg-tree", str(MODEL / "mlg-tree.json"),
+                              "--paper-tree", str(MODEL / "paper-tree.json"),
                               "--ffg", str(MODEL / "ffg.json"), *argv])
     return args
 

@@ -22,10 +22,10 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from governor.backends.devfreq import probe  # noqa: E402
+from governor.backends.rails import AGX_ORIN_RAILS, ENERGY_RAILS, discover  # noqa: E402
 from governor.errors import FtgovError  # noqa: E402
 from governor.pipeline import characterize as ch  # noqa: E402
 from governor.pipeline.hf_runner import HfTask, HfTrainingRunner  # noqa: E402
-from governor.backends.rails import AGX_ORIN_RAILS, ENERGY_RAILS, discover  # noqa: E402
 from governor.sim import tree  # noqa: E402
 
 WORDS = ["good", "bad", "movie", "plot", "actor", "great", "awful", "fun", "dull", "story", "the", "a", "was", "very",
@@ -62,7 +62,7 @@ def glue(tmp_path_factory):
     (sst2 / "train.tsv").write_text("\n".join(rows) + "\n")
     rte = base / "RTE"
     rte.mkdir()
-    pairs = zip(sentences(48, 1), sentences(48, 2))
+    pairs = zip(sentences(48, 1), sentences(48, 2), strict=False)
     rows = ["index\tsentence1\tsentence2\tlabel"] + [
         f"{i}\t{a}\t{b}\t{'entailment' if i % 3 else 'not_entailment'}" for i, (a, b) in enumerate(pairs)]
     (rte / "train.tsv").write_text("\n".join(rows) + "\n")

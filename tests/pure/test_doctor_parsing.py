@@ -13,7 +13,6 @@ from governor.cli import doctor
 from tests.support import NVPMODEL_CONF
 
 
-
 def test_l4t_release():
     assert doctor.l4t_release("# R36 (release), REVISION: 4.3, GCID: 38968081, BOARD: generic") == (36, "R36.4.3")
     assert doctor.l4t_release("# R35 (release), REVISION: 4.1, GCID: 33958178") == (35, "R35.4.1")

@@ -9,9 +9,14 @@ import statistics
 
 import pytest
 
-from governor.pipeline.workloads import (MODELS, characterization_workloads, held_out_workloads, make_workload,
-                                         model_by_name)
 from governor.backends.rails import ENERGY_RAILS
+from governor.pipeline.workloads import (
+    MODELS,
+    characterization_workloads,
+    held_out_workloads,
+    make_workload,
+    model_by_name,
+)
 from governor.sim.energy import OrinEnergyModel, Workload
 
 MHZ = 1_000_000
@@ -50,16 +55,16 @@ def test_energy_is_u_shaped_with_minimum_between_510_and_816_mhz(model, w):
     i = energy.index(min(energy))
     assert 510 * MHZ <= model.levels_hz[i] <= 816 * MHZ
     # U: falls to the minimum, rises after it (a flat step of <0.5% counts as level, not a second dip)
-    assert all(a >= b * 0.995 for a, b in zip(energy[:i], energy[1 : i + 1]))
-    assert all(b >= a * 0.995 for a, b in zip(energy[i:], energy[i + 1 :]))
+    assert all(a >= b * 0.995 for a, b in zip(energy[:i], energy[1 : i + 1], strict=False))
+    assert all(b >= a * 0.995 for a, b in zip(energy[i:], energy[i + 1 :], strict=False))
     assert energy[0] > 1.1 * energy[i] and energy[-1] > 1.3 * energy[i]
 
 
 @pytest.mark.parametrize("w", CHAR, ids=lambda w: w.name)
 def test_time_falls_and_power_rises_with_frequency(model, w):
     samples = [model.expected(w, f) for f in model.levels_hz]
-    assert all(a.time_s >= b.time_s for a, b in zip(samples, samples[1:]))
-    assert all(a.power_mw < b.power_mw for a, b in zip(samples, samples[1:]))
+    assert all(a.time_s >= b.time_s for a, b in zip(samples, samples[1:], strict=False))
+    assert all(a.power_mw < b.power_mw for a, b in zip(samples, samples[1:], strict=False))
 
 
 @pytest.mark.parametrize("task", ["sst2", "qnli", "mrpc", "cola", "rte"])

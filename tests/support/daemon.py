@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 import yaml
 
@@ -80,10 +79,10 @@ class Daemon:
     ``python_args`` go before ``-m governor.daemon`` (a profiler, say); ``python`` is the interpreter (another
     venv's, to run an installed ftgov: then pass env={"PYTHONPATH": ""} so that the checkout is not imported)."""
 
-    def __init__(self, root: Optional[Path], workdir: Optional[Path] = None, config: Optional[dict] = None,
+    def __init__(self, root: Path | None, workdir: Path | None = None, config: dict | None = None,
                  extra_args: tuple[str, ...] = (), simulate: bool = False, notify_name: str = "n.sock",
-                 env: Optional[dict] = None, *, test_config: bool = True, config_file: Optional[str] = None,
-                 state_dir: Optional[Path] = None, log_path: Optional[Path] = None, log_level: str = "debug",
+                 env: dict | None = None, *, test_config: bool = True, config_file: str | None = None,
+                 state_dir: Path | None = None, log_path: Path | None = None, log_level: str = "debug",
                  python_args: tuple[str, ...] = (), python: str = sys.executable):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ftg", dir="/tmp"))  # short: AF_UNIX paths <= 107
         self.root = root
@@ -103,8 +102,8 @@ class Daemon:
         self.log_level = log_level
         self.python_args = python_args
         self.python = python
-        self.proc: Optional[subprocess.Popen] = None
-        self.pidfd: Optional[int] = None
+        self.proc: subprocess.Popen | None = None
+        self.pidfd: int | None = None
 
     def command(self) -> list[str]:
         cmd = [self.python, *self.python_args, "-m", "governor.daemon", "--config", str(self.config_path),
@@ -116,7 +115,7 @@ class Daemon:
             cmd += ["--sysfs-root", str(self.root)]
         return cmd
 
-    def start(self, wait: bool = True, timeout_s: float = 20.0) -> "Daemon":
+    def start(self, wait: bool = True, timeout_s: float = 20.0) -> Daemon:
         env = {**os.environ, "NOTIFY_SOCKET": self.notify_path, "PYTHONPATH": str(REPO), **self.env}
         env.pop("INVOCATION_ID", None)
         env.pop("JOURNAL_STREAM", None)
@@ -161,7 +160,7 @@ class Daemon:
         except OSError:
             return ""
 
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> Optional[int]:
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> int | None:
         if self.proc is None:
             return None
         if self.proc.poll() is None:

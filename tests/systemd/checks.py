@@ -258,7 +258,8 @@ def check_stop_restores() -> None:
 
 
 def check_restore_on_stop_false() -> None:
-    """restore_on_stop: false leaves the pin at stop (ExecStopPost's restore --on-stop honours it); by hand it restores."""
+    """restore_on_stop: false leaves the pin at stop (ExecStopPost's restore --on-stop honours it); by hand it
+    restores."""
     default = CI_CONFIG.read_text()
     expect("\nrestore_on_stop: true\n" in default, "the config has no `restore_on_stop: true` line")
     CI_CONFIG.write_text(default.replace("\nrestore_on_stop: true\n", "\nrestore_on_stop: false\n"))

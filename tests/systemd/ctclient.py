@@ -1,6 +1,7 @@
 """A stdlib-only ftgovd client for the container checks (the container's /usr/bin/python3 has no ftgov installed in it).
 
-    python3 ctclient.py call METHOD [PARAMS_JSON]   one request; prints the reply's JSON; exit 3 if connecting is refused
+    python3 ctclient.py call METHOD [PARAMS_JSON]   one request; prints the reply's JSON; exit 3 if connecting
+                                                     is refused
     python3 ctclient.py job RESULT_FILE NAME        register a job with this process, write the reply to RESULT_FILE,
                                                     tell systemd READY=1 (so `systemd-run -p Type=notify` returns only
                                                     once the job is registered), then live until killed

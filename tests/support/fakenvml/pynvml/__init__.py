@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import string
 import sys
-from typing import Optional
 
 from ._sim import FakeGpu, FakeSystem, ManualClock, default_gpus, system_from_config, system_from_environment
 
@@ -122,7 +121,7 @@ class NVMLError(Exception):
         return obj
 
     def __str__(self):
-        return NVMLError._errcode_to_string.get(self.value, "NVML Error with code %d" % self.value)
+        return NVMLError._errcode_to_string.get(self.value, f"NVML Error with code {self.value:d}")
 
     def __eq__(self, other):
         return self.value == other.value
@@ -132,7 +131,7 @@ class NVMLError(Exception):
 
 def nvmlExceptionClass(nvmlErrorCode):
     if nvmlErrorCode not in NVMLError._valClassMapping:
-        raise ValueError("nvmlErrorCode %s is not valid" % nvmlErrorCode)
+        raise ValueError(f"nvmlErrorCode {nvmlErrorCode} is not valid")
     return NVMLError._valClassMapping[nvmlErrorCode]
 
 
@@ -177,10 +176,10 @@ class _Handle:
 
 
 # ---- the simulated system (fake only) ----
-_system: Optional[FakeSystem] = None
+_system: FakeSystem | None = None
 
 
-def fake_reset(system: Optional[FakeSystem] = None) -> FakeSystem:
+def fake_reset(system: FakeSystem | None = None) -> FakeSystem:
     """Install a fresh system (default: what FAKENVML_CONFIG describes, else two H200s) and return it."""
     global _system
     _system = system if system is not None else system_from_environment()

@@ -12,8 +12,8 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 # Values quoted from NVIDIA's specifications where known; the H200 graphics table (345..1980 MHz in 15 MHz steps) is
 # the shape H100 SXM reports and is assumed for H200, unverified. scripts/nvml_observe.py records the real table.
@@ -41,7 +41,7 @@ class FakeGpu:
     name: str = "NVIDIA H200"
     memory_clocks_mhz: tuple[int, ...] = H200_MEMORY_MHZ
     # graphics clocks per memory clock, descending as NVML returns them; None: every memory clock gets the H200 table
-    graphics_clocks_mhz: Optional[dict[int, tuple[int, ...]]] = None
+    graphics_clocks_mhz: dict[int, tuple[int, ...]] | None = None
     idle_clock_mhz: int = 345
     util_gpu_pct: int = 0
     util_memory_pct: int = 0
@@ -54,12 +54,12 @@ class FakeGpu:
     supports_energy: bool = True  # False: GetTotalEnergyConsumption answers NOT_SUPPORTED (pre-Volta)
     supports_power_limit: bool = True
     ignores_lock: bool = False  # the call succeeds but the clock does not follow (a broken driver, another tool)
-    locked_mhz: Optional[tuple[int, int]] = None
+    locked_mhz: tuple[int, int] | None = None
     energy_mj: float = 0.0
-    last_update_s: Optional[float] = None
+    last_update_s: float | None = None
     lost: bool = False  # every call answers GPU_IS_LOST
 
-    def graphics_table(self, memory_mhz: int) -> Optional[tuple[int, ...]]:
+    def graphics_table(self, memory_mhz: int) -> tuple[int, ...] | None:
         if memory_mhz not in self.memory_clocks_mhz:
             return None
         if self.graphics_clocks_mhz is None:
@@ -108,7 +108,7 @@ class FakeSystem:
     clock: Callable[[], float] = time.monotonic
     init_count: int = 0
     calls: list[str] = field(default_factory=list)  # every API function called, in order
-    log_path: Optional[str] = None  # also append each call's name to this file (for tests of other processes)
+    log_path: str | None = None  # also append each call's name to this file (for tests of other processes)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record(self, name: str) -> None:
