@@ -413,10 +413,68 @@ def check_job_ids_unique_per_boot() -> None:
     expect(names == {"ftgov-ci-job3"}, f"JOB_ID={job3['job_id']} in this boot's journal names jobs {sorted(names)}")
 
 
+def history() -> list[dict]:
+    out = sh("/opt/ftgov/bin/ftgov", "history", "--json", "--config", str(CI_CONFIG)).stdout
+    return json.loads(out)["jobs"]
+
+
+def logged(text: str) -> bool:
+    return any(text in str(e.get("MESSAGE", "")) for e in journal("-u", "ftgovd.service"))
+
+
+def check_store_survives_restart() -> None:
+    """Every ended job is in the measurement store under StateDirectory= (/var/lib/ftgov, 0700), and stays there
+    across a restart of the daemon."""
+    mode = Path("/var/lib/ftgov").stat().st_mode & 0o777
+    expect(mode == 0o700, f"/var/lib/ftgov has mode {mode:o}, not 0700")
+    before = history()
+    names = {j.get("name") for j in before}
+    expect({"ftgov-ci-job1", "ftgov-ci-job2"} <= names, f"the store holds jobs {sorted(map(str, names))}")
+    recorded = call("status")["store"]
+    expect(recorded is not None and recorded.get("jobs", 0) >= len(before), f"status store: {recorded}")
+    sh("systemctl", "restart", "ftgovd.service")
+    expect(call("ping") == {}, "no ping reply after the restart")
+    after = history()
+    expect([j["job_id"] for j in after] == [j["job_id"] for j in before],
+           f"after a restart the store holds {[j['job_id'] for j in after]}, before {[j['job_id'] for j in before]}")
+    print(f"    {len(after)} job(s) in the store before and after the restart")
+
+
+def check_reload_switches_the_tree() -> None:
+    """`systemctl reload ftgovd` loads another model file: same process, a held job keeps its pin, the journal says
+    which tree was loaded; a bad config on reload is refused and the old one kept."""
+    job, _ = start_job("ftgov-ci-job4")
+    pinned = limits_hz()
+    pid = show("ftgovd.service", "MainPID")["MainPID"]
+    paper = sh("/opt/ftgov/bin/python", "-c",
+               "from governor import data; print(data.path(data.PAPER_TREE))").stdout.strip()
+    good = CI_CONFIG.read_text()
+    try:
+        CI_CONFIG.write_text(good + f"\nmodel_file: {paper}\n")
+        sh("systemctl", "reload", "ftgovd.service")
+        wait_until(lambda: logged(f"MLG tree loaded from {paper}"), "the reloaded tree's log line")
+        expect(show("ftgovd.service", "MainPID")["MainPID"] == pid, "reload restarted the daemon")
+        expect(limits_hz() == pinned, f"the job's pin {pinned} became {limits_hz()} at the reload")
+        expect(any(j["job_id"] == job["job_id"] for j in call("status")["jobs"]), "the job was dropped at the reload")
+        CI_CONFIG.write_text(good + "\nlimits: {max_jobs: -1}\n")
+        sh("systemctl", "reload", "ftgovd.service")
+        wait_until(lambda: logged("reload refused"), "the refused reload's log line")
+        expect(show("ftgovd.service", "MainPID", "ActiveState") == {"MainPID": pid, "ActiveState": "active"},
+               "a bad config on reload stopped the daemon")
+        expect(limits_hz() == pinned, "a refused reload moved the pin")
+        print(f"    reloaded onto {paper}; a bad config refused; pin {pinned} held throughout")
+    finally:
+        CI_CONFIG.write_text(good)
+        sh("systemctl", "reload", "ftgovd.service")
+        stop_job("ftgov-ci-job4")
+        wait_until(at_baseline, "the baseline after the job ended")
+
+
 CHECKS = [check_verify_with_dropin, check_socket_activation, check_sandbox_in_effect, check_watchdog_pings,
           check_job_pins_tree,
           check_journal_fields, check_kill_restarts_and_restores, check_stop_restores,
           check_restore_on_stop_false, check_outsider_refused, check_doctor, check_unit_order_and_reload,
+          check_store_survives_restart, check_reload_switches_the_tree,
           check_priorities_without_systemd_python,
           check_install_keeps_edited_config, check_nvml_dropin, check_uninstall,
           check_job_ids_unique_per_boot]
