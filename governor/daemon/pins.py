@@ -144,13 +144,16 @@ class PinController:
             decision = replace(decision, reason=f"{decision.reason}; {why_util}")
         # Logged before any hardware access: a read or write that hangs (and is killed by the watchdog) leaves it.
         f = job.features
+        fields = {**job.fields(), "POLICY": decision.label,  # the new decision's, not the job's last one
+                  "FREQ_HZ": decision.freq_hz if decision.freq_hz is not None else ""}
         log.info("%s: %s L%d H%d seq %g util %s -> %s %s: %s", job.label(), f.model_type, f.num_layers,
                  f.hidden_size, f.seq_len, "?" if f.gpu_util is None else f"{f.gpu_util:g}%", decision.label,
-                 mhz(decision.freq_hz), decision.reason, extra=job.fields())
+                 mhz(decision.freq_hz), decision.reason, extra=fields)
         capped = self.power_mode.within(job.gpu_id, decision)
         if capped is not decision:
             log.info("%s: %s instead of %s (pin_above_power_mode: true allows more)", job.label(),
-                     capped.reason.rsplit("; ", 1)[1], mhz(decision.freq_hz), extra=job.fields())
+                     capped.reason.rsplit("; ", 1)[1], mhz(decision.freq_hz),
+                     extra={**fields, "FREQ_HZ": capped.freq_hz if capped.freq_hz is not None else ""})
         decision = capped
         if self.plan_tune is not None and decision.policy is PolicyName.TUNE and decision.freq_hz is not None:
             decision = self.plan_tune(self, job, decision)

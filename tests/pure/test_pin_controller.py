@@ -208,3 +208,14 @@ def test_a_tuned_job_off_devfreq_starts_at_the_top_and_its_end_logs_the_measured
     record = next(r for r in caplog.records if "ended (unregistered)" in r.getMessage())
     assert "saved 21.5% energy per step vs the default governor, measured over 54 steps" in record.getMessage()
     assert record.SAVED_PCT == "21.5" and record.SAVED_MEASURED_STEPS == 54  # journald fields
+
+
+def test_the_decision_line_carries_the_new_decisions_journald_fields(gpu, tmp_path, caplog):
+    # The line is written before the pin (so a hung write leaves it), when the job does not hold the decision yet:
+    # its FREQ_HZ and POLICY must be the decision's, or `journalctl FREQ_HZ=...` finds nothing.
+    pins = controller(gpu, tmp_path)
+    j = job(pins)
+    with caplog.at_level("INFO", logger="ftgovd"):
+        pins.decide(j)
+    record = next(r for r in caplog.records if "-> ffg" in r.getMessage())
+    assert record.FREQ_HZ == 714_000_000 and record.POLICY == "ffg" and record.JOB_ID == j.job_id
