@@ -19,7 +19,7 @@ the incumbent (the measured feasible level with the least estimate) and the sear
    levels), never more than half the way to the end of the table (an end is often the costliest level: it is
    measured only once the walk is next to it). There is no window cap that stops the walk while energy falls.
 3. Refine: bisect the gap between the incumbent and its nearest measured level on each side, until both its
-   neighbours are measured; on a steep side (STEEP_Z) measure the neighbour first.
+   neighbours are measured.
 4. Past the rise: a rise next to the bottom may be a bump. On each side the walk goes on outward, one level at a time,
    until the measured run climbs like a U's wall (two levels or more, the outermost the highest and at least
    ``WALL_Z * z_confirm`` standard deviations above the incumbent). At a wall it looks once as far again past it
@@ -82,6 +82,7 @@ from governor.policy.windows import (
     _count,
     _positive,
 )
+from governor.units import mhz
 
 __all__ = ["ASSUMED_TOTAL_STEPS", "DEFAULT_WARMUP_STEPS", "DEFAULT_WINDOW_STEPS", "FEASIBLE_Z", "Measurement",
            "OnlineTuner", "ProbeWindow", "TuningError", "TuningSession"]
@@ -114,11 +115,11 @@ FAR_SHARE = 0.25
 # In noise units, so that it holds for any curve and any noise; MAX_CONFIRM_WINDOWS caps a tie.
 CONFIRM_TOL_NOISE = 1.2
 MAX_CONFIRM_WINDOWS = 6
-# A gap next to the incumbent is bisected at its middle, unless the level at its far end is above the incumbent by more
-# than STEEP_Z x z_confirm x noise_rel per level of the gap (6% a level at the default): the line through the two then
-# puts every level of the gap but the neighbour clearly above the incumbent, so the neighbour is measured first
-# (bisecting would spend a window on a level the line already rules out).
-STEEP_Z = 1.0
+
+
+
+
+
 
 @dataclass(frozen=True)
 class _Plan:
@@ -127,6 +128,7 @@ class _Plan:
     reason: str
     free: bool = False  # measured whatever the budget says (the start, the reference for max_slowdown)
     share: float = 1.0  # the part of the budget left that this one window may spend
+
 
 class OnlineTuner(Estimates):
     """Finds the level with the least energy per step from one measurement window at a time.
@@ -413,10 +415,8 @@ class OnlineTuner(Estimates):
         gaps = sorted(((abs(sides[d][0] - best), d) for d in (-1, 1) if sides[d] and abs(sides[d][0] - best) > 1),
                       reverse=True)
         for gap, d in gaps:
-            steep = (log_j[sides[d][0]] - log_j[best]) / gap >= STEEP_Z * self.z_confirm * self.noise_rel
-            yield _Plan("refine", best + d * (1 if steep else gap // 2),
-                        f"the minimum lies between {self._mhz(sides[d][0])} and {self._mhz(best)}: "
-                        + ("steep side, measure the neighbour" if steep else "bisect"))
+            yield _Plan("refine", best + d * (gap // 2),
+                        f"the minimum lies between {self._mhz(sides[d][0])} and {self._mhz(best)}: bisect")
 
     def _side(self, best: int, d: int, lowest: int, top: int) -> list[int]:
         """Measured levels on side d of the incumbent, within the explorable range, nearest first."""
@@ -439,7 +439,11 @@ class OnlineTuner(Estimates):
                 and self._z(outer, best, log_j) >= WALL_Z * self.z_confirm)
 
     def _mhz(self, i: int) -> str:
-        return f"{self.levels_hz[i] / 1e6:g} MHz"
+        return mhz(self.levels_hz[i])
+
+
+
+
 
 def _check_levels(levels_hz: Iterable[int]) -> tuple[int, ...]:
     levels = tuple(levels_hz)
@@ -452,4 +456,9 @@ def _check_levels(levels_hz: Iterable[int]) -> tuple[int, ...]:
     if any(a >= b for a, b in zip(levels, levels[1:])):
         raise TuningError(f"levels_hz must be strictly ascending, got {list(levels)}")
     return levels
+
+
+
+
+
 

@@ -219,15 +219,3 @@ def test_one_low_window_between_clearly_higher_levels_is_measured_again():
         tuner.observe(levels[i], 0.6 if (i, windows[i]) == (7, 0) else energy[i], 1.0)
         windows[i] += 1
     assert windows[7] >= 2 and tuner.best_hz == levels[0]
-
-
-def test_a_steep_side_is_refined_at_the_neighbour_not_the_middle():
-    # The incumbent 4, its upper neighbour measured, and level 0 four levels below it. Reading 60% above the incumbent
-    # (12% a level, over STEEP_Z's 6%), the line through 0 and 4 puts every level between but 3 clearly above 4:
-    # 3 is measured, not the middle, 2. Reading 4% above it (1% a level), the gap is bisected at 2.
-    levels = table(11)
-    for far_j, expect in ((1.6, 3), (1.04, 2)):
-        tuner = tuning.OnlineTuner(levels, levels[6])
-        for i, e in ((6, 1.03), (5, 1.02), (4, 1.0), (0, far_j)):
-            tuner.observe(levels[i], e, 1.0)
-        assert tuner.state()["phase"] == "refine" and tuner.next_level_hz() == levels[expect]
