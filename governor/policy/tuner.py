@@ -82,7 +82,6 @@ from governor.policy.windows import (
     _count,
     _positive,
 )
-from governor.units import mhz
 
 __all__ = ["ASSUMED_TOTAL_STEPS", "DEFAULT_WARMUP_STEPS", "DEFAULT_WINDOW_STEPS", "FEASIBLE_Z", "Measurement",
            "OnlineTuner", "ProbeWindow", "TuningError", "TuningSession"]
@@ -439,7 +438,7 @@ class OnlineTuner(Estimates):
                 and self._z(outer, best, log_j) >= WALL_Z * self.z_confirm)
 
     def _mhz(self, i: int) -> str:
-        return mhz(self.levels_hz[i])
+        return f"{self.levels_hz[i] / 1e6:g} MHz"
 
 
 
