@@ -12,7 +12,7 @@ Curve sets (benchmarks/tuner_curves.py):
   and 25 levels; same starts.
 - simulated: the 60 held-out workloads on the simulated Orin, each a whole job run step by step through the noisy
   model at --model-noise (0.71: about 3% step-to-step energy noise) with a TuningSession exactly as
-  governor/pipeline/tuned_job.py does. Starts: MLG's pick (model/mlg-tree.json), the top, the bottom. The default
+  governor/sim/tuned_job.py does. Starts: MLG's pick (model/mlg-tree.json), the top, the bottom. The default
   governor is the model's MAXN.
 
 Real and adversarial curves are simulated per window: each window at a level returns the curve's J/step and s/step
@@ -23,8 +23,10 @@ the converged level's regret, with no noise in the score.
 
 Both tuners see the same curves, starts and seeds: "v1" is the tuner before the energy-budgeted search
 (benchmarks/tuner_v1.py, a frozen copy: at most 6 windows), "new" is governor/policy/tuner.py with its defaults and
-``total_steps`` set to the job's length. The last table is a summary for the README: one row per set and start, the
-new tuner's figures with the old one's in brackets. About a minute for real + adversarial at 5 seeds, two for simulated.
+``total_steps`` set to the job's length. After the real and adversarial tables, the new tuner's windows per phase of
+the search (the phase it was in when it asked for each window). The last table is a summary for the README: one row
+per set and start, the new tuner's figures with the old one's in brackets. About a minute for real + adversarial at
+5 seeds, two for simulated.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ class Run:
     job_vs_start: float  # whole job / (job_steps x E(start)) - 1
     job_vs_default: float  # whole job / default governor's job - 1
     slowdown: float = 0.0  # noise-free t(converged) / t(top) - 1
+    windows_by_phase: Optional[dict] = None  # windows per phase of the search (window-driven sets only)
 
 
 def make_tuner(kind: str, levels_hz, start_hz: int, max_slowdown, noise_rel: float, job_steps: int):
@@ -87,7 +90,7 @@ def window_runs(curves: list[Curve], args, max_slowdown: Optional[float]) -> lis
                                     e / curve.energy_at(start_hz) - 1,
                                     job.energy_j / (args.job_steps * curve.energy_at(start_hz)) - 1,
                                     job.energy_j / (args.job_steps * curve.energy_j[-1]) - 1,
-                                    curve.time_at(job.best_hz) / curve.time_s[-1] - 1))
+                                    curve.time_at(job.best_hz) / curve.time_s[-1] - 1, job.windows_by_phase))
     return runs
 
 
@@ -95,7 +98,7 @@ def simulated_runs(args) -> list[Run]:
     from governor.features import Features
     from governor.pipeline.workloads import held_out_workloads
     from governor.sim.energy import OrinEnergyModel
-    from governor.tree import DecisionTree
+    from governor.policy.tree import DecisionTree
 
     tree = DecisionTree.load(TREE)
     clean = OrinEnergyModel()
@@ -199,6 +202,25 @@ def print_summary(rows: list[str]) -> None:
     print()
 
 
+PHASES = ("start", "fastest", "anchor", "descend", "refine", "beyond", "far", "confirm")
+
+
+def phase_table(title: str, runs: list[Run]) -> None:
+    """Where the new tuner's windows go: mean windows per run in each phase of the search, per start."""
+    runs = [r for r in runs if r.tuner == "new" and r.windows_by_phase is not None]
+    if not runs:
+        return
+    print(f"#### {title}: windows per phase, mean per run (new tuner)")
+    print()
+    print("| start | " + " | ".join(PHASES) + " | total |")
+    print("|---|" + "---|" * (len(PHASES) + 1))
+    for start in dict.fromkeys(r.start for r in runs):
+        rs = [r for r in runs if r.start == start]
+        cells = [f"{statistics.mean(r.windows_by_phase.get(p, 0) for r in rs):.2f}" for p in PHASES]
+        print(f"| {start} | " + " | ".join(cells) + f" | {statistics.mean(r.windows for r in rs):.2f} |")
+    print()
+
+
 def worst_cases(runs: list[Run], n: int) -> None:
     print("| curve | start | tuner | level vs min | windows |")
     print("|---|---|---|---|---|")
@@ -235,11 +257,13 @@ def main() -> None:
             curves = real_curves(args.data)
             runs = window_runs(curves, args, None)
             table(f"real Jetson curves ({len(curves)}; default governor = top level)", runs)
+            phase_table("real", runs)
             summary += summary_rows("real", runs, args.noise_rel)
         elif name == "adversarial":
             curves = adversarial_curves()
             runs = window_runs(curves, args, None)
             table(f"adversarial shapes ({len(curves)}; default governor = top level)", runs)
+            phase_table("adversarial", runs)
             summary += summary_rows("adversarial", runs, args.noise_rel)
         else:
             runs = simulated_runs(args)

@@ -7,7 +7,7 @@ A curve is one workload's energy and time per step at each level of a table. Thr
 - adversarial: shapes made here, deterministically, to break a search that trusts a smooth U: the minimum at either
   end, flat bottoms, a plateau before the dip, two dips, a single spike up or down, on tables of 11, 15 and 25 levels;
 - simulated: the held-out workloads on the simulated Orin (governor.pipeline.workloads + governor.sim.energy), run
-  step by step as governor/pipeline/tuned_job.py does (``run_model_job``).
+  step by step as governor/sim/tuned_job.py does (``run_model_job``).
 
 ``run_window_job`` is the per-window simulation for the first two: each window at a level returns the curve's J/step and
 s/step, each times (1 + N(0, noise)); a job is the windows (warm-up steps after a change of level charged at that
@@ -106,6 +106,7 @@ class JobResult:
     profiled_steps: int
     energy_j: float  # the whole job, exploration included, at noise-free per-step energies
     steps_at_hz: dict[int, int] = field(default_factory=dict)
+    windows_by_phase: dict[str, int] = field(default_factory=dict)  # the tuner's phase when it asked for each window
 
 
 def run_window_job(tuner, curve: Curve, rng: random.Random, noise: float, job_steps: int, warmup_steps: int = 1,
@@ -116,10 +117,13 @@ def run_window_job(tuner, curve: Curve, rng: random.Random, noise: float, job_st
     energy_j = 0.0
     pinned: Optional[int] = None
     at: dict[int, int] = {}
+    by_phase: dict[str, int] = {}
     while not tuner.converged:
         if tuner.probes >= max_windows:
             raise RuntimeError(f"{curve.name}: no convergence after {max_windows} windows")
         hz = tuner.next_level_hz()
+        phase = tuner.state()["phase"]
+        by_phase[phase] = by_phase.get(phase, 0) + 1
         n = window_steps + (warmup_steps if hz != pinned else 0)
         pinned = hz
         steps += n
@@ -128,11 +132,11 @@ def run_window_job(tuner, curve: Curve, rng: random.Random, noise: float, job_st
         tuner.observe(hz, curve.energy_at(hz) * (1 + rng.gauss(0, noise)),
                       curve.time_at(hz) * (1 + rng.gauss(0, noise)))
     energy_j += max(0, job_steps - steps) * curve.energy_at(tuner.best_hz)
-    return JobResult(tuner.best_hz, tuner.probes, steps, energy_j, at)
+    return JobResult(tuner.best_hz, tuner.probes, steps, energy_j, at, by_phase)
 
 
 def run_model_job(w, start_hz: int, job_steps: int, noise: float, seed: int, make_session) -> JobResult:
-    """One job on the simulated Orin, step by step, as governor/pipeline/tuned_job.py runs it (the noisy model drives
+    """One job on the simulated Orin, step by step, as governor/sim/tuned_job.py runs it (the noisy model drives
     the windows; the session is ``make_session(levels_hz, start_hz)``); charged at the model's noise-free energies
     of the levels it ran at, so that it compares exactly with the fixed levels' noise-free jobs."""
     from governor.sim.energy import OrinEnergyModel
