@@ -1,4 +1,5 @@
-"""The online tuner on real, simulated and adversarial energy curves, from three starts, today's tuner beside the new one.
+"""The online tuner on real, simulated and adversarial energy curves, from three starts, the original tuner beside
+the new one.
 
     PYTHONPATH=. python benchmarks/bench_tuner.py [--sets real adversarial simulated] [--seeds 5] [--job-steps 2000]
         [--noise-rel 0.03] [--model-noise 0.71] [--max-slowdown 0.1] [--data ../shared/data/loudva] [--worst N]
@@ -36,11 +37,17 @@ import random
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from benchmarks import tuner_v1
-from benchmarks.tuner_curves import (DEFAULT_DATA, Curve, JobResult, adversarial_curves, real_curves,
-                                     run_model_job, run_window_job)
+from benchmarks.tuner_curves import (
+    DEFAULT_DATA,
+    Curve,
+    JobResult,
+    adversarial_curves,
+    real_curves,
+    run_model_job,
+    run_window_job,
+)
 from governor.policy import tuner as tuning
 
 TREE = Path(__file__).resolve().parent.parent / "model" / "mlg-tree.json"
@@ -59,7 +66,7 @@ class Run:
     job_vs_start: float  # whole job / (job_steps x E(start)) - 1
     job_vs_default: float  # whole job / default governor's job - 1
     slowdown: float = 0.0  # noise-free t(converged) / t(top) - 1
-    windows_by_phase: Optional[dict] = None  # windows per phase of the search (window-driven sets only)
+    windows_by_phase: dict | None = None  # windows per phase of the search (window-driven sets only)
 
 
 def make_tuner(kind: str, levels_hz, start_hz: int, max_slowdown, noise_rel: float, job_steps: int):
@@ -73,7 +80,7 @@ def starts_for(curve: Curve) -> dict[str, int]:
     return {"mid-table": curve.levels_hz[n // 2], "top": curve.levels_hz[-1], "bottom": curve.levels_hz[0]}
 
 
-def window_runs(curves: list[Curve], args, max_slowdown: Optional[float]) -> list[Run]:
+def window_runs(curves: list[Curve], args, max_slowdown: float | None) -> list[Run]:
     runs = []
     for ci, curve in enumerate(curves):
         opt = curve.best_index(max_slowdown)
@@ -97,8 +104,8 @@ def window_runs(curves: list[Curve], args, max_slowdown: Optional[float]) -> lis
 def simulated_runs(args) -> list[Run]:
     from governor.features import Features
     from governor.pipeline.workloads import held_out_workloads
-    from governor.sim.energy import OrinEnergyModel
     from governor.policy.tree import DecisionTree
+    from governor.sim.energy import OrinEnergyModel
 
     tree = DecisionTree.load(TREE)
     clean = OrinEnergyModel()
@@ -138,13 +145,14 @@ def pct(x: float) -> str:
     return f"{100 * x:+.2f}%"
 
 
-def table(title: str, runs: list[Run], max_slowdown: Optional[float] = None) -> None:
+def table(title: str, runs: list[Run], max_slowdown: float | None = None) -> None:
     print(f"### {title}")
     print()
     extra = (" | slowdown vs top, worst | runs over the limit by > 1 / > 3 points"
              if max_slowdown is not None else "")
-    print("| start | tuner | level vs min: mean / p90 / worst | whole job vs optimum: mean / worst | windows: mean / max "
-          "| level worse than start (runs), worst | whole job vs start, worst | whole job vs default, worst"
+    print("| start | tuner | level vs min: mean / p90 / worst | whole job vs optimum: mean / worst "
+          "| windows: mean / max | level worse than start (runs), worst | whole job vs start, worst "
+          "| whole job vs default, worst"
           f"{extra} |")
     print("|---|---|---|---|---|---|---|---|" + ("---|---|" if extra else ""))
     for start in dict.fromkeys(r.start for r in runs):
@@ -173,7 +181,7 @@ def summary_rows(name: str, runs: list[Run], noise: float) -> list[str]:
     for start in dict.fromkeys(r.start for r in runs):
         by = {kind: [r for r in runs if r.start == start and r.tuner == kind] for kind in TUNERS}
 
-        def cell(fmt, kinds=TUNERS):
+        def cell(fmt, kinds=TUNERS, by=by):
             vals = [fmt(by[k]) for k in kinds if by[k]]
             return vals[-1] + (f" ({vals[0]})" if len(vals) > 1 else "")
 
@@ -195,7 +203,8 @@ def print_summary(rows: list[str]) -> None:
     print(f"### Summary: {TUNERS[-1]} tuner{old}")
     print()
     print("| set | start | level vs min: mean / p90 / worst | whole job vs optimum, mean | windows, mean "
-          "| runs on a level worse than the start: any / by > one window's noise, worst | whole job vs default, worst |")
+          "| runs on a level worse than the start: any / by > one window's noise, worst "
+          "| whole job vs default, worst |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         print(row)

@@ -17,12 +17,11 @@ level, like the measured steps) then the rest of the job at the converged level,
 from __future__ import annotations
 
 import csv
-import math
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_DATA = REPO.parent / "shared" / "data" / "loudva"
@@ -35,7 +34,7 @@ class Curve:
     energy_j: tuple[float, ...]  # per step, noise-free, one per level
     time_s: tuple[float, ...]
 
-    def best_index(self, max_slowdown: Optional[float] = None) -> int:
+    def best_index(self, max_slowdown: float | None = None) -> int:
         feasible = [i for i in range(len(self.levels_hz))
                     if max_slowdown is None or self.time_s[i] <= (1 + max_slowdown) * self.time_s[-1]]
         return min(feasible, key=lambda i: self.energy_j[i])
@@ -115,7 +114,7 @@ def run_window_job(tuner, curve: Curve, rng: random.Random, noise: float, job_st
     apart); charge every profiled step, then the rest of ``job_steps`` at the converged level."""
     steps = 0
     energy_j = 0.0
-    pinned: Optional[int] = None
+    pinned: int | None = None
     at: dict[int, int] = {}
     by_phase: dict[str, int] = {}
     while not tuner.converged:

@@ -101,7 +101,7 @@ class Estimates:
         through them. Below the slowest measured level this extrapolates, optimistically when the fit bends: that only
         decides what to explore, and an explored level enters the fit.
         """
-        pts = [(1e9 / hz, e.sum_s / e.n, e.n) for hz, e in zip(self.levels_hz, self._est) if e.n]
+        pts = [(1e9 / hz, e.sum_s / e.n, e.n) for hz, e in zip(self.levels_hz, self._est, strict=False) if e.n]
         if len(pts) < 2:
             return None
         coef = _weighted_quadratic(pts) if len(pts) >= 3 else None
@@ -152,5 +152,5 @@ def _weighted_quadratic(points: list[tuple[float, float, int]]) -> tuple[float, 
         for r in range(3):
             if r != col:
                 f = m[r][col] / m[col][col]
-                m[r] = [a - f * b for a, b in zip(m[r], m[col])]
+                m[r] = [a - f * b for a, b in zip(m[r], m[col], strict=False)]
     return tuple(m[r][3] / m[r][r] for r in range(3))

@@ -222,7 +222,7 @@ class OnlineTuner(Estimates):
         estimates = [{"freq_hz": hz, "windows": e.n, "joules_per_step": e.sum_j / e.n,
                       "smoothed_joules_per_step": math.exp(log_j[i]), "seconds_per_step": e.sum_s / e.n,
                       "feasible": self._feasible(i, fit)}
-                     for i, (hz, e) in enumerate(zip(self.levels_hz, self._est)) if e.n]
+                     for i, (hz, e) in enumerate(zip(self.levels_hz, self._est, strict=False)) if e.n]
         return {
             "phase": "done" if self.converged else self._plan.phase,
             "reason": self._plan.reason,
@@ -453,7 +453,7 @@ def _check_levels(levels_hz: Iterable[int]) -> tuple[int, ...]:
         if not isinstance(hz, numbers.Integral) or isinstance(hz, bool) or hz <= 0:
             raise TuningError(f"levels_hz must be positive integers (Hz), got {hz!r}")
     levels = tuple(int(hz) for hz in levels)
-    if any(a >= b for a, b in zip(levels, levels[1:])):
+    if any(a >= b for a, b in zip(levels, levels[1:], strict=False)):
         raise TuningError(f"levels_hz must be strictly ascending, got {list(levels)}")
     return levels
 

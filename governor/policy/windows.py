@@ -52,11 +52,12 @@ class ProbeWindow:
     """One probe at one level, fed by a job's progress reports.
 
     ``steps`` is the job's total step count (the ``progress`` notification), ``energy_j`` a cumulative energy counter
-    (the rails integrated from any origin) and ``time_s`` a monotonic clock, all read when the report arrives: only their
-    differences are used. The first ``warmup_steps`` steps after ``begin_steps`` are discarded (the step during which
-    the clock changed); the window then closes at the first report at least ``window_steps`` steps later. Reports may
-    skip steps: the window is then longer, and the per-step figures use the steps that really passed. A report of any
-    phase but "train" (eval, checkpoint, data loading) discards the open window, which restarts at the next train report.
+    (the rails integrated from any origin) and ``time_s`` a monotonic clock, all read when the report arrives: only
+    their differences are used. The first ``warmup_steps`` steps after ``begin_steps`` are discarded (the step during
+    which the clock changed); the window then closes at the first report at least ``window_steps`` steps later. Reports
+    may skip steps: the window is then longer, and the per-step figures use the steps that really passed. A report of
+    any phase but "train" (eval, checkpoint, data loading) discards the open window, which restarts at the next train
+    report.
     """
 
     def __init__(self, level_hz: int, begin_steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
@@ -90,8 +91,8 @@ class ProbeWindow:
             return None
         joules, seconds = float(energy_j) - mark_j, float(time_s) - mark_s
         if not (math.isfinite(joules) and joules > 0 and math.isfinite(seconds) and seconds > 0):
-            raise TuningError(f"window at {self.level_hz} Hz measured {joules!r} J in {seconds!r} s: the energy counter "
-                              "or the clock did not advance")
+            raise TuningError(f"window at {self.level_hz} Hz measured {joules!r} J in {seconds!r} s: the energy "
+                              "counter or the clock did not advance")
         self.measurement = Measurement(self.level_hz, joules / n, seconds / n, n, steps - self.begin_steps)
         return self.measurement
 
@@ -100,11 +101,12 @@ class TuningSession:
     """Drives an ``OnlineTuner`` from a job's progress reports: the loop the daemon, ``ftgov evaluate`` and the
     benchmark share, so that warm-up and window arithmetic are written once.
 
-    Create it when the job has been pinned at ``tuner.next_level_hz()`` (the start level), with the step count,
-    energy counter and clock read then; ``total_steps``, when the job's length is known, is the step count it will
-    end at (same count as ``steps``): the tuner's exploration budget is a fraction of the energy of the steps left. Feed every progress report to ``on_progress``; when it returns a measurement,
-    pin ``level_hz`` if it changed (and log the measurement with ``tuner.state()``). Re-measuring the level already
-    pinned needs no warm-up; a new level gets ``warmup_steps`` discarded steps first.
+    Create it when the job has been pinned at ``tuner.next_level_hz()`` (the start level), with the step count, energy
+    counter and clock read then; ``total_steps``, when the job's length is known, is the step count it will end at (same
+    count as ``steps``): the tuner's exploration budget is a fraction of the energy of the steps left. Feed every
+    progress report to ``on_progress``; when it returns a measurement, pin ``level_hz`` if it changed (and log the
+    measurement with ``tuner.state()``). Re-measuring the level already pinned needs no warm-up; a new level gets
+    ``warmup_steps`` discarded steps first.
     """
 
     def __init__(self, tuner: OnlineTuner, steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,

@@ -12,8 +12,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from governor.errors import FtgovError
-from governor.policy.tuner import (DEFAULT_MAX_PROBES, DEFAULT_WARMUP_STEPS, DEFAULT_WINDOW_STEPS, OnlineTuner, ProbeWindow,
-                             TuningError, TuningSession)
+from governor.policy.tuner import (
+    DEFAULT_MAX_PROBES,
+    DEFAULT_WARMUP_STEPS,
+    DEFAULT_WINDOW_STEPS,
+    OnlineTuner,
+    ProbeWindow,
+    TuningError,
+    TuningSession,
+)
 
 # The JetPack 6 AGX Orin table (governor/sim/tree.py).
 LEVELS = (306000000, 408000000, 510000000, 612000000, 714000000, 816000000, 918000000, 1020000000, 1122000000,
