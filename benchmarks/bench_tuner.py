@@ -35,10 +35,13 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import tuner_v1
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `make bench` runs it from the checkout
+
+from benchmarks import tuner_v1  # noqa: E402
 from benchmarks.tuner_curves import (
     DEFAULT_DATA,
     Curve,

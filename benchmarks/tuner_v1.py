@@ -65,7 +65,10 @@ import numbers
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from governor.errors import FtgovError
+from governor.policy.estimates import _weighted_quadratic
+from governor.policy.tuner import _check_levels
+# The measurement windows are the same code as today's (only the search differs): shared, not copied.
+from governor.policy.windows import Measurement, ProbeWindow, TuningError, _count, _positive
 
 # A probe is DEFAULT_WARMUP_STEPS discarded steps after a change of level, then DEFAULT_WINDOW_STEPS measured steps:
 # 5 steps in all, so DEFAULT_MAX_PROBES probes profile at most 30 steps (its budget). One warm-up step is
@@ -79,10 +82,6 @@ DEFAULT_Z_CONFIRM = 2.0
 # Levels either side of the incumbent that the quadratic smoothing uses: wide enough to pool the 4-5 levels a search
 # measures, narrow enough that the U's asymmetric far ends do not bend the fit.
 SMOOTH_RADIUS = 3
-
-
-class TuningError(FtgovError, ValueError):
-    """A bad argument or measurement given to the tuner (unknown level, non-positive or non-finite value)."""
 
 
 @dataclass
@@ -327,105 +326,6 @@ class OnlineTuner:
         return next(i for i in range(len(self.levels_hz)) if self._feasible(i, seconds) or i == len(self.levels_hz) - 1)
 
 
-def _weighted_quadratic(points: list[tuple[float, float, int]]) -> Optional[tuple[float, float, float]]:
-    """(c0, c1, c2) minimising sum n (y - c0 - c1 x - c2 x^2)^2 over (x, y, n); None when singular."""
-    m = [[0.0] * 4 for _ in range(3)]  # the normal equations, augmented
-    for x, y, n in points:
-        powers = (1.0, x, x * x)
-        for r in range(3):
-            for c in range(3):
-                m[r][c] += n * powers[r] * powers[c]
-            m[r][3] += n * powers[r] * y
-    for col in range(3):  # Gauss-Jordan with partial pivoting
-        pivot = max(range(col, 3), key=lambda r: abs(m[r][col]))
-        if abs(m[pivot][col]) < 1e-12:
-            return None
-        m[col], m[pivot] = m[pivot], m[col]
-        for r in range(3):
-            if r != col:
-                f = m[r][col] / m[col][col]
-                m[r] = [a - f * b for a, b in zip(m[r], m[col])]
-    return tuple(m[r][3] / m[r][r] for r in range(3))
-
-
-def _check_levels(levels_hz: Iterable[int]) -> tuple[int, ...]:
-    levels = tuple(levels_hz)
-    if not levels:
-        raise TuningError("levels_hz is empty")
-    for hz in levels:
-        if not isinstance(hz, numbers.Integral) or isinstance(hz, bool) or hz <= 0:
-            raise TuningError(f"levels_hz must be positive integers (Hz), got {hz!r}")
-    levels = tuple(int(hz) for hz in levels)
-    if any(a >= b for a, b in zip(levels, levels[1:])):
-        raise TuningError(f"levels_hz must be strictly ascending, got {list(levels)}")
-    return levels
-
-
-def _positive(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise TuningError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One closed measurement window, ready for ``OnlineTuner.observe``."""
-
-    level_hz: int
-    joules_per_step: float
-    seconds_per_step: float
-    measured_steps: int  # steps inside the window
-    profiled_steps: int  # steps from the start of the probe to the end of the window: warm-up included
-
-
-class ProbeWindow:
-    """One probe at one level, fed by a job's progress reports.
-
-    ``steps`` is the job's total step count (the ``progress`` notification), ``energy_j`` a cumulative energy counter
-    (the rails integrated from any origin) and ``time_s`` a monotonic clock, all read when the report arrives: only their
-    differences are used. The first ``warmup_steps`` steps after ``begin_steps`` are discarded (the step during which
-    the clock changed); the window then closes at the first report at least ``window_steps`` steps later. Reports may
-    skip steps: the window is then longer, and the per-step figures use the steps that really passed. A report of any
-    phase but "train" (eval, checkpoint, data loading) discards the open window, which restarts at the next train report.
-    """
-
-    def __init__(self, level_hz: int, begin_steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
-                 window_steps: int = DEFAULT_WINDOW_STEPS):
-        self.level_hz = level_hz
-        self.begin_steps = _count(begin_steps, "begin_steps", 0)
-        self.warmup_steps = _count(warmup_steps, "warmup_steps", 0)
-        self.window_steps = _count(window_steps, "window_steps", 1)
-        self._last_steps = self.begin_steps
-        self._mark: Optional[tuple[int, float, float]] = None  # (steps, energy_j, time_s) where the window opened
-        self.measurement: Optional[Measurement] = None
-
-    def feed(self, steps: int, energy_j: float, time_s: float, phase: str = "train") -> Optional[Measurement]:
-        """Take one progress report; return the measurement when this report closes the window."""
-        if self.measurement is not None:
-            raise TuningError("this window is already closed: start a new one")
-        steps = _count(steps, "steps", 0)
-        if steps < self._last_steps:
-            raise TuningError(f"steps went backwards: {steps} after {self._last_steps}")
-        self._last_steps = steps
-        if phase != "train":
-            self._mark = None
-            return None
-        if self._mark is None:
-            if steps >= self.begin_steps + self.warmup_steps:
-                self._mark = (steps, float(energy_j), float(time_s))
-            return None
-        mark_steps, mark_j, mark_s = self._mark
-        n = steps - mark_steps
-        if n < self.window_steps:
-            return None
-        joules, seconds = float(energy_j) - mark_j, float(time_s) - mark_s
-        if not (math.isfinite(joules) and joules > 0 and math.isfinite(seconds) and seconds > 0):
-            raise TuningError(f"window at {self.level_hz} Hz measured {joules!r} J in {seconds!r} s: the energy counter "
-                              "or the clock did not advance")
-        self.measurement = Measurement(self.level_hz, joules / n, seconds / n, n, steps - self.begin_steps)
-        return self.measurement
-
-
 class TuningSession:
     """Drives an ``OnlineTuner`` from a job's progress reports: the loop the daemon, ``ftgov evaluate`` and the
     benchmark share, so that warm-up and window arithmetic are written once.
@@ -468,9 +368,3 @@ class TuningSession:
             if warmup == 0:  # the same level goes on running: this report opens the next window at once
                 self._window.feed(steps, energy_j, time_s, phase)
         return m
-
-
-def _count(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise TuningError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)

@@ -10,18 +10,11 @@ from governor.daemon import store
 from governor.sim import job as simjob
 from governor.sim.energy import OrinEnergyModel, Workload
 from governor.sysfs import Root
-from tests.support.daemon import FEATURES
+from tests.support.daemon import FEATURES, ProgressJob
 
 BERT_BASE = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
 
 
-class ProgressJob:
-    def __init__(self, rpc, job_id):
-        self.rpc, self.job_id, self.steps = rpc, job_id, 0
-
-    def step(self):
-        self.steps += 1
-        self.rpc.notify("progress", job_id=self.job_id, steps=self.steps)
 
 
 def test_a_tuned_job_lands_in_the_store_with_its_windows(start_daemon):

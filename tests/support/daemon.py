@@ -188,3 +188,15 @@ def limits(root: Path, node: str = DEVFREQ) -> tuple[int, int]:
 
 
 FEATURES = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0, "gpu_util": 60.0}
+
+
+class ProgressJob:
+    """What a client library's job does per step, on the raw protocol: report the total steps (for governor.sim.job's
+    run(), which drives a job through ``step()``)."""
+
+    def __init__(self, rpc: Rpc, job_id: int):
+        self.rpc, self.job_id, self.steps = rpc, job_id, 0
+
+    def step(self) -> None:
+        self.steps += 1
+        self.rpc.notify("progress", job_id=self.job_id, steps=self.steps)
