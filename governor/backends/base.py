@@ -76,6 +76,9 @@ class Gpu(Protocol):
     def energy_j(self) -> float:
         """The GPU's cumulative energy counter (has_energy_counter); BackendError when it cannot be read."""
 
+    def driver_version(self) -> str | None:
+        """The GPU driver's version where the backend reports one (NVML); None otherwise."""
+
     def set_power_cap_mw(self, power_mw: int) -> None:
         """Set a power limit (has_power_cap); BackendError when refused."""
 
@@ -92,6 +95,9 @@ class GpuBase:
 
     def set_power_cap_mw(self, power_mw: int) -> None:
         raise BackendError(f"GPU {self.id} has no power cap")
+
+    def driver_version(self) -> str | None:
+        return None  # devfreq: none beyond the L4T release, which the store records apart
 
 
 def nearest_level(levels_hz: tuple[int, ...], freq_hz: int) -> int:

@@ -177,7 +177,7 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[
     reloader = None
     if load_config_again is not None:
         reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus), tuner)
-    recorder = _recorder(config, pins, gpus, root)
+    recorder = _recorder(config, pins, root)
     server = Server(pins, config, notifier, ticker, reloader,
                     probe=lambda: probe_gpus(config, root, node_wait_s=0.0))
 
@@ -223,17 +223,16 @@ def build_policy(config: Config, gpus: list) -> Policy:
     return Policy.from_config(policy_name(config, gpus), ffg_hz, model_file)
 
 
-def _recorder(config: Config, pins: PinController, gpus: list, root: Root):
+def _recorder(config: Config, pins: PinController, root: Root):
     """The measurement store's recorder, told of every job that ends (None: no store)."""
     path = store_path(config)
     if path is None:
         log.info("no measurement store (store.path %s)", "auto: no $STATE_DIRECTORY" if config.store.path else "null")
         return None
-    from governor.daemon.recorder import Recorder, StoreWriter, board_identity
+    from governor.daemon.recorder import Recorder, StoreWriter
     from governor.daemon.starts import TuneStarts
 
-    pins.recorder = Recorder(StoreWriter(path, config.store.max_jobs), pins,
-                                 {g.id: board_identity(root, g) for g in gpus}, pins.boot_id)
+    pins.recorder = Recorder(StoreWriter(path, config.store.max_jobs), pins, root, pins.boot_id)
     pins.attach_tuner.starts = TuneStarts.load(path)  # before READY=1: where tuned jobs start on NVML GPUs
     return pins.recorder
 

@@ -28,9 +28,7 @@ def board_identity(root: Root, gpu) -> dict:
     desc = gpu.describe()
     return {"levels_hz": json.dumps(list(gpu.levels_hz)),"board_model": _first_line(root, "/proc/device-tree/model"),
             "l4t_release": _first_line(root, "/etc/nv_tegra_release"),
-            "backend": desc.get("backend"), "gpu_name": desc.get("name"),
-            # NVML reports its driver; devfreq has none beyond the L4T release (unverified on a real board).
-            "driver": getattr(gpu, "driver_version", None)}
+            "backend": desc.get("backend"), "gpu_name": desc.get("name"), "driver": gpu.driver_version()}
 
 
 def window_util_pct(gov, job) -> float | None:
@@ -54,11 +52,17 @@ def _first_line(root: Root, path: str) -> str | None:
 
 
 class Recorder:
-    def __init__(self, writer: StoreWriter, gov, identity: dict[str, dict], boot_id: str | None):
+    def __init__(self, writer: StoreWriter, gov, root: Root, boot_id: str | None):
         self.writer = writer
         self.gov = gov
-        self.identity = identity  # per GPU id
+        self.root = root
+        self._identity: dict[str, dict] = {}  # per GPU id, read at its first job's end: a GPU found late has one too
         self.boot_id = boot_id
+
+    def identity(self, gpu_id: str) -> dict:
+        if gpu_id not in self._identity:
+            self._identity[gpu_id] = board_identity(self.root, self.gov.gpus[gpu_id].gpu)
+        return self._identity[gpu_id]
 
     def job_ended(self, ended) -> None:
         """Called by the pin controller for every job that ends; never raises (a record is not worth a job's pin)."""
@@ -91,7 +95,7 @@ class Recorder:
             ended_at=time.time(), duration_s=ended.duration_s, boot_id=self.boot_id, daemon_job_id=job.job_id,
             uid=job.uid, name=job.name, model_type=f.model_type, num_layers=f.num_layers,
             hidden_size=f.hidden_size, seq_len=f.seq_len, gpu_util=f.gpu_util,
-            **self.identity.get(job.gpu_id, {}), model_version=tree_version(tree),
+            **self.identity(job.gpu_id), model_version=tree_version(tree),
             model_source=getattr(tree, "source", None), policy=job.decision.label, freq_hz=job.freq_hz,
             reason=job.decision.reason, steps=job.steps, energy_j=ended.energy_j, start_hz=start_hz,
             converged=converged, saved_rel=saved_rel, saved_basis=basis, ended=ended.why, windows=windows)

@@ -436,3 +436,16 @@ def test_observe_script_without_the_daemon_reads_nvml_alone(tmp_path):
     idle_power_w = float(segments[0]["energy_j"]) / float(segments[0]["duration_s"])
     assert idle_power_w == pytest.approx(90.0, rel=0.05)  # the fake's idle draw
     assert not (out / "ftgovd.log").exists() and "Not run: --daemon off" in (out / "summary.md").read_text()
+
+
+def test_an_nvml_gpus_identity_goes_into_the_store(nvml, system, tmp_path):
+    # The store keeps the driver version as text; a backend that reports none gives None.
+    from governor.daemon.recorder import board_identity
+    from governor.daemon.store import JobRecord, Store
+    from governor.sysfs import Root
+
+    identity = board_identity(Root(tmp_path), probe(nvml)[0])
+    assert isinstance(identity["driver"], str) and identity["backend"] == "nvml"
+    store = Store(tmp_path / "s.sqlite")
+    store.add(JobRecord(ended_at=1.0, model_type="decoder", num_layers=12, hidden_size=768, seq_len=128.0, **identity))
+    assert store.totals()["jobs"] == 1
