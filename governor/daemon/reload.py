@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ftgovd")
 
-AT_START_ONLY = ("socket", "sysfs_root", "state_dir", "backend", "node_wait_s")
+AT_START_ONLY = ("socket", "sysfs_root", "state_dir", "backend", "node_wait_s", "store")
 
 
 class Reloader:
@@ -50,7 +50,6 @@ class Reloader:
         pins.power_mode.pin_above = new.pin_above_power_mode
         self.tuner.cfg = new.tuner
         server.ticker.sample_interval_s = new.sample_interval_s
-        server.sampler.sample_s, server.sampler.settle_s = new.util_sample_s, new.util_settle_s
         server.config = new
         # The connection limits (root's reserve, per uid) are read at each accept; an idle timeout also applies to the
         # connections open now.

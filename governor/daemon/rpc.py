@@ -7,7 +7,6 @@ here is what needs the daemon's state: limits, the caller's right to name a proc
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING
 from governor.daemon import peers, protocol, redact, status
 from governor.daemon.jobs import ActiveJob
 from governor.daemon.protocol import RpcFault
+from governor.daemon.utilization import measure_load_pct
 from governor.errors import INVALID_PARAMS, LIMIT_EXCEEDED, PERMISSION_DENIED, SERVER_ERROR, UNKNOWN_JOB, FtgovError
 from governor.policy import PolicyName
 
@@ -76,7 +76,7 @@ class Methods:
         return self._predict(features, gid, "")
 
     async def _predict_measured(self, features, gid: str) -> dict:
-        util_pct, why = await self._measure_util_pct(gid)
+        util_pct, why = await measure_load_pct(self.pins.gpus[gid].gpu, self.config.util_sample_s)
         return self._predict(features.model_copy(update={"gpu_util": util_pct}), gid, why)
 
     def _predict(self, features, gid: str, why: str) -> dict:
@@ -200,27 +200,6 @@ class Methods:
         self._own_job(conn, params.job_id)
         conn.job_ids.discard(params.job_id)
         return summary(self.server.end(params.job_id, "unregistered"))
-
-    async def _measure_util_pct(self, gpu_id: str) -> tuple[float, str]:
-        """Average the GPU load file over util_sample_s (the job is already running when it registers)."""
-        gpu = self.pins.gpus[gpu_id].gpu
-        samples = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.util_sample_s
-        while True:
-            try:
-                load_pct = gpu.read().load_pct
-            except FtgovError:
-                load_pct = None
-            if load_pct is not None:
-                samples.append(load_pct)
-            if loop.time() >= deadline:
-                break
-            await asyncio.sleep(min(0.05, self.config.util_sample_s))
-        if not samples:
-            return 100.0, "gpu_util not given and the GPU reports no load: assumed 100%"
-        util_pct = sum(samples) / len(samples)
-        return util_pct, f"gpu_util measured from the GPU's load: {util_pct:.1f}% over {len(samples)} samples"
 
 
 def summary(ended) -> dict:

@@ -49,8 +49,7 @@ class Server:
         self.notifier = notifier
         self.ticker = ticker
         self.methods = Methods(self)
-        self.sampler = UtilizationSampler(pins, config.util_sample_s, config.util_settle_s,
-                                          active_pct=config.util_active_pct, settle_max_s=config.util_settle_max_s)
+        self.sampler = UtilizationSampler(pins, lambda: self.config)
         self.conns: set[Connection] = set()
         self.conns_per_uid: Counter[int] = Counter()
         # One read buffer for every connection: see Connection.get_buffer.

@@ -28,8 +28,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from governor.daemon.config import Config
 from governor.daemon.jobs import ActiveJob, mhz
 from governor.daemon.pins import PinController
 from governor.errors import FtgovError
@@ -50,14 +52,28 @@ class _Pending:
 
 
 class UtilizationSampler:
-    def __init__(self, pins: PinController, sample_s: float, settle_s: float, *, active_pct: float = 10.0,
-                 settle_max_s: float = 600.0):
+    """``config`` returns the config in force, so that a reload's util_* values apply to the next window."""
+
+    def __init__(self, pins: PinController, config: Callable[[], Config]):
         self.pins = pins
-        self.sample_s = sample_s
-        self.settle_s = settle_s
-        self.active_pct = active_pct
-        self.settle_max_s = settle_max_s
+        self._config = config
         self._pending: dict[int, _Pending] = {}
+
+    @property
+    def sample_s(self) -> float:
+        return self._config().util_sample_s
+
+    @property
+    def settle_s(self) -> float:
+        return self._config().util_settle_s
+
+    @property
+    def active_pct(self) -> float:
+        return self._config().util_active_pct
+
+    @property
+    def settle_max_s(self) -> float:
+        return self._config().util_settle_max_s
 
     def waiting(self, job: ActiveJob) -> bool:
         return job.job_id in self._pending
@@ -108,8 +124,9 @@ class UtilizationSampler:
         if loop.time() + SAMPLE_EVERY_S <= deadline:
             loop.call_later(SAMPLE_EVERY_S, self._sample, job_id, pending, deadline, when)
         elif self._another_window(job, pending):
-            pending.samples = []
-            self._sample(job_id, pending, loop.time() + self.sample_s, when)
+            pending.samples = []  # the next window opens after one read interval, as every read does
+            loop.call_later(SAMPLE_EVERY_S, self._sample, job_id, pending,
+                            loop.time() + SAMPLE_EVERY_S + self.sample_s, when)
         else:
             self._finish(job, pending, when)
 
@@ -147,3 +164,25 @@ class UtilizationSampler:
         except FtgovError as e:  # the pin did not take: the job runs on unpinned, as a client would be told
             log.error("%s: could not pin after measuring gpu_util: %s; it runs at the default clocks", job.label(), e,
                       extra=job.fields())
+
+
+async def measure_load_pct(gpu, sample_s: float) -> tuple[float, str]:
+    """The GPU's load averaged over sample_s, read every SAMPLE_EVERY_S (predict: nothing is pinned, nothing waits
+    on a training step), with what was done for the reason; ASSUMED_UTIL_PCT when the GPU reports no load."""
+    samples = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + sample_s
+    while True:
+        try:
+            load_pct = gpu.read().load_pct
+        except FtgovError:
+            load_pct = None
+        if load_pct is not None:
+            samples.append(load_pct)
+        if loop.time() >= deadline:
+            break
+        await asyncio.sleep(min(SAMPLE_EVERY_S, sample_s))
+    if not samples:
+        return ASSUMED_UTIL_PCT, f"gpu_util not given and the GPU reports no load: assumed {ASSUMED_UTIL_PCT:g}%"
+    util_pct = sum(samples) / len(samples)
+    return util_pct, f"gpu_util measured from the GPU's load: {util_pct:.1f}% over {len(samples)} samples"

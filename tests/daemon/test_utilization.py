@@ -88,3 +88,14 @@ def test_a_job_that_ends_while_waiting_is_not_measured_later(orin, start_daemon)
     measured = [line for line in d.log().splitlines() if "gpu_util measured" in line]
     assert measured and all(f"job {second} " in line for line in measured), measured
     assert [j["job_id"] for j in held.call("status")["jobs"]] == [second]
+
+
+def test_windows_shorter_than_a_read_still_yield_to_the_loop(orin, start_daemon):
+    # util_sample_s: 0 makes each window one read; the windows that follow one another while the load stays low
+    # must be scheduled, not nested (nesting hit the recursion limit and left the job undecided).
+    set_load(orin, 3.0)
+    d = start_daemon(config={"util_settle_s": 0.05, "util_sample_s": 0, "util_settle_max_s": 1.0})
+    c = d.client()
+    c.call("register", **STRUCTURE)
+    d.wait_status(lambda m: "pinned to 1020 MHz" in m)
+    assert c.call("status")["jobs"][0]["features"]["gpu_util"] == 3.0
