@@ -96,10 +96,12 @@ class PinController:
 
     def admit(self, *, pid: int, start_ticks: int, uid: int, name: str | None, gpu_id: str,
               features: Features, policy: PolicyName | None = None, job_id: int | None = None) -> ActiveJob:
-        """Put a job in the table, undecided: the simulated board sees its load before the daemon measures it."""
-        if len(self.jobs) >= self.max_jobs:
-            raise FtgovError(f"the daemon already holds {len(self.jobs)} jobs (limits.max_jobs)")
+        """Put a job in the table, undecided: the simulated board sees its load before the daemon measures it. A job
+        re-adopted with its old ``job_id`` is not a new admission: max_jobs (perhaps lowered since) does not apply,
+        or a restart with more live jobs than the new limit would fail before serving, its pins left in place."""
         if job_id is None:
+            if len(self.jobs) >= self.max_jobs:
+                raise FtgovError(f"the daemon already holds {len(self.jobs)} jobs (limits.max_jobs)")
             job_id, self.next_job_id = self.next_job_id, self.next_job_id + 1
         job = ActiveJob(job_id, pid, start_ticks, uid, name, gpu_id, features, policy)
         job.meter = self.energy.new_meter(self.gpus[gpu_id].gpu)

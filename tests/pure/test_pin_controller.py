@@ -7,7 +7,7 @@ import pytest
 from governor.backends.base import GpuBase, Limits, Reading
 from governor.daemon.pins import PinController
 from governor.daemon.state import StateFile
-from governor.errors import PinError
+from governor.errors import FtgovError, PinError
 from governor.features import Features
 from governor.policy import Policy, PolicyName
 
@@ -148,6 +148,19 @@ def test_adopt_takes_back_live_jobs_and_the_baseline(gpu, tmp_path):
     again.end(j.job_id, "process exited")
     assert gpu.limits == BASELINE
 
+
+
+def test_adopt_takes_back_more_live_jobs_than_a_lowered_max_jobs(gpu, tmp_path):
+    # An operator lowered limits.max_jobs and restarted while jobs held the pin: they are taken back all the same
+    # (refusing them failed the start, pin left in place); new jobs wait for room.
+    first = controller(gpu, tmp_path)
+    for pid in (100, 101, 102):
+        first.decide(job(first, pid=pid))
+    state = first.state_file.read("boot-1")
+    again = controller(gpu, tmp_path, max_jobs=2)
+    assert len(again.adopt(state)) == 3 and gpu.limits.max_hz == 714_000_000
+    with pytest.raises(FtgovError, match="max_jobs"):
+        job(again, pid=103)
 
 def test_adopt_with_no_live_job_restores(gpu, tmp_path):
     first = controller(gpu, tmp_path)
