@@ -198,7 +198,10 @@ class Store:
         try:
             return self._open_sound()
         except sqlite3.DatabaseError as e:
-            if isinstance(e, sqlite3.OperationalError) and "unable to open" in str(e):
+            # OperationalError is the file's circumstances, not its content (unable to open, locked past the busy
+            # timeout, disk full, I/O error): say so and leave it alone. Only a file that is not a sound store
+            # (not a database, corrupt, a newer schema) is moved aside.
+            if isinstance(e, sqlite3.OperationalError):
                 raise StoreError(f"cannot open the measurement store {self.path}: {e}") from e
             aside = self._move_aside()
             log.error("measurement store %s is unreadable (%s): moved aside to %s, starting a fresh one",

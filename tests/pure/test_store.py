@@ -197,3 +197,18 @@ def test_the_daemons_store_pulls_in_no_numpy_or_scikit_learn():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
     assert out.strip() == "[]"
+
+
+def test_a_store_locked_by_another_process_is_refused_not_moved_aside(tmp_path, monkeypatch):
+    store.Store(tmp_path / "m.sqlite").close()
+    monkeypatch.setattr(store, "BUSY_TIMEOUT_S", 0.1)
+    holder = sqlite3.connect(tmp_path / "m.sqlite", isolation_level=None)
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(store.StoreError, match="locked"):
+            store.Store(tmp_path / "m.sqlite")
+    finally:
+        holder.close()
+    assert not list(tmp_path.glob("m.sqlite.corrupt-*"))
+    assert store.Store(tmp_path / "m.sqlite").totals()["jobs"] == 0
