@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 
 from governor.errors import ModelError
+from governor.policy.tree import read_model_bytes
 
 
 def read_ffg_hz(path: str | os.PathLike) -> int:
     """``freq_hz`` of an ffg.json: a positive integer in Hz. ModelError naming the file and the fault otherwise."""
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = json.loads(read_model_bytes(path))
     except OSError as e:
         raise ModelError(f"cannot read FFG frequency from {path}: {e.strerror or e}") from e
     except ValueError as e:

@@ -84,7 +84,7 @@ class DecisionTree:
     @classmethod
     def load(cls, path: str | Path) -> DecisionTree:
         try:
-            text = _read_bounded(path).decode()
+            text = read_model_bytes(path).decode()
         except OSError as e:
             raise ModelError(f"cannot read model file {path}: {e.strerror or e}") from e
         except UnicodeDecodeError as e:
@@ -118,11 +118,13 @@ class DecisionTree:
 
 
 # The shipped tree is a few KB; a tree of 10,000 nodes is under 1 MiB. The daemon reads the model as root at start:
-# a device (/dev/zero), a FIFO or a huge file must be an error, not an endless read or a memory blow-up.
+# a device (/dev/zero), a FIFO or a huge file (in place of the tree or ffg.json) must be an error, not an endless
+# read or a memory blow-up.
 MAX_MODEL_BYTES = 4 * 1024 * 1024
 
 
-def _read_bounded(path: str | Path) -> bytes:
+def read_model_bytes(path: str | Path) -> bytes:
+    """A model file's bytes (the tree, ffg.json): a regular file of at most MAX_MODEL_BYTES, else OSError."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO must not block the open
     try:
         st = os.fstat(fd)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -44,6 +45,14 @@ def test_a_bad_ffg_file_is_refused_with_its_name_and_fault(tmp_path, content, fa
         read_ffg_hz(path)
     assert str(path) in str(e.value)
 
+
+
+def test_a_fifo_in_place_of_ffg_json_is_refused_not_waited_on(tmp_path):
+    # The daemon reads it as root at start and on reload: a FIFO must not hang it.
+    path = tmp_path / "ffg.json"
+    os.mkfifo(path)
+    with pytest.raises(ModelError, match="not a regular file"):
+        read_ffg_hz(path)
 
 def test_the_daemon_falls_back_with_the_readers_reason(tmp_path):
     (tmp_path / "ffg.json").write_text(json.dumps({"freq_hz": -1}))
