@@ -367,12 +367,12 @@ def check_state(ctx: Context) -> list[Check]:
     from governor.errors import StateError
 
     state_file = StateFile(ctx.config.state_dir)
+    if ctx.uid != 0:  # the file and its directory are root's and private: judged as the daemon would, by root
+        return [Check("state", WARN, f"{state_file.path} is readable by root only (you are uid {ctx.uid})",
+                      "run doctor as root to check it")]
     try:
-        state = state_file.read(boot_id(ctx.root))
+        state = state_file.read(boot_id(ctx.root), set_aside=False)
     except StateError as e:
-        if isinstance(e.__cause__, PermissionError):
-            return [Check("state", WARN, f"{state_file.path} is readable by root only (you are uid {ctx.uid})",
-                          "run doctor as root to check it")]
         return [Check("state", FAIL, str(e), f"sudo rm {state_file.path} once the limits are restored")]
     if state is None or not state.gpus:
         what = "no state file" if not state_file.path.exists() else "no pin recorded for this boot"

@@ -261,9 +261,10 @@ class StateFile:
         finally:
             os.close(dirfd)
 
-    def read(self, current_boot_id: str) -> State | None:
+    def read(self, current_boot_id: str, *, set_aside: bool = True) -> State | None:
         """The saved state of this boot, or None (no file, another boot's, or invalid: each is logged, an invalid
-        file set aside). StateError only for a state dir that cannot be trusted or read at all."""
+        file set aside). StateError for a state dir that cannot be trusted or read at all, and, with
+        ``set_aside=False`` (a diagnosis, which must change nothing), for an invalid file, left where it is."""
         try:
             dirfd = self._open_dir(create=False)
         except OSError as e:
@@ -276,19 +277,23 @@ class StateFile:
             except FileNotFoundError:
                 return None
             except (OSError, StateError) as e:
-                self._set_aside(dirfd, e.strerror if isinstance(e, OSError) and e.strerror else str(e))
-                return None
+                return self._invalid(dirfd, e.strerror if isinstance(e, OSError) and e.strerror else str(e), set_aside)
             try:
                 state = State.from_json(raw)
             except StateError as e:
-                self._set_aside(dirfd, str(e))
-                return None
+                return self._invalid(dirfd, str(e), set_aside)
         finally:
             os.close(dirfd)
         if state.boot_id != current_boot_id:
             log.info("ignoring state file %s from another boot (%s)", self.path, state.boot_id[:40])
             return None
         return state
+
+    def _invalid(self, dirfd: int, why: str, set_aside: bool) -> None:
+        if not set_aside:
+            raise StateError(f"state file {self.path} is invalid: {why}")
+        self._set_aside(dirfd, why)
+        return None
 
     def _read_capped(self, dirfd: int) -> bytes:
         fd = os.open(STATE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)

@@ -234,3 +234,21 @@ def test_pin_check_that_cannot_write_fails_and_its_restore_is_retried(orin, star
     # (The baseline it restores is what max_freq read at the snapshot: the integer the mounted file gave.)
     assert json.loads((d.state_dir / "state.json").read_text())["gpus"] == {}
     assert "GPU 0 restored to its baseline" in d.log()
+
+
+def test_an_invalid_state_file_is_reported_and_left_where_it_is(orin):
+    if os.geteuid() != 0:
+        pytest.skip("the state file is judged as root judges it")
+    state_dir = orin / "state"
+    state_dir.mkdir(mode=0o700)
+    (state_dir / "state.json").write_text("{not json")
+    rc, checks = doctor(orin)
+    state = one(checks, "state")
+    assert rc == 1 and state["status"] == "FAIL" and "invalid" in state["detail"], state
+    assert (state_dir / "state.json").read_text() == "{not json" and not list(state_dir.glob("*.invalid*"))
+
+
+def test_a_non_root_caller_is_told_the_state_file_is_roots(orin):
+    rc, checks = doctor(orin, user=65534) if os.geteuid() == 0 else doctor(orin)
+    state = one(checks, "state")
+    assert state["status"] == "WARN" and "readable by root only" in state["detail"], state
