@@ -7,15 +7,12 @@ It keeps the file's job list, so a daemon restarted afterwards can re-adopt jobs
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from governor import DEFAULT_CONFIG_PATH
 from governor.daemon.state import StateFile, baseline_problem, boot_id
 from governor.errors import FtgovError
 from governor.sysfs import Root, trusted_root
-
-log = logging.getLogger("ftgovd")
 
 
 def add_parser(sub) -> None:

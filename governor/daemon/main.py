@@ -219,7 +219,7 @@ def build_policy(config: Config, gpus: list) -> Policy:
     ffg_hz, ffg_from = config.ffg_freq_hz, "config"
     if ffg_hz is None:
         ffg_hz, ffg_from = default_ffg_hz(shipped_model)
-    log.info("FFG frequency %g MHz (from %s)", ffg_hz / 1e6, ffg_from)
+    log.info("FFG frequency %s (from %s)", mhz(ffg_hz), ffg_from)
     return Policy.from_config(policy_name(config, gpus), ffg_hz, model_file)
 
 

@@ -26,9 +26,8 @@ class Coalescer:
     """At most one run per key per interval_s; see the module docstring."""
 
     def __init__(self, defer: Callable[[Callable[[], None], float], None], interval_s: float = REDECIDE_INTERVAL_S,
-                 clock: Callable[[], float] = time.monotonic, on_error: Callable[[Exception], None] | None = None):
+                 clock: Callable[[], float] = time.monotonic):
         self.defer, self.interval_s, self.clock = defer, interval_s, clock
-        self.on_error = on_error or (lambda e: logging.getLogger("ftgovd").error("deferred re-decision failed: %s", e))
         self.last_s: dict[Hashable, float] = {}
         self.pending: dict[Hashable, Callable[[], None]] = {}
 
@@ -60,7 +59,7 @@ class Coalescer:
         try:
             fn()
         except Exception as e:  # deferred: there is no client waiting to be told
-            self.on_error(e)
+            logging.getLogger("ftgovd").error("deferred re-decision failed: %s", e)
 
 
 _CLIENT_UID: contextvars.ContextVar[int | None] = contextvars.ContextVar("ftgov_client_uid", default=None)

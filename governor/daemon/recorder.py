@@ -123,7 +123,6 @@ class StoreWriter:
         self._lock = threading.Lock()
         self._totals = {"jobs": 0, "energy_j": 0.0, "saved_j": 0.0}
         self.error: str | None = None
-        self.written = 0
         self._store = self._open()
         self._thread = threading.Thread(target=self._run, name="ftgov-store", daemon=True)
         self._thread.start()
@@ -181,7 +180,6 @@ class StoreWriter:
             with self._lock:
                 self.error = str(e)
             return
-        self.written += 1
         with self._lock:
             self._totals, self.error = totals, None
 

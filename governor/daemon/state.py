@@ -148,10 +148,6 @@ class State:
         jobs = [JobRecord(**j.model_dump()) for j in m.jobs]
         return cls(m.boot_id, gpus, jobs, m.next_job_id)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> State:
-        return cls.from_json(json.dumps(d).encode())
-
 
 def baseline_problem(baseline: Limits, levels_hz: Sequence[int]) -> str | None:
     """Why a saved baseline must not be written back to a GPU with these levels (None: it may).

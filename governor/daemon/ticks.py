@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from governor.daemon.notify import Notifier
+from governor.units import mhz
 
 if TYPE_CHECKING:
     from governor.daemon.pins import PinController
@@ -67,7 +68,7 @@ class Ticker:
 
 
 def status_line(pins: PinController) -> str:
-    states = [f"GPU {gid} {'pinned to %g MHz' % (c.pinned_hz / 1e6) if c.pinned_hz else 'at baseline'}"
+    states = [f"GPU {gid} {'pinned to ' + mhz(c.pinned_hz) if c.pinned_hz else 'at baseline'}"
               for gid, c in pins.gpus.items()]
     if not pins.gpus:
         return f"{len(pins.jobs)} job(s); no GPU: {pins.missing_why or 'none found'}"

@@ -129,8 +129,8 @@ class JobTuner:
             return
         self.windows.append((m, window_util_pct(gov, job)))
         state = self.tuner.state()
-        log.info("%s: tune probe %d at %g MHz: %.4f J/step, %.4f s/step over %d steps -> %s", job.label(),
-                 state["probes"], m.level_hz / 1e6, m.joules_per_step, m.seconds_per_step, m.measured_steps,
+        log.info("%s: tune probe %d at %s: %.4f J/step, %.4f s/step over %d steps -> %s", job.label(),
+                 state["probes"], mhz(m.level_hz), m.joules_per_step, m.seconds_per_step, m.measured_steps,
                  f"converged on {mhz(self.tuner.best_hz)}" if self.tuner.converged
                  else f"next {mhz(self.session.level_hz)} ({state['reason']})",
                  extra={**job.fields(), "TUNE_PROBE": state["probes"], "TUNE_LEVEL_HZ": m.level_hz,
@@ -242,7 +242,7 @@ class JobTuner:
     def state(self) -> dict:
         search = self.tuner.state() if self.tuner is not None else {
             "phase": "undecided", "probes": 0, "converged": False, "estimates": [], "start_hz": None}
-        return {**search, "status": self.status, "baseline": self._baseline_state(), "saving": self.saving(),
+        return {**search, "status": self.status, "baseline": self._baseline_state(),
                 "profiled_steps": self.session.profiled_steps if self.session else 0}
 
     def _baseline_state(self) -> dict:
