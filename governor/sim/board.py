@@ -149,9 +149,13 @@ class Board:
         if pid in self._pidfds.values():
             return True
         try:
-            self._pidfds[os.pidfd_open(pid)] = pid
+            fd = os.pidfd_open(pid)
         except ProcessLookupError:
             return False
+        if select.select([fd], [], [], 0)[0]:  # exited, not yet reaped (a zombie): dead, and it would wake us forever
+            os.close(fd)
+            return False
+        self._pidfds[fd] = pid
         return True
 
     def _model(self, allowed: tuple[int, ...]) -> OrinEnergyModel:
