@@ -21,7 +21,6 @@ import argparse
 import hashlib
 import json
 import os
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -286,14 +285,11 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """An FtgovError is printed by the command's entry (governor.cli.run_command), as for every stage."""
     try:
         return _run(args)
-    except FtgovError as e:
-        print(f"ftgov model retrain: {e}", file=sys.stderr)
-        return 1
     except OSError as e:  # writing the tree
-        print(f"ftgov model retrain: cannot write {e.filename or 'the tree'}: {e.strerror or e}", file=sys.stderr)
-        return 1
+        raise FtgovError(f"cannot write {e.filename or 'the tree'}: {e.strerror or e}") from e
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -343,14 +339,3 @@ def _run(args: argparse.Namespace) -> int:
     print(f"wrote {out} ({model_id}); point model_file at it and run `systemctl reload ftgovd`")
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m governor.pipeline.retrain ...`: this stage alone."""
-    parser = argparse.ArgumentParser(prog="retrain")
-    add_parser(parser.add_subparsers(dest="stage", required=True))
-    args = parser.parse_args(["retrain", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
