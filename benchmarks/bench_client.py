@@ -22,9 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.support.daemon import Daemon  # noqa: E402
-
-FEATURES = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0, "gpu_util": 60.0}
+from tests.support.daemon import FEATURES, Daemon  # noqa: E402
 
 
 def per_call_ns(fn, n: int) -> float:

@@ -38,11 +38,8 @@ sys.path.insert(0, str(REPO))
 from figures import markdown_table, pct  # noqa: E402  (benchmarks/ is on sys.path when a script here runs)
 
 from governor.sim import tree  # noqa: E402
-from tests.support.daemon import Daemon, Rpc  # noqa: E402
-
-FEATURES = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0, "gpu_util": 60.0}
-NODE = "sys/class/devfreq/17000000.gpu"
-
+from tests.support.daemon import DEVFREQ as NODE  # noqa: E402
+from tests.support.daemon import FEATURES, Daemon, Rpc  # noqa: E402
 
 
 async def concurrent_round(sock: str, n: int) -> list[float]:

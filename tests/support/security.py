@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from governor.daemon.peers import start_ticks
 from tests.support import REPO
 from tests.support.faults import BASELINE, PINNED
 
 __all__ = ["BASELINE", "PINNED", "boot_id_of", "ftgov", "job_record", "needs_root", "open_to_members", "run_as",
-           "start_ticks", "state_dir_of", "write_state"]
+           "state_dir_of", "write_state"]
 
 # The other user cannot run the repo's venv interpreter (it lives under /root): a stdlib-only client, system python.
 SYSTEM_PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
@@ -25,7 +26,7 @@ def needs_root() -> None:
         pytest.skip("needs root: runs clients as a throwaway user (useradd) against a root daemon")
 
 
-def run_as(user: str, code: str, *args: str, timeout_s: float = 30.0, **popen) -> subprocess.Popen:
+def run_as(user: str, code: str, *args: str, **popen) -> subprocess.Popen:
     """Start code (stdlib only) under the system python as user; stdout and stdin are pipes."""
     return subprocess.Popen(["runuser", "-u", user, "--", SYSTEM_PYTHON, "-c", code, *args], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
@@ -34,11 +35,6 @@ def run_as(user: str, code: str, *args: str, timeout_s: float = 30.0, **popen) -
 def open_to_members(d) -> None:
     """The test's workdir is 0700 root: let the member reach the socket (which is 0660 root:ftgov)."""
     os.chmod(d.workdir, 0o755)
-
-
-def start_ticks(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_bytes()
-    return int(stat[stat.rindex(b")") + 2:].split()[19])
 
 
 def boot_id_of(root: Path) -> str:
