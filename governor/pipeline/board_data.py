@@ -144,10 +144,12 @@ class Sample:
     label_hz: int
     weight: float
     energy_at: Callable[[int], tuple[float, bool]]  # level -> (energy per step, estimated?)
+    optimum_j: float  # the least energy per step measured
 
 
 def sweep_sample(s: Sweep) -> Sample:
-    return Sample(s.workload, s.features, dataset.label_hz(s), 1.0, lambda hz, s=s: (s.energy_j[hz], False))
+    return Sample(s.workload, s.features, dataset.label_hz(s), 1.0, lambda hz, s=s: (s.energy_j[hz], False),
+                  min(s.energy_j.values()))
 
 
 def curve_sample(c: BoardCurve, reference: Sweep, index: int) -> Sample:
@@ -157,13 +159,14 @@ def curve_sample(c: BoardCurve, reference: Sweep, index: int) -> Sample:
         m = min(c.energy_j, key=lambda k: (abs(k - hz), k))  # nearest measured level, scaled by the sweep's shape
         return c.energy_j[m] * reference.energy_j[hz] / reference.energy_j[m], True
 
-    return Sample(f"board/{index}", c.features, c.label_hz, c.weight, energy_at)
+    return Sample(f"board/{index}", c.features, c.label_hz, c.weight, energy_at, c.energy_j[c.label_hz])
 
 
 def regret_pct(sample: Sample, hz: int) -> tuple[float, bool]:
+    """Against the least energy measured (a sweep's raw minimum, as Sweep.regret_pct and the fit stage measure it;
+    a board curve's bracketed minimum), not the label: a sweep's label is the smoothed one, which a pick can beat."""
     e, est = sample.energy_at(hz)
-    opt, _ = sample.energy_at(sample.label_hz)
-    return 100.0 * (e / opt - 1.0), est
+    return 100.0 * (e / sample.optimum_j - 1.0), est
 
 
 def build_samples(sweeps: list[Sweep], curves: list[BoardCurve],
