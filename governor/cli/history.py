@@ -41,12 +41,9 @@ def store_path(args: argparse.Namespace) -> str:
     if args.store:
         return args.store
     from governor import DEFAULT_CONFIG_PATH
-    from governor.daemon.config import DEFAULT_STORE_PATH, load_config
+    from governor.daemon.config import installed_store_path, load_config
 
-    path = load_config(args.config or DEFAULT_CONFIG_PATH, must_exist=args.config is not None).store.path
-    if path is None:
-        raise FtgovError("the config keeps no measurement store (store.path: null)")
-    return DEFAULT_STORE_PATH if path == "auto" else path
+    return installed_store_path(load_config(args.config or DEFAULT_CONFIG_PATH, must_exist=args.config is not None))
 
 
 def add_store_arguments(p: argparse.ArgumentParser) -> None:

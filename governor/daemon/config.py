@@ -154,6 +154,14 @@ def store_path(config: Config, environ=os.environ) -> str | None:
     return str(Path(state_dir) / "measurements.sqlite") if state_dir else None
 
 
+def installed_store_path(config: Config) -> str:
+    """The store an operator's command reads (ftgov history, report, model retrain): store.path, or for `auto` the
+    file the unit's StateDirectory= gives the daemon; ConfigError when the config keeps none."""
+    if config.store.path is None:
+        raise ConfigError("the config keeps no measurement store (store.path: null); give --store")
+    return DEFAULT_STORE_PATH if config.store.path == "auto" else config.store.path
+
+
 def _format_errors(e: ValidationError) -> str:
     lines = []
     for err in e.errors():

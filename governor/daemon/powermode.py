@@ -36,7 +36,10 @@ class PowerModeCap:
 
     def allowed_levels(self, gpu_id: str) -> tuple[int, ...]:
         """The GPU's levels a pin may take (see ceiling_hz); the lowest level at least."""
-        levels, ceiling = self.gpus[gpu_id].gpu.levels_hz, self.ceiling_hz(gpu_id)
+        return self._under(gpu_id, self.ceiling_hz(gpu_id))
+
+    def _under(self, gpu_id: str, ceiling: int | None) -> tuple[int, ...]:
+        levels = self.gpus[gpu_id].gpu.levels_hz
         if ceiling is None:
             return levels
         return tuple(hz for hz in levels if hz <= ceiling) or levels[:1]
@@ -48,6 +51,6 @@ class PowerModeCap:
         ceiling = self.ceiling_hz(gpu_id)
         if ceiling is None or decision.freq_hz <= ceiling:
             return decision
-        level = self.allowed_levels(gpu_id)[-1]
+        level = self._under(gpu_id, ceiling)[-1]  # the ceiling just read: not a second read of the limits
         note = f"capped by the power mode at {mhz(ceiling)}" + ("" if level == ceiling else f" (level {mhz(level)})")
         return replace(decision, freq_hz=level, reason=f"{decision.reason}; {note}")

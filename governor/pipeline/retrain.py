@@ -298,11 +298,10 @@ def _run(args: argparse.Namespace) -> int:
     store_path, current = args.store, args.current
     if args.config or current is None or store_path is None:
         from governor import DEFAULT_CONFIG_PATH
-        from governor.daemon.config import default_model_path, load_config
+        from governor.daemon.config import default_model_path, installed_store_path, load_config
 
         cfg = load_config(args.config or DEFAULT_CONFIG_PATH, must_exist=args.config is not None)
-        configured = cfg.store.path
-        store_path = store_path or (DEFAULT_STORE_PATH if configured in ("auto", None) else configured)
+        store_path = store_path or (installed_store_path(cfg) if not args.from_dir else None)
         current = current or Path(cfg.model_file or default_model_path())
     if args.data is None:
         if not DEFAULT_DATA.is_file():  # an installed ftgov carries the tree, not the data it was trained on
