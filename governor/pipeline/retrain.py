@@ -81,14 +81,7 @@ def search(samples: list[Sample], seed: int, n_jobs: int = 1) -> WeightedCv:
     from joblib import Parallel, delayed
 
     candidates = train.grid()
-    results = Parallel(n_jobs=n_jobs)(delayed(loocv)(samples, p, seed) for p in candidates)
-
-    def rank(item):
-        i, r = item
-        depth = r.params["max_depth"] if r.params["max_depth"] is not None else 99
-        return (round(r.mean_regret_pct, 9), -round(r.accuracy, 9), depth, -r.params["min_samples_leaf"], i)
-
-    return min(enumerate(results), key=rank)[1]
+    return train.pick_best(Parallel(n_jobs=n_jobs)(delayed(loocv)(samples, p, seed) for p in candidates))
 
 
 def fit(samples: list[Sample], params: dict, seed: int):

@@ -87,14 +87,19 @@ def search(sweeps: list[Sweep], seed: int, n_jobs: int = 1,
     candidates = grid()
     results = Parallel(n_jobs=n_jobs)(delayed(loocv)(sweeps, p, seed, labels) for p in candidates)
 
+    return pick_best(results), list(results)
+
+
+def pick_best(results):
+    """The winner of a grid search by (regret, -accuracy, simplicity, grid order): for the fit stage and retrain
+    alike. Each result has ``mean_regret_pct``, ``accuracy`` and ``params``."""
     def rank(item):
         i, r = item
         depth = r.params["max_depth"] if r.params["max_depth"] is not None else 99
         # rounded so that float noise in the last digit cannot reorder equal results between machines
         return (round(r.mean_regret_pct, 9), -round(r.accuracy, 9), depth, -r.params["min_samples_leaf"], i)
 
-    best = min(enumerate(results), key=rank)[1]
-    return best, list(results)
+    return min(enumerate(results), key=rank)[1]
 
 
 def fit(sweeps: list[Sweep], params: dict, seed: int, labels: Labels | None = None):
