@@ -1,8 +1,9 @@
 """The online tuner on real, simulated and adversarial energy curves, from three starts, the original tuner beside
 the new one.
 
-    PYTHONPATH=. python benchmarks/bench_tuner.py [--sets real adversarial simulated] [--seeds 5] [--job-steps 2000]
-        [--noise-rel 0.03] [--model-noise 0.71] [--max-slowdown 0.1] [--data ../shared/data/loudva] [--worst N]
+    PYTHONPATH=. python benchmarks/bench_tuner.py [--sets real adversarial fine simulated] [--seeds 5]
+        [--job-steps 2000] [--noise-rel 0.03] [--model-noise 0.71] [--max-slowdown 0.1]
+        [--data ../shared/data/loudva] [--worst N]
 
 Curve sets (benchmarks/tuner_curves.py):
 
@@ -11,6 +12,8 @@ Curve sets (benchmarks/tuner_curves.py):
   stands in for the default governor (the boards' default runs the GPU at or near its top clock under load).
 - adversarial: shapes made in code (minimum at an end, flat bottoms, plateau then dip, two dips, spikes), on 11, 15
   and 25 levels; same starts.
+- fine: the real curves on tables of 3 and 8 times as many levels (about 40 and 100, as a GPU listing dozens of
+  clocks has), interpolated between the measured levels; same starts.
 - simulated: the 60 held-out workloads on the simulated Orin, each a whole job run step by step through the noisy
   model at --model-noise (0.71: about 3% step-to-step energy noise) with a TuningSession exactly as
   governor/sim/tuned_job.py does. Starts: MLG's pick (model/mlg-tree.json), the top, the bottom. The default
@@ -47,6 +50,7 @@ from benchmarks.tuner_curves import (
     Curve,
     JobResult,
     adversarial_curves,
+    fine_curves,
     real_curves,
     run_model_job,
     run_window_job,
@@ -244,8 +248,8 @@ def worst_cases(runs: list[Run], n: int) -> None:
 def main() -> None:
     global TUNERS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sets", nargs="+", default=["real", "adversarial", "simulated"],
-                        choices=["real", "adversarial", "simulated"])
+    parser.add_argument("--sets", nargs="+", default=["real", "adversarial", "fine", "simulated"],
+                        choices=["real", "adversarial", "fine", "simulated"])
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--job-steps", type=int, default=2000)
     parser.add_argument("--noise-rel", type=float, default=0.03, help="relative s.d. of one window's J/step and s/step "
@@ -271,12 +275,13 @@ def main() -> None:
             table(f"real Jetson curves ({len(curves)}; default governor = top level)", runs)
             phase_table("real", runs)
             summary += summary_rows("real", runs, args.noise_rel)
-        elif name == "adversarial":
-            curves = adversarial_curves()
+        elif name in ("adversarial", "fine"):
+            curves = adversarial_curves() if name == "adversarial" else fine_curves(args.data)
             runs = window_runs(curves, args, None)
-            table(f"adversarial shapes ({len(curves)}; default governor = top level)", runs)
-            phase_table("adversarial", runs)
-            summary += summary_rows("adversarial", runs, args.noise_rel)
+            what = "adversarial shapes" if name == "adversarial" else "real curves on finer tables (40 and 100 levels)"
+            table(f"{what} ({len(curves)}; default governor = top level)", runs)
+            phase_table(name, runs)
+            summary += summary_rows(name, runs, args.noise_rel)
         else:
             runs = simulated_runs(args)
             table("simulated Orin, held-out workloads (60; default governor = MAXN)", runs)

@@ -6,6 +6,10 @@ A curve is one workload's energy and time per step at each level of a table. Thr
   curve per (board, batch_size), energy_j and latency_s per batch at each pinned GPU clock;
 - adversarial: shapes made here, deterministically, to break a search that trusts a smooth U: the minimum at either
   end, flat bottoms, a plateau before the dip, two dips, a single spike up or down, on tables of 11, 15 and 25 levels;
+- fine: the real curves spread over tables of 3 and 8 times as many levels (every third and every sixth curve), as a
+  GPU listing dozens of clocks would show them: log energy and step time interpolated linearly between the measured
+  levels. The minimum stays at a measured level, a V between its neighbours: harder for a search than a smooth
+  curve, whose levels near the bottom would differ by less;
 - simulated: the held-out workloads on the simulated Orin (governor.pipeline.workloads + governor.sim.energy), run
   step by step as governor/sim/tuned_job.py does (``run_model_job``).
 
@@ -17,6 +21,7 @@ level, like the measured steps) then the rest of the job at the converged level,
 from __future__ import annotations
 
 import csv
+import math
 import random
 from collections import defaultdict
 from collections.abc import Callable
@@ -59,6 +64,26 @@ def real_curves(data_dir: Path = DEFAULT_DATA) -> list[Curve]:
         curves.append(Curve(f"{board}/b{batch}", tuple(p[0] for p in pts), tuple(p[1] for p in pts),
                             tuple(p[2] for p in pts)))
     return curves
+
+
+def spread(curve: Curve, factor: int) -> Curve:
+    """``curve`` on a table of ``factor`` times as many levels: ``factor - 1`` levels between each measured pair, log
+    energy and step time linear in between (levels rounded to 100 kHz, as the Jetson tables are)."""
+    levels, energy, times = [], [], []
+    for k in range(len(curve.levels_hz) - 1):
+        for j in range(factor):
+            f = j / factor
+            levels.append(int(round((curve.levels_hz[k] * (1 - f) + curve.levels_hz[k + 1] * f) / 1e5)) * 100000)
+            energy.append(math.exp(math.log(curve.energy_j[k]) * (1 - f) + math.log(curve.energy_j[k + 1]) * f))
+            times.append(curve.time_s[k] * (1 - f) + curve.time_s[k + 1] * f)
+    return Curve(f"{curve.name}x{factor}", (*levels, curve.levels_hz[-1]), (*energy, curve.energy_j[-1]),
+                 (*times, curve.time_s[-1]))
+
+
+def fine_curves(data_dir: Path = DEFAULT_DATA) -> list[Curve]:
+    """Every third real curve on a table 3 times as fine, every sixth 8 times (about 40 and 100 levels)."""
+    real = real_curves(data_dir)
+    return [spread(c, 3) for c in real[::3]] + [spread(c, 8) for c in real[::6]]
 
 
 def _table(n: int) -> tuple[int, ...]:

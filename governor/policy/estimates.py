@@ -32,8 +32,9 @@ class _Estimate:
 
 
 class Estimates:
-    """The estimates half of OnlineTuner: it reads the tuner's levels_hz, _est, noise_rel, probe_steps, total_steps,
-    explore_budget_frac, max_slowdown, z_confirm and _start."""
+    """The estimates half of OnlineTuner and its Search: it reads levels_hz, _est (the windows of those levels),
+    _all_est (every window of the job, for the budget), noise_rel, probe_steps, total_steps, explore_budget_frac,
+    max_slowdown, z_confirm and _start."""
 
     def _incumbent(self, log_j: dict[int, float]) -> int | None:
         """The measured feasible level with the least estimated energy per step."""
@@ -54,7 +55,7 @@ class Estimates:
     def _spent_j(self, log_j: dict[int, float], best: int) -> float:
         """Energy the windows so far cost above the incumbent (the estimate of the optimum); cheaper ones cost none."""
         e_best = math.exp(log_j[best])
-        return sum(e.n * self.probe_steps * max(0.0, e.sum_j / e.n - e_best) for e in self._est if e.n)
+        return sum(e.n * self.probe_steps * max(0.0, e.sum_j / e.n - e_best) for e in self._all_est if e.n)
 
     def _affordable(self, i: int, log_j: dict[int, float], best: int, share: float = 1.0) -> bool:
         cost_j = self.probe_steps * max(0.0, math.exp(self._predict(i, log_j)) - math.exp(log_j[best]))

@@ -12,25 +12,29 @@ its warm-up steps (``probe_steps``, 5 by default). Estimates are the mean log en
 behind each estimate. After every window the next one is re-planned from all of them, so any measurement can move
 the incumbent (the measured feasible level with the least estimate) and the search goes on from there.
 
-1. Measure the start. With ``max_slowdown`` set, measure the top level once (the reference for the slowdown), and if
-   the start is too slow, restart at the lowest feasible level (step time per level: see ``_seconds``).
-2. Descend: while a side of the incumbent has nothing measured on it, measure that side. The stride is twice the
-   distance the walk came from the other side, so a minimum half a table away costs a few windows (1, 2, 4...
-   levels), never more than half the way to the end of the table (an end is often the costliest level: it is
-   measured only once the walk is next to it). There is no window cap that stops the walk while energy falls.
-3. Refine: bisect the gap between the incumbent and its nearest measured level on each side, until both its
-   neighbours are measured.
-4. Past the rise: a rise next to the bottom may be a bump. On each side the walk goes on outward, one level at a time,
-   until the measured run climbs like a U's wall (two levels or more, the outermost the highest and at least
-   ``WALL_Z * z_confirm`` standard deviations above the incumbent). At a wall it looks once as far again past it
-   (half the way to the end at most): a hump looks like a wall from inside. A level found there that is lower than
-   its measured neighbours and not clearly worse than the incumbent is a valley, walked like the incumbent (2-3).
-5. Confirm: the incumbent, the closest contender within ``z_confirm`` of it, and the start while it is within noise,
-   are measured again (the fewer-measured of each pair first) until they differ clearly, or both have
-   ``confirm_windows`` windows and a wrong choice between them could cost at most CONFIRM_TOL_NOISE x ``noise_rel``
-   at ``z_confirm`` standard deviations (a tie gets five or six windows each, levels 2.4% apart two). Other levels
-   within noise of a flat bottom are left: whichever is picked, they are equal to within the noise.
-6. Stop when nothing is left to do, or when the next window is not affordable, and pick the incumbent.
+Levels searched. A table of up to GRID_LEVELS (15) levels is searched whole. A larger one (a GPU may list dozens of
+clocks, 15 MHz apart near the bottom, closer than the noise can tell) is searched first on a grid of about
+GRID_LEVELS of its levels, evenly spaced by position, aligned on the start and holding both ends; then, around the
+grid's pick, the levels between it and its two grid neighbours are searched the same way (a grid of them again if
+they are many), starting from the pick, when they can matter: when a grid neighbour is unmeasured or more than
+REFINE_NOISE x ``noise_rel`` (6% at 3% noise) above the pick. Below that the levels between are, on a smooth curve,
+within a window's noise of the pick, and a search among them costs windows to tell apart what cannot be. Every
+search sees every window measured so far (a grid level is measured once), and one budget and one safety cap cover
+them all. The windows then grow with the logarithm of the table, not with its length (docs/tuner.md: a 100-level
+table from the top took the 40-window safety cap and ended 27% above the minimum; searched on grids, 17 windows and
+within 4%).
+
+Each search (governor/policy/search.py has its statement in full):
+
+1. Measure the start (with ``max_slowdown``, the top level too: the reference for the slowdown).
+2. Descend with doubling strides while energy falls; no window cap stops a walk.
+3. Refine: bisect the gaps next to the incumbent until both its neighbours are measured.
+4. Past the rise: walk on outward until the levels climb like a U's wall, then look once as far again past it (a hump
+   looks like a wall from inside); a dip found there is walked like the incumbent.
+5. Confirm the incumbent against its closest contender and the start until they differ clearly or a wrong choice
+   between them could cost at most a noise's worth.
+6. Stop when nothing is left to do or the next window is not affordable, and pick the incumbent; a level replaces the
+   start only when it reads clearly (START_MARGIN_Z) lower.
 
 Budget: what exploration costs is the energy its windows spend above the incumbent (the estimate of the optimum):
 ``probe_steps`` x (E_level - E_incumbent) per window; a window at a level cheaper than the incumbent costs nothing.
@@ -68,10 +72,10 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 from governor.policy.estimates import ASSUMED_TOTAL_STEPS, FEASIBLE_Z, Estimates, _Estimate
+from governor.policy.search import MAX_CONFIRM_WINDOWS, Search
 from governor.policy.windows import (
     DEFAULT_WARMUP_STEPS,
     DEFAULT_WINDOW_STEPS,
@@ -82,10 +86,9 @@ from governor.policy.windows import (
     _count,
     _positive,
 )
-from governor.units import mhz
 
-__all__ = ["ASSUMED_TOTAL_STEPS", "DEFAULT_WARMUP_STEPS", "DEFAULT_WINDOW_STEPS", "FEASIBLE_Z", "Measurement",
-           "OnlineTuner", "ProbeWindow", "TuningError", "TuningSession"]
+__all__ = ["ASSUMED_TOTAL_STEPS", "DEFAULT_WARMUP_STEPS", "DEFAULT_WINDOW_STEPS", "FEASIBLE_Z", "MAX_CONFIRM_WINDOWS",
+           "Measurement", "OnlineTuner", "ProbeWindow", "TuningError", "TuningSession"]
 
 # A safety cap only: the energy budget and the search's own stopping rules end it long before on any curve we know of;
 # this bounds the time a job can spend off its best level if a measurement source misbehaves.
@@ -97,37 +100,16 @@ DEFAULT_EXPLORE_BUDGET_FRAC = 0.015
 # Windows each of two levels within noise of each other get at least before the tuner may stop telling them apart;
 # CONFIRM_TOL_NOISE decides when it does. Two is enough for levels a few percent apart; a tie gets more.
 DEFAULT_CONFIRM_WINDOWS = 2
-# Contenders confirmed besides the incumbent: the closest one in noise units. Confirming every level within noise of a
-# flat bottom costs windows and buys nothing: such levels are equal to within the noise, whichever is picked.
-CONFIRM_CONTENDERS = 1
-# A run of rising levels is a wall once its outermost is this many z_confirm above the incumbent (one s.d. at the
-# default): lower than "clearly", because the look past the wall, not this test, is what tells a hump from a wall.
-WALL_Z = 0.5
-# How far below the start (in s.d. of the difference) a level must read to replace it at the end: half an s.d. halved
-# the runs that settle on a level worse than a mid-table start on the Jetson curves, for +0.07% of mean regret.
-START_MARGIN_Z = 0.5
-# The part of the budget left that one look past a wall may spend: it is a speculative window, often at a steep and
-# costly level, and must not take what confirming the bottom needs.
-FAR_SHARE = 0.25
-# Two levels within noise of each other are told apart (step 5) once both have confirm_windows windows and what
-# choosing the lower could cost, z_confirm standard deviations of their difference minus that difference, is at most
-# CONFIRM_TOL_NOISE x noise_rel (3.6% at 3% noise): two windows each for levels 2.4% apart, five or six for a tie.
-# In noise units, so that it holds for any curve and any noise; MAX_CONFIRM_WINDOWS caps a tie.
-CONFIRM_TOL_NOISE = 1.2
-MAX_CONFIRM_WINDOWS = 6
+# A table of more levels than this is searched on a grid of about this many first, then around the grid's pick: the
+# search is measured on tables of 10-15 levels (the Jetson curves), where it needs every level.
+GRID_LEVELS = 15
+# The levels between the grid's pick and a grid neighbour are searched when that neighbour is more than this many
+# noise_rel above the pick (in log energy). On a V-shaped minimum a level between them can be up to half the
+# neighbour's rise below the pick (on a smooth U a quarter of it at most): at 2 x noise_rel, one window's noise.
+# Measured on the Jetson curves spread over 8 times their levels (bench_tuner's "fine" set, mid-table start): 1 x
+# noise_rel +5 windows for -0.1% mean; 4 x -7 windows for +0.2% mean.
+REFINE_NOISE = 2.0
 
-
-
-
-
-
-@dataclass(frozen=True)
-class _Plan:
-    phase: str  # start | fastest | anchor | descend | refine | beyond | confirm | done
-    index: int | None  # level index to measure next; None when done
-    reason: str
-    free: bool = False  # measured whatever the budget says (the start, the reference for max_slowdown)
-    share: float = 1.0  # the part of the budget left that this one window may spend
 
 
 class OnlineTuner(Estimates):
@@ -167,16 +149,20 @@ class OnlineTuner(Estimates):
         self.confirm_windows = _count(confirm_windows, "confirm_windows", 1)
         self._start = self.levels_hz.index(start_hz)
         self._est = [_Estimate() for _ in self.levels_hz]
+        self._all_est = self._est
         self._probes = 0
         self._final: int | None = None
-        self._far_looks: set[int] = set()  # levels measured as a look past a wall: each side gets one
-        self._plan = self._replan()
+        self._stage = 1
+        self._search = self._new_search(list(range(len(self.levels_hz))), self._start)
+        self._settle()
 
     # --- the interface -------------------------------------------------------------------------------------------
 
     def next_level_hz(self) -> int:
         """The level to measure next; the chosen level once converged."""
-        return self.levels_hz[self._final if self._final is not None else self._plan.index]
+        if self._final is not None:
+            return self.levels_hz[self._final]
+        return self.levels_hz[self._search.levels[self._search.plan.index]]
 
     def observe(self, level_hz: int, joules_per_step: float, seconds_per_step: float) -> None:
         """Record one measurement window: mean energy (J) and duration (s) per step at level_hz."""
@@ -187,7 +173,8 @@ class OnlineTuner(Estimates):
         self._est[self.levels_hz.index(level_hz)].add(joules, seconds)
         self._probes += 1
         if self._final is None:
-            self._plan = self._replan()
+            self._search.replan()
+            self._settle()
 
     def set_job(self, total_steps: int | None = None, probe_steps: int | None = None) -> None:
         """Tell the tuner, once it exists, how long the job is and what a window costs (TuningSession does)."""
@@ -196,7 +183,8 @@ class OnlineTuner(Estimates):
         if probe_steps is not None:
             self.probe_steps = _count(probe_steps, "probe_steps", 1)
         if self._final is None:
-            self._plan = self._replan()
+            self._search.replan()
+            self._settle()
 
     @property
     def converged(self) -> bool:
@@ -224,8 +212,10 @@ class OnlineTuner(Estimates):
                       "feasible": self._feasible(i, fit)}
                      for i, (hz, e) in enumerate(zip(self.levels_hz, self._est, strict=False)) if e.n]
         return {
-            "phase": "done" if self.converged else self._plan.phase,
-            "reason": self._plan.reason,
+            "phase": "done" if self.converged else self._search.plan.phase,
+            "reason": self._search.plan.reason,
+            "stage": self._stage,
+            "searching_hz": [self.levels_hz[self._span[0]], self.levels_hz[self._span[-1]]],
             "probes": self._probes,
             "max_probes": self.max_probes,
             "start_hz": self.start_hz,
@@ -240,209 +230,50 @@ class OnlineTuner(Estimates):
             "estimates": estimates,
         }
 
-    # --- planning ------------------------------------------------------------------------------------------------
+    # --- the levels searched ---------------------------------------------------------------------------------------
 
-    def _replan(self) -> _Plan:
-        log_j = self._log_energy()
-        best = self._incumbent(log_j)
-        skipped = None
-        if self._probes < self.max_probes:
-            for plan in self._candidates(log_j, best):
-                if plan.index is None or plan.free or self._affordable(plan.index, log_j, best, plan.share):
-                    if plan.index is not None:
-                        if plan.phase == "far":
-                            self._far_looks.add(plan.index)
-                        return plan
-                    reason = plan.reason
-                    break
-                skipped = skipped or plan
-            else:
-                reason = "search complete"
-            if skipped is not None:
-                reason = (f"{reason}; not affordable within the exploration budget: {skipped.phase} "
-                          f"{self.levels_hz[skipped.index]} Hz")
-        else:
-            reason = f"safety cap of {self.max_probes} windows reached"
-        if best is None:  # only infeasible levels measured and no window left: keep the start
-            best, reason = self._start, reason + "; nothing feasible measured: keeping the start"
-        elif (best != self._start and self._start in log_j and self._feasible(self._start, self._seconds())
-              and self._z(self._start, best, log_j) < START_MARGIN_Z):
-            # The least of many noisy levels reads low: a level replaces the start, what the job runs untuned, only
-            # when it is lower by more than START_MARGIN_Z standard deviations of the difference.
-            reason += f"; {self._mhz(best)} is not clearly lower than the start: keeping the start"
-            best = self._start
-        self._final = best
-        return _Plan("done", None, reason)
-
-    def _candidates(self, log_j: dict[int, float], best: int | None) -> Iterator[_Plan]:
-        """What to measure next, most useful first; the first affordable one is taken (a plan with index None ends
-        the search). Re-planned from all windows after each one, so any measurement can move the incumbent."""
+    def _new_search(self, span: list[int], start: int) -> Search:
+        """A search of ``span`` (contiguous indices of the table) from ``start``: of all of it when it has at most
+        GRID_LEVELS levels, else of a grid of it (evenly spaced by position, aligned on the start, with both ends).
+        With max_slowdown the top level, the reference, is always one of the levels searched."""
+        self._span = span
+        n = len(span)
+        levels = list(span)
+        if n > GRID_LEVELS:
+            stride = math.ceil((n - 1) / (GRID_LEVELS - 1))
+            at = span.index(start)
+            levels = [span[k] for k in sorted({*range(at % stride, n, stride), 0, n - 1})]
         top = len(self.levels_hz) - 1
-        if not self._est[self._start].n:
-            yield _Plan("start", self._start, "measure the start level", free=True)
-            return
-        if self.max_slowdown is not None and not self._est[top].n:
-            yield _Plan("fastest", top, "measure the fastest level: the reference for max_slowdown", free=True)
-            return
-        fit = self._seconds()
-        lo = self._lowest_feasible(fit)
-        if not self._feasible(self._start, fit, slack=self.noise_rel) and not self._est[lo].n:
-            yield _Plan("anchor", lo, "the start is slower than max_slowdown allows: restart at the lowest feasible "
-                                      "level", free=True)
-            return
-        if best is None:  # no feasible level measured: only possible when the table has a single level
-            yield _Plan("done", None, "no feasible level measured")
-            return
-        lowest = self._explorable_low(lo, fit)
-        if self._est[best].n == 1:
-            # One window clearly below the measured levels on both sides is as likely an outlier as a sharp dip, and
-            # every wall and look past it would be judged against it: measure it again before walking from it.
-            near = [self._side(best, d, lowest, top) for d in (-1, 1)]
-            if all(side and self._z(side[0], best, log_j) >= self.z_confirm for side in near):
-                yield _Plan("confirm", best, f"{self._mhz(best)} reads clearly below its measured neighbours on one "
-                                             "window: measure it again before walking from it")
-        yield from self._local(best, lowest, top, log_j)
+        if self.max_slowdown is not None and top not in levels:
+            levels.append(top)
+        return Search(self, levels, start)
 
-        # 3. Beyond the rise: a rise next to the incumbent may be a bump with another dip behind it (real curves
-        # have them). The walk goes on outward while the levels past the incumbent do not yet climb like a U's wall
-        # (see _wall); at a wall it looks once a stride further, as far past the wall as the wall is wide, unless a
-        # level past it is measured already: a hump looks like a wall from inside, and only that look tells them
-        # apart. What it finds lower than the wall is a valley, walked in step 4.
-        for d in (-1, 1):
-            nxt = self._next_unmeasured(best, d, lowest, top)
-            if nxt is None:
-                continue
-            if not self._wall(best, d, nxt, log_j):
-                yield _Plan("beyond", nxt, f"{self._mhz(best)} rises towards {self._mhz(nxt - d)}, not yet like a "
-                                           f"wall: look past it at {self._mhz(nxt)}")
-                continue
-            if any((k - nxt) * d > 0 or k in self._far_looks for k in self._side(best, d, lowest, top)):
-                continue  # past the wall is known already, or was looked at once (it may have become the wall)
-            outer = nxt - d
-            room = (outer - lowest) if d < 0 else (top - outer)
-            far = outer + d * max(1, min(abs(outer - best), (room + 1) // 2))
-            yield _Plan("far", far, f"energy climbs from {self._mhz(best)} to {self._mhz(outer)}: look as far "
-                                    f"again, at {self._mhz(far)}, for a dip behind a hump", share=FAR_SHARE)
+    def _settle(self) -> None:
+        """When a search has chosen, search the levels around its choice if they can matter, else converge."""
+        while self._final is None and self._search.chosen is not None:
+            pick = self._search.chosen
+            span = self._between(pick)
+            if span is None:
+                self._final = pick
+            else:
+                self._stage += 1
+                self._search = self._new_search(span, pick)
 
-        # 4. Valleys: a measured level lower than its measured neighbours and not clearly worse than the incumbent
-        # (a second dip found past a hump) is walked like the incumbent, so its own minimum is found.
-        valleys = sorted((log_j[v], v) for v in log_j
-                         if v != best and lowest <= v <= top and self._feasible(v, fit)
-                         and self._z(v, best, log_j) < self.z_confirm
-                         and all(log_j[s[0]] > log_j[v] for s in (self._side(v, -1, lowest, top),
-                                                                   self._side(v, 1, lowest, top)) if s))
-        for _, v in valleys:
-            yield from self._local(v, lowest, top, log_j)
-
-        # 5. Confirm: levels within noise of the incumbent are measured again, the fewer-measured of each pair
-        # first, until they differ clearly or both have confirm_windows windows.
-        if self.max_slowdown is not None:
-            # A cheaper level that is too slow only within noise: its time and the top's are measured again (the
-            # fewer-measured first) until it is feasible or clearly not, or both have MAX_CONFIRM_WINDOWS.
-            for v in sorted((v for v in log_j if log_j[v] < log_j[best] and not self._feasible(v, fit)
-                             and self._feasible(v, fit, slack=self.noise_rel)), key=log_j.get):
-                if min(self._est[v].n, self._est[top].n) >= MAX_CONFIRM_WINDOWS:
-                    continue
-                again = v if self._est[v].n <= self._est[top].n else top
-                yield _Plan("confirm", again, f"{self._mhz(v)} is cheaper and within noise of the slowdown limit: "
-                                              "measure again")
-        contenders = sorted((self._z(i, best, log_j), i) for i in log_j
-                            if i != best and lowest <= i <= top and self._feasible(i, fit))
-        # The start is always among them while it is within noise: it is what the job would run without tuning,
-        # and a level that beats it on few windows may only be lucky (the least of many noisy levels reads low).
-        confirm = contenders[:CONFIRM_CONTENDERS]
-        if self._start in log_j and self._start != best and self._feasible(self._start, fit):
-            confirm.append((self._z(self._start, best, log_j), self._start))
-        for z, i in confirm:
-            if z >= self.z_confirm or self._told_apart(i, best, log_j):
-                continue
-            again = i if self._est[i].n < self._est[best].n else best
-            yield _Plan("confirm", again, f"{self._mhz(i)} is within noise of {self._mhz(best)}: measure again")
-        yield _Plan("done", None, "every side closed and every contender told apart")
-
-    def _told_apart(self, i: int, best: int, log_j: dict[int, float]) -> bool:
-        """Whether two levels within noise need no more windows: both have confirm_windows, and choosing the lower
-        could cost at most CONFIRM_TOL_NOISE x noise_rel at z_confirm standard deviations (a fixed window count
-        leaves a tie at 3 windows each 2.4% apart in s.d., and one such tie in a few hundred picks a level 6-9% off)."""
-        n = min(self._est[i].n, self._est[best].n)
-        if n < self.confirm_windows:
-            return False
-        sd = self.noise_rel * math.sqrt(1.0 / self._est[i].n + 1.0 / self._est[best].n)
-        return (n >= MAX_CONFIRM_WINDOWS
-                or self.z_confirm * sd - abs(log_j[i] - log_j[best]) <= CONFIRM_TOL_NOISE * self.noise_rel)
-
-    def _explorable_low(self, lo: int, fit: list[float] | None) -> int:
-        """The lowest level worth measuring under max_slowdown. Below the lowest feasible level ``lo``: levels
-        measured but feasible within noise (they may be re-measured), and then one unmeasured level if the fit says it
-        may be feasible, or if the level above it is measured feasible: a fit of measured step times does not know
-        the levels below them (real step times bend, even rise with the clock), so the walk down ends only at a
-        measured level that is too slow."""
-        if self.max_slowdown is None:
-            return lo
-        lowest = lo
-        while lowest > 0:
-            below = lowest - 1
-            if self._est[below].n:
-                if not self._feasible(below, fit, slack=self.noise_rel):
-                    break
-                lowest = below
-                continue
-            if self._feasible(below, fit, slack=self.noise_rel) or fit is None or (
-                    self._est[lowest].n and self._feasible(lowest, fit, slack=self.noise_rel)):
-                lowest = below
-            break
-        return lowest
-
-    def _local(self, best: int, lowest: int, top: int, log_j: dict[int, float]) -> Iterator[_Plan]:
-        """Descend, then refine, around a valley's bottom ``best`` until both its neighbours are measured."""
-        sides = {d: self._side(best, d, lowest, top) for d in (-1, 1)}
-        # 1. Descend: a side with nothing measured on it. The stride is twice the distance we came from the other
-        # side (energy fell over it), so a start half a table away costs a few windows, not one per level; never
-        # more than half the way to the end of the table, so an end (often the costliest level) is only measured
-        # once the walk is next to it.
-        order = sorted((-1, 1), key=lambda d: (not sides[-d], d))
-        for d in order:
-            if sides[d] or not lowest <= best + d <= top:
-                continue
-            other = sides[-d]
-            stride = 2 * abs(other[0] - best) if other else 1
-            room = (best - lowest) if d < 0 else (top - best)
-            stride = max(1, min(stride, (room + 1) // 2))
-            yield _Plan("descend", best + d * stride,
-                        f"{self._mhz(best)}: energy falls towards it, measure {stride} level(s) "
-                        f"{'below' if d < 0 else 'above'}")
-        # 2. Refine: a gap between the bottom and its nearest measured level on a side; bisect the wider first.
-        gaps = sorted(((abs(sides[d][0] - best), d) for d in (-1, 1) if sides[d] and abs(sides[d][0] - best) > 1),
-                      reverse=True)
-        for gap, d in gaps:
-            yield _Plan("refine", best + d * (gap // 2),
-                        f"the minimum lies between {self._mhz(sides[d][0])} and {self._mhz(best)}: bisect")
-
-    def _side(self, best: int, d: int, lowest: int, top: int) -> list[int]:
-        """Measured levels on side d of the incumbent, within the explorable range, nearest first."""
-        stop = lowest - 1 if d < 0 else top + 1
-        return [i for i in range(best + d, stop, d) if self._est[i].n]
-
-    def _next_unmeasured(self, best: int, d: int, lowest: int, top: int) -> int | None:
-        stop = lowest - 1 if d < 0 else top + 1
-        return next((i for i in range(best + d, stop, d) if not self._est[i].n), None)
-
-    def _wall(self, best: int, d: int, nxt: int, log_j: dict[int, float]) -> bool:
-        """Whether the measured run from the incumbent to just before ``nxt`` climbs like a U's wall: two levels or
-        more, the outermost the highest of them and clearly worse than the incumbent. A run whose outermost level is
-        lower than one inside it is coming down a bump: the walk goes on."""
-        run = list(range(best + d, nxt, d))
-        if len(run) < 2:
-            return False
-        outer = run[-1]
-        return (log_j[outer] >= max(log_j[i] for i in run)
-                and self._z(outer, best, log_j) >= WALL_Z * self.z_confirm)
-
-    def _mhz(self, i: int) -> str:
-        return mhz(self.levels_hz[i])
-
-
-
+    def _between(self, pick: int) -> list[int] | None:
+        """The levels between a grid's pick and its grid neighbours, when a search of them can matter: some are
+        unmeasured, a window is left under the safety cap, and a neighbour is unmeasured or more than REFINE_NOISE x
+        noise_rel above the pick. None otherwise (and when the search was of every level of its span)."""
+        grid = [i for i in self._search.levels if self._span[0] <= i <= self._span[-1]]
+        if len(grid) == len(self._span) or self._probes >= self.max_probes:
+            return None
+        lo = max((i for i in grid if i < pick), default=pick)
+        hi = min((i for i in grid if i > pick), default=pick)
+        if all(self._est[i].n for i in range(lo, hi + 1)):
+            return None
+        log_j = self._log_energy()
+        if all(i in log_j and log_j[i] - log_j[pick] <= REFINE_NOISE * self.noise_rel for i in (lo, hi) if i != pick):
+            return None
+        return list(range(lo, hi + 1))
 
 
 def _check_levels(levels_hz: Iterable[int]) -> tuple[int, ...]:
@@ -456,9 +287,3 @@ def _check_levels(levels_hz: Iterable[int]) -> tuple[int, ...]:
     if any(a >= b for a, b in zip(levels, levels[1:], strict=False)):
         raise TuningError(f"levels_hz must be strictly ascending, got {list(levels)}")
     return levels
-
-
-
-
-
-

@@ -219,3 +219,51 @@ def test_one_low_window_between_clearly_higher_levels_is_measured_again():
         tuner.observe(levels[i], 0.6 if (i, windows[i]) == (7, 0) else energy[i], 1.0)
         windows[i] += 1
     assert windows[7] >= 2 and tuner.best_hz == levels[0]
+
+
+def test_a_long_table_is_searched_on_a_grid_then_between_the_grid_levels_around_its_pick():
+    # 100 levels (a GPU listing every clock): a V-shaped minimum between grid levels (every 8th from the top: 35 and
+    # 43 are +2% and +6%). The grid search picks 35; its grid neighbour 43 is more than 2 x noise_rel above it, so the
+    # levels between them are searched next, and the minimum found.
+    n = 100
+    levels = table(n)
+    energy = [1.0 + 0.01 * abs(k - 37) for k in range(n)]
+    tuner = tuning.OnlineTuner(levels, levels[-1], noise_rel=0.01)
+    windows = exact(tuner, levels, energy, [1.0] * n)
+    assert tuner.best_hz == levels[37] and tuner.state()["stage"] >= 2
+    assert sum(windows) < 30 and max(windows) <= tuning.DEFAULT_CONFIRM_WINDOWS
+
+
+def test_levels_between_grid_levels_are_not_searched_when_the_grid_neighbours_are_within_noise():
+    # A shallow bottom: the grid's neighbours of its pick are within 2 x noise_rel, so the levels between them (on a
+    # smooth curve within a window's noise of the pick) are left.
+    n = 100
+    levels = table(n)
+    energy = [1.0 + 0.3 * (k / (n - 1) - 0.5) ** 2 for k in range(n)]
+    tuner = tuning.OnlineTuner(levels, levels[50], noise_rel=0.03)
+    windows = exact(tuner, levels, energy, [1.0] * n)
+    assert tuner.state()["stage"] == 1 and tuner.best_hz == levels[50]
+    assert sum(w > 0 for w in windows) <= tuning.GRID_LEVELS
+
+
+def test_a_long_table_from_the_top_converges_near_the_minimum_in_few_windows():
+    n = 100
+    levels = table(n)
+    energy = u_curve(n, 0.35, 0.3)
+    rs, probes = [], []
+    for seed in range(8):
+        t = tune(levels, energy, n - 1, random.Random(seed))
+        rs.append(energy[levels.index(t.best_hz)] / min(energy) - 1)
+        probes.append(t.probes)
+    assert statistics.mean(rs) < 0.015 and max(rs) < 0.035 and max(probes) < tuning.DEFAULT_MAX_PROBES
+
+
+def test_max_slowdown_on_a_long_table_keeps_the_top_as_the_reference():
+    n = 60
+    levels = table(n)
+    energy = [1.0 + 0.01 * abs(k - 10) for k in range(n)]  # the minimum is too slow
+    times = [0.05 + 0.3e9 / hz for hz in levels]
+    tuner = tuning.OnlineTuner(levels, levels[30], max_slowdown=0.5, noise_rel=1e-6)
+    exact(tuner, levels, energy, times)
+    feasible = [i for i in range(n) if times[i] <= 1.5 * times[-1]]
+    assert tuner.best_hz == levels[min(feasible, key=energy.__getitem__)]

@@ -1,0 +1,331 @@
+"""The online tuner's search over one set of levels: the whole table when it is small, else a grid of it, then the
+levels around the grid's pick (governor.policy.tuner decides which). Positions here index ``levels_hz``, the levels
+searched; the windows behind them are the tuner's own (shared ``_Estimate`` objects), so a level measured in one
+search is known to the next, and the budget counts every window of the job.
+
+1. Measure the start. With ``max_slowdown`` set, measure the top level once (the reference for the slowdown), and if
+   the start is too slow, restart at the lowest feasible level (step time per level: see ``_seconds``).
+2. Descend: while a side of the incumbent has nothing measured on it, measure that side. The stride is twice the
+   distance the walk came from the other side, so a minimum half a table away costs a few windows (1, 2, 4...
+   levels), never more than half the way to the end of the table (an end is often the costliest level: it is
+   measured only once the walk is next to it). There is no window cap that stops the walk while energy falls.
+3. Refine: bisect the gap between the incumbent and its nearest measured level on each side, until both its
+   neighbours are measured.
+4. Past the rise: a rise next to the bottom may be a bump. On each side the walk goes on outward, one level at a time,
+   until the measured run climbs like a U's wall (two levels or more, the outermost the highest and at least
+   ``WALL_Z * z_confirm`` standard deviations above the incumbent). At a wall it looks once as far again past it
+   (half the way to the end at most): a hump looks like a wall from inside. A level found there that is lower than
+   its measured neighbours and not clearly worse than the incumbent is a valley, walked like the incumbent (2-3).
+5. Confirm: the incumbent, the closest contender within ``z_confirm`` of it, and the start while it is within noise,
+   are measured again (the fewer-measured of each pair first) until they differ clearly, or both have
+   ``confirm_windows`` windows and a wrong choice between them could cost at most CONFIRM_TOL_NOISE x ``noise_rel``
+   at ``z_confirm`` standard deviations (a tie gets five or six windows each, levels 2.4% apart two). Other levels
+   within noise of a flat bottom are left: whichever is picked, they are equal to within the noise.
+6. Stop when nothing is left to do, or when the next window is not affordable, and pick the incumbent.
+
+Budget: what exploration costs is the energy its windows spend above the incumbent (the estimate of the optimum):
+``probe_steps`` x (E_level - E_incumbent) per window; a window at a level cheaper than the incumbent costs nothing.
+A window is taken only if its predicted cost fits in what is left of ``explore_budget_frac`` x ``total_steps`` x
+E_incumbent (the job's energy at the incumbent); the prediction is the level's estimate when measured, the line
+through its measured neighbours between two, and beyond the measured levels the nearest one or the line through the
+two nearest when it rises (pessimistic: the budget is not spent on a hope). A look past a wall, speculative, may spend
+at most FAR_SHARE of what is left. ``total_steps`` is the number of steps the job runs from the first window to its
+end; unknown (None), ASSUMED_TOTAL_STEPS (2,000) is assumed. A short job explores less: a window 10% above the
+incumbent costs 0.5 step of energy, so a 2,000-step job at 1.5% may spend 60 of them, a 100-step job 3. Descending
+to cheaper levels and re-measuring the incumbent are never refused. ``max_probes`` is only a safety cap.
+
+max_slowdown: what may be chosen is decided by each level's own windows, never by a fit: a measured level is
+feasible when its mean step time over the top's is within ``1 + max_slowdown`` by FEASIBLE_Z standard deviations of
+that ratio (``noise_rel`` and both levels' windows). A cheaper level over the limit only within noise is measured
+again, with the top, up to MAX_CONFIRM_WINDOWS each. The step-time fit (``_seconds``) only says where to explore, and
+the walk down goes one level past the lowest measured feasible level whatever the fit says (measured step times bend
+and are not always monotone in the clock). If the times are noisy like the energies, a level whose true ratio is
+over the limit is chosen with probability at most about 16% (one-sided 1 s.d.) and only when it reads under it; one
+over it by 2 s.d. (6% with one window each at 3% noise) about 0.1%.
+
+Never worse than the start beyond noise: the start is always measured, is always among the levels confirmed while
+it is within noise of the incumbent, and is replaced at the end only by a level whose estimate is lower by more than
+START_MARGIN_Z standard deviations of the difference (the least of many noisy levels reads low: without a margin,
+exploring more levels would make a lucky window more likely to win).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from governor.policy.estimates import Estimates
+from governor.units import mhz
+
+if TYPE_CHECKING:
+    from governor.policy.tuner import OnlineTuner
+
+# Contenders confirmed besides the incumbent: the closest one in noise units. Confirming every level within noise of a
+# flat bottom costs windows and buys nothing: such levels are equal to within the noise, whichever is picked.
+CONFIRM_CONTENDERS = 1
+# A run of rising levels is a wall once its outermost is this many z_confirm above the incumbent (one s.d. at the
+# default): lower than "clearly", because the look past the wall, not this test, is what tells a hump from a wall.
+WALL_Z = 0.5
+# How far below the start (in s.d. of the difference) a level must read to replace it at the end: half an s.d. halved
+# the runs that settle on a level worse than a mid-table start on the Jetson curves, for +0.07% of mean regret.
+START_MARGIN_Z = 0.5
+# The part of the budget left that one look past a wall may spend: it is a speculative window, often at a steep and
+# costly level, and must not take what confirming the bottom needs.
+FAR_SHARE = 0.25
+# Two levels within noise of each other are told apart (step 5) once both have confirm_windows windows and what
+# choosing the lower could cost, z_confirm standard deviations of their difference minus that difference, is at most
+# CONFIRM_TOL_NOISE x noise_rel (3.6% at 3% noise): two windows each for levels 2.4% apart, five or six for a tie.
+# In noise units, so that it holds for any curve and any noise; MAX_CONFIRM_WINDOWS caps a tie.
+CONFIRM_TOL_NOISE = 1.2
+MAX_CONFIRM_WINDOWS = 6
+
+
+@dataclass(frozen=True)
+class _Plan:
+    phase: str  # start | fastest | anchor | descend | refine | beyond | confirm | done
+    index: int | None  # level index to measure next; None when done
+    reason: str
+    free: bool = False  # measured whatever the budget says (the start, the reference for max_slowdown)
+    share: float = 1.0  # the part of the budget left that this one window may spend
+
+
+def _knob(name: str) -> property:
+    return property(lambda self: getattr(self._tuner, name), doc=f"the tuner's {name}")
+
+
+class Search(Estimates):
+    """The search over ``levels``, indices into the tuner's table, from ``start`` (one of them): the next level to
+    measure (``plan``), re-planned after every window (``replan``), and the position chosen once done (``choice``)."""
+
+    max_slowdown = _knob("max_slowdown")
+    noise_rel = _knob("noise_rel")
+    z_confirm = _knob("z_confirm")
+    explore_budget_frac = _knob("explore_budget_frac")
+    total_steps = _knob("total_steps")
+    probe_steps = _knob("probe_steps")
+    confirm_windows = _knob("confirm_windows")
+
+    def __init__(self, tuner: OnlineTuner, levels: list[int], start: int):
+        self._tuner = tuner
+        self.levels = tuple(levels)
+        self.levels_hz = tuple(tuner.levels_hz[i] for i in self.levels)
+        self._est = [tuner._est[i] for i in self.levels]
+        self._start = self.levels.index(start)
+        self._far_looks: set[int] = set()  # positions measured as a look past a wall: each side gets one
+        self.choice: int | None = None
+        self.plan = self._replan()
+
+    @property
+    def _all_est(self):
+        return self._tuner._est  # the budget counts every window of the job, in this search or an earlier one
+
+    def replan(self) -> None:
+        """After a window (or a change of the job's length): plan the next one, or choose."""
+        if self.choice is None:
+            self.plan = self._replan()
+
+    @property
+    def chosen(self) -> int | None:
+        """The chosen level as an index of the tuner's table; None while searching."""
+        return None if self.choice is None else self.levels[self.choice]
+
+    def _replan(self) -> _Plan:
+        log_j = self._log_energy()
+        best = self._incumbent(log_j)
+        skipped = None
+        if self._tuner.probes < self._tuner.max_probes:
+            for plan in self._candidates(log_j, best):
+                if plan.index is None or plan.free or self._affordable(plan.index, log_j, best, plan.share):
+                    if plan.index is not None:
+                        if plan.phase == "far":
+                            self._far_looks.add(plan.index)
+                        return plan
+                    reason = plan.reason
+                    break
+                skipped = skipped or plan
+            else:
+                reason = "search complete"
+            if skipped is not None:
+                reason = (f"{reason}; not affordable within the exploration budget: {skipped.phase} "
+                          f"{self.levels_hz[skipped.index]} Hz")
+        else:
+            reason = f"safety cap of {self._tuner.max_probes} windows reached"
+        if best is None:  # only infeasible levels measured and no window left: keep the start
+            best, reason = self._start, reason + "; nothing feasible measured: keeping the start"
+        elif (best != self._start and self._start in log_j and self._feasible(self._start, self._seconds())
+              and self._z(self._start, best, log_j) < START_MARGIN_Z):
+            # The least of many noisy levels reads low: a level replaces the start, what the job runs untuned, only
+            # when it is lower by more than START_MARGIN_Z standard deviations of the difference.
+            reason += f"; {self._mhz(best)} is not clearly lower than the start: keeping the start"
+            best = self._start
+        self.choice = best
+        return _Plan("done", None, reason)
+
+    def _candidates(self, log_j: dict[int, float], best: int | None) -> Iterator[_Plan]:
+        """What to measure next, most useful first; the first affordable one is taken (a plan with index None ends
+        the search). Re-planned from all windows after each one, so any measurement can move the incumbent."""
+        top = len(self.levels_hz) - 1
+        if not self._est[self._start].n:
+            yield _Plan("start", self._start, "measure the start level", free=True)
+            return
+        if self.max_slowdown is not None and not self._est[top].n:
+            yield _Plan("fastest", top, "measure the fastest level: the reference for max_slowdown", free=True)
+            return
+        fit = self._seconds()
+        lo = self._lowest_feasible(fit)
+        if not self._feasible(self._start, fit, slack=self.noise_rel) and not self._est[lo].n:
+            yield _Plan("anchor", lo, "the start is slower than max_slowdown allows: restart at the lowest feasible "
+                                      "level", free=True)
+            return
+        if best is None:  # no feasible level measured: only possible when the table has a single level
+            yield _Plan("done", None, "no feasible level measured")
+            return
+        lowest = self._explorable_low(lo, fit)
+        if self._est[best].n == 1:
+            # One window clearly below the measured levels on both sides is as likely an outlier as a sharp dip, and
+            # every wall and look past it would be judged against it: measure it again before walking from it.
+            near = [self._side(best, d, lowest, top) for d in (-1, 1)]
+            if all(side and self._z(side[0], best, log_j) >= self.z_confirm for side in near):
+                yield _Plan("confirm", best, f"{self._mhz(best)} reads clearly below its measured neighbours on one "
+                                             "window: measure it again before walking from it")
+        yield from self._local(best, lowest, top, log_j)
+
+        # 3. Beyond the rise: a rise next to the incumbent may be a bump with another dip behind it (real curves
+        # have them). The walk goes on outward while the levels past the incumbent do not yet climb like a U's wall
+        # (see _wall); at a wall it looks once a stride further, as far past the wall as the wall is wide, unless a
+        # level past it is measured already: a hump looks like a wall from inside, and only that look tells them
+        # apart. What it finds lower than the wall is a valley, walked in step 4.
+        for d in (-1, 1):
+            nxt = self._next_unmeasured(best, d, lowest, top)
+            if nxt is None:
+                continue
+            if not self._wall(best, d, nxt, log_j):
+                yield _Plan("beyond", nxt, f"{self._mhz(best)} rises towards {self._mhz(nxt - d)}, not yet like a "
+                                           f"wall: look past it at {self._mhz(nxt)}")
+                continue
+            if any((k - nxt) * d > 0 or k in self._far_looks for k in self._side(best, d, lowest, top)):
+                continue  # past the wall is known already, or was looked at once (it may have become the wall)
+            outer = nxt - d
+            room = (outer - lowest) if d < 0 else (top - outer)
+            far = outer + d * max(1, min(abs(outer - best), (room + 1) // 2))
+            yield _Plan("far", far, f"energy climbs from {self._mhz(best)} to {self._mhz(outer)}: look as far "
+                                    f"again, at {self._mhz(far)}, for a dip behind a hump", share=FAR_SHARE)
+
+        # 4. Valleys: a measured level lower than its measured neighbours and not clearly worse than the incumbent
+        # (a second dip found past a hump) is walked like the incumbent, so its own minimum is found.
+        valleys = sorted((log_j[v], v) for v in log_j
+                         if v != best and lowest <= v <= top and self._feasible(v, fit)
+                         and self._z(v, best, log_j) < self.z_confirm
+                         and all(log_j[s[0]] > log_j[v] for s in (self._side(v, -1, lowest, top),
+                                                                   self._side(v, 1, lowest, top)) if s))
+        for _, v in valleys:
+            yield from self._local(v, lowest, top, log_j)
+
+        # 5. Confirm: levels within noise of the incumbent are measured again, the fewer-measured of each pair
+        # first, until they differ clearly or both have confirm_windows windows.
+        if self.max_slowdown is not None:
+            # A cheaper level that is too slow only within noise: its time and the top's are measured again (the
+            # fewer-measured first) until it is feasible or clearly not, or both have MAX_CONFIRM_WINDOWS.
+            for v in sorted((v for v in log_j if log_j[v] < log_j[best] and not self._feasible(v, fit)
+                             and self._feasible(v, fit, slack=self.noise_rel)), key=log_j.get):
+                if min(self._est[v].n, self._est[top].n) >= MAX_CONFIRM_WINDOWS:
+                    continue
+                again = v if self._est[v].n <= self._est[top].n else top
+                yield _Plan("confirm", again, f"{self._mhz(v)} is cheaper and within noise of the slowdown limit: "
+                                              "measure again")
+        contenders = sorted((self._z(i, best, log_j), i) for i in log_j
+                            if i != best and lowest <= i <= top and self._feasible(i, fit))
+        # The start is always among them while it is within noise: it is what the job would run without tuning,
+        # and a level that beats it on few windows may only be lucky (the least of many noisy levels reads low).
+        confirm = contenders[:CONFIRM_CONTENDERS]
+        if self._start in log_j and self._start != best and self._feasible(self._start, fit):
+            confirm.append((self._z(self._start, best, log_j), self._start))
+        for z, i in confirm:
+            if z >= self.z_confirm or self._told_apart(i, best, log_j):
+                continue
+            again = i if self._est[i].n < self._est[best].n else best
+            yield _Plan("confirm", again, f"{self._mhz(i)} is within noise of {self._mhz(best)}: measure again")
+        yield _Plan("done", None, "every side closed and every contender told apart")
+
+    def _told_apart(self, i: int, best: int, log_j: dict[int, float]) -> bool:
+        """Whether two levels within noise need no more windows: both have confirm_windows, and choosing the lower
+        could cost at most CONFIRM_TOL_NOISE x noise_rel at z_confirm standard deviations (a fixed window count
+        leaves a tie at 3 windows each 2.4% apart in s.d., and one such tie in a few hundred picks a level 6-9% off)."""
+        n = min(self._est[i].n, self._est[best].n)
+        if n < self.confirm_windows:
+            return False
+        sd = self.noise_rel * math.sqrt(1.0 / self._est[i].n + 1.0 / self._est[best].n)
+        return (n >= MAX_CONFIRM_WINDOWS
+                or self.z_confirm * sd - abs(log_j[i] - log_j[best]) <= CONFIRM_TOL_NOISE * self.noise_rel)
+
+    def _explorable_low(self, lo: int, fit: list[float] | None) -> int:
+        """The lowest level worth measuring under max_slowdown. Below the lowest feasible level ``lo``: levels
+        measured but feasible within noise (they may be re-measured), and then one unmeasured level if the fit says it
+        may be feasible, or if the level above it is measured feasible: a fit of measured step times does not know
+        the levels below them (real step times bend, even rise with the clock), so the walk down ends only at a
+        measured level that is too slow."""
+        if self.max_slowdown is None:
+            return lo
+        lowest = lo
+        while lowest > 0:
+            below = lowest - 1
+            if self._est[below].n:
+                if not self._feasible(below, fit, slack=self.noise_rel):
+                    break
+                lowest = below
+                continue
+            if self._feasible(below, fit, slack=self.noise_rel) or fit is None or (
+                    self._est[lowest].n and self._feasible(lowest, fit, slack=self.noise_rel)):
+                lowest = below
+            break
+        return lowest
+
+    def _local(self, best: int, lowest: int, top: int, log_j: dict[int, float]) -> Iterator[_Plan]:
+        """Descend, then refine, around a valley's bottom ``best`` until both its neighbours are measured."""
+        sides = {d: self._side(best, d, lowest, top) for d in (-1, 1)}
+        # 1. Descend: a side with nothing measured on it. The stride is twice the distance we came from the other
+        # side (energy fell over it), so a start half a table away costs a few windows, not one per level; never
+        # more than half the way to the end of the table, so an end (often the costliest level) is only measured
+        # once the walk is next to it.
+        order = sorted((-1, 1), key=lambda d: (not sides[-d], d))
+        for d in order:
+            if sides[d] or not lowest <= best + d <= top:
+                continue
+            other = sides[-d]
+            stride = 2 * abs(other[0] - best) if other else 1
+            room = (best - lowest) if d < 0 else (top - best)
+            stride = max(1, min(stride, (room + 1) // 2))
+            yield _Plan("descend", best + d * stride,
+                        f"{self._mhz(best)}: energy falls towards it, measure {stride} level(s) "
+                        f"{'below' if d < 0 else 'above'}")
+        # 2. Refine: a gap between the bottom and its nearest measured level on a side; bisect the wider first.
+        gaps = sorted(((abs(sides[d][0] - best), d) for d in (-1, 1) if sides[d] and abs(sides[d][0] - best) > 1),
+                      reverse=True)
+        for gap, d in gaps:
+            yield _Plan("refine", best + d * (gap // 2),
+                        f"the minimum lies between {self._mhz(sides[d][0])} and {self._mhz(best)}: bisect")
+
+    def _side(self, best: int, d: int, lowest: int, top: int) -> list[int]:
+        """Measured levels on side d of the incumbent, within the explorable range, nearest first."""
+        stop = lowest - 1 if d < 0 else top + 1
+        return [i for i in range(best + d, stop, d) if self._est[i].n]
+
+    def _next_unmeasured(self, best: int, d: int, lowest: int, top: int) -> int | None:
+        stop = lowest - 1 if d < 0 else top + 1
+        return next((i for i in range(best + d, stop, d) if not self._est[i].n), None)
+
+    def _wall(self, best: int, d: int, nxt: int, log_j: dict[int, float]) -> bool:
+        """Whether the measured run from the incumbent to just before ``nxt`` climbs like a U's wall: two levels or
+        more, the outermost the highest of them and clearly worse than the incumbent. A run whose outermost level is
+        lower than one inside it is coming down a bump: the walk goes on."""
+        run = list(range(best + d, nxt, d))
+        if len(run) < 2:
+            return False
+        outer = run[-1]
+        return (log_j[outer] >= max(log_j[i] for i in run)
+                and self._z(outer, best, log_j) >= WALL_Z * self.z_confirm)
+
+    def _mhz(self, i: int) -> str:
+        return mhz(self.levels_hz[i])
