@@ -90,7 +90,7 @@ def _table(n: int) -> tuple[int, ...]:
     return tuple(int(round(300e6 + k * (1000e6 / (n - 1)) / 1e5)) * 100000 for k in range(n))
 
 
-def adversarial_curves() -> list[Curve]:
+def adversarial_curves(sizes: tuple[int, ...] = (11, 15, 25)) -> list[Curve]:
     """Shapes that a walk trusting a smooth U gets wrong, each on tables of 11, 15 and 25 levels (x in [0, 1] across
     the table). Step time is a + b/f (compute-bound with a fixed part), so max_slowdown can be tried on them too."""
     def u(x, at, width=0.5):
@@ -113,7 +113,7 @@ def adversarial_curves() -> list[Curve]:
         "steep-u-low": lambda x: u(x, 0.15, 0.25),
     }
     curves = []
-    for n in (11, 15, 25):
+    for n in sizes:
         levels = _table(n)
         for name, shape in shapes.items():
             xs = [k / (n - 1) for k in range(n)]

@@ -108,7 +108,7 @@ def bumpy_curve(seed: int, n: int) -> list[float]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(curve_seed=st.integers(0, 2 ** 16), n=st.integers(2, 30), start_f=st.floats(0, 1),
+@given(curve_seed=st.integers(0, 2 ** 16), n=st.integers(2, 120), start_f=st.floats(0, 1),
        seed=st.integers(0, 2 ** 16), noise=st.floats(0.0, 0.06))
 def test_never_settles_on_a_level_measured_clearly_worse_than_the_start(curve_seed, n, start_f, seed, noise):
     levels, energy = table(n), bumpy_curve(curve_seed, n)
@@ -185,11 +185,11 @@ def test_max_slowdown_measures_below_a_fit_that_says_too_slow():
 
 @settings(max_examples=40, deadline=None)
 @given(curve_seed=st.integers(0, 2 ** 16), start_f=st.floats(0, 1), seed=st.integers(0, 2 ** 16),
-       max_slowdown=st.sampled_from([0.05, 0.1, 0.2]))
-def test_max_slowdown_chosen_level_is_within_the_limit_as_measured(curve_seed, start_f, seed, max_slowdown):
+       max_slowdown=st.sampled_from([0.05, 0.1, 0.2]), n=st.sampled_from([15, 40, 100]))
+def test_max_slowdown_chosen_level_is_within_the_limit_as_measured(curve_seed, start_f, seed, max_slowdown, n):
     # The guarantee is on what was measured: the chosen level's mean step time over the top's, from their own
-    # windows, is within the limit by FEASIBLE_Z s.d. of that ratio, whatever a fit of all the levels says.
-    n = 15
+    # windows, is within the limit by FEASIBLE_Z s.d. of that ratio, whatever a fit of all the levels says; on a
+    # long table too, where the top is one of the levels of every search.
     levels, energy = table(n), bumpy_curve(curve_seed, n)
     rng = random.Random(seed)
     times = [(0.05 + 0.3e9 / hz) * (1 + rng.uniform(-0.05, 0.05)) for hz in levels]  # not a smooth function
