@@ -101,7 +101,8 @@ DEFAULT_EXPLORE_BUDGET_FRAC = 0.015
 # CONFIRM_TOL_NOISE decides when it does. Two is enough for levels a few percent apart; a tie gets more.
 DEFAULT_CONFIRM_WINDOWS = 2
 # A table of more levels than this is searched on a grid of about this many first, then around the grid's pick: the
-# search is measured on tables of 10-15 levels (the Jetson curves), where it needs every level.
+# search is measured on tables of 10-15 levels (the Jetson curves), where it needs every level, and a Jetson's devfreq
+# table has at most 15 entries (the nvgpu driver's limit), so on a Jetson the whole table is searched as one.
 GRID_LEVELS = 15
 # The levels between the grid's pick and a grid neighbour are searched when that neighbour is more than this many
 # noise_rel above the pick (in log energy). On a V-shaped minimum a level between them can be up to half the
