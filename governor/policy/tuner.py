@@ -36,30 +36,10 @@ Each search (governor/policy/search.py has its statement in full):
 6. Stop when nothing is left to do or the next window is not affordable, and pick the incumbent; a level replaces the
    start only when it reads clearly (START_MARGIN_Z) lower.
 
-Budget: what exploration costs is the energy its windows spend above the incumbent (the estimate of the optimum):
-``probe_steps`` x (E_level - E_incumbent) per window; a window at a level cheaper than the incumbent costs nothing.
-A window is taken only if its predicted cost fits in what is left of ``explore_budget_frac`` x ``total_steps`` x
-E_incumbent (the job's energy at the incumbent); the prediction is the level's estimate when measured, the line
-through its measured neighbours between two, and beyond the measured levels the nearest one or the line through the
-two nearest when it rises (pessimistic: the budget is not spent on a hope). A look past a wall, speculative, may spend
-at most FAR_SHARE of what is left. ``total_steps`` is the number of steps the job runs from the first window to its
-end; unknown (None), ASSUMED_TOTAL_STEPS (2,000) is assumed. A short job explores less: a window 10% above the
-incumbent costs 0.5 step of energy, so a 2,000-step job at 1.5% may spend 60 of them, a 100-step job 3. Descending
-to cheaper levels and re-measuring the incumbent are never refused. ``max_probes`` is only a safety cap.
-
-max_slowdown: what may be chosen is decided by each level's own windows, never by a fit: a measured level is
-feasible when its mean step time over the top's is within ``1 + max_slowdown`` by FEASIBLE_Z standard deviations of
-that ratio (``noise_rel`` and both levels' windows). A cheaper level over the limit only within noise is measured
-again, with the top, up to MAX_CONFIRM_WINDOWS each. The step-time fit (``_seconds``) only says where to explore, and
-the walk down goes one level past the lowest measured feasible level whatever the fit says (measured step times bend
-and are not always monotone in the clock). If the times are noisy like the energies, a level whose true ratio is
-over the limit is chosen with probability at most about 16% (one-sided 1 s.d.) and only when it reads under it; one
-over it by 2 s.d. (6% with one window each at 3% noise) about 0.1%.
-
-Never worse than the start beyond noise: the start is always measured, is always among the levels confirmed while
-it is within noise of the incumbent, and is replaced at the end only by a level whose estimate is lower by more than
-START_MARGIN_Z standard deviations of the difference (the least of many noisy levels reads low: without a margin,
-exploring more levels would make a lucky window more likely to win).
+The budget (``explore_budget_frac`` of the job's energy over ``total_steps``; a window costs what it spends above the
+incumbent, a cheaper one nothing), the ``max_slowdown`` rule (each level judged by its own windows against the top's)
+and the guarantee against the start are stated in full in governor/policy/search.py; they hold across the searches
+of a long table, which share every window.
 
 Why no smoothing across levels, and why not golden-section search or a global fit: docs/tuner.md.
 
