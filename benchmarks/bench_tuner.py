@@ -129,10 +129,8 @@ def simulated_runs(args) -> list[Run]:
             for seed in range(args.seeds):
                 for kind in TUNERS:
                     def session(levels_hz, start, kind=kind):
-                        t = make_tuner(kind, levels_hz, start, None, args.noise_rel, args.job_steps)
-                        if kind == "v1":
-                            return tuner_v1.TuningSession(t, steps=0)
-                        return tuning.TuningSession(t, steps=0)
+                        return tuning.TuningSession(make_tuner(kind, levels_hz, start, None, args.noise_rel,
+                                                               args.job_steps), steps=0)
                     job: JobResult = run_model_job(w, start_hz, args.job_steps, args.model_noise, 1000 * i + seed,
                                                    session)
                     eb = e[job.best_hz]

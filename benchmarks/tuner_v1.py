@@ -65,10 +65,11 @@ import numbers
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from governor.policy.estimates import _weighted_quadratic
+from governor.policy.estimates import _Estimate, _weighted_quadratic
 from governor.policy.tuner import _check_levels
-# The measurement windows are the same code as today's (only the search differs): shared, not copied.
-from governor.policy.windows import Measurement, ProbeWindow, TuningError, _count, _positive
+# The estimates and the measurement windows are the same code as today's (only the search differs): shared, not
+# copied. Drive this tuner with governor.policy.windows.TuningSession; set_job below takes what that session tells it.
+from governor.policy.windows import TuningError, _count, _positive
 
 # A probe is DEFAULT_WARMUP_STEPS discarded steps after a change of level, then DEFAULT_WINDOW_STEPS measured steps:
 # 5 steps in all, so DEFAULT_MAX_PROBES probes profile at most 30 steps (its budget). One warm-up step is
@@ -82,22 +83,6 @@ DEFAULT_Z_CONFIRM = 2.0
 # Levels either side of the incumbent that the quadratic smoothing uses: wide enough to pool the 4-5 levels a search
 # measures, narrow enough that the U's asymmetric far ends do not bend the fit.
 SMOOTH_RADIUS = 3
-
-
-@dataclass
-class _Estimate:
-    """Running sums of the windows measured at one level."""
-
-    n: int = 0
-    sum_j: float = 0.0
-    sum_log_j: float = 0.0
-    sum_s: float = 0.0
-
-    def add(self, joules: float, seconds: float) -> None:
-        self.n += 1
-        self.sum_j += joules
-        self.sum_log_j += math.log(joules)
-        self.sum_s += seconds
 
 
 @dataclass(frozen=True)
@@ -170,6 +155,10 @@ class OnlineTuner:
     @property
     def probes(self) -> int:
         return self._probes
+
+    def set_job(self, total_steps: Optional[int] = None, probe_steps: Optional[int] = None) -> None:
+        """What governor.policy.windows.TuningSession tells a tuner of the job; this one has no energy budget, so
+        neither changes its search (added so that it runs under today's session)."""
 
     def state(self) -> dict:
         """What the daemon's ``status`` shows and its log records after each probe (JSON-ready)."""
@@ -324,47 +313,3 @@ class OnlineTuner:
 
     def _lowest_feasible(self, seconds: Optional[list[float]]) -> int:
         return next(i for i in range(len(self.levels_hz)) if self._feasible(i, seconds) or i == len(self.levels_hz) - 1)
-
-
-class TuningSession:
-    """Drives an ``OnlineTuner`` from a job's progress reports: the loop the daemon, ``ftgov evaluate`` and the
-    benchmark share, so that warm-up and window arithmetic are written once.
-
-    Create it when the job has been pinned at ``tuner.next_level_hz()`` (the start level), with the step count,
-    energy counter and clock read then. Feed every progress report to ``on_progress``; when it returns a measurement,
-    pin ``level_hz`` if it changed (and log the measurement with ``tuner.state()``). Re-measuring the level already
-    pinned needs no warm-up; a new level gets ``warmup_steps`` discarded steps first.
-    """
-
-    def __init__(self, tuner: OnlineTuner, steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
-                 window_steps: int = DEFAULT_WINDOW_STEPS):
-        self.tuner = tuner
-        self.warmup_steps = warmup_steps
-        self.window_steps = window_steps
-        self.profiled_steps = 0
-        self._window = ProbeWindow(tuner.next_level_hz(), steps, warmup_steps, window_steps)
-
-    @property
-    def level_hz(self) -> int:
-        """The level the job should be pinned at now."""
-        return self.tuner.next_level_hz()
-
-    @property
-    def converged(self) -> bool:
-        return self.tuner.converged
-
-    def on_progress(self, steps: int, energy_j: float, time_s: float, phase: str = "train") -> Optional[Measurement]:
-        if self.tuner.converged:
-            return None
-        m = self._window.feed(steps, energy_j, time_s, phase)
-        if m is None:
-            return None
-        self.tuner.observe(m.level_hz, m.joules_per_step, m.seconds_per_step)
-        self.profiled_steps += m.profiled_steps
-        if not self.tuner.converged:
-            nxt = self.tuner.next_level_hz()
-            warmup = 0 if nxt == m.level_hz else self.warmup_steps
-            self._window = ProbeWindow(nxt, steps, warmup, self.window_steps)
-            if warmup == 0:  # the same level goes on running: this report opens the next window at once
-                self._window.feed(steps, energy_j, time_s, phase)
-        return m

@@ -97,7 +97,8 @@ def _knob(name: str) -> property:
 
 class Search(Estimates):
     """The search over ``levels``, indices into the tuner's table, from ``start`` (one of them): the next level to
-    measure (``plan``), re-planned after every window (``replan``), and the position chosen once done (``choice``)."""
+    measure (``plan``), re-planned after every window (``replan``), and the position chosen once done (``choice``).
+    ``span`` is the contiguous range of the table it stands for: ``levels`` itself, or the range it is a grid of."""
 
     max_slowdown = _knob("max_slowdown")
     noise_rel = _knob("noise_rel")
@@ -107,8 +108,9 @@ class Search(Estimates):
     probe_steps = _knob("probe_steps")
     confirm_windows = _knob("confirm_windows")
 
-    def __init__(self, tuner: OnlineTuner, levels: list[int], start: int):
+    def __init__(self, tuner: OnlineTuner, levels: list[int], start: int, span: list[int]):
         self._tuner = tuner
+        self.span = tuple(span)
         self.levels = tuple(levels)
         self.levels_hz = tuple(tuner.levels_hz[i] for i in self.levels)
         self._est = [tuner._est[i] for i in self.levels]

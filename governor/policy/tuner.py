@@ -196,7 +196,7 @@ class OnlineTuner(Estimates):
             "phase": "done" if self.converged else self._search.plan.phase,
             "reason": self._search.plan.reason,
             "stage": self._stage,
-            "searching_hz": [self.levels_hz[self._span[0]], self.levels_hz[self._span[-1]]],
+            "searching_hz": [self.levels_hz[self._search.span[0]], self.levels_hz[self._search.span[-1]]],
             "probes": self._probes,
             "max_probes": self.max_probes,
             "start_hz": self.start_hz,
@@ -217,7 +217,6 @@ class OnlineTuner(Estimates):
         """A search of ``span`` (contiguous indices of the table) from ``start``: of all of it when it has at most
         GRID_LEVELS levels, else of a grid of it (evenly spaced by position, aligned on the start, with both ends).
         With max_slowdown the top level, the reference, is always one of the levels searched."""
-        self._span = span
         n = len(span)
         levels = list(span)
         if n > GRID_LEVELS:
@@ -227,7 +226,7 @@ class OnlineTuner(Estimates):
         top = len(self.levels_hz) - 1
         if self.max_slowdown is not None and top not in levels:
             levels.append(top)
-        return Search(self, levels, start)
+        return Search(self, levels, start, span)
 
     def _settle(self) -> None:
         """When a search has chosen, search the levels around its choice if they can matter, else converge."""
@@ -244,8 +243,9 @@ class OnlineTuner(Estimates):
         """The levels between a grid's pick and its grid neighbours, when a search of them can matter: some are
         unmeasured, a window is left under the safety cap, and a neighbour is unmeasured or more than REFINE_NOISE x
         noise_rel above the pick. None otherwise (and when the search was of every level of its span)."""
-        grid = [i for i in self._search.levels if self._span[0] <= i <= self._span[-1]]
-        if len(grid) == len(self._span) or self._probes >= self.max_probes:
+        span = self._search.span
+        grid = [i for i in self._search.levels if span[0] <= i <= span[-1]]
+        if len(grid) == len(span) or self._probes >= self.max_probes:
             return None
         lo = max((i for i in grid if i < pick), default=pick)
         hi = min((i for i in grid if i > pick), default=pick)
