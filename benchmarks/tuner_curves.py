@@ -87,7 +87,7 @@ def fine_curves(data_dir: Path = DEFAULT_DATA) -> list[Curve]:
 
 
 def _table(n: int) -> tuple[int, ...]:
-    return tuple(int(round(300e6 + k * (1000e6 / (n - 1)) / 1e5)) * 100000 for k in range(n))
+    return tuple(int(round((300e6 + k * 1000e6 / (n - 1)) / 1e5)) * 100000 for k in range(n))  # 300-1300 MHz
 
 
 def adversarial_curves(sizes: tuple[int, ...] = (11, 15, 25)) -> list[Curve]:
