@@ -33,7 +33,7 @@ class _Estimate:
 
 class Estimates:
     """The estimates half of OnlineTuner and its Search: it reads levels_hz, _est (the windows of those levels),
-    _all_est (every window of the job, for the budget), noise_rel, probe_steps, total_steps, explore_budget_frac,
+    explore_spent_j (what the job's windows have cost, kept by the tuner), noise_rel, probe_steps, total_steps, explore_budget_frac,
     max_slowdown, z_confirm and _start."""
 
     def _incumbent(self, log_j: dict[int, float]) -> int | None:
@@ -52,14 +52,22 @@ class Estimates:
         steps = self.total_steps if self.total_steps is not None else ASSUMED_TOTAL_STEPS
         return self.explore_budget_frac * steps * math.exp(log_j[best])
 
-    def _spent_j(self, log_j: dict[int, float], best: int) -> float:
-        """Energy the windows so far cost above the incumbent (the estimate of the optimum); cheaper ones cost none."""
-        e_best = math.exp(log_j[best])
-        return sum(e.n * self.probe_steps * max(0.0, e.sum_j / e.n - e_best) for e in self._all_est if e.n)
+    def _window_cost_j(self, i: int, joules: float) -> float:
+        """What a window just measured at level i cost the exploration: ``probe_steps`` x its energy per step above
+        the incumbent of the moment (the best level known when it was taken). A window at the incumbent or below it
+        costs nothing, and so does the first (there is no incumbent yet: it is the start, what the job runs anyway).
+        Judged when taken, not against the final incumbent: a walk down from a start far above the minimum is what
+        leaving the start costs, not exploration, and charged afterwards against the bottom it found, it would use the
+        budget up before that bottom is refined (a start at 3x the minimum did, on a steep curve: docs/tuner.md)."""
+        log_j = self._log_energy()
+        best = self._incumbent(log_j)
+        if best is None or i == best:
+            return 0.0
+        return self.probe_steps * max(0.0, joules - math.exp(log_j[best]))
 
     def _affordable(self, i: int, log_j: dict[int, float], best: int, share: float = 1.0) -> bool:
         cost_j = self.probe_steps * max(0.0, math.exp(self._predict(i, log_j)) - math.exp(log_j[best]))
-        return cost_j <= 0.0 or cost_j <= share * (self._budget_j(log_j, best) - self._spent_j(log_j, best))
+        return cost_j <= 0.0 or cost_j <= share * (self._budget_j(log_j, best) - self.explore_spent_j)
 
     def _predict(self, i: int, log_j: dict[int, float]) -> float:
         """Log energy expected at level i, for its cost: its estimate when measured; between two measured levels the

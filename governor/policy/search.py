@@ -23,9 +23,11 @@ search is known to the next, and the budget counts every window of the job.
    within noise of a flat bottom are left: whichever is picked, they are equal to within the noise.
 6. Stop when nothing is left to do, or when the next window is not affordable, and pick the incumbent.
 
-Budget: what exploration costs is the energy its windows spend above the incumbent (the estimate of the optimum):
-``probe_steps`` x (E_level - E_incumbent) per window; a window at a level cheaper than the incumbent costs nothing.
-A window is taken only if its predicted cost fits in what is left of ``explore_budget_frac`` x ``total_steps`` x
+Budget: what exploration costs is the energy its windows spend above the incumbent (the estimate of the optimum)
+of the moment each is taken: ``probe_steps`` x (E_window - E_incumbent); a window at a level cheaper than the
+incumbent, at the incumbent, or the first (the start) costs nothing. The walk down from a costly start is thus not
+charged against the bottom it finds: that is what leaving the start costs, and it would leave nothing to refine that
+bottom with (``Estimates._window_cost_j``). A window is taken only if its predicted cost fits in what is left of ``explore_budget_frac`` x ``total_steps`` x
 E_incumbent (the job's energy at the incumbent); the prediction is the level's estimate when measured, the line
 through its measured neighbours between two, and beyond the measured levels the nearest one or the line through the
 two nearest when it rises (pessimistic: the budget is not spent on a hope). A look past a wall, speculative, may spend
@@ -107,6 +109,7 @@ class Search(Estimates):
     total_steps = _knob("total_steps")
     probe_steps = _knob("probe_steps")
     confirm_windows = _knob("confirm_windows")
+    explore_spent_j = _knob("explore_spent_j")  # the budget counts every window of the job, in any search
 
     def __init__(self, tuner: OnlineTuner, levels: list[int], start: int, span: list[int]):
         self._tuner = tuner
@@ -118,10 +121,6 @@ class Search(Estimates):
         self._far_looks: set[int] = set()  # positions measured as a look past a wall: each side gets one
         self.choice: int | None = None
         self.plan = self._replan()
-
-    @property
-    def _all_est(self):
-        return self._tuner._est  # the budget counts every window of the job, in this search or an earlier one
 
     def replan(self) -> None:
         """After a window (or a change of the job's length): plan the next one, or choose."""

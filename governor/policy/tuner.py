@@ -130,7 +130,7 @@ class OnlineTuner(Estimates):
         self.confirm_windows = _count(confirm_windows, "confirm_windows", 1)
         self._start = self.levels_hz.index(start_hz)
         self._est = [_Estimate() for _ in self.levels_hz]
-        self._all_est = self._est
+        self.explore_spent_j = 0.0  # what the windows so far cost the exploration (Estimates._window_cost_j)
         self._probes = 0
         self._final: int | None = None
         self._stage = 1
@@ -151,7 +151,10 @@ class OnlineTuner(Estimates):
             raise TuningError(f"level_hz {level_hz!r} is not one of the levels {list(self.levels_hz)}")
         joules = _positive(joules_per_step, "joules_per_step")
         seconds = _positive(seconds_per_step, "seconds_per_step")
-        self._est[self.levels_hz.index(level_hz)].add(joules, seconds)
+        i = self.levels_hz.index(level_hz)
+        if self._final is None:
+            self.explore_spent_j += self._window_cost_j(i, joules)
+        self._est[i].add(joules, seconds)
         self._probes += 1
         if self._final is None:
             self._search.replan()
@@ -207,7 +210,7 @@ class OnlineTuner(Estimates):
             "fastest_seconds_per_step": None if fit is None else fit[-1],
             "total_steps": self.total_steps,
             "explore_budget_j": None if best is None else self._budget_j(log_j, best),
-            "explore_spent_j": None if best is None else self._spent_j(log_j, best),
+            "explore_spent_j": self.explore_spent_j,
             "estimates": estimates,
         }
 

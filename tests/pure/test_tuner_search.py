@@ -76,6 +76,30 @@ def test_minimum_at_the_bottom_is_reached_from_the_top():
     assert max(rs) < 0.02
 
 
+def test_a_walk_down_from_a_costly_start_leaves_budget_to_refine_the_bottom():
+    # A start at 3x the minimum: the walk down's windows, each cheaper than the best level known when it was taken,
+    # are what leaving the start costs. Charged against the bottom found, they used the budget up, and with exact
+    # windows the tuner stopped next to an unmeasured minimum, 1.6% above it.
+    levels = table(15)
+    energy = [1.0 + 0.25 * ((k / 14 - 0.85) / 0.25) ** 2 for k in range(15)]
+    assert energy[0] / min(energy) > 3
+    tuner = tune(levels, energy, 0, random.Random(0), noise=0.0)
+    assert energy[levels.index(tuner.best_hz)] == min(energy)
+    state = tuner.state()
+    assert 0 < state["explore_spent_j"] <= state["explore_budget_j"]
+
+
+def test_windows_at_or_below_the_incumbent_cost_no_budget():
+    levels = table(11)
+    tuner = tuning.OnlineTuner(levels, levels[0], total_steps=2000)
+    tuner.observe(levels[0], 3.0, 1.0)  # the start: free
+    tuner.observe(levels[1], 2.0, 1.0)  # below the incumbent: free
+    tuner.observe(levels[1], 2.1, 1.0)  # at the incumbent: free
+    assert tuner.explore_spent_j == 0.0
+    tuner.observe(levels[0], 3.0, 1.0)  # above the incumbent (its estimate: the geometric mean of its windows)
+    assert math.isclose(tuner.explore_spent_j, tuner.probe_steps * (3.0 - math.sqrt(2.0 * 2.1)))
+
+
 def test_a_short_job_explores_fewer_windows_than_a_long_one():
     levels = table(25)
     energy = u_curve(25, 0.5, 0.6)  # shallow: many levels cost little above the bottom, worth looking at in a long job
