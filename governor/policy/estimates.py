@@ -33,8 +33,8 @@ class _Estimate:
 
 class Estimates:
     """The estimates half of OnlineTuner and its Search: it reads levels_hz, _est (the windows of those levels),
-    explore_spent_j (what the job's windows have cost, kept by the tuner), noise_rel, probe_steps, total_steps, explore_budget_frac,
-    max_slowdown, z_confirm and _start."""
+    explore_spent_j (what the job's windows have cost, kept by the tuner), noise_rel, probe_steps, total_steps,
+    explore_budget_frac, max_slowdown, z_confirm and _start."""
 
     def _incumbent(self, log_j: dict[int, float]) -> int | None:
         """The measured feasible level with the least estimated energy per step."""

@@ -23,18 +23,19 @@ search is known to the next, and the budget counts every window of the job.
    within noise of a flat bottom are left: whichever is picked, they are equal to within the noise.
 6. Stop when nothing is left to do, or when the next window is not affordable, and pick the incumbent.
 
-Budget: what exploration costs is the energy its windows spend above the incumbent (the estimate of the optimum)
-of the moment each is taken: ``probe_steps`` x (E_window - E_incumbent); a window at a level cheaper than the
+Budget: what exploration costs is the energy its windows spend above the incumbent (the estimate of the optimum) of
+the moment each is taken: ``probe_steps`` x (E_window - E_incumbent); a window at a level cheaper than the
 incumbent, at the incumbent, or the first (the start) costs nothing. The walk down from a costly start is thus not
 charged against the bottom it finds: that is what leaving the start costs, and it would leave nothing to refine that
-bottom with (``Estimates._window_cost_j``). A window is taken only if its predicted cost fits in what is left of ``explore_budget_frac`` x ``total_steps`` x
-E_incumbent (the job's energy at the incumbent); the prediction is the level's estimate when measured, the line
-through its measured neighbours between two, and beyond the measured levels the nearest one or the line through the
-two nearest when it rises (pessimistic: the budget is not spent on a hope). A look past a wall, speculative, may spend
-at most FAR_SHARE of what is left. ``total_steps`` is the number of steps the job runs from the first window to its
-end; unknown (None), ASSUMED_TOTAL_STEPS (2,000) is assumed. A short job explores less: a window 10% above the
-incumbent costs 0.5 step of energy, so a 2,000-step job at 1.5% may spend 60 of them, a 100-step job 3. Descending
-to cheaper levels and re-measuring the incumbent are never refused. ``max_probes`` is only a safety cap.
+bottom with (``Estimates._window_cost_j``). A window is taken only if its predicted cost fits in what is left of
+``explore_budget_frac`` x ``total_steps`` x E_incumbent (the job's energy at the incumbent); the prediction is the
+level's estimate when measured, the line through its measured neighbours between two, and beyond the measured levels
+the nearest one or the line through the two nearest when it rises (pessimistic: the budget is not spent on a hope).
+A look past a wall, speculative, may spend at most FAR_SHARE of what is left. ``total_steps`` is the number of steps
+the job runs from the first window to its end; unknown (None), ASSUMED_TOTAL_STEPS (2,000) is assumed. A short job
+explores less: a window 10% above the incumbent costs 0.5 step of energy, so a 2,000-step job at 1.5% may spend 60
+of them, a 100-step job 3. Descending to cheaper levels and re-measuring the incumbent are never refused.
+``max_probes`` is only a safety cap.
 
 max_slowdown: what may be chosen is decided by each level's own windows, never by a fit: a measured level is
 feasible when its mean step time over the top's is within ``1 + max_slowdown`` by FEASIBLE_Z standard deviations of
