@@ -74,6 +74,7 @@ class Run:
     job_vs_default: float  # whole job / default governor's job - 1
     slowdown: float = 0.0  # noise-free t(converged) / t(top) - 1
     windows_by_phase: dict | None = None  # windows per phase of the search (window-driven sets only)
+    seed: int = 0
 
 
 def make_tuner(kind: str, levels_hz, start_hz: int, max_slowdown, noise_rel: float, job_steps: int):
@@ -104,7 +105,7 @@ def window_runs(curves: list[Curve], args, max_slowdown: float | None) -> list[R
                                     e / curve.energy_at(start_hz) - 1,
                                     job.energy_j / (args.job_steps * curve.energy_at(start_hz)) - 1,
                                     job.energy_j / (args.job_steps * curve.energy_j[-1]) - 1,
-                                    curve.time_at(job.best_hz) / curve.time_s[-1] - 1, job.windows_by_phase))
+                                    curve.time_at(job.best_hz) / curve.time_s[-1] - 1, job.windows_by_phase, seed))
     return runs
 
 
