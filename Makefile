@@ -96,6 +96,7 @@ bench: $(DEV_VENV)/.test
 	$(VPY) benchmarks/bench_daemon.py
 	$(VPY) benchmarks/bench_client.py
 	$(VPY) benchmarks/bench_tuner.py
+	$(VPY) benchmarks/tuner_bound.py
 	$(VPY) benchmarks/bench_saving.py
 
 # --- the model pipeline (governor/pipeline): each file is made from the files it is computed from, so `make model`
