@@ -44,7 +44,7 @@ again, with the top, up to MAX_CONFIRM_WINDOWS each. The step-time fit (``_secon
 the walk down goes one level past the lowest measured feasible level whatever the fit says (measured step times bend
 and are not always monotone in the clock). If the times are noisy like the energies, a level whose true ratio is
 over the limit is chosen with probability at most about 16% (one-sided 1 s.d.) and only when it reads under it; one
-over it by 2 s.d. (6% with one window each at 3% noise) about 0.1%.
+over it by 2 s.d. (8.5 points with one window each at 3% noise, 6 with two each) about 0.1%.
 
 Never worse than the start beyond noise: the start is always measured, is always among the levels confirmed while
 it is within noise of the incumbent, and is replaced at the end only by a level whose estimate is lower by more than
@@ -87,7 +87,7 @@ MAX_CONFIRM_WINDOWS = 6
 
 @dataclass(frozen=True)
 class _Plan:
-    phase: str  # start | fastest | anchor | descend | refine | beyond | confirm | done
+    phase: str  # start | fastest | anchor | descend | refine | beyond | far | confirm | done
     index: int | None  # level index to measure next; None when done
     reason: str
     free: bool = False  # measured whatever the budget says (the start, the reference for max_slowdown)
@@ -320,8 +320,8 @@ class Search(Estimates):
 
     def _wall(self, best: int, d: int, nxt: int, log_j: dict[int, float]) -> bool:
         """Whether the measured run from the incumbent to just before ``nxt`` climbs like a U's wall: two levels or
-        more, the outermost the highest of them and clearly worse than the incumbent. A run whose outermost level is
-        lower than one inside it is coming down a bump: the walk goes on."""
+        more, the outermost the highest of them and at least WALL_Z x z_confirm standard deviations above the incumbent.
+        A run whose outermost level is lower than one inside it is coming down a bump: the walk goes on."""
         run = list(range(best + d, nxt, d))
         if len(run) < 2:
             return False
