@@ -71,7 +71,8 @@ class Methods:
             raise self._no_gpu()
         features = params.features()
         gid = self.pins.default_gpu()
-        if features.gpu_util is None:
+        if features.gpu_util is None and self.pins.policy.needs_gpu_util(features):
+            # The GPU's load now, for want of the job's: the answer says so (register measures it while it trains).
             return self._predict_measured(features, gid)
         return self._predict(features, gid, "")
 

@@ -99,3 +99,14 @@ def test_windows_shorter_than_a_read_still_yield_to_the_loop(orin, start_daemon)
     c.call("register", **STRUCTURE)
     d.wait_status(lambda m: "pinned to 1020 MHz" in m)
     assert c.call("status")["jobs"][0]["features"]["gpu_util"] == 3.0
+
+
+def test_predict_samples_the_load_only_when_the_decision_depends_on_it(orin, start_daemon):
+    set_load(orin, 9.3)
+    d = start_daemon(config={"policy": "ffg"})
+    res = d.client().call("predict", **STRUCTURE)  # a fixed frequency: no tree path, no gpu_util
+    assert res["policy"] == "ffg" and "gpu_util" not in res["reason"]
+    d.stop()
+    d = start_daemon()
+    res = d.client().call("predict", **STRUCTURE)  # the tree tests gpu_util for BERT-base: the load now is used
+    assert "gpu_util measured from the GPU's load: 9.3%" in res["reason"]
