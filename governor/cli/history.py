@@ -38,18 +38,38 @@ def parse_since(text: str, now: float | None = None) -> float:
 
 
 def store_path(args: argparse.Namespace) -> str:
+    """--store; else, without --config, the store of the daemon that answers on the socket (a simulated daemon keeps
+    its own beside its socket); else store.path of the config."""
     if args.store:
         return args.store
+    if args.config is None:
+        running = _daemon_store(args.socket)
+        if running:
+            return running
     from governor import DEFAULT_CONFIG_PATH
     from governor.daemon.config import installed_store_path, load_config
 
     return installed_store_path(load_config(args.config or DEFAULT_CONFIG_PATH, must_exist=args.config is not None))
 
 
+def _daemon_store(socket: str | None) -> str | None:
+    from governor.client import Connection
+
+    try:
+        with Connection(socket, timeout_s=2.0) as conn:
+            store = conn.call("status").get("store") or {}
+    except (FtgovError, OSError):
+        return None  # no daemon there (or an old one): the config says where the store is
+    path = store.get("path")
+    return path if isinstance(path, str) and path else None
+
+
 def add_store_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--store", help="the measurement store (default: store.path of the config, "
-                   "/var/lib/ftgov/measurements.sqlite)")
-    p.add_argument("--config", help="ftgovd's config (default /etc/ftgov/ftgov.yaml)")
+    p.add_argument("--store", help="the measurement store (default: the one of the daemon on --socket when one "
+                   "answers, else store.path of the config, /var/lib/ftgov/measurements.sqlite)")
+    p.add_argument("--config", help="ftgovd's config (default /etc/ftgov/ftgov.yaml); given, the daemon is not asked")
+    p.add_argument("--socket", help="the daemon asked where its store is (default: $FTGOV_SOCKET, else "
+                   "/run/ftgov/ftgov.sock)")
 
 
 def load(args: argparse.Namespace, since: float | None = None):

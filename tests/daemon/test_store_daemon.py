@@ -5,6 +5,7 @@ import json
 import os
 import sqlite3
 import time
+from pathlib import Path
 
 from governor.daemon import store
 from governor.sim import job as simjob
@@ -13,6 +14,7 @@ from governor.sysfs import Root
 from tests.support.daemon import FEATURES, ProgressJob
 
 BERT_BASE = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
+REPO = Path(__file__).resolve().parents[2]
 
 
 
@@ -117,3 +119,26 @@ def test_an_unwritable_store_never_stops_the_daemon(orin, start_daemon, tmp_path
     c.call("unregister", job_id=job["job_id"])
     assert "cannot create" in c.call("status")["store"]["error"]
 
+
+
+
+def test_history_without_store_reads_the_running_daemons(orin, start_daemon, tmp_path, capsys, monkeypatch):
+    import dataclasses
+
+    from governor.cli import main
+    from governor.pipeline import retrain
+    from governor.policy.tree import DecisionTree
+    from governor.sim import learning
+
+    path = tmp_path / "elsewhere.sqlite"  # not the config's default: only the daemon knows it
+    tree = DecisionTree.load(REPO / "model" / "mlg-tree.json")
+    record = next(learning.stream(retrain.tree_decider(tree, learning.board_model().levels_hz), 1, seed=3))
+    s = store.Store(path)
+    s.add(dataclasses.replace(record, name="recorded-before"))
+    s.close()
+    d = start_daemon(config={"store": {"path": str(path)}})
+    monkeypatch.setenv("FTGOV_SOCKET", d.socket)
+    assert main(["history"]) == 0
+    assert "recorded-before" in capsys.readouterr().out
+    assert main(["history", "--socket", str(tmp_path / "no-daemon.sock"), "--config", str(tmp_path / "none.yaml")]) == 1
+    assert "none.yaml" in capsys.readouterr().err  # --config given: the daemon is not asked, the config must exist
