@@ -146,5 +146,5 @@ def _main(args: argparse.Namespace) -> int:
     with client.job(name="sim-job", socket=args.socket, tune=args.tune or None, report_every_s=0.05,
                     **features) as job:
         run(root, job, workload, args.steps, time_scale=args.time_scale)
-    print(job.result)
+    print(json.dumps(job.result, indent=2, sort_keys=True))  # unregister's answer: the job's energy, pin, saving
     return 0

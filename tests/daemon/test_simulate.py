@@ -3,6 +3,7 @@ it, and the daemon's pin check, restore and energy figures hold against a board 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import select
@@ -110,4 +111,5 @@ def test_sim_job_tunes_against_simulate_while_the_daemon_rewrites_the_limits(sta
                               str(d.state_dir / "sim-orin"), "--tune", "--steps", "120", "--time-scale", "0.02"],
                              capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
         assert out.returncode == 0, out.stderr
-        assert "'steps': 120" in out.stdout and "'ended': 'unregistered'" in out.stdout, out.stdout
+        result = json.loads(out.stdout)  # unregister's answer, as JSON
+        assert result["steps"] == 120 and result["ended"] == "unregistered", out.stdout
