@@ -153,7 +153,7 @@ def _prometheus():
         import prometheus_client
         from prometheus_client.core import GaugeMetricFamily
     except ImportError as e:
-        raise FtgovError("ftgov metrics needs prometheus-client: pip install 'ftgov[metrics]'") from e
+        raise FtgovError("prometheus-client is not installed: pip install 'ftgov[metrics]'") from e
     return prometheus_client, GaugeMetricFamily
 
 
