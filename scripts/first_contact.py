@@ -27,6 +27,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+# The checkout first, then the caller's PYTHONPATH: it may carry the dependencies (a machine with no installs) or a
+# pynvml stand-in (tests/support/fakenvml).
+PYTHONPATH = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
 sys.path.insert(0, str(REPO))
 
 from governor.client import Connection  # noqa: E402
@@ -126,7 +129,7 @@ def run_job(socket: str, seconds: float, marks: dict) -> subprocess.CompletedPro
     out = subprocess.run([sys.executable, "-m", "governor.cli", "run", "--socket", socket, "--name", "ftgov-run",
                           "--model-type", "encoder", "--num-layers", "12", "--hidden-size", "768", "--seq-len", "128",
                           "-v", "--", sys.executable, "-c", CHILD, str(seconds)],
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": PYTHONPATH})
     marks["run_end"] = time.monotonic()
     return out
 
@@ -142,7 +145,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     config = {"backend": "nvml", "policy": "observe", "util_sample_s": 2.0, "util_settle_s": args.settle_s,
               "sample_interval_s": 1.0}
-    daemon = Daemon(None, config=config, log_level="info", log_path=out / "ftgovd.log").start(timeout_s=60)
+    daemon = Daemon(None, config=config, log_level="info", log_path=out / "ftgovd.log",
+                    env={"PYTHONPATH": PYTHONPATH}).start(timeout_s=60)
     sampler, watch, marks = LoadSampler(), StatusWatch(daemon.socket), {}
     sampler.start()
     watch.start()
