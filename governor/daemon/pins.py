@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from governor.backends import gpuid
-from governor.backends.base import Gpu
+from governor.backends.base import Gpu, Limits
 from governor.backends.rails import Rails
 from governor.daemon import logs
 from governor.daemon.energy import BoardEnergy
@@ -244,6 +244,8 @@ class PinController:
                 ctl.stood_down = False
             self._save_soon(prompt=removed)
             return
+        if target is not None:
+            target = self._under_cap(ctl, target)
         if target == ctl.pinned_hz and not ctl.restore_failed:
             self._save_soon(prompt=removed)  # only the job list changed: re-adoption data, not safety data
             return
@@ -254,6 +256,7 @@ class PinController:
             first = ctl.baseline is None
             if first:
                 ctl.baseline = ctl.gpu.snapshot()  # an NVML snapshot carries the power limit to restore
+                target = self._under_cap(ctl, target)
             ctl.pinned_hz = target
             self._save()  # before the write: a crash now still finds the baseline on disk
             ctl.gpu.pin(target)
@@ -262,6 +265,13 @@ class PinController:
             ctl.restore_failed = False
             log.info("GPU %s pinned to %s", gpu_id, mhz(target), extra={"FREQ_HZ": target})
         self._notify()
+
+    def _under_cap(self, ctl: GpuControl, target_hz: int) -> int:
+        capped = self.power_mode.clamp(ctl, target_hz)
+        if capped != target_hz:
+            log.warning("GPU %s: %s is above the power mode's cap %s: pinning %s", ctl.gpu.id, mhz(target_hz),
+                        mhz(ctl.baseline.max_hz), mhz(capped), extra={"FREQ_HZ": capped})
+        return capped
 
     def reapply(self) -> None:
         """Apply every GPU's pin (or baseline) again; failures are logged and left for retry."""
@@ -318,11 +328,16 @@ class PinController:
                         "Re-applying" if self.on_external_change == "reapply" else "Standing down until the jobs end",
                         extra={"FREQ_HZ": ctl.pinned_hz})
             if self.on_external_change == "reapply":
-                logs.flush()
+                # What the tool set is what the jobs' end restores (not undone), and its max is the cap from now on.
+                ctl.baseline = after_external_change(ctl.baseline, now.min_hz, now.max_hz, ctl.pinned_hz)
+                log.info("GPU %s: the jobs' end restores %s..%s, what it set", gid, mhz(ctl.baseline.min_hz),
+                         mhz(ctl.baseline.max_hz))
+                ctl.pinned_hz = None  # the limits no longer read our pin: the pin is written again, under the cap
                 try:
-                    ctl.gpu.pin(ctl.pinned_hz)
+                    self._apply(gid)
                 except FtgovError as e:
-                    log.error("GPU %s: re-applying the pin failed: %s", gid, e)
+                    log.error("GPU %s: re-applying the pin failed: %s (will retry)", gid, e)
+                    ctl.restore_failed = True
             else:
                 # The other tool owns the limits now: forget our baseline so that we do not undo its change later.
                 ctl.stood_down, ctl.baseline, ctl.pinned_hz = True, None, None
@@ -421,3 +436,14 @@ class PinController:
             except Exception:  # a listener (the simulated board) must never break the daemon
                 log.exception("listener failed")
 
+
+def after_external_change(baseline: Limits, min_hz: int, max_hz: int, pinned_hz: int) -> Limits:
+    """The limits to restore once another tool (nvpmodel, jetson_clocks) changed the limits read under our pin of
+    pinned_hz to min_hz..max_hz: the bounds it wrote are its, the others stay the baseline's. They all write the
+    same one request (the kernel keeps one user request for all of them), so a bound that still reads our pin
+    was not written; and a min that reads as the max may be the kernel's clamp of our min under a lowered max
+    (min := max when they cross), so the baseline's min is kept there, under the new max. The power limit (an
+    NVML extra) stays the baseline's."""
+    new_max = max_hz if max_hz != pinned_hz else baseline.max_hz
+    new_min = min_hz if min_hz != pinned_hz and min_hz < max_hz else min(baseline.min_hz, new_max)
+    return Limits(new_min, new_max, baseline.extra)

@@ -44,6 +44,15 @@ class PowerModeCap:
             return levels
         return tuple(hz for hz in levels if hz <= ceiling) or levels[:1]
 
+    def clamp(self, ctl: GpuControl, target_hz: int) -> int:
+        """What a pin of target_hz may write: itself, or the highest level under the cap of ctl's baseline (taken
+        before its first pin, or what another tool set since: PinController.check_pins). Every pin goes through it,
+        so a tuner's next level or a re-applied pin stays under a power mode that changed after the decision."""
+        if self.pin_above or ctl.baseline is None or target_hz <= ctl.baseline.max_hz:
+            return target_hz
+        levels = ctl.gpu.levels_hz
+        return next((hz for hz in reversed(levels) if hz <= ctl.baseline.max_hz), levels[0])
+
     def within(self, gpu_id: str, decision: Decision) -> Decision:
         """The decision, moved down to the highest level under the power mode's cap when it is above it."""
         if decision.freq_hz is None:

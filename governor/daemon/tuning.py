@@ -117,6 +117,18 @@ class JobTuner:
             self.session = self.cfg.new_session(self.tuner, job.steps, total_steps=job.total_steps)
             self.status = "measuring"
             return
+        pinned_hz = gov.gpus[job.gpu_id].pinned_hz
+        if job.phase not in gov.low_phases and pinned_hz != self.session.level_hz:
+            # The GPU does not run the level being measured: the power mode's cap fell under it (the pin was
+            # lowered to the cap), or another tool took the limits and the daemon stood down. A window here would be
+            # charged to the wrong level.
+            now = ("is not pinned (another tool holds the limits)" if pinned_hz is None
+                   else f"is pinned at {mhz(pinned_hz)}")
+            log.warning("%s: tuning stopped: the GPU %s, not at the %s being measured; keeping %s", job.label(), now,
+                        mhz(self.session.level_hz), mhz(self.tuner.best_hz), extra=job.fields())
+            self.meter, self.status = None, f"stopped: the GPU {now}, not at the level being measured"
+            self._move(gov, job, self.tuner.best_hz, "tune: stopped (the GPU left the level measured); best measured")
+            return
         try:
             m = self.session.on_progress(job.steps, energy_j, time.monotonic(), job.phase or "train")
         except FtgovError as e:

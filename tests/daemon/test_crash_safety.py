@@ -136,7 +136,8 @@ def test_sigterm_restores_by_default(orin, start_daemon):
 
 
 def test_limits_changed_under_the_pin_are_reapplied_or_left(orin, start_daemon):
-    for mode, expect in (("reapply", BASELINE), ("stand_down", (306000000, 2147483647))):
+    theirs = (306000000, 2147483647)
+    for mode in ("reapply", "stand_down"):
         d = start_daemon(config={"on_external_change": mode})
         c = d.client()
         c.call("register", **FEATURES)
@@ -154,7 +155,10 @@ def test_limits_changed_under_the_pin_are_reapplied_or_left(orin, start_daemon):
             assert limits(orin) == PINNED
         c.close()
         d.wait_jobs(0)
-        assert limits(orin) == expect  # stood down: the other tool's limits are left alone at the job's end
+        # Either way the other tool's limits are what the job's end leaves: re-applying keeps the pin while the job
+        # runs, standing down leaves it; neither undoes the tool's change afterwards (nvpmodel would report a mode
+        # whose limits are gone).
+        assert limits(orin) == theirs
         d.stop()
         (node / "min_freq").write_text("306000000\n")
         (node / "max_freq").write_text("1300500000\n")

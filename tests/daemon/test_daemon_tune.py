@@ -10,7 +10,9 @@ from governor.daemon.config import TunerConfig
 from governor.sim import job as simjob
 from governor.sim.energy import OrinEnergyModel, Workload
 from governor.sysfs import Root
-from tests.support.daemon import FEATURES, ProgressJob
+from tests.support.daemon import DEVFREQ, FEATURES, ProgressJob, limits
+from tests.support.faults import limits_now
+from tests.support.fswatch import Watch
 
 BERT_BASE = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
 
@@ -151,3 +153,25 @@ def test_a_job_measuring_its_gpu_util_measures_its_baseline_in_the_same_unpinned
     assert "gpu_util measured while the job trains" in log
     assert log.index("baseline at the default governor") < log.index("pinned to")
     assert "restored to its baseline" not in log  # never pinned before the baseline: nothing to undo for it
+
+
+def test_a_power_mode_lowered_under_a_tuned_job_stops_its_search_under_the_cap(orin, start_daemon):
+    d = start_daemon(config={"policy": "tune", "tuner": {"baseline_window": False}, "on_external_change": "reapply",
+                             "sample_interval_s": 0.05})
+    c = d.client()
+    job_id = c.call("register", **FEATURES)["job_id"]  # the tuner starts at the tree's 714 MHz
+    c.notify("progress", job_id=job_id, steps=1, phase="train")  # its first window opens there
+    node = (orin / DEVFREQ).resolve()
+    watch = Watch(node)
+    try:
+        # nvpmodel -m <MODE_30W> mid-window: GPU MIN_FREQ 0 / MAX_FREQ 612 MHz.
+        (node / "max_freq").write_text("612000000\n")
+        (node / "min_freq").write_text("0\n")
+        watch.wait(lambda: limits_now(orin) == (612_000_000, 612_000_000), 10)  # the pin re-applied under the new cap
+    finally:
+        watch.close()
+    c.notify("progress", job_id=job_id, steps=2, phase="train")
+    tuner = c.call("status")["jobs"][0]["tuner"]  # answered after the report: one connection, in order
+    assert tuner["status"].startswith("stopped: the GPU is pinned at 612 MHz"), tuner
+    assert tuner["probes"] == 0  # the window at 714 MHz, half run at 612, was not charged to 714
+    assert limits(orin) == (612_000_000, 612_000_000) and "tuning stopped" in d.log()

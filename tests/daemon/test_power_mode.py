@@ -1,6 +1,8 @@
 """The power mode's cap (nvpmodel's max_freq) is respected: no pin above the max found before the first pin."""
 
 from tests.support.daemon import DEVFREQ, FEATURES, limits
+from tests.support.faults import limits_now
+from tests.support.fswatch import Watch
 
 MODE_30W_MAX_HZ = 612_000_000  # AGX Orin MODE_30W caps the GPU here
 
@@ -35,3 +37,24 @@ def test_the_config_may_allow_pinning_above_the_cap(orin, start_daemon):
     res = c.call("register", **FEATURES)
     assert res["freq_hz"] == 714_000_000 and "capped" not in res["reason"]
     assert limits(orin) == (714_000_000, 714_000_000)
+
+
+def test_a_power_mode_lowered_under_a_pin_caps_it_and_is_what_the_end_restores(orin, start_daemon):
+    d = start_daemon(config={"on_external_change": "reapply", "sample_interval_s": 0.05})
+    node = (orin / DEVFREQ).resolve()
+    c = d.client()
+    assert c.call("register", **FEATURES)["freq_hz"] == 714_000_000  # MAXN: no cap
+    watch = Watch(node)
+    try:
+        # nvpmodel -m <MODE_30W> under the pin: GPU MIN_FREQ 0 / MAX_FREQ 612 MHz (a plain file keeps the raw values).
+        (node / "max_freq").write_text(f"{MODE_30W_MAX_HZ}\n")
+        (node / "min_freq").write_text("0\n")
+        watch.wait(lambda: limits_now(orin) == (MODE_30W_MAX_HZ, MODE_30W_MAX_HZ), 10)  # re-pinned, under the new cap
+    finally:
+        watch.close()
+    log = d.log()
+    assert "limits changed under our pin" in log and "714 MHz is above the power mode's cap 612 MHz" in log
+    assert c.call("register", **FEATURES)["freq_hz"] == MODE_30W_MAX_HZ  # a new job: the new mode's cap
+    c.close()
+    d.wait_jobs(0)
+    assert limits(orin) == (0, MODE_30W_MAX_HZ)  # the new mode's limits are restored, not MAXN's
