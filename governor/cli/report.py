@@ -106,7 +106,8 @@ def _curves(plt, groups: list[dict], path: Path) -> None:
         if c.label_hz is not None:
             ax.plot([c.label_hz / 1e6], [c.energy_j[c.label_hz]], "r*", ms=12, label="bracketed minimum")
             ax.legend(fontsize=6)
-        ax.set_title(_label(g) + f"\n{c.jobs} tuned job(s)", fontsize=7)
+        # parse_math off: a job name is a client's string, and "$...$" in it would be typeset (or crash the report).
+        ax.set_title(_label(g) + f"\n{c.jobs} tuned job(s)", fontsize=7, parse_math=False)
         ax.set_xlabel("GPU MHz", fontsize=7)
         ax.set_ylabel("J / step", fontsize=7)
         ax.tick_params(labelsize=6)
@@ -143,6 +144,12 @@ def _savings(plt, jobs, path: Path) -> None:
     plt.close(fig)
 
 
+def _cell(text: str) -> str:
+    """A client's string as a CSV cell a spreadsheet shows as text: one starting with = + - @ (or a tab or CR) would
+    be read as a formula, so it gets a leading apostrophe (the usual guard against CSV injection)."""
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
 SUMMARY_FIELDS = ("workload", "model_type", "num_layers", "hidden_size", "seq_len", "gpu_util", "jobs", "tuned_jobs",
                   "levels_measured", "bracketed_minimum_mhz", "last_pick_mhz", "mean_saved_pct", "energy_j")
 
@@ -153,8 +160,8 @@ def _summary(groups: list[dict], totals: dict, out: Path) -> None:
         c, members = g["curve"], g["jobs"]
         model_type, layers, hidden, seq, util = g["key"]
         last = members[-1].freq_hz
-        rows.append({"workload": g["name"], "model_type": model_type, "num_layers": layers, "hidden_size": hidden,
-                     "seq_len": seq, "gpu_util": util, "jobs": len(members),
+        rows.append({"workload": _cell(g["name"]), "model_type": model_type, "num_layers": layers,
+                     "hidden_size": hidden, "seq_len": seq, "gpu_util": util, "jobs": len(members),
                      "tuned_jobs": sum(1 for j in members if j.windows),
                      "levels_measured": len(c.energy_j) if c else 0,
                      "bracketed_minimum_mhz": mhz(c.label_hz, unit=False) if c and c.label_hz else "",

@@ -89,6 +89,23 @@ def test_report_draws_the_curves_and_savings_and_writes_the_summary(sim_store, t
     assert f"{len(records)} jobs recorded" in (out / "summary.md").read_text()
 
 
+def test_report_survives_names_made_to_break_it(tmp_path):
+    # A member names its jobs: "$...$" is matplotlib math (a bad one made the report raise), "=..." a spreadsheet
+    # formula in summary.csv.
+    shipped = DecisionTree.load(REPO / "model" / "mlg-tree.json")
+    records = list(learning.stream(retrain.tree_decider(shipped, learning.board_model().levels_hz), 12, seed=5))
+    path = tmp_path / "m.sqlite"
+    s = Store(path)
+    for i, r in enumerate(records):
+        s.add(dataclasses.replace(r, name="a$\\foo{$b" if i % 2 else '=HYPERLINK("http://x","y")'))
+    s.close()
+    out = tmp_path / "report"
+    assert main(["report", "--store", str(path), "--out", str(out)]) == 0
+    cells = [r["workload"] for r in csv.DictReader((out / "summary.csv").open())]
+    assert cells and not any(c.startswith("=") for c in cells)
+    assert any(c.startswith("'=HYPERLINK") for c in cells) or any("$" in c for c in cells)
+
+
 def test_prometheus_families_carry_the_store_totals():
     status = {"jobs": [], "gpus": [], "store": {"jobs": 12, "energy_j": 3456.5, "saved_j": 210.25, "error": None}}
     by_name = {f.name: f.samples for f in families(status)}
