@@ -99,13 +99,16 @@ class Methods:
         try:
             held = peers.process_for_job(conn.process, conn.peer, params.pid)
         except peers.NotTheirs as e:
+            if conn.peer.uid != 0:  # whose a process is stays the kernel's to tell (hidepid): the log has it
+                log.info("uid %d: register pid %s refused: %s", conn.peer.uid, pid, e)
+                raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} is not yours", {"field": "pid"}) from e
             raise RpcFault(PERMISSION_DENIED, f"pid: {e}", {"field": "pid"}) from e
         except peers.ProcessGone as e:
             raise RpcFault(INVALID_PARAMS, f"pid: {e}", {"field": "pid"}) from e
         if conn.peer.uid != 0 and held.uid != conn.peer.uid:
             held.close()
-            raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} belongs to uid {held.uid}, not to you "
-                           f"(uid {conn.peer.uid})", {"field": "pid"})
+            raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} is not yours (uid {conn.peer.uid})",
+                           {"field": "pid"})
         if params.tune and self.pins.policy.name is PolicyName.OBSERVE:
             held.close()
             raise RpcFault(INVALID_PARAMS, "tune: this daemon runs the observe policy and pins nothing",

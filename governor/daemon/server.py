@@ -193,8 +193,13 @@ class Server:
 
     def end_jobs(self, conn: Connection, why: str) -> None:
         if not self._stop.is_set():  # stopping: shutdown() decides what happens to the jobs
-            for job_id in list(conn.job_ids):
-                self.end(job_id, why)
+            # The lines of a job's end are its client's: a register-and-close loop must not flood the journal.
+            token = ratelimit.caused_by(conn.peer.uid if conn.peer is not None else None)
+            try:
+                for job_id in list(conn.job_ids):
+                    self.end(job_id, why)
+            finally:
+                ratelimit.done(token)
             conn.job_ids.clear()
 
     # ---- processes --------------------------------------------------------------------------------------------------
@@ -218,7 +223,12 @@ class Server:
 
     def _process_exited(self, job_id: int) -> None:
         owner = next((c for c in self.conns if job_id in c.job_ids), None)
-        ended = self.end(job_id, "process exited")
+        job = self.pins.jobs.get(job_id)
+        token = ratelimit.caused_by(job.uid if job is not None else None)
+        try:
+            ended = self.end(job_id, "process exited")
+        finally:
+            ratelimit.done(token)
         if owner is not None:
             owner.job_ids.discard(job_id)
             if ended is not None:
