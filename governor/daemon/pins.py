@@ -16,7 +16,7 @@ from dataclasses import replace
 from governor.backends import gpuid
 from governor.backends.base import Gpu, Limits
 from governor.backends.rails import Rails
-from governor.daemon import logs
+from governor.daemon import logs, ratelimit
 from governor.daemon.energy import BoardEnergy
 from governor.daemon.jobs import ActiveJob, Ended, GpuControl, mhz
 from governor.daemon.powermode import PowerModeCap
@@ -71,6 +71,10 @@ class PinController:
         self.next_job_id = 1
         self.listeners = tuple(listeners)
         self.defer = defer
+        # Phase reports move the pin (checkpoint/data: the lowest level) at most about once a second per GPU, like
+        # updates: each is a sysfs write and a state save, and a client alternating phases must not drive them at
+        # the rate it sends notifications. The latest phases take effect at the window's end.
+        self.phase_repins = ratelimit.Coalescer(defer) if defer is not None else None
         self.attach_tuner = attach_tuner
         self.plan_tune = plan_tune
         self._save_pending = False
@@ -234,7 +238,15 @@ class PinController:
         job.phase = phase
         if self.needs_hz(job) != before:
             log.info("%s: phase %s, needs %s", job.label(), phase, mhz(self.needs_hz(job)), extra=job.fields())
-            self._apply_quietly(job.gpu_id)
+            gpu_id = job.gpu_id
+            if self.phase_repins is None:
+                self._apply_quietly(gpu_id)
+            else:
+                self.phase_repins.request(gpu_id, lambda: self._apply_quietly(gpu_id))
+
+    def repin_pending(self, gpu_id: str) -> bool:
+        """A phase's re-pin waits for its window (phase_repins): the pin lags the jobs' phases until it runs."""
+        return self.phase_repins is not None and gpu_id in self.phase_repins.pending
 
     def _apply(self, gpu_id: str, *, removed: bool = False) -> None:
         ctl = self.gpus[gpu_id]

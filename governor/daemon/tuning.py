@@ -118,7 +118,10 @@ class JobTuner:
             self.status = "measuring"
             return
         pinned_hz = gov.gpus[job.gpu_id].pinned_hz
-        if job.phase not in gov.low_phases and pinned_hz != self.session.level_hz:
+        phase = job.phase or "train"
+        if phase not in gov.low_phases and pinned_hz != self.session.level_hz and gov.repin_pending(job.gpu_id):
+            phase = "re-pinning"  # back from a checkpoint, the pin follows within a second: no window meanwhile
+        elif phase not in gov.low_phases and pinned_hz != self.session.level_hz:
             # The GPU does not run the level being measured: the power mode's cap fell under it (the pin was
             # lowered to the cap), or another tool took the limits and the daemon stood down. A window here would be
             # charged to the wrong level.
@@ -130,7 +133,7 @@ class JobTuner:
             self._move(gov, job, self.tuner.best_hz, "tune: stopped (the GPU left the level measured); best measured")
             return
         try:
-            m = self.session.on_progress(job.steps, energy_j, time.monotonic(), job.phase or "train")
+            m = self.session.on_progress(job.steps, energy_j, time.monotonic(), phase)
         except FtgovError as e:
             log.warning("%s: tuning stopped: %s; keeping %s", job.label(), e, mhz(self.tuner.best_hz),
                         extra=job.fields())

@@ -6,7 +6,8 @@ import json
 import logging
 
 from governor.daemon import ratelimit
-from tests.support.daemon import FEATURES, limits
+from tests.support.daemon import DEVFREQ, FEATURES, limits
+from tests.support.fswatch import Watch
 from tests.support.security import BASELINE, open_to_members, run_as
 
 
@@ -128,3 +129,61 @@ def test_a_member_gets_one_pin_check_a_second(orin, start_daemon, member):
     assert checked[0]["result"]["gpus"][0]["ok"] and limits(orin) == BASELINE
     root = d.client()
     assert all(root.call("pin_check")["gpus"][0]["ok"] for _ in range(3))  # root is not limited
+
+
+_CLOSE_CYCLES = """
+import json, socket, sys
+features = json.loads(sys.argv[2])
+for i in range(int(sys.argv[3])):
+    s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(sys.argv[1])
+    s.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "register", "params": features}).encode() + b"\\n")
+    assert "result" in json.loads(s.makefile().readline())
+    s.close()  # the job ends with its connection
+print("done", flush=True)
+"""
+
+
+def test_jobs_ended_by_a_closed_connection_log_on_their_clients_budget(orin, start_daemon, member):
+    user, uid = member
+    d = start_daemon()
+    open_to_members(d)
+    out, err = run_as(user, _CLOSE_CYCLES, d.socket, json.dumps(FEATURES), "150").communicate(timeout=120)
+    assert out.strip() == "done", err
+    d.client().call("ping")  # the last connection's end has been handled before root's reply
+    log = d.log()
+    ends = log.count("ended (connection closed)") + log.count("restored to its baseline")
+    assert ends < 150, f"{ends} lines about this member's ends (300 unbounded)"
+    assert f"caused by uid {uid} suppressed" in log
+
+
+_PHASES = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(sys.argv[1])
+f = s.makefile()
+s.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "register", "params": json.loads(sys.argv[2])}).encode()
+          + b"\\n")
+job = json.loads(f.readline())["result"]["job_id"]
+for i in range(int(sys.argv[3])):  # notifications: no reply, so no back-pressure
+    phase = "checkpoint" if i % 2 == 0 else "train"
+    s.sendall(json.dumps({"jsonrpc": "2.0", "method": "progress",
+                          "params": {"job_id": job, "steps": i + 1, "phase": phase}}).encode() + b"\\n")
+s.sendall(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "ping"}).encode() + b"\\n")
+assert "result" in json.loads(f.readline())
+print("done", flush=True)
+s.close()
+"""
+
+
+def test_alternating_phases_move_the_pin_about_once_a_second(orin, start_daemon, member):
+    user, _uid = member
+    d = start_daemon()
+    open_to_members(d)
+    watch = Watch((orin / DEVFREQ).resolve())  # the writes themselves: the log of a member's pins is rate-limited
+    try:
+        out, err = run_as(user, _PHASES, d.socket, json.dumps(FEATURES), "2000").communicate(timeout=120)
+        assert out.strip() == "done", err
+        writes = sum(1 for name, what in watch.drain() if name == "max_freq" and what == "close_write")
+    finally:
+        watch.close()
+    # One pin for the registration, then a checkpoint/train flip applied at most about once a second.
+    assert writes <= 10, f"{writes} pin writes for 2,000 phase reports"
