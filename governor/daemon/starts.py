@@ -5,7 +5,9 @@ The tree's leaves are Orin clocks; mapped onto another GPU's table they mean not
 an H200's 345..1980 MHz). So on such a GPU the start is, in order:
 
 1. the converged level of the most recent tuned job with the same model_type, num_layers and hidden_size and a
-   seq_len within SEQ_LEN_TOLERANCE, on a GPU of the same name with the same table of levels (this index);
+   seq_len within SEQ_LEN_TOLERANCE, on a GPU of the same name with the same table of levels (this index), of the same
+   user, else of root: a member's jobs never decide where another user's start (a client reports its own step
+   counts, so what its job converged on is only as honest as it is);
 2. else the top of the table (the highest level the power mode allows): what the default governor runs a busy GPU at,
    so the tuner only walks down while energy falls and is never worse than not tuning beyond noise.
 
@@ -41,7 +43,7 @@ def gpu_key(gpu) -> tuple[str, tuple[int, ...]]:
 
 class TuneStarts:
     def __init__(self):
-        # (gpu name, levels, model_type, num_layers, hidden_size) -> [(seq_len, freq_hz)], most recent last
+        # (gpu name, levels, model_type, num_layers, hidden_size, uid) -> [(seq_len, freq_hz)], most recent last
         self._levels: dict[tuple, list[tuple[float, int]]] = {}
 
     def __len__(self) -> int:
@@ -61,8 +63,8 @@ class TuneStarts:
                         "of the table", e)
             return starts
         try:
-            rows = conn.execute("SELECT gpu_name, levels_hz, model_type, num_layers, hidden_size, seq_len, freq_hz "
-                                "FROM jobs WHERE policy = 'tune' AND converged = 1 AND backend != 'devfreq' "
+            rows = conn.execute("SELECT gpu_name, levels_hz, model_type, num_layers, hidden_size, seq_len, freq_hz, "
+                                "uid FROM jobs WHERE policy = 'tune' AND converged = 1 AND backend != 'devfreq' "
                                 "AND freq_hz IS NOT NULL ORDER BY id").fetchall()
         except sqlite3.Error as e:
             log.warning("tuner starts: cannot read the measurement store %s: %s", path, e)
@@ -74,21 +76,29 @@ class TuneStarts:
                 levels = tuple(int(hz) for hz in json.loads(r["levels_hz"] or "[]"))
             except (ValueError, TypeError):
                 continue
-            starts._add((str(r["gpu_name"]), levels, r["model_type"], r["num_layers"], r["hidden_size"]),
-                        float(r["seq_len"]), int(r["freq_hz"]))
+            if r["uid"] is None:
+                continue  # whose it was is unknown: it starts nobody's job
+            starts._add((str(r["gpu_name"]), levels, r["model_type"], r["num_layers"], r["hidden_size"],
+                         int(r["uid"])), float(r["seq_len"]), int(r["freq_hz"]))
         log.info("tuner starts: %d converged level(s) from %s", len(starts), path)
         return starts
 
-    def learn(self, key: tuple[str, tuple[int, ...]], features: Features, freq_hz: int) -> None:
-        """A tuned job converged on ``freq_hz`` on a GPU of kind ``key`` (gpu_key)."""
-        self._add((*key, features.model_type, features.num_layers, features.hidden_size), features.seq_len, freq_hz)
+    def learn(self, key: tuple[str, tuple[int, ...]], features: Features, freq_hz: int, uid: int) -> None:
+        """A tuned job of ``uid`` converged on ``freq_hz`` on a GPU of kind ``key`` (gpu_key)."""
+        self._add((*key, features.model_type, features.num_layers, features.hidden_size, uid), features.seq_len,
+                  freq_hz)
 
-    def lookup(self, key: tuple[str, tuple[int, ...]], features: Features) -> int | None:
-        """The most recent converged level for these features on this kind of GPU, or None."""
-        seen = self._levels.get((*key, features.model_type, features.num_layers, features.hidden_size), [])
+    def lookup(self, key: tuple[str, tuple[int, ...]], features: Features, uid: int) -> int | None:
+        """The most recent converged level for these features on this kind of GPU among uid's jobs, else root's;
+        None when neither has one."""
         limit = math.log1p(SEQ_LEN_TOLERANCE)
-        return next((hz for seq_len, hz in reversed(seen)
-                     if seq_len > 0 and abs(math.log(seq_len / features.seq_len)) <= limit), None)
+        for owner in dict.fromkeys((uid, 0)):
+            seen = self._levels.get((*key, features.model_type, features.num_layers, features.hidden_size, owner), [])
+            hz = next((hz for seq_len, hz in reversed(seen)
+                       if seq_len > 0 and abs(math.log(seq_len / features.seq_len)) <= limit), None)
+            if hz is not None:
+                return hz
+        return None
 
     def _add(self, key: tuple, seq_len: float, freq_hz: int) -> None:
         if freq_hz in key[1]:

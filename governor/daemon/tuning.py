@@ -240,7 +240,7 @@ class JobTuner:
         """The job ends: its measured saving (None without a baseline); a converged level is learnt for the next
         job of this shape on this kind of GPU."""
         if self.tuner is not None and self.tuner.converged and self.starts is not None:
-            self.starts.learn(self.gpu_key, job.features, self.tuner.best_hz)
+            self.starts.learn(self.gpu_key, job.features, self.tuner.best_hz, job.uid)
         return self.saving()
 
     # ---- pins, status -----------------------------------------------------------------------------------------------
@@ -284,10 +284,10 @@ class TunerAttach:
         gpu = gov.gpus[job.gpu_id].gpu
         start, reason = decision.freq_hz, decision.reason
         if gpu.describe().get("backend") != "devfreq":
-            learnt = self.starts.lookup(gpu_key(gpu), job.features)
+            learnt = self.starts.lookup(gpu_key(gpu), job.features, job.uid)
             if learnt in levels:
                 start, reason = learnt, (f"tune: starts at {mhz(learnt)}, where the last tuned job of this shape "
-                                         "converged on this kind of GPU")
+                                         "(yours, else root's) converged on this kind of GPU")
             else:
                 start, reason = levels[-1], (f"tune: starts at the top of the table, {mhz(levels[-1])} (what the "
                                              "default governor runs a busy GPU at); no tuned job of this shape has "

@@ -101,12 +101,12 @@ def test_a_tuned_job_starts_at_the_top_of_the_table_then_where_its_shape_converg
     # A job of the same shape whose measured seq_len differs by 5% (within governor.daemon.starts' tolerance).
     s.add(store.JobRecord(ended_at=1.7e9, **{**features, "seq_len": features["seq_len"] * 1.05}, gpu_util=55.0,
                           backend="nvml", gpu_name=gpu["name"], levels_hz=json.dumps(levels), policy="tune",
-                          freq_hz=levels[3], converged=True))
+                          freq_hz=levels[3], converged=True, uid=os.geteuid()))  # this test's own user
     s.close()
     d2, _calls = nvml_daemon(gpus=({},), store={"path": str(path)})
     c = d2.client()
     res = c.call("register", **FEATURES)
-    assert res["freq_hz"] == levels[3] and "where the last tuned job of this shape converged" in res["reason"], res
+    assert res["freq_hz"] == levels[3] and "where the last tuned job of this shape (yours, else root's) converged" in res["reason"], res
     c.call("unregister", job_id=res["job_id"])
     other = c.call("register", **{**FEATURES, "num_layers": FEATURES["num_layers"] * 2})
     assert other["freq_hz"] == levels[-1], other  # another shape: nothing learnt for it
