@@ -106,7 +106,8 @@ def test_a_tuned_job_starts_at_the_top_of_the_table_then_where_its_shape_converg
     d2, _calls = nvml_daemon(gpus=({},), store={"path": str(path)})
     c = d2.client()
     res = c.call("register", **FEATURES)
-    assert res["freq_hz"] == levels[3] and "where the last tuned job of this shape (yours, else root's) converged" in res["reason"], res
+    assert res["freq_hz"] == levels[3], res
+    assert "where the last tuned job of this shape (yours, else root's) converged" in res["reason"], res
     c.call("unregister", job_id=res["job_id"])
     other = c.call("register", **{**FEATURES, "num_layers": FEATURES["num_layers"] * 2})
     assert other["freq_hz"] == levels[-1], other  # another shape: nothing learnt for it

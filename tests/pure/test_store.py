@@ -1,6 +1,7 @@
 """The measurement store on its own: schema, size bound, hostile names, a corrupt file, SIGKILL mid-write, the writer
 thread."""
 
+import dataclasses
 import logging
 import os
 import signal
@@ -60,6 +61,19 @@ def test_oldest_jobs_are_dropped_past_max_jobs_and_totals_survive(tmp_path):
     assert [j.ended_at for j in jobs] == [1_000_000.0 + i for i in range(7, 12)]
     assert s.conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0] == 10  # the dropped jobs' windows went too
     assert s.totals()["jobs"] == 12 and s.totals()["energy_j"] == sum(100.0 + i for i in range(12))
+
+
+def test_a_user_filling_the_store_drops_its_own_oldest_jobs_not_the_others(tmp_path):
+    s = Store(tmp_path / "m.sqlite", max_jobs=10)
+    for i in range(3):
+        s.add(dataclasses.replace(rec(i), uid=0, name=f"root {i}"))
+    s.add(dataclasses.replace(rec(3), uid=1001, name="other member"))
+    for i in range(4, 60):  # a register-and-close loop
+        s.add(dataclasses.replace(rec(i), uid=1000, name=f"flood {i}"))
+    names = [j.name for j in store.read_jobs(s.conn)]
+    assert len(names) == 10 and names[:4] == ["root 0", "root 1", "root 2", "other member"]
+    assert names[4:] == [f"flood {i}" for i in range(54, 60)]  # its own newest
+    assert s.totals()["jobs"] == 60
 
 
 HOSTILE = ["'); DROP TABLE jobs; --", 'Robert"); DELETE FROM windows; --', "\x1b[2J\x1b[31mred\r\n\x00end",
