@@ -56,6 +56,10 @@ class LimitsConfig(_Strict):
     max_jobs_per_connection: int = Field(8, gt=0, le=1024)
     max_jobs_per_uid: int = Field(8, gt=0, le=65536, description="so that a few users cannot take every job slot")
     max_jobs: int = Field(64, gt=0, le=65536)
+    registrations_per_s: float = Field(2.0, gt=0, le=1e6, description=(
+        "registrations a second per non-root user, on average: each pins the GPU and saves the state file, and so "
+        "does the end of the job it makes"))
+    registration_burst: int = Field(20, ge=1, le=1000000, description="registrations a user may make at once")
 
 
 class TunerConfig(_Strict):

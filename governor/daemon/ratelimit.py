@@ -74,6 +74,25 @@ def done(token: contextvars.Token) -> None:
     _CLIENT_UID.reset(token)
 
 
+class TokenBuckets:
+    """A token bucket per key: ``rate_per_s`` tokens a second, at most ``burst`` saved up."""
+
+    def __init__(self, rate_per_s: float, burst: int, clock: Callable[[], float] = time.monotonic):
+        self.rate_per_s, self.burst, self.clock = rate_per_s, burst, clock
+        self.buckets: dict[Hashable, tuple[float, float]] = {}  # key -> (tokens, when counted)
+
+    def take(self, key: Hashable) -> float:
+        """Take a token: 0.0; or, with none left, the seconds until there is one (nothing taken)."""
+        now = self.clock()
+        tokens, then = self.buckets.get(key, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - then) * self.rate_per_s)
+        if tokens < 1:
+            self.buckets[key] = (tokens, now)
+            return (1 - tokens) / self.rate_per_s
+        self.buckets[key] = (tokens - 1, now)
+        return 0.0
+
+
 class LogLimit(logging.Filter):
     """A token bucket per uid over the lines logged on its behalf; lines logged for no client, or for root, always
     pass."""
@@ -81,22 +100,17 @@ class LogLimit(logging.Filter):
     def __init__(self, rate_per_s: float = LOG_LINES_PER_S, burst: int = LOG_BURST,
                  clock: Callable[[], float] = time.monotonic):
         super().__init__()
-        self.rate_per_s, self.burst, self.clock = rate_per_s, burst, clock
-        self.buckets: dict[int, tuple[float, float]] = {}  # uid -> (tokens, when counted)
+        self.rate_per_s = rate_per_s
+        self.tokens = TokenBuckets(rate_per_s, burst, clock)
         self.dropped: dict[int, int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
         uid = _CLIENT_UID.get()
         if not uid or getattr(record, "_ftgov_summary", False):  # no client, or root: the operator's own lines
             return True
-        now = self.clock()
-        tokens, then = self.buckets.get(uid, (float(self.burst), now))
-        tokens = min(float(self.burst), tokens + (now - then) * self.rate_per_s)
-        if tokens < 1:
-            self.buckets[uid] = (tokens, now)
+        if self.tokens.take(uid):
             self.dropped[uid] = self.dropped.get(uid, 0) + 1
             return False
-        self.buckets[uid] = (tokens - 1, now)
         dropped = self.dropped.pop(uid, 0)
         if dropped:
             summary = logging.LogRecord(record.name, logging.WARNING, "", 0,

@@ -11,7 +11,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from governor.daemon import peers, protocol, redact, status
+from governor.daemon import peers, protocol, ratelimit, redact, status
 from governor.daemon.jobs import ActiveJob
 from governor.daemon.protocol import RpcFault
 from governor.daemon.utilization import measure_load_pct
@@ -36,6 +36,7 @@ class Methods:
         self.server = server
         self.pins = server.pins
         self._pin_checked_s: dict[int, float] = {}  # uid -> when its last pin check ran (monotonic)
+        self._registrations: ratelimit.TokenBuckets | None = None  # per non-root uid; made from the config in force
 
     @property
     def config(self):
@@ -66,6 +67,21 @@ class Methods:
         log.info("pin check requested by uid %d (pid %d)", conn.peer.uid, conn.peer.pid)
         return {"gpus": self.pins.pin_check()}
 
+    def _registration_allowed(self, uid: int, limits) -> None:
+        """A member registering and ending jobs in a loop drives a pin write and a state save per registration and
+        per end (phase reports are coalesced, registrations are answered at once): a token bucket per uid bounds
+        them; root is not limited."""
+        bucket = self._registrations
+        if bucket is None or (bucket.rate_per_s, bucket.burst) != (limits.registrations_per_s,
+                                                                   limits.registration_burst):
+            bucket = self._registrations = ratelimit.TokenBuckets(limits.registrations_per_s,
+                                                                  limits.registration_burst)
+        wait_s = bucket.take(uid)
+        if wait_s:
+            raise RpcFault(LIMIT_EXCEEDED, f"register: at most {limits.registrations_per_s:g} a second per user "
+                           f"(limits.registrations_per_s; each pins the GPU and saves the state file); try again in "
+                           f"{wait_s:.1f} s")
+
     def rpc_predict(self, conn: Connection, params):
         if not self.pins.gpus:
             raise self._no_gpu()
@@ -88,6 +104,8 @@ class Methods:
         if not self.pins.gpus:
             raise self._no_gpu()
         limits = self.config.limits
+        if conn.peer.uid != 0:
+            self._registration_allowed(conn.peer.uid, limits)
         if len(conn.job_ids) >= limits.max_jobs_per_connection:
             raise RpcFault(LIMIT_EXCEEDED, f"this connection already holds {len(conn.job_ids)} jobs "
                            "(limits.max_jobs_per_connection)")

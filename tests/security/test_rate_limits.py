@@ -79,23 +79,31 @@ import json, socket, sys
 s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(sys.argv[1])
 f = s.makefile()
 features = json.loads(sys.argv[2])
+refused = 0
 for i in range(int(sys.argv[3])):
     s.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "register", "params": features}).encode() + b"\\n")
-    job = json.loads(f.readline())["result"]["job_id"]
+    reply = json.loads(f.readline())
+    if reply.get("error", {}).get("code") == -32002:  # limits.registrations_per_s
+        refused += 1
+        continue
+    job = reply["result"]["job_id"]
     s.sendall(json.dumps({"jsonrpc": "2.0", "id": 2, "method": "unregister", "params": {"job_id": job}}).encode()
               + b"\\n")
     assert "result" in json.loads(f.readline())
-print("done", flush=True)
+print("done", refused, flush=True)
 """
+
+# Registrations are bounded too (limits.registrations_per_s): set high where the log's own bound is what is tested.
+MANY_REGISTRATIONS = {"limits": {"registrations_per_s": 1000.0, "registration_burst": 1000}}
 
 
 def test_a_member_cannot_flood_the_daemons_log(orin, start_daemon, member):
     user, uid = member
-    d = start_daemon()
+    d = start_daemon(config=MANY_REGISTRATIONS)
     open_to_members(d)
     proc = run_as(user, _CYCLES, d.socket, json.dumps(FEATURES), "150")
     out, err = proc.communicate(timeout=60)
-    assert out.strip() == "done", err
+    assert out.strip() == "done 0", err
     d.client().call("register", **FEATURES)  # root's lines always pass
     log = d.log()
     lines = sum(log.count(s) for s in ("-> mlg 714 MHz", "GPU 0 pinned to", "restored to its baseline",
@@ -145,7 +153,7 @@ print("done", flush=True)
 
 def test_jobs_ended_by_a_closed_connection_log_on_their_clients_budget(orin, start_daemon, member):
     user, uid = member
-    d = start_daemon()
+    d = start_daemon(config=MANY_REGISTRATIONS)
     open_to_members(d)
     out, err = run_as(user, _CLOSE_CYCLES, d.socket, json.dumps(FEATURES), "150").communicate(timeout=120)
     assert out.strip() == "done", err
@@ -187,3 +195,17 @@ def test_alternating_phases_move_the_pin_about_once_a_second(orin, start_daemon,
         watch.close()
     # One pin for the registration, then a checkpoint/train flip applied at most about once a second.
     assert writes <= 10, f"{writes} pin writes for 2,000 phase reports"
+
+
+def test_a_member_registers_a_bounded_number_of_jobs_a_second(orin, start_daemon, member):
+    user, _uid = member
+    d = start_daemon(config={"limits": {"registrations_per_s": 2.0, "registration_burst": 5}})
+    open_to_members(d)
+    out, err = run_as(user, _CYCLES, d.socket, json.dumps(FEATURES), "40").communicate(timeout=60)
+    done, refused = out.split()
+    # 5 at once, then about 2 a second: the 40 registrations take a second or two, however slow the machine.
+    assert done == "done" and 5 <= 40 - int(refused) <= 20, (out, err)
+    assert limits(orin) == BASELINE
+    root = d.client()
+    for _ in range(10):  # root is not limited
+        root.call("unregister", job_id=root.call("register", **FEATURES)["job_id"])
