@@ -155,6 +155,13 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[
     for gpu in gpus:
         log.info("GPU %s: %s, levels %s MHz", gpu.id, gpu.describe(),
                  " ".join(mhz(hz, unit=False) for hz in gpu.levels_hz))
+        node = gpu.describe().get("devfreq")
+        if node is not None and not str(node).startswith("/sys/devices/platform/"):
+            # JetPack 4 (kernel 4.9) puts it directly under /sys/devices: `ftgov doctor` fails the board, and under
+            # the shipped unit (ReadWritePaths=/sys/devices/platform) every pin would fail read-only.
+            log.warning("GPU %s: its devfreq node %s is outside /sys/devices/platform: the shipped unit's sandbox "
+                        "leaves it read-only, so pins will fail (JetPack 4 is not supported; elsewhere add a "
+                        "ReadWritePaths= drop-in: systemctl edit ftgovd)", gpu.id, node)
     rails = rails_mod.discover(root)
     if rails is not None:
         (log.info if rails.energy_rails else log.warning)("power rails: %s; %s", ", ".join(rails.names),

@@ -113,3 +113,17 @@ def test_sim_job_tunes_against_simulate_while_the_daemon_rewrites_the_limits(sta
         assert out.returncode == 0, out.stderr
         result = json.loads(out.stdout)  # unregister's answer, as JSON
         assert result["steps"] == 120 and result["ended"] == "unregistered", out.stdout
+
+
+def test_a_node_outside_sys_devices_platform_is_warned_about_at_start(tmp_path, start_daemon):
+    # JetPack 4's layout: the GPU directly under /sys/devices, which the unit's ReadWritePaths= does not open.
+    root = tree.build(tmp_path / "jp4", "jp6")
+    moved = root.path("/sys/devices/17000000.gpu")
+    root.path("/sys/devices/platform/bus@0/17000000.gpu").rename(moved)
+    link = root.path("/sys/class/devfreq/17000000.gpu")
+    link.unlink()
+    link.symlink_to("/sys/devices/17000000.gpu/devfreq/17000000.gpu")
+    (moved / "of_node").unlink()  # relative, as on a board: two levels nearer the root now
+    (moved / "of_node").symlink_to("../../../proc/device-tree/bus@0/gpu@17000000")
+    d = start_daemon(tmp_path / "jp4")
+    assert "is outside /sys/devices/platform: the shipped unit's sandbox leaves it read-only" in d.log()
