@@ -126,9 +126,10 @@ def store_paths(store: str | None, from_dir: str | None) -> list[Path]:
     return paths
 
 
-def load_records(paths: list[Path]) -> tuple[list, dict]:
-    """Every job of every store, duplicates (the same store copied twice) once; the boards' identity, which must be
-    one kind of board."""
+def load_records(paths: list[Path], uids: set[int] | None = None) -> tuple[list, dict]:
+    """Every job of every store (of ``uids`` only, when given: the users whose measurements are trusted, since a
+    client reports its own step counts), duplicates (the same store copied twice) once; the boards' identity, which
+    must be one kind of board."""
     from governor.daemon import store
 
     seen, records, kinds, sources = set(), [], set(), []
@@ -140,6 +141,8 @@ def load_records(paths: list[Path]) -> tuple[list, dict]:
             conn.close()
         sources.append({"path": str(p), "jobs": len(jobs)})
         for r in jobs:
+            if uids is not None and r.uid not in uids:
+                continue
             key = (r.boot_id, r.daemon_job_id, r.ended_at, r.board_model, r.name)
             if key in seen:
                 continue
@@ -271,6 +274,9 @@ def add_parser(sub) -> None:
                    "(default: model_file of --config, else the shipped tree)")
     p.add_argument("--config", help="ftgovd's config, for model_file and store.path")
     p.add_argument("--out", type=Path, help="where to write the tree (default: mlg-tree.json beside the store)")
+    p.add_argument("--uid", type=int, action="append", metavar="UID",
+                   help="learn only from the jobs of this user (repeatable; default every job): a client reports its "
+                        "own step counts, so on a board shared with users you do not trust, name the ones you do")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="joblib workers for the LOOCV search")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -301,7 +307,9 @@ def _run(args: argparse.Namespace) -> int:
             raise FtgovError("no characterization data: pass --data model/data/characterization.csv (from the source)")
         args.data = DEFAULT_DATA
     paths = store_paths(store_path, args.from_dir)
-    records, identity = load_records(paths)
+    records, identity = load_records(paths, set(args.uid) if args.uid else None)
+    if args.uid:
+        identity["uids"] = sorted(set(args.uid))
     sweeps = dataset.load(args.data)
     tree = DecisionTree.load(current)
     result = retrain(records, sweeps, args.seed, tree, args.jobs)

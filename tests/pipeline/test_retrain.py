@@ -163,3 +163,18 @@ def test_from_needs_out_and_a_missing_store_is_a_clear_error(tmp_path, capsys):
 def test_store_paths_find_every_store_under_a_directory(tmp_path):
     with pytest.raises(FtgovError, match="no \\*.sqlite"):
         retrain.store_paths(None, str(tmp_path))
+
+
+def test_retrain_may_learn_from_trusted_users_only(tmp_path):
+    shipped = DecisionTree.load(REPO / "model" / "mlg-tree.json")
+    path = tmp_path / "m.sqlite"
+    s = Store(path)
+    for i, rec in enumerate(learning.stream(retrain.tree_decider(shipped, learning.board_model().levels_hz), 6,
+                                            seed=4)):
+        s.add(JobRecord(**{**rec.__dict__, "uid": 0 if i < 4 else 1000}))
+    s.close()
+    every, _ = retrain.load_records([path])
+    trusted, _ = retrain.load_records([path], {0})
+    assert len(every) == 6 and len(trusted) == 4 and {r.uid for r in trusted} == {0}
+    with pytest.raises(SystemExit):  # a uid must be a number
+        run_cli("--store", path, "--uid", "root", "--out", tmp_path / "t.json")
