@@ -62,6 +62,7 @@ class GpuControl:
     pinned_hz: int | None = None
     restore_failed: bool = False
     stood_down: bool = False  # someone else changed the limits under our pin and config says let them be
+    throttled_hz: int | None = None  # the clock read below our pin (thermal throttling, a power cap), while it is
 
 
 @dataclass(frozen=True)

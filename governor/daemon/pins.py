@@ -34,6 +34,8 @@ SAVE_COALESCE_S = 0.05
 
 Listener = Callable[["PinController"], None]
 Defer = Callable[[Callable[[], None], float], None]
+# A clock this far below the pin is throttled: a devfreq clock reads its level exactly (1%: rounding to kHz).
+CLOCK_SLACK = 0.01
 AttachTuner = Callable[["PinController", ActiveJob], None]
 PlanTune = Callable[["PinController", ActiveJob, Decision], Decision]
 
@@ -326,13 +328,16 @@ class PinController:
         """Notice limits changed under a pin (nvpmodel, jetson_clocks) and re-apply or stand down, as configured."""
         for gid, ctl in self.gpus.items():
             if ctl.pinned_hz is None or ctl.stood_down:
+                ctl.throttled_hz = None
                 continue
             try:
-                if ctl.gpu.pin_holds():
-                    continue
+                holds = ctl.gpu.pin_holds()
                 now = ctl.gpu.read()
             except BackendError as e:
                 log.warning("GPU %s: cannot read limits to check the pin: %s", gid, e)
+                continue
+            if holds:
+                self._check_clock(gid, ctl, now.cur_hz)
                 continue
             log.warning("GPU %s: limits changed under our pin of %s (now min %s max %s, clock %s): nvpmodel, "
                         "jetson_clocks or another tool? %s", gid, mhz(ctl.pinned_hz), mhz(now.min_hz),
@@ -355,6 +360,20 @@ class PinController:
                 ctl.stood_down, ctl.baseline, ctl.pinned_hz = True, None, None
                 self._save()
             self._notify()
+
+    def _check_clock(self, gid: str, ctl: GpuControl, cur_hz: int | None) -> None:
+        """Under a pin that holds, the clock itself can sit below it (L4T's thermal throttling; on NVML, a power or
+        thermal cap): logged when it starts and when it ends; a tuned job measures no window meanwhile (JobTuner),
+        since the energy is the lower clock's. A plain test tree, whose cur_freq never follows a pin, reads as
+        throttled too: only a board (or the running simulated one) tells."""
+        throttled = cur_hz is not None and cur_hz < ctl.pinned_hz * (1 - CLOCK_SLACK)
+        if throttled and ctl.throttled_hz is None:
+            log.warning("GPU %s runs at %s under its pin of %s: thermal throttling or a power cap? Energy measured "
+                        "meanwhile is that clock's; tuning waits", gid, mhz(cur_hz), mhz(ctl.pinned_hz),
+                        extra={"FREQ_HZ": ctl.pinned_hz, "CUR_HZ": cur_hz})
+        elif not throttled and ctl.throttled_hz is not None:
+            log.info("GPU %s runs at its pin of %s again", gid, mhz(ctl.pinned_hz), extra={"FREQ_HZ": ctl.pinned_hz})
+        ctl.throttled_hz = cur_hz if throttled else None
 
     def pin_check(self) -> list[dict]:
         """Show that each GPU can be pinned, without moving its clock (for `ftgov doctor`). A GPU pinned for jobs is

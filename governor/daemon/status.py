@@ -17,7 +17,7 @@ def status(pins: PinController) -> dict:
         except BackendError as e:
             reading = {"error": str(e)}
         gpus.append({"id": gid, **ctl.gpu.describe(), "available_hz": list(ctl.gpu.levels_hz), **reading,
-                     "pinned_hz": ctl.pinned_hz, "stood_down": ctl.stood_down,
+                     "pinned_hz": ctl.pinned_hz, "stood_down": ctl.stood_down, "throttled_hz": ctl.throttled_hz,
                      "baseline_min_hz": ctl.baseline.min_hz if ctl.baseline else None,
                      "baseline_max_hz": ctl.baseline.max_hz if ctl.baseline else None})
     power = None

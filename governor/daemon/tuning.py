@@ -117,9 +117,12 @@ class JobTuner:
             self.session = self.cfg.new_session(self.tuner, job.steps, total_steps=job.total_steps)
             self.status = "measuring"
             return
-        pinned_hz = gov.gpus[job.gpu_id].pinned_hz
+        ctl = gov.gpus[job.gpu_id]
+        pinned_hz = ctl.pinned_hz
         phase = job.phase or "train"
-        if phase not in gov.low_phases and pinned_hz != self.session.level_hz and gov.repin_pending(job.gpu_id):
+        if phase not in gov.low_phases and ctl.throttled_hz is not None and pinned_hz == self.session.level_hz:
+            phase = "throttled"  # the clock sits below the pin: a window now would be charged to the wrong level
+        elif phase not in gov.low_phases and pinned_hz != self.session.level_hz and gov.repin_pending(job.gpu_id):
             phase = "re-pinning"  # back from a checkpoint, the pin follows within a second: no window meanwhile
         elif phase not in gov.low_phases and pinned_hz != self.session.level_hz:
             # The GPU does not run the level being measured: the power mode's cap fell under it (the pin was

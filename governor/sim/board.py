@@ -163,16 +163,33 @@ class Board:
             self._models[allowed] = OrinEnergyModel(levels_hz=allowed)
         return self._models[allowed]
 
+    def thermal_cap_hz(self) -> int | None:
+        """The highest level under the tree's thermal cap (tree.THERMAL_CAP), or None without one."""
+        try:
+            cap = _int(self.root.path(tree.THERMAL_CAP).read_text())
+        except FileNotFoundError:
+            cap = None
+        if cap is None:
+            return None
+        return next((hz for hz in reversed(self.levels_hz) if hz <= cap), self.levels_hz[0])
+
     def update(self) -> None:
-        """Rewrite cur_freq, load and rails for what runs now within the effective range."""
+        """Rewrite cur_freq, load and rails for what runs now within the effective range (and under a thermal cap,
+        which holds the clock down whatever the range says, as L4T's throttling does)."""
         min_hz, max_hz = self.effective()
         allowed = tuple(hz for hz in self.levels_hz if min_hz <= hz <= max_hz)
+        throttle_hz = self.thermal_cap_hz()
         workloads = self.running_workloads()
         if not workloads:
             cur_hz, load, rails = min_hz, 0, self._model(self.levels_hz).idle_rails_mw()
+            if throttle_hz is not None:
+                cur_hz = min(cur_hz, throttle_hz)
         else:
             heaviest = max(workloads, key=lambda w: w.num_layers * w.hidden_size ** 2 * w.seq_len)
-            if len(allowed) > 1:  # the load-following governor moves within the range: a busy loop sits on top
+            if throttle_hz is not None and throttle_hz < (allowed[-1] if allowed else max_hz):
+                cur_hz = throttle_hz  # throttled below what the range allows
+                sample = self._model(self.levels_hz).expected(heaviest, cur_hz)
+            elif len(allowed) > 1:  # the load-following governor moves within the range: a busy loop sits on top
                 sample, cur_hz = self._model(allowed).expected(heaviest, None), allowed[-1]
             else:  # one clock: a pin (or a range between two levels, which the clock cannot leave)
                 cur_hz = allowed[0] if allowed else max_hz
@@ -205,6 +222,7 @@ class Board:
         watcher = Inotify()
         watcher.watch(self.node, IN_CLOSE_WRITE)
         watcher.watch(self.jobs_dir, IN_CLOSE_WRITE | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE)
+        watcher.watch(self.root.path(tree.SIM_DIR), IN_CLOSE_WRITE | IN_MOVED_TO | IN_DELETE)  # the thermal cap
         self.react()
         if on_ready is not None:
             on_ready()

@@ -40,6 +40,9 @@ NX_LEVELS_HZ = (306000000, 408000000, 510000000, 612000000, 714000000, 816000000
 RAIL_MV = 5000  # every simulated rail reads 5 V; its current carries the power
 SIM_DIR = "/ftgov-sim"  # the simulated board's private directory at the top of the tree
 JOBS_DIR = SIM_DIR + "/jobs"  # one JSON file per simulated job that runs (governor.sim.job)
+# A thermal cap on the clock the running board lets the GPU run at, in Hz (absent: none). L4T's thermal throttling
+# can hold the clock below a pinned min without the limit files showing it (cur_freq does): the board shows that.
+THERMAL_CAP = SIM_DIR + "/thermal_cap_hz"
 TMP_DIR = SIM_DIR + "/tmp"  # where atomic writes are staged: same file system as the tree, outside /sys
 
 
@@ -240,6 +243,15 @@ def layout_of(root: Root) -> Layout:
     if name not in LAYOUTS:
         raise ValueError(f"{path} names an unknown layout {name!r}")
     return LAYOUTS[name]
+
+
+def set_thermal_cap(root: Root, cap_hz: int | None) -> None:
+    """Throttle the running board's GPU to at most cap_hz (the highest level under it), or stop (None)."""
+    path = root.path(THERMAL_CAP)
+    if cap_hz is None:
+        path.unlink(missing_ok=True)
+    else:
+        replace_file(root, path, f"{int(cap_hz)}\n")
 
 
 def replace_file(root: Root, path: Path, text: str) -> None:

@@ -8,8 +8,10 @@ import pytest
 from governor.cli import metrics
 from governor.daemon.config import TunerConfig
 from governor.sim import job as simjob
+from governor.sim import tree
 from governor.sim.energy import OrinEnergyModel, Workload
 from governor.sysfs import Root
+from tests.support.board import wait_reads
 from tests.support.daemon import DEVFREQ, FEATURES, ProgressJob, limits
 from tests.support.faults import limits_now
 from tests.support.fswatch import Watch
@@ -175,3 +177,26 @@ def test_a_power_mode_lowered_under_a_tuned_job_stops_its_search_under_the_cap(o
     assert tuner["status"].startswith("stopped: the GPU is pinned at 612 MHz"), tuner
     assert tuner["probes"] == 0  # the window at 714 MHz, half run at 612, was not charged to 714
     assert limits(orin) == (612_000_000, 612_000_000) and "tuning stopped" in d.log()
+
+
+def test_a_tuned_job_measures_no_window_while_its_clock_is_throttled(orin, start_daemon):
+    d = start_daemon(simulate=True, config={"tuner": {"baseline_window": False}, "sample_interval_s": 0.05})
+    root = Root(d.state_dir / "sim-orin")
+    node = root.path("/sys/class/devfreq/17000000.gpu")
+    c = d.client()
+    res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE)
+    assert res["freq_hz"] == 714000000  # the tuner's start, pinned
+    tree.set_thermal_cap(root, 520_000_000)
+    wait_reads(node / "cur_freq", lambda t: t == "510000000")
+    for _ in range(2):  # the second tick after the change has certainly read it
+        d.wait_status(lambda m: "STATUS=" in m)
+    job = ProgressJob(c, res["job_id"])
+    simjob.run(root, job, WORKLOAD, 40, time_scale=0.15)
+    tuner = c.call("status")["jobs"][0]["tuner"]
+    assert tuner["probes"] == 0, tuner  # every window would have measured 510 MHz and been charged to 714
+    tree.set_thermal_cap(root, None)
+    wait_reads(node / "cur_freq", lambda t: t == "714000000")
+    for _ in range(2):
+        d.wait_status(lambda m: "STATUS=" in m)
+    simjob.run(root, job, WORKLOAD, 40, time_scale=0.15)
+    assert c.call("status")["jobs"][0]["tuner"]["probes"] >= 2  # measuring again once the clock is back

@@ -127,3 +127,28 @@ def test_a_node_outside_sys_devices_platform_is_warned_about_at_start(tmp_path, 
     (moved / "of_node").symlink_to("../../../proc/device-tree/bus@0/gpu@17000000")
     d = start_daemon(tmp_path / "jp4")
     assert "is outside /sys/devices/platform: the shipped unit's sandbox leaves it read-only" in d.log()
+
+
+def test_a_clock_throttled_under_the_pin_is_logged_and_shown_and_its_end_too(orin, start_daemon):
+    # L4T's thermal throttling holds the clock below a pinned min without the limit files showing it: cur_freq does.
+    root = Root(orin)
+    node = devfreq.find_node(root)
+    with running_board(orin):
+        d = start_daemon(config={"sample_interval_s": 0.05})
+        c = d.client()
+        assert c.call("register", **FEATURES)["freq_hz"] == 714000000
+        wait_reads(node / "cur_freq", lambda t: t == "714000000")
+        tree.set_thermal_cap(root, 520_000_000)
+        wait_reads(node / "cur_freq", lambda t: t == "510000000")
+        for _ in range(2):  # the second tick after the change has certainly read it
+            d.wait_status(lambda m: "STATUS=" in m)
+        assert "runs at 510 MHz under its pin of 714 MHz: thermal throttling" in d.log()
+        gpu = c.call("status")["gpus"][0]
+        assert gpu["throttled_hz"] == 510000000 and gpu["pinned_hz"] == 714000000
+        assert limits(orin) == (714000000, 714000000)  # the limits do not show it
+        tree.set_thermal_cap(root, None)
+        wait_reads(node / "cur_freq", lambda t: t == "714000000")
+        for _ in range(2):
+            d.wait_status(lambda m: "STATUS=" in m)
+        assert "runs at its pin of 714 MHz again" in d.log()
+        assert c.call("status")["gpus"][0]["throttled_hz"] is None
