@@ -261,7 +261,8 @@ class JobTuner:
         search = self.tuner.state() if self.tuner is not None else {
             "phase": "undecided", "probes": 0, "converged": False, "estimates": [], "start_hz": None}
         return {**search, "status": self.status, "baseline": self._baseline_state(),
-                "profiled_steps": self.session.profiled_steps if self.session else 0}
+                "profiled_steps": self.session.profiled_steps if self.session else 0,
+                "burst_windows": self.session.bursts if self.session else 0}
 
     def _baseline_state(self) -> dict:
         out = {"status": self.baseline_status}

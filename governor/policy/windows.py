@@ -97,6 +97,13 @@ class ProbeWindow:
         return self.measurement
 
 
+# A window this many times faster per step than the last one kept cannot be its steps: a change of clock moves the
+# step time by at most the clocks' ratio (4.25x from 306 to 1300 MHz on an AGX Orin, 5.7x over an H200's table).
+# It is reports read in a burst (the daemon was held up, by a state save's fsync on a loaded disk, say): steps that
+# ran earlier, at another level, closing a window in no time (a CI run saw 4 steps in 0.1 ms, 0.0009 J a step).
+BURST_FACTOR = 10.0
+
+
 class TuningSession:
     """Drives an ``OnlineTuner`` from a job's progress reports: the loop the daemon, ``ftgov evaluate`` and the
     benchmark share, so that warm-up and window arithmetic are written once.
@@ -115,6 +122,8 @@ class TuningSession:
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
         self.profiled_steps = 0
+        self.bursts = 0  # windows dropped as reports read in a burst (BURST_FACTOR)
+        self._kept_s_per_step: float | None = None
         # The tuner's budget is priced in windows of this session's size, over the steps the job has left.
         remaining = None
         if total_steps is not None:
@@ -137,6 +146,12 @@ class TuningSession:
         m = self._window.feed(steps, energy_j, time_s, phase)
         if m is None:
             return None
+        if self._kept_s_per_step is not None and m.seconds_per_step * BURST_FACTOR < self._kept_s_per_step:
+            # Not this level's steps: measured again from here, warm-up first (they may have run at another level).
+            self.bursts += 1
+            self._window = ProbeWindow(m.level_hz, steps, self.warmup_steps, self.window_steps)
+            return None
+        self._kept_s_per_step = m.seconds_per_step
         self.tuner.observe(m.level_hz, m.joules_per_step, m.seconds_per_step)
         self.profiled_steps += m.profiled_steps
         if not self.tuner.converged:

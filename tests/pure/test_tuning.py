@@ -340,3 +340,28 @@ def test_session_re_measuring_the_same_level_skips_the_warm_up():
             closed.append((step, m.level_hz, m.profiled_steps))
     assert closed == [(5, 714000000, 5), (9, 714000000, 4)]
     assert session.converged and session.profiled_steps == 9 and session.level_hz == 714000000
+
+
+def test_session_drops_a_window_of_reports_read_in_a_burst():
+    # The daemon was held up: the job's next reports arrive together, steps that ran before the new pin closing a
+    # window in no time. Such a window is dropped and measured again, warm-up first.
+    tuner = OnlineTuner((612000000, 714000000, 816000000), 714000000)
+    session = TuningSession(tuner, steps=0)
+    t, e = 0.0, 0.0
+    closed = []
+    for step in range(1, 6):  # 714 MHz, 30 ms and 0.45 J a step
+        t, e = t + 0.03, e + 0.45
+        closed.append(session.on_progress(step, e, t))
+    assert closed[-1] is not None and session.level_hz != 714000000
+    for step in range(6, 11):  # the burst: five reports within a millisecond
+        t, e = t + 0.0002, e + 0.0001
+        assert session.on_progress(step, e, t) is None
+    assert session.bursts == 1 and tuner.probes == 1
+    nxt = session.level_hz
+    for step in range(11, 30):  # then steps in real time again, at the new level
+        t, e = t + 0.03, e + 0.5
+        if session.on_progress(step, e, t) is not None:
+            break
+    assert tuner.probes == 2
+    measured = {x["freq_hz"]: x["joules_per_step"] for x in tuner.state()["estimates"]}
+    assert measured[nxt] == pytest.approx(0.5)  # the real steps, not the burst's 0.00002 J
