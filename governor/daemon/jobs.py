@@ -63,6 +63,7 @@ class GpuControl:
     restore_failed: bool = False
     stood_down: bool = False  # someone else changed the limits under our pin and config says let them be
     throttled_hz: int | None = None  # the clock read below our pin (thermal throttling, a power cap), while it is
+    below_pin_reads: int = 0  # consecutive ticks that read the clock below the pin
 
 
 @dataclass(frozen=True)

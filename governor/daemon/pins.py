@@ -36,6 +36,7 @@ Listener = Callable[["PinController"], None]
 Defer = Callable[[Callable[[], None], float], None]
 # A clock this far below the pin is throttled: a devfreq clock reads its level exactly (1%: rounding to kHz).
 CLOCK_SLACK = 0.01
+THROTTLED_READS = 2
 AttachTuner = Callable[["PinController", ActiveJob], None]
 PlanTune = Callable[["PinController", ActiveJob, Decision], Decision]
 
@@ -328,7 +329,7 @@ class PinController:
         """Notice limits changed under a pin (nvpmodel, jetson_clocks) and re-apply or stand down, as configured."""
         for gid, ctl in self.gpus.items():
             if ctl.pinned_hz is None or ctl.stood_down:
-                ctl.throttled_hz = None
+                ctl.throttled_hz, ctl.below_pin_reads = None, 0
                 continue
             try:
                 holds = ctl.gpu.pin_holds()
@@ -366,7 +367,11 @@ class PinController:
         thermal cap): logged when it starts and when it ends; a tuned job measures no window meanwhile (JobTuner),
         since the energy is the lower clock's. A plain test tree, whose cur_freq never follows a pin, reads as
         throttled too: only a board (or the running simulated one) tells."""
-        throttled = cur_hz is not None and cur_hz < ctl.pinned_hz * (1 - CLOCK_SLACK)
+        below = cur_hz is not None and cur_hz < ctl.pinned_hz * (1 - CLOCK_SLACK)
+        ctl.below_pin_reads = ctl.below_pin_reads + 1 if below else 0
+        # Two ticks in a row: one read right after our own pin write may catch the clock still on its way (a CI run
+        # of the simulated board read 408 MHz under a 612 MHz pin written 1 ms before).
+        throttled = ctl.below_pin_reads >= THROTTLED_READS
         if throttled and ctl.throttled_hz is None:
             log.warning("GPU %s runs at %s under its pin of %s: thermal throttling or a power cap? Energy measured "
                         "meanwhile is that clock's; tuning waits", gid, mhz(cur_hz), mhz(ctl.pinned_hz),
