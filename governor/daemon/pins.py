@@ -272,7 +272,7 @@ class PinController:
             if first:
                 ctl.baseline = ctl.gpu.snapshot()  # an NVML snapshot carries the power limit to restore
                 target = self._under_cap(ctl, target)
-            ctl.pinned_hz = target
+            ctl.pinned_hz, ctl.below_pin_reads = target, 0  # a read under the old pin is not one under this one
             self._save()  # before the write: a crash now still finds the baseline on disk
             ctl.gpu.pin(target)
             if first and self.power_cap_mw is not None and ctl.gpu.has_power_cap:
@@ -364,9 +364,10 @@ class PinController:
 
     def _check_clock(self, gid: str, ctl: GpuControl, cur_hz: int | None) -> None:
         """Under a pin that holds, the clock itself can sit below it (L4T's thermal throttling; on NVML, a power or
-        thermal cap): logged when it starts and when it ends; a tuned job measures no window meanwhile (JobTuner),
-        since the energy is the lower clock's. A plain test tree, whose cur_freq never follows a pin, reads as
-        throttled too: only a board (or the running simulated one) tells."""
+        thermal cap): logged when it starts and when it ends, and shown in status. A tuned job's windows go on
+        (what a pin costs under the board's throttling is what the job gets for it; a throttle that lasts, a
+        power-limited top clock say, must not stall the search). A plain test tree, whose cur_freq never follows a
+        pin, reads as throttled too: only a board (or the running simulated one) tells."""
         below = cur_hz is not None and cur_hz < ctl.pinned_hz * (1 - CLOCK_SLACK)
         ctl.below_pin_reads = ctl.below_pin_reads + 1 if below else 0
         # Two ticks in a row: one read right after our own pin write may catch the clock still on its way (a CI run
@@ -374,7 +375,7 @@ class PinController:
         throttled = ctl.below_pin_reads >= THROTTLED_READS
         if throttled and ctl.throttled_hz is None:
             log.warning("GPU %s runs at %s under its pin of %s: thermal throttling or a power cap? Energy measured "
-                        "meanwhile is that clock's; tuning waits", gid, mhz(cur_hz), mhz(ctl.pinned_hz),
+                        "meanwhile is that clock's", gid, mhz(cur_hz), mhz(ctl.pinned_hz),
                         extra={"FREQ_HZ": ctl.pinned_hz, "CUR_HZ": cur_hz})
         elif not throttled and ctl.throttled_hz is not None:
             log.info("GPU %s runs at its pin of %s again", gid, mhz(ctl.pinned_hz), extra={"FREQ_HZ": ctl.pinned_hz})

@@ -209,7 +209,7 @@ class Methods:
         if params.total_steps is not None and params.total_steps != job.total_steps:
             job.total_steps = params.total_steps
             if job.tuner is not None:
-                job.tuner.set_total_steps(job)
+                job.tuner.set_total_steps(self.pins, job)
         self.pins.set_phase(job, params.phase)
         self.server.sampler.progress(job, params.phase)
         if job.tuner is not None:

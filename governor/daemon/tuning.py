@@ -112,26 +112,28 @@ class JobTuner:
             self.session, self.status = None, "paused: another job shares the GPU"
             return
         if self.session is None:
-            # (Re)start windows from here, at the level the tuner wants next.
-            self._move(gov, job, self.tuner.next_level_hz(), "tune: probing")
+            # (Re)start windows from here, at the level the tuner wants next (the session tells the tuner the job's
+            # length first, which can re-plan it: pinned after, so that the pin is the window's level).
             self.session = self.cfg.new_session(self.tuner, job.steps, total_steps=job.total_steps)
             self.status = "measuring"
+            self._move(gov, job, self.session.measuring_hz, "tune: probing")
             return
         ctl = gov.gpus[job.gpu_id]
         pinned_hz = ctl.pinned_hz
         phase = job.phase or "train"
-        if phase not in gov.low_phases and ctl.throttled_hz is not None and pinned_hz == self.session.level_hz:
-            phase = "throttled"  # the clock sits below the pin: a window now would be charged to the wrong level
-        elif phase not in gov.low_phases and pinned_hz != self.session.level_hz and gov.repin_pending(job.gpu_id):
+        # A clock throttled under the pin (ctl.throttled_hz) does not hold the windows back: what a pin costs under
+        # the board's throttling is what the job gets for it, and a throttle that lasts must not stall the search.
+        measuring_hz = self.session.measuring_hz
+        if phase not in gov.low_phases and pinned_hz != measuring_hz and gov.repin_pending(job.gpu_id):
             phase = "re-pinning"  # back from a checkpoint, the pin follows within a second: no window meanwhile
-        elif phase not in gov.low_phases and pinned_hz != self.session.level_hz:
+        elif phase not in gov.low_phases and pinned_hz != measuring_hz:
             # The GPU does not run the level being measured: the power mode's cap fell under it (the pin was
             # lowered to the cap), or another tool took the limits and the daemon stood down. A window here would be
             # charged to the wrong level.
             now = ("is not pinned (another tool holds the limits)" if pinned_hz is None
                    else f"is pinned at {mhz(pinned_hz)}")
             log.warning("%s: tuning stopped: the GPU %s, not at the %s being measured; keeping %s", job.label(), now,
-                        mhz(self.session.level_hz), mhz(self.tuner.best_hz), extra=job.fields())
+                        mhz(measuring_hz), mhz(self.tuner.best_hz), extra=job.fields())
             self.meter, self.status = None, f"stopped: the GPU {now}, not at the level being measured"
             self._move(gov, job, self.tuner.best_hz, "tune: stopped (the GPU left the level measured); best measured")
             return
@@ -161,10 +163,16 @@ class JobTuner:
         else:
             self._move(gov, job, self.session.level_hz, f"tune: probing ({state['reason']})")
 
-    def set_total_steps(self, job) -> None:
-        """The client told the job's length after the search began: the budget is re-priced over the steps left."""
+    def set_total_steps(self, gov, job) -> None:
+        """The client told the job's length after the search began: the budget is re-priced over the steps left. The
+        window open goes on at its level (the re-plan decides the one after it); a search the new budget ends is
+        pinned at its choice at once."""
         if self.session is not None and job.total_steps is not None and not self.tuner.converged:
             self.tuner.set_job(total_steps=max(1, job.total_steps - job.steps))
+            if self.tuner.converged:
+                self.status = "converged"
+                self._move(gov, job, self.tuner.best_hz,
+                           f"tune: converged on {mhz(self.tuner.best_hz)} (the job's length ended the search)")
 
     # ---- the baseline window ----------------------------------------------------------------------------------------
 

@@ -102,6 +102,9 @@ class ProbeWindow:
 # It is reports read in a burst (the daemon was held up, by a state save's fsync on a loaded disk, say): steps that
 # ran earlier, at another level, closing a window in no time (a CI run saw 4 steps in 0.1 ms, 0.0009 J a step).
 BURST_FACTOR = 10.0
+# A backlog is drained in one window: after this many dropped in a row, the windows are the job's real steps and
+# the reference (the fastest window kept) was a slow one, a stall say: the next is kept.
+MAX_BURSTS_IN_A_ROW = 2
 
 
 class TuningSession:
@@ -123,7 +126,8 @@ class TuningSession:
         self.window_steps = window_steps
         self.profiled_steps = 0
         self.bursts = 0  # windows dropped as reports read in a burst (BURST_FACTOR)
-        self._kept_s_per_step: float | None = None
+        self._fastest_s_per_step: float | None = None  # of the windows kept
+        self._bursts_in_a_row = 0
         # The tuner's budget is priced in windows of this session's size, over the steps the job has left.
         remaining = None
         if total_steps is not None:
@@ -133,8 +137,13 @@ class TuningSession:
 
     @property
     def level_hz(self) -> int:
-        """The level the job should be pinned at now."""
+        """The level the tuner wants next (the job is pinned there once the open window closes)."""
         return self.tuner.next_level_hz()
+
+    @property
+    def measuring_hz(self) -> int:
+        """The level the open window measures: what the job must be pinned at while it is open."""
+        return self._window.level_hz
 
     @property
     def converged(self) -> bool:
@@ -146,12 +155,18 @@ class TuningSession:
         m = self._window.feed(steps, energy_j, time_s, phase)
         if m is None:
             return None
-        if self._kept_s_per_step is not None and m.seconds_per_step * BURST_FACTOR < self._kept_s_per_step:
+        fastest = self._fastest_s_per_step
+        if (fastest is not None and m.seconds_per_step * BURST_FACTOR < fastest
+                and self._bursts_in_a_row < MAX_BURSTS_IN_A_ROW):
             # Not this level's steps: measured again from here, warm-up first (they may have run at another level).
             self.bursts += 1
+            self._bursts_in_a_row += 1
             self._window = ProbeWindow(m.level_hz, steps, self.warmup_steps, self.window_steps)
             return None
-        self._kept_s_per_step = m.seconds_per_step
+        # Kept: a backlog is drained by then, so windows this fast in a row are the job's steps, and the windows kept
+        # before were the slow ones (a stall in the first): the fastest kept is the reference from now on.
+        self._bursts_in_a_row = 0
+        self._fastest_s_per_step = m.seconds_per_step if fastest is None else min(fastest, m.seconds_per_step)
         self.tuner.observe(m.level_hz, m.joules_per_step, m.seconds_per_step)
         self.profiled_steps += m.profiled_steps
         if not self.tuner.converged:

@@ -365,3 +365,20 @@ def test_session_drops_a_window_of_reports_read_in_a_burst():
     assert tuner.probes == 2
     measured = {x["freq_hz"]: x["joules_per_step"] for x in tuner.state()["estimates"]}
     assert measured[nxt] == pytest.approx(0.5)  # the real steps, not the burst's 0.00002 J
+
+
+def test_a_stall_in_the_first_window_does_not_make_every_later_window_a_burst():
+    # A slow first window (a stall, an eval the client did not report) is kept; the normal windows after it are far
+    # more than BURST_FACTOR faster. After MAX_BURSTS_IN_A_ROW dropped they are kept: a backlog is one window.
+    from governor.policy.windows import MAX_BURSTS_IN_A_ROW
+
+    tuner = OnlineTuner((612000000, 714000000, 816000000), 714000000)
+    session = TuningSession(tuner, steps=0)
+    t = e = 0.0
+    for step in range(1, 400):
+        dt = 5.0 if step == 3 else 0.03  # a 5 s stall inside the first window
+        t, e = t + dt, e + 0.45
+        session.on_progress(step, e, t)
+        if session.converged:
+            break
+    assert session.converged and session.bursts == MAX_BURSTS_IN_A_ROW, (session.bursts, tuner.state())
