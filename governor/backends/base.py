@@ -70,8 +70,9 @@ class Gpu(Protocol):
     def read(self) -> Reading:
         """Current limits, frequency and load."""
 
-    def pin_holds(self) -> bool:
-        """False when there is evidence that our pin was changed by someone else (nvpmodel, jetson_clocks, a reset)."""
+    def pin_holds(self, reading: Reading | None = None) -> bool:
+        """False when there is evidence that our pin was changed by someone else (nvpmodel, jetson_clocks, a reset);
+        judged from ``reading`` (a read() just taken) when given, so that one read serves every check of a tick."""
 
     def energy_j(self) -> float:
         """The GPU's cumulative energy counter (has_energy_counter); BackendError when it cannot be read."""

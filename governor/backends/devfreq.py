@@ -36,6 +36,15 @@ def _of_node_matches(device: Path) -> bool:
     return name in GPU_OF_NAMES or "gpu" in name or GPU_COMPATIBLE in [c.strip() for c in compatible]
 
 
+# The unit's ReadWritePaths= (systemd/ftgovd.service): a node outside it is read-only to the daemon under systemd.
+SANDBOX_WRITABLE = "/sys/devices/platform/"
+
+
+def under_sandbox(node_path: str) -> bool:
+    """Whether a devfreq node (its path on the board) lies where the shipped unit lets the daemon write."""
+    return str(node_path).startswith(SANDBOX_WRITABLE)
+
+
 def find_node(root: Root) -> Path:
     """The GPU's devfreq directory (resolved under root), or NodeNotFound."""
     class_dir = root.path(DEVFREQ_CLASS)
@@ -111,11 +120,12 @@ class DevfreqGpu(GpuBase):
             raise PinError(f"pin to {freq_hz} Hz did not take: {self.node.name} reads min {got.min_hz} "
                            f"max {got.max_hz}")
 
-    def pin_holds(self) -> bool:
+    def pin_holds(self, reading: Reading | None = None) -> bool:
         """The files still read min = max = our pin (the last level pinned through this object)."""
         if self._pinned_hz is None:
             return True
-        return self.snapshot() == Limits(self._pinned_hz, self._pinned_hz)
+        limits = self.snapshot() if reading is None else Limits(reading.min_hz, reading.max_hz)
+        return limits == Limits(self._pinned_hz, self._pinned_hz)
 
     def restore(self, limits: Limits) -> None:
         self._pinned_hz = None

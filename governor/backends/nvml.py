@@ -258,7 +258,7 @@ class NvmlGpu(GpuBase):
             raise PinError(f"GPU {self.id}: locked at {mhz} MHz but the graphics clock reads "
                            f"{self.clock_hz() // MHZ} MHz: the lock did not take (does another tool reset clocks?)")
 
-    def pin_holds(self) -> bool:
+    def pin_holds(self, reading: Reading | None = None) -> bool:
         """False when there is evidence that our lock is gone: the clock reads above it by more than a table step.
 
         What the daemon's periodic pin check should call for NVML, instead of comparing snapshot() with the pin
@@ -266,7 +266,8 @@ class NvmlGpu(GpuBase):
         """
         if self._lock_hz is None:
             return True
-        return self.clock_hz() <= self._lock_hz[1] + self._clock_tolerance_hz
+        clock_hz = reading.cur_hz if reading is not None and reading.cur_hz is not None else self.clock_hz()
+        return clock_hz <= self._lock_hz[1] + self._clock_tolerance_hz
 
     def set_power_cap_mw(self, power_mw: int) -> None:
         """Set the power limit (mW) and read it back. Snapshot first: restore puts the snapshot's limit back."""

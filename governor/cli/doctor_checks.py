@@ -115,7 +115,7 @@ def check_devfreq(ctx: Context) -> list[Check]:
               f"{' '.join(mhz(hz, unit=False) for hz in gpu.levels_hz)} MHz; limits {mhz(reading.min_hz, none='?')}.."
               f"{mhz(reading.max_hz, none='?')}, now {mhz(reading.cur_hz, none='?')}")
     checks = [Check("devfreq", OK, detail)]
-    if not where.startswith("/sys/devices/platform/"):
+    if not devfreq.under_sandbox(where):
         checks = [Check("devfreq", FAIL, detail + ": outside /sys/devices/platform, which the unit's sandbox leaves "
                                                   "read-only", "add ReadWritePaths= for its parent in a drop-in "
                                                                    "(systemctl edit ftgovd)")]

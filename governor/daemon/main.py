@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from governor import DEFAULT_CONFIG_PATH, __version__, backends
+from governor.backends import devfreq
 from governor.backends import rails as rails_mod
 from governor.daemon import logs, tuning
 from governor.daemon.config import Config, default_ffg_hz, default_model_path, load_config, store_path
@@ -156,7 +157,7 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[
         log.info("GPU %s: %s, levels %s MHz", gpu.id, gpu.describe(),
                  " ".join(mhz(hz, unit=False) for hz in gpu.levels_hz))
         node = gpu.describe().get("devfreq")
-        if node is not None and not str(node).startswith("/sys/devices/platform/"):
+        if node is not None and not devfreq.under_sandbox(node):
             # JetPack 4 (kernel 4.9) puts it directly under /sys/devices: `ftgov doctor` fails the board, and under
             # the shipped unit (ReadWritePaths=/sys/devices/platform) every pin would fail read-only.
             log.warning("GPU %s: its devfreq node %s is outside /sys/devices/platform: the shipped unit's sandbox "

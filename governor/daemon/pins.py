@@ -332,8 +332,8 @@ class PinController:
                 ctl.throttled_hz, ctl.below_pin_reads = None, 0
                 continue
             try:
-                holds = ctl.gpu.pin_holds()
                 now = ctl.gpu.read()
+                holds = ctl.gpu.pin_holds(now)
             except BackendError as e:
                 log.warning("GPU %s: cannot read limits to check the pin: %s", gid, e)
                 continue

@@ -50,8 +50,7 @@ class PowerModeCap:
         so a tuner's next level or a re-applied pin stays under a power mode that changed after the decision."""
         if self.pin_above or ctl.baseline is None or target_hz <= ctl.baseline.max_hz:
             return target_hz
-        levels = ctl.gpu.levels_hz
-        return next((hz for hz in reversed(levels) if hz <= ctl.baseline.max_hz), levels[0])
+        return self._under(ctl.gpu.id, ctl.baseline.max_hz)[-1]
 
     def within(self, gpu_id: str, decision: Decision) -> Decision:
         """The decision, moved down to the highest level under the power mode's cap when it is above it."""

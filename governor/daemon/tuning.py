@@ -124,19 +124,20 @@ class JobTuner:
         # A clock throttled under the pin (ctl.throttled_hz) does not hold the windows back: what a pin costs under
         # the board's throttling is what the job gets for it, and a throttle that lasts must not stall the search.
         measuring_hz = self.session.measuring_hz
-        if phase not in gov.low_phases and pinned_hz != measuring_hz and gov.repin_pending(job.gpu_id):
-            phase = "re-pinning"  # back from a checkpoint, the pin follows within a second: no window meanwhile
-        elif phase not in gov.low_phases and pinned_hz != measuring_hz:
-            # The GPU does not run the level being measured: the power mode's cap fell under it (the pin was
-            # lowered to the cap), or another tool took the limits and the daemon stood down. A window here would be
-            # charged to the wrong level.
-            now = ("is not pinned (another tool holds the limits)" if pinned_hz is None
-                   else f"is pinned at {mhz(pinned_hz)}")
-            log.warning("%s: tuning stopped: the GPU %s, not at the %s being measured; keeping %s", job.label(), now,
-                        mhz(measuring_hz), mhz(self.tuner.best_hz), extra=job.fields())
-            self.meter, self.status = None, f"stopped: the GPU {now}, not at the level being measured"
-            self._move(gov, job, self.tuner.best_hz, "tune: stopped (the GPU left the level measured); best measured")
-            return
+        if phase not in gov.low_phases and pinned_hz != measuring_hz:
+            if gov.repin_pending(job.gpu_id):
+                phase = "re-pinning"  # back from a checkpoint, the pin follows within a second: no window meanwhile
+            else:
+                # The power mode's cap fell under the level measured (the pin was lowered to the cap), or another
+                # tool took the limits and the daemon stood down: a window here would be charged to the wrong level.
+                now = ("is not pinned (another tool holds the limits)" if pinned_hz is None
+                       else f"is pinned at {mhz(pinned_hz)}")
+                log.warning("%s: tuning stopped: the GPU %s, not at the %s being measured; keeping %s", job.label(),
+                            now, mhz(measuring_hz), mhz(self.tuner.best_hz), extra=job.fields())
+                self.meter, self.status = None, f"stopped: the GPU {now}, not at the level being measured"
+                self._move(gov, job, self.tuner.best_hz,
+                           "tune: stopped (the GPU left the level measured); best measured")
+                return
         try:
             m = self.session.on_progress(job.steps, energy_j, time.monotonic(), phase)
         except FtgovError as e:

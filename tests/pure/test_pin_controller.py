@@ -47,7 +47,7 @@ class FakeGpu(GpuBase):
     def read(self) -> Reading:
         return Reading(self.limits.min_hz, self.limits.max_hz, self.limits.max_hz, 50.0)
 
-    def pin_holds(self) -> bool:
+    def pin_holds(self, reading: Reading | None = None) -> bool:
         return self.limits.min_hz == self.limits.max_hz
 
 
