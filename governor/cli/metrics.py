@@ -10,7 +10,7 @@ Metric names use base units (hertz, watts, joules, seconds, ratio) as Prometheus
 
 Job names (by default a model's local path) are labels only with --job-names: the HTTP exporter answers any local
 user, and a textfile is read by node_exporter for anyone who can scrape it. Label values are escaped
-(governor.cli.escape): a name from a client must not carry terminal escapes into whatever prints the metrics.
+(governor.text): a name from a client must not carry terminal escapes into whatever prints the metrics.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from governor.cli.escape import printable
 from governor.client import Connection
 from governor.errors import FtgovError
 from governor.safefile import OutDir
+from governor.text import printable
 
 PREFIX = "ftgov"
 

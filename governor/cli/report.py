@@ -19,10 +19,10 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
-from governor.cli.escape import printable
 from governor.cli.history import add_store_arguments, load, parse_since
 from governor.errors import FtgovError
 from governor.safefile import OutDir
+from governor.text import isolated, printable
 from governor.units import mhz
 
 MAX_CURVE_PANELS = 12
@@ -159,6 +159,11 @@ def _cell(text: str) -> str:
     return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
+def _md_cell(row: dict, key: str) -> str:
+    text = str(row[key]).replace("|", "\\|")
+    return isolated(text) if key == "workload" else text  # a right-to-left name cannot reorder the row
+
+
 SUMMARY_FIELDS = ("workload", "model_type", "num_layers", "hidden_size", "seq_len", "gpu_util", "jobs", "tuned_jobs",
                   "levels_measured", "bracketed_minimum_mhz", "last_pick_mhz", "mean_saved_pct", "energy_j")
 
@@ -182,7 +187,7 @@ def _summary(groups: list[dict], totals: dict, out: OutDir) -> None:
         w.writeheader()
         w.writerows(rows)
     md = ["| " + " | ".join(SUMMARY_FIELDS) + " |", "|" + "---|" * len(SUMMARY_FIELDS)]
-    md += ["| " + " | ".join(str(r[k]).replace("|", "\\|") for k in SUMMARY_FIELDS) + " |" for r in rows]
+    md += ["| " + " | ".join(_md_cell(r, k) for k in SUMMARY_FIELDS) + " |" for r in rows]
     md.append("")
     md.append(f"{totals['jobs']} jobs recorded in all: {totals['energy_j'] / 1e3:.1f} kJ, "
               f"{totals['saved_j'] / 1e3:.1f} kJ measured saved.")
