@@ -213,3 +213,10 @@ def test_evaluate_plots_only_in_a_safe_dir(victim, tmp_path, capsys):
     rc = main(["evaluate", "--data", str(REPO / "model" / "data" / "held-out.csv"), "--out", str(d), "--no-tune"])
     refused(capsys, rc, d)
     assert victim.read_bytes() == SECRET
+
+
+def test_sim_tree_refuses_a_dir_others_can_write(victim, tmp_path, capsys):
+    d = tmp_path / "tree"
+    plant(d, ("sys",), victim)
+    refused(capsys, main(["sim-tree", str(d)]), d)
+    assert victim.read_bytes() == SECRET
