@@ -1,0 +1,226 @@
+"""ftgovd's configuration: a YAML file validated by pydantic when it is loaded.
+
+A bad file or value is a ConfigError that names the key (``limits.max_connections: Input should be greater than 0``);
+nothing is silently replaced by a default. An absent file means all defaults. Privileged settings come only from this
+root-owned file, never from clients.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from governor import DEFAULT_SOCKET_PATH, SOCKET_GROUP, data
+from governor.errors import ConfigError, ModelError
+from governor.policy import tuner as _tuner
+from governor.policy.ffg import read_ffg_hz
+
+DEFAULT_STATE_DIR = "/run/ftgov"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SocketConfig(_Strict):
+    path: str = DEFAULT_SOCKET_PATH
+    mode: int = Field(0o660, description="file mode of the socket when ftgovd binds it itself (octal in YAML: 0660)")
+    group: str = Field(SOCKET_GROUP, min_length=1, description="members of this group may register jobs")
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _octal(cls, v):
+        # YAML 1.1 reads 0660 as octal already; accept the string "0660" too, and refuse anything world-writable.
+        if isinstance(v, str):
+            try:
+                v = int(v, 8)
+            except ValueError as e:
+                raise ValueError(f"{v!r} is not an octal mode") from e
+        if isinstance(v, int) and not isinstance(v, bool) and v & 0o002:
+            raise ValueError("a world-writable socket would let any user pin the GPU")
+        return v
+
+
+class LimitsConfig(_Strict):
+    max_connections: int = Field(256, gt=0, le=65536)
+    max_connections_per_uid: int = Field(16, gt=0, le=65536, description=(
+        "so that a few users cannot lock the others out: it takes max_connections / this many users to fill it"))
+    root_reserve_connections: int = Field(16, ge=0, le=65536, description=(
+        "connections root may open beyond max_connections, so that `ftgov status` works while members fill it"))
+    idle_timeout_s: float = Field(60.0, gt=0, le=86400, description=(
+        "a connection that holds no job and sends nothing this long is closed"))
+    max_jobs_per_connection: int = Field(8, gt=0, le=1024)
+    max_jobs_per_uid: int = Field(8, gt=0, le=65536, description="so that a few users cannot take every job slot")
+    max_jobs: int = Field(64, gt=0, le=65536)
+    registrations_per_s: float = Field(2.0, gt=0, le=1e6, description=(
+        "registrations a second per non-root user, on average: each pins the GPU and saves the state file, and so "
+        "does the end of the job it makes"))
+    registration_burst: int = Field(20, ge=1, le=1000000, description="registrations a user may make at once")
+
+
+class TunerConfig(_Strict):
+    """The `tune` policy's online tuner (governor.policy.tuner; docs/tuner.md). Its defaults are the tuner's own, so
+    the daemon never cuts the search short: the search's budget is energy (explore_budget_frac of the job's energy),
+    and max_probes is only a safety cap. ``new_tuner`` and ``new_session`` build the tuner from these knobs for the
+    daemon and for the simulations alike, so that they cannot drift."""
+
+    window_steps: int = Field(_tuner.DEFAULT_WINDOW_STEPS, ge=1, description="measured training steps per window")
+    warmup_steps: int = Field(_tuner.DEFAULT_WARMUP_STEPS, ge=0,
+                              description="steps discarded after each frequency change")
+    max_probes: int = Field(_tuner.DEFAULT_MAX_PROBES, ge=1, le=1000, description=(
+        "measurement windows at most: a safety cap only; the energy budget ends the search first"))
+    noise_rel: float = Field(_tuner.DEFAULT_NOISE_REL, gt=0, le=1,
+                             description="relative noise of one window's energy per step")
+    max_slowdown: float | None = Field(None, gt=0, le=10,
+                                       description="e.g. 0.10: at most 10% slower than the fastest level")
+    explore_budget_frac: float = Field(_tuner.DEFAULT_EXPLORE_BUDGET_FRAC, gt=0, le=1, description=(
+        "exploration may cost at most this fraction of the job's energy (windows above the best level, in joules)"))
+    confirm_windows: int = Field(_tuner.DEFAULT_CONFIRM_WINDOWS, ge=1, le=100, description=(
+        "the fewest windows two levels within noise of each other get before the tuner may stop telling them apart"))
+    baseline_window: bool = Field(True, description=(
+        "measure one window (warmup_steps + window_steps) at the default governor before the pin, so that the job's "
+        "end reports a measured saving against it"))
+
+    def new_tuner(self, levels_hz, start_hz: int) -> _tuner.OnlineTuner:
+        """An OnlineTuner with these knobs (the job's length is the session's to give: ``new_session``)."""
+        return _tuner.OnlineTuner(levels_hz, start_hz, self.max_slowdown, noise_rel=self.noise_rel,
+                                 max_probes=self.max_probes, explore_budget_frac=self.explore_budget_frac,
+                                 confirm_windows=self.confirm_windows,
+                                 probe_steps=max(1, self.warmup_steps + self.window_steps))
+
+    def new_session(self, online: _tuner.OnlineTuner, steps: int,
+                    total_steps: int | None = None) -> _tuner.TuningSession:
+        """A TuningSession over ``online`` from step count ``steps``; ``total_steps`` is the count the job ends at
+        (None: unknown, the tuner assumes its ASSUMED_TOTAL_STEPS)."""
+        return _tuner.TuningSession(online, steps, self.warmup_steps, self.window_steps, total_steps=total_steps)
+
+
+DEFAULT_STORE_PATH = "/var/lib/ftgov/measurements.sqlite"  # where the unit's StateDirectory=ftgov puts it
+
+
+class StoreConfig(_Strict):
+    """The measurement store (governor.store.measurements): every job's features, windows and outcome."""
+
+    path: str | None = Field("auto", min_length=1, description=(
+        "SQLite file; auto: measurements.sqlite in systemd's $STATE_DIRECTORY (/var/lib/ftgov), and no store for a "
+        "daemon started by hand (a test, a benchmark) unless a path is given; null: keep no store"))
+    max_jobs: int = Field(20000, gt=0, le=10_000_000, description="the oldest jobs are dropped past this many")
+
+
+class Config(_Strict):
+    socket: SocketConfig = SocketConfig()
+    sysfs_root: str = "/"
+    state_dir: str = DEFAULT_STATE_DIR
+    backend: Literal["auto", "devfreq", "nvml"] = "auto"
+    policy: Literal["mlg", "ffg", "observe", "tune"] | None = Field(
+        None, description="default: mlg on a Jetson; tune on NVML GPUs, where the Orin-trained tree does not transfer")
+    power_cap_w: float | None = Field(None, gt=0, le=100_000, description=(
+        "NVML only: also cap the GPU's power limit (W) while it is pinned; the previous limit is restored with it"))
+    model_file: str | None = Field(None, description="ftgov-tree/1 JSON; default: the tree shipped with ftgov")
+    ffg_freq_hz: int | None = Field(None, gt=0, description="FFG's frequency (nearest level at or above is pinned); "
+                                       "default: the level with the least total energy in the training data (ffg.json)")
+    pin_above_power_mode: bool = Field(False, description=(
+        "pin above the GPU's max_freq as found before the first pin (the nvpmodel power mode's cap); default never"))
+    restore_on_stop: bool = True
+    on_external_change: Literal["reapply", "stand_down"] = "reapply"
+    low_phases: list[Literal["eval", "checkpoint", "data"]] = Field(
+        default_factory=lambda: ["checkpoint", "data"],
+        description="phases (reported with progress) during which a job needs only the lowest level; [] disables")
+    limits: LimitsConfig = LimitsConfig()
+    tuner: TunerConfig = TunerConfig()
+    store: StoreConfig = StoreConfig()
+    node_wait_s: float = Field(120.0, ge=0, description="how long to wait at start for the GPU node to appear")
+    probe_retry_s: float = Field(30.0, gt=0, le=86400, description=(
+        "with no GPU found at start: how often to probe again (the daemon serves meanwhile and governs nothing)"))
+    sample_interval_s: float = Field(1.0, gt=0, le=3600, description="rails and pin check while jobs are active")
+    util_sample_s: float = Field(0.5, ge=0, le=60, description=(
+        "how long the GPU load is sampled for a job that gives no gpu_util (from its first training step)"))
+    util_settle_s: float = Field(30.0, ge=0, le=3600, description=(
+        "a job that gives no gpu_util and reports no progress: its load is sampled this long after it registers"))
+    util_active_pct: float = Field(10.0, ge=0, le=100, description=(
+        "such a job's loop counts as running once a window's mean load reaches this; until then it is still "
+        "setting up (loading a model, initializing CUDA) and sampling goes on"))
+    util_settle_max_s: float = Field(600.0, ge=0, le=86400, description=(
+        "how long after registering such a job may still be setting up; then it is decided on the load it shows"))
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+def store_path(config: Config, environ=os.environ) -> str | None:
+    """The daemon's store file, or None for none (see StoreConfig.path)."""
+    path = config.store.path
+    if path != "auto":
+        return path
+    state_dir = environ.get("STATE_DIRECTORY", "").split(":")[0]  # systemd lists one per StateDirectory= entry
+    return str(Path(state_dir) / "measurements.sqlite") if state_dir else None
+
+
+def installed_store_path(config: Config) -> str:
+    """The store an operator's command reads (ftgov history, report, model retrain): store.path, or for `auto` the
+    file the unit's StateDirectory= gives the daemon; ConfigError when the config keeps none."""
+    if config.store.path is None:
+        raise ConfigError("the config keeps no measurement store (store.path: null); give --store")
+    return DEFAULT_STORE_PATH if config.store.path == "auto" else config.store.path
+
+
+def _format_errors(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"{key}: {err['msg']}")
+    return "; ".join(lines)
+
+
+def load_config(path: str | os.PathLike | None, overrides: dict | None = None, *, must_exist: bool = False) -> Config:
+    """Load and validate the config; ``overrides`` (from the command line) win over the file, key by key."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except FileNotFoundError as e:
+            if must_exist:
+                raise ConfigError(f"config file {p} does not exist") from e
+            text = ""
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from e
+        try:
+            loaded = yaml.safe_load(text) if text.strip() else {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {e}") from e
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p} must hold a mapping of keys, not {type(loaded).__name__}")
+        data = loaded
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, last = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[last] = value
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        where = f"config file {path}" if path else "configuration"
+        raise ConfigError(f"{where}: {_format_errors(e)}") from e
+
+
+FALLBACK_FFG_HZ = 612_000_000  # used only when no ffg.json ships beside the model (a broken install); logged
+
+
+def default_ffg_hz(model_file: str | os.PathLike) -> tuple[int, str]:
+    """FFG's frequency from ffg.json beside the model (written by `make model` from the same data), and where from."""
+    path = Path(model_file).with_name("ffg.json")
+    try:
+        return read_ffg_hz(path), str(path)
+    except ModelError as e:
+        return FALLBACK_FFG_HZ, f"built-in fallback ({e})"
+
+
+def default_model_path() -> Path:
+    """The tree shipped with ftgov, as package data (governor/data/), installed or in a checkout."""
+    return data.path(data.MLG_TREE)

@@ -1,0 +1,367 @@
+"""The measurement store: every job the daemon governed, with what was measured while it ran (docs/store.md).
+
+One SQLite file (stdlib sqlite3) in the daemon's state directory (/var/lib/ftgov, which survives reboots): per job its
+features, the board and GPU identity, the tree's version, the policy and pick, every tuner window (level, joules and
+seconds per step, steps, utilization) and the outcome (duration, energy, measured saving where known).
+`ftgov model retrain` turns it into training data; `ftgov history` and `ftgov report` show it.
+
+Safety, as SQLite's own guidance for an application file format says:
+- WAL journal, synchronous=FULL, one transaction per job: a SIGKILL or a power cut mid-write loses at most the job
+  being written, and never leaves a file SQLite cannot open.
+- ``PRAGMA user_version`` holds the schema version; a file of a newer schema is refused (moved aside, not rewritten).
+- A file that is not a database, or fails ``quick_check``, is renamed ``<name>.corrupt-<time>`` with a log line and a
+  fresh store is started: the daemon never stops over its store.
+- At most ``max_jobs`` jobs: the oldest of the user with the most jobs are dropped in the same transaction that adds
+  one (``_PRUNE``). The cumulative totals
+  (energy, energy saved) live in their own row and survive the pruning.
+- Job names and every other client string are bound as parameters, never formatted into SQL.
+
+The daemon writes from one thread (governor.daemon.recorder.StoreWriter) fed by a queue, so a commit's fsync never
+blocks the event loop; readers (the CLI, retraining) open the file read-only. Nothing here imports numpy or
+scikit-learn.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from governor.errors import FtgovError
+
+log = logging.getLogger("ftgovd")
+
+SCHEMA_VERSION = 1
+DEFAULT_MAX_JOBS = 20000
+BUSY_TIMEOUT_S = 5.0
+
+_SCHEMA = """
+CREATE TABLE jobs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ended_at REAL NOT NULL,            -- Unix time the job ended
+    duration_s REAL,
+    boot_id TEXT, daemon_job_id INTEGER, uid INTEGER,
+    name TEXT,                          -- the client's string, as given
+    model_type TEXT NOT NULL, num_layers INTEGER NOT NULL, hidden_size INTEGER NOT NULL, seq_len REAL NOT NULL,
+    gpu_util REAL,
+    board_model TEXT, l4t_release TEXT, backend TEXT, gpu_name TEXT, driver TEXT,
+    levels_hz TEXT,                     -- the GPU's table of levels, JSON: a window's neighbours are read from it
+    model_version TEXT, model_source TEXT,
+    policy TEXT, freq_hz INTEGER, reason TEXT,
+    steps INTEGER, energy_j REAL,
+    start_hz INTEGER,                   -- the tuner's start (the tree's pick), when tuned
+    converged INTEGER,
+    saved_rel REAL,                     -- measured energy saving per step, 0..1, against saved_basis
+    saved_basis TEXT,
+    ended TEXT
+);
+CREATE INDEX jobs_ended_at ON jobs (ended_at);
+CREATE TABLE windows (
+    job INTEGER NOT NULL REFERENCES jobs (id) ON DELETE CASCADE,
+    seq INTEGER NOT NULL,
+    level_hz INTEGER,                   -- NULL: the default governor (the board's baseline)
+    joules_per_step REAL NOT NULL, seconds_per_step REAL NOT NULL,
+    steps INTEGER NOT NULL, gpu_util REAL,
+    PRIMARY KEY (job, seq)
+);
+CREATE TABLE totals (
+    one INTEGER PRIMARY KEY CHECK (one = 1),
+    jobs INTEGER NOT NULL, energy_j REAL NOT NULL, saved_j REAL NOT NULL
+);
+INSERT INTO totals VALUES (1, 0, 0.0, 0.0);
+"""
+
+JOB_COLUMNS = ("ended_at", "duration_s", "boot_id", "daemon_job_id", "uid", "name", "model_type", "num_layers",
+               "hidden_size", "seq_len", "gpu_util", "board_model", "l4t_release", "backend", "gpu_name", "driver",
+               "levels_hz",
+               "model_version", "model_source", "policy", "freq_hz", "reason", "steps", "energy_j", "start_hz",
+               "converged", "saved_rel", "saved_basis", "ended")
+_INSERT_JOB = f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_COLUMNS))})"
+_INSERT_WINDOW = ("INSERT INTO windows (job, seq, level_hz, joules_per_step, seconds_per_step, steps, gpu_util) "
+                  "VALUES (?, ?, ?, ?, ?, ?, ?)")
+
+
+# Past max_jobs, the oldest jobs of the user with the most are dropped (NULL, no uid known, counts as one user): a
+# member who fills the store with short jobs evicts its own, not root's or another user's (a register-and-close loop
+# emptied a 500-job store of everyone else's jobs in 2.5 s before). With one user, the oldest jobs, as before.
+_PRUNE = """DELETE FROM jobs WHERE id IN (SELECT id FROM jobs
+    WHERE uid IS (SELECT uid FROM jobs GROUP BY uid ORDER BY COUNT(*) DESC, MIN(id) LIMIT 1) ORDER BY id LIMIT ?)"""
+
+
+class StoreError(FtgovError):
+    """The measurement store could not be opened or read."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """One measurement window: mean energy and time per step at one level (None: the default governor)."""
+
+    level_hz: int | None
+    joules_per_step: float
+    seconds_per_step: float
+    steps: int
+    gpu_util: float | None = None
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What the store keeps of one job. Energies in joules, times in seconds, frequencies in Hz."""
+
+    ended_at: float
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    seq_len: float
+    gpu_util: float | None = None
+    duration_s: float | None = None
+    boot_id: str | None = None
+    daemon_job_id: int | None = None
+    uid: int | None = None
+    name: str | None = None
+    board_model: str | None = None
+    l4t_release: str | None = None
+    backend: str | None = None
+    gpu_name: str | None = None
+    driver: str | None = None
+    levels_hz: str | None = None  # JSON list
+    model_version: str | None = None
+    model_source: str | None = None
+    policy: str | None = None
+    freq_hz: int | None = None
+    reason: str | None = None
+    steps: int | None = None
+    energy_j: float | None = None
+    start_hz: int | None = None
+    converged: bool | None = None
+    saved_rel: float | None = None
+    saved_basis: str | None = None
+    ended: str | None = None
+    windows: tuple[Window, ...] = field(default_factory=tuple)
+
+    @property
+    def saved_j(self) -> float | None:
+        """Joules saved against the basis: the job spent energy_j; at the basis it would have spent energy_j/(1-s)."""
+        if self.energy_j is None or self.saved_rel is None or not self.saved_rel < 1:
+            return None
+        return self.energy_j * self.saved_rel / (1 - self.saved_rel)
+
+
+def measured_saving(windows: Iterable[Window], chosen_hz: int | None,
+                    start_hz: int | None) -> tuple[float | None, str | None]:
+    """The saving per step the windows themselves show, and against what.
+
+    Against the default governor when a window measured it (level None); else against the tuner's start (the tree's
+    pick), which is what tuning saved on top of the tree. None when the windows do not measure both ends.
+    """
+    by_level: dict[int | None, list[float]] = {}
+    for w in windows:
+        by_level.setdefault(w.level_hz, []).append(w.joules_per_step)
+    if chosen_hz not in by_level:
+        return None, None
+    chosen = sum(by_level[chosen_hz]) / len(by_level[chosen_hz])
+    for basis, label in ((None, "default governor"), (start_hz, "start level")):
+        if basis in by_level and (basis is not None or None in by_level):
+            ref = sum(by_level[basis]) / len(by_level[basis])
+            if ref > 0:
+                return 1.0 - chosen / ref, label
+    return None, None
+
+
+def _connect(uri: str) -> sqlite3.Connection:
+    # The daemon opens its store on the main thread, before READY=1, and hands it to the writer thread.
+    conn = sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def _check(conn: sqlite3.Connection) -> None:
+    """Raise sqlite3.DatabaseError unless the file is a sound store of a schema this code reads."""
+    row = conn.execute("PRAGMA quick_check").fetchone()
+    if row is None or row[0] != "ok":
+        raise sqlite3.DatabaseError(f"quick_check: {row[0] if row else 'no answer'}")
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise sqlite3.DatabaseError(f"schema version {version} is newer than this ftgov's ({SCHEMA_VERSION})")
+
+
+class Store:
+    """A writable store. One connection, used from one thread (the daemon's writer thread, a test, a benchmark)."""
+
+    def __init__(self, path: str | os.PathLike, max_jobs: int = DEFAULT_MAX_JOBS):
+        if max_jobs < 1:
+            raise StoreError(f"max_jobs must be >= 1, got {max_jobs}")
+        self.path = Path(path)
+        self.max_jobs = max_jobs
+        self.conn = self._open()
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create {self.path.parent}: {e.strerror or e}") from e
+        try:
+            return self._open_sound()
+        except sqlite3.DatabaseError as e:
+            # OperationalError is the file's circumstances, not its content (unable to open, locked past the busy
+            # timeout, disk full, I/O error): say so and leave it alone. Only a file that is not a sound store
+            # (not a database, corrupt, a newer schema) is moved aside.
+            if isinstance(e, sqlite3.OperationalError):
+                raise StoreError(f"cannot open the measurement store {self.path}: {e}") from e
+            aside = self._move_aside()
+            log.error("measurement store %s is unreadable (%s): moved aside to %s, starting a fresh one",
+                      self.path, e, aside)
+            try:
+                return self._open_sound()
+            except sqlite3.Error as e2:
+                raise StoreError(f"cannot start a fresh measurement store at {self.path}: {e2}") from e2
+
+    def _open_sound(self) -> sqlite3.Connection:
+        conn = _connect(f"file:{_quote_path(self.path)}?mode=rwc")
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")  # each job's commit reaches the disk before the next
+            conn.execute("PRAGMA foreign_keys=ON")
+            _check(conn)
+            if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+                # One transaction: a crash here leaves version 0 and no tables, and the next open starts again.
+                try:
+                    conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
+                except sqlite3.Error:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+            conn.execute("CREATE INDEX IF NOT EXISTS jobs_uid ON jobs (uid, id)")  # _PRUNE; older files get it too
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _move_aside(self) -> Path:
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+        for suffix in ("", "-wal", "-shm"):
+            src = Path(str(self.path) + suffix)
+            try:
+                os.replace(src, str(aside) + suffix)
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                raise StoreError(f"cannot move the unreadable store {src} aside: {e.strerror or e}") from e
+        return aside
+
+    def add(self, rec: JobRecord) -> int:
+        """Add one job and its windows in one transaction, dropping the oldest jobs past max_jobs; its row id."""
+        values = [getattr(rec, c) for c in JOB_COLUMNS]
+        saved_j = rec.saved_j
+        with _transaction(self.conn):
+            job_id = self.conn.execute(_INSERT_JOB, values).lastrowid
+            self.conn.executemany(_INSERT_WINDOW, [(job_id, i, w.level_hz, w.joules_per_step, w.seconds_per_step,
+                                                    w.steps, w.gpu_util) for i, w in enumerate(rec.windows)])
+            self.conn.execute("UPDATE totals SET jobs = jobs + 1, energy_j = energy_j + ?, saved_j = saved_j + ?",
+                              (rec.energy_j or 0.0, saved_j or 0.0))
+            count = self.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
+            while count > self.max_jobs:
+                dropped = self.conn.execute(_PRUNE, (count - self.max_jobs,)).rowcount
+                if dropped <= 0:
+                    break
+                count -= dropped
+        return job_id
+
+    def totals(self) -> dict:
+        return _totals(self.conn)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class _transaction:
+    """BEGIN IMMEDIATE ... COMMIT, or ROLLBACK on any error (the connection is in autocommit mode)."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+
+    def __enter__(self):
+        if not self.conn.in_transaction:
+            self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, exc_type, exc, tb):
+        if not self.conn.in_transaction:
+            return False
+        self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+        return False
+
+
+def _quote_path(path: Path) -> str:
+    from urllib.parse import quote
+
+    return quote(str(path.resolve()))
+
+
+def _totals(conn: sqlite3.Connection) -> dict:
+    row = conn.execute("SELECT jobs, energy_j, saved_j FROM totals").fetchone()
+    return {"jobs": row[0], "energy_j": row[1], "saved_j": row[2]} if row else {"jobs": 0, "energy_j": 0.0,
+                                                                                  "saved_j": 0.0}
+
+
+# ---- reading (the CLI, retraining: never the daemon's loop) ----------------------------------------------------------
+
+def open_read_only(path: str | os.PathLike) -> sqlite3.Connection:
+    """Open a store for reading; StoreError names the file when it is absent, unreadable or not a store."""
+    p = Path(path)
+    if not p.is_file():
+        raise StoreError(f"no measurement store at {p}")
+    try:
+        conn = _connect(f"file:{_quote_path(p)}?mode=ro")
+        try:
+            conn.execute("SELECT 1 FROM jobs LIMIT 1").fetchall()
+        except sqlite3.OperationalError as e:
+            conn.close()
+            if "no such table" in str(e):
+                raise
+            # A copy whose directory we cannot write (no -shm can be made): read it as an immutable file.
+            conn = _connect(f"file:{_quote_path(p)}?mode=ro&immutable=1")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version != SCHEMA_VERSION:
+            conn.close()
+            raise StoreError(f"{p}: schema version {version}, this ftgov reads {SCHEMA_VERSION}")
+        return conn
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot read the measurement store {p}: {e}") from e
+
+
+def read_jobs(conn: sqlite3.Connection, since: float | None = None) -> list[JobRecord]:
+    """Every job (ended at or after ``since``, Unix time), oldest first, with its windows."""
+    try:
+        rows = conn.execute("SELECT * FROM jobs WHERE ended_at >= ? ORDER BY id",
+                            (float("-inf") if since is None else since,)).fetchall()
+        windows: dict[int, list[Window]] = {}
+        for w in conn.execute("SELECT * FROM windows WHERE job >= ? ORDER BY job, seq",
+                              (rows[0]["id"] if rows else 0,)):
+            windows.setdefault(w["job"], []).append(
+                Window(w["level_hz"], w["joules_per_step"], w["seconds_per_step"], w["steps"], w["gpu_util"]))
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot read jobs: {e}") from e
+    out = []
+    for r in rows:
+        values = {c: r[c] for c in JOB_COLUMNS}
+        values["converged"] = None if values["converged"] is None else bool(values["converged"])
+        out.append(JobRecord(**values, windows=tuple(windows.get(r["id"], ()))))
+    return out
+
+
+def read_totals(conn: sqlite3.Connection) -> dict:
+    try:
+        return _totals(conn)
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot read totals: {e}") from e
+
+
+def record_dict(rec: JobRecord) -> dict:
+    """JSON-ready."""
+    d = asdict(rec)
+    d["saved_j"] = rec.saved_j
+    return d

@@ -1,0 +1,307 @@
+"""Crash-safe state: the baseline and the active pins, on disk before the first write to the hardware.
+
+A SIGKILLed daemon runs no handler, so whatever it pinned must be recoverable from disk: ``ftgov restore`` (systemd's
+ExecStopPost, or by hand) and the next ftgovd start read this file. It lives in the state dir (/run/ftgov: gone at
+reboot, kept across restarts by RuntimeDirectoryPreserve=yes), is written atomically (temp file, fsync, rename) and is
+tagged with the boot id, so a file from another boot is ignored rather than "restored" onto a board that has since
+been reset.
+
+Root acts on what this file says (it writes the baselines back to the GPU, and re-adopts the jobs' processes), so the
+file is trusted only as far as nobody else can have written it (docs/security.md): the state dir must belong to the
+daemon's user (root) and be writable by no one else, every file in it is opened relative to the directory and without
+following a symlink, temp files are created exclusively with mode 0600, and the file is read with a size cap and
+validated whole against a strict schema. A file that fails any of this is logged, set aside (renamed to
+state.json.invalid) and ignored: the daemon starts without it rather than crash or obey it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from governor.backends.base import Limits
+from governor.errors import StateError
+from governor.features import Features
+from governor.safefile import replace_at
+from governor.sysfs import Root, read_text
+
+log = logging.getLogger("ftgovd")
+
+STATE_FILE = "state.json"
+SET_ASIDE = "state.json.invalid"
+FORMAT = "ftgov-state/1"
+# A state file of the default limits (64 jobs) is about 50 KB; 65536 jobs of long names would be ~50 MB. Past this the
+# file is not ours: it is set aside unread, never loaded whole into memory.
+MAX_STATE_BYTES = 64 * 1024 * 1024
+_MAX_HZ = 10**12
+
+
+def boot_id(root: Root) -> str:
+    """The kernel's boot id: from the root's /proc when it has one (a simulated board), else this machine's."""
+    for path in (root.path("/proc/sys/kernel/random/boot_id"), Path("/proc/sys/kernel/random/boot_id")):
+        if path.exists():
+            return read_text(path)
+    return "unknown"
+
+
+@dataclass
+class GpuState:
+    describe: dict
+    baseline: Limits
+    pinned_hz: int | None = None
+
+    def to_dict(self) -> dict:
+        return {"describe": self.describe, "baseline": self.baseline.to_dict(), "pinned_hz": self.pinned_hz}
+
+
+@dataclass
+class JobRecord:
+    """What re-adoption needs: the process (pid + its start time, against PID reuse) and what it asked for."""
+
+    job_id: int
+    pid: int
+    start_ticks: int
+    gpu: str
+    name: str | None
+    uid: int
+    features: dict
+    freq_hz: int | None
+    policy: str
+
+
+# ---- the schema: every field typed and bounded; anything else makes the whole file invalid -------------------------
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+class _LimitsModel(_Strict):
+    min_hz: int = Field(ge=1, le=_MAX_HZ)
+    max_hz: int = Field(ge=1, le=_MAX_HZ)
+    extra: dict[str, int] = Field(default_factory=dict, max_length=16)
+
+
+class _GpuModel(_Strict):
+    describe: dict[str, Any] = Field(default_factory=dict, max_length=64)
+    baseline: _LimitsModel
+    pinned_hz: int | None = Field(default=None, ge=1, le=_MAX_HZ)
+
+
+class _JobModel(_Strict):
+    job_id: int = Field(ge=1, le=1 << 53)
+    pid: int = Field(ge=0, le=(1 << 31) - 1)
+    start_ticks: int = Field(ge=0, le=(1 << 63) - 1)
+    gpu: str = Field(max_length=128)
+    name: str | None = Field(default=None, max_length=256)
+    uid: int = Field(ge=0, le=(1 << 32) - 1)
+    features: dict[str, Any]
+    freq_hz: int | None = Field(default=None, ge=1, le=_MAX_HZ)
+    policy: str = Field(max_length=32)
+
+    @field_validator("features")
+    @classmethod
+    def _features(cls, v):
+        Features.model_validate(v)  # what re-adoption builds from it: checked now, not at adoption
+        return v
+
+
+class _StateModel(_Strict):
+    format: Literal["ftgov-state/1"]
+    boot_id: str = Field(max_length=128)
+    next_job_id: int = Field(1, ge=1, le=1 << 53)
+    gpus: dict[str, _GpuModel] = Field(default_factory=dict, max_length=64)
+    jobs: list[_JobModel] = Field(default_factory=list, max_length=65536)
+
+
+@dataclass
+class State:
+    boot_id: str
+    gpus: dict[str, GpuState] = field(default_factory=dict)
+    jobs: list[JobRecord] = field(default_factory=list)
+    next_job_id: int = 1
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "boot_id": self.boot_id, "next_job_id": self.next_job_id,
+                "gpus": {k: v.to_dict() for k, v in self.gpus.items()},
+                "jobs": [vars(j) for j in self.jobs]}
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> State:
+        """Parse and validate a whole file; StateError naming the first problem (pydantic's JSON parser bounds the
+        nesting, so a 100,000-deep array is an error, not a RecursionError)."""
+        try:
+            m = _StateModel.model_validate_json(raw)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            raise StateError(f"{where}: {err['msg'][:120]}") from e
+        gpus = {k: GpuState(dict(g.describe), Limits(g.baseline.min_hz, g.baseline.max_hz,
+                                                     tuple(sorted(g.baseline.extra.items()))), g.pinned_hz)
+                for k, g in m.gpus.items()}
+        jobs = [JobRecord(**j.model_dump()) for j in m.jobs]
+        return cls(m.boot_id, gpus, jobs, m.next_job_id)
+
+
+def baseline_problem(baseline: Limits, levels_hz: Sequence[int]) -> str | None:
+    """Why a saved baseline must not be written back to a GPU with these levels (None: it may).
+
+    A baseline is what the GPU's limits were before our pin, so it lies within the GPU's own table: anything else
+    (1 Hz, min above max) did not come from this GPU.
+    """
+    lo, hi = min(levels_hz), max(levels_hz)
+    if not (lo <= baseline.min_hz <= baseline.max_hz <= hi):
+        return f"baseline {baseline.min_hz}..{baseline.max_hz} Hz is outside the GPU's range {lo}..{hi} Hz"
+    return None
+
+
+def checked(state: State | None, levels_hz: dict[str, Sequence[int]]) -> State | None:
+    """The part of a saved state that may be acted on for GPUs with these levels: each GPU's baseline and pin within
+    its table, each job on a GPU we have at one of its levels (or no pin) with a pid above 1. The rest is logged and
+    dropped. The uid of a job's process is checked when it is held (peers.hold_recorded)."""
+    if state is None:
+        return None
+    gpus = {}
+    for gid, gs in state.gpus.items():
+        levels = levels_hz.get(gid)
+        problem = None if levels else "no such GPU"
+        if levels and (problem := baseline_problem(gs.baseline, levels)) is None:
+            if gs.pinned_hz is not None and gs.pinned_hz not in levels:
+                problem = f"pinned_hz {gs.pinned_hz} is not one of the GPU's levels"
+        if problem:
+            log.warning("state file: ignoring GPU %s: %s", gid, problem)
+            continue
+        gpus[gid] = gs
+    jobs = []
+    for rec in state.jobs:
+        levels = levels_hz.get(rec.gpu)
+        if rec.pid <= 1:
+            problem = f"pid {rec.pid} is never a job"
+        elif not levels:
+            problem = f"no GPU {rec.gpu!r}"
+        elif rec.freq_hz is not None and rec.freq_hz not in levels:
+            problem = f"freq_hz {rec.freq_hz} is not one of the GPU's levels"
+        else:
+            jobs.append(rec)
+            continue
+        log.warning("state file: ignoring job %d: %s", rec.job_id, problem)
+    return State(state.boot_id, gpus, jobs, state.next_job_id)
+
+
+def _check_dir(fd: int, path: Path) -> None:
+    """The state dir must be a directory of the daemon's user (root, in service) that no one else may write to."""
+    st = os.fstat(fd)
+    euid = os.geteuid()
+    if st.st_uid != euid:
+        raise StateError(f"state dir {path} belongs to uid {st.st_uid}, not to uid {euid} that runs ftgovd: "
+                         "another user could replace the state file")
+    if st.st_mode & 0o022:
+        raise StateError(f"state dir {path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}): "
+                         "another user could replace the state file")
+
+
+class StateFile:
+    def __init__(self, state_dir: str | os.PathLike):
+        self.dir = Path(state_dir)
+        self.path = self.dir / STATE_FILE
+
+    def _open_dir(self, *, create: bool) -> int | None:
+        """The state dir, opened (not through a symlink in its last component) and checked; None when absent."""
+        if create:
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+        try:
+            fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if create:
+                raise
+            return None
+        try:
+            _check_dir(fd, self.dir)
+        except StateError:
+            os.close(fd)
+            raise
+        return fd
+
+    def write(self, state: State) -> None:
+        data = json.dumps(state.to_dict(), separators=(",", ":"), sort_keys=True).encode()
+        try:
+            dirfd = self._open_dir(create=True)
+        except OSError as e:
+            raise StateError(f"cannot write state file {self.path}: {e.strerror or e}") from e
+        try:
+            # A temp name that cannot be planted, 0600 whatever the umask, then renamed: governor/safefile.py. The
+            # directory is not fsynced: the file serves one boot only (its boot id), and /run is empty after a
+            # power cut anyway.
+            replace_at(dirfd, STATE_FILE, data, 0o600, sync_dir=False)
+        except OSError as e:
+            raise StateError(f"cannot write state file {self.path}: {e.strerror or e}") from e
+        finally:
+            os.close(dirfd)
+
+    def read(self, current_boot_id: str, *, set_aside: bool = True) -> State | None:
+        """The saved state of this boot, or None (no file, another boot's, or invalid: each is logged, an invalid
+        file set aside). StateError for a state dir that cannot be trusted or read at all, and, with
+        ``set_aside=False`` (a diagnosis, which must change nothing), for an invalid file, left where it is."""
+        try:
+            dirfd = self._open_dir(create=False)
+        except OSError as e:
+            raise StateError(f"cannot read state file {self.path}: {e.strerror or e}") from e
+        if dirfd is None:
+            return None
+        try:
+            try:
+                raw = self._read_capped(dirfd)
+            except FileNotFoundError:
+                return None
+            except (OSError, StateError) as e:
+                return self._invalid(dirfd, e.strerror if isinstance(e, OSError) and e.strerror else str(e), set_aside)
+            try:
+                state = State.from_json(raw)
+            except StateError as e:
+                return self._invalid(dirfd, str(e), set_aside)
+        finally:
+            os.close(dirfd)
+        if state.boot_id != current_boot_id:
+            log.info("ignoring state file %s from another boot (%s)", self.path, state.boot_id[:40])
+            return None
+        return state
+
+    def _invalid(self, dirfd: int, why: str, set_aside: bool) -> None:
+        if not set_aside:
+            raise StateError(f"state file {self.path} is invalid: {why}")
+        self._set_aside(dirfd, why)
+        return None
+
+    def _read_capped(self, dirfd: int) -> bytes:
+        fd = os.open(STATE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StateError("not a regular file")
+            if st.st_uid != os.geteuid():
+                raise StateError(f"owned by uid {st.st_uid}, not by uid {os.geteuid()} that runs ftgovd")
+            if st.st_size > MAX_STATE_BYTES:
+                raise StateError(f"{st.st_size} bytes, more than {MAX_STATE_BYTES}")
+            chunks, total = [], 0
+            while chunk := os.read(fd, 1 << 20):
+                total += len(chunk)
+                if total > MAX_STATE_BYTES:  # grew since the fstat
+                    raise StateError(f"more than {MAX_STATE_BYTES} bytes")
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def _set_aside(self, dirfd: int, why: str) -> None:
+        try:
+            os.replace(STATE_FILE, SET_ASIDE, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+            where = f"moved to {self.dir / SET_ASIDE}"
+        except OSError as e:
+            where = f"and could not be moved aside: {e.strerror or e}"
+        log.warning("ignoring invalid state file %s (%s): %s", self.path, where, why)
