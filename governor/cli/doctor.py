@@ -79,7 +79,7 @@ def refuse_while_daemon_runs(what: str, socket: str | None = None) -> None:
 
 
 def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:
-    from governor.daemon.config import Config, load_config
+    from governor.config import Config, load_config
 
     overrides = {"sysfs_root": args.sysfs_root, "state_dir": args.state_dir}
     config_path = args.config or DEFAULT_CONFIG_PATH

@@ -40,7 +40,7 @@ class Context:
     """What the checks share: where to look, who asks, and what the daemon (if it answers) said."""
 
     root: Root
-    config: object  # governor.daemon.config.Config
+    config: object  # governor.config.Config
     config_path: str
     socket: str
     uid: int
@@ -337,7 +337,7 @@ def check_daemon(ctx: Context) -> list[Check]:
 
 
 def check_model(ctx: Context) -> list[Check]:
-    from governor.daemon.config import default_model_path
+    from governor.config import default_model_path
     from governor.errors import ModelError
     from governor.policy.tree import DecisionTree
 
@@ -358,8 +358,8 @@ def check_model(ctx: Context) -> list[Check]:
 
 
 def check_state(ctx: Context) -> list[Check]:
-    from governor.daemon.state import StateFile, boot_id
     from governor.errors import StateError
+    from governor.store.state import StateFile, boot_id
 
     state_file = StateFile(ctx.config.state_dir)
     if ctx.uid != 0:  # the file and its directory are root's and private: judged as the daemon would, by root

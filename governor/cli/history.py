@@ -47,7 +47,7 @@ def store_path(args: argparse.Namespace) -> str:
         if running:
             return running
     from governor import DEFAULT_CONFIG_PATH
-    from governor.daemon.config import installed_store_path, load_config
+    from governor.config import installed_store_path, load_config
 
     return installed_store_path(load_config(args.config or DEFAULT_CONFIG_PATH, must_exist=args.config is not None))
 
@@ -73,7 +73,7 @@ def add_store_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load(args: argparse.Namespace, since: float | None = None):
-    from governor.daemon import store
+    from governor.store import measurements as store
 
     conn = store.open_read_only(store_path(args))
     try:
@@ -92,7 +92,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from governor.daemon.store import record_dict
+    from governor.store.measurements import record_dict
 
     try:
         since = parse_since(args.since) if args.since else None

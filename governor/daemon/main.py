@@ -19,17 +19,17 @@ from pathlib import Path
 from governor import DEFAULT_CONFIG_PATH, __version__, backends
 from governor.backends import devfreq
 from governor.backends import rails as rails_mod
+from governor.config import Config, default_ffg_hz, default_model_path, load_config, store_path
 from governor.daemon import logs, tuning
-from governor.daemon.config import Config, default_ffg_hz, default_model_path, load_config, store_path
 from governor.daemon.listen import bind_socket
 from governor.daemon.notify import Notifier, listen_fds
 from governor.daemon.pins import PinController
 from governor.daemon.reload import Reloader
 from governor.daemon.server import Server
-from governor.daemon.state import StateFile, boot_id
 from governor.daemon.ticks import Ticker, defer_on_loop
 from governor.errors import FtgovError, NodeNotFound
 from governor.policy import Policy
+from governor.store.state import StateFile, boot_id
 from governor.sysfs import Root, trusted_root
 from governor.units import mhz
 

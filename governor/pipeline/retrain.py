@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from governor.daemon.config import DEFAULT_STORE_PATH
+from governor.config import DEFAULT_STORE_PATH
 from governor.errors import FtgovError
 from governor.features import Features
 from governor.pipeline import dataset, train
@@ -129,7 +129,7 @@ def load_records(paths: list[Path], uids: set[int] | None = None) -> tuple[list,
     """Every job of every store (of ``uids`` only, when given: the users whose measurements are trusted, since a
     client reports its own step counts), duplicates (the same store copied twice) once; the boards' identity, which
     must be one kind of board."""
-    from governor.daemon import store
+    from governor.store import measurements as store
 
     seen, records, kinds, sources = set(), [], set(), []
     for p in paths:
@@ -278,7 +278,7 @@ def _run(args: argparse.Namespace) -> int:
     store_path, current = args.store, args.current
     if args.config or current is None or store_path is None:
         from governor import DEFAULT_CONFIG_PATH
-        from governor.daemon.config import default_model_path, installed_store_path, load_config
+        from governor.config import default_model_path, installed_store_path, load_config
 
         cfg = load_config(args.config or DEFAULT_CONFIG_PATH, must_exist=args.config is not None)
         store_path = store_path or (installed_store_path(cfg) if not args.from_dir else None)

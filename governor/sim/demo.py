@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from governor.sim.launch import Daemon
 from governor.units import mhz
-from tests.support.daemon import Daemon  # the launcher tests and benchmarks use: `make demo` runs in the checkout
 
 DEVFREQ = "sys/class/devfreq/17000000.gpu"
 JOB = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0}  # BERT-base on MNLI

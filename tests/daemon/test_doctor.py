@@ -32,7 +32,7 @@ def power_mode(root: Path, mode: int) -> None:
 AS_USER = """
 import os, sys
 import governor.cli, governor.cli.doctor, governor.backends.devfreq, governor.backends.rails, governor.sysfs
-import governor.daemon.config, governor.daemon.state, governor.policy.tree, encodings.idna
+import governor.config, governor.store.state, governor.policy.tree, encodings.idna
 args = governor.cli.build_parser().parse_args(sys.argv[1:-1])  # imports every subcommand's module
 uid = int(sys.argv[-1])
 os.setgroups([])

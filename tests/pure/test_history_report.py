@@ -10,11 +10,11 @@ import pytest
 from governor.cli import main
 from governor.cli.history import parse_since
 from governor.cli.metrics import families
-from governor.daemon.store import Store
 from governor.errors import FtgovError
 from governor.pipeline import retrain
 from governor.policy.tree import DecisionTree
 from governor.sim import learning
+from governor.store.measurements import Store
 from governor.text import printable
 
 REPO = Path(__file__).resolve().parents[2]

@@ -2,9 +2,9 @@
 
 import json
 
-from governor.daemon import store
 from governor.daemon.starts import KEPT_PER_SHAPE, TuneStarts
 from governor.features import Features
+from governor.store import measurements as store
 
 LEVELS = (345_000_000, 900_000_000, 1_500_000_000, 1_980_000_000)
 KEY = ("NVIDIA H200", LEVELS)

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
+from governor.config import LimitsConfig
 from governor.daemon.admission import connection_refusal
-from governor.daemon.config import LimitsConfig
 from tests.support.daemon import FEATURES
 from tests.support.security import open_to_members, run_as
 

@@ -13,10 +13,10 @@ import pytest
 
 from governor import safefile
 from governor.cli import main
-from governor.daemon.store import Store
 from governor.pipeline import retrain
 from governor.policy.tree import DecisionTree
 from governor.sim import learning
+from governor.store.measurements import Store
 from tests.support.security import needs_root
 
 REPO = Path(__file__).resolve().parents[2]
