@@ -125,6 +125,26 @@ def test_command_not_found_and_bad_options(daemon):
     assert not re.search(r"job \d+", daemon.log()), "no job was registered"
 
 
+@pytest.mark.parametrize("command, code, why", [
+    ("/nonexistent/cmd", 127, "No such file or directory"),
+    ("/etc/passwd", 126, "Permission denied"),
+    ("/etc", 126, "Is a directory"),
+])
+def test_a_command_that_cannot_run_is_refused_before_it_registers(daemon, command, code, why):
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", command, stderr=subprocess.PIPE)
+    assert proc.wait(timeout=60) == code
+    assert proc.stderr.read() == f"ftgov run: {command}: {why}\n"
+    assert not re.search(r"job \d+", daemon.log()), "no job was registered"
+
+
+def test_a_script_under_an_interpreter_names_the_job(daemon, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", sys.executable, "-u", str(script))
+    assert proc.wait(timeout=60) == 0
+    assert re.search(r"job \d+ 'train.py' ", daemon.log()), daemon.log()
+
+
 def test_hf_config_dir_gives_the_shape(daemon, orin, tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt_neox", "num_hidden_layers": 6, "hidden_size": 512}')
     proc = ftgov("run", "--socket", daemon.socket, "--hf-config", str(tmp_path), "--seq-len", "30", "--", "true")
