@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import sys
 from pathlib import Path
 
@@ -100,7 +101,9 @@ def run_export(data: Path, estimator_path: Path, report_path: Path, tree_path: P
     try:
         estimator = joblib.load(estimator_path)
         report = json.loads(report_path.read_text())
-    except (OSError, ValueError) as e:
+    # Unpickling a file that is not one fails in whatever way the bytes lead it (EOFError, IndexError, ...).
+    except (OSError, ValueError, EOFError, IndexError, KeyError, AttributeError, ImportError,
+            pickle.UnpicklingError) as e:
         raise FtgovError(f"cannot read the fitted tree ({estimator_path}, {report_path}): {e}; run `fit` first") from e
     meta = dataset.meta(data)
     metadata = {
