@@ -263,7 +263,11 @@ def export_tree(result: Result, out: Path, provenance: dict) -> str:
 # ---- command line ----------------------------------------------------------------------------------------------------
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("retrain", help="retrain the MLG tree from the board's measurement store")
+    p = sub.add_parser("retrain", help="retrain the MLG tree from the board's measurement store",
+                       description="Retrain the MLG tree from what this board measured: the store's bracketed minima "
+                                   "join the characterization sweeps, which are corrected by the board's per-level "
+                                   "departure from them; prints accuracy and regret before and after on the board's "
+                                   "own jobs and writes the tree with its provenance (docs/store.md).")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--store", help=f"the board's store (default {DEFAULT_STORE_PATH})")
     src.add_argument("--from", dest="from_dir", metavar="DIR",

@@ -87,6 +87,11 @@ def test_the_walk_finds_every_subcommand_and_the_table_names_only_real_ones():
         assert tuple(argv[:2]) in COMMANDS or tuple(argv[:1]) in COMMANDS, argv
 
 
+@pytest.mark.parametrize("path", COMMANDS, ids=" ".join)
+def test_every_subcommand_says_what_it_does_in_its_help(path):
+    assert COMMANDS[path].description, f"ftgov {' '.join(path)} --help has no description"
+
+
 def invoke(argv: list[str], capsys) -> tuple[int, str]:
     try:
         code = main(argv)
