@@ -29,7 +29,6 @@ from governor.pipeline.dataset import Sweep
 from governor.pipeline.policies import EvaluatedPolicy, Pick, Probe, TuneSettings, build_policies, model_energy_j
 from governor.units import mhz
 
-MODEL_DIR = Path("model")
 SMALL_MODEL_PARAMS_M = 70.5  # the paper's line: "models > 70M" vs "<= 70M"
 
 
@@ -164,8 +163,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("evaluate", help="compare MAXN, FFG, the paper's tree, the trained MLG, the online "
                               "tuner and the oracle",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=MODEL_DIR / "data" / "held-out.csv",
-                   help="held-out characterization CSV")
+    p.add_argument("--data", type=Path, default=data.path(data.HELD_OUT),
+                   help="held-out characterization CSV (default: the one shipped with ftgov)")
     p.add_argument("--mlg-tree", type=Path, default=data.path(data.MLG_TREE), help="default: the shipped tree")
     p.add_argument("--paper-tree", type=Path, default=data.path(data.PAPER_TREE))
     p.add_argument("--ffg", type=Path, default=data.path(data.FFG),

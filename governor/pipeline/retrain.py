@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from governor import data
 from governor.daemon.config import DEFAULT_STORE_PATH
 from governor.errors import FtgovError
 from governor.features import Features
@@ -42,8 +43,6 @@ from governor.pipeline.board_data import (
     regret_pct,
 )
 from governor.pipeline.dataset import Sweep
-
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "model" / "data" / "characterization.csv"
 
 
 def _design(samples: list[Sample]):
@@ -272,8 +271,7 @@ def add_parser(sub) -> None:
     src.add_argument("--store", help=f"the board's store (default {DEFAULT_STORE_PATH})")
     src.add_argument("--from", dest="from_dir", metavar="DIR",
                      help="merge every *.sqlite store under DIR (copied from many boards of one kind)")
-    p.add_argument("--data", type=Path, help="the characterization CSV (default: model/data/characterization.csv of "
-                   "the source tree)")
+    p.add_argument("--data", type=Path, help="the characterization CSV (default: the one shipped with ftgov)")
     p.add_argument("--current", type=Path, help="the tree the board uses now, for the before figures "
                    "(default: model_file of --config, else the shipped tree)")
     p.add_argument("--config", help="ftgovd's config, for model_file and store.path")
@@ -307,9 +305,7 @@ def _run(args: argparse.Namespace) -> int:
         store_path = store_path or (installed_store_path(cfg) if not args.from_dir else None)
         current = current or Path(cfg.model_file or default_model_path())
     if args.data is None:
-        if not DEFAULT_DATA.is_file():  # an installed ftgov carries the tree, not the data it was trained on
-            raise FtgovError("no characterization data: pass --data model/data/characterization.csv (from the source)")
-        args.data = DEFAULT_DATA
+        args.data = data.path(data.CHARACTERIZATION)
     paths = store_paths(store_path, args.from_dir)
     records, identity = load_records(paths, set(args.uid) if args.uid else None)
     if args.uid:
