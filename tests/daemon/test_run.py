@@ -237,3 +237,26 @@ def test_terminal_signals_are_told_apart_from_kill():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.stdout.split() == ["False", "True", "True"], out.stderr
+
+
+def readme_try_lines() -> list[list[str]]:
+    """The commands of the README's "Try it without a Jetson" block, split as a shell would (comments dropped)."""
+    import shlex
+
+    text = (REPO / "README.md").read_text()
+    block = text.split("## Try it without a Jetson", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
+
+
+def test_the_readmes_train_commands_run_as_written(daemon):
+    """`ftgov run ... -- python3 examples/train.py` and `.venv/bin/python examples/train.py --client`, from the
+    checkout, against a daemon: both files exist, both run, each is one job named train.py."""
+    lines = [argv for argv in readme_try_lines() if "examples/train.py" in argv]
+    assert len(lines) == 2, lines
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FTGOV_SOCKET": daemon.socket}
+    for argv in lines:
+        program = os.path.basename(argv[0])
+        argv = [sys.executable, "-m", "governor.cli", *argv[1:]] if program == "ftgov" else [sys.executable, *argv[1:]]
+        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "train.py: 40 steps" in done.stdout, done
+    assert len(re.findall(r"job \d+ 'train.py' .*ended \([\w ]+\) after [\d.]+ s", daemon.log())) == 2, daemon.log()

@@ -132,3 +132,16 @@ def test_a_reader_that_went_away_ends_the_command_quietly(args, tmp_path):
     args = [a.replace("{tmp}", str(tmp_path)).replace("{store}", str(tmp_path / "m.sqlite")) for a in args]
     done = run_into_closed_pipe(*args)
     assert (done.returncode, done.stderr) == (EXIT_BROKEN_PIPE, "")
+
+
+def test_the_demos_hint_names_commands_that_run_from_here(monkeypatch):
+    """`make demo` ends with a hint to try ftgovd yourself: .venv/bin/ftgovd from the checkout, not a bare `ftgovd`
+    that PATH does not find."""
+    import shutil
+
+    from governor.sim.demo import command_path
+    from tests.support.daemon import REPO
+
+    monkeypatch.chdir(REPO)
+    for name in ("ftgovd", "ftgov"):
+        assert shutil.which(command_path(name)), command_path(name)
