@@ -184,7 +184,8 @@ def retrain(records: list, sweeps: list[Sweep], seed: int = 0, current_tree=None
             correct: bool = True) -> Result:
     """``correct=False`` leaves the sweeps as shipped (for measuring what the correction is worth)."""
     levels = sweeps[0].levels_hz
-    curves = board_curves(records, levels)
+    # The tree splits on gpu_util: a workload whose load was never known cannot label it, nor be compared with it.
+    curves = [c for c in board_curves(records, levels) if c.features.gpu_util is not None]
     samples, offsets = build_samples(sweeps, curves, correct)
     best = search(samples, seed, n_jobs)
     estimator = fit(samples, best.params, seed)
