@@ -74,7 +74,19 @@ def test_operator_errors_are_clear(tmp_path, capsys):
 
 
 def test_status_into_a_reader_that_went_away_exits_quietly(daemon):
-    """`ftgov status | head -0`, deterministically: the pipe's read end is closed before ftgov writes."""
+    """`ftgov status | head -0`, deterministically: the pipe's read end is closed before ftgov writes. The
+    BrokenPipeError is handled once, in main(), the way the Python docs do it: quiet, exit 141."""
     for args in (["status", "--socket", daemon.socket], ["status", "--json", "--socket", daemon.socket]):
         done = run_into_closed_pipe(*args)
         assert (done.returncode, done.stderr) == (EXIT_BROKEN_PIPE, ""), args
+
+
+@pytest.mark.parametrize("args", [["sim-tree", "{tmp}/t"], ["history", "--json", "--store", "{store}"]],
+                         ids=["sim-tree", "history --json"])
+def test_a_reader_that_went_away_ends_the_command_quietly(args, tmp_path):
+    from governor.daemon.store import Store
+
+    Store(tmp_path / "m.sqlite").close()
+    args = [a.replace("{tmp}", str(tmp_path)).replace("{store}", str(tmp_path / "m.sqlite")) for a in args]
+    done = run_into_closed_pipe(*args)
+    assert (done.returncode, done.stderr) == (EXIT_BROKEN_PIPE, "")

@@ -1,7 +1,8 @@
 """Every `ftgov` subcommand, walked from the argparse parser (a new one is covered without editing this file), answers
 bad input with one line on stderr naming it and its exit code: 2 for bad usage (argparse's, and a number out of its
 range), 1 for a user's error found while running (governor.cli.run_command), 126/127 for `ftgov run`'s command.
-Never a traceback. And a reader that goes away ends a command quietly (BrokenPipeError, the Python-docs way)."""
+Never a traceback. (A reader that goes away: test_client_ops.py.) In tests/daemon: the
+bad commands try sockets and files, and one that regressed would start processes."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import argparse
 
 import pytest
 
-from governor.cli import EXIT_BROKEN_PIPE, build_parser, main
-from tests.support.pipes import run_into_closed_pipe
+from governor.cli import build_parser, main
 
 
 def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
@@ -121,17 +121,6 @@ def test_bad_input_is_one_line_and_its_exit_code(argv, code, says, env, capsys):
     got, err = invoke(argv, capsys)
     assert (got, err.count("\n")) == (code, 1), err
     assert says in err and "Traceback" not in err, err
-
-
-@pytest.mark.parametrize("args", [["sim-tree", "{tmp}/t"], ["history", "--json", "--store", "{store}"]],
-                         ids=["sim-tree", "history --json"])
-def test_a_reader_that_went_away_ends_the_command_quietly(args, tmp_path):
-    from governor.daemon.store import Store
-
-    Store(tmp_path / "m.sqlite").close()
-    args = [a.replace("{tmp}", str(tmp_path)).replace("{store}", str(tmp_path / "m.sqlite")) for a in args]
-    done = run_into_closed_pipe(*args)
-    assert (done.returncode, done.stderr) == (EXIT_BROKEN_PIPE, "")
 
 
 def test_the_demos_hint_names_commands_that_run_from_here(monkeypatch):
