@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from governor.safefile import write_file
+
 
 def write_if_changed(path: Path, text: str) -> bool:
     """Write ``text`` to ``path`` unless the file holds exactly that already; returns whether it wrote.
@@ -17,6 +19,5 @@ def write_if_changed(path: Path, text: str) -> bool:
             return False
     except (OSError, UnicodeDecodeError):
         pass  # missing or unreadable: write it
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_file(path, text)  # atomically, through a checked directory (governor/safefile.py)
     return True

@@ -112,7 +112,9 @@ def add_parser(sub) -> None:
                                    "now, so the daemon's energy per step has the real U shape. Prints the job's "
                                    "summary (energy, pin, saving) when it ends.")
     p.add_argument("--socket", help="daemon socket (default: FTGOV_SOCKET, else /run/ftgov/ftgov.sock)")
-    p.add_argument("--tree", required=True, help="the simulated Orin tree ftgovd --simulate printed")
+    p.add_argument("--tree", default=os.environ.get("FTGOV_SIM_TREE"), required="FTGOV_SIM_TREE" not in os.environ,
+                   help="the simulated Orin tree ftgovd --simulate printed (default: $FTGOV_SIM_TREE, which "
+                        "`eval \"$(ftgovd --simulate --print-env)\"` sets)")
     p.add_argument("--model-type", choices=["encoder", "decoder"], default="encoder")
     p.add_argument("--num-layers", type=at_least(1), default=12, help="transformer layers (default 12)")
     p.add_argument("--hidden-size", type=at_least(1), default=768, help="hidden size (default 768)")

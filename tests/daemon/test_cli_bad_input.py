@@ -55,7 +55,7 @@ SPECIFIC = [
     (["sim-job", "--tree", "{tree}", "--steps", "-5"], 2, "argument --steps: must be >= 1, got -5"),
     (["sim-job", "--tree", "{tree}", "--time-scale", "nan"], 2, "argument --time-scale: 'nan' is not a finite"),
     (["sim-job", "--tree", "/etc/passwd"], 1, "/etc/passwd is not a simulated tree"),
-    (["sim-tree", "/etc/passwd"], 1, "cannot write a tree at /etc/passwd: Not a directory"),
+    (["sim-tree", "/etc/passwd"], 1, "/etc/passwd: Not a directory"),
     (["sim-tree", "{tmp}/t", "--power-mode", "9"], 1, "power mode 9"),
     (["metrics", "--port", "70000"], 2, "argument --port: a port is 0..65535, got 70000"),
     (["metrics", "--textfile", "{tmp}/m.prom", "--interval", "0"], 2, "argument --interval: must be > 0, got 0"),

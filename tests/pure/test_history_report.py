@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 
 from governor.cli import main
-from governor.cli.escape import printable
 from governor.cli.history import parse_since
 from governor.cli.metrics import families
 from governor.daemon.store import Store
 from governor.errors import FtgovError
 from governor.pipeline import retrain
 from governor.policy.tree import DecisionTree
+from governor.safefile import OutDir
 from governor.sim import learning
+from governor.text import printable
 from governor.units import energy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -173,8 +174,9 @@ def test_one_job_draws_whole_titles_and_a_time_axis_around_it(tmp_path):
     path, record = one_tuned_job(tmp_path, energy_j=100.0, saved_rel=21.3 / 121.3)  # 21.3 J saved
     jobs, totals = report.load(argparse.Namespace(store=str(path), config=None, socket=None))
     kept = KeptFigures()
-    report._curves(kept, report.workloads(jobs), tmp_path / "curves.png")
-    report._savings(kept, jobs, tmp_path / "savings.png")
+    with OutDir(tmp_path / "report") as out:
+        report._curves(kept, report.workloads(jobs), out)
+        report._savings(kept, jobs, out)
     curves, savings = kept.figures
     renderer = curves.canvas.get_renderer()
     curves.draw(renderer)
