@@ -101,10 +101,10 @@ bench: $(DEV_VENV)/.test
 
 # --- the model pipeline (governor/pipeline): each file is made from the files it is computed from, so `make model`
 # redoes only the stages whose inputs changed (cookiecutter-data-science style; `make -B model` redoes them all).
-# The trained tree and FFG's frequency go to governor/data/, the package data the daemon loads (model/ links them).
+# The sweeps, the trained tree and FFG's frequency live in governor/data/, package data (model/ links them).
 PIPELINE = $(VPY) -m governor.pipeline
-CHARACTERIZATION = model/data/characterization.csv
-HELD_OUT = model/data/held-out.csv
+CHARACTERIZATION = governor/data/characterization.csv
+HELD_OUT = governor/data/held-out.csv
 ARTIFACTS = model/artifacts
 SHIPPED = governor/data
 MODEL_SEED ?= 0

@@ -16,6 +16,7 @@ from datetime import datetime
 
 from governor.errors import FtgovError
 from governor.text import isolated, printable
+from governor.units import energy
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -122,6 +123,6 @@ def format_table(jobs, totals: dict) -> str:
         lines.append(f"{datetime.fromtimestamp(j.ended_at).strftime('%Y-%m-%d %H:%M:%S')}  {isolated(f'{name:24}')}  "
                      f"{printable(j.policy or '-'):8}  {_num(j.freq_hz and j.freq_hz / 1e6, 'g'):>7}  "
                      f"{_num(j.duration_s, '.1f'):>8}  {_num(j.steps, 'd'):>6}  {_num(j.energy_j, '.1f'):>9}  {saved}")
-    lines.append(f"{len(jobs)} job(s) listed; in all {totals['jobs']} recorded, {totals['energy_j']:.1f} J, "
-                 f"{totals['saved_j']:.1f} J measured saved")
+    lines.append(f"{len(jobs)} job(s) listed; in all {totals['jobs']} recorded, {energy(totals['energy_j'])}, "
+                 f"{energy(totals['saved_j'])} measured saved")
     return "\n".join(lines)

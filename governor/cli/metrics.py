@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from governor.cli.argtypes import above, port
 from governor.client import Connection
 from governor.errors import FtgovError
 from governor.safefile import OutDir
@@ -189,11 +190,11 @@ def add_parser(sub) -> None:
                        description="Serve Prometheus metrics on a loopback port, or write them for node_exporter's "
                                    "textfile collector.")
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--port", type=int, help="serve /metrics on this port (e.g. 9400)")
+    where.add_argument("--port", type=port, help="serve /metrics on this port (e.g. 9400)")
     where.add_argument("--textfile", metavar="PATH", help="write this .prom file (atomically) for node_exporter")
     p.add_argument("--address", default="127.0.0.1",
                    help="address to serve on (default 127.0.0.1: put a reverse proxy or an SSH tunnel in front)")
-    p.add_argument("--interval", type=float, default=15.0, help="seconds between textfile writes (default 15)")
+    p.add_argument("--interval", type=above(0), default=15.0, help="seconds between textfile writes (default 15)")
     p.add_argument("--once", action="store_true", help="write the textfile once and exit (for a systemd timer)")
     p.add_argument("--job-names", action="store_true",
                    help="label job metrics with job names too (off by default: names, often model paths, would be "
@@ -203,9 +204,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.interval <= 0:
-        print("ftgov metrics: --interval must be > 0", file=sys.stderr)
-        return 2
     textfile = Path(args.textfile) if args.textfile else None
     try:
         # The textfile's directory is opened and checked once, before anything else (governor/safefile.py).

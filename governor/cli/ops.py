@@ -14,7 +14,7 @@ from governor.cli.features import add_feature_arguments, features_from_args
 from governor.client import Connection
 from governor.errors import ConfigError, FtgovError
 from governor.text import isolated, printable
-from governor.units import mhz
+from governor.units import energy, mhz
 
 
 def add_parser(sub) -> None:
@@ -86,7 +86,7 @@ def format_status(status: dict) -> str:
             rows.append(tuple(printable(cell) for cell in (
                 str(j.get("job_id")), str(j.get("name") or "-"), _or_dash(j.get("pid")), str(j.get("gpu")),
                 str(j.get("policy") or "-"), mhz(j.get("freq_hz")), str(j.get("steps", 0)),
-                str(j.get("phase") or "-"), _duration(j.get("duration_s")), _energy(j.get("energy_j")))))
+                str(j.get("phase") or "-"), _duration(j.get("duration_s")), energy(j.get("energy_j")))))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [printable(line) for line in lines] + [""]
         # A right-to-left name is isolated (governor/text.py) so that it cannot reorder the cells beside it.
@@ -122,7 +122,3 @@ def _duration(seconds) -> str:
         return "-"
     minutes, s = divmod(int(seconds), 60)
     return f"{minutes // 60}:{minutes % 60:02d}:{s:02d}"
-
-
-def _energy(joules) -> str:
-    return "-" if joules is None else f"{joules:.1f} J"

@@ -16,14 +16,14 @@ import csv
 import json
 import sys
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from governor.cli.history import add_store_arguments, load, parse_since
 from governor.errors import FtgovError
 from governor.safefile import OutDir
 from governor.text import isolated, printable
-from governor.units import mhz
+from governor.units import energy, energy_unit, mhz
 
 MAX_CURVE_PANELS = 12
 
@@ -91,7 +91,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _label(g: dict) -> str:
     model_type, layers, hidden, seq, util = g["key"]
-    return f"{g['name'][:28]}\n{model_type} L{layers} H{hidden} seq {seq:g} util {util:g}%"
+    return f"{g['name'][:28]}\n{model_type} L{layers} H{hidden} seq {seq:g} util {_util(util)}"
+
+
+def _util(util_pct) -> str:
+    return "-" if util_pct is None else f"{util_pct:g}%"  # registered without gpu_util and never measured
 
 
 def _save(fig, out: OutDir, name: str) -> None:
@@ -103,7 +107,10 @@ def _curves(plt, groups: list[dict], out: OutDir) -> None:
     shown = [g for g in groups if g["curve"] is not None][:MAX_CURVE_PANELS]
     cols = min(4, max(1, len(shown)))
     rows = max(1, -(-len(shown) // cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), squeeze=False)
+    # At least two panels wide, so that one panel's three-line title and the figure's title fit; constrained layout
+    # makes room for the titles, which tight_layout does not do for the figure's.
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * max(cols, 2), 3.1 * rows + 0.4), squeeze=False,
+                             layout="constrained")
     for ax in axes.flat[len(shown):]:
         ax.axis("off")
     if not shown:
@@ -121,7 +128,6 @@ def _curves(plt, groups: list[dict], out: OutDir) -> None:
         ax.set_ylabel("J / step", fontsize=7)
         ax.tick_params(labelsize=6)
     fig.suptitle("Measured energy per step (tuner windows, pooled per workload)", fontsize=9)
-    fig.tight_layout()
     _save(fig, out, "curves.png")
     plt.close(fig)
 
@@ -140,9 +146,12 @@ def _savings(plt, jobs, out: OutDir) -> None:
     cumulative, total = [], 0.0
     for j in jobs:
         total += j.saved_j or 0.0
-        cumulative.append(total / 1e3)
-    ax2.plot([datetime.fromtimestamp(j.ended_at) for j in jobs], cumulative, "C3-", label="cumulative saved")
-    ax2.set_ylabel("cumulative saved (kJ)")
+        cumulative.append(total)
+    scale, unit = energy_unit(max((abs(c) for c in cumulative), default=0.0))
+    ended = [datetime.fromtimestamp(j.ended_at) for j in jobs]
+    ax2.plot(ended, [c / scale for c in cumulative], "C3-", label="cumulative saved")
+    ax2.set_ylabel(f"cumulative saved ({unit})")
+    ax.set_xlim(*_time_limits(ended))
     handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
     labels = ax.get_legend_handles_labels()[1] + ax2.get_legend_handles_labels()[1]
     ax.legend(handles, labels, fontsize=7, loc="upper left")
@@ -151,6 +160,14 @@ def _savings(plt, jobs, out: OutDir) -> None:
     fig.tight_layout()
     _save(fig, out, "savings.png")
     plt.close(fig)
+
+
+def _time_limits(times: list[datetime]) -> tuple[datetime, datetime]:
+    """The x range around the jobs: their span and 5% either side, at least an hour in all. Left to matplotlib, a
+    single date (or none on one of the twin axes) spans years."""
+    first, last = min(times), max(times)
+    pad = max((last - first) * 0.05, (timedelta(hours=1) - (last - first)) / 2)
+    return first - pad, last + pad
 
 
 def _cell(text: str) -> str:
@@ -175,7 +192,8 @@ def _summary(groups: list[dict], totals: dict, out: OutDir) -> None:
         model_type, layers, hidden, seq, util = g["key"]
         last = members[-1].freq_hz
         rows.append({"workload": _cell(g["name"]), "model_type": model_type, "num_layers": layers,
-                     "hidden_size": hidden, "seq_len": seq, "gpu_util": util, "jobs": len(members),
+                     "hidden_size": hidden, "seq_len": seq, "gpu_util": "" if util is None else util,
+                     "jobs": len(members),
                      "tuned_jobs": sum(1 for j in members if j.windows),
                      "levels_measured": len(c.energy_j) if c else 0,
                      "bracketed_minimum_mhz": mhz(c.label_hz, unit=False) if c and c.label_hz else "",
@@ -189,6 +207,6 @@ def _summary(groups: list[dict], totals: dict, out: OutDir) -> None:
     md = ["| " + " | ".join(SUMMARY_FIELDS) + " |", "|" + "---|" * len(SUMMARY_FIELDS)]
     md += ["| " + " | ".join(_md_cell(r, k) for k in SUMMARY_FIELDS) + " |" for r in rows]
     md.append("")
-    md.append(f"{totals['jobs']} jobs recorded in all: {totals['energy_j'] / 1e3:.1f} kJ, "
-              f"{totals['saved_j'] / 1e3:.1f} kJ measured saved.")
+    md.append(f"{totals['jobs']} jobs recorded in all: {energy(totals['energy_j'])}, "
+              f"{energy(totals['saved_j'])} measured saved.")
     out.write_text("summary.md", "\n".join(md) + "\n")

@@ -181,7 +181,12 @@ class Job:
         if conn is None:
             return
         try:
-            if self.job_id is not None:
+            if self.job_id is not None and conn.closed_by_daemon():
+                # The daemon went away under the job: whatever held the job there is gone with it, and a restarted
+                # daemon that re-adopted it (by pid) ends it when this process exits. No summary to ask for.
+                log.warning("ftgov: job %s: ftgovd restarted or stopped while the job ran; no end-of-job summary",
+                            self.job_id)
+            elif self.job_id is not None:
                 if self.steps != self._reported_steps:
                     conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase)
                 self.result = conn.call("unregister", job_id=self.job_id)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from governor import data
 from governor.config import DEFAULT_STORE_PATH
 from governor.errors import FtgovError
 from governor.features import Features
@@ -41,8 +42,6 @@ from governor.pipeline.board_data import (
 )
 from governor.pipeline.dataset import Sweep
 from governor.safefile import write_file
-
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "model" / "data" / "characterization.csv"
 
 
 def _design(samples: list[Sample]):
@@ -184,7 +183,8 @@ def retrain(records: list, sweeps: list[Sweep], seed: int = 0, current_tree=None
             correct: bool = True) -> Result:
     """``correct=False`` leaves the sweeps as shipped (for measuring what the correction is worth)."""
     levels = sweeps[0].levels_hz
-    curves = board_curves(records, levels)
+    # The tree splits on gpu_util: a workload whose load was never known cannot label it, nor be compared with it.
+    curves = [c for c in board_curves(records, levels) if c.features.gpu_util is not None]
     samples, offsets = build_samples(sweeps, curves, correct)
     best = search(samples, seed, n_jobs)
     estimator = fit(samples, best.params, seed)
@@ -244,13 +244,16 @@ def export_tree(result: Result, out: Path, provenance: dict) -> str:
 # ---- command line ----------------------------------------------------------------------------------------------------
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("retrain", help="retrain the MLG tree from the board's measurement store")
+    p = sub.add_parser("retrain", help="retrain the MLG tree from the board's measurement store",
+                       description="Retrain the MLG tree from what this board measured: the store's bracketed minima "
+                                   "join the characterization sweeps, which are corrected by the board's per-level "
+                                   "departure from them; prints accuracy and regret before and after on the board's "
+                                   "own jobs and writes the tree with its provenance (docs/store.md).")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--store", help=f"the board's store (default {DEFAULT_STORE_PATH})")
     src.add_argument("--from", dest="from_dir", metavar="DIR",
                      help="merge every *.sqlite store under DIR (copied from many boards of one kind)")
-    p.add_argument("--data", type=Path, help="the characterization CSV (default: model/data/characterization.csv of "
-                   "the source tree)")
+    p.add_argument("--data", type=Path, help="the characterization CSV (default: the one shipped with ftgov)")
     p.add_argument("--current", type=Path, help="the tree the board uses now, for the before figures "
                    "(default: model_file of --config, else the shipped tree)")
     p.add_argument("--config", help="ftgovd's config, for model_file and store.path")
@@ -284,9 +287,7 @@ def _run(args: argparse.Namespace) -> int:
         store_path = store_path or (installed_store_path(cfg) if not args.from_dir else None)
         current = current or Path(cfg.model_file or default_model_path())
     if args.data is None:
-        if not DEFAULT_DATA.is_file():  # an installed ftgov carries the tree, not the data it was trained on
-            raise FtgovError("no characterization data: pass --data model/data/characterization.csv (from the source)")
-        args.data = DEFAULT_DATA
+        args.data = data.path(data.CHARACTERIZATION)
     paths = store_paths(store_path, args.from_dir)
     records, identity = load_records(paths, set(args.uid) if args.uid else None)
     if args.uid:

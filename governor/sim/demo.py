@@ -26,6 +26,19 @@ STEPS = 40
 STEP_S = 0.05  # a simulated step's wall time in the demo (the energy model's real step is longer)
 
 
+def command_path(name: str) -> str:
+    """How to start one of ftgov's commands from here: its name when PATH finds this environment's, else its path
+    beside this interpreter (.venv/bin/ftgovd after `make demo`), relative when under the working directory."""
+    beside = Path(sys.executable).parent / name
+    if not beside.is_file():
+        return name
+    found = shutil.which(name)
+    if found and Path(found).resolve() == beside.resolve():
+        return name
+    relative = os.path.relpath(beside)
+    return relative if not relative.startswith("..") else str(beside)
+
+
 def say(text: str = "") -> None:
     print(text, flush=True)
 
@@ -69,7 +82,7 @@ def main() -> int:
     sock = daemon.socket
     log_path = daemon.log_path
     say("== 1. Start ftgovd on a simulated Jetson AGX Orin")
-    say("   $ " + " ".join(["ftgovd"] + daemon.command()[3:]))
+    say("   $ " + " ".join([command_path("ftgovd")] + daemon.command()[3:]))
     try:
         daemon.start(timeout_s=30)
         root = work / "sim-orin"
@@ -136,7 +149,8 @@ def main() -> int:
         if " INFO " in line or " WARNING " in line or " ERROR " in line:
             say("   " + line.split(" ftgovd ", 1)[-1])
     shutil.rmtree(work, ignore_errors=True)
-    say("\nDone. Try it yourself: ftgovd --simulate, then FTGOV_SOCKET=... ftgov status")
+    say(f"\nDone. Try it yourself: {command_path('ftgovd')} --simulate &, then FTGOV_SOCKET=<the socket it prints> "
+        f"{command_path('ftgov')} status (README: Try it without a Jetson)")
     return 0 if returncode == 0 else 1
 
 
