@@ -165,3 +165,16 @@ def test_the_client_refuses_an_out_of_range_update_before_sending_it():
     with pytest.raises(ValueError, match="gpu_util"):
         job.update(gpu_util=math.nan)
     assert job.features["seq_len"] == FEATURES["seq_len"]
+
+
+@pytest.mark.parametrize("args, field", [(["--seq-len", "5e-324"], "seq_len"), (["--num-layers", "1001"], "num_layers"),
+                                         (["--hidden-size", str(MAX_HIDDEN_SIZE + 1)], "hidden_size")])
+def test_the_cli_refuses_out_of_range_features_in_one_line(args, field, capsys, tmp_path):
+    from governor.cli import main
+
+    shape = {"--model-type": "encoder", "--num-layers": "12", "--hidden-size": "768", "--seq-len": "40"}
+    shape.update(dict(zip(args[::2], args[1::2], strict=True)))
+    argv = ["predict", "--socket", str(tmp_path / "none.sock"), *(x for kv in shape.items() for x in kv)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and field in err and "Traceback" not in err
