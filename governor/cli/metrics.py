@@ -10,7 +10,7 @@ Metric names use base units (hertz, watts, joules, seconds, ratio) as Prometheus
 
 Job names (by default a model's local path) are labels only with --job-names: the HTTP exporter answers any local
 user, and a textfile is read by node_exporter for anyone who can scrape it. Label values are escaped
-(governor.cli.escape): a name from a client must not carry terminal escapes into whatever prints the metrics.
+(governor.text): a name from a client must not carry terminal escapes into whatever prints the metrics.
 """
 
 from __future__ import annotations
@@ -20,10 +20,12 @@ import math
 import signal
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from governor.cli.escape import printable
 from governor.client import Connection
 from governor.errors import FtgovError
+from governor.safefile import OutDir
+from governor.text import printable
 
 PREFIX = "ftgov"
 
@@ -214,6 +216,15 @@ def run(args: argparse.Namespace) -> int:
     if args.interval <= 0:
         print("ftgov metrics: --interval must be > 0", file=sys.stderr)
         return 2
+    textfile = Path(args.textfile) if args.textfile else None
+    try:
+        # The textfile's directory is opened and checked once, before anything else (governor/safefile.py).
+        # Not prometheus_client.write_to_textfile: it writes PATH.<pid>.<thread> by path, a name that repeats every
+        # interval, so whoever can write the directory could plant a link there for root to follow.
+        out = OutDir(textfile.parent, create=False) if textfile else None
+    except FtgovError as e:
+        print(f"ftgov metrics: --textfile {textfile}: {e}", file=sys.stderr)
+        return 2
     try:
         registry = registry_for(args.socket, job_names=args.job_names)
     except FtgovError as e:
@@ -224,15 +235,16 @@ def run(args: argparse.Namespace) -> int:
     # Blocked before the HTTP server's thread starts, so that thread inherits the mask and the main thread takes them.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     try:
-        if args.textfile:
-            while True:
-                try:
-                    prometheus_client.write_to_textfile(args.textfile, registry)
-                except OSError as e:
-                    print(f"ftgov metrics: cannot write {args.textfile}: {e.strerror or e}", file=sys.stderr)
-                    return 1
-                if args.once or signal.sigtimedwait(stop_signals, args.interval) is not None:
-                    return 0
+        if out is not None:
+            with out:
+                while True:
+                    try:
+                        out.write_bytes(textfile.name, prometheus_client.generate_latest(registry), 0o644)
+                    except OSError as e:
+                        print(f"ftgov metrics: cannot write {textfile}: {e.strerror or e}", file=sys.stderr)
+                        return 1
+                    if args.once or signal.sigtimedwait(stop_signals, args.interval) is not None:
+                        return 0
         try:
             server, thread = prometheus_client.start_http_server(args.port, addr=args.address, registry=registry)
         except OSError as e:

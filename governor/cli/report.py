@@ -19,9 +19,10 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
-from governor.cli.escape import printable
 from governor.cli.history import add_store_arguments, load, parse_since
 from governor.errors import FtgovError
+from governor.safefile import OutDir
+from governor.text import isolated, printable
 from governor.units import mhz
 
 MAX_CURVE_PANELS = 12
@@ -73,14 +74,17 @@ def run(args: argparse.Namespace) -> int:
             import matplotlib.pyplot as plt
         except ImportError as e:
             raise FtgovError("ftgov report needs matplotlib: pip install 'ftgov[model]'") from e
-        args.out.mkdir(parents=True, exist_ok=True)
+        # Root runs reports into directories members may own: every file goes in through the checked directory's
+        # descriptor (governor/safefile.py), never by path.
+        out = OutDir(args.out)
     except (FtgovError, OSError) as e:
         print(f"ftgov report: {e}", file=sys.stderr)
         return 1
-    groups = workloads(jobs)
-    _curves(plt, groups, args.out / "curves.png")
-    _savings(plt, jobs, args.out / "savings.png")
-    _summary(groups, totals, args.out)
+    with out:
+        groups = workloads(jobs)
+        _curves(plt, groups, out)
+        _savings(plt, jobs, out)
+        _summary(groups, totals, out)
     print(f"{args.out}: curves.png, savings.png, summary.md, summary.csv ({len(jobs)} jobs, {len(groups)} workloads)")
     return 0
 
@@ -90,7 +94,12 @@ def _label(g: dict) -> str:
     return f"{g['name'][:28]}\n{model_type} L{layers} H{hidden} seq {seq:g} util {util:g}%"
 
 
-def _curves(plt, groups: list[dict], path: Path) -> None:
+def _save(fig, out: OutDir, name: str) -> None:
+    with out.open(name, text=False) as f:
+        fig.savefig(f, format="png", dpi=110)
+
+
+def _curves(plt, groups: list[dict], out: OutDir) -> None:
     shown = [g for g in groups if g["curve"] is not None][:MAX_CURVE_PANELS]
     cols = min(4, max(1, len(shown)))
     rows = max(1, -(-len(shown) // cols))
@@ -113,11 +122,11 @@ def _curves(plt, groups: list[dict], path: Path) -> None:
         ax.tick_params(labelsize=6)
     fig.suptitle("Measured energy per step (tuner windows, pooled per workload)", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, out, "curves.png")
     plt.close(fig)
 
 
-def _savings(plt, jobs, path: Path) -> None:
+def _savings(plt, jobs, out: OutDir) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.6))
     measured = [j for j in jobs if j.saved_rel is not None]
     for basis, marker in (("default governor", "o"), ("start level", "^")):
@@ -140,7 +149,7 @@ def _savings(plt, jobs, path: Path) -> None:
     ax.set_title("Measured savings over time", fontsize=9)
     fig.autofmt_xdate()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, out, "savings.png")
     plt.close(fig)
 
 
@@ -150,11 +159,16 @@ def _cell(text: str) -> str:
     return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
+def _md_cell(row: dict, key: str) -> str:
+    text = str(row[key]).replace("|", "\\|")
+    return isolated(text) if key == "workload" else text  # a right-to-left name cannot reorder the row
+
+
 SUMMARY_FIELDS = ("workload", "model_type", "num_layers", "hidden_size", "seq_len", "gpu_util", "jobs", "tuned_jobs",
                   "levels_measured", "bracketed_minimum_mhz", "last_pick_mhz", "mean_saved_pct", "energy_j")
 
 
-def _summary(groups: list[dict], totals: dict, out: Path) -> None:
+def _summary(groups: list[dict], totals: dict, out: OutDir) -> None:
     rows = []
     for g in groups:
         c, members = g["curve"], g["jobs"]
@@ -168,13 +182,13 @@ def _summary(groups: list[dict], totals: dict, out: Path) -> None:
                      "last_pick_mhz": mhz(last, unit=False) if last else "",
                      "mean_saved_pct": f"{100 * g['mean_saved']:.2f}" if g["mean_saved"] is not None else "",
                      "energy_j": f"{g['energy_j']:.1f}"})
-    with (out / "summary.csv").open("w", newline="") as f:
+    with out.open("summary.csv") as f:
         w = csv.DictWriter(f, fieldnames=SUMMARY_FIELDS, lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
     md = ["| " + " | ".join(SUMMARY_FIELDS) + " |", "|" + "---|" * len(SUMMARY_FIELDS)]
-    md += ["| " + " | ".join(str(r[k]).replace("|", "\\|") for k in SUMMARY_FIELDS) + " |" for r in rows]
+    md += ["| " + " | ".join(_md_cell(r, k) for k in SUMMARY_FIELDS) + " |" for r in rows]
     md.append("")
     md.append(f"{totals['jobs']} jobs recorded in all: {totals['energy_j'] / 1e3:.1f} kJ, "
               f"{totals['saved_j'] / 1e3:.1f} kJ measured saved.")
-    (out / "summary.md").write_text("\n".join(md) + "\n")
+    out.write_text("summary.md", "\n".join(md) + "\n")

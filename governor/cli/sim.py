@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from governor.errors import FtgovError
+from governor.safefile import OutDir
 
 
 def add_parser(sub) -> None:
@@ -27,6 +28,9 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from governor.sim import tree
 
+    # The tree is written by path below DIR: DIR must be one nobody else can plant links in (governor/safefile.py).
+    with OutDir(args.dir):
+        pass
     try:
         spec = tree.layout_of(tree.build(args.dir, args.layout, max_hz=args.max_hz, power_mode=args.power_mode))
     except ValueError as e:

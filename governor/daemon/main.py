@@ -8,6 +8,7 @@ import logging
 import os
 import resource
 import select
+import shlex
 import shutil
 import socket
 import subprocess
@@ -46,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--simulate", action="store_true",
                    help="build a simulated Jetson AGX Orin (JetPack 6 layout), start its board, and govern it: "
                         "try ftgov without a Jetson")
+    p.add_argument("--print-env", action="store_true",
+                   help="with --simulate: print the shell lines that point ftgov at that daemon (FTGOV_SOCKET, "
+                        "FTGOV_SIM_TREE) and exit, for eval \"$(ftgovd --simulate --print-env)\"")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--version", action="version", version=f"ftgovd {__version__}")
     return p.parse_args(argv)
@@ -252,6 +256,14 @@ def main(argv: list[str] | None = None) -> int:
     except FtgovError as e:
         print(f"ftgovd: error: {e}", file=sys.stderr)
         return 2
+    if args.print_env:
+        if not args.simulate:
+            print("ftgovd: error: --print-env goes with --simulate", file=sys.stderr)
+            return 2
+        # Printed rather than spelled out in the README: a /tmp path pasted by root could be another user's.
+        print(f"export FTGOV_SOCKET={shlex.quote(config.socket.path)}\n"
+              f"export FTGOV_SIM_TREE={shlex.quote(str(config.sysfs_root))}")
+        return 0
     logs.setup(config.log_level)
     route_loggers()
     try:

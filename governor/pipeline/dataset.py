@@ -23,6 +23,7 @@ from pathlib import Path
 
 from governor.errors import FtgovError
 from governor.features import FEATURE_ORDER, Features
+from governor.safefile import open_file
 
 
 @dataclass(frozen=True)
@@ -130,8 +131,7 @@ def write_dataset(data: Path, out: Path) -> int:
     """Per configuration: the five features (encoded as the daemon encodes them), the label and the raw optimum
     beside it. Returns the number of configurations."""
     sweeps = load(data)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
+    with open_file(out) as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(["workload", *FEATURE_ORDER, "label_hz", "raw_optimum_hz", "regret_of_label_pct",
                     "savings_at_label_pct"])

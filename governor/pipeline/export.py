@@ -23,6 +23,7 @@ from governor.errors import FtgovError
 from governor.features import FEATURE_ORDER, MODEL_TYPE_CODES
 from governor.pipeline import dataset
 from governor.policy.tree import FORMAT
+from governor.safefile import write_file
 from governor.units import mhz
 
 
@@ -117,8 +118,7 @@ def run_export(data: Path, estimator_path: Path, report_path: Path, tree_path: P
     description = ("MLG tree trained by the model pipeline (make model) on the " + str(meta.get("source", ""))
                    + " characterization set (model/data/characterization.csv): label = energy-optimal level of the "
                    "1-2-1 smoothed curve, hyperparameters by LOOCV energy regret.")
-    tree_path.parent.mkdir(parents=True, exist_ok=True)
-    tree_path.write_text(to_json(estimator, description, metadata))
+    write_file(tree_path, to_json(estimator, description, metadata))
     header = [f"MLG tree, trained on {report['data']} ({metadata['data_source']}, {metadata['energy_model']}, "
               f"data seed {metadata['data_seed']}), training seed {report['seed']}",
               f"hyperparameters {json.dumps(report['params'], sort_keys=True)}",
@@ -126,8 +126,7 @@ def run_export(data: Path, estimator_path: Path, report_path: Path, tree_path: P
               f"(raw optimum); mean energy regret "
               f"{report['loocv_mean_regret_pct']:.2f}% (max {report['loocv_max_regret_pct']:.2f}%)",
               "model_type: 0 = encoder, 1 = decoder; gpu_util: GPU load under MAXN, percent"]
-    rules_path.parent.mkdir(parents=True, exist_ok=True)
-    rules_path.write_text(to_rules(estimator, header))
+    write_file(rules_path, to_rules(estimator, header))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +45,7 @@ from governor.pipeline.board_data import (
     regret_pct,
 )
 from governor.pipeline.dataset import Sweep
+from governor.safefile import write_file
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "model" / "data" / "characterization.csv"
 
@@ -262,27 +261,9 @@ def export_tree(result: Result, out: Path, provenance: dict) -> str:
     doc["source"] = "retrained"
     doc["provenance"] = provenance
     DecisionTree.from_dict(doc)  # what the daemon will read: never install a tree it would refuse
-    text = json.dumps(doc, indent=1, sort_keys=False) + "\n"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # the daemon reads it; it holds nothing secret
-        os.replace(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dir_fd = os.open(out.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself survives a power cut
-    finally:
-        os.close(dir_fd)
+    # The daemon reads it (0644; it holds nothing secret). Written through the checked directory's descriptor with
+    # fchmod, never chmod by path: root retrains into directories others may own (governor/safefile.py).
+    write_file(out, json.dumps(doc, indent=1, sort_keys=False) + "\n", 0o644)
     return model_id
 
 

@@ -106,7 +106,9 @@ def run(root: Root, job, workload, steps: int, *, time_scale: float = 0.1, noise
 def add_parser(sub) -> None:
     p = sub.add_parser("sim-job", help="run a simulated fine-tuning job against ftgovd --simulate")
     p.add_argument("--socket", help="daemon socket (default: FTGOV_SOCKET, else /run/ftgov/ftgov.sock)")
-    p.add_argument("--tree", required=True, help="the simulated Orin tree ftgovd --simulate printed")
+    p.add_argument("--tree", default=os.environ.get("FTGOV_SIM_TREE"), required="FTGOV_SIM_TREE" not in os.environ,
+                   help="the simulated Orin tree ftgovd --simulate printed (default: $FTGOV_SIM_TREE, which "
+                        "`eval \"$(ftgovd --simulate --print-env)\"` sets)")
     p.add_argument("--model-type", choices=["encoder", "decoder"], default="encoder")
     p.add_argument("--num-layers", type=int, default=12)
     p.add_argument("--hidden-size", type=int, default=768)

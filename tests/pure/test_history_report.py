@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 
 from governor.cli import main
-from governor.cli.escape import printable
 from governor.cli.history import parse_since
 from governor.cli.metrics import families
 from governor.daemon.store import Store
@@ -16,6 +15,7 @@ from governor.errors import FtgovError
 from governor.pipeline import retrain
 from governor.policy.tree import DecisionTree
 from governor.sim import learning
+from governor.text import printable
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTILE = "evil\x1b[2J\x1b]0;owned\x07\r\nname\u202e"

@@ -18,6 +18,7 @@ from governor.daemon.protocol import RpcFault, parse_line
 from governor.daemon.store import JobRecord, Window
 from governor.errors import INVALID_PARAMS, PARSE_ERROR
 from governor.features import MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_SEQ_LEN, MIN_SEQ_LEN
+from governor.safefile import OutDir
 from tests.support.daemon import FEATURES
 
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -119,9 +120,10 @@ def test_what_the_protocol_accepts_the_exporter_history_and_report_render(tmp_pa
     totals = {"jobs": 1, "energy_j": energy_j, "saved_j": record.saved_j or 0.0}
     assert "1 job(s) listed" in history.format_table([record], totals)
     groups = report.workloads([record])
-    out = tmp_path_factory.mktemp("report")
-    report._summary(groups, totals, out)
-    assert (out / "summary.csv").read_text().count("\n") == 2
+    path = tmp_path_factory.mktemp("report")
+    with OutDir(path) as out:
+        report._summary(groups, totals, out)
+    assert (path / "summary.csv").read_text().count("\n") == 2
 
 
 def test_the_attack_value_is_refused_naming_the_field():
