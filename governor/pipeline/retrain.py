@@ -285,8 +285,8 @@ def add_parser(sub) -> None:
                    help="learn from this user's jobs too (repeatable; default root's only): a client reports its own "
                         "step counts, so name only the users you trust")
     p.add_argument("--force", action="store_true",
-                   help=f"export even when the new tree moves more than {MAX_MOVED_SHARE:.0%} of the workloads by "
-                        "more than one level against the tree in use")
+                   help=f"export even when the new tree moves more than {MAX_MOVED_SHARE * 100:.0f}%% of the "
+                        "workloads by more than one level against the tree in use")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="joblib workers for the LOOCV search")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
