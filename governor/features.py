@@ -18,6 +18,15 @@ ModelType = Literal["encoder", "decoder"]
 FEATURE_ORDER: tuple[str, ...] = ("model_type", "gpu_util", "num_layers", "hidden_size", "seq_len")
 MODEL_TYPE_CODES: dict[str, int] = {"encoder": 0, "decoder": 1}
 
+# Physical ranges, well past any model an Orin can fine-tune: what a client may claim, so that every number downstream
+# (the energy model's estimate, the exporter, the reports) is finite and nonzero. A job has at least one token per
+# sample; the largest published models have about 100 layers and a hidden size of about 16k; 4M tokens a sample is past
+# any context window.
+MAX_LAYERS = 1000
+MAX_HIDDEN_SIZE = 1 << 17
+MIN_SEQ_LEN = 1.0
+MAX_SEQ_LEN = float(1 << 22)
+
 
 class Features(BaseModel):
     """What a job tells the daemon about itself. Strict: a string where a number belongs is an error, not a guess."""
@@ -25,9 +34,9 @@ class Features(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     model_type: ModelType
-    num_layers: int = Field(ge=1, le=1024)
-    hidden_size: int = Field(ge=1, le=1 << 20)
-    seq_len: float = Field(gt=0, le=1 << 20, description="average tokens per sample")
+    num_layers: int = Field(ge=1, le=MAX_LAYERS)
+    hidden_size: int = Field(ge=1, le=MAX_HIDDEN_SIZE)
+    seq_len: float = Field(ge=MIN_SEQ_LEN, le=MAX_SEQ_LEN, description="average tokens per sample")
     gpu_util: float | None = Field(default=None, ge=0, le=100, description="GPU utilization, percent")
 
     @field_validator("seq_len", "gpu_util", mode="before")

@@ -16,6 +16,7 @@ user, and a textfile is read by node_exporter for anyone who can scrape it. Labe
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -133,8 +134,13 @@ def model_savings_estimator():
         if not freq_hz or not f.get("seq_len"):
             return None
         w = workload_from_features(f, str(job.get("name") or job.get("job_id")))
-        maxn_j = model.expected(w, None).energy_j
-        return 1 - model.expected(w, freq_hz).energy_j / maxn_j if maxn_j > 0 else None
+        try:
+            ratio = 1 - model.expected(w, freq_hz).energy_j / model.expected(w, None).energy_j
+        except (ArithmeticError, ValueError):
+            # The protocol's bounds keep every accepted job's figures finite; a status from another version of the
+            # daemon may not, and one job must not fail the scrape (the exporter would answer 500 while it lives).
+            return None
+        return ratio if math.isfinite(ratio) else None
 
     return estimate
 
@@ -170,7 +176,11 @@ class DaemonCollector:
         _, self._gauge = _prometheus()
 
     def collect(self):
-        for fam in families(read_status(self.socket), self.estimate, job_names=self.job_names):
+        yield from self.gauges(read_status(self.socket))
+
+    def gauges(self, status: dict | None):
+        """The gauges of one status answer (None: the daemon did not answer)."""
+        for fam in families(status, self.estimate, job_names=self.job_names):
             label_names = sorted({k for labels, _ in fam.samples for k in labels})
             gauge = self._gauge(fam.name, fam.help, labels=label_names)
             for labels, value in fam.samples:

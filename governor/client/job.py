@@ -15,8 +15,15 @@ from governor.client.connection import (
     GovernorWarning,
     UnknownJob,
 )
-from governor.client.features import batch_tokens, check_features, check_partial_features, resolve_features, visible_gpu
+from governor.client.features import (
+    batch_tokens,
+    check_features,
+    check_partial_features,
+    resolve_features,
+    visible_gpu,
+)
 from governor.errors import FtgovError
+from governor.features import MIN_SEQ_LEN
 from governor.units import mhz
 
 log = logging.getLogger("governor.client")
@@ -121,7 +128,8 @@ class Job:
         self._samples += samples
         self._batches_seen += 1
         if self._batches_seen >= self.measure_batches and self._tokens > 0:
-            self.features["seq_len"] = self._tokens / self._samples
+            # Batches whose masks are mostly empty can average under a token a sample, which the daemon refuses.
+            self.features["seq_len"] = max(self._tokens / self._samples, MIN_SEQ_LEN)
             log.info("ftgov: measured seq_len %.1f tokens/sample over %d samples", self.features["seq_len"],
                      self._samples)
             if self._started:
@@ -157,7 +165,11 @@ class Job:
             self._report()
 
     def update(self, *, gpu_util: float | None = None, seq_len: float | None = None) -> dict | None:
-        """Send new feature values; the daemon may move the pin. Returns its answer, None when not registered."""
+        """Send new feature values; the daemon may move the pin. Returns its answer, None when not registered.
+
+        Raises ValueError for a value the daemon would refuse (the bounds of governor.features), before sending it.
+        """
+        check_partial_features({"seq_len": seq_len, "gpu_util": gpu_util})
         if seq_len is not None:
             self.features["seq_len"] = float(seq_len)
         if gpu_util is not None:

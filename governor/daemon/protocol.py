@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from governor.errors import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
-from governor.features import Features
+from governor.features import MAX_SEQ_LEN, MIN_SEQ_LEN, Features
 from governor.text import unprintable_at
 
 MAX_LINE_BYTES = 64 * 1024
@@ -88,7 +88,7 @@ class JobParams(_Params):
 
 class UpdateParams(JobParams):
     gpu_util: float | None = Field(default=None, ge=0, le=100)
-    seq_len: float | None = Field(default=None, gt=0, le=1 << 20)
+    seq_len: float | None = Field(default=None, ge=MIN_SEQ_LEN, le=MAX_SEQ_LEN)
 
     _finite = field_validator("seq_len", "gpu_util", mode="before")(Features._finite.__func__)
 

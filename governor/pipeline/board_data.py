@@ -12,18 +12,24 @@ their weights against the characterization sweeps, and the board's correction of
    difference (``noise_rel`` per window, pooled over the windows behind each level), divided by Z_CLEAR and capped
    at 1. A minimum bracketed by a hair counts little; one confirmed over several jobs counts fully. A sweep whose
    workload the board itself measured (same features) is replaced by the board's curve.
-4. The board's curves correct the simulated ones. Each board curve is compared, level by level, with the nearest
-   characterization sweep (same model type, nearest in log layers, log hidden size, log sequence length and
-   utilization): the difference of their log energies with its mean over the common levels removed (the shape, not
-   the scale: the workloads differ in size). Pooled over the board's curves (weighted by windows) this is one log
-   offset per level, the board's systematic departure (its voltage table, leakage, memory: what shifts every
-   workload's curve alike); levels the board never measured take the nearest measured level's offset. Every sweep's
-   energies are multiplied by exp(offset) and relabelled (1-2-1 smoothed optimum, as in training) before fitting.
+4. The board's curves correct the simulated ones. Each user's curve of a workload (grouped as in 1, and by uid) is
+   compared, level by level, with the nearest characterization sweep (same model type, nearest in log layers, log
+   hidden size, log sequence length and utilization): the difference of their log energies with its mean over the
+   common levels removed (the shape, not the scale: the workloads differ in size). A level's offset, the board's
+   systematic departure (its voltage table, leakage, memory: what shifts every workload's curve alike), is the mean
+   (weighted by windows) of the differences within AGREE_SPREAD of their median, applied only when those curves come
+   from at least MIN_AGREEING_JOBS jobs of at least MIN_AGREEING_UIDS users (every user behind the curves, when
+   fewer), and capped at MAX_LOG_OFFSET either way. Levels without agreement take the nearest agreed level's
+   offset; with none agreed, every offset is 0. Every sweep's energies are multiplied by exp(offset) and relabelled
+   (1-2-1 smoothed optimum, as in training) before fitting. The offsets move every workload's label at once, which is
+   why they are bounded and need agreement: six forged jobs once moved all of them to the lowest level
+   (docs/security.md).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
@@ -34,6 +40,12 @@ from governor.pipeline.dataset import Sweep
 BOARD_WEIGHT = 3.0
 Z_CLEAR = 2.0
 NOISE_REL = 0.03  # one window's relative noise, as the daemon's tuner assumes (tuner.noise_rel)
+# The correction of the sweeps (rule 4). Board B of the simulator departs by up to 0.13 at a level
+# (governor/sim/learning.py), its users' curves within about 0.05 of each level's median.
+MAX_LOG_OFFSET = 0.15  # |log offset| per level: at most 16% dearer or 14% cheaper than the sweeps say
+AGREE_SPREAD = 0.05  # a curve agrees with a level's median within this much log energy (about 5%)
+MIN_AGREEING_JOBS = 3
+MIN_AGREEING_UIDS = 2
 
 
 @dataclass
@@ -46,6 +58,7 @@ class BoardCurve:
     jobs: int
     label_hz: int | None = None
     confidence: float = 0.0
+    uids: frozenset = frozenset()  # the users whose jobs the curve pools (None: a record without one)
 
     @property
     def weight(self) -> float:
@@ -58,9 +71,10 @@ def feature_key(f: Features) -> tuple:
             None if f.gpu_util is None else round(f.gpu_util))
 
 
-def board_curves(records: Iterable, levels_hz: tuple[int, ...]) -> list[BoardCurve]:
-    """Group tuned jobs by features; pool their windows per level (only levels of the characterization table).
-    A job registered without gpu_util and never measured groups with the others of unknown load."""
+def board_curves(records: Iterable, levels_hz: tuple[int, ...], by_uid: bool = False) -> list[BoardCurve]:
+    """Group tuned jobs by features (and by uid, ``by_uid``); pool their windows per level (only levels of the
+    characterization table). A job registered without gpu_util and never measured groups with the others of unknown
+    load."""
     sums: dict[tuple, dict] = {}
     for r in records:
         wins = [w for w in r.windows if w.level_hz in levels_hz and w.joules_per_step > 0 and w.steps > 0]
@@ -68,17 +82,19 @@ def board_curves(records: Iterable, levels_hz: tuple[int, ...]) -> list[BoardCur
             continue
         f = Features(model_type=r.model_type, num_layers=r.num_layers, hidden_size=r.hidden_size,
                      seq_len=float(r.seq_len), gpu_util=None if r.gpu_util is None else float(r.gpu_util))
-        g = sums.setdefault(feature_key(f), {"features": f, "j": {}, "steps": {}, "n": {}, "jobs": 0})
+        key = (*feature_key(f), r.uid if r.uid is not None else -1) if by_uid else feature_key(f)
+        g = sums.setdefault(key, {"features": f, "j": {}, "steps": {}, "n": {}, "jobs": 0, "uids": set()})
         g["jobs"] += 1
+        g["uids"].add(r.uid)
         for w in wins:
             g["j"][w.level_hz] = g["j"].get(w.level_hz, 0.0) + w.joules_per_step * w.steps
             g["steps"][w.level_hz] = g["steps"].get(w.level_hz, 0) + w.steps
             g["n"][w.level_hz] = g["n"].get(w.level_hz, 0) + 1
     curves = []
-    for key in sorted(sums, key=lambda k: (*k[:4], -1 if k[4] is None else k[4])):
+    for key in sorted(sums, key=lambda k: (*k[:4], -1 if k[4] is None else k[4], *k[5:])):
         g = sums[key]
         curve = BoardCurve(g["features"], {hz: g["j"][hz] / g["steps"][hz] for hz in sorted(g["j"])},
-                           dict(sorted(g["n"].items())), g["jobs"])
+                           dict(sorted(g["n"].items())), g["jobs"], uids=frozenset(g["uids"]))
         curve.label_hz, curve.confidence = bracket(curve, levels_hz)
         curves.append(curve)
     return curves
@@ -108,29 +124,38 @@ def nearest_sweep(f: Features, sweeps: list[Sweep]) -> Sweep:
     return min(sweeps, key=lambda s: (_distance(f, s.features), s.workload))
 
 
-def level_offsets(curves: list[BoardCurve], sweeps: list[Sweep]) -> dict[int, float]:
-    """Per level, the pooled log-energy shape difference board - nearest sweep; 0 everywhere without board curves."""
+def shape_difference(c: BoardCurve, sweeps: list[Sweep]) -> dict[int, float] | None:
+    """Per level, log(board) - log(nearest sweep), its mean over the common levels removed; None for one level."""
     levels = sweeps[0].levels_hz
-    num = {hz: 0.0 for hz in levels}
-    den = {hz: 0.0 for hz in levels}
-    for c in curves:
-        common = [hz for hz in c.energy_j if hz in levels]
-        if len(common) < 2:
-            continue  # one level has no shape
-        s = nearest_sweep(c.features, sweeps)
-        d = {hz: math.log(c.energy_j[hz]) - math.log(s.energy_j[hz]) for hz in common}
-        mean = sum(d.values()) / len(d)
-        for hz in common:
-            num[hz] += c.windows[hz] * (d[hz] - mean)
-            den[hz] += c.windows[hz]
-    known = [hz for hz in levels if den[hz] > 0]
-    if not known:
-        return {hz: 0.0 for hz in levels}
-    out = {}
+    common = [hz for hz in c.energy_j if hz in levels]
+    if len(common) < 2:
+        return None  # one level has no shape
+    s = nearest_sweep(c.features, sweeps)
+    d = {hz: math.log(c.energy_j[hz]) - math.log(s.energy_j[hz]) for hz in common}
+    mean = sum(d.values()) / len(d)
+    return {hz: v - mean for hz, v in d.items()}
+
+
+def level_offsets(curves: list[BoardCurve], sweeps: list[Sweep]) -> dict[int, float]:
+    """Per level, the log offset of rule 4 (``curves``: one per workload and user, board_curves(by_uid=True)); 0
+    everywhere when no level has agreement."""
+    levels = sweeps[0].levels_hz
+    shapes = [(c, d) for c in curves if (d := shape_difference(c, sweeps)) is not None]
+    need_uids = min(MIN_AGREEING_UIDS, len({u for c, _ in shapes for u in c.uids}))
+    agreed = {}
     for hz in levels:
-        nearest = hz if den[hz] > 0 else min(known, key=lambda k: (abs(k - hz), k))
-        out[hz] = num[nearest] / den[nearest]
-    return out
+        values = [(d[hz], c) for c, d in shapes if hz in d]
+        if not values:
+            continue
+        median = statistics.median(v for v, _ in values)
+        near = [(v, c) for v, c in values if abs(v - median) <= AGREE_SPREAD]
+        uids = frozenset().union(*(c.uids for _, c in near))
+        if sum(c.jobs for _, c in near) >= MIN_AGREEING_JOBS and len(uids) >= need_uids:
+            mean = sum(v * c.windows[hz] for v, c in near) / sum(c.windows[hz] for _, c in near)
+            agreed[hz] = max(-MAX_LOG_OFFSET, min(MAX_LOG_OFFSET, mean))
+    if not agreed:
+        return {hz: 0.0 for hz in levels}
+    return {hz: agreed[min(agreed, key=lambda k: (abs(k - hz), k))] for hz in levels}
 
 
 def corrected(sweeps: list[Sweep], offsets: dict[int, float]) -> list[Sweep]:
@@ -172,12 +197,12 @@ def regret_pct(sample: Sample, hz: int) -> tuple[float, bool]:
     return 100.0 * (e / sample.optimum_j - 1.0), est
 
 
-def build_samples(sweeps: list[Sweep], curves: list[BoardCurve],
-                  correct: bool = True) -> tuple[list[Sample], dict[int, float]]:
-    offsets = level_offsets(curves, sweeps) if correct else {hz: 0.0 for hz in sweeps[0].levels_hz}
+def build_samples(sweeps: list[Sweep], curves: list[BoardCurve], offsets: dict[int, float]) -> list[Sample]:
+    """The training rows: the sweeps corrected by ``offsets`` (level_offsets), the board's labelled curves in their
+    place where the board measured the same workload."""
     fixed = corrected(sweeps, offsets)
     labelled = [c for c in curves if c.label_hz is not None and c.confidence > 0]
     covered = {feature_key(c.features) for c in labelled}
     samples = [sweep_sample(s) for s in fixed if feature_key(s.features) not in covered]
     samples += [curve_sample(c, nearest_sweep(c.features, fixed), i) for i, c in enumerate(labelled)]
-    return samples, offsets
+    return samples

@@ -6,9 +6,13 @@ measurement store (docs/store.md has the reasoning; this docstring is the rule).
 5. Fit: the training grid, leave-one-out CV over every sample with the weights above, chosen by weighted LOOCV energy
    regret (accuracy breaks ties), then fitted on everything. Deterministic for the same stores, data and seed.
 6. Report: accuracy and energy regret of the tree the daemon uses now and of the new one on the board's own labelled
-   curves (regret where the pick was not measured: the measured neighbour's energy times the corrected sweep's ratio,
-   counted as estimated), and the LOOCV figures.
-7. Export: ftgov-tree/1 with the provenance (stores, jobs, identity, offsets, figures) in ``metadata`` and a top-level
+   workloads, each left out: the correction and the fit (with the chosen hyperparameters) are redone without its
+   jobs, so the "after" is on jobs the fit did not see (regret where the pick was not measured: the measured
+   neighbour's energy times the corrected sweep's ratio, counted as estimated); and the LOOCV figures.
+7. Moves: how many workloads (the characterization sweeps' and the board's) the new tree moves by more than one
+   level against the tree in use. The command does not export when more than MAX_MOVED_SHARE of them move, unless
+   told to (--force): a change that large is more likely a poisoned store than a board.
+8. Export: ftgov-tree/1 with the provenance (stores, jobs, identity, offsets, figures) in ``metadata`` and a top-level
    ``provenance``; checked by the daemon's own reader, then written to a temporary file and renamed over the target.
    `systemctl reload ftgovd` loads it (set ``model_file`` to it once).
 
@@ -37,6 +41,7 @@ from governor.pipeline.board_data import (
     corrected,
     curve_sample,
     feature_key,
+    level_offsets,
     nearest_sweep,
     regret_pct,
 )
@@ -87,23 +92,6 @@ def fit(samples: list[Sample], params: dict, seed: int):
     return train.make_estimator(params, seed).fit(X, y, sample_weight=w)
 
 
-def score_on_board(decide: Callable[[Features], int], curves: list[BoardCurve], sweeps: list[Sweep]) -> dict:
-    """Accuracy and energy regret of a decision function on the board's labelled curves."""
-    labelled = [c for c in curves if c.label_hz is not None]
-    if not labelled:
-        return {"curves": 0, "accuracy": None, "mean_regret_pct": None, "estimated": 0}
-    hits, regrets, estimated = 0, [], 0
-    for i, c in enumerate(labelled):
-        pick = decide(c.features)
-        sample = curve_sample(c, nearest_sweep(c.features, sweeps), i)
-        r, est = regret_pct(sample, pick)
-        hits += pick == c.label_hz
-        regrets.append(r)
-        estimated += est
-    return {"curves": len(labelled), "accuracy": round(hits / len(labelled), 4),
-            "mean_regret_pct": round(sum(regrets) / len(regrets), 3), "estimated": estimated}
-
-
 def tree_decider(tree, levels_hz: tuple[int, ...]) -> Callable[[Features], int]:
     from governor.backends.base import nearest_level
 
@@ -127,10 +115,10 @@ def store_paths(store: str | None, from_dir: str | None) -> list[Path]:
 def load_records(paths: list[Path], uids: set[int] | None = None) -> tuple[list, dict]:
     """Every job of every store (of ``uids`` only, when given: the users whose measurements are trusted, since a
     client reports its own step counts), duplicates (the same store copied twice) once; the boards' identity, which
-    must be one kind of board."""
+    must be one kind of board, with ``jobs_left_out``: the jobs of other users."""
     from governor.store import measurements as store
 
-    seen, records, kinds, sources = set(), [], set(), []
+    seen, records, kinds, sources, left_out = set(), [], set(), [], 0
     for p in paths:
         conn = store.open_read_only(p)
         try:
@@ -139,21 +127,23 @@ def load_records(paths: list[Path], uids: set[int] | None = None) -> tuple[list,
             conn.close()
         sources.append({"path": str(p), "jobs": len(jobs)})
         for r in jobs:
-            if uids is not None and r.uid not in uids:
-                continue
+            kinds.add((r.board_model, r.gpu_name))  # the daemon records these, whoever ran the job
             key = (r.boot_id, r.daemon_job_id, r.ended_at, r.board_model, r.name)
             if key in seen:
                 continue
             seen.add(key)
+            if uids is not None and r.uid not in uids:
+                left_out += 1
+                continue
             records.append(r)
-            kinds.add((r.board_model, r.gpu_name))
     if len(kinds) > 1:
         raise FtgovError("the stores come from different kinds of board: "
                          + "; ".join(f"{b or '?'} / {g or '?'}" for b, g in sorted(kinds, key=str))
                          + " (retrain one kind at a time)")
     board, gpu = next(iter(kinds)) if kinds else (None, None)
     l4t = sorted({r.l4t_release for r in records if r.l4t_release})
-    return records, {"board_model": board, "gpu_name": gpu, "l4t_releases": l4t, "stores": sources}
+    return records, {"board_model": board, "gpu_name": gpu, "l4t_releases": l4t, "stores": sources,
+                     "jobs_left_out": left_out}
 
 
 # ---- the whole stage -------------------------------------------------------------------------------------------------
@@ -165,18 +155,54 @@ class Result:
     samples: list[Sample]
 
 
-def loo_board_picks(samples: list[Sample], params: dict, seed: int) -> dict[int, int]:
-    """For each board sample, the pick of a tree fitted without it: the honest "after" on the board's own jobs."""
-    import numpy as np
+MAX_MOVED_SHARE = 0.5
 
-    X, y, w = _design(samples)
-    picks = {}
-    for i, s in enumerate(samples):
-        if s.name.startswith("board/"):
-            keep = np.arange(len(samples)) != i
-            est = train.make_estimator(params, seed).fit(X[keep], y[keep], sample_weight=w[keep])
-            picks[int(s.name.split("/")[1])] = int(est.predict(X[i: i + 1])[0])
-    return picks
+
+def held_out_picks(curves: list[BoardCurve], user_curves: list[BoardCurve], sweeps: list[Sweep], params: dict,
+                   seed: int, correct: bool = True) -> list[tuple[BoardCurve, int, list[Sweep]]]:
+    """For each labelled board workload: (curve, the pick of a tree fitted without its jobs, the sweeps as that fit
+    corrected them). Its jobs leave the correction too: a workload must not vouch for itself."""
+    out = []
+    for c in curves:
+        if c.label_hz is None:
+            continue
+        key = feature_key(c.features)
+        rest = [x for x in curves if feature_key(x.features) != key]
+        offsets = offsets_of([x for x in user_curves if feature_key(x.features) != key], sweeps, correct)
+        estimator = fit(build_samples(sweeps, rest, offsets), params, seed)
+        out.append((c, int(estimator.predict([c.features.vector()])[0]), corrected(sweeps, offsets)))
+    return out
+
+
+def score_held_out(decide: Callable[[Features], int] | None, held_out: list) -> dict:
+    """Accuracy and energy regret on the board's labelled workloads; ``decide`` None: the held-out picks."""
+    if not held_out:
+        return {"curves": 0, "accuracy": None, "mean_regret_pct": None, "estimated": 0}
+    hits, regrets, estimated = 0, [], 0
+    for i, (c, held_out_pick, fixed) in enumerate(held_out):
+        pick = held_out_pick if decide is None else decide(c.features)
+        r, est = regret_pct(curve_sample(c, nearest_sweep(c.features, fixed), i), pick)
+        hits += pick == c.label_hz
+        regrets.append(r)
+        estimated += est
+    return {"curves": len(held_out), "accuracy": round(hits / len(held_out), 4),
+            "mean_regret_pct": round(sum(regrets) / len(regrets), 3), "estimated": estimated}
+
+
+def moved(old: Callable[[Features], int], new: Callable[[Features], int], workloads: list[Features],
+          levels_hz: tuple[int, ...]) -> dict:
+    """How many of ``workloads`` the new decision moves by more than one level of the table against the old."""
+    from governor.backends.base import nearest_level
+
+    def index(hz: int) -> int:
+        return levels_hz.index(nearest_level(levels_hz, hz))
+
+    far = sum(1 for f in workloads if abs(index(new(f)) - index(old(f))) > 1)
+    return {"workloads": len(workloads), "more_than_one_level": far}
+
+
+def offsets_of(user_curves: list[BoardCurve], sweeps: list[Sweep], correct: bool) -> dict[int, float]:
+    return level_offsets(user_curves, sweeps) if correct else {hz: 0.0 for hz in sweeps[0].levels_hz}
 
 
 def retrain(records: list, sweeps: list[Sweep], seed: int = 0, current_tree=None, n_jobs: int = 1,
@@ -185,30 +211,30 @@ def retrain(records: list, sweeps: list[Sweep], seed: int = 0, current_tree=None
     levels = sweeps[0].levels_hz
     # The tree splits on gpu_util: a workload whose load was never known cannot label it, nor be compared with it.
     curves = [c for c in board_curves(records, levels) if c.features.gpu_util is not None]
-    samples, offsets = build_samples(sweeps, curves, correct)
+    user_curves = [c for c in board_curves(records, levels, by_uid=True) if c.features.gpu_util is not None]
+    offsets = offsets_of(user_curves, sweeps, correct)
+    samples = build_samples(sweeps, curves, offsets)
     best = search(samples, seed, n_jobs)
     estimator = fit(samples, best.params, seed)
-    fixed = corrected(sweeps, offsets)
 
     def new_decide(f: Features) -> int:
         return int(estimator.predict([f.vector()])[0])
 
-    labelled = [c for c in curves if c.label_hz is not None]
-    loo = loo_board_picks(samples, best.params, seed)
-    used = [c for c in labelled if c.confidence > 0]  # the board samples, in build_samples' order
-    by_features = {feature_key(c.features): loo[i] for i, c in enumerate(used)}
+    held_out = held_out_picks(curves, user_curves, sweeps, best.params, seed, correct)
+    current = tree_decider(current_tree, levels) if current_tree is not None else None
+    workloads = list({feature_key(f): f for f in [s.features for s in sweeps] + [c.features for c in curves]}.values())
     report = {
         "seed": seed, "hyperparameters": best.params,
         "loocv_accuracy": round(best.accuracy, 4), "loocv_mean_regret_pct": round(best.mean_regret_pct, 3),
         "jobs": len(records), "tuned_jobs": sum(1 for r in records if r.windows),
-        "board_curves": len(curves), "labelled_curves": len(labelled),
-        "board_weight": round(sum(c.weight for c in labelled), 3),
+        "uids": sorted({r.uid for r in records}, key=lambda u: (u is None, u)),
+        "board_curves": len(curves), "labelled_curves": len(held_out),
+        "board_weight": round(sum(c.weight for c in curves if c.label_hz is not None), 3),
         "sweeps_used": sum(1 for s in samples if not s.name.startswith("board/")), "sweeps": len(sweeps),
         "level_log_offsets": {str(hz): round(v, 5) for hz, v in offsets.items()},
-        "after": score_on_board(new_decide, curves, fixed),
-        "after_loocv": score_on_board(lambda f: by_features.get(feature_key(f), new_decide(f)), used, fixed),
-        "before": (score_on_board(tree_decider(current_tree, levels), curves, fixed)
-                   if current_tree is not None else None),
+        "after": score_held_out(None, held_out),
+        "before": score_held_out(current, held_out) if current is not None else None,
+        "moved": moved(current, new_decide, workloads, levels) if current is not None else None,
     }
     return Result(estimator, report, samples)
 
@@ -258,9 +284,12 @@ def add_parser(sub) -> None:
                    "(default: model_file of --config, else the shipped tree)")
     p.add_argument("--config", help="ftgovd's config, for model_file and store.path")
     p.add_argument("--out", type=Path, help="where to write the tree (default: mlg-tree.json beside the store)")
-    p.add_argument("--uid", type=int, action="append", metavar="UID",
-                   help="learn only from the jobs of this user (repeatable; default every job): a client reports its "
-                        "own step counts, so on a board shared with users you do not trust, name the ones you do")
+    p.add_argument("--uid", type=int, action="append", default=[], metavar="UID",
+                   help="learn from this user's jobs too (repeatable; default root's only): a client reports its own "
+                        "step counts, so name only the users you trust")
+    p.add_argument("--force", action="store_true",
+                   help=f"export even when the new tree moves more than {MAX_MOVED_SHARE * 100:.0f}%% of the "
+                        "workloads by more than one level against the tree in use")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="joblib workers for the LOOCV search")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -289,9 +318,9 @@ def _run(args: argparse.Namespace) -> int:
     if args.data is None:
         args.data = data.path(data.CHARACTERIZATION)
     paths = store_paths(store_path, args.from_dir)
-    records, identity = load_records(paths, set(args.uid) if args.uid else None)
-    if args.uid:
-        identity["uids"] = sorted(set(args.uid))
+    trusted = {0, *args.uid}
+    records, identity = load_records(paths, trusted)
+    identity["trusted_uids"] = sorted(trusted)
     sweeps = dataset.load(args.data)
     tree = DecisionTree.load(current)
     result = retrain(records, sweeps, args.seed, tree, args.jobs)
@@ -301,23 +330,40 @@ def _run(args: argparse.Namespace) -> int:
     provenance = {**identity, "data": args.data.name, "data_sha256": dataset.sha256(args.data),
                   "replaces": {"path": str(current), "source": tree.source,
                                "model_id": tree.metadata.get("model_id")}}
-    model_id = export_tree(result, out, provenance)
     r = result.report
+    m = r["moved"]
+    refused = m["more_than_one_level"] > MAX_MOVED_SHARE * m["workloads"] and not args.force
+    model_id = None if refused else export_tree(result, out, provenance)
     if args.json:
-        print(json.dumps({"out": str(out), "model_id": model_id, **r}, indent=2))
-        return 0
-    print(f"{len(records)} jobs from {len(paths)} store(s) ({identity['board_model'] or 'unknown board'}): "
+        print(json.dumps({"out": None if refused else str(out), "model_id": model_id, **identity, **r}, indent=2))
+    else:
+        _print_report(result, identity, len(paths))
+    if refused:
+        raise FtgovError(f"not exported: the new tree moves {m['more_than_one_level']} of {m['workloads']} workloads "
+                         "(the characterization set's and the board's) by more than one level against the tree in "
+                         "use; check the store's jobs (ftgov history), or pass --force")
+    if not args.json:
+        print(f"wrote {out} ({model_id}); point model_file at it and run `systemctl reload ftgovd`")
+    return 0
+
+
+def _print_report(result: Result, identity: dict, stores: int) -> None:
+    r = result.report
+    print(f"{r['jobs']} jobs from {stores} store(s) ({identity['board_model'] or 'unknown board'}): "
           f"{r['tuned_jobs']} tuned, {r['board_curves']} workloads, {r['labelled_curves']} with a bracketed minimum")
+    used = ", ".join(map(str, r["uids"])) or "nobody"
+    print(f"trusted: uid {', '.join(map(str, identity['trusted_uids']))} (root and --uid); jobs used: uid {used}; "
+          f"{identity['jobs_left_out']} jobs of other users left out")
     print(f"LOOCV over {len(result.samples)} samples: accuracy {r['loocv_accuracy']:.3f}, mean energy regret "
           f"{r['loocv_mean_regret_pct']:.2f}%; chosen {json.dumps(r['hyperparameters'], sort_keys=True)}")
-    for key, name in (("before", "before (the tree in use)"), ("after", "after (fitted on them)"),
-                      ("after_loocv", "after (each left out)")):
+    for key, name in (("before", "before (the tree in use)"), ("after", "after (each left out)")):
         s = r[key]
         if s is None or not s["curves"]:
             print(f"  {name:24} no labelled board workloads to score on")
             continue
         print(f"  {name:24} on the board's {s['curves']} labelled workloads: accuracy {s['accuracy']:.3f}, "
               f"mean energy regret {s['mean_regret_pct']:.2f}% ({s['estimated']} estimated from the sweep's shape)")
-    print(f"wrote {out} ({model_id}); point model_file at it and run `systemctl reload ftgovd`")
-    return 0
+    m = r["moved"]
+    print(f"  moved by more than one level against the tree in use: {m['more_than_one_level']} of {m['workloads']} "
+          "workloads")
 

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from governor.features import MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_SEQ_LEN, MIN_SEQ_LEN
 from governor.sim import tree
 from tests.support.daemon import FEATURES, Daemon, Rpc, limits
 
@@ -58,9 +59,9 @@ JSON_VALUES = st.recursive(LEAVES, lambda c: st.lists(c, max_size=4) | st.dictio
                                                                                         max_size=4), max_leaves=12)
 
 FEATURE_PARAMS = st.fixed_dictionaries(
-    {"model_type": st.sampled_from(["encoder", "decoder"]), "num_layers": st.integers(1, 1024),
-     "hidden_size": st.integers(1, 1 << 20),
-     "seq_len": st.floats(min_value=1e-6, max_value=float(1 << 20)) | st.integers(1, 1 << 20)},
+    {"model_type": st.sampled_from(["encoder", "decoder"]), "num_layers": st.integers(1, MAX_LAYERS),
+     "hidden_size": st.integers(1, MAX_HIDDEN_SIZE),
+     "seq_len": st.floats(min_value=MIN_SEQ_LEN, max_value=MAX_SEQ_LEN) | st.integers(1, int(MAX_SEQ_LEN))},
     optional={"gpu_util": st.floats(0, 100) | st.integers(0, 100)})
 JOB_ID = st.integers(1, 60)
 VALID_PARAMS = {
