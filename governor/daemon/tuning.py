@@ -114,7 +114,8 @@ class JobTuner:
         if self.session is None:
             # (Re)start windows from here, at the level the tuner wants next (the session tells the tuner the job's
             # length first, which can re-plan it: pinned after, so that the pin is the window's level).
-            self.session = self.cfg.new_session(self.tuner, job.steps, total_steps=job.total_steps)
+            self.session = self.cfg.new_session(self.tuner, job.steps, total_steps=job.total_steps,
+                                                meter_update_s=self.meter.update_s)
             self.status = "measuring"
             self._move(gov, job, self.session.measuring_hz, "tune: probing")
             return
@@ -269,7 +270,11 @@ class JobTuner:
     def state(self) -> dict:
         search = self.tuner.state() if self.tuner is not None else {
             "phase": "undecided", "probes": 0, "converged": False, "estimates": [], "start_hz": None}
-        return {**search, "status": self.status, "baseline": self._baseline_state(),
+        last = next((m for m, _ in reversed(self.windows) if m.level_hz is not None), None)
+        window = None if last is None else {
+            "rule": self.cfg.window_rule, "freq_hz": last.level_hz, "steps": last.measured_steps,
+            "seconds": last.duration_s, "noise_rel": last.noise_rel}
+        return {**search, "status": self.status, "baseline": self._baseline_state(), "last_window": window,
                 "profiled_steps": self.session.profiled_steps if self.session else 0,
                 "burst_windows": self.session.bursts if self.session else 0}
 
