@@ -44,6 +44,11 @@ class PowerTrace:
         self.keep_s = keep_s
 
     @property
+    def start_s(self) -> float:
+        """The earliest instant still kept."""
+        return self._t[0]
+
+    @property
     def end_s(self) -> float:
         return self._t[-1]
 
@@ -135,3 +140,75 @@ def append_step(trace: PowerTrace, duration_s: float, mean_w: float) -> None:
     """One step of ``duration_s`` whose mean power is ``mean_w``, in its phases (PHASES)."""
     for share, ratio in PHASES:
         trace.append(share * duration_s, ratio * mean_w)
+
+
+class Ina3221:
+    """A board's rails as its INA3221 reports them: each reading is the mean power over the ``update_s`` before the
+    sensor's last refresh, and holds until the next. The true power is set by the board (``set``): steady, or, while
+    steps run, in PHASES on the rails in ``phased`` (the GPU's), each step's length scattering by STEP_TIME_CV around
+    the step time given. Powers are in mW throughout."""
+
+    def __init__(self, t0_s: float, update_s: float, phased: tuple[str, ...] = (), seed: int = 0):
+        self.clock = UpdateClock(update_s, jitter_s=0.0, origin_s=t0_s)
+        self.phased = phased
+        self._t0 = t0_s
+        self._end = t0_s  # the true power is known up to here (a running step is laid down whole)
+        self._traces: dict[str, PowerTrace] = {}
+        self._state: tuple[dict[str, float], float | None] = ({}, None)
+        self._rng = random.Random(seed)
+        self._first_mw: dict[str, float] = {}
+
+    def set(self, t_s: float, rails_mw: dict[str, float], step_s: float | None) -> None:
+        """From ``t_s`` (once the step running then has ended) the rails draw ``rails_mw`` on average."""
+        self._extend(t_s)
+        if not self._traces:
+            self._first_mw = dict(rails_mw)  # what the rails read until the sensor's first refresh
+        for name in rails_mw:
+            if name not in self._traces:
+                self._traces[name] = PowerTrace(self._end, keep_s=max(2.0, 4 * self.clock.period_s))
+        self._state = (dict(rails_mw), step_s)
+
+    def rescale(self, t_s: float, update_s: float) -> None:
+        """Refresh every ``update_s`` from the last refresh before ``t_s`` on (a simulation's time compressed)."""
+        if update_s != self.clock.period_s:
+            self.clock = UpdateClock(update_s, jitter_s=0.0, origin_s=self.clock.last_at(t_s))
+
+    @property
+    def steady_mw(self) -> dict[str, float]:
+        """The rails' mean power in the state set last (what readings settle to)."""
+        return dict(self._state[0])
+
+    @property
+    def stepping(self) -> bool:
+        return self._state[1] is not None
+
+    def reading(self, t_s: float) -> dict[str, float]:
+        """What the rails read at ``t_s``: each the mean over the interval before the last refresh."""
+        last = self.clock.last_at(t_s)
+        self._extend(last)
+        start = max(self.clock.previous(last), self._t0)
+        if last <= start:
+            return dict(self._first_mw)
+        return {name: 1000.0 * trace.mean_w(max(start, trace.start_s), last)
+                for name, trace in self._traces.items() if name in self._state[0]}
+
+    def next_refresh_s(self, t_s: float) -> float:
+        return self.clock.last_at(t_s) + self.clock.period_s
+
+    def _extend(self, t_s: float) -> None:
+        rails, step_s = self._state
+        if not rails:
+            self._end = max(self._end, t_s)
+            return
+        while self._end < t_s:
+            if step_s is None:
+                duration, phases = t_s - self._end, ((1.0, 1.0),)
+            else:
+                shape = 1.0 / (STEP_TIME_CV * STEP_TIME_CV)
+                duration, phases = self._rng.gammavariate(shape, step_s / shape), PHASES
+            for name, trace in self._traces.items():
+                mean_w = rails.get(name, 0.0) / 1000.0
+                for share, ratio in (phases if name in self.phased else ((1.0, 1.0),)):
+                    trace.append(share * duration, ratio * mean_w)
+            self._end += duration
+
