@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from governor import DEFAULT_SOCKET_PATH, SOCKET_GROUP, data
 from governor.errors import ConfigError, ModelError
@@ -81,6 +81,19 @@ class TunerConfig(_Strict):
         "exploration may cost at most this fraction of the job's energy (windows above the best level, in joules)"))
     confirm_windows: int = Field(_tuner.DEFAULT_CONFIRM_WINDOWS, ge=1, le=100, description=(
         "the fewest windows two levels within noise of each other get before the tuner may stop telling them apart"))
+    window_rule: Literal["steps", "time"] = Field("steps", description=(
+        "steps: a window is window_steps steps; time: it spans at least window_min_s, window_min_updates of the "
+        "meter's updates and window_min_steps, then closes when its own uncertainty is within window_target_rel, "
+        "or at window_max_s (docs/tuner.md)"))
+    window_target_rel: float = Field(_tuner.WindowRule.target_rel, gt=0, le=1, description=(
+        "window_rule time: a window closes once its own relative uncertainty is at most this"))
+    window_min_s: float = Field(_tuner.WindowRule.min_s, gt=0, le=3600, description="window_rule time: seconds")
+    window_max_s: float = Field(_tuner.WindowRule.max_s, gt=0, le=3600, description=(
+        "window_rule time: a window closes after this many seconds whatever its uncertainty"))
+    window_min_updates: int = Field(_tuner.WindowRule.min_updates, ge=0, le=1000, description=(
+        "window_rule time: the fewest updates of the energy meter a window spans"))
+    window_min_steps: int = Field(_tuner.WindowRule.min_steps, ge=1, le=100_000, description=(
+        "window_rule time: the fewest steps a window spans"))
     baseline_window: bool = Field(True, description=(
         "measure one window (warmup_steps + window_steps) at the default governor before the pin, so that the job's "
         "end reports a measured saving against it"))
@@ -92,11 +105,27 @@ class TunerConfig(_Strict):
                                  confirm_windows=self.confirm_windows,
                                  probe_steps=max(1, self.warmup_steps + self.window_steps))
 
-    def new_session(self, online: _tuner.OnlineTuner, steps: int,
-                    total_steps: int | None = None) -> _tuner.TuningSession:
+    @model_validator(mode="after")
+    def _window_times(self):
+        if self.window_max_s < self.window_min_s:
+            raise ValueError(f"window_max_s ({self.window_max_s}) must be at least window_min_s ({self.window_min_s})")
+        return self
+
+    def window(self, meter_update_s: float) -> _tuner.WindowRule | None:
+        """The rule windows follow on a meter that updates every ``meter_update_s``; None for fixed-step windows."""
+        if self.window_rule == "steps":
+            return None
+        return _tuner.WindowRule(target_rel=self.window_target_rel, min_s=self.window_min_s, max_s=self.window_max_s,
+                                 min_updates=self.window_min_updates, meter_update_s=meter_update_s,
+                                 min_steps=self.window_min_steps, prior_rel=self.noise_rel)
+
+    def new_session(self, online: _tuner.OnlineTuner, steps: int, total_steps: int | None = None,
+                    meter_update_s: float = 0.0) -> _tuner.TuningSession:
         """A TuningSession over ``online`` from step count ``steps``; ``total_steps`` is the count the job ends at
-        (None: unknown, the tuner assumes its ASSUMED_TOTAL_STEPS)."""
-        return _tuner.TuningSession(online, steps, self.warmup_steps, self.window_steps, total_steps=total_steps)
+        (None: unknown, the tuner assumes its ASSUMED_TOTAL_STEPS); ``meter_update_s``: how often the job's energy
+        meter updates (0: exact), for window_rule time."""
+        return _tuner.TuningSession(online, steps, self.warmup_steps, self.window_steps, total_steps=total_steps,
+                                    rule=self.window(meter_update_s))
 
 
 DEFAULT_STORE_PATH = "/var/lib/ftgov/measurements.sqlite"  # where the unit's StateDirectory=ftgov puts it

@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from governor.errors import BackendError
+from governor.policy.windows import NVML_COUNTER_UPDATE_S
 from governor.sysfs import Root, read_int, read_text
 
 RAIL_GPU_SOC = "VDD_GPU_SOC"
@@ -38,11 +39,17 @@ HWMON_CLASS = "/sys/class/hwmon"
 _CHANNEL = re.compile(r"in(\d+)_label$")
 
 
-class Rails:
-    """The board's labelled INA3221 channels: label -> (voltage file, current file)."""
+# The INA3221 driver's default hwmon update_interval (ms) on a Jetson: the sensor's average refreshes this often.
+DEFAULT_UPDATE_INTERVAL_S = 0.140
 
-    def __init__(self, channels: dict[str, tuple[Path, Path]]):
+
+class Rails:
+    """The board's labelled INA3221 channels: label -> (voltage file, current file). ``update_interval_s``: how often
+    their readings refresh (each an average over that interval), from the chips' hwmon ``update_interval``."""
+
+    def __init__(self, channels: dict[str, tuple[Path, Path]], update_interval_s: float = DEFAULT_UPDATE_INTERVAL_S):
         self.channels = channels
+        self.update_interval_s = update_interval_s
         chosen = next(((rails, what) for rails, what in ENERGY_SUMS if all(r in channels for r in rails)), None)
         self.energy_rails: list[str] = list(chosen[0]) if chosen else []
         self.energy_sum = chosen[1] if chosen else None  # what energy_rails add up to, for the log
@@ -77,6 +84,7 @@ def discover(root: Root) -> Rails | None:
     except OSError:
         return None
     channels: dict[str, tuple[Path, Path]] = {}
+    intervals_s: list[float] = []
     for entry in entries:
         hwmon = root.resolve(class_dir / entry)
         try:
@@ -85,6 +93,11 @@ def discover(root: Root) -> Rails | None:
             files = os.listdir(hwmon)
         except (BackendError, OSError):
             continue
+        if "update_interval" in files:
+            try:
+                intervals_s.append(read_int(hwmon / "update_interval") / 1000.0)
+            except BackendError:
+                pass  # unreadable: the driver's default is assumed
         for name in files:
             m = _CHANNEL.match(name)
             if not m or m.group(1) == "7":
@@ -99,14 +112,19 @@ def discover(root: Root) -> Rails | None:
             volt, curr = hwmon / f"in{ch}_input", hwmon / f"curr{ch}_input"
             if volt.exists() and curr.exists():
                 channels[label] = (volt, curr)
-    return Rails(channels) if channels else None
+    if not channels:
+        return None
+    positive = [s for s in intervals_s if s > 0]
+    return Rails(channels, max(positive) if positive else DEFAULT_UPDATE_INTERVAL_S)
 
 
 class EnergyMeter:
-    """Trapezoidal integration of total power (ENERGY_RAILS) over samples: joules since start."""
+    """Trapezoidal integration of total power (ENERGY_RAILS) over samples: joules since start. ``update_s``: how
+    often the power read refreshes (the INA3221's update_interval), which bounds how finely a window can be timed."""
 
-    def __init__(self, t_s: float, total_mw: float):
+    def __init__(self, t_s: float, total_mw: float, update_s: float = DEFAULT_UPDATE_INTERVAL_S):
         self.last_t_s, self.last_mw, self.energy_j = t_s, total_mw, 0.0
+        self.update_s = update_s
 
     def add(self, t_s: float, total_mw: float) -> float:
         dt = max(0.0, t_s - self.last_t_s)
@@ -119,10 +137,12 @@ class CounterMeter:
     """Energy from a hardware counter that already integrates (NVML's total energy, J): the difference since start.
 
     Same interface as EnergyMeter, so the daemon need not care which a job has; the power argument is unused.
+    ``update_s``: how often the counter moves (NVML's: every 100 ms, holding between updates).
     """
 
-    def __init__(self, read_j):
+    def __init__(self, read_j, update_s: float = NVML_COUNTER_UPDATE_S):
         self.read_j = read_j
+        self.update_s = update_s
         self.start_j = read_j()
 
     @property

@@ -40,7 +40,7 @@ class BoardEnergy:
         """An energy meter from now: rails integrated over time (Jetson), else the GPU's own energy counter (NVML),
         else None. Feed it ``meter.add(time.monotonic(), self.total_mw())``; a counter meter ignores the power."""
         if self.rails is not None and self.rails.energy_rails:
-            return EnergyMeter(time.monotonic(), self.total_mw())
+            return EnergyMeter(time.monotonic(), self.total_mw(), self.rails.update_interval_s)
         if gpu.has_energy_counter:
             try:
                 return CounterMeter(gpu.energy_j)

@@ -229,6 +229,7 @@ def summary(ended) -> dict:
     out = {"job_id": ended.job.job_id, "duration_s": round(ended.duration_s, 3), "freq_hz": ended.job.freq_hz,
            "energy_j": protocol.finite(ended.energy_j), "steps": ended.job.steps, "ended": ended.why}
     if ended.saving is not None:  # a tuned job's measured saving vs the default governor (governor.daemon.tuning)
-        out.update(saved_pct=ended.saving["saved_pct"], saved_measured_steps=ended.saving["measured_steps"],
+        out.update(saved_pct=ended.saving["saved_pct"], saved_pct_err=ended.saving.get("saved_pct_err"),
+                   saved_measured_steps=ended.saving["measured_steps"],
                    saving=ended.saving)
     return out

@@ -12,9 +12,10 @@ The baseline window (``TunerConfig.baseline_window``, on by default): at the job
 while it is alone on its GPU, the job runs one probe (warmup_steps + window_steps) unpinned, at the default governor
 (MAXN on a Jetson, unlocked clocks on NVML), before the search begins. A job that is held unpinned anyway while its
 gpu_util is measured (governor.daemon.utilization) measures the baseline in that same stretch, at no extra cost. At
-the job's end, the saving per step against that window is reported (unregister's result, the log's SAVED_PCT field,
-status, Prometheus, the measurement store): the converged level's energy per step is measured over the steps run
-there after convergence, or over its tuner windows when the job ended too soon after. A job that reports no progress
+the job's end, the saving per step against that window is reported with its uncertainty, saved_pct_err (unregister's
+result, the log's SAVED_PCT and SAVED_PCT_ERR fields, status; Prometheus and the measurement store keep the saving
+alone): the converged level's energy per step is measured over the steps run there after convergence, or over its
+tuner windows when the job ended too soon after. A job that reports no progress
 keeps its start pin and has no baseline; a job sharing its GPU measures none either (the default governor does not
 run while another job holds a pin, and the rails would measure both).
 
@@ -32,6 +33,7 @@ Without progress reports nothing is measured and the job keeps its start; `reaso
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 from governor.config import TunerConfig
@@ -67,8 +69,9 @@ class JobTuner:
         self.baseline: Measurement | None = None
         self.baseline_status = "wanted" if cfg.baseline_window else "off (tuner.baseline_window: false)"
         self._baseline_window: ProbeWindow | None = None
-        self._tail: list | None = None  # [steps, energy_j] at the first report after convergence, then the last
-        self._tail_end: tuple[int, float] | None = None
+        # (steps, energy_j, time_s) at the first report after convergence, then the last
+        self._tail: tuple[int, float, float] | None = None
+        self._tail_end: tuple[int, float, float] | None = None
         self._tail_mixed = False
         if carry is not None:
             self.meter, self.baseline, self.baseline_status = carry.meter, carry.baseline, carry.baseline_status
@@ -114,7 +117,8 @@ class JobTuner:
         if self.session is None:
             # (Re)start windows from here, at the level the tuner wants next (the session tells the tuner the job's
             # length first, which can re-plan it: pinned after, so that the pin is the window's level).
-            self.session = self.cfg.new_session(self.tuner, job.steps, total_steps=job.total_steps)
+            self.session = self.cfg.new_session(self.tuner, job.steps, total_steps=job.total_steps,
+                                                meter_update_s=self.meter.update_s)
             self.status = "measuring"
             self._move(gov, job, self.session.measuring_hz, "tune: probing")
             return
@@ -190,7 +194,8 @@ class JobTuner:
                 return
             if job.freq_hz is not None:
                 self._move(gov, job, None, BASELINE_REASON)
-            self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps)
+            self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
+                                                rule=self.cfg.window(self.meter.update_s))
             self.status = "measuring the baseline window at the default governor"
             return
         try:
@@ -220,9 +225,9 @@ class JobTuner:
         if shared:
             self._tail_mixed = True
         elif self._tail is None:
-            self._tail = [job.steps, energy_j]
+            self._tail = (job.steps, energy_j, time.monotonic())
         else:
-            self._tail_end = (job.steps, energy_j)
+            self._tail_end = (job.steps, energy_j, time.monotonic())
 
     def saving(self) -> dict | None:
         """The saving per step measured so far against the baseline window; None without both ends."""
@@ -233,20 +238,38 @@ class JobTuner:
         if self._tail is not None and self._tail_end is not None and not self._tail_mixed:
             steps, joules = self._tail_end[0] - self._tail[0], self._tail_end[1] - self._tail[1]
             over = "steps after convergence"
+            tuned_rel = self._stretch_noise_rel(steps, self._tail_end[2] - self._tail[2])
         if steps < self.cfg.window_steps or joules <= 0:
             at_best = [m for m, _ in self.windows if m.level_hz == best_hz]
             steps = sum(m.measured_steps for m in at_best)
             joules = sum(m.joules_per_step * m.measured_steps for m in at_best)
             over = "tuner windows"
+            # The windows' own uncertainties, each weighing by its steps (a window without one: noise_rel).
+            tuned_rel = math.sqrt(sum((m.measured_steps * self._noise_rel(m)) ** 2 for m in at_best)) / max(1, steps)
         if steps <= 0 or joules <= 0:
             return None
         tuned = joules / steps
         saved_rel = 1.0 - tuned / self.baseline.joules_per_step
-        return {"saved_pct": round(100.0 * saved_rel, 2), "saved_rel": saved_rel, "basis": "default governor",
+        # saved = 1 - tuned / baseline: its s.d. is the ratio times the two relative s.d.s in quadrature.
+        err_rel = tuned / self.baseline.joules_per_step * math.hypot(self._noise_rel(self.baseline), tuned_rel)
+        return {"saved_pct": round(100.0 * saved_rel, 2), "saved_rel": saved_rel,
+                "saved_pct_err": round(100.0 * err_rel, 2), "basis": "default governor",
                 "freq_hz": best_hz, "converged": self.tuner.converged,
                 "measured_steps": self.baseline.measured_steps + steps, "baseline_steps": self.baseline.measured_steps,
                 "tuned_steps": steps, "tuned_over": over, "baseline_j_per_step": self.baseline.joules_per_step,
                 "tuned_j_per_step": tuned}
+
+    def _noise_rel(self, m: Measurement) -> float:
+        """A window's relative uncertainty: its own (window_rule time), else what the tuner assumes (noise_rel)."""
+        return max(m.noise_rel or 0.0, self.cfg.noise_rel)
+
+    def _stretch_noise_rel(self, steps: int, seconds: float) -> float:
+        """The relative uncertainty of J/step over a stretch of ``steps`` in ``seconds``: the meter's ends
+        (update / (T sqrt 6)) and the steps' scatter, taken as noise_rel for window_steps steps, averaging as
+        1/sqrt(steps)."""
+        update_s = self.meter.update_s if self.meter is not None else 0.0
+        ends = update_s / (seconds * math.sqrt(6.0)) if seconds > 0 else 0.0
+        return math.hypot(ends, self.cfg.noise_rel * math.sqrt(self.cfg.window_steps / max(1, steps)))
 
     def finish(self, job) -> dict | None:
         """The job ends: its measured saving (None without a baseline); a converged level is learnt for the next
@@ -269,7 +292,11 @@ class JobTuner:
     def state(self) -> dict:
         search = self.tuner.state() if self.tuner is not None else {
             "phase": "undecided", "probes": 0, "converged": False, "estimates": [], "start_hz": None}
-        return {**search, "status": self.status, "baseline": self._baseline_state(),
+        last = next((m for m, _ in reversed(self.windows) if m.level_hz is not None), None)
+        window = None if last is None else {
+            "rule": self.cfg.window_rule, "freq_hz": last.level_hz, "steps": last.measured_steps,
+            "seconds": last.duration_s, "noise_rel": last.noise_rel}
+        return {**search, "status": self.status, "baseline": self._baseline_state(), "last_window": window,
                 "profiled_steps": self.session.profiled_steps if self.session else 0,
                 "burst_windows": self.session.bursts if self.session else 0}
 
@@ -277,7 +304,8 @@ class JobTuner:
         out = {"status": self.baseline_status}
         if self.baseline is not None:
             out.update(joules_per_step=self.baseline.joules_per_step, seconds_per_step=self.baseline.seconds_per_step,
-                       steps=self.baseline.measured_steps)
+                       steps=self.baseline.measured_steps, seconds=self.baseline.duration_s,
+                       noise_rel=self._noise_rel(self.baseline))
         return out
 
 

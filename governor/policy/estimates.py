@@ -23,17 +23,25 @@ class _Estimate:
     sum_j: float = 0.0
     sum_log_j: float = 0.0
     sum_s: float = 0.0
+    sum_var: float = 0.0  # sum of the windows' variances (relative: of log joules per step)
 
-    def add(self, joules: float, seconds: float) -> None:
+    def add(self, joules: float, seconds: float, noise_rel: float) -> None:
         self.n += 1
         self.sum_j += joules
         self.sum_log_j += math.log(joules)
         self.sum_s += seconds
+        self.sum_var += noise_rel * noise_rel
+
+    @property
+    def var_mean(self) -> float:
+        """Variance of the mean log energy: each window's own, averaged over n windows."""
+        return self.sum_var / (self.n * self.n)
 
 
 class Estimates:
-    """The estimates half of OnlineTuner and its Search: it reads levels_hz, _est (the windows of those levels),
-    explore_spent_j (what the job's windows have cost, kept by the tuner), noise_rel, probe_steps, total_steps,
+    """The estimates half of OnlineTuner and its Search: it reads levels_hz, _est (the windows of those levels, each
+    with its own uncertainty), explore_spent_j (what the job's windows have cost, kept by the tuner), noise_rel (the
+    step-time noise; the energy's prior and floor), probe_steps, total_steps,
     explore_budget_frac, max_slowdown, z_confirm and _start."""
 
     def _incumbent(self, log_j: dict[int, float]) -> int | None:
@@ -42,9 +50,12 @@ class Estimates:
         return min((i for i in log_j if self._feasible(i, fit)), key=log_j.get, default=None)
 
     def _z(self, a: int, b: int, log_j: dict[int, float]) -> float:
-        """(log E_a - log E_b) in standard deviations of that difference, from the windows behind each."""
-        sd = self.noise_rel * math.sqrt(1.0 / self._est[a].n + 1.0 / self._est[b].n)
-        return (log_j[a] - log_j[b]) / sd
+        """(log E_a - log E_b) in standard deviations of that difference, from the windows behind each (each with
+        its own uncertainty; noise_rel for a window of unknown noise, and never less)."""
+        return (log_j[a] - log_j[b]) / self._sd_diff(a, b)
+
+    def _sd_diff(self, a: int, b: int) -> float:
+        return math.sqrt(self._est[a].var_mean + self._est[b].var_mean)
 
     # --- the exploration budget ----------------------------------------------------------------------------------
 

@@ -54,7 +54,6 @@ exploring more levels would make a lucky window more likely to win).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -258,7 +257,7 @@ class Search(Estimates):
         n = min(self._est[i].n, self._est[best].n)
         if n < self.confirm_windows:
             return False
-        sd = self.noise_rel * math.sqrt(1.0 / self._est[i].n + 1.0 / self._est[best].n)
+        sd = self._sd_diff(i, best)
         return (n >= MAX_CONFIRM_WINDOWS
                 or self.z_confirm * sd - abs(log_j[i] - log_j[best]) <= CONFIRM_TOL_NOISE * self.noise_rel)
 

@@ -63,12 +63,13 @@ from governor.policy.windows import (
     ProbeWindow,
     TuningError,
     TuningSession,
+    WindowRule,
     _count,
     _positive,
 )
 
 __all__ = ["ASSUMED_TOTAL_STEPS", "DEFAULT_WARMUP_STEPS", "DEFAULT_WINDOW_STEPS", "FEASIBLE_Z", "MAX_CONFIRM_WINDOWS",
-           "Measurement", "OnlineTuner", "ProbeWindow", "TuningError", "TuningSession"]
+           "Measurement", "OnlineTuner", "ProbeWindow", "TuningError", "TuningSession", "WindowRule"]
 
 # A safety cap only: the energy budget and the search's own stopping rules end it long before on any curve we know of;
 # this bounds the time a job can spend off its best level if a measurement source misbehaves.
@@ -109,19 +110,25 @@ class OnlineTuner(Estimates):
     steps (warm-up included; TuningSession sets it from its own window). ``confirm_windows`` is the fewest windows two
     levels within noise of each other get before the tuner may stop telling them apart. ``max_probes`` is a safety cap
     on the windows.
+
+    Each window may come with its own uncertainty (``observe``'s ``noise_rel``: a WindowRule's windows carry it);
+    ``noise_rel`` is then the prior for a window that has none and, with ``noise_floor_rel`` (default: noise_rel),
+    the least any window is taken to scatter by.
     """
 
     def __init__(self, levels_hz: Iterable[int], start_hz: int, max_slowdown: float | None = None, *,
                  noise_rel: float = DEFAULT_NOISE_REL, max_probes: int = DEFAULT_MAX_PROBES,
                  z_confirm: float = DEFAULT_Z_CONFIRM, explore_budget_frac: float = DEFAULT_EXPLORE_BUDGET_FRAC,
                  total_steps: int | None = None, probe_steps: int = DEFAULT_WARMUP_STEPS + DEFAULT_WINDOW_STEPS,
-                 confirm_windows: int = DEFAULT_CONFIRM_WINDOWS):
+                 confirm_windows: int = DEFAULT_CONFIRM_WINDOWS, noise_floor_rel: float | None = None):
         self.levels_hz = _check_levels(levels_hz)
         if isinstance(start_hz, bool) or start_hz not in self.levels_hz:
             raise TuningError(f"start_hz {start_hz!r} is not one of the levels {list(self.levels_hz)}")
         self.start_hz = int(start_hz)
         self.max_slowdown = None if max_slowdown is None else _positive(max_slowdown, "max_slowdown")
         self.noise_rel = _positive(noise_rel, "noise_rel")
+        self.noise_floor_rel = self.noise_rel if noise_floor_rel is None else _positive(noise_floor_rel,
+                                                                                       "noise_floor_rel")
         self.max_probes = _count(max_probes, "max_probes", 1)
         self.z_confirm = _positive(z_confirm, "z_confirm")
         self.explore_budget_frac = _positive(explore_budget_frac, "explore_budget_frac")
@@ -145,8 +152,10 @@ class OnlineTuner(Estimates):
             return self.levels_hz[self._final]
         return self.levels_hz[self._search.levels[self._search.plan.index]]
 
-    def observe(self, level_hz: int, joules_per_step: float, seconds_per_step: float) -> None:
-        """Record one measurement window: mean energy (J) and duration (s) per step at level_hz."""
+    def observe(self, level_hz: int, joules_per_step: float, seconds_per_step: float, *,
+                noise_rel: float | None = None) -> None:
+        """Record one measurement window: mean energy (J) and duration (s) per step at level_hz; ``noise_rel`` is
+        the window's own relative uncertainty (None: the tuner's noise_rel), never taken below noise_floor_rel."""
         if isinstance(level_hz, bool) or level_hz not in self.levels_hz:
             raise TuningError(f"level_hz {level_hz!r} is not one of the levels {list(self.levels_hz)}")
         joules = _positive(joules_per_step, "joules_per_step")
@@ -154,7 +163,8 @@ class OnlineTuner(Estimates):
         i = self.levels_hz.index(level_hz)
         if self._final is None:
             self.explore_spent_j += self._window_cost_j(i, joules)
-        self._est[i].add(joules, seconds)
+        noise = self.noise_rel if noise_rel is None else _positive(noise_rel, "noise_rel")
+        self._est[i].add(joules, seconds, max(noise, self.noise_floor_rel))
         self._probes += 1
         if self._final is None:
             self._search.replan()

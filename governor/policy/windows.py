@@ -4,6 +4,7 @@ and the benchmarks, so that warm-up and window arithmetic cannot drift between t
 
 from __future__ import annotations
 
+import bisect
 import math
 import numbers
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
 # effect within milliseconds; unverified on a real Orin), and four measured steps average out most of the step noise.
 DEFAULT_WARMUP_STEPS = 1
 DEFAULT_WINDOW_STEPS = 4
+# NVML's energy counter moves every 100 ms (measured on an H200: governor.sim.meters); a Jetson's INA3221 refreshes
+# every hwmon update_interval (140 ms by default).
+NVML_COUNTER_UPDATE_S = 0.100
 
 
 class TuningError(FtgovError, ValueError):
@@ -46,6 +50,99 @@ class Measurement:
     seconds_per_step: float
     measured_steps: int  # steps inside the window
     profiled_steps: int  # steps from the start of the probe to the end of the window: warm-up included
+    noise_rel: float | None = None  # the window's own relative uncertainty (s.d.) of joules_per_step; None: unknown
+    duration_s: float | None = None
+
+
+@dataclass(frozen=True)
+class WindowRule:
+    """Windows sized by time and by their own noise, for any step length.
+
+    A window spans at least ``min_s`` seconds, ``min_updates`` of the meter's updates (``meter_update_s`` apart) and
+    ``min_steps`` steps; it then closes at the first report where its own uncertainty (``window_noise_rel``) is at
+    most ``target_rel``, or at ``max_s`` whatever it is. Short steps thus get long windows in steps (25 ms steps:
+    about 3 s, 115 steps, on a 100 ms counter), long steps short ones (0.5 s steps scattering by 3%: 6 steps); steps
+    that scatter by 15% need 20 at 0.5 s, and meet the cap (docs/benchmarks.md).
+
+    ``target_rel`` is 2%, under the tuner's 3%: on the real H200 traces the estimate runs low by about a third (their
+    clock and power drift), and at 2% successive windows there agree within 2.2-3.4%.
+
+    ``prior_rel`` is what a window of ``min_s`` is assumed to scatter by before its own reports say otherwise (the
+    tuner's noise_rel); it is pooled with the scatter of the window's ``sub_windows`` parts as PRIOR_DOF readings,
+    so that a window of few steps, whose parts say little, cannot close on a lucky calm stretch.
+    """
+
+    target_rel: float = 0.02
+    min_s: float = 1.0
+    max_s: float = 10.0
+    min_updates: int = 5
+    meter_update_s: float = NVML_COUNTER_UPDATE_S
+    min_steps: int = 2
+    sub_windows: int = 4
+    prior_rel: float = 0.03
+
+    def __post_init__(self):
+        for name in ("target_rel", "min_s", "max_s", "prior_rel"):
+            _positive(getattr(self, name), name)
+        if isinstance(self.meter_update_s, bool) or not self.meter_update_s >= 0:
+            raise TuningError(f"meter_update_s must be a number >= 0, got {self.meter_update_s!r}")
+        _count(self.min_updates, "min_updates", 0)
+        _count(self.min_steps, "min_steps", 1)
+        _count(self.sub_windows, "sub_windows", 2)
+        if self.max_s < self.min_s:
+            raise TuningError(f"max_s ({self.max_s}) must be at least min_s ({self.min_s})")
+
+    @property
+    def shortest_s(self) -> float:
+        return max(self.min_s, self.min_updates * self.meter_update_s)
+
+
+# The prior counts as this many sub-window readings of the window's scatter.
+PRIOR_DOF = 2.0
+
+
+def window_noise_rel(reports: list[tuple[int, float, float]], rule: WindowRule) -> float:
+    """The relative uncertainty (s.d.) of a window's joules per step, from its reports ``(steps, energy_j, time_s)``,
+    first (where it opened) to last. Three parts:
+
+    - the meter's ends: a counter that holds between updates is read up to one update stale at each end, an error
+      uniform over one update's energy: s.d. ``meter_update_s / (duration x sqrt 6)`` of the whole;
+    - the steps' own scatter: at a steady power a window's energy per step is its mean step time, whose relative s.d.
+      is the steps' coefficient of variation over sqrt(steps), that CV read off the intervals between reports;
+    - anything else (the clock or the power moving): the scatter of the window's sub-windows (split at the reports
+      nearest to equal times) less the ends' share, which each sub-window carries ``sub_windows`` times over, pooled
+      with the prior (``prior_rel`` for a window of ``min_s``, shrinking as 1/duration) as PRIOR_DOF readings. It
+      replaces the steps' part when larger, since it contains it.
+    """
+    (n0, e0, t0), (n1, e1, t1) = reports[0], reports[-1]
+    duration, steps, joules = t1 - t0, n1 - n0, e1 - e0
+    if duration <= 0 or steps <= 0 or joules <= 0:
+        return math.inf
+    mean = joules / steps
+    ends2 = (rule.meter_update_s / duration) ** 2 / 6.0
+    step_s = duration / steps
+    intervals = [(b[0] - a[0], b[2] - a[2]) for a, b in zip(reports, reports[1:], strict=False) if b[0] > a[0]]
+    steps2 = 0.0
+    if len(intervals) > 1:  # an interval of m steps has m times less variance per step than one step
+        steps2 = sum(m * (dt / m - step_s) ** 2 for m, dt in intervals) / (len(intervals) - 1) / step_s ** 2 / steps
+    prior2 = rule.prior_rel ** 2 * rule.min_s / duration
+    edges = [0]
+    for k in range(1, rule.sub_windows):
+        at = t0 + duration * k / rule.sub_windows
+        i = min(range(edges[-1] + 1, len(reports)), key=lambda j: abs(reports[j][2] - at), default=None)
+        if i is not None and i < len(reports) - 1:
+            edges.append(i)
+    edges.append(len(reports) - 1)
+    parts = [(reports[b][0] - reports[a][0], reports[b][1] - reports[a][1])
+             for a, b in zip(edges, edges[1:], strict=False)]
+    parts = [(n, j) for n, j in parts if n > 0]
+    b = len(parts)
+    rest2 = 0.0
+    if b >= 2:
+        spread2 = sum(n * n * (j / n - mean) ** 2 for n, j in parts) / (steps * steps) * b / (b - 1) / (mean * mean)
+        rest2 = max(0.0, spread2 - b * ends2)
+    pooled2 = (PRIOR_DOF * prior2 + max(0, b - 1) * rest2) / (PRIOR_DOF + max(0, b - 1))
+    return math.sqrt(ends2 + max(steps2, pooled2))
 
 
 class ProbeWindow:
@@ -58,16 +155,21 @@ class ProbeWindow:
     may skip steps: the window is then longer, and the per-step figures use the steps that really passed. A report of
     any phase but "train" (eval, checkpoint, data loading) discards the open window, which restarts at the next train
     report.
+
+    With a ``rule`` (WindowRule) the window is sized by time and by its own noise instead of ``window_steps``, and its
+    measurement carries that noise (``Measurement.noise_rel``).
     """
 
     def __init__(self, level_hz: int, begin_steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
-                 window_steps: int = DEFAULT_WINDOW_STEPS):
+                 window_steps: int = DEFAULT_WINDOW_STEPS, *, rule: WindowRule | None = None):
         self.level_hz = level_hz
         self.begin_steps = _count(begin_steps, "begin_steps", 0)
         self.warmup_steps = _count(warmup_steps, "warmup_steps", 0)
         self.window_steps = _count(window_steps, "window_steps", 1)
+        self.rule = rule
         self._last_steps = self.begin_steps
         self._mark: tuple[int, float, float] | None = None  # (steps, energy_j, time_s) where the window opened
+        self._reports: list[tuple[int, float, float]] = []  # with a rule: every report since the mark
         self.measurement: Measurement | None = None
 
     def feed(self, steps: int, energy_j: float, time_s: float, phase: str = "train") -> Measurement | None:
@@ -80,20 +182,35 @@ class ProbeWindow:
         self._last_steps = steps
         if phase != "train":
             self._mark = None
+            self._reports = []
             return None
         if self._mark is None:
             if steps >= self.begin_steps + self.warmup_steps:
                 self._mark = (steps, float(energy_j), float(time_s))
+                self._reports = [self._mark]
             return None
         mark_steps, mark_j, mark_s = self._mark
         n = steps - mark_steps
-        if n < self.window_steps:
-            return None
         joules, seconds = float(energy_j) - mark_j, float(time_s) - mark_s
+        noise = None
+        if self.rule is None:
+            if n < self.window_steps:
+                return None
+        else:
+            if steps > self._reports[-1][0]:
+                self._reports.append((steps, float(energy_j), float(time_s)))
+            if n < self.rule.min_steps or seconds < self.rule.shortest_s:
+                return None
+            noise = window_noise_rel(self._reports, self.rule)
+            if noise > self.rule.target_rel and seconds < self.rule.max_s:
+                return None
         if not (math.isfinite(joules) and joules > 0 and math.isfinite(seconds) and seconds > 0):
             raise TuningError(f"window at {self.level_hz} Hz measured {joules!r} J in {seconds!r} s: the energy "
                               "counter or the clock did not advance")
-        self.measurement = Measurement(self.level_hz, joules / n, seconds / n, n, steps - self.begin_steps)
+        if noise is not None and not math.isfinite(noise):
+            noise = None
+        self.measurement = Measurement(self.level_hz, joules / n, seconds / n, n, steps - self.begin_steps,
+                                       noise, seconds)
         return self.measurement
 
 
@@ -120,10 +237,13 @@ class TuningSession:
     """
 
     def __init__(self, tuner: OnlineTuner, steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
-                 window_steps: int = DEFAULT_WINDOW_STEPS, *, total_steps: int | None = None):
+                 window_steps: int = DEFAULT_WINDOW_STEPS, *, total_steps: int | None = None,
+                 rule: WindowRule | None = None):
         self.tuner = tuner
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
+        self.rule = rule
+        self._window_steps_seen: list[int] = []  # with a rule: the steps of each window kept, for the tuner's costs
         self.profiled_steps = 0
         self.bursts = 0  # windows dropped as reports read in a burst (BURST_FACTOR)
         self._fastest_s_per_step: float | None = None  # of the windows kept
@@ -133,7 +253,10 @@ class TuningSession:
         if total_steps is not None:
             remaining = max(1, _count(total_steps, "total_steps", 0) - _count(steps, "steps", 0))
         tuner.set_job(total_steps=remaining, probe_steps=max(1, warmup_steps + window_steps))
-        self._window = ProbeWindow(tuner.next_level_hz(), steps, warmup_steps, window_steps)
+        self._window = self._new_window(tuner.next_level_hz(), steps, warmup_steps)
+
+    def _new_window(self, level_hz: int, steps: int, warmup_steps: int) -> ProbeWindow:
+        return ProbeWindow(level_hz, steps, warmup_steps, self.window_steps, rule=self.rule)
 
     @property
     def level_hz(self) -> int:
@@ -161,18 +284,48 @@ class TuningSession:
             # Not this level's steps: measured again from here, warm-up first (they may have run at another level).
             self.bursts += 1
             self._bursts_in_a_row += 1
-            self._window = ProbeWindow(m.level_hz, steps, self.warmup_steps, self.window_steps)
+            self._window = self._new_window(m.level_hz, steps, self.warmup_steps)
             return None
         # Kept: a backlog is drained by then, so windows this fast in a row are the job's steps, and the windows kept
         # before were the slow ones (a stall in the first): the fastest kept is the reference from now on.
         self._bursts_in_a_row = 0
         self._fastest_s_per_step = m.seconds_per_step if fastest is None else min(fastest, m.seconds_per_step)
-        self.tuner.observe(m.level_hz, m.joules_per_step, m.seconds_per_step)
+        if self.rule is not None:
+            # A window's length in steps is known only once windows have run: what the next one will cost is priced
+            # from the mean of those so far.
+            self._window_steps_seen.append(m.measured_steps)
+            mean_steps = round(sum(self._window_steps_seen) / len(self._window_steps_seen))
+            self.tuner.set_job(probe_steps=max(1, self.warmup_steps + mean_steps))
+        self.tuner.observe(m.level_hz, m.joules_per_step, m.seconds_per_step, noise_rel=m.noise_rel)
         self.profiled_steps += m.profiled_steps
         if not self.tuner.converged:
             nxt = self.tuner.next_level_hz()
             warmup = 0 if nxt == m.level_hz else self.warmup_steps
-            self._window = ProbeWindow(nxt, steps, warmup, self.window_steps)
+            self._window = self._new_window(nxt, steps, warmup)
             if warmup == 0:  # the same level goes on running: this report opens the next window at once
                 self._window.feed(steps, energy_j, time_s, phase)
         return m
+
+
+def steps_at(t_s: float, reports: list[tuple[int, float]]) -> float:
+    """The job's step count at ``t_s``, counted fractionally from its step-end reports ``(steps, time_s)`` (in time
+    order): a step's share is the part of its time that has passed, between the reports around ``t_s``."""
+    times = [t for _, t in reports]
+    i = bisect.bisect_right(times, t_s)
+    if i == 0 or i == len(reports):
+        raise TuningError(f"{t_s} s is outside the step reports ({times[0] if times else None} to "
+                          f"{times[-1] if times else None} s)")
+    (n0, t0), (n1, t1) = reports[i - 1], reports[i]
+    return n0 + (n1 - n0) * (t_s - t0) / (t1 - t0)
+
+
+def edge_joules_per_step(start: tuple[float, float], end: tuple[float, float],
+                         reports: list[tuple[int, float]]) -> float:
+    """Joules per step of a window whose edges sit on an energy counter's update instants ``(time_s, energy_j)``:
+    the counter's own difference, over the steps run between those instants (``steps_at``). A held counter's
+    readings are exact at its updates, so only the steps' partial counting remains as error at the edges."""
+    steps = steps_at(end[0], reports) - steps_at(start[0], reports)
+    joules = end[1] - start[1]
+    if not (steps > 0 and joules > 0):
+        raise TuningError(f"window {start[0]}-{end[0]} s measured {joules!r} J over {steps!r} steps")
+    return joules / steps

@@ -13,7 +13,14 @@ nothing of the daemon: like a board, it sees only the files. It waits (inotify, 
   workload, its pid and whether its training steps run now.
 
 Then it rewrites ``cur_freq``, the per-mille GPU ``load`` and the INA3221 rails from the energy model
-(governor.sim.energy) at the clock the range allows. Load shows only while a job's steps run, as on a real GPU
+(governor.sim.energy) at the clock the range allows: the model's mean power, at once. A tree whose
+``ftgov-sim/meters`` file reads ``ina3221`` (tree.METERS) gets rails that report as an INA3221 does instead
+(governor.sim.meters): each reading is the mean over the chips' hwmon ``update_interval`` (read from the tree) before
+the sensor's last refresh, rewritten at every refresh while a job's steps run or the readings have not settled; while
+steps run, the GPU rail's power follows the phases of a step (forward/backward, then optimizer and data), steps of the
+model's step time scattering as real ones do. Those steps are the board's own, not aligned with a simulated job's
+reports; a job that runs faster than the model (its ``time_scale``) runs the sensor in the same compressed time.
+Load shows only while a job's steps run, as on a real GPU
 (idle before the first step and between steps). Several jobs at once: the board runs the heaviest one (the GPU is
 time-shared; the busiest job sets the power draw), a simplification stated in docs/energy-model.md. Idle rails are
 the model's idle at the lowest clock whatever the range (a pinned idle GPU's clock tree is not modelled).
@@ -26,15 +33,18 @@ import json
 import os
 import select
 import sys
+import time
 from dataclasses import fields
 from pathlib import Path
 
+from governor.backends import rails as rails_backend
 from governor.backends.devfreq import DevfreqGpu, find_node
-from governor.backends.rails import RAIL_IN
+from governor.backends.rails import RAIL_CPU_GPU_CV, RAIL_GPU_SOC, RAIL_IN
 from governor.errors import FtgovError
 from governor.sim import tree
 from governor.sim.energy import OrinEnergyModel, Workload, nx_rails_mw
 from governor.sim.inotify import IN_CLOSE_WRITE, IN_DELETE, IN_MOVED_FROM, IN_MOVED_TO, Inotify
+from governor.sim.meters import Ina3221
 from governor.sysfs import Root
 
 S32_MAX = 2**31 - 1  # PM QoS values are s32 kHz; the max request's default is "no limit"
@@ -49,11 +59,17 @@ def _int(text: str) -> int | None:
         return None
 
 
-class Board:
-    """One simulated board over one tree: ``react()`` after writes into it, ``serve()`` waits for them."""
+# The rails whose power swings within a step: the GPU's (AGX Orin: GPU+SoC; Orin NX/Nano: CPU+GPU+CV).
+PHASED_RAILS = (RAIL_GPU_SOC, RAIL_CPU_GPU_CV)
 
-    def __init__(self, root: Root):
+
+class Board:
+    """One simulated board over one tree: ``react()`` after writes into it, ``serve()`` waits for them and for the
+    rails' refreshes. ``clock``: monotonic seconds (a test may drive it)."""
+
+    def __init__(self, root: Root, clock=time.monotonic):
         self.root = root
+        self.clock = clock
         self.layout = tree.layout_of(root)
         self.node = find_node(root)
         gpu = DevfreqGpu(root, self.node)
@@ -68,6 +84,15 @@ class Board:
         self._seen: dict[str, tuple[tuple[int, int, int], str]] = {}
         self._written: dict[Path, str] = {}  # what the board last wrote to each output file
         self._rails_written: dict[str, float] | None = None
+        found = rails_backend.discover(root)
+        update_s = found.update_interval_s if found is not None else rails_backend.DEFAULT_UPDATE_INTERVAL_S
+        self.update_s = update_s
+        try:
+            realistic = root.path(tree.METERS).read_text().strip() == "ina3221"
+        except FileNotFoundError:
+            realistic = False
+        self.ina = Ina3221(clock(), update_s, PHASED_RAILS) if realistic else None
+        self.time_scale = 1.0  # a simulated job's steps run this much faster than the model's: so do the meters
         self._pidfds: dict[int, int] = {}  # pidfd -> pid of a job's process
 
     # -- the kernel's side: requests and the effective range ---------------------------------------------------
@@ -125,8 +150,9 @@ class Board:
     # -- what runs ---------------------------------------------------------------------------------------------
 
     def running_workloads(self) -> list[Workload]:
-        """The workloads of announced jobs whose steps run now and whose process lives (stale files are removed)."""
-        out = []
+        """The workloads of announced jobs whose steps run now and whose process lives (stale files are removed);
+        ``time_scale`` becomes theirs (the fastest, when several run)."""
+        out, scales = [], []
         for path in sorted(self.jobs_dir.glob("*.json")):
             try:
                 job = json.loads(path.read_text())
@@ -142,6 +168,8 @@ class Board:
                 continue
             if job.get("stepping"):
                 out.append(workload)
+                scales.append(float(job.get("time_scale", 1.0)))
+        self.time_scale = min(scales, default=1.0)
         return out
 
     def _watch_pid(self, pid: int) -> bool:
@@ -180,6 +208,7 @@ class Board:
         allowed = tuple(hz for hz in self.levels_hz if min_hz <= hz <= max_hz)
         throttle_hz = self.thermal_cap_hz()
         workloads = self.running_workloads()
+        step_s = None
         if not workloads:
             cur_hz, load, rails = min_hz, 0, self._model(self.levels_hz).idle_rails_mw()
             if throttle_hz is not None:
@@ -194,16 +223,50 @@ class Board:
             else:  # one clock: a pin (or a range between two levels, which the clock cannot leave)
                 cur_hz = allowed[0] if allowed else max_hz
                 sample = self._model(self.levels_hz).expected(heaviest, cur_hz)
-            load, rails = round(sample.gpu_util_pct * 10), sample.rails_mw
-        # Rails, then load, then cur_freq: a reader that sees a new load sees its rails, one that sees a new
-        # clock sees both.
-        power_mw = self._rails_of(rails)
-        if power_mw != self._rails_written:
-            tree.write_rails(self.root, power_mw)
-            self._rails_written = power_mw
+            load, rails, step_s = round(sample.gpu_util_pct * 10), sample.rails_mw, sample.time_s
+        if self.ina is None:
+            self._write_rails(self._rails_of(rails))
+        else:
+            self._set_ina(self._rails_of(rails), step_s)
+        # Rails, then load, then cur_freq: a reader that sees a new load sees the rails' reading then (the sensor's
+        # average catches up at its next refreshes), one that sees a new clock sees both.
         if self.load_path is not None:
             self._show(self.load_path, f"{load}\n")
         self._show(self.node / "cur_freq", f"{cur_hz}\n")
+
+    def _set_ina(self, power_mw: dict[str, float], step_s: float | None) -> None:
+        first = not self.ina.steady_mw
+        now = self.clock()
+        self.ina.rescale(now, self.update_s * self.time_scale)
+        self.ina.set(now, power_mw, None if step_s is None else step_s * self.time_scale)
+        if first:  # a tree's rails read the board's state from the start, not an average of nothing
+            self._write_rails(self.ina.steady_mw)
+        else:
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Write the rails' reading now (each the mean over the interval before the sensor's last refresh)."""
+        if self.ina is not None:
+            self._write_rails(self.ina.reading(self.clock()))
+
+    def _write_rails(self, power_mw: dict[str, float]) -> None:
+        if self.ina is not None:
+            power_mw = {name: round(mw, 1) for name, mw in power_mw.items()}
+        if power_mw != self._rails_written:
+            tree.write_rails(self.root, power_mw)
+            self._rails_written = power_mw
+
+    def refresh_timeout_s(self) -> float | None:
+        """Seconds to the sensor's next refresh while one can change the readings (steps run, or the readings have
+        not settled on the steady power); None when none can."""
+        if self.ina is None:
+            return None
+        steady, written = self.ina.steady_mw, self._rails_written or {}
+        settled = steady.keys() == written.keys() and all(abs(written[k] - mw) <= 0.5 for k, mw in steady.items())
+        if not self.ina.stepping and settled:
+            return None
+        now = self.clock()
+        return max(0.0, self.ina.next_refresh_s(now) - now)
 
     def _show(self, path: Path, text: str) -> None:
         if self._written.get(path) != text:
@@ -228,7 +291,10 @@ class Board:
             on_ready()
         while True:
             waiting = [watcher.fd, *self._pidfds, *([stop_fd] if stop_fd is not None else [])]
-            ready, _, _ = select.select(waiting, [], [])
+            ready, _, _ = select.select(waiting, [], [], self.refresh_timeout_s())
+            if not ready:  # the sensor's refresh: a timer, as the chip's own
+                self.refresh()
+                continue
             if stop_fd in ready and not os.read(stop_fd, 4096):
                 return
             for fd in ready:

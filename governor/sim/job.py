@@ -31,16 +31,18 @@ _announcements = itertools.count(1)
 
 
 class Announcement:
-    """A job's file in the board's jobs directory; ``stepping(True)`` while its training steps run."""
+    """A job's file in the board's jobs directory; ``stepping(True)`` while its training steps run. ``time_scale``:
+    how much faster than the model the job's steps run (the board runs its meters in the same compressed time)."""
 
-    def __init__(self, root: Root, workload):
-        self.root, self.workload = root, workload
+    def __init__(self, root: Root, workload, time_scale: float = 1.0):
+        self.root, self.workload, self.time_scale = root, workload, time_scale
         self.path = root.path(tree.JOBS_DIR) / f"{os.getpid()}-{next(_announcements)}.json"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.stepping(False)
 
     def stepping(self, running: bool) -> None:
-        record = {"pid": os.getpid(), "workload": asdict(self.workload), "stepping": running}
+        record = {"pid": os.getpid(), "workload": asdict(self.workload), "stepping": running,
+                  "time_scale": self.time_scale}
         tree.replace_file(self.root, self.path, json.dumps(record) + "\n")
 
     def withdraw(self) -> None:
@@ -48,9 +50,9 @@ class Announcement:
 
 
 @contextmanager
-def announce(root: Root, workload) -> Iterator[Announcement]:
+def announce(root: Root, workload, time_scale: float = 1.0) -> Iterator[Announcement]:
     """The job is on the board (idle until ``stepping(True)``) for the block's duration."""
-    a = Announcement(root, workload)
+    a = Announcement(root, workload, time_scale)
     try:
         yield a
     finally:
@@ -92,7 +94,7 @@ def run(root: Root, job, workload, steps: int, *, time_scale: float = 0.1, noise
 
     model = OrinEnergyModel(noise=noise, seed=seed)
     node = devfreq.find_node(root)
-    with announce(root, workload) as on_board:
+    with announce(root, workload, time_scale) as on_board:
         on_board.stepping(True)
         deadline = time.monotonic()
         for i in range(steps):

@@ -43,6 +43,10 @@ JOBS_DIR = SIM_DIR + "/jobs"  # one JSON file per simulated job that runs (gover
 # A thermal cap on the clock the running board lets the GPU run at, in Hz (absent: none). L4T's thermal throttling
 # can hold the clock below a pinned min without the limit files showing it (cur_freq does): the board shows that.
 THERMAL_CAP = SIM_DIR + "/thermal_cap_hz"
+# "ina3221": the running board's rails report as the sensor does (an average over update_interval, refreshed at it;
+# power in phases within a step: governor.sim.board). Absent: the model's mean power, at once. Read when the board
+# starts.
+METERS = SIM_DIR + "/meters"
 TMP_DIR = SIM_DIR + "/tmp"  # where atomic writes are staged: same file system as the tree, outside /sys
 
 

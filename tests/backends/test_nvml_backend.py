@@ -235,6 +235,7 @@ def test_restore_leaves_an_unchanged_power_limit_alone(nvml, system):
 
 # ---- reads ----
 def test_energy_counter_follows_power_over_time(nvml, system):
+    system.gpus[0].meter_update_s = 0  # an exact counter: this checks the arithmetic, not the meter's updates
     gpu = probe(nvml)[0]
     system.set_utilization(0, 100)
     before_mj = gpu.energy_mj()
@@ -248,6 +249,30 @@ def test_energy_counter_follows_power_over_time(nvml, system):
     idle_start_mj = gpu.energy_mj()
     system.clock.advance(3.0)
     assert gpu.energy_mj() - idle_start_mj == pytest.approx(idle_power_mw * 3.0, abs=1)
+
+
+def test_energy_counter_and_power_move_only_every_100_ms_as_a_real_h200s(nvml, system):
+    """As recorded on an H200 (../shared/data/h200-meter): both hold between updates 100 ms apart; the power read is
+    the mean over the last period."""
+    system.gpus[0].meter_jitter_s = 0
+    gpu = probe(nvml)[0]
+    system.clock.now_s = 1000.0  # an update instant (multiples of 100 ms)
+    system.set_utilization(0, 100)
+    busy_mw = system.gpus[0].power_mw()
+    start_mj = gpu.energy_mj()
+    system.clock.advance(0.05)
+    assert gpu.energy_mj() == start_mj  # held: no update yet
+    system.clock.advance(0.049)
+    assert gpu.energy_mj() == start_mj
+    system.clock.advance(0.002)  # past 1000.1
+    assert gpu.energy_mj() - start_mj == pytest.approx(busy_mw * 0.1, abs=1)
+    system.clock.advance(0.05)  # 1000.151: half-way to 1000.2, the load stops
+    system.set_utilization(0, 0)
+    idle_mw = system.gpus[0].power_mw()
+    assert gpu.power_mw() == pytest.approx(busy_mw, abs=1)  # the period 1000.0-1000.1, all busy
+    system.clock.advance(0.05)  # 1000.201
+    assert gpu.power_mw() == pytest.approx((busy_mw * 0.051 + idle_mw * 0.049) / 0.1, abs=1)
+    assert gpu.energy_mj() - start_mj == pytest.approx(busy_mw * 0.151 + idle_mw * 0.049, abs=1)
 
 
 def test_energy_on_a_gpu_without_a_counter_says_why(nvml, system):
@@ -392,7 +417,8 @@ TINY = ["--device", "cpu", "--arch", "gpt2", "--layers", "2", "--hidden", "64", 
 
 def _observe(tmp_path, *args, gpu_util_pct=50):
     config = tmp_path / "fakenvml.json"
-    config.write_text(json.dumps({"gpus": [{"util_gpu_pct": gpu_util_pct}]}))
+    # An exact counter: the segments (tenths of a second on the CPU) check the script's arithmetic, not the meter.
+    config.write_text(json.dumps({"gpus": [{"util_gpu_pct": gpu_util_pct, "meter_update_s": 0}]}))
     calls = tmp_path / "calls.log"
     out = tmp_path / "out"
     env = dict(os.environ, FAKENVML_CONFIG=str(config), FAKENVML_LOG=str(calls),

@@ -192,3 +192,101 @@ def test_sim_job_runs_its_steps_on_the_board(orin):
     assert missing.returncode == 1 and missing.stderr.startswith("ftgov: error: ")
     assert "not a simulated tree" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+# ---- the rails as an INA3221 reports them (governor.sim.meters), on a clock the test drives ----
+class ManualClock:
+    def __init__(self, now_s: float = 1000.0):
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def ina3221_meters(root: Root) -> None:
+    root.path(tree.METERS).write_text("ina3221\n")
+
+
+def set_update_interval(root: Root, ms: int) -> None:
+    for hwmon in root.path("/sys/class/hwmon").iterdir():
+        (Path(os.path.realpath(hwmon)) / "update_interval").write_text(f"{ms}\n")
+
+
+def total_mw(root: Root) -> float:
+    r = rails.discover(root)
+    return r.total_mw(r.read_mw())
+
+
+def test_the_rails_average_over_the_trees_update_interval_and_hold_between_refreshes(orin):
+    from governor.sim.board import Board
+    root = Root(orin)
+    set_update_interval(root, 50)
+    ina3221_meters(root)
+    clock = ManualClock()
+    board = Board(root, clock)
+    assert board.ina.clock.period_s == 0.05  # read from the tree's hwmon, not assumed
+    board.react()
+    idle_mw = total_mw(root)
+    devfreq.probe(root)[0].pin(714000000)
+    workload = workload_from_features(BERT, "bert")
+    busy = OrinEnergyModel().expected(workload, 714000000)
+    clock.now_s += 1.0
+    with simjob.announce(root, workload) as job:
+        job.stepping(True)
+        board.react()
+        assert total_mw(root) == pytest.approx(idle_mw, rel=1e-3)  # the reading is still the last interval's
+        readings, gpu = [], []
+        for k in range(400):  # 20 s of 50 ms refreshes (at 1000.0 + k x 0.05), read twice between each two
+            clock.now_s = 1001.0 + 0.05 * k + 0.01
+            board.refresh()
+            readings.append(total_mw(root))
+            gpu.append(rails.discover(root).read_mw()[rails.RAIL_GPU_SOC])
+            clock.now_s += 0.03
+            board.refresh()
+            assert total_mw(root) == readings[-1]  # held until the next refresh
+        cpu = rails.discover(root).read_mw()[rails.RAIL_CPU_CV]
+        assert cpu == pytest.approx(busy.rails_mw[rails.RAIL_CPU_CV], rel=1e-3)  # no phases there
+    assert sum(readings[2:]) / len(readings[2:]) == pytest.approx(busy.power_mw, rel=0.02)
+    assert max(gpu) / min(gpu) > 1.1  # the GPU rail's phases show through a 50 ms average of 0.2 s steps
+
+
+def test_a_change_reaches_the_rails_over_one_update_interval(orin):
+    from governor.sim.board import Board
+    root = Root(orin)
+    ina3221_meters(root)
+    clock = ManualClock()
+    board = Board(root, clock)  # the tree's update_interval: 140 ms
+    board.react()
+    idle_mw = total_mw(root)
+    clock.now_s += 1.0
+    workload = workload_from_features(BERT, "bert")
+    with simjob.announce(root, workload) as job:
+        job.stepping(True)
+        board.react()
+        assert board.refresh_timeout_s() is not None  # steps run: the sensor refreshes
+        start = board.ina.next_refresh_s(clock.now_s)
+        clock.now_s = start - 1e-6
+        board.refresh()
+        assert total_mw(root) == pytest.approx(idle_mw, rel=1e-3)
+        clock.now_s = start + 0.140 + 1e-6  # a whole interval after the change: all of it busy
+        board.refresh()
+        assert total_mw(root) > idle_mw * 1.3
+        job.stepping(False)
+        board.react()
+        clock.now_s += 1.0
+        board.refresh()
+    assert total_mw(root) == pytest.approx(idle_mw, rel=1e-3)
+    assert board.refresh_timeout_s() is None  # settled and idle: no timer
+
+
+def test_without_the_sensors_model_the_rails_read_the_models_mean_at_once(orin):
+    from governor.sim.board import Board
+    root = Root(orin)
+    board = Board(root, ManualClock())
+    devfreq.probe(root)[0].pin(714000000)
+    workload = workload_from_features(BERT, "bert")
+    with simjob.announce(root, workload) as job:
+        job.stepping(True)
+        board.react()
+        assert total_mw(root) == pytest.approx(OrinEnergyModel().expected(workload, 714000000).power_mw, rel=1e-3)
+        assert board.refresh_timeout_s() is None

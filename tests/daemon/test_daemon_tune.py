@@ -117,9 +117,13 @@ def test_a_tuned_job_reports_its_measured_saving_against_the_default_governor(or
     assert saving["tuned_over"] == "steps after convergence" and saving["freq_hz"] == end["freq_hz"]
     assert end["saved_measured_steps"] == saving["baseline_steps"] + saving["tuned_steps"] > 50
     assert abs(in_status["saved_pct"] - end["saved_pct"]) < 5
+    # Its own uncertainty: the baseline's 4-step window at noise_rel (3%) dominates, times tuned / baseline.
+    assert end["saved_pct_err"] == saving["saved_pct_err"] == pytest.approx((100 - end["saved_pct"]) * 0.03, rel=0.3)
+    assert in_status["saved_pct_err"] > 0
     log = d.log()
     assert re.search(rf"job {res['job_id']} .*ended \(unregistered\).* saved {end['saved_pct']:g}% energy per step vs "
-                     rf"the default governor, measured over {end['saved_measured_steps']} steps", log), log
+                     rf"the default governor, measured over {end['saved_measured_steps']} steps "
+                     rf"\(\+/- {end['saved_pct_err']:g} points\)", log), log
     assert re.search(r"baseline at the default governor: [\d.]+ J/step", log)
     # The baseline ran unpinned: the GPU went back to its full range between the start pin and the search.
     assert log.index("restored to its baseline") < log.index("baseline at the default governor")
@@ -217,3 +221,31 @@ def test_the_jobs_length_told_mid_search_goes_on_with_the_search(orin, start_dae
     tuner = entry["tuner"]
     assert not tuner["status"].startswith("stopped"), tuner
     assert tuner["converged"] and entry["freq_hz"] == tuner["best_hz"], (entry["freq_hz"], tuner)
+
+
+def test_windows_sized_by_time_span_their_minimum_and_carry_their_own_uncertainty(orin, start_daemon):
+    # window_rule time in the real daemon: each window spans window_min_s of the job's steps (whatever their count)
+    # and reports its own uncertainty, from the rails' energy integrated at the reports (the simulated tree's
+    # INA3221 update_interval: 140 ms).
+    d = start_daemon(simulate=True, config={"tuner": {"window_rule": "time", "window_min_s": 0.4,
+                                                       "window_max_s": 0.8, "window_min_updates": 1}})
+    c = d.client()
+    res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE)
+    root = Root(d.state_dir / "sim-orin")
+    simjob.run(root, ProgressJob(c, res["job_id"]), WORKLOAD, 80, time_scale=0.15)
+    tuner = c.call("status")["jobs"][0]["tuner"]
+    window = tuner["last_window"]
+    assert tuner["probes"] >= 1 and window["rule"] == "time", tuner
+    assert 0.4 <= window["seconds"] <= 0.8 + 0.2, window  # closed at the first report past the cap at the latest
+    assert window["steps"] >= 2 and window["noise_rel"] is not None and window["noise_rel"] > 0, window
+    baseline = tuner["baseline"]  # the baseline window follows the same rule
+    assert baseline["status"] == "measured" and 0.4 <= baseline["seconds"] <= 1.0, baseline
+
+
+def test_a_window_rule_with_a_cap_under_its_minimum_is_refused(tmp_path):
+    from governor.config import load_config
+    from governor.errors import ConfigError
+    path = tmp_path / "ftgov.yaml"
+    path.write_text("tuner:\n  window_rule: time\n  window_min_s: 5\n  window_max_s: 2\n")
+    with pytest.raises(ConfigError, match="window_max_s"):
+        load_config(path)

@@ -331,7 +331,8 @@ def nvmlDeviceGetPowerUsage(handle):
     system = _enter("nvmlDeviceGetPowerUsage")
     gpu = _gpu(system, handle)
     with system.lock:
-        return int(gpu.power_mw())
+        system.settle(gpu)
+        return int(gpu.reported_power_mw())
 
 
 def nvmlDeviceGetTotalEnergyConsumption(handle):
@@ -341,7 +342,7 @@ def nvmlDeviceGetTotalEnergyConsumption(handle):
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     with system.lock:
         system.settle(gpu)
-        return int(gpu.energy_mj)
+        return gpu.counter_mj()
 
 
 def nvmlDeviceGetTemperature(handle, sensor):

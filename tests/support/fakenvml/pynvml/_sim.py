@@ -4,6 +4,10 @@ A small physical picture, enough for a backend to be tested honestly: each GPU h
 memory clock, a locked-clock range (or none), a power limit with constraints, a utilization the test sets, and an
 energy counter that integrates power over the system's clock. The clock the GPU runs at follows the lock, the load and
 the power limit the way a datacenter GPU does (within reason; the exponents are invented, not measured).
+
+The energy counter and the power reading report as a real H200's do (governor.sim.meters, calibrated on real NVML
+traces): they move only at update instants ``meter_update_s`` (100 ms) apart and hold between them, the power being
+the mean over the last period. ``meter_update_s`` 0 makes both exact, for tests that check energy arithmetic.
 """
 
 from __future__ import annotations
@@ -14,6 +18,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from governor.sim.meters import (
+    NVML_UPDATE_JITTER_S,
+    NVML_UPDATE_S,
+    PowerTrace,
+    UpdateClock,
+    averaged_power_w,
+    held_energy_j,
+)
 
 # Values quoted from NVIDIA's specifications where known; the H200 graphics table (345..1980 MHz in 15 MHz steps) is
 # the shape H100 SXM reports and is assumed for H200, unverified. scripts/nvml_observe.py records the real table.
@@ -55,9 +68,29 @@ class FakeGpu:
     supports_power_limit: bool = True
     ignores_lock: bool = False  # the call succeeds but the clock does not follow (a broken driver, another tool)
     locked_mhz: tuple[int, int] | None = None
-    energy_mj: float = 0.0
+    energy_mj: float = 0.0  # the true energy, integrated at every state change and read
     last_update_s: float | None = None
     lost: bool = False  # every call answers GPU_IS_LOST
+    meter_update_s: float = NVML_UPDATE_S  # the counter's and the power reading's update period; 0: exact
+    meter_jitter_s: float = NVML_UPDATE_JITTER_S
+    trace: PowerTrace | None = field(default=None, repr=False)  # the true power since the first settle
+    trace_origin_mj: float = field(default=0.0, repr=False)  # energy_mj when the trace began
+
+    def meter_clock(self) -> UpdateClock:
+        return UpdateClock(self.meter_update_s, self.meter_jitter_s if self.meter_update_s > 0 else 0.0,
+                           seed=self.index)
+
+    def counter_mj(self) -> int:
+        """What nvmlDeviceGetTotalEnergyConsumption reads (after a settle): the energy at the last update."""
+        if self.trace is None:
+            return int(self.energy_mj)
+        return int(self.trace_origin_mj + 1000.0 * held_energy_j(self.trace, self.meter_clock(), self.trace.end_s))
+
+    def reported_power_mw(self) -> float:
+        """What nvmlDeviceGetPowerUsage reads (after a settle): the mean over the last update period."""
+        if self.trace is None or self.meter_update_s <= 0:
+            return self.power_mw()
+        return 1000.0 * averaged_power_w(self.trace, self.meter_clock(), self.trace.end_s)
 
     def graphics_table(self, memory_mhz: int) -> tuple[int, ...] | None:
         if memory_mhz not in self.memory_clocks_mhz:
@@ -120,8 +153,12 @@ class FakeSystem:
     def settle(self, gpu: FakeGpu) -> None:
         """Integrate the GPU's energy counter up to now at the power of its state so far (before a state change)."""
         now = self.clock()
+        if gpu.trace is None:
+            gpu.trace = PowerTrace(now, keep_s=2.0)
+            gpu.trace_origin_mj = gpu.energy_mj
         if gpu.last_update_s is not None and now > gpu.last_update_s:
             gpu.energy_mj += gpu.power_mw() * (now - gpu.last_update_s)  # mW x s = mJ
+            gpu.trace.append(now - gpu.last_update_s, gpu.power_mw() / 1000.0)
         gpu.last_update_s = now
 
     def set_utilization(self, index: int, gpu_pct: int, memory_pct: int = 0) -> None:

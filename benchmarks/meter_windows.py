@@ -1,0 +1,277 @@
+"""Tuning windows against real meter readings: the H200 traces (../shared/data/h200-meter) replayed through the
+daemon's own window code (governor.policy.windows), and the same on the simulated NVML meter (governor.sim.meters).
+
+    .venv/bin/python -m benchmarks.meter_windows [--seeds N]
+
+Prints, and writes into docs/benchmarks.md (its own section, replaced on each run):
+- the scatter (coefficient of variation) of J/step over consecutive windows of k steps, ending at step ends, and of
+  windows whose edges sit on the counter's updates, on each real trace and on the simulated meter;
+- the windows the noise-sized rule (WindowRule, the daemon's defaults) chooses on each real trace: their length in
+  steps and seconds, and the spread of successive windows at that length;
+- the lengths the rule chooses for 25 ms and 0.5 s steps on the simulated meters (NVML, and an INA3221 refreshed
+  every 140 ms), over several seeds: median and p99.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from governor.policy.windows import ProbeWindow, TuningError, WindowRule, edge_joules_per_step
+from governor.sim.meters import (
+    NVML_UPDATE_S,
+    STEP_TIME_CV,
+    PowerTrace,
+    UpdateClock,
+    append_step,
+    averaged_power_w,
+    held_energy_j,
+    step_times_s,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+TRACE_DIR = REPO.parent / "shared" / "data" / "h200-meter"
+MODELS = ("bert-small-L6H512", "bert-base-L12H768", "bert-large-L24H1024")
+STEP_WINDOWS = (4, 8, 16, 32)
+EDGE_WINDOWS_S = (0.2, 1.0, 2.0)
+INA_UPDATE_S = 0.140  # the simulated tree's hwmon update_interval
+BENCH_DOC = REPO / "docs" / "benchmarks.md"
+SECTION = "## Tuning windows on real meter readings (benchmarks/meter_windows.py)"
+
+
+@dataclass
+class Trace:
+    """One run's readings: step-end reports (steps, energy_j, time_s) and the counter's update instants
+    (time_s, energy_j)."""
+
+    name: str
+    reports: list[tuple[int, float, float]]
+    updates: list[tuple[float, float]]
+
+    @property
+    def step_ends(self) -> list[tuple[int, float]]:
+        return [(n, t) for n, _, t in self.reports]
+
+
+def load_h200(name: str, directory: Path = TRACE_DIR) -> Trace:
+    """A real trace: the step file's reports; the update instants are the first 5 ms sample showing a new counter."""
+    with open(directory / f"{name}-steps.csv") as f:
+        reports = [(int(r["step"]), int(r["energy_counter_mj"]) / 1000.0, float(r["t_s"])) for r in csv.DictReader(f)]
+    with open(directory / f"{name}-samples.csv") as f:
+        samples = [(float(r["t_s"]), int(r["energy_counter_mj"]) / 1000.0) for r in csv.DictReader(f)]
+    updates = [(t, e) for (_, prev), (t, e) in zip(samples, samples[1:], strict=False) if e != prev]
+    return Trace(name, reports, updates)
+
+
+def simulated_nvml(mean_step_s: float, power_w: float, steps: int, seed: int,
+                   update_s: float = NVML_UPDATE_S, cv: float = STEP_TIME_CV) -> Trace:
+    """A job on the simulated meter: steps with the measured scatter, power in phases, an NVML-style counter read at
+    every step's end (and known at each of its updates)."""
+    clock = UpdateClock(update_s, seed=seed, origin_s=(seed * 0.0371) % update_s)
+    trace = PowerTrace(0.0)
+    times = step_times_s(mean_step_s, seed, cv)
+    ends = []
+    for _ in range(steps):
+        append_step(trace, next(times), power_w)
+        ends.append(trace.end_s)
+    reports = [(0, held_energy_j(trace, clock, 0.0), 0.0)]
+    reports += [(i + 1, held_energy_j(trace, clock, t), t) for i, t in enumerate(ends)]
+    updates = []
+    k = 1
+    while clock.instant(k) < trace.end_s:
+        updates.append((clock.instant(k), trace.energy_j(clock.instant(k))))
+        k += 1
+    return Trace(f"simulated {mean_step_s * 1000:.0f} ms", reports, updates)
+
+
+def simulated_ina(mean_step_s: float, power_w: float, steps: int, seed: int,
+                  update_s: float = INA_UPDATE_S, cv: float = STEP_TIME_CV) -> Trace:
+    """A job on a simulated Jetson: the INA3221's averaged power, refreshed every ``update_s``, integrated at every
+    step's end as the daemon integrates the rails at progress reports (trapezoids)."""
+    clock = UpdateClock(update_s, jitter_s=0.0, origin_s=(seed * 0.0371) % update_s)
+    trace = PowerTrace(0.0)
+    times = step_times_s(mean_step_s, seed, cv)
+    ends = []
+    for _ in range(steps):
+        append_step(trace, next(times), power_w)
+        ends.append(trace.end_s)
+    energy, last_t, last_w = 0.0, 0.0, averaged_power_w(trace, clock, 0.0)
+    reports = [(0, 0.0, 0.0)]
+    for i, t in enumerate(ends):
+        w = averaged_power_w(trace, clock, t)
+        energy += (t - last_t) * (w + last_w) / 2.0
+        last_t, last_w = t, w
+        reports.append((i + 1, energy, t))
+    return Trace(f"simulated INA3221 {mean_step_s * 1000:.0f} ms", reports, [])
+
+
+def cv(values: list[float]) -> float:
+    return statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else float("nan")
+
+
+def consecutive(reports: list[tuple[int, float, float]], window) -> list:
+    """Measurements of consecutive windows over the reports, each opened by ``window(steps)`` at the report that
+    closed the one before (no warm-up: the level does not change). A window the daemon refuses (the counter did not
+    move over it: TuningError, which stops a job's tuning) is None."""
+    out = []
+    w = window(reports[0][0])
+    for n, e, t in reports:
+        try:
+            m = w.feed(n, e, t)
+        except TuningError:
+            out.append(None)
+            w = window(n)
+            w.feed(n, e, t)
+            continue
+        if m is not None:
+            out.append(m)
+            w = window(n)
+            w.feed(n, e, t)
+    return out
+
+
+def step_window_cv(trace: Trace, k: int) -> float:
+    """A refused window counts as what its counter read, 0 J: the scatter a fixed window of k steps really has."""
+    ms = consecutive(trace.reports, lambda n: ProbeWindow(None, n, 0, k))
+    return cv([0.0 if m is None else m.joules_per_step for m in ms])
+
+
+def refused_windows(trace: Trace, k: int) -> int:
+    return sum(m is None for m in consecutive(trace.reports, lambda n: ProbeWindow(None, n, 0, k)))
+
+
+def edge_window_cv(trace: Trace, length_s: float) -> float:
+    every = max(1, round(length_s / NVML_UPDATE_S))
+    first, last = trace.reports[0][2], trace.reports[-1][2]
+    edges = [u for u in trace.updates if first < u[0] < last][::every]
+    return cv([edge_joules_per_step(a, b, trace.step_ends) for a, b in zip(edges, edges[1:], strict=False)])
+
+
+def rule_windows(trace: Trace, rule: WindowRule | None = None) -> list:
+    rule = rule or WindowRule()
+    return consecutive(trace.reports, lambda n: ProbeWindow(None, n, 0, rule=rule))
+
+
+def successive_spread(trace: Trace, rule: WindowRule | None = None) -> tuple[float, list]:
+    """The spread of successive windows: the RMS difference of J/step between consecutive windows over sqrt 2 (one
+    window's s.d. if they were independent; a slow drift of the job does not count), relative to the mean. Pooled
+    over chains of consecutive windows opened at every other report of the first window, so that a 400-step trace
+    gives hundreds of pairs, not a handful. Returns it and the windows of all chains."""
+    rule = rule or WindowRule()
+    first = rule_windows(trace, rule)[0].measured_steps
+    squares, windows = [], []
+    for offset in range(0, first, 2):
+        ms = [m for m in consecutive(trace.reports[offset:], lambda n: ProbeWindow(None, n, 0, rule=rule)) if m]
+        windows += ms
+        squares += [(b.joules_per_step - a.joules_per_step) ** 2 for a, b in zip(ms, ms[1:], strict=False)]
+    mean = statistics.fmean(m.joules_per_step for m in windows)
+    return math.sqrt(statistics.fmean(squares) / 2.0) / mean, windows
+
+
+def percentile(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
+
+
+def _median_p99(values: list[float], fmt: str) -> str:
+    return f"{statistics.median(values):{fmt}} / {percentile(values, 99):{fmt}}"
+
+
+def _successive(values: list[float]) -> float:
+    """RMS difference of consecutive values over sqrt 2, relative to their mean."""
+    squares = [(b - a) ** 2 for a, b in zip(values, values[1:], strict=False)]
+    return math.sqrt(statistics.fmean(squares) / 2.0) / statistics.fmean(values)
+
+
+def median_step_s(trace: Trace) -> float:
+    return statistics.median(b[2] - a[2] for a, b in zip(trace.reports, trace.reports[1:], strict=False))
+
+
+def mean_power_w(trace: Trace) -> float:
+    (_, e0, t0), (_, e1, t1) = trace.reports[0], trace.reports[-1]
+    return (e1 - e0) / (t1 - t0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=20, help="simulated runs per configuration")
+    p.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    args = p.parse_args(argv)
+    if not TRACE_DIR.is_dir():
+        print(f"no traces at {TRACE_DIR}", file=sys.stderr)
+        return 2
+    lines = [SECTION, "",
+             "Generated by `benchmarks/meter_windows.py`; do not edit by hand. Real: the three H200 traces (one run "
+             f"of 400 steps each). Simulated: `governor.sim.meters`, {args.seeds} seeded runs per row.", ""]
+    real = [load_h200(name) for name in MODELS]
+    lines += ["### Scatter of J/step over consecutive windows (coefficient of variation)", "",
+              "| trace | median step | " + " | ".join(f"{k} steps" for k in STEP_WINDOWS) + " | "
+              + " | ".join(f"edges on updates, {s:g} s" for s in EDGE_WINDOWS_S) + " |",
+              "|---|---:|" + "---:|" * (len(STEP_WINDOWS) + len(EDGE_WINDOWS_S))]
+    for trace in real:
+        step_s = median_step_s(trace)
+        sim = [simulated_nvml(step_s, mean_power_w(trace), 400, seed) for seed in range(args.seeds)]
+        for label, runs in ((trace.name + " (real)", [trace]),
+                            (f"simulated NVML (mean of {args.seeds} runs)", sim)):
+            row = ([statistics.fmean(step_window_cv(t, k) for t in runs) for k in STEP_WINDOWS]
+                   + [statistics.fmean(edge_window_cv(t, x) for t in runs) for x in EDGE_WINDOWS_S])
+            lines.append(f"| {label} | {step_s * 1000:.1f} ms | " + " | ".join(f"{100 * v:.1f}%" for v in row) + " |")
+    rule = WindowRule()
+    lines += ["", f"### The noise-sized window rule (WindowRule defaults: target {rule.target_rel:.0%}, at least "
+              f"{rule.min_s:g} s, {rule.min_updates} meter updates and {rule.min_steps} steps, at most "
+              f"{rule.max_s:g} s)", "",
+              "On the real traces. Spread of successive windows: the RMS difference of J/step between consecutive "
+              "windows over sqrt 2, relative to the mean, pooled over chains of windows opened at every other report "
+              "of the first window (windows: all chains' windows; they overlap between chains).", "",
+              "| trace | windows | steps per window, median / p99 | seconds, median / p99 | spread of successive "
+              "windows | own uncertainty, median |", "|---|---:|---|---|---:|---:|"]
+    for trace in real:
+        spread, ms = successive_spread(trace, rule)
+        lines.append(f"| {trace.name} | {len(ms)} | {_median_p99([m.measured_steps for m in ms], '.0f')} | "
+                     f"{_median_p99([m.duration_s for m in ms], '.2f')} | {100 * spread:.1f}% | "
+                     f"{100 * statistics.median(m.noise_rel for m in ms):.1f}% |")
+    lines += ["", f"On the simulated meters ({args.seeds} runs each, 2,000 steps of 25 ms or 400 of 0.5 s, 300 W, "
+              "power in two phases a step; step scatter: the steps' coefficient of variation, 15% as on the H200; "
+              "windows pooled over the runs; spread: of successive windows within a run, median and p99 over the "
+              "runs):", "",
+              "| meter | step | step scatter | windows | steps per window, median / p99 | seconds, median / p99 | "
+              "spread, median / p99 |", "|---|---:|---:|---:|---|---|---|"]
+    for meter, make, update_s in (("NVML counter (100 ms)", simulated_nvml, NVML_UPDATE_S),
+                                  ("INA3221 (140 ms average)", simulated_ina, INA_UPDATE_S)):
+        for step_s, step_cv in ((0.025, STEP_TIME_CV), (0.5, STEP_TIME_CV), (0.5, 0.03)):
+            r = WindowRule(meter_update_s=update_s)
+            runs = [rule_windows(make(step_s, 300.0, 2000 if step_s < 0.1 else 400, seed, update_s, step_cv), r)
+                    for seed in range(args.seeds)]
+            ms = [m for run in runs for m in run]
+            spreads = [_successive([m.joules_per_step for m in run]) for run in runs if len(run) > 2]
+            lines.append(f"| {meter} | {step_s * 1000:g} ms | {step_cv:.0%} | {len(ms)} | "
+                         f"{_median_p99([m.measured_steps for m in ms], '.0f')} | "
+                         f"{_median_p99([m.duration_s for m in ms], '.2f')} | "
+                         f"{100 * statistics.median(spreads):.1f}% / {100 * percentile(spreads, 99):.1f}% |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not args.no_doc:
+        write_section(text)
+    return 0
+
+
+def write_section(text: str) -> None:
+    """Replace this benchmark's section of docs/benchmarks.md (up to the next section of the same level)."""
+    old = BENCH_DOC.read_text() if BENCH_DOC.exists() else (
+        "# Benchmarks\n\nMeasured figures, each section written by the benchmark named in its title.\n")
+    start = old.find(SECTION)
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text
+    else:
+        end = old.find("\n## ", start + len(SECTION))
+        new = old[:start] + text + (old[end + 1:] if end >= 0 else "")
+    BENCH_DOC.write_text(new)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""How real energy meters report, in one place: the simulated board's INA3221 rails, the fake NVML's energy counter and
+power reading, and the benchmarks all read a true power trace through these models.
+
+Calibrated on real NVML readings from an H200 (../shared/data/h200-meter, read every ~5 ms and at every step's end):
+
+- the energy counter and the power reading move only at update instants NVML_UPDATE_S (100 ms) apart (median 100.0
+  ms; the 5 ms polling puts p10-p90 at 96-103 ms, so the instants' own jitter is at most a few ms) and hold between
+  them: a read returns the energy accumulated up to the last update, and the power averaged over the last period;
+- step times scatter with a coefficient of variation of 13-17% (STEP_TIME_CV is the middle).
+
+The INA3221 (hwmon, a Jetson's rails) reports the average over its ``update_interval`` and refreshes at it: the same
+model as NVML's power reading, with the period read from the tree's hwmon attribute.
+
+Power within a step follows two phases (PHASES): forward/backward, the longer and hungrier part, then the optimizer
+step and data loading. The split is a stated assumption, not a measurement: the H200's 100 ms readings cannot resolve
+a 26-82 ms step, and no Jetson trace at a finer grain than its 140 ms average has been recorded.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+NVML_UPDATE_S = 0.100
+NVML_UPDATE_JITTER_S = 0.002
+STEP_TIME_CV = 0.15
+# (share of the step's time, power relative to the step's mean): forward/backward 80% of the step at 1.11x, the
+# optimizer step and data loading 20% at 0.56x. Their time-weighted mean is 1, so a step's energy is unchanged.
+PHASES = ((0.8, 1.0 / 0.9), (0.2, 0.5 / 0.9))
+
+
+class PowerTrace:
+    """Piecewise-constant power over time, appended in order: the truth that meters read. Segments older than
+    ``keep_s`` behind the end are forgotten, so a long-running fake keeps a bounded history."""
+
+    def __init__(self, t0_s: float, keep_s: float | None = None):
+        self._t = [float(t0_s)]  # segment edges
+        self._e = [0.0]  # energy (J) up to each edge
+        self._w: list[float] = []  # power (W) of each segment
+        self.keep_s = keep_s
+
+    @property
+    def start_s(self) -> float:
+        """The earliest instant still kept."""
+        return self._t[0]
+
+    @property
+    def end_s(self) -> float:
+        return self._t[-1]
+
+    def append(self, duration_s: float, power_w: float) -> None:
+        if duration_s <= 0:
+            return
+        self._e.append(self._e[-1] + duration_s * power_w)
+        self._t.append(self._t[-1] + duration_s)
+        self._w.append(float(power_w))
+        if self.keep_s is not None and len(self._t) > 64 and self._t[1] < self._t[-1] - self.keep_s:
+            cut = bisect.bisect_left(self._t, self._t[-1] - self.keep_s) - 1
+            if cut > 0:
+                del self._t[:cut], self._e[:cut], self._w[:cut]
+
+    def energy_j(self, t_s: float) -> float:
+        """Energy from the trace's origin to ``t_s`` (clamped to the span kept)."""
+        t_s = min(max(t_s, self._t[0]), self._t[-1])
+        i = max(0, bisect.bisect_right(self._t, t_s) - 1)
+        if i >= len(self._w):
+            return self._e[-1]
+        return self._e[i] + (t_s - self._t[i]) * self._w[i]
+
+    def mean_w(self, t0_s: float, t1_s: float) -> float:
+        """Mean power over [t0_s, t1_s]; the power at t1_s's segment when the interval is empty."""
+        if t1_s <= t0_s:
+            i = min(len(self._w) - 1, max(0, bisect.bisect_right(self._t, t1_s) - 1))
+            return self._w[i] if self._w else 0.0
+        return (self.energy_j(t1_s) - self.energy_j(t0_s)) / (t1_s - t0_s)
+
+
+@dataclass(frozen=True)
+class UpdateClock:
+    """A meter's update instants: ``origin_s + k * period_s``, each moved by up to ``jitter_s`` (deterministic in k and
+    ``seed``, so any reader at any time sees the same instants). period_s 0: an exact meter, updated at every read."""
+
+    period_s: float = NVML_UPDATE_S
+    jitter_s: float = NVML_UPDATE_JITTER_S
+    origin_s: float = 0.0
+    seed: int = 0
+
+    def instant(self, k: int) -> float:
+        u = zlib.crc32(f"{self.seed}/{k}".encode()) / 2**32 * 2.0 - 1.0
+        return self.origin_s + k * self.period_s + self.jitter_s * u
+
+    def last_at(self, t_s: float) -> float:
+        """The last update instant at or before ``t_s`` (``t_s`` itself for an exact meter)."""
+        if self.period_s <= 0:
+            return t_s
+        k = math.floor((t_s - self.origin_s) / self.period_s) + 1
+        while self.instant(k) > t_s:
+            k -= 1
+        return self.instant(k)
+
+    def previous(self, t_s: float) -> float:
+        """The update instant before the one at ``t_s`` (an instant of this clock)."""
+        if self.period_s <= 0:
+            return t_s
+        k = round((t_s - self.origin_s) / self.period_s)
+        return self.instant(k - 1)
+
+
+def held_energy_j(trace: PowerTrace, clock: UpdateClock, t_s: float) -> float:
+    """An NVML-style energy counter read at ``t_s``: the energy up to its last update, held since."""
+    return trace.energy_j(clock.last_at(t_s))
+
+
+def averaged_power_w(trace: PowerTrace, clock: UpdateClock, t_s: float) -> float:
+    """A power reading that refreshes at the clock's instants and reports the mean over the period before each (NVML's
+    power reading; an INA3221 over its hwmon update_interval). An exact clock reports the power at ``t_s``."""
+    last = clock.last_at(t_s)
+    if clock.period_s <= 0:
+        return trace.mean_w(t_s, t_s)
+    return trace.mean_w(clock.previous(last), last)
+
+
+def step_times_s(mean_s: float, seed: int, cv: float = STEP_TIME_CV) -> Iterator[float]:
+    """Step durations with the measured scatter: gamma distributed (positive, skewed to long steps as real ones are),
+    mean ``mean_s``, coefficient of variation ``cv``."""
+    rng = random.Random(seed)
+    if cv <= 0:
+        while True:
+            yield mean_s
+    shape = 1.0 / (cv * cv)
+    while True:
+        yield rng.gammavariate(shape, mean_s / shape)
+
+
+def append_step(trace: PowerTrace, duration_s: float, mean_w: float) -> None:
+    """One step of ``duration_s`` whose mean power is ``mean_w``, in its phases (PHASES)."""
+    for share, ratio in PHASES:
+        trace.append(share * duration_s, ratio * mean_w)
+
+
+class Ina3221:
+    """A board's rails as its INA3221 reports them: each reading is the mean power over the ``update_s`` before the
+    sensor's last refresh, and holds until the next. The true power is set by the board (``set``): steady, or, while
+    steps run, in PHASES on the rails in ``phased`` (the GPU's), each step's length scattering by STEP_TIME_CV around
+    the step time given. Powers are in mW throughout."""
+
+    def __init__(self, t0_s: float, update_s: float, phased: tuple[str, ...] = (), seed: int = 0):
+        self.clock = UpdateClock(update_s, jitter_s=0.0, origin_s=t0_s)
+        self.phased = phased
+        self._t0 = t0_s
+        self._end = t0_s  # the true power is known up to here (a running step is laid down whole)
+        self._traces: dict[str, PowerTrace] = {}
+        self._state: tuple[dict[str, float], float | None] = ({}, None)
+        self._rng = random.Random(seed)
+        self._first_mw: dict[str, float] = {}
+
+    def set(self, t_s: float, rails_mw: dict[str, float], step_s: float | None) -> None:
+        """From ``t_s`` (once the step running then has ended) the rails draw ``rails_mw`` on average."""
+        self._extend(t_s)
+        if not self._traces:
+            self._first_mw = dict(rails_mw)  # what the rails read until the sensor's first refresh
+        for name in rails_mw:
+            if name not in self._traces:
+                self._traces[name] = PowerTrace(self._end, keep_s=max(2.0, 4 * self.clock.period_s))
+        self._state = (dict(rails_mw), step_s)
+
+    def rescale(self, t_s: float, update_s: float) -> None:
+        """Refresh every ``update_s`` from the last refresh before ``t_s`` on (a simulation's time compressed)."""
+        if update_s != self.clock.period_s:
+            self.clock = UpdateClock(update_s, jitter_s=0.0, origin_s=self.clock.last_at(t_s))
+
+    @property
+    def steady_mw(self) -> dict[str, float]:
+        """The rails' mean power in the state set last (what readings settle to)."""
+        return dict(self._state[0])
+
+    @property
+    def stepping(self) -> bool:
+        return self._state[1] is not None
+
+    def reading(self, t_s: float) -> dict[str, float]:
+        """What the rails read at ``t_s``: each the mean over the interval before the last refresh."""
+        last = self.clock.last_at(t_s)
+        self._extend(last)
+        start = max(self.clock.previous(last), self._t0)
+        if last <= start:
+            return dict(self._first_mw)
+        return {name: 1000.0 * trace.mean_w(max(start, trace.start_s), last)
+                for name, trace in self._traces.items() if name in self._state[0]}
+
+    def next_refresh_s(self, t_s: float) -> float:
+        return self.clock.last_at(t_s) + self.clock.period_s
+
+    def _extend(self, t_s: float) -> None:
+        rails, step_s = self._state
+        if not rails:
+            self._end = max(self._end, t_s)
+            return
+        while self._end < t_s:
+            if step_s is None:
+                duration, phases = t_s - self._end, ((1.0, 1.0),)
+            else:
+                shape = 1.0 / (STEP_TIME_CV * STEP_TIME_CV)
+                duration, phases = self._rng.gammavariate(shape, step_s / shape), PHASES
+            for name, trace in self._traces.items():
+                mean_w = rails.get(name, 0.0) / 1000.0
+                for share, ratio in (phases if name in self.phased else ((1.0, 1.0),)):
+                    trace.append(share * duration, ratio * mean_w)
+            self._end += duration
+

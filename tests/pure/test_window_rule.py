@@ -1,0 +1,121 @@
+"""Windows sized by time and by their own noise (WindowRule), and the tuner weighing each window by its own
+uncertainty."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from governor.policy.tuner import OnlineTuner, ProbeWindow, TuningError, TuningSession, WindowRule
+from governor.policy.windows import window_noise_rel
+from governor.sim.meters import PowerTrace, UpdateClock, append_step, held_energy_j, step_times_s
+
+
+def nvml_job(step_s: float, steps: int, seed: int = 0, cv: float = 0.15, power_w: float = 300.0):
+    """Reports (steps, energy_j, time_s) of a job on the simulated NVML meter, at every step's end."""
+    clock, trace, times = UpdateClock(seed=seed), PowerTrace(0.0), step_times_s(step_s, seed, cv)
+    reports = [(0, 0.0, 0.0)]
+    for n in range(1, steps + 1):
+        append_step(trace, next(times), power_w)
+        reports.append((n, held_energy_j(trace, clock, trace.end_s), trace.end_s))
+    return reports
+
+
+def first_window(reports, rule):
+    w = ProbeWindow(None, 0, 0, rule=rule)
+    for n, e, t in reports:
+        m = w.feed(n, e, t)
+        if m is not None:
+            return m
+    return None
+
+
+def test_a_window_spans_its_minimum_time_updates_and_steps_before_it_may_close():
+    rule = WindowRule(target_rel=0.5, min_s=1.0, min_updates=20, meter_update_s=0.1, min_steps=3)
+    m = first_window(nvml_job(0.025, 400, cv=0.0), rule)  # any window is within 50%: the minimums decide
+    assert m.duration_s == pytest.approx(2.0, abs=0.026)  # 20 updates of 100 ms, more than min_s
+    m = first_window(nvml_job(0.9, 10, cv=0.0), WindowRule(target_rel=0.5, min_steps=3))
+    assert m.measured_steps == 3
+
+
+def test_short_steps_get_long_windows_in_steps_and_long_steps_short_ones():
+    rule = WindowRule(meter_update_s=0.14)
+    short = first_window(nvml_job(0.025, 2000, cv=0.02), rule)
+    long = first_window(nvml_job(0.5, 200, cv=0.02), rule)
+    assert short.measured_steps >= 60 and long.measured_steps <= 8, (short, long)
+    assert short.noise_rel <= rule.target_rel and long.noise_rel <= rule.target_rel
+
+
+def test_noisier_steps_make_longer_windows_up_to_the_cap():
+    rule = WindowRule(max_s=6.0)
+    steady = first_window(nvml_job(0.3, 200, cv=0.02), rule)
+    noisy = first_window(nvml_job(0.3, 200, cv=0.4), rule)
+    assert noisy.measured_steps > steady.measured_steps
+    capped = first_window(nvml_job(0.3, 200, cv=0.8), rule)
+    assert capped.duration_s == pytest.approx(6.0, abs=1.0) and capped.noise_rel > rule.target_rel
+
+
+def test_the_meters_ends_alone_give_the_stated_uncertainty():
+    """An exact step clock and steady power: what is left is the held counter's ends, update / (T sqrt 6), and the
+    prior, which shrinks with the window's length."""
+    rule = WindowRule(prior_rel=1e-9)
+    reports = [(n, 10.0 * n, 0.1 * n) for n in range(101)]  # 10 s, exact
+    assert window_noise_rel(reports, rule) == pytest.approx(0.1 / (10.0 * math.sqrt(6)), rel=0.01)
+
+
+def test_a_counter_that_has_not_moved_yet_keeps_the_window_open():
+    """Held counter, 25 ms steps: the first reports see no update; a rule window waits, it does not fail."""
+    rule = WindowRule(min_s=0.05, min_updates=0, min_steps=2, target_rel=0.9, meter_update_s=0.01)
+    w = ProbeWindow(None, 0, 0, rule=rule)
+    w.feed(0, 5.0, 0.0)
+    assert w.feed(2, 5.0, 0.05) is None and w.feed(3, 5.0, 0.075) is None
+    assert w.feed(5, 6.0, 0.125) is not None
+
+
+@pytest.mark.parametrize("bad", [{"target_rel": 0}, {"min_s": -1}, {"max_s": 0.5, "min_s": 1.0},
+                                 {"sub_windows": 1}, {"meter_update_s": -0.1}, {"min_steps": 0}])
+def test_bad_rules_are_refused_with_a_clear_error(bad):
+    with pytest.raises(TuningError):
+        WindowRule(**bad)
+
+
+LEVELS = tuple(300_000_000 + 100_000_000 * k for k in range(10))
+CURVE = dict(zip(LEVELS, (1.30, 1.18, 1.09, 1.04, 1.00, 1.03, 1.07, 1.13, 1.20, 1.28), strict=True))
+
+
+def windows_to_converge(noise_rel, seed=0):
+    """Windows the tuner takes on a fixed curve whose windows scatter by 3%, told each window's uncertainty."""
+    rng = random.Random(seed)
+    tuner = OnlineTuner(LEVELS, LEVELS[7])
+    while not tuner.converged:
+        hz = tuner.next_level_hz()
+        tuner.observe(hz, CURVE[hz] * math.exp(rng.gauss(0, 0.03)), 0.1, noise_rel=noise_rel)
+    return tuner.probes
+
+
+def test_the_tuner_weighs_each_window_by_its_own_uncertainty():
+    """Windows that say they are noisier than noise_rel are confirmed more; windows that say nothing, or less than
+    the floor, count as noise_rel."""
+    plain = [windows_to_converge(None, seed) for seed in range(10)]
+    assert [windows_to_converge(0.01, seed) for seed in range(10)] == plain  # floored at noise_rel
+    assert [windows_to_converge(0.03, seed) for seed in range(10)] == plain
+    noisy = [windows_to_converge(0.09, seed) for seed in range(10)]
+    assert sum(noisy) > sum(plain) + 10, (plain, noisy)
+
+
+def test_a_session_with_a_rule_converges_and_prices_windows_by_the_steps_they_took():
+    reports = nvml_job(0.025, 30000, seed=3)
+    tuner = OnlineTuner(LEVELS, LEVELS[4])
+    session = TuningSession(tuner, 0, 1, rule=WindowRule())
+    windows = []
+    for n, e, t in reports[1:]:
+        m = session.on_progress(n, e, t)
+        if m is not None:
+            windows.append(m)
+            assert m.noise_rel is not None and m.duration_s >= WindowRule().shortest_s
+        if session.converged:
+            break
+    assert session.converged and windows
+    assert tuner.probe_steps > 40  # priced from the windows' own steps (about 2 s of 25 ms steps), not 4 + 1
