@@ -18,6 +18,7 @@ from pathlib import Path
 from governor import DEFAULT_CONFIG_PATH, __version__, backends
 from governor.backends import devfreq
 from governor.backends import rails as rails_mod
+from governor.backends.base import describe_text
 from governor.daemon import logs, tuning
 from governor.daemon.config import Config, default_ffg_hz, default_model_path, load_config, store_path
 from governor.daemon.listen import bind_socket
@@ -27,7 +28,7 @@ from governor.daemon.reload import Reloader
 from governor.daemon.server import Server
 from governor.daemon.state import StateFile, boot_id
 from governor.daemon.ticks import Ticker, defer_on_loop
-from governor.errors import FtgovError, NodeNotFound
+from governor.errors import ConfigError, FtgovError, NodeNotFound
 from governor.policy import Policy
 from governor.sysfs import Root, trusted_root
 from governor.units import mhz
@@ -142,8 +143,9 @@ def start_simulated_board(config: Config) -> None:
         proc.kill()
         raise FtgovError(f"the simulated board did not start (exit status {proc.wait()}; its errors are above)")
     log.info("simulated Jetson AGX Orin (JetPack 6 layout) at %s, board process %d", sim_dir, proc.pid)
-    print(f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}\n"
-          f"ftgovd: clients: export FTGOV_SOCKET={config.socket.path}", file=sys.stderr, flush=True)
+    for line in (f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}",
+                 f"ftgovd: clients: export FTGOV_SOCKET={config.socket.path}"):
+        print(logs.stderr_line(line, 6), file=sys.stderr, flush=True)
 
 
 def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[], Config] | None = None) -> int:
@@ -154,7 +156,7 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[
     root = trusted_root(config.sysfs_root)
     gpus, missing_why = probe_at_start(config, root, notifier)
     for gpu in gpus:
-        log.info("GPU %s: %s, levels %s MHz", gpu.id, gpu.describe(),
+        log.info("GPU %s: %s, levels %s MHz", gpu.id, describe_text(gpu),
                  " ".join(mhz(hz, unit=False) for hz in gpu.levels_hz))
         node = gpu.describe().get("devfreq")
         if node is not None and not devfreq.under_sandbox(node):
@@ -227,8 +229,20 @@ def build_policy(config: Config, gpus: list) -> Policy:
     ffg_hz, ffg_from = config.ffg_freq_hz, "config"
     if ffg_hz is None:
         ffg_hz, ffg_from = default_ffg_hz(shipped_model)
+    else:
+        check_ffg_in_a_table(ffg_hz, gpus)
     log.info("FFG frequency %s (from %s)", mhz(ffg_hz), ffg_from)
     return Policy.from_config(policy_name(config, gpus), ffg_hz, model_file)
+
+
+def check_ffg_in_a_table(ffg_hz: int, gpus: list) -> None:
+    """A configured FFG frequency outside every GPU's range of levels was written in another unit or for another
+    board: refuse it rather than pin every job at the lowest (or highest) level. With no GPU yet, nothing to check."""
+    if not gpus or any(g.levels_hz[0] <= ffg_hz <= g.levels_hz[-1] for g in gpus):
+        return
+    tables = "; ".join(f"GPU {g.id}: {mhz(g.levels_hz[0], unit=False)}..{mhz(g.levels_hz[-1])}" for g in gpus)
+    raise ConfigError(f"ffg_freq_hz: {ffg_hz} Hz ({mhz(ffg_hz)}) is in no GPU's table of levels ({tables}); "
+                      "the value is in Hz")
 
 
 def _recorder(config: Config, pins: PinController, root: Root):
@@ -250,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = build_config(args)
     except FtgovError as e:
-        print(f"ftgovd: error: {e}", file=sys.stderr)
+        print(logs.stderr_line(f"ftgovd: error: {e}"), file=sys.stderr)
         return 2
     logs.setup(config.log_level)
     route_loggers()

@@ -19,6 +19,7 @@ import socket
 from collections import Counter
 from collections.abc import Callable
 
+from governor.backends.base import describe_text
 from governor.daemon import admission, peers, ratelimit
 from governor.daemon import state as state_mod
 from governor.daemon.config import Config
@@ -133,7 +134,7 @@ class Server:
             asyncio.get_running_loop().call_later(self.config.probe_retry_s, self._probe_again)
             return
         for gpu in gpus:
-            log.info("GPU %s found: %s, levels %s MHz; governing it from now", gpu.id, gpu.describe(),
+            log.info("GPU %s found: %s, levels %s MHz; governing it from now", gpu.id, describe_text(gpu),
                      " ".join(mhz(hz, unit=False) for hz in gpu.levels_hz))
         self.pins.add_gpus(gpus)
 
