@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import logging
 import os
 import resource
@@ -15,7 +16,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from governor import DEFAULT_CONFIG_PATH, __version__, backends
+from governor import DEFAULT_CONFIG_PATH, DEFAULT_SOCKET_PATH, __version__, backends
 from governor.backends import devfreq
 from governor.backends import rails as rails_mod
 from governor.backends.base import describe_text
@@ -58,6 +59,15 @@ def simulate_runtime_dir() -> Path:
         return Path("/run/ftgov-sim")
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     return Path(xdg) / "ftgov-sim" if xdg else Path(f"/tmp/ftgov-sim-{os.getuid()}")
+
+
+def socket_dir_is_ours(config: Config, simulate: bool) -> bool:
+    """The socket's directory is the daemon's own runtime directory (default /run/ftgov; with --simulate its state
+    directory), created if missing as systemd's RuntimeDirectory= would; any other directory must exist."""
+    own = {os.path.dirname(DEFAULT_SOCKET_PATH)}
+    if simulate:
+        own |= {str(simulate_runtime_dir()), os.path.abspath(config.state_dir)}
+    return os.path.dirname(os.path.abspath(config.socket.path)) in own
 
 
 def build_config(args: argparse.Namespace) -> Config:
@@ -125,12 +135,37 @@ def raise_fd_limit(config: Config) -> None:
                         config.limits.max_jobs, need)
 
 
+TREE_LOCK = ".ftgovd.lock"
+
+
+def lock_simulated_tree(sim_dir: Path) -> int:
+    """Take the simulated tree for this daemon, before anything in it changes: another --simulate daemon on the same
+    state directory holds the lock for its whole life, and rebuilding its tree would reset its pins under it. Returns
+    the lock's descriptor, to keep open until the daemon exits (the lock ends with it, however it ends)."""
+    sim_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(sim_dir / TREE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FtgovError(f"another ftgovd --simulate is using the simulated tree {sim_dir}; stop it, or give this "
+                         "one another --state-dir") from None
+    return fd
+
+
 def start_simulated_board(config: Config) -> None:
     """--simulate: build a simulated Orin at sysfs_root and start its board, a process of its own (governor.sim is
     never imported here) that reacts to what is written into the tree as a board does. Returns once the board
-    watches the tree. The board ends when this process does: it waits for EOF on a pipe only this process holds."""
+    watches the tree. The board ends when this process does: it waits for EOF on a pipe only this process holds.
+    The caller holds the tree's lock (lock_simulated_tree): everything in it but the lock file is rebuilt."""
     sim_dir = Path(config.sysfs_root)
-    shutil.rmtree(sim_dir, ignore_errors=True)
+    for entry in sim_dir.iterdir():
+        if entry.name == TREE_LOCK:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
     keep_r, keep_w = os.pipe()  # keep_w stays open (close-on-exec) for the daemon's lifetime, unreferenced
     env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}  # readiness is the daemon's to tell
     proc = subprocess.Popen([sys.executable, "-m", "governor.sim.board", "--tree", str(sim_dir), "--build", "jp6",
@@ -149,10 +184,39 @@ def start_simulated_board(config: Config) -> None:
 
 
 def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[], Config] | None = None) -> int:
-    notifier = Notifier()
+    """Listen first, so that a socket that cannot be served (taken by another daemon, in a directory that does not
+    exist) is refused before anything else happens; then start and serve; the socket goes when the daemon does."""
     raise_fd_limit(config)
-    if simulate:
-        start_simulated_board(config)
+    fds = listen_fds()
+    if fds:
+        sock = socket.socket(fileno=fds[0])
+        log.info("socket-activated: listening on %s", sock.getsockname())
+    else:
+        sock = bind_socket(config.socket.path, config.socket.mode, config.socket.group,
+                           create_dir=socket_dir_is_ours(config, simulate))
+    tree_lock = None
+    try:
+        if simulate:
+            tree_lock = lock_simulated_tree(Path(config.sysfs_root))
+            start_simulated_board(config)
+        serve(config, sock, load_config_again)
+    finally:
+        sock.close()
+        if not fds:
+            try:
+                os.unlink(config.socket.path)
+            except OSError:
+                pass
+        if tree_lock is not None:
+            os.close(tree_lock)
+    log.info("ftgovd stopped")
+    return 0
+
+
+def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], Config] | None) -> None:
+    """Find the GPUs, build the pin controller and the server, and serve on sock until stopped. The socket is bound
+    already: clients that connect meanwhile wait in its queue."""
+    notifier = Notifier()
     root = trusted_root(config.sysfs_root)
     gpus, missing_why = probe_at_start(config, root, notifier)
     for gpu in gpus:
@@ -191,25 +255,12 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[
     server = Server(pins, config, notifier, ticker, reloader,
                     probe=lambda: probe_gpus(config, root, node_wait_s=0.0))
 
-    fds = listen_fds()
-    if fds:
-        sock = socket.socket(fileno=fds[0])
-        log.info("socket-activated: listening on %s", sock.getsockname())
-    else:
-        sock = bind_socket(config.socket.path, config.socket.mode, config.socket.group)
     sock.setblocking(False)
     try:
         asyncio.run(server.serve(sock))
     finally:
         if recorder is not None:
             recorder.close()  # the jobs shutdown just ended are written before we exit
-        if not fds:
-            try:
-                os.unlink(config.socket.path)
-            except OSError:
-                pass
-    log.info("ftgovd stopped")
-    return 0
 
 
 def route_loggers() -> None:
