@@ -36,8 +36,6 @@ from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
 
-START_SLACK_S = 10.0  # beyond node_wait_s: the rest of start-up
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ftgovd", description="Energy-saving GPU frequency governor for fine-tuning jobs.")
@@ -86,29 +84,27 @@ def build_config(args: argparse.Namespace) -> Config:
     return load_config(args.config or DEFAULT_CONFIG_PATH, overrides, must_exist=explicit)
 
 
-def probe_gpus(config: Config, root: Root, notifier: Notifier | None = None,
-               node_wait_s: float | None = None) -> list:
-    """The GPUs to govern, from the backend registry (governor.backends): devfreq, then NVML for backend auto."""
-    def on_wait(why: str, wait_s: float) -> None:
-        if notifier is not None:
-            # Start-up takes longer than systemd's start timeout may allow: say how much longer, once.
-            notifier.send(f"EXTEND_TIMEOUT_USEC={round((wait_s + START_SLACK_S) * 1e6)}")
-            notifier.status("waiting for the GPU devfreq node")
-
-    return backends.probe_gpus(config.backend, root,
-                               node_wait_s=config.node_wait_s if node_wait_s is None else node_wait_s,
-                               read_only=config.policy == "observe", on_wait=on_wait)
+def probe_gpus(config: Config, root: Root) -> list:
+    """The GPUs to govern now, from the backend registry (governor.backends): devfreq, then NVML for backend auto.
+    NodeNotFound when there is none."""
+    return backends.probe_gpus(config.backend, root, read_only=config.policy == "observe")
 
 
-def probe_at_start(config: Config, root: Root, notifier: Notifier) -> tuple[list, str | None]:
-    """The GPUs, or none and why: a board whose GPU node never appears (headless, rail-gated) gets a daemon that is
-    ready, says why it governs nothing, and probes again, instead of one that exits and is restarted in a loop."""
+def probe_at_start(config: Config, root: Root) -> tuple[list, str | None, float]:
+    """The GPUs, or none and why, and for how long (s) a node may still appear (node_wait_s; 0: no wait).
+
+    The socket is served either way: a client asking while the node is awaited is told so, where a daemon that waited
+    before listening looked "not running". A board whose node never appears (headless, rail-gated) gets a daemon that
+    says why it governs nothing and probes again, instead of one that exits and is restarted in a loop."""
     try:
-        return probe_gpus(config, root, notifier), None
+        return probe_gpus(config, root), None, 0.0
     except NodeNotFound as e:
+        if config.node_wait_s > 0 and backends.may_appear_later(config.backend):
+            log.warning("%s; serving meanwhile and waiting up to %g s for it (node_wait_s)", e, config.node_wait_s)
+            return [], f"waiting for the GPU node: {e}", config.node_wait_s
         log.error("no GPU to govern: %s; serving without one and probing again every %g s (probe_retry_s)", e,
                   config.probe_retry_s)
-        return [], str(e)
+        return [], str(e), 0.0
 
 
 def policy_name(config: Config, gpus: list) -> str:
@@ -218,7 +214,7 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
     already: clients that connect meanwhile wait in its queue."""
     notifier = Notifier()
     root = trusted_root(config.sysfs_root)
-    gpus, missing_why = probe_at_start(config, root, notifier)
+    gpus, missing_why, node_wait_s = probe_at_start(config, root)
     for gpu in gpus:
         log.info("GPU %s: %s, levels %s MHz", gpu.id, describe_text(gpu),
                  " ".join(mhz(hz, unit=False) for hz in gpu.levels_hz))
@@ -252,8 +248,8 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
     if load_config_again is not None:
         reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus), tuner)
     recorder = _recorder(config, pins, root)
-    server = Server(pins, config, notifier, ticker, reloader,
-                    probe=lambda: probe_gpus(config, root, node_wait_s=0.0))
+    server = Server(pins, config, notifier, ticker, reloader, probe=lambda: probe_gpus(config, root),
+                    node_wait_s=node_wait_s)
 
     sock.setblocking(False)
     try:

@@ -92,6 +92,11 @@ class PinController:
         self.missing_why = None
         self._notify()
 
+    def no_gpu(self, why: str) -> None:
+        """Why there is still no GPU to govern (the wait for its node is over): status and STATUS= say it."""
+        self.missing_why = why
+        self._notify()
+
     def default_gpu(self) -> str:
         return next(iter(self.gpus))
 

@@ -52,8 +52,11 @@ class Methods:
         return redact.status_for(status.status(self.pins), conn.peer.uid)
 
     def _no_gpu(self) -> RpcFault:
-        return RpcFault(SERVER_ERROR, f"no GPU to govern yet ({self.pins.missing_why}); ftgovd probes again every "
-                        f"{self.config.probe_retry_s:g} s: training runs on at the default clocks")
+        when = (f"ftgovd waits for it up to {self.server.node_wait_s:g} s after its start (node_wait_s)"
+                if self.server.waiting_for_gpu()
+                else f"ftgovd probes again every {self.config.probe_retry_s:g} s")
+        return RpcFault(SERVER_ERROR, f"no GPU to govern yet ({self.pins.missing_why}); {when}: training runs on at "
+                        "the default clocks")
 
     def rpc_pin_check(self, conn: Connection, params) -> dict:
         uid = conn.peer.uid

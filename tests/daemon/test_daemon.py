@@ -300,12 +300,11 @@ def test_bad_config_names_the_key_and_exits_non_zero(tmp_path):
 def test_waits_for_a_late_node_then_serves(tmp_path, start_daemon):
     root = tmp_path / "late"
     root.mkdir()
-    d = start_daemon(root=root, launch=False)
-    d.start(wait=False)
-    # The daemon tells systemd that it waits; then the node appears and it becomes ready.
-    d.wait_status(lambda m: "waiting for the GPU devfreq node" in m, 15)
+    d = start_daemon(root=root)
+    # Ready at once, saying what it waits for; then the node appears and it governs it.
+    assert any("READY=1" in m and "waiting for the GPU node" in m for m in d.notify.messages)
     tree.build(root, "jp6")
-    d.wait_status(lambda m: "READY=1" in m, 15)
+    d.wait_status(lambda m: "GPU 0 at baseline" in m, 15)
     assert d.client().call("register", **FEATURES)["freq_hz"] == 714000000
 
 
@@ -313,6 +312,7 @@ def test_missing_node_is_reported_clearly_after_the_wait(tmp_path, start_daemon)
     # It used to exit 1 here, and systemd restarted it in a loop: now it serves without a GPU
     # (tests/daemon/test_absent_gpu.py).
     d = start_daemon(root=tmp_path, config={"node_wait_s": 0.2})
+    d.wait_status(lambda m: "no devfreq class" in m and "node_wait_s" in m)
     assert "no devfreq class" in d.log() and "node_wait_s" in d.log()
 
 
