@@ -1,7 +1,10 @@
 """Fixtures for every level (tests/pure, backends, daemon, pipeline): the repository root goes on sys.path so that
 tests import the checkout's governor and tests.support (the daemon launcher, the fake NVML, the inotify watcher)."""
 
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,7 +12,25 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from governor.sim import tree  # noqa: E402
-from tests.support.daemon import Daemon  # noqa: E402
+from tests.support import hostusers  # noqa: E402
+from tests.support.daemon import WORKDIRS_ENV, Daemon  # noqa: E402
+
+
+def pytest_configure(config):
+    # The daemons' workdirs (socket, state, log) go in one directory of the session's, removed at its end. Others may
+    # pass through it to a workdir (a throwaway user reaching a socket): 0755, each workdir 0700 until a test opens it.
+    parent = tempfile.mkdtemp(prefix="ftgov-tests-", dir="/tmp")
+    os.chmod(parent, 0o755)
+    os.environ[WORKDIRS_ENV] = parent
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """What the session made is removed: the daemons' workdirs, and the users and groups the root-only tests made.
+    The host is left as the session found it."""
+    shutil.rmtree(os.environ.pop(WORKDIRS_ENV, ""), ignore_errors=True)
+    failed = hostusers.remove_made()
+    if failed:
+        print(f"\nwarning: could not remove {', '.join(failed)} made by the tests", file=sys.stderr)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

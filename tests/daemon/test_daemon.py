@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from governor.sim import tree
+from tests.support import hostusers
 from tests.support.daemon import DEVFREQ, FEATURES, REPO, Daemon, Rpc, limits
 
 BASELINE = (306000000, 1300500000)
@@ -258,13 +259,7 @@ def _run_as(user: str, sock: str, line):
 
 
 def _ensure_user(name: str, groups: tuple[str, ...]) -> None:
-    for g in groups:
-        subprocess.run(["groupadd", "-f", g], check=True)
-    if subprocess.run(["id", name], capture_output=True).returncode != 0:
-        cmd = ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name]
-        if groups:
-            cmd[1:1] = ["-G", ",".join(groups)]
-        subprocess.run(cmd, check=True)
+    hostusers.ensure_user(name, groups=groups)  # removed at the session's end if it made them
 
 
 def test_socket_mode_and_stale_socket(orin, start_daemon):

@@ -23,6 +23,8 @@ from tests.support import REPO
 from tests.support.notify import DaemonExited, NotifyListener
 
 DEVFREQ = "sys/class/devfreq/17000000.gpu"
+# Where workdirs are made: /tmp unless set (the test session sets a directory of its own and removes it at its end).
+WORKDIRS_ENV = "FTGOV_TEST_WORKDIRS"
 # The paper's tree, not the trained one: tests check the daemon, and the paper's splits are fixed. Short sampling
 # windows keep the tests quick.
 TEST_CONFIG = {"model_file": str(REPO / "model" / "paper-tree.json"), "util_sample_s": 0.05, "node_wait_s": 5,
@@ -84,7 +86,8 @@ class Daemon:
                  env: dict | None = None, *, test_config: bool = True, config_file: str | None = None,
                  state_dir: Path | None = None, log_path: Path | None = None, log_level: str = "debug",
                  python_args: tuple[str, ...] = (), python: str = sys.executable):
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ftg", dir="/tmp"))  # short: AF_UNIX paths <= 107
+        # Short: AF_UNIX paths <= 107.
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ftg", dir=os.environ.get(WORKDIRS_ENV, "/tmp")))
         self.root = root
         self.socket = str(self.workdir / "s.sock")
         self.state_dir = Path(state_dir) if state_dir is not None else self.workdir / "state"
