@@ -40,7 +40,8 @@ log = logging.getLogger("ftgovd")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ftgovd", description="Energy-saving GPU frequency governor for fine-tuning jobs.")
     p.add_argument("--config", default=None, help=f"YAML config (default {DEFAULT_CONFIG_PATH}; absent = defaults)")
-    p.add_argument("--socket", help="Unix socket path (default from config: /run/ftgov/ftgov.sock)")
+    p.add_argument("--socket", help="Unix socket path (default from config: /run/ftgov/ftgov.sock); its directory "
+                                    "must exist, except the daemon's own /run/ftgov, which is created")
     p.add_argument("--sysfs-root", help="root under which /sys is read and written (default /)")
     p.add_argument("--state-dir", help="where the crash-safety state file lives (default /run/ftgov)")
     p.add_argument("--simulate", action="store_true",
