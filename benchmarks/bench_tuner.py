@@ -3,12 +3,12 @@ the new one.
 
     python -m benchmarks.bench_tuner [--sets real adversarial fine simulated] [--seeds 5]
         [--job-steps 2000] [--noise-rel 0.03] [--model-noise 0.71] [--max-slowdown 0.1]
-        [--data ../shared/data/loudva] [--worst N]
+        [--data benchmarks/data/loudva] [--worst N]
 
 Curve sets (benchmarks/tuner_curves.py):
 
 - real: 146 measured Jetson AGX Xavier / Xavier NX curves (one per board and batch size; --data, default
-  ../shared/data/loudva from the repo root). Starts: the middle of the table, its top, its bottom. The top level
+  benchmarks/data/loudva, shipped in the repo). Starts: the middle of the table, its top, its bottom. The top level
   stands in for the default governor (the boards' default runs the GPU at or near its top clock under load).
 - adversarial: shapes made in code (minimum at an end, flat bottoms, plateau then dip, two dips, spikes), on 11, 15
   and 25 levels; same starts.

@@ -2,7 +2,7 @@
 
 A curve is one workload's energy and time per step at each level of a table. Three sets:
 
-- real: the measured Jetson AGX Xavier and Xavier NX inference curves (../shared/data/loudva, see its README): one
+- real: the measured Jetson AGX Xavier and Xavier NX inference curves (benchmarks/data/loudva, MIT, see its README): one
   curve per (board, batch_size), energy_j and latency_s per batch at each pinned GPU clock;
 - adversarial: shapes made here, deterministically, to break a search that trusts a smooth U: the minimum at either
   end, flat bottoms, a plateau before the dip, two dips, a single spike up or down, on tables of 11, 15 and 25 levels;
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DEFAULT_DATA = REPO.parent / "shared" / "data" / "loudva"
+DEFAULT_DATA = REPO / "benchmarks" / "data" / "loudva"  # shipped in the repo: every clone can run the benchmarks
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from governor.policy import tuner as _tuner
 from governor.policy.ffg import read_ffg_hz
 
 DEFAULT_STATE_DIR = "/run/ftgov"
+MIN_FREQ_HZ = 1_000_000  # below any GPU's lowest clock: a smaller frequency was written in the wrong unit
 
 
 class _Strict(BaseModel):
@@ -150,8 +151,8 @@ class Config(_Strict):
     power_cap_w: float | None = Field(None, gt=0, le=100_000, description=(
         "NVML only: also cap the GPU's power limit (W) while it is pinned; the previous limit is restored with it"))
     model_file: str | None = Field(None, description="ftgov-tree/1 JSON; default: the tree shipped with ftgov")
-    ffg_freq_hz: int | None = Field(None, gt=0, description="FFG's frequency (nearest level at or above is pinned); "
-                                       "default: the level with the least total energy in the training data (ffg.json)")
+    ffg_freq_hz: int | None = Field(None, description="FFG's frequency in Hz (nearest level at or above is pinned); "
+                                    "default: the level with the least total energy in the training data (ffg.json)")
     pin_above_power_mode: bool = Field(False, description=(
         "pin above the GPU's max_freq as found before the first pin (the nvpmodel power mode's cap); default never"))
     restore_on_stop: bool = True
@@ -176,6 +177,15 @@ class Config(_Strict):
     util_settle_max_s: float = Field(600.0, ge=0, le=86400, description=(
         "how long after registering such a job may still be setting up; then it is decided on the load it shows"))
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("ffg_freq_hz")
+    @classmethod
+    def _in_hz(cls, v):
+        # 816 meant as MHz would pin every job at the lowest level: no GPU clock is below 1 MHz.
+        if v is not None and v < MIN_FREQ_HZ:
+            hint = f"{v} MHz would be {v * 1_000_000}" if v > 0 else "816 MHz is 816000000"
+            raise ValueError(f"{v} Hz is below 1 MHz: the value is in Hz ({hint})")
+        return v
 
 
 def store_path(config: Config, environ=os.environ) -> str | None:

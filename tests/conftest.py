@@ -1,11 +1,33 @@
 """Fixtures for every level (tests/pure, backends, daemon, pipeline). pytest puts the repository root on sys.path
 (pyproject.toml's ``pythonpath``), so tests import the checkout's governor, tests.support and benchmarks."""
 
+import os
+import shutil
+import sys
+import tempfile
 
 import pytest
 
 from governor.sim import tree
-from tests.support.daemon import Daemon
+from tests.support import hostusers
+from tests.support.daemon import WORKDIRS_ENV, Daemon
+
+
+def pytest_configure(config):
+    # The daemons' workdirs (socket, state, log) go in one directory of the session's, removed at its end. Others may
+    # pass through it to a workdir (a throwaway user reaching a socket): 0755, each workdir 0700 until a test opens it.
+    parent = tempfile.mkdtemp(prefix="ftgov-tests-", dir="/tmp")
+    os.chmod(parent, 0o755)
+    os.environ[WORKDIRS_ENV] = parent
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """What the session made is removed: the daemons' workdirs, and the users and groups the root-only tests made.
+    The host is left as the session found it."""
+    shutil.rmtree(os.environ.pop(WORKDIRS_ENV, ""), ignore_errors=True)
+    failed = hostusers.remove_made()
+    if failed:
+        print(f"\nwarning: could not remove {', '.join(failed)} made by the tests", file=sys.stderr)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -33,6 +33,11 @@ def probe_one(name: str, root: Root, *, read_only: bool = False) -> list[Gpu]:
     raise ValueError(f"unknown backend {name!r}; known: {', '.join(ORDER)}")
 
 
+def may_appear_later(backend: str) -> bool:
+    """Whether a GPU of this backend setting ("auto" or one name) may still appear after a probe found none."""
+    return any(name in LATE for name in (ORDER if backend == "auto" else (backend,)))
+
+
 def probe_gpus(backend: str, root: Root, *, node_wait_s: float = 0.0, read_only: bool = False,
                on_wait: Callable[[str, float], None] | None = None) -> list[Gpu]:
     """The GPUs of the first backend that finds any (``backend``: "auto" for ORDER, or one name).
@@ -58,7 +63,8 @@ def probe_gpus(backend: str, root: Root, *, node_wait_s: float = 0.0, read_only:
                 errors[name] = e  # auto: a broken NVML must not hide a devfreq node that is still to come
         why = "; ".join(str(e) for e in errors.values())
         if not any(n in LATE for n in names) or time.monotonic() >= deadline:
-            waited = f" (waited {node_wait_s:g} s; node_wait_s in the config)" if any(n in LATE for n in names) else ""
+            waited = (f" (waited {node_wait_s:g} s; node_wait_s in the config)"
+                      if node_wait_s > 0 and any(n in LATE for n in names) else "")
             raise NodeNotFound(f"{why}{waited}") from errors.get(names[0])
         if not waiting:
             log.warning("%s; waiting up to %g s for it", why, node_wait_s)

@@ -107,3 +107,11 @@ def nearest_level(levels_hz: tuple[int, ...], freq_hz: int) -> int:
         if level >= freq_hz:
             return level
     return levels_hz[-1]
+
+
+def describe_text(gpu: Gpu) -> str:
+    """A GPU's describe() as one line of key=value text, for logs: lists as a,b,c; absent values left out."""
+    def text(value) -> str:
+        return ",".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+
+    return " ".join(f"{key}={text(value)}" for key, value in gpu.describe().items() if value is not None)

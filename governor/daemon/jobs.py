@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from governor import units
 from governor.backends.base import Gpu, Limits
 from governor.backends.rails import EnergyMeter
+from governor.errors import BackendError
 from governor.features import Features
 from governor.policy import Decision, PolicyName
 from governor.store.state import JobRecord
@@ -27,6 +28,8 @@ class ActiveJob:
     policy: PolicyName | None = None  # per-job policy request (tune), else the daemon's
     decision: Decision | None = None
     started_s: float = field(default_factory=time.monotonic)
+    started_at: float = field(default_factory=time.time)  # the same moment on the wall clock, for the state file
+    earlier_energy_j: float = 0.0  # measured by the daemon before a restart (a re-adopted job); the meter adds to it
     steps: int = 0
     phase: str | None = None
     meter: EnergyMeter | None = None
@@ -50,9 +53,28 @@ class ActiveJob:
     def label(self) -> str:
         return f"job {self.job_id}" + (f" {self.name!r}" if self.name else "") + f" (pid {self.pid})"
 
+    def energy_so_far_j(self) -> float | None:
+        """The energy measured for this job up to the meter's last sample, across daemon restarts (None: no meter)."""
+        if self.meter is None:
+            return None
+        try:
+            return self.earlier_energy_j + self.meter.energy_j
+        except BackendError:  # an energy counter that cannot be read now: the state file keeps what it had
+            return self.earlier_energy_j or None
+
     def record(self) -> JobRecord:
         return JobRecord(self.job_id, self.pid, self.start_ticks, self.gpu_id, self.name, self.uid,
-                         self.features.model_dump(), self.freq_hz, self.decision.label if self.decision else "")
+                         self.features.model_dump(), self.freq_hz, self.decision.label if self.decision else "",
+                         started_at=self.started_at, energy_j=self.energy_so_far_j())
+
+    def resume(self, rec: JobRecord) -> None:
+        """Continue a job a previous daemon of this boot held: its start time and the energy it measured until its
+        last save (what ran between that save and the restart is not measured)."""
+        if rec.started_at is not None:
+            ran_s = max(0.0, time.time() - rec.started_at)
+            self.started_s, self.started_at = time.monotonic() - ran_s, rec.started_at
+        if rec.energy_j is not None:
+            self.earlier_energy_j = rec.energy_j
 
 
 @dataclass

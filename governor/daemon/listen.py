@@ -19,10 +19,14 @@ from governor.daemon import peers
 from governor.errors import FtgovError
 
 
-def _open_dir(directory: str) -> int:
-    os.makedirs(directory, mode=0o755, exist_ok=True)
+def _open_dir(directory: str, create: bool) -> int:
+    if create:
+        os.makedirs(directory, mode=0o755, exist_ok=True)
     try:
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError as e:
+        raise FtgovError(f"the socket's directory {directory} does not exist; create it, or give a --socket path in "
+                         "an existing directory") from e
     except OSError as e:
         raise FtgovError(f"cannot open the socket's directory {directory}: {e.strerror or e}") from e
     st = os.fstat(fd)
@@ -56,11 +60,13 @@ def _clear_stale(dirfd: int, name: str, path: str) -> None:
         probe.close()
 
 
-def bind_socket(path: str, mode: int, group: str | None) -> socket.socket:
+def bind_socket(path: str, mode: int, group: str | None, *, create_dir: bool = False) -> socket.socket:
     """Bind and listen on path with exactly mode (and the group, as root): no window with a looser mode, and no
-    symlink swap that can redirect the ownership change."""
+    symlink swap that can redirect the ownership change. The directory is created only with ``create_dir`` (the
+    daemon's own runtime directory, as systemd's RuntimeDirectory= would make it); a mistyped path is an error, not a
+    new directory left behind."""
     directory, name = os.path.split(os.path.abspath(path))
-    dirfd = _open_dir(directory)
+    dirfd = _open_dir(directory, create_dir)
     try:
         _clear_stale(dirfd, name, path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)

@@ -137,14 +137,12 @@ def setup(level: str = "info", *, journal: bool | None = None) -> logging.Logger
     if journal is None:
         journal = under_systemd()
     prefixed = journal and stderr_is_journal()
+    missing_journal_module = False
     if journal:
         try:
             from systemd.journal import JournalHandler  # systemd-python: an optional extra
         except ImportError:
-            handler = None
-            how = "with <N> priority prefixes" if prefixed else "as plain lines"
-            print(f"ftgovd: systemd-python is not installed: logging to stderr {how}, without journal fields",
-                  file=sys.stderr)
+            missing_journal_module = True
         else:
             handler = JournalHandler(SYSLOG_IDENTIFIER="ftgovd")
             handler.setFormatter(logging.Formatter("%(message)s"))
@@ -159,4 +157,13 @@ def setup(level: str = "info", *, journal: bool | None = None) -> logging.Logger
             handler.setFormatter(logging.Formatter(fmt))
     log.addHandler(AfterTurn(handler))
     ratelimit.install(log)  # lines a client causes are bounded per uid
+    if missing_journal_module:  # through the handler: on the journal's stream it needs its <N> prefix as any line
+        how = "with <N> priority prefixes" if prefixed else "as plain lines"
+        log.info("systemd-python is not installed: logging to stderr %s, without journal fields", how)
     return log
+
+
+def stderr_line(text: str, priority: int = 3) -> str:
+    """A line the daemon prints on stderr itself (before logging is set up): with its ``<N>`` prefix when stderr is
+    the journal's stream, as every logged line there has."""
+    return f"<{priority}>{text}" if under_systemd() and stderr_is_journal() else text

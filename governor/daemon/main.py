@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import logging
 import os
 import resource
@@ -16,9 +17,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from governor import DEFAULT_CONFIG_PATH, __version__, backends
+from governor import DEFAULT_CONFIG_PATH, DEFAULT_SOCKET_PATH, __version__, backends
 from governor.backends import devfreq
 from governor.backends import rails as rails_mod
+from governor.backends.base import describe_text
 from governor.config import Config, default_ffg_hz, default_model_path, load_config, store_path
 from governor.daemon import logs, tuning
 from governor.daemon.listen import bind_socket
@@ -27,7 +29,7 @@ from governor.daemon.pins import PinController
 from governor.daemon.reload import Reloader
 from governor.daemon.server import Server
 from governor.daemon.ticks import Ticker, defer_on_loop
-from governor.errors import FtgovError, NodeNotFound
+from governor.errors import ConfigError, FtgovError, NodeNotFound
 from governor.policy import Policy
 from governor.store.state import StateFile, boot_id
 from governor.sysfs import Root, trusted_root
@@ -35,13 +37,12 @@ from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
 
-START_SLACK_S = 10.0  # beyond node_wait_s: the rest of start-up
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ftgovd", description="Energy-saving GPU frequency governor for fine-tuning jobs.")
     p.add_argument("--config", default=None, help=f"YAML config (default {DEFAULT_CONFIG_PATH}; absent = defaults)")
-    p.add_argument("--socket", help="Unix socket path (default from config: /run/ftgov/ftgov.sock)")
+    p.add_argument("--socket", help="Unix socket path (default from config: /run/ftgov/ftgov.sock); its directory "
+                                    "must exist, except the daemon's own /run/ftgov, which is created")
     p.add_argument("--sysfs-root", help="root under which /sys is read and written (default /)")
     p.add_argument("--state-dir", help="where the crash-safety state file lives (default /run/ftgov)")
     p.add_argument("--simulate", action="store_true",
@@ -63,6 +64,15 @@ def simulate_runtime_dir() -> Path:
     return Path(xdg) / "ftgov-sim" if xdg else Path(f"/tmp/ftgov-sim-{os.getuid()}")
 
 
+def socket_dir_is_ours(config: Config, simulate: bool) -> bool:
+    """The socket's directory is the daemon's own runtime directory (default /run/ftgov; with --simulate its state
+    directory), created if missing as systemd's RuntimeDirectory= would; any other directory must exist."""
+    own = {os.path.dirname(DEFAULT_SOCKET_PATH)}
+    if simulate:
+        own |= {str(simulate_runtime_dir()), os.path.abspath(config.state_dir)}
+    return os.path.dirname(os.path.abspath(config.socket.path)) in own
+
+
 def build_config(args: argparse.Namespace) -> Config:
     explicit = args.config is not None
     overrides = {"socket.path": args.socket, "sysfs_root": args.sysfs_root, "state_dir": args.state_dir,
@@ -79,29 +89,27 @@ def build_config(args: argparse.Namespace) -> Config:
     return load_config(args.config or DEFAULT_CONFIG_PATH, overrides, must_exist=explicit)
 
 
-def probe_gpus(config: Config, root: Root, notifier: Notifier | None = None,
-               node_wait_s: float | None = None) -> list:
-    """The GPUs to govern, from the backend registry (governor.backends): devfreq, then NVML for backend auto."""
-    def on_wait(why: str, wait_s: float) -> None:
-        if notifier is not None:
-            # Start-up takes longer than systemd's start timeout may allow: say how much longer, once.
-            notifier.send(f"EXTEND_TIMEOUT_USEC={round((wait_s + START_SLACK_S) * 1e6)}")
-            notifier.status("waiting for the GPU devfreq node")
-
-    return backends.probe_gpus(config.backend, root,
-                               node_wait_s=config.node_wait_s if node_wait_s is None else node_wait_s,
-                               read_only=config.policy == "observe", on_wait=on_wait)
+def probe_gpus(config: Config, root: Root) -> list:
+    """The GPUs to govern now, from the backend registry (governor.backends): devfreq, then NVML for backend auto.
+    NodeNotFound when there is none."""
+    return backends.probe_gpus(config.backend, root, read_only=config.policy == "observe")
 
 
-def probe_at_start(config: Config, root: Root, notifier: Notifier) -> tuple[list, str | None]:
-    """The GPUs, or none and why: a board whose GPU node never appears (headless, rail-gated) gets a daemon that is
-    ready, says why it governs nothing, and probes again, instead of one that exits and is restarted in a loop."""
+def probe_at_start(config: Config, root: Root) -> tuple[list, str | None, float]:
+    """The GPUs, or none and why, and for how long (s) a node may still appear (node_wait_s; 0: no wait).
+
+    The socket is served either way: a client asking while the node is awaited is told so, where a daemon that waited
+    before listening looked "not running". A board whose node never appears (headless, rail-gated) gets a daemon that
+    says why it governs nothing and probes again, instead of one that exits and is restarted in a loop."""
     try:
-        return probe_gpus(config, root, notifier), None
+        return probe_gpus(config, root), None, 0.0
     except NodeNotFound as e:
+        if config.node_wait_s > 0 and backends.may_appear_later(config.backend):
+            log.warning("%s; serving meanwhile and waiting up to %g s for it (node_wait_s)", e, config.node_wait_s)
+            return [], f"waiting for the GPU node: {e}", config.node_wait_s
         log.error("no GPU to govern: %s; serving without one and probing again every %g s (probe_retry_s)", e,
                   config.probe_retry_s)
-        return [], str(e)
+        return [], str(e), 0.0
 
 
 def policy_name(config: Config, gpus: list) -> str:
@@ -128,12 +136,37 @@ def raise_fd_limit(config: Config) -> None:
                         config.limits.max_jobs, need)
 
 
+TREE_LOCK = ".ftgovd.lock"
+
+
+def lock_simulated_tree(sim_dir: Path) -> int:
+    """Take the simulated tree for this daemon, before anything in it changes: another --simulate daemon on the same
+    state directory holds the lock for its whole life, and rebuilding its tree would reset its pins under it. Returns
+    the lock's descriptor, to keep open until the daemon exits (the lock ends with it, however it ends)."""
+    sim_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(sim_dir / TREE_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise FtgovError(f"another ftgovd --simulate is using the simulated tree {sim_dir}; stop it, or give this "
+                         "one another --state-dir") from None
+    return fd
+
+
 def start_simulated_board(config: Config) -> None:
     """--simulate: build a simulated Orin at sysfs_root and start its board, a process of its own (governor.sim is
     never imported here) that reacts to what is written into the tree as a board does. Returns once the board
-    watches the tree. The board ends when this process does: it waits for EOF on a pipe only this process holds."""
+    watches the tree. The board ends when this process does: it waits for EOF on a pipe only this process holds.
+    The caller holds the tree's lock (lock_simulated_tree): everything in it but the lock file is rebuilt."""
     sim_dir = Path(config.sysfs_root)
-    shutil.rmtree(sim_dir, ignore_errors=True)
+    for entry in sim_dir.iterdir():
+        if entry.name == TREE_LOCK:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
     keep_r, keep_w = os.pipe()  # keep_w stays open (close-on-exec) for the daemon's lifetime, unreferenced
     env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}  # readiness is the daemon's to tell
     proc = subprocess.Popen([sys.executable, "-m", "governor.sim.board", "--tree", str(sim_dir), "--build", "jp6",
@@ -146,19 +179,49 @@ def start_simulated_board(config: Config) -> None:
         proc.kill()
         raise FtgovError(f"the simulated board did not start (exit status {proc.wait()}; its errors are above)")
     log.info("simulated Jetson AGX Orin (JetPack 6 layout) at %s, board process %d", sim_dir, proc.pid)
-    print(f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}\n"
-          f"ftgovd: clients: export FTGOV_SOCKET={config.socket.path}", file=sys.stderr, flush=True)
+    for line in (f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}",
+                 f"ftgovd: clients: export FTGOV_SOCKET={config.socket.path}"):
+        print(logs.stderr_line(line, 6), file=sys.stderr, flush=True)
 
 
 def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[], Config] | None = None) -> int:
-    notifier = Notifier()
+    """Listen first, so that a socket that cannot be served (taken by another daemon, in a directory that does not
+    exist) is refused before anything else happens; then start and serve; the socket goes when the daemon does."""
     raise_fd_limit(config)
-    if simulate:
-        start_simulated_board(config)
+    fds = listen_fds()
+    if fds:
+        sock = socket.socket(fileno=fds[0])
+        log.info("socket-activated: listening on %s", sock.getsockname())
+    else:
+        sock = bind_socket(config.socket.path, config.socket.mode, config.socket.group,
+                           create_dir=socket_dir_is_ours(config, simulate))
+    tree_lock = None
+    try:
+        if simulate:
+            tree_lock = lock_simulated_tree(Path(config.sysfs_root))
+            start_simulated_board(config)
+        serve(config, sock, load_config_again)
+    finally:
+        sock.close()
+        if not fds:
+            try:
+                os.unlink(config.socket.path)
+            except OSError:
+                pass
+        if tree_lock is not None:
+            os.close(tree_lock)
+    log.info("ftgovd stopped")
+    return 0
+
+
+def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], Config] | None) -> None:
+    """Find the GPUs, build the pin controller and the server, and serve on sock until stopped. The socket is bound
+    already: clients that connect meanwhile wait in its queue."""
+    notifier = Notifier()
     root = trusted_root(config.sysfs_root)
-    gpus, missing_why = probe_at_start(config, root, notifier)
+    gpus, missing_why, node_wait_s = probe_at_start(config, root)
     for gpu in gpus:
-        log.info("GPU %s: %s, levels %s MHz", gpu.id, gpu.describe(),
+        log.info("GPU %s: %s, levels %s MHz", gpu.id, describe_text(gpu),
                  " ".join(mhz(hz, unit=False) for hz in gpu.levels_hz))
         node = gpu.describe().get("devfreq")
         if node is not None and not devfreq.under_sandbox(node):
@@ -190,28 +253,15 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[
     if load_config_again is not None:
         reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus), tuner)
     recorder = _recorder(config, pins, root)
-    server = Server(pins, config, notifier, ticker, reloader,
-                    probe=lambda: probe_gpus(config, root, node_wait_s=0.0))
+    server = Server(pins, config, notifier, ticker, reloader, probe=lambda: probe_gpus(config, root),
+                    node_wait_s=node_wait_s)
 
-    fds = listen_fds()
-    if fds:
-        sock = socket.socket(fileno=fds[0])
-        log.info("socket-activated: listening on %s", sock.getsockname())
-    else:
-        sock = bind_socket(config.socket.path, config.socket.mode, config.socket.group)
     sock.setblocking(False)
     try:
         asyncio.run(server.serve(sock))
     finally:
         if recorder is not None:
             recorder.close()  # the jobs shutdown just ended are written before we exit
-        if not fds:
-            try:
-                os.unlink(config.socket.path)
-            except OSError:
-                pass
-    log.info("ftgovd stopped")
-    return 0
 
 
 def route_loggers() -> None:
@@ -231,8 +281,20 @@ def build_policy(config: Config, gpus: list) -> Policy:
     ffg_hz, ffg_from = config.ffg_freq_hz, "config"
     if ffg_hz is None:
         ffg_hz, ffg_from = default_ffg_hz(shipped_model)
+    else:
+        check_ffg_in_a_table(ffg_hz, gpus)
     log.info("FFG frequency %s (from %s)", mhz(ffg_hz), ffg_from)
     return Policy.from_config(policy_name(config, gpus), ffg_hz, model_file)
+
+
+def check_ffg_in_a_table(ffg_hz: int, gpus: list) -> None:
+    """A configured FFG frequency outside every GPU's range of levels was written in another unit or for another
+    board: refuse it rather than pin every job at the lowest (or highest) level. With no GPU yet, nothing to check."""
+    if not gpus or any(g.levels_hz[0] <= ffg_hz <= g.levels_hz[-1] for g in gpus):
+        return
+    tables = "; ".join(f"GPU {g.id}: {mhz(g.levels_hz[0], unit=False)}..{mhz(g.levels_hz[-1])}" for g in gpus)
+    raise ConfigError(f"ffg_freq_hz: {ffg_hz} Hz ({mhz(ffg_hz)}) is in no GPU's table of levels ({tables}); "
+                      "the value is in Hz")
 
 
 def _recorder(config: Config, pins: PinController, root: Root):
@@ -254,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = build_config(args)
     except FtgovError as e:
-        print(f"ftgovd: error: {e}", file=sys.stderr)
+        print(logs.stderr_line(f"ftgovd: error: {e}"), file=sys.stderr)
         return 2
     if args.print_env:
         if not args.simulate:

@@ -30,6 +30,7 @@ log = logging.getLogger("ftgovd")
 # A job joining at the pin already held changes only the re-adoption list in the state file: one write for a burst
 # of registrations, this long after the first of them. The baseline and any change of pin are saved before the write.
 SAVE_COALESCE_S = 0.05
+SAVE_ENERGY_TICKS = 10  # ticks (sample_interval_s each) between saves of the running jobs' energy so far
 
 
 Listener = Callable[["PinController"], None]
@@ -81,6 +82,7 @@ class PinController:
         self.attach_tuner = attach_tuner
         self.plan_tune = plan_tune
         self._save_pending = False
+        self._ticks_since_save = 0
         self._save_prompt = False
         self.recorder = None  # governor.daemon.recorder.Recorder (set by main): told of every job that ends
 
@@ -90,6 +92,11 @@ class PinController:
         for gpu in gpus:
             self.gpus.setdefault(gpu.id, GpuControl(gpu))
         self.missing_why = None
+        self._notify()
+
+    def no_gpu(self, why: str) -> None:
+        """Why there is still no GPU to govern (the wait for its node is over): status and STATUS= say it."""
+        self.missing_why = why
         self._notify()
 
     def default_gpu(self) -> str:
@@ -138,6 +145,7 @@ class PinController:
             job = self.admit(pid=rec.pid, start_ticks=rec.start_ticks, uid=rec.uid, name=rec.name, gpu_id=rec.gpu,
                              features=Features(**rec.features), job_id=rec.job_id)
             job.adopted = True
+            job.resume(rec)
             job.decision = Decision.from_label(rec.policy, rec.freq_hz, "re-adopted after a daemon restart")
             adopted.append(job)
             log.info("%s re-adopted after a daemon restart at %s", job.label(), mhz(rec.freq_hz), extra=job.fields())
@@ -202,7 +210,7 @@ class PinController:
         energy_j = None
         if job.meter is not None:
             try:
-                energy_j = job.meter.add(time.monotonic(), self.energy.total_mw())
+                energy_j = job.earlier_energy_j + job.meter.add(time.monotonic(), self.energy.total_mw())
             except BackendError as e:
                 log.warning("%s: cannot read energy at its end: %s", job.label(), e)
         saving = job.tuner.finish(job) if hasattr(job.tuner, "finish") else None
@@ -454,6 +462,7 @@ class PinController:
 
     def _save(self) -> None:
         self._save_pending = self._save_prompt = False
+        self._ticks_since_save = 0
         state = self.state()
         try:
             # Written even with nothing pinned: next_job_id must survive restarts so that a job id names one job
@@ -466,8 +475,12 @@ class PinController:
             log.error("%s", e)
 
     def sample(self) -> None:
-        """Integrate energy for every active job (called on the daemon's tick while jobs are active)."""
+        """Integrate energy for every active job (called on the daemon's tick while jobs are active); every
+        SAVE_ENERGY_TICKS ticks the state file gets the jobs' energy so far, which a re-adopting daemon continues."""
         self.energy.sample(self.jobs.values())
+        self._ticks_since_save += 1
+        if self._ticks_since_save >= SAVE_ENERGY_TICKS and any(j.meter is not None for j in self.jobs.values()):
+            self._save_soon(prompt=False)
 
     def _notify(self) -> None:
         for listener in self.listeners:

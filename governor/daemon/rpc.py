@@ -52,8 +52,11 @@ class Methods:
         return redact.status_for(status.status(self.pins), conn.peer.uid)
 
     def _no_gpu(self) -> RpcFault:
-        return RpcFault(SERVER_ERROR, f"no GPU to govern yet ({self.pins.missing_why}); ftgovd probes again every "
-                        f"{self.config.probe_retry_s:g} s: training runs on at the default clocks")
+        when = (f"ftgovd waits for it up to {self.server.node_wait_s:g} s after its start (node_wait_s)"
+                if self.server.waiting_for_gpu()
+                else f"ftgovd probes again every {self.config.probe_retry_s:g} s")
+        return RpcFault(SERVER_ERROR, f"no GPU to govern yet ({self.pins.missing_why}); {when}: training runs on at "
+                        "the default clocks")
 
     def rpc_pin_check(self, conn: Connection, params) -> dict:
         uid = conn.peer.uid
@@ -150,7 +153,14 @@ class Methods:
             decision = self.pins.hold_unpinned(job, MEASURING)
             self.server.sampler.start(job)
             return self._registered(job, decision)
-        return self._decide_new(conn, job, "")
+        reply = self._decide_new(conn, job, "")
+        self._record_util(job)
+        return reply
+
+    def _record_util(self, job: ActiveJob) -> None:
+        """A job decided without its gpu_util has it measured anyway, for status and the store."""
+        if job.features.gpu_util is None:
+            self.server.sampler.start(job, decide=False)
 
     def _decide_new(self, conn: Connection, job: ActiveJob, why: str) -> dict:
         try:
@@ -196,12 +206,16 @@ class Methods:
                 self.pins.hold_unpinned(job, MEASURING)
                 sampler.start(job)
             return
-        sampler.forget(job.job_id)  # the client sent gpu_util, or it no longer matters
+        waited = sampler.waiting(job)
+        if waited or job.features.gpu_util is not None:
+            sampler.forget(job.job_id)  # the client sent gpu_util, or the decision no longer waits for it
         try:
             self.pins.decide(job)
         except FtgovError:
             job.features = old
             raise
+        if waited:
+            self._record_util(job)
 
     def rpc_progress(self, conn: Connection, params) -> dict:
         job = self._own_job(conn, params.job_id)

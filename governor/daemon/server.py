@@ -19,6 +19,7 @@ import socket
 from collections import Counter
 from collections.abc import Callable
 
+from governor.backends.base import describe_text
 from governor.config import Config
 from governor.daemon import admission, peers, ratelimit
 from governor.daemon.connection import READ_CHUNK, Connection
@@ -35,15 +36,19 @@ from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
 
+NODE_WAIT_PROBE_S = 1.0  # how often a GPU node is probed for while it is awaited after start (node_wait_s)
+
 
 class Server:
     """``ticker`` must be one of the PinController's listeners (main builds both): it turns changes into STATUS=."""
 
     def __init__(self, pins: PinController, config: Config, notifier: Notifier, ticker: Ticker,
                  reload: Callable[[Server], None] | None = None,
-                 probe: Callable[[], list | None] | None = None):
+                 probe: Callable[[], list | None] | None = None, node_wait_s: float = 0.0):
         self.pins = pins
         self.probe = probe  # finds the GPUs again while none is governed (governor.daemon.main.probe_gpus)
+        self.node_wait_s = node_wait_s  # with no GPU at start: how long its node is awaited, probing every second
+        self._node_deadline: float | None = None  # loop time the wait ends; None: not waiting
         self.reload = reload  # on SIGHUP (governor.daemon.reload); None: SIGHUP is ignored
         self.config = config
         self.notifier = notifier
@@ -105,7 +110,9 @@ class Server:
         log.info("ftgovd ready on %s (policy %s)", listen_sock.getsockname(), self.pins.policy.name)
         self.ticker.start_watchdog()
         if not self.pins.gpus and self.probe is not None:
-            loop.call_later(self.config.probe_retry_s, self._probe_again)
+            if self.node_wait_s > 0:
+                self._node_deadline = loop.time() + self.node_wait_s
+            loop.call_later(self._probe_interval_s(), self._probe_again)
         try:
             await self._stop.wait()
         finally:
@@ -123,17 +130,35 @@ class Server:
             loop.remove_reader(self._exits.fileno())
             self._exits.close()
 
+    def waiting_for_gpu(self) -> bool:
+        """True while the GPU's node is awaited after start (node_wait_s)."""
+        return self._node_deadline is not None
+
+    def _probe_interval_s(self) -> float:
+        # A node that comes up during boot is taken within a second; after the wait, every probe_retry_s.
+        retry_s = self.config.probe_retry_s
+        return min(NODE_WAIT_PROBE_S, retry_s) if self.waiting_for_gpu() else retry_s
+
     def _probe_again(self) -> None:
+        why = "none found"
         try:
             gpus = self.probe()
         except FtgovError as e:
             log.debug("still no GPU: %s", e)
-            gpus = None
+            gpus, why = None, str(e)
+        loop = asyncio.get_running_loop()
         if not gpus:
-            asyncio.get_running_loop().call_later(self.config.probe_retry_s, self._probe_again)
+            if self._node_deadline is not None and loop.time() >= self._node_deadline:
+                self._node_deadline = None
+                why += f" (waited {self.node_wait_s:g} s; node_wait_s in the config)"
+                log.error("no GPU to govern: %s; serving without one and probing again every %g s (probe_retry_s)",
+                          why, self.config.probe_retry_s)
+                self.pins.no_gpu(why)
+            loop.call_later(self._probe_interval_s(), self._probe_again)
             return
+        self._node_deadline = None
         for gpu in gpus:
-            log.info("GPU %s found: %s, levels %s MHz; governing it from now", gpu.id, gpu.describe(),
+            log.info("GPU %s found: %s, levels %s MHz; governing it from now", gpu.id, describe_text(gpu),
                      " ".join(mhz(hz, unit=False) for hz in gpu.levels_hz))
         self.pins.add_gpus(gpus)
 

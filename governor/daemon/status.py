@@ -29,10 +29,7 @@ def status(pins: PinController) -> dict:
     now = time.monotonic()
     jobs = []
     for j in pins.jobs.values():
-        try:
-            energy = j.meter.energy_j if j.meter else None
-        except BackendError:
-            energy = None
+        energy = j.energy_so_far_j()
         jobs.append({"job_id": j.job_id, "name": j.name, "pid": j.pid, "uid": j.uid, "gpu": j.gpu_id,
                      "policy": j.decision.label if j.decision else None, "freq_hz": j.freq_hz,
                      "reason": j.decision.reason if j.decision else None, "features": j.features.model_dump(),

@@ -21,6 +21,10 @@ of `ftgov run` may not be running yet), and the load then reads near 0. So:
 While another job holds a pin on the same GPU the load is not measured at the default governor; the log says so.
 The measured figure, when it was taken and over how many samples are logged and put in the decision's reason;
 status shows the figure in the job's features.
+
+A job whose decision did not need gpu_util (ffg, tune, a tree path that tests none) is measured the same way, only
+to record it (``decide=False``): status and the measurement store then show its load, and the store can learn a
+gpu_util split from such jobs too. Its decision stays; the load is read at its pin, and the log says so.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class _Pending:
     samples: list[float] = field(default_factory=list)
     waiting_for_load: bool = False  # no progress reports: windows go on until the load shows the loop runs
     ramp_seen: bool = False  # a window has reached the active load; the next one decides
+    decide: bool = True  # False: the measurement is only recorded, the job's decision stands
 
 
 class UtilizationSampler:
@@ -76,12 +81,16 @@ class UtilizationSampler:
         return self._config().util_settle_max_s
 
     def waiting(self, job: ActiveJob) -> bool:
-        return job.job_id in self._pending
+        """Whether the job's decision waits for its gpu_util (not a measurement only to be recorded)."""
+        pending = self._pending.get(job.job_id)
+        return pending is not None and pending.decide
 
-    def start(self, job: ActiveJob) -> None:
-        """The job needs gpu_util: wait for its first training step (or the settling delay)."""
+    def start(self, job: ActiveJob, *, decide: bool = True) -> None:
+        """Measure the job's gpu_util from its first training step (or the settling delay); decide on it, or with
+        ``decide=False`` only record it (the decision did not need it)."""
+        self.forget(job.job_id)
         settle = asyncio.get_running_loop().call_later(self.settle_s, self._settled, job.job_id)
-        self._pending[job.job_id] = _Pending(settle)
+        self._pending[job.job_id] = _Pending(settle, decide=decide)
 
     def progress(self, job: ActiveJob, phase: str | None) -> None:
         pending = self._pending.get(job.job_id)
@@ -154,11 +163,16 @@ class UtilizationSampler:
         else:
             util_pct = ASSUMED_UTIL_PCT
             why = f"gpu_util not given and the GPU reports no load: assumed {ASSUMED_UTIL_PCT:g}%"
-        others = self.pins.gpus[job.gpu_id].pinned_hz
-        if others is not None:
-            why += f" (while other jobs held the GPU at {mhz(others)}, not at the default governor)"
+        pinned_hz = self.pins.gpus[job.gpu_id].pinned_hz
+        if not pending.decide:
+            at = f"at the pin of {mhz(pinned_hz)}" if pinned_hz is not None else "at the default governor"
+            why += f" ({at}; recorded only: the job's decision did not test gpu_util)"
+        elif pinned_hz is not None:
+            why += f" (while other jobs held the GPU at {mhz(pinned_hz)}, not at the default governor)"
         log.info("%s: %s", job.label(), why, extra={**job.fields(), "GPU_UTIL_PCT": f"{util_pct:.1f}"})
         job.features = job.features.model_copy(update={"gpu_util": util_pct})
+        if not pending.decide:
+            return
         try:
             self.pins.decide(job, why_util=why)
         except FtgovError as e:  # the pin did not take: the job runs on unpinned, as a client would be told

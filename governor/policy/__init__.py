@@ -104,7 +104,12 @@ class Policy:
             why = "observe: no pin, the default governor runs"
             if self.tree is not None:
                 would = self.tree.decide(features)
-                why += f" (mlg would pick {mhz(nearest_level(levels_hz, would.freq_hz))}: {would.explain()})"
+                level = nearest_level(levels_hz, would.freq_hz)
+                if level == would.freq_hz:
+                    why += f" (mlg would pick {mhz(level)}: {would.explain()})"
+                else:  # one pick, two tables: say which number is whose
+                    why += (f" (mlg would pick {mhz(level)}: the Orin tree's {mhz(would.freq_hz)} maps to "
+                            f"{mhz(level)} on this GPU's table; {' -> '.join(would.path)})")
             return Decision(name, None, why)
         if name is PolicyName.FFG or self.tree is None:
             level = nearest_level(levels_hz, self.ffg_freq_hz)

@@ -24,6 +24,8 @@ from pathlib import Path
 import yaml
 
 DEVFREQ = "sys/class/devfreq/17000000.gpu"
+# Where workdirs are made: /tmp unless set (a test session sets a directory of its own and removes it at its end).
+WORKDIRS_ENV = "FTGOV_TEST_WORKDIRS"
 # The paper's tree, not the trained one: its splits are fixed, so what a run shows does not move with retraining.
 # Short sampling windows keep runs quick.
 QUICK_CONFIG = {"model_file": str(resources.files("governor.data") / "paper-tree.json"), "util_sample_s": 0.05,
@@ -146,7 +148,8 @@ class Daemon:
                  env: dict | None = None, *, test_config: bool = True, config_file: str | None = None,
                  state_dir: Path | None = None, log_path: Path | None = None, log_level: str = "debug",
                  python_args: tuple[str, ...] = (), python: str = sys.executable):
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ftg", dir="/tmp"))  # short: AF_UNIX paths <= 107
+        # Short: AF_UNIX paths <= 107.
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ftg", dir=os.environ.get(WORKDIRS_ENV, "/tmp")))
         self.root = root
         self.socket = str(self.workdir / "s.sock")
         self.state_dir = Path(state_dir) if state_dir is not None else self.workdir / "state"

@@ -75,6 +75,10 @@ class JobRecord:
     features: dict
     freq_hz: int | None
     policy: str
+    # So that a job re-adopted after a restart keeps its history: when it registered (wall clock, s since the epoch)
+    # and the energy measured for it up to the last save (J). None: not known (a file from an older daemon).
+    started_at: float | None = None
+    energy_j: float | None = None
 
 
 # ---- the schema: every field typed and bounded; anything else makes the whole file invalid -------------------------
@@ -104,6 +108,8 @@ class _JobModel(_Strict):
     features: dict[str, Any]
     freq_hz: int | None = Field(default=None, ge=1, le=_MAX_HZ)
     policy: str = Field(max_length=32)
+    started_at: float | None = Field(default=None, ge=0, le=1e11)
+    energy_j: float | None = Field(default=None, ge=0, le=1e15)
 
     @field_validator("features")
     @classmethod

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from tests.support.daemon import FEATURES, REPO, limits
+from tests.support.fswatch import Watch
 
 BASELINE = (306000000, 1300500000)
 PINNED = (714000000, 714000000)
@@ -51,6 +52,47 @@ def test_killed_daemon_restarts_and_readopts_a_live_job(orin, start_daemon):
         assert limits(orin) == BASELINE
         # Job ids go on counting within a boot: a new job never reuses an old id.
         assert d2.client().call("register", **FEATURES)["job_id"] == job + 1
+    finally:
+        worker.kill()
+
+
+def _saved_job(state_path) -> dict | None:
+    try:
+        jobs = json.loads(state_path.read_text())["jobs"]
+    except (OSError, ValueError):  # not written yet
+        return None
+    return jobs[0] if jobs else None
+
+
+def test_a_readopted_job_keeps_its_start_time_and_energy(orin, start_daemon):
+    # After a SIGKILL and restart, a job that had run 25.0 s was recorded as 16.3 s: the new daemon counted anew.
+    d = start_daemon()
+    worker = _worker()
+    try:
+        c = d.client()
+        c.call("register", pid=worker.pid, name="live", **FEATURES)
+        state_path = d.state_dir / "state.json"
+        watch = Watch(d.state_dir)
+        try:  # the periodic save of the energy so far (every SAVE_ENERGY_TICKS ticks of 0.2 s here)
+            watch.wait(lambda: (_saved_job(state_path) or {}).get("energy_j", 0) > 0, 15)
+        finally:
+            watch.close()
+        before = c.call("status")["jobs"][0]
+        d.stop(signal.SIGKILL)
+        saved = _saved_job(state_path)
+        assert saved["started_at"] > 0 and saved["energy_j"] > 0
+
+        d2 = start_daemon(workdir=d.workdir, notify_name="n2.sock")
+        after = d2.client().call("status")["jobs"][0]
+        assert after["adopted"] and after["duration_s"] >= before["duration_s"] > 0
+        assert after["energy_j"] >= saved["energy_j"]
+        worker.kill()
+        worker.wait()
+        d2.wait_jobs(0)
+        ended = next(line for line in d2.log().splitlines() if "ended (process exited) after" in line)
+        assert float(ended.split(" after ")[1].split(" s,")[0]) >= before["duration_s"]
+        energy_j = float(ended.split(" energy ")[1].split(" J ")[0])
+        assert energy_j >= saved["energy_j"]
     finally:
         worker.kill()
 

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from governor.sim import tree
+from tests.support import hostusers
 from tests.support.daemon import DEVFREQ, FEATURES, REPO, Daemon, Rpc, limits
 
 BASELINE = (306000000, 1300500000)
@@ -258,13 +259,7 @@ def _run_as(user: str, sock: str, line):
 
 
 def _ensure_user(name: str, groups: tuple[str, ...]) -> None:
-    for g in groups:
-        subprocess.run(["groupadd", "-f", g], check=True)
-    if subprocess.run(["id", name], capture_output=True).returncode != 0:
-        cmd = ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name]
-        if groups:
-            cmd[1:1] = ["-G", ",".join(groups)]
-        subprocess.run(cmd, check=True)
+    hostusers.ensure_user(name, groups=groups)  # removed at the session's end if it made them
 
 
 def test_socket_mode_and_stale_socket(orin, start_daemon):
@@ -300,12 +295,11 @@ def test_bad_config_names_the_key_and_exits_non_zero(tmp_path):
 def test_waits_for_a_late_node_then_serves(tmp_path, start_daemon):
     root = tmp_path / "late"
     root.mkdir()
-    d = start_daemon(root=root, launch=False)
-    d.start(wait=False)
-    # The daemon tells systemd that it waits; then the node appears and it becomes ready.
-    d.wait_status(lambda m: "waiting for the GPU devfreq node" in m, 15)
+    d = start_daemon(root=root)
+    # Ready at once, saying what it waits for; then the node appears and it governs it.
+    assert any("READY=1" in m and "waiting for the GPU node" in m for m in d.notify.messages)
     tree.build(root, "jp6")
-    d.wait_status(lambda m: "READY=1" in m, 15)
+    d.wait_status(lambda m: "GPU 0 at baseline" in m, 15)
     assert d.client().call("register", **FEATURES)["freq_hz"] == 714000000
 
 
@@ -313,6 +307,7 @@ def test_missing_node_is_reported_clearly_after_the_wait(tmp_path, start_daemon)
     # It used to exit 1 here, and systemd restarted it in a loop: now it serves without a GPU
     # (tests/daemon/test_absent_gpu.py).
     d = start_daemon(root=tmp_path, config={"node_wait_s": 0.2})
+    d.wait_status(lambda m: "no devfreq class" in m and "node_wait_s" in m)
     assert "no devfreq class" in d.log() and "node_wait_s" in d.log()
 
 

@@ -62,6 +62,8 @@ def test_observe_mode_changes_nothing_and_refuses_tune(nvml_daemon):
     c = d.client()
     res = c.call("register", gpu=0, **FEATURES)
     assert res["freq_hz"] is None and "mlg would pick" in res["reason"]
+    gpu_line = next(line for line in d.log().splitlines() if "INFO GPU 0: " in line)
+    assert "backend=nvml index=0 " in gpu_line and "{" not in gpu_line  # key=value text, not a Python dict
     err = c.request("register", gpu=0, tune=True, **FEATURES)["error"]
     assert err["data"]["field"] == "tune"
     c.call("unregister", job_id=res["job_id"])

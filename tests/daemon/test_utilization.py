@@ -1,5 +1,6 @@
 """gpu_util is measured while the job trains, not when it registers (when the GPU idles while the job sets up)."""
 
+from governor.store import measurements as store
 from tests.support.daemon import FEATURES, limits
 from tests.support.fswatch import IN_CLOSE_NOWRITE, Watch
 
@@ -110,3 +111,29 @@ def test_predict_samples_the_load_only_when_the_decision_depends_on_it(orin, sta
     d = start_daemon()
     res = d.client().call("predict", **STRUCTURE)  # the tree tests gpu_util for BERT-base: the load now is used
     assert "gpu_util measured from the GPU's load: 9.3%" in res["reason"]
+
+
+def test_a_job_decided_without_gpu_util_still_has_its_load_measured_and_shown(orin, start_daemon, tmp_path):
+    # FFG decides without gpu_util; status and the store used to show gpu_util null for such a job all its life.
+    set_load(orin, 55.0)
+    db = tmp_path / "measurements.sqlite"
+    d = start_daemon(config={"policy": "ffg", "ffg_freq_hz": 816_000_000, "store": {"path": str(db)}})
+    c = d.client()
+    res = c.call("register", **STRUCTURE)
+    assert res["freq_hz"] == 816_000_000 and res["gpu_util"] is None  # decided at once, as before
+    watch = Watch((orin / LOAD).parent, mask=IN_CLOSE_NOWRITE)
+    try:
+        c.notify("progress", job_id=res["job_id"], steps=1, phase="train")  # its loop runs: measure from here
+        # Checked after each read of the load file: the measurement ends in the loop turn of its last read.
+        watch.wait(lambda: c.call("status")["jobs"][0]["features"]["gpu_util"] is not None)
+    finally:
+        watch.close()
+    job = c.call("status")["jobs"][0]
+    assert job["features"]["gpu_util"] == 55.0
+    assert job["freq_hz"] == 816_000_000 and job["reason"] == res["reason"]  # the decision stands
+    assert "gpu_util measured while the job trains: 55.0%" in d.log()
+    assert "at the pin of 816 MHz; recorded only: the job's decision did not test gpu_util" in d.log()
+    c.call("unregister", job_id=res["job_id"])
+    d.stop()  # the store's writer commits what is queued before the daemon exits
+    (stored,) = store.read_jobs(store.open_read_only(db))
+    assert stored.gpu_util == 55.0 and stored.freq_hz == 816_000_000

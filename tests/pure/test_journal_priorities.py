@@ -61,6 +61,21 @@ def test_priorities_prefixed_when_stderr_is_the_journal(tmp_path):
     assert any("ZeroDivisionError" in line for line in lines[start:])
     assert all(line.startswith("<3>") for line in lines[start:] if line)
     assert any("priority prefixes" in line for line in lines)  # says which mode it logs in
+    assert all(line.startswith("<") for line in lines if line), lines  # that notice too: every line has its <N>
+
+
+def test_config_error_before_logging_is_prefixed_on_the_journal(tmp_path):
+    err = tmp_path / "stderr"
+    err.touch()
+    st = err.stat()
+    env = {k: v for k, v in os.environ.items() if k not in ("JOURNAL_STREAM", "INVOCATION_ID")}
+    env.update(PYTHONPATH=str(REPO), INVOCATION_ID="0123456789abcdef0123456789abcdef",
+               JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
+    with open(err, "ab") as f:
+        proc = subprocess.run([sys.executable, "-m", "governor.daemon", "--config", str(tmp_path / "absent.yaml")],
+                              stderr=f, env=env, timeout=60)
+    assert proc.returncode == 2
+    assert err.read_text().splitlines() == [f"<3>ftgovd: error: config file {tmp_path / 'absent.yaml'} does not exist"]
 
 
 def test_no_prefixes_when_stderr_is_not_the_journal(tmp_path):

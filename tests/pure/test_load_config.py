@@ -28,6 +28,8 @@ def test_overrides_win_key_by_key(tmp_path):
     ("socket:\n  mode: 0666\n", "socket.mode"),
     ("nonsense: 1\n", "nonsense"),
     ("policy: fastest\n", "policy"),
+    ("ffg_freq_hz: 816\n", "ffg_freq_hz: Value error, 816 Hz is below 1 MHz: the value is in Hz"),
+    ("ffg_freq_hz: 0\n", "ffg_freq_hz: Value error, 0 Hz is below 1 MHz"),
 ])
 def test_a_bad_value_names_its_key(tmp_path, text, key):
     path = tmp_path / "c.yaml"

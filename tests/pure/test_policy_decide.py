@@ -46,6 +46,14 @@ def test_observe_pins_nothing_but_says_what_mlg_would_pick(tree):
     assert d.freq_hz is None and d.policy is PolicyName.OBSERVE and "mlg would pick 714 MHz" in d.reason
 
 
+def test_observe_on_another_table_names_the_mapping_once(tree):
+    nvml_levels = (210_000_000, 495_000_000, 750_000_000, 945_000_000, 1_410_000_000)  # no 714 MHz on this GPU
+    d = Policy(PolicyName.OBSERVE, 918_000_000, tree).decide(BERT, nvml_levels)
+    assert "mlg would pick 750 MHz: the Orin tree's 714 MHz maps to 750 MHz on this GPU's table; " in d.reason
+    assert "-> 714 MHz)" not in d.reason  # the tree's own number is not a second pick at the end of the path
+    assert "gpu_util=60 > 22" in d.reason
+
+
 def test_a_job_may_ask_for_tune_on_an_mlg_daemon(tree):
     d = Policy(PolicyName.MLG, 918_000_000, tree).decide(BERT, LEVELS, PolicyName.TUNE)
     assert (d.policy, d.freq_hz, d.label) == (PolicyName.TUNE, 714_000_000, "tune")

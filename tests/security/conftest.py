@@ -8,23 +8,23 @@ import subprocess
 
 import pytest
 
+from tests.support import hostusers
 from tests.support.security import needs_root
 
 
 @pytest.fixture
 def member():
-    """A throwaway user in the ftgov group, removed afterwards (the group stays): (name, uid)."""
+    """A throwaway user in the ftgov group, removed afterwards (the group at the session's end, if it made it):
+    (name, uid)."""
     needs_root()
     name = f"ftgs{secrets.token_hex(3)}"
-    subprocess.run(["groupadd", "-f", "ftgov"], check=True)
     # ftgov as the primary group too: then SO_PEERCRED's gid alone makes the peer a member (as on many installs).
-    subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "-g", "ftgov", "-G", "ftgov", name],
-                   check=True)
+    hostusers.ensure_user(name, groups=("ftgov",), primary="ftgov")
     try:
         uid = int(subprocess.run(["id", "-u", name], capture_output=True, text=True, check=True).stdout)
         yield name, uid
     finally:
-        subprocess.run(["userdel", name], check=False)
+        hostusers.remove_user(name)
 
 
 @pytest.fixture

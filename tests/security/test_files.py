@@ -16,7 +16,7 @@ from governor.daemon.listen import bind_socket
 from governor.errors import BackendError, FtgovError, ModelError
 from governor.policy.tree import MAX_MODEL_BYTES, DecisionTree
 from governor.sysfs import EXCERPT_CHARS, read_int, write_text
-from tests.support import REPO
+from tests.support import REPO, hostusers
 from tests.support.daemon import DEVFREQ, FEATURES, limits
 from tests.support.security import BASELINE, needs_root
 
@@ -114,7 +114,7 @@ def test_a_socket_directory_others_can_write_is_refused(tmp_path):
 
 def test_a_socket_swapped_for_a_symlink_after_bind_does_not_redirect_the_chown(tmp_path, monkeypatch):
     needs_root()
-    subprocess.run(["groupadd", "-f", "ftgov"], check=True)
+    hostusers.ensure_group("ftgov")
     victim = tmp_path / "victim"
     victim.write_text("root only\n")
     os.chmod(victim, 0o600)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from governor.sim.launch import (  # noqa: F401  (re-exported for the tests)
     DEVFREQ,
     FEATURES,
+    WORKDIRS_ENV,
     Daemon,
     DaemonExited,
     NotifyListener,

@@ -4,14 +4,18 @@
 # Recipe and pitfalls: docs/install.md (the systemd suite) and the comments below.
 #
 # Usage: tests/systemd/run.sh [--smoke]      (as root; --smoke stops after booting and running `systemctl --version`)
-# Environment: FTGOV_CI_CACHE (default /var/cache/ftgov-ci) holds the root file system tarball and the dependency wheels,
-# outside the checkout so that later runs skip mmdebstrap (about 25 s) and the PyPI downloads.
-# FTGOV_CI_KEEP=1 keeps the container's directory after the run for inspection.
+# Environment: FTGOV_CI_CACHE names a directory that keeps the root file system tarball and the dependency wheels across
+# runs (later runs skip mmdebstrap, about 25 s, and the PyPI downloads); by default they live in the run's own tmpfs and
+# go with it. FTGOV_CI_KEEP=1 keeps the container's directory after the run for inspection.
+#
+# The host is left as found: host packages the run had to install (HOST_PACKAGES and what they pulled in) are purged
+# at its end, the run's tmpfs and cgroups are removed, and its lock file goes with the last run.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-CACHE=${FTGOV_CI_CACHE:-/var/cache/ftgov-ci}
+CACHE=${FTGOV_CI_CACHE:-}  # empty: $WORK/cache, gone with the run
+RUN_LOCK=/run/lock/ftgov-ci.lock
 SMOKE=0
 [[ ${1:-} == --smoke ]] && SMOKE=1
 
@@ -29,15 +33,73 @@ die() { log "FAIL: $*"; exit 1; }
 
 [[ $(id -u) == 0 ]] || die "must run as root (systemd-nspawn, cgroups)"
 
+installed_packages() { dpkg-query -W -f='${db:Status-Abbrev} ${Package}\n' | awk '$1 == "ii" {print $2}' | sort; }
+
+# Packages built from systemd's source must be the installed systemd's version: the newest would upgrade the host's
+# systemd and its libraries along with them, which a purge does not undo.
+host_install_args() {
+    local p version
+    version=$(dpkg-query -W -f='${Version}' libsystemd0 2>/dev/null || true)
+    for p in "$@"; do
+        case $p in
+            systemd-container | libsystemd-dev) [[ -n $version ]] && p="$p=$version" ;;
+        esac
+        printf '%s\n' "$p"
+    done
+}
+
+# What this run installs on the host, dependencies included; teardown purges exactly these. The .deb files go to a
+# directory of the run's own, not to apt's cache.
+INSTALLED_BY_RUN=()
+APT_ARCHIVES=
 ensure_host_packages() {
-    local missing=() p
+    local missing=() args=() p before upgrades
     for p in "${HOST_PACKAGES[@]}"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
     done
     ((${#missing[@]} == 0)) && return
-    log "installing host packages: ${missing[*]}"
+    mapfile -t args < <(host_install_args "${missing[@]}")
+    APT_ARCHIVES=$(mktemp -d /var/tmp/ftgov-apt.XXXXXX)
+    mkdir "$APT_ARCHIVES/partial"
+    local apt=(apt-get -o "Dir::Cache::Archives=$APT_ARCHIVES" -o APT::Sandbox::User=root)
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    # An installed package that would change version is refused: the host is to be left as found.
+    upgrades=$("${apt[@]}" -s install --no-install-recommends "${args[@]}" | awk '/^Inst [^ ]+ \[/ {print $2}')
+    [[ -z $upgrades ]] || die "installing ${args[*]} would change installed packages (${upgrades//$'\n'/ }):" \
+        "install ${missing[*]} by hand, or upgrade first"
+    log "installing host packages: ${args[*]} (purged again at the end of the run)"
+    before=$(installed_packages)
+    # Recorded even when the install fails half-way: whatever it did install is purged.
+    DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends "${args[@]}" >/dev/null || {
+        mapfile -t INSTALLED_BY_RUN < <(comm -13 <(echo "$before") <(installed_packages))
+        die "apt-get install ${missing[*]} failed"
+    }
+    mapfile -t INSTALLED_BY_RUN < <(comm -13 <(echo "$before") <(installed_packages))
+}
+
+purge_host_packages() {
+    [[ -n $APT_ARCHIVES ]] && rm -rf "$APT_ARCHIVES"
+    ((${#INSTALLED_BY_RUN[@]} == 0)) && return 0
+    log "purging the host packages this run installed: ${INSTALLED_BY_RUN[*]}"
+    DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq "${INSTALLED_BY_RUN[@]}" >/dev/null \
+        || log "warning: could not purge ${INSTALLED_BY_RUN[*]}"
+}
+
+# One container at a time (fixed machine name, one per-run cgroup pair): a second run waits for the first. The last
+# run out removes the lock file; a waiter that then gets the lock on the removed file takes the lock again on a new one.
+take_run_lock() {
+    while :; do
+        exec 9>>"$RUN_LOCK"
+        flock -w 900 9 || die "another run holds $RUN_LOCK"
+        [[ /proc/self/fd/9 -ef $RUN_LOCK ]] && return
+        exec 9>&-
+    done
+}
+
+release_run_lock() {
+    { true >&9; } 2>/dev/null || return 0  # never taken
+    rm -f "$RUN_LOCK"
+    exec 9>&-
 }
 
 # The checkout as git sees it (tracked plus untracked, not ignored), so uncommitted work is tested and build/ or .venv/
@@ -134,6 +196,7 @@ teardown() {
         wait "$NSPAWN_PID" 2>/dev/null
     fi
     leave_run_cgroup
+    purge_host_packages
     # Once the checks run they print the daemon's journal themselves; the console only helps before that.
     if ((rc != 0 && !CHECKS_STARTED)) && [[ -n $WORK && -f $WORK/console.log ]]; then
         log "container console (last 40 lines):"
@@ -147,6 +210,7 @@ teardown() {
             rm -rf "$WORK"
         fi
     fi
+    release_run_lock
     ((rc == 0)) && log "PASS" || log "FAIL (exit $rc)"
     exit $rc
 }
@@ -196,16 +260,16 @@ boot_container() {
 main() {
     trap teardown EXIT
     log "start"
+    # Under the lock: a run's purge at its end must not pull packages from under another run.
+    take_run_lock
     ensure_host_packages
-    mkdir -p "$CACHE"
-    # One container at a time (fixed machine name, one per-run cgroup pair): a second run waits for the first.
-    exec 9>"$CACHE/run.lock"
-    flock -w 900 9 || die "another run holds $CACHE/run.lock"
     WORK=$(mktemp -d /var/tmp/ftgov-systemd.XXXXXX)
     # The container lives in memory (about 400 MB): writing and deleting its 250 MB root file system on a busy disk
     # took half a minute each way on our machines, in RAM it takes two seconds.
-    mount -t tmpfs -o size=2g,mode=0755 ftgov-ci "$WORK"
+    mount -t tmpfs -o size=3g,mode=0755 ftgov-ci "$WORK"
     WORK_MOUNTED=1
+    CACHE=${CACHE:-$WORK/cache}
+    mkdir -p "$CACHE"
     ensure_rootfs_tarball
     local rootfs=$WORK/rootfs
     mkdir "$rootfs"
