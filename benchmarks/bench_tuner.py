@@ -223,8 +223,9 @@ def section(rows: list[str], args) -> str:
     """docs/benchmarks.md's "tuner" section: governor/policy/tuner.py's summary rows, what was run, on what."""
     sets = " ".join(args.sets)
     slowdown = f" --max-slowdown {args.max_slowdown:g}" if args.max_slowdown is not None else ""
-    return (f"## The online tuner on energy curves\n\n`python -m benchmarks.bench_tuner --sets {sets}{slowdown}` "
-            f"(`make bench`): governor/policy/tuner.py with its defaults, {args.seeds} seeds per curve and start, "
+    return (f"## The online tuner on energy curves\n\n`python -m benchmarks.bench_tuner --sets {sets} --seeds "
+            f"{args.seeds}{slowdown}` (`make bench`): governor/policy/tuner.py with its defaults, seeds 0-"
+            f"{args.seeds - 1} per curve and start, "
             f"{args.job_steps}-step jobs, {args.noise_rel:.0%} window noise on the recorded and adversarial curves, "
             f"model noise {args.model_noise} on the simulated Orin. Sets: real (146 measured energy-vs-frequency "
             "curves of Jetson AGX Xavier and Xavier NX, `../shared/data/loudva`), adversarial (42 shapes made in "
