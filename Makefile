@@ -1,10 +1,11 @@
 # ftgov. The two commands of the README:
 #   make demo      set up a virtual environment and run the demo on a simulated Jetson AGX Orin
 #   make test      set up, then run every test (pytest, then the systemd suite in a booted container when root)
-# Also: make lint (ruff; make test runs it first), make bench (daemon latency/memory figures), make model (retrain
+# Also: make lint (ruff; make test runs it first), make bench (daemon, client and tuner figures), make model (retrain
 # the MLG tree: the pipeline's stages, each file from the files it is computed from), make evaluate (policies on the
 # held-out workloads, with plots), make stress (fault-injection and load figures), make learn (the measurement store
-# teaching the tree on a simulated board).
+# teaching the tree on a simulated board). bench, evaluate, stress and learn each write their sections of
+# docs/benchmarks.md.
 #
 # Install on a Jetson:
 #
@@ -95,7 +96,7 @@ test-systemd:
 bench: $(DEV_VENV)/.test
 	$(VPY) -m benchmarks.bench_daemon
 	$(VPY) -m benchmarks.bench_client
-	$(VPY) -m benchmarks.bench_tuner
+	$(VPY) -m benchmarks.bench_tuner --max-slowdown 0.1
 	$(VPY) -m benchmarks.tuner_bound
 	$(VPY) -m benchmarks.bench_saving
 	$(VPY) -m benchmarks.meter_windows
@@ -140,6 +141,7 @@ stress: $(DEV_VENV)/.test
 evaluate: $(SHIPPED)/mlg-tree.json $(SHIPPED)/ffg.json $(HELD_OUT) | $(DEV_VENV)/.base
 	$(PIPELINE) evaluate --data $(HELD_OUT) --mlg-tree $(SHIPPED)/mlg-tree.json --ffg $(SHIPPED)/ffg.json \
 	  --paper-tree $(SHIPPED)/paper-tree.json --out out/evaluate
+	$(VPY) -m benchmarks.model_evaluation
 
 # The measurement store teaching the tree on a simulated board (benchmarks/learn.py): table and figure in out/learn.
 learn: $(DEV_VENV)/.base

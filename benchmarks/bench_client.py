@@ -6,7 +6,7 @@
 - register and unregister round trips through governor.job (gpu_util given, so the daemon does not sample the load);
 - `ftgov run -- true` against running `true` directly: the wrapper's start-up and registration overhead.
 
-Prints a table. Run: python -m benchmarks.bench_client
+Prints a table and writes it to docs/benchmarks.md ("client"). Run: python -m benchmarks.bench_client
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.figures import machine, markdown_table, write_section
 from governor.sim.launch import FEATURES, Daemon
 
 REPO = Path(__file__).resolve().parent.parent
@@ -53,19 +54,21 @@ def main() -> int:
     try:
         daemon.start(timeout_s=30)
         with governor.job(**FEATURES, socket=sock) as job:
-            rows.append(("job.step(), default rate limit", f"{per_call_ns(job.step, 1_000_000):.0f} ns"))
+            step_ns = per_call_ns(job.step, 1_000_000)
+            rows.append(("job.step(), default rate limit (mean of 10^6)", f"{step_ns:.0f} ns"))
         with governor.job(**FEATURES, socket=sock, report_every_s=0) as job:
-            rows.append(("job.step(), a notification every step", f"{per_call_ns(job.step, 100_000) / 1e3:.1f} us"))
+            step_ns = per_call_ns(job.step, 100_000)
+            rows.append(("job.step(), a notification every step (mean of 10^5)", f"{step_ns / 1e3:.1f} us"))
         mask = torch.ones(32, 128, dtype=torch.long)
         mask[:, 40:] = 0
         batch = {"attention_mask": mask}
         measuring = governor.job(**{k: v for k, v in FEATURES.items() if k != "seq_len"}, socket=sock,
                                  measure_batches=10**9)
-        rows.append(("job.observe_batch(), measuring (32x128 mask)",
+        rows.append(("job.observe_batch(), measuring (32x128 mask, mean of 20,000)",
                      f"{per_call_ns(lambda: measuring.observe_batch(batch), 20_000) / 1e3:.1f} us"))
         with governor.job(**FEATURES, socket=sock) as job:
             observe_ns = per_call_ns(lambda: job.observe_batch(batch), 1_000_000)
-            rows.append(("job.observe_batch(), seq_len known", f"{observe_ns:.0f} ns"))
+            rows.append(("job.observe_batch(), seq_len known (mean of 10^6)", f"{observe_ns:.0f} ns"))
 
         def round_trip():
             with governor.job(**FEATURES, socket=sock):
@@ -87,6 +90,11 @@ def main() -> int:
     print(f"{'client figure':<{width}}  value")
     for name, value in rows:
         print(f"{name:<{width}}  {value}")
+    text = ("## Client figures\n\n`python -m benchmarks.bench_client` (`make bench`): what the governor costs a "
+            "training loop, against a real `ftgovd --simulate`; each row names how many calls it covers. "
+            f"Machine: {machine()}.\n\n"
+            + "\n".join(markdown_table(("client figure", "value"), rows)) + "\n")
+    print(f"wrote {write_section('client', text)}", file=sys.stderr)
     return 0
 
 

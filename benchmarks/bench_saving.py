@@ -8,6 +8,8 @@ free) saving of the converged level against MAXN, and the windows the search use
 
     python -m benchmarks.bench_saving [--jobs 8] [--time-scale 0.3] [--tail 50]
 
+Prints the table and writes it to docs/benchmarks.md ("saving").
+
 Takes about 110 s on a 2-core VM. The measured figure carries the simulated rails' integration over a sleeping
 process: wall-clock jitter of a few ms per step, more under CPU contention.
 """
@@ -15,8 +17,10 @@ process: wall-clock jitter of a few ms per step, more under CPU contention.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
+from benchmarks.figures import machine, write_section
 from governor.sim import job as simjob
 from governor.sim.energy import OrinEnergyModel, Workload
 from governor.sim.launch import Daemon
@@ -79,6 +83,16 @@ def run_job(d: Daemon, w: Workload, model: OrinEnergyModel, args) -> dict:
             "windows": job.tuner["probes"] if job.tuner else None, "converged": job.converged_at is not None}
 
 
+def section(lines: list[str], jobs: int, args) -> str:
+    """docs/benchmarks.md's "saving" section: the table's lines, what was run, on what."""
+    return (f"## Measured saving of tuned jobs\n\n`python -m benchmarks.bench_saving --jobs {args.jobs}` (`make bench`"
+            f" runs 8): {jobs} tuned jobs of {args.total_steps} registered steps through the real daemon on the "
+            f"simulated Orin, each run until the tuner converged and {args.tail} steps more (time scale "
+            f"{args.time_scale:g}). The saving each job's `unregister` reports, measured against its window at the "
+            "default governor, beside the energy model's noise-free saving at the converged level and at the "
+            f"optimum. Machine: {machine()}.\n\n" + "\n".join(lines) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--jobs", type=int, default=len(WORKLOADS))
@@ -98,18 +112,20 @@ def main(argv=None) -> int:
     finally:
         d.stop()
         d.close()
-    print("| workload | start MHz | converged MHz (optimum) | measured saving vs default governor (over N steps) "
-          "| model's true saving (at the optimum) | windows |")
-    print("|---|---|---|---|---|---|")
+    lines = ["| workload | start MHz | converged MHz (optimum) | measured saving vs default governor (over N steps) "
+             "| model's true saving (at the optimum) | windows |", "|---|---|---|---|---|---|"]
     for r in rows:
         measured = "none" if r["measured_pct"] is None else f"{r['measured_pct']:.1f}% ({r['measured_steps']})"
-        print(f"| {r['workload']} | {r['start_hz'] / 1e6:g} | {r['freq_hz'] / 1e6:g} ({r['oracle_hz'] / 1e6:g}) | "
-              f"{measured} | {r['true_pct']:.1f}% ({r['oracle_pct']:.1f}%) | {r['windows']}"
-              f"{'' if r['converged'] else ' (not converged)'} |")
+        lines.append(f"| {r['workload']} | {r['start_hz'] / 1e6:g} | {r['freq_hz'] / 1e6:g} ({r['oracle_hz'] / 1e6:g}) "
+                     f"| {measured} | {r['true_pct']:.1f}% ({r['oracle_pct']:.1f}%) | {r['windows']}"
+                     f"{'' if r['converged'] else ' (not converged)'} |")
     errors = [r["measured_pct"] - r["true_pct"] for r in rows if r["measured_pct"] is not None]
     if errors:
-        print(f"\nmeasured - true: mean {sum(errors) / len(errors):+.2f} points, worst {max(errors, key=abs):+.2f}; "
-              f"{len(rows)} jobs in {time.monotonic() - t0:.0f} s (time scale {args.time_scale:g})")
+        lines += ["", f"Measured - true saving over {len(errors)} jobs: mean {sum(errors) / len(errors):+.2f} points, "
+                  f"largest {max(errors, key=abs):+.2f} points."]
+    print("\n".join(lines))
+    print(f"{len(rows)} jobs in {time.monotonic() - t0:.0f} s (time scale {args.time_scale:g})", file=sys.stderr)
+    print(f"wrote {write_section('saving', section(lines, len(rows), args))}", file=sys.stderr)
     return 0
 
 

@@ -28,9 +28,9 @@ the converged level's regret, with no noise in the score.
 Both tuners see the same curves, starts and seeds: "v1" is the tuner before the energy-budgeted search
 (benchmarks/tuner_v1.py, a frozen copy: at most 6 windows), "new" is governor/policy/tuner.py with its defaults and
 ``total_steps`` set to the job's length. After the real and adversarial tables, the new tuner's windows per phase of
-the search (the phase it was in when it asked for each window). The last table is a summary for the README: one row
-per set and start, the new tuner's figures with the old one's in brackets. About a minute for real + adversarial at
-5 seeds, two for simulated.
+the search (the phase it was in when it asked for each window). The last table is a summary: one row per set and
+start, the new tuner's figures with the old one's in brackets; the new tuner's summary is written to
+docs/benchmarks.md ("tuner"). About a minute for real + adversarial at 5 seeds, two for simulated.
 """
 
 from __future__ import annotations
@@ -38,10 +38,12 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import tuner_v1
+from benchmarks.figures import machine, write_section
 from benchmarks.tuner_curves import (
     DEFAULT_DATA,
     Curve,
@@ -177,14 +179,15 @@ def table(title: str, runs: list[Run], max_slowdown: float | None = None) -> Non
     print()
 
 
-def summary_rows(name: str, runs: list[Run], noise: float) -> list[str]:
-    """One row per start of a set: the new tuner's figures with the old one's beside them (old in brackets).
+def summary_rows(name: str, runs: list[Run], noise: float, tuners: tuple[str, ...] | None = None) -> list[str]:
+    """One row per start of a set: the last tuner's figures with the first one's beside them (in brackets).
     ``noise`` is one window's relative s.d.: a level worse than the start by less is within noise of it."""
+    tuners = tuners or TUNERS
     rows = []
     for start in dict.fromkeys(r.start for r in runs):
-        by = {kind: [r for r in runs if r.start == start and r.tuner == kind] for kind in TUNERS}
+        by = {kind: [r for r in runs if r.start == start and r.tuner == kind] for kind in tuners}
 
-        def cell(fmt, kinds=TUNERS, by=by):
+        def cell(fmt, kinds=tuners, by=by):
             vals = [fmt(by[k]) for k in kinds if by[k]]
             return vals[-1] + (f" ({vals[0]})" if len(vals) > 1 else "")
 
@@ -201,17 +204,36 @@ def summary_rows(name: str, runs: list[Run], noise: float) -> list[str]:
     return rows
 
 
+SUMMARY_HEADER = ("| set | start | level vs min: mean / p90 / worst | whole job vs optimum, mean | windows, mean "
+                  "| runs on a level worse than the start: any / by > one window's noise, worst "
+                  "| whole job vs default, worst |\n|---|---|---|---|---|---|---|")
+
+
 def print_summary(rows: list[str]) -> None:
     old = f" ({TUNERS[0]} in brackets)" if len(TUNERS) > 1 else ""
     print(f"### Summary: {TUNERS[-1]} tuner{old}")
     print()
-    print("| set | start | level vs min: mean / p90 / worst | whole job vs optimum, mean | windows, mean "
-          "| runs on a level worse than the start: any / by > one window's noise, worst "
-          "| whole job vs default, worst |")
-    print("|---|---|---|---|---|---|---|")
+    print(SUMMARY_HEADER)
     for row in rows:
         print(row)
     print()
+
+
+def section(rows: list[str], args) -> str:
+    """docs/benchmarks.md's "tuner" section: governor/policy/tuner.py's summary rows, what was run, on what."""
+    sets = " ".join(args.sets)
+    slowdown = f" --max-slowdown {args.max_slowdown:g}" if args.max_slowdown is not None else ""
+    return (f"## The online tuner on energy curves\n\n`python -m benchmarks.bench_tuner --sets {sets} --seeds "
+            f"{args.seeds}{slowdown}` (`make bench`): governor/policy/tuner.py with its defaults, seeds 0-"
+            f"{args.seeds - 1} per curve and start, "
+            f"{args.job_steps}-step jobs, {args.noise_rel:.0%} window noise on the recorded and adversarial curves, "
+            f"model noise {args.model_noise} on the simulated Orin. Sets: real (146 measured energy-vs-frequency "
+            "curves of Jetson AGX Xavier and Xavier NX, `benchmarks/data/loudva`, by the LoudVA project, MIT), "
+            "adversarial (42 shapes made in "
+            "code: minimum at either end, flat bottoms, a plateau then a dip, two dips, a spike), fine (the real "
+            "curves on tables of about 40 and 100 levels) and simulated (the 60 held-out workloads), each from "
+            "three starts; \"of N\" is the number of runs a row covers. p90 and worst are over those runs. "
+            f"Machine: {machine()} (the figures do not depend on it).\n\n{SUMMARY_HEADER}\n" + "\n".join(rows) + "\n")
 
 
 PHASES = ("start", "fastest", "anchor", "descend", "refine", "beyond", "far", "confirm")
@@ -264,6 +286,7 @@ def main() -> None:
           "governor/policy/tuner.py")
     print()
     summary: list[str] = []
+    newest: list[str] = []  # the summary rows of the last tuner alone, for docs/benchmarks.md
     for name in args.sets:
         if name == "real":
             curves = real_curves(args.data)
@@ -271,6 +294,7 @@ def main() -> None:
             table(f"real Jetson curves ({len(curves)}; default governor = top level)", runs)
             phase_table("real", runs)
             summary += summary_rows("real", runs, args.noise_rel)
+            newest += summary_rows("real", runs, args.noise_rel, TUNERS[-1:])
         elif name in ("adversarial", "fine"):
             curves = adversarial_curves() if name == "adversarial" else fine_curves(args.data)
             runs = window_runs(curves, args, None)
@@ -278,10 +302,12 @@ def main() -> None:
             table(f"{what} ({len(curves)}; default governor = top level)", runs)
             phase_table(name, runs)
             summary += summary_rows(name, runs, args.noise_rel)
+            newest += summary_rows(name, runs, args.noise_rel, TUNERS[-1:])
         else:
             runs = simulated_runs(args)
             table("simulated Orin, held-out workloads (60; default governor = MAXN)", runs)
             summary += summary_rows("simulated", runs, args.noise_rel)
+            newest += summary_rows("simulated", runs, args.noise_rel, TUNERS[-1:])
         if args.worst:
             worst_cases(runs, args.worst)
     if args.max_slowdown is not None:
@@ -290,9 +316,12 @@ def main() -> None:
         table(f"real Jetson curves, max_slowdown {args.max_slowdown} (vs the best level within it)", runs,
               args.max_slowdown)
         summary += summary_rows(f"real, max_slowdown {args.max_slowdown}", runs, args.noise_rel)
+        newest += summary_rows(f"real, max_slowdown {args.max_slowdown}", runs, args.noise_rel, TUNERS[-1:])
         if args.worst:
             worst_cases(runs, args.worst)
     print_summary(summary)
+    if TUNERS[-1] == "new":
+        print(f"wrote {write_section('tuner', section(newest, args))}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -19,19 +19,22 @@ end of the path (a tuned job landing in the store) is tests/daemon/test_store_da
 
     python -m benchmarks.learn [--out out/learn] [--jobs 200] [--seed 0]
 
-Writes learn.csv, learn.md (the README table), learn.png (regret against jobs in the store), the store itself
-(measurements.sqlite) and `ftgov report` of it (report/).
+Writes learn.csv, learn.md (the table), learn.png (regret against jobs in the store), the store itself
+(measurements.sqlite) and `ftgov report` of it (report/) under --out; the table goes to docs/benchmarks.md ("learn")
+and the figure beside it, to docs/learn/learn.png.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from benchmarks.figures import BENCHMARKS_MD, machine, write_section
 from governor.config import TunerConfig
 from governor.daemon.recorder import StoreWriter
 from governor.pipeline import dataset, retrain
@@ -114,7 +117,8 @@ def main(argv=None) -> int:
     retrain.export_tree(plain, args.out / "tree-uncorrected.json", {"benchmark": "benchmarks/learn.py"})
     ablation = held_out_regret(retrain.tree_decider(DecisionTree.load(args.out / "tree-uncorrected.json"), levels),
                                board, cfg, args.seed)
-    _write(args.out, rows, baseline, ablation, args.start)
+    table = _write(args.out, rows, baseline, ablation, args.start)
+    _write_section(table, args)
     from governor.cli import main as ftgov
 
     ftgov(["report", "--store", str(store_path), "--out", str(args.out / "report")])
@@ -126,7 +130,23 @@ def main(argv=None) -> int:
     return 0 if ok else 1
 
 
-def _write(out: Path, rows: list[dict], baseline: dict, ablation: dict, start: str) -> None:
+def _write_section(table: str, args) -> None:
+    """docs/benchmarks.md's "learn" section: the table, what was run, and its figure (copied to docs/learn/)."""
+    figure = BENCHMARKS_MD.parent / "learn" / "learn.png"
+    if (args.out / "learn.png").resolve() != figure.resolve():
+        figure.parent.mkdir(exist_ok=True)
+        shutil.copyfile(args.out / "learn.png", figure)
+    text = (f"## The measurement store teaching the tree\n\n`python -m benchmarks.learn --jobs {args.jobs} --seed "
+            f"{args.seed} --start {args.start}` (`make learn`): one stream of {args.jobs} tuned jobs on a simulated "
+            "board the shipped tree was not trained for (governor.sim.learning.BOARD), the tree retrained from the "
+            "store after each count of jobs in the first column and scored on the 60 held-out workloads; one seed. "
+            f"Machine: {machine()} (the figures do not depend on it).\n\n{table}\n"
+            "![held-out regret against jobs in the store](learn/learn.png)\n")
+    print(f"wrote {write_section('learn', text)}", file=sys.stderr)
+
+
+def _write(out: Path, rows: list[dict], baseline: dict, ablation: dict, start: str) -> str:
+    """Writes learn.csv, learn.md, learn.json and learn.png under ``out``; returns the table (learn.md's text)."""
     import csv
 
     with (out / "learn.csv").open("w", newline="") as f:
@@ -145,7 +165,8 @@ def _write(out: Path, rows: list[dict], baseline: dict, ablation: dict, start: s
     lines.append("")
     lines.append(f"Jobs started from the {start} tree; regret against the board's noise-free optimum, 60 held-out "
                  "workloads.")
-    (out / "learn.md").write_text("\n".join(lines) + "\n")
+    table = "\n".join(lines) + "\n"
+    (out / "learn.md").write_text(table)
     (out / "learn.json").write_text(json.dumps({"start": start, "rows": rows, "baseline": baseline,
                                                 "uncorrected": ablation}, indent=2) + "\n")
     import matplotlib
@@ -166,6 +187,7 @@ def _write(out: Path, rows: list[dict], baseline: dict, ablation: dict, start: s
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "learn.png", dpi=120)
+    return table
 
 
 if __name__ == "__main__":

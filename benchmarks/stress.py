@@ -1,4 +1,4 @@
-"""Fault and load figures: `make stress` prints the table for the README.
+"""Fault and load figures: `make stress` prints the table and writes it to docs/benchmarks.md ("stress").
 
 1. Protocol fuzz: tests/daemon/test_fuzz.py run with enough hypothesis examples for 10,000+ lines.
 2. Hostile clients: a probe client's ping and register->pinned latency, quiet and next to 500 idle connections,
@@ -10,7 +10,8 @@
 4. Load: 200 concurrent clients, 10,000 register/unregister cycles, clients dropping their connections at random
    and real client processes SIGKILLed at random; no job leaked, baseline restored, RSS growth, p99 latencies.
 
-Run: `.venv/bin/python -m benchmarks.stress` (about 6-8 minutes on 2 cores; --quick for a smoke run, --json).
+Run: `.venv/bin/python -m benchmarks.stress` (about 6-8 minutes on 2 cores; --quick for a smoke run, --json; a
+smoke run or one part alone (--only) writes nothing to docs/).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.figures import markdown_table, pct
+from benchmarks.figures import machine, markdown_table, pct, write_section
 from governor.sim import tree
 from governor.sim.launch import DEVFREQ, FEATURES, Daemon, NotifyListener, Rpc, limits
 from tests.support.faults import BASELINE, kill_trial
@@ -402,10 +403,15 @@ def table(r: dict) -> str:
                      f"growth {growth:.2f} MB " + ("**pass**" if growth < 5 else "**FAIL**")))
         rows.append(("slow writers (a byte a second) during the load", "each gets its reply",
                      f"{ld['slow_writers_ok']}/{ld['slow_writers']}"))
-    out = markdown_table(("scenario", "requirement", "measured"), rows)
-    out.append(f"\n({os.cpu_count()} CPUs; fake Orin tree in tmpfs; total {r['wall_s']:.0f} s; "
-               f"`.venv/bin/python -m benchmarks.stress`)")
-    return "\n".join(out)
+    return "\n".join(markdown_table(("scenario", "requirement", "measured"), rows))
+
+
+def section(table_md: str) -> str:
+    """docs/benchmarks.md's "stress" section: the table, what was run, on what."""
+    return ("## Stress and fault figures\n\n`python -m benchmarks.stress` (`make stress`; the scenarios: "
+            "[stress.md](stress.md)): each row names its count; latencies are p50/p99 over the requests of a "
+            "scenario. The fake Orin tree in tmpfs; the daemons raise the per-uid limits (every client here is "
+            f"root, so one uid). Machine: {machine()}.\n\n{table_md}\n")
 
 
 def main() -> int:
@@ -431,6 +437,9 @@ def main() -> int:
         subprocess.run(["rm", "-rf", str(base)], check=False)
     r["wall_s"] = time.perf_counter() - t
     print(json.dumps(r, indent=1, default=str) if a.json else table(r))
+    print(f"total {r['wall_s']:.0f} s", file=sys.stderr)
+    if not (q or a.only):
+        print(f"wrote {write_section('stress', section(table(r)))}", file=sys.stderr)
     ok = (r.get("fuzz", {}).get("ok", True) and not r.get("kill", {}).get("failures")
           and r.get("load", {}).get("jobs_left", 0) == 0 and r.get("load", {}).get("baseline_ok", True))
     return 0 if ok else 1

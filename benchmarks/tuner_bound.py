@@ -15,7 +15,7 @@ style (Kalyanakrishnan et al., 2012), the pair (incumbent, contender) whose wron
 z x sd - difference in log energy, until that is at most tol x noise for every contender; it picks the least mean.
 It is not a proof that no rule does better, but it has strictly more information than any tuner: the windows it
 needs for a given worst case are what a search needs at least, on top of those that find the band from its start.
-A few minutes at 12 groups.
+A few minutes at 12 groups. Prints the table and writes it to docs/benchmarks.md ("tuner-bound").
 """
 
 from __future__ import annotations
@@ -24,10 +24,12 @@ import argparse
 import math
 import random
 import statistics
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 from benchmarks import bench_tuner
+from benchmarks.figures import machine, write_section
 from benchmarks.tuner_curves import DEFAULT_DATA, Curve, adversarial_curves, real_curves
 
 SEEDS_PER_GROUP = 5
@@ -94,6 +96,18 @@ def tuner_rows(name: str, curves: list[Curve], args) -> list[str]:
     return rows
 
 
+def section(lines: list[str], args) -> str:
+    """docs/benchmarks.md's "tuner-bound" section: the table's lines, what was run, on what."""
+    return (f"## The tuner against a bound\n\n`python -m benchmarks.tuner_bound --sets {' '.join(args.sets)} "
+            f"--groups {args.groups}` (`make bench`): the tuner from each start over {args.groups} disjoint groups "
+            f"of {SEEDS_PER_GROUP} seeds, {args.noise_rel:.0%} window noise, beside an oracle told for free which "
+            f"levels lie within {args.band:.0%} of each curve's minimum, which only has to pick among them (it "
+            "measures each once, then re-measures the pair whose wrong choice could cost most until that is at most "
+            "tol x noise). \"Worst\" is the largest level regret in one group of 5 seeds (what the tuner section's "
+            "worst is); the table gives its median and range over the groups. "
+            f"Machine: {machine()} (the figures do not depend on it).\n\n" + "\n".join(lines) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sets", nargs="+", default=["real", "adversarial"], choices=["real", "adversarial"])
@@ -105,12 +119,14 @@ def main() -> None:
     print(f"{args.groups} groups of {SEEDS_PER_GROUP} seeds; window noise {args.noise_rel:.0%}; worst = largest level "
           "regret in a group, median over the groups (range)")
     print()
-    print("| set | who | windows, mean | worst in a group of 5 seeds: median (range) |")
-    print("|---|---|---|---|")
+    lines = ["| set | who | windows, mean | worst in a group of 5 seeds: median (range) |", "|---|---|---|---|"]
+    print("\n".join(lines))
     for name in args.sets:
         curves = real_curves(args.data) if name == "real" else adversarial_curves()
         for row in tuner_rows(name, curves, args) + oracle_rows(name, curves, args):
             print(row, flush=True)
+            lines.append(row)
+    print(f"wrote {write_section('tuner-bound', section(lines, args))}", file=sys.stderr)
 
 
 if __name__ == "__main__":

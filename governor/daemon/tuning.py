@@ -1,33 +1,18 @@
 """The `tune` policy in the daemon: one job's OnlineTuner, driven by its progress reports and the board's energy.
 
-Where it starts (``TunerAttach.plan``):
-- on a Jetson devfreq board, at MLG's pick: the tree was trained on this board's energy curves;
-- on any other GPU (NVML), the Orin tree's MHz means nothing in that GPU's table, so the start is the level the last
-  tuned job of the same shape converged on, on the same kind of GPU (governor.daemon.starts: loaded from the
-  measurement store at start-up, and learnt from every tuned job that converges), else the top of the table (what the
-  default governor runs a busy GPU at): the tuner then walks down only while energy falls, and its search is never
-  worse than its start beyond noise, so never worse than not tuning (docs/nvml.md).
+Where it starts (``TunerAttach.plan``): on a Jetson devfreq board at MLG's pick; on an NVML GPU at the level the last
+tuned job of the same shape converged on, on the same kind of GPU (governor.daemon.starts), else the top of the table.
 
-The baseline window (``TunerConfig.baseline_window``, on by default): at the job's first training progress report,
-while it is alone on its GPU, the job runs one probe (warmup_steps + window_steps) unpinned, at the default governor
-(MAXN on a Jetson, unlocked clocks on NVML), before the search begins. A job that is held unpinned anyway while its
-gpu_util is measured (governor.daemon.utilization) measures the baseline in that same stretch, at no extra cost. At
-the job's end, the saving per step against that window is reported with its uncertainty, saved_pct_err (unregister's
-result, the log's SAVED_PCT and SAVED_PCT_ERR fields, status; Prometheus and the measurement store keep the saving
-alone): the converged level's energy per step is measured over the steps run there after convergence, or over its
-tuner windows when the job ended too soon after. A job that reports no progress
-keeps its start pin and has no baseline; a job sharing its GPU measures none either (the default governor does not
-run while another job holds a pin, and the rails would measure both).
+The baseline window (``TunerConfig.baseline_window``): at the job's first training progress report, while it is alone
+on its GPU, one probe runs unpinned at the default governor before the search begins; at the job's end the saving per
+step against it is reported with its uncertainty, saved_pct_err (unregister, SAVED_PCT and SAVED_PCT_ERR in the log,
+status; Prometheus and the store keep the saving).
 
-Each `progress` notification feeds a TuningSession with the job's step count, a cumulative energy reading (the INA3221
-rails integrated at every report, or the GPU's own counter on NVML) and the clock; a closed window becomes one tuner
-observation, and the job is moved to the next level to measure, then to the level the tuner converges on. Every probe
-is logged with journald fields. The job's length (``total_steps`` from register or progress) sets the tuner's energy
-budget; unknown, the tuner assumes its ASSUMED_TOTAL_STEPS.
-
-Tuning needs the GPU to itself: the rails measure the whole board, so while another job shares the GPU the windows
-would mix both. The tuner then pauses (its last best level stays the job's pick) and resumes when the job is alone.
-Without progress reports nothing is measured and the job keeps its start; `reason` says so.
+Each `progress` notification feeds a TuningSession with the job's step count, a cumulative energy reading (the rails
+integrated at every report, or the GPU's counter on NVML) and the clock; a closed window becomes one tuner
+observation, and the job is moved to the next level to measure, then to the level the tuner converges on. While
+another job shares the GPU the tuner pauses (the rails measure the whole board). How the daemon drives the tuner, and
+why: docs/tuner.md, "How the daemon drives it".
 """
 
 from __future__ import annotations

@@ -1,30 +1,22 @@
 """gpu_util for a job that did not send it: measured while the job trains, not when it registers.
 
 The tree's gpu_util is the GPU load of the running fine-tuning loop at the default governor (that is how the
-training data defines it). When a job registers, its loop has not started (a Trainer is still setting up; the child
-of `ftgov run` may not be running yet), and the load then reads near 0. So:
+training data defines it). When a job registers, its loop has not started, and the load then reads near 0. So:
 
-1. At register, a decision that does not depend on gpu_util (ffg, or a tree path that tests no gpu_util) is made at
-   once. Otherwise the job holds no pin yet: the default governor runs, which is the clock the feature is defined at.
-2. The job's first progress report of a training step (steps >= 1, phase train or none) starts the sampling: the
-   GPU's load is read every SAMPLE_EVERY_S for util_sample_s, and the job is decided once, on the mean.
-3. A job that reports no progress (an unmodified script under `ftgov run`) is sampled util_settle_s after it
-   registered, while its process runs. A fixed delay is not enough on a real GPU: under `ftgov run` on an H200 a
-   BERT-base script was still importing torch and initializing CUDA 12 s after it started, and the load read 0%
-   while its loop later ran at 78% (scripts/first_contact.py). So windows of util_sample_s go on while the mean
-   load stays under util_active_pct (the loop is not running yet); the window after the first one that reaches it
-   decides (the first may have caught the ramp-up). A job still under it util_settle_max_s after registering is
-   decided on the load it shows, and the reason says so.
-4. A GPU that reports no load: 100% is assumed (the high-utilization branch, the one that slows a job least), and
-   the reason says so.
+1. At register, a decision that does not depend on gpu_util is made at once. Otherwise the job holds no pin yet:
+   the default governor runs, which is the clock the feature is defined at.
+2. The job's first progress report of a training step starts the sampling: the GPU's load is read every
+   SAMPLE_EVERY_S for util_sample_s, and the job is decided once, on the mean.
+3. A job that reports no progress is sampled util_settle_s after it registered; windows of util_sample_s go on while
+   the mean load stays under util_active_pct (the script is still setting up), and the window after the first one
+   that reaches it decides. A job still under it util_settle_max_s after registering is decided on what it shows.
+4. A GPU that reports no load: 100% is assumed (the branch that slows a job least), and the reason says so.
 
 While another job holds a pin on the same GPU the load is not measured at the default governor; the log says so.
-The measured figure, when it was taken and over how many samples are logged and put in the decision's reason;
-status shows the figure in the job's features.
-
-A job whose decision did not need gpu_util (ffg, tune, a tree path that tests none) is measured the same way, only
-to record it (``decide=False``): status and the measurement store then show its load, and the store can learn a
-gpu_util split from such jobs too. Its decision stays; the load is read at its pin, and the log says so.
+The figure, when it was taken and over how many samples are in the decision's reason and the log. Why a fixed delay
+is not enough on a real GPU: docs/clients.md, "When gpu_util is not given".
+A job whose decision did not need gpu_util is measured the same way, only to record it: status and the store show
+its load (read at its pin; the log says so), and its decision stays.
 """
 
 from __future__ import annotations

@@ -1,29 +1,19 @@
 """The board's measurements as training data: curves from the store's tuner windows, labels from bracketed minima,
-their weights against the characterization sweeps, and the board's correction of those sweeps. The rules:
+their weights against the characterization sweeps, and the board's correction of those sweeps.
 
-1. Board curves. The store's tuned jobs are grouped by their features (one group per workload the board ran); each
-   level's energy per step is the step-weighted mean of every window measured there, over every job of the group.
-   Windows at the default governor (no level) are not part of a curve.
-2. Labels. A curve yields a label when its windows bracket a minimum: the least measured level has both table
-   neighbours measured and worse (at an end of the table, its one neighbour). The label is that level.
-3. A partial curve against a full sweep. A characterization sweep measures every level (50 steps each) and counts
-   with weight 1. A bracketed board curve counts BOARD_WEIGHT (it is this board, where the sweep is the simulated or
-   reference board), times its confidence: how clearly its neighbours are worse, in standard deviations of the
-   difference (``noise_rel`` per window, pooled over the windows behind each level), divided by Z_CLEAR and capped
-   at 1. A minimum bracketed by a hair counts little; one confirmed over several jobs counts fully. A sweep whose
-   workload the board itself measured (same features) is replaced by the board's curve.
-4. The board's curves correct the simulated ones. Each user's curve of a workload (grouped as in 1, and by uid) is
-   compared, level by level, with the nearest characterization sweep (same model type, nearest in log layers, log
-   hidden size, log sequence length and utilization): the difference of their log energies with its mean over the
-   common levels removed (the shape, not the scale: the workloads differ in size). A level's offset, the board's
-   systematic departure (its voltage table, leakage, memory: what shifts every workload's curve alike), is the mean
-   (weighted by windows) of the differences within AGREE_SPREAD of their median, applied only when those curves come
-   from at least MIN_AGREEING_JOBS jobs of at least MIN_AGREEING_UIDS users (every user behind the curves, when
-   fewer), and capped at MAX_LOG_OFFSET either way. Levels without agreement take the nearest agreed level's
-   offset; with none agreed, every offset is 0. Every sweep's energies are multiplied by exp(offset) and relabelled
-   (1-2-1 smoothed optimum, as in training) before fitting. The offsets move every workload's label at once, which is
-   why they are bounded and need agreement: six forged jobs once moved all of them to the lowest level
-   (docs/security.md).
+1. Board curves: the store's tuned jobs grouped by their features; each level's energy per step is the
+   step-weighted mean of every window measured there. Windows at the default governor are not part of a curve.
+2. Labels: a curve yields one when its least measured level has both table neighbours measured and worse (at an
+   end of the table, its one neighbour).
+3. Weights: a characterization sweep counts 1; a bracketed board curve BOARD_WEIGHT times its confidence (how
+   clearly its neighbours are worse, in standard deviations of the difference, over Z_CLEAR, capped at 1). A sweep
+   whose workload the board itself measured is replaced by the board's curve.
+4. Correction: each user's board curve against the nearest characterization sweep, level by level (log energies,
+   their mean removed); a level's log offset, the board's systematic departure, is applied only where at least
+   MIN_AGREEING_JOBS jobs of MIN_AGREEING_UIDS users agree within AGREE_SPREAD, capped at MAX_LOG_OFFSET; every
+   sweep's energies are multiplied by exp(offset) and relabelled before fitting.
+
+The rules and the reasons for them: docs/store.md, "Retraining".
 """
 
 from __future__ import annotations

@@ -3,53 +3,21 @@ levels around the grid's pick (governor.policy.tuner decides which). Positions h
 searched; the windows behind them are the tuner's own (shared ``_Estimate`` objects), so a level measured in one
 search is known to the next, and the budget counts every window of the job.
 
-1. Measure the start. With ``max_slowdown`` set, measure the top level once (the reference for the slowdown), and if
-   the start is too slow, restart at the lowest feasible level (step time per level: see ``_seconds``).
-2. Descend: while a side of the incumbent has nothing measured on it, measure that side. The stride is twice the
-   distance the walk came from the other side, so a minimum half a table away costs a few windows (1, 2, 4...
-   levels), never more than half the way to the end of the table (an end is often the costliest level: it is
-   measured only once the walk is next to it). There is no window cap that stops the walk while energy falls.
-3. Refine: bisect the gap between the incumbent and its nearest measured level on each side, until both its
-   neighbours are measured.
-4. Past the rise: a rise next to the bottom may be a bump. On each side the walk goes on outward, one level at a time,
-   until the measured run climbs like a U's wall (two levels or more, the outermost the highest and at least
-   ``WALL_Z * z_confirm`` standard deviations above the incumbent). At a wall it looks once as far again past it
-   (half the way to the end at most): a hump looks like a wall from inside. A level found there that is lower than
-   its measured neighbours and not clearly worse than the incumbent is a valley, walked like the incumbent (2-3).
-5. Confirm: the incumbent, the closest contender within ``z_confirm`` of it, and the start while it is within noise,
-   are measured again (the fewer-measured of each pair first) until they differ clearly, or both have
-   ``confirm_windows`` windows and a wrong choice between them could cost at most CONFIRM_TOL_NOISE x ``noise_rel``
-   at ``z_confirm`` standard deviations (a tie gets five or six windows each, levels 2.4% apart two). Other levels
-   within noise of a flat bottom are left: whichever is picked, they are equal to within the noise.
-6. Stop when nothing is left to do, or when the next window is not affordable, and pick the incumbent.
+1. Measure the start (with ``max_slowdown``, the top level once too, the reference; a start too slow restarts at
+   the lowest feasible level).
+2. Descend: while a side of the incumbent has nothing measured, measure that side with doubling strides, never more
+   than half the way to the end of the table.
+3. Refine: bisect the gap between the incumbent and its nearest measured level on each side.
+4. Past the rise: walk on outward until the levels climb like a U's wall (``WALL_Z``), then look once as far again
+   past it; a valley found there is walked like the incumbent.
+5. Confirm the incumbent, its closest contender and the start while it is within noise, until they differ clearly
+   or a wrong choice between them could cost at most CONFIRM_TOL_NOISE x ``noise_rel``.
+6. Stop when nothing is left to do or the next window is not affordable (``explore_budget_frac`` x ``total_steps``
+   x E_incumbent; a window costs what it spends above the incumbent of its moment), and pick the incumbent; the
+   start is replaced only by a level lower by START_MARGIN_Z standard deviations.
 
-Budget: what exploration costs is the energy its windows spend above the incumbent (the estimate of the optimum) of
-the moment each is taken: ``probe_steps`` x (E_window - E_incumbent); a window at a level cheaper than the
-incumbent, at the incumbent, or the first (the start) costs nothing. The walk down from a costly start is thus not
-charged against the bottom it finds: that is what leaving the start costs, and it would leave nothing to refine that
-bottom with (``Estimates._window_cost_j``). A window is taken only if its predicted cost fits in what is left of
-``explore_budget_frac`` x ``total_steps`` x E_incumbent (the job's energy at the incumbent); the prediction is the
-level's estimate when measured, the line through its measured neighbours between two, and beyond the measured levels
-the nearest one or the line through the two nearest when it rises (pessimistic: the budget is not spent on a hope).
-A look past a wall, speculative, may spend at most FAR_SHARE of what is left. ``total_steps`` is the number of steps
-the job runs from the first window to its end; unknown (None), ASSUMED_TOTAL_STEPS (2,000) is assumed. A short job
-explores less: a window 10% above the incumbent costs 0.5 step of energy, so a 2,000-step job at 1.5% may spend 60
-of them, a 100-step job 3. Descending to cheaper levels and re-measuring the incumbent are never refused.
-``max_probes`` is only a safety cap.
-
-max_slowdown: what may be chosen is decided by each level's own windows, never by a fit: a measured level is
-feasible when its mean step time over the top's is within ``1 + max_slowdown`` by FEASIBLE_Z standard deviations of
-that ratio (``noise_rel`` and both levels' windows). A cheaper level over the limit only within noise is measured
-again, with the top, up to MAX_CONFIRM_WINDOWS each. The step-time fit (``_seconds``) only says where to explore, and
-the walk down goes one level past the lowest measured feasible level whatever the fit says (measured step times bend
-and are not always monotone in the clock). If the times are noisy like the energies, a level whose true ratio is
-over the limit is chosen with probability at most about 16% (one-sided 1 s.d.) and only when it reads under it; one
-over it by 2 s.d. (8.5 points with one window each at 3% noise, 6 with two each) about 0.1%.
-
-Never worse than the start beyond noise: the start is always measured, is always among the levels confirmed while
-it is within noise of the incumbent, and is replaced at the end only by a level whose estimate is lower by more than
-START_MARGIN_Z standard deviations of the difference (the least of many noisy levels reads low: without a margin,
-exploring more levels would make a lucky window more likely to win).
+With ``max_slowdown`` a level is feasible by its own windows (FEASIBLE_Z), never by the step-time fit, which only
+says where to explore. The rules, the reasons for each and the guarantees: docs/tuner.md, "Algorithm".
 """
 
 from __future__ import annotations

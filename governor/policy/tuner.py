@@ -1,51 +1,23 @@
 """Online energy tuner: measure energy per training step at a few GPU levels while the job runs, and pin the minimum.
 
-Why online: the MLG tree picks the energy-optimal level for only part of the workloads, and a level or two off the
-bottom of the energy curve costs several percent. Measuring the job itself removes the model's error. Real curves are
-not smooth U's: they have plateaus, bumps, second dips, isolated minima, and minima at an end of the table; the start
-may be anywhere (MLG's pick, the top clock, the bottom). The search below makes no assumption about where it starts,
-and its cost is bounded in energy, not in windows.
+The MLG tree picks the energy-optimal level for only part of the workloads, and a level or two off the bottom of the
+energy curve costs several percent; measuring the job itself removes the model's error. The search assumes nothing
+about where it starts (MLG's pick, the top clock, the bottom) or about the curve's shape, and its cost is bounded in
+energy, not in windows.
 
 A "window" is one measurement of mean energy and time per step at one level (``observe``); a probe is a window plus
 its warm-up steps (``probe_steps``, 5 by default). Estimates are the mean log energy per step of each level's windows
-(the noise is relative, so it is even in log units); comparisons are z scores from ``noise_rel`` and the windows
-behind each estimate. After every window the next one is re-planned from all of them, so any measurement can move
-the incumbent (the measured feasible level with the least estimate) and the search goes on from there.
+(the noise is relative); comparisons are z scores from ``noise_rel`` and the windows behind each estimate. After
+every window the next one is re-planned from all of them.
 
-Levels searched. A table of up to GRID_LEVELS (15) levels is searched whole. A larger one (a GPU may list dozens of
-clocks, 15 MHz apart near the bottom, closer than the noise can tell) is searched first on a grid of about
-GRID_LEVELS of its levels, evenly spaced by position, aligned on the start and holding both ends; then, around the
-grid's pick, the levels between it and its two grid neighbours are searched the same way (a grid of them again if
-they are many), starting from the pick, when they can matter: when a grid neighbour is unmeasured or more than
-REFINE_NOISE x ``noise_rel`` (6% at 3% noise) above the pick. Below that the levels between are, on a smooth curve,
-within a window's noise of the pick, and a search among them costs windows to tell apart what cannot be. Every
-search sees every window measured so far (a grid level is measured once), and one budget and one safety cap cover
-them all. The windows then grow with the logarithm of the table, not with its length (docs/tuner.md, item 8: on the
-Jetson curves spread over 40 and 100 levels, searched whole, 27.6-31.0 windows, often the 40-window safety cap, and
-up to 20.1% above the minimum; on grids 19.7-21.5 windows and up to 7.4%).
+A table of up to GRID_LEVELS (15) levels is searched whole (governor/policy/search.py); a larger one first on a grid
+of about GRID_LEVELS of its levels, then between the grid's pick and its grid neighbours when one of them is
+unmeasured or more than REFINE_NOISE x ``noise_rel`` above the pick. Every search sees every window so far; one
+budget and one safety cap cover them all. The rules and the reasons for each: docs/tuner.md.
 
-Each search (governor/policy/search.py has its statement in full):
-
-1. Measure the start (with ``max_slowdown``, the top level too: the reference for the slowdown).
-2. Descend with doubling strides while energy falls; no window cap stops a walk.
-3. Refine: bisect the gaps next to the incumbent until both its neighbours are measured.
-4. Past the rise: walk on outward until the levels climb like a U's wall, then look once as far again past it (a hump
-   looks like a wall from inside); a dip found there is walked like the incumbent.
-5. Confirm the incumbent against its closest contender and the start until they differ clearly or a wrong choice
-   between them could cost at most a noise's worth.
-6. Stop when nothing is left to do or the next window is not affordable, and pick the incumbent; a level replaces the
-   start only when it reads clearly (START_MARGIN_Z) lower.
-
-The budget (``explore_budget_frac`` of the job's energy over ``total_steps``; a window costs what it spends above the
-incumbent, a cheaper one nothing), the ``max_slowdown`` rule (each level judged by its own windows against the top's)
-and the guarantee against the start are stated in full in governor/policy/search.py; they hold across the searches
-of a long table, which share every window.
-
-Why no smoothing across levels, and why not golden-section search or a global fit: docs/tuner.md.
-
-Nothing here touches hardware or clocks: the daemon (and the benchmark, and ``ftgov evaluate``) feed it measurements.
-``TuningSession`` turns a job's progress reports and a cumulative rail-energy counter into those measurements, with
-warm-up steps discarded after each change of level, and tells the tuner the job's remaining length when it is known.
+Nothing here touches hardware: the daemon, the benchmarks and ``ftgov evaluate`` feed it measurements.
+``TuningSession`` turns a job's progress reports and a cumulative energy counter into those measurements, discarding
+the warm-up steps after each change of level.
 """
 
 from __future__ import annotations

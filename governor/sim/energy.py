@@ -4,19 +4,13 @@ Not a fitted curve: time and power are built from the work a step does and from 
 and clock, and the constants (``Calibration``) are set so that the paper's 27 characterization configurations show
 what the paper reports (docs/energy-model.md has the reasoning and the calibration table). In short:
 
-- time:  a step = a synchronous host part (data loading, collation, Trainer bookkeeping; GPU idle) + an overlapped
-  part where the CPU enqueues kernels while the GPU runs them: ``smoothmax(t_launch, t_gpu(f))``. ``t_gpu`` is
-  compute cycles / f (scales with the clock) plus memory-bound kernels limited by DRAM bandwidth (do not scale,
-  except at clocks so low that the SMs cannot keep DRAM busy).
-- power: GPU rail = SoC base + leakage(V) + C * V(f)^2 * f * activity, where activity is high in compute kernels,
-  lower in memory-bound ones and small (clock tree) while the GPU waits; V(f) sits on a voltage floor below a knee
-  and rises linearly above it. CPU rail: the training loop's core(s). 5 V rail: board base + DRAM energy per byte.
-- MAXN: the load-following default governor (nvhost_podgov) starts a busy training loop at the top level and steps
-  down while the load stays below its threshold: GPU-bound workloads stay at the top, host-bound ones settle lower;
-  it pays a small ramp penalty in time because it reacts to load after the fact.
-- noise: per-step jitter plus a slow drift (AR(1)) standing for thermal state and background activity, larger for
-  workloads dominated by host-side time; the drift survives averaging over a characterization run, like real
-  run-to-run variation does.
+- time: a synchronous host part + ``smoothmax(t_launch, t_gpu(f))``, ``t_gpu`` = compute cycles / f plus
+  memory-bound kernels limited by DRAM bandwidth.
+- power: GPU rail = SoC base + leakage(V) + C * V(f)^2 * f * activity, V(f) on a voltage floor below a knee and
+  linear above it; CPU rail: the training loop's core(s); 5 V rail: board base + DRAM energy per byte.
+- MAXN: the load-following default governor starts a busy loop at the top level and steps down while the load stays
+  below its threshold, with a small ramp penalty in time.
+- noise: per-step jitter plus a slow AR(1) drift, larger for workloads dominated by host-side time.
 
 Nothing here is measured on a board: every constant is a calibration to published figures (unverified on hardware).
 """

@@ -6,19 +6,16 @@ seconds per step, steps, utilization) and the outcome (duration, energy, measure
 `ftgov model retrain` turns it into training data; `ftgov history` and `ftgov report` show it.
 
 Safety, as SQLite's own guidance for an application file format says:
-- WAL journal, synchronous=FULL, one transaction per job: a SIGKILL or a power cut mid-write loses at most the job
-  being written, and never leaves a file SQLite cannot open.
+- WAL journal, synchronous=FULL, one transaction per job: a SIGKILL mid-write loses at most the job being written.
 - ``PRAGMA user_version`` holds the schema version; a file of a newer schema is refused (moved aside, not rewritten).
 - A file that is not a database, or fails ``quick_check``, is renamed ``<name>.corrupt-<time>`` with a log line and a
   fresh store is started: the daemon never stops over its store.
-- At most ``max_jobs`` jobs: the oldest of the user with the most jobs are dropped in the same transaction that adds
-  one (``_PRUNE``). The cumulative totals
-  (energy, energy saved) live in their own row and survive the pruning.
-- Job names and every other client string are bound as parameters, never formatted into SQL.
+- At most ``max_jobs`` jobs: the oldest of the user with the most jobs are dropped in the transaction that adds one
+  (``_PRUNE``); the cumulative totals live in their own row and survive the pruning.
+- Client strings are bound as parameters, never formatted into SQL.
 
 The daemon writes from one thread (governor.daemon.recorder.StoreWriter) fed by a queue, so a commit's fsync never
-blocks the event loop; readers (the CLI, retraining) open the file read-only. Nothing here imports numpy or
-scikit-learn.
+blocks the event loop; readers open the file read-only. Nothing here imports numpy or scikit-learn.
 """
 
 from __future__ import annotations
