@@ -37,6 +37,8 @@ class SocketConfig(_Strict):
         # YAML 1.1 reads 0660 as octal already; accept the string "0660" too, and refuse anything world-writable.
         if isinstance(v, str):
             try:
+                if not v.isascii():  # int() takes any script's digits ("٠٦٦٠")
+                    raise ValueError(v)
                 v = int(v, 8)
             except ValueError as e:
                 raise ValueError(f"{v!r} is not an octal mode") from e

@@ -157,6 +157,7 @@ def setup(level: str = "info", *, journal: bool | None = None) -> logging.Logger
             # Under systemd without the journal module, journald adds its own timestamp: don't print one twice.
             fmt = "%(levelname)s %(message)s" if under_systemd() else "%(asctime)s ftgovd %(levelname)s %(message)s"
             handler.setFormatter(logging.Formatter(fmt))
-    log.addHandler(AfterTurn(handler))
-    ratelimit.install(log)  # lines a client causes are bounded per uid
+    after_turn = AfterTurn(handler)
+    ratelimit.install(after_turn)  # lines a client causes are bounded per uid, other loggers' per logger
+    log.addHandler(after_turn)
     return log
