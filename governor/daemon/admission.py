@@ -6,6 +6,8 @@ limits.max_connections_per_uid of them (by default a sixteenth of the total, so 
 together to fill the daemon), and root has limits.root_reserve_connections more beyond the total, so that the
 operator's `ftgov status` and `ftgov restore` get in while members hold every ordinary slot. A connection that holds
 no job and sends nothing for limits.idle_timeout_s is closed: slots are not kept by sockets left open for nothing.
+Root's connections are not counted against the per-uid cap: the operator's tools (`ftgov status`, the Prometheus
+exporter that a local user can make busy) must get in whatever the load.
 
 Descriptors: the daemon keeps FD_RESERVE of its open-file limit (RLIMIT_NOFILE, read at start) for itself and root.
 A non-root connection is refused once the descriptors in use come within FD_RESERVE of the limit, and root's within
@@ -39,7 +41,7 @@ def connection_refusal(limits, *, uid: int, total: int, of_uid: int, fds_in_use:
     if total >= cap:
         return ("too many connections (limits.max_connections"
                 + (" + limits.root_reserve_connections)" if uid == 0 else ")"))
-    if of_uid >= limits.max_connections_per_uid:
+    if uid != 0 and of_uid >= limits.max_connections_per_uid:
         return f"too many connections from uid {uid} (limits.max_connections_per_uid)"
     if fd_limit is not None and fds_in_use + (FD_RESERVE_DAEMON if uid == 0 else FD_RESERVE) > fd_limit:
         return (f"the daemon is near its open-file limit ({fds_in_use} of {fd_limit} in use, the rest kept for root "
