@@ -37,7 +37,7 @@ import time
 from governor.daemon.config import TunerConfig
 from governor.daemon.jobs import mhz
 from governor.daemon.recorder import window_util_pct
-from governor.daemon.starts import TuneStarts, gpu_key
+from governor.daemon.starts import TuneStarts, gpu_key, read_on
 from governor.errors import FtgovError
 from governor.policy import Decision, PolicyName
 from governor.policy.tuner import Measurement, ProbeWindow
@@ -53,8 +53,9 @@ class JobTuner:
 
     def __init__(self, gov, job, cfg: TunerConfig, starts: TuneStarts | None = None, carry: JobTuner | None = None):
         self.cfg = cfg
-        self.starts = starts
-        self.gpu_key = gpu_key(gov.gpus[job.gpu_id].gpu)
+        gpu = gov.gpus[job.gpu_id].gpu
+        self.starts = starts if read_on(gpu) else None  # kept only where a start is looked up
+        self.gpu_key = gpu_key(gpu)
         # Never a level above the power mode's cap (unless the config allows it): the tuner probes only what it may pin.
         self.levels_hz = gov.power_mode.allowed_levels(job.gpu_id)
         start = job.tune_start_hz
@@ -296,7 +297,7 @@ class TunerAttach:
         levels = gov.power_mode.allowed_levels(job.gpu_id)
         gpu = gov.gpus[job.gpu_id].gpu
         start, reason = decision.freq_hz, decision.reason
-        if gpu.describe().get("backend") != "devfreq":
+        if read_on(gpu):
             learnt = self.starts.lookup(gpu_key(gpu), job.features, job.uid)
             if learnt in levels:
                 start, reason = learnt, (f"tune: starts at {mhz(learnt)}, where the last tuned job of this shape "
