@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from governor.sim import job as simjob  # noqa: E402
 from governor.sim.energy import OrinEnergyModel, Workload  # noqa: E402
 from governor.sysfs import Root  # noqa: E402
-from tests.support.daemon import Daemon  # noqa: E402
+from tests.support.daemon import Daemon, scaled  # noqa: E402
 
 WORKLOADS = (
     Workload(name="bert-base/seq40", model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0),
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-steps", type=int, default=400, help="a job that has not converged by then stops")
     args = p.parse_args(argv)
     model = OrinEnergyModel()
-    d = Daemon(None, simulate=True, log_level="info").start()
+    d = Daemon(None, simulate=True, log_level="info", config=scaled(args.time_scale)).start()
     t0 = time.monotonic()
     rows = []
     try:

@@ -62,6 +62,9 @@ class LimitsConfig(_Strict):
         "registrations a second per non-root user, on average: each pins the GPU and saves the state file, and so "
         "does the end of the job it makes"))
     registration_burst: int = Field(20, ge=1, le=1000000, description="registrations a user may make at once")
+    repin_interval_s: float = Field(1.0, gt=0, le=60, description=(
+        "a GPU's pin moves for phase changes and tuner probes at most once per this interval (each is a sysfs write "
+        "and a state save); the latest move waits for the interval's end, and a tuned job's window for its pin"))
 
 
 class TunerConfig(_Strict):

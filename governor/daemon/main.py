@@ -181,7 +181,8 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[
                          power_cap_mw=round(config.power_cap_w * 1000) if config.power_cap_w else None,
                          listeners=listeners, defer=defer_on_loop,
                          attach_tuner=tuner, plan_tune=tuner.plan,
-                         pin_above_power_mode=config.pin_above_power_mode, missing_why=missing_why)
+                         pin_above_power_mode=config.pin_above_power_mode,
+                         repin_interval_s=config.limits.repin_interval_s, missing_why=missing_why)
     reloader = None
     if load_config_again is not None:
         reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus), tuner)

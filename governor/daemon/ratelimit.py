@@ -33,9 +33,9 @@ class Coalescer:
         self.last_s: dict[Hashable, float] = {}
         self.pending: dict[Hashable, Callable[[], None]] = {}
 
-    def request(self, key: Hashable, fn: Callable[[], None]) -> float:
-        """Run fn now (returns 0.0; its exceptions reach the caller) or at the window's end (returns the seconds
-        until then; replaces an earlier pending fn of this key)."""
+    def request(self, key: Hashable, fn: Callable[[], None], later: Callable[[], None] | None = None) -> float:
+        """Run fn now (returns 0.0; its exceptions reach the caller) or, at the window's end, ``later`` (fn when
+        None; returns the seconds until then; replaces an earlier pending one of this key)."""
         now = self.clock()
         last = self.last_s.get(key)
         if last is None or now - last >= self.interval_s:
@@ -45,7 +45,7 @@ class Coalescer:
         delay_s = last + self.interval_s - now
         if key not in self.pending:
             self.defer(lambda: self._run_pending(key), delay_s)
-        self.pending[key] = fn
+        self.pending[key] = later or fn
         return delay_s
 
     def forget(self, key: Hashable) -> None:

@@ -71,6 +71,7 @@ class JobTuner:
         self._tail: list | None = None  # [steps, energy_j] at the first report after convergence, then the last
         self._tail_end: tuple[int, float] | None = None
         self._tail_mixed = False
+        self._pin_waited = False  # a window's pin waited for the GPU's re-pin interval: start it over once it lands
         if carry is not None:
             self.meter, self.baseline, self.baseline_status = carry.meter, carry.baseline, carry.baseline_status
             self._baseline_window = carry._baseline_window
@@ -127,7 +128,9 @@ class JobTuner:
         measuring_hz = self.session.measuring_hz
         if phase not in gov.low_phases and pinned_hz != measuring_hz:
             if gov.repin_pending(job.gpu_id):
-                phase = "re-pinning"  # back from a checkpoint, the pin follows within a second: no window meanwhile
+                # Back from a checkpoint, or a probe's move within the GPU's re-pin interval: the pin follows within
+                # a second; no window meanwhile, and a fresh one (warm-up first) once it lands.
+                phase, self._pin_waited = "re-pinning", True
             else:
                 # The power mode's cap fell under the level measured (the pin was lowered to the cap), or another
                 # tool took the limits and the daemon stood down: a window here would be charged to the wrong level.
@@ -139,6 +142,9 @@ class JobTuner:
                 self._move(gov, job, self.tuner.best_hz,
                            "tune: stopped (the GPU left the level measured); best measured")
                 return
+        if self._pin_waited and phase != "re-pinning":
+            self._pin_waited = False
+            self.session.repinned(job.steps)
         try:
             m = self.session.on_progress(job.steps, energy_j, time.monotonic(), phase)
         except FtgovError as e:
@@ -194,6 +200,14 @@ class JobTuner:
             self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps)
             self.status = "measuring the baseline window at the default governor"
             return
+        # The unpin may wait for the GPU's re-pin interval (PinController.set_freq): until then the steps run at the
+        # old pin, and the window starts over (warm-up first) at the first report after it.
+        if gov.repin_pending(job.gpu_id):
+            self._pin_waited = True
+            return
+        if self._pin_waited:
+            self._pin_waited = False
+            self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps)
         try:
             m = self._baseline_window.feed(job.steps, energy_j, time.monotonic(), job.phase or "train")
         except FtgovError as e:

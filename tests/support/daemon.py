@@ -192,6 +192,15 @@ class Daemon:
         self.notify.close()
 
 
+def scaled(time_scale: float, config: dict | None = None) -> dict:
+    """The config of a daemon whose jobs run at ``time_scale`` (governor.sim.job): the GPU's re-pin interval
+    (limits.repin_interval_s, a second) scaled alike, so that a tuned job's windows wait for their pins as many of
+    its steps as a real job's do."""
+    config = dict(config or {})
+    config["limits"] = {**config.get("limits", {}), "repin_interval_s": time_scale}
+    return config
+
+
 def limits(root: Path, node: str = DEVFREQ) -> tuple[int, int]:
     d = root / node
     return int((d / "min_freq").read_text()), int((d / "max_freq").read_text())
