@@ -11,6 +11,7 @@ import logging
 import pytest
 
 from governor.backends.gpuid import GpuNotFound, find_gpu
+from governor.client.features import visible_gpu
 from governor.daemon import logs
 from governor.daemon.config import SocketConfig
 from governor.daemon.main import route_loggers
@@ -112,7 +113,9 @@ def test_decimal_indexes_are_ascii_digits_only(monkeypatch):
             find_gpu(gpus, text)
     with pytest.raises(ValueError, match="octal"):
         SocketConfig(mode="\u0660\u0666\u0666\u0660")
-    assert Notifier({"WATCHDOG_USEC": "\u00b2"}).watchdog_s is None
+    assert Notifier({"WATCHDOG_USEC": "\u00b2"}).watchdog_s is None  # int() would raise at start-up
+    assert visible_gpu({"CUDA_VISIBLE_DEVICES": "\u0663"}, None) is None  # CUDA reads ASCII digits too
+    assert visible_gpu({"CUDA_VISIBLE_DEVICES": "3"}, None) == "3"
     assert Notifier({"WATCHDOG_USEC": "2000000"}).watchdog_s == 2.0
 
 
