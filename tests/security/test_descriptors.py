@@ -4,16 +4,21 @@ RLIMIT_NOFILE 1024, as the unit gives it."""
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import logging
+import os
+import socket
+import struct
 
 import pytest
 
 from governor.backends.gpuid import GpuNotFound, find_gpu
 from governor.client.features import visible_gpu
-from governor.daemon import logs
+from governor.daemon import logs, peers
 from governor.daemon.config import SocketConfig
+from governor.daemon.connection import Connection
 from governor.daemon.main import route_loggers
 from governor.daemon.notify import Notifier
 from tests.support.daemon import DEVFREQ, FEATURES, limits
@@ -146,3 +151,44 @@ def test_every_logger_is_bounded(monkeypatch):
     assert text.count("socket.accept() out of system resource") <= 60, text.count("out of system resource")
     assert text.count("noisy") <= 60 and "the daemon's own line" in text
     assert len(text.splitlines()) < 1000, f"{len(text.splitlines())} lines for 5,200 logged"
+
+
+class _OutOfFdsSocket:
+    """A connected socket whose peer's pidfd cannot be had: EMFILE, as when the daemon runs out of descriptors."""
+
+    def getsockopt(self, level, option, size=None):
+        if option == socket.SO_PEERCRED:
+            return struct.pack("3i", os.getpid(), 1000, 1000)
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    def fileno(self) -> int:
+        return 1023
+
+
+class _Transport:
+    def __init__(self):
+        self.sock, self.aborted, self.written = _OutOfFdsSocket(), False, []
+
+    def get_extra_info(self, name):
+        return self.sock if name == "socket" else None
+
+    def abort(self):
+        self.aborted = True
+
+    def write(self, data):
+        self.written.append(data)
+
+
+def test_an_accept_that_runs_out_of_descriptors_is_a_refusal_not_a_half_built_connection():
+    class Server:
+        read_buffer = memoryview(bytearray(16))
+
+        def opened(self, conn):
+            raise AssertionError("a connection without its process must not be served")
+
+    if peers.SO_PEERPIDFD is None:
+        pytest.skip("no SO_PEERPIDFD on this architecture: the process is held by number")
+    conn, transport = Connection(Server()), _Transport()
+    conn.connection_made(transport)  # raised OSError into asyncio's accept before
+    assert transport.aborted and conn.closed and not conn.counted and conn.process is None
+    conn.connection_lost(None)  # what the aborted transport calls next: nothing to undo
