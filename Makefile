@@ -93,18 +93,18 @@ test-systemd:
 	else echo "test-systemd: SKIPPED: needs root to boot a systemd container (CI runs it as root)"; fi
 
 bench: $(DEV_VENV)/.test
-	$(VPY) benchmarks/bench_daemon.py
-	$(VPY) benchmarks/bench_client.py
-	$(VPY) benchmarks/bench_tuner.py
-	$(VPY) benchmarks/tuner_bound.py
-	$(VPY) benchmarks/bench_saving.py
+	$(VPY) -m benchmarks.bench_daemon
+	$(VPY) -m benchmarks.bench_client
+	$(VPY) -m benchmarks.bench_tuner
+	$(VPY) -m benchmarks.tuner_bound
+	$(VPY) -m benchmarks.bench_saving
 
 # --- the model pipeline (governor/pipeline): each file is made from the files it is computed from, so `make model`
 # redoes only the stages whose inputs changed (cookiecutter-data-science style; `make -B model` redoes them all).
-# The trained tree and FFG's frequency go to governor/data/, the package data the daemon loads (model/ links them).
+# The sweeps, the trained tree and FFG's frequency live in governor/data/, package data (model/ links them).
 PIPELINE = $(VPY) -m governor.pipeline
-CHARACTERIZATION = model/data/characterization.csv
-HELD_OUT = model/data/held-out.csv
+CHARACTERIZATION = governor/data/characterization.csv
+HELD_OUT = governor/data/held-out.csv
 ARTIFACTS = model/artifacts
 SHIPPED = governor/data
 MODEL_SEED ?= 0
@@ -134,7 +134,7 @@ $(SHIPPED)/ffg.json: $(CHARACTERIZATION) | $(DEV_VENV)/.base
 	$(PIPELINE) ffg --data $< --out $@
 
 stress: $(DEV_VENV)/.test
-	$(VPY) benchmarks/stress.py
+	$(VPY) -m benchmarks.stress
 
 evaluate: $(SHIPPED)/mlg-tree.json $(SHIPPED)/ffg.json $(HELD_OUT) | $(DEV_VENV)/.base
 	$(PIPELINE) evaluate --data $(HELD_OUT) --mlg-tree $(SHIPPED)/mlg-tree.json --ffg $(SHIPPED)/ffg.json \
@@ -142,7 +142,7 @@ evaluate: $(SHIPPED)/mlg-tree.json $(SHIPPED)/ffg.json $(HELD_OUT) | $(DEV_VENV)
 
 # The measurement store teaching the tree on a simulated board (benchmarks/learn.py): table and figure in out/learn.
 learn: $(DEV_VENV)/.base
-	$(VPY) benchmarks/learn.py --out out/learn
+	$(VPY) -m benchmarks.learn --out out/learn
 
 
 install: install-venv install-units install-config

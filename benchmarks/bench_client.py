@@ -6,7 +6,7 @@
 - register and unregister round trips through governor.job (gpu_util given, so the daemon does not sample the load);
 - `ftgov run -- true` against running `true` directly: the wrapper's start-up and registration overhead.
 
-Prints a table. Run: python benchmarks/bench_client.py
+Prints a table. Run: python -m benchmarks.bench_client
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from governor.sim.launch import FEATURES, Daemon
 
-from tests.support.daemon import FEATURES, Daemon  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def per_call_ns(fn, n: int) -> float:

@@ -32,14 +32,12 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.figures import markdown_table, pct
+from governor.sim import tree
+from governor.sim.launch import DEVFREQ as NODE
+from governor.sim.launch import FEATURES, Daemon, Rpc
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from figures import markdown_table, pct  # noqa: E402  (benchmarks/ is on sys.path when a script here runs)
-
-from governor.sim import tree  # noqa: E402
-from tests.support.daemon import DEVFREQ as NODE  # noqa: E402
-from tests.support.daemon import FEATURES, Daemon, Rpc  # noqa: E402
 
 
 async def concurrent_round(sock: str, n: int) -> list[float]:

@@ -6,7 +6,7 @@ step takes as long as the energy model says at the pinned clock, times --time-sc
 measured against its baseline window at the default governor; the table sets it beside the energy model's (noise
 free) saving of the converged level against MAXN, and the windows the search used.
 
-    PYTHONPATH=. python benchmarks/bench_saving.py [--jobs 8] [--time-scale 0.3] [--tail 50]
+    python -m benchmarks.bench_saving [--jobs 8] [--time-scale 0.3] [--tail 50]
 
 Takes about 110 s on a 2-core VM. The measured figure carries the simulated rails' integration over a sleeping
 process: wall-clock jitter of a few ms per step, more under CPU contention.
@@ -15,16 +15,12 @@ process: wall-clock jitter of a few ms per step, more under CPU contention.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from governor.sim import job as simjob  # noqa: E402
-from governor.sim.energy import OrinEnergyModel, Workload  # noqa: E402
-from governor.sysfs import Root  # noqa: E402
-from tests.support.daemon import Daemon, scaled  # noqa: E402
+from governor.sim import job as simjob
+from governor.sim.energy import OrinEnergyModel, Workload
+from governor.sim.launch import Daemon, scaled
+from governor.sysfs import Root
 
 WORKLOADS = (
     Workload(name="bert-base/seq40", model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0),

@@ -1,7 +1,7 @@
 """The online tuner on real, simulated and adversarial energy curves, from three starts, the original tuner beside
 the new one.
 
-    PYTHONPATH=. python benchmarks/bench_tuner.py [--sets real adversarial fine simulated] [--seeds 5]
+    python -m benchmarks.bench_tuner [--sets real adversarial fine simulated] [--seeds 5]
         [--job-steps 2000] [--noise-rel 0.03] [--model-noise 0.71] [--max-slowdown 0.1]
         [--data ../shared/data/loudva] [--worst N]
 
@@ -38,13 +38,10 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `make bench` runs it from the checkout
-
-from benchmarks import tuner_v1  # noqa: E402
+from benchmarks import tuner_v1
 from benchmarks.tuner_curves import (
     DEFAULT_DATA,
     Curve,

@@ -1,7 +1,7 @@
 """Print the energy model's calibration table: for each of the paper's 27 characterization configurations, the
 energy-optimal GPU level, the savings there against MAXN, the U's depth at both ends and the utilization under MAXN.
 
-    PYTHONPATH=. python benchmarks/energy_calibration.py [--held-out]
+    python -m benchmarks.energy_calibration [--held-out]
 
 Noise-free (OrinEnergyModel.expected): this is the model's shape, not a simulated measurement.
 """

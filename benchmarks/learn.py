@@ -17,7 +17,7 @@ noise-free energies: MLG's regret (energy at its pick over the optimum), and the
 Feeding the store directly instead of through a running daemon is a matter of speed (200 jobs in seconds); the daemon
 end of the path (a tuned job landing in the store) is tests/daemon/test_store_daemon.py.
 
-    PYTHONPATH=. python benchmarks/learn.py [--out out/learn] [--jobs 200] [--seed 0]
+    python -m benchmarks.learn [--out out/learn] [--jobs 200] [--seed 0]
 
 Writes learn.csv, learn.md (the README table), learn.png (regret against jobs in the store), the store itself
 (measurements.sqlite) and `ftgov report` of it (report/).
@@ -32,16 +32,15 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from governor.config import TunerConfig
+from governor.daemon.recorder import StoreWriter
+from governor.pipeline import dataset, retrain
+from governor.pipeline.workloads import held_out_workloads
+from governor.policy.tree import DecisionTree
+from governor.sim.learning import JOB_STEPS, board_model, features_of, stream, tuned_job
+from governor.store import measurements as store_mod
 
-from governor.daemon import store as store_mod  # noqa: E402
-from governor.daemon.config import TunerConfig  # noqa: E402
-from governor.daemon.recorder import StoreWriter  # noqa: E402
-from governor.pipeline import dataset, retrain  # noqa: E402
-from governor.pipeline.workloads import held_out_workloads  # noqa: E402
-from governor.policy.tree import DecisionTree  # noqa: E402
-from governor.sim.learning import JOB_STEPS, board_model, features_of, stream, tuned_job  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 CHECKPOINTS = (0, 10, 25, 50, 100, 200)
 

@@ -1,6 +1,6 @@
 """The model pipeline's figures: LOOCV of the committed MLG tree and the held-out evaluation against the targets.
 
-    PYTHONPATH=. python benchmarks/model_evaluation.py
+    python -m benchmarks.model_evaluation
 
 Targets: trained MLG within 2 points of the oracle's average savings on the held-out set; no held-out
 workload above MAXN's energy. Simulated data (model/data, governor/sim/energy.py): not a hardware measurement.

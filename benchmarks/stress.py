@@ -10,7 +10,7 @@
 4. Load: 200 concurrent clients, 10,000 register/unregister cycles, clients dropping their connections at random
    and real client processes SIGKILLed at random; no job leaked, baseline restored, RSS growth, p99 latencies.
 
-Run: `.venv/bin/python benchmarks/stress.py` (about 6-8 minutes on 2 cores; --quick for a smoke run, --json).
+Run: `.venv/bin/python -m benchmarks.stress` (about 6-8 minutes on 2 cores; --quick for a smoke run, --json).
 """
 
 from __future__ import annotations
@@ -32,15 +32,12 @@ from pathlib import Path
 
 import psutil
 
+from benchmarks.figures import markdown_table, pct
+from governor.sim import tree
+from governor.sim.launch import DEVFREQ, FEATURES, Daemon, NotifyListener, Rpc, limits
+from tests.support.faults import BASELINE, kill_trial
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from figures import markdown_table, pct  # noqa: E402  (benchmarks/ is on sys.path when a script here runs)
-
-from governor.sim import tree  # noqa: E402
-from tests.support.daemon import DEVFREQ, FEATURES, Daemon, Rpc, limits  # noqa: E402
-from tests.support.faults import BASELINE, kill_trial  # noqa: E402
-from tests.support.notify import NotifyListener  # noqa: E402
 
 LINE_BUDGET_MS = 5.0  # the daemon's target for register -> pinned p99, one client
 
@@ -407,7 +404,7 @@ def table(r: dict) -> str:
                      f"{ld['slow_writers_ok']}/{ld['slow_writers']}"))
     out = markdown_table(("scenario", "requirement", "measured"), rows)
     out.append(f"\n({os.cpu_count()} CPUs; fake Orin tree in tmpfs; total {r['wall_s']:.0f} s; "
-               f"`.venv/bin/python benchmarks/stress.py`)")
+               f"`.venv/bin/python -m benchmarks.stress`)")
     return "\n".join(out)
 
 

@@ -1,7 +1,7 @@
 """How many windows does a worst case take? The online tuner beside an oracle that is told, for free, which levels
 of each curve lie within a band of its minimum, and only has to pick among them from noisy windows.
 
-    PYTHONPATH=. python benchmarks/tuner_bound.py [--sets real adversarial] [--groups 12] [--noise-rel 0.03]
+    python -m benchmarks.tuner_bound [--sets real adversarial] [--groups 12] [--noise-rel 0.03]
 
 "Worst" in bench_tuner.py is the largest level regret over one group of 5 seeds (730 runs per start on the Jetson
 curves, 210 on the adversarial shapes): an extreme of a few hundred noisy runs, which moves with the seeds. Here it
@@ -24,14 +24,11 @@ import argparse
 import math
 import random
 import statistics
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from the checkout
-
-from benchmarks import bench_tuner  # noqa: E402
-from benchmarks.tuner_curves import DEFAULT_DATA, Curve, adversarial_curves, real_curves  # noqa: E402
+from benchmarks import bench_tuner
+from benchmarks.tuner_curves import DEFAULT_DATA, Curve, adversarial_curves, real_curves
 
 SEEDS_PER_GROUP = 5
 # (z, tol in noise units) of the oracle's stopping rule, from lax to strict.

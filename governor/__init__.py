@@ -4,7 +4,7 @@ Nothing is done at import time: the daemon, the client and the model pipeline im
 """
 
 __version__ = "0.1.0"
-# Here, not in governor.daemon.config: `ftgov --help` names it without importing pydantic.
+# Here, not in governor.config: `ftgov --help` names it without importing pydantic.
 DEFAULT_CONFIG_PATH = "/etc/ftgov/ftgov.yaml"
 # Where ftgovd listens and which group may connect (systemd/ftgovd.socket and sysusers.d say the same): the daemon's
 # defaults and the client's, from this one place.

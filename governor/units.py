@@ -10,3 +10,27 @@ def mhz(freq_hz: float | None, none: str = "-", unit: bool = True) -> str:
     if freq_hz is None:
         return none
     return f"{freq_hz / 1e6:g}" + (" MHz" if unit else "")
+
+
+# Energy units, largest first: a figure is written in the largest one it reaches.
+ENERGY_UNITS = ((1e6, "MJ"), (1e3, "kJ"), (1.0, "J"))
+
+
+def energy_unit(energy_j: float) -> tuple[float, str]:
+    """(scale, unit) for writing ``energy_j``: J below 1 kJ, kJ below 1 MJ, then MJ (so that 21.3 J is not
+    "0.0 kJ"). The value rounded to three figures decides, so 999.96 J is "1.00 kJ", not "1000.0 J"."""
+    for scale, unit in ENERGY_UNITS:
+        if round(abs(energy_j) / scale, 2) >= 1.0:
+            return scale, unit
+    return 1.0, "J"
+
+
+def energy(energy_j: float | None, none: str = "-") -> str:
+    """An energy given in J, in J, kJ or MJ by its size, with three significant figures or one decimal
+    ("21.3 J", "4.50 kJ", "123 kJ", "0.00 J"); ``none`` when it is unknown (no rails)."""
+    if energy_j is None:
+        return none
+    scale, unit = energy_unit(energy_j)
+    value = energy_j / scale
+    digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+    return f"{value:.{digits}f} {unit}"

@@ -12,7 +12,7 @@ call; nothing is pinned) and the paper's tree (whose root tests gpu_util, so the
 For each, it records what the daemon measured (the job's ``features.gpu_util`` in status, and the reason) beside the
 load that NVML reads directly while the loop trains. Writes summary.md, run.json and ftgovd.log under --out.
 
-    python3 scripts/first_contact.py --out OUT [--steps 400] [--run-seconds 40]
+    python3 -m scripts.first_contact --out OUT [--steps 400] [--run-seconds 40]
 """
 
 from __future__ import annotations
@@ -26,14 +26,13 @@ import threading
 import time
 from pathlib import Path
 
+from governor.client import Connection
+from governor.sim.launch import Daemon
+
 REPO = Path(__file__).resolve().parent.parent
 # The checkout first, then the caller's PYTHONPATH: it may carry the dependencies (a machine with no installs) or a
 # pynvml stand-in (tests/support/fakenvml).
 PYTHONPATH = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
-sys.path.insert(0, str(REPO))
-
-from governor.client import Connection  # noqa: E402
-from tests.support.daemon import Daemon  # noqa: E402
 
 CHILD = """
 import sys, time, torch

@@ -37,15 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # run from a checkout without installing ftgov
+from governor.backends.gpuid import GpuNotFound, find_gpu
+from governor.backends.nvml import MHZ, NvmlGpu, probe
+from governor.client import Connection
+from governor.client.features import visible_gpu
+from governor.errors import FtgovError
 
-from governor.backends.gpuid import GpuNotFound, find_gpu  # noqa: E402
-from governor.backends.nvml import MHZ, NvmlGpu, probe  # noqa: E402
-from governor.client import Connection  # noqa: E402
-from governor.client.features import visible_gpu  # noqa: E402
-from governor.errors import FtgovError  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -82,7 +80,7 @@ class Daemon:
     output."""
 
     def __init__(self, out: Path):
-        from tests.support.daemon import Daemon as Launcher  # from the checkout, as this script runs
+        from governor.sim.launch import Daemon as Launcher
 
         self.dir = Path(tempfile.mkdtemp(prefix="ftgov-observe-"))  # short: a Unix socket path has ~100 bytes
         config = self.dir / "ftgov.yaml"

@@ -1,15 +1,11 @@
-"""Fixtures for every level (tests/pure, backends, daemon, pipeline): the repository root goes on sys.path so that
-tests import the checkout's governor and tests.support (the daemon launcher, the fake NVML, the inotify watcher)."""
+"""Fixtures for every level (tests/pure, backends, daemon, pipeline). pytest puts the repository root on sys.path
+(pyproject.toml's ``pythonpath``), so tests import the checkout's governor, tests.support and benchmarks."""
 
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from governor.sim import tree  # noqa: E402
-from tests.support.daemon import Daemon  # noqa: E402
+from governor.sim import tree
+from tests.support.daemon import Daemon
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from governor import __version__
@@ -26,8 +27,20 @@ SUBCOMMAND_MODULES = (
 )
 
 
+# What a shell reports for a command that SIGPIPE killed: `ftgov status | head -1` ends as `cat` would there.
+EXIT_BROKEN_PIPE = 128 + 13
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with its usage error in one line: ``ftgov sim-job: error: argument --steps: ...``; the
+    usage is one ``--help`` away. Subparsers are made of the same class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ftgov", description="Client and operator tool for ftgovd.")
+    parser = ArgumentParser(prog="ftgov", description="Client and operator tool for ftgovd.")
     parser.add_argument("--version", action="version", version=f"ftgov {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
@@ -53,4 +66,16 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None, prog: s
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command(build_parser(), argv, prog="ftgov")
+    """The `ftgov` entry point. A reader that goes away (`ftgov history | head -1`) ends the command quietly with
+    the shell's code for SIGPIPE; stdout is pointed at /dev/null so that the interpreter's flush at exit does not
+    raise again (the way Python's signal documentation handles it)."""
+    try:
+        try:
+            return run_command(build_parser(), argv, prog="ftgov")
+        finally:
+            sys.stdout.flush()  # inside the try, --help's exit included: a buffered write fails here, not at exit
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE

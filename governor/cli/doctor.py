@@ -78,10 +78,22 @@ def refuse_while_daemon_runs(what: str, socket: str | None = None) -> None:
                      "(and sudo systemctl start ftgovd.socket afterwards)")
 
 
-def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:
-    from governor.daemon.config import Config, load_config
+# ftgovd --simulate keeps its tree in STATE_DIR/sim-orin (governor/daemon/main.py, build_config).
+SIMULATED_TREE_NAME = "sim-orin"
 
-    overrides = {"sysfs_root": args.sysfs_root, "state_dir": args.state_dir}
+
+def tree_state_dir(sysfs_root: str | None) -> str | None:
+    """The state dir of the daemon that governs the tree at sysfs_root, where the tree tells: beside a tree that
+    ftgovd --simulate built. None: the config's (a board's /run/ftgov)."""
+    if sysfs_root and Path(sysfs_root).name == SIMULATED_TREE_NAME:
+        return str(Path(sysfs_root).parent)
+    return None
+
+
+def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:
+    from governor.config import Config, load_config
+
+    overrides = {"sysfs_root": args.sysfs_root, "state_dir": args.state_dir or tree_state_dir(args.sysfs_root)}
     config_path = args.config or DEFAULT_CONFIG_PATH
     early: list[Check] = []
     try:
@@ -130,6 +142,7 @@ def add_parser(sub) -> None:
     p.add_argument("--config", default=None, help=f"daemon config (default {DEFAULT_CONFIG_PATH})")
     p.add_argument("--sysfs-root", help="sysfs root (default from the config: /)")
     p.add_argument("--socket", help="ftgovd's socket (default: $FTGOV_SOCKET, else the config's socket.path)")
-    p.add_argument("--state-dir", help="state dir (default from the config: /run/ftgov)")
+    p.add_argument("--state-dir", help="state dir (default: beside a tree that ftgovd --simulate built, else from "
+                                       "the config: /run/ftgov)")
     p.add_argument("--json", action="store_true", help="the checks as JSON, for scripts")
     p.set_defaults(func=run)

@@ -1,7 +1,7 @@
 """`ftgov history`: the jobs in the board's measurement store, with their frequency, duration, energy and saving.
 
 Reads the store file directly (read-only; it is root's, as the daemon's state is: run as root, or on a copy). Job
-names are the clients' strings: control characters are shown escaped (governor.cli.escape), so a name cannot rewrite
+names are the clients' strings: control characters are shown escaped (governor.text), so a name cannot rewrite
 the terminal.
 """
 
@@ -14,8 +14,9 @@ import sys
 import time
 from datetime import datetime
 
-from governor.cli.escape import printable
 from governor.errors import FtgovError
+from governor.text import isolated, printable
+from governor.units import energy
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -47,7 +48,7 @@ def store_path(args: argparse.Namespace) -> str:
         if running:
             return running
     from governor import DEFAULT_CONFIG_PATH
-    from governor.daemon.config import installed_store_path, load_config
+    from governor.config import installed_store_path, load_config
 
     return installed_store_path(load_config(args.config or DEFAULT_CONFIG_PATH, must_exist=args.config is not None))
 
@@ -73,7 +74,7 @@ def add_store_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def load(args: argparse.Namespace, since: float | None = None):
-    from governor.daemon import store
+    from governor.store import measurements as store
 
     conn = store.open_read_only(store_path(args))
     try:
@@ -92,7 +93,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from governor.daemon.store import record_dict
+    from governor.store.measurements import record_dict
 
     try:
         since = parse_since(args.since) if args.since else None
@@ -119,9 +120,9 @@ def format_table(jobs, totals: dict) -> str:
         if len(name) > 24:
             name = name[:23] + "~"
         saved = "-" if j.saved_rel is None else f"{100 * j.saved_rel:.1f}% vs {j.saved_basis}"
-        lines.append(f"{datetime.fromtimestamp(j.ended_at).strftime('%Y-%m-%d %H:%M:%S')}  {name:24}  "
+        lines.append(f"{datetime.fromtimestamp(j.ended_at).strftime('%Y-%m-%d %H:%M:%S')}  {isolated(f'{name:24}')}  "
                      f"{printable(j.policy or '-'):8}  {_num(j.freq_hz and j.freq_hz / 1e6, 'g'):>7}  "
                      f"{_num(j.duration_s, '.1f'):>8}  {_num(j.steps, 'd'):>6}  {_num(j.energy_j, '.1f'):>9}  {saved}")
-    lines.append(f"{len(jobs)} job(s) listed; in all {totals['jobs']} recorded, {totals['energy_j']:.1f} J, "
-                 f"{totals['saved_j']:.1f} J measured saved")
+    lines.append(f"{len(jobs)} job(s) listed; in all {totals['jobs']} recorded, {energy(totals['energy_j'])}, "
+                 f"{energy(totals['saved_j'])} measured saved")
     return "\n".join(lines)

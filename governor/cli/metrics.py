@@ -10,7 +10,7 @@ Metric names use base units (hertz, watts, joules, seconds, ratio) as Prometheus
 
 Job names (by default a model's local path) are labels only with --job-names: the HTTP exporter answers any local
 user, and a textfile is read by node_exporter for anyone who can scrape it. Label values are escaped
-(governor.cli.escape): a name from a client must not carry terminal escapes into whatever prints the metrics.
+(governor.text): a name from a client must not carry terminal escapes into whatever prints the metrics.
 """
 
 from __future__ import annotations
@@ -20,11 +20,14 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from governor.cli.escape import printable
+from governor.cli.argtypes import above, port
 from governor.client import Connection
 from governor.client.connection import DaemonUnavailable
 from governor.errors import FtgovError
+from governor.safefile import OutDir
+from governor.text import printable
 
 PREFIX = "ftgov"
 
@@ -221,11 +224,11 @@ def add_parser(sub) -> None:
                        description="Serve Prometheus metrics on a loopback port, or write them for node_exporter's "
                                    "textfile collector.")
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--port", type=int, help="serve /metrics on this port (e.g. 9400)")
+    where.add_argument("--port", type=port, help="serve /metrics on this port (e.g. 9400)")
     where.add_argument("--textfile", metavar="PATH", help="write this .prom file (atomically) for node_exporter")
     p.add_argument("--address", default="127.0.0.1",
                    help="address to serve on (default 127.0.0.1: put a reverse proxy or an SSH tunnel in front)")
-    p.add_argument("--interval", type=float, default=15.0, help="seconds between textfile writes (default 15)")
+    p.add_argument("--interval", type=above(0), default=15.0, help="seconds between textfile writes (default 15)")
     p.add_argument("--once", action="store_true", help="write the textfile once and exit (for a systemd timer)")
     p.add_argument("--job-names", action="store_true",
                    help="label job metrics with job names too (off by default: names, often model paths, would be "
@@ -235,8 +238,14 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.interval <= 0:
-        print("ftgov metrics: --interval must be > 0", file=sys.stderr)
+    textfile = Path(args.textfile) if args.textfile else None
+    try:
+        # The textfile's directory is opened and checked once, before anything else (governor/safefile.py).
+        # Not prometheus_client.write_to_textfile: it writes PATH.<pid>.<thread> by path, a name that repeats every
+        # interval, so whoever can write the directory could plant a link there for root to follow.
+        out = OutDir(textfile.parent, create=False) if textfile else None
+    except FtgovError as e:
+        print(f"ftgov metrics: --textfile {textfile}: {e}", file=sys.stderr)
         return 2
     try:
         registry = registry_for(args.socket, job_names=args.job_names)
@@ -248,15 +257,16 @@ def run(args: argparse.Namespace) -> int:
     # Blocked before the HTTP server's thread starts, so that thread inherits the mask and the main thread takes them.
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     try:
-        if args.textfile:
-            while True:
-                try:
-                    prometheus_client.write_to_textfile(args.textfile, registry)
-                except OSError as e:
-                    print(f"ftgov metrics: cannot write {args.textfile}: {e.strerror or e}", file=sys.stderr)
-                    return 1
-                if args.once or signal.sigtimedwait(stop_signals, args.interval) is not None:
-                    return 0
+        if out is not None:
+            with out:
+                while True:
+                    try:
+                        out.write_bytes(textfile.name, prometheus_client.generate_latest(registry), 0o644)
+                    except OSError as e:
+                        print(f"ftgov metrics: cannot write {textfile}: {e.strerror or e}", file=sys.stderr)
+                        return 1
+                    if args.once or signal.sigtimedwait(stop_signals, args.interval) is not None:
+                        return 0
         try:
             server, thread = prometheus_client.start_http_server(args.port, addr=args.address, registry=registry)
         except OSError as e:

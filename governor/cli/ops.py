@@ -10,11 +10,11 @@ import argparse
 import json
 import sys
 
-from governor.cli.escape import printable
 from governor.cli.features import add_feature_arguments, features_from_args
 from governor.client import Connection
 from governor.errors import ConfigError, FtgovError
-from governor.units import mhz
+from governor.text import isolated, printable
+from governor.units import energy, mhz
 
 
 def add_parser(sub) -> None:
@@ -68,7 +68,7 @@ def run_predict(args: argparse.Namespace) -> int:
 
 def format_status(status: dict) -> str:
     """The daemon's status as text: one block per GPU, the rails, then a table of jobs. Each line is escaped
-    (governor.cli.escape): job names come from clients. Others' jobs come redacted (no name, pid): shown as "-"."""
+    (governor.text): job names come from clients. Others' jobs come redacted (no name, pid): shown as "-"."""
     jobs = status.get("jobs") or []
     lines = [f"ftgovd: policy {status.get('policy')}, {len(jobs)} job(s)"]
     for gpu in status.get("gpus") or []:
@@ -86,10 +86,12 @@ def format_status(status: dict) -> str:
             rows.append(tuple(printable(cell) for cell in (
                 str(j.get("job_id")), str(j.get("name") or "-"), _or_dash(j.get("pid")), str(j.get("gpu")),
                 str(j.get("policy") or "-"), mhz(j.get("freq_hz")), str(j.get("steps", 0)),
-                str(j.get("phase") or "-"), _duration(j.get("duration_s")), _energy(j.get("energy_j")))))
+                str(j.get("phase") or "-"), _duration(j.get("duration_s")), energy(j.get("energy_j")))))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [printable(line) for line in lines] + [""]
-        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+        # A right-to-left name is isolated (governor/text.py) so that it cannot reorder the cells beside it.
+        lines += ["  ".join(isolated(cell.ljust(w)) if i == 1 else cell.ljust(w)
+                            for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in rows]
         lines += [printable(f"  job {j.get('job_id')}: {j['reason']}") for j in jobs if j.get("reason")]
         return "\n".join(lines)
     return "\n".join(printable(line) for line in lines)
@@ -120,7 +122,3 @@ def _duration(seconds) -> str:
         return "-"
     minutes, s = divmod(int(seconds), 60)
     return f"{minutes // 60}:{minutes % 60:02d}:{s:02d}"
-
-
-def _energy(joules) -> str:
-    return "-" if joules is None else f"{joules:.1f} J"

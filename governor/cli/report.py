@@ -16,13 +16,14 @@ import csv
 import json
 import sys
 from collections import Counter
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
-from governor.cli.escape import printable
 from governor.cli.history import add_store_arguments, load, parse_since
 from governor.errors import FtgovError
-from governor.units import mhz
+from governor.safefile import OutDir
+from governor.text import isolated, printable
+from governor.units import energy, energy_unit, mhz
 
 MAX_CURVE_PANELS = 12
 
@@ -73,28 +74,43 @@ def run(args: argparse.Namespace) -> int:
             import matplotlib.pyplot as plt
         except ImportError as e:
             raise FtgovError("ftgov report needs matplotlib: pip install 'ftgov[model]'") from e
-        args.out.mkdir(parents=True, exist_ok=True)
+        # Root runs reports into directories members may own: every file goes in through the checked directory's
+        # descriptor (governor/safefile.py), never by path.
+        out = OutDir(args.out)
     except (FtgovError, OSError) as e:
         print(f"ftgov report: {e}", file=sys.stderr)
         return 1
-    groups = workloads(jobs)
-    _curves(plt, groups, args.out / "curves.png")
-    _savings(plt, jobs, args.out / "savings.png")
-    _summary(groups, totals, args.out)
+    with out:
+        groups = workloads(jobs)
+        _curves(plt, groups, out)
+        _savings(plt, jobs, out)
+        _summary(groups, totals, out)
     print(f"{args.out}: curves.png, savings.png, summary.md, summary.csv ({len(jobs)} jobs, {len(groups)} workloads)")
     return 0
 
 
 def _label(g: dict) -> str:
     model_type, layers, hidden, seq, util = g["key"]
-    return f"{g['name'][:28]}\n{model_type} L{layers} H{hidden} seq {seq:g} util {util:g}%"
+    return f"{g['name'][:28]}\n{model_type} L{layers} H{hidden} seq {seq:g} util {_util(util)}"
 
 
-def _curves(plt, groups: list[dict], path: Path) -> None:
+def _util(util_pct) -> str:
+    return "-" if util_pct is None else f"{util_pct:g}%"  # registered without gpu_util and never measured
+
+
+def _save(fig, out: OutDir, name: str) -> None:
+    with out.open(name, text=False) as f:
+        fig.savefig(f, format="png", dpi=110)
+
+
+def _curves(plt, groups: list[dict], out: OutDir) -> None:
     shown = [g for g in groups if g["curve"] is not None][:MAX_CURVE_PANELS]
     cols = min(4, max(1, len(shown)))
     rows = max(1, -(-len(shown) // cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), squeeze=False)
+    # At least two panels wide, so that one panel's three-line title and the figure's title fit; constrained layout
+    # makes room for the titles, which tight_layout does not do for the figure's.
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * max(cols, 2), 3.1 * rows + 0.4), squeeze=False,
+                             layout="constrained")
     for ax in axes.flat[len(shown):]:
         ax.axis("off")
     if not shown:
@@ -112,12 +128,11 @@ def _curves(plt, groups: list[dict], path: Path) -> None:
         ax.set_ylabel("J / step", fontsize=7)
         ax.tick_params(labelsize=6)
     fig.suptitle("Measured energy per step (tuner windows, pooled per workload)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, out, "curves.png")
     plt.close(fig)
 
 
-def _savings(plt, jobs, path: Path) -> None:
+def _savings(plt, jobs, out: OutDir) -> None:
     fig, ax = plt.subplots(figsize=(7, 3.6))
     measured = [j for j in jobs if j.saved_rel is not None]
     for basis, marker in (("default governor", "o"), ("start level", "^")):
@@ -131,17 +146,28 @@ def _savings(plt, jobs, path: Path) -> None:
     cumulative, total = [], 0.0
     for j in jobs:
         total += j.saved_j or 0.0
-        cumulative.append(total / 1e3)
-    ax2.plot([datetime.fromtimestamp(j.ended_at) for j in jobs], cumulative, "C3-", label="cumulative saved")
-    ax2.set_ylabel("cumulative saved (kJ)")
+        cumulative.append(total)
+    scale, unit = energy_unit(max((abs(c) for c in cumulative), default=0.0))
+    ended = [datetime.fromtimestamp(j.ended_at) for j in jobs]
+    ax2.plot(ended, [c / scale for c in cumulative], "C3-", label="cumulative saved")
+    ax2.set_ylabel(f"cumulative saved ({unit})")
+    ax.set_xlim(*_time_limits(ended))
     handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
     labels = ax.get_legend_handles_labels()[1] + ax2.get_legend_handles_labels()[1]
     ax.legend(handles, labels, fontsize=7, loc="upper left")
     ax.set_title("Measured savings over time", fontsize=9)
     fig.autofmt_xdate()
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _save(fig, out, "savings.png")
     plt.close(fig)
+
+
+def _time_limits(times: list[datetime]) -> tuple[datetime, datetime]:
+    """The x range around the jobs: their span and 5% either side, at least an hour in all. Left to matplotlib, a
+    single date (or none on one of the twin axes) spans years."""
+    first, last = min(times), max(times)
+    pad = max((last - first) * 0.05, (timedelta(hours=1) - (last - first)) / 2)
+    return first - pad, last + pad
 
 
 def _cell(text: str) -> str:
@@ -150,31 +176,37 @@ def _cell(text: str) -> str:
     return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
+def _md_cell(row: dict, key: str) -> str:
+    text = str(row[key]).replace("|", "\\|")
+    return isolated(text) if key == "workload" else text  # a right-to-left name cannot reorder the row
+
+
 SUMMARY_FIELDS = ("workload", "model_type", "num_layers", "hidden_size", "seq_len", "gpu_util", "jobs", "tuned_jobs",
                   "levels_measured", "bracketed_minimum_mhz", "last_pick_mhz", "mean_saved_pct", "energy_j")
 
 
-def _summary(groups: list[dict], totals: dict, out: Path) -> None:
+def _summary(groups: list[dict], totals: dict, out: OutDir) -> None:
     rows = []
     for g in groups:
         c, members = g["curve"], g["jobs"]
         model_type, layers, hidden, seq, util = g["key"]
         last = members[-1].freq_hz
         rows.append({"workload": _cell(g["name"]), "model_type": model_type, "num_layers": layers,
-                     "hidden_size": hidden, "seq_len": seq, "gpu_util": util, "jobs": len(members),
+                     "hidden_size": hidden, "seq_len": seq, "gpu_util": "" if util is None else util,
+                     "jobs": len(members),
                      "tuned_jobs": sum(1 for j in members if j.windows),
                      "levels_measured": len(c.energy_j) if c else 0,
                      "bracketed_minimum_mhz": mhz(c.label_hz, unit=False) if c and c.label_hz else "",
                      "last_pick_mhz": mhz(last, unit=False) if last else "",
                      "mean_saved_pct": f"{100 * g['mean_saved']:.2f}" if g["mean_saved"] is not None else "",
                      "energy_j": f"{g['energy_j']:.1f}"})
-    with (out / "summary.csv").open("w", newline="") as f:
+    with out.open("summary.csv") as f:
         w = csv.DictWriter(f, fieldnames=SUMMARY_FIELDS, lineterminator="\n")
         w.writeheader()
         w.writerows(rows)
     md = ["| " + " | ".join(SUMMARY_FIELDS) + " |", "|" + "---|" * len(SUMMARY_FIELDS)]
-    md += ["| " + " | ".join(str(r[k]).replace("|", "\\|") for k in SUMMARY_FIELDS) + " |" for r in rows]
+    md += ["| " + " | ".join(_md_cell(r, k) for k in SUMMARY_FIELDS) + " |" for r in rows]
     md.append("")
-    md.append(f"{totals['jobs']} jobs recorded in all: {totals['energy_j'] / 1e3:.1f} kJ, "
-              f"{totals['saved_j'] / 1e3:.1f} kJ measured saved.")
-    (out / "summary.md").write_text("\n".join(md) + "\n")
+    md.append(f"{totals['jobs']} jobs recorded in all: {energy(totals['energy_j'])}, "
+              f"{energy(totals['saved_j'])} measured saved.")
+    out.write_text("summary.md", "\n".join(md) + "\n")

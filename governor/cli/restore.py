@@ -10,8 +10,8 @@ import argparse
 import sys
 
 from governor import DEFAULT_CONFIG_PATH
-from governor.daemon.state import StateFile, baseline_problem, boot_id
 from governor.errors import FtgovError
+from governor.store.state import StateFile, baseline_problem, boot_id
 from governor.sysfs import Root, trusted_root
 
 
@@ -62,7 +62,7 @@ def restore(state_dir: str, root: Root, config) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from governor.daemon.config import load_config  # pydantic: not for every `ftgov` start
+    from governor.config import load_config  # pydantic: not for every `ftgov` start
 
     try:
         config = load_config(args.config or DEFAULT_CONFIG_PATH,

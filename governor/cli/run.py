@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import shutil
 import signal
 import sys
@@ -37,7 +38,8 @@ def add_parser(sub) -> None:
                        description="Start CMD, register it with ftgovd for as long as it runs, forward signals to it "
                                    "and exit with its exit code (128+N when signal N killed it).")
     add_feature_arguments(p)
-    p.add_argument("--name", help="job name shown by `ftgov status` (default: the command's name)")
+    p.add_argument("--name", help="job name shown by `ftgov status` (default: the command's name; for an "
+                                  "interpreter, its script's: `python3 train.py` is train.py)")
     p.add_argument("--socket", help="ftgovd's socket (default: $FTGOV_SOCKET, else /run/ftgov/ftgov.sock)")
     p.add_argument("-v", "--verbose", action="store_true", help="print the daemon's pick and the job's summary")
     p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
@@ -54,8 +56,41 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"ftgov run: {e}", file=sys.stderr)
         return 2
-    return run_child(command, features, name=args.name or os.path.basename(command[0]), socket=args.socket,
+    return run_child(command, features, name=args.name or job_name(command), socket=args.socket,
                      verbose=args.verbose)
+
+
+# Commands that run a script named among their arguments; the job is named after the script.
+_INTERPRETER = re.compile(r"(python|pypy)[0-9.]*|(ba|da|z)?sh|perl|ruby|node|torchrun")
+_SCRIPT = re.compile(r".+\.(py|sh|pl|rb|js)")
+
+
+def job_name(command: list[str]) -> str:
+    """The name a job gets without --name: the command's file name; for an interpreter, its script's or module's
+    (`python3 train.py` -> train.py, `python -m trainer.main` -> trainer.main)."""
+    program = os.path.basename(command[0])
+    if not _INTERPRETER.fullmatch(program):
+        return program
+    args = command[1:]
+    if "-m" in args[:-1]:
+        return args[args.index("-m") + 1]
+    script = next((a for a in args if _SCRIPT.fullmatch(a)), None)
+    return os.path.basename(script) if script else program
+
+
+def resolve(program: str) -> tuple[str | None, int, str]:
+    """(executable, 0, "") for a program that can be run, else (None, exit code, why) as a shell reports it:
+    127 when there is no such command, 126 when there is one that cannot be executed."""
+    if "/" not in program:
+        found = shutil.which(program)
+        return (found, 0, "") if found else (None, 127, "command not found")
+    if not os.path.exists(program):
+        return None, 127, os.strerror(errno.ENOENT)
+    if os.path.isdir(program):
+        return None, 126, os.strerror(errno.EISDIR)
+    if not os.access(program, os.X_OK):
+        return None, 126, os.strerror(errno.EACCES)
+    return program, 0, ""
 
 
 def run_child(command: list[str], features: dict, *, name: str | None = None, socket: str | None = None,
@@ -63,12 +98,13 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
     """Run command as a job; returns its exit code as a shell would report it.
 
     The child is forked, registered while it waits on a pipe, then released to exec the command, so the pin is in
-    place before the command's first instruction and the daemon never sees a pid that already exited.
+    place before the command's first instruction and the daemon never sees a pid that already exited. A command that
+    cannot be run is refused before anything is registered.
     """
-    executable = command[0] if "/" in command[0] else shutil.which(command[0])
+    executable, code, why = resolve(command[0])
     if executable is None:
-        print(f"ftgov run: {command[0]}: command not found", file=sys.stderr)
-        return 127
+        print(f"ftgov run: {command[0]}: {why}", file=sys.stderr)
+        return code
     waited = set(FORWARDED_SIGNALS) | {signal.SIGCHLD}
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     job = None

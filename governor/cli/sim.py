@@ -9,13 +9,18 @@ from __future__ import annotations
 import argparse
 
 from governor.errors import FtgovError
+from governor.safefile import OutDir
 
 
 def add_parser(sub) -> None:
     from governor.sim.tree import LAYOUTS
 
-    p = sub.add_parser("sim-tree", help="create a simulated Jetson Orin sysfs tree under DIR")
-    p.add_argument("dir")
+    p = sub.add_parser("sim-tree", help="create a simulated Jetson Orin sysfs tree under DIR",
+                       description="Write a simulated Jetson Orin sysfs tree (GPU devfreq node, INA3221 rails, "
+                                   "board identity) under DIR, for ftgovd --sysfs-root DIR and ftgov doctor "
+                                   "--sysfs-root DIR. The tree is static files; python -m governor.sim.board --tree "
+                                   "DIR makes it follow the pins.")
+    p.add_argument("dir", help="directory to write the tree in (created if missing)")
     p.add_argument("--layout", choices=sorted(LAYOUTS), default="jp6",
                    help="; ".join(f"{name}: {spec.description}" for name, spec in LAYOUTS.items()) + " (default jp6)")
     p.add_argument("--max-hz", type=int, help="baseline max_freq, as a power mode caps it (default: the table's top)")
@@ -27,10 +32,15 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from governor.sim import tree
 
+    # The tree is written by path below DIR: DIR must be one nobody else can plant links in (governor/safefile.py).
+    with OutDir(args.dir):
+        pass
     try:
         spec = tree.layout_of(tree.build(args.dir, args.layout, max_hz=args.max_hz, power_mode=args.power_mode))
     except ValueError as e:
         raise FtgovError(str(e)) from e
+    except OSError as e:  # DIR is a file, or lies under one, or is not writable
+        raise FtgovError(f"cannot write a tree at {args.dir}: {e.strerror or e}") from e
     print(f"simulated {spec.description} at {args.dir}: ftgovd --sysfs-root {args.dir}; "
           f"python -m governor.sim.board --tree {args.dir} makes it follow the pins")
     return 0

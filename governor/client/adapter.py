@@ -2,36 +2,32 @@
 
 from __future__ import annotations
 
-from governor.client.connection import DEFAULT_REPORT_EVERY_S
-from governor.client.features import check_partial_features
-from governor.client.job import Job, start_job
+from governor.client.job import Job, split_options, start_job
 
 
 class AdapterCore:
-    """What the Hugging Face and Lightning callbacks share: their options, starting the job once per training run,
-    closing it (idempotent), and use as a context manager. Every argument is optional; explicit numbers override
-    the model's."""
+    """What the Hugging Face and Lightning callbacks share: their options (exactly ``governor.job``'s keywords),
+    starting the job once per training run, closing it (idempotent), and use as a context manager. Every option is
+    optional; explicit numbers override the model's."""
 
-    def __init__(self, *, model_type: str | None = None, num_layers: int | None = None,
-                 hidden_size: int | None = None, seq_len: float | None = None, gpu_util: float | None = None,
-                 name: str | None = None, socket: str | None = None, report_every_s: float = DEFAULT_REPORT_EVERY_S,
-                 measure_batches: int = 8):
-        self._explicit = dict(model_type=model_type, num_layers=num_layers, hidden_size=hidden_size,
-                              seq_len=seq_len, gpu_util=gpu_util)
-        check_partial_features(self._explicit)
-        self._options = dict(name=name, socket=socket, report_every_s=report_every_s,
-                             measure_batches=measure_batches)
+    def __init__(self, **options):
+        # governor.job's keywords, checked now (a misspelt one is a TypeError, a bad number a ValueError) and passed
+        # on whole when the training run starts.
+        split_options(options)
+        self._options = options
         self.job: Job | None = None
 
     def _start(self, model, default_name: str | None, total_steps: int | None = None) -> bool:
         """Start the job for this training run; False when one is already open (a retried or repeated train on the
         same model and data: the job and its pin carry on). ``total_steps``: the run's optimizer steps, when the
-        framework knows them."""
+        framework knows them (a ``total_steps`` option wins)."""
         if self.job is not None and not self.job.closed:
             return False
         options = dict(self._options)
-        options["name"] = options["name"] or default_name
-        self.job = start_job(model, **options, total_steps=total_steps, **self._explicit)
+        options["name"] = options.get("name") or default_name
+        if options.get("total_steps") is None:
+            options["total_steps"] = total_steps
+        self.job = start_job(model, **options)
         return True
 
     def close(self) -> None:

@@ -8,6 +8,7 @@ import logging
 import os
 import select
 import socket as socketlib
+import stat
 
 from governor import DEFAULT_SOCKET_PATH, SOCKET_GROUP, errors
 from governor.errors import FtgovError
@@ -221,8 +222,18 @@ def _connect_error(path: str, e: OSError) -> DaemonUnavailable:
             f"ftgovd is not running: no socket at {path} "
             f"(start it with 'systemctl start ftgovd', or point {SOCKET_ENV} / --socket at its socket)")
     if isinstance(e, ConnectionRefusedError):
+        if not _is_socket(path):  # connect() refuses a regular file or a directory the same way
+            return DaemonUnavailable(f"{path} is not a socket: point {SOCKET_ENV} / --socket at ftgovd's socket "
+                                     f"(ftgovd --simulate prints its path)")
         return DaemonUnavailable(f"nothing listens on {path}: ftgovd stopped and left its socket behind?")
     return DaemonUnavailable(f"cannot connect to ftgovd at {path}: {e}")
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return True  # gone since connect(): say what connect() said
 
 
 def _drop_none(params: dict) -> dict:

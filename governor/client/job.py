@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import time
@@ -14,7 +15,7 @@ from governor.client.connection import (
     GovernorWarning,
     UnknownJob,
 )
-from governor.client.features import batch_tokens, check_features, resolve_features, visible_gpu
+from governor.client.features import batch_tokens, check_features, check_partial_features, resolve_features, visible_gpu
 from governor.errors import FtgovError
 from governor.units import mhz
 
@@ -180,7 +181,12 @@ class Job:
         if conn is None:
             return
         try:
-            if self.job_id is not None:
+            if self.job_id is not None and conn.closed_by_daemon():
+                # The daemon went away under the job: whatever held the job there is gone with it, and a restarted
+                # daemon that re-adopted it (by pid) ends it when this process exits. No summary to ask for.
+                log.warning("ftgov: job %s: ftgovd restarted or stopped while the job ran; no end-of-job summary",
+                            self.job_id)
+            elif self.job_id is not None:
                 if self.steps != self._reported_steps:
                     conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase)
                 self.result = conn.call("unregister", job_id=self.job_id)
@@ -277,11 +283,11 @@ def describe_reply(reply: dict) -> str:
     return " ".join(parts)
 
 
+FEATURE_KEYS = ("model_type", "num_layers", "hidden_size", "seq_len", "gpu_util")
+
+
 def job(model=None, *, model_type: str | None = None, num_layers: int | None = None, hidden_size: int | None = None,
-        seq_len: float | None = None, gpu_util: float | None = None, name: str | None = None,
-        socket: str | os.PathLike | None = None, pid: int | None = None, gpu: str | int | None = None,
-        tune: bool | None = None, report_every_s: float = DEFAULT_REPORT_EVERY_S, measure_batches: int = 8,
-        total_steps: int | None = None) -> Job:
+        seq_len: float | None = None, gpu_util: float | None = None, **options) -> Job:
     """A job to hold for the life of a training run::
 
         with governor.job(model, name="bert-sst2") as job:
@@ -291,28 +297,38 @@ def job(model=None, *, model_type: str | None = None, num_layers: int | None = N
                 job.step()
 
     ``model`` is a Hugging Face model or config (its model_type, layers and hidden size are read); explicit numbers
-    override it. ``total_steps``: the step count the job ends at, when known (the tuner explores less for a short
-    job). Bad feature values raise ValueError here, before training starts; a daemon that is absent or refuses
-    only warns (GovernorWarning), and the job does nothing.
+    override it. ``options`` are `Job`'s keywords (name, socket, pid, gpu, tune, report_every_s, measure_batches,
+    timeout_s, total_steps): this signature is the one that governor.hf and governor.lightning forward whole. Bad
+    feature values raise ValueError here, before training starts; a daemon that is absent or refuses only warns
+    (GovernorWarning), and the job does nothing.
     """
-    features = resolve_features(model, model_type=model_type, num_layers=num_layers, hidden_size=hidden_size,
-                                seq_len=float(seq_len) if seq_len is not None else None,
-                                gpu_util=float(gpu_util) if gpu_util is not None else None)
-    return Job(features, name=name, socket=socket, pid=pid, gpu=gpu, tune=tune, report_every_s=report_every_s,
-               measure_batches=measure_batches, total_steps=total_steps)
+    features = resolve_features(model, **_numbers(dict(model_type=model_type, num_layers=num_layers,
+                                                       hidden_size=hidden_size, seq_len=seq_len, gpu_util=gpu_util)))
+    return Job(features, **options)
 
 
-def start_job(model=None, *, name: str | None = None, socket: str | os.PathLike | None = None,
-              report_every_s: float = DEFAULT_REPORT_EVERY_S, measure_batches: int = 8,
-              total_steps: int | None = None, **explicit) -> Job:
-    """For the framework adapters: ``job(...).start()``, except that features which cannot be read from the model
-    warn and give a no-op job, because a callback added with no arguments must never stop training."""
-    explicit = {k: (float(v) if k in ("seq_len", "gpu_util") and v is not None else v) for k, v in explicit.items()}
-    options = dict(name=name, socket=socket, report_every_s=report_every_s, measure_batches=measure_batches)
+def split_options(options: dict) -> tuple[dict, dict]:
+    """``job()``'s keywords as (explicit features, `Job`'s options). A keyword neither takes is a TypeError here, as
+    it would be in ``job()``; a bad feature value is a ValueError."""
+    features = {k: options[k] for k in FEATURE_KEYS if k in options}
+    rest = {k: v for k, v in options.items() if k not in FEATURE_KEYS}
+    inspect.signature(Job).bind({}, **rest)
+    check_partial_features(features)
+    return features, rest
+
+
+def start_job(model=None, **options) -> Job:
+    """For the framework adapters: ``job(model, **options).start()``, except that features which cannot be read
+    from the model warn and give a no-op job, because a callback added with no arguments must never stop training."""
+    features, rest = split_options(options)
     try:
-        features = resolve_features(model, **explicit)
+        resolved = resolve_features(model, **_numbers(features))
     except ValueError as e:
-        idle = Job({}, **options)
+        idle = Job({}, **rest)
         idle._disable(str(e))
         return idle
-    return Job(features, **options, total_steps=total_steps).start()
+    return Job(resolved, **rest).start()
+
+
+def _numbers(features: dict) -> dict:
+    return {k: (float(v) if k in ("seq_len", "gpu_util") and v is not None else v) for k, v in features.items()}

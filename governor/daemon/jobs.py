@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from governor import units
 from governor.backends.base import Gpu, Limits
 from governor.backends.rails import EnergyMeter
-from governor.daemon.state import JobRecord
 from governor.features import Features
 from governor.policy import Decision, PolicyName
+from governor.store.state import JobRecord
 
 
 @dataclass

@@ -8,6 +8,7 @@ import logging
 import os
 import resource
 import select
+import shlex
 import shutil
 import socket
 import subprocess
@@ -18,17 +19,17 @@ from pathlib import Path
 from governor import DEFAULT_CONFIG_PATH, __version__, backends
 from governor.backends import devfreq
 from governor.backends import rails as rails_mod
+from governor.config import Config, default_ffg_hz, default_model_path, load_config, store_path
 from governor.daemon import admission, logs, tuning
-from governor.daemon.config import Config, default_ffg_hz, default_model_path, load_config, store_path
 from governor.daemon.listen import bind_socket
 from governor.daemon.notify import Notifier, listen_fds
 from governor.daemon.pins import PinController
 from governor.daemon.reload import Reloader
 from governor.daemon.server import Server
-from governor.daemon.state import StateFile, boot_id
 from governor.daemon.ticks import Ticker, defer_on_loop
 from governor.errors import FtgovError, NodeNotFound
 from governor.policy import Policy
+from governor.store.state import StateFile, boot_id
 from governor.sysfs import Root, trusted_root
 from governor.units import mhz
 
@@ -46,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--simulate", action="store_true",
                    help="build a simulated Jetson AGX Orin (JetPack 6 layout), start its board, and govern it: "
                         "try ftgov without a Jetson")
+    p.add_argument("--print-env", action="store_true",
+                   help="with --simulate: print the shell lines that point ftgov at that daemon (FTGOV_SOCKET, "
+                        "FTGOV_SIM_TREE) and exit, for eval \"$(ftgovd --simulate --print-env)\"")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--version", action="version", version=f"ftgovd {__version__}")
     return p.parse_args(argv)
@@ -254,6 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     except FtgovError as e:
         print(f"ftgovd: error: {e}", file=sys.stderr)
         return 2
+    if args.print_env:
+        if not args.simulate:
+            print("ftgovd: error: --print-env goes with --simulate", file=sys.stderr)
+            return 2
+        # Printed rather than spelled out in the README: a /tmp path pasted by root could be another user's.
+        print(f"export FTGOV_SOCKET={shlex.quote(config.socket.path)}\n"
+              f"export FTGOV_SIM_TREE={shlex.quote(str(config.sysfs_root))}")
+        return 0
     logs.setup(config.log_level)
     route_loggers()
     try:

@@ -20,10 +20,10 @@ from governor.daemon import logs, ratelimit
 from governor.daemon.energy import BoardEnergy
 from governor.daemon.jobs import ActiveJob, Ended, GpuControl, mhz
 from governor.daemon.powermode import PowerModeCap
-from governor.daemon.state import GpuState, State, StateFile
 from governor.errors import BackendError, FtgovError, StateError
 from governor.features import Features
 from governor.policy import Decision, Policy, PolicyName, combine
+from governor.store.state import GpuState, State, StateFile
 
 log = logging.getLogger("ftgovd")
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import unicodedata
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -16,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from governor.errors import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
 from governor.features import Features
+from governor.text import unprintable_at
 
 MAX_LINE_BYTES = 64 * 1024
 
@@ -69,8 +69,9 @@ class RegisterParams(FeatureParams):
     def _printable(cls, v):
         bad = unprintable_at(v) if v is not None else None
         if bad is not None:
-            raise ValueError(f"must not contain control or format characters (U+{ord(v[bad]):04X} at index {bad}): "
-                             "a name is shown on operators' terminals")
+            raise ValueError(f"must not contain control or format characters, blank fillers or stray combining marks "
+                             f"(U+{ord(v[bad]):04X} at index {bad}): a name is shown on operators' terminals "
+                             "(governor/text.py)")
         return v
 
     @field_validator("gpu", mode="before")
@@ -79,21 +80,6 @@ class RegisterParams(FeatureParams):
         if isinstance(v, bool) or (isinstance(v, int) and v < 0) or (isinstance(v, str) and not 0 < len(v) <= 128):
             raise ValueError("must be a GPU index (int >= 0) or a UUID string")
         return v
-
-
-# Control characters (Cc: ESC, CR, NUL, ...), format characters (Cf: U+202E right-to-left override, zero-width
-# joiners) and line/paragraph separators: what could move a terminal's cursor, rewrite its title or reorder a line.
-_UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
-
-
-def unprintable_at(text: str) -> int | None:
-    """The index of the first character a terminal could act on, or None when there is none."""
-    if text.isascii() and text.isprintable():  # the usual name: one C-speed check
-        return None
-    for i, ch in enumerate(text):
-        if unicodedata.category(ch) in _UNPRINTABLE_CATEGORIES:
-            return i
-    return None
 
 
 class JobParams(_Params):

@@ -1,7 +1,8 @@
-"""The daemon's side of the measurement store (governor.daemon.store): the Recorder turns each job the pin controller
-ends into a record, on the event loop, copying fields only (the board's identity is read once at start; the tuner's
-windows come from the job's tuner, which keeps each closed window); the StoreWriter commits records on a thread of
-its own.
+"""The daemon's side of the measurement store (governor.store.measurements).
+
+The Recorder turns each job the pin controller ends into a record, on the event loop, copying fields only (the
+board's identity is read once at start; the tuner's windows come from the job's tuner, which keeps each closed
+window); the StoreWriter commits records on a thread of its own.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import threading
 import time
 from pathlib import Path
 
-from governor.daemon.store import DEFAULT_MAX_JOBS, JobRecord, Store, StoreError, Window, measured_saving
 from governor.errors import FtgovError
+from governor.store.measurements import DEFAULT_MAX_JOBS, JobRecord, Store, StoreError, Window, measured_saving
 from governor.sysfs import Root
 
 log = logging.getLogger("ftgovd")

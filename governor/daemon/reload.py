@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from governor.daemon.config import Config
+from governor.config import Config
 from governor.daemon.tuning import TunerAttach
 from governor.errors import FtgovError
 from governor.policy import Policy

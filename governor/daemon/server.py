@@ -20,9 +20,8 @@ import socket
 from collections import Counter
 from collections.abc import Callable
 
+from governor.config import Config
 from governor.daemon import admission, peers, ratelimit
-from governor.daemon import state as state_mod
-from governor.daemon.config import Config
 from governor.daemon.connection import READ_CHUNK, Connection
 from governor.daemon.jobs import ActiveJob, Ended
 from governor.daemon.notify import Notifier
@@ -32,6 +31,7 @@ from governor.daemon.rpc import Methods, summary
 from governor.daemon.ticks import Ticker, defer_on_loop, status_line
 from governor.daemon.utilization import UtilizationSampler
 from governor.errors import LIMIT_EXCEEDED, PERMISSION_DENIED, FtgovError
+from governor.store import state as state_mod
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")

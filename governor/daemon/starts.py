@@ -31,8 +31,8 @@ import sqlite3
 from collections import OrderedDict
 from pathlib import Path
 
-from governor.daemon.store import StoreError, open_read_only
 from governor.features import Features
+from governor.store.measurements import StoreError, open_read_only
 
 log = logging.getLogger("ftgovd")
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 
-from governor.daemon.config import TunerConfig
+from governor.config import TunerConfig
 from governor.daemon.jobs import mhz
 from governor.daemon.recorder import window_util_pct
 from governor.daemon.starts import TuneStarts, gpu_key, read_on

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from governor.daemon.config import Config
+from governor.config import Config
 from governor.daemon.jobs import ActiveJob, mhz
 from governor.daemon.pins import PinController
 from governor.errors import FtgovError

@@ -53,18 +53,21 @@ class BoardCurve:
 
 
 def feature_key(f: Features) -> tuple:
-    return (f.model_type, f.num_layers, f.hidden_size, round(f.seq_len, 1), round(f.gpu_util or 0.0))
+    """A workload's identity: its features rounded; an unknown gpu_util stays None (unknown is not 0% load)."""
+    return (f.model_type, f.num_layers, f.hidden_size, round(f.seq_len, 1),
+            None if f.gpu_util is None else round(f.gpu_util))
 
 
 def board_curves(records: Iterable, levels_hz: tuple[int, ...]) -> list[BoardCurve]:
-    """Group tuned jobs by features; pool their windows per level (only levels of the characterization table)."""
+    """Group tuned jobs by features; pool their windows per level (only levels of the characterization table).
+    A job registered without gpu_util and never measured groups with the others of unknown load."""
     sums: dict[tuple, dict] = {}
     for r in records:
         wins = [w for w in r.windows if w.level_hz in levels_hz and w.joules_per_step > 0 and w.steps > 0]
-        if not wins or r.gpu_util is None:
+        if not wins:
             continue
         f = Features(model_type=r.model_type, num_layers=r.num_layers, hidden_size=r.hidden_size,
-                     seq_len=float(r.seq_len), gpu_util=float(r.gpu_util))
+                     seq_len=float(r.seq_len), gpu_util=None if r.gpu_util is None else float(r.gpu_util))
         g = sums.setdefault(feature_key(f), {"features": f, "j": {}, "steps": {}, "n": {}, "jobs": 0})
         g["jobs"] += 1
         for w in wins:
@@ -72,7 +75,7 @@ def board_curves(records: Iterable, levels_hz: tuple[int, ...]) -> list[BoardCur
             g["steps"][w.level_hz] = g["steps"].get(w.level_hz, 0) + w.steps
             g["n"][w.level_hz] = g["n"].get(w.level_hz, 0) + 1
     curves = []
-    for key in sorted(sums):
+    for key in sorted(sums, key=lambda k: (*k[:4], -1 if k[4] is None else k[4])):
         g = sums[key]
         curve = BoardCurve(g["features"], {hz: g["j"][hz] / g["steps"][hz] for hz in sorted(g["j"])},
                            dict(sorted(g["n"].items())), g["jobs"])

@@ -29,6 +29,7 @@ from typing import Protocol
 from governor.backends.rails import AGX_ORIN_RAILS, ENERGY_RAILS
 from governor.errors import FtgovError
 from governor.pipeline.measure import SettingMeasurement
+from governor.safefile import OutDir, write_file
 
 SETTING_MAXN = "maxn"
 SETTING_PINNED = "pinned"
@@ -150,9 +151,8 @@ def characterize(jobs: Iterable[SweepJob], gpu, csv_path: Path, steps: int, warm
     bar = Progress(len(jobs) * len(settings), len(jobs) * len(settings) - len(todo)) if progress else None
     baseline = gpu.snapshot()
     added = 0
-    csv_path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with csv_path.open("a", newline="") as f:
+        with OutDir(csv_path.parent) as out, out.append(csv_path.name) as f:
             writer = csv.DictWriter(f, fieldnames=COLUMNS, lineterminator="\n")
             if f.tell() == 0:
                 writer.writeheader()
@@ -214,7 +214,7 @@ def write_sidecar(csv_path: Path, meta: dict) -> None:
     """<csv>.meta.json: where the data came from (a CSV cannot say it without breaking its readers)."""
     path = csv_path.with_name(csv_path.name + ".meta.json")
     try:
-        path.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+        write_file(path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
     except OSError as e:
         raise FtgovError(f"cannot write {path}: {e.strerror or e}") from e
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from governor.errors import FtgovError
 from governor.features import FEATURE_ORDER, Features
+from governor.safefile import open_file
 
 
 @dataclass(frozen=True)
@@ -63,12 +64,16 @@ def load(path: str | Path) -> list[Sweep]:
     try:
         with path.open(newline="") as f:
             rows = list(csv.DictReader(f))
-    except OSError as e:
-        raise FtgovError(f"cannot read {path}: {e.strerror or e}") from e
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise FtgovError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from e
     by_workload: dict[str, list[dict]] = {}
-    for r in rows:
-        by_workload.setdefault(r["workload"], []).append(r)
-    sweeps = [_sweep(name, group) for name, group in by_workload.items()]
+    try:
+        for r in rows:
+            by_workload.setdefault(r["workload"], []).append(r)
+        sweeps = [_sweep(name, group) for name, group in by_workload.items()]
+    except (KeyError, TypeError, ValueError) as e:  # another CSV (or no CSV): a column missing or not a number
+        raise FtgovError(f"{path} is not a characterization CSV (`ftgov characterize` writes one): "
+                         f"bad or missing column {e}") from e
     if not sweeps:
         raise FtgovError(f"{path} holds no measurements")
     levels = {s.levels_hz for s in sweeps}
@@ -130,8 +135,7 @@ def write_dataset(data: Path, out: Path) -> int:
     """Per configuration: the five features (encoded as the daemon encodes them), the label and the raw optimum
     beside it. Returns the number of configurations."""
     sweeps = load(data)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="") as f:
+    with open_file(out) as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(["workload", *FEATURE_ORDER, "label_hz", "raw_optimum_hz", "regret_of_label_pct",
                     "savings_at_label_pct"])

@@ -24,13 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from governor import data
-from governor.errors import FtgovError
 from governor.pipeline import dataset
 from governor.pipeline.dataset import Sweep
 from governor.pipeline.policies import EvaluatedPolicy, Pick, Probe, TuneSettings, build_policies, model_energy_j
 from governor.units import mhz
 
-MODEL_DIR = Path("model")
 SMALL_MODEL_PARAMS_M = 70.5  # the paper's line: "models > 70M" vs "<= 70M"
 
 
@@ -160,20 +158,22 @@ def table(sweeps: list[Sweep], results, names: list[str], job_steps: int = TuneS
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
+    from governor.cli.argtypes import at_least
+
     p = subparsers.add_parser("evaluate", help="compare MAXN, FFG, the paper's tree, the trained MLG, the online "
                               "tuner and the oracle",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=MODEL_DIR / "data" / "held-out.csv",
-                   help="held-out characterization CSV")
+    p.add_argument("--data", type=Path, default=data.path(data.HELD_OUT),
+                   help="held-out characterization CSV (default: the one shipped with ftgov)")
     p.add_argument("--mlg-tree", type=Path, default=data.path(data.MLG_TREE), help="default: the shipped tree")
     p.add_argument("--paper-tree", type=Path, default=data.path(data.PAPER_TREE))
     p.add_argument("--ffg", type=Path, default=data.path(data.FFG),
                    help="JSON with the FFG level, {\"freq_hz\": N} (default: the shipped one)")
     p.add_argument("--out", type=Path, help="directory for the PNG plots (none when omitted)")
     p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
-    p.add_argument("--job-steps", type=int, default=TuneSettings.job_steps,
+    p.add_argument("--job-steps", type=at_least(1), default=TuneSettings.job_steps,
                    help="training steps per job, over which the tuner's profiling is charged (default %(default)s)")
-    p.add_argument("--noise", type=float, default=TuneSettings.noise,
+    p.add_argument("--noise", type=at_least(0.0, float), default=TuneSettings.noise,
                    help="the energy model's noise scale for the tuner's measurement windows (default %(default)s, "
                         "the nominal one the held-out set was generated with; 0.71 gives 3%% per-step jitter)")
     p.add_argument("--seed", type=int, default=TuneSettings.seed, help="seed of the tuner's measurement noise")
@@ -185,10 +185,6 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def run(args, extra_policies: list[EvaluatedPolicy] | None = None) -> int:
     """extra_policies: more policies to compare (an online tuner), placed before the oracle."""
     sweeps = dataset.load(args.data)
-    if args.job_steps < 1:
-        raise FtgovError(f"--job-steps must be >= 1, got {args.job_steps}")
-    if args.noise < 0:
-        raise FtgovError(f"--noise must be >= 0, got {args.noise}")
     tune = TuneSettings(job_steps=args.job_steps, noise=args.noise, seed=args.seed) if args.tune else None
     policies = build_policies(args.ffg, args.paper_tree, args.mlg_tree, extra=extra_policies, tune=tune)
     names = [p.name for p in policies]

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import pickle
 import sys
 from pathlib import Path
 
 from governor.errors import FtgovError
 from governor.features import FEATURE_ORDER, MODEL_TYPE_CODES
 from governor.pipeline import dataset
+from governor.pipeline.outputs import write_if_changed
 from governor.policy.tree import FORMAT
 from governor.units import mhz
 
@@ -100,7 +102,9 @@ def run_export(data: Path, estimator_path: Path, report_path: Path, tree_path: P
     try:
         estimator = joblib.load(estimator_path)
         report = json.loads(report_path.read_text())
-    except (OSError, ValueError) as e:
+    # Unpickling a file that is not one fails in whatever way the bytes lead it (EOFError, IndexError, ...).
+    except (OSError, ValueError, EOFError, IndexError, KeyError, AttributeError, ImportError,
+            pickle.UnpicklingError) as e:
         raise FtgovError(f"cannot read the fitted tree ({estimator_path}, {report_path}): {e}; run `fit` first") from e
     meta = dataset.meta(data)
     metadata = {
@@ -117,8 +121,7 @@ def run_export(data: Path, estimator_path: Path, report_path: Path, tree_path: P
     description = ("MLG tree trained by the model pipeline (make model) on the " + str(meta.get("source", ""))
                    + " characterization set (model/data/characterization.csv): label = energy-optimal level of the "
                    "1-2-1 smoothed curve, hyperparameters by LOOCV energy regret.")
-    tree_path.parent.mkdir(parents=True, exist_ok=True)
-    tree_path.write_text(to_json(estimator, description, metadata))
+    write_if_changed(tree_path, to_json(estimator, description, metadata))
     header = [f"MLG tree, trained on {report['data']} ({metadata['data_source']}, {metadata['energy_model']}, "
               f"data seed {metadata['data_seed']}), training seed {report['seed']}",
               f"hyperparameters {json.dumps(report['params'], sort_keys=True)}",
@@ -126,8 +129,7 @@ def run_export(data: Path, estimator_path: Path, report_path: Path, tree_path: P
               f"(raw optimum); mean energy regret "
               f"{report['loocv_mean_regret_pct']:.2f}% (max {report['loocv_max_regret_pct']:.2f}%)",
               "model_type: 0 = encoder, 1 = decoder; gpu_util: GPU load under MAXN, percent"]
-    rules_path.parent.mkdir(parents=True, exist_ok=True)
-    rules_path.write_text(to_rules(estimator, header))
+    write_if_changed(rules_path, to_rules(estimator, header))
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

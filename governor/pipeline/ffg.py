@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from governor.pipeline import dataset
+from governor.pipeline.outputs import write_if_changed
 from governor.units import mhz
 
 
@@ -33,8 +34,7 @@ def run_ffg(data: Path, out: Path) -> int:
         "mean_energy_vs_maxn": {str(f): round(relative[f], 4) for f in levels},
         "best_by_mean_relative_energy_hz": min(levels, key=lambda f: (relative[f], f)),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_if_changed(out, json.dumps(doc, indent=2) + "\n")
     return best
 
 

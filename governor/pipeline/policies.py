@@ -32,7 +32,7 @@ from governor.sim.energy import OrinEnergyModel, Workload
 from governor.sim.tuned_job import run_tuned_job
 
 if TYPE_CHECKING:
-    from governor.daemon.config import TunerConfig
+    from governor.config import TunerConfig
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ class Oracle:
 
 
 def _daemon_tuner_config() -> TunerConfig:
-    from governor.daemon.config import TunerConfig  # pydantic: imported when a tuned job runs, not when `ftgov` starts
+    from governor.config import TunerConfig  # pydantic: imported when a tuned job runs, not when `ftgov` starts
 
     return TunerConfig()
 

@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from governor.daemon.config import DEFAULT_STORE_PATH
+from governor import data
+from governor.config import DEFAULT_STORE_PATH
 from governor.errors import FtgovError
 from governor.features import Features
 from governor.pipeline import dataset, train
@@ -42,8 +41,7 @@ from governor.pipeline.board_data import (
     regret_pct,
 )
 from governor.pipeline.dataset import Sweep
-
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "model" / "data" / "characterization.csv"
+from governor.safefile import write_file
 
 
 def _design(samples: list[Sample]):
@@ -130,7 +128,7 @@ def load_records(paths: list[Path], uids: set[int] | None = None) -> tuple[list,
     """Every job of every store (of ``uids`` only, when given: the users whose measurements are trusted, since a
     client reports its own step counts), duplicates (the same store copied twice) once; the boards' identity, which
     must be one kind of board."""
-    from governor.daemon import store
+    from governor.store import measurements as store
 
     seen, records, kinds, sources = set(), [], set(), []
     for p in paths:
@@ -185,7 +183,8 @@ def retrain(records: list, sweeps: list[Sweep], seed: int = 0, current_tree=None
             correct: bool = True) -> Result:
     """``correct=False`` leaves the sweeps as shipped (for measuring what the correction is worth)."""
     levels = sweeps[0].levels_hz
-    curves = board_curves(records, levels)
+    # The tree splits on gpu_util: a workload whose load was never known cannot label it, nor be compared with it.
+    curves = [c for c in board_curves(records, levels) if c.features.gpu_util is not None]
     samples, offsets = build_samples(sweeps, curves, correct)
     best = search(samples, seed, n_jobs)
     estimator = fit(samples, best.params, seed)
@@ -236,40 +235,25 @@ def export_tree(result: Result, out: Path, provenance: dict) -> str:
     doc["source"] = "retrained"
     doc["provenance"] = provenance
     DecisionTree.from_dict(doc)  # what the daemon will read: never install a tree it would refuse
-    text = json.dumps(doc, indent=1, sort_keys=False) + "\n"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # the daemon reads it; it holds nothing secret
-        os.replace(tmp, out)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    dir_fd = os.open(out.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself survives a power cut
-    finally:
-        os.close(dir_fd)
+    # The daemon reads it (0644; it holds nothing secret). Written through the checked directory's descriptor with
+    # fchmod, never chmod by path: root retrains into directories others may own (governor/safefile.py).
+    write_file(out, json.dumps(doc, indent=1, sort_keys=False) + "\n", 0o644)
     return model_id
 
 
 # ---- command line ----------------------------------------------------------------------------------------------------
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("retrain", help="retrain the MLG tree from the board's measurement store")
+    p = sub.add_parser("retrain", help="retrain the MLG tree from the board's measurement store",
+                       description="Retrain the MLG tree from what this board measured: the store's bracketed minima "
+                                   "join the characterization sweeps, which are corrected by the board's per-level "
+                                   "departure from them; prints accuracy and regret before and after on the board's "
+                                   "own jobs and writes the tree with its provenance (docs/store.md).")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--store", help=f"the board's store (default {DEFAULT_STORE_PATH})")
     src.add_argument("--from", dest="from_dir", metavar="DIR",
                      help="merge every *.sqlite store under DIR (copied from many boards of one kind)")
-    p.add_argument("--data", type=Path, help="the characterization CSV (default: model/data/characterization.csv of "
-                   "the source tree)")
+    p.add_argument("--data", type=Path, help="the characterization CSV (default: the one shipped with ftgov)")
     p.add_argument("--current", type=Path, help="the tree the board uses now, for the before figures "
                    "(default: model_file of --config, else the shipped tree)")
     p.add_argument("--config", help="ftgovd's config, for model_file and store.path")
@@ -297,15 +281,13 @@ def _run(args: argparse.Namespace) -> int:
     store_path, current = args.store, args.current
     if args.config or current is None or store_path is None:
         from governor import DEFAULT_CONFIG_PATH
-        from governor.daemon.config import default_model_path, installed_store_path, load_config
+        from governor.config import default_model_path, installed_store_path, load_config
 
         cfg = load_config(args.config or DEFAULT_CONFIG_PATH, must_exist=args.config is not None)
         store_path = store_path or (installed_store_path(cfg) if not args.from_dir else None)
         current = current or Path(cfg.model_file or default_model_path())
     if args.data is None:
-        if not DEFAULT_DATA.is_file():  # an installed ftgov carries the tree, not the data it was trained on
-            raise FtgovError("no characterization data: pass --data model/data/characterization.csv (from the source)")
-        args.data = DEFAULT_DATA
+        args.data = data.path(data.CHARACTERIZATION)
     paths = store_paths(store_path, args.from_dir)
     records, identity = load_records(paths, set(args.uid) if args.uid else None)
     if args.uid:

@@ -22,6 +22,7 @@ from governor.errors import FtgovError
 from governor.features import FEATURE_ORDER
 from governor.pipeline import dataset
 from governor.pipeline.dataset import Sweep, label_hz
+from governor.safefile import open_file, write_file
 
 # Small on purpose: 27 samples cannot support a finer search, and every extra point is one more way to overfit LOOCV.
 PARAM_GRID = {
@@ -120,8 +121,8 @@ def run_fit(data: Path, dataset_path: Path, estimator_path: Path, report_path: P
     labels = dataset.read_labels(dataset_path, sweeps)
     best, results = search(sweeps, seed=seed, n_jobs=jobs, labels=labels)
     estimator = fit(sweeps, best.params, seed, labels)
-    estimator_path.parent.mkdir(parents=True, exist_ok=True)
-    joblib.dump(estimator, estimator_path)
+    with open_file(estimator_path, text=False) as f:
+        joblib.dump(estimator, f)
     report = {
         "data": str(data.name), "data_sha256": dataset.sha256(data), "seed": seed,
         "params": best.params, "loocv_accuracy": round(best.accuracy, 4),
@@ -138,8 +139,7 @@ def run_fit(data: Path, dataset_path: Path, estimator_path: Path, report_path: P
         "grid": [{"params": r.params, "accuracy": round(r.accuracy, 4), "mean_regret_pct": round(r.mean_regret_pct, 3)}
                  for r in results],
     }
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(json.dumps(report, indent=2) + "\n")
+    write_file(report_path, json.dumps(report, indent=2) + "\n")
     print(f"LOOCV over {len(sweeps)} configurations, {len(results)} hyperparameter sets; chosen {best.params}\n"
           f"  LOOCV accuracy {best.accuracy:.3f} (raw optimum hit {report['loocv_raw_optimum_hit_rate']:.3f}), "
           f"mean energy regret {best.mean_regret_pct:.2f}% (max {best.max_regret_pct:.2f}%); "

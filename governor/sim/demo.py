@@ -8,6 +8,7 @@ energy model, what the same steps would have cost under MAXN (the default, load-
 
 from __future__ import annotations
 
+import os
 import select
 import shutil
 import signal
@@ -16,16 +17,27 @@ import tempfile
 import time
 from pathlib import Path
 
+from governor.sim.launch import Daemon, scaled
 from governor.units import mhz
-
-# The launcher tests and benchmarks use: `make demo` runs in the checkout.
-from tests.support.daemon import Daemon, scaled
 
 DEVFREQ = "sys/class/devfreq/17000000.gpu"
 TIME_SCALE = 0.15  # the tuned job's simulated steps run at this fraction of the energy model's time
 JOB = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0}  # BERT-base on MNLI
 STEPS = 40
 STEP_S = 0.05  # a simulated step's wall time in the demo (the energy model's real step is longer)
+
+
+def command_path(name: str) -> str:
+    """How to start one of ftgov's commands from here: its name when PATH finds this environment's, else its path
+    beside this interpreter (.venv/bin/ftgovd after `make demo`), relative when under the working directory."""
+    beside = Path(sys.executable).parent / name
+    if not beside.is_file():
+        return name
+    found = shutil.which(name)
+    if found and Path(found).resolve() == beside.resolve():
+        return name
+    relative = os.path.relpath(beside)
+    return relative if not relative.startswith("..") else str(beside)
 
 
 def say(text: str = "") -> None:
@@ -72,7 +84,7 @@ def main() -> int:
     sock = daemon.socket
     log_path = daemon.log_path
     say("== 1. Start ftgovd on a simulated Jetson AGX Orin")
-    say("   $ " + " ".join(["ftgovd"] + daemon.command()[3:]))
+    say("   $ " + " ".join([command_path("ftgovd")] + daemon.command()[3:]))
     try:
         daemon.start(timeout_s=30)
         root = work / "sim-orin"
@@ -139,7 +151,8 @@ def main() -> int:
         if " INFO " in line or " WARNING " in line or " ERROR " in line:
             say("   " + line.split(" ftgovd ", 1)[-1])
     shutil.rmtree(work, ignore_errors=True)
-    say("\nDone. Try it yourself: ftgovd --simulate, then FTGOV_SOCKET=... ftgov status")
+    say(f"\nDone. Try it yourself: {command_path('ftgovd')} --simulate &, then FTGOV_SOCKET=<the socket it prints> "
+        f"{command_path('ftgov')} status (README: Try it without a Jetson)")
     return 0 if returncode == 0 else 1
 
 

@@ -104,15 +104,23 @@ def run(root: Root, job, workload, steps: int, *, time_scale: float = 0.1, noise
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("sim-job", help="run a simulated fine-tuning job against ftgovd --simulate")
+    from governor.cli.argtypes import above, at_least
+
+    p = sub.add_parser("sim-job", help="run a simulated fine-tuning job against ftgovd --simulate",
+                       description="Register a simulated training job with ftgovd and run its steps on the simulated "
+                                   "Orin: each step takes as long as the energy model says at the clock the GPU runs "
+                                   "now, so the daemon's energy per step has the real U shape. Prints the job's "
+                                   "summary (energy, pin, saving) when it ends.")
     p.add_argument("--socket", help="daemon socket (default: FTGOV_SOCKET, else /run/ftgov/ftgov.sock)")
-    p.add_argument("--tree", required=True, help="the simulated Orin tree ftgovd --simulate printed")
+    p.add_argument("--tree", default=os.environ.get("FTGOV_SIM_TREE"), required="FTGOV_SIM_TREE" not in os.environ,
+                   help="the simulated Orin tree ftgovd --simulate printed (default: $FTGOV_SIM_TREE, which "
+                        "`eval \"$(ftgovd --simulate --print-env)\"` sets)")
     p.add_argument("--model-type", choices=["encoder", "decoder"], default="encoder")
-    p.add_argument("--num-layers", type=int, default=12)
-    p.add_argument("--hidden-size", type=int, default=768)
-    p.add_argument("--seq-len", type=float, default=40.0)
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--time-scale", type=float, default=0.1, help="wall time per simulated second (default 0.1)")
+    p.add_argument("--num-layers", type=at_least(1), default=12, help="transformer layers (default 12)")
+    p.add_argument("--hidden-size", type=at_least(1), default=768, help="hidden size (default 768)")
+    p.add_argument("--seq-len", type=above(0), default=40.0, help="average tokens per sample (default 40)")
+    p.add_argument("--steps", type=at_least(1), default=200, help="training steps (default 200)")
+    p.add_argument("--time-scale", type=above(0), default=0.1, help="wall time per simulated second (default 0.1)")
     p.add_argument("--tune", action="store_true", help="ask for the online tuner for this job")
     p.add_argument("--no-daemon", action="store_true",
                    help="run the steps on the board without registering, as an unmodified script (try ftgov run)")

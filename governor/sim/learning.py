@@ -15,11 +15,11 @@ import json
 import math
 import random
 
-from governor.daemon.config import TunerConfig
-from governor.daemon.store import JobRecord, Window, measured_saving
+from governor.config import TunerConfig
 from governor.features import Features
 from governor.pipeline.workloads import MODELS, make_workload
 from governor.sim.energy import Calibration, OrinEnergyModel, Workload
+from governor.store.measurements import JobRecord, Window, measured_saving
 
 BOARD = dataclasses.replace(Calibration(), knee_hz=900e6, v_floor=0.70, v_curve_exponent=2.2)
 JOB_STEPS = 2000

@@ -5,14 +5,14 @@ The job starts pinned at ``start_hz`` (MLG's pick, as in the daemon). Every step
 pinned level; its energy and time are added to cumulative counters, which a ``TuningSession`` reads as the daemon
 reads the rails at each ``progress`` report; when a window closes and the tuner wants another level, the next step
 runs there (the daemon re-pins right after the report, so that step is the warm-up). The tuner's knobs are the
-daemon's (``governor.daemon.config.TunerConfig``), so the simulation cannot drift from what ftgovd does.
+daemon's (``governor.config.TunerConfig``), so the simulation cannot drift from what ftgovd does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from governor.daemon.config import TunerConfig
+from governor.config import TunerConfig
 from governor.errors import FtgovError
 from governor.policy.tuner import TuningSession
 from governor.sim.energy import OrinEnergyModel, Workload

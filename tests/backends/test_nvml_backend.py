@@ -441,7 +441,7 @@ def test_observe_script_without_the_daemon_reads_nvml_alone(tmp_path):
 def test_an_nvml_gpus_identity_goes_into_the_store(nvml, system, tmp_path):
     # The store keeps the driver version as text; a backend that reports none gives None.
     from governor.daemon.recorder import board_identity
-    from governor.daemon.store import JobRecord, Store
+    from governor.store.measurements import JobRecord, Store
     from governor.sysfs import Root
 
     identity = board_identity(Root(tmp_path), probe(nvml)[0])

@@ -100,3 +100,17 @@ def test_a_start_slower_than_the_idle_timeout_still_registers(start_daemon, orin
             assert job.registered and limits(orin) == (pin, pin)
             job.step()
     assert job.result["steps"] == 1 and limits(orin) == BASELINE
+
+
+def test_a_daemon_restart_under_a_job_is_one_line_at_its_end(daemon, orin, caplog):
+    """Not 'unregister failed ... Broken pipe' when the job ends on a connection the old daemon took with it."""
+    import signal
+
+    with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket, report_every_s=0) as job:
+        job.step()
+        daemon.stop(signal.SIGKILL)  # returns once the process is gone, its end of the connection closed
+        daemon.start()
+        caplog.clear()
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ftgov: job {job.job_id}: ftgovd restarted or stopped while the job ran; no end-of-job summary"]
+    assert job.result is None

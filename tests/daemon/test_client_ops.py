@@ -8,9 +8,10 @@ import re
 import pytest
 
 import governor
-from governor.cli import main
+from governor.cli import EXIT_BROKEN_PIPE, main
 from governor.client import Connection
 from tests.support.daemon import limits
+from tests.support.pipes import run_into_closed_pipe
 
 BASELINE = (306000000, 1300500000)
 
@@ -70,3 +71,22 @@ def test_operator_errors_are_clear(tmp_path, capsys):
     assert main(["predict", "--model-type", "encoder", "--num-layers", "2", "--hidden-size", "0", "--seq-len", "9",
                  "--socket", str(tmp_path / "none.sock")]) == 2
     assert "hidden_size" in capsys.readouterr().err
+
+
+def test_status_into_a_reader_that_went_away_exits_quietly(daemon):
+    """`ftgov status | head -0`, deterministically: the pipe's read end is closed before ftgov writes. The
+    BrokenPipeError is handled once, in main(), the way the Python docs do it: quiet, exit 141."""
+    for args in (["status", "--socket", daemon.socket], ["status", "--json", "--socket", daemon.socket]):
+        done = run_into_closed_pipe(*args)
+        assert (done.returncode, done.stderr) == (EXIT_BROKEN_PIPE, ""), args
+
+
+@pytest.mark.parametrize("args", [["sim-tree", "{tmp}/t"], ["history", "--json", "--store", "{store}"]],
+                         ids=["sim-tree", "history --json"])
+def test_a_reader_that_went_away_ends_the_command_quietly(args, tmp_path):
+    from governor.store.measurements import Store
+
+    Store(tmp_path / "m.sqlite").close()
+    args = [a.replace("{tmp}", str(tmp_path)).replace("{store}", str(tmp_path / "m.sqlite")) for a in args]
+    done = run_into_closed_pipe(*args)
+    assert (done.returncode, done.stderr) == (EXIT_BROKEN_PIPE, "")

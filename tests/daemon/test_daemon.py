@@ -373,7 +373,7 @@ def test_checkpoint_and_data_phases_drop_to_the_lowest_level(orin, start_daemon)
 def test_socket_activation_uses_the_passed_socket(orin, tmp_path):
     import socket as socketmod
 
-    from tests.support.notify import NotifyListener
+    from governor.sim.launch import NotifyListener
 
     path = f"/tmp/ftg-act-{os.getpid()}.sock"
     listener = socketmod.socket(socketmod.AF_UNIX, socketmod.SOCK_STREAM)

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from governor.daemon import store
+from governor.store import measurements as store
 from tests.support import FAKENVML_DIR as FAKE_DIR
 from tests.support.daemon import FEATURES, REPO
 

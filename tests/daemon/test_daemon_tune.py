@@ -6,7 +6,7 @@ import re
 import pytest
 
 from governor.cli import metrics
-from governor.daemon.config import TunerConfig
+from governor.config import TunerConfig
 from governor.sim import job as simjob
 from governor.sim import tree
 from governor.sim.energy import OrinEnergyModel, Workload

@@ -32,7 +32,7 @@ def power_mode(root: Path, mode: int) -> None:
 AS_USER = """
 import os, sys
 import governor.cli, governor.cli.doctor, governor.backends.devfreq, governor.backends.rails, governor.sysfs
-import governor.daemon.config, governor.daemon.state, governor.policy.tree, encodings.idna
+import governor.config, governor.store.state, governor.policy.tree, encodings.idna
 args = governor.cli.build_parser().parse_args(sys.argv[1:-1])  # imports every subcommand's module
 uid = int(sys.argv[-1])
 os.setgroups([])
@@ -42,13 +42,18 @@ sys.exit(args.func(args))
 """
 
 
-def doctor(root: Path, daemon=None, *, user: int | None = None) -> tuple[int, dict[str, list[dict]]]:
+def doctor(root: Path, daemon=None, *, user: int | None = None,
+           state_dir: Path | None = None) -> tuple[int, dict[str, list[dict]]]:
+    """doctor --json on root; --state-dir is the daemon's, else state_dir, else root/state (None: leave it out)."""
     args = ["doctor", "--json", "--sysfs-root", str(root)]
     if daemon is not None:
-        args += ["--config", str(daemon.config_path), "--socket", daemon.socket, "--state-dir", str(daemon.state_dir)]
+        args += ["--config", str(daemon.config_path), "--socket", daemon.socket]
+        state_dir = daemon.state_dir if state_dir is None else state_dir
     else:
-        args += ["--config", str(REPO / "etc/ftgov.yaml"), "--socket", str(root / "none.sock"),
-                 "--state-dir", str(root / "state")]
+        args += ["--config", str(REPO / "etc/ftgov.yaml"), "--socket", str(root / "none.sock")]
+        state_dir = root / "state" if state_dir is None else state_dir
+    if state_dir != "":
+        args += ["--state-dir", str(state_dir)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "governor.cli", *args] if user is None else [sys.executable, "-c", AS_USER,
                                                                               *args, str(user)]
@@ -252,3 +257,29 @@ def test_a_non_root_caller_is_told_the_state_file_is_roots(orin):
     rc, checks = doctor(orin, user=65534) if os.geteuid() == 0 else doctor(orin)
     state = one(checks, "state")
     assert state["status"] == "WARN" and "readable by root only" in state["detail"], state
+
+
+def test_a_non_root_caller_is_told_there_is_no_state_file_when_there_is_none(orin):
+    """Not 'readable by root only' for a file that does not exist, in a directory the caller may look into."""
+    open_dir = Path(tempfile.mkdtemp(prefix="ftg", dir="/tmp"))
+    try:
+        open_dir.chmod(0o755)
+        rc, checks = (doctor(orin, user=65534, state_dir=open_dir) if os.geteuid() == 0
+                      else doctor(orin, state_dir=open_dir))
+        assert one(checks, "state") == {"name": "state", "status": "OK",
+                                        "detail": f"{open_dir / 'state.json'}: no state file", "fix": ""}
+    finally:
+        shutil.rmtree(open_dir)
+
+
+def test_doctor_on_a_simulated_tree_checks_that_daemons_state_file(start_daemon):
+    """--sysfs-root STATE_DIR/sim-orin (what ftgovd --simulate builds) without --state-dir: the state file beside
+    the tree, the one that daemon writes, not the board's /run/ftgov/state.json."""
+    d = start_daemon(simulate=True)
+    holder = d.client()  # the job lasts as long as this connection
+    holder.call("register", **FEATURES)
+    rc, checks = doctor(d.state_dir / "sim-orin", d, state_dir="")
+    holder.close()
+    state = one(checks, "state")
+    assert state["status"] == "OK" and state["detail"].startswith(f"{d.state_dir / 'state.json'}: GPU 0 pinned at"), \
+        state

@@ -3,7 +3,6 @@
 
 import json
 import os
-import threading
 from pathlib import Path
 
 from tests.support.daemon import DEVFREQ, FEATURES, REPO
@@ -12,23 +11,24 @@ FAKE_NVML = Path(__file__).resolve().parents[1] / "support" / "fakenvml"
 
 
 def test_the_decision_line_is_written_before_a_hardware_access_that_hangs(orin, start_daemon):
+    """A hardware access that hangs must not take the decision's line with it. The daemon opens sysfs attributes
+    non-blocking and refuses what is not a regular file, so a FIFO in place of max_freq is refused rather than waited
+    on; what this checks is that the decision was logged before that access. (Waiting for the daemon to open the
+    FIFO raced with it: it opens and closes it at once, and a writer that comes later waits for ever.)"""
     d = start_daemon()
     max_freq = orin / DEVFREQ / "max_freq"
     max_freq.unlink()
-    os.mkfifo(max_freq)  # reading it blocks until a writer comes: a sysfs access that hangs
-    c = d.client()
-    c.send_raw((json.dumps({"jsonrpc": "2.0", "id": 1, "method": "register", "params": FEATURES}) + "\n").encode())
-    opened = []
-    # Opening the FIFO for writing returns once the daemon has opened it for reading, i.e. it is now stuck there.
-    opener = threading.Thread(target=lambda: opened.append(os.open(max_freq, os.O_WRONLY)), daemon=True)
-    opener.start()
-    opener.join(15)
-    assert opened, "the daemon never reached the devfreq node"
+    os.mkfifo(max_freq)
+    held = os.open(max_freq, os.O_RDWR)  # a FIFO with both ends open: whoever opens it next never waits
     try:
-        log = d.log_path.read_text()  # not d.log(): that pings the daemon, which is stuck
+        c = d.client()
+        reply = c.request("register", **FEATURES)
+        assert "not a regular file" in reply["error"]["message"], reply
+        log = d.log()
         assert "-> mlg 714 MHz" in log, log
+        assert log.index("-> mlg 714 MHz") < log.index("not a regular file"), log
     finally:
-        os.close(opened[0])
+        os.close(held)
 
 
 def test_the_nvml_backends_lines_go_through_the_daemons_handler(start_daemon, tmp_path):

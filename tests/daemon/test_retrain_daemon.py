@@ -3,11 +3,11 @@
 from pathlib import Path
 
 from governor.backends.base import nearest_level
-from governor.daemon import store
-from governor.daemon.store import Store
 from governor.pipeline import dataset, retrain
 from governor.policy.tree import DecisionTree
 from governor.sim import learning
+from governor.store import measurements as store
+from governor.store.measurements import Store
 from tests.support.daemon import FEATURES
 
 REPO = Path(__file__).resolve().parents[2]

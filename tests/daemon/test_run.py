@@ -125,6 +125,26 @@ def test_command_not_found_and_bad_options(daemon):
     assert not re.search(r"job \d+", daemon.log()), "no job was registered"
 
 
+@pytest.mark.parametrize("command, code, why", [
+    ("/nonexistent/cmd", 127, "No such file or directory"),
+    ("/etc/passwd", 126, "Permission denied"),
+    ("/etc", 126, "Is a directory"),
+])
+def test_a_command_that_cannot_run_is_refused_before_it_registers(daemon, command, code, why):
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", command, stderr=subprocess.PIPE)
+    assert proc.wait(timeout=60) == code
+    assert proc.stderr.read() == f"ftgov run: {command}: {why}\n"
+    assert not re.search(r"job \d+", daemon.log()), "no job was registered"
+
+
+def test_a_script_under_an_interpreter_names_the_job(daemon, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("pass\n")
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", sys.executable, "-u", str(script))
+    assert proc.wait(timeout=60) == 0
+    assert re.search(r"job \d+ 'train.py' ", daemon.log()), daemon.log()
+
+
 def test_hf_config_dir_gives_the_shape(daemon, orin, tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt_neox", "num_hidden_layers": 6, "hidden_size": 512}')
     proc = ftgov("run", "--socket", daemon.socket, "--hf-config", str(tmp_path), "--seq-len", "30", "--", "true")
@@ -217,3 +237,26 @@ def test_terminal_signals_are_told_apart_from_kill():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.stdout.split() == ["False", "True", "True"], out.stderr
+
+
+def readme_try_lines() -> list[list[str]]:
+    """The commands of the README's "Try it without a Jetson" block, split as a shell would (comments dropped)."""
+    import shlex
+
+    text = (REPO / "README.md").read_text()
+    block = text.split("## Try it without a Jetson", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
+
+
+def test_the_readmes_train_commands_run_as_written(daemon):
+    """`ftgov run ... -- python3 examples/train.py` and `.venv/bin/python examples/train.py --client`, from the
+    checkout, against a daemon: both files exist, both run, each is one job named train.py."""
+    lines = [argv for argv in readme_try_lines() if "examples/train.py" in argv]
+    assert len(lines) == 2, lines
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FTGOV_SOCKET": daemon.socket}
+    for argv in lines:
+        program = os.path.basename(argv[0])
+        argv = [sys.executable, "-m", "governor.cli", *argv[1:]] if program == "ftgov" else [sys.executable, *argv[1:]]
+        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "train.py: 40 steps" in done.stdout, done
+    assert len(re.findall(r"job \d+ 'train.py' .*ended \([\w ]+\) after [\d.]+ s", daemon.log())) == 2, daemon.log()

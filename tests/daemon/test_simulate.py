@@ -156,3 +156,20 @@ def test_a_clock_throttled_under_the_pin_is_logged_and_shown_and_its_end_too(ori
             d.wait_status(lambda m: "STATUS=" in m)
         assert "runs at its pin of 714 MHz again" in d.log()
         assert c.call("status")["gpus"][0]["throttled_hz"] is None
+
+
+def test_print_env_names_the_paths_the_simulated_daemon_uses(tmp_path):
+    """The README evals these lines instead of spelling out a /tmp path, which root could paste and find another
+    user's socket or tree there."""
+    from governor.daemon.main import simulate_runtime_dir
+
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "governor.daemon", "--simulate", "--print-env"], env=env,
+                         capture_output=True, text=True, timeout=60, cwd=REPO, check=True).stdout
+    base = simulate_runtime_dir() if os.geteuid() == 0 else tmp_path / "ftgov-sim"
+    assert out.splitlines() == [f"export FTGOV_SOCKET={base / 'ftgov.sock'}",
+                                f"export FTGOV_SIM_TREE={base / 'sim-orin'}"]
+    assert not (tmp_path / "ftgov-sim").exists()  # printing starts nothing
+    bad = subprocess.run([sys.executable, "-m", "governor.daemon", "--print-env"], env=env, capture_output=True,
+                         text=True, timeout=60, cwd=REPO)
+    assert bad.returncode == 2 and bad.stderr.strip() == "ftgovd: error: --print-env goes with --simulate"

@@ -7,9 +7,9 @@ import sqlite3
 import time
 from pathlib import Path
 
-from governor.daemon import store
 from governor.sim import job as simjob
 from governor.sim.energy import OrinEnergyModel, Workload
+from governor.store import measurements as store
 from governor.sysfs import Root
 from tests.support.daemon import FEATURES, ProgressJob, scaled
 

@@ -3,6 +3,7 @@ ftgovd with the trained tree and FFG's frequency read from the package's own fil
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -47,6 +48,7 @@ def installed(tmp_path_factory) -> Path:
     src.mkdir()
     shutil.copy(REPO / "pyproject.toml", src)
     shutil.copy(REPO / "README.md", src)
+    shutil.copy(REPO / "LICENSE", src)
     shutil.copytree(REPO / "governor", src / "governor", ignore=shutil.ignore_patterns("__pycache__"))
     # pyproject's build-system wants setuptools>=77: with it here, build offline; without, pip fetches it.
     offline_build = ["--no-build-isolation"] if _version("setuptools") >= (77,) else []
@@ -84,3 +86,24 @@ def test_an_installed_daemon_loads_the_packages_trained_tree(installed, orin, st
     assert str(REPO) not in log  # nothing came from the checkout
     res = d.client().call("register", **FEATURES)
     assert res["policy"] == "mlg" and "trained tree" in res["reason"], res
+
+
+def test_the_wheel_carries_the_license_and_the_sweeps_evaluate_and_retrain_read(installed):
+    out = _run([installed / "bin" / "python", "-c",
+                "from importlib import metadata; from governor import data\n"
+                "print(metadata.metadata('ftgov')['License-File'])\n"
+                "print(next(f.locate() for f in metadata.files('ftgov') if f.name == 'LICENSE'))\n"
+                "print(data.path(data.CHARACTERIZATION)); print(data.path(data.HELD_OUT))"],
+               cwd=installed, env={**os.environ, "PYTHONPATH": ""}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    declared, license_file, characterization, held_out = out.stdout.split()
+    assert declared == "LICENSE"
+    assert Path(license_file).read_bytes() == (REPO / "LICENSE").read_bytes()
+    for shipped in (characterization, held_out):
+        assert "site-packages" in Path(shipped).parts
+        assert Path(shipped).read_bytes() == (REPO / "model" / "data" / Path(shipped).name).read_bytes()
+    # Outside any checkout (cwd is the venv), with its defaults: the shipped held-out sweeps and trees.
+    evaluate = _run([installed / "bin" / "ftgov", "evaluate", "--no-tune", "--json"], cwd=installed,
+                    env={**os.environ, "PYTHONPATH": ""}, timeout=120)
+    assert evaluate.returncode == 0, evaluate.stderr
+    assert json.loads(evaluate.stdout)["workloads"], evaluate.stdout[:500]

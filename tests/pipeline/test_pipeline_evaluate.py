@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from governor.daemon.config import TunerConfig
+from governor.config import TunerConfig
 from governor.errors import FtgovError
 from governor.pipeline import dataset
 from governor.pipeline import evaluate as ev

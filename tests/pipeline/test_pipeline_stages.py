@@ -41,7 +41,7 @@ def test_make_model_chains_the_stages_by_their_files(tmp_path):
     venv.mkdir()
     (venv / ".base").touch()
     # -W: as if the characterization had just changed; -o: the venv stamp counts as made (nothing is installed).
-    out = subprocess.run(["make", "-n", "-W", "model/data/characterization.csv", "model", f"DEV_VENV={venv}",
+    out = subprocess.run(["make", "-n", "-W", "governor/data/characterization.csv", "model", f"DEV_VENV={venv}",
                           "-o", f"{venv}/.base"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     stages = [line.split("governor.pipeline ")[1].split()[0] for line in out.stdout.splitlines()

@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from governor.daemon.store import JobRecord, Store, Window
 from governor.errors import FtgovError
 from governor.features import FEATURE_ORDER, Features
 from governor.pipeline import board_data, dataset, retrain
 from governor.policy.tree import DecisionTree
 from governor.sim import learning
+from governor.store.measurements import JobRecord, Store, Window
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "model" / "data" / "characterization.csv"
@@ -101,7 +101,7 @@ def test_retrain_is_deterministic_and_reports_before_and_after(sim_store, tmp_pa
 
 def test_the_export_is_read_by_the_daemon_and_matches_scikit_learn(sim_store, tmp_path):
     sweeps = dataset.load(DATA)
-    from governor.daemon import store
+    from governor.store import measurements as store
 
     records = store.read_jobs(store.open_read_only(sim_store))
     result = retrain.retrain(records, sweeps, seed=0)

@@ -23,9 +23,10 @@ def test_a_user_error_is_one_line_and_exit_1(argv, message, tmp_path, capsys):
 
 def test_bad_usage_exits_2(capsys):
     with pytest.raises(SystemExit) as e:
-        main(["evaluate", "--job-steps", "many"])
+        main(["evaluate", "--seed", "many"])
     assert e.value.code == 2
-    assert "invalid int value" in capsys.readouterr().err
+    assert capsys.readouterr().err == ("ftgov evaluate: error: argument --seed: invalid int value: 'many' "
+                                       "(see ftgov evaluate --help)\n")
 
 
 def test_an_internal_error_keeps_its_traceback(monkeypatch, tmp_path):

@@ -1,5 +1,6 @@
 """`ftgov history` and `ftgov report` on a store made by the simulator, and the store's Prometheus figures."""
 
+import argparse
 import csv
 import dataclasses
 import json
@@ -8,14 +9,16 @@ from pathlib import Path
 import pytest
 
 from governor.cli import main
-from governor.cli.escape import printable
 from governor.cli.history import parse_since
 from governor.cli.metrics import families
-from governor.daemon.store import Store
 from governor.errors import FtgovError
 from governor.pipeline import retrain
 from governor.policy.tree import DecisionTree
+from governor.safefile import OutDir
 from governor.sim import learning
+from governor.store.measurements import Store
+from governor.text import printable
+from governor.units import energy
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTILE = "evil\x1b[2J\x1b]0;owned\x07\r\nname\u202e"
@@ -114,3 +117,86 @@ def test_prometheus_families_carry_the_store_totals():
     assert by_name["ftgov_energy_saved_joules_cumulative"] == [({}, 210.25)]
     broken = {**status, "store": {**status["store"], "error": "disk full"}}
     assert {f.name: f.samples for f in families(broken)}["ftgov_energy_joules_cumulative"] == []
+
+
+def test_energy_is_written_in_the_unit_its_size_calls_for():
+    assert [energy(j) for j in (None, 0.0, 21.3, 999.4, 4500.0, 123_456.0, 2.5e6)] == [
+        "-", "0.00 J", "21.3 J", "1.00 kJ", "4.50 kJ", "123 kJ", "2.50 MJ"]
+
+
+def one_tuned_job(tmp_path, **changes) -> tuple[Path, object]:
+    """A store holding one tuned job of the simulated board (its windows bracket a minimum), changed as given."""
+    shipped = DecisionTree.load(REPO / "model" / "mlg-tree.json")
+    stream = learning.stream(retrain.tree_decider(shipped, learning.board_model().levels_hz), 8, seed=3)
+    record = dataclasses.replace(next(r for r in stream if r.windows and r.saved_rel), **changes)
+    path = tmp_path / "one.sqlite"
+    s = Store(path)
+    s.add(record)
+    s.close()
+    return path, record
+
+
+def test_a_tuned_job_registered_without_gpu_util_has_its_curve_and_an_unknown_load(tmp_path):
+    path, record = one_tuned_job(tmp_path, gpu_util=None)
+    out = tmp_path / "report"
+    assert main(["report", "--store", str(path), "--out", str(out)]) == 0
+    (row,) = csv.DictReader((out / "summary.csv").open())
+    levels = {w.level_hz for w in record.windows if w.level_hz is not None}
+    assert (row["gpu_util"], row["tuned_jobs"], int(row["levels_measured"])) == ("", "1", len(levels))
+    assert "| None |" not in (out / "summary.md").read_text()
+
+
+class KeptFigures:
+    """matplotlib.pyplot for report's drawing functions, keeping the figures they close, to look at after."""
+
+    def __init__(self):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        self.plt, self.figures = plt, []
+
+    def subplots(self, *args, **kwargs):
+        fig, axes = self.plt.subplots(*args, **kwargs)
+        self.figures.append(fig)
+        return fig, axes
+
+    def close(self, fig):
+        pass
+
+
+def test_one_job_draws_whole_titles_and_a_time_axis_around_it(tmp_path):
+    from matplotlib.dates import num2date
+
+    from governor.cli import report
+
+    path, record = one_tuned_job(tmp_path, energy_j=100.0, saved_rel=21.3 / 121.3)  # 21.3 J saved
+    jobs, totals = report.load(argparse.Namespace(store=str(path), config=None, socket=None))
+    kept = KeptFigures()
+    with OutDir(tmp_path / "report") as out:
+        report._curves(kept, report.workloads(jobs), out)
+        report._savings(kept, jobs, out)
+    curves, savings = kept.figures
+    renderer = curves.canvas.get_renderer()
+    curves.draw(renderer)
+    texts = [curves._suptitle] + [ax.title for ax in curves.axes if ax.axison]
+    for text in texts:
+        box = text.get_window_extent(renderer)
+        assert box.x0 >= 0 and box.y0 >= 0 and box.x1 <= curves.bbox.x1 and box.y1 <= curves.bbox.y1, \
+            (text.get_text(), box, curves.bbox)
+    first, last = (num2date(x).timestamp() for x in savings.axes[0].get_xlim())
+    assert first < record.ended_at < last and last - first <= 2 * 3600
+    assert savings.axes[1].get_ylabel() == "cumulative saved (J)"
+    for fig in kept.figures:
+        kept.plt.close(fig)
+
+
+def test_totals_small_and_large_are_written_in_their_unit(tmp_path, capsys):
+    path, record = one_tuned_job(tmp_path, energy_j=100.0, saved_rel=21.3 / 121.3)  # 21.3 J saved
+    assert main(["history", "--store", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f", {energy(record.energy_j)}, 21.3 J measured saved")
+    out = tmp_path / "report"
+    assert main(["report", "--store", str(path), "--out", str(out)]) == 0
+    assert (out / "summary.md").read_text().endswith(
+        f"1 jobs recorded in all: {energy(record.energy_j)}, 21.3 J measured saved.\n")

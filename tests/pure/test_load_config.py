@@ -2,7 +2,7 @@
 
 import pytest
 
-from governor.daemon.config import load_config
+from governor.config import load_config
 from governor.errors import ConfigError
 
 

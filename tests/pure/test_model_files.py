@@ -8,7 +8,7 @@ import os
 import pytest
 
 from governor import data
-from governor.daemon.config import FALLBACK_FFG_HZ, default_ffg_hz, default_model_path
+from governor.config import FALLBACK_FFG_HZ, default_ffg_hz, default_model_path
 from governor.errors import ModelError
 from governor.policy.ffg import read_ffg_hz
 from governor.policy.tree import DecisionTree

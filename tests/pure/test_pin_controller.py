@@ -6,10 +6,10 @@ import pytest
 
 from governor.backends.base import GpuBase, Limits, Reading
 from governor.daemon.pins import PinController
-from governor.daemon.state import StateFile
 from governor.errors import FtgovError, PinError
 from governor.features import Features
 from governor.policy import Policy, PolicyName
+from governor.store.state import StateFile
 
 LEVELS = (306_000_000, 612_000_000, 714_000_000, 918_000_000, 1_300_500_000)
 BASELINE = Limits(306_000_000, 1_300_500_000)
@@ -198,7 +198,7 @@ def test_a_pick_above_the_power_modes_cap_is_moved_down_to_it(gpu, tmp_path):
 
 
 def test_a_tuned_job_off_devfreq_starts_at_the_top_and_its_end_logs_the_measured_saving(gpu, tmp_path, caplog):
-    from governor.daemon.config import TunerConfig
+    from governor.config import TunerConfig
     from governor.daemon.tuning import TunerAttach
 
     attach = TunerAttach(TunerConfig())

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from governor.daemon import store
 from governor.daemon.recorder import StoreWriter
-from governor.daemon.store import JobRecord, Store, Window
+from governor.store import measurements as store
+from governor.store.measurements import JobRecord, Store, Window
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -118,7 +118,7 @@ def test_a_damaged_page_is_moved_aside(tmp_path):
 
 WRITER_CHILD = """
 import sys
-from governor.daemon.store import Store, JobRecord, Window
+from governor.store.measurements import Store, JobRecord, Window
 s = Store(sys.argv[1])
 i = 0
 while True:
@@ -195,7 +195,7 @@ def test_measured_saving_prefers_the_default_governor_window():
 
 
 def test_the_store_path_is_systemds_state_directory_or_none_unless_configured():
-    from governor.daemon.config import load_config, store_path
+    from governor.config import load_config, store_path
 
     auto = load_config(None)
     assert store_path(auto, {"STATE_DIRECTORY": "/var/lib/ftgov"}) == "/var/lib/ftgov/measurements.sqlite"

@@ -6,14 +6,14 @@ import tracemalloc
 import pytest
 
 from governor.backends.base import GpuBase, Limits, Reading
-from governor.daemon import store
-from governor.daemon.config import TunerConfig
+from governor.config import TunerConfig
 from governor.daemon.pins import PinController
 from governor.daemon.starts import KEPT_PER_SHAPE, MAX_SHAPES_PER_UID, TuneStarts
-from governor.daemon.state import StateFile
 from governor.daemon.tuning import TunerAttach
 from governor.features import Features
 from governor.policy import Policy, PolicyName
+from governor.store import measurements as store
+from governor.store.state import StateFile
 
 LEVELS = (345_000_000, 900_000_000, 1_500_000_000, 1_980_000_000)
 KEY = ("NVIDIA H200", LEVELS)

@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from governor.config import LimitsConfig
 from governor.daemon.admission import FD_RESERVE, FD_RESERVE_DAEMON, connection_refusal
-from governor.daemon.config import LimitsConfig
 from tests.support.daemon import FEATURES
 from tests.support.security import open_to_members, run_as
 

@@ -16,8 +16,8 @@ import pytest
 
 from governor.backends.gpuid import GpuNotFound, find_gpu
 from governor.client.features import visible_gpu
+from governor.config import SocketConfig
 from governor.daemon import logs, peers
-from governor.daemon.config import SocketConfig
 from governor.daemon.connection import Connection
 from governor.daemon.main import route_loggers
 from governor.daemon.notify import Notifier

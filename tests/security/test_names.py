@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from governor.cli.escape import printable
 from governor.cli.metrics import families
 from governor.cli.ops import format_status
+from governor.text import isolated, printable, unprintable_at
 from tests.support.daemon import FEATURES
 from tests.support.security import ftgov, job_record, write_state
 
@@ -65,3 +65,46 @@ def test_ftgov_status_escapes_a_name_readopted_from_the_state_file(orin, start_d
     assert not any(ch in out.stdout for ch in TERMINAL_ACTORS), repr(out.stdout)
     js = ftgov("status", "--json", "--socket", d.socket)
     assert not any(ch in js.stdout for ch in TERMINAL_ACTORS), repr(js.stdout)
+
+
+BLANK_OR_STACKED = {
+    "Hangul fillers": "\u3164\u3164\u3164",
+    "a leading combining mark": "\u0301bert",
+    "stacked marks": "b" + "\u0336" * 12 + "ert",
+    "private use": "bert\ue000",
+}
+READABLE = ("bert-base/sst2 ü", "Tiếng Việt", "דגם-bert", "نموذج-gpt2", "名前/ファインチューニング")
+
+
+def test_blank_and_stacked_names_are_refused_and_readable_scripts_are_not(orin, start_daemon):
+    d = start_daemon()
+    c = d.client()
+    for kind, name in BLANK_OR_STACKED.items():
+        err = c.request("register", name=name, **FEATURES)["error"]
+        assert err["code"] == -32602 and err["data"]["field"] == "name", (kind, err)
+    for name in READABLE:
+        job = c.call("register", name=name, **FEATURES)
+        c.call("unregister", job_id=job["job_id"])
+
+
+def test_displays_escape_what_the_protocol_refuses():
+    for name in BLANK_OR_STACKED.values():
+        shown = printable(name)
+        assert shown != name and unprintable_at(shown) is None, (name, shown)
+    for name in READABLE:
+        assert printable(name) == name
+
+
+def test_a_right_to_left_name_is_isolated_in_the_status_table_and_history():
+    """Without isolates, a Hebrew or Arabic name pulls the PID and GPU cells beside it into its own order in a
+    bidi-aware terminal: the row reads wrong."""
+    rtl = "דגם-bert"
+    status = {"policy": "mlg", "gpus": [], "jobs": [
+        {"job_id": 1, "name": rtl, "pid": 10, "gpu": "0", "freq_hz": 714000000},
+        {"job_id": 2, "name": "plain", "pid": 11, "gpu": "0", "freq_hz": 714000000}]}
+    rows = format_status(status).splitlines()[-2:]
+    assert "\u2068" + rtl in rows[0] and rows[0].index("\u2069") < rows[0].index(" 10 ")
+    assert "\u2068" not in rows[1]
+    # The cells after the name still line up: the isolates take no column.
+    assert rows[0].replace("\u2068", "").replace("\u2069", "").index(" 10 ") == rows[1].index(" 11 ")
+    assert isolated("plain") == "plain" and isolated(rtl) == f"\u2068{rtl}\u2069"

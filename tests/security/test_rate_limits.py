@@ -263,8 +263,8 @@ def test_a_members_tuner_probes_move_the_pin_about_once_a_second(orin, start_dae
 
 def test_a_tuner_move_within_the_window_waits_for_it_and_its_windows_wait_for_the_pin(tmp_path):
     from governor.daemon.pins import PinController
-    from governor.daemon.state import StateFile
     from governor.policy import Policy, PolicyName
+    from governor.store.state import StateFile
     from tests.pure.test_pin_controller import ENCODER, FakeGpu
 
     timers, clock = [], _Clock()

@@ -9,8 +9,8 @@ import stat
 
 import pytest
 
-from governor.daemon.state import MAX_STATE_BYTES, State, StateFile
 from governor.errors import StateError
+from governor.store.state import MAX_STATE_BYTES, State, StateFile
 from tests.support.daemon import limits
 from tests.support.security import BASELINE, boot_id_of, ftgov, job_record, needs_root, state_dir_of, write_state
 

@@ -108,7 +108,7 @@ DEFAULT_STORE_PATH = "/var/lib/ftgov/measurements.sqlite"  # where the unit's St
 
 
 class StoreConfig(_Strict):
-    """The measurement store (governor.daemon.store): every job's features, windows and outcome."""
+    """The measurement store (governor.store.measurements): every job's features, windows and outcome."""
 
     path: str | None = Field("auto", min_length=1, description=(
         "SQLite file; auto: measurements.sqlite in systemd's $STATE_DIRECTORY (/var/lib/ftgov), and no store for a "

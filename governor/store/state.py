@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from governor.backends.base import Limits
 from governor.errors import StateError
 from governor.features import Features
+from governor.safefile import replace_at
 from governor.sysfs import Root, read_text
 
 log = logging.getLogger("ftgovd")
@@ -230,29 +230,16 @@ class StateFile:
 
     def write(self, state: State) -> None:
         data = json.dumps(state.to_dict(), separators=(",", ":"), sort_keys=True).encode()
-        # Unpredictable, and created exclusively: a name planted in advance (a symlink) is never followed.
-        tmp = f".{STATE_FILE}.{secrets.token_hex(8)}.tmp"
         try:
             dirfd = self._open_dir(create=True)
         except OSError as e:
             raise StateError(f"cannot write state file {self.path}: {e.strerror or e}") from e
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                         dir_fd=dirfd)
-            try:
-                os.fchmod(fd, 0o600)  # the umask can only take bits away; this says the mode outright
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, STATE_FILE, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+            # A temp name that cannot be planted, 0600 whatever the umask, then renamed: governor/safefile.py. The
+            # directory is not fsynced: the file serves one boot only (its boot id), and /run is empty after a
+            # power cut anyway.
+            replace_at(dirfd, STATE_FILE, data, 0o600, sync_dir=False)
         except OSError as e:
-            try:
-                os.unlink(tmp, dir_fd=dirfd)
-            except OSError:
-                pass
             raise StateError(f"cannot write state file {self.path}: {e.strerror or e}") from e
         finally:
             os.close(dirfd)

@@ -1,0 +1,49 @@
+"""argparse types for numbers with a range: a value out of range is a usage error naming the option
+(``ftgov sim-job: error: argument --steps: must be >= 1, got -5``), not a ValueError deep inside a command."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def _number(kind: type, text: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def at_least(minimum: int | float, kind: type = int) -> Callable[[str], int | float]:
+    def parse(text: str):
+        value = _number(kind, text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its "invalid ... value" message
+    return parse
+
+
+def above(minimum: int | float, kind: type = float) -> Callable[[str], int | float]:
+    def parse(text: str):
+        value = _number(kind, text)
+        if value <= minimum:
+            raise argparse.ArgumentTypeError(f"must be > {minimum}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def port(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535."""
+    value = _number(int, text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0..65535, got {text}")
+    return value
