@@ -23,7 +23,7 @@ import time
 from benchmarks.figures import machine, write_section
 from governor.sim import job as simjob
 from governor.sim.energy import OrinEnergyModel, Workload
-from governor.sim.launch import Daemon
+from governor.sim.launch import Daemon, scaled
 from governor.sysfs import Root
 
 WORKLOADS = (
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-steps", type=int, default=400, help="a job that has not converged by then stops")
     args = p.parse_args(argv)
     model = OrinEnergyModel()
-    d = Daemon(None, simulate=True, log_level="info").start()
+    d = Daemon(None, simulate=True, log_level="info", config=scaled(args.time_scale)).start()
     t0 = time.monotonic()
     rows = []
     try:

@@ -38,6 +38,8 @@ class SocketConfig(_Strict):
         # YAML 1.1 reads 0660 as octal already; accept the string "0660" too, and refuse anything world-writable.
         if isinstance(v, str):
             try:
+                if not v.isascii():  # int() takes any script's digits ("٠٦٦٠")
+                    raise ValueError(v)
                 v = int(v, 8)
             except ValueError as e:
                 raise ValueError(f"{v!r} is not an octal mode") from e
@@ -61,6 +63,9 @@ class LimitsConfig(_Strict):
         "registrations a second per non-root user, on average: each pins the GPU and saves the state file, and so "
         "does the end of the job it makes"))
     registration_burst: int = Field(20, ge=1, le=1000000, description="registrations a user may make at once")
+    repin_interval_s: float = Field(1.0, gt=0, le=60, description=(
+        "a GPU's pin moves for phase changes and tuner probes at most once per this interval (each is a sysfs write "
+        "and a state save); the latest move waits for the interval's end, and a tuned job's window for its pin"))
 
 
 class TunerConfig(_Strict):

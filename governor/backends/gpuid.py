@@ -37,7 +37,8 @@ def find_gpu(gpus: Sequence[Any], key: str | int | None):
     if isinstance(key, bool):
         raise GpuNotFound(f"gpu must be an index or a UUID, not {key!r}")
     text = str(key).strip()
-    if isinstance(key, int) or text.isdigit():
+    # ASCII digits only: str.isdigit() also takes "²" (which int() refuses) and int() takes "٣" (Arabic-Indic three).
+    if isinstance(key, int) or (text.isascii() and text.isdigit()):
         for gpu in gpus:
             if gpu.id == str(int(text)):
                 return gpu

@@ -19,11 +19,13 @@ import argparse
 import math
 import signal
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from governor.cli.argtypes import above, port
 from governor.client import Connection
+from governor.client.connection import DaemonUnavailable
 from governor.errors import FtgovError
 from governor.safefile import OutDir
 from governor.text import printable
@@ -145,13 +147,45 @@ def model_savings_estimator():
     return estimate
 
 
-def read_status(socket: str | None, timeout_s: float = 5.0) -> dict | None:
-    try:
-        with Connection(socket, timeout_s=timeout_s) as conn:
-            return conn.call("status")
-    except FtgovError as e:
-        print(f"ftgov metrics: {e}", file=sys.stderr)
-        return None
+class DaemonStatus:
+    """The exporter's one connection to ftgovd, reused by every scrape: anyone who can reach the HTTP port decides how
+    often it scrapes, and a connection per scrape would spend the daemon's connections (and descriptors) at that
+    rate. Scrapes come on the HTTP server's threads, so a lock keeps them to the connection one at a time. A
+    connection the daemon closed (its idle timeout, a restart) is replaced, once per scrape."""
+
+    def __init__(self, socket: str | None, timeout_s: float = 5.0):
+        self.socket, self.timeout_s = socket, timeout_s
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()
+
+    def read(self) -> dict | None:
+        """The daemon's status; None when it did not answer (said on stderr)."""
+        with self._lock:
+            try:
+                return self._status()
+            except FtgovError as e:
+                self._drop()
+                print(f"ftgov metrics: {e}", file=sys.stderr)
+                return None
+
+    def _status(self) -> dict:
+        reused = self._conn is not None and not self._conn.closed_by_daemon()
+        if not reused:
+            self._drop()
+            self._conn = Connection(self.socket, timeout_s=self.timeout_s)
+        try:
+            return self._conn.call("status")
+        except DaemonUnavailable:
+            self._drop()
+            if not reused:
+                raise
+            self._conn = Connection(self.socket, timeout_s=self.timeout_s)  # closed just now: once more, anew
+            return self._conn.call("status")
+
+    def _drop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 # ---- exposition (prometheus-client) ----------------------------------------------------------------------------------
@@ -170,13 +204,13 @@ class DaemonCollector:
     """A prometheus-client collector that asks ftgovd for its status at each collection."""
 
     def __init__(self, socket: str | None = None, estimate=None, *, job_names: bool = False):
-        self.socket = socket
+        self.status = DaemonStatus(socket)
         self.estimate = estimate
         self.job_names = job_names
         _, self._gauge = _prometheus()
 
     def collect(self):
-        yield from self.gauges(read_status(self.socket))
+        yield from self.gauges(self.status.read())
 
     def gauges(self, status: dict | None):
         """The gauges of one status answer (None: the daemon did not answer)."""

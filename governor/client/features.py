@@ -103,7 +103,7 @@ def _visible_entries(value: str) -> list[str]:
     """CUDA_VISIBLE_DEVICES as CUDA reads it: entries up to the first one that is not a valid name."""
     entries = []
     for entry in (e.strip() for e in value.split(",")):
-        if entry.isdigit() or entry.upper().startswith(("GPU-", "MIG-")):
+        if (entry.isascii() and entry.isdigit()) or entry.upper().startswith(("GPU-", "MIG-")):
             entries.append(entry)
         else:
             break  # CUDA ignores an invalid entry and everything after it ("-1" hides every GPU)

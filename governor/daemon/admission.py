@@ -6,6 +6,13 @@ limits.max_connections_per_uid of them (by default a sixteenth of the total, so 
 together to fill the daemon), and root has limits.root_reserve_connections more beyond the total, so that the
 operator's `ftgov status` and `ftgov restore` get in while members hold every ordinary slot. A connection that holds
 no job and sends nothing for limits.idle_timeout_s is closed: slots are not kept by sockets left open for nothing.
+Root's connections are not counted against the per-uid cap: the operator's tools (`ftgov status`, the Prometheus
+exporter that a local user can make busy) must get in whatever the load.
+
+Descriptors: the daemon keeps FD_RESERVE of its open-file limit (RLIMIT_NOFILE, read at start) for itself and root.
+A non-root connection is refused once the descriptors in use come within FD_RESERVE of the limit, and root's within
+FD_RESERVE_DAEMON: the daemon can then always read sysfs and the rails, save the state file and write its store, and
+root can always connect, whatever a member does with its connections.
 """
 
 from __future__ import annotations
@@ -14,18 +21,31 @@ import asyncio
 import time
 from collections.abc import Callable
 
+# Descriptors kept from non-root connections: root's reserve connections (two each), a burst of accepts
+# (ACCEPT_BATCH), and the daemon's own files (sysfs attributes, the state file's temp file and directory, the store).
+FD_RESERVE = 96
+FD_RESERVE_DAEMON = 32  # kept even from root: the daemon's own files
+# Connections accepted in one event-loop turn, before any of them is checked: each holds a descriptor until then.
+ACCEPT_BATCH = 16
 
-def connection_refusal(limits, *, uid: int, total: int, of_uid: int) -> str | None:
+
+def connection_refusal(limits, *, uid: int, total: int, of_uid: int, fds_in_use: int = 0,
+                       fd_limit: int | None = None) -> str | None:
     """Why a new connection from uid is refused (a message naming the limit), or None to admit it.
 
-    ``total`` is the number of open connections, ``of_uid`` those of this uid; ``limits`` a LimitsConfig.
+    ``total`` is the number of open connections, ``of_uid`` those of this uid; ``limits`` a LimitsConfig;
+    ``fds_in_use`` the descriptors open now (this connection's included), ``fd_limit`` the open-file limit (None:
+    unlimited).
     """
     cap = limits.max_connections + (limits.root_reserve_connections if uid == 0 else 0)
     if total >= cap:
         return ("too many connections (limits.max_connections"
                 + (" + limits.root_reserve_connections)" if uid == 0 else ")"))
-    if of_uid >= limits.max_connections_per_uid:
+    if uid != 0 and of_uid >= limits.max_connections_per_uid:
         return f"too many connections from uid {uid} (limits.max_connections_per_uid)"
+    if fd_limit is not None and fds_in_use + (FD_RESERVE_DAEMON if uid == 0 else FD_RESERVE) > fd_limit:
+        return (f"the daemon is near its open-file limit ({fds_in_use} of {fd_limit} in use, the rest kept for root "
+                "and the daemon): try again later")
     return None
 
 

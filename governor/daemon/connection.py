@@ -61,23 +61,34 @@ class Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         sock = transport.get_extra_info("socket")
+        process = None
         try:
             self.peer = peers.peer_of(sock)
-        except OSError:
+            # Held before the refusal check: where the socket cannot tell the peer's groups, the group check reads
+            # them from this process, whose uid has been checked against the socket's.
+            try:
+                process = peers.hold_peer(sock, self.peer)
+            except peers.ProcessGone:
+                process = None  # exited already (or from another pid namespace): its registrations will say so
+            token = ratelimit.caused_by(self.peer.uid)
+            try:
+                refusal = self.server.refusal(self.peer, sock, process)
+            finally:
+                ratelimit.done(token)
+        except OSError as e:
+            # Out of descriptors for the peer's pidfd (EMFILE), a peer already reset: refused, and nothing half-built
+            # is left (a connection with no peer or no process would fail on its first request, its fds kept).
+            if process is not None:
+                process.close()
             self.closed = True
             transport.abort()
+            token = ratelimit.caused_by(self.peer.uid if self.peer is not None else None)
+            try:
+                log.warning("refused a connection%s: %s", f" from uid {self.peer.uid}" if self.peer else "",
+                            e.strerror or e)
+            finally:
+                ratelimit.done(token)
             return
-        # Held before the refusal check: where the socket cannot tell the peer's groups, the group check reads them
-        # from this process, whose uid has been checked against the socket's.
-        try:
-            process = peers.hold_peer(sock, self.peer)
-        except peers.ProcessGone:
-            process = None  # exited already (or from another pid namespace): its registrations will say so
-        token = ratelimit.caused_by(self.peer.uid)
-        try:
-            refusal = self.server.refusal(self.peer, sock, process)
-        finally:
-            ratelimit.done(token)
         if refusal is not None:
             self.closed = True
             if process is not None:

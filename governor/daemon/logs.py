@@ -155,8 +155,9 @@ def setup(level: str = "info", *, journal: bool | None = None) -> logging.Logger
             # Under systemd without the journal module, journald adds its own timestamp: don't print one twice.
             fmt = "%(levelname)s %(message)s" if under_systemd() else "%(asctime)s ftgovd %(levelname)s %(message)s"
             handler.setFormatter(logging.Formatter(fmt))
-    log.addHandler(AfterTurn(handler))
-    ratelimit.install(log)  # lines a client causes are bounded per uid
+    after_turn = AfterTurn(handler)
+    ratelimit.install(after_turn)  # lines a client causes are bounded per uid, other loggers' per logger
+    log.addHandler(after_turn)
     if missing_journal_module:  # through the handler: on the journal's stream it needs its <N> prefix as any line
         how = "with <N> priority prefixes" if prefixed else "as plain lines"
         log.info("systemd-python is not installed: logging to stderr %s, without journal fields", how)

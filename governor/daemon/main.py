@@ -22,7 +22,7 @@ from governor.backends import devfreq
 from governor.backends import rails as rails_mod
 from governor.backends.base import describe_text
 from governor.config import Config, default_ffg_hz, default_model_path, load_config, store_path
-from governor.daemon import logs, tuning
+from governor.daemon import admission, logs, tuning
 from governor.daemon.listen import bind_socket
 from governor.daemon.notify import Notifier, listen_fds
 from governor.daemon.pins import PinController
@@ -124,8 +124,8 @@ def raise_fd_limit(config: Config) -> None:
     a job one more. The soft limit is 1024 by default (for select()'s sake; the daemon never uses select()), the hard
     limit under systemd 524288: take what the limits need, never more than the hard limit allows."""
     limits = config.limits
-    # + listening socket, epolls, files, logs
-    need = 2 * (limits.max_connections + limits.root_reserve_connections) + limits.max_jobs + 64
+    # + listening socket, epolls, files, logs, and the descriptors kept for root and the daemon itself
+    need = 2 * (limits.max_connections + limits.root_reserve_connections) + limits.max_jobs + 64 + admission.FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < need:
         new = need if hard == resource.RLIM_INFINITY else min(need, hard)
@@ -248,7 +248,8 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
                          power_cap_mw=round(config.power_cap_w * 1000) if config.power_cap_w else None,
                          listeners=listeners, defer=defer_on_loop,
                          attach_tuner=tuner, plan_tune=tuner.plan,
-                         pin_above_power_mode=config.pin_above_power_mode, missing_why=missing_why)
+                         pin_above_power_mode=config.pin_above_power_mode,
+                         repin_interval_s=config.limits.repin_interval_s, missing_why=missing_why)
     reloader = None
     if load_config_again is not None:
         reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus), tuner)
@@ -265,13 +266,14 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
 
 
 def route_loggers() -> None:
-    """The daemon's modules that log under their own names (governor.backends.nvml) and asyncio's own messages (an
-    accept that ran out of file descriptors) go through the daemon's handler and level, as "ftgovd" does."""
+    """The daemon's modules that log under their own names (governor.backends.nvml), asyncio's own messages (an
+    accept that ran out of file descriptors) and any other library's (through the root logger, at warning) go
+    through the daemon's handler, and so through its bound on lines per uid and per logger (ratelimit.LogLimit)."""
     daemon = logging.getLogger("ftgovd")
-    for name in ("governor", "asyncio"):
+    for name in ("governor", "asyncio", ""):
         logger = logging.getLogger(name)
         logger.handlers = list(daemon.handlers)
-        logger.setLevel(daemon.level)
+        logger.setLevel(daemon.level if name else max(daemon.level, logging.WARNING))
         logger.propagate = False
 
 

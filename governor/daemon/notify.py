@@ -24,7 +24,8 @@ class Notifier:
         self.sock: socket.socket | None = None
         usec = env.get("WATCHDOG_USEC")
         pid = env.get("WATCHDOG_PID")
-        self.watchdog_s = int(usec) / 1e6 if usec and usec.isdigit() and (not pid or pid == str(os.getpid())) else None
+        ours = not pid or pid == str(os.getpid())
+        self.watchdog_s = int(usec) / 1e6 if usec and usec.isascii() and usec.isdigit() and ours else None
 
     def send(self, *lines: str) -> None:
         if not self.addr:

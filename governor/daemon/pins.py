@@ -57,7 +57,7 @@ class PinController:
                  low_phases: tuple[str, ...] = (), power_cap_mw: int | None = None,
                  listeners: tuple[Listener, ...] = (), defer: Defer | None = None,
                  attach_tuner: AttachTuner | None = None, plan_tune: PlanTune | None = None,
-                 pin_above_power_mode: bool = False,
+                 pin_above_power_mode: bool = False, repin_interval_s: float = ratelimit.REDECIDE_INTERVAL_S,
                  missing_why: str | None = None):
         self.gpus = {g.id: GpuControl(g) for g in gpus}
         self.policy = policy
@@ -75,10 +75,11 @@ class PinController:
         self.next_job_id = 1
         self.listeners = tuple(listeners)
         self.defer = defer
-        # Phase reports move the pin (checkpoint/data: the lowest level) at most about once a second per GPU, like
-        # updates: each is a sysfs write and a state save, and a client alternating phases must not drive them at
-        # the rate it sends notifications. The latest phases take effect at the window's end.
-        self.phase_repins = ratelimit.Coalescer(defer) if defer is not None else None
+        # Phase reports (checkpoint/data: the lowest level) and tuner probes move the pin at most once per
+        # repin_interval_s per GPU (limits.repin_interval_s, a second): each is a sysfs write and a state save, and a
+        # client alternating phases, or reporting steps fast, must not drive them at the rate it sends notifications.
+        # The latest move takes effect at the window's end.
+        self.phase_repins = ratelimit.Coalescer(defer, repin_interval_s) if defer is not None else None
         self.attach_tuner = attach_tuner
         self.plan_tune = plan_tune
         self._save_pending = False
@@ -199,9 +200,15 @@ class PinController:
 
     def set_freq(self, job: ActiveJob, freq_hz: int | None, reason: str) -> None:
         """Move one job's pick (the tuner does this; None: no pin, for its baseline window) and apply the combined
-        pin."""
+        pin: at once (a failure raised to the tuner), or, within a second of the GPU's last re-pin, when that window
+        ends (phase_repins, as for phases: a client's tuned jobs close windows as fast as it reports steps, and each
+        move is a sysfs write and a state save). The tuner's windows wait for the pin meanwhile (repin_pending)."""
         job.decision = Decision(PolicyName.TUNE, freq_hz, reason)
-        self._apply(job.gpu_id)
+        gpu_id = job.gpu_id
+        if self.phase_repins is None:
+            self._apply(gpu_id)
+        else:
+            self.phase_repins.request(gpu_id, lambda: self._apply(gpu_id), later=lambda: self._apply_quietly(gpu_id))
 
     def end(self, job_id: int, why: str) -> Ended | None:
         job = self.jobs.pop(job_id, None)
@@ -259,7 +266,8 @@ class PinController:
                 self.phase_repins.request(gpu_id, lambda: self._apply_quietly(gpu_id))
 
     def repin_pending(self, gpu_id: str) -> bool:
-        """A phase's re-pin waits for its window (phase_repins): the pin lags the jobs' phases until it runs."""
+        """A re-pin (a phase's, a tuner's move) waits for its window (phase_repins): the pin lags the jobs' picks and
+        phases until it runs."""
         return self.phase_repins is not None and gpu_id in self.phase_repins.pending
 
     def _apply(self, gpu_id: str, *, removed: bool = False) -> None:

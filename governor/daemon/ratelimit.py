@@ -6,8 +6,10 @@ with the decision in force, and the latest of them is decided when the window en
 it takes effect up to interval_s later).
 
 Log lines: a client's requests cause log lines (decisions, refusals, failures). ``LogLimit`` is a logging filter with
-a token bucket per non-root uid for the lines logged while serving that uid (``caused_by``); the lines it drops are
-counted, and the count is logged once the bucket has tokens again.
+a token bucket per non-root uid for the lines logged while serving that uid (``caused_by``), and one per logger for the
+lines of loggers other than the daemon's own ("asyncio": a failed accept is logged with its traceback, once per
+connection a client makes); the lines it drops are counted, and the count is logged once the bucket has tokens again.
+It sits on the daemon's handler, which every logger writes through (governor.daemon.main.route_loggers).
 """
 
 from __future__ import annotations
@@ -31,9 +33,9 @@ class Coalescer:
         self.last_s: dict[Hashable, float] = {}
         self.pending: dict[Hashable, Callable[[], None]] = {}
 
-    def request(self, key: Hashable, fn: Callable[[], None]) -> float:
-        """Run fn now (returns 0.0; its exceptions reach the caller) or at the window's end (returns the seconds
-        until then; replaces an earlier pending fn of this key)."""
+    def request(self, key: Hashable, fn: Callable[[], None], later: Callable[[], None] | None = None) -> float:
+        """Run fn now (returns 0.0; its exceptions reach the caller) or, at the window's end, ``later`` (fn when
+        None; returns the seconds until then; replaces an earlier pending one of this key)."""
         now = self.clock()
         last = self.last_s.get(key)
         if last is None or now - last >= self.interval_s:
@@ -43,7 +45,7 @@ class Coalescer:
         delay_s = last + self.interval_s - now
         if key not in self.pending:
             self.defer(lambda: self._run_pending(key), delay_s)
-        self.pending[key] = fn
+        self.pending[key] = later or fn
         return delay_s
 
     def forget(self, key: Hashable) -> None:
@@ -93,36 +95,48 @@ class TokenBuckets:
         return 0.0
 
 
+DAEMON_LOGGER = "ftgovd"
+
+
 class LogLimit(logging.Filter):
-    """A token bucket per uid over the lines logged on its behalf; lines logged for no client, or for root, always
-    pass."""
+    """A token bucket per uid over the lines logged on its behalf, and per logger over other loggers' lines; the
+    daemon's own lines for no client, or for root, always pass."""
 
     def __init__(self, rate_per_s: float = LOG_LINES_PER_S, burst: int = LOG_BURST,
                  clock: Callable[[], float] = time.monotonic):
         super().__init__()
         self.rate_per_s = rate_per_s
         self.tokens = TokenBuckets(rate_per_s, burst, clock)
-        self.dropped: dict[int, int] = {}
+        self.dropped: dict[int | str, int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        uid = _CLIENT_UID.get()
-        if not uid or getattr(record, "_ftgov_summary", False):  # no client, or root: the operator's own lines
+        if getattr(record, "_ftgov_summary", False):
             return True
-        if self.tokens.take(uid):
-            self.dropped[uid] = self.dropped.get(uid, 0) + 1
+        uid = _CLIENT_UID.get()
+        if uid:
+            key: int | str = uid
+        elif record.name != DAEMON_LOGGER:
+            key = record.name
+        else:
+            return True  # the daemon's own line, or root's: the operator's
+        if self.tokens.take(key):
+            self.dropped[key] = self.dropped.get(key, 0) + 1
             return False
-        dropped = self.dropped.pop(uid, 0)
+        dropped = self.dropped.pop(key, 0)
         if dropped:
-            summary = logging.LogRecord(record.name, logging.WARNING, "", 0,
-                                        "%d log line(s) caused by uid %d suppressed (more than %g a second)",
-                                        (dropped, uid, self.rate_per_s), None)
+            msg, args = (("%d log line(s) caused by uid %d suppressed (more than %g a second)", (dropped, uid,
+                                                                                                 self.rate_per_s))
+                         if uid else ("%d log line(s) from %s suppressed (more than %g a second)",
+                                      (dropped, key, self.rate_per_s)))
+            summary = logging.LogRecord(record.name, logging.WARNING, "", 0, msg, args, None)
             summary._ftgov_summary = True
-            logging.getLogger(record.name).handle(summary)
+            # Through the logger that logged the line, so through the same handlers ("root" is the root logger's name).
+            logging.getLogger(None if record.name == "root" else record.name).handle(summary)
         return True
 
 
-def install(logger: logging.Logger, limit: LogLimit | None = None) -> LogLimit:
-    """Put one LogLimit on the logger (replacing an earlier one)."""
+def install(logger: logging.Filterer, limit: LogLimit | None = None) -> LogLimit:
+    """Put one LogLimit on the logger or handler (replacing an earlier one)."""
     for f in [f for f in logger.filters if isinstance(f, LogLimit)]:
         logger.removeFilter(f)
     limit = limit or LogLimit()

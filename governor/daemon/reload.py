@@ -48,6 +48,8 @@ class Reloader:
         pins.on_external_change = new.on_external_change
         pins.power_cap_mw = round(new.power_cap_w * 1000) if new.power_cap_w else None
         pins.power_mode.pin_above = new.pin_above_power_mode
+        if pins.phase_repins is not None:
+            pins.phase_repins.interval_s = new.limits.repin_interval_s
         self.tuner.cfg = new.tuner
         server.ticker.sample_interval_s = new.sample_interval_s
         server.config = new

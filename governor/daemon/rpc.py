@@ -126,26 +126,11 @@ class Methods:
             raise RpcFault(PERMISSION_DENIED, f"pid: {e}", {"field": "pid"}) from e
         except peers.ProcessGone as e:
             raise RpcFault(INVALID_PARAMS, f"pid: {e}", {"field": "pid"}) from e
-        if conn.peer.uid != 0 and held.uid != conn.peer.uid:
-            held.close()
-            raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} is not yours (uid {conn.peer.uid})",
-                           {"field": "pid"})
-        if params.tune and self.pins.policy.name is PolicyName.OBSERVE:
-            held.close()
-            raise RpcFault(INVALID_PARAMS, "tune: this daemon runs the observe policy and pins nothing",
-                           {"field": "tune"})
         try:
-            gpu_id = self.pins.find_gpu(params.gpu)
-        except FtgovError as e:
+            job = self._admit(conn, params, pid, held)
+        except BaseException:  # any failure, a bug's too: the pidfd goes with it (a leak per request exhausts fds)
             held.close()
-            raise RpcFault(INVALID_PARAMS, f"gpu: {e}", {"field": "gpu"}) from e
-        try:
-            job = self.pins.admit(pid=pid, start_ticks=held.start_ticks, uid=conn.peer.uid, name=params.name,
-                                  gpu_id=gpu_id, features=params.features(),
-                                  policy=PolicyName.TUNE if params.tune else None)
-        except FtgovError as e:
-            held.close()
-            raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
+            raise
         job.total_steps = params.total_steps
         conn.job_ids.add(job.job_id)
         self.server.watch(job, held)
@@ -161,6 +146,25 @@ class Methods:
         """A job decided without its gpu_util has it measured anyway, for status and the store."""
         if job.features.gpu_util is None:
             self.server.sampler.start(job, decide=False)
+
+    def _admit(self, conn: Connection, params, pid: int, held: peers.HeldProcess) -> ActiveJob:
+        """The job of a registration whose process is held (the caller releases ``held`` if this raises)."""
+        if conn.peer.uid != 0 and held.uid != conn.peer.uid:
+            raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} is not yours (uid {conn.peer.uid})",
+                           {"field": "pid"})
+        if params.tune and self.pins.policy.name is PolicyName.OBSERVE:
+            raise RpcFault(INVALID_PARAMS, "tune: this daemon runs the observe policy and pins nothing",
+                           {"field": "tune"})
+        try:
+            gpu_id = self.pins.find_gpu(params.gpu)
+        except FtgovError as e:
+            raise RpcFault(INVALID_PARAMS, f"gpu: {e}", {"field": "gpu"}) from e
+        try:
+            return self.pins.admit(pid=pid, start_ticks=held.start_ticks, uid=conn.peer.uid, name=params.name,
+                                   gpu_id=gpu_id, features=params.features(),
+                                   policy=PolicyName.TUNE if params.tune else None)
+        except FtgovError as e:
+            raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
 
     def _decide_new(self, conn: Connection, job: ActiveJob, why: str) -> dict:
         try:

@@ -13,6 +13,7 @@ import dataclasses
 import gc
 import logging
 import os
+import resource
 import select
 import signal
 import socket
@@ -65,6 +66,11 @@ class Server:
         self._exits = select.epoll()
         self._exit_job: dict[int, int] = {}  # pidfd -> job id
         self.group_gid = peers.group_id(config.socket.group)
+        # The open-file limit as start-up left it (governor.daemon.main.raise_fd_limit), and the descriptors open
+        # before serving (counted in serve()): with two per connection and one per job, what is in use now.
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self.fd_limit: int | None = None if soft == resource.RLIM_INFINITY else soft
+        self.base_fds = 0
         self._stop = asyncio.Event()
         # A client's updates re-decide its job at most about once a second (each is a pin write and a state save).
         self.redecide = ratelimit.Coalescer(defer_on_loop)
@@ -98,8 +104,12 @@ class Server:
         self.adopt_leftovers()  # before READY=1: no client is served until leftovers are restored or re-adopted
         # backlog: asyncio calls listen() again with it; keep the queue that systemd's socket unit (or bind_socket)
         # made, so that a burst of clients waits in the queue, not in EAGAIN.
+        # backlog is also how many connections asyncio accepts in one turn before any is checked (and on EMFILE it
+        # retries that many times, logging each): a small batch; then the kernel's queue is set back to SOMAXCONN.
         listener = await loop.create_unix_server(lambda: Connection(self), sock=listen_sock,
-                                                 backlog=socket.SOMAXCONN)
+                                                 backlog=admission.ACCEPT_BATCH)
+        listen_sock.listen(socket.SOMAXCONN)
+        self.base_fds = len(os.listdir("/proc/self/fd")) - 1  # less listdir's own
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
@@ -198,7 +208,8 @@ class Server:
         is the connecting process held at accept (None: it had exited), for the group check where the socket cannot
         give the peer's groups."""
         full = admission.connection_refusal(self.config.limits, uid=peer.uid, total=len(self.conns),
-                                            of_uid=self.conns_per_uid[peer.uid])
+                                            of_uid=self.conns_per_uid[peer.uid],
+                                            fds_in_use=self._fds_in_use(sock, process), fd_limit=self.fd_limit)
         if full is not None:
             return RpcFault(LIMIT_EXCEEDED, full)
         if not self._authorized(peer, sock, process):
@@ -207,6 +218,13 @@ class Server:
             return RpcFault(PERMISSION_DENIED, f"permission denied: uid {peer.uid} is not root and not in "
                             f"group {self.config.socket.group!r} (ask an administrator to add you to it)")
         return None
+
+    def _fds_in_use(self, sock: socket.socket, process: peers.HeldProcess | None) -> int:
+        """At least this many descriptors are open: the kernel gives the lowest free number, so every number below
+        the newest is taken; and by count, those open before serving, a socket and a pidfd per connection, a pidfd
+        per job, and this connection's two."""
+        newest = max(sock.fileno(), process.pidfd if process is not None else -1)
+        return max(newest + 1, self.base_fds + 2 * len(self.conns) + len(self.held) + 2)
 
     def opened(self, conn: Connection) -> None:
         self.conns.add(conn)

@@ -13,8 +13,13 @@ an H200's 345..1980 MHz). So on such a GPU the start is, in order:
 
 gpu_util is not matched: on these GPUs it is measured at the default governor and varies from run to run of the
 same job. The index is loaded from the measurement store once at start-up, before the daemon serves (one query, a
-few columns, no windows), and every tuned job that converges while the daemon runs is added to it when it ends, store
-or no store. Lookups are a dict access and a short scan: nothing on the request path touches the file.
+few columns, no windows), and every tuned job that converges on such a GPU while the daemon runs is added to it when it
+ends, store or no store (on a devfreq board the tree picks the start, and nothing is kept). Lookups are a dict access
+and a short scan: nothing on the request path touches the file.
+
+Bounded: per uid, the MAX_SHAPES_PER_UID shapes (GPU kind, model_type, num_layers, hidden_size) learnt or looked up
+most recently, each with its KEPT_PER_SHAPE most recent levels. A member that converges jobs of ever new shapes
+evicts its own oldest shapes, never another user's; the index is at most about 100 KB per user.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import json
 import logging
 import math
 import sqlite3
+from collections import OrderedDict
 from pathlib import Path
 
 from governor.features import Features
@@ -34,6 +40,7 @@ log = logging.getLogger("ftgovd")
 # padding-free lengths of one data set measured over a few batches differ by a few percent from run to run.
 SEQ_LEN_TOLERANCE = 0.10
 KEPT_PER_SHAPE = 16  # the most recent converged levels kept per model shape and GPU kind
+MAX_SHAPES_PER_UID = 64  # shapes kept per user, least recently used dropped first
 
 
 def gpu_key(gpu) -> tuple[str, tuple[int, ...]]:
@@ -41,13 +48,20 @@ def gpu_key(gpu) -> tuple[str, tuple[int, ...]]:
     return str(gpu.describe().get("name")), tuple(gpu.levels_hz)
 
 
+def read_on(gpu) -> bool:
+    """Whether a tuned job's start on this GPU comes from this index: not on a devfreq board, where the tree (trained
+    on that board) picks it."""
+    return gpu.describe().get("backend") != "devfreq"
+
+
 class TuneStarts:
     def __init__(self):
-        # (gpu name, levels, model_type, num_layers, hidden_size, uid) -> [(seq_len, freq_hz)], most recent last
-        self._levels: dict[tuple, list[tuple[float, int]]] = {}
+        # uid -> (gpu name, levels, model_type, num_layers, hidden_size) -> [(seq_len, freq_hz)], most recent last;
+        # shapes in the order of their last use, the least recent first
+        self._levels: dict[int, OrderedDict[tuple, list[tuple[float, int]]]] = {}
 
     def __len__(self) -> int:
-        return sum(len(v) for v in self._levels.values())
+        return sum(len(v) for shapes in self._levels.values() for v in shapes.values())
 
     @classmethod
     def load(cls, path: str | Path | None) -> TuneStarts:
@@ -78,30 +92,38 @@ class TuneStarts:
                 continue
             if r["uid"] is None:
                 continue  # whose it was is unknown: it starts nobody's job
-            starts._add((str(r["gpu_name"]), levels, r["model_type"], r["num_layers"], r["hidden_size"],
-                         int(r["uid"])), float(r["seq_len"]), int(r["freq_hz"]))
+            starts._add(int(r["uid"]), (str(r["gpu_name"]), levels, r["model_type"], r["num_layers"],
+                                        r["hidden_size"]), float(r["seq_len"]), int(r["freq_hz"]))
         log.info("tuner starts: %d converged level(s) from %s", len(starts), path)
         return starts
 
     def learn(self, key: tuple[str, tuple[int, ...]], features: Features, freq_hz: int, uid: int) -> None:
         """A tuned job of ``uid`` converged on ``freq_hz`` on a GPU of kind ``key`` (gpu_key)."""
-        self._add((*key, features.model_type, features.num_layers, features.hidden_size, uid), features.seq_len,
+        self._add(uid, (*key, features.model_type, features.num_layers, features.hidden_size), features.seq_len,
                   freq_hz)
 
     def lookup(self, key: tuple[str, tuple[int, ...]], features: Features, uid: int) -> int | None:
         """The most recent converged level for these features on this kind of GPU among uid's jobs, else root's;
         None when neither has one."""
         limit = math.log1p(SEQ_LEN_TOLERANCE)
+        shape = (*key, features.model_type, features.num_layers, features.hidden_size)
         for owner in dict.fromkeys((uid, 0)):
-            seen = self._levels.get((*key, features.model_type, features.num_layers, features.hidden_size, owner), [])
+            shapes = self._levels.get(owner, {})
+            seen = shapes.get(shape, [])
             hz = next((hz for seq_len, hz in reversed(seen)
                        if seq_len > 0 and abs(math.log(seq_len / features.seq_len)) <= limit), None)
             if hz is not None:
+                shapes.move_to_end(shape)
                 return hz
         return None
 
-    def _add(self, key: tuple, seq_len: float, freq_hz: int) -> None:
-        if freq_hz in key[1]:
-            seen = self._levels.setdefault(key, [])
-            seen.append((seq_len, freq_hz))
-            del seen[:-KEPT_PER_SHAPE]
+    def _add(self, uid: int, shape: tuple, seq_len: float, freq_hz: int) -> None:
+        if freq_hz not in shape[1]:
+            return
+        shapes = self._levels.setdefault(uid, OrderedDict())
+        seen = shapes.setdefault(shape, [])
+        shapes.move_to_end(shape)
+        seen.append((seq_len, freq_hz))
+        del seen[:-KEPT_PER_SHAPE]
+        while len(shapes) > MAX_SHAPES_PER_UID:
+            shapes.popitem(last=False)

@@ -24,7 +24,7 @@ import time
 from governor.config import TunerConfig
 from governor.daemon.jobs import mhz
 from governor.daemon.recorder import window_util_pct
-from governor.daemon.starts import TuneStarts, gpu_key
+from governor.daemon.starts import TuneStarts, gpu_key, read_on
 from governor.errors import FtgovError
 from governor.policy import Decision, PolicyName
 from governor.policy.tuner import Measurement, ProbeWindow
@@ -40,8 +40,9 @@ class JobTuner:
 
     def __init__(self, gov, job, cfg: TunerConfig, starts: TuneStarts | None = None, carry: JobTuner | None = None):
         self.cfg = cfg
-        self.starts = starts
-        self.gpu_key = gpu_key(gov.gpus[job.gpu_id].gpu)
+        gpu = gov.gpus[job.gpu_id].gpu
+        self.starts = starts if read_on(gpu) else None  # kept only where a start is looked up
+        self.gpu_key = gpu_key(gpu)
         # Never a level above the power mode's cap (unless the config allows it): the tuner probes only what it may pin.
         self.levels_hz = gov.power_mode.allowed_levels(job.gpu_id)
         start = job.tune_start_hz
@@ -58,6 +59,7 @@ class JobTuner:
         self._tail: tuple[int, float, float] | None = None
         self._tail_end: tuple[int, float, float] | None = None
         self._tail_mixed = False
+        self._pin_waited = False  # a window's pin waited for the GPU's re-pin interval: start it over once it lands
         if carry is not None:
             self.meter, self.baseline, self.baseline_status = carry.meter, carry.baseline, carry.baseline_status
             self._baseline_window = carry._baseline_window
@@ -115,7 +117,9 @@ class JobTuner:
         measuring_hz = self.session.measuring_hz
         if phase not in gov.low_phases and pinned_hz != measuring_hz:
             if gov.repin_pending(job.gpu_id):
-                phase = "re-pinning"  # back from a checkpoint, the pin follows within a second: no window meanwhile
+                # Back from a checkpoint, or a probe's move within the GPU's re-pin interval: the pin follows within
+                # a second; no window meanwhile, and a fresh one (warm-up first) once it lands.
+                phase, self._pin_waited = "re-pinning", True
             else:
                 # The power mode's cap fell under the level measured (the pin was lowered to the cap), or another
                 # tool took the limits and the daemon stood down: a window here would be charged to the wrong level.
@@ -127,6 +131,9 @@ class JobTuner:
                 self._move(gov, job, self.tuner.best_hz,
                            "tune: stopped (the GPU left the level measured); best measured")
                 return
+        if self._pin_waited and phase != "re-pinning":
+            self._pin_waited = False
+            self.session.repinned(job.steps)
         try:
             m = self.session.on_progress(job.steps, energy_j, time.monotonic(), phase)
         except FtgovError as e:
@@ -183,6 +190,14 @@ class JobTuner:
                                                 rule=self.cfg.window(self.meter.update_s))
             self.status = "measuring the baseline window at the default governor"
             return
+        # The unpin may wait for the GPU's re-pin interval (PinController.set_freq): until then the steps run at the
+        # old pin, and the window starts over (warm-up first) at the first report after it.
+        if gov.repin_pending(job.gpu_id):
+            self._pin_waited = True
+            return
+        if self._pin_waited:
+            self._pin_waited = False
+            self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps)
         try:
             m = self._baseline_window.feed(job.steps, energy_j, time.monotonic(), job.phase or "train")
         except FtgovError as e:
@@ -309,7 +324,7 @@ class TunerAttach:
         levels = gov.power_mode.allowed_levels(job.gpu_id)
         gpu = gov.gpus[job.gpu_id].gpu
         start, reason = decision.freq_hz, decision.reason
-        if gpu.describe().get("backend") != "devfreq":
+        if read_on(gpu):
             learnt = self.starts.lookup(gpu_key(gpu), job.features, job.uid)
             if learnt in levels:
                 start, reason = learnt, (f"tune: starts at {mhz(learnt)}, where the last tuned job of this shape "

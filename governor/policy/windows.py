@@ -272,6 +272,11 @@ class TuningSession:
     def converged(self) -> bool:
         return self.tuner.converged
 
+    def repinned(self, steps: int) -> None:
+        """The job reached the open window's level only now, at ``steps`` (its pin waited): the window starts over
+        from here, warm-up first, as after any change of clock."""
+        self._window = ProbeWindow(self._window.level_hz, steps, self.warmup_steps, self.window_steps)
+
     def on_progress(self, steps: int, energy_j: float, time_s: float, phase: str = "train") -> Measurement | None:
         if self.tuner.converged:
             return None

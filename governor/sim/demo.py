@@ -17,10 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from governor.sim.launch import Daemon
+from governor.sim.launch import Daemon, scaled
 from governor.units import mhz
 
 DEVFREQ = "sys/class/devfreq/17000000.gpu"
+TIME_SCALE = 0.15  # the tuned job's simulated steps run at this fraction of the energy model's time
 JOB = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0}  # BERT-base on MNLI
 STEPS = 40
 STEP_S = 0.05  # a simulated step's wall time in the demo (the energy model's real step is longer)
@@ -77,8 +78,9 @@ def main() -> int:
     w = workload_from_features(JOB, "bert-base/mnli")
 
     work = Path(tempfile.mkdtemp(prefix="ftgov-demo-", dir="/tmp"))
-    daemon = Daemon(None, workdir=work, simulate=True, config_file=os.devnull, state_dir=work, log_level="info",
-                    notify_name="notify.sock")
+    # Every default but the GPU's re-pin interval, scaled as the tuned job's steps are (they run at 0.15x wall time).
+    daemon = Daemon(None, workdir=work, simulate=True, config=scaled(TIME_SCALE), test_config=False, state_dir=work,
+                    log_level="info", notify_name="notify.sock")
     sock = daemon.socket
     log_path = daemon.log_path
     say("== 1. Start ftgovd on a simulated Jetson AGX Orin")
@@ -129,7 +131,7 @@ def main() -> int:
         with client.job(name="bert-base/mnli (tuned)", socket=sock, tune=True, report_every_s=0, **JOB) as tjob:
             say(f"   starts at MLG's pick, {mhz(tjob.registration['freq_hz'])}; steps take as long as the "
                 "energy model says at the pinned clock")
-            simjob.run(Root(root), tjob, w, 150, time_scale=0.15)
+            simjob.run(Root(root), tjob, w, 150, time_scale=TIME_SCALE)
             with client.Connection(sock) as conn:
                 t = conn.call("status")["jobs"][0]
         for e in t["tuner"]["estimates"]:

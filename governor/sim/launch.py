@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import signal
 import socket
@@ -141,13 +142,14 @@ class Daemon:
     The config written is QUICK_CONFIG updated with ``config``; ``test_config=False`` writes ``config`` alone (the
     daemon's own defaults otherwise), and ``config_file`` names an existing file instead (os.devnull: every default).
     ``python_args`` go before ``-m governor.daemon`` (a profiler, say); ``python`` is the interpreter (another
-    venv's, to run an installed ftgov: then pass env={"PYTHONPATH": ""} so that the checkout is not imported)."""
+    venv's, to run an installed ftgov: then pass env={"PYTHONPATH": ""} so that the checkout is not imported).
+    ``nofile``: the daemon's RLIMIT_NOFILE, soft and hard (what a unit's LimitNOFILE= gives)."""
 
     def __init__(self, root: Path | None, workdir: Path | None = None, config: dict | None = None,
                  extra_args: tuple[str, ...] = (), simulate: bool = False, notify_name: str = "n.sock",
                  env: dict | None = None, *, test_config: bool = True, config_file: str | None = None,
                  state_dir: Path | None = None, log_path: Path | None = None, log_level: str = "debug",
-                 python_args: tuple[str, ...] = (), python: str = sys.executable):
+                 python_args: tuple[str, ...] = (), python: str = sys.executable, nofile: int | None = None):
         # Short: AF_UNIX paths <= 107.
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ftg", dir=os.environ.get(WORKDIRS_ENV, "/tmp")))
         self.root = root
@@ -167,6 +169,7 @@ class Daemon:
         self.log_level = log_level
         self.python_args = python_args
         self.python = python
+        self.nofile = nofile
         self.proc: subprocess.Popen | None = None
         self.pidfd: int | None = None
 
@@ -186,7 +189,10 @@ class Daemon:
         env.pop("JOURNAL_STREAM", None)
         self._close_pidfd()
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, env=env, cwd=self.workdir)
+        limit = None if self.nofile is None else (self.nofile, self.nofile)
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, env=env, cwd=self.workdir,
+                                     preexec_fn=None if limit is None else
+                                     lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limit))
         log.close()
         self.pidfd = os.pidfd_open(self.proc.pid)
         if wait:
@@ -207,6 +213,10 @@ class Daemon:
 
     def client(self) -> Rpc:
         return Rpc(self.socket)
+
+    def open_fds(self) -> int:
+        """How many descriptors the daemon has open now (/proc/PID/fd)."""
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
     def log(self) -> str:
         """The daemon's log so far. While it runs, a ping first: the daemon writes a loop turn's lines after that
@@ -245,6 +255,15 @@ class Daemon:
         self.stop()
         self._close_pidfd()
         self.notify.close()
+
+
+def scaled(time_scale: float, config: dict | None = None) -> dict:
+    """The config of a daemon whose jobs run at ``time_scale`` (governor.sim.job): the GPU's re-pin interval
+    (limits.repin_interval_s, a second) scaled alike, so that a tuned job's windows wait for their pins as many of
+    its steps as a real job's do."""
+    config = dict(config or {})
+    config["limits"] = {**config.get("limits", {}), "repin_interval_s": time_scale}
+    return config
 
 
 def limits(root: Path, node: str = DEVFREQ) -> tuple[int, int]:

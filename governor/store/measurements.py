@@ -13,6 +13,8 @@ Safety, as SQLite's own guidance for an application file format says:
 - At most ``max_jobs`` jobs: the oldest of the user with the most jobs are dropped in the transaction that adds one
   (``_PRUNE``); the cumulative totals live in their own row and survive the pruning.
 - Client strings are bound as parameters, never formatted into SQL.
+- The file is created 0600 whatever the umask (``_private``; SQLite gives -wal and -shm the same mode): it holds the
+  job names that ``status`` redacts. An existing store readable by others is narrowed to at most 0640.
 
 The daemon writes from one thread (governor.daemon.recorder.StoreWriter) fed by a queue, so a commit's fsync never
 blocks the event loop; readers open the file read-only. Nothing here imports numpy or scikit-learn.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import sqlite3
+import stat
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -175,6 +178,41 @@ def _connect(uri: str) -> sqlite3.Connection:
     return conn
 
 
+# The most a store may be opened to: read by its group (0640 root:ftgov), never by others or written by the group.
+STORE_MODE_MAX = 0o640
+
+
+def _private(path: Path) -> None:
+    """Create the store 0600 before SQLite opens it (SQLite would create it 0644 under umask 022, and its -wal and
+    -shm after it), and narrow an existing store and its -wal and -shm to at most STORE_MODE_MAX; on the opened
+    descriptor (fchmod), never following a symlink."""
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise StoreError(f"cannot create the measurement store {path}: {e.strerror or e}") from e
+    else:
+        try:
+            os.fchmod(fd, 0o600)  # the umask may have taken bits off, never added any: exactly 0600
+        finally:
+            os.close(fd)
+    for name in (str(path), f"{path}-wal", f"{path}-shm"):
+        try:
+            fd = os.open(name, flags)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise StoreError(f"cannot open the measurement store {name}: {e.strerror or e}") from e
+        try:
+            mode = stat.S_IMODE(os.fstat(fd).st_mode)
+            if mode & ~STORE_MODE_MAX:
+                os.fchmod(fd, mode & STORE_MODE_MAX)
+        finally:
+            os.close(fd)
+
+
 def _check(conn: sqlite3.Connection) -> None:
     """Raise sqlite3.DatabaseError unless the file is a sound store of a schema this code reads."""
     row = conn.execute("PRAGMA quick_check").fetchone()
@@ -200,6 +238,7 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"cannot create {self.path.parent}: {e.strerror or e}") from e
+        _private(self.path)
         try:
             return self._open_sound()
         except sqlite3.DatabaseError as e:
@@ -212,6 +251,7 @@ class Store:
             log.error("measurement store %s is unreadable (%s): moved aside to %s, starting a fresh one",
                       self.path, e, aside)
             try:
+                _private(self.path)
                 return self._open_sound()
             except sqlite3.Error as e2:
                 raise StoreError(f"cannot start a fresh measurement store at {self.path}: {e2}") from e2

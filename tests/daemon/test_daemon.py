@@ -446,24 +446,37 @@ def test_another_user_still_gets_a_job_when_one_user_holds_all_of_theirs(orin, s
     assert '"freq_hz":714000000' in out.stdout, out  # another user still gets a job
 
 
-def test_one_user_cannot_take_every_connection(orin, start_daemon):
-    d = start_daemon(config={"limits": {"max_connections_per_uid": 2}})
-    held = [d.client(), d.client()]
-    assert held[1].call("ping") == {}
-    extra = d.client()
-    err = extra.read_reply()["error"]
-    assert err["code"] == -32002 and "max_connections_per_uid" in err["message"]
+_HOLD_THREE = """
+import socket, sys
+held = []
+for _ in range(3):
+    s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
+    s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"ping"}\\n')
+    print(s.makefile().readline().strip(), flush=True)
+    held.append(s)
+sys.stdin.readline()
+"""
 
 
-def test_another_user_still_gets_in_when_one_user_holds_all_of_their_connections(orin, start_daemon):
+def test_one_user_cannot_take_every_connection_and_another_still_gets_in(orin, start_daemon):
     if os.geteuid() != 0:
-        pytest.skip("needs root to create a second user with useradd")
+        pytest.skip("needs root to create users with useradd (root itself has no per-uid cap)")
     d = start_daemon(config={"limits": {"max_connections_per_uid": 2}})
-    held = [d.client(), d.client()]
-    assert held[1].call("ping") == {}
-    assert d.client().read_reply()["error"]["code"] == -32002  # this uid is at its 2
     _ensure_user("ftgovtest", groups=("ftgov",))
+    _ensure_user("ftgovtest2", groups=("ftgov",))
     os.chmod(d.workdir, 0o755)
-    ping = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
-    out = _run_as("ftgovtest", d.socket, ping)  # another user still gets in
-    assert '"result":{}' in out.stdout, out
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    holder = subprocess.Popen(["runuser", "-u", "ftgovtest", "--", python, "-c", _HOLD_THREE, d.socket],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        replies = [json.loads(holder.stdout.readline()) for _ in range(3)]
+        assert replies[0]["result"] == {} and replies[1]["result"] == {}
+        err = replies[2]["error"]  # this uid is at its 2
+        assert err["code"] == -32002 and "max_connections_per_uid" in err["message"], err
+        ping = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        out = _run_as("ftgovtest2", d.socket, ping)  # another user still gets in
+        assert '"result":{}' in out.stdout, out
+        assert d.client().call("ping") == {}  # and root, whose own connections are not capped
+    finally:
+        holder.kill()
+        holder.wait()

@@ -12,9 +12,11 @@ from governor.sim import tree
 from governor.sim.energy import OrinEnergyModel, Workload
 from governor.sysfs import Root
 from tests.support.board import wait_reads
-from tests.support.daemon import DEVFREQ, FEATURES, ProgressJob, limits
+from tests.support.daemon import DEVFREQ, FEATURES, ProgressJob, limits, scaled
 from tests.support.faults import limits_now
 from tests.support.fswatch import Watch
+
+TIME_SCALE = 0.15  # simulated steps take this fraction of the energy model's time (tests.support.daemon.scaled)
 
 BERT_BASE = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
 
@@ -33,7 +35,7 @@ def tuned_job(d, steps: int, **register) -> tuple[dict, dict]:
     c = d.client()
     res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE, **register)
     assert res["policy"] == "tune"
-    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, steps, time_scale=0.15)
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, steps, time_scale=TIME_SCALE)
     job = next(j for j in c.call("status")["jobs"] if j["job_id"] == res["job_id"])
     return job, {**res, "client": c}
 
@@ -50,7 +52,7 @@ def test_tune_converges_on_the_least_energy_level_within_its_energy_budget(orin,
     """The budget is energy, not windows (docs/tuner.md): what the search spends above the level it converges on is
     at most explore_budget_frac of the job's energy at that level, plus what the windows' noise can add to the
     tuner's own reckoning (3% of a window's energy, 3 s.d. over the windows)."""
-    d = start_daemon(simulate=True)
+    d = start_daemon(simulate=True, config=scaled(TIME_SCALE))
     job, _ = tuned_job(d, 140, total_steps=2000)
     tuner = job["tuner"]
     assert tuner["converged"], tuner
@@ -68,7 +70,7 @@ def test_tune_converges_on_the_least_energy_level_within_its_energy_budget(orin,
 
 def test_a_short_job_explores_fewer_windows_than_a_long_one(orin, start_daemon):
     """total_steps from register prices the search: the same workload from the same start, 60 steps against 100,000."""
-    d = start_daemon(simulate=True)
+    d = start_daemon(simulate=True, config=scaled(TIME_SCALE))
     short, res = tuned_job(d, 90, total_steps=60)
     res["client"].call("unregister", job_id=res["job_id"])  # one at a time: a shared GPU pauses the tuner
     long, _ = tuned_job(d, 160, total_steps=100_000)
@@ -79,7 +81,7 @@ def test_a_short_job_explores_fewer_windows_than_a_long_one(orin, start_daemon):
 
 
 def test_total_steps_may_come_with_progress_and_bad_values_are_refused(orin, start_daemon):
-    d = start_daemon(simulate=True)
+    d = start_daemon(simulate=True, config=scaled(TIME_SCALE))
     c = d.client()
     for bad in (0, -3, 2.5, True, "100"):
         err = c.request("register", tune=True, gpu_util=80.0, total_steps=bad, **BERT_BASE)["error"]
@@ -89,7 +91,7 @@ def test_total_steps_may_come_with_progress_and_bad_values_are_refused(orin, sta
     res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE)
     err = c.request("progress", job_id=res["job_id"], steps=1, total_steps=0)["error"]
     assert err["data"]["field"] == "total_steps"
-    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, 12, time_scale=0.15)
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, 12, time_scale=TIME_SCALE)
     c.call("progress", job_id=res["job_id"], steps=12, total_steps=512)
     tuner = c.call("status")["jobs"][0]["tuner"]
     assert tuner["total_steps"] is not None and tuner["total_steps"] <= 512 - 12 + 1, tuner
@@ -99,7 +101,7 @@ def test_a_tuned_job_reports_its_measured_saving_against_the_default_governor(or
     """One window unpinned (MAXN) before the search; at the end the saving per step against it, measured over the
     steps after convergence, matches the energy model's (MAXN vs the converged level) within the measurement's noise
     (the simulated rails over a sleeping process: a few percent)."""
-    d = start_daemon(simulate=True)
+    d = start_daemon(simulate=True, config=scaled(TIME_SCALE))
     job, res = tuned_job(d, 180, total_steps=2000)
     assert job["tuner"]["converged"], job["tuner"]
     assert job["tuner"]["baseline"]["status"] == "measured" and job["tuner"]["baseline"]["steps"] >= 4
@@ -130,7 +132,7 @@ def test_a_tuned_job_reports_its_measured_saving_against_the_default_governor(or
 
 
 def test_without_the_baseline_window_the_search_starts_at_once_and_no_saving_is_claimed(orin, start_daemon):
-    d = start_daemon(simulate=True, config={"tuner": {"baseline_window": False}})
+    d = start_daemon(simulate=True, config=scaled(TIME_SCALE, {"tuner": {"baseline_window": False}}))
     job, res = tuned_job(d, 30)
     assert job["tuner"]["baseline"]["status"].startswith("off") and job["saving"] is None
     end = res["client"].call("unregister", job_id=res["job_id"])
@@ -150,11 +152,11 @@ def test_tune_without_progress_keeps_the_mlg_pick(orin, start_daemon):
 def test_a_job_measuring_its_gpu_util_measures_its_baseline_in_the_same_unpinned_stretch(orin, start_daemon):
     """No gpu_util given: the job trains unpinned while the daemon samples its load; the baseline window is taken
     in that same stretch, so the GPU is first pinned only after both, and never unpinned again for a baseline."""
-    d = start_daemon(simulate=True, config={"util_sample_s": 0.05})
+    d = start_daemon(simulate=True, config=scaled(TIME_SCALE, {"util_sample_s": 0.05}))
     c = d.client()
     res = c.call("register", tune=True, **BERT_BASE)
     assert res["freq_hz"] is None  # waiting for gpu_util
-    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, 40, time_scale=0.15)
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, 40, time_scale=TIME_SCALE)
     job = c.call("status")["jobs"][0]
     assert job["tuner"]["baseline"]["status"] == "measured", job["tuner"]
     log = d.log()
@@ -188,7 +190,8 @@ def test_a_power_mode_lowered_under_a_tuned_job_stops_its_search_under_the_cap(o
 def test_a_tuned_job_under_a_lasting_throttle_still_converges(orin, start_daemon):
     # A clock held below the pin (a hot board; on NVML a power-limited top clock) must not stall the search: what a
     # pin costs under the throttling is what the job gets for it. (Holding the windows back kept a job at its start.)
-    d = start_daemon(simulate=True, config={"tuner": {"baseline_window": False}, "sample_interval_s": 0.05})
+    d = start_daemon(simulate=True,
+                     config=scaled(TIME_SCALE, {"tuner": {"baseline_window": False}, "sample_interval_s": 0.05}))
     root = Root(d.state_dir / "sim-orin")
     node = root.path("/sys/class/devfreq/17000000.gpu")
     c = d.client()
@@ -200,7 +203,7 @@ def test_a_tuned_job_under_a_lasting_throttle_still_converges(orin, start_daemon
     for _ in range(THROTTLE_TICKS):  # two ticks in a row read it, after one that may have come before
         d.wait_status(lambda m: "STATUS=" in m)
     assert c.call("status")["gpus"][0]["throttled_hz"] == 612000000
-    simjob.run(root, ProgressJob(c, res["job_id"]), WORKLOAD, 160, time_scale=0.15)
+    simjob.run(root, ProgressJob(c, res["job_id"]), WORKLOAD, 160, time_scale=TIME_SCALE)
     tuner = c.call("status")["jobs"][0]["tuner"]
     assert tuner["probes"] >= 2 and tuner["converged"], tuner
 
@@ -208,15 +211,15 @@ def test_a_tuned_job_under_a_lasting_throttle_still_converges(orin, start_daemon
 def test_the_jobs_length_told_mid_search_goes_on_with_the_search(orin, start_daemon):
     # total_steps re-prices the budget and can re-plan the tuner's next level while a window is open at another:
     # the open window goes on at its level (it was taken for the GPU leaving the level measured, and tuning stopped).
-    d = start_daemon(simulate=True, config={"tuner": {"baseline_window": False}})
+    d = start_daemon(simulate=True, config=scaled(TIME_SCALE, {"tuner": {"baseline_window": False}}))
     c = d.client()
     res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE)
     job = ProgressJob(c, res["job_id"])
     root = Root(d.state_dir / "sim-orin")
-    simjob.run(root, job, WORKLOAD, 30, time_scale=0.15)
+    simjob.run(root, job, WORKLOAD, 30, time_scale=TIME_SCALE)
     # A few steps left: the budget shrinks, and the search's next window (or its end) changes with it.
     c.notify("progress", job_id=res["job_id"], steps=job.steps, phase="train", total_steps=job.steps + 12)
-    simjob.run(root, job, WORKLOAD, 60, time_scale=0.15)
+    simjob.run(root, job, WORKLOAD, 60, time_scale=TIME_SCALE)
     entry = c.call("status")["jobs"][0]
     tuner = entry["tuner"]
     assert not tuner["status"].startswith("stopped"), tuner

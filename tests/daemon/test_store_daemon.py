@@ -11,7 +11,9 @@ from governor.sim import job as simjob
 from governor.sim.energy import OrinEnergyModel, Workload
 from governor.store import measurements as store
 from governor.sysfs import Root
-from tests.support.daemon import FEATURES, ProgressJob
+from tests.support.daemon import FEATURES, ProgressJob, scaled
+
+TIME_SCALE = 0.15  # simulated steps take this fraction of the energy model's time (tests.support.daemon.scaled)
 
 BERT_BASE = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
 REPO = Path(__file__).resolve().parents[2]
@@ -20,11 +22,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_tuned_job_lands_in_the_store_with_its_windows(start_daemon):
-    d = start_daemon(simulate=True)
+    d = start_daemon(simulate=True, config=scaled(TIME_SCALE))
     c = d.client()
     res = c.call("register", tune=True, gpu_util=80.0, name="bert'); DROP TABLE jobs; --", **BERT_BASE)
     simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), Workload(name="w", **BERT_BASE), 120,
-               time_scale=0.15)
+               time_scale=TIME_SCALE)
     tuner = c.call("status")["jobs"][0]["tuner"]
     assert tuner["converged"], tuner
     summary = c.call("unregister", job_id=res["job_id"])

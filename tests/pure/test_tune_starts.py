@@ -1,10 +1,19 @@
 """governor.daemon.starts: where a tuned job starts on a GPU the tree was not trained for."""
 
 import json
+import tracemalloc
 
-from governor.daemon.starts import KEPT_PER_SHAPE, TuneStarts
+import pytest
+
+from governor.backends.base import GpuBase, Limits, Reading
+from governor.config import TunerConfig
+from governor.daemon.pins import PinController
+from governor.daemon.starts import KEPT_PER_SHAPE, MAX_SHAPES_PER_UID, TuneStarts
+from governor.daemon.tuning import TunerAttach
 from governor.features import Features
+from governor.policy import Policy, PolicyName
 from governor.store import measurements as store
+from governor.store.state import StateFile
 
 LEVELS = (345_000_000, 900_000_000, 1_500_000_000, 1_980_000_000)
 KEY = ("NVIDIA H200", LEVELS)
@@ -66,3 +75,75 @@ def test_no_store_or_an_unreadable_one_gives_an_empty_index(tmp_path):
     bad = tmp_path / "bad.sqlite"
     bad.write_bytes(b"not a database" * 100)
     assert len(TuneStarts.load(bad)) == 0
+
+
+def test_a_member_converging_ever_new_shapes_keeps_a_bounded_index_and_evicts_only_its_own():
+    """~290 B a converged job of a new shape, never freed, was 50 MB a day per member at the default rate."""
+    starts = TuneStarts()
+    starts.learn(KEY, BERT, LEVELS[2], 0)
+    tracemalloc.start()
+    try:
+        for i in range(10_000):
+            shape = BERT.model_copy(update={"num_layers": 1 + i % 1024, "hidden_size": 1 + i // 1024})
+            starts.learn(KEY, shape, LEVELS[0], USER)
+        grown_b, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(starts) == MAX_SHAPES_PER_UID + 1
+    assert grown_b < 100_000, f"{grown_b} B kept for 10,000 shapes"
+    assert starts.lookup(KEY, BERT, OTHER) == LEVELS[2], "root's shape is not the member's to evict"
+    newest = BERT.model_copy(update={"num_layers": 1 + 9_999 % 1024, "hidden_size": 1 + 9_999 // 1024})
+    assert starts.lookup(KEY, newest, USER) == LEVELS[0]
+    assert starts.lookup(KEY, BERT.model_copy(update={"num_layers": 1, "hidden_size": 1}), USER) is None  # evicted
+
+
+def test_the_least_recently_used_shape_goes_first():
+    starts = TuneStarts()
+    shapes = [BERT.model_copy(update={"num_layers": n}) for n in range(1, MAX_SHAPES_PER_UID + 1)]
+    for shape in shapes:
+        starts.learn(KEY, shape, LEVELS[1], USER)
+    assert starts.lookup(KEY, shapes[0], USER) == LEVELS[1]  # used: now the most recent
+    starts.learn(KEY, BERT.model_copy(update={"num_layers": 500}), LEVELS[1], USER)
+    assert starts.lookup(KEY, shapes[0], USER) == LEVELS[1]
+    assert starts.lookup(KEY, shapes[1], USER) is None
+
+
+class _OneLevelGpu(GpuBase):
+    """A GPU of one level: a tuned job's search converges on its first window."""
+
+    id = "0"
+
+    def __init__(self, backend: str):
+        self.backend, self.levels_hz, self.limits = backend, (LEVELS[0],), Limits(LEVELS[0], LEVELS[0])
+
+    def describe(self) -> dict:
+        return {"backend": self.backend, "name": KEY[0]}
+
+    def snapshot(self) -> Limits:
+        return self.limits
+
+    def pin(self, freq_hz: int) -> None:
+        self.limits = Limits(freq_hz, freq_hz)
+
+    def restore(self, limits: Limits) -> None:
+        self.limits = limits
+
+    def read(self) -> Reading:
+        return Reading(self.limits.min_hz, self.limits.max_hz, self.limits.max_hz, 50.0)
+
+    def pin_holds(self, reading: Reading | None = None) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("backend, kept", [("devfreq", 0), ("nvml", 1)])
+def test_converged_levels_are_kept_only_where_a_start_is_looked_up(tmp_path, backend, kept):
+    attach = TunerAttach(TunerConfig(baseline_window=False))
+    pins = PinController([_OneLevelGpu(backend)], Policy(PolicyName.FFG, LEVELS[0], None),
+                         StateFile(tmp_path / "state"), "boot-1", attach_tuner=attach, plan_tune=attach.plan)
+    job = pins.admit(pid=100, start_ticks=5100, uid=USER, name=None, gpu_id="0", features=BERT,
+                     policy=PolicyName.TUNE)
+    pins.decide(job)
+    job.tuner.tuner.observe(LEVELS[0], 5.0, 1.0)  # its one window
+    assert job.tuner.tuner.converged
+    pins.end(job.job_id, "unregistered")
+    assert len(attach.starts) == kept

@@ -4,11 +4,12 @@ closed, and the per-uid defaults take many users to exhaust."""
 from __future__ import annotations
 
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from governor.config import LimitsConfig
-from governor.daemon.admission import connection_refusal
+from governor.daemon.admission import FD_RESERVE, FD_RESERVE_DAEMON, connection_refusal
 from tests.support.daemon import FEATURES
 from tests.support.security import open_to_members, run_as
 
@@ -64,6 +65,15 @@ def test_connection_rules():
     assert "max_connections)" in connection_refusal(limits, uid=1000, total=10, of_uid=0)
     assert connection_refusal(limits, uid=0, total=11, of_uid=0) is None
     assert "root_reserve_connections" in connection_refusal(limits, uid=0, total=12, of_uid=0)
+    assert connection_refusal(limits, uid=0, total=5, of_uid=5) is None  # root: no per-uid cap
+    # Descriptors: a member is refused within FD_RESERVE of the open-file limit, root only within FD_RESERVE_DAEMON.
+    near = 1024 - FD_RESERVE + 1
+    assert "open-file limit" in connection_refusal(limits, uid=1000, total=1, of_uid=0, fds_in_use=near,
+                                                    fd_limit=1024)
+    assert connection_refusal(limits, uid=1000, total=1, of_uid=0, fds_in_use=near - 1, fd_limit=1024) is None
+    assert connection_refusal(limits, uid=0, total=1, of_uid=0, fds_in_use=near, fd_limit=1024) is None
+    assert "open-file limit" in connection_refusal(limits, uid=0, total=1, of_uid=0,
+                                                    fds_in_use=1024 - FD_RESERVE_DAEMON + 1, fd_limit=1024)
 
 
 def test_defaults_take_many_users_to_exhaust():
@@ -80,3 +90,41 @@ def test_new_limits_are_validated(key):
     assert getattr(LimitsConfig(**{key: 5}), key) == 5
     with pytest.raises(ValidationError, match=key):
         LimitsConfig(**{key: -1})
+
+
+def test_root_is_not_held_to_the_per_uid_cap(orin, start_daemon):
+    d = start_daemon(config={"limits": {"max_connections_per_uid": 2}})
+    held = [d.client() for _ in range(5)]  # the operator's exporter and status calls, all at once
+    assert all(c.call("ping") == {} for c in held)
+
+
+def _up(collector) -> float:
+    return next(m for m in collector.collect() if m.name == "ftgov_up").samples[0].value
+
+
+def test_a_flooded_exporter_keeps_one_connection_and_the_operator_gets_in(orin, start_daemon, monkeypatch):
+    """Anyone who reaches the exporter's port decides how often root's exporter asks the daemon: its scrapes share
+    one connection, and root's `ftgov status` is never refused for root's own connections."""
+    pytest.importorskip("prometheus_client")
+    from governor.cli import metrics
+
+    opened = []
+
+    class Counted(metrics.Connection):  # the real connection, counted
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            opened.append(self)
+
+    monkeypatch.setattr(metrics, "Connection", Counted)
+    d = start_daemon(config={"limits": {"max_connections_per_uid": 2}})
+    collector = metrics.DaemonCollector(d.socket)
+    with ThreadPoolExecutor(16) as pool:
+        scrapes = [pool.submit(_up, collector) for _ in range(300)]
+        statuses = [d.client().request("status") for _ in range(30)]
+        ups = [f.result() for f in scrapes]
+    assert all("result" in r for r in statuses), [r for r in statuses if "error" in r][:1]
+    assert ups == [1.0] * 300
+    assert len(opened) == 1, f"{len(opened)} connections for 300 scrapes"
+    d.stop()
+    d.start()  # the daemon closed the exporter's connection: the next scrape opens a new one
+    assert _up(collector) == 1.0 and len(opened) == 2

@@ -1,9 +1,13 @@
 """Least disclosure: a member sees others' jobs without name, pid or features; metrics carry job names only when
-asked; the state file is 0600 (test_state_file)."""
+asked; the state file is 0600 (test_state_file), the measurement store 0600 whatever the umask."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
+
+import pytest
 
 from governor.cli.metrics import families
 from governor.daemon.redact import status_for
@@ -58,3 +62,32 @@ def test_metrics_carry_job_names_only_when_asked():
     assert default and not any("job_name" in labels for labels in default)
     opted = [labels for fam in families(status, job_names=True) for labels, _ in fam.samples]
     assert {"job_name": "/home/alice/models/secret"}.items() <= next(lbl for lbl in opted if "job_id" in lbl).items()
+
+
+def _modes(path) -> dict[str, int]:
+    return {suffix: stat.S_IMODE(os.stat(f"{path}{suffix}").st_mode) for suffix in ("", "-wal", "-shm")}
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o000], ids=["umask022", "umask000"])
+def test_the_measurement_store_is_private_whatever_the_umask(orin, start_daemon, tmp_path, umask):
+    """A daemon started by hand (or --simulate) with a store: the store holds the job names status redacts."""
+    path = tmp_path / "store" / "measurements.sqlite"
+    old = os.umask(umask)  # the daemon inherits it
+    try:
+        d = start_daemon(config={"store": {"path": str(path)}})
+    finally:
+        os.umask(old)
+    c = d.client()
+    c.call("unregister", job_id=c.call("register", name="secret", **FEATURES)["job_id"])
+    assert _modes(path) == {"": 0o600, "-wal": 0o600, "-shm": 0o600}  # WAL mode: -wal and -shm open with the db
+
+
+def test_a_store_left_readable_by_others_is_narrowed(orin, start_daemon, tmp_path):
+    path = tmp_path / "measurements.sqlite"
+    d = start_daemon(config={"store": {"path": str(path)}})
+    d.stop()
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(f"{path}{suffix}"):
+            os.chmod(f"{path}{suffix}", 0o666)
+    start_daemon(config={"store": {"path": str(path)}})
+    assert set(_modes(path).values()) == {0o640}  # group-readable at most (0640 root:ftgov), never others'

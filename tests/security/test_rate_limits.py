@@ -8,7 +8,7 @@ import logging
 from governor.daemon import ratelimit
 from tests.support.daemon import DEVFREQ, FEATURES, limits
 from tests.support.fswatch import Watch
-from tests.support.security import BASELINE, open_to_members, run_as
+from tests.support.security import BASELINE, open_to_members, run_as, state_dir_of
 
 
 def test_alternating_updates_move_the_pin_about_once_a_second(orin, start_daemon):
@@ -209,3 +209,76 @@ def test_a_member_registers_a_bounded_number_of_jobs_a_second(orin, start_daemon
     root = d.client()
     for _ in range(10):  # root is not limited
         root.call("unregister", job_id=root.call("register", **FEATURES)["job_id"])
+
+
+_TUNED = """
+import json, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(sys.argv[1])
+f = s.makefile()
+def call(method, **params):
+    s.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).encode() + b"\\n")
+    return json.loads(f.readline())
+began = time.monotonic()
+deadline, jobs, probes = began + float(sys.argv[3]), 0, 0
+while time.monotonic() < deadline:  # tuned jobs one after another, each reporting steps as fast as it can
+    reply = call("register", **json.loads(sys.argv[2]), tune=True)
+    if "error" in reply:  # limits.registrations_per_s
+        break
+    job, steps, jobs = reply["result"]["job_id"], 0, jobs + 1
+    while time.monotonic() < deadline:
+        for _ in range(50):  # notifications: no reply, so no back-pressure
+            steps += 1
+            s.sendall(json.dumps({"jsonrpc": "2.0", "method": "progress",
+                                  "params": {"job_id": job, "steps": steps}}).encode() + b"\\n")
+        tuner = call("status")["result"]["jobs"][0]["tuner"]
+        if tuner["converged"]:
+            break
+    probes += tuner["probes"]
+    call("unregister", job_id=job)
+print(json.dumps({"elapsed_s": time.monotonic() - began, "jobs": jobs, "probes": probes}), flush=True)
+"""
+
+
+def test_a_members_tuner_probes_move_the_pin_about_once_a_second(orin, start_daemon, member):
+    """A window of one step closes at every report: each probe was a pin write and a state save at the rate the
+    member reports steps. Probes share the GPU's re-pin window with phases: about one a second."""
+    user, _uid = member
+    d = start_daemon(config={"tuner": {"window_steps": 1, "warmup_steps": 0, "baseline_window": False}})
+    open_to_members(d)
+    watch = Watch((orin / DEVFREQ).resolve(), state_dir_of(d))
+    try:
+        out, err = run_as(user, _TUNED, d.socket, json.dumps(FEATURES), "3").communicate(timeout=120)
+        writes = sum(1 for name, what in watch.drain() if name == "max_freq" and what == "close_write")
+        saves = sum(1 for name, what in watch.events if name == "state.json" and what == "moved_to")
+    finally:
+        watch.close()
+    run = json.loads(out or err)
+    # Each job's registration and end move the pin at once (bounded by limits.registrations_per_s); its probes
+    # about once a second.
+    allowed = 2 * run["jobs"] + 1.5 * run["elapsed_s"] + 1
+    assert writes <= allowed, f"{writes} pin writes in {run['elapsed_s']:.2f} s: {run}"
+    assert saves <= 2 * allowed, f"{saves} state saves in {run['elapsed_s']:.2f} s: {run}"
+    print(f"{writes} pin writes, {saves} state saves in {run['elapsed_s']:.2f} s: {run}")
+
+
+def test_a_tuner_move_within_the_window_waits_for_it_and_its_windows_wait_for_the_pin(tmp_path):
+    from governor.daemon.pins import PinController
+    from governor.policy import Policy, PolicyName
+    from governor.store.state import StateFile
+    from tests.pure.test_pin_controller import ENCODER, FakeGpu
+
+    timers, clock = [], _Clock()
+    gpu = FakeGpu()
+    pins = PinController([gpu], Policy(PolicyName.FFG, 714_000_000, None), StateFile(tmp_path / "state"), "boot-1",
+                         defer=lambda fn, delay_s: timers.append(fn))
+    pins.phase_repins = ratelimit.Coalescer(pins.defer, 1.0, clock)
+    job = pins.admit(pid=100, start_ticks=5100, uid=1000, name=None, gpu_id="0", features=ENCODER)
+    pins.decide(job)
+    pins.set_freq(job, 612_000_000, "tune: probing")  # the first move in the window: at once
+    pins.set_freq(job, 918_000_000, "tune: probing")  # within it: waits
+    pins.set_freq(job, 306_000_000, "tune: probing")  # replaces the one waiting
+    assert gpu.writes == [714_000_000, 612_000_000] and pins.repin_pending("0")
+    clock.now += 1.0
+    while timers:
+        timers.pop(0)()
+    assert gpu.writes[-1] == 306_000_000 and not pins.repin_pending("0")

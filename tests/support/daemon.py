@@ -12,6 +12,7 @@ from governor.sim.launch import (  # noqa: F401  (re-exported for the tests)
     NotifyListener,
     Rpc,
     limits,
+    scaled,
 )
 from tests.support import REPO  # noqa: F401
 
