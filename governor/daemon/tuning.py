@@ -197,7 +197,8 @@ class JobTuner:
             return
         if self._pin_waited:
             self._pin_waited = False
-            self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps)
+            self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
+                                                rule=self._baseline_window.rule)
         try:
             m = self._baseline_window.feed(job.steps, energy_j, time.monotonic(), job.phase or "train")
         except FtgovError as e:

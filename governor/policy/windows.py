@@ -275,7 +275,7 @@ class TuningSession:
     def repinned(self, steps: int) -> None:
         """The job reached the open window's level only now, at ``steps`` (its pin waited): the window starts over
         from here, warm-up first, as after any change of clock."""
-        self._window = ProbeWindow(self._window.level_hz, steps, self.warmup_steps, self.window_steps)
+        self._window = self._new_window(self._window.level_hz, steps, self.warmup_steps)
 
     def on_progress(self, steps: int, energy_j: float, time_s: float, phase: str = "train") -> Measurement | None:
         if self.tuner.converged:

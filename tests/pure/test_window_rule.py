@@ -119,3 +119,18 @@ def test_a_session_with_a_rule_converges_and_prices_windows_by_the_steps_they_to
             break
     assert session.converged and windows
     assert tuner.probe_steps > 40  # priced from the windows' own steps (about 2 s of 25 ms steps), not 4 + 1
+
+
+def test_a_window_started_over_after_a_delayed_pin_keeps_the_rule():
+    """A probe's pin may wait for the GPU's re-pin interval; the window then starts over where the pin lands. It
+    must still be sized by the rule, not fall back to the fixed 4 steps (a 0.12 s window was seen in the daemon)."""
+    rule = WindowRule(min_s=0.4, max_s=0.8, min_updates=1)
+    session = TuningSession(OnlineTuner([510_000_000, 612_000_000, 714_000_000], 612_000_000), 0, 1, rule=rule)
+    session.repinned(10)
+    energy_j, closed = 0.0, None
+    for step in range(11, 60):
+        energy_j += 1.0
+        closed = session.on_progress(step, energy_j, step * 0.03)
+        if closed is not None:
+            break
+    assert closed is not None and closed.measured_steps * 0.03 >= 0.4 - 1e-9, closed
