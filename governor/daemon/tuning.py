@@ -23,6 +23,7 @@ import time
 
 from governor.config import TunerConfig
 from governor.daemon.jobs import mhz
+from governor.daemon.observing import JobObserver
 from governor.daemon.recorder import window_util_pct
 from governor.daemon.starts import TuneStarts, gpu_key, read_on
 from governor.errors import FtgovError
@@ -347,6 +348,15 @@ class TunerAttach:
 
 
 def attach(cfg: TunerConfig, gov, job, starts: TuneStarts | None = None) -> None:
+    if job.decision is not None and job.decision.policy is PolicyName.OBSERVE:
+        # Observe moves no clock, but measures what tune would (governor.daemon.observing).
+        if not isinstance(job.tuner, JobObserver):
+            try:
+                job.tuner = JobObserver(gov, job, cfg)
+            except FtgovError as e:
+                job.tuner = None
+                log.info("%s: no observe windows: %s", job.label(), e, extra=job.fields())
+        return
     prev = job.tuner if isinstance(job.tuner, JobTuner) else None
     job.tuner = None
     if job.decision is None or job.decision.policy is not PolicyName.TUNE:

@@ -1,0 +1,153 @@
+"""What `tune` would measure on a real GPU, read only: ftgovd in the observe policy runs the tuner's windows on Hugging
+Face Trainer jobs at the clock they already have, and this script summarizes them.
+
+    python -m scripts.observe_windows --out OUT [--steps 400] [--sizes base large]
+
+For each model size, a BERT masked-LM built from a config (random weights, synthetic tokens) trains under the HF
+Trainer with governor.hf.GovernorCallback, one job after another, against one ftgovd (NVML backend, policy observe,
+tuner.window_rule time, a private socket and state dir). The daemon closes windows by its own rule (governor.policy.
+windows.WindowRule on the GPU's 100 ms energy counter) and logs each; the summary gives, per job, the windows' length
+in steps and seconds and the spread of successive windows (governor.daemon.observing.successive_spread). Nothing is
+written to the GPU: observe pins nothing, and the power limit and clocks' event reasons are read before and after.
+Writes summary.md, windows.csv, run.json and ftgovd.log under OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from governor.daemon.observing import successive_spread
+from governor.sim.launch import Daemon
+
+SIZES = {"small": (6, 512, 8), "base": (12, 768, 12), "large": (24, 1024, 16)}  # layers, hidden, heads
+WINDOW_LINE = re.compile(r"job (\d+) '([^']*)' .*observe window (\d+): ([0-9.]+) J/step, ([0-9.]+) s/step over "
+                         r"(\d+) steps in ([0-9.]+) s")
+
+
+def gpu_readings() -> dict:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return {"power_limit_mw": pynvml.nvmlDeviceGetPowerManagementLimit(h),
+                "clocks_event_reasons": pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
+                "name": pynvml.nvmlDeviceGetName(h)}
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def train(size: str, steps: int, socket: str, device: str) -> float:
+    import torch
+    from transformers import BertConfig, BertForMaskedLM, Trainer, TrainingArguments
+
+    from governor.hf import GovernorCallback
+
+    layers, hidden, heads = SIZES[size]
+
+    class Tokens(torch.utils.data.Dataset):
+        def __len__(self):
+            return 32 * steps
+
+        def __getitem__(self, i):
+            g = torch.Generator().manual_seed(i)
+            ids = torch.randint(0, 30000, (128,), generator=g)
+            return {"input_ids": ids, "labels": ids, "attention_mask": torch.ones(128, dtype=torch.long)}
+
+    torch.manual_seed(0)
+    model = BertForMaskedLM(BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                                       intermediate_size=4 * hidden))
+    args = TrainingArguments(output_dir=f"/tmp/observe-windows-{size}", max_steps=steps, report_to=[],
+                             per_device_train_batch_size=32, save_strategy="no", logging_steps=100,
+                             dataloader_num_workers=2, use_cpu=device == "cpu", bf16=device != "cpu")
+    start = time.monotonic()
+    Trainer(model=model, args=args, train_dataset=Tokens(),
+            callbacks=[GovernorCallback(name=f"bert-{size}", socket=socket, seq_len=128)]).train()
+    return time.monotonic() - start
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    out = []
+    for name in dict.fromkeys(r["job"] for r in rows):
+        ws = [r for r in rows if r["job"] == name]
+        first_dropped = ws[1:] if len(ws) > 2 else ws  # the first window still carries the loop's warm-up
+        j = [r["j_per_step"] for r in first_dropped]
+        spread = successive_spread(j)
+        out.append({"job": name, "windows": len(ws),
+                    "steps_median": statistics.median(r["steps"] for r in first_dropped),
+                    "seconds_median": statistics.median(r["seconds"] for r in first_dropped),
+                    "j_per_step_mean": statistics.fmean(j), "s_per_step_mean": statistics.fmean(
+                        r["s_per_step"] for r in first_dropped),
+                    "spread_pct": None if spread is None else 100 * spread})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--sizes", nargs="+", choices=sorted(SIZES), default=["base", "large"])
+    p.add_argument("--device", default="cuda", help="cpu for a dry run against the fake NVML")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    before = gpu_readings()
+    # An empty sysfs root: with the NVML backend the daemon reads the GPU through NVML alone, never /sys. The
+    # caller's PYTHONPATH goes on to it (carried dependencies; a pynvml stand-in for a dry run).
+    here = str(Path(__file__).resolve().parents[1])
+    daemon = Daemon(Path(tempfile.mkdtemp(prefix="ftgov-observe-")),
+                    config={"backend": "nvml", "policy": "observe", "restore_on_stop": False,
+                            "tuner": {"window_rule": "time"}},
+                    env={"PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)},
+                    log_path=args.out / "ftgovd.log", log_level="info")
+    daemon.start(timeout_s=60)
+    try:
+        status = daemon.client().call("status")
+        if status["policy"] != "observe" or any(g.get("pinned_hz") for g in status["gpus"]):
+            raise SystemExit(f"refusing to train: the daemon is not observing read-only: {status}")
+        seconds = {size: train(size, args.steps, daemon.socket, args.device) for size in args.sizes}
+    finally:
+        daemon.stop()
+    after = gpu_readings()
+    rows = [{"job": m[2], "window": int(m[3]), "j_per_step": float(m[4]), "s_per_step": float(m[5]),
+             "steps": int(m[6]), "seconds": float(m[7])}
+            for m in WINDOW_LINE.finditer((args.out / "ftgovd.log").read_text())]
+    with open(args.out / "windows.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["job", "window", "j_per_step", "s_per_step", "steps", "seconds"])
+        w.writeheader()
+        w.writerows(rows)
+    table = summarize(rows)
+    lines = [f"# Observe-mode windows on {before['name']} (read only)", "",
+             f"HF Trainer, BERT masked LM built from a config (random weights, synthetic tokens, batch 32 x 128), "
+             f"{args.steps} steps per job, bf16; ftgovd with the NVML backend, policy observe, tuner.window_rule "
+             "time (WindowRule's defaults). The first window of each job (the loop's warm-up) is left out of the "
+             "medians and the spread. One run per size.", "",
+             "| job | windows | window, median steps | window, median s | J/step | s/step | spread of successive "
+             "windows |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in table:
+        spread = "-" if r["spread_pct"] is None else f"{r['spread_pct']:.1f}%"
+        lines.append(f"| {r['job']} | {r['windows']} | {r['steps_median']:g} | {r['seconds_median']:.2f} | "
+                     f"{r['j_per_step_mean']:.3f} | {r['s_per_step_mean']:.4f} | {spread} |")
+    same = before["power_limit_mw"] == after["power_limit_mw"]
+    lines += ["", f"Read-only check: power limit {before['power_limit_mw']} mW before, {after['power_limit_mw']} mW "
+              f"after ({'unchanged' if same else 'CHANGED'}); clock event reasons {before['clocks_event_reasons']:#x} "
+              f"before, {after['clocks_event_reasons']:#x} after. Training took "
+              + ", ".join(f"{s:.0f} s ({size})" for size, s in seconds.items()) + "."]
+    (args.out / "summary.md").write_text("\n".join(lines) + "\n")
+    (args.out / "run.json").write_text(json.dumps({"before": before, "after": after, "summary": table,
+                                                   "train_s": seconds, "steps": args.steps}, indent=2,
+                                                  default=str) + "\n")
+    print("\n".join(lines))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
