@@ -4,7 +4,7 @@ searched; the windows behind them are the tuner's own (shared ``_Estimate`` obje
 search is known to the next, and the budget counts every window of the job.
 
 1. Measure the start. With ``max_slowdown`` set, measure the top level once (the reference for the slowdown), and if
-   the start is too slow, restart at the lowest feasible level (step time per level: see ``_seconds``).
+   the start is too slow, restart at the lowest feasible level (step time per level: see ``Estimates.seconds``).
 2. Descend: while a side of the incumbent has nothing measured on it, measure that side. The stride is twice the
    distance the walk came from the other side, so a minimum half a table away costs a few windows (1, 2, 4...
    levels), never more than half the way to the end of the table (an end is often the costliest level: it is
@@ -40,7 +40,7 @@ of them, a 100-step job 3. Descending to cheaper levels and re-measuring the inc
 max_slowdown: what may be chosen is decided by each level's own windows, never by a fit: a measured level is
 feasible when its mean step time over the top's is within ``1 + max_slowdown`` by FEASIBLE_Z standard deviations of
 that ratio (``noise_rel`` and both levels' windows). A cheaper level over the limit only within noise is measured
-again, with the top, up to MAX_CONFIRM_WINDOWS each. The step-time fit (``_seconds``) only says where to explore, and
+again, with the top, up to MAX_CONFIRM_WINDOWS each. The step-time fit (``seconds``) only says where to explore, and
 the walk down goes one level past the lowest measured feasible level whatever the fit says (measured step times bend
 and are not always monotone in the clock). If the times are noisy like the energies, a level whose true ratio is
 over the limit is chosen with probability at most about 16% (one-sided 1 s.d.) and only when it reads under it; one
@@ -56,13 +56,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from governor.policy.estimates import Estimates
+from governor.policy.estimates import Estimates, TunerSettings
 from governor.units import mhz
-
-if TYPE_CHECKING:
-    from governor.policy.tuner import OnlineTuner
 
 # Contenders confirmed besides the incumbent: the closest one in noise units. Confirming every level within noise of a
 # flat bottom costs windows and buys nothing: such levels are equal to within the noise, whichever is picked.
@@ -93,52 +89,40 @@ class _Plan:
     share: float = 1.0  # the part of the budget left that this one window may spend
 
 
-def _knob(name: str) -> property:
-    return property(lambda self: getattr(self._tuner, name), doc=f"the tuner's {name}")
+class Search:
+    """The search over ``levels``, indices into the tuner's table, from ``est.start``: the next level to measure
+    (``plan``), re-planned after every window (``replan``), and the position chosen once done (``choice``).
+    ``est`` is the view of ``levels`` (``Estimates.subset``), positions here index it; ``span`` is the
+    contiguous range of the table the search stands for: ``levels`` itself, or the range it is a grid of. ``probes``
+    is how many windows the job has had (every search's): the safety cap ``settings.max_probes`` counts them all."""
 
-
-class Search(Estimates):
-    """The search over ``levels``, indices into the tuner's table, from ``start`` (one of them): the next level to
-    measure (``plan``), re-planned after every window (``replan``), and the position chosen once done (``choice``).
-    ``span`` is the contiguous range of the table it stands for: ``levels`` itself, or the range it is a grid of."""
-
-    max_slowdown = _knob("max_slowdown")
-    noise_rel = _knob("noise_rel")
-    z_confirm = _knob("z_confirm")
-    explore_budget_frac = _knob("explore_budget_frac")
-    total_steps = _knob("total_steps")
-    probe_steps = _knob("probe_steps")
-    confirm_windows = _knob("confirm_windows")
-    explore_spent_j = _knob("explore_spent_j")  # the budget counts every window of the job, in any search
-
-    def __init__(self, tuner: OnlineTuner, levels: list[int], start: int, span: list[int]):
-        self._tuner = tuner
+    def __init__(self, settings: TunerSettings, estimates: Estimates, levels: list[int], span: list[int],
+                 probes: int):
+        self.settings = settings
+        self.est = estimates
         self.span = tuple(span)
         self.levels = tuple(levels)
-        self.levels_hz = tuple(tuner.levels_hz[i] for i in self.levels)
-        self._est = [tuner._est[i] for i in self.levels]
-        self._start = self.levels.index(start)
         self._far_looks: set[int] = set()  # positions measured as a look past a wall: each side gets one
         self.choice: int | None = None
-        self.plan = self._replan()
+        self.plan = self._replan(probes)
 
-    def replan(self) -> None:
+    def replan(self, probes: int) -> None:
         """After a window (or a change of the job's length): plan the next one, or choose."""
         if self.choice is None:
-            self.plan = self._replan()
+            self.plan = self._replan(probes)
 
     @property
     def chosen(self) -> int | None:
         """The chosen level as an index of the tuner's table; None while searching."""
         return None if self.choice is None else self.levels[self.choice]
 
-    def _replan(self) -> _Plan:
-        log_j = self._log_energy()
-        best = self._incumbent(log_j)
+    def _replan(self, probes: int) -> _Plan:
+        log_j = self.est.log_energy()
+        best = self.est.incumbent(log_j)
         skipped = None
-        if self._tuner.probes < self._tuner.max_probes:
+        if probes < self.settings.max_probes:
             for plan in self._candidates(log_j, best):
-                if plan.index is None or plan.free or self._affordable(plan.index, log_j, best, plan.share):
+                if plan.index is None or plan.free or self.est.affordable(plan.index, log_j, best, plan.share):
                     if plan.index is not None:
                         if plan.phase == "far":
                             self._far_looks.add(plan.index)
@@ -150,33 +134,34 @@ class Search(Estimates):
                 reason = "search complete"
             if skipped is not None:
                 reason = (f"{reason}; not affordable within the exploration budget: {skipped.phase} "
-                          f"{self.levels_hz[skipped.index]} Hz")
+                          f"{self.est.levels_hz[skipped.index]} Hz")
         else:
-            reason = f"safety cap of {self._tuner.max_probes} windows reached"
+            reason = f"safety cap of {self.settings.max_probes} windows reached"
+        start = self.est.start
         if best is None:  # only infeasible levels measured and no window left: keep the start
-            best, reason = self._start, reason + "; nothing feasible measured: keeping the start"
-        elif (best != self._start and self._start in log_j and self._feasible(self._start, self._seconds())
-              and self._z(self._start, best, log_j) < START_MARGIN_Z):
+            best, reason = start, reason + "; nothing feasible measured: keeping the start"
+        elif (best != start and start in log_j and self.est.feasible(start, self.est.seconds())
+              and self.est.z(start, best, log_j) < START_MARGIN_Z):
             # The least of many noisy levels reads low: a level replaces the start, what the job runs untuned, only
             # when it is lower by more than START_MARGIN_Z standard deviations of the difference.
             reason += f"; {self._mhz(best)} is not clearly lower than the start: keeping the start"
-            best = self._start
+            best = start
         self.choice = best
         return _Plan("done", None, reason)
 
     def _candidates(self, log_j: dict[int, float], best: int | None) -> Iterator[_Plan]:
         """What to measure next, most useful first; the first affordable one is taken (a plan with index None ends
         the search). Re-planned from all windows after each one, so any measurement can move the incumbent."""
-        top = len(self.levels_hz) - 1
-        if not self._est[self._start].n:
-            yield _Plan("start", self._start, "measure the start level", free=True)
+        top = len(self.est.levels_hz) - 1
+        if not self.est.windows(self.est.start):
+            yield _Plan("start", self.est.start, "measure the start level", free=True)
             return
-        if self.max_slowdown is not None and not self._est[top].n:
+        if self.settings.max_slowdown is not None and not self.est.windows(top):
             yield _Plan("fastest", top, "measure the fastest level: the reference for max_slowdown", free=True)
             return
-        fit = self._seconds()
-        lo = self._lowest_feasible(fit)
-        if not self._feasible(self._start, fit, slack=self.noise_rel) and not self._est[lo].n:
+        fit = self.est.seconds()
+        lo = self.est.lowest_feasible(fit)
+        if not self.est.feasible(self.est.start, fit, slack=self.settings.noise_rel) and not self.est.windows(lo):
             yield _Plan("anchor", lo, "the start is slower than max_slowdown allows: restart at the lowest feasible "
                                       "level", free=True)
             return
@@ -184,11 +169,11 @@ class Search(Estimates):
             yield _Plan("done", None, "no feasible level measured")
             return
         lowest = self._explorable_low(lo, fit)
-        if self._est[best].n == 1:
+        if self.est.windows(best) == 1:
             # One window clearly below the measured levels on both sides is as likely an outlier as a sharp dip, and
             # every wall and look past it would be judged against it: measure it again before walking from it.
             near = [self._side(best, d, lowest, top) for d in (-1, 1)]
-            if all(side and self._z(side[0], best, log_j) >= self.z_confirm for side in near):
+            if all(side and self.est.z(side[0], best, log_j) >= self.settings.z_confirm for side in near):
                 yield _Plan("confirm", best, f"{self._mhz(best)} reads clearly below its measured neighbours on one "
                                              "window: measure it again before walking from it")
         yield from self._local(best, lowest, top, log_j)
@@ -217,8 +202,8 @@ class Search(Estimates):
         # 4. Valleys: a measured level lower than its measured neighbours and not clearly worse than the incumbent
         # (a second dip found past a hump) is walked like the incumbent, so its own minimum is found.
         valleys = sorted((log_j[v], v) for v in log_j
-                         if v != best and lowest <= v <= top and self._feasible(v, fit)
-                         and self._z(v, best, log_j) < self.z_confirm
+                         if v != best and lowest <= v <= top and self.est.feasible(v, fit)
+                         and self.est.z(v, best, log_j) < self.settings.z_confirm
                          and all(log_j[s[0]] > log_j[v] for s in (self._side(v, -1, lowest, top),
                                                                    self._side(v, 1, lowest, top)) if s))
         for _, v in valleys:
@@ -226,27 +211,27 @@ class Search(Estimates):
 
         # 5. Confirm: levels within noise of the incumbent are measured again, the fewer-measured of each pair
         # first, until they differ clearly or both have confirm_windows windows.
-        if self.max_slowdown is not None:
+        if self.settings.max_slowdown is not None:
             # A cheaper level that is too slow only within noise: its time and the top's are measured again (the
             # fewer-measured first) until it is feasible or clearly not, or both have MAX_CONFIRM_WINDOWS.
-            for v in sorted((v for v in log_j if log_j[v] < log_j[best] and not self._feasible(v, fit)
-                             and self._feasible(v, fit, slack=self.noise_rel)), key=log_j.get):
-                if min(self._est[v].n, self._est[top].n) >= MAX_CONFIRM_WINDOWS:
+            for v in sorted((v for v in log_j if log_j[v] < log_j[best] and not self.est.feasible(v, fit)
+                             and self.est.feasible(v, fit, slack=self.settings.noise_rel)), key=log_j.get):
+                if min(self.est.windows(v), self.est.windows(top)) >= MAX_CONFIRM_WINDOWS:
                     continue
-                again = v if self._est[v].n <= self._est[top].n else top
+                again = v if self.est.windows(v) <= self.est.windows(top) else top
                 yield _Plan("confirm", again, f"{self._mhz(v)} is cheaper and within noise of the slowdown limit: "
                                               "measure again")
-        contenders = sorted((self._z(i, best, log_j), i) for i in log_j
-                            if i != best and lowest <= i <= top and self._feasible(i, fit))
+        contenders = sorted((self.est.z(i, best, log_j), i) for i in log_j
+                            if i != best and lowest <= i <= top and self.est.feasible(i, fit))
         # The start is always among them while it is within noise: it is what the job would run without tuning,
         # and a level that beats it on few windows may only be lucky (the least of many noisy levels reads low).
         confirm = contenders[:CONFIRM_CONTENDERS]
-        if self._start in log_j and self._start != best and self._feasible(self._start, fit):
-            confirm.append((self._z(self._start, best, log_j), self._start))
+        if self.est.start in log_j and self.est.start != best and self.est.feasible(self.est.start, fit):
+            confirm.append((self.est.z(self.est.start, best, log_j), self.est.start))
         for z, i in confirm:
-            if z >= self.z_confirm or self._told_apart(i, best, log_j):
+            if z >= self.settings.z_confirm or self._told_apart(i, best, log_j):
                 continue
-            again = i if self._est[i].n < self._est[best].n else best
+            again = i if self.est.windows(i) < self.est.windows(best) else best
             yield _Plan("confirm", again, f"{self._mhz(i)} is within noise of {self._mhz(best)}: measure again")
         yield _Plan("done", None, "every side closed and every contender told apart")
 
@@ -254,12 +239,13 @@ class Search(Estimates):
         """Whether two levels within noise need no more windows: both have confirm_windows, and choosing the lower
         could cost at most CONFIRM_TOL_NOISE x noise_rel at z_confirm standard deviations (a fixed window count
         leaves a tie at 3 windows each 2.4% apart in s.d., and one such tie in a few hundred picks a level 6-9% off)."""
-        n = min(self._est[i].n, self._est[best].n)
-        if n < self.confirm_windows:
+        n = min(self.est.windows(i), self.est.windows(best))
+        if n < self.settings.confirm_windows:
             return False
-        sd = self._sd_diff(i, best)
+        sd = self.est.sd_diff(i, best)
         return (n >= MAX_CONFIRM_WINDOWS
-                or self.z_confirm * sd - abs(log_j[i] - log_j[best]) <= CONFIRM_TOL_NOISE * self.noise_rel)
+                or self.settings.z_confirm * sd - abs(log_j[i] - log_j[best])
+                <= CONFIRM_TOL_NOISE * self.settings.noise_rel)
 
     def _explorable_low(self, lo: int, fit: list[float] | None) -> int:
         """The lowest level worth measuring under max_slowdown. Below the lowest feasible level ``lo``: levels
@@ -267,18 +253,18 @@ class Search(Estimates):
         may be feasible, or if the level above it is measured feasible: a fit of measured step times does not know
         the levels below them (real step times bend, even rise with the clock), so the walk down ends only at a
         measured level that is too slow."""
-        if self.max_slowdown is None:
+        if self.settings.max_slowdown is None:
             return lo
         lowest = lo
         while lowest > 0:
             below = lowest - 1
-            if self._est[below].n:
-                if not self._feasible(below, fit, slack=self.noise_rel):
+            if self.est.windows(below):
+                if not self.est.feasible(below, fit, slack=self.settings.noise_rel):
                     break
                 lowest = below
                 continue
-            if self._feasible(below, fit, slack=self.noise_rel) or fit is None or (
-                    self._est[lowest].n and self._feasible(lowest, fit, slack=self.noise_rel)):
+            if self.est.feasible(below, fit, slack=self.settings.noise_rel) or fit is None or (
+                    self.est.windows(lowest) and self.est.feasible(lowest, fit, slack=self.settings.noise_rel)):
                 lowest = below
             break
         return lowest
@@ -311,11 +297,11 @@ class Search(Estimates):
     def _side(self, best: int, d: int, lowest: int, top: int) -> list[int]:
         """Measured levels on side d of the incumbent, within the explorable range, nearest first."""
         stop = lowest - 1 if d < 0 else top + 1
-        return [i for i in range(best + d, stop, d) if self._est[i].n]
+        return [i for i in range(best + d, stop, d) if self.est.windows(i)]
 
     def _next_unmeasured(self, best: int, d: int, lowest: int, top: int) -> int | None:
         stop = lowest - 1 if d < 0 else top + 1
-        return next((i for i in range(best + d, stop, d) if not self._est[i].n), None)
+        return next((i for i in range(best + d, stop, d) if not self.est.windows(i)), None)
 
     def _wall(self, best: int, d: int, nxt: int, log_j: dict[int, float]) -> bool:
         """Whether the measured run from the incumbent to just before ``nxt`` climbs like a U's wall: two levels or
@@ -326,7 +312,7 @@ class Search(Estimates):
             return False
         outer = run[-1]
         return (log_j[outer] >= max(log_j[i] for i in run)
-                and self._z(outer, best, log_j) >= WALL_Z * self.z_confirm)
+                and self.est.z(outer, best, log_j) >= WALL_Z * self.settings.z_confirm)
 
     def _mhz(self, i: int) -> str:
-        return mhz(self.levels_hz[i])
+        return mhz(self.est.levels_hz[i])
