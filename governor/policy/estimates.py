@@ -106,7 +106,7 @@ class Estimates:
     def incumbent(self, log_j: dict[int, float]) -> int | None:
         """The measured feasible level with the least estimated energy per step."""
         fit = self.seconds()
-        return min((i for i in log_j if self.feasible(i, fit)), key=log_j.get, default=None)
+        return min((i for i in log_j if self.feasible(i, fit)), key=log_j.__getitem__, default=None)
 
     def z(self, a: int, b: int, log_j: dict[int, float]) -> float:
         """(log E_a - log E_b) in standard deviations of that difference, from the windows behind each (each with
@@ -233,4 +233,4 @@ def _weighted_quadratic(points: list[tuple[float, float, int]]) -> tuple[float, 
             if r != col:
                 f = m[r][col] / m[col][col]
                 m[r] = [a - f * b for a, b in zip(m[r], m[col], strict=False)]
-    return tuple(m[r][3] / m[r][r] for r in range(3))
+    return m[0][3] / m[0][0], m[1][3] / m[1][1], m[2][3] / m[2][2]

@@ -201,23 +201,24 @@ class Search:
     def _replan(self, probes: int) -> _Plan:
         log_j = self.est.log_energy()
         best = self.est.incumbent(log_j)
-        skipped = None
+        skipped: tuple[str, int] | None = None  # the first plan not affordable: its phase and level
         if probes < self.settings.max_probes:
             for stage, plan in self._candidates(log_j, best):
-                if plan.index is None or plan.free or self.est.affordable(plan.index, log_j, best, plan.share):
-                    self.stage = stage
-                    if plan.index is not None:
-                        if plan.phase == "far":
-                            self._far_looks.add(plan.index)
-                        return plan
-                    reason = plan.reason
+                if plan.index is None:
+                    self.stage, reason = stage, plan.reason
                     break
-                skipped = skipped or plan
+                # A window that is not free is priced against the incumbent: only stages after NO_FEASIBLE plan one.
+                if plan.free or (best is not None and self.est.affordable(plan.index, log_j, best, plan.share)):
+                    self.stage = stage
+                    if plan.phase == "far":
+                        self._far_looks.add(plan.index)
+                    return plan
+                skipped = skipped or (plan.phase, plan.index)
             else:
                 self.stage, reason = Stage.DONE, "search complete"
             if skipped is not None:
-                reason = (f"{reason}; not affordable within the exploration budget: {skipped.phase} "
-                          f"{self.est.levels_hz[skipped.index]} Hz")
+                reason = (f"{reason}; not affordable within the exploration budget: {skipped[0]} "
+                          f"{self.est.levels_hz[skipped[1]]} Hz")
         else:
             self.stage, reason = Stage.DONE, f"safety cap of {self.settings.max_probes} windows reached"
         start = self.est.start

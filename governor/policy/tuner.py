@@ -166,7 +166,9 @@ class OnlineTuner:
         """The level to measure next; the chosen level once converged."""
         if self._final is not None:
             return self.levels_hz[self._final]
-        return self.levels_hz[self._search.levels[self._search.plan.index]]
+        index = self._search.plan.index
+        assert index is not None, "a search that has chosen is followed by another, or by _final (_settle)"
+        return self.levels_hz[self._search.levels[index]]
 
     def observe(self, level_hz: int, joules_per_step: float, seconds_per_step: float, *,
                 noise_rel: float | None = None) -> None:
