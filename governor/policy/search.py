@@ -179,7 +179,7 @@ class Search:
         self.levels = tuple(levels)
         self._far_looks: set[int] = set()  # positions measured as a look past a wall: each side gets one
         self.choice: int | None = None
-        self.stage = Stage.START  # the stage of the plan taken last (DONE once chosen)
+        self.stage = Stage.START  # the stage of the plan taken last; once chosen, DONE or NO_FEASIBLE
         self._stages: dict[Stage, Callable[[_Now], Iterator[_Plan]]] = {
             Stage.START: self._measure_start, Stage.FASTEST: self._measure_fastest, Stage.ANCHOR: self._anchor,
             Stage.NO_FEASIBLE: self._no_feasible, Stage.LONE_DIP: self._lone_dip,
