@@ -1,7 +1,7 @@
 # ftgov. The two commands of the README:
 #   make demo      set up a virtual environment and run the demo on a simulated Jetson AGX Orin
 #   make test      set up, then run every test (pytest, then the systemd suite in a booted container when root)
-# Also: make lint (ruff; make test runs it first), make bench (daemon, client and tuner figures), make model (retrain
+# Also: make lint (ruff and mypy; make test runs it first), make bench (daemon, client and tuner figures), make model (retrain
 # the MLG tree: the pipeline's stages, each file from the files it is computed from), make evaluate (policies on the
 # held-out workloads, with plots), make stress (fault-injection and load figures), make learn (the measurement store
 # teaching the tree on a simulated board). bench, evaluate, stress and learn each write their sections of
@@ -81,9 +81,11 @@ demo: $(DEV_VENV)/.base
 # Lint first: a finding fails the run before the slow suites start.
 test: lint test-unit test-systemd
 
-# ruff comes with the [test] extra; its rules are pyproject.toml's [tool.ruff].
+# ruff and mypy come with the [test] extra; their settings are pyproject.toml's [tool.ruff] and [tool.mypy] (which
+# packages mypy checks: its `files`).
 lint: $(DEV_VENV)/.test
 	$(VPY) -m ruff check .
+	$(VPY) -m mypy
 
 test-unit: $(DEV_VENV)/.test
 	$(VPY) -m pytest

@@ -63,7 +63,7 @@ class Policy:
         self.fallback_reason = fallback_reason
 
     @classmethod
-    def from_config(cls, name: PolicyName | str, ffg_freq_hz: int, model_file: str | Path | None) -> Policy:
+    def from_config(cls, name: PolicyName | str, ffg_freq_hz: int, model_file: str | Path) -> Policy:
         name = PolicyName(name)
         if name is PolicyName.FFG:
             return cls(name, ffg_freq_hz, None)

@@ -10,7 +10,7 @@ from governor.errors import ModelError
 from governor.policy.tree import read_model_bytes
 
 
-def read_ffg_hz(path: str | os.PathLike) -> int:
+def read_ffg_hz(path: str | os.PathLike[str]) -> int:
     """``freq_hz`` of an ffg.json: a positive integer in Hz. ModelError naming the file and the fault otherwise."""
     try:
         doc = json.loads(read_model_bytes(path))

@@ -123,7 +123,7 @@ class DecisionTree:
 MAX_MODEL_BYTES = 4 * 1024 * 1024
 
 
-def read_model_bytes(path: str | Path) -> bytes:
+def read_model_bytes(path: str | os.PathLike[str]) -> bytes:
     """A model file's bytes (the tree, ffg.json): a regular file of at most MAX_MODEL_BYTES, else OSError."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO must not block the open
     try:
@@ -157,11 +157,14 @@ def _parse_node(i: int, node, count: int) -> Split | Leaf:
         raise ModelError(f"node {i}: unknown feature {feature!r}")
     if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not math.isfinite(threshold):
         raise ModelError(f"node {i}: threshold must be a finite number, got {threshold!r}")
-    left, right = node.get("left"), node.get("right")
-    for name, child in (("left", left), ("right", right)):
-        if not isinstance(child, int) or isinstance(child, bool) or not 0 < child < count:
-            raise ModelError(f"node {i}: {name} must be a node index in 1..{count - 1}, got {child!r}")
-    return Split(feature, float(threshold), left, right)
+    return Split(feature, float(threshold), _child(i, node, "left", count), _child(i, node, "right", count))
+
+
+def _child(i: int, node: dict, name: str, count: int) -> int:
+    child = node.get(name)
+    if not isinstance(child, int) or isinstance(child, bool) or not 0 < child < count:
+        raise ModelError(f"node {i}: {name} must be a node index in 1..{count - 1}, got {child!r}")
+    return child
 
 
 def _check_is_tree(nodes: list[Split | Leaf]) -> None:
@@ -171,7 +174,8 @@ def _check_is_tree(nodes: list[Split | Leaf]) -> None:
         if i in seen:
             raise ModelError(f"node {i} is reached twice: not a tree")
         seen.add(i)
-        if isinstance(nodes[i], Split):
-            stack += [nodes[i].left, nodes[i].right]
+        node = nodes[i]
+        if isinstance(node, Split):
+            stack += [node.left, node.right]
     if len(seen) != len(nodes):
         raise ModelError(f"nodes {sorted(set(range(len(nodes))) - seen)} are unreachable")

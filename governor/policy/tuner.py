@@ -26,7 +26,7 @@ import math
 import numbers
 from collections.abc import Iterable
 
-from governor.policy.estimates import ASSUMED_TOTAL_STEPS, FEASIBLE_Z, Estimates, _Estimate
+from governor.policy.estimates import ASSUMED_TOTAL_STEPS, FEASIBLE_Z, Estimates, TunerSettings
 from governor.policy.search import MAX_CONFIRM_WINDOWS, Search
 from governor.policy.windows import (
     DEFAULT_WARMUP_STEPS,
@@ -65,8 +65,11 @@ GRID_LEVELS = 15
 REFINE_NOISE = 2.0
 
 
+def _setting(name: str) -> property:
+    return property(lambda self: getattr(self.settings, name), doc=f"the setting {name} (TunerSettings)")
 
-class OnlineTuner(Estimates):
+
+class OnlineTuner:
     """Finds the level with the least energy per step from one measurement window at a time.
 
     Call ``next_level_hz()`` for the level to run the next window at, run it, then ``observe(level_hz, joules_per_step,
@@ -97,24 +100,37 @@ class OnlineTuner(Estimates):
         if isinstance(start_hz, bool) or start_hz not in self.levels_hz:
             raise TuningError(f"start_hz {start_hz!r} is not one of the levels {list(self.levels_hz)}")
         self.start_hz = int(start_hz)
-        self.max_slowdown = None if max_slowdown is None else _positive(max_slowdown, "max_slowdown")
-        self.noise_rel = _positive(noise_rel, "noise_rel")
+        self.settings = TunerSettings(
+            max_slowdown=None if max_slowdown is None else _positive(max_slowdown, "max_slowdown"),
+            noise_rel=_positive(noise_rel, "noise_rel"),
+            z_confirm=_positive(z_confirm, "z_confirm"),
+            explore_budget_frac=_positive(explore_budget_frac, "explore_budget_frac"),
+            total_steps=None if total_steps is None else _count(total_steps, "total_steps", 1),
+            probe_steps=_count(probe_steps, "probe_steps", 1),
+            confirm_windows=_count(confirm_windows, "confirm_windows", 1),
+            max_probes=_count(max_probes, "max_probes", 1))
         self.noise_floor_rel = self.noise_rel if noise_floor_rel is None else _positive(noise_floor_rel,
                                                                                        "noise_floor_rel")
-        self.max_probes = _count(max_probes, "max_probes", 1)
-        self.z_confirm = _positive(z_confirm, "z_confirm")
-        self.explore_budget_frac = _positive(explore_budget_frac, "explore_budget_frac")
-        self.total_steps = None if total_steps is None else _count(total_steps, "total_steps", 1)
-        self.probe_steps = _count(probe_steps, "probe_steps", 1)
-        self.confirm_windows = _count(confirm_windows, "confirm_windows", 1)
-        self._start = self.levels_hz.index(start_hz)
-        self._est = [_Estimate() for _ in self.levels_hz]
-        self.explore_spent_j = 0.0  # what the windows so far cost the exploration (Estimates._window_cost_j)
+        self.estimates = Estimates(self.levels_hz, self.levels_hz.index(start_hz), self.settings)
         self._probes = 0
         self._final: int | None = None
         self._stage = 1
-        self._search = self._new_search(list(range(len(self.levels_hz))), self._start)
+        self._search = self._new_search(list(range(len(self.levels_hz))), self.estimates.start)
         self._settle()
+
+    max_slowdown = _setting("max_slowdown")
+    noise_rel = _setting("noise_rel")
+    z_confirm = _setting("z_confirm")
+    explore_budget_frac = _setting("explore_budget_frac")
+    total_steps = _setting("total_steps")
+    probe_steps = _setting("probe_steps")
+    confirm_windows = _setting("confirm_windows")
+    max_probes = _setting("max_probes")
+
+    @property
+    def explore_spent_j(self) -> float:
+        """What the windows so far cost the exploration (joules; Estimates._window_cost_j)."""
+        return self.estimates.explore_spent_j
 
     # --- the interface -------------------------------------------------------------------------------------------
 
@@ -122,7 +138,9 @@ class OnlineTuner(Estimates):
         """The level to measure next; the chosen level once converged."""
         if self._final is not None:
             return self.levels_hz[self._final]
-        return self.levels_hz[self._search.levels[self._search.plan.index]]
+        index = self._search.plan.index
+        assert index is not None, "a search that has chosen is followed by another, or by _final (_settle)"
+        return self.levels_hz[self._search.levels[index]]
 
     def observe(self, level_hz: int, joules_per_step: float, seconds_per_step: float, *,
                 noise_rel: float | None = None) -> None:
@@ -133,23 +151,21 @@ class OnlineTuner(Estimates):
         joules = _positive(joules_per_step, "joules_per_step")
         seconds = _positive(seconds_per_step, "seconds_per_step")
         i = self.levels_hz.index(level_hz)
-        if self._final is None:
-            self.explore_spent_j += self._window_cost_j(i, joules)
         noise = self.noise_rel if noise_rel is None else _positive(noise_rel, "noise_rel")
-        self._est[i].add(joules, seconds, max(noise, self.noise_floor_rel))
+        self.estimates.add(i, joules, seconds, max(noise, self.noise_floor_rel), charge=self._final is None)
         self._probes += 1
         if self._final is None:
-            self._search.replan()
+            self._search.replan(self._probes)
             self._settle()
 
     def set_job(self, total_steps: int | None = None, probe_steps: int | None = None) -> None:
         """Tell the tuner, once it exists, how long the job is and what a window costs (TuningSession does)."""
         if total_steps is not None:
-            self.total_steps = _count(total_steps, "total_steps", 1)
+            self.settings.total_steps = _count(total_steps, "total_steps", 1)
         if probe_steps is not None:
-            self.probe_steps = _count(probe_steps, "probe_steps", 1)
+            self.settings.probe_steps = _count(probe_steps, "probe_steps", 1)
         if self._final is None:
-            self._search.replan()
+            self._search.replan(self._probes)
             self._settle()
 
     @property
@@ -161,8 +177,8 @@ class OnlineTuner(Estimates):
         """The chosen level once converged; before that, the best measured so far (the start when nothing is)."""
         if self._final is not None:
             return self.levels_hz[self._final]
-        best = self._incumbent(self._log_energy())
-        return self.levels_hz[self._start if best is None else best]
+        best = self.estimates.incumbent(self.estimates.log_energy())
+        return self.levels_hz[self.estimates.start if best is None else best]
 
     @property
     def probes(self) -> int:
@@ -170,13 +186,14 @@ class OnlineTuner(Estimates):
 
     def state(self) -> dict:
         """What the daemon's ``status`` shows and its log records after each probe (JSON-ready)."""
-        fit = self._seconds()
-        log_j = self._log_energy()
-        best = self._incumbent(log_j)
-        estimates = [{"freq_hz": hz, "windows": e.n, "joules_per_step": e.sum_j / e.n,
-                      "smoothed_joules_per_step": math.exp(log_j[i]), "seconds_per_step": e.sum_s / e.n,
-                      "feasible": self._feasible(i, fit)}
-                     for i, (hz, e) in enumerate(zip(self.levels_hz, self._est, strict=False)) if e.n]
+        est = self.estimates
+        fit = est.seconds()
+        log_j = est.log_energy()
+        best = est.incumbent(log_j)
+        estimates = [{"freq_hz": hz, "windows": est.windows(i), "joules_per_step": est.mean_joules(i),
+                      "smoothed_joules_per_step": math.exp(log_j[i]), "seconds_per_step": est.mean_seconds(i),
+                      "feasible": est.feasible(i, fit)}
+                     for i, hz in enumerate(self.levels_hz) if est.windows(i)]
         return {
             "phase": "done" if self.converged else self._search.plan.phase,
             "reason": self._search.plan.reason,
@@ -191,7 +208,7 @@ class OnlineTuner(Estimates):
             "max_slowdown": self.max_slowdown,
             "fastest_seconds_per_step": None if fit is None else fit[-1],
             "total_steps": self.total_steps,
-            "explore_budget_j": None if best is None else self._budget_j(log_j, best),
+            "explore_budget_j": None if best is None else est.budget_j(log_j, best),
             "explore_spent_j": self.explore_spent_j,
             "estimates": estimates,
         }
@@ -211,7 +228,7 @@ class OnlineTuner(Estimates):
         top = len(self.levels_hz) - 1
         if self.max_slowdown is not None and top not in levels:
             levels.append(top)
-        return Search(self, levels, start, span)
+        return Search(self.settings, self.estimates.subset(levels, start), levels, span, self._probes)
 
     def _settle(self) -> None:
         """When a search has chosen, search the levels around its choice if they can matter, else converge."""
@@ -234,9 +251,9 @@ class OnlineTuner(Estimates):
             return None
         lo = max((i for i in grid if i < pick), default=pick)
         hi = min((i for i in grid if i > pick), default=pick)
-        if all(self._est[i].n for i in range(lo, hi + 1)):
+        if all(self.estimates.windows(i) for i in range(lo, hi + 1)):
             return None
-        log_j = self._log_energy()
+        log_j = self.estimates.log_energy()
         if all(i in log_j and log_j[i] - log_j[pick] <= REFINE_NOISE * self.noise_rel for i in (lo, hi) if i != pick):
             return None
         return list(range(lo, hi + 1))
