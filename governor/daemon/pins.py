@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from governor.backends import gpuid
 from governor.backends.base import Gpu, Limits
@@ -20,10 +21,14 @@ from governor.daemon import logs, ratelimit
 from governor.daemon.energy import BoardEnergy
 from governor.daemon.jobs import ActiveJob, Ended, GpuControl, mhz
 from governor.daemon.powermode import PowerModeCap
+from governor.daemon.settings import PinSettings
 from governor.errors import BackendError, FtgovError, StateError
 from governor.features import Features
 from governor.policy import Decision, Policy, PolicyName, combine
 from governor.store.state import GpuState, State, StateFile
+
+if TYPE_CHECKING:
+    from governor.daemon.recorder import Recorder
 
 log = logging.getLogger("ftgovd")
 
@@ -45,31 +50,25 @@ PlanTune = Callable[["PinController", ActiveJob, Decision], Decision]
 class PinController:
     """The job table and the pins it implies, for every GPU.
 
-    listeners: told after every change (the simulated board, the server's STATUS=). defer(fn, delay_s): how a save
-    that is not urgent is scheduled (the server: a loop timer); None saves at once. attach_tuner(controller, job):
-    called after each decision (and when a job is held unpinned), so that a job whose policy is tune gets (or loses)
-    its tuner as part of deciding. plan_tune(controller, job, decision): a tuned job's decision as the tuner wants it
-    applied (its start level, or no pin while its baseline window runs).
+    settings: what the config sets (configure() swaps it whole on reload). listeners: told after every change (the
+    simulated board, the server's STATUS=). defer(fn, delay_s): how a save that is not urgent is scheduled (the
+    server: a loop timer); None saves at once. attach_tuner(controller, job): called after each decision (and when a
+    job is held unpinned), so that a job whose policy is tune gets (or loses) its tuner as part of deciding.
+    plan_tune(controller, job, decision): a tuned job's decision as the tuner wants it applied (its start level, or no
+    pin while its baseline window runs). recorder: told of every job that ends (the measurement store).
     """
 
-    def __init__(self, gpus: list[Gpu], policy: Policy, state_file: StateFile, boot_id: str, *,
-                 rails: Rails | None = None, on_external_change: str = "reapply", max_jobs: int = 64,
-                 low_phases: tuple[str, ...] = (), power_cap_mw: int | None = None,
-                 listeners: tuple[Listener, ...] = (), defer: Defer | None = None,
+    def __init__(self, gpus: list[Gpu], settings: PinSettings, state_file: StateFile, boot_id: str, *,
+                 rails: Rails | None = None, listeners: tuple[Listener, ...] = (), defer: Defer | None = None,
                  attach_tuner: AttachTuner | None = None, plan_tune: PlanTune | None = None,
-                 pin_above_power_mode: bool = False, repin_interval_s: float = ratelimit.REDECIDE_INTERVAL_S,
-                 missing_why: str | None = None):
+                 recorder: Recorder | None = None, missing_why: str | None = None):
         self.gpus = {g.id: GpuControl(g) for g in gpus}
-        self.policy = policy
+        self.settings = settings
         self.state_file = state_file
         self.boot_id = boot_id
         self.rails = rails
         self.energy = BoardEnergy(rails)
-        self.on_external_change = on_external_change
-        self.max_jobs = max_jobs
-        self.low_phases = frozenset(low_phases)
-        self.power_cap_mw = power_cap_mw
-        self.power_mode = PowerModeCap(self.gpus, pin_above_power_mode)
+        self.power_mode = PowerModeCap(self.gpus, lambda: self.settings.pin_above_power_mode)
         self.missing_why = missing_why  # why there is no GPU (none found at start); None once one is governed
         self.jobs: dict[int, ActiveJob] = {}
         self.next_job_id = 1
@@ -79,13 +78,23 @@ class PinController:
         # repin_interval_s per GPU (limits.repin_interval_s, a second): each is a sysfs write and a state save, and a
         # client alternating phases, or reporting steps fast, must not drive them at the rate it sends notifications.
         # The latest move takes effect at the window's end.
-        self.phase_repins = ratelimit.Coalescer(defer, repin_interval_s) if defer is not None else None
+        self.phase_repins = ratelimit.Coalescer(defer, settings.repin_interval_s) if defer is not None else None
         self.attach_tuner = attach_tuner
         self.plan_tune = plan_tune
+        self.recorder = recorder
         self._save_pending = False
         self._ticks_since_save = 0
         self._save_prompt = False
-        self.recorder = None  # governor.daemon.recorder.Recorder (set by main): told of every job that ends
+
+    @property
+    def policy(self) -> Policy:
+        return self.settings.policy
+
+    def configure(self, settings: PinSettings) -> None:
+        """The config was reloaded: new jobs are decided by ``settings``; running jobs keep their decisions."""
+        self.settings = settings
+        if self.phase_repins is not None:
+            self.phase_repins.interval_s = settings.repin_interval_s
 
     # ---- jobs -------------------------------------------------------------------------------------------------------
     def add_gpus(self, gpus: list[Gpu]) -> None:
@@ -115,7 +124,7 @@ class PinController:
         re-adopted with its old ``job_id`` is not a new admission: max_jobs (perhaps lowered since) does not apply,
         or a restart with more live jobs than the new limit would fail before serving, its pins left in place."""
         if job_id is None:
-            if len(self.jobs) >= self.max_jobs:
+            if len(self.jobs) >= self.settings.max_jobs:
                 raise FtgovError(f"the daemon already holds {len(self.jobs)} jobs (limits.max_jobs)")
             job_id, self.next_job_id = self.next_job_id, self.next_job_id + 1
         job = ActiveJob(job_id, pid, start_ticks, uid, name, gpu_id, features, policy)
@@ -236,7 +245,7 @@ class PinController:
                                                       **({} if err is None else {"SAVED_PCT_ERR": f"{err:g}"}),
                                                       "SAVED_MEASURED_STEPS": saving["measured_steps"]})})
         if self.recorder is not None:
-            self.recorder.job_ended(ended)
+            self.recorder.job_ended(ended, self.gpus[job.gpu_id].gpu, self.policy)
         return ended
 
     # ---- pins -------------------------------------------------------------------------------------------------------
@@ -244,7 +253,7 @@ class PinController:
         """What one job needs now: its pick, or the GPU's lowest level while it checkpoints or loads data (the GPU
         mostly idles then; a job that reports no phases always needs its pick)."""
         hz = job.decision.freq_hz if job.decision is not None else None
-        if hz is not None and job.phase is not None and job.phase in self.low_phases:
+        if hz is not None and job.phase is not None and job.phase in self.settings.low_phases:
             return self.gpus[job.gpu_id].gpu.levels_hz[0]
         return hz
 
@@ -294,8 +303,8 @@ class PinController:
             ctl.pinned_hz, ctl.below_pin_reads = target, 0  # a read under the old pin is not one under this one
             self._save()  # before the write: a crash now still finds the baseline on disk
             ctl.gpu.pin(target)
-            if first and self.power_cap_mw is not None and ctl.gpu.has_power_cap:
-                ctl.gpu.set_power_cap_mw(self.power_cap_mw)
+            if first and self.settings.power_cap_mw is not None and ctl.gpu.has_power_cap:
+                ctl.gpu.set_power_cap_mw(self.settings.power_cap_mw)
             ctl.restore_failed = False
             log.info("GPU %s pinned to %s", gpu_id, mhz(target), extra={"FREQ_HZ": target})
         self._notify()
@@ -346,6 +355,7 @@ class PinController:
 
     def check_pins(self) -> None:
         """Notice limits changed under a pin (nvpmodel, jetson_clocks) and re-apply or stand down, as configured."""
+        reapply = self.settings.on_external_change == "reapply"
         for gid, ctl in self.gpus.items():
             if ctl.pinned_hz is None or ctl.stood_down:
                 ctl.throttled_hz, ctl.below_pin_reads = None, 0
@@ -362,9 +372,9 @@ class PinController:
             log.warning("GPU %s: limits changed under our pin of %s (now min %s max %s, clock %s): nvpmodel, "
                         "jetson_clocks or another tool? %s", gid, mhz(ctl.pinned_hz), mhz(now.min_hz),
                         mhz(now.max_hz), mhz(now.cur_hz),
-                        "Re-applying" if self.on_external_change == "reapply" else "Standing down until the jobs end",
+                        "Re-applying" if reapply else "Standing down until the jobs end",
                         extra={"FREQ_HZ": ctl.pinned_hz})
-            if self.on_external_change == "reapply":
+            if reapply:
                 # What the tool set is what the jobs' end restores (not undone), and its max is the cap from now on.
                 ctl.baseline = after_external_change(ctl.baseline, now.min_hz, now.max_hz, ctl.pinned_hz)
                 log.info("GPU %s: the jobs' end restores %s..%s, what it set", gid, mhz(ctl.baseline.min_hz),
