@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import select
 from collections.abc import Callable, Hashable
+from typing import Any
 
 from governor.daemon import peers, protocol, ratelimit
 from governor.daemon.jobs import ActiveJob, Ended
@@ -135,8 +136,9 @@ class Holds:
 
 def summary(ended: Ended) -> dict:
     """What unregister answers (and what a connection keeps for a job whose process ended first)."""
-    out = {"job_id": ended.job.job_id, "duration_s": round(ended.duration_s, 3), "freq_hz": ended.job.freq_hz,
-           "energy_j": protocol.finite(ended.energy_j), "steps": ended.job.steps, "ended": ended.why}
+    out: dict[str, Any] = {"job_id": ended.job.job_id, "duration_s": round(ended.duration_s, 3),
+                           "freq_hz": ended.job.freq_hz, "energy_j": protocol.finite(ended.energy_j),
+                           "steps": ended.job.steps, "ended": ended.why}
     if ended.saving is not None:  # a tuned job's measured saving vs the default governor (governor.daemon.tuning)
         out.update(saved_pct=ended.saving["saved_pct"], saved_pct_err=ended.saving.get("saved_pct_err"),
                    saved_measured_steps=ended.saving["measured_steps"],
