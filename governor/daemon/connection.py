@@ -16,36 +16,50 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+import socket
+from typing import Any, Protocol
 
 from governor.daemon import admission, peers, protocol, ratelimit
+from governor.daemon.holds import Holds
 from governor.daemon.protocol import RpcFault
 from governor.errors import INVALID_REQUEST, SERVER_ERROR, FtgovError
-
-if TYPE_CHECKING:
-    from governor.daemon.server import Server
 
 log = logging.getLogger("ftgovd")
 
 READ_CHUNK = 65536
 WRITE_HIGH_BYTES = 256 * 1024
-ENDED_KEPT = 16
+
+
+class Host(Protocol):
+    """What a connection needs of the server that accepted it (governor.daemon.server.Server)."""
+
+    read_buffer: memoryview
+
+    def refusal(self, peer: peers.Peer, sock: socket.socket,
+                process: peers.HeldProcess | None) -> RpcFault | None: ...
+
+    def opened(self, conn: Connection) -> None: ...
+
+    def closed(self, conn: Connection) -> None: ...
+
+    def idle_timeout_s(self) -> float: ...
+
+    def call(self, conn: Connection, method: str, params: Any) -> Any: ...
 
 
 class Connection(asyncio.BufferedProtocol):
-    def __init__(self, server: Server):
-        self.server = server
+    """host: the server that accepted it. holds: who holds which job (this connection's jobs are asked there)."""
+
+    def __init__(self, host: Host, holds: Holds):
+        self.host = host
+        self.holds = holds
         self.transport: asyncio.Transport | None = None
         self.peer: peers.Peer | None = None
         # The connecting process, held from the moment it connected: its jobs (pid left out) hold it through duplicates.
         self.process: peers.HeldProcess | None = None
-        self.job_ids: set[int] = set()
-        # Summaries of this connection's jobs that ended without unregister (their process exited first, as with
-        # `ftgov run`): a late unregister still gets the figures. Bounded: the oldest are dropped.
-        self.ended: dict[int, dict] = {}
         # One read buffer for all connections (the server's): the transport fills it and calls buffer_updated at
         # once, so no two connections hold it at the same time, and 50 idle connections do not cost 50 buffers.
-        self._view = server.read_buffer
+        self._view = host.read_buffer
         self.rbuf = bytearray()
         self.scanned = 0  # rbuf[:scanned] holds no newline: a line that arrives in pieces is not searched again
         self.discarding = False  # inside an oversized line: drop bytes up to its newline
@@ -72,7 +86,7 @@ class Connection(asyncio.BufferedProtocol):
                 process = None  # exited already (or from another pid namespace): its registrations will say so
             token = ratelimit.caused_by(self.peer.uid)
             try:
-                refusal = self.server.refusal(self.peer, sock, process)
+                refusal = self.host.refusal(self.peer, sock, process)
             finally:
                 ratelimit.done(token)
         except OSError as e:
@@ -98,10 +112,10 @@ class Connection(asyncio.BufferedProtocol):
             return
         self.process = process
         transport.set_write_buffer_limits(high=WRITE_HIGH_BYTES, low=WRITE_HIGH_BYTES)
-        self.server.opened(self)
+        self.host.opened(self)
         self.counted = True
-        self.idle = admission.IdleTimer(asyncio.get_running_loop(), self.server.config.limits.idle_timeout_s,
-                                        lambda: bool(self.job_ids) or self.busy is not None, self.close)
+        self.idle = admission.IdleTimer(asyncio.get_running_loop(), self.host.idle_timeout_s(),
+                                        lambda: self.holds.count(self) > 0 or self.busy is not None, self.close)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         return self._view
@@ -113,7 +127,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def eof_received(self) -> bool:
         self.eof = True
-        self.server.end_jobs(self, "connection closed")
+        self._end_jobs()
         return False  # the transport sends what is still buffered, then closes
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -178,7 +192,7 @@ class Connection(asyncio.BufferedProtocol):
                 self.send(protocol.error((e.data or {}).get("id"), e))
             return
         try:
-            value = self.server.methods.call(self, req.method, req.params)
+            value = self.host.call(self, req.method, req.params)
         except (RpcFault, FtgovError) as e:
             self._reply_error(req, e)
             return
@@ -245,20 +259,19 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = True
         if self.idle is not None:
             self.idle.cancel()
-        self.server.end_jobs(self, "connection closed")
+        self._end_jobs()
+        self.holds.forget(self)
         if self.counted:
             self.counted = False
-            self.server.closed(self)
+            self.host.closed(self)
         if self.busy is not None and self.busy is not asyncio.current_task():
             self.busy.cancel()
         if self.process is not None:
             self.process.close()
             self.process = None
 
-    def keep_ended(self, job_id: int, summary: dict) -> None:
-        self.ended[job_id] = summary
-        while len(self.ended) > ENDED_KEPT:
-            self.ended.pop(next(iter(self.ended)))
+    def _end_jobs(self) -> None:
+        self.holds.end_owner(self, "connection closed", self.peer.uid if self.peer is not None else None)
 
 
 def _too_long() -> RpcFault:

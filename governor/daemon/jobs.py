@@ -1,4 +1,4 @@
-"""What the pin controller keeps: the jobs it holds, each GPU's pin and baseline, and a job's end."""
+"""What the pin controller keeps of a job: the job it holds, and its end."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import time
 from dataclasses import dataclass, field
 
 from governor import units
-from governor.backends.base import Gpu, Limits
 from governor.backends.rails import EnergyMeter
 from governor.errors import BackendError
 from governor.features import Features
@@ -75,17 +74,6 @@ class ActiveJob:
             self.started_s, self.started_at = time.monotonic() - ran_s, rec.started_at
         if rec.energy_j is not None:
             self.earlier_energy_j = rec.energy_j
-
-
-@dataclass
-class GpuControl:
-    gpu: Gpu
-    baseline: Limits | None = None  # snapshot taken before our first pin; None while we hold nothing
-    pinned_hz: int | None = None
-    restore_failed: bool = False
-    stood_down: bool = False  # someone else changed the limits under our pin and config says let them be
-    throttled_hz: int | None = None  # the clock read below our pin (thermal throttling, a power cap), while it is
-    below_pin_reads: int = 0  # consecutive ticks that read the clock below the pin
 
 
 @dataclass(frozen=True)

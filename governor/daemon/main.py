@@ -28,6 +28,7 @@ from governor.daemon.notify import Notifier, listen_fds
 from governor.daemon.pins import PinController
 from governor.daemon.reload import Reloader
 from governor.daemon.server import Server
+from governor.daemon.settings import PinSettings
 from governor.daemon.ticks import Ticker, defer_on_loop
 from governor.errors import ConfigError, FtgovError, NodeNotFound
 from governor.policy import Policy
@@ -239,21 +240,16 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
     else:
         log.info("no INA3221 power rails found: job energy will be reported as null")
     policy = build_policy(config, gpus)
-    tuner = tuning.TunerAttach(config.tuner)
+    boot = boot_id(root)
+    recorder, starts = _store_users(config, root, boot)
+    tuner = tuning.TunerAttach(config.tuner, starts)
     ticker = Ticker(notifier, config.sample_interval_s)
-    listeners = (ticker.changed,)
-    pins = PinController(gpus, policy, StateFile(config.state_dir), boot_id(root), rails=rails,
-                         on_external_change=config.on_external_change, max_jobs=config.limits.max_jobs,
-                         low_phases=tuple(config.low_phases),
-                         power_cap_mw=round(config.power_cap_w * 1000) if config.power_cap_w else None,
-                         listeners=listeners, defer=defer_on_loop,
-                         attach_tuner=tuner, plan_tune=tuner.plan,
-                         pin_above_power_mode=config.pin_above_power_mode,
-                         repin_interval_s=config.limits.repin_interval_s, missing_why=missing_why)
+    pins = PinController(gpus, PinSettings.from_config(config, policy), StateFile(config.state_dir), boot,
+                         rails=rails, listeners=(ticker.changed,), defer=defer_on_loop, attach_tuner=tuner,
+                         plan_tune=tuner.plan, recorder=recorder, missing_why=missing_why)
     reloader = None
     if load_config_again is not None:
         reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus), tuner)
-    recorder = _recorder(config, pins, root)
     server = Server(pins, config, notifier, ticker, reloader, probe=lambda: probe_gpus(config, root),
                     node_wait_s=node_wait_s)
 
@@ -299,18 +295,17 @@ def check_ffg_in_a_table(ffg_hz: int, gpus: list) -> None:
                       "the value is in Hz")
 
 
-def _recorder(config: Config, pins: PinController, root: Root):
-    """The measurement store's recorder, told of every job that ends (None: no store)."""
+def _store_users(config: Config, root: Root, boot: str):
+    """The measurement store's recorder, told of every job that ends, and the tuned jobs' starts read from it before
+    READY=1 (where tuned jobs start on NVML GPUs); (None, None): no store."""
     path = store_path(config)
     if path is None:
         log.info("no measurement store (store.path %s)", "auto: no $STATE_DIRECTORY" if config.store.path else "null")
-        return None
+        return None, None
     from governor.daemon.recorder import Recorder, StoreWriter
     from governor.daemon.starts import TuneStarts
 
-    pins.recorder = Recorder(StoreWriter(path, config.store.max_jobs), pins, root, pins.boot_id)
-    pins.attach_tuner.starts = TuneStarts.load(path)  # before READY=1: where tuned jobs start on NVML GPUs
-    return pins.recorder
+    return Recorder(StoreWriter(path, config.store.max_jobs), root, boot), TuneStarts.load(path)
 
 
 def main(argv: list[str] | None = None) -> int:

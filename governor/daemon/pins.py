@@ -1,9 +1,10 @@
 """The job table and the GPU pins it implies: the daemon's logic, with no sockets in it.
 
 Every change (a job starts, changes its features, ends; the limits change underneath) goes through ``_apply``, which
-computes each GPU's target with ``policy.combine`` (the one rule for several jobs), saves the state file before the
-first write to a GPU, then pins or restores. The server (governor.daemon.server) owns connections and process watching
-and calls in here; tests drive this class directly (tests/pure/test_pin_controller.py).
+computes each GPU's target with ``policy.combine`` (the one rule for several jobs) and hands it to that GPU's pin
+(governor.daemon.gpupin: the cap, the state saved before the first write, the pin or the restore). What watches a held
+pin is governor.daemon.checks; which connection and process hold a job, governor.daemon.holds. Tests drive this class
+directly (tests/pure/test_pin_controller.py).
 """
 
 from __future__ import annotations
@@ -12,18 +13,24 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from governor.backends import gpuid
-from governor.backends.base import Gpu, Limits
+from governor.backends.base import Gpu
 from governor.backends.rails import Rails
-from governor.daemon import logs, ratelimit
+from governor.daemon import checks, ratelimit
 from governor.daemon.energy import BoardEnergy
-from governor.daemon.jobs import ActiveJob, Ended, GpuControl, mhz
+from governor.daemon.gpupin import GpuPin
+from governor.daemon.jobs import ActiveJob, Ended, mhz
 from governor.daemon.powermode import PowerModeCap
+from governor.daemon.settings import PinSettings
 from governor.errors import BackendError, FtgovError, StateError
 from governor.features import Features
 from governor.policy import Decision, Policy, PolicyName, combine
 from governor.store.state import GpuState, State, StateFile
+
+if TYPE_CHECKING:
+    from governor.daemon.recorder import Recorder
 
 log = logging.getLogger("ftgovd")
 
@@ -35,9 +42,6 @@ SAVE_ENERGY_TICKS = 10  # ticks (sample_interval_s each) between saves of the ru
 
 Listener = Callable[["PinController"], None]
 Defer = Callable[[Callable[[], None], float], None]
-# A clock this far below the pin is throttled: a devfreq clock reads its level exactly (1%: rounding to kHz).
-CLOCK_SLACK = 0.01
-THROTTLED_READS = 2
 AttachTuner = Callable[["PinController", ActiveJob], None]
 PlanTune = Callable[["PinController", ActiveJob, Decision], Decision]
 
@@ -45,31 +49,27 @@ PlanTune = Callable[["PinController", ActiveJob, Decision], Decision]
 class PinController:
     """The job table and the pins it implies, for every GPU.
 
-    listeners: told after every change (the simulated board, the server's STATUS=). defer(fn, delay_s): how a save
-    that is not urgent is scheduled (the server: a loop timer); None saves at once. attach_tuner(controller, job):
-    called after each decision (and when a job is held unpinned), so that a job whose policy is tune gets (or loses)
-    its tuner as part of deciding. plan_tune(controller, job, decision): a tuned job's decision as the tuner wants it
-    applied (its start level, or no pin while its baseline window runs).
+    settings: what the config sets (configure() swaps it whole on reload). listeners: told after every change (the
+    simulated board, the server's STATUS=). defer(fn, delay_s): how a save that is not urgent is scheduled (the
+    server: a loop timer); None saves at once. attach_tuner(controller, job): called after each decision (and when a
+    job is held unpinned), so that a job whose policy is tune gets (or loses) its tuner as part of deciding.
+    plan_tune(controller, job, decision): a tuned job's decision as the tuner wants it applied (its start level, or no
+    pin while its baseline window runs). recorder: told of every job that ends (the measurement store).
     """
 
-    def __init__(self, gpus: list[Gpu], policy: Policy, state_file: StateFile, boot_id: str, *,
-                 rails: Rails | None = None, on_external_change: str = "reapply", max_jobs: int = 64,
-                 low_phases: tuple[str, ...] = (), power_cap_mw: int | None = None,
-                 listeners: tuple[Listener, ...] = (), defer: Defer | None = None,
+    def __init__(self, gpus: list[Gpu], settings: PinSettings, state_file: StateFile, boot_id: str, *,
+                 rails: Rails | None = None, listeners: tuple[Listener, ...] = (), defer: Defer | None = None,
                  attach_tuner: AttachTuner | None = None, plan_tune: PlanTune | None = None,
-                 pin_above_power_mode: bool = False, repin_interval_s: float = ratelimit.REDECIDE_INTERVAL_S,
-                 missing_why: str | None = None):
-        self.gpus = {g.id: GpuControl(g) for g in gpus}
-        self.policy = policy
+                 recorder: Recorder | None = None, missing_why: str | None = None):
+        self.gpus: dict[str, GpuPin] = {}
+        self.settings = settings
         self.state_file = state_file
         self.boot_id = boot_id
         self.rails = rails
         self.energy = BoardEnergy(rails)
-        self.on_external_change = on_external_change
-        self.max_jobs = max_jobs
-        self.low_phases = frozenset(low_phases)
-        self.power_cap_mw = power_cap_mw
-        self.power_mode = PowerModeCap(self.gpus, pin_above_power_mode)
+        self.power_mode = PowerModeCap(self.gpus, lambda: self.settings.pin_above_power_mode)
+        for gpu in gpus:
+            self.gpus[gpu.id] = GpuPin(gpu, self.power_mode, self._save)
         self.missing_why = missing_why  # why there is no GPU (none found at start); None once one is governed
         self.jobs: dict[int, ActiveJob] = {}
         self.next_job_id = 1
@@ -79,19 +79,29 @@ class PinController:
         # repin_interval_s per GPU (limits.repin_interval_s, a second): each is a sysfs write and a state save, and a
         # client alternating phases, or reporting steps fast, must not drive them at the rate it sends notifications.
         # The latest move takes effect at the window's end.
-        self.phase_repins = ratelimit.Coalescer(defer, repin_interval_s) if defer is not None else None
+        self.phase_repins = ratelimit.Coalescer(defer, settings.repin_interval_s) if defer is not None else None
         self.attach_tuner = attach_tuner
         self.plan_tune = plan_tune
+        self.recorder = recorder
         self._save_pending = False
         self._ticks_since_save = 0
         self._save_prompt = False
-        self.recorder = None  # governor.daemon.recorder.Recorder (set by main): told of every job that ends
+
+    @property
+    def policy(self) -> Policy:
+        return self.settings.policy
+
+    def configure(self, settings: PinSettings) -> None:
+        """The config was reloaded: new jobs are decided by ``settings``; running jobs keep their decisions."""
+        self.settings = settings
+        if self.phase_repins is not None:
+            self.phase_repins.interval_s = settings.repin_interval_s
 
     # ---- jobs -------------------------------------------------------------------------------------------------------
     def add_gpus(self, gpus: list[Gpu]) -> None:
         """GPUs that appeared after start (a late devfreq node found by a later probe)."""
         for gpu in gpus:
-            self.gpus.setdefault(gpu.id, GpuControl(gpu))
+            self.gpus.setdefault(gpu.id, GpuPin(gpu, self.power_mode, self._save))
         self.missing_why = None
         self._notify()
 
@@ -115,7 +125,7 @@ class PinController:
         re-adopted with its old ``job_id`` is not a new admission: max_jobs (perhaps lowered since) does not apply,
         or a restart with more live jobs than the new limit would fail before serving, its pins left in place."""
         if job_id is None:
-            if len(self.jobs) >= self.max_jobs:
+            if len(self.jobs) >= self.settings.max_jobs:
                 raise FtgovError(f"the daemon already holds {len(self.jobs)} jobs (limits.max_jobs)")
             job_id, self.next_job_id = self.next_job_id, self.next_job_id + 1
         job = ActiveJob(job_id, pid, start_ticks, uid, name, gpu_id, features, policy)
@@ -236,7 +246,7 @@ class PinController:
                                                       **({} if err is None else {"SAVED_PCT_ERR": f"{err:g}"}),
                                                       "SAVED_MEASURED_STEPS": saving["measured_steps"]})})
         if self.recorder is not None:
-            self.recorder.job_ended(ended)
+            self.recorder.job_ended(ended, self.gpus[job.gpu_id].gpu, self.policy)
         return ended
 
     # ---- pins -------------------------------------------------------------------------------------------------------
@@ -244,7 +254,7 @@ class PinController:
         """What one job needs now: its pick, or the GPU's lowest level while it checkpoints or loads data (the GPU
         mostly idles then; a job that reports no phases always needs its pick)."""
         hz = job.decision.freq_hz if job.decision is not None else None
-        if hz is not None and job.phase is not None and job.phase in self.low_phases:
+        if hz is not None and job.phase is not None and job.phase in self.settings.low_phases:
             return self.gpus[job.gpu_id].gpu.levels_hz[0]
         return hz
 
@@ -271,41 +281,16 @@ class PinController:
         return self.phase_repins is not None and gpu_id in self.phase_repins.pending
 
     def _apply(self, gpu_id: str, *, removed: bool = False) -> None:
-        ctl = self.gpus[gpu_id]
-        target = self.target_hz(gpu_id)
-        if ctl.stood_down:
+        pin = self.gpus[gpu_id]
+        if pin.stood_down:
             if not any(j.gpu_id == gpu_id for j in self.jobs.values()):
-                ctl.stood_down = False
+                pin.stood_down = False
             self._save_soon(prompt=removed)
             return
-        if target is not None:
-            target = self._under_cap(ctl, target)
-        if target == ctl.pinned_hz and not ctl.restore_failed:
+        if not pin.set(self.target_hz(gpu_id), self.settings.power_cap_mw):
             self._save_soon(prompt=removed)  # only the job list changed: re-adoption data, not safety data
             return
-        logs.flush()  # the hardware is touched next: the decision's lines go out first, should a write hang
-        if target is None:
-            self._restore(ctl)
-        else:
-            first = ctl.baseline is None
-            if first:
-                ctl.baseline = ctl.gpu.snapshot()  # an NVML snapshot carries the power limit to restore
-                target = self._under_cap(ctl, target)
-            ctl.pinned_hz, ctl.below_pin_reads = target, 0  # a read under the old pin is not one under this one
-            self._save()  # before the write: a crash now still finds the baseline on disk
-            ctl.gpu.pin(target)
-            if first and self.power_cap_mw is not None and ctl.gpu.has_power_cap:
-                ctl.gpu.set_power_cap_mw(self.power_cap_mw)
-            ctl.restore_failed = False
-            log.info("GPU %s pinned to %s", gpu_id, mhz(target), extra={"FREQ_HZ": target})
         self._notify()
-
-    def _under_cap(self, ctl: GpuControl, target_hz: int) -> int:
-        capped = self.power_mode.clamp(ctl, target_hz)
-        if capped != target_hz:
-            log.warning("GPU %s: %s is above the power mode's cap %s: pinning %s", ctl.gpu.id, mhz(target_hz),
-                        mhz(ctl.baseline.max_hz), mhz(capped), extra={"FREQ_HZ": capped})
-        return capped
 
     def reapply(self) -> None:
         """Apply every GPU's pin (or baseline) again; failures are logged and left for retry."""
@@ -320,22 +305,6 @@ class PinController:
             log.error("GPU %s: could not apply the pin after a change: %s (will retry)", gpu_id, e)
             self.gpus[gpu_id].restore_failed = True
 
-    def _restore(self, ctl: GpuControl) -> None:
-        if ctl.baseline is None:
-            ctl.pinned_hz = None
-            self._save()
-            return
-        try:
-            ctl.gpu.restore(ctl.baseline)
-        except BackendError:
-            ctl.restore_failed = True
-            self._save()
-            raise
-        log.info("GPU %s restored to its baseline %s..%s", ctl.gpu.id, mhz(ctl.baseline.min_hz),
-                 mhz(ctl.baseline.max_hz))
-        ctl.baseline, ctl.pinned_hz, ctl.restore_failed = None, None, False
-        self._save()
-
     def pending_restores(self) -> bool:
         return any(ctl.restore_failed for ctl in self.gpus.values())
 
@@ -346,97 +315,27 @@ class PinController:
 
     def check_pins(self) -> None:
         """Notice limits changed under a pin (nvpmodel, jetson_clocks) and re-apply or stand down, as configured."""
-        for gid, ctl in self.gpus.items():
-            if ctl.pinned_hz is None or ctl.stood_down:
-                ctl.throttled_hz, ctl.below_pin_reads = None, 0
+        reapply = self.settings.on_external_change == "reapply"
+        for gid, pin in self.gpus.items():
+            if not checks.limits_changed(pin, reapply):
                 continue
-            try:
-                now = ctl.gpu.read()
-                holds = ctl.gpu.pin_holds(now)
-            except BackendError as e:
-                log.warning("GPU %s: cannot read limits to check the pin: %s", gid, e)
-                continue
-            if holds:
-                self._check_clock(gid, ctl, now.cur_hz)
-                continue
-            log.warning("GPU %s: limits changed under our pin of %s (now min %s max %s, clock %s): nvpmodel, "
-                        "jetson_clocks or another tool? %s", gid, mhz(ctl.pinned_hz), mhz(now.min_hz),
-                        mhz(now.max_hz), mhz(now.cur_hz),
-                        "Re-applying" if self.on_external_change == "reapply" else "Standing down until the jobs end",
-                        extra={"FREQ_HZ": ctl.pinned_hz})
-            if self.on_external_change == "reapply":
-                # What the tool set is what the jobs' end restores (not undone), and its max is the cap from now on.
-                ctl.baseline = after_external_change(ctl.baseline, now.min_hz, now.max_hz, ctl.pinned_hz)
-                log.info("GPU %s: the jobs' end restores %s..%s, what it set", gid, mhz(ctl.baseline.min_hz),
-                         mhz(ctl.baseline.max_hz))
-                ctl.pinned_hz = None  # the limits no longer read our pin: the pin is written again, under the cap
+            if reapply:
                 try:
                     self._apply(gid)
                 except FtgovError as e:
                     log.error("GPU %s: re-applying the pin failed: %s (will retry)", gid, e)
-                    ctl.restore_failed = True
-            else:
-                # The other tool owns the limits now: forget our baseline so that we do not undo its change later.
-                ctl.stood_down, ctl.baseline, ctl.pinned_hz = True, None, None
-                self._save()
+                    pin.restore_failed = True
             self._notify()
 
-    def _check_clock(self, gid: str, ctl: GpuControl, cur_hz: int | None) -> None:
-        """Under a pin that holds, the clock itself can sit below it (L4T's thermal throttling; on NVML, a power or
-        thermal cap): logged when it starts and when it ends, and shown in status. A tuned job's windows go on
-        (what a pin costs under the board's throttling is what the job gets for it; a throttle that lasts, a
-        power-limited top clock say, must not stall the search). A plain test tree, whose cur_freq never follows a
-        pin, reads as throttled too: only a board (or the running simulated one) tells."""
-        below = cur_hz is not None and cur_hz < ctl.pinned_hz * (1 - CLOCK_SLACK)
-        ctl.below_pin_reads = ctl.below_pin_reads + 1 if below else 0
-        # Two ticks in a row: one read right after our own pin write may catch the clock still on its way (a CI run
-        # of the simulated board read 408 MHz under a 612 MHz pin written 1 ms before).
-        throttled = ctl.below_pin_reads >= THROTTLED_READS
-        if throttled and ctl.throttled_hz is None:
-            log.warning("GPU %s runs at %s under its pin of %s: thermal throttling or a power cap? Energy measured "
-                        "meanwhile is that clock's", gid, mhz(cur_hz), mhz(ctl.pinned_hz),
-                        extra={"FREQ_HZ": ctl.pinned_hz, "CUR_HZ": cur_hz})
-        elif not throttled and ctl.throttled_hz is not None:
-            log.info("GPU %s runs at its pin of %s again", gid, mhz(ctl.pinned_hz), extra={"FREQ_HZ": ctl.pinned_hz})
-        ctl.throttled_hz = cur_hz if throttled else None
-
     def pin_check(self) -> list[dict]:
-        """Show that each GPU can be pinned, without moving its clock (for `ftgov doctor`). A GPU pinned for jobs is
-        checked by reading (the pin holds); an idle one is pinned at the level it runs at now and restored at once,
-        through the same save-before-write path as a job's pin. One call, one event-loop turn: no job interleaves."""
-        return [{"gpu": gid, **self._pin_check(ctl)} for gid, ctl in self.gpus.items()]
-
-    def _pin_check(self, ctl: GpuControl) -> dict:
-        if ctl.stood_down:
-            return {"ok": False, "wrote": False, "detail": "stood down: another tool changed the limits under a pin"}
-        if ctl.restore_failed:
-            return {"ok": False, "wrote": False, "detail": "a restore failed and is being retried: see the journal"}
-        if ctl.pinned_hz is not None:
-            holds = ctl.gpu.pin_holds()
-            return {"ok": holds, "wrote": False, "pinned_hz": ctl.pinned_hz,
-                    "detail": f"pinned for jobs at {mhz(ctl.pinned_hz)}; "
-                              + ("the pin holds" if holds else "the limits no longer read the pin")}
-        reading = ctl.gpu.read()
-        now_hz = reading.cur_hz if reading.cur_hz is not None else reading.max_hz
-        # Within the limits in force (another tool's min = max included), the level nearest the clock now.
-        allowed = [hz for hz in ctl.gpu.levels_hz if reading.min_hz <= hz <= reading.max_hz] or ctl.gpu.levels_hz
-        level = min(allowed, key=lambda hz: abs(hz - now_hz))
-        ctl.baseline, ctl.pinned_hz = ctl.gpu.snapshot(), level
-        self._save()  # before the write, as for a job: a crash in between still finds the baseline
-        result: dict = {"ok": True, "wrote": True, "pinned_hz": level}
-        log.info("GPU %s: pin check: pinning at the current %s, restoring at once", ctl.gpu.id, mhz(level))
-        try:
-            ctl.gpu.pin(level)
-            result["detail"] = f"pinned at the current {mhz(level)} and restored"
-        except FtgovError as e:
-            result.update(ok=False, detail=f"pin at {mhz(level)} failed: {e}")
-        try:
-            self._restore(ctl)
-        except BackendError as e:  # _restore marked it: the tick retries, as after a job
-            result.update(ok=False, detail=f"{result['detail']}; restore failed: {e} (retrying)")
-        (log.info if result["ok"] else log.warning)("GPU %s: pin check: %s", ctl.gpu.id, result["detail"])
-        self._notify()
-        return result
+        """Show that each GPU can be pinned, without moving its clock (governor.daemon.checks.pin_check). One call,
+        one event-loop turn: no job interleaves."""
+        results = []
+        for gid, pin in self.gpus.items():
+            results.append({"gpu": gid, **checks.pin_check(pin)})
+            if results[-1]["wrote"]:
+                self._notify()
+        return results
 
     # ---- state, energy, status -------------------------------------------------------------------------------------
     def state(self) -> State:
@@ -497,14 +396,3 @@ class PinController:
             except Exception:  # a listener (the simulated board) must never break the daemon
                 log.exception("listener failed")
 
-
-def after_external_change(baseline: Limits, min_hz: int, max_hz: int, pinned_hz: int) -> Limits:
-    """The limits to restore once another tool (nvpmodel, jetson_clocks) changed the limits read under our pin of
-    pinned_hz to min_hz..max_hz: the bounds it wrote are its, the others stay the baseline's. They all write the
-    same one request (the kernel keeps one user request for all of them), so a bound that still reads our pin
-    was not written; and a min that reads as the max may be the kernel's clamp of our min under a lowered max
-    (min := max when they cross), so the baseline's min is kept there, under the new max. The power limit (an
-    NVML extra) stays the baseline's."""
-    new_max = max_hz if max_hz != pinned_hz else baseline.max_hz
-    new_min = min_hz if min_hz != pinned_hz and min_hz < max_hz else min(baseline.min_hz, new_max)
-    return Limits(new_min, new_max, baseline.extra)

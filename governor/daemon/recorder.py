@@ -16,10 +16,15 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from governor.errors import FtgovError
 from governor.store.measurements import DEFAULT_MAX_JOBS, JobRecord, Store, StoreError, Window, measured_saving
 from governor.sysfs import Root
+
+if TYPE_CHECKING:
+    from governor.backends.base import Gpu
+    from governor.policy import Policy
 
 log = logging.getLogger("ftgovd")
 
@@ -53,29 +58,29 @@ def _first_line(root: Root, path: str) -> str | None:
 
 
 class Recorder:
-    def __init__(self, writer: StoreWriter, gov, root: Root, boot_id: str | None):
+    def __init__(self, writer: StoreWriter, root: Root, boot_id: str | None):
         self.writer = writer
-        self.gov = gov
         self.root = root
         self._identity: dict[str, dict] = {}  # per GPU id, read at its first job's end: a GPU found late has one too
         self.boot_id = boot_id
 
-    def identity(self, gpu_id: str) -> dict:
-        if gpu_id not in self._identity:
-            self._identity[gpu_id] = board_identity(self.root, self.gov.gpus[gpu_id].gpu)
-        return self._identity[gpu_id]
+    def identity(self, gpu: Gpu) -> dict:
+        if gpu.id not in self._identity:
+            self._identity[gpu.id] = board_identity(self.root, gpu)
+        return self._identity[gpu.id]
 
-    def job_ended(self, ended) -> None:
-        """Called by the pin controller for every job that ends; never raises (a record is not worth a job's pin)."""
+    def job_ended(self, ended, gpu: Gpu, policy: Policy) -> None:
+        """Called by the pin controller for every job that ends, with the job's GPU and the policy in force; never
+        raises (a record is not worth a job's pin)."""
         try:
-            rec = self.record(ended)
+            rec = self.record(ended, gpu, policy)
         except Exception:
             log.exception("measurement store: could not build the record of job %s", ended.job.job_id)
             return
         if rec is not None:
             self.writer.submit(rec)
 
-    def record(self, ended) -> JobRecord | None:
+    def record(self, ended, gpu: Gpu, policy: Policy) -> JobRecord | None:
         job = ended.job
         if job.decision is None:
             return None  # refused before a decision: nothing ran under us
@@ -91,12 +96,12 @@ class Recorder:
         saved_rel, basis = measured_saving(windows, job.freq_hz, start_hz)
         if ended.saving is not None:  # against the baseline window, the converged level measured over the job's rest
             saved_rel, basis = ended.saving["saved_rel"], ended.saving["basis"]
-        tree = getattr(self.gov.policy, "tree", None)
+        tree = getattr(policy, "tree", None)
         return JobRecord(
             ended_at=time.time(), duration_s=ended.duration_s, boot_id=self.boot_id, daemon_job_id=job.job_id,
             uid=job.uid, name=job.name, model_type=f.model_type, num_layers=f.num_layers,
             hidden_size=f.hidden_size, seq_len=f.seq_len, gpu_util=f.gpu_util,
-            **self.identity(job.gpu_id), model_version=tree_version(tree),
+            **self.identity(gpu), model_version=tree_version(tree),
             model_source=getattr(tree, "source", None), policy=job.decision.label, freq_hz=job.freq_hz,
             reason=job.decision.reason, steps=job.steps, energy_j=ended.energy_j, start_hz=start_hz,
             converged=converged, saved_rel=saved_rel, saved_basis=basis, ended=ended.why, windows=windows)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from governor.config import Config
+from governor.daemon.settings import PinSettings
 from governor.daemon.tuning import TunerAttach
 from governor.errors import FtgovError
 from governor.policy import Policy
@@ -42,14 +43,7 @@ class Reloader:
             notifier.send(f"READY=1\nSTATUS=reload refused: {e}")
             return
         pins = server.pins
-        pins.policy = policy
-        pins.max_jobs = new.limits.max_jobs
-        pins.low_phases = frozenset(new.low_phases)
-        pins.on_external_change = new.on_external_change
-        pins.power_cap_mw = round(new.power_cap_w * 1000) if new.power_cap_w else None
-        pins.power_mode.pin_above = new.pin_above_power_mode
-        if pins.phase_repins is not None:
-            pins.phase_repins.interval_s = new.limits.repin_interval_s
+        pins.configure(PinSettings.from_config(new, policy))
         self.tuner.cfg = new.tuner
         server.ticker.sample_interval_s = new.sample_interval_s
         server.config = new

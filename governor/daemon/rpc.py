@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from governor.daemon import peers, protocol, ratelimit, redact, status
+from governor.config import Config
+from governor.daemon import peers, ratelimit, redact, status
+from governor.daemon.holds import Holds, summary
 from governor.daemon.jobs import ActiveJob
+from governor.daemon.pins import PinController
 from governor.daemon.protocol import RpcFault
 from governor.daemon.utilization import measure_load_pct
 from governor.errors import INVALID_PARAMS, LIMIT_EXCEEDED, PERMISSION_DENIED, SERVER_ERROR, UNKNOWN_JOB, FtgovError
@@ -20,7 +24,7 @@ from governor.policy import PolicyName
 
 if TYPE_CHECKING:
     from governor.daemon.connection import Connection
-    from governor.daemon.server import Server
+    from governor.daemon.utilization import UtilizationSampler
 
 log = logging.getLogger("ftgovd")
 
@@ -32,15 +36,23 @@ MEASURING = ("waiting for gpu_util, which this decision needs: it is measured ov
 
 
 class Methods:
-    def __init__(self, server: Server):
-        self.server = server
-        self.pins = server.pins
+    """config(): the config in force (reload replaces it). redecide: coalesces a job's re-decisions. gpu_search():
+    how the daemon looks for a GPU while it has none, for the error that says so."""
+
+    def __init__(self, pins: PinController, holds: Holds, sampler: UtilizationSampler, redecide: ratelimit.Coalescer,
+                 config: Callable[[], Config], gpu_search: Callable[[], str]):
+        self.pins = pins
+        self.holds = holds
+        self.sampler = sampler
+        self.redecide = redecide
+        self._config = config
+        self._gpu_search = gpu_search
         self._pin_checked_s: dict[int, float] = {}  # uid -> when its last pin check ran (monotonic)
         self._registrations: ratelimit.TokenBuckets | None = None  # per non-root uid; made from the config in force
 
     @property
-    def config(self):
-        return self.server.config  # replaced on reload
+    def config(self) -> Config:
+        return self._config()
 
     def call(self, conn: Connection, method: str, params):
         return getattr(self, f"rpc_{method}")(conn, params)
@@ -52,11 +64,8 @@ class Methods:
         return redact.status_for(status.status(self.pins), conn.peer.uid)
 
     def _no_gpu(self) -> RpcFault:
-        when = (f"ftgovd waits for it up to {self.server.node_wait_s:g} s after its start (node_wait_s)"
-                if self.server.waiting_for_gpu()
-                else f"ftgovd probes again every {self.config.probe_retry_s:g} s")
-        return RpcFault(SERVER_ERROR, f"no GPU to govern yet ({self.pins.missing_why}); {when}: training runs on at "
-                        "the default clocks")
+        return RpcFault(SERVER_ERROR, f"no GPU to govern yet ({self.pins.missing_why}); {self._gpu_search()}: "
+                        "training runs on at the default clocks")
 
     def rpc_pin_check(self, conn: Connection, params) -> dict:
         uid = conn.peer.uid
@@ -109,8 +118,8 @@ class Methods:
         limits = self.config.limits
         if conn.peer.uid != 0:
             self._registration_allowed(conn.peer.uid, limits)
-        if len(conn.job_ids) >= limits.max_jobs_per_connection:
-            raise RpcFault(LIMIT_EXCEEDED, f"this connection already holds {len(conn.job_ids)} jobs "
+        if self.holds.count(conn) >= limits.max_jobs_per_connection:
+            raise RpcFault(LIMIT_EXCEEDED, f"this connection already holds {self.holds.count(conn)} jobs "
                            "(limits.max_jobs_per_connection)")
         held_by_uid = sum(1 for j in self.pins.jobs.values() if j.uid == conn.peer.uid)
         if held_by_uid >= limits.max_jobs_per_uid:
@@ -132,11 +141,10 @@ class Methods:
             held.close()
             raise
         job.total_steps = params.total_steps
-        conn.job_ids.add(job.job_id)
-        self.server.watch(job, held)
+        self.holds.hold(job, held, conn)
         if job.features.gpu_util is None and self.pins.policy.needs_gpu_util(job.features, job.policy):
             decision = self.pins.hold_unpinned(job, MEASURING)
-            self.server.sampler.start(job)
+            self.sampler.start(job)
             return self._registered(job, decision)
         reply = self._decide_new(conn, job, "")
         self._record_util(job)
@@ -145,7 +153,7 @@ class Methods:
     def _record_util(self, job: ActiveJob) -> None:
         """A job decided without its gpu_util has it measured anyway, for status and the store."""
         if job.features.gpu_util is None:
-            self.server.sampler.start(job, decide=False)
+            self.sampler.start(job, decide=False)
 
     def _admit(self, conn: Connection, params, pid: int, held: peers.HeldProcess) -> ActiveJob:
         """The job of a registration whose process is held (the caller releases ``held`` if this raises)."""
@@ -170,8 +178,7 @@ class Methods:
         try:
             decision = self.pins.decide(job, why_util=why)
         except FtgovError:
-            conn.job_ids.discard(job.job_id)
-            self.server.unwatch(job.job_id)
+            self.holds.release(job.job_id)  # the pin controller dropped the job
             raise
         return self._registered(job, decision)
 
@@ -181,7 +188,7 @@ class Methods:
                 "reason": decision.reason, "gpu": job.gpu_id, "gpu_util": job.features.gpu_util}
 
     def _own_job(self, conn: Connection, job_id: int) -> ActiveJob:
-        if job_id not in conn.job_ids:
+        if not self.holds.held_by(conn, job_id):
             raise RpcFault(UNKNOWN_JOB, f"job_id: no job {job_id} on this connection", {"field": "job_id"})
         return self.pins.jobs[job_id]
 
@@ -192,7 +199,7 @@ class Methods:
         if changes and any(getattr(job.features, k) != v for k, v in changes.items()):
             old = job.features
             job.features = job.features.model_copy(update=changes)
-            deferred_s = self.server.redecide.request(job.job_id, lambda: self._redecide(job, old))
+            deferred_s = self.redecide.request(job.job_id, lambda: self._redecide(job, old))
         d = job.decision
         reply = {"job_id": job.job_id, "policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason}
         if deferred_s:  # within a second of the last re-decision: decided on the latest features when the window ends
@@ -204,7 +211,7 @@ class Methods:
         (governor.daemon.ratelimit); ``old`` is put back when the pin fails."""
         if job.job_id not in self.pins.jobs:  # ended while the re-decision waited
             return
-        sampler = self.server.sampler
+        sampler = self.sampler
         if job.features.gpu_util is None and self.pins.policy.needs_gpu_util(job.features, job.policy):
             if not sampler.waiting(job):  # a new seq_len leads the tree to a gpu_util test: measure it
                 self.pins.hold_unpinned(job, MEASURING)
@@ -229,25 +236,14 @@ class Methods:
             if job.tuner is not None:
                 job.tuner.set_total_steps(self.pins, job)
         self.pins.set_phase(job, params.phase)
-        self.server.sampler.progress(job, params.phase)
+        self.sampler.progress(job, params.phase)
         if job.tuner is not None:
             job.tuner.progress(self.pins, job)
         return {}
 
     def rpc_unregister(self, conn: Connection, params) -> dict:
-        if params.job_id in conn.ended:
-            return conn.ended.pop(params.job_id)
+        ended = self.holds.take_ended(conn, params.job_id)
+        if ended is not None:
+            return ended
         self._own_job(conn, params.job_id)
-        conn.job_ids.discard(params.job_id)
-        return summary(self.server.end(params.job_id, "unregistered"))
-
-
-def summary(ended) -> dict:
-    """What unregister answers (and what a connection keeps for a job whose process ended first)."""
-    out = {"job_id": ended.job.job_id, "duration_s": round(ended.duration_s, 3), "freq_hz": ended.job.freq_hz,
-           "energy_j": protocol.finite(ended.energy_j), "steps": ended.job.steps, "ended": ended.why}
-    if ended.saving is not None:  # a tuned job's measured saving vs the default governor (governor.daemon.tuning)
-        out.update(saved_pct=ended.saving["saved_pct"], saved_pct_err=ended.saving.get("saved_pct_err"),
-                   saved_measured_steps=ended.saving["measured_steps"],
-                   saving=ended.saving)
-    return out
+        return summary(self.holds.end(params.job_id, "unregistered"))

@@ -1,8 +1,8 @@
-"""The daemon's lifecycle: start-up, the main loop, shutdown, signals; and which connection and process holds which job.
+"""The daemon's lifecycle: start-up, the main loop, shutdown, signals.
 
 serve() = start-up (adopt leftovers, listen, READY=1), the main loop, shutdown (restore unless configured not to).
-A job's hold is tied to its connection and its process: whichever ends first ends the job. Nothing here polls:
-connections (governor.daemon.connection), pidfds and signals are all waited on by the event loop; the timers are in
+Which connection and which process hold which job is governor.daemon.holds's. Nothing here polls: connections
+(governor.daemon.connection), pidfds and signals are all waited on by the event loop; the timers are in
 governor.daemon.ticks, the RPC methods in governor.daemon.rpc.
 """
 
@@ -14,7 +14,6 @@ import gc
 import logging
 import os
 import resource
-import select
 import signal
 import socket
 from collections import Counter
@@ -24,11 +23,12 @@ from governor.backends.base import describe_text
 from governor.config import Config
 from governor.daemon import admission, peers, ratelimit
 from governor.daemon.connection import READ_CHUNK, Connection
-from governor.daemon.jobs import ActiveJob, Ended
+from governor.daemon.holds import Holds
+from governor.daemon.jobs import Ended
 from governor.daemon.notify import Notifier
 from governor.daemon.pins import PinController
 from governor.daemon.protocol import RpcFault
-from governor.daemon.rpc import Methods, summary
+from governor.daemon.rpc import Methods
 from governor.daemon.ticks import Ticker, defer_on_loop, status_line
 from governor.daemon.utilization import UtilizationSampler
 from governor.errors import LIMIT_EXCEEDED, PERMISSION_DENIED, FtgovError
@@ -54,17 +54,15 @@ class Server:
         self.config = config
         self.notifier = notifier
         self.ticker = ticker
-        self.methods = Methods(self)
         self.sampler = UtilizationSampler(pins, lambda: self.config)
+        # A client's updates re-decide its job at most about once a second (each is a pin write and a state save).
+        self.redecide = ratelimit.Coalescer(defer_on_loop)
+        self.holds = Holds(self._job_ended)
+        self.methods = Methods(pins, self.holds, self.sampler, self.redecide, lambda: self.config, self._gpu_search)
         self.conns: set[Connection] = set()
         self.conns_per_uid: Counter[int] = Counter()
         # One read buffer for every connection: see Connection.get_buffer.
         self.read_buffer = memoryview(bytearray(READ_CHUNK))
-        self.held: dict[int, peers.HeldProcess] = {}
-        # Jobs' pidfds wait in an epoll of their own, which the loop watches as one file: joining it is one cheap
-        # epoll_ctl, where the loop's own add_reader costs several times that on every registration.
-        self._exits = select.epoll()
-        self._exit_job: dict[int, int] = {}  # pidfd -> job id
         self.group_gid = peers.group_id(config.socket.group)
         # The open-file limit as start-up left it (governor.daemon.main.raise_fd_limit), and the descriptors open
         # before serving (counted in serve()): with two per connection and one per job, what is in use now.
@@ -72,8 +70,6 @@ class Server:
         self.fd_limit: int | None = None if soft == resource.RLIM_INFINITY else soft
         self.base_fds = 0
         self._stop = asyncio.Event()
-        # A client's updates re-decide its job at most about once a second (each is a pin write and a state save).
-        self.redecide = ratelimit.Coalescer(defer_on_loop)
 
     # ---- start-up and shutdown --------------------------------------------------------------------------------------
     def adopt_leftovers(self) -> None:
@@ -93,25 +89,25 @@ class Server:
                 continue
             live.append(rec)
         for job in self.pins.adopt(dataclasses.replace(state, jobs=live)):
-            self.watch(job, held[job.job_id])
+            self.holds.hold(job, held[job.job_id])
             if job.features.gpu_util is None and job.freq_hz is None:  # it was waiting for its measurement
                 self.sampler.start(job)
         self.ticker.changed(self.pins)  # starts the tick, which retries a restore that failed just now
 
     async def serve(self, listen_sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
-        loop.add_reader(self._exits.fileno(), self._processes_exited)
+        loop.add_reader(self.holds.exits_fileno(), self.holds.processes_exited)
         self.adopt_leftovers()  # before READY=1: no client is served until leftovers are restored or re-adopted
         # backlog: asyncio calls listen() again with it; keep the queue that systemd's socket unit (or bind_socket)
         # made, so that a burst of clients waits in the queue, not in EAGAIN.
         # backlog is also how many connections asyncio accepts in one turn before any is checked (and on EMFILE it
         # retries that many times, logging each): a small batch; then the kernel's queue is set back to SOMAXCONN.
-        listener = await loop.create_unix_server(lambda: Connection(self), sock=listen_sock,
+        listener = await loop.create_unix_server(lambda: Connection(self, self.holds), sock=listen_sock,
                                                  backlog=admission.ACCEPT_BATCH)
         listen_sock.listen(socket.SOMAXCONN)
         self.base_fds = len(os.listdir("/proc/self/fd")) - 1  # less listdir's own
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+            loop.add_signal_handler(sig, self._stopping)
         loop.add_signal_handler(signal.SIGHUP, self._reload)
         # Everything allocated at start-up (modules, pydantic schemas, the tree) lives as long as the daemon: keep the
         # cyclic garbage collector from walking it again on every collection, which showed as latency spikes.
@@ -137,12 +133,21 @@ class Server:
             for conn in list(self.conns):
                 conn.close()  # _stop is set: the jobs stay for shutdown() to decide on
             self.shutdown()
-            loop.remove_reader(self._exits.fileno())
-            self._exits.close()
+            loop.remove_reader(self.holds.exits_fileno())
+            self.holds.close()
+
+    def _stopping(self) -> None:
+        self.holds.stopping = True  # connections that close from now on leave their jobs for shutdown()
+        self._stop.set()
 
     def waiting_for_gpu(self) -> bool:
         """True while the GPU's node is awaited after start (node_wait_s)."""
         return self._node_deadline is not None
+
+    def _gpu_search(self) -> str:
+        if self.waiting_for_gpu():
+            return f"ftgovd waits for it up to {self.node_wait_s:g} s after its start (node_wait_s)"
+        return f"ftgovd probes again every {self.config.probe_retry_s:g} s"
 
     def _probe_interval_s(self) -> float:
         # A node that comes up during boot is taken within a second; after the wait, every probe_retry_s.
@@ -185,16 +190,12 @@ class Server:
         self.ticker.stop()
         if self.config.restore_on_stop:
             for job_id in list(self.pins.jobs):
-                self.end(job_id, "daemon stopping")
+                self.holds.end(job_id, "daemon stopping")
             self.pins.reapply()
         elif any(c.pinned_hz is not None for c in self.pins.gpus.values()):
             log.info("restore_on_stop is false: leaving %d job(s) and the pin in place for the next start",
                      len(self.pins.jobs))
         self.pins.flush()  # a save still waiting for its timer: the next start re-adopts from this file
-        for held in self.held.values():
-            held.close()
-        self.held.clear()
-        self._exit_job.clear()
 
     def status_line(self) -> str:
         return status_line(self.pins)
@@ -224,7 +225,7 @@ class Server:
         the newest is taken; and by count, those open before serving, a socket and a pidfd per connection, a pidfd
         per job, and this connection's two."""
         newest = max(sock.fileno(), process.pidfd if process is not None else -1)
-        return max(newest + 1, self.base_fds + 2 * len(self.conns) + len(self.held) + 2)
+        return max(newest + 1, self.base_fds + 2 * len(self.conns) + self.holds.processes() + 2)
 
     def opened(self, conn: Connection) -> None:
         self.conns.add(conn)
@@ -234,52 +235,14 @@ class Server:
         self.conns.discard(conn)
         self.conns_per_uid[conn.peer.uid] -= 1
 
-    def end_jobs(self, conn: Connection, why: str) -> None:
-        if not self._stop.is_set():  # stopping: shutdown() decides what happens to the jobs
-            # The lines of a job's end are its client's: a register-and-close loop must not flood the journal.
-            token = ratelimit.caused_by(conn.peer.uid if conn.peer is not None else None)
-            try:
-                for job_id in list(conn.job_ids):
-                    self.end(job_id, why)
-            finally:
-                ratelimit.done(token)
-            conn.job_ids.clear()
+    def idle_timeout_s(self) -> float:
+        return self.config.limits.idle_timeout_s
 
-    # ---- processes --------------------------------------------------------------------------------------------------
-    def watch(self, job: ActiveJob, held: peers.HeldProcess) -> None:
-        self.held[job.job_id] = held
-        self._exit_job[held.pidfd] = job.job_id
-        self._exits.register(held.pidfd, select.EPOLLIN)  # readable once the process has exited
+    def call(self, conn: Connection, method: str, params):
+        return self.methods.call(conn, method, params)
 
-    def unwatch(self, job_id: int) -> None:
-        held = self.held.pop(job_id, None)
-        if held is not None:
-            del self._exit_job[held.pidfd]
-            self._exits.unregister(held.pidfd)
-            held.close()
-
-    def _processes_exited(self) -> None:
-        for pidfd, _events in self._exits.poll(0):
-            job_id = self._exit_job.get(pidfd)
-            if job_id is not None:  # not ended by an earlier one of these
-                self._process_exited(job_id)
-
-    def _process_exited(self, job_id: int) -> None:
-        owner = next((c for c in self.conns if job_id in c.job_ids), None)
-        job = self.pins.jobs.get(job_id)
-        token = ratelimit.caused_by(job.uid if job is not None else None)
-        try:
-            ended = self.end(job_id, "process exited")
-        finally:
-            ratelimit.done(token)
-        if owner is not None:
-            owner.job_ids.discard(job_id)
-            if ended is not None:
-                owner.keep_ended(job_id, summary(ended))
-
-    def end(self, job_id: int, why: str) -> Ended | None:
-        self.unwatch(job_id)
+    def _job_ended(self, job_id: int, why: str) -> Ended | None:
+        """A job's end, once holds has released it: what waits for its measurements goes, then its pin."""
         self.sampler.forget(job_id)
         self.redecide.forget(job_id)
         return self.pins.end(job_id, why)
-

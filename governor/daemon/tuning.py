@@ -116,7 +116,7 @@ class JobTuner:
         # A clock throttled under the pin (ctl.throttled_hz) does not hold the windows back: what a pin costs under
         # the board's throttling is what the job gets for it, and a throttle that lasts must not stall the search.
         measuring_hz = self.session.measuring_hz
-        if phase not in gov.low_phases and pinned_hz != measuring_hz:
+        if phase not in gov.settings.low_phases and pinned_hz != measuring_hz:
             if gov.repin_pending(job.gpu_id):
                 # Back from a checkpoint, or a probe's move within the GPU's re-pin interval: the pin follows within
                 # a second; no window meanwhile, and a fresh one (warm-up first) once it lands.

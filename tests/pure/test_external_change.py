@@ -1,8 +1,8 @@
-"""What the daemon restores after another tool changed the limits under its pin (PinController.check_pins, reapply):
+"""What the daemon restores after another tool changed the limits under its pin (governor.daemon.checks, reapply):
 the bounds the tool wrote, the others the baseline's."""
 
 from governor.backends.base import Limits
-from governor.daemon.pins import after_external_change
+from governor.daemon.checks import after_external_change
 
 MAXN = Limits(306_000_000, 1_300_500_000, (("power_limit_mw", 60_000),))
 PIN = 714_000_000

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from governor.backends.base import GpuBase, Limits, Reading
 from governor.daemon.pins import PinController
+from governor.daemon.settings import PinSettings
 from governor.errors import FtgovError, PinError
 from governor.features import Features
 from governor.policy import Policy, PolicyName
@@ -56,9 +59,16 @@ def gpu():
     return FakeGpu()
 
 
+SETTINGS = {f.name for f in dataclasses.fields(PinSettings)}
+
+
 def controller(gpu, tmp_path, ffg_hz=714_000_000, **kwargs) -> PinController:
+    """A controller of ``gpu`` under the FFG policy; the keywords that name a setting go into its PinSettings."""
+    settings = {k: kwargs.pop(k) for k in list(kwargs) if k in SETTINGS}
+    if "low_phases" in settings:
+        settings["low_phases"] = frozenset(settings["low_phases"])
     policy = Policy(PolicyName.FFG, ffg_hz, None)
-    return PinController([gpu], policy, StateFile(tmp_path / "state"), "boot-1", **kwargs)
+    return PinController([gpu], PinSettings(policy, **settings), StateFile(tmp_path / "state"), "boot-1", **kwargs)
 
 
 def job(pins: PinController, pid=100, features=ENCODER, **kwargs):

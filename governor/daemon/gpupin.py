@@ -1,0 +1,89 @@
+"""One GPU's pin: the baseline (its limits before our first pin), the pin it holds, and how a change is made.
+
+A pin goes under the power mode's cap (governor.daemon.powermode), the state file is saved before the first write
+(a crash in between still finds the baseline on disk), then the backend writes it (devfreq widens first, so min never
+crosses max); None restores the baseline. What the pin should be is the pin controller's to say (its job table and
+policy.combine); what watches a pin once held is governor.daemon.checks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from governor.backends.base import Gpu, Limits
+from governor.daemon import logs
+from governor.daemon.jobs import mhz
+from governor.daemon.powermode import PowerModeCap
+from governor.errors import BackendError
+
+log = logging.getLogger("ftgovd")
+
+
+class GpuPin:
+    """save_state(): the pin controller's state save (every GPU's pin and the jobs), made before every write.
+    power_mode: the cap a pin stays under; it reads this GPU's baseline."""
+
+    def __init__(self, gpu: Gpu, power_mode: PowerModeCap, save_state: Callable[[], None]):
+        self.gpu = gpu
+        self.power_mode = power_mode
+        self.save_state = save_state
+        self.baseline: Limits | None = None  # snapshot taken before our first pin; None while we hold nothing
+        self.pinned_hz: int | None = None
+        self.restore_failed = False
+        self.stood_down = False  # someone else changed the limits under our pin and config says let them be
+        self.throttled_hz: int | None = None  # the clock read below our pin (thermal throttling, a power cap)
+        self.below_pin_reads = 0  # consecutive ticks that read the clock below the pin
+
+    def set(self, target_hz: int | None, power_cap_mw: int | None) -> bool:
+        """Pin target_hz (under the power mode's cap), or restore the baseline for None; with the first pin,
+        power_cap_mw where the GPU has a power limit. False: the GPU holds that already, nothing was written."""
+        if target_hz is not None:
+            target_hz = self._under_cap(target_hz)
+        if target_hz == self.pinned_hz and not self.restore_failed:
+            return False
+        logs.flush()  # the hardware is touched next: the decision's lines go out first, should a write hang
+        if target_hz is None:
+            self.restore()
+            return True
+        first = self.baseline is None
+        if first:
+            self.baseline = self.gpu.snapshot()  # an NVML snapshot carries the power limit to restore
+            target_hz = self._under_cap(target_hz)
+        self.pinned_hz, self.below_pin_reads = target_hz, 0  # a read under the old pin is not one under this one
+        self.save_state()  # before the write: a crash now still finds the baseline on disk
+        self.gpu.pin(target_hz)
+        if first and power_cap_mw is not None and self.gpu.has_power_cap:
+            self.gpu.set_power_cap_mw(power_cap_mw)
+        self.restore_failed = False
+        log.info("GPU %s pinned to %s", self.gpu.id, mhz(target_hz), extra={"FREQ_HZ": target_hz})
+        return True
+
+    def _under_cap(self, target_hz: int) -> int:
+        capped = self.power_mode.clamp(self, target_hz)
+        if capped != target_hz and self.baseline is not None:  # a cap is the baseline's max: there is one
+            log.warning("GPU %s: %s is above the power mode's cap %s: pinning %s", self.gpu.id, mhz(target_hz),
+                        mhz(self.baseline.max_hz), mhz(capped), extra={"FREQ_HZ": capped})
+        return capped
+
+    def restore(self) -> None:
+        """Write the baseline back; BackendError (marked restore_failed, for a retry) when that fails."""
+        if self.baseline is None:
+            self.pinned_hz = None
+            self.save_state()
+            return
+        try:
+            self.gpu.restore(self.baseline)
+        except BackendError:
+            self.restore_failed = True
+            self.save_state()
+            raise
+        log.info("GPU %s restored to its baseline %s..%s", self.gpu.id, mhz(self.baseline.min_hz),
+                 mhz(self.baseline.max_hz))
+        self.baseline, self.pinned_hz, self.restore_failed = None, None, False
+        self.save_state()
+
+    def stand_down(self) -> None:
+        """Another tool owns the limits now: forget our baseline so that we do not undo its change later."""
+        self.stood_down, self.baseline, self.pinned_hz = True, None, None
+        self.save_state()

@@ -1,0 +1,146 @@
+"""Which connection and which process hold which job: the one owner of that.
+
+A job is held by the connection that registered it (none for a job re-adopted after a restart) and by its process,
+through a pidfd: whichever ends first ends the job. A job whose process exits before its client unregisters leaves
+its summary with the connection, so that a late unregister still gets the figures (the last ENDED_KEPT of each).
+Nothing here polls: the pidfds wait in an epoll of their own, which the event loop watches as one file (joining it
+is one cheap epoll_ctl, where the loop's own add_reader costs several times that on every registration).
+"""
+
+from __future__ import annotations
+
+import select
+from collections.abc import Callable, Hashable
+from typing import Any
+
+from governor.daemon import peers, protocol, ratelimit
+from governor.daemon.jobs import ActiveJob, Ended
+
+ENDED_KEPT = 16
+
+Owner = Hashable  # a connection (governor.daemon.connection.Connection)
+EndJob = Callable[[int, str], "Ended | None"]
+
+
+class Holds:
+    """end(job_id, why): everything else a job's end does (the pin controller's end, the measurements that wait for
+    it); called after the job is released here."""
+
+    def __init__(self, end: EndJob):
+        self._end = end
+        self._owner: dict[int, Owner | None] = {}  # job id -> the connection that holds it
+        self._of_owner: dict[Owner, set[int]] = {}
+        self._uid: dict[int, int] = {}  # job id -> its uid: the log lines of its end count against that uid
+        self._process: dict[int, peers.HeldProcess] = {}
+        self._exit_job: dict[int, int] = {}  # pidfd -> job id
+        self._ended: dict[Owner, dict[int, dict]] = {}
+        self._exits = select.epoll()
+        # Set while the daemon stops: a connection that closes then leaves its jobs for the shutdown to decide on.
+        self.stopping = False
+
+    # ---- holding ----------------------------------------------------------------------------------------------------
+    def hold(self, job: ActiveJob, process: peers.HeldProcess, owner: Owner | None = None) -> None:
+        """The job is held by its process (``process``: closed when the job ends) and by ``owner``, if any."""
+        job_id = job.job_id
+        self._owner[job_id] = owner
+        if owner is not None:
+            self._of_owner.setdefault(owner, set()).add(job_id)
+        self._uid[job_id] = job.uid
+        self._process[job_id] = process
+        self._exit_job[process.pidfd] = job_id
+        self._exits.register(process.pidfd, select.EPOLLIN)  # readable once the process has exited
+
+    def release(self, job_id: int) -> Owner | None:
+        """Stop holding the job (its process's pidfd closed); the connection that held it, if any."""
+        owner = self._owner.pop(job_id, None)
+        if owner is not None:
+            jobs = self._of_owner[owner]
+            jobs.discard(job_id)
+            if not jobs:
+                del self._of_owner[owner]
+        self._uid.pop(job_id, None)
+        process = self._process.pop(job_id, None)
+        if process is not None:
+            del self._exit_job[process.pidfd]
+            self._exits.unregister(process.pidfd)
+            process.close()
+        return owner
+
+    def count(self, owner: Owner) -> int:
+        """How many jobs ``owner`` holds."""
+        return len(self._of_owner.get(owner, ()))
+
+    def held_by(self, owner: Owner, job_id: int) -> bool:
+        return job_id in self._of_owner.get(owner, ())
+
+    def processes(self) -> int:
+        """How many pidfds are open for jobs."""
+        return len(self._process)
+
+    # ---- ends -------------------------------------------------------------------------------------------------------
+    def end(self, job_id: int, why: str) -> Ended | None:
+        self.release(job_id)
+        return self._end(job_id, why)
+
+    def end_owner(self, owner: Owner, why: str, uid: int | None) -> None:
+        """``owner`` (of uid ``uid``) closed: its jobs end, unless the daemon is stopping."""
+        if self.stopping:
+            return
+        # The lines of a job's end are its client's: a register-and-close loop must not flood the journal.
+        token = ratelimit.caused_by(uid)
+        try:
+            for job_id in sorted(self._of_owner.get(owner, ())):
+                self.end(job_id, why)
+        finally:
+            ratelimit.done(token)
+
+    def forget(self, owner: Owner) -> None:
+        """``owner`` is gone: the summaries it kept go too."""
+        self._ended.pop(owner, None)
+
+    def take_ended(self, owner: Owner, job_id: int) -> dict | None:
+        """The summary of ``owner``'s job that ended without unregister (its process exited first), once."""
+        return self._ended.get(owner, {}).pop(job_id, None)
+
+    def exits_fileno(self) -> int:
+        """The epoll that is readable while a job's process has exited: the event loop calls processes_exited."""
+        return self._exits.fileno()
+
+    def processes_exited(self) -> None:
+        for pidfd, _events in self._exits.poll(0):
+            job_id = self._exit_job.get(pidfd)
+            if job_id is not None:  # not ended by an earlier one of these
+                self._process_exited(job_id)
+
+    def _process_exited(self, job_id: int) -> None:
+        owner = self._owner.get(job_id)
+        token = ratelimit.caused_by(self._uid.get(job_id))
+        try:
+            ended = self.end(job_id, "process exited")
+        finally:
+            ratelimit.done(token)
+        if owner is not None and ended is not None:
+            kept = self._ended.setdefault(owner, {})
+            kept[job_id] = summary(ended)
+            while len(kept) > ENDED_KEPT:
+                kept.pop(next(iter(kept)))
+
+    def close(self) -> None:
+        """The daemon stops: close every pidfd (the jobs themselves are the shutdown's to decide on) and the epoll."""
+        for process in self._process.values():
+            process.close()
+        self._process.clear()
+        self._exit_job.clear()
+        self._exits.close()
+
+
+def summary(ended: Ended) -> dict:
+    """What unregister answers (and what a connection keeps for a job whose process ended first)."""
+    out: dict[str, Any] = {"job_id": ended.job.job_id, "duration_s": round(ended.duration_s, 3),
+                           "freq_hz": ended.job.freq_hz, "energy_j": protocol.finite(ended.energy_j),
+                           "steps": ended.job.steps, "ended": ended.why}
+    if ended.saving is not None:  # a tuned job's measured saving vs the default governor (governor.daemon.tuning)
+        out.update(saved_pct=ended.saving["saved_pct"], saved_pct_err=ended.saving.get("saved_pct_err"),
+                   saved_measured_steps=ended.saving["measured_steps"],
+                   saving=ended.saving)
+    return out
