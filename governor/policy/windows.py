@@ -8,12 +8,24 @@ import bisect
 import math
 import numbers
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from governor.errors import FtgovError
 
-if TYPE_CHECKING:
-    from governor.policy.tuner import OnlineTuner
+
+class Tuner(Protocol):
+    """What a TuningSession asks of its tuner (governor.policy.tuner.OnlineTuner): the windows know nothing else of
+    the search, so the tuner may import them without a circle."""
+
+    @property
+    def converged(self) -> bool: ...
+
+    def next_level_hz(self) -> int: ...
+
+    def observe(self, level_hz: int, joules_per_step: float, seconds_per_step: float, *,
+                noise_rel: float | None = None) -> None: ...
+
+    def set_job(self, total_steps: int | None = None, probe_steps: int | None = None) -> None: ...
 
 # A probe is DEFAULT_WARMUP_STEPS discarded steps after a change of level, then DEFAULT_WINDOW_STEPS measured steps.
 # One warm-up step is enough to leave the step during which the clock changed out of the window (a devfreq write takes
@@ -236,7 +248,7 @@ class TuningSession:
     ``warmup_steps`` discarded steps first.
     """
 
-    def __init__(self, tuner: OnlineTuner, steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
+    def __init__(self, tuner: Tuner, steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
                  window_steps: int = DEFAULT_WINDOW_STEPS, *, total_steps: int | None = None,
                  rule: WindowRule | None = None):
         self.tuner = tuner

@@ -71,46 +71,4 @@ def test_nothing_shipped_imports_the_tests_and_nothing_patches_sys_path():
     assert [str(p) for p in runnable if "sys.path.insert" in p.read_text() or "sys.path.append" in p.read_text()] == []
 
 
-def _daemon_import_graph() -> dict[str, set[str]]:
-    """governor/daemon's modules and the daemon modules each imports (TYPE_CHECKING and function-level imports too:
-    a circle a type annotation needs is still a circle for the reader)."""
-    package = REPO / "governor" / "daemon"
-    modules = {f"governor.daemon.{p.stem}" for p in package.glob("*.py") if p.stem != "__init__"}
-    graph = {}
-    for module in modules:
-        found = _imports(package / f"{module.rsplit('.', 1)[1]}.py")
-        graph[module] = {m for m in found if m in modules and m != module}
-    return graph
-
-
-def _a_cycle(graph: dict[str, set[str]]) -> list[str]:
-    """One circle in the graph, as the modules around it (first one repeated at the end); [] when there is none."""
-    done: set[str] = set()
-
-    def visit(node: str, path: list[str]) -> list[str]:
-        if node in path:
-            return path[path.index(node):] + [node]
-        if node in done:
-            return []
-        for nxt in sorted(graph[node]):
-            cycle = visit(nxt, path + [node])
-            if cycle:
-                return cycle
-        done.add(node)
-        return []
-
-    for start in sorted(graph):
-        cycle = visit(start, [])
-        if cycle:
-            return cycle
-    return []
-
-
-def test_the_daemons_modules_import_each_other_without_a_circle():
-    assert _a_cycle(_daemon_import_graph()) == []
-
-
-def test_the_circle_check_sees_a_circle():
-    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
-    assert _a_cycle(graph) == ["a", "b", "c", "a"]
-    assert _a_cycle({"a": {"b"}, "b": set()}) == []
+# That governor/daemon and governor/policy have no import circle: tests/pure/test_import_circles.py.

@@ -6,8 +6,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -112,26 +110,9 @@ def test_the_graph_reads_type_only_relative_and_nested_imports(tmp_path):
     assert circles(graph) == [["pkg.a", "pkg.b", "pkg.c", "pkg.a"]]
 
 
-# windows.py names OnlineTuner in its annotations (under TYPE_CHECKING) and tuner.py re-exports windows.py's names:
-# the one edge left of the tuner <-> search <-> windows circle, in a file being reworked apart (measurement windows).
-POLICY_EDGES_BEING_REMOVED = {("governor.policy.windows", "governor.policy.tuner")}
-
-
-def without(graph: dict[str, set[str]], edges: set[tuple[str, str]]) -> dict[str, set[str]]:
-    return {v: {w for w in targets if (v, w) not in edges} for v, targets in graph.items()}
-
-
-def test_governor_policy_has_no_import_circle_but_the_edge_being_removed():
-    graph = import_graph("governor.policy")
-    assert POLICY_EDGES_BEING_REMOVED <= {(v, w) for v, targets in graph.items() for w in targets}
-    assert circles(without(graph, POLICY_EDGES_BEING_REMOVED)) == []
-
-
-@pytest.mark.xfail(strict=True, reason="windows -> tuner: windows.py names OnlineTuner; being reworked")
 def test_governor_policy_has_no_import_circle():
     assert circles(import_graph("governor.policy")) == []
 
 
-@pytest.mark.xfail(strict=True, reason="connection <-> server <-> rpc: being split")
 def test_governor_daemon_has_no_import_circle():
     assert circles(import_graph("governor.daemon")) == []
