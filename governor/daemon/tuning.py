@@ -195,7 +195,8 @@ class JobTuner:
             if job.freq_hz is not None:
                 self._move(gov, job, None, BASELINE_REASON)
             self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
-                                                rule=self.cfg.window(self.meter.update_s))
+                                                rule=self.cfg.window(self.meter.update_s),
+                                                meter_update_s=self.meter.update_s)
             self.status = "measuring the baseline window at the default governor"
             return
         try:

@@ -23,6 +23,9 @@ DEFAULT_WINDOW_STEPS = 4
 # NVML's energy counter moves every 100 ms (measured on an H200: governor.sim.meters); a Jetson's INA3221 refreshes
 # every hwmon update_interval (140 ms by default).
 NVML_COUNTER_UPDATE_S = 0.100
+# A counter that holds between updates reads the same across a window shorter than one update (4 steps of 26 ms):
+# such a window stays open until the counter moves. One that has not moved for this many updates is stalled.
+STALL_UPDATES = 10
 
 
 class TuningError(FtgovError, ValueError):
@@ -158,15 +161,21 @@ class ProbeWindow:
 
     With a ``rule`` (WindowRule) the window is sized by time and by its own noise instead of ``window_steps``, and its
     measurement carries that noise (``Measurement.noise_rel``).
+
+    ``meter_update_s``: how often the energy counter moves (0: an exact meter). A window of ``window_steps`` across
+    which such a counter has not moved stays open until it has, for up to STALL_UPDATES updates (a rule's window
+    stays open anyway: its uncertainty is infinite until the counter moves, and it closes at ``max_s``).
     """
 
     def __init__(self, level_hz: int, begin_steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
-                 window_steps: int = DEFAULT_WINDOW_STEPS, *, rule: WindowRule | None = None):
+                 window_steps: int = DEFAULT_WINDOW_STEPS, *, rule: WindowRule | None = None,
+                 meter_update_s: float = 0.0):
         self.level_hz = level_hz
         self.begin_steps = _count(begin_steps, "begin_steps", 0)
         self.warmup_steps = _count(warmup_steps, "warmup_steps", 0)
         self.window_steps = _count(window_steps, "window_steps", 1)
         self.rule = rule
+        self.stall_s = STALL_UPDATES * float(meter_update_s)
         self._last_steps = self.begin_steps
         self._mark: tuple[int, float, float] | None = None  # (steps, energy_j, time_s) where the window opened
         self._reports: list[tuple[int, float, float]] = []  # with a rule: every report since the mark
@@ -196,6 +205,8 @@ class ProbeWindow:
         if self.rule is None:
             if n < self.window_steps:
                 return None
+            if joules == 0 and 0 < seconds < self.stall_s:
+                return None  # the counter has not updated since the window opened
         else:
             if steps > self._reports[-1][0]:
                 self._reports.append((steps, float(energy_j), float(time_s)))
@@ -205,8 +216,9 @@ class ProbeWindow:
             if noise > self.rule.target_rel and seconds < self.rule.max_s:
                 return None
         if not (math.isfinite(joules) and joules > 0 and math.isfinite(seconds) and seconds > 0):
+            stalled = f" (stalled: it updates every {self.stall_s / STALL_UPDATES:g} s)" if self.stall_s else ""
             raise TuningError(f"window at {self.level_hz} Hz measured {joules!r} J in {seconds!r} s: the energy "
-                              "counter or the clock did not advance")
+                              f"counter{stalled} or the clock did not advance")
         if noise is not None and not math.isfinite(noise):
             noise = None
         self.measurement = Measurement(self.level_hz, joules / n, seconds / n, n, steps - self.begin_steps,
@@ -238,8 +250,9 @@ class TuningSession:
 
     def __init__(self, tuner: OnlineTuner, steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
                  window_steps: int = DEFAULT_WINDOW_STEPS, *, total_steps: int | None = None,
-                 rule: WindowRule | None = None):
+                 rule: WindowRule | None = None, meter_update_s: float = 0.0):
         self.tuner = tuner
+        self.meter_update_s = meter_update_s
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
         self.rule = rule
@@ -256,7 +269,8 @@ class TuningSession:
         self._window = self._new_window(tuner.next_level_hz(), steps, warmup_steps)
 
     def _new_window(self, level_hz: int, steps: int, warmup_steps: int) -> ProbeWindow:
-        return ProbeWindow(level_hz, steps, warmup_steps, self.window_steps, rule=self.rule)
+        return ProbeWindow(level_hz, steps, warmup_steps, self.window_steps, rule=self.rule,
+                           meter_update_s=self.meter_update_s)
 
     @property
     def level_hz(self) -> int:

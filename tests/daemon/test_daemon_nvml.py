@@ -2,9 +2,11 @@
 
 import json
 import os
+import time
 
 import pytest
 
+from governor.sim.meters import NVML_UPDATE_JITTER_S, NVML_UPDATE_S, UpdateClock
 from governor.store import measurements as store
 from tests.support import FAKENVML_DIR as FAKE_DIR
 from tests.support.daemon import FEATURES, REPO
@@ -119,3 +121,27 @@ def test_on_a_jetson_the_tree_still_picks_the_start(orin, start_daemon):
     d = start_daemon(config={"policy": "tune"})
     res = d.client().call("register", **FEATURES)
     assert res["freq_hz"] == 714000000 and "tree:" in res["reason"], res  # the paper tree's pick, not the top
+
+
+def test_a_window_inside_one_update_of_the_energy_counter_waits_for_it_and_tuning_goes_on(nvml_daemon):
+    """Steps of 26 ms against NVML's counter, which moves every 100 ms: a window of 4 steps that starts just after an
+    update sees none (0 J). That is a window too short to read, not a stalled meter: it stays open until the counter
+    moves, and the search goes on."""
+    d, _calls = nvml_daemon(gpus=({},), tuner={"window_rule": "steps", "baseline_window": False})
+    c = d.client()
+    job_id = c.call("register", **FEATURES)["job_id"]
+    c.notify("progress", job_id=job_id, steps=1, phase="train")  # the search starts: pinned at its first level
+    assert c.call("status")["jobs"][0]["tuner"]["status"] == "measuring"
+    clock = UpdateClock(NVML_UPDATE_S, NVML_UPDATE_JITTER_S, seed=0)  # the fake GPU 0's update instants
+    update = clock.last_at(time.monotonic()) + NVML_UPDATE_S
+    time.sleep(max(0.0, update + 0.005 - time.monotonic()))  # the job's steps run up to just after an update
+    for steps in range(2, 7):  # the warm-up step, then 4 steps, all read before the next update
+        c.notify("progress", job_id=job_id, steps=steps, phase="train")
+    tuner = c.call("status")["jobs"][0]["tuner"]
+    assert time.monotonic() < update + NVML_UPDATE_S - NVML_UPDATE_JITTER_S, "the reports outran the counter's update"
+    assert tuner["status"] == "measuring" and tuner["probes"] == 0, tuner
+    time.sleep(max(0.0, update + NVML_UPDATE_S + 0.005 - time.monotonic()))  # 4 more steps: the counter has moved
+    c.notify("progress", job_id=job_id, steps=10, phase="train")
+    tuner = c.call("status")["jobs"][0]["tuner"]
+    assert tuner["status"] == "measuring" and tuner["probes"] == 1, (tuner, d.log())
+    assert tuner["last_window"]["steps"] == 8, tuner
