@@ -13,11 +13,11 @@ while it is alone on its GPU, the job runs one probe (warmup_steps + window_step
 (MAXN on a Jetson, unlocked clocks on NVML), before the search begins. A job that is held unpinned anyway while its
 gpu_util is measured (governor.daemon.utilization) measures the baseline in that same stretch, at no extra cost. At
 the job's end, the saving per step against that window is reported with its uncertainty, saved_pct_err (unregister's
-result, the log's SAVED_PCT and SAVED_PCT_ERR fields, status; Prometheus and the measurement store keep the saving
-alone): the converged level's energy per step is measured over the steps run there after convergence, or over its
-tuner windows when the job ended too soon after. A job that reports no progress
-keeps its start pin and has no baseline; a job sharing its GPU measures none either (the default governor does not
-run while another job holds a pin, and the rails would measure both).
+result, the log's SAVED_PCT and SAVED_PCT_ERR fields, status, Prometheus and the measurement store): the converged
+level's energy per step is measured over the steps run there after convergence, or over its tuner windows when the job
+ended too soon after. A job that reports no progress keeps its start pin and has no baseline; a job sharing its GPU
+measures none either (the default governor does not run while another job holds a pin, and the rails would measure
+both).
 
 Each `progress` notification feeds a TuningSession with the job's step count, a cumulative energy reading (the INA3221
 rails integrated at every report, or the GPU's own counter on NVML) and the clock; a closed window becomes one tuner
