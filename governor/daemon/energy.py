@@ -54,12 +54,22 @@ class BoardEnergy:
         return "GPU energy counter (whole GPU)"
 
     def sample(self, jobs: Iterable) -> None:
-        """Integrate energy for the jobs given (their meters), at one power reading."""
+        """Integrate energy for the jobs given (their meters, and their tuners' own), at one power reading."""
         if self.rails is None:
             return
-        jobs = [j for j in jobs if j.meter is not None]
-        if not jobs:
+        meters = []
+        for job in jobs:
+            meters += [m for m in (job.meter, getattr(job.tuner, "meter", None))
+                       if isinstance(m, EnergyMeter) and m not in meters]
+        if not meters:
             return
         t, mw = time.monotonic(), self.total_mw()
-        for job in jobs:
-            job.meter.add(t, mw)
+        for meter in meters:
+            meter.add(t, mw)
+
+    @property
+    def refresh_s(self) -> float | None:
+        """How often the sampler reads the rails while jobs run: the INA3221's refresh (None: no rails to read)."""
+        if self.rails is None or not self.rails.energy_rails:
+            return None
+        return self.rails.update_interval_s

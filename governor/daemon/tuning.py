@@ -36,6 +36,7 @@ import logging
 import math
 import time
 
+from governor.backends.rails import CounterMeter
 from governor.config import TunerConfig
 from governor.daemon.jobs import mhz
 from governor.daemon.recorder import window_util_pct
@@ -43,6 +44,7 @@ from governor.daemon.starts import TuneStarts, gpu_key
 from governor.errors import FtgovError
 from governor.policy import Decision, PolicyName
 from governor.policy.tuner import Measurement, ProbeWindow
+from governor.policy.windows import UpdateEdges
 
 log = logging.getLogger("ftgovd")
 
@@ -77,14 +79,46 @@ class JobTuner:
             self.meter, self.baseline, self.baseline_status = carry.meter, carry.baseline, carry.baseline_status
             self._baseline_window = carry._baseline_window
             self.windows = [w for w in carry.windows if w[0].level_hz is None]
+            self._edges, self._last_end, self._seen_s = carry._edges, carry._last_end, carry._seen_s
         else:
             # The tuner's own meter: its windows must not depend on the job's.
             self.meter = gov.energy.new_meter(gov.gpus[job.gpu_id].gpu)
+            # Where windows' edges go for a client that sends step_end_s: a counter's update instants (NVML), or
+            # the rails' samples, taken by the daemon's sampler at the sensor's refresh (governor.daemon.energy).
+            counter = isinstance(self.meter, CounterMeter)
+            self._edges = UpdateEdges(self.meter.update_s if counter else 0.0)
+            self._last_end: tuple[int, float] | None = None  # (steps, step_end_s) of the last report that had one
+            self._seen_s = -math.inf  # the rails' samples up to here are edges already
         if self.meter is None:
             self.status = "no energy source (no rails, no GPU counter): keeping the start"
 
-    def energy_j(self) -> float:
+    def energy_j(self, job) -> float:
+        if job.step_end_s is not None and not isinstance(self.meter, CounterMeter):
+            return self.meter.energy_j  # the sampler's samples alone: none locked to the steps' phase
         return self.meter.add(time.monotonic(), self._total_mw())
+
+    def _points(self, job, energy_j: float) -> list[tuple[float, float, float]]:
+        """What this report gives the windows, as (steps, energy_j, time_s). With the step's end time (step_end_s):
+        the meter's update instants (or samples) since the last such report, each with the steps run by then,
+        counted fractionally between the two reports' step ends, so a window's ends are the meter's. Without it (an
+        older client): the report itself as it arrives, with the energy read then."""
+        now_s = time.monotonic()
+        if job.step_end_s is None:
+            self._last_end = None
+            return [(job.steps, energy_j, now_s)]
+        if isinstance(self.meter, CounterMeter):
+            self._edges.read(now_s, energy_j)
+        else:
+            for t_s, e_j in self.meter.samples:
+                if t_s > self._seen_s:
+                    self._edges.read(t_s, e_j)
+                    self._seen_s = t_s
+        prev, self._last_end = self._last_end, (job.steps, job.step_end_s)
+        edges = self._edges.take_until(job.step_end_s)
+        if prev is None or job.step_end_s <= prev[1]:
+            return []
+        (n0, t0), (n1, t1) = prev, self._last_end
+        return [(n0 + (n1 - n0) * (t_s - t0) / (t1 - t0), e_j, t_s) for t_s, e_j in edges if t_s > t0]
 
     @property
     def baseline_wanted(self) -> bool:
@@ -98,15 +132,16 @@ class JobTuner:
     def progress(self, gov, job) -> None:
         if self.meter is None:
             return
-        energy_j = self.energy_j()  # integrate at every report, shared or not, so the counter stays continuous
+        energy_j = self.energy_j(job)  # integrate at every report, shared or not, so the counter stays continuous
+        points = self._points(job, energy_j)
         shared = any(j.gpu_id == job.gpu_id and j is not job for j in gov.jobs.values())
         if self.baseline_wanted:
-            self._baseline_progress(gov, job, energy_j, shared)
+            self._baseline_progress(gov, job, points, shared)
             return
         if self.tuner is None:
             return
         if self.tuner.converged:
-            self._tail_progress(job, energy_j, shared)
+            self._tail_progress(points, shared)
             return
         if shared:
             if self.session is not None:
@@ -142,16 +177,24 @@ class JobTuner:
                 self._move(gov, job, self.tuner.best_hz,
                            "tune: stopped (the GPU left the level measured); best measured")
                 return
-        try:
-            m = self.session.on_progress(job.steps, energy_j, time.monotonic(), phase)
-        except FtgovError as e:
-            log.warning("%s: tuning stopped: %s; keeping %s", job.label(), e, mhz(self.tuner.best_hz),
-                        extra=job.fields())
-            self.meter, self.status = None, f"stopped: {e}"
-            self._move(gov, job, self.tuner.best_hz, f"tune: stopped ({e}); best measured")
-            return
-        if m is None:
-            return
+        for steps, e_j, t_s in points:
+            try:
+                m = self.session.on_progress(steps, e_j, t_s, phase)
+            except FtgovError as e:
+                log.warning("%s: tuning stopped: %s; keeping %s", job.label(), e, mhz(self.tuner.best_hz),
+                            extra=job.fields())
+                self.meter, self.status = None, f"stopped: {e}"
+                self._move(gov, job, self.tuner.best_hz, f"tune: stopped ({e}); best measured")
+                return
+            if m is not None:
+                self._window_closed(gov, job, m)
+                if self.meter is not None and not self.tuner.converged:
+                    # The pin moved as this report arrived: the next level's warm-up begins at its step, and the
+                    # rest of its edges ran at the level measured before.
+                    self.session.reopen(job.steps)
+                return
+
+    def _window_closed(self, gov, job, m: Measurement) -> None:
         self.windows.append((m, window_util_pct(gov, job)))
         state = self.tuner.state()
         log.info("%s: tune probe %d at %s: %.4f J/step, %.4f s/step over %d steps -> %s", job.label(),
@@ -181,7 +224,7 @@ class JobTuner:
 
     # ---- the baseline window ----------------------------------------------------------------------------------------
 
-    def _baseline_progress(self, gov, job, energy_j: float, shared: bool) -> None:
+    def _baseline_progress(self, gov, job, points: list, shared: bool) -> None:
         if shared:
             self.baseline_status = "skipped: another job shares the GPU (the default governor does not run then)"
             self._baseline_window = None
@@ -199,8 +242,12 @@ class JobTuner:
                                                 meter_update_s=self.meter.update_s)
             self.status = "measuring the baseline window at the default governor"
             return
+        m = None
         try:
-            m = self._baseline_window.feed(job.steps, energy_j, time.monotonic(), job.phase or "train")
+            for steps, e_j, t_s in points:
+                m = self._baseline_window.feed(steps, e_j, t_s, job.phase or "train")
+                if m is not None:
+                    break
         except FtgovError as e:
             self.baseline_status, self._baseline_window = f"failed: {e}", None
             m = None
@@ -220,15 +267,17 @@ class JobTuner:
 
     # ---- the measured saving ----------------------------------------------------------------------------------------
 
-    def _tail_progress(self, job, energy_j: float, shared: bool) -> None:
+    def _tail_progress(self, points: list, shared: bool) -> None:
         """After convergence: the steps run at the chosen level, from the first report after the re-pin (the steps
         before it are its warm-up), for the saving. A stretch shared with another job is no measurement of this one."""
         if shared:
             self._tail_mixed = True
-        elif self._tail is None:
-            self._tail = (job.steps, energy_j, time.monotonic())
-        else:
-            self._tail_end = (job.steps, energy_j, time.monotonic())
+        elif points and self._tail is None:
+            self._tail = points[0]
+            if len(points) > 1:
+                self._tail_end = points[-1]
+        elif points:
+            self._tail_end = points[-1]
 
     def saving(self) -> dict | None:
         """The saving per step measured so far against the baseline window; None without both ends."""

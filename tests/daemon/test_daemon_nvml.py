@@ -145,3 +145,46 @@ def test_a_window_inside_one_update_of_the_energy_counter_waits_for_it_and_tunin
     tuner = c.call("status")["jobs"][0]["tuner"]
     assert tuner["status"] == "measuring" and tuner["probes"] == 1, (tuner, d.log())
     assert tuner["last_window"]["steps"] == 8, tuner
+
+
+def test_a_client_that_times_its_steps_gets_windows_whose_ends_are_the_counters_updates(nvml_daemon, tmp_path):
+    """Against NVML's counter (100 ms updates, held between), 4-step windows of 26 ms steps read at the reports are off
+    by up to a whole update's energy. With step_end_s, a window runs from one update instant to another, where the
+    counter is exact, and counts the steps between them from their end times: at a steady power each window's energy
+    per second is the GPU's true power at its level."""
+    path = tmp_path / "m.sqlite"
+    util_pct, top_mhz = 80, 1980
+    d, _calls = nvml_daemon(gpus=({"util_gpu_pct": util_pct},), store={"path": str(path)},
+                            tuner={"window_rule": "steps", "baseline_window": False})
+    c = d.client()
+    job_id = c.call("register", **FEATURES)["job_id"]
+    step_s = 0.026
+    next_end = time.monotonic()
+    for steps in range(1, 121):
+        next_end += step_s
+        time.sleep(max(0.0, next_end - time.monotonic()))  # the step's work
+        c.notify("progress", job_id=job_id, steps=steps, phase="train", step_end_s=time.monotonic())
+    tuner = c.call("status")["jobs"][0]["tuner"]
+    assert tuner["probes"] >= 4 and not tuner["status"].startswith("stopped"), (tuner, d.log())
+    c.call("unregister", job_id=job_id)
+    d.stop()
+    job, = store.read_jobs(store.open_read_only(path))
+    assert len(job.windows) == tuner["probes"]
+    for w in job.windows:
+        true_w = (90_000 + (650_000 - 90_000) * util_pct / 100 * (w.level_hz / 1e6 / top_mhz) ** 2) / 1000
+        assert w.joules_per_step / w.seconds_per_step == pytest.approx(true_w, rel=0.03), (w, true_w, d.log())
+
+
+def test_a_step_end_that_is_not_this_hosts_recent_clock_is_refused_in_one_line(nvml_daemon):
+    d, _calls = nvml_daemon(gpus=({},))
+    c = d.client()
+    job_id = c.call("register", **FEATURES)["job_id"]
+    now = time.monotonic()
+    for bad in (now + 60, now - 3600, "soon", True):
+        err = c.request("progress", job_id=job_id, steps=1, step_end_s=bad)["error"]
+        assert err["code"] == -32602 and err["data"]["field"] == "step_end_s" and "\n" not in err["message"], err
+    c.call("progress", job_id=job_id, steps=2, step_end_s=now)
+    err = c.request("progress", job_id=job_id, steps=3, step_end_s=now - 1)["error"]
+    assert err["code"] == -32602 and "is not after" in err["message"], err
+    c.call("progress", job_id=job_id, steps=4)  # a report without one is taken as before
+    assert c.call("status")["jobs"][0]["steps"] == 4
