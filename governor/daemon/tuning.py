@@ -19,11 +19,14 @@ ended too soon after. A job that reports no progress keeps its start pin and has
 measures none either (the default governor does not run while another job holds a pin, and the rails would measure
 both).
 
-Each `progress` notification feeds a TuningSession with the job's step count, a cumulative energy reading (the INA3221
-rails integrated at every report, or the GPU's own counter on NVML) and the clock; a closed window becomes one tuner
-observation, and the job is moved to the next level to measure, then to the level the tuner converges on. Every probe
-is logged with journald fields. The job's length (``total_steps`` from register or progress) sets the tuner's energy
-budget; unknown, the tuner assumes its ASSUMED_TOTAL_STEPS.
+Each `progress` notification feeds a TuningSession. With ``step_end_s`` (the client's CLOCK_MONOTONIC at the step's
+end): the energy meter's edges since the last report (NVML's counter updates, found from the reads the reports make;
+the rails' samples, taken by the daemon's sampler at the INA3221's refresh), each with the steps run by then, counted
+fractionally between the reports' step ends (``JobTuner._points``). Without it: the job's step count, a cumulative
+energy reading (the rails integrated at every report, or the GPU's own counter) and the clock, as the report
+arrives. A closed window becomes one tuner observation, and the job is moved to the next level to measure, then to
+the level the tuner converges on. Every probe is logged with journald fields. The job's length (``total_steps`` from
+register or progress) sets the tuner's energy budget; unknown, the tuner assumes its ASSUMED_TOTAL_STEPS.
 
 Tuning needs the GPU to itself: the rails measure the whole board, so while another job shares the GPU the windows
 would mix both. The tuner then pauses (its last best level stays the job's pick) and resumes when the job is alone.
