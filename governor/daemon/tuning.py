@@ -308,8 +308,9 @@ class JobTuner:
         return {"saved_pct": round(100.0 * saved_rel, 2), "saved_rel": saved_rel,
                 "saved_pct_err": round(100.0 * err_rel, 2), "basis": "default governor",
                 "freq_hz": best_hz, "converged": self.tuner.converged,
-                "measured_steps": self.baseline.measured_steps + steps, "baseline_steps": self.baseline.measured_steps,
-                "tuned_steps": steps, "tuned_over": over, "baseline_j_per_step": self.baseline.joules_per_step,
+                "measured_steps": self.baseline.measured_steps + round(steps),
+                "baseline_steps": self.baseline.measured_steps,
+                "tuned_steps": round(steps), "tuned_over": over, "baseline_j_per_step": self.baseline.joules_per_step,
                 "tuned_j_per_step": tuned}
 
     def _noise_rel(self, m: Measurement) -> float:

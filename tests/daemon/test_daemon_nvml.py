@@ -155,7 +155,7 @@ def test_a_client_that_times_its_steps_gets_windows_whose_ends_are_the_counters_
     path = tmp_path / "m.sqlite"
     util_pct, top_mhz = 80, 1980
     d, _calls = nvml_daemon(gpus=({"util_gpu_pct": util_pct},), store={"path": str(path)},
-                            tuner={"window_rule": "steps", "baseline_window": False})
+                            tuner={"window_rule": "steps"})
     c = d.client()
     job_id = c.call("register", **FEATURES)["job_id"]
     step_s = 0.026
@@ -166,12 +166,14 @@ def test_a_client_that_times_its_steps_gets_windows_whose_ends_are_the_counters_
         c.notify("progress", job_id=job_id, steps=steps, phase="train", step_end_s=time.monotonic())
     tuner = c.call("status")["jobs"][0]["tuner"]
     assert tuner["probes"] >= 4 and not tuner["status"].startswith("stopped"), (tuner, d.log())
-    c.call("unregister", job_id=job_id)
+    end = c.call("unregister", job_id=job_id)
+    assert isinstance(end["saved_measured_steps"], int) and end["saved_pct_err"] > 0, end  # steps counted whole
     d.stop()
     job, = store.read_jobs(store.open_read_only(path))
-    assert len(job.windows) == tuner["probes"]
+    assert job.windows[0].level_hz is None and len(job.windows) == 1 + tuner["probes"]  # the baseline first
     for w in job.windows:
-        true_w = (90_000 + (650_000 - 90_000) * util_pct / 100 * (w.level_hz / 1e6 / top_mhz) ** 2) / 1000
+        mhz = top_mhz if w.level_hz is None else w.level_hz / 1e6  # unlocked, a busy GPU runs at the top
+        true_w = (90_000 + (650_000 - 90_000) * util_pct / 100 * (mhz / top_mhz) ** 2) / 1000
         assert w.joules_per_step / w.seconds_per_step == pytest.approx(true_w, rel=0.03), (w, true_w, d.log())
 
 
