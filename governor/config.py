@@ -129,9 +129,10 @@ class TunerConfig(_Strict):
                     meter_update_s: float = 0.0) -> _tuner.TuningSession:
         """A TuningSession over ``online`` from step count ``steps``; ``total_steps`` is the count the job ends at
         (None: unknown, the tuner assumes its ASSUMED_TOTAL_STEPS); ``meter_update_s``: how often the job's energy
-        meter updates (0: exact), for window_rule time."""
+        meter updates (0: exact), for window_rule time and to tell a counter that has not updated yet from a stalled
+        one."""
         return _tuner.TuningSession(online, steps, self.warmup_steps, self.window_steps, total_steps=total_steps,
-                                    rule=self.window(meter_update_s))
+                                    rule=self.window(meter_update_s), meter_update_s=meter_update_s)
 
 
 DEFAULT_STORE_PATH = "/var/lib/ftgov/measurements.sqlite"  # where the unit's StateDirectory=ftgov puts it

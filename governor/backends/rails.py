@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import deque
 from pathlib import Path
 
 from governor.errors import BackendError
@@ -122,14 +123,18 @@ class EnergyMeter:
     """Trapezoidal integration of total power (ENERGY_RAILS) over samples: joules since start. ``update_s``: how
     often the power read refreshes (the INA3221's update_interval), which bounds how finely a window can be timed."""
 
+    KEEP_SAMPLES = 64  # the recent (time_s, energy_j) samples a tuner's windows take their edges from
+
     def __init__(self, t_s: float, total_mw: float, update_s: float = DEFAULT_UPDATE_INTERVAL_S):
         self.last_t_s, self.last_mw, self.energy_j = t_s, total_mw, 0.0
         self.update_s = update_s
+        self.samples: deque[tuple[float, float]] = deque(maxlen=self.KEEP_SAMPLES)
 
     def add(self, t_s: float, total_mw: float) -> float:
         dt = max(0.0, t_s - self.last_t_s)
         self.energy_j += dt * (self.last_mw + total_mw) / 2.0 / 1000.0
         self.last_t_s, self.last_mw = t_s, total_mw
+        self.samples.append((t_s, self.energy_j))
         return self.energy_j
 
 

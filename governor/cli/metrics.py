@@ -83,6 +83,9 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
     measured = Family(f"{PREFIX}_job_energy_saved_ratio",
                       "energy per step saved against the default governor, 0..1, measured: a tuned job's baseline "
                       "window against its chosen level (absent until both are measured)")
+    measured_err = Family(f"{PREFIX}_job_energy_saved_ratio_stddev",
+                          "the measured saving's uncertainty (one standard deviation), 0..1: its baseline window's "
+                          "and its chosen level's own, in quadrature")
     measured_steps = Family(f"{PREFIX}_job_energy_saved_measured_steps",
                             "steps the measured saving is measured over (baseline window and chosen level)")
     for j in jobs:
@@ -95,6 +98,8 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
         job_steps.add(j.get("steps"), **labels)
         if j.get("saving"):
             measured.add(j["saving"].get("saved_rel"), **labels)
+            err = j["saving"].get("saved_pct_err")
+            measured_err.add(None if err is None else err / 100, **labels)
             measured_steps.add(j["saving"].get("measured_steps"), **labels)
         ratio = estimate(j) if estimate is not None else None
         if ratio is not None:
@@ -103,7 +108,7 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
                 # energy_j was spent at the pin; MAXN would have spent energy_j / (1 - ratio).
                 saved.add(j["energy_j"] * ratio / (1 - ratio), **labels)
     return [up, active, *gpu_fams.values(), load, power, job_freq, job_energy, job_time, job_steps, savings, saved,
-            measured, measured_steps, *store_families(status.get("store"))]
+            measured, measured_err, measured_steps, *store_families(status.get("store"))]
 
 
 def store_families(store: dict | None) -> list[Family]:

@@ -70,6 +70,7 @@ class Job:
         self._closed = False
         self._reported_steps = 0
         self._next_report_s = 0.0
+        self._step_end_s: float | None = None  # CLOCK_MONOTONIC when the last counted step ended
         self._phase: str | None = None
         self._tokens = 0.0
         self._samples = 0
@@ -138,15 +139,15 @@ class Job:
     def step(self, n: int = 1) -> None:
         """Count n training steps. Reports the total at most every report_every_s, so a step costs a clock read."""
         self.steps += n
+        self._step_end_s = time.monotonic()
         if self.job_id is None or self._conn is None:
             if (self._conn is not None and not self.seq_len_known and self.steps >= self.measure_batches
                     and self._batches_seen == 0 and self._unmeasurable_batches == 0):
                 self._disable("seq_len is unknown and no batch was observed: pass seq_len= "
                               "or call job.observe_batch(batch) on the first batches")
             return
-        now_s = time.monotonic()
-        if now_s >= self._next_report_s:
-            self._next_report_s = now_s + self.report_every_s
+        if self._step_end_s >= self._next_report_s:
+            self._next_report_s = self._step_end_s + self.report_every_s
             self._report()
 
     def phase(self, phase: str) -> None:
@@ -200,7 +201,8 @@ class Job:
                             self.job_id)
             elif self.job_id is not None:
                 if self.steps != self._reported_steps:
-                    conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase)
+                    conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase,
+                                **self._step_end())
                 self.result = conn.call("unregister", job_id=self.job_id)
                 log.info("ftgov: job %s ended: %s", self.job_id, describe_reply(self.result))
         except UnknownJob:
@@ -248,11 +250,17 @@ class Job:
     def _report(self) -> None:
         total = self.total_steps if self.total_steps != self._sent_total_steps else None
         try:
-            self._conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase, total_steps=total)
+            self._conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase, total_steps=total,
+                              **self._step_end())
             self._reported_steps = self.steps
             self._sent_total_steps = self.total_steps
         except DaemonUnavailable as e:
             self._disable(str(e))
+
+    def _step_end(self) -> dict:
+        """When the last step counted ended (CLOCK_MONOTONIC, the daemon's host): windows are timed by the steps, not
+        by when their reports arrive."""
+        return {} if self._step_end_s is None else {"step_end_s": self._step_end_s}
 
     def _disable(self, why: str) -> None:
         """Warn once and carry on without the governor."""

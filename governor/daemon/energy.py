@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterable
 
 from governor.backends.base import Gpu
 from governor.backends.rails import CounterMeter, EnergyMeter, Rails
 from governor.errors import BackendError
+from governor.policy.windows import UpdateEdges
 
 log = logging.getLogger("ftgovd")
 
 POWER_CACHE_S = 0.02
+GRID_KNOWN_S = 0.01  # a tenth of NVML's 100 ms update period
 
 
 class BoardEnergy:
@@ -54,12 +57,72 @@ class BoardEnergy:
         return "GPU energy counter (whole GPU)"
 
     def sample(self, jobs: Iterable) -> None:
-        """Integrate energy for the jobs given (their meters), at one power reading."""
+        """Integrate energy for the jobs given (their meters, and their tuners' own), at one power reading."""
         if self.rails is None:
             return
-        jobs = [j for j in jobs if j.meter is not None]
-        if not jobs:
+        meters = []
+        for job in jobs:
+            meters += [m for m in (job.meter, getattr(job.tuner, "meter", None))
+                       if isinstance(m, EnergyMeter) and m not in meters]
+        if not meters:
             return
         t, mw = time.monotonic(), self.total_mw()
-        for job in jobs:
-            job.meter.add(t, mw)
+        for meter in meters:
+            meter.add(t, mw)
+
+    @property
+    def refresh_s(self) -> float | None:
+        """How often the sampler reads the rails while jobs run: the INA3221's refresh (None: no rails to read)."""
+        if self.rails is None or not self.rails.energy_rails:
+            return None
+        return self.rails.update_interval_s
+
+
+class MeterFeed:
+    """A job's own energy meter, and what each of its progress reports gives measurement windows: (steps, energy_j,
+    time_s) points. With the step's end time (``job.step_end_s``): the meter's update instants (NVML's counter) or
+    samples (the rails' sampler) since the last such report, each with the steps run by then, counted fractionally
+    between the two reports' step ends, so a window's ends are the meter's. Without it (an older client): the report
+    itself as it arrives, with the energy read then. Shared by the tuner's windows and observe's, so that observe
+    measures what tune would. ``meter`` is None where there is no energy source."""
+
+    def __init__(self, energy: BoardEnergy, gpu: Gpu):
+        self.meter = energy.new_meter(gpu)
+        self._total_mw = energy.total_mw
+        counter = isinstance(self.meter, CounterMeter)
+        self._edges = UpdateEdges(self.meter.update_s if counter else 0.0)
+        self._last_end: tuple[int, float] | None = None  # (steps, step_end_s) of the last report that had one
+        self._seen_s = -math.inf  # the rails' samples up to here are edges already
+
+    def energy_j(self, job) -> float:
+        if job.step_end_s is not None and not isinstance(self.meter, CounterMeter):
+            return self.meter.energy_j  # the sampler's samples alone: none locked to the steps' phase
+        return self.meter.add(time.monotonic(), self._total_mw())
+
+    def _grid_known(self) -> bool:
+        """A counter's edges are used once its update grid is known to GRID_KNOWN_S (about a second of reads at the
+        steps' pace): before that an edge may be off by part of an update, and a window between two such edges by
+        several percent. A sampler's samples are exact in time from the first."""
+        if not isinstance(self.meter, CounterMeter):
+            return True
+        width = self._edges.phase_width_s
+        return width is not None and width <= GRID_KNOWN_S
+
+    def points(self, job, energy_j: float) -> list[tuple[float, float, float]]:
+        now_s = time.monotonic()
+        if job.step_end_s is None:
+            self._last_end = None
+            return [(job.steps, energy_j, now_s)]
+        if isinstance(self.meter, CounterMeter):
+            self._edges.read(now_s, energy_j)
+        else:
+            for t_s, e_j in self.meter.samples:
+                if t_s > self._seen_s:
+                    self._edges.read(t_s, e_j)
+                    self._seen_s = t_s
+        prev, self._last_end = self._last_end, (job.steps, job.step_end_s)
+        edges = self._edges.take_until(job.step_end_s)
+        if prev is None or job.step_end_s <= prev[1] or not self._grid_known():
+            return []
+        (n0, t0), (n1, t1) = prev, self._last_end
+        return [(n0 + (n1 - n0) * (t_s - t0) / (t1 - t0), e_j, t_s) for t_s, e_j in edges if t_s > t0]

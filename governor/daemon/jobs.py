@@ -30,6 +30,7 @@ class ActiveJob:
     started_at: float = field(default_factory=time.time)  # the same moment on the wall clock, for the state file
     earlier_energy_j: float = 0.0  # measured by the daemon before a restart (a re-adopted job); the meter adds to it
     steps: int = 0
+    step_end_s: float | None = None  # when step number ``steps`` ended (CLOCK_MONOTONIC), if the client says
     phase: str | None = None
     meter: EnergyMeter | None = None
     adopted: bool = False

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 
 from governor.config import TunerConfig
+from governor.daemon.energy import MeterFeed
 from governor.errors import FtgovError
 from governor.policy.windows import Measurement, ProbeWindow
 
@@ -39,34 +39,44 @@ class JobObserver:
 
     def __init__(self, gov, job, cfg: TunerConfig):
         self.cfg = cfg
-        self.meter = gov.energy.new_meter(gov.gpus[job.gpu_id].gpu)
+        # The tuner's own feed of meter edges: the same windows, read the same way (governor.daemon.energy).
+        self.feed = MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu)
+        self.meter = self.feed.meter
         if self.meter is None:
             raise FtgovError("no energy source (no rails, no GPU counter)")
         self.rule = cfg.window(self.meter.update_s)
-        self._total_mw = gov.energy.total_mw
         self._window: ProbeWindow | None = None
         self.windows: list[tuple[Measurement, float | None]] = []  # for the store, as a tuned job's
         self.status = "waiting for progress reports"
 
     def progress(self, gov, job) -> None:
-        energy_j = self.meter.add(time.monotonic(), self._total_mw())
+        if self.meter is None:
+            return
+        points = self.feed.points(job, self.feed.energy_j(job))
         if self._window is None:
             if job.steps < 1:
                 return
             # The first window of a job discards warm-up steps (the loop's first steps compile and allocate); the
             # clock never changes under observe, so the windows after it start where the last one ended.
-            warmup = self.cfg.warmup_steps if not self.windows else 0
-            self._window = ProbeWindow(None, job.steps, warmup, self.cfg.window_steps, rule=self.rule)
+            self._window = self._new_window(job.steps, self.cfg.warmup_steps if not self.windows else 0)
             self.status = "measuring"
-        try:
-            m = self._window.feed(job.steps, energy_j, time.monotonic(), job.phase or "train")
-        except FtgovError as e:
-            log.warning("%s: observe windows stopped: %s", job.label(), e, extra=job.fields())
-            self.meter, self.status = None, f"stopped: {e}"
             return
-        if m is None:
-            return
-        self._window = ProbeWindow(None, job.steps, 0, self.cfg.window_steps, rule=self.rule)
+        for steps, energy_j, time_s in points:
+            try:
+                m = self._window.feed(steps, energy_j, time_s, job.phase or "train")
+            except FtgovError as e:
+                log.warning("%s: observe windows stopped: %s", job.label(), e, extra=job.fields())
+                self.meter, self.status = None, f"stopped: {e}"
+                return
+            if m is not None:
+                self._window = self._new_window(steps, 0)
+                self._closed(job, m)
+
+    def _new_window(self, steps: float, warmup_steps: int) -> ProbeWindow:
+        return ProbeWindow(None, steps, warmup_steps, self.cfg.window_steps, rule=self.rule,
+                           meter_update_s=self.meter.update_s)
+
+    def _closed(self, job, m: Measurement) -> None:
         self.windows.append((m, job.features.gpu_util))
         del self.windows[:-KEPT]
         spread = self.spread_rel()

@@ -97,8 +97,18 @@ class ProgressParams(JobParams):
     steps: int = Field(ge=0, le=1 << 62)
     phase: Literal["train", "eval", "checkpoint", "data"] | None = None
     total_steps: int | None = None  # the job's length, when it becomes known (or changes) after register
+    # When step number ``steps`` ended: CLOCK_MONOTONIC of the daemon's host, seconds (the daemon checks it against
+    # its own clock: governor.daemon.rpc). Windows count steps from these times, not from when reports arrive.
+    step_end_s: float | None = Field(default=None, ge=0, le=1 << 40)
 
     _total_steps = field_validator("total_steps", mode="before")(_total_steps)
+
+    @field_validator("step_end_s", mode="before")
+    @classmethod
+    def _finite_time(cls, v):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
+            raise ValueError("must be a finite number: CLOCK_MONOTONIC seconds when the last step ended")
+        return v
 
 
 class EmptyParams(_Params):

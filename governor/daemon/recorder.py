@@ -94,8 +94,10 @@ class Recorder:
             if getattr(tuner, "tuner", None) is not None:
                 start_hz, converged = tuner.tuner.start_hz, tuner.tuner.converged
         saved_rel, basis = measured_saving(windows, job.freq_hz, start_hz)
+        saved_pct_err = None
         if ended.saving is not None:  # against the baseline window, the converged level measured over the job's rest
             saved_rel, basis = ended.saving["saved_rel"], ended.saving["basis"]
+            saved_pct_err = ended.saving.get("saved_pct_err")
         tree = getattr(policy, "tree", None)
         return JobRecord(
             ended_at=time.time(), duration_s=ended.duration_s, boot_id=self.boot_id, daemon_job_id=job.job_id,
@@ -104,7 +106,8 @@ class Recorder:
             **self.identity(gpu), model_version=tree_version(tree),
             model_source=getattr(tree, "source", None), policy=job.decision.label, freq_hz=job.freq_hz,
             reason=job.decision.reason, steps=job.steps, energy_j=ended.energy_j, start_hz=start_hz,
-            converged=converged, saved_rel=saved_rel, saved_basis=basis, ended=ended.why, windows=windows)
+            converged=converged, saved_rel=saved_rel, saved_basis=basis, saved_pct_err=saved_pct_err,
+            ended=ended.why, windows=windows)
 
     def status(self) -> dict:
         return self.writer.status()

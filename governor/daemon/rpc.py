@@ -230,6 +230,11 @@ class Methods:
 
     def rpc_progress(self, conn: Connection, params) -> dict:
         job = self._own_job(conn, params.job_id)
+        if params.step_end_s is not None:
+            check_step_end(job, params.steps, params.step_end_s, time.monotonic())
+            job.step_end_s = params.step_end_s
+        elif params.steps > job.steps:
+            job.step_end_s = None  # a client that stopped sending them: this report's steps have no time
         job.steps = max(job.steps, params.steps)
         if params.total_steps is not None and params.total_steps != job.total_steps:
             job.total_steps = params.total_steps
@@ -247,3 +252,20 @@ class Methods:
             return ended
         self._own_job(conn, params.job_id)
         return summary(self.holds.end(params.job_id, "unregistered"))
+
+
+# A step end is a time this host's CLOCK_MONOTONIC has passed (a report is sent after its step ends; a little slack
+# for the clock's own reads), and no older than this: another host's clock, or a client's wrong clock, is refused.
+STEP_END_AHEAD_S = 0.5
+STEP_END_MAX_AGE_S = 600.0
+
+
+def check_step_end(job: ActiveJob, steps: int, step_end_s: float, now_s: float) -> None:
+    """Refuse a ``step_end_s`` that cannot be when step ``steps`` of this job ended on this host."""
+    if not now_s - STEP_END_MAX_AGE_S <= step_end_s <= now_s + STEP_END_AHEAD_S:
+        raise RpcFault(INVALID_PARAMS, f"step_end_s: {step_end_s:.3f} is not a recent CLOCK_MONOTONIC time of this "
+                       f"host (now {now_s:.3f}): send time.monotonic() at the step's end", {"field": "step_end_s"})
+    if job.step_end_s is not None and (step_end_s < job.step_end_s or (steps > job.steps and
+                                                                       step_end_s == job.step_end_s)):
+        raise RpcFault(INVALID_PARAMS, f"step_end_s: {step_end_s:.3f} for step {steps} is not after "
+                       f"{job.step_end_s:.3f}, step {job.steps}'s end", {"field": "step_end_s"})

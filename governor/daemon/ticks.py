@@ -1,7 +1,10 @@
-"""The daemon's timers: the measurement tick while jobs run, STATUS= after changes, the systemd watchdog.
+"""The daemon's timers: the measurement tick while jobs run, the rails' sampler, STATUS= after changes, the systemd
+watchdog.
 
 Nothing here polls: the tick runs only while jobs are active or a restore waits for a retry, and goes quiet when
-neither is true, so an idle daemon wakes only for the watchdog.
+neither is true, so an idle daemon wakes only for the watchdog. The sampler runs while jobs are active on a board
+with INA3221 rails: it reads them once per sensor refresh (hwmon update_interval), the one reading the jobs' energy
+and their tuners' windows integrate, at instants that owe nothing to when steps end.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class Ticker:
         self.notifier = notifier
         self.sample_interval_s = sample_interval_s
         self._tick: asyncio.TimerHandle | None = None
+        self._sampler: asyncio.TimerHandle | None = None
         self._status_pending = False
 
     def changed(self, pins: PinController) -> None:
@@ -43,6 +47,17 @@ class Ticker:
             loop.call_soon(self._send_status, pins)
         if self._tick is None and (pins.jobs or pins.pending_restores()):
             self._tick = loop.call_later(self.sample_interval_s, self._on_tick, pins)
+        self._schedule_sampler(pins)
+
+    def _schedule_sampler(self, pins: PinController) -> None:
+        refresh_s = pins.energy.refresh_s
+        if self._sampler is None and pins.jobs and refresh_s:
+            self._sampler = asyncio.get_running_loop().call_later(refresh_s, self._on_sample, pins)
+
+    def _on_sample(self, pins: PinController) -> None:
+        self._sampler = None
+        pins.energy.sample(pins.jobs.values())
+        self._schedule_sampler(pins)
 
     def _send_status(self, pins: PinController) -> None:
         self._status_pending = False
@@ -62,9 +77,10 @@ class Ticker:
             asyncio.get_running_loop().call_later(self.notifier.watchdog_s / 3, self.start_watchdog)
 
     def stop(self) -> None:
-        if self._tick is not None:
-            self._tick.cancel()
-            self._tick = None
+        for timer in (self._tick, self._sampler):
+            if timer is not None:
+                timer.cancel()
+        self._tick = self._sampler = None
 
 
 def status_line(pins: PinController) -> str:

@@ -6,22 +6,23 @@ tuned job of the same shape converged on, on the same kind of GPU (governor.daem
 The baseline window (``TunerConfig.baseline_window``): at the job's first training progress report, while it is alone
 on its GPU, one probe runs unpinned at the default governor before the search begins; at the job's end the saving per
 step against it is reported with its uncertainty, saved_pct_err (unregister, SAVED_PCT and SAVED_PCT_ERR in the log,
-status; Prometheus and the store keep the saving).
+status, Prometheus and the store).
 
-Each `progress` notification feeds a TuningSession with the job's step count, a cumulative energy reading (the rails
-integrated at every report, or the GPU's counter on NVML) and the clock; a closed window becomes one tuner
-observation, and the job is moved to the next level to measure, then to the level the tuner converges on. While
-another job shares the GPU the tuner pauses (the rails measure the whole board). How the daemon drives the tuner, and
-why: docs/tuner.md, "How the daemon drives it".
+Each `progress` notification feeds a TuningSession. With ``step_end_s`` (the client's CLOCK_MONOTONIC at the step's
+end), the windows' edges are the energy meter's updates (NVML's counter, the rails' sampler at the INA3221's refresh),
+each with the steps run by then counted fractionally between the reports' step ends (``JobTuner._points``); without
+it, the report itself as it arrives. A closed window becomes one tuner observation, and the job is moved to the next
+level to measure, then to the level the tuner converges on. While another job shares the GPU the tuner pauses (the
+rails measure the whole board). How the daemon drives the tuner, and why: docs/tuner.md, "How the daemon drives it".
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import time
 
 from governor.config import TunerConfig
+from governor.daemon.energy import MeterFeed
 from governor.daemon.jobs import mhz
 from governor.daemon.observing import JobObserver
 from governor.daemon.recorder import window_util_pct
@@ -52,7 +53,6 @@ class JobTuner:
         self.session = None
         self.windows: list = []  # (Measurement, gpu_util) per closed window, for the measurement store
         self.status = "waiting for progress reports (without them the job keeps its start)"
-        self._total_mw = gov.energy.total_mw
         self.baseline: Measurement | None = None
         self.baseline_status = "wanted" if cfg.baseline_window else "off (tuner.baseline_window: false)"
         self._baseline_window: ProbeWindow | None = None
@@ -62,17 +62,21 @@ class JobTuner:
         self._tail_mixed = False
         self._pin_waited = False  # a window's pin waited for the GPU's re-pin interval: start it over once it lands
         if carry is not None:
-            self.meter, self.baseline, self.baseline_status = carry.meter, carry.baseline, carry.baseline_status
+            self.feed, self.baseline, self.baseline_status = carry.feed, carry.baseline, carry.baseline_status
             self._baseline_window = carry._baseline_window
             self.windows = [w for w in carry.windows if w[0].level_hz is None]
         else:
             # The tuner's own meter: its windows must not depend on the job's.
-            self.meter = gov.energy.new_meter(gov.gpus[job.gpu_id].gpu)
+            self.feed = MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu)
+        self.meter = self.feed.meter  # None once tuning stops
         if self.meter is None:
             self.status = "no energy source (no rails, no GPU counter): keeping the start"
 
-    def energy_j(self) -> float:
-        return self.meter.add(time.monotonic(), self._total_mw())
+    def energy_j(self, job) -> float:
+        return self.feed.energy_j(job)
+
+    def _points(self, job, energy_j: float) -> list[tuple[float, float, float]]:
+        return self.feed.points(job, energy_j)
 
     @property
     def baseline_wanted(self) -> bool:
@@ -86,15 +90,16 @@ class JobTuner:
     def progress(self, gov, job) -> None:
         if self.meter is None:
             return
-        energy_j = self.energy_j()  # integrate at every report, shared or not, so the counter stays continuous
+        energy_j = self.energy_j(job)  # integrate at every report, shared or not, so the counter stays continuous
+        points = self._points(job, energy_j)
         shared = any(j.gpu_id == job.gpu_id and j is not job for j in gov.jobs.values())
         if self.baseline_wanted:
-            self._baseline_progress(gov, job, energy_j, shared)
+            self._baseline_progress(gov, job, points, shared)
             return
         if self.tuner is None:
             return
         if self.tuner.converged:
-            self._tail_progress(job, energy_j, shared)
+            self._tail_progress(points, shared)
             return
         if shared:
             if self.session is not None:
@@ -133,18 +138,28 @@ class JobTuner:
                            "tune: stopped (the GPU left the level measured); best measured")
                 return
         if self._pin_waited and phase != "re-pinning":
+            # The pin landed: a fresh window from this step, warm-up first; the edges before it ran at the old pin.
             self._pin_waited = False
             self.session.repinned(job.steps)
-        try:
-            m = self.session.on_progress(job.steps, energy_j, time.monotonic(), phase)
-        except FtgovError as e:
-            log.warning("%s: tuning stopped: %s; keeping %s", job.label(), e, mhz(self.tuner.best_hz),
-                        extra=job.fields())
-            self.meter, self.status = None, f"stopped: {e}"
-            self._move(gov, job, self.tuner.best_hz, f"tune: stopped ({e}); best measured")
-            return
-        if m is None:
-            return
+            points = []
+        for steps, e_j, t_s in points:
+            try:
+                m = self.session.on_progress(steps, e_j, t_s, phase)
+            except FtgovError as e:
+                log.warning("%s: tuning stopped: %s; keeping %s", job.label(), e, mhz(self.tuner.best_hz),
+                            extra=job.fields())
+                self.meter, self.status = None, f"stopped: {e}"
+                self._move(gov, job, self.tuner.best_hz, f"tune: stopped ({e}); best measured")
+                return
+            if m is not None:
+                self._window_closed(gov, job, m)
+                if self.meter is not None and not self.tuner.converged:
+                    # The pin moved as this report arrived: the next level's warm-up begins at its step, and the
+                    # rest of its edges ran at the level measured before.
+                    self.session.reopen(job.steps)
+                return
+
+    def _window_closed(self, gov, job, m: Measurement) -> None:
         self.windows.append((m, window_util_pct(gov, job)))
         state = self.tuner.state()
         log.info("%s: tune probe %d at %s: %.4f J/step, %.4f s/step over %d steps -> %s", job.label(),
@@ -174,7 +189,7 @@ class JobTuner:
 
     # ---- the baseline window ----------------------------------------------------------------------------------------
 
-    def _baseline_progress(self, gov, job, energy_j: float, shared: bool) -> None:
+    def _baseline_progress(self, gov, job, points: list, shared: bool) -> None:
         if shared:
             self.baseline_status = "skipped: another job shares the GPU (the default governor does not run then)"
             self._baseline_window = None
@@ -188,7 +203,8 @@ class JobTuner:
             if job.freq_hz is not None:
                 self._move(gov, job, None, BASELINE_REASON)
             self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
-                                                rule=self.cfg.window(self.meter.update_s))
+                                                rule=self.cfg.window(self.meter.update_s),
+                                                meter_update_s=self.meter.update_s)
             self.status = "measuring the baseline window at the default governor"
             return
         # The unpin may wait for the GPU's re-pin interval (PinController.set_freq): until then the steps run at the
@@ -199,9 +215,14 @@ class JobTuner:
         if self._pin_waited:
             self._pin_waited = False
             self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
-                                                rule=self._baseline_window.rule)
+                                                rule=self._baseline_window.rule, meter_update_s=self.meter.update_s)
+            return
+        m = None
         try:
-            m = self._baseline_window.feed(job.steps, energy_j, time.monotonic(), job.phase or "train")
+            for steps, e_j, t_s in points:
+                m = self._baseline_window.feed(steps, e_j, t_s, job.phase or "train")
+                if m is not None:
+                    break
         except FtgovError as e:
             self.baseline_status, self._baseline_window = f"failed: {e}", None
             m = None
@@ -221,15 +242,17 @@ class JobTuner:
 
     # ---- the measured saving ----------------------------------------------------------------------------------------
 
-    def _tail_progress(self, job, energy_j: float, shared: bool) -> None:
+    def _tail_progress(self, points: list, shared: bool) -> None:
         """After convergence: the steps run at the chosen level, from the first report after the re-pin (the steps
         before it are its warm-up), for the saving. A stretch shared with another job is no measurement of this one."""
         if shared:
             self._tail_mixed = True
-        elif self._tail is None:
-            self._tail = (job.steps, energy_j, time.monotonic())
-        else:
-            self._tail_end = (job.steps, energy_j, time.monotonic())
+        elif points and self._tail is None:
+            self._tail = points[0]
+            if len(points) > 1:
+                self._tail_end = points[-1]
+        elif points:
+            self._tail_end = points[-1]
 
     def saving(self) -> dict | None:
         """The saving per step measured so far against the baseline window; None without both ends."""
@@ -257,8 +280,9 @@ class JobTuner:
         return {"saved_pct": round(100.0 * saved_rel, 2), "saved_rel": saved_rel,
                 "saved_pct_err": round(100.0 * err_rel, 2), "basis": "default governor",
                 "freq_hz": best_hz, "converged": self.tuner.converged,
-                "measured_steps": self.baseline.measured_steps + steps, "baseline_steps": self.baseline.measured_steps,
-                "tuned_steps": steps, "tuned_over": over, "baseline_j_per_step": self.baseline.joules_per_step,
+                "measured_steps": self.baseline.measured_steps + round(steps),
+                "baseline_steps": self.baseline.measured_steps,
+                "tuned_steps": round(steps), "tuned_over": over, "baseline_j_per_step": self.baseline.joules_per_step,
                 "tuned_j_per_step": tuned}
 
     def _noise_rel(self, m: Measurement) -> float:

@@ -35,6 +35,9 @@ DEFAULT_WINDOW_STEPS = 4
 # NVML's energy counter moves every 100 ms (measured on an H200: governor.sim.meters); a Jetson's INA3221 refreshes
 # every hwmon update_interval (140 ms by default).
 NVML_COUNTER_UPDATE_S = 0.100
+# A counter that holds between updates reads the same across a window shorter than one update (4 steps of 26 ms):
+# such a window stays open until the counter moves. One that has not moved for this many updates is stalled.
+STALL_UPDATES = 10
 
 
 class TuningError(FtgovError, ValueError):
@@ -45,6 +48,13 @@ def _positive(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise TuningError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
+
+
+def _steps(value) -> float:
+    """A step count: an integer from a report, or a fraction where a window's edge falls inside a step."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise TuningError(f"steps must be a finite number >= 0, got {value!r}")
+    return value
 
 
 def _count(value, name: str, minimum: int) -> int:
@@ -60,7 +70,7 @@ class Measurement:
     level_hz: int
     joules_per_step: float
     seconds_per_step: float
-    measured_steps: int  # steps inside the window
+    measured_steps: int  # steps inside the window (rounded where its edges fall inside steps)
     profiled_steps: int  # steps from the start of the probe to the end of the window: warm-up included
     noise_rel: float | None = None  # the window's own relative uncertainty (s.d.) of joules_per_step; None: unknown
     duration_s: float | None = None
@@ -170,15 +180,21 @@ class ProbeWindow:
 
     With a ``rule`` (WindowRule) the window is sized by time and by its own noise instead of ``window_steps``, and its
     measurement carries that noise (``Measurement.noise_rel``).
+
+    ``meter_update_s``: how often the energy counter moves (0: an exact meter). A window of ``window_steps`` across
+    which such a counter has not moved stays open until it has, for up to STALL_UPDATES updates (a rule's window
+    stays open anyway: its uncertainty is infinite until the counter moves, and it closes at ``max_s``).
     """
 
     def __init__(self, level_hz: int, begin_steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
-                 window_steps: int = DEFAULT_WINDOW_STEPS, *, rule: WindowRule | None = None):
+                 window_steps: int = DEFAULT_WINDOW_STEPS, *, rule: WindowRule | None = None,
+                 meter_update_s: float = 0.0):
         self.level_hz = level_hz
-        self.begin_steps = _count(begin_steps, "begin_steps", 0)
+        self.begin_steps = _steps(begin_steps)
         self.warmup_steps = _count(warmup_steps, "warmup_steps", 0)
         self.window_steps = _count(window_steps, "window_steps", 1)
         self.rule = rule
+        self.stall_s = STALL_UPDATES * float(meter_update_s)
         self._last_steps = self.begin_steps
         self._mark: tuple[int, float, float] | None = None  # (steps, energy_j, time_s) where the window opened
         self._reports: list[tuple[int, float, float]] = []  # with a rule: every report since the mark
@@ -188,7 +204,7 @@ class ProbeWindow:
         """Take one progress report; return the measurement when this report closes the window."""
         if self.measurement is not None:
             raise TuningError("this window is already closed: start a new one")
-        steps = _count(steps, "steps", 0)
+        steps = _steps(steps)
         if steps < self._last_steps:
             raise TuningError(f"steps went backwards: {steps} after {self._last_steps}")
         self._last_steps = steps
@@ -208,6 +224,8 @@ class ProbeWindow:
         if self.rule is None:
             if n < self.window_steps:
                 return None
+            if joules == 0 and 0 < seconds < self.stall_s:
+                return None  # the counter has not updated since the window opened
         else:
             if steps > self._reports[-1][0]:
                 self._reports.append((steps, float(energy_j), float(time_s)))
@@ -217,12 +235,13 @@ class ProbeWindow:
             if noise > self.rule.target_rel and seconds < self.rule.max_s:
                 return None
         if not (math.isfinite(joules) and joules > 0 and math.isfinite(seconds) and seconds > 0):
+            stalled = f" (stalled: it updates every {self.stall_s / STALL_UPDATES:g} s)" if self.stall_s else ""
             raise TuningError(f"window at {self.level_hz} Hz measured {joules!r} J in {seconds!r} s: the energy "
-                              "counter or the clock did not advance")
+                              f"counter{stalled} or the clock did not advance")
         if noise is not None and not math.isfinite(noise):
             noise = None
-        self.measurement = Measurement(self.level_hz, joules / n, seconds / n, n, steps - self.begin_steps,
-                                       noise, seconds)
+        self.measurement = Measurement(self.level_hz, joules / n, seconds / n, round(n),
+                                       round(steps - self.begin_steps), noise, seconds)
         return self.measurement
 
 
@@ -250,8 +269,9 @@ class TuningSession:
 
     def __init__(self, tuner: Tuner, steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
                  window_steps: int = DEFAULT_WINDOW_STEPS, *, total_steps: int | None = None,
-                 rule: WindowRule | None = None):
+                 rule: WindowRule | None = None, meter_update_s: float = 0.0):
         self.tuner = tuner
+        self.meter_update_s = meter_update_s
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
         self.rule = rule
@@ -268,7 +288,16 @@ class TuningSession:
         self._window = self._new_window(tuner.next_level_hz(), steps, warmup_steps)
 
     def _new_window(self, level_hz: int, steps: int, warmup_steps: int) -> ProbeWindow:
-        return ProbeWindow(level_hz, steps, warmup_steps, self.window_steps, rule=self.rule)
+        return ProbeWindow(level_hz, steps, warmup_steps, self.window_steps, rule=self.rule,
+                           meter_update_s=self.meter_update_s)
+
+    def reopen(self, steps: float) -> None:
+        """Begin the warm-up of a window at a new level at ``steps`` instead: its level was pinned when that step was
+        reported, after the points (a meter's update instants) fed up to it. A window that goes on at the same level
+        needs none and is left as it is."""
+        w = self._window
+        if w.warmup_steps and w._mark is None and steps > w.begin_steps:
+            self._window = self._new_window(w.level_hz, steps, w.warmup_steps)
 
     @property
     def level_hz(self) -> int:
@@ -322,6 +351,83 @@ class TuningSession:
             if warmup == 0:  # the same level goes on running: this report opens the next window at once
                 self._window.feed(steps, energy_j, time_s, phase)
         return m
+
+
+class UpdateEdges:
+    """A meter's update instants and the energy at each, from reads of it: where a window's edges go (issue 23).
+
+    ``period_s`` > 0: a counter that holds between updates ``period_s`` apart (NVML's, 100 ms). A read whose value
+    differs from the one before saw an update in between; the updates lie on a grid of the period whose phase is
+    the intersection of those intervals (each widened by the instants' ``jitter_s``), so reads at a job's own pace
+    find it to a few ms within a second, at no cost but the reads the daemon makes anyway. An update's energy is
+    exact: the value the counter moved to.
+
+    ``period_s`` 0: every read is a sample (the rails integrated by the daemon's sampler) and its own instant.
+
+    Edges wait in order until ``take_until`` hands them out: a caller takes those before a step end it knows.
+    """
+
+    MAX_PENDING = 256  # edges no report has claimed (a job whose reports stopped): the oldest are dropped
+
+    def __init__(self, period_s: float, jitter_s: float = 0.002):
+        self.period_s = float(period_s)
+        self.jitter_s = float(jitter_s)
+        self._last: tuple[float, float] | None = None  # (time_s, energy_j) of the last read
+        self._phase: tuple[float, float] | None = None  # (start, width) of the phase's interval, mod period_s
+        self._pending: list[tuple[float, float]] = []
+
+    @property
+    def phase_width_s(self) -> float | None:
+        """How well the update instants are known (the width of the phase's interval); None: not yet."""
+        return None if self._phase is None else self._phase[1]
+
+    def read(self, t_s: float, energy_j: float) -> None:
+        last, self._last = self._last, (t_s, energy_j)
+        if self.period_s <= 0:
+            self._add(t_s, energy_j)
+            return
+        if last is None or energy_j == last[1] or t_s <= last[0]:
+            return
+        self._narrow(last[0], t_s)
+        self._add(self._instant(last[0], t_s), energy_j)
+
+    def take_until(self, t_s: float) -> list[tuple[float, float]]:
+        """The edges ``(time_s, energy_j)`` at or before ``t_s``, oldest first, removed."""
+        i = bisect.bisect_right(self._pending, (t_s, math.inf))
+        out, self._pending = self._pending[:i], self._pending[i:]
+        return out
+
+    def _add(self, t_s: float, energy_j: float) -> None:
+        if self._pending and t_s <= self._pending[-1][0]:
+            return  # no later than the last: a phase estimate that moved, not a new update
+        self._pending.append((t_s, energy_j))
+        del self._pending[:-self.MAX_PENDING]
+
+    def _narrow(self, a_s: float, b_s: float) -> None:
+        p = self.period_s
+        width = b_s - a_s + 2 * self.jitter_s
+        if width >= p:
+            return  # an update somewhere in a whole period: no news of the phase
+        start = (a_s - self.jitter_s) % p
+        if self._phase is None:
+            self._phase = (start, width)
+            return
+        lo, w = self._phase
+        d = (start - lo) % p
+        best = None
+        for off in (d, d - p):
+            s, e = max(0.0, off), min(w, off + width)
+            if e >= s and (best is None or e - s > best[1] - best[0]):
+                best = (s, e)
+        # Disjoint: the instants moved (the clocks drift apart over hours): start again from this interval.
+        self._phase = (start, width) if best is None else ((lo + best[0]) % p, best[1] - best[0])
+
+    def _instant(self, a_s: float, b_s: float) -> float:
+        """The update instant seen between reads at ``a_s`` and ``b_s``: the last grid point in the interval."""
+        p, (lo, w) = self.period_s, self._phase if self._phase is not None else ((b_s % self.period_s), 0.0)
+        centre = lo + w / 2
+        t = centre + math.floor((b_s + self.jitter_s - centre) / p) * p
+        return t if t > a_s - self.jitter_s else b_s
 
 
 def steps_at(t_s: float, reports: list[tuple[int, float]]) -> float:

@@ -7,7 +7,8 @@ seconds per step, steps, utilization) and the outcome (duration, energy, measure
 
 Safety, as SQLite's own guidance for an application file format says:
 - WAL journal, synchronous=FULL, one transaction per job: a SIGKILL mid-write loses at most the job being written.
-- ``PRAGMA user_version`` holds the schema version; a file of a newer schema is refused (moved aside, not rewritten).
+- ``PRAGMA user_version`` holds the schema version; a newer schema is refused (moved aside, not rewritten), an older
+  one brought up to date in one transaction when the daemon opens it (``_MIGRATIONS``; the CLI reads it as it is).
 - A file that is not a database, or fails ``quick_check``, is renamed ``<name>.corrupt-<time>`` with a log line and a
   fresh store is started: the daemon never stops over its store.
 - At most ``max_jobs`` jobs: the oldest of the user with the most jobs are dropped in the transaction that adds one
@@ -35,7 +36,7 @@ from governor.errors import FtgovError
 
 log = logging.getLogger("ftgovd")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_MAX_JOBS = 20000
 BUSY_TIMEOUT_S = 5.0
 
@@ -57,6 +58,7 @@ CREATE TABLE jobs (
     converged INTEGER,
     saved_rel REAL,                     -- measured energy saving per step, 0..1, against saved_basis
     saved_basis TEXT,
+    saved_pct_err REAL,                 -- the measured saving's uncertainty (s.d.), percentage points
     ended TEXT
 );
 CREATE INDEX jobs_ended_at ON jobs (ended_at);
@@ -74,12 +76,16 @@ CREATE TABLE totals (
 );
 INSERT INTO totals VALUES (1, 0, 0.0, 0.0);
 """
+# version -> what brings a store of that version to the next one
+_MIGRATIONS = {
+    1: "ALTER TABLE jobs ADD COLUMN saved_pct_err REAL;",
+}
 
 JOB_COLUMNS = ("ended_at", "duration_s", "boot_id", "daemon_job_id", "uid", "name", "model_type", "num_layers",
                "hidden_size", "seq_len", "gpu_util", "board_model", "l4t_release", "backend", "gpu_name", "driver",
                "levels_hz",
                "model_version", "model_source", "policy", "freq_hz", "reason", "steps", "energy_j", "start_hz",
-               "converged", "saved_rel", "saved_basis", "ended")
+               "converged", "saved_rel", "saved_basis", "saved_pct_err", "ended")
 _INSERT_JOB = f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_COLUMNS))})"
 _INSERT_WINDOW = ("INSERT INTO windows (job, seq, level_hz, joules_per_step, seconds_per_step, steps, gpu_util) "
                   "VALUES (?, ?, ?, ?, ?, ?, ?)")
@@ -139,6 +145,7 @@ class JobRecord:
     converged: bool | None = None
     saved_rel: float | None = None
     saved_basis: str | None = None
+    saved_pct_err: float | None = None  # saved_rel's s.d., in percentage points (as unregister reports it)
     ended: str | None = None
     windows: tuple[Window, ...] = field(default_factory=tuple)
 
@@ -223,6 +230,18 @@ def _check(conn: sqlite3.Connection) -> None:
         raise sqlite3.DatabaseError(f"schema version {version} is newer than this ftgov's ({SCHEMA_VERSION})")
 
 
+def _migrate(conn: sqlite3.Connection) -> None:
+    """Bring an older store to SCHEMA_VERSION, each step in its own transaction with its version (a crash between
+    steps leaves a store of the older version, which the next open takes up from)."""
+    while (version := conn.execute("PRAGMA user_version").fetchone()[0]) < SCHEMA_VERSION:
+        try:
+            conn.executescript(f"BEGIN IMMEDIATE;{_MIGRATIONS[version]}PRAGMA user_version={version + 1};COMMIT;")
+        except sqlite3.Error:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+
 class Store:
     """A writable store. One connection, used from one thread (the daemon's writer thread, a test, a benchmark)."""
 
@@ -271,6 +290,7 @@ class Store:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
                     raise
+            _migrate(conn)
             conn.execute("CREATE INDEX IF NOT EXISTS jobs_uid ON jobs (uid, id)")  # _PRUNE; older files get it too
         except BaseException:
             conn.close()
@@ -362,9 +382,9 @@ def open_read_only(path: str | os.PathLike) -> sqlite3.Connection:
             # A copy whose directory we cannot write (no -shm can be made): read it as an immutable file.
             conn = _connect(f"file:{_quote_path(p)}?mode=ro&immutable=1")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version != SCHEMA_VERSION:
+        if not 1 <= version <= SCHEMA_VERSION:
             conn.close()
-            raise StoreError(f"{p}: schema version {version}, this ftgov reads {SCHEMA_VERSION}")
+            raise StoreError(f"{p}: schema version {version}, this ftgov reads 1 to {SCHEMA_VERSION}")
         return conn
     except sqlite3.Error as e:
         raise StoreError(f"cannot read the measurement store {p}: {e}") from e
@@ -384,7 +404,8 @@ def read_jobs(conn: sqlite3.Connection, since: float | None = None) -> list[JobR
         raise StoreError(f"cannot read jobs: {e}") from e
     out = []
     for r in rows:
-        values = {c: r[c] for c in JOB_COLUMNS}
+        have = r.keys()  # an older schema's file lacks the newer columns
+        values = {c: r[c] if c in have else None for c in JOB_COLUMNS}
         values["converged"] = None if values["converged"] is None else bool(values["converged"])
         out.append(JobRecord(**values, windows=tuple(windows.get(r["id"], ()))))
     return out

@@ -2,9 +2,11 @@
 
 import json
 import os
+import time
 
 import pytest
 
+from governor.sim.meters import NVML_UPDATE_JITTER_S, NVML_UPDATE_S, UpdateClock
 from governor.store import measurements as store
 from tests.support import FAKENVML_DIR as FAKE_DIR
 from tests.support.daemon import FEATURES, REPO
@@ -119,3 +121,74 @@ def test_on_a_jetson_the_tree_still_picks_the_start(orin, start_daemon):
     d = start_daemon(config={"policy": "tune"})
     res = d.client().call("register", **FEATURES)
     assert res["freq_hz"] == 714000000 and "tree:" in res["reason"], res  # the paper tree's pick, not the top
+
+
+def test_a_window_inside_one_update_of_the_energy_counter_waits_for_it_and_tuning_goes_on(nvml_daemon):
+    """Steps of 26 ms against NVML's counter, which moves every 100 ms: a window of 4 steps that starts just after an
+    update sees none (0 J). That is a window too short to read, not a stalled meter: it stays open until the counter
+    moves, and the search goes on."""
+    d, _calls = nvml_daemon(gpus=({},), tuner={"window_rule": "steps", "baseline_window": False})
+    c = d.client()
+    job_id = c.call("register", **FEATURES)["job_id"]
+    c.notify("progress", job_id=job_id, steps=1, phase="train")  # the search starts: pinned at its first level
+    assert c.call("status")["jobs"][0]["tuner"]["status"] == "measuring"
+    clock = UpdateClock(NVML_UPDATE_S, NVML_UPDATE_JITTER_S, seed=0)  # the fake GPU 0's update instants
+    update = clock.last_at(time.monotonic()) + NVML_UPDATE_S
+    time.sleep(max(0.0, update + 0.005 - time.monotonic()))  # the job's steps run up to just after an update
+    for steps in range(2, 7):  # the warm-up step, then 4 steps, all read before the next update
+        c.notify("progress", job_id=job_id, steps=steps, phase="train")
+    tuner = c.call("status")["jobs"][0]["tuner"]
+    assert time.monotonic() < update + NVML_UPDATE_S - NVML_UPDATE_JITTER_S, "the reports outran the counter's update"
+    assert tuner["status"] == "measuring" and tuner["probes"] == 0, tuner
+    time.sleep(max(0.0, update + NVML_UPDATE_S + 0.005 - time.monotonic()))  # 4 more steps: the counter has moved
+    c.notify("progress", job_id=job_id, steps=10, phase="train")
+    tuner = c.call("status")["jobs"][0]["tuner"]
+    assert tuner["status"] == "measuring" and tuner["probes"] == 1, (tuner, d.log())
+    assert tuner["last_window"]["steps"] == 8, tuner
+
+
+def test_a_client_that_times_its_steps_gets_windows_whose_ends_are_the_counters_updates(nvml_daemon, tmp_path):
+    """Against NVML's counter (100 ms updates, held between), 4-step windows of 26 ms steps read at the reports are off
+    by up to a whole update's energy. With step_end_s, a window runs from one update instant to another, where the
+    counter is exact, and counts the steps between them from their end times: at a steady power each window's energy
+    per second is the GPU's true power at its level."""
+    path = tmp_path / "m.sqlite"
+    util_pct, top_mhz = 80, 1980
+    # The re-pin interval shortened: 120 steps of 26 ms are 3 s, and this checks the windows' edges, not the rate
+    # at which probes may move the pin (tests/security/test_rate_limits.py).
+    d, _calls = nvml_daemon(gpus=({"util_gpu_pct": util_pct},), store={"path": str(path)},
+                            tuner={"window_rule": "steps"}, limits={"repin_interval_s": 0.01})
+    c = d.client()
+    job_id = c.call("register", **FEATURES)["job_id"]
+    step_s = 0.026
+    next_end = time.monotonic()
+    for steps in range(1, 121):
+        next_end += step_s
+        time.sleep(max(0.0, next_end - time.monotonic()))  # the step's work
+        c.notify("progress", job_id=job_id, steps=steps, phase="train", step_end_s=time.monotonic())
+    tuner = c.call("status")["jobs"][0]["tuner"]
+    assert tuner["probes"] >= 4 and not tuner["status"].startswith("stopped"), (tuner, d.log())
+    end = c.call("unregister", job_id=job_id)
+    assert isinstance(end["saved_measured_steps"], int) and end["saved_pct_err"] > 0, end  # steps counted whole
+    d.stop()
+    job, = store.read_jobs(store.open_read_only(path))
+    assert job.windows[0].level_hz is None and len(job.windows) == 1 + tuner["probes"]  # the baseline first
+    for w in job.windows:
+        mhz = top_mhz if w.level_hz is None else w.level_hz / 1e6  # unlocked, a busy GPU runs at the top
+        true_w = (90_000 + (650_000 - 90_000) * util_pct / 100 * (mhz / top_mhz) ** 2) / 1000
+        assert w.joules_per_step / w.seconds_per_step == pytest.approx(true_w, rel=0.03), (w, true_w, d.log())
+
+
+def test_a_step_end_that_is_not_this_hosts_recent_clock_is_refused_in_one_line(nvml_daemon):
+    d, _calls = nvml_daemon(gpus=({},))
+    c = d.client()
+    job_id = c.call("register", **FEATURES)["job_id"]
+    now = time.monotonic()
+    for bad in (now + 60, now - 3600, "soon", True):
+        err = c.request("progress", job_id=job_id, steps=1, step_end_s=bad)["error"]
+        assert err["code"] == -32602 and err["data"]["field"] == "step_end_s" and "\n" not in err["message"], err
+    c.call("progress", job_id=job_id, steps=2, step_end_s=now)
+    err = c.request("progress", job_id=job_id, steps=3, step_end_s=now - 1)["error"]
+    assert err["code"] == -32602 and "is not after" in err["message"], err
+    c.call("progress", job_id=job_id, steps=4)  # a report without one is taken as before
+    assert c.call("status")["jobs"][0]["steps"] == 4

@@ -111,6 +111,8 @@ def test_a_tuned_job_reports_its_measured_saving_against_the_default_governor(or
     (labels, ratio), = exported["ftgov_job_energy_saved_ratio"]
     assert labels["job_id"] == str(res["job_id"]) and 0 < ratio < 1
     assert exported["ftgov_job_energy_saved_measured_steps"][0][1] >= 8
+    (_, err), = exported["ftgov_job_energy_saved_ratio_stddev"]
+    assert err == pytest.approx(in_status["saved_pct_err"] / 100) and err > 0
     end = res["client"].call("unregister", job_id=res["job_id"])
     true_pct = 100 * (1 - ENERGY_J[end["freq_hz"]] / MODEL.expected(WORKLOAD, None).energy_j)
     assert true_pct > 10  # the model's saving is large here: the sign and size are a real check

@@ -54,6 +54,7 @@ def test_a_tuned_job_lands_in_the_store_with_its_windows(start_daemon):
         (u for _, u in by_level), reverse=True)
     # The saving is the one unregister reported: against the baseline window.
     assert j.saved_basis == "default governor" and j.saved_rel == summary["saving"]["saved_rel"] > 0
+    assert j.saved_pct_err == summary["saved_pct_err"] > 0  # and its uncertainty
 
 
 def test_the_loop_answers_while_jobs_are_recorded_and_totals_survive_a_restart(orin, start_daemon, tmp_path):

@@ -16,7 +16,7 @@ from governor.pipeline import retrain
 from governor.policy.tree import DecisionTree
 from governor.safefile import OutDir
 from governor.sim import learning
-from governor.store.measurements import Store
+from governor.store.measurements import JobRecord, Store
 from governor.text import printable
 from governor.units import energy
 
@@ -200,3 +200,16 @@ def test_totals_small_and_large_are_written_in_their_unit(tmp_path, capsys):
     assert main(["report", "--store", str(path), "--out", str(out)]) == 0
     assert (out / "summary.md").read_text().endswith(
         f"1 jobs recorded in all: {energy(record.energy_j)}, 21.3 J measured saved.\n")
+
+
+def test_history_shows_a_savings_uncertainty_where_the_store_has_one(tmp_path, capsys):
+    path = tmp_path / "m.sqlite"
+    s = Store(path)
+    base = dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, policy="tune",
+                saved_rel=0.184, saved_basis="default governor")
+    s.add(JobRecord(ended_at=1e9, **base, saved_pct_err=1.27))
+    s.add(JobRecord(ended_at=1e9 + 1, **base))  # recorded before the store kept it: none shown
+    s.close()
+    assert main(["history", "--store", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].endswith("18.4% ± 1.3 vs default governor") and lines[2].endswith("18.4% vs default governor")

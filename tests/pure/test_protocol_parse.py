@@ -46,6 +46,8 @@ def test_a_notification_has_no_id():
     (line(id=1, method="register", params={**FEATURES, "gpu": True}), errors.INVALID_PARAMS, "gpu"),
     (line(id=1, method="progress", params={"job_id": 1, "steps": 1, "phase": "nap"}), errors.INVALID_PARAMS, "phase"),
     (line(id=1, method="update", params={"job_id": 1, "gpu_util": 101}), errors.INVALID_PARAMS, "gpu_util"),
+    *[(line(id=1, method="progress", params={"job_id": 1, "steps": 1, "step_end_s": bad}), errors.INVALID_PARAMS,
+       "step_end_s") for bad in (-1.0, "12.5", True, 2.0 ** 41, [1.0])],
 ])
 def test_bad_lines_get_the_right_code_and_field(raw, code, field):
     e = fault(raw)

@@ -226,3 +226,27 @@ def test_a_store_locked_by_another_process_is_refused_not_moved_aside(tmp_path, 
         holder.close()
     assert not list(tmp_path.glob("m.sqlite.corrupt-*"))
     assert store.Store(tmp_path / "m.sqlite").totals()["jobs"] == 0
+
+
+def test_a_store_of_schema_1_is_read_as_it_is_and_migrated_when_the_daemon_opens_it(tmp_path):
+    """Schema 2 added saved_pct_err: a file written before keeps its jobs (their uncertainty unknown, None); the CLI
+    reads it unchanged, the daemon's Store brings it to version 2 and records the uncertainty from then on."""
+    path = tmp_path / "m.sqlite"
+    raw = sqlite3.connect(path)
+    schema_1 = store._SCHEMA.replace("    saved_pct_err REAL,", "")
+    assert schema_1 != store._SCHEMA
+    raw.executescript(schema_1 + "PRAGMA user_version=1;")
+    raw.execute("INSERT INTO jobs (ended_at, model_type, num_layers, hidden_size, seq_len, saved_rel, saved_basis) "
+                "VALUES (1e6, 'encoder', 12, 768, 40.0, 0.1, 'default governor')")
+    raw.commit()
+    raw.close()
+    old, = store.read_jobs(store.open_read_only(path))
+    assert old.saved_rel == 0.1 and old.saved_pct_err is None
+    s = Store(path)
+    s.add(rec(1, saved_pct_err=1.25))
+    s.close()
+    raw = sqlite3.connect(path)
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 2
+    raw.close()
+    old, new = store.read_jobs(store.open_read_only(path))
+    assert old.saved_pct_err is None and new == rec(1, saved_pct_err=1.25)

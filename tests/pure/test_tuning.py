@@ -382,3 +382,21 @@ def test_a_stall_in_the_first_window_does_not_make_every_later_window_a_burst():
         if session.converged:
             break
     assert session.converged and session.bursts == MAX_BURSTS_IN_A_ROW, (session.bursts, tuner.state())
+
+
+def test_a_window_across_which_a_held_counter_has_not_updated_stays_open_until_it_does():
+    """4 steps of 26 ms inside one 100 ms update of NVML's counter read 0 J: not a stalled meter, a window too short
+    to see an update; it closes at the first report after the counter moved."""
+    win = ProbeWindow(714000000, begin_steps=0, warmup_steps=1, window_steps=4, meter_update_s=0.1)
+    for k in range(1, 6):
+        assert win.feed(k, 50.0, 10.0 + 0.026 * k) is None
+    m = win.feed(6, 53.5, 10.0 + 0.026 * 6)
+    assert m is not None and m.measured_steps == 5 and m.joules_per_step == pytest.approx(0.7)
+
+
+def test_a_held_counter_that_does_not_move_for_ten_updates_is_a_stalled_meter():
+    win = ProbeWindow(714000000, begin_steps=0, warmup_steps=1, window_steps=4, meter_update_s=0.1)
+    for k in range(1, 40):
+        assert win.feed(k, 50.0, 0.026 * k) is None
+    with pytest.raises(TuningError, match="stalled"):
+        win.feed(40, 50.0, 0.026 * 40 + 0.01)

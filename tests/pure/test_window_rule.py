@@ -3,13 +3,15 @@ uncertainty."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
 import pytest
 
 from governor.policy.tuner import OnlineTuner, ProbeWindow, TuningError, TuningSession, WindowRule
-from governor.policy.windows import window_noise_rel
+from governor.policy.windows import UpdateEdges, edge_joules_per_step, steps_at, window_noise_rel
+from governor.sim import meters
 from governor.sim.meters import PowerTrace, UpdateClock, append_step, held_energy_j, step_times_s
 
 
@@ -134,3 +136,40 @@ def test_a_window_started_over_after_a_delayed_pin_keeps_the_rule():
         if closed is not None:
             break
     assert closed is not None and closed.measured_steps * 0.03 >= 0.4 - 1e-9, closed
+
+
+def test_update_edges_find_nvmls_update_instants_from_reads_at_the_steps_pace():
+    """Reads at every step end (26 ms steps scattering by 15%) of the simulated NVML counter: each read that sees the
+    counter move brackets an update; within a second the grid of updates is known to a few ms, and each edge's
+    energy is the counter's exact value there."""
+    clock = meters.UpdateClock(seed=3)
+    trace = meters.PowerTrace(0.0)
+    edges = UpdateEdges(meters.NVML_UPDATE_S, meters.NVML_UPDATE_JITTER_S)
+    t = 0.0
+    for step_s in itertools.islice(meters.step_times_s(0.026, seed=5), 150):
+        meters.append_step(trace, step_s, 400.0)
+        t += step_s
+        edges.read(t, meters.held_energy_j(trace, clock, t))
+    found = edges.take_until(t)
+    assert len(found) >= 35 and edges.phase_width_s < 0.006
+    late = [(s, e) for s, e in found if s > 1.0]
+    for s, e in late:
+        true_s = clock.last_at(s + 0.01)
+        assert abs(s - true_s) <= 0.005 and e == pytest.approx(trace.energy_j(true_s)), (s, true_s)
+
+
+def test_windows_on_update_instants_count_steps_from_their_ends_and_read_the_true_energy_per_step():
+    clock = meters.UpdateClock(seed=1)
+    trace = meters.PowerTrace(0.0)
+    edges = UpdateEdges(meters.NVML_UPDATE_S, meters.NVML_UPDATE_JITTER_S)
+    reports, t = [(0, 0.0)], 0.0
+    for n, step_s in enumerate(itertools.islice(meters.step_times_s(0.026, seed=2), 400), start=1):
+        meters.append_step(trace, step_s, 300.0 if n <= 200 else 450.0)
+        t += step_s
+        reports.append((n, t))
+        edges.read(t, meters.held_energy_j(trace, clock, t))
+    found = [(s, e) for s, e in edges.take_until(t) if 1.0 < s < t - 0.1]
+    for (s0, e0), (s1, e1) in zip(found, found[2:], strict=False):  # 200 ms windows, edge to edge
+        steps = steps_at(s1, reports) - steps_at(s0, reports)
+        true_j = trace.energy_j(s1) - trace.energy_j(s0)
+        assert edge_joules_per_step((s0, e0), (s1, e1), reports) == pytest.approx(true_j / steps, rel=0.04)
