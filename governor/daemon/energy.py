@@ -16,6 +16,7 @@ log = logging.getLogger("ftgovd")
 
 POWER_CACHE_S = 0.02
 GRID_KNOWN_S = 0.01  # a tenth of NVML's 100 ms update period
+GRID_WAIT_S = 2.0
 
 
 class BoardEnergy:
@@ -93,6 +94,8 @@ class MeterFeed:
         self._edges = UpdateEdges(self.meter.update_s if counter else 0.0)
         self._last_end: tuple[int, float] | None = None  # (steps, step_end_s) of the last report that had one
         self._seen_s = -math.inf  # the rails' samples up to here are edges already
+        self.grid_found = not counter  # a sampler's samples are exact in time from the first
+        self._timed_since: float | None = None  # the first report with step_end_s, while the grid is not known
 
     def energy_j(self, job) -> float:
         if job.step_end_s is not None and not isinstance(self.meter, CounterMeter):
@@ -122,7 +125,17 @@ class MeterFeed:
                     self._seen_s = t_s
         prev, self._last_end = self._last_end, (job.steps, job.step_end_s)
         edges = self._edges.take_until(job.step_end_s)
-        if prev is None or job.step_end_s <= prev[1] or not self._grid_known():
+        if prev is None or job.step_end_s <= prev[1]:
             return []
+        if not self._grid_known():
+            # Windows wait for the grid a little (reads at the steps' pace find it within about a second); past that
+            # they take the report itself, as without step_end_s, until it is found.
+            if self._timed_since is None:
+                self._timed_since = now_s
+            return [] if now_s - self._timed_since < GRID_WAIT_S else [(job.steps, energy_j, now_s)]
+        if not self.grid_found:
+            self.grid_found = True
+            log.info("%s: the energy counter's update instants are known to %.1f ms: windows end on them from now on",
+                     job.label(), 1000 * (self._edges.phase_width_s or 0.0), extra=job.fields())
         (n0, t0), (n1, t1) = prev, self._last_end
         return [(n0 + (n1 - n0) * (t_s - t0) / (t1 - t0), e_j, t_s) for t_s, e_j in edges if t_s > t0]
