@@ -25,24 +25,23 @@ level, 4 when the level is re-measured in place) then the rest at the converged 
 noise-free energy per step of the levels it ran at, so "whole job vs optimum" is exactly the exploration cost plus
 the converged level's regret, with no noise in the score.
 
-Both tuners see the same curves, starts and seeds: "v1" is the tuner before the energy-budgeted search
-(benchmarks/tuner_v1.py, a frozen copy: at most 6 windows), "new" is governor/policy/tuner.py with its defaults and
-``total_steps`` set to the job's length. After the real and adversarial tables, the new tuner's windows per phase of
-the search (the phase it was in when it asked for each window). The last table is a summary: one row per set and
-start, the new tuner's figures with the old one's in brackets; the new tuner's summary is written to
-docs/benchmarks.md ("tuner"). About a minute for real + adversarial at 5 seeds, two for simulated.
+The tuner is governor/policy/tuner.py with its defaults and ``total_steps`` set to the job's length. After the real
+and adversarial tables, its windows per phase of the search (the phase it was in when it asked for each window). The
+last table is a summary, one row per set and start, written to docs/benchmarks.md ("tuner") with the first tuner's
+recorded figures beside it (benchmarks/data/tuner-v1-figures.json: that tuner is in the history, not the tree). About
+a minute for real + adversarial at 5 seeds, two for simulated.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks import tuner_v1
 from benchmarks.figures import machine, write_section
 from benchmarks.tuner_curves import (
     DEFAULT_DATA,
@@ -57,7 +56,8 @@ from benchmarks.tuner_curves import (
 from governor.policy import tuner as tuning
 
 TREE = Path(__file__).resolve().parent.parent / "model" / "mlg-tree.json"
-TUNERS = ("v1", "new")
+TUNERS = ("new",)
+V1_FIGURES = Path(__file__).resolve().parent / "data" / "tuner-v1-figures.json"
 
 
 @dataclass
@@ -77,8 +77,6 @@ class Run:
 
 
 def make_tuner(kind: str, levels_hz, start_hz: int, max_slowdown, noise_rel: float, job_steps: int):
-    if kind == "v1":
-        return tuner_v1.OnlineTuner(levels_hz, start_hz, max_slowdown, noise_rel=noise_rel)
     return tuning.OnlineTuner(levels_hz, start_hz, max_slowdown, noise_rel=noise_rel, total_steps=job_steps)
 
 
@@ -219,6 +217,14 @@ def print_summary(rows: list[str]) -> None:
     print()
 
 
+def v1_rows() -> list[str]:
+    """The first tuner's recorded figures (it is in the repository's history, not run here)."""
+    doc = json.loads(V1_FIGURES.read_text())
+    return [f"| {r['set']} | {r['start']} | {' / '.join(r['level_vs_min_mean_p90_worst'])} | "
+            f"{r['whole_job_vs_optimum_mean']} | {r['windows_mean']:g} | {r['whole_job_vs_default_worst']} |"
+            for r in doc["rows"]]
+
+
 def section(rows: list[str], args) -> str:
     """docs/benchmarks.md's "tuner" section: governor/policy/tuner.py's summary rows, what was run, on what."""
     sets = " ".join(args.sets)
@@ -233,7 +239,11 @@ def section(rows: list[str], args) -> str:
             "code: minimum at either end, flat bottoms, a plateau then a dip, two dips, a spike), fine (the real "
             "curves on tables of about 40 and 100 levels) and simulated (the 60 held-out workloads), each from "
             "three starts; \"of N\" is the number of runs a row covers. p90 and worst are over those runs. "
-            f"Machine: {machine()} (the figures do not depend on it).\n\n{SUMMARY_HEADER}\n" + "\n".join(rows) + "\n")
+            f"Machine: {machine()} (the figures do not depend on it).\n\n{SUMMARY_HEADER}\n" + "\n".join(rows) + "\n"
+            "\nThe first tuner (at most 6 windows, one level a step), recorded with the same sets, starts, 5 seeds and "
+            "noise before it was replaced (benchmarks/data/tuner-v1-figures.json):\n\n| set | start | level vs min: "
+            "mean / p90 / worst | whole job vs optimum, mean | windows, mean | whole job vs default, worst |\n"
+            "|---|---|---|---|---|---|\n" + "\n".join(v1_rows()) + "\n")
 
 
 PHASES = ("start", "fastest", "anchor", "descend", "refine", "beyond", "far", "confirm")
@@ -282,8 +292,7 @@ def main() -> None:
     TUNERS = tuple(args.tuners)
 
     print(f"{args.seeds} seeds; window noise {args.noise_rel:.0%} (real, adversarial), model noise {args.model_noise} "
-          f"(simulated); {args.job_steps}-step jobs; v1 = the tuner before the energy-budgeted search, new = "
-          "governor/policy/tuner.py")
+          f"(simulated); {args.job_steps}-step jobs; new = governor/policy/tuner.py")
     print()
     summary: list[str] = []
     newest: list[str] = []  # the summary rows of the last tuner alone, for docs/benchmarks.md
