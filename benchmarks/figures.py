@@ -69,3 +69,10 @@ def write_section(name: str, markdown: str, path: Path = BENCHMARKS_MD) -> Path:
         text = text.rstrip("\n") + "\n\n" + block + "\n"
     write_file(path, text)  # atomic: a reader or a failed run never sees half of it
     return path
+
+
+def publish(name: str, text: str, *, doc: bool = True) -> None:
+    """Print a benchmark's section and, unless ``doc`` is False (its --no-doc), write it to docs/benchmarks.md."""
+    print(text)
+    if doc:
+        write_section(name, text)

@@ -22,7 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.figures import write_section
+from benchmarks.figures import publish
+from governor.daemon.observing import successive_spread as successive
 from governor.policy.windows import ProbeWindow, TuningError, WindowRule, edge_joules_per_step
 from governor.sim.meters import (
     NVML_UPDATE_S,
@@ -68,17 +69,23 @@ def load_h200(name: str, directory: Path = TRACE_DIR) -> Trace:
     return Trace(name, reports, updates)
 
 
-def simulated_nvml(mean_step_s: float, power_w: float, steps: int, seed: int,
-                   update_s: float = NVML_UPDATE_S, cv: float = STEP_TIME_CV) -> Trace:
-    """A job on the simulated meter: steps with the measured scatter, power in phases, an NVML-style counter read at
-    every step's end (and known at each of its updates)."""
-    clock = UpdateClock(update_s, seed=seed, origin_s=(seed * 0.0371) % update_s)
+def _steps(mean_step_s: float, power_w: float, steps: int, seed: int, cv: float) -> tuple[PowerTrace, list[float]]:
+    """A job's steps with the measured scatter and power in phases: the trace and each step's end."""
     trace = PowerTrace(0.0)
     times = step_times_s(mean_step_s, seed, cv)
     ends = []
     for _ in range(steps):
         append_step(trace, next(times), power_w)
         ends.append(trace.end_s)
+    return trace, ends
+
+
+def simulated_nvml(mean_step_s: float, power_w: float, steps: int, seed: int,
+                   update_s: float = NVML_UPDATE_S, cv: float = STEP_TIME_CV) -> Trace:
+    """A job on the simulated meter: steps with the measured scatter, power in phases, an NVML-style counter read at
+    every step's end (and known at each of its updates)."""
+    clock = UpdateClock(update_s, seed=seed, origin_s=(seed * 0.0371) % update_s)
+    trace, ends = _steps(mean_step_s, power_w, steps, seed, cv)
     reports = [(0, held_energy_j(trace, clock, 0.0), 0.0)]
     reports += [(i + 1, held_energy_j(trace, clock, t), t) for i, t in enumerate(ends)]
     updates = []
@@ -94,12 +101,7 @@ def simulated_ina(mean_step_s: float, power_w: float, steps: int, seed: int,
     """A job on a simulated Jetson: the INA3221's averaged power, refreshed every ``update_s``, integrated at every
     step's end as the daemon integrates the rails at progress reports (trapezoids)."""
     clock = UpdateClock(update_s, jitter_s=0.0, origin_s=(seed * 0.0371) % update_s)
-    trace = PowerTrace(0.0)
-    times = step_times_s(mean_step_s, seed, cv)
-    ends = []
-    for _ in range(steps):
-        append_step(trace, next(times), power_w)
-        ends.append(trace.end_s)
+    trace, ends = _steps(mean_step_s, power_w, steps, seed, cv)
     energy, last_t, last_w = 0.0, 0.0, averaged_power_w(trace, clock, 0.0)
     reports = [(0, 0.0, 0.0)]
     for i, t in enumerate(ends):
@@ -182,12 +184,6 @@ def _median_p99(values: list[float], fmt: str) -> str:
     return f"{statistics.median(values):{fmt}} / {percentile(values, 99):{fmt}}"
 
 
-def _successive(values: list[float]) -> float:
-    """RMS difference of consecutive values over sqrt 2, relative to their mean."""
-    squares = [(b - a) ** 2 for a, b in zip(values, values[1:], strict=False)]
-    return math.sqrt(statistics.fmean(squares) / 2.0) / statistics.fmean(values)
-
-
 def median_step_s(trace: Trace) -> float:
     return statistics.median(b[2] - a[2] for a, b in zip(trace.reports, trace.reports[1:], strict=False))
 
@@ -248,15 +244,13 @@ def main(argv: list[str] | None = None) -> int:
             runs = [rule_windows(make(step_s, 300.0, 2000 if step_s < 0.1 else 400, seed, update_s, step_cv), r)
                     for seed in range(args.seeds)]
             ms = [m for run in runs for m in run]
-            spreads = [_successive([m.joules_per_step for m in run]) for run in runs if len(run) > 2]
+            spreads = [successive([m.joules_per_step for m in run]) for run in runs if len(run) > 2]
             lines.append(f"| {meter} | {step_s * 1000:g} ms | {step_cv:.0%} | {len(ms)} | "
                          f"{_median_p99([m.measured_steps for m in ms], '.0f')} | "
                          f"{_median_p99([m.duration_s for m in ms], '.2f')} | "
                          f"{100 * statistics.median(spreads):.1f}% / {100 * percentile(spreads, 99):.1f}% |")
     text = "\n".join(lines) + "\n"
-    print(text)
-    if not args.no_doc:
-        write_section("meter-windows", text)
+    publish("meter-windows", text, doc=not args.no_doc)
     return 0
 
 

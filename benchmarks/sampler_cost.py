@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from benchmarks.figures import write_section
+from benchmarks.figures import publish
 from governor.backends import rails
 from governor.sim import tree
 from governor.sim.launch import FEATURES, Daemon, Rpc
@@ -89,9 +89,7 @@ def main() -> int:
              f"| daemon CPU with no job, over {args.seconds:g} s | {' / '.join(f'{1000 * i:.1f} ms' for i in idle)} "
              "| sampler: none (not scheduled) |", ""]
     text = "\n".join(lines)
-    print(text)
-    if not args.no_doc:
-        write_section("sampler-cost", text)
+    publish("sampler-cost", text, doc=not args.no_doc)
     return 0
 
 

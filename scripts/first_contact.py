@@ -88,6 +88,22 @@ class StatusWatch(threading.Thread):
                     self.last[job["name"]] = job
 
 
+def token_dataset(samples: int, seq_len: int = 128, vocab: int = 30000):
+    """Synthetic masked-LM samples (random tokens, seeded by index, no padding): a Trainer's data without a download."""
+    import torch
+
+    class Tokens(torch.utils.data.Dataset):
+        def __len__(self):
+            return samples
+
+        def __getitem__(self, i):
+            g = torch.Generator().manual_seed(i)
+            ids = torch.randint(0, vocab, (seq_len,), generator=g)
+            return {"input_ids": ids, "labels": ids, "attention_mask": torch.ones(seq_len, dtype=torch.long)}
+
+    return Tokens()
+
+
 def hf_job(socket: str, steps: int, marks: dict) -> None:
     import torch
     from transformers import BertConfig, BertForMaskedLM, Trainer, TrainerCallback, TrainingArguments
@@ -105,20 +121,11 @@ def hf_job(socket: str, steps: int, marks: dict) -> None:
         def on_train_end(self, args, state, control, **kwargs):
             marks["hf_end"] = time.monotonic()
 
-    class Tokens(torch.utils.data.Dataset):
-        def __len__(self):
-            return 32 * steps
-
-        def __getitem__(self, i):
-            g = torch.Generator().manual_seed(i)
-            ids = torch.randint(0, 30000, (128,), generator=g)
-            return {"input_ids": ids, "labels": ids, "attention_mask": torch.ones(128, dtype=torch.long)}
-
     torch.manual_seed(0)
     model = BertForMaskedLM(BertConfig())
     args = TrainingArguments(output_dir="/tmp/first-contact-hf", max_steps=steps, per_device_train_batch_size=32,
                              report_to=[], save_strategy="no", logging_steps=100, dataloader_num_workers=2)
-    trainer = Trainer(model=model, args=args, train_dataset=Tokens(),
+    trainer = Trainer(model=model, args=args, train_dataset=token_dataset(32 * steps),
                       callbacks=[GovernorCallback(name="hf-bert", socket=socket), Marks()])
     trainer.train()
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from governor.daemon.observing import successive_spread
 from governor.sim.launch import Daemon
+from scripts.first_contact import token_dataset
 
 SIZES = {"small": (6, 512, 8), "base": (12, 768, 12), "large": (24, 1024, 16)}  # layers, hidden, heads
 WINDOW_LINE = re.compile(r"job (\d+) '([^']*)' .*observe window (\d+): ([0-9.]+) J/step, ([0-9.]+) s/step over "
@@ -54,15 +55,6 @@ def train(size: str, steps: int, socket: str, device: str) -> float:
 
     layers, hidden, heads = SIZES[size]
 
-    class Tokens(torch.utils.data.Dataset):
-        def __len__(self):
-            return 32 * steps
-
-        def __getitem__(self, i):
-            g = torch.Generator().manual_seed(i)
-            ids = torch.randint(0, 30000, (128,), generator=g)
-            return {"input_ids": ids, "labels": ids, "attention_mask": torch.ones(128, dtype=torch.long)}
-
     torch.manual_seed(0)
     model = BertForMaskedLM(BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                                        intermediate_size=4 * hidden))
@@ -70,7 +62,7 @@ def train(size: str, steps: int, socket: str, device: str) -> float:
                              per_device_train_batch_size=32, save_strategy="no", logging_steps=100,
                              dataloader_num_workers=2, use_cpu=device == "cpu", bf16=device != "cpu")
     start = time.monotonic()
-    Trainer(model=model, args=args, train_dataset=Tokens(),
+    Trainer(model=model, args=args, train_dataset=token_dataset(32 * steps),
             callbacks=[GovernorCallback(name=f"bert-{size}", socket=socket, seq_len=128)]).train()
     return time.monotonic() - start
 
