@@ -8,7 +8,7 @@ import bisect
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 from governor.errors import FtgovError
 
@@ -54,7 +54,7 @@ def _steps(value) -> float:
     """A step count: an integer from a report, or a fraction where a window's edge falls inside a step."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
         raise TuningError(f"steps must be a finite number >= 0, got {value!r}")
-    return value
+    return cast(float, value)  # an int stays an int: whole steps are reported as such
 
 
 def _count(value, name: str, minimum: int) -> int:
@@ -123,7 +123,7 @@ class WindowRule:
 PRIOR_DOF = 2.0
 
 
-def window_noise_rel(reports: list[tuple[int, float, float]], rule: WindowRule) -> float:
+def window_noise_rel(reports: list[tuple[float, float, float]], rule: WindowRule) -> float:
     """The relative uncertainty (s.d.) of a window's joules per step, from its reports ``(steps, energy_j, time_s)``,
     first (where it opened) to last. Three parts:
 
@@ -186,7 +186,7 @@ class ProbeWindow:
     stays open anyway: its uncertainty is infinite until the counter moves, and it closes at ``max_s``).
     """
 
-    def __init__(self, level_hz: int, begin_steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
+    def __init__(self, level_hz: int, begin_steps: float, warmup_steps: int = DEFAULT_WARMUP_STEPS,
                  window_steps: int = DEFAULT_WINDOW_STEPS, *, rule: WindowRule | None = None,
                  meter_update_s: float = 0.0):
         self.level_hz = level_hz
@@ -196,11 +196,11 @@ class ProbeWindow:
         self.rule = rule
         self.stall_s = STALL_UPDATES * float(meter_update_s)
         self._last_steps = self.begin_steps
-        self._mark: tuple[int, float, float] | None = None  # (steps, energy_j, time_s) where the window opened
-        self._reports: list[tuple[int, float, float]] = []  # with a rule: every report since the mark
+        self._mark: tuple[float, float, float] | None = None  # (steps, energy_j, time_s) where the window opened
+        self._reports: list[tuple[float, float, float]] = []  # with a rule: every report since the mark
         self.measurement: Measurement | None = None
 
-    def feed(self, steps: int, energy_j: float, time_s: float, phase: str = "train") -> Measurement | None:
+    def feed(self, steps: float, energy_j: float, time_s: float, phase: str = "train") -> Measurement | None:
         """Take one progress report; return the measurement when this report closes the window."""
         if self.measurement is not None:
             raise TuningError("this window is already closed: start a new one")
@@ -287,7 +287,7 @@ class TuningSession:
         tuner.set_job(total_steps=remaining, probe_steps=max(1, warmup_steps + window_steps))
         self._window = self._new_window(tuner.next_level_hz(), steps, warmup_steps)
 
-    def _new_window(self, level_hz: int, steps: int, warmup_steps: int) -> ProbeWindow:
+    def _new_window(self, level_hz: int, steps: float, warmup_steps: int) -> ProbeWindow:
         return ProbeWindow(level_hz, steps, warmup_steps, self.window_steps, rule=self.rule,
                            meter_update_s=self.meter_update_s)
 
