@@ -8,8 +8,8 @@ import logging
 
 from governor.backends.base import Limits
 from governor.daemon.gpupin import GpuPin
-from governor.daemon.jobs import mhz
 from governor.errors import BackendError, FtgovError
+from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
 
@@ -37,7 +37,7 @@ def limits_changed(pin: GpuPin, reapply: bool) -> bool:
         return False
     log.warning("GPU %s: limits changed under our pin of %s (now min %s max %s, clock %s): nvpmodel, "
                 "jetson_clocks or another tool? %s", gid, mhz(pin.pinned_hz), mhz(now.min_hz),
-                mhz(now.max_hz), mhz(now.cur_hz),
+                mhz(now.max_hz), mhz(now.cur_hz, none="no pin"),
                 "Re-applying" if reapply else "Standing down until the jobs end",
                 extra={"FREQ_HZ": pin.pinned_hz})
     if reapply:

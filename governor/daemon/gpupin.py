@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 from governor.backends.base import Gpu, Limits
 from governor.daemon import logs
-from governor.daemon.jobs import mhz
 from governor.daemon.powermode import PowerModeCap
 from governor.errors import BackendError
+from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
 

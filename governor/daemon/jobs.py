@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from governor import units
 from governor.backends.rails import EnergyMeter
 from governor.errors import BackendError
 from governor.features import Features
@@ -84,8 +83,3 @@ class Ended:
     energy_j: float | None
     why: str
     saving: dict | None = None  # measured against the default governor (governor.daemon.tuning.JobTuner.finish)
-
-
-def mhz(hz: int | None) -> str:
-    """A pin for the log: governor.units.mhz, "no pin" for none."""
-    return units.mhz(hz, none="no pin")

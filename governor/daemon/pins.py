@@ -21,13 +21,14 @@ from governor.backends.rails import Rails
 from governor.daemon import checks, ratelimit
 from governor.daemon.energy import BoardEnergy
 from governor.daemon.gpupin import GpuPin
-from governor.daemon.jobs import ActiveJob, Ended, mhz
+from governor.daemon.jobs import ActiveJob, Ended
 from governor.daemon.powermode import PowerModeCap
 from governor.daemon.settings import PinSettings
 from governor.errors import BackendError, FtgovError, StateError
 from governor.features import Features
 from governor.policy import Decision, Policy, PolicyName, combine
 from governor.store.state import GpuState, State, StateFile
+from governor.units import mhz
 
 if TYPE_CHECKING:
     from governor.daemon.recorder import Recorder
@@ -159,7 +160,8 @@ class PinController:
             job.resume(rec)
             job.decision = Decision.from_label(rec.policy, rec.freq_hz, "re-adopted after a daemon restart")
             adopted.append(job)
-            log.info("%s re-adopted after a daemon restart at %s", job.label(), mhz(rec.freq_hz), extra=job.fields())
+            log.info("%s re-adopted after a daemon restart at %s", job.label(), mhz(rec.freq_hz, none="no pin"),
+                     extra=job.fields())
         self.reapply()
         return adopted
 
@@ -176,11 +178,11 @@ class PinController:
                   "FREQ_HZ": decision.freq_hz if decision.freq_hz is not None else ""}
         log.info("%s: %s L%d H%d seq %g util %s -> %s %s: %s", job.label(), f.model_type, f.num_layers,
                  f.hidden_size, f.seq_len, "?" if f.gpu_util is None else f"{f.gpu_util:g}%", decision.label,
-                 mhz(decision.freq_hz), decision.reason, extra=fields)
+                 mhz(decision.freq_hz, none="no pin"), decision.reason, extra=fields)
         capped = self.power_mode.within(job.gpu_id, decision)
         if capped is not decision:
             log.info("%s: %s instead of %s (pin_above_power_mode: true allows more)", job.label(),
-                     capped.reason.rsplit("; ", 1)[1], mhz(decision.freq_hz),
+                     capped.reason.rsplit("; ", 1)[1], mhz(decision.freq_hz, none="no pin"),
                      extra={**fields, "FREQ_HZ": capped.freq_hz if capped.freq_hz is not None else ""})
         decision = capped
         if self.plan_tune is not None and decision.policy is PolicyName.TUNE and decision.freq_hz is not None:
@@ -239,7 +241,7 @@ class PinController:
                                            f"measured over {saving['measured_steps']} steps"
                                            + ("" if err is None else f" (+/- {err:g} points)"))
         log.info("%s ended (%s) after %.1f s, %d steps, at %s, energy %s%s", job.label(), why, ended.duration_s,
-                 job.steps, mhz(job.freq_hz), energy, saved,
+                 job.steps, mhz(job.freq_hz, none="no pin"), energy, saved,
                  extra={**job.fields(), "DURATION_S": f"{ended.duration_s:.3f}", "STEPS": job.steps,
                         "ENERGY_J": "" if energy_j is None else f"{energy_j:.3f}",
                         **({} if saving is None else {"SAVED_PCT": f"{saving['saved_pct']:g}",
@@ -268,7 +270,8 @@ class PinController:
         before = self.needs_hz(job)
         job.phase = phase
         if self.needs_hz(job) != before:
-            log.info("%s: phase %s, needs %s", job.label(), phase, mhz(self.needs_hz(job)), extra=job.fields())
+            log.info("%s: phase %s, needs %s", job.label(), phase, mhz(self.needs_hz(job), none="no pin"),
+                     extra=job.fields())
             gpu_id = job.gpu_id
             if self.phase_repins is None:
                 self._apply_quietly(gpu_id)

@@ -10,9 +10,9 @@ from typing import Protocol
 
 from governor.backends.base import Gpu, Limits
 from governor.daemon import logs
-from governor.daemon.jobs import mhz
 from governor.errors import BackendError
 from governor.policy import Decision
+from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
 

@@ -23,13 +23,13 @@ import math
 
 from governor.config import TunerConfig
 from governor.daemon.energy import MeterFeed
-from governor.daemon.jobs import mhz
 from governor.daemon.observing import JobObserver
 from governor.daemon.recorder import window_util_pct
 from governor.daemon.starts import TuneStarts, gpu_key, read_on
 from governor.errors import FtgovError
 from governor.policy import Decision, PolicyName
 from governor.policy.tuner import Measurement, ProbeWindow
+from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
 
@@ -132,7 +132,7 @@ class JobTuner:
                 now = ("is not pinned (another tool holds the limits)" if pinned_hz is None
                        else f"is pinned at {mhz(pinned_hz)}")
                 log.warning("%s: tuning stopped: the GPU %s, not at the %s being measured; keeping %s", job.label(),
-                            now, mhz(measuring_hz), mhz(self.tuner.best_hz), extra=job.fields())
+                            now, mhz(measuring_hz, none="no pin"), mhz(self.tuner.best_hz), extra=job.fields())
                 self.meter, self.status = None, f"stopped: the GPU {now}, not at the level being measured"
                 self._move(gov, job, self.tuner.best_hz,
                            "tune: stopped (the GPU left the level measured); best measured")
@@ -163,9 +163,10 @@ class JobTuner:
         self.windows.append((m, window_util_pct(gov, job)))
         state = self.tuner.state()
         log.info("%s: tune probe %d at %s: %.4f J/step, %.4f s/step over %d steps -> %s", job.label(),
-                 state["probes"], mhz(m.level_hz), m.joules_per_step, m.seconds_per_step, m.measured_steps,
+                 state["probes"], mhz(m.level_hz, none="no pin"), m.joules_per_step, m.seconds_per_step,
+                 m.measured_steps,
                  f"converged on {mhz(self.tuner.best_hz)}" if self.tuner.converged
-                 else f"next {mhz(self.session.level_hz)} ({state['reason']})",
+                 else f"next {mhz(self.session.level_hz, none='no pin')} ({state['reason']})",
                  extra={**job.fields(), "TUNE_PROBE": state["probes"], "TUNE_LEVEL_HZ": m.level_hz,
                         "TUNE_J_PER_STEP": f"{m.joules_per_step:.6f}", "TUNE_S_PER_STEP": f"{m.seconds_per_step:.6f}"})
         if self.tuner.converged:
@@ -312,7 +313,8 @@ class JobTuner:
         try:
             gov.set_freq(job, level_hz, reason)
         except FtgovError as e:
-            log.error("%s: could not pin %s for tuning: %s", job.label(), mhz(level_hz), e, extra=job.fields())
+            log.error("%s: could not pin %s for tuning: %s", job.label(), mhz(level_hz, none="no pin"), e,
+                      extra=job.fields())
             self.meter, self.status = None, f"stopped: {e}"
 
     def state(self) -> dict:

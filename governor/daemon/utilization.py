@@ -28,9 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from governor.config import Config
-from governor.daemon.jobs import ActiveJob, mhz
+from governor.daemon.jobs import ActiveJob
 from governor.daemon.pins import PinController
 from governor.errors import FtgovError
+from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
 
