@@ -9,7 +9,7 @@ from governor.backends.rails import EnergyMeter
 from governor.errors import BackendError
 from governor.features import Features
 from governor.policy import Decision, PolicyName
-from governor.store.state import JobRecord
+from governor.store.state import HeldJob
 
 
 @dataclass
@@ -61,12 +61,12 @@ class ActiveJob:
         except BackendError:  # an energy counter that cannot be read now: the state file keeps what it had
             return self.earlier_energy_j or None
 
-    def record(self) -> JobRecord:
-        return JobRecord(self.job_id, self.pid, self.start_ticks, self.gpu_id, self.name, self.uid,
-                         self.features.model_dump(), self.freq_hz, self.decision.label if self.decision else "",
-                         started_at=self.started_at, energy_j=self.energy_so_far_j())
+    def record(self) -> HeldJob:
+        return HeldJob(self.job_id, self.pid, self.start_ticks, self.gpu_id, self.name, self.uid,
+                       self.features.model_dump(), self.freq_hz, self.decision.label if self.decision else "",
+                       started_at=self.started_at, energy_j=self.energy_so_far_j())
 
-    def resume(self, rec: JobRecord) -> None:
+    def resume(self, rec: HeldJob) -> None:
         """Continue a job a previous daemon of this boot held: its start time and the energy it measured until its
         last save (what ran between that save and the restart is not measured)."""
         if rec.started_at is not None:

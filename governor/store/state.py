@@ -63,7 +63,7 @@ class GpuState:
 
 
 @dataclass
-class JobRecord:
+class HeldJob:
     """What re-adoption needs: the process (pid + its start time, against PID reuse) and what it asked for."""
 
     job_id: int
@@ -98,7 +98,7 @@ class _GpuModel(_Strict):
     pinned_hz: int | None = Field(default=None, ge=1, le=_MAX_HZ)
 
 
-class _JobModel(_Strict):
+class _HeldJobModel(_Strict):
     job_id: int = Field(ge=1, le=1 << 53)
     pid: int = Field(ge=0, le=(1 << 31) - 1)
     start_ticks: int = Field(ge=0, le=(1 << 63) - 1)
@@ -123,14 +123,14 @@ class _StateModel(_Strict):
     boot_id: str = Field(max_length=128)
     next_job_id: int = Field(1, ge=1, le=1 << 53)
     gpus: dict[str, _GpuModel] = Field(default_factory=dict, max_length=64)
-    jobs: list[_JobModel] = Field(default_factory=list, max_length=65536)
+    jobs: list[_HeldJobModel] = Field(default_factory=list, max_length=65536)
 
 
 @dataclass
 class State:
     boot_id: str
     gpus: dict[str, GpuState] = field(default_factory=dict)
-    jobs: list[JobRecord] = field(default_factory=list)
+    jobs: list[HeldJob] = field(default_factory=list)
     next_job_id: int = 1
 
     def to_dict(self) -> dict:
@@ -151,7 +151,7 @@ class State:
         gpus = {k: GpuState(dict(g.describe), Limits(g.baseline.min_hz, g.baseline.max_hz,
                                                      tuple(sorted(g.baseline.extra.items()))), g.pinned_hz)
                 for k, g in m.gpus.items()}
-        jobs = [JobRecord(**j.model_dump()) for j in m.jobs]
+        jobs = [HeldJob(**j.model_dump()) for j in m.jobs]
         return cls(m.boot_id, gpus, jobs, m.next_job_id)
 
 

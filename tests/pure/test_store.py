@@ -1,6 +1,7 @@
 """The measurement store on its own: schema, size bound, hostile names, a corrupt file, SIGKILL mid-write, the writer
 thread."""
 
+import ast
 import dataclasses
 import logging
 import os
@@ -250,3 +251,14 @@ def test_a_store_of_schema_1_is_read_as_it_is_and_migrated_when_the_daemon_opens
     raw.close()
     old, new = store.read_jobs(store.open_read_only(path))
     assert old.saved_pct_err is None and new == rec(1, saved_pct_err=1.25)
+
+
+def test_store_names_each_class_once():
+    """The state file's held job and the store's finished job are different things: one name each, so an import of
+    one cannot be taken for the other."""
+    where: dict[str, list[str]] = {}
+    for path in sorted((REPO / "governor" / "store").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(path.name)
+    assert {name: files for name, files in where.items() if len(files) > 1} == {}
