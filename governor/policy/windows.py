@@ -67,7 +67,7 @@ def _count(value, name: str, minimum: int) -> int:
 class Measurement:
     """One closed measurement window, ready for ``OnlineTuner.observe``."""
 
-    level_hz: int
+    level_hz: int | None  # None: measured at no pin (an observed job's window at the default governor)
     joules_per_step: float
     seconds_per_step: float
     measured_steps: int  # steps inside the window (rounded where its edges fall inside steps)
@@ -186,7 +186,7 @@ class ProbeWindow:
     stays open anyway: its uncertainty is infinite until the counter moves, and it closes at ``max_s``).
     """
 
-    def __init__(self, level_hz: int, begin_steps: float, warmup_steps: int = DEFAULT_WARMUP_STEPS,
+    def __init__(self, level_hz: int | None, begin_steps: float, warmup_steps: int = DEFAULT_WARMUP_STEPS,
                  window_steps: int = DEFAULT_WINDOW_STEPS, *, rule: WindowRule | None = None,
                  meter_update_s: float = 0.0):
         self.level_hz = level_hz
@@ -279,6 +279,7 @@ class TuningSession:
         self.profiled_steps = 0
         self.bursts = 0  # windows dropped as reports read in a burst (BURST_FACTOR)
         self._fastest_s_per_step: float | None = None  # of the windows kept
+        self._measuring_hz: int  # the open window's level: set by _new_window
         self._bursts_in_a_row = 0
         # The tuner's budget is priced in windows of this session's size, over the steps the job has left.
         remaining = None
@@ -288,6 +289,7 @@ class TuningSession:
         self._window = self._new_window(tuner.next_level_hz(), steps, warmup_steps)
 
     def _new_window(self, level_hz: int, steps: float, warmup_steps: int) -> ProbeWindow:
+        self._measuring_hz = level_hz  # the window's level, known to be a pinned one here
         return ProbeWindow(level_hz, steps, warmup_steps, self.window_steps, rule=self.rule,
                            meter_update_s=self.meter_update_s)
 
@@ -297,7 +299,7 @@ class TuningSession:
         needs none and is left as it is."""
         w = self._window
         if w.warmup_steps and w._mark is None and steps > w.begin_steps:
-            self._window = self._new_window(w.level_hz, steps, w.warmup_steps)
+            self._window = self._new_window(self._measuring_hz, steps, w.warmup_steps)
 
     @property
     def level_hz(self) -> int:
@@ -307,7 +309,7 @@ class TuningSession:
     @property
     def measuring_hz(self) -> int:
         """The level the open window measures: what the job must be pinned at while it is open."""
-        return self._window.level_hz
+        return self._measuring_hz
 
     @property
     def converged(self) -> bool:
@@ -316,7 +318,7 @@ class TuningSession:
     def repinned(self, steps: int) -> None:
         """The job reached the open window's level only now, at ``steps`` (its pin waited): the window starts over
         from here, warm-up first, as after any change of clock."""
-        self._window = self._new_window(self._window.level_hz, steps, self.warmup_steps)
+        self._window = self._new_window(self._measuring_hz, steps, self.warmup_steps)
 
     def on_progress(self, steps: int, energy_j: float, time_s: float, phase: str = "train") -> Measurement | None:
         if self.tuner.converged:
@@ -330,7 +332,7 @@ class TuningSession:
             # Not this level's steps: measured again from here, warm-up first (they may have run at another level).
             self.bursts += 1
             self._bursts_in_a_row += 1
-            self._window = self._new_window(m.level_hz, steps, self.warmup_steps)
+            self._window = self._new_window(self._measuring_hz, steps, self.warmup_steps)
             return None
         # Kept: a backlog is drained by then, so windows this fast in a row are the job's steps, and the windows kept
         # before were the slow ones (a stall in the first): the fastest kept is the reference from now on.
@@ -342,7 +344,7 @@ class TuningSession:
             self._window_steps_seen.append(m.measured_steps)
             mean_steps = round(sum(self._window_steps_seen) / len(self._window_steps_seen))
             self.tuner.set_job(probe_steps=max(1, self.warmup_steps + mean_steps))
-        self.tuner.observe(m.level_hz, m.joules_per_step, m.seconds_per_step, noise_rel=m.noise_rel)
+        self.tuner.observe(self._measuring_hz, m.joules_per_step, m.seconds_per_step, noise_rel=m.noise_rel)
         self.profiled_steps += m.profiled_steps
         if not self.tuner.converged:
             nxt = self.tuner.next_level_hz()
