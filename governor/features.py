@@ -28,6 +28,18 @@ MIN_SEQ_LEN = 1.0
 MAX_SEQ_LEN = float(1 << 22)
 
 
+def finite_number(v):
+    """A before-validator for a float field: an int becomes a float; a boolean, NaN or an infinity is refused.
+    JSON has no NaN, but Python's json module accepts it: refused here, where the number is read."""
+    if isinstance(v, bool):
+        raise ValueError("must be a number, not a boolean")
+    if isinstance(v, int):
+        return float(v)
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError("must be a finite number")
+    return v
+
+
 class Features(BaseModel):
     """What a job tells the daemon about itself. Strict: a string where a number belongs is an error, not a guess."""
 
@@ -39,17 +51,7 @@ class Features(BaseModel):
     seq_len: float = Field(ge=MIN_SEQ_LEN, le=MAX_SEQ_LEN, description="average tokens per sample")
     gpu_util: float | None = Field(default=None, ge=0, le=100, description="GPU utilization, percent")
 
-    @field_validator("seq_len", "gpu_util", mode="before")
-    @classmethod
-    def _finite(cls, v):
-        # JSON has no NaN, but Python's json module accepts it: refuse it here, where the number is read.
-        if isinstance(v, bool):
-            raise ValueError("must be a number, not a boolean")
-        if isinstance(v, int):
-            return float(v)
-        if isinstance(v, float) and not math.isfinite(v):
-            raise ValueError("must be a finite number")
-        return v
+    _finite = field_validator("seq_len", "gpu_util", mode="before")(finite_number)
 
     def vector(self) -> list[float]:
         """The tree's input, in FEATURE_ORDER. gpu_util must be known by now (measured when the client gave none)."""

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from governor.errors import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
-from governor.features import MAX_SEQ_LEN, MIN_SEQ_LEN, Features
+from governor.features import MAX_SEQ_LEN, MIN_SEQ_LEN, Features, finite_number
 from governor.text import unprintable_at
 
 MAX_LINE_BYTES = 64 * 1024
@@ -90,7 +90,7 @@ class UpdateParams(JobParams):
     gpu_util: float | None = Field(default=None, ge=0, le=100)
     seq_len: float | None = Field(default=None, ge=MIN_SEQ_LEN, le=MAX_SEQ_LEN)
 
-    _finite = field_validator("seq_len", "gpu_util", mode="before")(Features._finite.__func__)
+    _finite = field_validator("seq_len", "gpu_util", mode="before")(finite_number)
 
 
 class ProgressParams(JobParams):
