@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from governor.daemon import admission, peers, protocol, ratelimit
 from governor.daemon.holds import Holds
@@ -53,8 +53,9 @@ class Connection(asyncio.BufferedProtocol):
     def __init__(self, host: Host, holds: Holds):
         self.host = host
         self.holds = holds
-        self.transport: asyncio.Transport | None = None
-        self.peer: peers.Peer | None = None
+        # Both set by connection_made, before any other callback: read them through transport and peer.
+        self._transport: asyncio.Transport | None = None
+        self._peer: peers.Peer | None = None
         # The connecting process, held from the moment it connected: its jobs (pid left out) hold it through duplicates.
         self.process: peers.HeldProcess | None = None
         # One read buffer for all connections (the server's): the transport fills it and calls buffer_updated at
@@ -71,22 +72,34 @@ class Connection(asyncio.BufferedProtocol):
         self.counted = False  # in the server's connection counts
         self.idle: admission.IdleTimer | None = None
 
+    @property
+    def transport(self) -> asyncio.Transport:
+        assert self._transport is not None, "connection_made sets it first"
+        return self._transport
+
+    @property
+    def peer(self) -> peers.Peer:
+        """Who connected; known for every connection that serves requests (connection_made refuses the others)."""
+        assert self._peer is not None, "read before connection_made knew the peer"
+        return self._peer
+
     # ---- the transport's callbacks ----------------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # asyncio gives a stream protocol a Transport (it reads, writes and pauses); BaseTransport is the base's type.
+        self._transport = transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         process = None
         try:
-            self.peer = peers.peer_of(sock)
+            self._peer = peer = peers.peer_of(sock)
             # Held before the refusal check: where the socket cannot tell the peer's groups, the group check reads
             # them from this process, whose uid has been checked against the socket's.
             try:
-                process = peers.hold_peer(sock, self.peer)
+                process = peers.hold_peer(sock, peer)
             except peers.ProcessGone:
                 process = None  # exited already (or from another pid namespace): its registrations will say so
-            token = ratelimit.caused_by(self.peer.uid)
+            token = ratelimit.caused_by(peer.uid)
             try:
-                refusal = self.host.refusal(self.peer, sock, process)
+                refusal = self.host.refusal(peer, sock, process)
             finally:
                 ratelimit.done(token)
         except OSError as e:
@@ -96,9 +109,9 @@ class Connection(asyncio.BufferedProtocol):
                 process.close()
             self.closed = True
             transport.abort()
-            token = ratelimit.caused_by(self.peer.uid if self.peer is not None else None)
+            token = ratelimit.caused_by(self._peer.uid if self._peer is not None else None)
             try:
-                log.warning("refused a connection%s: %s", f" from uid {self.peer.uid}" if self.peer else "",
+                log.warning("refused a connection%s: %s", f" from uid {self._peer.uid}" if self._peer else "",
                             e.strerror or e)
             finally:
                 ratelimit.done(token)
@@ -122,6 +135,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         self.rbuf += self._view[:nbytes]
+        assert self.idle is not None, "a refused connection's transport reads no more"
         self.idle.touch()
         self.serve()
 
@@ -271,7 +285,7 @@ class Connection(asyncio.BufferedProtocol):
             self.process = None
 
     def _end_jobs(self) -> None:
-        self.holds.end_owner(self, "connection closed", self.peer.uid if self.peer is not None else None)
+        self.holds.end_owner(self, "connection closed", self._peer.uid if self._peer is not None else None)
 
 
 def _too_long() -> RpcFault:

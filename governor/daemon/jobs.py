@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from governor.backends.rails import EnergyMeter
 from governor.errors import BackendError
 from governor.features import Features
 from governor.policy import Decision, PolicyName
 from governor.store.state import HeldJob
+
+if TYPE_CHECKING:
+    from governor.daemon.tuning import JobTuner
 
 
 @dataclass
@@ -33,7 +37,7 @@ class ActiveJob:
     phase: str | None = None
     meter: EnergyMeter | None = None
     adopted: bool = False
-    tuner: object = None  # governor.daemon.tuning.JobTuner when the tune policy drives this job
+    tuner: JobTuner | None = None  # when the tune policy drives this job
     total_steps: int | None = None  # the step count the job ends at, when its client knows it (register, progress)
     tune_start_hz: int | None = None  # where the tuner starts (governor.daemon.tuning.TunerAttach.plan)
 

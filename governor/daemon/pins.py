@@ -232,7 +232,7 @@ class PinController:
                 energy_j = job.earlier_energy_j + job.meter.add(time.monotonic(), self.energy.total_mw())
             except BackendError as e:
                 log.warning("%s: cannot read energy at its end: %s", job.label(), e)
-        saving = job.tuner.finish(job) if hasattr(job.tuner, "finish") else None
+        saving = job.tuner.finish(job) if job.tuner is not None else None
         ended = Ended(job, time.monotonic() - job.started_s, energy_j, why, saving)
         self._apply_quietly(job.gpu_id, removed=True)
         energy = "unknown (no rails)" if energy_j is None else f"{energy_j:.1f} J ({self.energy.source()})"

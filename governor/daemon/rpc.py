@@ -201,6 +201,7 @@ class Methods:
             job.features = job.features.model_copy(update=changes)
             deferred_s = self.redecide.request(job.job_id, lambda: self._redecide(job, old))
         d = job.decision
+        assert d is not None, "a job is decided, or held unpinned, before its register is answered"
         reply = {"job_id": job.job_id, "policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason}
         if deferred_s:  # within a second of the last re-decision: decided on the latest features when the window ends
             reply["deferred_s"] = round(deferred_s, 3)
@@ -247,11 +248,13 @@ class Methods:
         return {}
 
     def rpc_unregister(self, conn: Connection, params) -> dict:
-        ended = self.holds.take_ended(conn, params.job_id)
-        if ended is not None:
-            return ended
+        kept = self.holds.take_ended(conn, params.job_id)  # its process exited first: the summary kept then
+        if kept is not None:
+            return kept
         self._own_job(conn, params.job_id)
-        return summary(self.holds.end(params.job_id, "unregistered"))
+        ended = self.holds.end(params.job_id, "unregistered")
+        assert ended is not None, "_own_job found it in the table"
+        return summary(ended)
 
 
 # A step end is a time this host's CLOCK_MONOTONIC has passed (a report is sent after its step ends; a little slack
