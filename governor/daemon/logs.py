@@ -50,6 +50,7 @@ class AfterTurn(logging.Handler):
             target = self.target
             try:
                 text = "".join(target.format(r) + target.terminator for r in pending if target.filter(r))
+                assert target.lock is not None  # Handler.__init__ creates it
                 with target.lock:
                     target.stream.write(text)
                     target.stream.flush()
@@ -124,7 +125,8 @@ def lean_records(*, keep_location: bool = False) -> None:
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
-    logging.logAsyncioTasks = False  # Python 3.12+; harmless before
+    if sys.version_info >= (3, 12):
+        logging.logAsyncioTasks = False
 
 
 def setup(level: str = "info", *, journal: bool | None = None) -> logging.Logger:

@@ -173,6 +173,7 @@ def start_simulated_board(config: Config) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "governor.sim.board", "--tree", str(sim_dir), "--build", "jp6",
                              "--until-stdin-closes"], stdin=keep_r, stdout=subprocess.PIPE, env=env)
     os.close(keep_r)
+    assert proc.stdout is not None  # stdout=PIPE
     with proc.stdout:
         ready, _, _ = select.select([proc.stdout], [], [], 60)
         line = proc.stdout.readline() if ready else b""
@@ -180,9 +181,9 @@ def start_simulated_board(config: Config) -> None:
         proc.kill()
         raise FtgovError(f"the simulated board did not start (exit status {proc.wait()}; its errors are above)")
     log.info("simulated Jetson AGX Orin (JetPack 6 layout) at %s, board process %d", sim_dir, proc.pid)
-    for line in (f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}",
+    for note in (f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}",
                  f"ftgovd: clients: export FTGOV_SOCKET={config.socket.path}"):
-        print(logs.stderr_line(line, 6), file=sys.stderr, flush=True)
+        print(logs.stderr_line(note, 6), file=sys.stderr, flush=True)
 
 
 def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[], Config] | None = None) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping, MutableMapping
 
 from governor.daemon import logs
 
@@ -15,7 +16,7 @@ SD_LISTEN_FDS_START = 3
 
 
 class Notifier:
-    def __init__(self, env: dict | None = None):
+    def __init__(self, env: Mapping[str, str] | None = None):
         env = os.environ if env is None else env
         addr = env.get("NOTIFY_SOCKET")
         if addr and addr.startswith("@"):
@@ -53,7 +54,7 @@ class Notifier:
         self.send("STOPPING=1")
 
 
-def listen_fds(env: dict | None = None) -> list[int]:
+def listen_fds(env: MutableMapping[str, str] | None = None) -> list[int]:
     """File descriptors passed by systemd socket activation, meant for this process; unsets the variables."""
     env = os.environ if env is None else env
     if env.get("LISTEN_PID") != str(os.getpid()):

@@ -245,11 +245,11 @@ def process_for_job(connected: HeldProcess | None, peer: Peer, pid: int | None) 
     number may be someone else's by now); NotTheirs when it no longer has the uid it was held with. Whether the caller
     may name a process held by number is the caller's check (its uid is in the hold).
     """
-    if pid is None and connected is None:
-        raise ProcessGone(f"the process that connected (pid {peer.pid}) had exited by the time the daemon accepted "
-                          "the connection: pass pid")
     if (pid is None or pid == peer.pid) and connected is not None:
         return connected.another()
+    if pid is None:
+        raise ProcessGone(f"the process that connected (pid {peer.pid}) had exited by the time the daemon accepted "
+                          "the connection: pass pid")
     return hold(pid)
 
 

@@ -155,6 +155,7 @@ class Server:
         return min(NODE_WAIT_PROBE_S, retry_s) if self.waiting_for_gpu() else retry_s
 
     def _probe_again(self) -> None:
+        assert self.probe is not None, "scheduled only where there is a probe"
         why = "none found"
         try:
             gpus = self.probe()

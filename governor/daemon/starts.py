@@ -108,7 +108,9 @@ class TuneStarts:
         limit = math.log1p(SEQ_LEN_TOLERANCE)
         shape = (*key, features.model_type, features.num_layers, features.hidden_size)
         for owner in dict.fromkeys((uid, 0)):
-            shapes = self._levels.get(owner, {})
+            shapes = self._levels.get(owner)
+            if shapes is None:
+                continue
             seen = shapes.get(shape, [])
             hz = next((hz for seq_len, hz in reversed(seen)
                        if seq_len > 0 and abs(math.log(seq_len / features.seq_len)) <= limit), None)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 from governor.config import TunerConfig
 from governor.daemon.energy import MeterFeed
@@ -28,7 +29,7 @@ from governor.daemon.recorder import window_util_pct
 from governor.daemon.starts import TuneStarts, gpu_key, read_on
 from governor.errors import FtgovError
 from governor.policy import Decision, PolicyName
-from governor.policy.tuner import Measurement, ProbeWindow
+from governor.policy.tuner import Measurement, ProbeWindow, TuningSession
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
@@ -50,7 +51,7 @@ class JobTuner:
         start = job.tune_start_hz
         # None while the job waits, unpinned, for its decision (gpu_util being measured).
         self.tuner = cfg.new_tuner(self.levels_hz, start) if start in self.levels_hz else None
-        self.session = None
+        self.session: TuningSession | None = None
         self.windows: list = []  # (Measurement, gpu_util) per closed window, for the measurement store
         self.status = "waiting for progress reports (without them the job keeps its start)"
         self.baseline: Measurement | None = None
@@ -61,6 +62,7 @@ class JobTuner:
         self._tail_end: tuple[int, float, float] | None = None
         self._tail_mixed = False
         self._pin_waited = False  # a window's pin waited for the GPU's re-pin interval: start it over once it lands
+        self.feed: MeterFeed
         if carry is not None:
             self.feed, self.baseline, self.baseline_status = carry.feed, carry.baseline, carry.baseline_status
             self._baseline_window = carry._baseline_window
@@ -160,6 +162,7 @@ class JobTuner:
                 return
 
     def _window_closed(self, gov, job, m: Measurement) -> None:
+        assert self.tuner is not None and self.session is not None, "a window closes in a session of the tuner"
         self.windows.append((m, window_util_pct(gov, job)))
         state = self.tuner.state()
         log.info("%s: tune probe %d at %s: %.4f J/step, %.4f s/step over %d steps -> %s", job.label(),
@@ -181,7 +184,8 @@ class JobTuner:
         """The client told the job's length after the search began: the budget is re-priced over the steps left. The
         window open goes on at its level (the re-plan decides the one after it); a search the new budget ends is
         pinned at its choice at once."""
-        if self.session is not None and job.total_steps is not None and not self.tuner.converged:
+        if (self.tuner is not None and self.session is not None  # a session runs over a tuner: both or neither
+                and job.total_steps is not None and not self.tuner.converged):
             self.tuner.set_job(total_steps=max(1, job.total_steps - job.steps))
             if self.tuner.converged:
                 self.status = "converged"
@@ -329,7 +333,7 @@ class JobTuner:
                 "burst_windows": self.session.bursts if self.session else 0}
 
     def _baseline_state(self) -> dict:
-        out = {"status": self.baseline_status}
+        out: dict[str, Any] = {"status": self.baseline_status}
         if self.baseline is not None:
             out.update(joules_per_step=self.baseline.joules_per_step, seconds_per_step=self.baseline.seconds_per_step,
                        steps=self.baseline.measured_steps, seconds=self.baseline.duration_s,

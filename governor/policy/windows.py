@@ -315,12 +315,12 @@ class TuningSession:
     def converged(self) -> bool:
         return self.tuner.converged
 
-    def repinned(self, steps: int) -> None:
+    def repinned(self, steps: float) -> None:
         """The job reached the open window's level only now, at ``steps`` (its pin waited): the window starts over
         from here, warm-up first, as after any change of clock."""
         self._window = self._new_window(self._measuring_hz, steps, self.warmup_steps)
 
-    def on_progress(self, steps: int, energy_j: float, time_s: float, phase: str = "train") -> Measurement | None:
+    def on_progress(self, steps: float, energy_j: float, time_s: float, phase: str = "train") -> Measurement | None:
         if self.tuner.converged:
             return None
         m = self._window.feed(steps, energy_j, time_s, phase)
