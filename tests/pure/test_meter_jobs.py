@@ -8,6 +8,7 @@ import statistics
 
 import pytest
 
+from benchmarks.bench_tuner import wilson
 from benchmarks.meter_jobs import level_windows, run_meter_job, window_rule
 from benchmarks.tuner_curves import Curve
 from governor.policy.tuner import OnlineTuner
@@ -49,3 +50,9 @@ def test_a_job_is_charged_every_step_of_its_search():
     assert job.energy_j == pytest.approx(searched + (2000 - job.profiled_steps) * 1.0)
     assert job.energy_j > 2000 * 1.0
 
+
+def test_wilson_interval():
+    lo, hi = wilson(0, 100)
+    assert lo == 0.0 and hi == pytest.approx(0.037, abs=0.001)
+    lo, hi = wilson(10, 100)
+    assert lo == pytest.approx(0.0552, abs=0.001) and hi == pytest.approx(0.1744, abs=0.001)
