@@ -4,6 +4,7 @@ the new one.
     python -m benchmarks.bench_tuner [--sets real adversarial fine simulated] [--seeds 5]
         [--job-steps 2000] [--noise-rel 0.03] [--model-noise 0.71] [--max-slowdown 0.1]
         [--data benchmarks/data/loudva] [--worst N]
+        [--meter gauss nvml ina3221] [--window-rule steps time] [--no-doc]
 
 Curve sets (benchmarks/tuner_curves.py):
 
@@ -24,6 +25,13 @@ times (1 + N(0, --noise-rel)). A job of --job-steps steps is the windows (1 warm
 level, 4 when the level is re-measured in place) then the rest at the converged level. Every job is charged at the
 noise-free energy per step of the levels it ran at, so "whole job vs optimum" is exactly the exploration cost plus
 the converged level's regret, with no noise in the score.
+
+With ``--meter nvml`` / ``ina3221`` (or ``--window-rule time``) the real, adversarial and fine curves are run instead
+on each meter and window rule given: every step of a window simulated at the curve's power and read through that
+simulated meter (benchmarks/meter_jobs.py), the windows closed by the daemon's TuningSession, of 1 warm-up + 4 steps
+or sized by its WindowRule (the tuner then gets each window's own noise_rel). That run prints and writes its own
+section ("tuner-meters"): per set, meter, rule and start, the runs, the level regret's mean and p99, the runs beyond
+6% with a 95% Wilson interval, and the whole job vs the optimum (mean, p99).
 
 The tuner is governor/policy/tuner.py with its defaults and ``total_steps`` set to the job's length. After the real
 and adversarial tables, its windows per phase of the search (the phase it was in when it asked for each window). The
