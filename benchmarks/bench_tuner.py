@@ -336,7 +336,28 @@ def meter_rows(name: str, runs: list[Run]) -> list[tuple]:
     return rows
 
 
-def meter_section(rows: list[tuple], args) -> str:
+# Issue 23's targets with realistic meters: (what, statistic, its limit).
+def _p99(xs):
+    return percentile(xs, 99)
+
+
+TARGETS = (("level vs min", statistics.mean, 0.005), ("level vs min", _p99, 0.03),
+           ("whole job vs optimum", statistics.mean, 0.015), ("whole job vs optimum", _p99, 0.05))
+TARGET_HEADER = ("set", "meter", "windows", "runs", "level vs min, mean <= 0.5%", "level vs min, p99 <= 3%",
+                 "whole job vs optimum, mean <= 1.5%", "whole job vs optimum, p99 <= 5%")
+
+
+def target_row(name: str, runs: list[Run]) -> tuple:
+    """One meter and window rule, its three starts pooled, against TARGETS: each figure and whether it is met."""
+    cells = []
+    for what, stat, limit in TARGETS:
+        x = stat([r.level_regret if what == "level vs min" else r.job_regret for r in runs])
+        cells.append(f"{pct(x)} ({'met' if x <= limit else 'not met'})")
+    rule = "1 + 4 steps" if runs[0].rule == "steps" else "WindowRule"
+    return (name, runs[0].meter, rule, len(runs), *cells)
+
+
+def meter_section(rows: list[tuple], targets: list[tuple], args) -> str:
     """docs/benchmarks.md's "tuner-meters" section: the tuner's windows read through simulated meters."""
     return ("## The online tuner on simulated meters\n\n`python -m benchmarks.bench_tuner "
             f"--sets {' '.join(args.sets)} "
@@ -352,22 +373,27 @@ def meter_section(rows: list[tuple], args) -> str:
             "noise-free J/step, against the whole job at the curve's minimum; a search longer than the job is charged "
             "up to the job's end. p99 by nearest rank. "
             f"Machine: {machine()} (the figures do not depend on it).\n\n"
-            + "\n".join(markdown_table(METER_HEADER, rows)) + "\n")
+            + "\n".join(markdown_table(METER_HEADER, rows)) + "\n\nThe three starts pooled, against issue 23's targets "
+            "(converged level: mean <= 0.5%, p99 <= 3%; whole job: mean <= 1.5%, p99 <= 5%):\n\n"
+            + "\n".join(markdown_table(TARGET_HEADER, targets)) + "\n")
 
 
 def run_meters(args) -> None:
     rows: list[tuple] = []
+    targets: list[tuple] = []
     for name in args.sets:
         curves = {"real": real_curves, "fine": fine_curves}.get(name, lambda _: adversarial_curves())(args.data)
         for meter in args.meter:
             for rule in args.window_rule:
                 if meter == "gauss" and rule == "time":
                     continue  # no steps to size: the Gaussian model draws a window's noise, not its steps
-                new = meter_rows(name, window_runs(curves, args, None, meter, rule))
+                runs = window_runs(curves, args, None, meter, rule)
+                new = meter_rows(name, runs)
+                targets.append(target_row(name, runs))
                 for row in new:
                     print("| " + " | ".join(str(c) for c in row) + " |", flush=True)
                 rows += new
-    publish("tuner-meters", meter_section(rows, args), doc=not args.no_doc)
+    publish("tuner-meters", meter_section(rows, targets, args), doc=not args.no_doc)
 
 
 def main() -> None:
