@@ -4,6 +4,7 @@ the new one.
     python -m benchmarks.bench_tuner [--sets real adversarial fine simulated] [--seeds 5]
         [--job-steps 2000] [--noise-rel 0.03] [--model-noise 0.71] [--max-slowdown 0.1]
         [--data benchmarks/data/loudva] [--worst N]
+        [--meter gauss nvml ina3221] [--window-rule steps time] [--no-doc]
 
 Curve sets (benchmarks/tuner_curves.py):
 
@@ -25,6 +26,13 @@ level, 4 when the level is re-measured in place) then the rest at the converged 
 noise-free energy per step of the levels it ran at, so "whole job vs optimum" is exactly the exploration cost plus
 the converged level's regret, with no noise in the score.
 
+With ``--meter nvml`` / ``ina3221`` (or ``--window-rule time``) the real, adversarial and fine curves are run instead
+on each meter and window rule given: every step of a window simulated at the curve's power and read through that
+simulated meter (benchmarks/meter_jobs.py), the windows closed by the daemon's TuningSession, of 1 warm-up + 4 steps
+or sized by its WindowRule (the tuner then gets each window's own noise_rel). That run prints and writes its own
+section ("tuner-meters"): per set, meter, rule and start, the runs, the level regret's mean and p99, the runs beyond
+6% with a 95% Wilson interval, and the whole job vs the optimum (mean, p99).
+
 The tuner is governor/policy/tuner.py with its defaults and ``total_steps`` set to the job's length. After the real
 and adversarial tables, its windows per phase of the search (the phase it was in when it asked for each window). The
 last table is a summary, one row per set and start, written to docs/benchmarks.md ("tuner") with the first tuner's
@@ -36,13 +44,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.figures import machine, write_section
+from benchmarks.figures import machine, markdown_table, publish, write_section
+from benchmarks.figures import pct as percentile
+from benchmarks.meter_jobs import METERS, run_meter_job, window_rule
 from benchmarks.tuner_curves import (
     DEFAULT_DATA,
     Curve,
@@ -74,6 +85,10 @@ class Run:
     slowdown: float = 0.0  # noise-free t(converged) / t(top) - 1
     windows_by_phase: dict | None = None  # windows per phase of the search (window-driven sets only)
     seed: int = 0
+    meter: str = "gauss"
+    rule: str = "steps"
+    outlasted: bool = False  # the search ran past the job's last step
+    window_steps: float = 4.0  # measured steps per window, mean
 
 
 def make_tuner(kind: str, levels_hz, start_hz: int, max_slowdown, noise_rel: float, job_steps: int):
@@ -85,7 +100,13 @@ def starts_for(curve: Curve) -> dict[str, int]:
     return {"mid-table": curve.levels_hz[n // 2], "top": curve.levels_hz[-1], "bottom": curve.levels_hz[0]}
 
 
-def window_runs(curves: list[Curve], args, max_slowdown: float | None) -> list[Run]:
+def window_runs(curves: list[Curve], args, max_slowdown: float | None, meter: str = "gauss",
+                rule: str = "steps") -> list[Run]:
+    """Every curve from its three starts, ``args.seeds`` seeds each; windows of Gaussian noise (``meter`` gauss) or
+    read through a simulated meter (benchmarks/meter_jobs.py), of 1 warm-up + 4 steps or sized by the daemon's
+    WindowRule (``rule`` time, meters only)."""
+    if meter == "gauss" and rule != "steps":
+        raise ValueError("--window-rule time needs a simulated meter (nvml, ina3221): gauss windows have no steps")
     runs = []
     for ci, curve in enumerate(curves):
         opt = curve.best_index(max_slowdown)
@@ -93,16 +114,22 @@ def window_runs(curves: list[Curve], args, max_slowdown: float | None) -> list[R
         for si, (start_name, start_hz) in enumerate(starts_for(curve).items()):
             for seed in range(args.seeds):
                 for kind in TUNERS:
-                    rng = random.Random(1_000_003 * seed + 1009 * ci + si)
+                    job_seed = 1_000_003 * seed + 1009 * ci + si
                     tuner = make_tuner(kind, curve.levels_hz, start_hz, max_slowdown, args.noise_rel, args.job_steps)
-                    job = run_window_job(tuner, curve, rng, args.noise_rel, args.job_steps)
+                    if meter == "gauss":
+                        job = run_window_job(tuner, curve, random.Random(job_seed), args.noise_rel, args.job_steps)
+                    else:
+                        job = run_meter_job(tuner, curve, meter, job_seed, args.job_steps,
+                                            window_rule(meter) if rule == "time" else None)
                     e = curve.energy_at(job.best_hz)
                     runs.append(Run(curve.name, start_name, kind, e / e_opt - 1,
                                     job.energy_j / (args.job_steps * e_opt) - 1, job.windows,
                                     e / curve.energy_at(start_hz) - 1,
                                     job.energy_j / (args.job_steps * curve.energy_at(start_hz)) - 1,
                                     job.energy_j / (args.job_steps * curve.energy_j[-1]) - 1,
-                                    curve.time_at(job.best_hz) / curve.time_s[-1] - 1, job.windows_by_phase, seed))
+                                    curve.time_at(job.best_hz) / curve.time_s[-1] - 1, job.windows_by_phase, seed,
+                                    meter, rule, getattr(job, "outlasted", False),
+                                    getattr(job, "window_steps", 4.0)))
     return runs
 
 
@@ -273,6 +300,104 @@ def worst_cases(runs: list[Run], n: int) -> None:
     print()
 
 
+BEYOND = 0.06  # a converged level this much above the curve's minimum is a run gone wrong (issue 23)
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of a rate of ``k`` in ``n``."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+METER_HEADER = ("set", "meter", "windows", "start", "runs", "level vs min: mean / p99",
+                f"runs beyond {BEYOND:.0%} (95% Wilson)", "whole job vs optimum: mean / p99", "windows per run, mean",
+                "steps per window, mean", "searches longer than the job")
+
+
+def meter_rows(name: str, runs: list[Run]) -> list[tuple]:
+    """One row per start: level and whole-job regret as mean and p99 (nearest rank), the rate beyond BEYOND."""
+    rows = []
+    for start in dict.fromkeys(r.start for r in runs):
+        rs = [r for r in runs if r.start == start]
+        lv = [r.level_regret for r in rs]
+        jb = [r.job_regret for r in rs]
+        k = sum(x > BEYOND for x in lv)
+        lo, hi = wilson(k, len(rs))
+        rows.append((name, rs[0].meter, "1 + 4 steps" if rs[0].rule == "steps" else "WindowRule", start, len(rs),
+                     f"{pct(statistics.mean(lv))} / {pct(percentile(lv, 99))}",
+                     f"{k} ({100 * k / len(rs):.2f}%, {100 * lo:.2f}-{100 * hi:.2f}%)",
+                     f"{pct(statistics.mean(jb))} / {pct(percentile(jb, 99))}",
+                     f"{statistics.mean(r.windows for r in rs):.1f}",
+                     f"{statistics.mean(r.window_steps for r in rs):.1f}", sum(r.outlasted for r in rs)))
+    return rows
+
+
+# Issue 23's targets with realistic meters: (what, statistic, its limit).
+def _p99(xs):
+    return percentile(xs, 99)
+
+
+TARGETS = (("level vs min", statistics.mean, 0.005), ("level vs min", _p99, 0.03),
+           ("whole job vs optimum", statistics.mean, 0.015), ("whole job vs optimum", _p99, 0.05))
+TARGET_HEADER = ("set", "meter", "windows", "runs", "level vs min, mean <= 0.5%", "level vs min, p99 <= 3%",
+                 "whole job vs optimum, mean <= 1.5%", "whole job vs optimum, p99 <= 5%")
+
+
+def target_row(name: str, runs: list[Run]) -> tuple:
+    """One meter and window rule, its three starts pooled, against TARGETS: each figure and whether it is met."""
+    cells = []
+    for what, stat, limit in TARGETS:
+        x = stat([r.level_regret if what == "level vs min" else r.job_regret for r in runs])
+        cells.append(f"{pct(x)} ({'met' if x <= limit else 'not met'})")
+    rule = "1 + 4 steps" if runs[0].rule == "steps" else "WindowRule"
+    return (name, runs[0].meter, rule, len(runs), *cells)
+
+
+def meter_section(rows: list[tuple], targets: list[tuple], args) -> str:
+    """docs/benchmarks.md's "tuner-meters" section: the tuner's windows read through simulated meters."""
+    return ("## The online tuner on simulated meters\n\n`python -m benchmarks.bench_tuner "
+            f"--sets {' '.join(args.sets)} "
+            f"--meter {' '.join(args.meter)} --window-rule {' '.join(args.window_rule)} --seeds {args.seeds} "
+            f"--job-steps {args.job_steps}`: governor/policy/tuner.py with its defaults (noise_rel "
+            f"{args.noise_rel:g}), seeds 0-{args.seeds - 1} per curve and start; \"runs\" is the number of runs a row "
+            "covers. gauss: each window the curve times (1 + N(0, noise_rel)); nvml and ina3221: every step simulated "
+            "(benchmarks/meter_jobs.py: its time scattering by 15%, its power in two phases at the curve's J/s) and "
+            "read through the meter (NVML's counter held between 100 ms updates, read at step ends; the INA3221's "
+            "140 ms average, integrated over the daemon's sampler at each refresh and a read at each step's end), "
+            "the windows ending at step ends, closed by the daemon's TuningSession: 1 warm-up + 4 steps, or "
+            "sized by WindowRule (its defaults; the tuner gets each window's own noise_rel); gauss has no steps to "
+            "size, so no WindowRule row. Whole job: "
+            f"{args.job_steps} steps, every profiled step (warm-up and long windows included) charged at its level's "
+            "noise-free J/step, against the whole job at the curve's minimum; a search longer than the job is charged "
+            "up to the job's end. p99 by nearest rank. "
+            f"Machine: {machine()} (the figures do not depend on it).\n\n"
+            + "\n".join(markdown_table(METER_HEADER, rows)) + "\n\nThe three starts pooled, against issue 23's targets "
+            "(converged level: mean <= 0.5%, p99 <= 3%; whole job: mean <= 1.5%, p99 <= 5%):\n\n"
+            + "\n".join(markdown_table(TARGET_HEADER, targets)) + "\n")
+
+
+def run_meters(args) -> None:
+    rows: list[tuple] = []
+    targets: list[tuple] = []
+    for name in args.sets:
+        curves = {"real": real_curves, "fine": fine_curves}.get(name, lambda _: adversarial_curves())(args.data)
+        for meter in args.meter:
+            for rule in args.window_rule:
+                if meter == "gauss" and rule == "time":
+                    continue  # no steps to size: the Gaussian model draws a window's noise, not its steps
+                runs = window_runs(curves, args, None, meter, rule)
+                new = meter_rows(name, runs)
+                targets.append(target_row(name, runs))
+                for row in new:
+                    print("| " + " | ".join(str(c) for c in row) + " |", flush=True)
+                rows += new
+    publish("tuner-meters", meter_section(rows, targets, args), doc=not args.no_doc)
+
+
 def main() -> None:
     global TUNERS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -288,8 +413,21 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of jetson_inference_dvfs.csv")
     parser.add_argument("--worst", type=int, default=0, help="list the new tuner's N worst runs per set")
     parser.add_argument("--tuners", nargs="+", default=list(TUNERS), choices=list(TUNERS))
+    parser.add_argument("--meter", nargs="+", default=["gauss"], choices=["gauss", *METERS],
+                        help="how windows read energy: gauss (the curve times Gaussian noise), or every step through "
+                        "a simulated nvml or ina3221 meter (benchmarks/meter_jobs.py)")
+    parser.add_argument("--window-rule", nargs="+", default=["steps"], choices=["steps", "time"],
+                        help="windows of 1 warm-up + 4 steps, or sized by the daemon's WindowRule (meters only)")
+    parser.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md as it is")
     args = parser.parse_args()
     TUNERS = tuple(args.tuners)
+    if args.meter != ["gauss"] or args.window_rule != ["steps"]:
+        if args.meter == ["gauss"]:
+            parser.error("--window-rule time needs a simulated meter (--meter nvml or ina3221)")
+        if "simulated" in args.sets:
+            parser.error("--meter and --window-rule apply to the real, adversarial and fine sets")
+        run_meters(args)
+        return
 
     print(f"{args.seeds} seeds; window noise {args.noise_rel:.0%} (real, adversarial), model noise {args.model_noise} "
           f"(simulated); {args.job_steps}-step jobs; new = governor/policy/tuner.py")

@@ -2,6 +2,7 @@
 of each curve lie within a band of its minimum, and only has to pick among them from noisy windows.
 
     python -m benchmarks.tuner_bound [--sets real adversarial] [--groups 12] [--noise-rel 0.03]
+        [--meter gauss|nvml|ina3221] [--window-rule steps|time]
 
 "Worst" in bench_tuner.py is the largest level regret over one group of 5 seeds (730 runs per start on the Jetson
 curves, 210 on the adversarial shapes): an extreme of a few hundred noisy runs, which moves with the seeds. Here it
@@ -15,6 +16,9 @@ style (Kalyanakrishnan et al., 2012), the pair (incumbent, contender) whose wron
 z x sd - difference in log energy, until that is at most tol x noise for every contender; it picks the least mean.
 It is not a proof that no rule does better, but it has strictly more information than any tuner: the windows it
 needs for a given worst case are what a search needs at least, on top of those that find the band from its start.
+With ``--meter nvml`` or ``ina3221`` the tuner's windows are read through that simulated meter, 1 warm-up + 4 steps or
+sized by the daemon's WindowRule (``--window-rule time``; benchmarks/meter_jobs.py); the oracle's stay Gaussian.
+Each row also gives the level regret's mean and p99 over all its runs.
 A few minutes at 12 groups. Prints the table and writes it to docs/benchmarks.md ("tuner-bound").
 """
 
@@ -29,7 +33,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from benchmarks import bench_tuner
-from benchmarks.figures import machine, write_section
+from benchmarks.figures import machine, pct, write_section
+from benchmarks.meter_jobs import METERS
 from benchmarks.tuner_curves import DEFAULT_DATA, Curve, adversarial_curves, real_curves
 
 SEEDS_PER_GROUP = 5
@@ -66,10 +71,14 @@ def spread(worsts: list[float]) -> str:
     return f"{statistics.median(worsts):+.2%} ({min(worsts):+.2%} to {max(worsts):+.2%})"
 
 
+def mean_p99(regrets: list[float]) -> str:
+    return f"{statistics.mean(regrets):+.2%} / {pct(regrets, 99):+.2%} ({len(regrets)})"
+
+
 def oracle_rows(name: str, curves: list[Curve], args) -> list[str]:
     rows = []
     for z, tol in ORACLE_RULES:
-        windows, worsts = [], []
+        windows, worsts, every = [], [], []
         for g in range(args.groups):
             regrets = []
             for ci, curve in enumerate(curves):
@@ -78,33 +87,42 @@ def oracle_rows(name: str, curves: list[Curve], args) -> list[str]:
                     regrets.append(regret)
                     windows.append(w)
             worsts.append(max(regrets))
+            every += regrets
         rows.append(f"| {name} | oracle told the {args.band:.0%} band, z {z}, tol {tol} x noise | "
-                    f"{statistics.mean(windows):.1f} | {spread(worsts)} |")
+                    f"{statistics.mean(windows):.1f} | {spread(worsts)} | {mean_p99(every)} |")
     return rows
 
 
 def tuner_rows(name: str, curves: list[Curve], args) -> list[str]:
     run_args = SimpleNamespace(seeds=args.groups * SEEDS_PER_GROUP, noise_rel=args.noise_rel, job_steps=2000)
     bench_tuner.TUNERS = ("new",)
-    runs = bench_tuner.window_runs(curves, run_args, None)
+    runs = bench_tuner.window_runs(curves, run_args, None, args.meter, args.window_rule)
+    how = "" if args.meter == "gauss" else f" ({args.meter}, {'WindowRule' if args.window_rule == 'time' else '1 + 4'})"
     rows = []
     for start in dict.fromkeys(r.start for r in runs):
         rs = [r for r in runs if r.start == start]
         worsts = [max(r.level_regret for r in rs if r.seed // SEEDS_PER_GROUP == g) for g in range(args.groups)]
         windows = statistics.mean(r.windows for r in rs)
-        rows.append(f"| {name} | tuner from {start} | {windows:.1f} | {spread(worsts)} |")
+        rows.append(f"| {name} | tuner from {start}{how} | {windows:.1f} | {spread(worsts)} | "
+                    f"{mean_p99([r.level_regret for r in rs])} |")
     return rows
 
 
 def section(lines: list[str], args) -> str:
     """docs/benchmarks.md's "tuner-bound" section: the table's lines, what was run, on what."""
+    meter = "" if args.meter == "gauss" else f" --meter {args.meter} --window-rule {args.window_rule}"
+    tuner_windows = (f"{args.noise_rel:.0%} window noise" if args.meter == "gauss" else
+                     f"its windows read through the simulated {args.meter} meter (benchmarks/meter_jobs.py), "
+                     f"{'sized by WindowRule' if args.window_rule == 'time' else '1 warm-up + 4 steps'}")
     return (f"## The tuner against a bound\n\n`python -m benchmarks.tuner_bound --sets {' '.join(args.sets)} "
-            f"--groups {args.groups}` (`make bench`): the tuner from each start over {args.groups} disjoint groups "
-            f"of {SEEDS_PER_GROUP} seeds, {args.noise_rel:.0%} window noise, beside an oracle told for free which "
+            f"--groups {args.groups}{meter}` (`make bench`): the tuner from each start over {args.groups} disjoint "
+            f"groups of {SEEDS_PER_GROUP} seeds, {tuner_windows}, beside an oracle ({args.noise_rel:.0%} Gaussian "
+            "window noise) told for free which "
             f"levels lie within {args.band:.0%} of each curve's minimum, which only has to pick among them (it "
             "measures each once, then re-measures the pair whose wrong choice could cost most until that is at most "
             "tol x noise). \"Worst\" is the largest level regret in one group of 5 seeds (what the tuner section's "
-            "worst is); the table gives its median and range over the groups. "
+            "worst is); the table gives its median and range over the groups, and the level regret's mean and p99 "
+            "over all the row's runs (their number in brackets). "
             f"Machine: {machine()} (the figures do not depend on it).\n\n" + "\n".join(lines) + "\n")
 
 
@@ -115,11 +133,18 @@ def main() -> None:
     parser.add_argument("--band", type=float, default=0.10, help="the oracle is told the levels within this of the min")
     parser.add_argument("--noise-rel", type=float, default=0.03)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--meter", default="gauss", choices=["gauss", *METERS],
+                        help="the tuner's windows: Gaussian noise, or read through a simulated meter")
+    parser.add_argument("--window-rule", default="steps", choices=["steps", "time"],
+                        help="1 warm-up + 4 steps, or sized by the daemon's WindowRule (meters only)")
     args = parser.parse_args()
+    if args.meter == "gauss" and args.window_rule == "time":
+        parser.error("--window-rule time needs a simulated meter (--meter nvml or ina3221)")
     print(f"{args.groups} groups of {SEEDS_PER_GROUP} seeds; window noise {args.noise_rel:.0%}; worst = largest level "
           "regret in a group, median over the groups (range)")
     print()
-    lines = ["| set | who | windows, mean | worst in a group of 5 seeds: median (range) |", "|---|---|---|---|"]
+    lines = ["| set | who | windows, mean | worst in a group of 5 seeds: median (range) | level vs min: mean / p99 "
+             "(runs) |", "|---|---|---|---|---|"]
     print("\n".join(lines))
     for name in args.sets:
         curves = real_curves(args.data) if name == "real" else adversarial_curves()
