@@ -22,6 +22,7 @@ from governor.units import mhz
 
 DEVFREQ = "sys/class/devfreq/17000000.gpu"
 TIME_SCALE = 0.15  # the tuned job's simulated steps run at this fraction of the energy model's time
+TUNED_STEPS = 300
 JOB = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0}  # BERT-base on MNLI
 STEPS = 40
 STEP_S = 0.05  # a simulated step's wall time in the demo (the energy model's real step is longer)
@@ -128,10 +129,12 @@ def main() -> int:
             f"(time {100 * (pinned.time_s / maxn.time_s - 1):+.1f}%)")
 
         say("\n== 5. The online tuner (policy tune): measure energy per step from the rails, find the minimum")
-        with client.job(name="bert-base/mnli (tuned)", socket=sock, tune=True, report_every_s=0, **JOB) as tjob:
+        # The job says how long it runs: the tuner's exploration budget is a share of the job's energy.
+        with client.job(name="bert-base/mnli (tuned)", socket=sock, tune=True, report_every_s=0,
+                        total_steps=TUNED_STEPS, **JOB) as tjob:
             say(f"   starts at MLG's pick, {mhz(tjob.registration['freq_hz'])}; steps take as long as the "
                 "energy model says at the pinned clock")
-            simjob.run(Root(root), tjob, w, 150, time_scale=TIME_SCALE)
+            simjob.run(Root(root), tjob, w, TUNED_STEPS, time_scale=TIME_SCALE)
             with client.Connection(sock) as conn:
                 t = conn.call("status")["jobs"][0]
         for e in t["tuner"]["estimates"]:
