@@ -35,7 +35,7 @@ def successive_spread(values: list[float]) -> float | None:
 
 class JobObserver:
     """The windows of one observed job. Same hooks as governor.daemon.tuning.JobTuner (progress, set_total_steps,
-    state, saving, finish, windows), so that the daemon drives and records both alike; it never moves a pin."""
+    describe, saving, finish, windows), so that the daemon drives and records both alike; it never moves a pin."""
 
     def __init__(self, gov, job, cfg: TunerConfig):
         self.cfg = cfg
@@ -92,7 +92,7 @@ class JobObserver:
     def set_total_steps(self, gov, job) -> None:
         """A job's length changes nothing here: observe has no budget to spend."""
 
-    def state(self) -> dict:
+    def describe(self) -> dict:
         last = self.windows[-1][0] if self.windows else None
         return {"mode": "observe", "status": self.status, "rule": self.cfg.window_rule, "windows": len(self.windows),
                 "spread_rel": self.spread_rel(),

@@ -36,7 +36,7 @@ def status(pins: PinController) -> dict:
                      "duration_s": round(now - j.started_s, 3), "steps": j.steps, "total_steps": j.total_steps,
                      "phase": j.phase,
                      "energy_j": energy, "adopted": j.adopted,
-                     "tuner": j.tuner.state() if j.tuner is not None else None,
+                     "tuner": j.tuner.describe() if j.tuner is not None else None,
                      "saving": j.tuner.saving() if j.tuner is not None else None})
     return {"policy": pins.policy.name.value, "jobs": jobs, "gpus": gpus, "gpu_missing": pins.missing_why,
             "power_mw": power,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+from enum import Enum
 from typing import Any
 
 from governor.config import TunerConfig
@@ -35,6 +36,17 @@ from governor.units import mhz
 log = logging.getLogger("ftgovd")
 
 BASELINE_REASON = "tune: one window at the default governor (the baseline for the measured saving)"
+
+
+class TunerState(Enum):
+    """Where one job's tuner is. ``JobTuner.progress`` runs the step of its state; ``JobTuner._enter`` moves it."""
+
+    WAITING = "waiting"  # no search session: for the policy's decision (no tuner yet), or for the next report
+    BASELINE = "baseline"  # the baseline window is wanted, or being measured unpinned at the default governor
+    SEARCHING = "searching"  # a search session measures windows, one level after another
+    PAUSED = "paused"  # another job shares the GPU: no windows (the rails would measure both)
+    CONVERGED = "converged"  # pinned at the level chosen; the steps run there measure the saving
+    STOPPED = "stopped"  # no energy source, the GPU left the level measured, or a pin failed: the pin stays
 
 
 class JobTuner:
@@ -61,7 +73,9 @@ class JobTuner:
         self._tail: tuple[int, float, float] | None = None
         self._tail_end: tuple[int, float, float] | None = None
         self._tail_mixed = False
-        self._pin_waited = False  # a window's pin waited for the GPU's re-pin interval: start it over once it lands
+        # A window's pin waited for the GPU's re-pin interval: the window starts over once it lands. It outlives a
+        # pause (and a skipped baseline): the first window of the next session then starts over at its first report.
+        self._pin_waited = False
         self.feed: MeterFeed
         if carry is not None:
             self.feed, self.baseline, self.baseline_status = carry.feed, carry.baseline, carry.baseline_status
@@ -71,8 +85,21 @@ class JobTuner:
             # The tuner's own meter: its windows must not depend on the job's.
             self.feed = MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu)
         self.meter = self.feed.meter  # None once tuning stops
+        self.state = TunerState.WAITING
         if self.meter is None:
-            self.status = "no energy source (no rails, no GPU counter): keeping the start"
+            self._stop("no energy source (no rails, no GPU counter): keeping the start")
+        elif self.baseline_wanted:
+            self._enter(TunerState.BASELINE)
+
+    def _enter(self, state: TunerState, status: str | None = None) -> None:
+        self.state = state
+        if status is not None:
+            self.status = status
+
+    def _stop(self, status: str) -> None:
+        """Tuning stops for good: no more windows, the pin stays where it is last moved."""
+        self.meter = None
+        self._enter(TunerState.STOPPED, status)
 
     def energy_j(self, job) -> float:
         return self.feed.energy_j(job)
@@ -90,32 +117,41 @@ class JobTuner:
         return self._baseline_window is not None and self.baseline is None
 
     def progress(self, gov, job) -> None:
-        if self.meter is None:
+        if self.state is TunerState.STOPPED:
             return
         energy_j = self.energy_j(job)  # integrate at every report, shared or not, so the counter stays continuous
         points = self._points(job, energy_j)
         shared = any(j.gpu_id == job.gpu_id and j is not job for j in gov.jobs.values())
-        if self.baseline_wanted:
-            self._baseline_progress(gov, job, points, shared)
-            return
+        self._STEPS[self.state](self, gov, job, points, shared)
+
+    def _waiting(self, gov, job, points: list, shared: bool) -> None:
         if self.tuner is None:
+            return  # the policy has not decided: nothing to search
+        if self.tuner.converged:  # a search with nothing left to measure
+            self._enter(TunerState.CONVERGED)
+            self._converged(gov, job, points, shared)
             return
-        if self.tuner.converged:
-            self._tail_progress(points, shared)
-            return
+        self._paused(gov, job, points, shared)
+
+    def _paused(self, gov, job, points: list, shared: bool) -> None:
+        assert self.tuner is not None, "a search pauses over a tuner"
         if shared:
-            if self.session is not None:
-                log.info("%s: tuning paused: another job shares GPU %s and the rails would measure both",
-                         job.label(), job.gpu_id, extra=job.fields())
-            self.session, self.status = None, "paused: another job shares the GPU"
+            self._enter(TunerState.PAUSED, "paused: another job shares the GPU")
             return
-        if self.session is None:
-            # (Re)start windows from here, at the level the tuner wants next (the session tells the tuner the job's
-            # length first, which can re-plan it: pinned after, so that the pin is the window's level).
-            self.session = self.cfg.new_session(self.tuner, job.steps, total_steps=job.total_steps,
-                                                meter_update_s=self.meter.update_s)
-            self.status = "measuring"
-            self._move(gov, job, self.session.measuring_hz, "tune: probing")
+        # (Re)start windows from here, at the level the tuner wants next (the session tells the tuner the job's
+        # length first, which can re-plan it: pinned after, so that the pin is the window's level).
+        self.session = self.cfg.new_session(self.tuner, job.steps, total_steps=job.total_steps,
+                                            meter_update_s=self.meter.update_s)
+        self._enter(TunerState.CONVERGED if self.tuner.converged else TunerState.SEARCHING, "measuring")
+        self._move(gov, job, self.session.measuring_hz, "tune: probing")
+
+    def _searching(self, gov, job, points: list, shared: bool) -> None:
+        assert self.tuner is not None and self.session is not None, "a search runs a session over a tuner"
+        if shared:
+            log.info("%s: tuning paused: another job shares GPU %s and the rails would measure both",
+                     job.label(), job.gpu_id, extra=job.fields())
+            self.session = None
+            self._enter(TunerState.PAUSED, "paused: another job shares the GPU")
             return
         ctl = gov.gpus[job.gpu_id]
         pinned_hz = ctl.pinned_hz
@@ -135,7 +171,7 @@ class JobTuner:
                        else f"is pinned at {mhz(pinned_hz)}")
                 log.warning("%s: tuning stopped: the GPU %s, not at the %s being measured; keeping %s", job.label(),
                             now, mhz(measuring_hz, none="no pin"), mhz(self.tuner.best_hz), extra=job.fields())
-                self.meter, self.status = None, f"stopped: the GPU {now}, not at the level being measured"
+                self._stop(f"stopped: the GPU {now}, not at the level being measured")
                 self._move(gov, job, self.tuner.best_hz,
                            "tune: stopped (the GPU left the level measured); best measured")
                 return
@@ -150,12 +186,12 @@ class JobTuner:
             except FtgovError as e:
                 log.warning("%s: tuning stopped: %s; keeping %s", job.label(), e, mhz(self.tuner.best_hz),
                             extra=job.fields())
-                self.meter, self.status = None, f"stopped: {e}"
+                self._stop(f"stopped: {e}")
                 self._move(gov, job, self.tuner.best_hz, f"tune: stopped ({e}); best measured")
                 return
             if m is not None:
                 self._window_closed(gov, job, m)
-                if self.meter is not None and not self.tuner.converged:
+                if self.state is TunerState.SEARCHING:
                     # The pin moved as this report arrived: the next level's warm-up begins at its step, and the
                     # rest of its edges ran at the level measured before.
                     self.session.reopen(job.steps)
@@ -173,7 +209,7 @@ class JobTuner:
                  extra={**job.fields(), "TUNE_PROBE": state["probes"], "TUNE_LEVEL_HZ": m.level_hz,
                         "TUNE_J_PER_STEP": f"{m.joules_per_step:.6f}", "TUNE_S_PER_STEP": f"{m.seconds_per_step:.6f}"})
         if self.tuner.converged:
-            self.status = "converged"
+            self._enter(TunerState.CONVERGED, "converged")
             self._move(gov, job, self.tuner.best_hz,
                        f"tune: converged on the least energy per step after {state['probes']} probes "
                        f"({self.session.profiled_steps} steps)")
@@ -183,21 +219,23 @@ class JobTuner:
     def set_total_steps(self, gov, job) -> None:
         """The client told the job's length after the search began: the budget is re-priced over the steps left. The
         window open goes on at its level (the re-plan decides the one after it); a search the new budget ends is
-        pinned at its choice at once."""
+        pinned at its choice at once (also one stopped: its pin moves to the level chosen, its windows stay off)."""
         if (self.tuner is not None and self.session is not None  # a session runs over a tuner: both or neither
                 and job.total_steps is not None and not self.tuner.converged):
             self.tuner.set_job(total_steps=max(1, job.total_steps - job.steps))
             if self.tuner.converged:
-                self.status = "converged"
+                self._enter(TunerState.STOPPED if self.state is TunerState.STOPPED else TunerState.CONVERGED,
+                            "converged")
                 self._move(gov, job, self.tuner.best_hz,
                            f"tune: converged on {mhz(self.tuner.best_hz)} (the job's length ended the search)")
 
     # ---- the baseline window ----------------------------------------------------------------------------------------
 
-    def _baseline_progress(self, gov, job, points: list, shared: bool) -> None:
+    def _measuring_baseline(self, gov, job, points: list, shared: bool) -> None:
         if shared:
             self.baseline_status = "skipped: another job shares the GPU (the default governor does not run then)"
             self._baseline_window = None
+            self._enter(TunerState.WAITING)
             log.info("%s: no baseline window: %s", job.label(), self.baseline_status, extra=job.fields())
             if self.tuner is not None and job.freq_hz is None:
                 self._move(gov, job, self.tuner.start_hz, "tune: start (no baseline: the GPU is shared)")
@@ -241,13 +279,14 @@ class JobTuner:
                      m.joules_per_step, m.seconds_per_step, m.measured_steps,
                      extra={**job.fields(), "BASELINE_J_PER_STEP": f"{m.joules_per_step:.6f}",
                             "BASELINE_S_PER_STEP": f"{m.seconds_per_step:.6f}"})
+        self._enter(TunerState.WAITING)
         if self.tuner is not None:  # decided already: pin the start; the search begins at the next report
             self.status = "waiting for progress reports"
             self._move(gov, job, self.tuner.start_hz, f"tune: start at {mhz(self.tuner.start_hz)}")
 
     # ---- the measured saving ----------------------------------------------------------------------------------------
 
-    def _tail_progress(self, points: list, shared: bool) -> None:
+    def _converged(self, gov, job, points: list, shared: bool) -> None:
         """After convergence: the steps run at the chosen level, from the first report after the re-pin (the steps
         before it are its warm-up), for the saving. A stretch shared with another job is no measurement of this one."""
         if shared:
@@ -319,9 +358,12 @@ class JobTuner:
         except FtgovError as e:
             log.error("%s: could not pin %s for tuning: %s", job.label(), mhz(level_hz, none="no pin"), e,
                       extra=job.fields())
-            self.meter, self.status = None, f"stopped: {e}"
+            self._stop(f"stopped: {e}")
 
-    def state(self) -> dict:
+    _STEPS = {TunerState.WAITING: _waiting, TunerState.BASELINE: _measuring_baseline,
+              TunerState.SEARCHING: _searching, TunerState.PAUSED: _paused, TunerState.CONVERGED: _converged}
+
+    def describe(self) -> dict:
         search = self.tuner.state() if self.tuner is not None else {
             "phase": "undecided", "probes": 0, "converged": False, "estimates": [], "start_hz": None}
         last = next((m for m, _ in reversed(self.windows) if m.level_hz is not None), None)
