@@ -1,0 +1,120 @@
+"""governor.daemon.tuning.JobTuner's states, as progress reports move it, on a PinController over a GPU with an
+energy counter."""
+
+from governor.backends.base import GpuBase, Limits, Reading
+from governor.config import TunerConfig
+from governor.daemon.pins import PinController
+from governor.daemon.settings import PinSettings
+from governor.daemon.tuning import TunerAttach, TunerState
+from governor.features import Features
+from governor.policy import Policy, PolicyName
+from governor.store.state import StateFile
+
+LEVELS = (345_000_000, 900_000_000, 1_500_000_000, 1_980_000_000)
+BERT = Features(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, gpu_util=60.0)
+
+
+class _CountingGpu(GpuBase):
+    """A GPU whose energy counter gains 10 J at each read."""
+
+    id = "0"
+    backend = "nvml"
+    levels_hz = LEVELS
+
+    def __init__(self, has_energy_counter: bool = True):
+        self.has_energy_counter = has_energy_counter
+        self.limits = Limits(LEVELS[0], LEVELS[-1])
+        self.counter_j = 0.0
+
+    def describe(self) -> dict:
+        return {"backend": self.backend, "name": "NVIDIA H200"}
+
+    def energy_j(self) -> float:
+        self.counter_j += 10.0
+        return self.counter_j
+
+    def snapshot(self) -> Limits:
+        return self.limits
+
+    def pin(self, freq_hz: int) -> None:
+        self.limits = Limits(freq_hz, freq_hz)
+
+    def restore(self, limits: Limits) -> None:
+        self.limits = limits
+
+    def read(self) -> Reading:
+        return Reading(self.limits.min_hz, self.limits.max_hz, self.limits.max_hz, 50.0)
+
+    def pin_holds(self, reading: Reading | None = None) -> bool:
+        return True
+
+
+def _controller(tmp_path, gpu: _CountingGpu, baseline_window: bool = False) -> PinController:
+    attach = TunerAttach(TunerConfig(baseline_window=baseline_window))
+    return PinController([gpu], PinSettings(Policy(PolicyName.FFG, LEVELS[0], None)), StateFile(tmp_path / "state"),
+                         "boot-1", attach_tuner=attach, plan_tune=attach.plan)
+
+
+def _tuned_job(pins: PinController, pid: int):
+    job = pins.admit(pid=pid, start_ticks=pid * 10, uid=1000, name=None, gpu_id="0", features=BERT,
+                     policy=PolicyName.TUNE)
+    pins.decide(job)
+    return job
+
+
+def _report(pins: PinController, job, steps: int) -> TunerState:
+    job.steps = steps
+    job.tuner.progress(pins, job)
+    return job.tuner.state
+
+
+def test_a_tuned_job_waits_searches_pauses_while_shared_and_searches_again(tmp_path):
+    pins = _controller(tmp_path, _CountingGpu())
+    job = _tuned_job(pins, 100)
+    assert job.tuner.state is TunerState.WAITING
+    assert _report(pins, job, 1) is TunerState.SEARCHING
+    assert job.tuner.status == "measuring"
+    other = _tuned_job(pins, 200)
+    assert _report(pins, job, 2) is TunerState.PAUSED
+    assert job.tuner.session is None and job.tuner.status == "paused: another job shares the GPU"
+    pins.end(other.job_id, "unregistered")
+    assert _report(pins, job, 3) is TunerState.SEARCHING
+    assert job.tuner.session is not None and job.tuner.status == "measuring"
+
+
+def test_the_baseline_window_comes_first_then_the_search_from_the_start_pin(tmp_path):
+    pins = _controller(tmp_path, _CountingGpu(), baseline_window=True)
+    job = _tuned_job(pins, 100)
+    start_hz = job.freq_hz
+    assert job.tuner.state is TunerState.BASELINE and start_hz is not None
+    assert _report(pins, job, 1) is TunerState.BASELINE
+    assert job.freq_hz is None and job.tuner.status == "measuring the baseline window at the default governor"
+    steps = 1
+    while job.tuner.state is TunerState.BASELINE and steps < 50:  # warm-up, then one window of window_steps
+        steps += 1
+        _report(pins, job, steps)
+    assert job.tuner.state is TunerState.WAITING and job.tuner.baseline_status == "measured"
+    assert job.freq_hz == start_hz and job.tuner.status == "waiting for progress reports"
+    assert _report(pins, job, steps + 1) is TunerState.SEARCHING
+
+
+def test_without_an_energy_source_the_tuner_is_stopped_and_reports_change_nothing(tmp_path):
+    pins = _controller(tmp_path, _CountingGpu(has_energy_counter=False))
+    job = _tuned_job(pins, 100)
+    assert job.tuner.state is TunerState.STOPPED
+    assert _report(pins, job, 1) is TunerState.STOPPED
+    assert job.tuner.session is None
+    assert job.tuner.status == "no energy source (no rails, no GPU counter): keeping the start"
+
+
+def test_a_search_converges_and_stays_pinned_at_its_choice(tmp_path):
+    pins = _controller(tmp_path, _CountingGpu())
+    job = _tuned_job(pins, 100)
+    steps = 0
+    while job.tuner.state is not TunerState.CONVERGED and steps < 2000:
+        steps += 1
+        assert _report(pins, job, steps) in (TunerState.SEARCHING, TunerState.CONVERGED)
+    assert job.tuner.state is TunerState.CONVERGED and job.tuner.status == "converged"
+    assert job.freq_hz == job.tuner.tuner.best_hz
+    assert _report(pins, job, steps + 1) is TunerState.CONVERGED
+    assert job.freq_hz == job.tuner.tuner.best_hz
