@@ -245,6 +245,8 @@ class JobTuner:
                 return
             if job.freq_hz is not None:
                 self._move(gov, job, None, BASELINE_REASON)
+                if self.state is TunerState.STOPPED:  # the unpin failed: no baseline, no tuning, the pin stays
+                    return
             self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
                                                 rule=self.cfg.window(self.meter.update_s),
                                                 meter_update_s=self.meter.update_s)

@@ -118,3 +118,22 @@ def test_a_search_converges_and_stays_pinned_at_its_choice(tmp_path):
     assert job.freq_hz == job.tuner.tuner.best_hz
     assert _report(pins, job, steps + 1) is TunerState.CONVERGED
     assert job.freq_hz == job.tuner.tuner.best_hz
+
+
+class _UnpinFailsGpu(_CountingGpu):
+    """A GPU whose restore (the unpin for the baseline window) fails."""
+
+    def restore(self, limits: Limits) -> None:
+        from governor.errors import BackendError
+
+        raise BackendError("restore refused")
+
+
+def test_a_failed_unpin_for_the_baseline_stops_tuning_without_an_error(tmp_path):
+    """The unpin for the baseline window failed: tuning stops, with the reason, and the report that asked for it
+    must not then read the cleared meter (it raised AttributeError)."""
+    pins = _controller(tmp_path, _UnpinFailsGpu(), baseline_window=True)
+    job = _tuned_job(pins, 100)
+    assert _report(pins, job, 1) is TunerState.STOPPED
+    assert job.tuner.status.startswith("stopped: ") and "restore refused" in job.tuner.status
+    assert _report(pins, job, 2) is TunerState.STOPPED
