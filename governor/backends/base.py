@@ -8,19 +8,34 @@ the last job on that device ends. Frequencies are always in Hz, power in mW, ene
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Protocol, runtime_checkable
+from typing import Annotated, Protocol, runtime_checkable
+
+from pydantic import BeforeValidator, ConfigDict, Field
 
 from governor.errors import BackendError
+
+MAX_HZ = 10**12  # above any clock: a bound for validating saved frequencies
+
+
+def _extra_from_json(value):
+    """``extra`` as to_dict writes it (a dict) into the class's sorted pairs; anything else is left to fail."""
+    if isinstance(value, dict):
+        return tuple(sorted(value.items()))
+    return value
 
 
 @dataclass(frozen=True)
 class Limits:
-    """A device's frequency limits as the hardware reports them: what we snapshot and restore."""
+    """A device's frequency limits as the hardware reports them: what we snapshot and restore.
 
-    min_hz: int
-    max_hz: int
-    # Backend-specific settings restored with the limits (e.g. an NVML power cap).
-    extra: tuple[tuple[str, int], ...] = ()
+    The bounds are the state file's schema (governor/store/state.py validates a saved baseline as this class)."""
+
+    __pydantic_config__ = ConfigDict(strict=True, extra="forbid")
+
+    min_hz: Annotated[int, Field(ge=1, le=MAX_HZ)]
+    max_hz: Annotated[int, Field(ge=1, le=MAX_HZ)]
+    # Backend-specific settings restored with the limits (e.g. an NVML power cap); a dict in JSON (to_dict).
+    extra: Annotated[tuple[tuple[str, int], ...], BeforeValidator(_extra_from_json), Field(max_length=16)] = ()
 
     def to_dict(self) -> dict:
         return {"min_hz": self.min_hz, "max_hz": self.max_hz, "extra": dict(self.extra)}

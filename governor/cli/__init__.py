@@ -17,8 +17,7 @@ SUBCOMMAND_MODULES = (
     "governor.cli.ops",
     "governor.cli.doctor",
     "governor.cli.metrics",
-    "governor.pipeline.characterize",
-    "governor.pipeline.evaluate",
+    "governor.cli.pipeline_stages",  # characterize, evaluate: from the pipeline's stage registry
     "governor.cli.model",
     "governor.cli.sim",
     "governor.sim.job",

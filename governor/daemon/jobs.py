@@ -66,9 +66,10 @@ class ActiveJob:
             return self.earlier_energy_j or None
 
     def record(self) -> HeldJob:
-        return HeldJob(self.job_id, self.pid, self.start_ticks, self.gpu_id, self.name, self.uid,
-                       self.features.model_dump(), self.freq_hz, self.decision.label if self.decision else "",
-                       started_at=self.started_at, energy_j=self.energy_so_far_j())
+        return HeldJob(job_id=self.job_id, pid=self.pid, start_ticks=self.start_ticks, gpu=self.gpu_id, name=self.name,
+                       uid=self.uid, features=self.features.model_dump(), freq_hz=self.freq_hz,
+                       policy=self.decision.label if self.decision else "", started_at=self.started_at,
+                       energy_j=self.energy_so_far_j())
 
     def resume(self, rec: HeldJob) -> None:
         """Continue a job a previous daemon of this boot held: its start time and the energy it measured until its

@@ -342,7 +342,7 @@ class PinController:
 
     # ---- state, energy, status -------------------------------------------------------------------------------------
     def state(self) -> State:
-        gpus = {gid: GpuState(ctl.gpu.describe(), ctl.baseline, ctl.pinned_hz)
+        gpus = {gid: GpuState(describe=ctl.gpu.describe(), baseline=ctl.baseline, pinned_hz=ctl.pinned_hz)
                 for gid, ctl in self.gpus.items() if ctl.baseline is not None}
         return State(self.boot_id, gpus, [j.record() for j in self.jobs.values() if j.decision], self.next_job_id)
 

@@ -8,26 +8,39 @@
     evaluate      every policy through the daemon's Policy.decide on held-out workloads
     retrain       the tree from the board's measurement store and the characterization -> mlg-tree.json
 
-Run as ``python -m governor.pipeline STAGE`` or ``ftgov model STAGE``; the Makefile's ``model`` target chains them
-by their files. Each stage module has add_parser(subparsers) and run(args) and keeps numpy and scikit-learn imports
+Run as ``python -m governor.pipeline STAGE`` or ``ftgov model STAGE`` (characterize and evaluate also as ``ftgov
+STAGE``); the Makefile's ``model`` target chains them by their files. STAGES is the one list every entry builds its
+commands from. Each stage module has add_parser(subparsers) and run(args) and keeps numpy and scikit-learn imports
 inside its functions, so listing the stages costs nothing.
 """
 
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 
-STAGE_MODULES = (
-    "governor.pipeline.characterize",
-    "governor.pipeline.dataset",
-    "governor.pipeline.train",  # the `fit` stage
-    "governor.pipeline.export",
-    "governor.pipeline.ffg",
-    "governor.pipeline.evaluate",
-    "governor.pipeline.retrain",
+
+@dataclass(frozen=True)
+class Stage:
+    name: str  # the command, as the module's add_parser names it
+    module: str
+    top_level: bool = False  # also `ftgov NAME`, beside `ftgov model NAME`
+
+
+STAGES = (
+    Stage("characterize", "governor.pipeline.characterize", top_level=True),
+    Stage("dataset", "governor.pipeline.dataset"),
+    Stage("fit", "governor.pipeline.train"),
+    Stage("export", "governor.pipeline.export"),
+    Stage("ffg", "governor.pipeline.ffg"),
+    Stage("evaluate", "governor.pipeline.evaluate", top_level=True),
+    Stage("retrain", "governor.pipeline.retrain"),
 )
 
 
-def add_stage_parsers(subparsers) -> None:
-    for name in STAGE_MODULES:
-        importlib.import_module(name).add_parser(subparsers)
+def add_stage_parsers(subparsers, *, top_level_only: bool = False) -> None:
+    """Add each stage's command (its module's add_parser) to ``subparsers``; with ``top_level_only``, only the
+    stages that are also top-level ftgov commands."""
+    for stage in STAGES:
+        if stage.top_level or not top_level_only:
+            importlib.import_module(stage.module).add_parser(subparsers)

@@ -16,6 +16,7 @@ state.json.invalid) and ignored: the daemon starts without it rather than crash 
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -23,11 +24,11 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError
 
-from governor.backends.base import Limits
+from governor.backends.base import MAX_HZ, Limits
 from governor.errors import StateError
 from governor.features import Features
 from governor.safefile import replace_at
@@ -41,7 +42,6 @@ FORMAT = "ftgov-state/1"
 # A state file of the default limits (64 jobs) is about 50 KB; 65536 jobs of long names would be ~50 MB. Past this the
 # file is not ours: it is set aside unread, never loaded whole into memory.
 MAX_STATE_BYTES = 64 * 1024 * 1024
-_MAX_HZ = 10**12
 
 
 def boot_id(root: Root) -> str:
@@ -52,89 +52,68 @@ def boot_id(root: Root) -> str:
     return "unknown"
 
 
-@dataclass
+# ---- the schema: the classes the daemon uses are, through pydantic's TypeAdapter (_state_file_schema), the state
+# file's schema: every field typed and bounded; anything else makes the whole file invalid.
+_STRICT = ConfigDict(strict=True, extra="forbid")
+
+
+@dataclass(kw_only=True)
 class GpuState:
-    describe: dict
+    __pydantic_config__ = _STRICT
+
+    describe: Annotated[dict[str, Any], Field(max_length=64)] = field(default_factory=dict)
     baseline: Limits
-    pinned_hz: int | None = None
+    pinned_hz: Annotated[int | None, Field(ge=1, le=MAX_HZ)] = None
 
     def to_dict(self) -> dict:
         return {"describe": self.describe, "baseline": self.baseline.to_dict(), "pinned_hz": self.pinned_hz}
 
 
-@dataclass
+def _valid_features(v: dict[str, Any]) -> dict[str, Any]:
+    Features.model_validate(v)  # what re-adoption builds from it: checked now, not at adoption
+    return v
+
+
+@dataclass(kw_only=True)
 class HeldJob:
     """What re-adoption needs: the process (pid + its start time, against PID reuse) and what it asked for."""
 
-    job_id: int
-    pid: int
-    start_ticks: int
-    gpu: str
-    name: str | None
-    uid: int
-    features: dict
-    freq_hz: int | None
-    policy: str
+    __pydantic_config__ = _STRICT
+
+    job_id: Annotated[int, Field(ge=1, le=1 << 53)]
+    pid: Annotated[int, Field(ge=0, le=(1 << 31) - 1)]
+    start_ticks: Annotated[int, Field(ge=0, le=(1 << 63) - 1)]
+    gpu: Annotated[str, Field(max_length=128)]
+    name: Annotated[str | None, Field(max_length=256)] = None
+    uid: Annotated[int, Field(ge=0, le=(1 << 32) - 1)]
+    features: Annotated[dict[str, Any], AfterValidator(_valid_features)]
+    freq_hz: Annotated[int | None, Field(ge=1, le=MAX_HZ)] = None
+    policy: Annotated[str, Field(max_length=32)]
     # So that a job re-adopted after a restart keeps its history: when it registered (wall clock, s since the epoch)
     # and the energy measured for it up to the last save (J). None: not known (a file from an older daemon).
-    started_at: float | None = None
-    energy_j: float | None = None
+    started_at: Annotated[float | None, Field(ge=0, le=1e11)] = None
+    energy_j: Annotated[float | None, Field(ge=0, le=1e15)] = None
 
 
-# ---- the schema: every field typed and bounded; anything else makes the whole file invalid -------------------------
-class _Strict(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
-
-
-class _LimitsModel(_Strict):
-    min_hz: int = Field(ge=1, le=_MAX_HZ)
-    max_hz: int = Field(ge=1, le=_MAX_HZ)
-    extra: dict[str, int] = Field(default_factory=dict, max_length=16)
-
-
-class _GpuModel(_Strict):
-    describe: dict[str, Any] = Field(default_factory=dict, max_length=64)
-    baseline: _LimitsModel
-    pinned_hz: int | None = Field(default=None, ge=1, le=_MAX_HZ)
-
-
-class _HeldJobModel(_Strict):
-    job_id: int = Field(ge=1, le=1 << 53)
-    pid: int = Field(ge=0, le=(1 << 31) - 1)
-    start_ticks: int = Field(ge=0, le=(1 << 63) - 1)
-    gpu: str = Field(max_length=128)
-    name: str | None = Field(default=None, max_length=256)
-    uid: int = Field(ge=0, le=(1 << 32) - 1)
-    features: dict[str, Any]
-    freq_hz: int | None = Field(default=None, ge=1, le=_MAX_HZ)
-    policy: str = Field(max_length=32)
-    started_at: float | None = Field(default=None, ge=0, le=1e11)
-    energy_j: float | None = Field(default=None, ge=0, le=1e15)
-
-    @field_validator("features")
-    @classmethod
-    def _features(cls, v):
-        Features.model_validate(v)  # what re-adoption builds from it: checked now, not at adoption
-        return v
-
-
-class _StateModel(_Strict):
-    format: Literal["ftgov-state/1"]
-    boot_id: str = Field(max_length=128)
-    next_job_id: int = Field(1, ge=1, le=1 << 53)
-    gpus: dict[str, _GpuModel] = Field(default_factory=dict, max_length=64)
-    jobs: list[_HeldJobModel] = Field(default_factory=list, max_length=65536)
+def _format_given(v: Any) -> Any:
+    """The file must say its format: State's default is for states built in memory, not for a file without one."""
+    if isinstance(v, dict) and "format" not in v:
+        raise ValueError("format: Field required")
+    return v
 
 
 @dataclass
 class State:
-    boot_id: str
-    gpus: dict[str, GpuState] = field(default_factory=dict)
-    jobs: list[HeldJob] = field(default_factory=list)
-    next_job_id: int = 1
+    __pydantic_config__ = _STRICT
+
+    boot_id: Annotated[str, Field(max_length=128)]
+    gpus: Annotated[dict[str, GpuState], Field(max_length=64)] = field(default_factory=dict)
+    jobs: Annotated[list[HeldJob], Field(max_length=65536)] = field(default_factory=list)
+    next_job_id: Annotated[int, Field(ge=1, le=1 << 53)] = 1
+    format: Literal["ftgov-state/1"] = FORMAT
 
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "boot_id": self.boot_id, "next_job_id": self.next_job_id,
+        return {"format": self.format, "boot_id": self.boot_id, "next_job_id": self.next_job_id,
                 "gpus": {k: v.to_dict() for k, v in self.gpus.items()},
                 "jobs": [vars(j) for j in self.jobs]}
 
@@ -143,16 +122,17 @@ class State:
         """Parse and validate a whole file; StateError naming the first problem (pydantic's JSON parser bounds the
         nesting, so a 100,000-deep array is an error, not a RecursionError)."""
         try:
-            m = _StateModel.model_validate_json(raw)
+            return _state_file_schema().validate_json(raw)
         except ValidationError as e:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err["loc"]) or "(top level)"
             raise StateError(f"{where}: {err['msg'][:120]}") from e
-        gpus = {k: GpuState(dict(g.describe), Limits(g.baseline.min_hz, g.baseline.max_hz,
-                                                     tuple(sorted(g.baseline.extra.items()))), g.pinned_hz)
-                for k, g in m.gpus.items()}
-        jobs = [HeldJob(**j.model_dump()) for j in m.jobs]
-        return cls(m.boot_id, gpus, jobs, m.next_job_id)
+
+
+@functools.cache
+def _state_file_schema() -> TypeAdapter[State]:
+    """The classes above as the file's validator, built on first use rather than at import."""
+    return TypeAdapter(Annotated[State, BeforeValidator(_format_given)])
 
 
 def baseline_problem(baseline: Limits, levels_hz: Sequence[int]) -> str | None:

@@ -1,17 +1,22 @@
-"""The pipeline's one entry (`python -m governor.pipeline STAGE`, `ftgov model STAGE`), the Makefile's file chain,
+"""The pipeline's one registry of stages behind every entry (`python -m governor.pipeline STAGE`, `ftgov model STAGE`,
+`ftgov characterize` / `ftgov evaluate`), the Makefile's file chain,
 the dataset file that fit trains on, and the evaluation deciding through the daemon's Policy.decide."""
 
 from __future__ import annotations
 
+import argparse
 import csv
+import importlib
 import shutil
 import subprocess
 
 import pytest
 
+from governor import pipeline as pipeline_package
+from governor.cli import SUBCOMMAND_MODULES, build_parser
 from governor.cli import main as ftgov
 from governor.errors import FtgovError
-from governor.pipeline import STAGE_MODULES, dataset
+from governor.pipeline import dataset
 from governor.pipeline import evaluate as ev
 from governor.pipeline.__main__ import main as pipeline
 from governor.pipeline.policies import build_policies
@@ -26,12 +31,34 @@ SHIPPED = REPO / "governor" / "data"
 @pytest.mark.parametrize("entry", [lambda argv: pipeline(argv), lambda argv: ftgov(["model", *argv])],
                          ids=["python -m governor.pipeline", "ftgov model"])
 def test_every_stage_is_a_command_of_both_entries(entry, capsys):
-    assert len(STAGES) == len(STAGE_MODULES)  # one command each: a stage added to the entry is tested here too
+    assert len(STAGES) == len(pipeline_package.STAGES)  # a stage added to the registry is tested here too
     for stage in STAGES:
         with pytest.raises(SystemExit) as e:
             entry([stage, "--help"])
         assert e.value.code == 0
         assert f" {stage}" in capsys.readouterr().out
+
+
+def test_each_stage_is_added_by_the_registry_under_its_name():
+    for stage in pipeline_package.STAGES:
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(stage.module).add_parser(sub)
+        assert list(sub.choices) == [stage.name]
+    assert [s.name for s in pipeline_package.STAGES] == list(STAGES)
+
+
+def test_top_level_stages_come_from_the_registry_and_match_ftgov_model():
+    # No entry lists a stage module itself: the registry is the one place a stage and its arguments are added from.
+    assert not [m for m in SUBCOMMAND_MODULES if m.startswith("governor.pipeline")]
+    commands = build_parser()._subparsers._group_actions[0].choices
+    model = commands["model"]._subparsers._group_actions[0].choices
+    top = [s.name for s in pipeline_package.STAGES if s.top_level]
+    assert top == ["characterize", "evaluate"]  # the README's `ftgov characterize`, `ftgov evaluate`
+    def arguments(parser):
+        return [(a.option_strings, a.dest, a.default, a.help) for a in parser._actions]
+
+    for name in top:
+        assert arguments(commands[name]) == arguments(model[name])
 
 
 def test_make_model_chains_the_stages_by_their_files(tmp_path):
