@@ -92,7 +92,7 @@ def test_a_readopted_job_keeps_its_start_time_and_energy(orin, start_daemon):
         ended = next(line for line in d2.log().splitlines() if "ended (process exited) after" in line)
         assert float(ended.split(" after ")[1].split(" s,")[0]) >= before["duration_s"]
         energy_j = float(ended.split(" energy ")[1].split(" J ")[0])
-        assert energy_j >= saved["energy_j"]
+        assert energy_j >= saved["energy_j"] - 0.05  # the log writes the energy to 0.1 J
     finally:
         worker.kill()
 
