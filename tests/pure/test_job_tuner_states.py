@@ -1,7 +1,7 @@
 """governor.daemon.tuning.JobTuner's states, as progress reports move it, on a PinController over a GPU with an
 energy counter."""
 
-from governor.backends.base import GpuBase, Limits, Reading
+from governor.backends.base import Limits
 from governor.config import TunerConfig
 from governor.daemon.pins import PinController
 from governor.daemon.settings import PinSettings
@@ -9,15 +9,15 @@ from governor.daemon.tuning import TunerAttach, TunerState
 from governor.features import Features
 from governor.policy import Policy, PolicyName
 from governor.store.state import StateFile
+from tests.support.fakegpu import LimitsGpu
 
 LEVELS = (345_000_000, 900_000_000, 1_500_000_000, 1_980_000_000)
 BERT = Features(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, gpu_util=60.0)
 
 
-class _CountingGpu(GpuBase):
+class _CountingGpu(LimitsGpu):
     """A GPU whose energy counter gains 10 J at each read."""
 
-    id = "0"
     backend = "nvml"
     levels_hz = LEVELS
 
@@ -33,20 +33,6 @@ class _CountingGpu(GpuBase):
         self.counter_j += 10.0
         return self.counter_j
 
-    def snapshot(self) -> Limits:
-        return self.limits
-
-    def pin(self, freq_hz: int) -> None:
-        self.limits = Limits(freq_hz, freq_hz)
-
-    def restore(self, limits: Limits) -> None:
-        self.limits = limits
-
-    def read(self) -> Reading:
-        return Reading(self.limits.min_hz, self.limits.max_hz, self.limits.max_hz, 50.0)
-
-    def pin_holds(self, reading: Reading | None = None) -> bool:
-        return True
 
 
 def _controller(tmp_path, gpu: _CountingGpu, baseline_window: bool = False) -> PinController:

@@ -5,7 +5,7 @@ import tracemalloc
 
 import pytest
 
-from governor.backends.base import GpuBase, Limits, Reading
+from governor.backends.base import Limits
 from governor.config import TunerConfig
 from governor.daemon.pins import PinController
 from governor.daemon.settings import PinSettings
@@ -15,6 +15,7 @@ from governor.features import Features
 from governor.policy import Policy, PolicyName
 from governor.store import measurements as store
 from governor.store.state import StateFile
+from tests.support.fakegpu import LimitsGpu
 
 LEVELS = (345_000_000, 900_000_000, 1_500_000_000, 1_980_000_000)
 KEY = ("NVIDIA H200", LEVELS)
@@ -109,10 +110,9 @@ def test_the_least_recently_used_shape_goes_first():
     assert starts.lookup(KEY, shapes[1], USER) is None
 
 
-class _OneLevelGpu(GpuBase):
+class _OneLevelGpu(LimitsGpu):
     """A GPU of one level: a tuned job's search converges on its first window."""
 
-    id = "0"
 
     def __init__(self, backend: str):
         self.backend, self.levels_hz, self.limits = backend, (LEVELS[0],), Limits(LEVELS[0], LEVELS[0])
@@ -120,20 +120,6 @@ class _OneLevelGpu(GpuBase):
     def describe(self) -> dict:
         return {"backend": self.backend, "name": KEY[0]}
 
-    def snapshot(self) -> Limits:
-        return self.limits
-
-    def pin(self, freq_hz: int) -> None:
-        self.limits = Limits(freq_hz, freq_hz)
-
-    def restore(self, limits: Limits) -> None:
-        self.limits = limits
-
-    def read(self) -> Reading:
-        return Reading(self.limits.min_hz, self.limits.max_hz, self.limits.max_hz, 50.0)
-
-    def pin_holds(self, reading: Reading | None = None) -> bool:
-        return True
 
 
 @pytest.mark.parametrize("backend, kept", [("devfreq", 0), ("nvml", 1)])
