@@ -95,7 +95,6 @@ def oracle_rows(name: str, curves: list[Curve], args) -> list[str]:
 
 def tuner_rows(name: str, curves: list[Curve], args) -> list[str]:
     run_args = SimpleNamespace(seeds=args.groups * SEEDS_PER_GROUP, noise_rel=args.noise_rel, job_steps=2000)
-    bench_tuner.TUNERS = ("new",)
     runs = bench_tuner.window_runs(curves, run_args, None, args.meter, args.window_rule)
     how = "" if args.meter == "gauss" else f" ({args.meter}, {'WindowRule' if args.window_rule == 'time' else '1 + 4'})"
     rows = []
