@@ -34,6 +34,15 @@ WINDOW_LINE = re.compile(r"job (\d+) '([^']*)' .*observe window (\d+): ([0-9.]+)
                          r"(\d+) steps in ([0-9.]+) s")
 
 
+GRID_LINE = re.compile(r"the energy counter's update instants are known to ([0-9.]+) ms")
+
+
+def process_cpu_s(pid: int) -> float:
+    """A process's CPU time so far (user + system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def gpu_readings() -> dict:
     import pynvml
 
@@ -105,13 +114,19 @@ def main(argv: list[str] | None = None) -> int:
         status = daemon.client().call("status")
         if status["policy"] != "observe" or any(g.get("pinned_hz") for g in status["gpus"]):
             raise SystemExit(f"refusing to train: the daemon is not observing read-only: {status}")
-        seconds = {size: train(size, args.steps, daemon.socket, args.device) for size in args.sizes}
+        seconds, cpu_s = {}, {}
+        for size in args.sizes:
+            cpu0 = process_cpu_s(daemon.proc.pid)
+            seconds[size] = train(size, args.steps, daemon.socket, args.device)
+            cpu_s[size] = process_cpu_s(daemon.proc.pid) - cpu0
     finally:
         daemon.stop()
     after = gpu_readings()
+    log_text = (args.out / "ftgovd.log").read_text()
+    grids = len(GRID_LINE.findall(log_text))
     rows = [{"job": m[2], "window": int(m[3]), "j_per_step": float(m[4]), "s_per_step": float(m[5]),
              "steps": int(m[6]), "seconds": float(m[7])}
-            for m in WINDOW_LINE.finditer((args.out / "ftgovd.log").read_text())]
+            for m in WINDOW_LINE.finditer(log_text)]
     with open(args.out / "windows.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["job", "window", "j_per_step", "s_per_step", "steps", "seconds"])
         w.writeheader()
@@ -132,10 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", f"Read-only check: power limit {before['power_limit_mw']} mW before, {after['power_limit_mw']} mW "
               f"after ({'unchanged' if same else 'CHANGED'}); clock event reasons {before['clocks_event_reasons']:#x} "
               f"before, {after['clocks_event_reasons']:#x} after. Training took "
-              + ", ".join(f"{s:.0f} s ({size})" for size, s in seconds.items()) + "."]
+              + ", ".join(f"{s:.0f} s ({size})" for size, s in seconds.items()) + ".",
+              "", f"The counter's update instants were found in {grids} of {len(args.sizes)} jobs (the daemon's "
+              "\"update instants are known\" line). ftgovd's CPU time while each job trained: "
+              + ", ".join(f"{100 * cpu_s[size] / seconds[size]:.2f}% of a core ({size})" for size in seconds) + "."]
     (args.out / "summary.md").write_text("\n".join(lines) + "\n")
     (args.out / "run.json").write_text(json.dumps({"before": before, "after": after, "summary": table,
-                                                   "train_s": seconds, "steps": args.steps}, indent=2,
+                                                   "train_s": seconds, "daemon_cpu_s": cpu_s,
+                                                   "grids_found": grids, "steps": args.steps}, indent=2,
                                                   default=str) + "\n")
     print("\n".join(lines))
     return 0 if same else 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from governor.backends.base import Gpu
 from governor.backends.rails import CounterMeter, EnergyMeter, Rails
@@ -17,6 +17,9 @@ log = logging.getLogger("ftgovd")
 POWER_CACHE_S = 0.02
 GRID_KNOWN_S = 0.01  # a tenth of NVML's 100 ms update period
 GRID_WAIT_S = 2.0
+READS_IDLE_S = 2.0  # the timer's reads stop this long after a job's last report with step_end_s
+
+Defer = Callable[[Callable[[], None], float], None]
 
 
 class BoardEnergy:
@@ -87,11 +90,16 @@ class MeterFeed:
     itself as it arrives, with the energy read then. Shared by the tuner's windows and observe's, so that observe
     measures what tune would. ``meter`` is None where there is no energy source."""
 
-    def __init__(self, energy: BoardEnergy, gpu: Gpu):
+    def __init__(self, energy: BoardEnergy, gpu: Gpu, defer: Defer | None = None):
         self.meter = energy.new_meter(gpu)
         self._total_mw = energy.total_mw
         counter = isinstance(self.meter, CounterMeter)
         self._edges = UpdateEdges(self.meter.update_s if counter else 0.0)
+        # A counter is also read on a timer (defer: the daemon's loop), at the instants UpdateEdges asks for: reports
+        # at the counter's own pace (the HF callback's 10 a second against NVML's 100 ms) never show the grid.
+        self._defer = defer if counter else None
+        self._reading = False
+        self._last_report_s = -math.inf
         self._last_end: tuple[int, float] | None = None  # (steps, step_end_s) of the last report that had one
         self._seen_s = -math.inf  # the rails' samples up to here are edges already
         self.grid_found = not counter  # a sampler's samples are exact in time from the first
@@ -111,6 +119,23 @@ class MeterFeed:
         width = self._edges.phase_width_s
         return width is not None and width <= GRID_KNOWN_S
 
+    def _timed_read(self) -> None:
+        """One of the timer's reads (see UpdateEdges.next_read_s); they stop READS_IDLE_S after the last report, so a
+        job that ended or stopped reporting costs nothing. A read that fails stops them until the next report."""
+        now_s = time.monotonic()
+        if now_s - self._last_report_s > READS_IDLE_S or self._defer is None:
+            self._reading = False
+            return
+        try:
+            energy_j = self.meter.energy_j
+        except BackendError as e:
+            log.debug("energy counter read failed: %s", e)
+            self._reading = False
+            return
+        read_s = (now_s + time.monotonic()) / 2
+        self._edges.read(read_s, energy_j)
+        self._defer(self._timed_read, max(0.0, self._edges.next_read_s(read_s) - time.monotonic()))
+
     def points(self, job, energy_j: float) -> list[tuple[float, float, float]]:
         now_s = time.monotonic()
         if job.step_end_s is None:
@@ -118,6 +143,10 @@ class MeterFeed:
             return [(job.steps, energy_j, now_s)]
         if isinstance(self.meter, CounterMeter):
             self._edges.read(now_s, energy_j)
+            self._last_report_s = now_s
+            if self._defer is not None and not self._reading:
+                self._reading = True
+                self._defer(self._timed_read, 0.0)
         else:
             for t_s, e_j in self.meter.samples:
                 if t_s > self._seen_s:

@@ -370,6 +370,9 @@ class UpdateEdges:
     """
 
     MAX_PENDING = 256  # edges no report has claimed (a job whose reports stopped): the oldest are dropped
+    SCAN_S = 0.010  # reads this far apart while the phase is unknown: an update between two gives it to ~14 ms
+    FINE_S = 0.010  # a phase known this well takes one read inside its interval per period, not three
+    MIN_GAP_S = 0.0005  # a timer read no sooner than this after the last
 
     def __init__(self, period_s: float, jitter_s: float = 0.002):
         self.period_s = float(period_s)
@@ -392,6 +395,28 @@ class UpdateEdges:
             return
         self._narrow(last[0], t_s)
         self._add(self._instant(last[0], t_s), energy_j)
+
+    def next_read_s(self, now_s: float) -> float:
+        """When a read tells most about the grid, after ``now_s`` (the daemon's timer reads then: issue 23 item 3).
+
+        No phase yet: a read every SCAN_S, so that two reads close together straddle an update. Then, at the next
+        occurrence of the phase's interval, reads just before it (an update seen there means the grid moved), inside
+        it (three while it is wider than FINE_S, then one: each narrows it) and just after it (the update's value, for
+        the edge). About 30 reads a second once the grid is known; a report's own read adds to them.
+        """
+        if self._phase is None or self.period_s <= 0:
+            return now_s + self.SCAN_S
+        # Outside the interval by more than the instants' jitter, or an update seen there would still overlap it (each
+        # bracket is widened by jitter_s) and a grid that drifted would never be let go.
+        p, (lo, w), guard_s = self.period_s, self._phase, self.jitter_s + self.MIN_GAP_S
+        inside = (1, 2, 3) if w > self.FINE_S else (2,)
+        offsets = [-guard_s, *(w * i / 4 for i in inside), w + guard_s]
+        start = lo + math.floor((now_s - lo) / p) * p  # the interval's occurrence at or before now
+        for base in (start, start + p):
+            for off in offsets:
+                if base + off > now_s + self.MIN_GAP_S:
+                    return base + off
+        return start + 2 * p - guard_s
 
     def take_until(self, t_s: float) -> list[tuple[float, float]]:
         """The edges ``(time_s, energy_j)`` at or before ``t_s``, oldest first, removed."""

@@ -192,3 +192,20 @@ def test_a_step_end_that_is_not_this_hosts_recent_clock_is_refused_in_one_line(n
     assert err["code"] == -32602 and "is not after" in err["message"], err
     c.call("progress", job_id=job_id, steps=4)  # a report without one is taken as before
     assert c.call("status")["jobs"][0]["steps"] == 4
+
+
+def test_the_counters_update_instants_are_found_by_the_daemons_own_reads_when_reports_keep_its_pace(nvml_daemon):
+    """The HF callback reports about 10 times a second: on an H200 its reads, all at one phase of the counter's
+    100 ms updates, never showed where the updates fall. The daemon reads the counter on a timer of its own at the
+    instants that tell most, so the grid is known within about a second and windows end on it."""
+    d, _calls = nvml_daemon(gpus=({"util_gpu_pct": 80},), policy="observe", tuner={"window_rule": "time"})
+    c = d.client()
+    job_id = c.call("register", **FEATURES)["job_id"]
+    clock = UpdateClock(NVML_UPDATE_S, NVML_UPDATE_JITTER_S, seed=0)  # the fake GPU 0's update instants
+    for steps in range(1, 21):  # one report 3 ms after each update, 2 s in all
+        update = clock.last_at(time.monotonic()) + NVML_UPDATE_S
+        time.sleep(max(0.0, update + 0.003 - time.monotonic()))  # the job's steps
+        c.notify("progress", job_id=job_id, steps=steps, phase="train", step_end_s=time.monotonic())
+    c.call("status")  # every report handled
+    assert "the energy counter's update instants are known" in d.log(), d.log()
+    c.call("unregister", job_id=job_id)

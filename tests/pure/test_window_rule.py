@@ -173,3 +173,55 @@ def test_windows_on_update_instants_count_steps_from_their_ends_and_read_the_tru
         steps = steps_at(s1, reports) - steps_at(s0, reports)
         true_j = trace.energy_j(s1) - trace.energy_j(s0)
         assert edge_joules_per_step((s0, e0), (s1, e1), reports) == pytest.approx(true_j / steps, rel=0.04)
+
+
+def _timed_reads(clock, trace, power_w: float, edges: UpdateEdges, t_s: float, until_s: float) -> tuple[float, int]:
+    """Read the simulated NVML counter at the instants edges.next_read_s asks for, under a constant load."""
+    reads = 0
+    while t_s < until_s:
+        nxt = edges.next_read_s(t_s)
+        trace.append(nxt - t_s, power_w)
+        t_s = nxt
+        edges.read(t_s, meters.held_energy_j(trace, clock, t_s))
+        reads += 1
+    return t_s, reads
+
+
+def test_timed_reads_find_the_update_grid_within_half_a_second_where_reports_at_its_pace_never_do():
+    """Reports at the counter's own pace (10 a second, just after each update, as the HF callback's were on an H200)
+    leave the grid unknown; the daemon's timer reads at the instants next_read_s gives find it to 10 ms within half
+    a second, then hold it with about 30 reads a second, each edge at its true instant with the counter's value."""
+    clock = meters.UpdateClock(seed=4, origin_s=0.0371)
+    paced = UpdateEdges(meters.NVML_UPDATE_S, meters.NVML_UPDATE_JITTER_S)
+    trace = meters.PowerTrace(0.0)
+    for k in range(1, 50):  # reports 100 ms apart, 1 ms after each update
+        t = 0.0381 + 0.1 * k
+        trace.append(t - trace.end_s, 300.0)
+        paced.read(t, meters.held_energy_j(trace, clock, t))
+    assert paced.phase_width_s is None or paced.phase_width_s > 0.01
+
+    edges = UpdateEdges(meters.NVML_UPDATE_S, meters.NVML_UPDATE_JITTER_S)
+    trace = meters.PowerTrace(0.0)
+    t, _ = _timed_reads(clock, trace, 300.0, edges, 0.0, 0.5)
+    assert edges.phase_width_s is not None and edges.phase_width_s <= 0.01
+    edges.take_until(t)
+    t, reads = _timed_reads(clock, trace, 300.0, edges, t, t + 10.0)
+    assert reads <= 10 * 35, reads
+    found = edges.take_until(t)
+    assert len(found) >= 95
+    for s, e in found:
+        true_s = clock.last_at(s + 0.006)
+        assert abs(s - true_s) <= 0.006 and e == pytest.approx(trace.energy_j(true_s)), (s, true_s)
+
+
+def test_timed_reads_follow_a_grid_that_drifts():
+    """The counter's clock and CLOCK_MONOTONIC drift apart (here 2 ms a second, far more than a real one): a read
+    just before the interval that already sees the update starts the phase again, and the edges stay on the updates."""
+    clock = meters.UpdateClock(period_s=0.1002, jitter_s=0.0005, seed=2)
+    edges = UpdateEdges(meters.NVML_UPDATE_S, meters.NVML_UPDATE_JITTER_S)
+    trace = meters.PowerTrace(0.0)
+    t, _ = _timed_reads(clock, trace, 250.0, edges, 0.0, 20.0)
+    late = [(s, e) for s, e in edges.take_until(t) if s > 15.0]
+    assert len(late) >= 40
+    off = sorted(abs(s - clock.last_at(s + 0.006)) for s, _ in late)
+    assert off[int(0.9 * len(off))] <= 0.006, off
