@@ -117,6 +117,12 @@ class TunerConfig(_Strict):
             raise ValueError(f"window_max_s ({self.window_max_s}) must be at least window_min_s ({self.window_min_s})")
         return self
 
+    @property
+    def edge_every_s(self) -> float:
+        """How far apart the edges of an energy counter's updates are read (governor.daemon.energy.MeterFeed; a read
+        has its cost): time windows take two in their shortest, fixed-step windows every update (0)."""
+        return 0.0 if self.window_rule == "steps" else self.window_min_s / 2
+
     def window(self, meter_update_s: float) -> _tuner.WindowRule | None:
         """The rule windows follow on a meter that updates every ``meter_update_s``; None for fixed-step windows."""
         if self.window_rule == "steps":

@@ -40,7 +40,7 @@ class JobObserver:
     def __init__(self, gov, job, cfg: TunerConfig):
         self.cfg = cfg
         # The tuner's own feed of meter edges: the same windows, read the same way (governor.daemon.energy).
-        self.feed = MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu, gov.defer)
+        self.feed = MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu, gov.defer, cfg.edge_every_s)
         self.meter = self.feed.meter
         if self.meter is None:
             raise FtgovError("no energy source (no rails, no GPU counter)")

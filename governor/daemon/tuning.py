@@ -83,7 +83,7 @@ class JobTuner:
             self.windows = [w for w in carry.windows if w[0].level_hz is None]
         else:
             # The tuner's own meter: its windows must not depend on the job's.
-            self.feed = MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu, gov.defer)
+            self.feed = MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu, gov.defer, cfg.edge_every_s)
         self.meter = self.feed.meter  # None once tuning stops
         self.state = TunerState.WAITING
         if self.meter is None:

@@ -371,15 +371,21 @@ class UpdateEdges:
 
     MAX_PENDING = 256  # edges no report has claimed (a job whose reports stopped): the oldest are dropped
     SCAN_S = 0.010  # reads this far apart while the phase is unknown: an update between two gives it to ~14 ms
-    FINE_S = 0.010  # a phase known this well takes one read inside its interval per period, not three
+    FINE_S = 0.010  # a phase known this well is followed, not narrowed further
+    CHECK_EVERY = 4  # and every 4th of those, the reads that see a drifting grid
     MIN_GAP_S = 0.0005  # a timer read no sooner than this after the last
 
-    def __init__(self, period_s: float, jitter_s: float = 0.002):
+    def __init__(self, period_s: float, jitter_s: float = 0.002, every_s: float = 0.0):
         self.period_s = float(period_s)
         self.jitter_s = float(jitter_s)
+        # The timer's reads (next_read_s) follow a known grid at one update in ``stride``: edges ``every_s`` apart.
+        self.stride = max(1, int(every_s / self.period_s + 1e-9)) if self.period_s > 0 else 1
         self._last: tuple[float, float] | None = None  # (time_s, energy_j) of the last read
         self._phase: tuple[float, float] | None = None  # (start, width) of the phase's interval, mod period_s
         self._pending: list[tuple[float, float]] = []
+        self._plan: list[float] = []  # the timer's next reads (next_read_s), for the phase they were planned on
+        self._plan_phase: tuple[float, float] | None = None
+        self._strides = 0
 
     @property
     def phase_width_s(self) -> float | None:
@@ -399,24 +405,34 @@ class UpdateEdges:
     def next_read_s(self, now_s: float) -> float:
         """When a read tells most about the grid, after ``now_s`` (the daemon's timer reads then: issue 23 item 3).
 
-        No phase yet: a read every SCAN_S, so that two reads close together straddle an update. Then, at the next
-        occurrence of the phase's interval, reads just before it (an update seen there means the grid moved), inside
-        it (three while it is wider than FINE_S, then one: each narrows it) and just after it (the update's value, for
-        the edge). About 30 reads a second once the grid is known; a report's own read adds to them.
+        A read costs: NVML's energy counter took 3.9 ms of CPU a read on an H200 (power and clock reads, 8 us), so
+        the reads are few. No phase yet: one every SCAN_S, so that two straddle an update. A phase wider than FINE_S:
+        reads just before its next interval, three inside (each narrows it) and one just after. Then one read just
+        after every ``stride``-th update (the update's value: an edge; time windows take one each 0.5 s), and every
+        CHECK_EVERY-th time two more (just after the update before it, just before its own), which see a grid that
+        drifted: about 3 reads a second at a stride of 5. Outside the interval means by more than the instants' jitter, or an update seen there would still
+        overlap it (each bracket is widened by jitter_s) and a grid that drifted would never be let go.
         """
         if self._phase is None or self.period_s <= 0:
             return now_s + self.SCAN_S
-        # Outside the interval by more than the instants' jitter, or an update seen there would still overlap it (each
-        # bracket is widened by jitter_s) and a grid that drifted would never be let go.
+        if self._plan_phase != self._phase or not self._plan or self._plan[-1] <= now_s + self.MIN_GAP_S:
+            self._plan, self._plan_phase = self._new_plan(now_s), self._phase
+        while self._plan[0] <= now_s + self.MIN_GAP_S:
+            self._plan.pop(0)
+        return self._plan.pop(0)
+
+    def _new_plan(self, now_s: float) -> list[float]:
+        assert self._phase is not None
         p, (lo, w), guard_s = self.period_s, self._phase, self.jitter_s + self.MIN_GAP_S
-        inside = (1, 2, 3) if w > self.FINE_S else (2,)
-        offsets = [-guard_s, *(w * i / 4 for i in inside), w + guard_s]
-        start = lo + math.floor((now_s - lo) / p) * p  # the interval's occurrence at or before now
-        for base in (start, start + p):
-            for off in offsets:
-                if base + off > now_s + self.MIN_GAP_S:
-                    return base + off
-        return start + 2 * p - guard_s
+        fine = w <= self.FINE_S
+        after_s = now_s + (self.stride - 0.5) * p if fine else now_s + self.MIN_GAP_S - w - guard_s
+        base = lo + math.ceil((after_s - lo) / p) * p  # the interval's first occurrence from after_s on
+        if not fine:
+            return [base - guard_s, *(base + w * i / 4 for i in (1, 2, 3)), base + w + guard_s]
+        self._strides += 1
+        if self._strides % self.CHECK_EVERY:
+            return [base + w + guard_s]
+        return [base - p + w + guard_s, base - guard_s, base + w + guard_s]
 
     def take_until(self, t_s: float) -> list[tuple[float, float]]:
         """The edges ``(time_s, energy_j)`` at or before ``t_s``, oldest first, removed."""

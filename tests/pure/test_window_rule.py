@@ -190,7 +190,8 @@ def _timed_reads(clock, trace, power_w: float, edges: UpdateEdges, t_s: float, u
 def test_timed_reads_find_the_update_grid_within_half_a_second_where_reports_at_its_pace_never_do():
     """Reports at the counter's own pace (10 a second, just after each update, as the HF callback's were on an H200)
     leave the grid unknown; the daemon's timer reads at the instants next_read_s gives find it to 10 ms within half
-    a second, then hold it with about 30 reads a second, each edge at its true instant with the counter's value."""
+    a second, then follow it with about 3 reads a second (a read of NVML's counter costs milliseconds of CPU), each
+    edge at its true instant with the counter's value, two a second."""
     clock = meters.UpdateClock(seed=4, origin_s=0.0371)
     paced = UpdateEdges(meters.NVML_UPDATE_S, meters.NVML_UPDATE_JITTER_S)
     trace = meters.PowerTrace(0.0)
@@ -200,28 +201,29 @@ def test_timed_reads_find_the_update_grid_within_half_a_second_where_reports_at_
         paced.read(t, meters.held_energy_j(trace, clock, t))
     assert paced.phase_width_s is None or paced.phase_width_s > 0.01
 
-    edges = UpdateEdges(meters.NVML_UPDATE_S, meters.NVML_UPDATE_JITTER_S)
+    edges = UpdateEdges(meters.NVML_UPDATE_S, meters.NVML_UPDATE_JITTER_S, every_s=0.5)
     trace = meters.PowerTrace(0.0)
     t, _ = _timed_reads(clock, trace, 300.0, edges, 0.0, 0.5)
     assert edges.phase_width_s is not None and edges.phase_width_s <= 0.01
     edges.take_until(t)
     t, reads = _timed_reads(clock, trace, 300.0, edges, t, t + 10.0)
-    assert reads <= 10 * 35, reads
+    assert reads <= 10 * 3.5, reads
     found = edges.take_until(t)
-    assert len(found) >= 95
+    assert len(found) >= 19, found
     for s, e in found:
         true_s = clock.last_at(s + 0.006)
         assert abs(s - true_s) <= 0.006 and e == pytest.approx(trace.energy_j(true_s)), (s, true_s)
 
 
 def test_timed_reads_follow_a_grid_that_drifts():
-    """The counter's clock and CLOCK_MONOTONIC drift apart (here 2 ms a second, far more than a real one): a read
-    just before the interval that already sees the update starts the phase again, and the edges stay on the updates."""
-    clock = meters.UpdateClock(period_s=0.1002, jitter_s=0.0005, seed=2)
-    edges = UpdateEdges(meters.NVML_UPDATE_S, meters.NVML_UPDATE_JITTER_S)
+    """The counter's clock and CLOCK_MONOTONIC drift apart (here 0.5 ms a second; the H200 traces' grid, fitted over
+    33 s, moved 0.1 ms a second at most): the checking reads see the update outside the interval, the phase is
+    found again, and the edges stay on the updates."""
+    clock = meters.UpdateClock(period_s=0.10005, jitter_s=0.0005, seed=2)
+    edges = UpdateEdges(meters.NVML_UPDATE_S, meters.NVML_UPDATE_JITTER_S, every_s=0.5)
     trace = meters.PowerTrace(0.0)
-    t, _ = _timed_reads(clock, trace, 250.0, edges, 0.0, 20.0)
-    late = [(s, e) for s, e in edges.take_until(t) if s > 15.0]
-    assert len(late) >= 40
+    t, _ = _timed_reads(clock, trace, 250.0, edges, 0.0, 60.0)
+    late = [(s, e) for s, e in edges.take_until(t) if s > 20.0]
+    assert len(late) >= 70, late
     off = sorted(abs(s - clock.last_at(s + 0.006)) for s, _ in late)
     assert off[int(0.9 * len(off))] <= 0.006, off
