@@ -410,8 +410,9 @@ class UpdateEdges:
         reads just before its next interval, three inside (each narrows it) and one just after. Then one read just
         after every ``stride``-th update (the update's value: an edge; time windows take one each 0.5 s), and every
         CHECK_EVERY-th time two more (just after the update before it, just before its own), which see a grid that
-        drifted: about 3 reads a second at a stride of 5. Outside the interval means by more than the instants' jitter, or an update seen there would still
-        overlap it (each bracket is widened by jitter_s) and a grid that drifted would never be let go.
+        drifted: about 3 reads a second at a stride of 5. Outside the interval means by more than the instants'
+        jitter, or an update seen there would still overlap it (each bracket is widened by jitter_s) and a grid that
+        drifted would never be let go.
         """
         if self._phase is None or self.period_s <= 0:
             return now_s + self.SCAN_S
