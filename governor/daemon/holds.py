@@ -23,7 +23,7 @@ EndJob = Callable[[int, str], "Ended | None"]
 
 
 class Holds:
-    """end(job_id, why): everything else a job's end does (the pin controller's end, the measurements that wait for
+    """end(job_id, why): everything else a job's end does (the controller's end, the measurements that wait for
     it); called after the job is released here."""
 
     def __init__(self, end: EndJob):

@@ -42,8 +42,8 @@ class Reloader:
             log.error("reload refused: %s; the running config and model stay", e)
             notifier.send(f"READY=1\nSTATUS=reload refused: {e}")
             return
-        pins = server.pins
-        pins.configure(PinSettings.from_config(new, policy))
+        controller = server.controller
+        controller.configure(PinSettings.from_config(new, policy))
         self.tuner.cfg = new.tuner
         server.ticker.sample_interval_s = new.sample_interval_s
         server.config = new
@@ -54,8 +54,8 @@ class Reloader:
                 conn.idle.set_timeout(new.limits.idle_timeout_s)
         for name in ("ftgovd", "governor", "asyncio"):  # the daemon's loggers (governor.daemon.main.route_loggers)
             logging.getLogger(name).setLevel(new.log_level.upper())
-        log.info("config and model reloaded: policy %s; %d running job(s) keep their pins", pins.policy.name,
-                 len(pins.jobs))
+        log.info("config and model reloaded: policy %s; %d running job(s) keep their pins",
+                 controller.policy.name, len(controller.jobs))
         notifier.send(f"READY=1\nSTATUS=config reloaded; {server.status_line()}")
 
     def _checked(self, server: Server) -> tuple[Config, Policy]:
@@ -67,6 +67,6 @@ class Reloader:
                         ", ".join(kept))
             new = new.model_copy(update={k: getattr(old, k) for k in kept})
         policy = self.build_policy(new)
-        if policy.fallback_reason and not server.pins.policy.fallback_reason:
+        if policy.fallback_reason and not server.controller.policy.fallback_reason:
             raise FtgovError(f"the new model cannot be used ({policy.fallback_reason})")
         return new, policy

@@ -1,4 +1,5 @@
-"""What the config sets for the pin controller, as one object that a reload swaps whole (governor.daemon.reload)."""
+"""What the config sets for the controller (governor.daemon.controller), as one object that a reload swaps whole
+(governor.daemon.reload)."""
 
 from __future__ import annotations
 

@@ -252,7 +252,7 @@ class JobTuner:
                                                 meter_update_s=self.meter.update_s)
             self.status = "measuring the baseline window at the default governor"
             return
-        # The unpin may wait for the GPU's re-pin interval (PinController.set_freq): until then the steps run at the
+        # The unpin may wait for the GPU's re-pin interval (Controller.set_freq): until then the steps run at the
         # old pin, and the window starts over (warm-up first) at the first report after it.
         if gov.repin_pending(job.gpu_id):
             self._pin_waited = True
@@ -386,7 +386,7 @@ class JobTuner:
 
 
 class TunerAttach:
-    """The PinController's tuner hooks: ``plan`` picks a tuned job's start (and keeps it unpinned while its baseline
+    """The controller's tuner hooks: ``plan`` picks a tuned job's start (and keeps it unpinned while its baseline
     window runs); ``__call__`` (attach_tuner) gives a job whose policy is tune its JobTuner, after each decision and
     when it is held unpinned. ``cfg`` is replaced when the config is reloaded; running tuners keep theirs.
     ``starts``: the converged levels of past tuned jobs (set at start-up from the measurement store)."""
