@@ -7,7 +7,7 @@ admits and removes jobs.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, Mapping, ValuesView
 
 from governor.daemon.jobs import ActiveJob
 from governor.errors import FtgovError
@@ -45,6 +45,19 @@ class JobTable(Mapping[int, ActiveJob]):
 
     def __len__(self) -> int:
         return len(self._jobs)
+
+    # The dict's own views and lookups: Mapping's would run Python code per job on every pass over the table.
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def get(self, job_id: int, default=None):
+        return self._jobs.get(job_id, default)
+
+    def values(self) -> ValuesView[ActiveJob]:
+        return self._jobs.values()
+
+    def items(self) -> ItemsView[int, ActiveJob]:
+        return self._jobs.items()
 
     def admit(self, *, pid: int, start_ticks: int, uid: int, name: str | None, gpu_id: str, features: Features,
               policy: PolicyName | None, max_jobs: int, job_id: int | None = None) -> ActiveJob:

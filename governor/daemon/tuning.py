@@ -121,7 +121,7 @@ class JobTuner:
             return
         energy_j = self.energy_j(job)  # integrate at every report, shared or not, so the counter stays continuous
         points = self._points(job, energy_j)
-        shared = any(j.gpu_id == job.gpu_id and j is not job for j in gov.jobs.values())
+        shared = gov.jobs.shares_gpu(job)
         self._STEPS[self.state](self, gov, job, points, shared)
 
     def _waiting(self, gov, job, points: list, shared: bool) -> None:
