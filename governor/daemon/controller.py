@@ -337,7 +337,8 @@ class Controller:
                 pin.stood_down = False
             self.saver.soon(prompt=removed)
             return False
-        if not pin.set(self.target_hz(gpu_id), self.settings.power_cap_mw):
+        if not pin.set(self.jobs.target_hz(gpu_id, self.settings.low_phases, pin.gpu.levels_hz[0]),
+                       self.settings.power_cap_mw):
             self.saver.soon(prompt=removed)  # only the job list changed: re-adoption data, not safety data
             return False
         self._notify()

@@ -148,7 +148,10 @@ class Methods:
         # A job decided without its gpu_util has it measured anyway, for status and the store.
         if job.features.gpu_util is None:
             self.sampler.start(job, decide=measuring)
-        return self._registered(job)
+        d = job.decision
+        assert d is not None, "registered: decided, or held unpinned"
+        return {"job_id": job.job_id, "policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason,
+                "gpu": job.gpu_id, "gpu_util": job.features.gpu_util}
 
     def _register(self, peer: peers.Peer, params, pid: int, held: peers.HeldProcess) -> tuple[ActiveJob, bool]:
         """The controller's job for a registration whose process is held (the caller releases ``held`` if this
@@ -168,13 +171,6 @@ class Methods:
             raise RpcFault(INVALID_PARAMS, f"gpu: {e}", {"field": "gpu"}) from e
         except TableFull as e:
             raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
-
-    @staticmethod
-    def _registered(job: ActiveJob) -> dict:
-        d = job.decision
-        assert d is not None, "registered: decided, or held unpinned"
-        return {"job_id": job.job_id, "policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason,
-                "gpu": job.gpu_id, "gpu_util": job.features.gpu_util}
 
     def _own_job(self, conn: Connection, job_id: int) -> ActiveJob:
         if not self.holds.held_by(conn, job_id):
