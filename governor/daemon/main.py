@@ -243,14 +243,14 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
     policy = build_policy(config, gpus)
     boot = boot_id(root)
     recorder, starts = _store_users(config, root, boot)
-    tuner = tuning.TunerAttach(config.tuner, starts)
+    tuner = tuning.TunerAttach(starts)
     ticker = Ticker(notifier, config.sample_interval_s)
     controller = Controller(gpus, PinSettings.from_config(config, policy), StateFile(config.state_dir), boot,
                             rails=rails, listeners=(ticker.changed,), defer=defer_on_loop, attach_tuner=tuner,
                             plan_tune=tuner.plan, recorder=recorder, missing_why=missing_why)
     reloader = None
     if load_config_again is not None:
-        reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus), tuner)
+        reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus))
     server = Server(controller, config, notifier, ticker, reloader, probe=lambda: probe_gpus(config, root),
                     node_wait_s=node_wait_s)
 

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from governor.config import Config
 from governor.daemon.settings import PinSettings
-from governor.daemon.tuning import TunerAttach
 from governor.errors import FtgovError
 from governor.policy import Policy
 
@@ -28,10 +27,9 @@ AT_START_ONLY = ("socket", "sysfs_root", "state_dir", "backend", "node_wait_s", 
 
 
 class Reloader:
-    def __init__(self, load: Callable[[], Config], build_policy: Callable[[Config], Policy], tuner: TunerAttach):
+    def __init__(self, load: Callable[[], Config], build_policy: Callable[[Config], Policy]):
         self.load = load
         self.build_policy = build_policy
-        self.tuner = tuner
 
     def __call__(self, server: Server) -> None:
         notifier = server.notifier
@@ -44,7 +42,6 @@ class Reloader:
             return
         controller = server.controller
         controller.configure(PinSettings.from_config(new, policy))
-        self.tuner.cfg = new.tuner
         server.ticker.sample_interval_s = new.sample_interval_s
         server.config = new
         # The connection limits (root's reserve, per uid) are read at each accept; an idle timeout also applies to the

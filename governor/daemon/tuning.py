@@ -388,11 +388,10 @@ class JobTuner:
 class TunerAttach:
     """The controller's tuner hooks: ``plan`` picks a tuned job's start (and keeps it unpinned while its baseline
     window runs); ``__call__`` (attach_tuner) gives a job whose policy is tune its JobTuner, after each decision and
-    when it is held unpinned. ``cfg`` is replaced when the config is reloaded; running tuners keep theirs.
-    ``starts``: the converged levels of past tuned jobs (set at start-up from the measurement store)."""
+    when it is held unpinned, with the tuner config of the controller's settings in force (a reload swaps them; running
+    tuners keep theirs). ``starts``: the converged levels of past tuned jobs (read at start-up from the store)."""
 
-    def __init__(self, cfg: TunerConfig, starts: TuneStarts | None = None):
-        self.cfg = cfg
+    def __init__(self, starts: TuneStarts | None = None):
         self.starts = starts if starts is not None else TuneStarts()
 
     def plan(self, gov, job, decision: Decision) -> Decision:
@@ -418,7 +417,7 @@ class TunerAttach:
         return Decision(decision.policy, start, reason, decision.fell_back_to)
 
     def __call__(self, gov, job) -> None:
-        attach(self.cfg, gov, job, self.starts)
+        attach(gov.settings.tuner, gov, job, self.starts)
 
 
 def attach(cfg: TunerConfig, gov, job, starts: TuneStarts | None = None) -> None:

@@ -36,9 +36,10 @@ class _CountingGpu(LimitsGpu):
 
 
 def _controller(tmp_path, gpu: _CountingGpu, baseline_window: bool = False) -> Controller:
-    attach = TunerAttach(TunerConfig(baseline_window=baseline_window))
-    return Controller([gpu], PinSettings(Policy(PolicyName.FFG, LEVELS[0], None)), StateFile(tmp_path / "state"),
-                         "boot-1", attach_tuner=attach, plan_tune=attach.plan)
+    attach = TunerAttach()
+    settings = PinSettings(Policy(PolicyName.FFG, LEVELS[0], None), tuner=TunerConfig(baseline_window=baseline_window))
+    return Controller([gpu], settings, StateFile(tmp_path / "state"), "boot-1", attach_tuner=attach,
+                      plan_tune=attach.plan)
 
 
 def _tuned_job(pins: Controller, pid: int):

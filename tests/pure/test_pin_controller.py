@@ -208,10 +208,9 @@ def test_a_pick_above_the_power_modes_cap_is_moved_down_to_it(gpu, tmp_path):
 
 
 def test_a_tuned_job_off_devfreq_starts_at_the_top_and_its_end_logs_the_measured_saving(gpu, tmp_path, caplog):
-    from governor.config import TunerConfig
     from governor.daemon.tuning import TunerAttach
 
-    attach = TunerAttach(TunerConfig())
+    attach = TunerAttach()
     pins = controller(gpu, tmp_path, attach_tuner=attach, plan_tune=attach.plan)
     j = job(pins, policy=PolicyName.TUNE)
     decision = pins.decide(j)

@@ -124,9 +124,10 @@ class _OneLevelGpu(LimitsGpu):
 
 @pytest.mark.parametrize("backend, kept", [("devfreq", 0), ("nvml", 1)])
 def test_converged_levels_are_kept_only_where_a_start_is_looked_up(tmp_path, backend, kept):
-    attach = TunerAttach(TunerConfig(baseline_window=False))
-    pins = Controller([_OneLevelGpu(backend)], PinSettings(Policy(PolicyName.FFG, LEVELS[0], None)),
-                         StateFile(tmp_path / "state"), "boot-1", attach_tuner=attach, plan_tune=attach.plan)
+    attach = TunerAttach()
+    settings = PinSettings(Policy(PolicyName.FFG, LEVELS[0], None), tuner=TunerConfig(baseline_window=False))
+    pins = Controller([_OneLevelGpu(backend)], settings, StateFile(tmp_path / "state"), "boot-1",
+                      attach_tuner=attach, plan_tune=attach.plan)
     job = pins.admit(pid=100, start_ticks=5100, uid=USER, name=None, gpu_id="0", features=BERT,
                      policy=PolicyName.TUNE)
     pins.decide(job)
