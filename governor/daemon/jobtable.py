@@ -88,7 +88,10 @@ class JobTable(Mapping[int, ActiveJob]):
 
     def shares_gpu(self, job: ActiveJob) -> bool:
         """Whether another job runs on ``job``'s GPU (a tuner pauses then: the rails measure the whole board)."""
-        return any(j.gpu_id == job.gpu_id and j is not job for j in self._jobs.values())
+        for other in self._jobs.values():  # a loop, not any(): this runs on every tuned progress report
+            if other.gpu_id == job.gpu_id and other is not job:
+                return True
+        return False
 
     def target_hz(self, gpu_id: str, low_phases: frozenset[str], lowest_hz: int) -> int | None:
         """The pin the GPU's decided jobs imply together (None: no pin, the baseline)."""

@@ -173,9 +173,10 @@ class Methods:
             raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
 
     def _own_job(self, conn: Connection, job_id: int) -> ActiveJob:
-        if not self.holds.held_by(conn, job_id):
+        job = self.holds.job(conn, job_id)
+        if job is None:
             raise RpcFault(UNKNOWN_JOB, f"job_id: no job {job_id} on this connection", {"field": "job_id"})
-        return self.controller.jobs[job_id]
+        return job
 
     def rpc_update(self, conn: Connection, params) -> dict:
         job = self._own_job(conn, params.job_id)
