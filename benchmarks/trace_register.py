@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import runpy
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -132,10 +133,12 @@ def run(windows: int, max_steps: int) -> dict:
         except _Enough:
             pass
         tuned.close()
+        traces = json.loads(out.read_text())
     finally:
         d.stop()
         d.close()
-    return json.loads(out.read_text())
+        shutil.rmtree(base, ignore_errors=True)
+    return traces
 
 
 def report(registers: list[list], windows: list[list], runs: int) -> str:
