@@ -72,7 +72,7 @@ def fuzz(examples: int) -> dict:
 
 _ZYGOTE = r"""
 import json, os, signal, sys
-import governor.daemon.main, governor.daemon.server, governor.daemon.pins, governor.policy
+import governor.daemon.main, governor.daemon.server, governor.daemon.controller, governor.policy
 import governor.backends.devfreq, governor.backends.rails
 signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel; the driver waits on pidfds
 for req in sys.stdin:

@@ -1,5 +1,5 @@
 """The checks that watch a GPU's pin once held: limits changed under it by another tool (nvpmodel, jetson_clocks), a
-clock throttled below it, and the pin check `ftgov doctor` asks for. The pin controller calls them on its tick and
+clock throttled below it, and the pin check `ftgov doctor` asks for. The controller calls them on its tick and
 on request; they act on one GpuPin (governor.daemon.gpupin)."""
 
 from __future__ import annotations

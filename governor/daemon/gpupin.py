@@ -2,7 +2,7 @@
 
 A pin goes under the power mode's cap (governor.daemon.powermode), the state file is saved before the first write
 (a crash in between still finds the baseline on disk), then the backend writes it (devfreq widens first, so min never
-crosses max); None restores the baseline. What the pin should be is the pin controller's to say (its job table and
+crosses max); None restores the baseline. What the pin should be is the controller's to say (its job table and
 policy.combine); what watches a pin once held is governor.daemon.checks.
 """
 
@@ -21,7 +21,7 @@ log = logging.getLogger("ftgovd")
 
 
 class GpuPin:
-    """save_state(): the pin controller's state save (every GPU's pin and the jobs), made before every write.
+    """save_state(): the state save (governor.daemon.saving) (every GPU's pin and the jobs), made before every write.
     power_mode: the cap a pin stays under; it reads this GPU's baseline."""
 
     def __init__(self, gpu: Gpu, power_mode: PowerModeCap, save_state: Callable[[], None]):

@@ -23,13 +23,13 @@ EndJob = Callable[[int, str], "Ended | None"]
 
 
 class Holds:
-    """end(job_id, why): everything else a job's end does (the pin controller's end, the measurements that wait for
+    """end(job_id, why): everything else a job's end does (the controller's end, the measurements that wait for
     it); called after the job is released here."""
 
     def __init__(self, end: EndJob):
         self._end = end
         self._owner: dict[int, Owner | None] = {}  # job id -> the connection that holds it
-        self._of_owner: dict[Owner, set[int]] = {}
+        self._of_owner: dict[Owner, dict[int, ActiveJob]] = {}  # a connection's jobs, by id
         self._uid: dict[int, int] = {}  # job id -> its uid: the log lines of its end count against that uid
         self._process: dict[int, peers.HeldProcess] = {}
         self._exit_job: dict[int, int] = {}  # pidfd -> job id
@@ -44,7 +44,7 @@ class Holds:
         job_id = job.job_id
         self._owner[job_id] = owner
         if owner is not None:
-            self._of_owner.setdefault(owner, set()).add(job_id)
+            self._of_owner.setdefault(owner, {})[job_id] = job
         self._uid[job_id] = job.uid
         self._process[job_id] = process
         self._exit_job[process.pidfd] = job_id
@@ -55,7 +55,7 @@ class Holds:
         owner = self._owner.pop(job_id, None)
         if owner is not None:
             jobs = self._of_owner[owner]
-            jobs.discard(job_id)
+            jobs.pop(job_id, None)
             if not jobs:
                 del self._of_owner[owner]
         self._uid.pop(job_id, None)
@@ -72,6 +72,10 @@ class Holds:
 
     def held_by(self, owner: Owner, job_id: int) -> bool:
         return job_id in self._of_owner.get(owner, ())
+
+    def job(self, owner: Owner, job_id: int) -> ActiveJob | None:
+        """``owner``'s job ``job_id``; None when ``owner`` holds no such job (another's, or ended)."""
+        return self._of_owner.get(owner, {}).get(job_id)
 
     def processes(self) -> int:
         """How many pidfds are open for jobs."""

@@ -1,4 +1,4 @@
-"""What the pin controller keeps of a job: the job it holds, and its end."""
+"""What the controller keeps of a job: the job it holds, and its end."""
 
 from __future__ import annotations
 

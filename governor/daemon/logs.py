@@ -12,7 +12,7 @@ that led to it.
 Without systemd-python (installed with ``EXTRAS=``) under systemd, stderr is the journal's stream: each line then
 starts with its syslog priority, ``<3>`` for an error (sd-daemon(3)), so ``journalctl -p warning`` still finds
 errors. That stream carries no fields, so a warning's or error's code location is written into its message
-(``[pins.py:212]``); info lines, the daemon's running story, go without it.
+(``[controller.py:212]``); info lines, the daemon's running story, go without it.
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ from governor.backends import rails as rails_mod
 from governor.backends.base import describe_text
 from governor.config import Config, default_ffg_hz, default_model_path, load_config, store_path
 from governor.daemon import admission, logs, tuning
+from governor.daemon.controller import Controller
 from governor.daemon.listen import bind_socket
 from governor.daemon.notify import Notifier, listen_fds
-from governor.daemon.pins import PinController
 from governor.daemon.reload import Reloader
 from governor.daemon.server import Server
 from governor.daemon.settings import PinSettings
@@ -217,7 +217,7 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[
 
 
 def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], Config] | None) -> None:
-    """Find the GPUs, build the pin controller and the server, and serve on sock until stopped. The socket is bound
+    """Find the GPUs, build the controller and the server, and serve on sock until stopped. The socket is bound
     already: clients that connect meanwhile wait in its queue."""
     notifier = Notifier()
     root = trusted_root(config.sysfs_root)
@@ -243,15 +243,15 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
     policy = build_policy(config, gpus)
     boot = boot_id(root)
     recorder, starts = _store_users(config, root, boot)
-    tuner = tuning.TunerAttach(config.tuner, starts)
+    tuner = tuning.TunerAttach(starts)
     ticker = Ticker(notifier, config.sample_interval_s)
-    pins = PinController(gpus, PinSettings.from_config(config, policy), StateFile(config.state_dir), boot,
-                         rails=rails, listeners=(ticker.changed,), defer=defer_on_loop, attach_tuner=tuner,
-                         plan_tune=tuner.plan, recorder=recorder, missing_why=missing_why)
+    controller = Controller(gpus, PinSettings.from_config(config, policy), StateFile(config.state_dir), boot,
+                            rails=rails, listeners=(ticker.changed,), defer=defer_on_loop, attach_tuner=tuner,
+                            plan_tune=tuner.plan, recorder=recorder, missing_why=missing_why)
     reloader = None
     if load_config_again is not None:
-        reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus), tuner)
-    server = Server(pins, config, notifier, ticker, reloader, probe=lambda: probe_gpus(config, root),
+        reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus))
+    server = Server(controller, config, notifier, ticker, reloader, probe=lambda: probe_gpus(config, root),
                     node_wait_s=node_wait_s)
 
     sock.setblocking(False)

@@ -4,7 +4,7 @@ have their own). ftgovd never pins above the max found before its first pin unle
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Protocol
 
@@ -25,16 +25,16 @@ class Pinned(Protocol):
 
 
 class PowerModeCap:
-    """pin_above(): pin_above_power_mode in the settings in force (a reload may change it)."""
+    """pin_above: pin_above_power_mode in the settings in force (the controller sets it again on a reload)."""
 
-    def __init__(self, gpus: Mapping[str, Pinned], pin_above: Callable[[], bool] = lambda: False):
-        self.gpus = gpus  # the PinController's, shared: a baseline taken there is the cap here
+    def __init__(self, gpus: Mapping[str, Pinned], pin_above: bool = False):
+        self.gpus = gpus  # the controller's, shared: a baseline taken there is the cap here
         self.pin_above = pin_above
 
     def ceiling_hz(self, gpu_id: str) -> int | None:
         """The highest clock a pin may take: the max_freq found before our first pin, which is the power mode's cap
         (nvpmodel writes it: AGX Orin MODE_30W 612 MHz), unless pin_above_power_mode. None: no ceiling."""
-        if self.pin_above():
+        if self.pin_above:
             return None
         ctl = self.gpus[gpu_id]
         if ctl.baseline is not None:
@@ -60,7 +60,7 @@ class PowerModeCap:
         """What a pin of target_hz may write: itself, or the highest level under the cap of ctl's baseline (taken
         before its first pin, or what another tool set since: governor.daemon.checks). Every pin goes through it,
         so a tuner's next level or a re-applied pin stays under a power mode that changed after the decision."""
-        if self.pin_above() or ctl.baseline is None or target_hz <= ctl.baseline.max_hz:
+        if self.pin_above or ctl.baseline is None or target_hz <= ctl.baseline.max_hz:
             return target_hz
         return self._under(ctl.gpu.id, ctl.baseline.max_hz)[-1]
 

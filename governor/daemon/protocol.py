@@ -123,7 +123,7 @@ METHODS: dict[str, type[_Params]] = {
     "status": EmptyParams,
     "predict": FeatureParams,
     "ping": EmptyParams,
-    "pin_check": EmptyParams,  # `ftgov doctor`: can the daemon pin each GPU? (PinController.pin_check)
+    "pin_check": EmptyParams,  # `ftgov doctor`: can the daemon pin each GPU? (Controller.pin_check)
 }
 
 

@@ -31,9 +31,9 @@ class Coalescer:
                  clock: Callable[[], float] = time.monotonic):
         self.defer, self.interval_s, self.clock = defer, interval_s, clock
         self.last_s: dict[Hashable, float] = {}
-        self.pending: dict[Hashable, Callable[[], None]] = {}
+        self.pending: dict[Hashable, Callable[[], object]] = {}
 
-    def request(self, key: Hashable, fn: Callable[[], None], later: Callable[[], None] | None = None) -> float:
+    def request(self, key: Hashable, fn: Callable[[], object], later: Callable[[], object] | None = None) -> float:
         """Run fn now (returns 0.0; its exceptions reach the caller) or, at the window's end, ``later`` (fn when
         None; returns the seconds until then; replaces an earlier pending one of this key)."""
         now = self.clock()

@@ -1,6 +1,6 @@
 """The daemon's side of the measurement store (governor.store.measurements).
 
-The Recorder turns each job the pin controller ends into a record, on the event loop, copying fields only (the
+The Recorder turns each job the controller ends into a record, on the event loop, copying fields only (the
 board's identity is read once at start; the tuner's windows come from the job's tuner, which keeps each closed
 window); the StoreWriter commits records on a thread of its own.
 """
@@ -70,7 +70,7 @@ class Recorder:
         return self._identity[gpu.id]
 
     def job_ended(self, ended, gpu: Gpu, policy: Policy) -> None:
-        """Called by the pin controller for every job that ends, with the job's GPU and the policy in force; never
+        """Called by the controller for every job that ends, with the job's GPU and the policy in force; never
         raises (a record is not worth a job's pin)."""
         try:
             rec = self.record(ended, gpu, policy)

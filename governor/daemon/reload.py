@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 from governor.config import Config
 from governor.daemon.settings import PinSettings
-from governor.daemon.tuning import TunerAttach
 from governor.errors import FtgovError
 from governor.policy import Policy
 
@@ -28,10 +27,9 @@ AT_START_ONLY = ("socket", "sysfs_root", "state_dir", "backend", "node_wait_s", 
 
 
 class Reloader:
-    def __init__(self, load: Callable[[], Config], build_policy: Callable[[Config], Policy], tuner: TunerAttach):
+    def __init__(self, load: Callable[[], Config], build_policy: Callable[[Config], Policy]):
         self.load = load
         self.build_policy = build_policy
-        self.tuner = tuner
 
     def __call__(self, server: Server) -> None:
         notifier = server.notifier
@@ -42,9 +40,8 @@ class Reloader:
             log.error("reload refused: %s; the running config and model stay", e)
             notifier.send(f"READY=1\nSTATUS=reload refused: {e}")
             return
-        pins = server.pins
-        pins.configure(PinSettings.from_config(new, policy))
-        self.tuner.cfg = new.tuner
+        controller = server.controller
+        controller.configure(PinSettings.from_config(new, policy))
         server.ticker.sample_interval_s = new.sample_interval_s
         server.config = new
         # The connection limits (root's reserve, per uid) are read at each accept; an idle timeout also applies to the
@@ -54,8 +51,8 @@ class Reloader:
                 conn.idle.set_timeout(new.limits.idle_timeout_s)
         for name in ("ftgovd", "governor", "asyncio"):  # the daemon's loggers (governor.daemon.main.route_loggers)
             logging.getLogger(name).setLevel(new.log_level.upper())
-        log.info("config and model reloaded: policy %s; %d running job(s) keep their pins", pins.policy.name,
-                 len(pins.jobs))
+        log.info("config and model reloaded: policy %s; %d running job(s) keep their pins",
+                 controller.policy.name, len(controller.jobs))
         notifier.send(f"READY=1\nSTATUS=config reloaded; {server.status_line()}")
 
     def _checked(self, server: Server) -> tuple[Config, Policy]:
@@ -67,6 +64,6 @@ class Reloader:
                         ", ".join(kept))
             new = new.model_copy(update={k: getattr(old, k) for k in kept})
         policy = self.build_policy(new)
-        if policy.fallback_reason and not server.pins.policy.fallback_reason:
+        if policy.fallback_reason and not server.controller.policy.fallback_reason:
             raise FtgovError(f"the new model cannot be used ({policy.fallback_reason})")
         return new, policy

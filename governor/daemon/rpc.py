@@ -12,11 +12,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from governor.backends.gpuid import GpuNotFound
 from governor.config import Config
 from governor.daemon import peers, ratelimit, redact, status
+from governor.daemon.controller import MEASURING, Controller
 from governor.daemon.holds import Holds, summary
 from governor.daemon.jobs import ActiveJob
-from governor.daemon.pins import PinController
+from governor.daemon.jobtable import TableFull
 from governor.daemon.protocol import RpcFault
 from governor.daemon.utilization import measure_load_pct
 from governor.errors import INVALID_PARAMS, LIMIT_EXCEEDED, PERMISSION_DENIED, SERVER_ERROR, UNKNOWN_JOB, FtgovError
@@ -31,17 +33,14 @@ log = logging.getLogger("ftgovd")
 # A pin check writes the pin twice and saves the state file twice: a member may ask for one a second (root always).
 PIN_CHECK_INTERVAL_S = 1.0
 
-MEASURING = ("waiting for gpu_util, which this decision needs: it is measured over the job's first training steps "
-             "(or after a settling delay without progress reports); no pin until then, the default governor runs")
-
 
 class Methods:
     """config(): the config in force (reload replaces it). redecide: coalesces a job's re-decisions. gpu_search():
     how the daemon looks for a GPU while it has none, for the error that says so."""
 
-    def __init__(self, pins: PinController, holds: Holds, sampler: UtilizationSampler, redecide: ratelimit.Coalescer,
-                 config: Callable[[], Config], gpu_search: Callable[[], str]):
-        self.pins = pins
+    def __init__(self, controller: Controller, holds: Holds, sampler: UtilizationSampler,
+                 redecide: ratelimit.Coalescer, config: Callable[[], Config], gpu_search: Callable[[], str]):
+        self.controller = controller
         self.holds = holds
         self.sampler = sampler
         self.redecide = redecide
@@ -61,10 +60,10 @@ class Methods:
         return {}
 
     def rpc_status(self, conn: Connection, params) -> dict:
-        return redact.status_for(status.status(self.pins), conn.peer.uid)
+        return redact.status_for(status.status(self.controller), conn.peer.uid)
 
     def _no_gpu(self) -> RpcFault:
-        return RpcFault(SERVER_ERROR, f"no GPU to govern yet ({self.pins.missing_why}); {self._gpu_search()}: "
+        return RpcFault(SERVER_ERROR, f"no GPU to govern yet ({self.controller.missing_why}); {self._gpu_search()}: "
                         "training runs on at the default clocks")
 
     def rpc_pin_check(self, conn: Connection, params) -> dict:
@@ -77,7 +76,7 @@ class Methods:
                                f"saves the state file); try again in {wait_s:.1f} s")
             self._pin_checked_s[uid] = now_s
         log.info("pin check requested by uid %d (pid %d)", conn.peer.uid, conn.peer.pid)
-        return {"gpus": self.pins.pin_check()}
+        return {"gpus": self.controller.pin_check()}
 
     def _registration_allowed(self, uid: int, limits) -> None:
         """A member registering and ending jobs in a loop drives a pin write and a state save per registration and
@@ -95,102 +94,89 @@ class Methods:
                            f"{wait_s:.1f} s")
 
     def rpc_predict(self, conn: Connection, params):
-        if not self.pins.gpus:
+        ctl = self.controller
+        if not ctl.gpus:
             raise self._no_gpu()
         features = params.features()
-        gid = self.pins.default_gpu()
-        if features.gpu_util is None and self.pins.policy.needs_gpu_util(features):
+        if features.gpu_util is None and ctl.policy.needs_gpu_util(features):
             # The GPU's load now, for want of the job's: the answer says so (register measures it while it trains).
-            return self._predict_measured(features, gid)
-        return self._predict(features, gid, "")
+            return self._predict_measured(features)
+        return self._predicted(ctl.predict(features))
 
-    async def _predict_measured(self, features, gid: str) -> dict:
-        util_pct, why = await measure_load_pct(self.pins.gpus[gid].gpu, self.config.util_sample_s)
-        return self._predict(features.model_copy(update={"gpu_util": util_pct}), gid, why)
+    async def _predict_measured(self, features) -> dict:
+        ctl = self.controller
+        util_pct, why = await measure_load_pct(ctl.gpus[ctl.default_gpu()].gpu, self.config.util_sample_s)
+        return self._predicted(ctl.predict(features.model_copy(update={"gpu_util": util_pct}), why))
 
-    def _predict(self, features, gid: str, why: str) -> dict:
-        d = self.pins.power_mode.within(gid, self.pins.policy.decide(features, self.pins.gpus[gid].gpu.levels_hz))
-        return {"policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason + (f"; {why}" if why else "")}
+    @staticmethod
+    def _predicted(d) -> dict:
+        return {"policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason}
 
     def rpc_register(self, conn: Connection, params):
-        if not self.pins.gpus:
+        """Limits, then the process the job is held by, then the controller's decision, then the hold."""
+        ctl = self.controller
+        if not ctl.gpus:
             raise self._no_gpu()
         limits = self.config.limits
-        if conn.peer.uid != 0:
-            self._registration_allowed(conn.peer.uid, limits)
-        if self.holds.count(conn) >= limits.max_jobs_per_connection:
-            raise RpcFault(LIMIT_EXCEEDED, f"this connection already holds {self.holds.count(conn)} jobs "
+        peer = conn.peer
+        if peer.uid != 0:
+            self._registration_allowed(peer.uid, limits)
+        held_by_conn = self.holds.count(conn)
+        if held_by_conn >= limits.max_jobs_per_connection:
+            raise RpcFault(LIMIT_EXCEEDED, f"this connection already holds {held_by_conn} jobs "
                            "(limits.max_jobs_per_connection)")
-        held_by_uid = sum(1 for j in self.pins.jobs.values() if j.uid == conn.peer.uid)
+        held_by_uid = ctl.jobs.of_uid(peer.uid)
         if held_by_uid >= limits.max_jobs_per_uid:
-            raise RpcFault(LIMIT_EXCEEDED, f"uid {conn.peer.uid} already holds {held_by_uid} jobs "
+            raise RpcFault(LIMIT_EXCEEDED, f"uid {peer.uid} already holds {held_by_uid} jobs "
                            "(limits.max_jobs_per_uid)")
-        pid = params.pid or conn.peer.pid
+        pid = params.pid or peer.pid
         try:
-            held = peers.process_for_job(conn.process, conn.peer, params.pid)
+            held = peers.process_for_job(conn.process, peer, params.pid)
         except peers.NotTheirs as e:
-            if conn.peer.uid != 0:  # whose a process is stays the kernel's to tell (hidepid): the log has it
-                log.info("uid %d: register pid %s refused: %s", conn.peer.uid, pid, e)
+            if peer.uid != 0:  # whose a process is stays the kernel's to tell (hidepid): the log has it
+                log.info("uid %d: register pid %s refused: %s", peer.uid, pid, e)
                 raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} is not yours", {"field": "pid"}) from e
             raise RpcFault(PERMISSION_DENIED, f"pid: {e}", {"field": "pid"}) from e
         except peers.ProcessGone as e:
             raise RpcFault(INVALID_PARAMS, f"pid: {e}", {"field": "pid"}) from e
         try:
-            job = self._admit(conn, params, pid, held)
+            job, measuring = self._register(peer, params, pid, held)
+            self.holds.hold(job, held, conn)
         except BaseException:  # any failure, a bug's too: the pidfd goes with it (a leak per request exhausts fds)
             held.close()
             raise
-        job.total_steps = params.total_steps
-        self.holds.hold(job, held, conn)
-        if job.features.gpu_util is None and self.pins.policy.needs_gpu_util(job.features, job.policy):
-            decision = self.pins.hold_unpinned(job, MEASURING)
-            self.sampler.start(job)
-            return self._registered(job, decision)
-        reply = self._decide_new(conn, job, "")
-        self._record_util(job)
-        return reply
-
-    def _record_util(self, job: ActiveJob) -> None:
-        """A job decided without its gpu_util has it measured anyway, for status and the store."""
+        # A job decided without its gpu_util has it measured anyway, for status and the store.
         if job.features.gpu_util is None:
-            self.sampler.start(job, decide=False)
+            self.sampler.start(job, decide=measuring)
+        d = job.decision
+        assert d is not None, "registered: decided, or held unpinned"
+        return {"job_id": job.job_id, "policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason,
+                "gpu": job.gpu_id, "gpu_util": job.features.gpu_util}
 
-    def _admit(self, conn: Connection, params, pid: int, held: peers.HeldProcess) -> ActiveJob:
-        """The job of a registration whose process is held (the caller releases ``held`` if this raises)."""
-        if conn.peer.uid != 0 and held.uid != conn.peer.uid:
-            raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} is not yours (uid {conn.peer.uid})",
+    def _register(self, peer: peers.Peer, params, pid: int, held: peers.HeldProcess) -> tuple[ActiveJob, bool]:
+        """The controller's job for a registration whose process is held (the caller releases ``held`` if this
+        raises), and whether its decision waits for its gpu_util."""
+        if peer.uid != 0 and held.uid != peer.uid:
+            raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} is not yours (uid {peer.uid})",
                            {"field": "pid"})
-        if params.tune and self.pins.policy.name is PolicyName.OBSERVE:
+        ctl = self.controller
+        if params.tune and ctl.settings.policy.name is PolicyName.OBSERVE:
             raise RpcFault(INVALID_PARAMS, "tune: this daemon runs the observe policy and pins nothing",
                            {"field": "tune"})
         try:
-            gpu_id = self.pins.find_gpu(params.gpu)
-        except FtgovError as e:
+            return ctl.register(pid=pid, start_ticks=held.start_ticks, uid=peer.uid, name=params.name,
+                                gpu=params.gpu, features=params.features(),
+                                policy=PolicyName.TUNE if params.tune else None, total_steps=params.total_steps)
+        except GpuNotFound as e:
             raise RpcFault(INVALID_PARAMS, f"gpu: {e}", {"field": "gpu"}) from e
-        try:
-            return self.pins.admit(pid=pid, start_ticks=held.start_ticks, uid=conn.peer.uid, name=params.name,
-                                   gpu_id=gpu_id, features=params.features(),
-                                   policy=PolicyName.TUNE if params.tune else None)
-        except FtgovError as e:
+        except TableFull as e:
             raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
 
-    def _decide_new(self, conn: Connection, job: ActiveJob, why: str) -> dict:
-        try:
-            decision = self.pins.decide(job, why_util=why)
-        except FtgovError:
-            self.holds.release(job.job_id)  # the pin controller dropped the job
-            raise
-        return self._registered(job, decision)
-
-    @staticmethod
-    def _registered(job: ActiveJob, decision) -> dict:
-        return {"job_id": job.job_id, "policy": decision.label, "freq_hz": decision.freq_hz,
-                "reason": decision.reason, "gpu": job.gpu_id, "gpu_util": job.features.gpu_util}
-
     def _own_job(self, conn: Connection, job_id: int) -> ActiveJob:
-        if not self.holds.held_by(conn, job_id):
+        job = self.holds.job(conn, job_id)
+        if job is None:
             raise RpcFault(UNKNOWN_JOB, f"job_id: no job {job_id} on this connection", {"field": "job_id"})
-        return self.pins.jobs[job_id]
+        return job
 
     def rpc_update(self, conn: Connection, params) -> dict:
         job = self._own_job(conn, params.job_id)
@@ -210,24 +196,25 @@ class Methods:
     def _redecide(self, job: ActiveJob, old) -> None:
         """Decide again on the job's changed features, at once or when the coalescer's window ends
         (governor.daemon.ratelimit); ``old`` is put back when the pin fails."""
-        if job.job_id not in self.pins.jobs:  # ended while the re-decision waited
+        ctl = self.controller
+        if job.job_id not in ctl.jobs:  # ended while the re-decision waited
             return
         sampler = self.sampler
-        if job.features.gpu_util is None and self.pins.policy.needs_gpu_util(job.features, job.policy):
+        if ctl.needs_gpu_util(job):
             if not sampler.waiting(job):  # a new seq_len leads the tree to a gpu_util test: measure it
-                self.pins.hold_unpinned(job, MEASURING)
+                ctl.hold_unpinned(job, MEASURING)
                 sampler.start(job)
             return
         waited = sampler.waiting(job)
         if waited or job.features.gpu_util is not None:
             sampler.forget(job.job_id)  # the client sent gpu_util, or the decision no longer waits for it
         try:
-            self.pins.decide(job)
+            ctl.decide(job)
         except FtgovError:
             job.features = old
             raise
-        if waited:
-            self._record_util(job)
+        if waited and job.features.gpu_util is None:
+            self.sampler.start(job, decide=False)  # measured anyway, for status and the store
 
     def rpc_progress(self, conn: Connection, params) -> dict:
         job = self._own_job(conn, params.job_id)
@@ -237,23 +224,21 @@ class Methods:
         elif params.steps > job.steps:
             job.step_end_s = None  # a client that stopped sending them: this report's steps have no time
         job.steps = max(job.steps, params.steps)
-        if params.total_steps is not None and params.total_steps != job.total_steps:
+        total_steps_changed = params.total_steps is not None and params.total_steps != job.total_steps
+        if total_steps_changed:
             job.total_steps = params.total_steps
-            if job.tuner is not None:
-                job.tuner.set_total_steps(self.pins, job)
-        self.pins.set_phase(job, params.phase)
-        self.sampler.progress(job, params.phase)
-        if job.tuner is not None:
-            job.tuner.progress(self.pins, job)
+        self.controller.progress(job, params.phase, total_steps_changed=total_steps_changed)
+        self.sampler.progress(job, params.phase)  # reads the load only: the board follows a pin on its own time
         return {}
 
     def rpc_unregister(self, conn: Connection, params) -> dict:
         kept = self.holds.take_ended(conn, params.job_id)  # its process exited first: the summary kept then
         if kept is not None:
             return kept
-        self._own_job(conn, params.job_id)
+        if not self.holds.held_by(conn, params.job_id):
+            raise RpcFault(UNKNOWN_JOB, f"job_id: no job {params.job_id} on this connection", {"field": "job_id"})
         ended = self.holds.end(params.job_id, "unregistered")
-        assert ended is not None, "_own_job found it in the table"
+        assert ended is not None, "a job held by a connection is in the table"
         return summary(ended)
 
 

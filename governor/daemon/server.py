@@ -23,16 +23,15 @@ from governor.backends.base import describe_text
 from governor.config import Config
 from governor.daemon import admission, peers, ratelimit
 from governor.daemon.connection import READ_CHUNK, Connection
+from governor.daemon.controller import Controller
 from governor.daemon.holds import Holds
 from governor.daemon.jobs import Ended
 from governor.daemon.notify import Notifier
-from governor.daemon.pins import PinController
 from governor.daemon.protocol import RpcFault
 from governor.daemon.rpc import Methods
 from governor.daemon.ticks import Ticker, defer_on_loop, status_line
 from governor.daemon.utilization import UtilizationSampler
 from governor.errors import LIMIT_EXCEEDED, PERMISSION_DENIED, FtgovError
-from governor.store import state as state_mod
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
@@ -41,12 +40,12 @@ NODE_WAIT_PROBE_S = 1.0  # how often a GPU node is probed for while it is awaite
 
 
 class Server:
-    """``ticker`` must be one of the PinController's listeners (main builds both): it turns changes into STATUS=."""
+    """``ticker`` must be one of the controller's listeners (main builds both): it turns changes into STATUS=."""
 
-    def __init__(self, pins: PinController, config: Config, notifier: Notifier, ticker: Ticker,
+    def __init__(self, controller: Controller, config: Config, notifier: Notifier, ticker: Ticker,
                  reload: Callable[[Server], None] | None = None,
                  probe: Callable[[], list | None] | None = None, node_wait_s: float = 0.0):
-        self.pins = pins
+        self.controller = controller
         self.probe = probe  # finds the GPUs again while none is governed (governor.daemon.main.probe_gpus)
         self.node_wait_s = node_wait_s  # with no GPU at start: how long its node is awaited, probing every second
         self._node_deadline: float | None = None  # loop time the wait ends; None: not waiting
@@ -54,11 +53,13 @@ class Server:
         self.config = config
         self.notifier = notifier
         self.ticker = ticker
-        self.sampler = UtilizationSampler(pins, lambda: self.config)
+        self.sampler = UtilizationSampler(controller, lambda: self.config)
         # A client's updates re-decide its job at most about once a second (each is a pin write and a state save).
         self.redecide = ratelimit.Coalescer(defer_on_loop)
         self.holds = Holds(self._job_ended)
-        self.methods = Methods(pins, self.holds, self.sampler, self.redecide, lambda: self.config, self._gpu_search)
+        self.methods = Methods(controller, self.holds, self.sampler, self.redecide, lambda: self.config,
+                               self._gpu_search)
+        self.call = self.methods.call  # a connection's requests go straight to the RPC methods
         self.conns: set[Connection] = set()
         self.conns_per_uid: Counter[int] = Counter()
         # One read buffer for every connection: see Connection.get_buffer.
@@ -74,10 +75,8 @@ class Server:
     # ---- start-up and shutdown --------------------------------------------------------------------------------------
     def adopt_leftovers(self) -> None:
         """Before serving: take back the state a previous daemon of this boot left, with the jobs whose processes
-        still run (each held again, with its recorded start time against PID reuse); the pin controller re-applies."""
-        # Only what fits these GPUs is acted on (a baseline within the GPU's table, no job on pid 0 or 1).
-        state = state_mod.checked(self.pins.state_file.read(self.pins.boot_id),
-                                  {gid: c.gpu.levels_hz for gid, c in self.pins.gpus.items()})
+        still run (each held again, with its recorded start time against PID reuse); the controller re-applies."""
+        state = self.controller.leftovers()
         if state is None:
             return
         live, held = [], {}
@@ -88,11 +87,11 @@ class Server:
                 log.info("job %d from before the restart is gone: %s", rec.job_id, e)
                 continue
             live.append(rec)
-        for job in self.pins.adopt(dataclasses.replace(state, jobs=live)):
+        for job in self.controller.adopt(dataclasses.replace(state, jobs=live)):
             self.holds.hold(job, held[job.job_id])
             if job.features.gpu_util is None and job.freq_hz is None:  # it was waiting for its measurement
                 self.sampler.start(job)
-        self.ticker.changed(self.pins)  # starts the tick, which retries a restore that failed just now
+        self.ticker.changed(self.controller)  # starts the tick, which retries a restore that failed just now
 
     async def serve(self, listen_sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -113,9 +112,9 @@ class Server:
         # cyclic garbage collector from walking it again on every collection, which showed as latency spikes.
         gc.freeze()
         self.notifier.ready(self.status_line())
-        log.info("ftgovd ready on %s (policy %s)", listen_sock.getsockname(), self.pins.policy.name)
+        log.info("ftgovd ready on %s (policy %s)", listen_sock.getsockname(), self.controller.policy.name)
         self.ticker.start_watchdog()
-        if not self.pins.gpus and self.probe is not None:
+        if not self.controller.gpus and self.probe is not None:
             if self.node_wait_s > 0:
                 self._node_deadline = loop.time() + self.node_wait_s
             loop.call_later(self._probe_interval_s(), self._probe_again)
@@ -169,14 +168,14 @@ class Server:
                 why += f" (waited {self.node_wait_s:g} s; node_wait_s in the config)"
                 log.error("no GPU to govern: %s; serving without one and probing again every %g s (probe_retry_s)",
                           why, self.config.probe_retry_s)
-                self.pins.no_gpu(why)
+                self.controller.no_gpu(why)
             loop.call_later(self._probe_interval_s(), self._probe_again)
             return
         self._node_deadline = None
         for gpu in gpus:
             log.info("GPU %s found: %s, levels %s MHz; governing it from now", gpu.id, describe_text(gpu),
                      " ".join(mhz(hz, unit=False) for hz in gpu.levels_hz))
-        self.pins.add_gpus(gpus)
+        self.controller.add_gpus(gpus)
 
     def _reload(self) -> None:
         if self.reload is None:
@@ -190,16 +189,16 @@ class Server:
     def shutdown(self) -> None:
         self.ticker.stop()
         if self.config.restore_on_stop:
-            for job_id in list(self.pins.jobs):
+            for job_id in list(self.controller.jobs):
                 self.holds.end(job_id, "daemon stopping")
-            self.pins.reapply()
-        elif any(c.pinned_hz is not None for c in self.pins.gpus.values()):
+            self.controller.reapply()
+        elif self.controller.holds_pins():
             log.info("restore_on_stop is false: leaving %d job(s) and the pin in place for the next start",
-                     len(self.pins.jobs))
-        self.pins.flush()  # a save still waiting for its timer: the next start re-adopts from this file
+                     len(self.controller.jobs))
+        self.controller.flush()  # a save still waiting for its timer: the next start re-adopts from this file
 
     def status_line(self) -> str:
-        return status_line(self.pins)
+        return status_line(self.controller)
 
     # ---- connections ------------------------------------------------------------------------------------------------
     def _authorized(self, peer: peers.Peer, sock: socket.socket, process: peers.HeldProcess | None) -> bool:
@@ -239,11 +238,8 @@ class Server:
     def idle_timeout_s(self) -> float:
         return self.config.limits.idle_timeout_s
 
-    def call(self, conn: Connection, method: str, params):
-        return self.methods.call(conn, method, params)
-
     def _job_ended(self, job_id: int, why: str) -> Ended | None:
         """A job's end, once holds has released it: what waits for its measurements goes, then its pin."""
         self.sampler.forget(job_id)
         self.redecide.forget(job_id)
-        return self.pins.end(job_id, why)
+        return self.controller.end(job_id, why)

@@ -4,31 +4,31 @@ from __future__ import annotations
 
 import time
 
-from governor.daemon.pins import PinController
+from governor.daemon.controller import Controller
 from governor.errors import BackendError
 
 
-def status(pins: PinController) -> dict:
+def status(ctl: Controller) -> dict:
     """What the status method answers: the policy, each GPU's reading and pin, each job, the board's power."""
     gpus = []
-    for gid, ctl in pins.gpus.items():
+    for gid, pin in ctl.gpus.items():
         try:
-            reading = ctl.gpu.read().to_dict()
+            reading = pin.gpu.read().to_dict()
         except BackendError as e:
             reading = {"error": str(e)}
-        gpus.append({"id": gid, **ctl.gpu.describe(), "available_hz": list(ctl.gpu.levels_hz), **reading,
-                     "pinned_hz": ctl.pinned_hz, "stood_down": ctl.stood_down, "throttled_hz": ctl.throttled_hz,
-                     "baseline_min_hz": ctl.baseline.min_hz if ctl.baseline else None,
-                     "baseline_max_hz": ctl.baseline.max_hz if ctl.baseline else None})
+        gpus.append({"id": gid, **pin.gpu.describe(), "available_hz": list(pin.gpu.levels_hz), **reading,
+                     "pinned_hz": pin.pinned_hz, "stood_down": pin.stood_down, "throttled_hz": pin.throttled_hz,
+                     "baseline_min_hz": pin.baseline.min_hz if pin.baseline else None,
+                     "baseline_max_hz": pin.baseline.max_hz if pin.baseline else None})
     power = None
-    if pins.rails is not None:
+    if ctl.rails is not None:
         try:
-            power = pins.rails.read_mw()
+            power = ctl.rails.read_mw()
         except BackendError:
             power = None
     now = time.monotonic()
     jobs = []
-    for j in pins.jobs.values():
+    for j in ctl.jobs.values():
         energy = j.energy_so_far_j()
         jobs.append({"job_id": j.job_id, "name": j.name, "pid": j.pid, "uid": j.uid, "gpu": j.gpu_id,
                      "policy": j.decision.label if j.decision else None, "freq_hz": j.freq_hz,
@@ -38,7 +38,7 @@ def status(pins: PinController) -> dict:
                      "energy_j": energy, "adopted": j.adopted,
                      "tuner": j.tuner.describe() if j.tuner is not None else None,
                      "saving": j.tuner.saving() if j.tuner is not None else None})
-    return {"policy": pins.policy.name.value, "jobs": jobs, "gpus": gpus, "gpu_missing": pins.missing_why,
+    return {"policy": ctl.policy.name.value, "jobs": jobs, "gpus": gpus, "gpu_missing": ctl.missing_why,
             "power_mw": power,
-            "energy_rails": pins.rails.energy_rails if pins.rails else [], "energy_source": pins.energy.source(),
-            "store": pins.recorder.status() if pins.recorder is not None else None}
+            "energy_rails": ctl.rails.energy_rails if ctl.rails else [], "energy_source": ctl.energy.source(),
+            "store": ctl.recorder.status() if ctl.recorder is not None else None}

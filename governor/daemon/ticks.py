@@ -17,11 +17,11 @@ from governor.daemon.notify import Notifier
 from governor.units import mhz
 
 if TYPE_CHECKING:
-    from governor.daemon.pins import PinController
+    from governor.daemon.controller import Controller
 
 
 def defer_on_loop(fn: Callable[[], None], delay_s: float) -> None:
-    """The PinController's ``defer``: run fn on the running event loop after delay_s (next turn for 0)."""
+    """The Controller's ``defer``: run fn on the running event loop after delay_s (next turn for 0)."""
     loop = asyncio.get_running_loop()
     if delay_s > 0:
         loop.call_later(delay_s, fn)
@@ -30,7 +30,7 @@ def defer_on_loop(fn: Callable[[], None], delay_s: float) -> None:
 
 
 class Ticker:
-    """A listener of the PinController (``changed``): schedules the tick and one STATUS= per loop turn."""
+    """A listener of the Controller (``changed``): schedules the tick and one STATUS= per loop turn."""
 
     def __init__(self, notifier: Notifier, sample_interval_s: float):
         self.notifier = notifier
@@ -39,37 +39,38 @@ class Ticker:
         self._sampler: asyncio.TimerHandle | None = None
         self._status_pending = False
 
-    def changed(self, pins: PinController) -> None:
+    def changed(self, ctl: Controller) -> None:
         # One STATUS= per event-loop turn, however many changes a burst of requests made in it.
         loop = asyncio.get_running_loop()
         if not self._status_pending:
             self._status_pending = True
-            loop.call_soon(self._send_status, pins)
-        if self._tick is None and (pins.jobs or pins.pending_restores()):
-            self._tick = loop.call_later(self.sample_interval_s, self._on_tick, pins)
-        self._schedule_sampler(pins)
+            loop.call_soon(self._send_status, ctl)
+        busy = len(ctl.jobs) > 0
+        if self._tick is None and (busy or ctl.pending_restores()):
+            self._tick = loop.call_later(self.sample_interval_s, self._on_tick, ctl)
+        if busy:
+            self._schedule_sampler(ctl)
 
-    def _schedule_sampler(self, pins: PinController) -> None:
-        refresh_s = pins.energy.refresh_s
-        if self._sampler is None and pins.jobs and refresh_s:
-            self._sampler = asyncio.get_running_loop().call_later(refresh_s, self._on_sample, pins)
+    def _schedule_sampler(self, ctl: Controller) -> None:
+        """While jobs run (the caller checks): the rails' sampler, at the sensors' refresh."""
+        refresh_s = ctl.energy.refresh_s
+        if self._sampler is None and refresh_s:
+            self._sampler = asyncio.get_running_loop().call_later(refresh_s, self._on_sample, ctl)
 
-    def _on_sample(self, pins: PinController) -> None:
+    def _on_sample(self, ctl: Controller) -> None:
         self._sampler = None
-        pins.energy.sample(pins.jobs.values())
-        self._schedule_sampler(pins)
+        ctl.sample_energy()
+        if ctl.jobs:
+            self._schedule_sampler(ctl)
 
-    def _send_status(self, pins: PinController) -> None:
+    def _send_status(self, ctl: Controller) -> None:
         self._status_pending = False
-        self.notifier.status(status_line(pins))
+        self.notifier.status(status_line(ctl))
 
-    def _on_tick(self, pins: PinController) -> None:
+    def _on_tick(self, ctl: Controller) -> None:
         self._tick = None
-        pins.sample()
-        pins.check_pins()
-        if pins.pending_restores():
-            pins.retry()
-        self.changed(pins)
+        ctl.tick()
+        self.changed(ctl)
 
     def start_watchdog(self) -> None:
         if self.notifier.watchdog_s:
@@ -83,9 +84,9 @@ class Ticker:
         self._tick = self._sampler = None
 
 
-def status_line(pins: PinController) -> str:
+def status_line(ctl: Controller) -> str:
     states = [f"GPU {gid} {'pinned to ' + mhz(c.pinned_hz) if c.pinned_hz else 'at baseline'}"
-              for gid, c in pins.gpus.items()]
-    if not pins.gpus:
-        return f"{len(pins.jobs)} job(s); no GPU: {pins.missing_why or 'none found'}"
-    return f"{len(pins.jobs)} job(s); " + ", ".join(states)
+              for gid, c in ctl.gpus.items()]
+    if not ctl.gpus:
+        return f"{len(ctl.jobs)} job(s); no GPU: {ctl.missing_why or 'none found'}"
+    return f"{len(ctl.jobs)} job(s); " + ", ".join(states)

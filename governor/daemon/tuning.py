@@ -121,7 +121,7 @@ class JobTuner:
             return
         energy_j = self.energy_j(job)  # integrate at every report, shared or not, so the counter stays continuous
         points = self._points(job, energy_j)
-        shared = any(j.gpu_id == job.gpu_id and j is not job for j in gov.jobs.values())
+        shared = gov.jobs.shares_gpu(job)
         self._STEPS[self.state](self, gov, job, points, shared)
 
     def _waiting(self, gov, job, points: list, shared: bool) -> None:
@@ -252,7 +252,7 @@ class JobTuner:
                                                 meter_update_s=self.meter.update_s)
             self.status = "measuring the baseline window at the default governor"
             return
-        # The unpin may wait for the GPU's re-pin interval (PinController.set_freq): until then the steps run at the
+        # The unpin may wait for the GPU's re-pin interval (Controller.set_freq): until then the steps run at the
         # old pin, and the window starts over (warm-up first) at the first report after it.
         if gov.repin_pending(job.gpu_id):
             self._pin_waited = True
@@ -386,13 +386,12 @@ class JobTuner:
 
 
 class TunerAttach:
-    """The PinController's tuner hooks: ``plan`` picks a tuned job's start (and keeps it unpinned while its baseline
+    """The controller's tuner hooks: ``plan`` picks a tuned job's start (and keeps it unpinned while its baseline
     window runs); ``__call__`` (attach_tuner) gives a job whose policy is tune its JobTuner, after each decision and
-    when it is held unpinned. ``cfg`` is replaced when the config is reloaded; running tuners keep theirs.
-    ``starts``: the converged levels of past tuned jobs (set at start-up from the measurement store)."""
+    when it is held unpinned, with the tuner config of the controller's settings in force (a reload swaps them; running
+    tuners keep theirs). ``starts``: the converged levels of past tuned jobs (read at start-up from the store)."""
 
-    def __init__(self, cfg: TunerConfig, starts: TuneStarts | None = None):
-        self.cfg = cfg
+    def __init__(self, starts: TuneStarts | None = None):
         self.starts = starts if starts is not None else TuneStarts()
 
     def plan(self, gov, job, decision: Decision) -> Decision:
@@ -418,7 +417,7 @@ class TunerAttach:
         return Decision(decision.policy, start, reason, decision.fell_back_to)
 
     def __call__(self, gov, job) -> None:
-        attach(self.cfg, gov, job, self.starts)
+        attach(gov.settings.tuner, gov, job, self.starts)
 
 
 def attach(cfg: TunerConfig, gov, job, starts: TuneStarts | None = None) -> None:

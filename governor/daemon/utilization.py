@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from governor.config import Config
+from governor.daemon.controller import Controller
 from governor.daemon.jobs import ActiveJob
-from governor.daemon.pins import PinController
 from governor.errors import FtgovError
 from governor.units import mhz
 
@@ -52,8 +52,8 @@ class _Pending:
 class UtilizationSampler:
     """``config`` returns the config in force, so that a reload's util_* values apply to the next window."""
 
-    def __init__(self, pins: PinController, config: Callable[[], Config]):
-        self.pins = pins
+    def __init__(self, controller: Controller, config: Callable[[], Config]):
+        self.controller = controller
         self._config = config
         self._pending: dict[int, _Pending] = {}
 
@@ -112,11 +112,11 @@ class UtilizationSampler:
         self._sample(job_id, pending, loop.time() + self.sample_s, when)
 
     def _sample(self, job_id: int, pending: _Pending, deadline: float, when: str) -> None:
-        job = self.pins.jobs.get(job_id)
+        job = self.controller.jobs.get(job_id)
         if job is None or self._pending.get(job_id) is not pending:
             return  # ended meanwhile
         try:
-            load_pct = self.pins.gpus[job.gpu_id].gpu.read().load_pct
+            load_pct = self.controller.gpus[job.gpu_id].gpu.read().load_pct
         except FtgovError as e:
             log.debug("%s: cannot read the GPU's load: %s", job.label(), e)
             load_pct = None
@@ -156,7 +156,7 @@ class UtilizationSampler:
         else:
             util_pct = ASSUMED_UTIL_PCT
             why = f"gpu_util not given and the GPU reports no load: assumed {ASSUMED_UTIL_PCT:g}%"
-        pinned_hz = self.pins.gpus[job.gpu_id].pinned_hz
+        pinned_hz = self.controller.gpus[job.gpu_id].pinned_hz
         if not pending.decide:
             at = f"at the pin of {mhz(pinned_hz)}" if pinned_hz is not None else "at the default governor"
             why += f" ({at}; recorded only: the job's decision did not test gpu_util)"
@@ -167,7 +167,7 @@ class UtilizationSampler:
         if not pending.decide:
             return
         try:
-            self.pins.decide(job, why_util=why)
+            self.controller.decide(job, why_util=why)
         except FtgovError as e:  # the pin did not take: the job runs on unpinned, as a client would be told
             log.error("%s: could not pin after measuring gpu_util: %s; it runs at the default clocks", job.label(), e,
                       extra=job.fields())

@@ -31,7 +31,7 @@ class Recording(FakeGpu):
 
 def pin_of(gpu, events: list, pin_above: bool = False) -> GpuPin:
     pins: dict[str, GpuPin] = {}
-    pins[gpu.id] = GpuPin(gpu, PowerModeCap(pins, lambda: pin_above),
+    pins[gpu.id] = GpuPin(gpu, PowerModeCap(pins, pin_above),
                           lambda: events.append(("save", pins[gpu.id].baseline, pins[gpu.id].pinned_hz)))
     return pins[gpu.id]
 

@@ -64,13 +64,15 @@ def test_a_connection_holds_its_jobs_and_only_those(children):
     ends = Ends()
     holds = Holds(ends)
     a, b = object(), object()
-    job_of(ends, holds, 1, children(), a)
+    first = job_of(ends, holds, 1, children(), a)
     job_of(ends, holds, 2, children(), a)
     job_of(ends, holds, 3, children(), b)
     job_of(ends, holds, 4, children())  # re-adopted: held by its process only
     assert (holds.count(a), holds.count(b), holds.processes()) == (2, 1, 4)
     assert holds.held_by(a, 1) and not holds.held_by(b, 1) and not holds.held_by(a, 4)
+    assert holds.job(a, 1) is first and holds.job(b, 1) is None and holds.job(a, 4) is None
     holds.end_owner(a, "connection closed", os.getuid())
+    assert holds.job(a, 1) is None
     assert ends.calls == [(1, "connection closed"), (2, "connection closed")]
     assert (holds.count(a), holds.count(b), holds.processes()) == (0, 1, 2)
     holds.close()

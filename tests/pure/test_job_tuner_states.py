@@ -1,9 +1,9 @@
-"""governor.daemon.tuning.JobTuner's states, as progress reports move it, on a PinController over a GPU with an
+"""governor.daemon.tuning.JobTuner's states, as progress reports move it, on a Controller over a GPU with an
 energy counter."""
 
 from governor.backends.base import Limits
 from governor.config import TunerConfig
-from governor.daemon.pins import PinController
+from governor.daemon.controller import Controller
 from governor.daemon.settings import PinSettings
 from governor.daemon.tuning import TunerAttach, TunerState
 from governor.features import Features
@@ -35,20 +35,21 @@ class _CountingGpu(LimitsGpu):
 
 
 
-def _controller(tmp_path, gpu: _CountingGpu, baseline_window: bool = False) -> PinController:
-    attach = TunerAttach(TunerConfig(baseline_window=baseline_window))
-    return PinController([gpu], PinSettings(Policy(PolicyName.FFG, LEVELS[0], None)), StateFile(tmp_path / "state"),
-                         "boot-1", attach_tuner=attach, plan_tune=attach.plan)
+def _controller(tmp_path, gpu: _CountingGpu, baseline_window: bool = False) -> Controller:
+    attach = TunerAttach()
+    settings = PinSettings(Policy(PolicyName.FFG, LEVELS[0], None), tuner=TunerConfig(baseline_window=baseline_window))
+    return Controller([gpu], settings, StateFile(tmp_path / "state"), "boot-1", attach_tuner=attach,
+                      plan_tune=attach.plan)
 
 
-def _tuned_job(pins: PinController, pid: int):
+def _tuned_job(pins: Controller, pid: int):
     job = pins.admit(pid=pid, start_ticks=pid * 10, uid=1000, name=None, gpu_id="0", features=BERT,
                      policy=PolicyName.TUNE)
     pins.decide(job)
     return job
 
 
-def _report(pins: PinController, job, steps: int) -> TunerState:
+def _report(pins: Controller, job, steps: int) -> TunerState:
     job.steps = steps
     job.tuner.progress(pins, job)
     return job.tuner.state

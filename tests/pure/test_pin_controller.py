@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from governor.backends.base import GpuBase, Limits, Reading
-from governor.daemon.pins import PinController
+from governor.daemon.controller import Controller
 from governor.daemon.settings import PinSettings
 from governor.errors import FtgovError, PinError
 from governor.features import Features
@@ -62,16 +62,16 @@ def gpu():
 SETTINGS = {f.name for f in dataclasses.fields(PinSettings)}
 
 
-def controller(gpu, tmp_path, ffg_hz=714_000_000, **kwargs) -> PinController:
+def controller(gpu, tmp_path, ffg_hz=714_000_000, **kwargs) -> Controller:
     """A controller of ``gpu`` under the FFG policy; the keywords that name a setting go into its PinSettings."""
     settings = {k: kwargs.pop(k) for k in list(kwargs) if k in SETTINGS}
     if "low_phases" in settings:
         settings["low_phases"] = frozenset(settings["low_phases"])
     policy = Policy(PolicyName.FFG, ffg_hz, None)
-    return PinController([gpu], PinSettings(policy, **settings), StateFile(tmp_path / "state"), "boot-1", **kwargs)
+    return Controller([gpu], PinSettings(policy, **settings), StateFile(tmp_path / "state"), "boot-1", **kwargs)
 
 
-def job(pins: PinController, pid=100, features=ENCODER, **kwargs):
+def job(pins: Controller, pid=100, features=ENCODER, **kwargs):
     return pins.admit(pid=pid, start_ticks=5000 + pid, uid=1000, name=None, gpu_id="0", features=features, **kwargs)
 
 
@@ -132,7 +132,7 @@ def test_listeners_and_deferral_come_through_the_constructor(gpu, tmp_path):
     pins.decide(second)  # same pin: only the job list changed, so its save is deferred
     assert seen and deferred and deferred[-1][1] > 0
     deferred[-1][0]()
-    assert {r.job_id for r in pins.state_file.read("boot-1").jobs} == {j.job_id, second.job_id}
+    assert {r.job_id for r in pins.saver.state_file.read("boot-1").jobs} == {j.job_id, second.job_id}
 
 
 def test_deciding_attaches_the_tuner(gpu, tmp_path):
@@ -147,14 +147,14 @@ def test_adopt_takes_back_live_jobs_and_the_baseline(gpu, tmp_path):
     first = controller(gpu, tmp_path)
     j = job(first)
     first.decide(j)
-    state = first.state_file.read("boot-1")  # what a crashed daemon left: pinned, one job
+    state = first.saver.state_file.read("boot-1")  # what a crashed daemon left: pinned, one job
     assert state.gpus["0"].pinned_hz == 714_000_000 and state.jobs[0].start_ticks == 5100
 
     again = controller(gpu, tmp_path)
     adopted = again.adopt(state)
     assert [a.job_id for a in adopted] == [j.job_id] and adopted[0].adopted
     assert adopted[0].decision.label == "ffg" and again.gpus["0"].baseline == BASELINE
-    assert gpu.limits.max_hz == 714_000_000 and again.next_job_id == j.job_id + 1
+    assert gpu.limits.max_hz == 714_000_000 and again.jobs.next_job_id == j.job_id + 1
     again.end(j.job_id, "process exited")
     assert gpu.limits == BASELINE
 
@@ -166,7 +166,7 @@ def test_adopt_takes_back_more_live_jobs_than_a_lowered_max_jobs(gpu, tmp_path):
     first = controller(gpu, tmp_path)
     for pid in (100, 101, 102):
         first.decide(job(first, pid=pid))
-    state = first.state_file.read("boot-1")
+    state = first.saver.state_file.read("boot-1")
     again = controller(gpu, tmp_path, max_jobs=2)
     assert len(again.adopt(state)) == 3 and gpu.limits.max_hz == 714_000_000
     with pytest.raises(FtgovError, match="max_jobs"):
@@ -175,7 +175,7 @@ def test_adopt_takes_back_more_live_jobs_than_a_lowered_max_jobs(gpu, tmp_path):
 def test_adopt_with_no_live_job_restores(gpu, tmp_path):
     first = controller(gpu, tmp_path)
     first.decide(job(first))
-    state = first.state_file.read("boot-1")
+    state = first.saver.state_file.read("boot-1")
     state.jobs.clear()  # the server drops the records whose processes are gone
     again = controller(gpu, tmp_path)
     assert again.adopt(state) == []
@@ -208,10 +208,9 @@ def test_a_pick_above_the_power_modes_cap_is_moved_down_to_it(gpu, tmp_path):
 
 
 def test_a_tuned_job_off_devfreq_starts_at_the_top_and_its_end_logs_the_measured_saving(gpu, tmp_path, caplog):
-    from governor.config import TunerConfig
     from governor.daemon.tuning import TunerAttach
 
-    attach = TunerAttach(TunerConfig())
+    attach = TunerAttach()
     pins = controller(gpu, tmp_path, attach_tuner=attach, plan_tune=attach.plan)
     j = job(pins, policy=PolicyName.TUNE)
     decision = pins.decide(j)

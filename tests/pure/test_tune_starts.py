@@ -7,7 +7,7 @@ import pytest
 
 from governor.backends.base import Limits
 from governor.config import TunerConfig
-from governor.daemon.pins import PinController
+from governor.daemon.controller import Controller
 from governor.daemon.settings import PinSettings
 from governor.daemon.starts import KEPT_PER_SHAPE, MAX_SHAPES_PER_UID, TuneStarts
 from governor.daemon.tuning import TunerAttach
@@ -124,9 +124,10 @@ class _OneLevelGpu(LimitsGpu):
 
 @pytest.mark.parametrize("backend, kept", [("devfreq", 0), ("nvml", 1)])
 def test_converged_levels_are_kept_only_where_a_start_is_looked_up(tmp_path, backend, kept):
-    attach = TunerAttach(TunerConfig(baseline_window=False))
-    pins = PinController([_OneLevelGpu(backend)], PinSettings(Policy(PolicyName.FFG, LEVELS[0], None)),
-                         StateFile(tmp_path / "state"), "boot-1", attach_tuner=attach, plan_tune=attach.plan)
+    attach = TunerAttach()
+    settings = PinSettings(Policy(PolicyName.FFG, LEVELS[0], None), tuner=TunerConfig(baseline_window=False))
+    pins = Controller([_OneLevelGpu(backend)], settings, StateFile(tmp_path / "state"), "boot-1",
+                      attach_tuner=attach, plan_tune=attach.plan)
     job = pins.admit(pid=100, start_ticks=5100, uid=USER, name=None, gpu_id="0", features=BERT,
                      policy=PolicyName.TUNE)
     pins.decide(job)

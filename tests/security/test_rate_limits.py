@@ -262,7 +262,7 @@ def test_a_members_tuner_probes_move_the_pin_about_once_a_second(orin, start_dae
 
 
 def test_a_tuner_move_within_the_window_waits_for_it_and_its_windows_wait_for_the_pin(tmp_path):
-    from governor.daemon.pins import PinController
+    from governor.daemon.controller import Controller
     from governor.daemon.settings import PinSettings
     from governor.policy import Policy, PolicyName
     from governor.store.state import StateFile
@@ -270,9 +270,12 @@ def test_a_tuner_move_within_the_window_waits_for_it_and_its_windows_wait_for_th
 
     timers, clock = [], _Clock()
     gpu = FakeGpu()
-    pins = PinController([gpu], PinSettings(Policy(PolicyName.FFG, 714_000_000, None)), StateFile(tmp_path / "state"),
-                         "boot-1", defer=lambda fn, delay_s: timers.append(fn))
-    pins.phase_repins = ratelimit.Coalescer(pins.defer, 1.0, clock)
+    def defer(fn, delay_s):
+        timers.append(fn)
+
+    pins = Controller([gpu], PinSettings(Policy(PolicyName.FFG, 714_000_000, None)), StateFile(tmp_path / "state"),
+                      "boot-1", defer=defer)
+    pins.phase_repins = ratelimit.Coalescer(defer, 1.0, clock)
     job = pins.admit(pid=100, start_ticks=5100, uid=1000, name=None, gpu_id="0", features=ENCODER)
     pins.decide(job)
     pins.set_freq(job, 612_000_000, "tune: probing")  # the first move in the window: at once

@@ -218,7 +218,7 @@ def check_journal_fields() -> None:
     for field, want in (("POLICY", job["policy"]), ("JOB_NAME", "ftgov-ci-job1"), ("JOB_PID", str(pid))):
         expect(d.get(field) == want, f"decision entry has {field}={d.get(field)!r}, want {want!r}: {d}")
     # Where in the code a line comes from is kept (systemd-python sends the record's file and line).
-    expect(d.get("CODE_FILE", "").endswith("pins.py") and int(d.get("CODE_LINE") or 0) > 0,
+    expect(d.get("CODE_FILE", "").endswith("controller.py") and int(d.get("CODE_LINE") or 0) > 0,
            f"decision entry has CODE_FILE={d.get('CODE_FILE')!r} CODE_LINE={d.get('CODE_LINE')!r}")
     print(f"    {len(entries)} entries; decision: {d.get('MESSAGE')!r}")
 

@@ -1,10 +1,11 @@
-"""The job table and the GPU pins it implies: the daemon's logic, with no sockets in it.
+"""The daemon's controller: the one owner of the jobs and the GPU pins they imply, with no sockets in it.
 
-Every change (a job starts, changes its features, ends; the limits change underneath) goes through ``_apply``, which
-computes each GPU's target with ``policy.combine`` (the one rule for several jobs) and hands it to that GPU's pin
-(governor.daemon.gpupin: the cap, the state saved before the first write, the pin or the restore). What watches a held
-pin is governor.daemon.checks; which connection and process hold a job, governor.daemon.holds. Tests drive this class
-directly (tests/pure/test_pin_controller.py).
+It composes the job table (governor.daemon.jobtable), one pin per GPU (governor.daemon.gpupin: the cap, the baseline,
+the write), the checks that watch a pin (governor.daemon.checks) and the state saves (governor.daemon.saving), behind
+one PinSettings that a reload swaps whole. Every change (a job registers, changes its features, ends; the limits
+change underneath) ends in ``_apply``, which gives each GPU's pin the target its jobs imply. The RPC layer translates
+requests into the methods here (governor.daemon.rpc); which connection and process hold a job is
+governor.daemon.holds's. Tests drive this class directly (tests/pure/test_pin_controller.py).
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ from governor.daemon import checks, ratelimit
 from governor.daemon.energy import BoardEnergy
 from governor.daemon.gpupin import GpuPin
 from governor.daemon.jobs import ActiveJob, Ended
+from governor.daemon.jobtable import JobTable, needs_hz
 from governor.daemon.powermode import PowerModeCap
+from governor.daemon.saving import Defer, StateSaver
 from governor.daemon.settings import PinSettings
-from governor.errors import BackendError, FtgovError, StateError
+from governor.errors import BackendError, FtgovError
 from governor.features import Features
-from governor.policy import Decision, Policy, PolicyName, combine
-from governor.store.state import GpuState, State, StateFile
+from governor.policy import Decision, Policy, PolicyName
+from governor.store import state as state_mod
+from governor.store.state import State, StateFile
 from governor.units import mhz
 
 if TYPE_CHECKING:
@@ -35,20 +39,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ftgovd")
 
-# A job joining at the pin already held changes only the re-adoption list in the state file: one write for a burst
-# of registrations, this long after the first of them. The baseline and any change of pin are saved before the write.
-SAVE_COALESCE_S = 0.05
-SAVE_ENERGY_TICKS = 10  # ticks (sample_interval_s each) between saves of the running jobs' energy so far
+MEASURING = ("waiting for gpu_util, which this decision needs: it is measured over the job's first training steps "
+             "(or after a settling delay without progress reports); no pin until then, the default governor runs")
+
+MEASURED = (PolicyName.TUNE, PolicyName.OBSERVE)  # the policies whose jobs have a tuner (observe: windows only)
+
+Listener = Callable[["Controller"], None]
+AttachTuner = Callable[["Controller", ActiveJob], None]
+PlanTune = Callable[["Controller", ActiveJob, Decision], Decision]
 
 
-Listener = Callable[["PinController"], None]
-Defer = Callable[[Callable[[], None], float], None]
-AttachTuner = Callable[["PinController", ActiveJob], None]
-PlanTune = Callable[["PinController", ActiveJob, Decision], Decision]
-
-
-class PinController:
-    """The job table and the pins it implies, for every GPU.
+class Controller:
+    """The jobs and the pins they imply, for every GPU.
 
     settings: what the config sets (configure() swaps it whole on reload). listeners: told after every change (the
     simulated board, the server's STATUS=). defer(fn, delay_s): how a save that is not urgent is scheduled (the
@@ -62,20 +64,17 @@ class PinController:
                  rails: Rails | None = None, listeners: tuple[Listener, ...] = (), defer: Defer | None = None,
                  attach_tuner: AttachTuner | None = None, plan_tune: PlanTune | None = None,
                  recorder: Recorder | None = None, missing_why: str | None = None):
-        self.gpus: dict[str, GpuPin] = {}
         self.settings = settings
-        self.state_file = state_file
-        self.boot_id = boot_id
+        self.jobs = JobTable()
+        self.gpus: dict[str, GpuPin] = {}
+        self.saver = StateSaver(state_file, boot_id, self.jobs, self.gpus, defer)
         self.rails = rails
         self.energy = BoardEnergy(rails)
-        self.power_mode = PowerModeCap(self.gpus, lambda: self.settings.pin_above_power_mode)
+        self.power_mode = PowerModeCap(self.gpus, settings.pin_above_power_mode)
         for gpu in gpus:
-            self.gpus[gpu.id] = GpuPin(gpu, self.power_mode, self._save)
+            self.gpus[gpu.id] = GpuPin(gpu, self.power_mode, self.saver.save)
         self.missing_why = missing_why  # why there is no GPU (none found at start); None once one is governed
-        self.jobs: dict[int, ActiveJob] = {}
-        self.next_job_id = 1
         self.listeners = tuple(listeners)
-        self.defer = defer
         # Phase reports (checkpoint/data: the lowest level) and tuner probes move the pin at most once per
         # repin_interval_s per GPU (limits.repin_interval_s, a second): each is a sysfs write and a state save, and a
         # client alternating phases, or reporting steps fast, must not drive them at the rate it sends notifications.
@@ -84,25 +83,24 @@ class PinController:
         self.attach_tuner = attach_tuner
         self.plan_tune = plan_tune
         self.recorder = recorder
-        self._save_pending = False
-        self._ticks_since_save = 0
-        self._save_prompt = False
 
     @property
     def policy(self) -> Policy:
+        """The policy new jobs are decided by."""
         return self.settings.policy
 
     def configure(self, settings: PinSettings) -> None:
         """The config was reloaded: new jobs are decided by ``settings``; running jobs keep their decisions."""
         self.settings = settings
+        self.power_mode.pin_above = settings.pin_above_power_mode
         if self.phase_repins is not None:
             self.phase_repins.interval_s = settings.repin_interval_s
 
-    # ---- jobs -------------------------------------------------------------------------------------------------------
+    # ---- GPUs -------------------------------------------------------------------------------------------------------
     def add_gpus(self, gpus: list[Gpu]) -> None:
         """GPUs that appeared after start (a late devfreq node found by a later probe)."""
         for gpu in gpus:
-            self.gpus.setdefault(gpu.id, GpuPin(gpu, self.power_mode, self._save))
+            self.gpus.setdefault(gpu.id, GpuPin(gpu, self.power_mode, self.saver.save))
         self.missing_why = None
         self._notify()
 
@@ -120,26 +118,63 @@ class PinController:
             return next(iter(self.gpus))
         return gpuid.find_gpu([c.gpu for c in self.gpus.values()], key).id
 
+    def holds_pins(self) -> bool:
+        """Whether any GPU is pinned now."""
+        return any(c.pinned_hz is not None for c in self.gpus.values())
+
+    def predict(self, features: Features, why_util: str = "") -> Decision:
+        """What a job of these features would get on the first GPU now (the predict method): nothing is pinned."""
+        gid = self.default_gpu()
+        d = self.power_mode.within(gid, self.settings.policy.decide(features, self.gpus[gid].gpu.levels_hz))
+        return replace(d, reason=f"{d.reason}; {why_util}") if why_util else d
+
+    # ---- jobs -------------------------------------------------------------------------------------------------------
     def admit(self, *, pid: int, start_ticks: int, uid: int, name: str | None, gpu_id: str,
               features: Features, policy: PolicyName | None = None, job_id: int | None = None) -> ActiveJob:
         """Put a job in the table, undecided: the simulated board sees its load before the daemon measures it. A job
         re-adopted with its old ``job_id`` is not a new admission: max_jobs (perhaps lowered since) does not apply,
         or a restart with more live jobs than the new limit would fail before serving, its pins left in place."""
-        if job_id is None:
-            if len(self.jobs) >= self.settings.max_jobs:
-                raise FtgovError(f"the daemon already holds {len(self.jobs)} jobs (limits.max_jobs)")
-            job_id, self.next_job_id = self.next_job_id, self.next_job_id + 1
-        job = ActiveJob(job_id, pid, start_ticks, uid, name, gpu_id, features, policy)
-        job.meter = self.energy.new_meter(self.gpus[gpu_id].gpu)
-        self.jobs[job_id] = job
+        job = self._admit(pid=pid, start_ticks=start_ticks, uid=uid, name=name, gpu_id=gpu_id, features=features,
+                          policy=policy, job_id=job_id)
         self._notify()
         return job
+
+    def _admit(self, **job) -> ActiveJob:
+        meter = self.energy.new_meter(self.gpus[job["gpu_id"]].gpu)
+        added = self.jobs.admit(**job, max_jobs=self.settings.max_jobs)
+        added.meter = meter
+        return added
+
+    def register(self, *, pid: int, start_ticks: int, uid: int, name: str | None, gpu, features: Features,
+                 policy: PolicyName | None, total_steps: int | None) -> tuple[ActiveJob, bool]:
+        """A new job on the GPU ``gpu`` names (find_gpu), decided: pinned now, or held unpinned while its gpu_util is
+        measured (the second value: True). GpuNotFound, or TableFull at limits.max_jobs; a failed pin drops the job
+        and is raised."""
+        job = self._admit(pid=pid, start_ticks=start_ticks, uid=uid, name=name, gpu_id=self.find_gpu(gpu),
+                          features=features, policy=policy)
+        job.total_steps = total_steps
+        if self.needs_gpu_util(job):
+            self.hold_unpinned(job, MEASURING)
+            self._notify()  # the job holds no pin: nothing was written, but the table changed
+            return job, True
+        try:
+            told = self._decide(job)
+        except FtgovError:
+            self._notify()  # the job is gone, but a failed restore may wait for the tick's retry
+            raise
+        if not told:
+            self._notify()
+        return job, False
+
+    def needs_gpu_util(self, job: ActiveJob) -> bool:
+        """Whether the job's decision waits for a gpu_util it did not send (governor.daemon.utilization)."""
+        return job.features.gpu_util is None and self.settings.policy.needs_gpu_util(job.features, job.policy)
 
     def adopt(self, state: State) -> list[ActiveJob]:
         """Take back what a previous daemon of this boot left (its state file): each GPU's baseline and pin, and the
         jobs whose processes still run (the caller drops the others from ``state`` first). Then apply: the adopted
         jobs' pin, or the baseline where none is left. Returns the adopted jobs."""
-        self.next_job_id = max(self.next_job_id, state.next_job_id)
+        self.jobs.continue_ids(state.next_job_id)
         for gid, gs in state.gpus.items():
             if gid in self.gpus:
                 ctl = self.gpus[gid]
@@ -168,45 +203,51 @@ class PinController:
     def decide(self, job: ActiveJob, *, why_util: str = "") -> Decision:
         """Decide the job's frequency and apply the combined pin; then attach a tuner if its policy is tune. On a
         failed pin the job is dropped (when it had no decision before) and the error re-raised."""
-        ctl = self.gpus[job.gpu_id]
-        decision = self.policy.decide(job.features, ctl.gpu.levels_hz, job.policy)
+        self._decide(job, why_util)
+        assert job.decision is not None, "_decide sets it or raises"
+        return job.decision
+
+    def _decide(self, job: ActiveJob, why_util: str = "") -> bool:
+        """decide(); True when the listeners were told (the pin changed)."""
+        decision = self.settings.policy.decide(job.features, self.gpus[job.gpu_id].gpu.levels_hz, job.policy)
         if why_util:
             decision = replace(decision, reason=f"{decision.reason}; {why_util}")
         # Logged before any hardware access: a read or write that hangs (and is killed by the watchdog) leaves it.
-        f = job.features
-        fields = {**job.fields(), "POLICY": decision.label,  # the new decision's, not the job's last one
-                  "FREQ_HZ": decision.freq_hz if decision.freq_hz is not None else ""}
+        f, label, freq_hz = job.features, decision.label, decision.freq_hz
+        fields = {**job.fields(), "POLICY": label,  # the new decision's, not the job's last one
+                  "FREQ_HZ": freq_hz if freq_hz is not None else ""}
         log.info("%s: %s L%d H%d seq %g util %s -> %s %s: %s", job.label(), f.model_type, f.num_layers,
-                 f.hidden_size, f.seq_len, "?" if f.gpu_util is None else f"{f.gpu_util:g}%", decision.label,
-                 mhz(decision.freq_hz, none="no pin"), decision.reason, extra=fields)
+                 f.hidden_size, f.seq_len, "?" if f.gpu_util is None else f"{f.gpu_util:g}%", label,
+                 mhz(freq_hz, none="no pin"), decision.reason, extra=fields)
         capped = self.power_mode.within(job.gpu_id, decision)
         if capped is not decision:
             log.info("%s: %s instead of %s (pin_above_power_mode: true allows more)", job.label(),
-                     capped.reason.rsplit("; ", 1)[1], mhz(decision.freq_hz, none="no pin"),
+                     capped.reason.rsplit("; ", 1)[1], mhz(freq_hz, none="no pin"),
                      extra={**fields, "FREQ_HZ": capped.freq_hz if capped.freq_hz is not None else ""})
         decision = capped
         if self.plan_tune is not None and decision.policy is PolicyName.TUNE and decision.freq_hz is not None:
             decision = self.plan_tune(self, job, decision)
         previous, job.decision = job.decision, decision
         try:
-            self._apply(job.gpu_id)
+            told = self._apply(job.gpu_id)
         except FtgovError:
             job.decision = previous
             if previous is None:
-                self.jobs.pop(job.job_id, None)
+                self.jobs.remove(job.job_id)
             self._apply_quietly(job.gpu_id)
             raise
-        if self.attach_tuner is not None:
+        # Only a tuned or observed job has (or had) a tuner: for the others there is nothing to attach or drop.
+        if self.attach_tuner is not None and (job.tuner is not None or decision.policy in MEASURED):
             self.attach_tuner(self, job)
-        return decision
+        return told
 
     def hold_unpinned(self, job: ActiveJob, why: str) -> Decision:
         """A job whose decision waits for its gpu_util (governor.daemon.utilization): in the table with no pin, so the
         default governor runs, which is the clock the feature is defined at."""
-        job.decision = Decision(job.policy or self.policy.name, None, why)
+        job.decision = Decision(job.policy or self.settings.policy.name, None, why)
         log.info("%s: %s", job.label(), why, extra=job.fields())
         self._apply_quietly(job.gpu_id)
-        if self.attach_tuner is not None:
+        if self.attach_tuner is not None and (job.tuner is not None or job.decision.policy in MEASURED):
             self.attach_tuner(self, job)  # a tuned job measures its baseline window while it waits unpinned
         return job.decision
 
@@ -222,8 +263,17 @@ class PinController:
         else:
             self.phase_repins.request(gpu_id, lambda: self._apply(gpu_id), later=lambda: self._apply_quietly(gpu_id))
 
+    def progress(self, job: ActiveJob, phase: str | None, *, total_steps_changed: bool = False) -> None:
+        """A progress report's steps were taken (the RPC layer checked and set them): a new total re-prices the
+        tuner's search, a new phase may move the pin, and the tuner, if any, measures on."""
+        if total_steps_changed and job.tuner is not None:
+            job.tuner.set_total_steps(self, job)
+        self.set_phase(job, phase)
+        if job.tuner is not None:
+            job.tuner.progress(self, job)
+
     def end(self, job_id: int, why: str) -> Ended | None:
-        job = self.jobs.pop(job_id, None)
+        job = self.jobs.remove(job_id)
         if job is None:
             return None
         energy_j = None
@@ -248,20 +298,16 @@ class PinController:
                                                       **({} if err is None else {"SAVED_PCT_ERR": f"{err:g}"}),
                                                       "SAVED_MEASURED_STEPS": saving["measured_steps"]})})
         if self.recorder is not None:
-            self.recorder.job_ended(ended, self.gpus[job.gpu_id].gpu, self.policy)
+            self.recorder.job_ended(ended, self.gpus[job.gpu_id].gpu, self.settings.policy)
         return ended
 
     # ---- pins -------------------------------------------------------------------------------------------------------
     def needs_hz(self, job: ActiveJob) -> int | None:
-        """What one job needs now: its pick, or the GPU's lowest level while it checkpoints or loads data (the GPU
-        mostly idles then; a job that reports no phases always needs its pick)."""
-        hz = job.decision.freq_hz if job.decision is not None else None
-        if hz is not None and job.phase is not None and job.phase in self.settings.low_phases:
-            return self.gpus[job.gpu_id].gpu.levels_hz[0]
-        return hz
+        """What one job needs now (governor.daemon.jobtable.needs_hz)."""
+        return needs_hz(job, self.settings.low_phases, self.gpus[job.gpu_id].gpu.levels_hz[0])
 
     def target_hz(self, gpu_id: str) -> int | None:
-        return combine([self.needs_hz(j) for j in self.jobs.values() if j.gpu_id == gpu_id and j.decision is not None])
+        return self.jobs.target_hz(gpu_id, self.settings.low_phases, self.gpus[gpu_id].gpu.levels_hz[0])
 
     def set_phase(self, job: ActiveJob, phase: str | None) -> None:
         """A job reported a phase: re-apply when that changes what it needs."""
@@ -283,17 +329,20 @@ class PinController:
         phases until it runs."""
         return self.phase_repins is not None and gpu_id in self.phase_repins.pending
 
-    def _apply(self, gpu_id: str, *, removed: bool = False) -> None:
+    def _apply(self, gpu_id: str, *, removed: bool = False) -> bool:
+        """Give the GPU's pin the target its jobs imply. True when that wrote, and the listeners were told."""
         pin = self.gpus[gpu_id]
         if pin.stood_down:
-            if not any(j.gpu_id == gpu_id for j in self.jobs.values()):
+            if not self.jobs.on_gpu(gpu_id):
                 pin.stood_down = False
-            self._save_soon(prompt=removed)
-            return
-        if not pin.set(self.target_hz(gpu_id), self.settings.power_cap_mw):
-            self._save_soon(prompt=removed)  # only the job list changed: re-adoption data, not safety data
-            return
+            self.saver.soon(prompt=removed)
+            return False
+        if not pin.set(self.jobs.target_hz(gpu_id, self.settings.low_phases, pin.gpu.levels_hz[0]),
+                       self.settings.power_cap_mw):
+            self.saver.soon(prompt=removed)  # only the job list changed: re-adoption data, not safety data
+            return False
         self._notify()
+        return True
 
     def reapply(self) -> None:
         """Apply every GPU's pin (or baseline) again; failures are logged and left for retry."""
@@ -340,57 +389,32 @@ class PinController:
                 self._notify()
         return results
 
-    # ---- state, energy, status -------------------------------------------------------------------------------------
-    def state(self) -> State:
-        gpus = {gid: GpuState(describe=ctl.gpu.describe(), baseline=ctl.baseline, pinned_hz=ctl.pinned_hz)
-                for gid, ctl in self.gpus.items() if ctl.baseline is not None}
-        return State(self.boot_id, gpus, [j.record() for j in self.jobs.values() if j.decision], self.next_job_id)
+    def tick(self) -> None:
+        """The daemon's tick while jobs run or a restore waits: energy, the checks under each pin, the retries."""
+        self.sample()
+        self.check_pins()
+        if self.pending_restores():
+            self.retry()
 
-    def _save_soon(self, *, prompt: bool) -> None:
-        """Save a change of the job list without making the client wait for it.
-
-        A job that joined is saved within SAVE_COALESCE_S (one write for a burst): should the daemon crash first, the
-        job is just not re-adopted, and runs on at the default clocks (safe, and what a job whose client lost the
-        daemon does anyway). A job that left is saved on the next event-loop turn (prompt): a job that unregistered
-        while its process lives on must not be re-adopted after a crash and keep a pin it gave up.
-        """
-        if self.defer is None:
-            self._save()
-            return
-        if self._save_pending and (self._save_prompt or not prompt):
-            return  # a save that comes soon enough is already on its way
-        self._save_pending, self._save_prompt = True, prompt
-        self.defer(self._save_if_pending, 0.0 if prompt else SAVE_COALESCE_S)
-
-    def _save_if_pending(self) -> None:
-        if self._save_pending:
-            self._save()
+    # ---- state, energy ----------------------------------------------------------------------------------------------
+    def leftovers(self) -> State | None:
+        """What a previous daemon of this boot left, of what fits these GPUs (a baseline within the GPU's table, no
+        job on pid 0 or 1); None: nothing to take back."""
+        return state_mod.checked(self.saver.read(), {gid: c.gpu.levels_hz for gid, c in self.gpus.items()})
 
     def flush(self) -> None:
         """Write a save that is still waiting (the daemon is stopping and leaves its jobs for the next start)."""
-        self._save_if_pending()
-
-    def _save(self) -> None:
-        self._save_pending = self._save_prompt = False
-        self._ticks_since_save = 0
-        state = self.state()
-        try:
-            # Written even with nothing pinned: next_job_id must survive restarts so that a job id names one job
-            # for the whole boot (journalctl JOB_ID=3 finds one story).
-            self.state_file.write(state)
-        except StateError as e:
-            # Without a state file a crash could leave the pin: refuse to pin rather than risk it.
-            if any(ctl.pinned_hz is not None and not ctl.restore_failed for ctl in self.gpus.values()) and state.gpus:
-                raise
-            log.error("%s", e)
+        self.saver.flush()
 
     def sample(self) -> None:
-        """Integrate energy for every active job (called on the daemon's tick while jobs are active); every
-        SAVE_ENERGY_TICKS ticks the state file gets the jobs' energy so far, which a re-adopting daemon continues."""
+        """Integrate energy for every active job (on the daemon's tick while jobs are active); every few ticks the
+        state file gets the jobs' energy so far, which a re-adopting daemon continues (governor.daemon.saving)."""
         self.energy.sample(self.jobs.values())
-        self._ticks_since_save += 1
-        if self._ticks_since_save >= SAVE_ENERGY_TICKS and any(j.meter is not None for j in self.jobs.values()):
-            self._save_soon(prompt=False)
+        self.saver.ticked()
+
+    def sample_energy(self) -> None:
+        """Integrate energy for every active job between ticks (the rails' sampler, at the sensors' refresh)."""
+        self.energy.sample(self.jobs.values())
 
     def _notify(self) -> None:
         for listener in self.listeners:
@@ -398,4 +422,3 @@ class PinController:
                 listener(self)
             except Exception:  # a listener (the simulated board) must never break the daemon
                 log.exception("listener failed")
-
