@@ -83,6 +83,7 @@ class Controller:
         self.attach_tuner = attach_tuner
         self.plan_tune = plan_tune
         self.recorder = recorder
+        self.defer = defer  # the loop's timer, also for the tuners' meter reads (governor.daemon.energy.MeterFeed)
 
     @property
     def policy(self) -> Policy:
