@@ -1,4 +1,4 @@
-"""The meter-window simulation of benchmarks/meter_jobs.py (bench_tuner's and tuner_bound's --meter) on a flat curve:
+"""The meter-window simulation of governor/sim/tuned_job.py (bench_tuner's and tuner_bound's --meter) on a flat curve:
 its windows read the curve's J/step on average, and NVML's 4-step windows on 26 ms steps scatter as the H200's did
 (13-32%, issue 23)."""
 
@@ -9,9 +9,9 @@ import statistics
 import pytest
 
 from benchmarks.bench_tuner import Run, meter_rows, target_row, wilson
-from benchmarks.meter_jobs import level_windows, run_meter_job, window_rule
 from benchmarks.tuner_curves import Curve
 from governor.policy.tuner import OnlineTuner
+from governor.sim.tuned_job import level_windows, run_tuned_job, window_rule
 
 STEP_S = 0.026
 POWER_W = 300.0
@@ -44,11 +44,11 @@ def test_a_job_is_charged_every_step_of_its_search():
     energy = (1.6, 1.3, 1.1, 1.0, 1.1, 1.3, 1.6, 2.0)
     curve = Curve("v", levels, energy, tuple(0.3 / (hz / 1e9) for hz in levels))
     tuner = OnlineTuner(levels, levels[-1], noise_rel=0.03, total_steps=2000)
-    job = run_meter_job(tuner, curve, "nvml", seed=0, job_steps=2000, rule=window_rule("nvml"))
+    job = run_tuned_job(curve, levels[-1], 2000, meter="nvml", seed=0, rule="time", tuner=tuner, max_steps=200_000)
     assert job.best_hz == levels[3]
     searched = sum(n * curve.energy_at(hz) for hz, n in job.steps_at_hz.items())
-    assert job.energy_j == pytest.approx(searched + (2000 - job.profiled_steps) * 1.0)
-    assert job.energy_j > 2000 * 1.0
+    assert job.clean_energy_j == pytest.approx(searched + (2000 - job.profiled_steps) * 1.0)
+    assert job.clean_energy_j > 2000 * 1.0
 
 
 def test_wilson_interval():
