@@ -4,7 +4,7 @@ Every change (a job starts, changes its features, ends; the limits change undern
 computes each GPU's target with ``policy.combine`` (the one rule for several jobs) and hands it to that GPU's pin
 (governor.daemon.gpupin: the cap, the state saved before the first write, the pin or the restore). What watches a held
 pin is governor.daemon.checks; which connection and process hold a job, governor.daemon.holds. Tests drive this class
-directly (tests/pure/test_pin_controller.py).
+directly (tests/daemon/test_pins.py).
 """
 
 from __future__ import annotations

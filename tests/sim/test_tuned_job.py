@@ -11,6 +11,7 @@ from benchmarks.tuner_curves import Curve
 from governor.config import TunerConfig
 from governor.errors import FtgovError
 from governor.pipeline.workloads import held_out_workloads
+from governor.policy.tuner import OnlineTuner
 from governor.sim.energy import OrinEnergyModel
 from governor.sim.tuned_job import METERS, ModelBoard, run_tuned_job
 
@@ -120,3 +121,15 @@ def test_on_the_energy_model_the_windows_scatter_with_its_noise_and_the_charge_i
     assert noisy.clean_energy_j == pytest.approx(charged)
     assert noisy.measured_energy_j != pytest.approx(sum(n * clean.expected(w, hz).energy_j
                                                          for hz, n in noisy.steps_at_hz.items()), rel=1e-6)
+
+
+def test_a_job_is_charged_every_step_of_its_search():
+    levels = tuple(300_000_000 + 100_000_000 * k for k in range(8))
+    energy = (1.6, 1.3, 1.1, 1.0, 1.1, 1.3, 1.6, 2.0)
+    curve = Curve("v", levels, energy, tuple(0.3 / (hz / 1e9) for hz in levels))
+    tuner = OnlineTuner(levels, levels[-1], noise_rel=0.03, total_steps=2000)
+    job = run_tuned_job(curve, levels[-1], 2000, meter="nvml", seed=0, rule="time", tuner=tuner, max_steps=200_000)
+    assert job.best_hz == levels[3]
+    searched = sum(n * curve.energy_at(hz) for hz, n in job.steps_at_hz.items())
+    assert job.clean_energy_j == pytest.approx(searched + (2000 - job.profiled_steps) * 1.0)
+    assert job.clean_energy_j > 2000 * 1.0
