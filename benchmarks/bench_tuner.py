@@ -28,7 +28,7 @@ the converged level's regret, with no noise in the score.
 
 With ``--meter nvml`` / ``ina3221`` (or ``--window-rule time``) the real, adversarial and fine curves are run instead
 on each meter and window rule given: every step of a window simulated at the curve's power and read through that
-simulated meter (benchmarks/meter_jobs.py), the windows closed by the daemon's TuningSession, of 1 warm-up + 4 steps
+simulated meter (governor/sim/meters.py), the windows closed by the daemon's TuningSession, of 1 warm-up + 4 steps
 or sized by its WindowRule (the tuner then gets each window's own noise_rel). That run prints and writes its own
 section ("tuner-meters"): per set, meter, rule and start, the runs, the level regret's mean and p99, the runs beyond
 6% with a 95% Wilson interval, and the whole job vs the optimum (mean, p99).
@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import statistics
 import sys
 from dataclasses import dataclass
@@ -53,18 +52,14 @@ from pathlib import Path
 
 from benchmarks.figures import machine, markdown_table, publish, write_section
 from benchmarks.figures import pct as percentile
-from benchmarks.meter_jobs import METERS, run_meter_job, window_rule
-from benchmarks.tuner_curves import (
-    DEFAULT_DATA,
-    Curve,
-    JobResult,
-    adversarial_curves,
-    fine_curves,
-    real_curves,
-    run_model_job,
-    run_window_job,
-)
+from benchmarks.tuner_curves import DEFAULT_DATA, Curve, adversarial_curves, fine_curves, real_curves
 from governor.policy import tuner as tuning
+from governor.sim.meters import METER_UPDATE_S
+from governor.sim.tuned_job import ModelBoard, run_tuned_job
+
+METERS = tuple(METER_UPDATE_S)
+# A search still open after this many steps is a bug in the tuner or in the simulation, not a slow curve.
+MAX_STEPS = 200_000
 
 TREE = Path(__file__).resolve().parent.parent / "model" / "mlg-tree.json"
 TUNERS = ("new",)
@@ -103,7 +98,7 @@ def starts_for(curve: Curve) -> dict[str, int]:
 def window_runs(curves: list[Curve], args, max_slowdown: float | None, meter: str = "gauss",
                 rule: str = "steps") -> list[Run]:
     """Every curve from its three starts, ``args.seeds`` seeds each; windows of Gaussian noise (``meter`` gauss) or
-    read through a simulated meter (benchmarks/meter_jobs.py), of 1 warm-up + 4 steps or sized by the daemon's
+    read through a simulated meter (governor/sim/meters.py), of 1 warm-up + 4 steps or sized by the daemon's
     WindowRule (``rule`` time, meters only)."""
     if meter == "gauss" and rule != "steps":
         raise ValueError("--window-rule time needs a simulated meter (nvml, ina3221): gauss windows have no steps")
@@ -116,20 +111,16 @@ def window_runs(curves: list[Curve], args, max_slowdown: float | None, meter: st
                 for kind in TUNERS:
                     job_seed = 1_000_003 * seed + 1009 * ci + si
                     tuner = make_tuner(kind, curve.levels_hz, start_hz, max_slowdown, args.noise_rel, args.job_steps)
-                    if meter == "gauss":
-                        job = run_window_job(tuner, curve, random.Random(job_seed), args.noise_rel, args.job_steps)
-                    else:
-                        job = run_meter_job(tuner, curve, meter, job_seed, args.job_steps,
-                                            window_rule(meter) if rule == "time" else None)
+                    job = run_tuned_job(curve, start_hz, args.job_steps, meter=meter, seed=job_seed,
+                                        noise_rel=args.noise_rel, rule=rule, tuner=tuner, max_steps=MAX_STEPS)
                     e = curve.energy_at(job.best_hz)
-                    runs.append(Run(curve.name, start_name, kind, e / e_opt - 1,
-                                    job.energy_j / (args.job_steps * e_opt) - 1, job.windows,
-                                    e / curve.energy_at(start_hz) - 1,
-                                    job.energy_j / (args.job_steps * curve.energy_at(start_hz)) - 1,
-                                    job.energy_j / (args.job_steps * curve.energy_j[-1]) - 1,
+                    job_j = job.clean_energy_j
+                    runs.append(Run(curve.name, start_name, kind, e / e_opt - 1, job_j / (args.job_steps * e_opt) - 1,
+                                    job.probes, e / curve.energy_at(start_hz) - 1,
+                                    job_j / (args.job_steps * curve.energy_at(start_hz)) - 1,
+                                    job_j / (args.job_steps * curve.energy_j[-1]) - 1,
                                     curve.time_at(job.best_hz) / curve.time_s[-1] - 1, job.windows_by_phase, seed,
-                                    meter, rule, getattr(job, "outlasted", False),
-                                    getattr(job, "window_steps", 4.0)))
+                                    meter, rule, job.outlasted, job.window_steps))
     return runs
 
 
@@ -153,16 +144,13 @@ def simulated_runs(args) -> list[Run]:
         for start_name, start_hz in (("MLG", mlg_hz), ("top", levels[-1]), ("bottom", levels[0])):
             for seed in range(args.seeds):
                 for kind in TUNERS:
-                    def session(levels_hz, start, kind=kind):
-                        return tuning.TuningSession(make_tuner(kind, levels_hz, start, None, args.noise_rel,
-                                                               args.job_steps), steps=0)
-                    job: JobResult = run_model_job(w, start_hz, args.job_steps, args.model_noise, 1000 * i + seed,
-                                                   session)
-                    eb = e[job.best_hz]
-                    runs.append(Run(w.name, start_name, kind, eb / e_opt - 1,
-                                    job.energy_j / (args.job_steps * e_opt) - 1, job.windows, eb / e[start_hz] - 1,
-                                    job.energy_j / (args.job_steps * e[start_hz]) - 1,
-                                    job.energy_j / (args.job_steps * maxn_j) - 1))
+                    board = ModelBoard(w, args.model_noise, 1000 * i + seed)
+                    tuner = make_tuner(kind, levels, start_hz, None, args.noise_rel, args.job_steps)
+                    job = run_tuned_job(board, start_hz, args.job_steps, tuner=tuner)
+                    eb, job_j = e[job.best_hz], job.clean_energy_j
+                    runs.append(Run(w.name, start_name, kind, eb / e_opt - 1, job_j / (args.job_steps * e_opt) - 1,
+                                    job.probes, eb / e[start_hz] - 1, job_j / (args.job_steps * e[start_hz]) - 1,
+                                    job_j / (args.job_steps * maxn_j) - 1))
     return runs
 
 
@@ -365,7 +353,7 @@ def meter_section(rows: list[tuple], targets: list[tuple], args) -> str:
             f"--job-steps {args.job_steps}`: governor/policy/tuner.py with its defaults (noise_rel "
             f"{args.noise_rel:g}), seeds 0-{args.seeds - 1} per curve and start; \"runs\" is the number of runs a row "
             "covers. gauss: each window the curve times (1 + N(0, noise_rel)); nvml and ina3221: every step simulated "
-            "(benchmarks/meter_jobs.py: its time scattering by 15%, its power in two phases at the curve's J/s) and "
+            "(governor/sim/meters.py: its time scattering by 15%, its power in two phases at the curve's J/s) and "
             "read through the meter (NVML's counter held between 100 ms updates, read at step ends; the INA3221's "
             "140 ms average, integrated over the daemon's sampler at each refresh and a read at each step's end), "
             "the windows ending at step ends, closed by the daemon's TuningSession: 1 warm-up + 4 steps, or "
@@ -415,7 +403,7 @@ def main() -> None:
     parser.add_argument("--tuners", nargs="+", default=list(TUNERS), choices=list(TUNERS))
     parser.add_argument("--meter", nargs="+", default=["gauss"], choices=["gauss", *METERS],
                         help="how windows read energy: gauss (the curve times Gaussian noise), or every step through "
-                        "a simulated nvml or ina3221 meter (benchmarks/meter_jobs.py)")
+                        "a simulated nvml or ina3221 meter (governor/sim/meters.py)")
     parser.add_argument("--window-rule", nargs="+", default=["steps"], choices=["steps", "time"],
                         help="windows of 1 warm-up + 4 steps, or sized by the daemon's WindowRule (meters only)")
     parser.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md as it is")

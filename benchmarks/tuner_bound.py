@@ -17,7 +17,7 @@ z x sd - difference in log energy, until that is at most tol x noise for every c
 It is not a proof that no rule does better, but it has strictly more information than any tuner: the windows it
 needs for a given worst case are what a search needs at least, on top of those that find the band from its start.
 With ``--meter nvml`` or ``ina3221`` the tuner's windows are read through that simulated meter, 1 warm-up + 4 steps or
-sized by the daemon's WindowRule (``--window-rule time``; benchmarks/meter_jobs.py); the oracle's stay Gaussian.
+sized by the daemon's WindowRule (``--window-rule time``; governor/sim/meters.py); the oracle's stay Gaussian.
 Each row also gives the level regret's mean and p99 over all its runs.
 A few minutes at 12 groups. Prints the table and writes it to docs/benchmarks.md ("tuner-bound").
 """
@@ -33,8 +33,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from benchmarks import bench_tuner
+from benchmarks.bench_tuner import METERS
 from benchmarks.figures import machine, pct, write_section
-from benchmarks.meter_jobs import METERS
 from benchmarks.tuner_curves import DEFAULT_DATA, Curve, adversarial_curves, real_curves
 
 SEEDS_PER_GROUP = 5
@@ -111,7 +111,7 @@ def section(lines: list[str], args) -> str:
     """docs/benchmarks.md's "tuner-bound" section: the table's lines, what was run, on what."""
     meter = "" if args.meter == "gauss" else f" --meter {args.meter} --window-rule {args.window_rule}"
     tuner_windows = (f"{args.noise_rel:.0%} window noise" if args.meter == "gauss" else
-                     f"its windows read through the simulated {args.meter} meter (benchmarks/meter_jobs.py), "
+                     f"its windows read through the simulated {args.meter} meter (governor/sim/meters.py), "
                      f"{'sized by WindowRule' if args.window_rule == 'time' else '1 warm-up + 4 steps'}")
     return (f"## The tuner against a bound\n\n`python -m benchmarks.tuner_bound --sets {' '.join(args.sets)} "
             f"--groups {args.groups}{meter}` (`make bench`): the tuner from each start over {args.groups} disjoint "

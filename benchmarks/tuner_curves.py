@@ -1,6 +1,7 @@
-"""Curves and job simulations for benchmarks/bench_tuner.py (and the tuner tests that want real shapes).
+"""Curves for benchmarks/bench_tuner.py and tuner_bound.py (and the tuner tests that want real shapes).
 
-A curve is one workload's energy and time per step at each level of a table. Three sets:
+A curve is one workload's energy and time per step at each level of a table. Three sets (bench_tuner's fourth,
+simulated, runs the energy model's workloads):
 
 - real: the measured Jetson AGX Xavier and Xavier NX inference curves (benchmarks/data/loudva, MIT, see its README): one
   curve per (board, batch_size), energy_j and latency_s per batch at each pinned GPU clock;
@@ -9,23 +10,18 @@ A curve is one workload's energy and time per step at each level of a table. Thr
 - fine: the real curves spread over tables of 3 and 8 times as many levels (every third and every sixth curve), as a
   GPU listing dozens of clocks would show them: log energy and step time interpolated linearly between the measured
   levels. The minimum stays at a measured level, a V between its neighbours: harder for a search than a smooth
-  curve, whose levels near the bottom would differ by less;
-- simulated: the held-out workloads on the simulated Orin (governor.pipeline.workloads + governor.sim.energy), run
-  step by step as governor/sim/tuned_job.py does (``run_model_job``).
+  curve, whose levels near the bottom would differ by less.
 
-``run_window_job`` is the per-window simulation for the first two: each window at a level returns the curve's J/step and
-s/step, each times (1 + N(0, noise)); a job is the windows (warm-up steps after a change of level charged at that
-level, like the measured steps) then the rest of the job at the converged level, all charged at noise-free energies.
+A Curve is a board of governor/sim/tuned_job.py, whose one loop runs the benchmarks' jobs on it through a meter.
 """
 
 from __future__ import annotations
 
 import csv
 import math
-import random
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,6 +45,13 @@ class Curve:
 
     def time_at(self, hz: int) -> float:
         return self.time_s[self.levels_hz.index(hz)]
+
+    # A Board of governor.sim.tuned_job: every step at a level is the curve's, noise-free (a meter adds the noise).
+    def expected(self, hz: int) -> tuple[float, float]:
+        i = self.levels_hz.index(hz)
+        return self.energy_j[i], self.time_s[i]
+
+    step = expected
 
 
 def real_curves(data_dir: Path = DEFAULT_DATA) -> list[Curve]:
@@ -121,68 +124,3 @@ def adversarial_curves(sizes: tuple[int, ...] = (11, 15, 25)) -> list[Curve]:
             times = tuple(0.05 + 0.2 / (hz / 1e9) for hz in levels)
             curves.append(Curve(f"{name}/{n}", levels, energy, times))
     return curves
-
-
-@dataclass
-class JobResult:
-    best_hz: int
-    windows: int
-    profiled_steps: int
-    energy_j: float  # the whole job, exploration included, at noise-free per-step energies
-    steps_at_hz: dict[int, int] = field(default_factory=dict)
-    windows_by_phase: dict[str, int] = field(default_factory=dict)  # the tuner's phase when it asked for each window
-
-
-def run_window_job(tuner, curve: Curve, rng: random.Random, noise: float, job_steps: int, warmup_steps: int = 1,
-                   window_steps: int = 4, max_windows: int = 1000) -> JobResult:
-    """Drive ``tuner`` window by window on ``curve`` with relative noise ``noise`` per window (energy and time drawn
-    apart); charge every profiled step, then the rest of ``job_steps`` at the converged level."""
-    steps = 0
-    energy_j = 0.0
-    pinned: int | None = None
-    at: dict[int, int] = {}
-    by_phase: dict[str, int] = {}
-    while not tuner.converged:
-        if tuner.probes >= max_windows:
-            raise RuntimeError(f"{curve.name}: no convergence after {max_windows} windows")
-        hz = tuner.next_level_hz()
-        phase = tuner.state()["phase"]
-        by_phase[phase] = by_phase.get(phase, 0) + 1
-        n = window_steps + (warmup_steps if hz != pinned else 0)
-        pinned = hz
-        steps += n
-        at[hz] = at.get(hz, 0) + n
-        energy_j += n * curve.energy_at(hz)
-        tuner.observe(hz, curve.energy_at(hz) * (1 + rng.gauss(0, noise)),
-                      curve.time_at(hz) * (1 + rng.gauss(0, noise)))
-    energy_j += max(0, job_steps - steps) * curve.energy_at(tuner.best_hz)
-    return JobResult(tuner.best_hz, tuner.probes, steps, energy_j, at, by_phase)
-
-
-def run_model_job(w, start_hz: int, job_steps: int, noise: float, seed: int, make_session) -> JobResult:
-    """One job on the simulated Orin, step by step, as governor/sim/tuned_job.py runs it (the noisy model drives
-    the windows; the session is ``make_session(levels_hz, start_hz)``); charged at the model's noise-free energies
-    of the levels it ran at, so that it compares exactly with the fixed levels' noise-free jobs."""
-    from governor.sim.energy import OrinEnergyModel
-
-    model = OrinEnergyModel(noise=noise, seed=seed)
-    clean = OrinEnergyModel()
-    session = make_session(model.levels_hz, start_hz)
-    energy_j = time_s = 0.0
-    at: dict[int, int] = {}
-    pinned_hz = session.level_hz
-    for step in range(1, job_steps + 1):
-        sample = model.step(w, pinned_hz)
-        energy_j += sample.energy_j
-        time_s += sample.time_s
-        if not session.converged:
-            at[pinned_hz] = at.get(pinned_hz, 0) + 1
-        session.on_progress(step, energy_j, time_s)
-        pinned_hz = session.level_hz
-    if not session.converged:
-        raise RuntimeError(f"{w.name}: no convergence in {job_steps} steps")
-    best = session.tuner.best_hz
-    profiled = sum(at.values())
-    clean_j = sum(n * clean.expected(w, hz).energy_j for hz, n in at.items())
-    clean_j += (job_steps - profiled) * clean.expected(w, best).energy_j
-    return JobResult(best, session.tuner.probes, profiled, clean_j, at)

@@ -1,8 +1,12 @@
-"""Fixtures for every level (tests/pure, backends, daemon, pipeline). pytest puts the repository root on sys.path
-(pyproject.toml's ``pythonpath``), so tests import the checkout's governor, tests.support and benchmarks."""
+"""Fixtures for every test folder (tests/X/ holds the tests of governor/X/). pytest puts the repository root on
+sys.path (pyproject.toml's ``pythonpath``), so tests import the checkout's governor, tests.support and benchmarks.
+The attack tests' helpers are in tests/support/security.py; their fixtures (a throwaway member, a process of root's)
+are here."""
 
 import os
+import secrets
 import shutil
+import subprocess
 import sys
 import tempfile
 
@@ -11,6 +15,7 @@ import pytest
 from governor.sim import tree
 from tests.support import hostusers
 from tests.support.daemon import WORKDIRS_ENV, Daemon
+from tests.support.security import needs_root
 
 
 def pytest_configure(config):
@@ -59,3 +64,27 @@ def start_daemon(request, orin):
         d.close()
         if failed:
             print(f"\n----- ftgovd log ({d.log_path}) -----\n{d.log()}")
+
+
+@pytest.fixture
+def member():
+    """A throwaway user in the ftgov group, removed afterwards (the group at the session's end, if it made it):
+    (name, uid)."""
+    needs_root()
+    name = f"ftgs{secrets.token_hex(3)}"
+    # ftgov as the primary group too: then SO_PEERCRED's gid alone makes the peer a member (as on many installs).
+    hostusers.ensure_user(name, groups=("ftgov",), primary="ftgov")
+    try:
+        uid = int(subprocess.run(["id", "-u", name], capture_output=True, text=True, check=True).stdout)
+        yield name, uid
+    finally:
+        hostusers.remove_user(name)
+
+
+@pytest.fixture
+def root_sleep():
+    """A long-lived process of root (a process a member must never be able to hold)."""
+    proc = subprocess.Popen(["sleep", "300"])
+    yield proc
+    proc.kill()
+    proc.wait()

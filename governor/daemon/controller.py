@@ -5,7 +5,7 @@ the write), the checks that watch a pin (governor.daemon.checks) and the state s
 one PinSettings that a reload swaps whole. Every change (a job registers, changes its features, ends; the limits
 change underneath) ends in ``_apply``, which gives each GPU's pin the target its jobs imply. The RPC layer translates
 requests into the methods here (governor.daemon.rpc); which connection and process hold a job is
-governor.daemon.holds's. Tests drive this class directly (tests/pure/test_pin_controller.py).
+governor.daemon.holds's. Tests drive this class directly (tests/daemon/test_controller.py).
 """
 
 from __future__ import annotations

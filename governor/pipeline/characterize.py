@@ -289,7 +289,7 @@ def _board_model(root) -> str:
 
 def _run_hardware(args) -> int:
     """A real Jetson: devfreq pins, INA3221 rails. Exercised on CPU against a simulated sysfs tree
-    (tests/pipeline/test_pipeline_hf.py); UNTESTED ON A JETSON (see governor/pipeline/hf_runner.py)."""
+    (tests/pipeline/test_hf_runner.py); UNTESTED ON A JETSON (see governor/pipeline/hf_runner.py)."""
     from governor.cli.doctor import refuse_while_daemon_runs
 
     refuse_while_daemon_runs("ftgov characterize")  # the sweep writes devfreq itself: one writer at a time

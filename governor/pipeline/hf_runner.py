@@ -1,7 +1,7 @@
 """The real workload for characterization on a Jetson: a Hugging Face fine-tuning loop, measured from the rails.
 
 UNTESTED ON A JETSON. The loop, the GLUE reader, the rail sampling and the pinning run in the test suite on CPU against
-a simulated Orin sysfs tree (tests/pipeline/test_pipeline_hf.py); the CUDA parts (fp16 autocast, the gradient scaler,
+a simulated Orin sysfs tree (tests/pipeline/test_hf_runner.py); the CUDA parts (fp16 autocast, the gradient scaler,
 torch.cuda.synchronize) and the real INA3221/devfreq files have never run on a board. Treat its first run there as a
 test.
 

@@ -29,7 +29,7 @@ from governor.policy import Policy
 from governor.policy.ffg import read_ffg_hz
 from governor.policy.tree import DecisionTree
 from governor.sim.energy import OrinEnergyModel, Workload
-from governor.sim.tuned_job import run_tuned_job
+from governor.sim.tuned_job import ModelBoard, run_tuned_job
 
 if TYPE_CHECKING:
     from governor.config import TunerConfig
@@ -146,8 +146,8 @@ class Tune:
     def pick(self, sweep: Sweep, probe: ProbeFn) -> Pick:
         start_hz = self.start.pick(sweep, probe).freq_hz
         index, workload = simulated_workload(sweep)
-        job = run_tuned_job(workload, start_hz, self.settings.job_steps, self.settings.noise,
-                            1000 * index + self.settings.seed, self.settings.config)
+        board = ModelBoard(workload, self.settings.noise, 1000 * index + self.settings.seed)
+        job = run_tuned_job(board, start_hz, self.settings.job_steps, config=self.settings.config)
         return Pick(job.best_hz, dict(job.steps_at_hz))
 
 

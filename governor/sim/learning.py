@@ -19,6 +19,7 @@ from governor.config import TunerConfig
 from governor.features import Features
 from governor.pipeline.workloads import MODELS, make_workload
 from governor.sim.energy import Calibration, OrinEnergyModel, Workload
+from governor.sim.tuned_job import ModelBoard, run_tuned_job
 from governor.store.measurements import JobRecord, Window, measured_saving
 
 BOARD = dataclasses.replace(Calibration(), knee_hz=900e6, v_floor=0.70, v_curve_exponent=2.2)
@@ -59,21 +60,14 @@ class TunedRun:
 
 def tuned_job(w: Workload, start_hz: int, seed: int, cfg: TunerConfig | None = None,
               calibration: Calibration = BOARD, job_steps: int = JOB_STEPS) -> TunedRun:
-    cfg = cfg or TunerConfig()
-    model = board_model(NOISE, seed, calibration)
-    tuner = cfg.new_tuner(model.levels_hz, start_hz)
-    session = cfg.new_session(tuner, steps=0, total_steps=job_steps)
-    windows, energy_j, time_s, step = [], 0.0, 0.0, 0
-    while not session.converged and step < job_steps:
-        step += 1
-        s = model.step(w, session.level_hz)
-        energy_j, time_s = energy_j + s.energy_j, time_s + s.time_s
-        m = session.on_progress(step, energy_j, time_s)
-        if m is not None:
-            windows.append(Window(m.level_hz, m.joules_per_step, m.seconds_per_step, m.measured_steps))
-    rest = model.expected(w, tuner.best_hz)
-    return TunedRun(tuple(windows), tuner.best_hz, energy_j + (job_steps - step) * rest.energy_j,
-                    time_s + (job_steps - step) * rest.time_s)
+    """The search on the noisy board (read exactly, as the rails are integrated), then the rest of the job at the
+    converged level's noise-free figures; a search the job cannot finish ends with the job."""
+    board = ModelBoard(w, NOISE, seed, calibration)
+    job = run_tuned_job(board, start_hz, job_steps, config=cfg, must_converge=False)
+    windows = tuple(Window(m.level_hz, m.joules_per_step, m.seconds_per_step, m.measured_steps) for m in job.windows)
+    rest_j, rest_s = board.expected(job.best_hz)
+    rest = job_steps - job.profiled_steps
+    return TunedRun(windows, job.best_hz, job.measured_energy_j + rest * rest_j, job.measured_time_s + rest * rest_s)
 
 
 def record(w: Workload, f: Features, run: TunedRun, start_hz: int, index: int, tree_id: str,

@@ -9,7 +9,8 @@ Calibrated on real NVML readings from an H200 (../shared/data/h200-meter, read e
 - step times scatter with a coefficient of variation of 13-17% (STEP_TIME_CV is the middle).
 
 The INA3221 (hwmon, a Jetson's rails) reports the average over its ``update_interval`` and refreshes at it: the same
-model as NVML's power reading, with the period read from the tree's hwmon attribute.
+model as NVML's power reading, with the period read from the tree's hwmon attribute. MeteredSteps reads a job's
+steps through either meter at each step's end, for the simulated tuned jobs (governor/sim/tuned_job.py).
 
 Power within a step follows two phases (PHASES): forward/backward, the longer and hungrier part, then the optimizer
 step and data loading. The split is a stated assumption, not a measurement: the H200's 100 ms readings cannot resolve
@@ -212,3 +213,57 @@ class Ina3221:
                     trace.append(share * duration, ratio * mean_w)
             self._end += duration
 
+
+INA3221_UPDATE_S = 0.140  # hwmon update_interval of the simulated Orin's tree
+METER_UPDATE_S = {"nvml": NVML_UPDATE_S, "ina3221": INA3221_UPDATE_S}
+
+
+class MeteredSteps:
+    """One job's true power, step by step, and what ``meter`` reads of it at each step's end (``step``)."""
+
+    def __init__(self, meter: str, seed: int, step_cv: float = STEP_TIME_CV):
+        if meter not in METER_UPDATE_S:
+            raise ValueError(f"meter {meter!r}: one of {', '.join(METER_UPDATE_S)}")
+        self.meter = meter
+        self.update_s = METER_UPDATE_S[meter]
+        self._rng = random.Random(seed)
+        self._shape = 1.0 / (step_cv * step_cv) if step_cv > 0 else None
+        origin_s = self._rng.uniform(0.0, self.update_s)  # the job starts anywhere in the meter's period
+        jitter_s = NVML_UPDATE_JITTER_S if meter == "nvml" else 0.0
+        self.clock = UpdateClock(self.update_s, jitter_s=jitter_s, origin_s=origin_s, seed=seed)
+        self.trace = PowerTrace(0.0, keep_s=2.0)
+        self.steps = 0
+        self._rails_j = 0.0  # ina3221: the readings integrated over the daemon's reads
+        self._last: tuple[float, float] | None = None  # ina3221: (time_s, power_w) of the last read
+        self._sample_s = self._rng.uniform(0.0, self.update_s)  # ina3221: the sampler's next read
+
+    @property
+    def time_s(self) -> float:
+        return self.trace.end_s
+
+    def step(self, joules_per_step: float, seconds_per_step: float) -> tuple[int, float, float]:
+        """Run one step at a level of this J/step and s/step; the report at its end: (steps, energy_j, time_s)."""
+        duration = (seconds_per_step if self._shape is None
+                    else self._rng.gammavariate(self._shape, seconds_per_step / self._shape))
+        before = self.time_s
+        append_step(self.trace, duration, joules_per_step / seconds_per_step)
+        self.steps += 1
+        t = self.time_s
+        if self.meter == "nvml":
+            return self.steps, held_energy_j(self.trace, self.clock, t), t
+        if self._last is None:
+            self._last = (before, averaged_power_w(self.trace, self.clock, before))
+        while self._sample_s < t:
+            self._read(self._sample_s)
+            self._sample_s += self.update_s
+        self._read(t)
+        return self.steps, self._rails_j, t
+
+    def window_opened(self) -> None:
+        """Nothing: the meter reads steps, it knows no windows."""
+
+    def _read(self, t_s: float) -> None:
+        w = averaged_power_w(self.trace, self.clock, t_s)
+        last_s, last_w = self._last
+        self._rails_j += (t_s - last_s) * (w + last_w) / 2.0
+        self._last = (t_s, w)

@@ -1,61 +1,244 @@
-"""One training job under the `tune` policy on the simulated Orin, step by step: what `ftgov evaluate` scores and
-benchmarks/bench_tuner.py measures (written once, so that both see the same tuner the daemon runs).
+"""One simulated tuned job: the tuner driven step by step through the daemon's TuningSession, on a board read through
+a meter. Every simulation of the `tune` policy runs this loop: ``ftgov evaluate`` (governor/pipeline/policies.py), the
+learning board's jobs (governor/sim/learning.py) and the tuner benchmarks (benchmarks/bench_tuner.py, tuner_bound.py).
 
-The job starts pinned at ``start_hz`` (MLG's pick, as in the daemon). Every step runs on the noisy energy model at the
-pinned level; its energy and time are added to cumulative counters, which a ``TuningSession`` reads as the daemon
-reads the rails at each ``progress`` report; when a window closes and the tuner wants another level, the next step
-runs there (the daemon re-pins right after the report, so that step is the warm-up). The tuner's knobs are the
-daemon's (``governor.config.TunerConfig``), so the simulation cannot drift from what ftgovd does.
+A board (``Board``) gives a level's step as it runs (``step``: noisy on the energy model) and noise-free
+(``expected``). A meter (``METERS``) turns the steps into the progress reports the daemon reads, (steps, energy_j,
+time_s) at each step's end:
+
+- ``exact``: the steps' own energy and time summed (the board's noise is the only noise);
+- ``gauss``: each window's steps scaled by 1 + N(0, noise_rel) in energy and, apart, in time, drawn as the window
+  opens: a window reads its level's J/step and s/step times a Gaussian error of its own;
+- ``nvml``, ``ina3221``: each step's time scattered and its power in two phases, read through the meter's updates
+  (governor.sim.meters.MeteredSteps).
+
+The windows follow the TunerConfig's rule (``rule``: ``steps``, warm-up then window_steps; ``time``, the daemon's
+WindowRule on the meter's updates). The job starts pinned at ``start_hz`` and re-pins as each window closes (the next
+step is the warm-up). It stops when the tuner converges: the rest of the job is charged at the chosen level's
+noise-free figures (``TunedJob.clean_energy_j``).
 """
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from governor.config import TunerConfig
 from governor.errors import FtgovError
-from governor.policy.tuner import TuningSession
-from governor.sim.energy import OrinEnergyModel, Workload
+from governor.policy.tuner import OnlineTuner
+from governor.policy.windows import Measurement, ProbeWindow, TuningSession, WindowRule
+from governor.sim.energy import Calibration, OrinEnergyModel, Workload
+from governor.sim.meters import METER_UPDATE_S, MeteredSteps
+
+METERS = ("exact", "gauss", *METER_UPDATE_S)
+RULES = ("steps", "time")
+
+
+class Board(Protocol):
+    """What a tuned job runs on: per step at one level, joules and seconds."""
+
+    name: str
+
+    @property
+    def levels_hz(self) -> tuple[int, ...]: ...
+
+    def expected(self, level_hz: int) -> tuple[float, float]:
+        """The noise-free step: (energy_j, time_s)."""
+        ...
+
+    def step(self, level_hz: int) -> tuple[float, float]:
+        """One step as it runs (noisy where the board is): (energy_j, time_s)."""
+        ...
+
+
+class ModelBoard:
+    """One workload on the simulated Orin's energy model (governor.sim.energy), its noise seeded by ``seed``."""
+
+    def __init__(self, workload: Workload, noise: float = 0.0, seed: int = 0, calibration: Calibration | None = None):
+        self.model = OrinEnergyModel(noise=noise, seed=seed, calibration=calibration)
+        self.workload = workload
+        self.name = workload.name
+
+    @property
+    def levels_hz(self) -> tuple[int, ...]:
+        return tuple(self.model.levels_hz)
+
+    def expected(self, level_hz: int) -> tuple[float, float]:
+        s = self.model.expected(self.workload, level_hz)
+        return s.energy_j, s.time_s
+
+    def step(self, level_hz: int) -> tuple[float, float]:
+        s = self.model.step(self.workload, level_hz)
+        return s.energy_j, s.time_s
+
+
+class ExactMeter:
+    """The steps' energy and time, summed as they run."""
+
+    update_s = 0.0
+
+    def __init__(self):
+        self.steps, self.energy_j, self.time_s = 0, 0.0, 0.0
+
+    def step(self, energy_j: float, time_s: float) -> tuple[int, float, float]:
+        self.steps += 1
+        self.energy_j += energy_j
+        self.time_s += time_s
+        return self.steps, self.energy_j, self.time_s
+
+    def window_opened(self) -> None:
+        pass
+
+
+class GaussMeter(ExactMeter):
+    """Each window's steps read at (1 + N(0, noise_rel)) times their energy and, drawn apart, their time."""
+
+    def __init__(self, noise_rel: float, seed: int):
+        super().__init__()
+        self.noise_rel = noise_rel
+        self._rng = random.Random(seed)
+        self._energy_factor = self._time_factor = 1.0
+
+    def step(self, energy_j: float, time_s: float) -> tuple[int, float, float]:
+        return super().step(energy_j * self._energy_factor, time_s * self._time_factor)
+
+    def window_opened(self) -> None:
+        self._energy_factor = 1 + self._rng.gauss(0, self.noise_rel)
+        self._time_factor = 1 + self._rng.gauss(0, self.noise_rel)
+
+
+def make_meter(meter: str, seed: int = 0, noise_rel: float = 0.03) -> ExactMeter | MeteredSteps:
+    """A meter by name (METERS); ``seed`` drives its noise, ``noise_rel`` is the gauss meter's."""
+    if meter == "exact":
+        return ExactMeter()
+    if meter == "gauss":
+        return GaussMeter(noise_rel, seed)
+    if meter in METER_UPDATE_S:
+        return MeteredSteps(meter, seed)
+    raise ValueError(f"meter {meter!r}: one of {', '.join(METERS)}")
+
+
+def window_rule(meter: str) -> WindowRule:
+    """The daemon's rule (TunerConfig's defaults) on this meter's updates."""
+    rule = TunerConfig(window_rule="time").window(METER_UPDATE_S[meter])
+    assert rule is not None
+    return rule
 
 
 @dataclass
 class TunedJob:
-    """A finished simulated job. Energies and times are the noisy model's, summed over every step."""
+    """A simulated tuned job, run until its tuner converged."""
 
-    energy_j: float  # the whole job, exploration included
-    time_s: float
     session: TuningSession
+    job_steps: int
+    profiled_steps: int = 0  # steps run before the tuner converged (its search), warm-ups included
     steps_at_hz: dict[int, int] = field(default_factory=dict)  # level -> steps run there before the tuner converged
+    windows: list[Measurement] = field(default_factory=list)  # every window the tuner was given, in order
+    windows_by_phase: dict[str, int] = field(default_factory=dict)  # the tuner's phase when it asked for each window
+    measured_energy_j: float = 0.0  # what the meter read over the steps run
+    measured_time_s: float = 0.0
+    # The whole job of job_steps at noise-free figures: each step run within the job at its level's, the rest at the
+    # chosen level's (a search longer than the job is charged up to the job's end only).
+    clean_energy_j: float = 0.0
+    clean_time_s: float = 0.0
+
+    @property
+    def tuner(self) -> OnlineTuner:
+        return self.session.tuner  # type: ignore[return-value]  # run_tuned_job gives it an OnlineTuner
+
+    @property
+    def converged(self) -> bool:
+        return self.session.converged
 
     @property
     def best_hz(self) -> int:
-        return self.session.tuner.best_hz
+        return self.tuner.best_hz
 
     @property
-    def profiled_steps(self) -> int:
-        return self.session.profiled_steps
+    def probes(self) -> int:
+        return self.tuner.probes
+
+    @property
+    def outlasted(self) -> bool:
+        """The search ran past the job's last step."""
+        return self.profiled_steps > self.job_steps
+
+    @property
+    def window_steps(self) -> float:
+        """Measured steps per window, mean."""
+        return sum(m.measured_steps for m in self.windows) / max(1, len(self.windows))
 
 
-def run_tuned_job(w: Workload, start_hz: int, job_steps: int, noise: float, seed: int,
-                  config: TunerConfig | None = None) -> TunedJob:
-    """Simulate ``job_steps`` steps of ``w`` under the tuner from ``start_hz``; the model's noise is seeded by ``seed``.
+def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "exact", seed: int = 0,
+                  noise_rel: float = 0.03, config: TunerConfig | None = None, rule: str | None = None,
+                  tuner: OnlineTuner | None = None, max_steps: int | None = None,
+                  must_converge: bool = True) -> TunedJob:
+    """Run a job of ``job_steps`` steps on ``board`` under the tuner from ``start_hz``, read through ``meter``
+    (METERS; ``seed`` and ``noise_rel`` are its own), windows by ``rule`` (RULES; default the config's).
 
-    Raises FtgovError when the tuner has not converged by the end of the job (the job is too short for its budget).
+    ``config`` sets the windows (warmup_steps, window_steps, the rule's settings) and, unless ``tuner`` is given, the
+    tuner's knobs. The search may run ``max_steps`` steps (default ``job_steps``); a tuner still searching then
+    raises FtgovError if ``must_converge``, else the job ends there.
     """
     cfg = config or TunerConfig()
-    model = OrinEnergyModel(noise=noise, seed=seed)
-    session = cfg.new_session(cfg.new_tuner(model.levels_hz, start_hz), steps=0, total_steps=job_steps)
-    job = TunedJob(0.0, 0.0, session)
-    pinned_hz = session.level_hz
-    for step in range(1, job_steps + 1):
-        sample = model.step(w, pinned_hz)
-        job.energy_j += sample.energy_j
-        job.time_s += sample.time_s
+    if rule is not None:
+        if rule not in RULES:
+            raise ValueError(f"rule {rule!r}: one of {', '.join(RULES)}")
+        cfg = cfg.model_copy(update={"window_rule": rule})
+    if meter == "gauss" and cfg.window_rule == "time":
+        raise ValueError("window rule time needs steps that scatter (meter exact, nvml, ina3221): a gauss meter "
+                         "draws each window's error, not its steps'")
+    reader = make_meter(meter, seed, noise_rel)
+    online = tuner if tuner is not None else cfg.new_tuner(board.levels_hz, start_hz)
+    job = TunedJob(cfg.new_session(online, 0, total_steps=job_steps, meter_update_s=reader.update_s), job_steps)
+    session = job.session
+    reader.window_opened()
+    limit = job_steps if max_steps is None else max_steps
+    hz = session.measuring_hz
+    phase = online.state()["phase"]
+    while job.profiled_steps < limit and not session.converged:
+        energy_j, time_s = board.step(hz)
+        report = reader.step(energy_j, time_s)
+        job.profiled_steps += 1
+        job.measured_energy_j, job.measured_time_s = report[1], report[2]
+        if job.profiled_steps <= job_steps:
+            clean_j, clean_s = board.expected(hz)
+            job.clean_energy_j += clean_j
+            job.clean_time_s += clean_s
+        job.steps_at_hz[hz] = job.steps_at_hz.get(hz, 0) + 1
+        m = session.on_progress(*report)
+        if m is None:
+            continue
+        job.windows.append(m)
+        job.windows_by_phase[phase] = job.windows_by_phase.get(phase, 0) + 1
         if not session.converged:
-            job.steps_at_hz[pinned_hz] = job.steps_at_hz.get(pinned_hz, 0) + 1
-        session.on_progress(step, job.energy_j, job.time_s)
-        pinned_hz = session.level_hz
-    if not session.converged:
-        raise FtgovError(f"{w.name}: the tuner had not converged after {job_steps} steps "
+            hz = session.measuring_hz
+            phase = online.state()["phase"]
+            reader.window_opened()
+    if not session.converged and must_converge:
+        raise FtgovError(f"{board.name}: the tuner had not converged after {job.profiled_steps} steps "
                          f"({session.profiled_steps} profiled); use a longer job")
+    rest = max(0, job_steps - job.profiled_steps)
+    clean_j, clean_s = board.expected(job.best_hz)
+    job.clean_energy_j += rest * clean_j
+    job.clean_time_s += rest * clean_s
     return job
+
+
+def level_windows(meter: str, joules_per_step: float, seconds_per_step: float, seed: int, windows: int,
+                  rule: WindowRule | None = None, window_steps: int = 4) -> list[Measurement]:
+    """``windows`` consecutive windows at one level (no warm-up: the level does not change), as the daemon's
+    ProbeWindow closes them on ``meter``'s readings (``nvml``, ``ina3221``): their Measurements."""
+    steps = MeteredSteps(meter, seed)
+    out: list[Measurement] = []
+    report = (0, 0.0, 0.0)
+    while len(out) < windows:
+        w = ProbeWindow(None, report[0], 0, window_steps, rule=rule, meter_update_s=steps.update_s)
+        w.feed(*report)
+        m = None
+        while m is None:
+            report = steps.step(joules_per_step, seconds_per_step)
+            m = w.feed(*report)
+        out.append(m)
+    return out

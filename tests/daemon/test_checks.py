@@ -6,7 +6,7 @@ from governor.backends.base import Limits, Reading
 from governor.daemon import checks
 from governor.daemon.gpupin import GpuPin
 from governor.daemon.powermode import PowerModeCap
-from tests.pure.test_pin_controller import BASELINE, LEVELS, FakeGpu
+from tests.daemon.test_controller import BASELINE, LEVELS, FakeGpu
 
 PIN = LEVELS[2]
 

@@ -8,7 +8,7 @@ from governor.backends.base import Limits
 from governor.daemon.gpupin import GpuPin
 from governor.daemon.powermode import PowerModeCap
 from governor.errors import BackendError
-from tests.pure.test_pin_controller import BASELINE, LEVELS, FakeGpu
+from tests.daemon.test_controller import BASELINE, LEVELS, FakeGpu
 
 
 class Recording(FakeGpu):

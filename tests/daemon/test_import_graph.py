@@ -71,4 +71,4 @@ def test_nothing_shipped_imports_the_tests_and_nothing_patches_sys_path():
     assert [str(p) for p in runnable if "sys.path.insert" in p.read_text() or "sys.path.append" in p.read_text()] == []
 
 
-# That governor/daemon and governor/policy have no import circle: tests/pure/test_import_circles.py.
+# That governor/daemon and governor/policy have no import circle: tests/repo/test_import_circles.py.

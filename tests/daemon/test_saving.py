@@ -13,7 +13,7 @@ from governor.daemon.saving import SAVE_COALESCE_S, SAVE_ENERGY_TICKS, StateSave
 from governor.errors import StateError
 from governor.store.state import StateFile
 from tests.daemon.test_jobtable import admit, decided
-from tests.pure.test_pin_controller import BASELINE, FakeGpu
+from tests.daemon.test_controller import BASELINE, FakeGpu
 
 
 class CountingFile(StateFile):

@@ -10,7 +10,7 @@ from governor.config import Config
 from governor.daemon.settings import PinSettings
 from governor.errors import FtgovError
 from governor.policy import Policy, PolicyName
-from tests.pure.test_pin_controller import ENCODER, FakeGpu, controller, job
+from tests.daemon.test_controller import ENCODER, FakeGpu, controller, job
 
 POLICY = Policy(PolicyName.FFG, 714_000_000, None)
 

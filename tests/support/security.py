@@ -1,4 +1,5 @@
-"""What the attack tests (tests/security) share: a stdlib client run as a throwaway user, forged state files."""
+"""What the attack tests share (docs/security.md names them): a stdlib client run as a throwaway user, forged state
+files. Their fixtures (a throwaway member, a process of root's) are in tests/conftest.py."""
 
 from __future__ import annotations
 

@@ -14,10 +14,18 @@ from pathlib import Path
 import pytest
 
 from governor.sim import tree
-from tests.support import NVPMODEL_CONF
+from tests.support import NVPMODEL_CONF, hostusers
 from tests.support.daemon import DEVFREQ, FEATURES, REPO, limits
 
 BASELINE = (306000000, 1300500000)
+
+
+@pytest.fixture(autouse=True)
+def socket_group():
+    """As root, the config's socket group exists before a daemon starts, as an install makes it (doctor checks it,
+    and the daemon gives it its socket); made for the session, not left to whichever test ran first."""
+    if os.geteuid() == 0:
+        hostusers.ensure_group("ftgov")
 
 
 

@@ -16,7 +16,7 @@ from governor.pipeline import dataset
 from governor.pipeline import evaluate as ev
 from governor.pipeline.policies import Pick, TuneSettings, build_policies, model_energy_j, simulated_workload
 from governor.policy.tree import DecisionTree
-from governor.sim.tuned_job import run_tuned_job
+from governor.sim.tuned_job import ModelBoard, run_tuned_job
 from tests.support import REPO
 
 MODEL = REPO / "model"
@@ -108,7 +108,7 @@ def test_tune_charges_its_exploration_over_the_whole_job(report):
     s = next(s for s in sweeps if s.workload == "pythia-70m/qqp")
     index, workload = simulated_workload(s)
     start_hz = DecisionTree.load(MODEL / "mlg-tree.json").decide(s.features).freq_hz
-    job = run_tuned_job(workload, start_hz, 2000, TuneSettings.noise, 1000 * index, TunerConfig())
+    job = run_tuned_job(ModelBoard(workload, TuneSettings.noise, 1000 * index), start_hz, 2000, config=TunerConfig())
     assert sum(job.steps_at_hz.values()) == job.profiled_steps
     assert len(job.steps_at_hz) >= 2  # it did explore: at least the start and a neighbour
     rest = 2000 - job.profiled_steps
@@ -149,7 +149,7 @@ def test_a_job_too_short_for_the_tuner_is_an_error():
     s = dataset.load(MODEL / "data" / "held-out.csv")[0]
     _, workload = simulated_workload(s)
     with pytest.raises(FtgovError, match="not converged"):
-        run_tuned_job(workload, s.levels_hz[5], 10, 1.0, 0)
+        run_tuned_job(ModelBoard(workload, 1.0, 0), s.levels_hz[5], 10)
 
 
 @dataclass(frozen=True)

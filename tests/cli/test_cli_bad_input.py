@@ -1,8 +1,8 @@
 """Every `ftgov` subcommand, walked from the argparse parser (a new one is covered without editing this file), answers
 bad input with one line on stderr naming it and its exit code: 2 for bad usage (argparse's, and a number out of its
 range), 1 for a user's error found while running (governor.cli.run_command), 126/127 for `ftgov run`'s command.
-Never a traceback. (A reader that goes away: test_client_ops.py.) In tests/daemon: the
-bad commands try sockets and files, and one that regressed would start processes."""
+Never a traceback. (A reader that goes away: test_ops.py.) It runs the real
+command: the bad commands try sockets and files, and one that regressed would start processes."""
 
 from __future__ import annotations
 

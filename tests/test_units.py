@@ -5,7 +5,7 @@ from pathlib import Path
 
 from governor.units import mhz
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_mhz_formats_a_pin_and_its_absence():

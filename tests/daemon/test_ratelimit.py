@@ -266,7 +266,7 @@ def test_a_tuner_move_within_the_window_waits_for_it_and_its_windows_wait_for_th
     from governor.daemon.settings import PinSettings
     from governor.policy import Policy, PolicyName
     from governor.store.state import StateFile
-    from tests.pure.test_pin_controller import ENCODER, FakeGpu
+    from tests.daemon.test_controller import ENCODER, FakeGpu
 
     timers, clock = [], _Clock()
     gpu = FakeGpu()
