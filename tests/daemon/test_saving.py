@@ -12,8 +12,8 @@ from governor.daemon.powermode import PowerModeCap
 from governor.daemon.saving import SAVE_COALESCE_S, SAVE_ENERGY_TICKS, StateSaver
 from governor.errors import StateError
 from governor.store.state import StateFile
-from tests.daemon.test_jobtable import admit, decided
 from tests.daemon.test_controller import BASELINE, FakeGpu
+from tests.daemon.test_jobtable import admit, decided
 
 
 class CountingFile(StateFile):
