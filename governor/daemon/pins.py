@@ -32,6 +32,7 @@ from governor.units import mhz
 
 if TYPE_CHECKING:
     from governor.daemon.recorder import Recorder
+    from governor.daemon.scheduler import SchedulerHolds
 
 log = logging.getLogger("ftgovd")
 
@@ -84,6 +85,9 @@ class PinController:
         self.attach_tuner = attach_tuner
         self.plan_tune = plan_tune
         self.recorder = recorder
+        # A batch scheduler's holds (governor.daemon.scheduler), one more voice in each GPU's combine; set by the
+        # server that owns them.
+        self.scheduler: SchedulerHolds | None = None
         self._save_pending = False
         self._ticks_since_save = 0
         self._save_prompt = False
@@ -261,7 +265,26 @@ class PinController:
         return hz
 
     def target_hz(self, gpu_id: str) -> int | None:
-        return combine([self.needs_hz(j) for j in self.jobs.values() if j.gpu_id == gpu_id and j.decision is not None])
+        needs = [self.needs_hz(j) for j in self.jobs.values() if j.gpu_id == gpu_id and j.decision is not None]
+        if self.scheduler is not None:
+            needs += self.scheduler.needs(gpu_id)
+        return combine(needs)
+
+    def apply_gpu(self, gpu_id: str, *, quietly: bool = False, removed: bool = False) -> None:
+        """Apply one GPU's target after a change outside the job table (a scheduler's hold); ``quietly``: a failure is
+        logged and retried rather than raised."""
+        if quietly:
+            self._apply_quietly(gpu_id, removed=removed)
+        else:
+            self._apply(gpu_id, removed=removed)
+
+    def busy(self) -> bool:
+        """Jobs or holds are active: the tick samples their energy."""
+        return bool(self.jobs) or (self.scheduler is not None and self.scheduler.active())
+
+    def metered(self) -> list:
+        """What the board's energy sampler integrates for: the jobs, and the held GPUs of scheduler holds."""
+        return [*self.jobs.values(), *(self.scheduler.metered() if self.scheduler is not None else ())]
 
     def set_phase(self, job: ActiveJob, phase: str | None) -> None:
         """A job reported a phase: re-apply when that changes what it needs."""
@@ -344,7 +367,8 @@ class PinController:
     def state(self) -> State:
         gpus = {gid: GpuState(describe=ctl.gpu.describe(), baseline=ctl.baseline, pinned_hz=ctl.pinned_hz)
                 for gid, ctl in self.gpus.items() if ctl.baseline is not None}
-        return State(self.boot_id, gpus, [j.record() for j in self.jobs.values() if j.decision], self.next_job_id)
+        return State(self.boot_id, gpus, [j.record() for j in self.jobs.values() if j.decision], self.next_job_id,
+                     holds=self.scheduler.records() if self.scheduler is not None else [])
 
     def _save_soon(self, *, prompt: bool) -> None:
         """Save a change of the job list without making the client wait for it.
@@ -387,9 +411,10 @@ class PinController:
     def sample(self) -> None:
         """Integrate energy for every active job (called on the daemon's tick while jobs are active); every
         SAVE_ENERGY_TICKS ticks the state file gets the jobs' energy so far, which a re-adopting daemon continues."""
-        self.energy.sample(self.jobs.values())
+        metered = self.metered()
+        self.energy.sample(metered)
         self._ticks_since_save += 1
-        if self._ticks_since_save >= SAVE_ENERGY_TICKS and any(j.meter is not None for j in self.jobs.values()):
+        if self._ticks_since_save >= SAVE_ENERGY_TICKS and any(j.meter is not None for j in metered):
             self._save_soon(prompt=False)
 
     def _notify(self) -> None:

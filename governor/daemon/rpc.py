@@ -1,4 +1,5 @@
-"""The daemon's JSON-RPC methods: register, update, progress, unregister, status, predict, ping.
+"""The daemon's JSON-RPC methods: register, update, progress, unregister, status, predict, ping, pin_check, and root's
+slurm_hold and slurm_release (governor.daemon.scheduler).
 
 Each answers at once with a dict, or, when it has to measure gpu_util first, with a coroutine that will (the
 connection then holds the lines behind it). Parameters arrive validated (governor.daemon.protocol); what is checked
@@ -18,6 +19,7 @@ from governor.daemon.holds import Holds, summary
 from governor.daemon.jobs import ActiveJob
 from governor.daemon.pins import PinController
 from governor.daemon.protocol import RpcFault
+from governor.daemon.scheduler import SchedulerHolds, UnknownHold
 from governor.daemon.utilization import measure_load_pct
 from governor.errors import INVALID_PARAMS, LIMIT_EXCEEDED, PERMISSION_DENIED, SERVER_ERROR, UNKNOWN_JOB, FtgovError
 from governor.policy import PolicyName
@@ -40,13 +42,14 @@ class Methods:
     how the daemon looks for a GPU while it has none, for the error that says so."""
 
     def __init__(self, pins: PinController, holds: Holds, sampler: UtilizationSampler, redecide: ratelimit.Coalescer,
-                 config: Callable[[], Config], gpu_search: Callable[[], str]):
+                 config: Callable[[], Config], gpu_search: Callable[[], str], scheduler: SchedulerHolds):
         self.pins = pins
         self.holds = holds
         self.sampler = sampler
         self.redecide = redecide
         self._config = config
         self._gpu_search = gpu_search
+        self.scheduler = scheduler
         self._pin_checked_s: dict[int, float] = {}  # uid -> when its last pin check ran (monotonic)
         self._registrations: ratelimit.TokenBuckets | None = None  # per non-root uid; made from the config in force
 
@@ -136,7 +139,7 @@ class Methods:
         except peers.ProcessGone as e:
             raise RpcFault(INVALID_PARAMS, f"pid: {e}", {"field": "pid"}) from e
         try:
-            job = self._admit(conn, params, pid, held)
+            job, slurm = self._admit(conn, params, pid, held)
         except BaseException:  # any failure, a bug's too: the pidfd goes with it (a leak per request exhausts fds)
             held.close()
             raise
@@ -145,18 +148,19 @@ class Methods:
         if job.features.gpu_util is None and self.pins.policy.needs_gpu_util(job.features, job.policy):
             decision = self.pins.hold_unpinned(job, MEASURING)
             self.sampler.start(job)
-            return self._registered(job, decision)
+            return {**self._registered(job, decision), **slurm}
         reply = self._decide_new(conn, job, "")
         self._record_util(job)
-        return reply
+        return {**reply, **slurm}
 
     def _record_util(self, job: ActiveJob) -> None:
         """A job decided without its gpu_util has it measured anyway, for status and the store."""
         if job.features.gpu_util is None:
             self.sampler.start(job, decide=False)
 
-    def _admit(self, conn: Connection, params, pid: int, held: peers.HeldProcess) -> ActiveJob:
-        """The job of a registration whose process is held (the caller releases ``held`` if this raises)."""
+    def _admit(self, conn: Connection, params, pid: int, held: peers.HeldProcess) -> tuple[ActiveJob, dict]:
+        """The job of a registration whose process is held (the caller releases ``held`` if this raises), and what
+        the reply says of its Slurm job's hold (empty: it named none)."""
         if conn.peer.uid != 0 and held.uid != conn.peer.uid:
             raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} is not yours (uid {conn.peer.uid})",
                            {"field": "pid"})
@@ -167,12 +171,23 @@ class Methods:
             gpu_id = self.pins.find_gpu(params.gpu)
         except FtgovError as e:
             raise RpcFault(INVALID_PARAMS, f"gpu: {e}", {"field": "gpu"}) from e
+        policy = PolicyName.TUNE if params.tune else None
+        hold, slurm = None, {}
+        if params.slurm_job_id is not None:
+            hold, why = self.scheduler.joinable(params.slurm_job_id, conn.peer.uid, gpu_id)
+            slurm = {"slurm_job_id": params.slurm_job_id, "joined": hold is not None, **({"why": why} if why else {})}
+            if hold is not None:
+                policy = self.scheduler.inside_policy(hold, params.tune)
+                if policy is PolicyName.TUNE and self.pins.policy.name is PolicyName.OBSERVE:
+                    policy = PolicyName.OBSERVE
         try:
-            return self.pins.admit(pid=pid, start_ticks=held.start_ticks, uid=conn.peer.uid, name=params.name,
-                                   gpu_id=gpu_id, features=params.features(),
-                                   policy=PolicyName.TUNE if params.tune else None)
+            job = self.pins.admit(pid=pid, start_ticks=held.start_ticks, uid=conn.peer.uid, name=params.name,
+                                  gpu_id=gpu_id, features=params.features(), policy=policy)
         except FtgovError as e:
             raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
+        if hold is not None:
+            self.scheduler.join(hold, job)
+        return job, {"slurm": slurm} if slurm else {}
 
     def _decide_new(self, conn: Connection, job: ActiveJob, why: str) -> dict:
         try:
@@ -246,6 +261,32 @@ class Methods:
         if job.tuner is not None:
             job.tuner.progress(self.pins, job)
         return {}
+
+    def _root_only(self, conn: Connection, method: str) -> None:
+        if conn.peer.uid != 0:
+            log.info("uid %d: %s refused: root only", conn.peer.uid, method)
+            raise RpcFault(PERMISSION_DENIED, f"{method}: only root (the scheduler's prolog and epilog) may hold or "
+                           "release a scheduler job's GPUs")
+
+    def rpc_slurm_hold(self, conn: Connection, params) -> dict:
+        self._root_only(conn, "slurm_hold")
+        if not self.pins.gpus:
+            raise self._no_gpu()
+        if params.policy != "off" and self.pins.policy.name is PolicyName.OBSERVE:
+            raise RpcFault(INVALID_PARAMS, f"policy: this daemon runs the observe policy and pins nothing; ask for "
+                           f"off, not {params.policy}", {"field": "policy"})
+        try:
+            return self.scheduler.hold(slurm_job_id=params.slurm_job_id, uid=params.uid, partition=params.partition,
+                                       policy=params.policy, gpus=params.gpus)
+        except FtgovError as e:
+            raise RpcFault(SERVER_ERROR, f"Slurm job {params.slurm_job_id}: {e}") from e
+
+    def rpc_slurm_release(self, conn: Connection, params) -> dict:
+        self._root_only(conn, "slurm_release")
+        try:
+            return self.scheduler.release(params.slurm_job_id, params.why)
+        except UnknownHold as e:
+            raise RpcFault(UNKNOWN_JOB, str(e), {"field": "slurm_job_id"}) from e
 
     def rpc_unregister(self, conn: Connection, params) -> dict:
         kept = self.holds.take_ended(conn, params.job_id)  # its process exited first: the summary kept then

@@ -41,4 +41,5 @@ def status(pins: PinController) -> dict:
     return {"policy": pins.policy.name.value, "jobs": jobs, "gpus": gpus, "gpu_missing": pins.missing_why,
             "power_mw": power,
             "energy_rails": pins.rails.energy_rails if pins.rails else [], "energy_source": pins.energy.source(),
-            "store": pins.recorder.status() if pins.recorder is not None else None}
+            "store": pins.recorder.status() if pins.recorder is not None else None,
+            "holds": pins.scheduler.describe() if pins.scheduler is not None else []}

@@ -45,18 +45,18 @@ class Ticker:
         if not self._status_pending:
             self._status_pending = True
             loop.call_soon(self._send_status, pins)
-        if self._tick is None and (pins.jobs or pins.pending_restores()):
+        if self._tick is None and (pins.busy() or pins.pending_restores()):
             self._tick = loop.call_later(self.sample_interval_s, self._on_tick, pins)
         self._schedule_sampler(pins)
 
     def _schedule_sampler(self, pins: PinController) -> None:
         refresh_s = pins.energy.refresh_s
-        if self._sampler is None and pins.jobs and refresh_s:
+        if self._sampler is None and pins.busy() and refresh_s:
             self._sampler = asyncio.get_running_loop().call_later(refresh_s, self._on_sample, pins)
 
     def _on_sample(self, pins: PinController) -> None:
         self._sampler = None
-        pins.energy.sample(pins.jobs.values())
+        pins.energy.sample(pins.metered())
         self._schedule_sampler(pins)
 
     def _send_status(self, pins: PinController) -> None:
