@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import socket as socketlib
 import subprocess
@@ -97,6 +98,16 @@ def job_gpus(env: dict[str, str]) -> list[str | int] | None:
                 keys.append(entry)
         return keys
     return None
+
+
+# slurmd gives the prolog and the epilog a bare environment: PATH may be unset or not name Slurm's commands.
+SLURM_BIN_DIRS = "/usr/bin:/usr/local/bin:/opt/slurm/bin"
+
+
+def slurm_command(name: str) -> str:
+    """Where a Slurm command is: on PATH, else in the usual install directories; the bare name otherwise (its run
+    then fails, and is reported, as a missing command)."""
+    return shutil.which(name) or shutil.which(name, path=SLURM_BIN_DIRS) or name
 
 
 def warn(message: str) -> None:
@@ -238,26 +249,36 @@ def merged_admin_comment(existing: str | None, entry: str) -> str:
 
 
 def write_admin_comment(job_id: int, entry: str, timeout_s: float) -> None:
-    """scontrol update JobId=ID AdminComment=...: what `sacct -j ID -o AdminComment` shows once the job is
-    accounted (AccountingStorageType=accounting_storage/slurmdbd)."""
+    """Put this node's entry into the job's AdminComment, which `sacct -j ID -o AdminComment` shows
+    (AccountingStorageType=accounting_storage/slurmdbd). ``scontrol update`` while slurmctld still lets the job be
+    updated; once the job has finished (the node epilog usually runs after that), the accounting record itself, with
+    ``sacctmgr modify job``."""
     existing = scontrol_field(job_id, "AdminComment", timeout_s)
     value = merged_admin_comment(existing, entry)
+    done = _run([slurm_command("scontrol"), "update", f"JobId={job_id}", f"AdminComment={value}"], timeout_s)
+    if done is not None and done.returncode != 0 and "already finished" in done.stderr:
+        done = _run([slurm_command("sacctmgr"), "-i", "modify", "job", "where", f"jobid={job_id}", "set",
+                     f"AdminComment={value}"], timeout_s)
+    if done is None:
+        warn(f"job {job_id}: could not write AdminComment")
+    elif done.returncode != 0:
+        warn(f"job {job_id}: writing AdminComment failed: {(done.stderr or done.stdout).strip() or done.returncode}")
+
+
+def _run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess | None:
     try:
-        done = subprocess.run(["scontrol", "update", f"JobId={job_id}", f"AdminComment={value}"],
-                              capture_output=True, text=True, timeout=timeout_s, check=False)
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
-        warn(f"job {job_id}: could not write AdminComment: {e}")
-        return
-    if done.returncode != 0:
-        warn(f"job {job_id}: scontrol update AdminComment failed: {done.stderr.strip() or done.returncode}")
+        warn(f"{args[0]}: {e}")
+        return None
 
 
 def scontrol_field(job_id: int, name: str, timeout_s: float) -> str | None:
     """One field of `scontrol show job -o ID` (None when scontrol fails or lacks it). The field runs to the next
     ``Key=`` of scontrol's one-line format."""
     try:
-        done = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
+        done = subprocess.run([slurm_command("scontrol"), "show", "job", "-o", str(job_id)], capture_output=True,
+                              text=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         warn(f"scontrol show job {job_id}: {e}")
         return None
@@ -285,8 +306,8 @@ def sweep_stale_holds(conn, config: SlurmConfig, job_id: int) -> None:
 def slurm_knows(job_id: int, timeout_s: float) -> bool | None:
     """Whether Slurm still lists the job (True/False), None when squeue cannot tell."""
     try:
-        done = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True,
-                              timeout=timeout_s, check=False)
+        done = subprocess.run([slurm_command("squeue"), "-h", "-j", str(job_id), "-o", "%T"], capture_output=True,
+                              text=True, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if done.returncode != 0:
