@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from governor.cli.ops import format_status
 from governor.cli.slurm import SlurmConfig, admin_comment_entry, choose_policy, job_gpus, merged_admin_comment
 from tests.support.daemon import REPO, limits
 
@@ -40,8 +41,10 @@ def test_prolog_holds_the_job_and_epilog_restores(orin, start_daemon, tmp_path):
     out = slurm("prolog", env, CONFIG, tmp_path)
     assert out.returncode == 0 and "job 42: ffg (from partition gpu) on GPU(s) 0 at 612 MHz" in out.stdout, out
     assert limits(orin) == (612000000, 612000000)
-    hold = d.client().call("status")["holds"][0]
+    status = d.client().call("status")
+    hold = status["holds"][0]
     assert (hold["slurm_job_id"], hold["partition"], hold["policy"]) == (42, "gpu", "ffg")
+    assert "Slurm job 42 (uid 0): ffg on GPU 0 612 MHz, held 0:00:0" in format_status(status)
     out = slurm("epilog", env, CONFIG, tmp_path)
     assert out.returncode == 0 and "job 42: released; ftgov@" in out.stdout and "policy=ffg,gpus=0" in out.stdout
     assert limits(orin) == BASELINE

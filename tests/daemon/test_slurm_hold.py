@@ -196,3 +196,32 @@ def test_the_client_library_joins_the_hold_of_the_job_it_runs_in(orin, start_dae
     assert limits(orin) == (FFG_HZ, FFG_HZ)
     root.call("slurm_release", slurm_job_id=14)
     assert limits(orin) == BASELINE
+
+
+def test_a_joined_tuned_job_gives_the_hold_its_measured_saving(start_daemon):
+    from governor.sim import job as simjob
+    from governor.sim.energy import Workload
+    from governor.sysfs import Root
+    from tests.support.daemon import ProgressJob, scaled
+
+    time_scale = 0.15
+    d = start_daemon(simulate=True, config=scaled(time_scale))
+    root = d.client()
+    root.call("slurm_hold", slurm_job_id=15, uid=0, policy="tune", partition="train")
+    inside = d.client()
+    bert = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
+    res = inside.call("register", tune=True, gpu_util=80.0, slurm_job_id=15, **bert)
+    assert res["slurm"]["joined"] and res["policy"] == "tune"
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(inside, res["job_id"]), Workload(name="w", **bert), 120,
+               time_scale=time_scale)
+    summary = inside.call("unregister", job_id=res["job_id"])
+    assert summary["saved_pct"] is not None
+    out = root.call("slurm_release", slurm_job_id=15)
+    assert out["saved_pct"] == round(summary["saved_pct"], 2) and out["joined"] == [res["job_id"]]
+    # The hold measured from the prolog, the job from its register; the rails are integrated over the same samples, but
+    # the job's meter also gets one at each of its reports: the two agree to within the sampling, not exactly.
+    assert out["energy_j"] == pytest.approx(summary["energy_j"], rel=0.1) and out["energy_j"] > 0
+    d.stop()
+    rec, = store.read_scheduler_jobs(store.open_read_only(d.state_dir / "measurements.sqlite"))
+    assert (rec.sched_job_id, rec.policy, rec.partition, rec.saved_pct) == (15, "tune", "train", out["saved_pct"])
+    assert json.loads(rec.daemon_job_ids) == [res["job_id"]]

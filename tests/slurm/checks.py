@@ -141,6 +141,19 @@ echo "released: $line"
 """
 
 
+# A job that knows ftgov: its process registers through the installed client (governor.job), which sends the
+# SLURM_JOB_ID slurmstepd gave it and the GPU of CUDA_VISIBLE_DEVICES, and so joins the prolog's hold.
+CLIENT_JOB_SCRIPT = """\
+#!/opt/ftgov/bin/python
+import governor
+with governor.job(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, gpu_util=60.0) as job:
+    with open("{ready}", "w") as ready:
+        ready.write(f"{{job.registration['slurm']['slurm_job_id']}}\\n")
+    with open("{gate}") as gate:
+        gate.readline()
+"""
+
+
 def setup() -> None:
     host = socket.gethostname()
     # The container has its own network namespace with only a loopback, where getaddrinfo's AI_ADDRCONFIG finds no
@@ -193,14 +206,14 @@ def setup() -> None:
     wait_for("slurmdbd", lambda: sh("sacctmgr", "-i", "add", "cluster", CLUSTER, check=False).returncode == 0, 60)
     sh("systemctl", "start", "slurmctld.service", "slurmd.service")
     wait_for("the node to be idle", lambda: sh("sinfo", "-h", "-o", "%T", check=False).stdout.strip() == "idle")
-    sh("useradd", "--create-home", JOB_USER)
+    sh("useradd", "--create-home", "--groups", "ftgov", JOB_USER)  # ftgov: it may reach the daemon's socket
     GATES.mkdir(mode=0o777, exist_ok=True)
     GATES.chmod(0o1777)
     print("  slurm up:", sh("sinfo", "-h", "-o", "%N %T %G").stdout.strip())
 
 
 # ---- jobs -----------------------------------------------------------------------------------------------------------
-def submit(name: str, *args: str) -> tuple[int, Path]:
+def submit(name: str, *args: str, script_text: str = JOB_SCRIPT) -> tuple[int, Path]:
     """Submit a job as JOB_USER that waits on its own FIFO, and wait until its script has started (the prolog is done
     then: slurmd starts the script after it); its id and the FIFO."""
     gate, ready = GATES / name, GATES / f"{name}.ready"
@@ -208,7 +221,7 @@ def submit(name: str, *args: str) -> tuple[int, Path]:
         os.mkfifo(fifo)
         fifo.chmod(0o666)
     script = Path(f"/home/{JOB_USER}/{name}.sh")
-    script.write_text(JOB_SCRIPT.format(gate=gate, ready=ready))
+    script.write_text(script_text.format(gate=gate, ready=ready))
     script.chmod(0o755)
     out = sh("runuser", "-u", JOB_USER, "--", "sbatch", "--parsable", f"--job-name={name}",
              f"--output=/home/{JOB_USER}/{name}.out", *args, str(script), cwd=f"/home/{JOB_USER}").stdout
@@ -356,8 +369,27 @@ def check_comment_chooses_off() -> None:
     expect_restored(job_id)
 
 
+def check_a_job_that_registers_joins_its_hold() -> None:
+    job_id, gate = submit("registers", "--gres=gpu:1", "--comment=ftgov=mlg", script_text=CLIENT_JOB_SCRIPT)
+    hold = wait_running_and_held(job_id)
+    status = call("status")
+    jobs = status["jobs"]
+    expect(len(jobs) == 1 and hold["joined"] == [jobs[0]["job_id"]], f"not joined: hold {hold}, jobs {jobs}")
+    gid = jobs[0]["gpu"]
+    expect(hold["gpus"][gid]["joined"] is True, f"hold on GPU {gid} not marked joined: {hold}")
+    pinned = next(g["pinned_hz"] for g in status["gpus"] if g["id"] == gid)
+    expect(pinned == jobs[0]["freq_hz"] and jobs[0]["policy"] == "mlg",
+           f"GPU {gid} at {pinned}, the joined job's {jobs[0]['policy']} pick {jobs[0]['freq_hz']}")
+    print(f"    job {job_id}: its registration (daemon job {jobs[0]['job_id']}) joined the hold; GPU {gid} at "
+          f"{pinned} Hz (mlg on its features; the hold alone: {hold['gpus'][gid]['freq_hz']} Hz)")
+    release_gate(gate)
+    wait_gone(job_id)
+    expect_restored(job_id)
+    expect(call("status")["jobs"] == [], "the joined registration outlived its Slurm job")
+
+
 CHECKS = [check_gres_job_pins_both_gpus_and_restores, check_sacct_shows_the_energy, check_scancel_mid_job_restores,
-          check_killed_slurmstepd_restores, check_comment_chooses_off]
+          check_killed_slurmstepd_restores, check_comment_chooses_off, check_a_job_that_registers_joins_its_hold]
 
 
 def logs() -> None:
