@@ -165,7 +165,8 @@ def setup() -> None:
     # ftgovd on two fake NVML GPUs.
     Path("/etc/ftgov/fakenvml.json").write_text(json.dumps({"gpus": [{}, {}]}))
     config = Path("/etc/ftgov/ftgov.yaml")
-    config.write_text(config.read_text() + "\nbackend: nvml\n")
+    # FFG's level (a hold's own pin) high, so that a registration that joins the hold shows by its lower pick.
+    config.write_text(config.read_text() + "\nbackend: nvml\nffg_freq_hz: 1830000000\n")
     dropin = Path("/etc/systemd/system/ftgovd.service.d/50-ci.conf")
     dropin.write_text(FTGOV_DROPIN.format(fake=SRC / "tests/support/fakenvml", calls=NVML_CALLS, ci_dir=CI_DIR))
     Path("/etc/ftgov/slurm.yaml").write_text("policy: ffg\npartitions: {}\n")
@@ -378,8 +379,9 @@ def check_a_job_that_registers_joins_its_hold() -> None:
     gid = jobs[0]["gpu"]
     expect(hold["gpus"][gid]["joined"] is True, f"hold on GPU {gid} not marked joined: {hold}")
     pinned = next(g["pinned_hz"] for g in status["gpus"] if g["id"] == gid)
-    expect(pinned == jobs[0]["freq_hz"] and jobs[0]["policy"] == "mlg",
-           f"GPU {gid} at {pinned}, the joined job's {jobs[0]['policy']} pick {jobs[0]['freq_hz']}")
+    expect(pinned == jobs[0]["freq_hz"] < hold["gpus"][gid]["freq_hz"] and jobs[0]["policy"] == "mlg",
+           f"GPU {gid} at {pinned}: want the joined job's {jobs[0]['policy']} pick {jobs[0]['freq_hz']}, below the "
+           f"hold's {hold['gpus'][gid]['freq_hz']} (a second job beside the hold would leave the hold's)")
     print(f"    job {job_id}: its registration (daemon job {jobs[0]['job_id']}) joined the hold; GPU {gid} at "
           f"{pinned} Hz (mlg on its features; the hold alone: {hold['gpus'][gid]['freq_hz']} Hz)")
     release_gate(gate)
