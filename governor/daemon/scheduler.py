@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from governor.backends.base import nearest_level
+from governor.backends.rails import CounterMeter, EnergyMeter
 from governor.errors import BackendError, FtgovError
 from governor.policy import Decision, PolicyName
 from governor.store.measurements import SchedulerJobRecord
@@ -54,7 +55,7 @@ class HeldGpu:
 
     gpu_id: str
     decision: Decision
-    meter: object | None
+    meter: EnergyMeter | CounterMeter | None
     earlier_energy_j: float = 0.0  # measured by the daemon before a restart
     tuner: None = None
 
@@ -62,7 +63,7 @@ class HeldGpu:
         if self.meter is None:
             return None
         try:
-            return self.earlier_energy_j + self.meter.add(time.monotonic(), total_mw)  # type: ignore[attr-defined]
+            return self.earlier_energy_j + self.meter.add(time.monotonic(), total_mw)
         except BackendError as e:
             log.warning("GPU %s: cannot read energy for a held job: %s", self.gpu_id, e)
             return None
