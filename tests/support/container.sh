@@ -131,7 +131,7 @@ ensure_rootfs_tarball() {
     key=$(printf '%s\n' "$SUITE" "${ROOTFS_PACKAGES[@]}" "$(uname -m)" | sha_of)
     ROOTFS_TAR=$CACHE/rootfs-$SUITE-$key.tar.zst
     [[ -f $ROOTFS_TAR ]] && return
-    log "building the $SUITE root file system (cold cache, about half a minute)"
+    log "building the $SUITE root file system (cold cache: half a minute; the Slurm suite's, a minute or two)"
     local pkgs
     pkgs=$(IFS=,; echo "${ROOTFS_PACKAGES[*]}")
     mmdebstrap --quiet --variant=apt --include="$pkgs" "$SUITE" "$ROOTFS_TAR.tmp.tar.zst"
