@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from governor.backends import gpuid
 from governor.backends.base import Gpu
@@ -27,12 +27,11 @@ from governor.daemon.settings import PinSettings
 from governor.errors import BackendError, FtgovError, StateError
 from governor.features import Features
 from governor.policy import Decision, Policy, PolicyName, combine
-from governor.store.state import GpuState, State, StateFile
+from governor.store.state import GpuState, SchedulerHold, State, StateFile
 from governor.units import mhz
 
 if TYPE_CHECKING:
     from governor.daemon.recorder import Recorder
-    from governor.daemon.scheduler import SchedulerHolds
 
 log = logging.getLogger("ftgovd")
 
@@ -40,6 +39,16 @@ log = logging.getLogger("ftgovd")
 # of registrations, this long after the first of them. The baseline and any change of pin are saved before the write.
 SAVE_COALESCE_S = 0.05
 SAVE_ENERGY_TICKS = 10  # ticks (sample_interval_s each) between saves of the running jobs' energy so far
+
+
+class HeldGpus(Protocol):
+    """What the pin controller asks of a batch scheduler's holds (governor.daemon.scheduler.SchedulerHolds)."""
+
+    def needs(self, gpu_id: str) -> list[int | None]: ...
+    def metered(self) -> list: ...
+    def active(self) -> bool: ...
+    def records(self) -> list[SchedulerHold]: ...
+    def describe(self) -> list[dict]: ...
 
 
 Listener = Callable[["PinController"], None]
@@ -87,7 +96,7 @@ class PinController:
         self.recorder = recorder
         # A batch scheduler's holds (governor.daemon.scheduler), one more voice in each GPU's combine; set by the
         # server that owns them.
-        self.scheduler: SchedulerHolds | None = None
+        self.scheduler: HeldGpus | None = None
         self._save_pending = False
         self._ticks_since_save = 0
         self._save_prompt = False
