@@ -390,8 +390,24 @@ def check_a_job_that_registers_joins_its_hold() -> None:
     expect(call("status")["jobs"] == [], "the joined registration outlived its Slurm job")
 
 
+def check_lost_epilog_is_caught_by_the_next_prolog() -> None:
+    """A hold whose epilog never came (made here by hand, for a job id Slurm never had) is released by the next job's
+    prolog on the node, which asks squeue about every held job."""
+    lost = 999999
+    call("slurm_hold", {"slurm_job_id": lost, "uid": 0, "policy": "ffg", "gpus": [1]})
+    expect(next(g for g in call("status")["gpus"] if g["id"] == "1")["pinned_hz"] is not None, "lost hold not pinned")
+    job_id, gate = submit("after-a-lost-epilog", "--gres=gpu:1")
+    expect(hold_of(lost) is None, f"job {job_id}'s prolog left the lost hold of job {lost}: {call('status')['holds']}")
+    log = sh("journalctl", "-t", "ftgov-slurm", "--no-pager", check=False).stdout
+    expect(f"job {lost}: held, but Slurm no longer runs it" in log, f"the prolog did not say it released {lost}")
+    release_gate(gate)
+    wait_gone(job_id)
+    expect_restored(job_id)
+
+
 CHECKS = [check_gres_job_pins_both_gpus_and_restores, check_sacct_shows_the_energy, check_scancel_mid_job_restores,
-          check_killed_slurmstepd_restores, check_comment_chooses_off, check_a_job_that_registers_joins_its_hold]
+          check_killed_slurmstepd_restores, check_comment_chooses_off, check_a_job_that_registers_joins_its_hold,
+          check_lost_epilog_is_caught_by_the_next_prolog]
 
 
 def logs() -> None:
