@@ -59,7 +59,17 @@ class HeldGpu:
     earlier_energy_j: float = 0.0  # measured by the daemon before a restart
     tuner: None = None
 
+    def so_far_j(self) -> float | None:
+        """The energy up to the meter's last sample (the state file's figure; reading it samples nothing)."""
+        if self.meter is None:
+            return None
+        try:
+            return self.earlier_energy_j + self.meter.energy_j
+        except BackendError:  # a counter that cannot be read now: what was measured before the restart
+            return self.earlier_energy_j or None
+
     def energy_j(self, total_mw: float) -> float | None:
+        """The energy up to now (a last sample at ``total_mw``, the board's power now)."""
         if self.meter is None:
             return None
         try:
@@ -121,10 +131,9 @@ class SchedulerHolds:
         return bool(self._holds)
 
     def records(self) -> list[SchedulerHold]:
-        total_mw = self.pins.energy.total_mw()
         out = []
         for h in self._holds.values():
-            energy = {gid: e for gid, g in h.gpus.items() if (e := g.energy_j(total_mw)) is not None}
+            energy = {gid: e for gid, g in h.gpus.items() if (e := g.so_far_j()) is not None}
             out.append(SchedulerHold(slurm_job_id=h.slurm_job_id, uid=h.uid, partition=h.partition, policy=h.policy,
                                      freq_hz={gid: g.decision.freq_hz for gid, g in h.gpus.items()},
                                      energy_j=energy, joined=sorted(h.joined), started_at=h.started_at))
