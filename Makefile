@@ -1,6 +1,6 @@
 # ftgov. The two commands of the README:
 #   make demo      set up a virtual environment and run the demo on a simulated Jetson AGX Orin
-#   make test      set up, then run every test (pytest, then the systemd suite in a booted container when root)
+#   make test      set up, then run every test (pytest, then the systemd and Slurm suites in booted containers when root)
 # Also: make lint (ruff and mypy; make test runs it first), make bench (daemon, client and tuner figures), make model (retrain
 # the MLG tree: the pipeline's stages, each file from the files it is computed from), make evaluate (policies on the
 # held-out workloads, with plots), make stress (fault-injection and load figures), make learn (the measurement store
@@ -53,7 +53,7 @@ endif
 # Post-install steps that touch the running system, skipped for staged installs and where systemd is not PID 1.
 LIVE_SYSTEMD = $(and $(if $(DESTDIR),,yes),$(wildcard /run/systemd/system))
 
-.PHONY: install uninstall install-venv install-units install-config demo test test-unit test-systemd lint bench model \
+.PHONY: install uninstall install-venv install-units install-config demo test test-unit test-systemd test-slurm lint bench model \
 	evaluate stress learn
 
 # --- development: a virtual environment in .venv, made by the first target that needs it ---------------------------
@@ -79,7 +79,7 @@ demo: $(DEV_VENV)/.base
 	$(VPY) -m governor.sim.demo
 
 # Lint first: a finding fails the run before the slow suites start.
-test: lint test-unit test-systemd
+test: lint test-unit test-systemd test-slurm
 
 # ruff and mypy come with the [test] extra; their settings are pyproject.toml's [tool.ruff] and [tool.mypy] (which
 # packages mypy checks: its `files`).
@@ -94,6 +94,12 @@ test-unit: $(DEV_VENV)/.test
 test-systemd:
 	@if [ "$$(id -u)" = 0 ]; then bash tests/systemd/run.sh; \
 	else echo "test-systemd: SKIPPED: needs root to boot a systemd container (CI runs it as root)"; fi
+
+# A real single-node Slurm (munge, slurmctld, slurmd, slurmdbd) in a container, with ftgovd on two fake NVML GPUs as
+# GRES (tests/slurm/run.sh); root, as for test-systemd.
+test-slurm:
+	@if [ "$$(id -u)" = 0 ]; then bash tests/slurm/run.sh; \
+	else echo "test-slurm: SKIPPED: needs root to boot a container (CI runs it as root)"; fi
 
 bench: $(DEV_VENV)/.test
 	$(VPY) -m benchmarks.bench_daemon

@@ -23,6 +23,7 @@ SUBCOMMAND_MODULES = (
     "governor.sim.job",
     "governor.cli.history",
     "governor.cli.report",
+    "governor.cli.slurm",
 )
 
 

@@ -135,3 +135,11 @@ def visible_gpu(environ: Mapping[str, str] | None = None, torch_module: Any = No
     entries = _visible_entries(visible)
     ordinal = cuda_ordinal or 0
     return entries[ordinal] if ordinal < len(entries) else None
+
+
+def slurm_job_id(environ: Mapping[str, str] | None = None) -> int | None:
+    """The Slurm job this process runs in (SLURM_JOB_ID), for the daemon to join it to the prolog's hold of the job's
+    GPUs; None outside Slurm or when the variable is not a job id."""
+    env = os.environ if environ is None else environ
+    value = env.get("SLURM_JOB_ID", "")
+    return int(value) if value.isascii() and value.isdigit() and 0 < int(value) <= 1 << 53 else None

@@ -20,6 +20,7 @@ from governor.client.features import (
     check_features,
     check_partial_features,
     resolve_features,
+    slurm_job_id,
     visible_gpu,
 )
 from governor.errors import FtgovError
@@ -237,7 +238,7 @@ class Job:
         try:
             self.registration = self._conn.call(
                 "register", **features.model_dump(exclude_none=True), name=self.name, pid=self.pid, gpu=self.gpu,
-                tune=self.tune, total_steps=self.total_steps)
+                tune=self.tune, total_steps=self.total_steps, slurm_job_id=slurm_job_id())
         except FtgovError as e:
             self._disable(f"register refused: {e}")
             return

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from governor.backends import gpuid
 from governor.backends.base import Gpu
@@ -31,7 +31,7 @@ from governor.errors import BackendError, FtgovError
 from governor.features import Features
 from governor.policy import Decision, Policy, PolicyName
 from governor.store import state as state_mod
-from governor.store.state import State, StateFile
+from governor.store.state import SchedulerHold, State, StateFile
 from governor.units import mhz
 
 if TYPE_CHECKING:
@@ -47,6 +47,16 @@ MEASURED = (PolicyName.TUNE, PolicyName.OBSERVE)  # the policies whose jobs have
 Listener = Callable[["Controller"], None]
 AttachTuner = Callable[["Controller", ActiveJob], None]
 PlanTune = Callable[["Controller", ActiveJob, Decision], Decision]
+
+
+class HeldGpus(Protocol):
+    """What the controller asks of a batch scheduler's holds (governor.daemon.scheduler.SchedulerHolds)."""
+
+    def needs(self, gpu_id: str) -> list[int | None]: ...
+    def metered(self) -> list: ...
+    def active(self) -> bool: ...
+    def records(self) -> list[SchedulerHold]: ...
+    def describe(self) -> list[dict]: ...
 
 
 class Controller:
@@ -67,7 +77,8 @@ class Controller:
         self.settings = settings
         self.jobs = JobTable()
         self.gpus: dict[str, GpuPin] = {}
-        self.saver = StateSaver(state_file, boot_id, self.jobs, self.gpus, defer)
+        self.saver = StateSaver(state_file, boot_id, self.jobs, self.gpus, defer,
+                                holds=lambda: self.scheduler.records() if self.scheduler is not None else [])
         self.rails = rails
         self.energy = BoardEnergy(rails)
         self.power_mode = PowerModeCap(self.gpus, settings.pin_above_power_mode)
@@ -84,6 +95,9 @@ class Controller:
         self.plan_tune = plan_tune
         self.recorder = recorder
         self.defer = defer  # the loop's timer, also for the tuners' meter reads (governor.daemon.energy.MeterFeed)
+        # A batch scheduler's holds (governor.daemon.scheduler), one more voice in each GPU's combine; set by the
+        # server that owns them.
+        self.scheduler: HeldGpus | None = None
 
     @property
     def policy(self) -> Policy:
@@ -146,14 +160,17 @@ class Controller:
         added.meter = meter
         return added
 
-    def register(self, *, pid: int, start_ticks: int, uid: int, name: str | None, gpu, features: Features,
-                 policy: PolicyName | None, total_steps: int | None) -> tuple[ActiveJob, bool]:
-        """A new job on the GPU ``gpu`` names (find_gpu), decided: pinned now, or held unpinned while its gpu_util is
-        measured (the second value: True). GpuNotFound, or TableFull at limits.max_jobs; a failed pin drops the job
-        and is raised."""
-        job = self._admit(pid=pid, start_ticks=start_ticks, uid=uid, name=name, gpu_id=self.find_gpu(gpu),
-                          features=features, policy=policy)
+    def register(self, *, pid: int, start_ticks: int, uid: int, name: str | None, gpu_id: str, features: Features,
+                 policy: PolicyName | None, total_steps: int | None,
+                 admitted: Callable[[ActiveJob], None] | None = None) -> tuple[ActiveJob, bool]:
+        """A new job on GPU ``gpu_id`` (find_gpu), decided: pinned now, or held unpinned while its gpu_util is
+        measured (the second value: True). TableFull at limits.max_jobs; a failed pin drops the job and is raised.
+        ``admitted(job)``: told once the job is in the table, before its decision (a scheduler's hold it joins)."""
+        job = self._admit(pid=pid, start_ticks=start_ticks, uid=uid, name=name, gpu_id=gpu_id, features=features,
+                          policy=policy)
         job.total_steps = total_steps
+        if admitted is not None:
+            admitted(job)
         if self.needs_gpu_util(job):
             self.hold_unpinned(job, MEASURING)
             self._notify()  # the job holds no pin: nothing was written, but the table changed
@@ -308,7 +325,24 @@ class Controller:
         return needs_hz(job, self.settings.low_phases, self.gpus[job.gpu_id].gpu.levels_hz[0])
 
     def target_hz(self, gpu_id: str) -> int | None:
-        return self.jobs.target_hz(gpu_id, self.settings.low_phases, self.gpus[gpu_id].gpu.levels_hz[0])
+        extra = self.scheduler.needs(gpu_id) if self.scheduler is not None else ()
+        return self.jobs.target_hz(gpu_id, self.settings.low_phases, self.gpus[gpu_id].gpu.levels_hz[0], extra)
+
+    def apply_gpu(self, gpu_id: str, *, quietly: bool = False, removed: bool = False) -> None:
+        """Apply one GPU's target after a change outside the job table (a scheduler's hold); ``quietly``: a failure is
+        logged and retried rather than raised."""
+        if quietly:
+            self._apply_quietly(gpu_id, removed=removed)
+        else:
+            self._apply(gpu_id, removed=removed)
+
+    def busy(self) -> bool:
+        """Jobs or holds are active: the tick samples their energy."""
+        return bool(self.jobs) or (self.scheduler is not None and self.scheduler.active())
+
+    def metered(self) -> list:
+        """What the board's energy sampler integrates for: the jobs, and the held GPUs of scheduler holds."""
+        return [*self.jobs.values(), *(self.scheduler.metered() if self.scheduler is not None else ())]
 
     def set_phase(self, job: ActiveJob, phase: str | None) -> None:
         """A job reported a phase: re-apply when that changes what it needs."""
@@ -338,8 +372,7 @@ class Controller:
                 pin.stood_down = False
             self.saver.soon(prompt=removed)
             return False
-        if not pin.set(self.jobs.target_hz(gpu_id, self.settings.low_phases, pin.gpu.levels_hz[0]),
-                       self.settings.power_cap_mw):
+        if not pin.set(self.target_hz(gpu_id), self.settings.power_cap_mw):
             self.saver.soon(prompt=removed)  # only the job list changed: re-adoption data, not safety data
             return False
         self._notify()
@@ -408,14 +441,15 @@ class Controller:
         self.saver.flush()
 
     def sample(self) -> None:
-        """Integrate energy for every active job (on the daemon's tick while jobs are active); every few ticks the
-        state file gets the jobs' energy so far, which a re-adopting daemon continues (governor.daemon.saving)."""
-        self.energy.sample(self.jobs.values())
+        """Integrate energy for every active job and held GPU (on the daemon's tick while any is active); every few
+        ticks the state file gets the jobs' energy so far, which a re-adopting daemon continues
+        (governor.daemon.saving)."""
+        self.energy.sample(self.metered())
         self.saver.ticked()
 
     def sample_energy(self) -> None:
-        """Integrate energy for every active job between ticks (the rails' sampler, at the sensors' refresh)."""
-        self.energy.sample(self.jobs.values())
+        """Integrate energy between ticks (the rails' sampler, at the sensors' refresh)."""
+        self.energy.sample(self.metered())
 
     def _notify(self) -> None:
         for listener in self.listeners:

@@ -7,7 +7,7 @@ admits and removes jobs.
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, Mapping, ValuesView
+from collections.abc import ItemsView, Iterable, Iterator, Mapping, ValuesView
 
 from governor.daemon.jobs import ActiveJob
 from governor.errors import FtgovError
@@ -93,10 +93,12 @@ class JobTable(Mapping[int, ActiveJob]):
                 return True
         return False
 
-    def target_hz(self, gpu_id: str, low_phases: frozenset[str], lowest_hz: int) -> int | None:
-        """The pin the GPU's decided jobs imply together (None: no pin, the baseline)."""
-        return combine([needs_hz(j, low_phases, lowest_hz) for j in self._jobs.values()
-                        if j.gpu_id == gpu_id and j.decision is not None])
+    def target_hz(self, gpu_id: str, low_phases: frozenset[str], lowest_hz: int,
+                  others: Iterable[int | None] = ()) -> int | None:
+        """The pin the GPU's decided jobs imply together, with ``others`` (a scheduler's holds: the same rule for
+        all); None: no pin, the baseline."""
+        return combine([*(needs_hz(j, low_phases, lowest_hz) for j in self._jobs.values()
+                          if j.gpu_id == gpu_id and j.decision is not None), *others])
 
     def records(self) -> list[HeldJob]:
         """The decided jobs as the state file keeps them (what a restarted daemon re-adopts)."""

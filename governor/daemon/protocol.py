@@ -61,6 +61,9 @@ class RegisterParams(FeatureParams):
     gpu: str | int | None = None
     tune: bool | None = None
     total_steps: int | None = None  # the job's length, for the tuner's energy budget
+    # The batch job this process runs in (SLURM_JOB_ID): the registration joins that job's hold on its GPU
+    # (governor.daemon.scheduler) instead of adding a second voice.
+    slurm_job_id: int | None = Field(default=None, ge=1, le=1 << 53)
 
     _total_steps = field_validator("total_steps", mode="before")(_total_steps)
 
@@ -77,9 +80,7 @@ class RegisterParams(FeatureParams):
     @field_validator("gpu", mode="before")
     @classmethod
     def _gpu(cls, v):
-        if isinstance(v, bool) or (isinstance(v, int) and v < 0) or (isinstance(v, str) and not 0 < len(v) <= 128):
-            raise ValueError("must be a GPU index (int >= 0) or a UUID string")
-        return v
+        return v if v is None else _gpu_key(v)
 
 
 class JobParams(_Params):
@@ -115,6 +116,44 @@ class EmptyParams(_Params):
     pass
 
 
+def _gpu_key(v):
+    if isinstance(v, bool) or (isinstance(v, int) and v < 0) or (isinstance(v, str) and not 0 < len(v) <= 128):
+        raise ValueError("must be a GPU index (int >= 0) or a UUID string")
+    return v
+
+
+class SlurmHoldParams(_Params):
+    """``ftgov slurm prolog``: hold a Slurm job's GPUs (root only)."""
+
+    slurm_job_id: int = Field(ge=1, le=1 << 53)
+    uid: int = Field(ge=0, le=(1 << 32) - 1)  # the job's user (SLURM_JOB_UID): who may join the hold from inside
+    policy: Literal["tune", "mlg", "ffg", "off"]
+    gpus: list[str | int] | None = Field(default=None, max_length=64)  # None: the node's one integrated GPU
+    partition: str | None = Field(default=None, max_length=128)
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, v):
+        if v is not None and isinstance(v, list):
+            for key in v:
+                _gpu_key(key)
+        return v
+
+    @field_validator("partition")
+    @classmethod
+    def _printable(cls, v):
+        if v is not None and unprintable_at(v) is not None:
+            raise ValueError("must be printable text (a Slurm partition name)")
+        return v
+
+
+class SlurmReleaseParams(_Params):
+    """``ftgov slurm epilog``: release a Slurm job's hold (root only)."""
+
+    slurm_job_id: int = Field(ge=1, le=1 << 53)
+    why: Literal["epilog", "stale", "operator"] = "epilog"
+
+
 METHODS: dict[str, type[_Params]] = {
     "register": RegisterParams,
     "update": UpdateParams,
@@ -124,6 +163,8 @@ METHODS: dict[str, type[_Params]] = {
     "predict": FeatureParams,
     "ping": EmptyParams,
     "pin_check": EmptyParams,  # `ftgov doctor`: can the daemon pin each GPU? (Controller.pin_check)
+    "slurm_hold": SlurmHoldParams,  # root: `ftgov slurm prolog` (governor.daemon.scheduler)
+    "slurm_release": SlurmReleaseParams,  # root: `ftgov slurm epilog`
 }
 
 

@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from governor.errors import FtgovError
-from governor.store.measurements import DEFAULT_MAX_JOBS, JobRecord, Store, StoreError, Window, measured_saving
+from governor.store.measurements import (
+    DEFAULT_MAX_JOBS,
+    JobRecord,
+    SchedulerJobRecord,
+    Store,
+    StoreError,
+    Window,
+    measured_saving,
+)
 from governor.sysfs import Root
 
 if TYPE_CHECKING:
@@ -80,6 +88,10 @@ class Recorder:
         if rec is not None:
             self.writer.submit(rec)
 
+    def scheduler_job_ended(self, rec: SchedulerJobRecord) -> None:
+        """A scheduler's job released (governor.daemon.scheduler): its record, written as a job's is."""
+        self.writer.submit(rec)
+
     def record(self, ended, gpu: Gpu, policy: Policy) -> JobRecord | None:
         job = ended.job
         if job.decision is None:
@@ -136,7 +148,7 @@ class StoreWriter:
         self._thread = threading.Thread(target=self._run, name="ftgov-store", daemon=True)
         self._thread.start()
 
-    def submit(self, rec: JobRecord) -> None:
+    def submit(self, rec: JobRecord | SchedulerJobRecord) -> None:
         self._queue.put(rec)
 
     def status(self) -> dict:
@@ -180,12 +192,17 @@ class StoreWriter:
         if store is not None:
             store.close()
 
-    def _write(self, store: Store, rec: JobRecord) -> None:
+    def _write(self, store: Store, rec: JobRecord | SchedulerJobRecord) -> None:
         try:
-            store.add(rec)
+            if isinstance(rec, SchedulerJobRecord):
+                store.add_scheduler_job(rec)
+            else:
+                store.add(rec)
             totals = store.totals()
         except sqlite3.Error as e:
-            log.error("measurement store: could not record job %s: %s", rec.daemon_job_id, e)
+            what = (f"{rec.scheduler} job {rec.sched_job_id}" if isinstance(rec, SchedulerJobRecord)
+                    else f"job {rec.daemon_job_id}")
+            log.error("measurement store: could not record %s: %s", what, e)
             with self._lock:
                 self.error = str(e)
             return

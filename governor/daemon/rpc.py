@@ -1,4 +1,5 @@
-"""The daemon's JSON-RPC methods: register, update, progress, unregister, status, predict, ping.
+"""The daemon's JSON-RPC methods: register, update, progress, unregister, status, predict, ping, pin_check, and root's
+slurm_hold and slurm_release (governor.daemon.scheduler).
 
 Each answers at once with a dict, or, when it has to measure gpu_util first, with a coroutine that will (the
 connection then holds the lines behind it). Parameters arrive validated (governor.daemon.protocol); what is checked
@@ -20,6 +21,7 @@ from governor.daemon.holds import Holds, summary
 from governor.daemon.jobs import ActiveJob
 from governor.daemon.jobtable import TableFull
 from governor.daemon.protocol import RpcFault
+from governor.daemon.scheduler import SchedulerHolds, UnknownHold
 from governor.daemon.utilization import measure_load_pct
 from governor.errors import INVALID_PARAMS, LIMIT_EXCEEDED, PERMISSION_DENIED, SERVER_ERROR, UNKNOWN_JOB, FtgovError
 from governor.policy import PolicyName
@@ -39,13 +41,15 @@ class Methods:
     how the daemon looks for a GPU while it has none, for the error that says so."""
 
     def __init__(self, controller: Controller, holds: Holds, sampler: UtilizationSampler,
-                 redecide: ratelimit.Coalescer, config: Callable[[], Config], gpu_search: Callable[[], str]):
+                 redecide: ratelimit.Coalescer, config: Callable[[], Config], gpu_search: Callable[[], str],
+                 scheduler: SchedulerHolds):
         self.controller = controller
         self.holds = holds
         self.sampler = sampler
         self.redecide = redecide
         self._config = config
         self._gpu_search = gpu_search
+        self.scheduler = scheduler
         self._pin_checked_s: dict[int, float] = {}  # uid -> when its last pin check ran (monotonic)
         self._registrations: ratelimit.TokenBuckets | None = None  # per non-root uid; made from the config in force
 
@@ -140,7 +144,7 @@ class Methods:
         except peers.ProcessGone as e:
             raise RpcFault(INVALID_PARAMS, f"pid: {e}", {"field": "pid"}) from e
         try:
-            job, measuring = self._register(peer, params, pid, held)
+            job, measuring, slurm = self._register(peer, params, pid, held)
             self.holds.hold(job, held, conn)
         except BaseException:  # any failure, a bug's too: the pidfd goes with it (a leak per request exhausts fds)
             held.close()
@@ -151,11 +155,14 @@ class Methods:
         d = job.decision
         assert d is not None, "registered: decided, or held unpinned"
         return {"job_id": job.job_id, "policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason,
-                "gpu": job.gpu_id, "gpu_util": job.features.gpu_util}
+                "gpu": job.gpu_id, "gpu_util": job.features.gpu_util, **slurm}
 
-    def _register(self, peer: peers.Peer, params, pid: int, held: peers.HeldProcess) -> tuple[ActiveJob, bool]:
+    def _register(self, peer: peers.Peer, params, pid: int,
+                  held: peers.HeldProcess) -> tuple[ActiveJob, bool, dict]:
         """The controller's job for a registration whose process is held (the caller releases ``held`` if this
-        raises), and whether its decision waits for its gpu_util."""
+        raises), whether its decision waits for its gpu_util, and what the reply says of its Slurm job's hold
+        (empty: it named none). A registration that joins a hold (governor.daemon.scheduler) does so before its
+        decision, which then speaks for that GPU in the hold's place."""
         if peer.uid != 0 and held.uid != peer.uid:
             raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} is not yours (uid {peer.uid})",
                            {"field": "pid"})
@@ -164,13 +171,26 @@ class Methods:
             raise RpcFault(INVALID_PARAMS, "tune: this daemon runs the observe policy and pins nothing",
                            {"field": "tune"})
         try:
-            return ctl.register(pid=pid, start_ticks=held.start_ticks, uid=peer.uid, name=params.name,
-                                gpu=params.gpu, features=params.features(),
-                                policy=PolicyName.TUNE if params.tune else None, total_steps=params.total_steps)
+            gpu_id = ctl.find_gpu(params.gpu)
         except GpuNotFound as e:
             raise RpcFault(INVALID_PARAMS, f"gpu: {e}", {"field": "gpu"}) from e
+        policy = PolicyName.TUNE if params.tune else None
+        hold, slurm = None, {}
+        if params.slurm_job_id is not None:
+            hold, why = self.scheduler.joinable(params.slurm_job_id, peer.uid, gpu_id)
+            slurm = {"slurm_job_id": params.slurm_job_id, "joined": hold is not None, **({"why": why} if why else {})}
+            if hold is not None:
+                policy = self.scheduler.inside_policy(hold, params.tune)
+                if policy is PolicyName.TUNE and ctl.settings.policy.name is PolicyName.OBSERVE:
+                    policy = PolicyName.OBSERVE
+        joined = None if hold is None else (lambda job: self.scheduler.join(hold, job))
+        try:
+            job, measuring = ctl.register(pid=pid, start_ticks=held.start_ticks, uid=peer.uid, name=params.name,
+                                          gpu_id=gpu_id, features=params.features(), policy=policy,
+                                          total_steps=params.total_steps, admitted=joined)
         except TableFull as e:
             raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
+        return job, measuring, {"slurm": slurm} if slurm else {}
 
     def _own_job(self, conn: Connection, job_id: int) -> ActiveJob:
         job = self.holds.job(conn, job_id)
@@ -230,6 +250,32 @@ class Methods:
         self.controller.progress(job, params.phase, total_steps_changed=total_steps_changed)
         self.sampler.progress(job, params.phase)  # reads the load only: the board follows a pin on its own time
         return {}
+
+    def _root_only(self, conn: Connection, method: str) -> None:
+        if conn.peer.uid != 0:
+            log.info("uid %d: %s refused: root only", conn.peer.uid, method)
+            raise RpcFault(PERMISSION_DENIED, f"{method}: only root (the scheduler's prolog and epilog) may hold or "
+                           "release a scheduler job's GPUs")
+
+    def rpc_slurm_hold(self, conn: Connection, params) -> dict:
+        self._root_only(conn, "slurm_hold")
+        if not self.controller.gpus:
+            raise self._no_gpu()
+        if params.policy != "off" and self.controller.settings.policy.name is PolicyName.OBSERVE:
+            raise RpcFault(INVALID_PARAMS, f"policy: this daemon runs the observe policy and pins nothing; ask for "
+                           f"off, not {params.policy}", {"field": "policy"})
+        try:
+            return self.scheduler.hold(slurm_job_id=params.slurm_job_id, uid=params.uid, partition=params.partition,
+                                       policy=params.policy, gpus=params.gpus)
+        except FtgovError as e:
+            raise RpcFault(SERVER_ERROR, f"Slurm job {params.slurm_job_id}: {e}") from e
+
+    def rpc_slurm_release(self, conn: Connection, params) -> dict:
+        self._root_only(conn, "slurm_release")
+        try:
+            return self.scheduler.release(params.slurm_job_id, params.why)
+        except UnknownHold as e:
+            raise RpcFault(UNKNOWN_JOB, str(e), {"field": "slurm_job_id"}) from e
 
     def rpc_unregister(self, conn: Connection, params) -> dict:
         kept = self.holds.take_ended(conn, params.job_id)  # its process exited first: the summary kept then

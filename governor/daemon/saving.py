@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from governor.daemon.gpupin import GpuPin
 from governor.daemon.jobtable import JobTable
 from governor.errors import StateError
-from governor.store.state import GpuState, State, StateFile
+from governor.store.state import GpuState, SchedulerHold, State, StateFile
 
 log = logging.getLogger("ftgovd")
 
@@ -27,16 +27,18 @@ Defer = Callable[[Callable[[], None], float], None]
 
 
 class StateSaver:
-    """Writes what ``jobs`` and ``pins`` (the controller's table and GPU pins, read only) hold to ``state_file``.
-    defer(fn, delay_s): how a save that is not urgent is scheduled (the event loop); None saves at once."""
+    """Writes what ``jobs`` and ``pins`` (the controller's table and GPU pins, read only) and ``holds()`` (a batch
+    scheduler's, governor.daemon.scheduler) hold to ``state_file``. defer(fn, delay_s): how a save that is not urgent
+    is scheduled (the event loop); None saves at once."""
 
     def __init__(self, state_file: StateFile, boot_id: str, jobs: JobTable, pins: Mapping[str, GpuPin],
-                 defer: Defer | None = None):
+                 defer: Defer | None = None, holds: Callable[[], list[SchedulerHold]] = list):
         self.state_file = state_file
         self.boot_id = boot_id
         self._jobs = jobs
         self._pins = pins
         self._defer = defer
+        self._holds = holds
         self._pending = False
         self._prompt = False
         self._ticks = 0
@@ -45,7 +47,7 @@ class StateSaver:
         """What a restarted daemon of this boot needs: each GPU's baseline and pin, the decided jobs, the next id."""
         gpus = {gid: GpuState(describe=pin.gpu.describe(), baseline=pin.baseline, pinned_hz=pin.pinned_hz)
                 for gid, pin in self._pins.items() if pin.baseline is not None}
-        return State(self.boot_id, gpus, self._jobs.records(), self._jobs.next_job_id)
+        return State(self.boot_id, gpus, self._jobs.records(), self._jobs.next_job_id, holds=self._holds())
 
     def read(self) -> State | None:
         """What a previous daemon of this boot left (None: nothing, or another boot's)."""
@@ -85,5 +87,6 @@ class StateSaver:
         """One tick of the daemon passed: every SAVE_ENERGY_TICKS ticks the running jobs' energy so far is saved, for
         a re-adopting daemon to continue."""
         self._ticks += 1
-        if self._ticks >= SAVE_ENERGY_TICKS and any(j.meter is not None for j in self._jobs.values()):
+        if self._ticks >= SAVE_ENERGY_TICKS and (any(j.meter is not None for j in self._jobs.values())
+                                                 or self._holds()):
             self.soon(prompt=False)

@@ -29,6 +29,7 @@ from governor.daemon.jobs import Ended
 from governor.daemon.notify import Notifier
 from governor.daemon.protocol import RpcFault
 from governor.daemon.rpc import Methods
+from governor.daemon.scheduler import SchedulerHolds
 from governor.daemon.ticks import Ticker, defer_on_loop, status_line
 from governor.daemon.utilization import UtilizationSampler
 from governor.errors import LIMIT_EXCEEDED, PERMISSION_DENIED, FtgovError
@@ -57,8 +58,9 @@ class Server:
         # A client's updates re-decide its job at most about once a second (each is a pin write and a state save).
         self.redecide = ratelimit.Coalescer(defer_on_loop)
         self.holds = Holds(self._job_ended)
+        self.scheduler = controller.scheduler = SchedulerHolds(controller, self.holds.end)
         self.methods = Methods(controller, self.holds, self.sampler, self.redecide, lambda: self.config,
-                               self._gpu_search)
+                               self._gpu_search, self.scheduler)
         self.call = self.methods.call  # a connection's requests go straight to the RPC methods
         self.conns: set[Connection] = set()
         self.conns_per_uid: Counter[int] = Counter()
@@ -79,6 +81,7 @@ class Server:
         state = self.controller.leftovers()
         if state is None:
             return
+        self.scheduler.adopt(state.holds)  # before the pins are applied: a held GPU keeps its pin across the restart
         live, held = [], {}
         for rec in state.jobs:
             try:
@@ -191,6 +194,7 @@ class Server:
         if self.config.restore_on_stop:
             for job_id in list(self.controller.jobs):
                 self.holds.end(job_id, "daemon stopping")
+            self.scheduler.suspended = True  # the holds stay in the state file for the next start, unpinned meanwhile
             self.controller.reapply()
         elif self.controller.holds_pins():
             log.info("restore_on_stop is false: leaving %d job(s) and the pin in place for the next start",
@@ -242,4 +246,7 @@ class Server:
         """A job's end, once holds has released it: what waits for its measurements goes, then its pin."""
         self.sampler.forget(job_id)
         self.redecide.forget(job_id)
-        return self.controller.end(job_id, why)
+        ended = self.controller.end(job_id, why)
+        if ended is not None:
+            self.scheduler.job_ended(ended)
+        return ended

@@ -41,4 +41,5 @@ def status(ctl: Controller) -> dict:
     return {"policy": ctl.policy.name.value, "jobs": jobs, "gpus": gpus, "gpu_missing": ctl.missing_why,
             "power_mw": power,
             "energy_rails": ctl.rails.energy_rails if ctl.rails else [], "energy_source": ctl.energy.source(),
-            "store": ctl.recorder.status() if ctl.recorder is not None else None}
+            "store": ctl.recorder.status() if ctl.recorder is not None else None,
+            "holds": ctl.scheduler.describe() if ctl.scheduler is not None else []}

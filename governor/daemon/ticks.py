@@ -45,14 +45,14 @@ class Ticker:
         if not self._status_pending:
             self._status_pending = True
             loop.call_soon(self._send_status, ctl)
-        busy = len(ctl.jobs) > 0
+        busy = ctl.busy()
         if self._tick is None and (busy or ctl.pending_restores()):
             self._tick = loop.call_later(self.sample_interval_s, self._on_tick, ctl)
         if busy:
             self._schedule_sampler(ctl)
 
     def _schedule_sampler(self, ctl: Controller) -> None:
-        """While jobs run (the caller checks): the rails' sampler, at the sensors' refresh."""
+        """While jobs or scheduler holds run (the caller checks): the rails' sampler, at the sensors' refresh."""
         refresh_s = ctl.energy.refresh_s
         if self._sampler is None and refresh_s:
             self._sampler = asyncio.get_running_loop().call_later(refresh_s, self._on_sample, ctl)
@@ -60,7 +60,7 @@ class Ticker:
     def _on_sample(self, ctl: Controller) -> None:
         self._sampler = None
         ctl.sample_energy()
-        if ctl.jobs:
+        if ctl.busy():
             self._schedule_sampler(ctl)
 
     def _send_status(self, ctl: Controller) -> None:

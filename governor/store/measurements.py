@@ -36,10 +36,24 @@ from governor.errors import FtgovError
 
 log = logging.getLogger("ftgovd")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 DEFAULT_MAX_JOBS = 20000
 BUSY_TIMEOUT_S = 5.0
 
+_SCHEDULER_TABLE = """
+CREATE TABLE scheduler_jobs (         -- a scheduler's job (Slurm), held from its prolog to its epilog
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    ended_at REAL NOT NULL,
+    scheduler TEXT NOT NULL,            -- 'slurm'
+    sched_job_id INTEGER NOT NULL,      -- the scheduler's job id (SLURM_JOB_ID)
+    boot_id TEXT, uid INTEGER, partition TEXT, policy TEXT,
+    gpus TEXT,                          -- JSON: the GPU ids held, each with its pin
+    duration_s REAL, energy_j REAL,     -- over the GPUs held, from the prolog's hold to the epilog's release
+    saved_pct REAL, saved_pct_err REAL, -- measured saving of the job's own tuned registrations, where there were any
+    daemon_job_ids TEXT,                -- JSON: the registrations from inside the job that joined the hold
+    ended TEXT
+);
+"""
 _SCHEMA = """
 CREATE TABLE jobs (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -79,6 +93,7 @@ INSERT INTO totals VALUES (1, 0, 0.0, 0.0);
 # version -> what brings a store of that version to the next one
 _MIGRATIONS = {
     1: "ALTER TABLE jobs ADD COLUMN saved_pct_err REAL;",
+    2: _SCHEDULER_TABLE,
 }
 
 JOB_COLUMNS = ("ended_at", "duration_s", "boot_id", "daemon_job_id", "uid", "name", "model_type", "num_layers",
@@ -87,6 +102,10 @@ JOB_COLUMNS = ("ended_at", "duration_s", "boot_id", "daemon_job_id", "uid", "nam
                "model_version", "model_source", "policy", "freq_hz", "reason", "steps", "energy_j", "start_hz",
                "converged", "saved_rel", "saved_basis", "saved_pct_err", "ended")
 _INSERT_JOB = f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_COLUMNS))})"
+SCHEDULER_COLUMNS = ("ended_at", "scheduler", "sched_job_id", "boot_id", "uid", "partition", "policy", "gpus",
+                     "duration_s", "energy_j", "saved_pct", "saved_pct_err", "daemon_job_ids", "ended")
+_INSERT_SCHEDULER_JOB = (f"INSERT INTO scheduler_jobs ({', '.join(SCHEDULER_COLUMNS)}) "
+                         f"VALUES ({', '.join('?' * len(SCHEDULER_COLUMNS))})")
 _INSERT_WINDOW = ("INSERT INTO windows (job, seq, level_hz, joules_per_step, seconds_per_step, steps, gpu_util) "
                   "VALUES (?, ?, ?, ?, ?, ?, ?)")
 
@@ -111,6 +130,27 @@ class Window:
     seconds_per_step: float
     steps: int
     gpu_util: float | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerJobRecord:
+    """What the store keeps of a scheduler's job held from its prolog to its epilog (governor.daemon.scheduler).
+    ``gpus`` and ``daemon_job_ids`` are JSON text."""
+
+    ended_at: float
+    scheduler: str
+    sched_job_id: int
+    boot_id: str | None = None
+    uid: int | None = None
+    partition: str | None = None
+    policy: str | None = None
+    gpus: str | None = None
+    duration_s: float | None = None
+    energy_j: float | None = None
+    saved_pct: float | None = None
+    saved_pct_err: float | None = None
+    daemon_job_ids: str | None = None
+    ended: str | None = None
 
 
 @dataclass(frozen=True)
@@ -285,7 +325,8 @@ class Store:
             if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
                 # One transaction: a crash here leaves version 0 and no tables, and the next open starts again.
                 try:
-                    conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
+                    conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + _SCHEDULER_TABLE
+                                       + f"PRAGMA user_version={SCHEMA_VERSION};COMMIT;")
                 except sqlite3.Error:
                     if conn.in_transaction:
                         conn.execute("ROLLBACK")
@@ -326,6 +367,14 @@ class Store:
                     break
                 count -= dropped
         return job_id
+
+    def add_scheduler_job(self, rec: SchedulerJobRecord) -> int:
+        """Add one scheduler job, dropping the oldest past max_jobs; its row id. Its energy is its registrations'
+        too, so it is not added to the totals again."""
+        with _transaction(self.conn):
+            row = self.conn.execute(_INSERT_SCHEDULER_JOB, [getattr(rec, c) for c in SCHEDULER_COLUMNS]).lastrowid
+            self.conn.execute("DELETE FROM scheduler_jobs WHERE id <= ?", (row - self.max_jobs,))
+        return row
 
     def totals(self) -> dict:
         return _totals(self.conn)
@@ -409,6 +458,15 @@ def read_jobs(conn: sqlite3.Connection, since: float | None = None) -> list[JobR
         values["converged"] = None if values["converged"] is None else bool(values["converged"])
         out.append(JobRecord(**values, windows=tuple(windows.get(r["id"], ()))))
     return out
+
+
+def read_scheduler_jobs(conn: sqlite3.Connection) -> list[SchedulerJobRecord]:
+    """Every scheduler job in the store, oldest first (none in a store older than schema 3)."""
+    try:
+        rows = conn.execute(f"SELECT {', '.join(SCHEDULER_COLUMNS)} FROM scheduler_jobs ORDER BY id").fetchall()
+    except sqlite3.OperationalError:  # a version-2 store read as it is (the CLI does not migrate)
+        return []
+    return [SchedulerJobRecord(**dict(zip(SCHEDULER_COLUMNS, row, strict=True))) for row in rows]
 
 
 def read_totals(conn: sqlite3.Connection) -> dict:

@@ -95,6 +95,26 @@ class HeldJob:
     energy_j: Annotated[float | None, Field(ge=0, le=1e15)] = None
 
 
+@dataclass(kw_only=True)
+class SchedulerHold:
+    """A scheduler's hold on a job's GPUs (governor.daemon.scheduler): no process holds it, the epilog ends it, so it
+    is kept across daemon restarts with the energy measured so far (J, per GPU) and the inside registrations that
+    joined it (daemon job ids)."""
+
+    __pydantic_config__ = _STRICT
+
+    slurm_job_id: Annotated[int, Field(ge=1, le=1 << 53)]
+    uid: Annotated[int, Field(ge=0, le=(1 << 32) - 1)]
+    partition: Annotated[str | None, Field(max_length=128)] = None
+    policy: Annotated[str, Field(max_length=32)]
+    freq_hz: Annotated[dict[str, Annotated[int, Field(ge=1, le=MAX_HZ)] | None], Field(max_length=64)]
+    energy_j: Annotated[dict[str, Annotated[float, Field(ge=0, le=1e15)]], Field(max_length=64)] = \
+        field(default_factory=dict)
+    joined: Annotated[list[Annotated[int, Field(ge=1, le=1 << 53)]], Field(max_length=1024)] = \
+        field(default_factory=list)
+    started_at: Annotated[float, Field(ge=0, le=1e11)]
+
+
 def _format_given(v: Any) -> Any:
     """The file must say its format: State's default is for states built in memory, not for a file without one."""
     if isinstance(v, dict) and "format" not in v:
@@ -111,11 +131,15 @@ class State:
     jobs: Annotated[list[HeldJob], Field(max_length=65536)] = field(default_factory=list)
     next_job_id: Annotated[int, Field(ge=1, le=1 << 53)] = 1
     format: Literal["ftgov-state/1"] = FORMAT
+    holds: Annotated[list[SchedulerHold], Field(max_length=4096)] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"format": self.format, "boot_id": self.boot_id, "next_job_id": self.next_job_id,
-                "gpus": {k: v.to_dict() for k, v in self.gpus.items()},
-                "jobs": [vars(j) for j in self.jobs]}
+        out = {"format": self.format, "boot_id": self.boot_id, "next_job_id": self.next_job_id,
+               "gpus": {k: v.to_dict() for k, v in self.gpus.items()},
+               "jobs": [vars(j) for j in self.jobs]}
+        if self.holds:  # absent when empty: a file without holds reads the same to an older daemon
+            out["holds"] = [vars(h) for h in self.holds]
+        return out
 
     @classmethod
     def from_json(cls, raw: bytes) -> State:
@@ -177,7 +201,17 @@ def checked(state: State | None, levels_hz: dict[str, Sequence[int]]) -> State |
             jobs.append(rec)
             continue
         log.warning("state file: ignoring job %d: %s", rec.job_id, problem)
-    return State(state.boot_id, gpus, jobs, state.next_job_id)
+    holds = []
+    for hold in state.holds:
+        bad = [f"GPU {gid!r}" if gid not in levels_hz else f"freq_hz {hz} on GPU {gid}"
+               for gid, hz in hold.freq_hz.items()
+               if gid not in levels_hz or (hz is not None and hz not in levels_hz[gid])]
+        if bad:
+            log.warning("state file: ignoring the hold of Slurm job %d: %s is not this host's", hold.slurm_job_id,
+                        bad[0])
+            continue
+        holds.append(hold)
+    return State(state.boot_id, gpus, jobs, state.next_job_id, holds=holds)
 
 
 def _check_dir(fd: int, path: Path) -> None:

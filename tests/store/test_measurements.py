@@ -247,7 +247,7 @@ def test_a_store_of_schema_1_is_read_as_it_is_and_migrated_when_the_daemon_opens
     s.add(rec(1, saved_pct_err=1.25))
     s.close()
     raw = sqlite3.connect(path)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 2
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 3
     raw.close()
     old, new = store.read_jobs(store.open_read_only(path))
     assert old.saved_pct_err is None and new == rec(1, saved_pct_err=1.25)

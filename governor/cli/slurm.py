@@ -1,0 +1,315 @@
+"""`ftgov slurm prolog|epilog|check`: hold a Slurm job's GPUs with the node's ftgovd for the job's life (docs/slurm.md).
+
+slurmd runs the prolog and the epilog as root on each node of a job, with the job's facts in the environment
+(SLURM_JOB_ID, SLURM_JOB_UID, SLURM_JOB_PARTITION, SLURM_JOB_GPUS). A prolog that exits non-zero drains the node, so
+both warn and exit 0 whenever ftgov cannot help (no daemon, a bad config, a daemon error): the job then runs at the
+default clocks. Every call (to the daemon, to scontrol and squeue) has a timeout, and an alarm bounds the whole run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket as socketlib
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from governor.errors import ConfigError, FtgovError
+
+DEFAULT_SLURM_CONFIG = "/etc/ftgov/slurm.yaml"
+# YAML 1.1 reads an unquoted `off` as false: that is what the operator wrote, so it means the policy off.
+Policy = Annotated[Literal["tune", "mlg", "ffg", "off"], BeforeValidator(lambda v: "off" if v is False else v)]
+COMMENT_CHOICE = re.compile(r"(?:^|[\s,;])ftgov=(\S+?)(?=$|[\s,;])")
+MAX_ADMIN_COMMENT = 1024
+
+
+class SlurmConfig(BaseModel):
+    """The prolog's own config file (/etc/ftgov/slurm.yaml): which policy a job gets. Strict: a misspelt key or an
+    unknown policy is an error naming it, never a silent default."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    policy: Policy = "ffg"  # every job's, unless its partition or the job itself says otherwise
+    partitions: dict[str, Policy] = Field(default_factory=dict)  # partition name -> policy
+    job_choice: bool = True  # a job may choose with --comment ftgov=POLICY (one of the four; off opts out)
+    comment_from_scontrol: bool = True  # read the comment with scontrol when slurmd does not pass SLURM_JOB_COMMENT
+    admin_comment: bool = True  # the epilog writes the energy into the job's AdminComment (sacct -o AdminComment)
+    timeout_s: float = Field(default=10.0, gt=0, le=120)  # each call to the daemon, scontrol and squeue
+    socket: str | None = None  # default: $FTGOV_SOCKET, else /run/ftgov/ftgov.sock
+    sweep_stale: bool = True  # the prolog releases holds of jobs Slurm no longer runs (a lost epilog)
+
+
+def load_slurm_config(path: str, *, must_exist: bool) -> SlurmConfig:
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        if must_exist:
+            raise ConfigError(f"{path}: no such file") from None
+        return SlurmConfig()
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror}") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    try:
+        return SlurmConfig.model_validate(data or {})
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        raise ConfigError(f"{path}: {key}: {err['msg']}") from e
+
+
+def choose_policy(config: SlurmConfig, partition: str | None, comment: str | None) -> tuple[str, str]:
+    """The job's policy and where it came from: the job's --comment (ftgov=POLICY), else its partition's, else the
+    default. An unknown choice in the comment is ignored with a warning (the user's typo must not drain a node)."""
+    if config.job_choice and comment:
+        m = COMMENT_CHOICE.search(comment)
+        if m:
+            value = m.group(1)
+            if value in ("tune", "mlg", "ffg", "off"):
+                return value, "the job's --comment"
+            warn(f"--comment ftgov={value!r} is none of tune, mlg, ffg, off: ignored")
+    if partition is not None and partition in config.partitions:
+        return config.partitions[partition], f"partition {partition}"
+    return config.policy, "the default"
+
+
+def job_gpus(env: dict[str, str]) -> list[str | int] | None:
+    """The job's GPUs on this node as the daemon's ``gpu`` keys: SLURM_JOB_GPUS (the GRES indexes), else
+    CUDA_VISIBLE_DEVICES, else GPU_DEVICE_ORDINAL; None when Slurm names none (a node without GRES, a Jetson)."""
+    for name in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"):
+        value = env.get(name)
+        if value is None:
+            continue
+        keys: list[str | int] = []
+        for entry in (e.strip() for e in value.split(",")):
+            if entry.isascii() and entry.isdigit():
+                keys.append(int(entry))
+            elif entry.upper().startswith(("GPU-", "MIG-")):
+                keys.append(entry)
+        return keys
+    return None
+
+
+# slurmd gives the prolog and the epilog a bare environment: PATH may be unset or not name Slurm's commands.
+SLURM_BIN_DIRS = "/usr/bin:/usr/local/bin:/opt/slurm/bin"
+
+
+def slurm_command(name: str) -> str:
+    """Where a Slurm command is: on PATH, else in the usual install directories; the bare name otherwise (its run
+    then fails, and is reported, as a missing command)."""
+    return shutil.which(name) or shutil.which(name, path=SLURM_BIN_DIRS) or name
+
+
+def warn(message: str) -> None:
+    print(f"ftgov slurm: warning: {message}", file=sys.stderr, flush=True)
+
+
+def info(message: str) -> None:
+    print(f"ftgov slurm: {message}", flush=True)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("slurm", help="Slurm prolog/epilog: hold a job's GPUs with ftgovd for the job's life",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("action", choices=("prolog", "epilog", "check"),
+                   help="prolog/epilog: run by slurmd as root (Prolog=, Epilog= in slurm.conf); check: validate "
+                        "the config and show the policy this environment's job would get")
+    p.add_argument("--config", default=None, help=f"the prolog's config (default {DEFAULT_SLURM_CONFIG})")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    env = dict(os.environ)
+    if args.action == "check":
+        config = load_slurm_config(args.config or DEFAULT_SLURM_CONFIG, must_exist=args.config is not None)
+        policy, source = choose_policy(config, env.get("SLURM_JOB_PARTITION"), env.get("SLURM_JOB_COMMENT"))
+        info(f"config OK; a job here gets {policy} (from {source}); GPUs {job_gpus(env)}")
+        return 0
+    try:
+        config = load_slurm_config(args.config or DEFAULT_SLURM_CONFIG, must_exist=args.config is not None)
+    except ConfigError as e:
+        warn(f"{e}: the job runs at the default clocks (ftgov slurm check shows the problem)")
+        return 0
+    # The last guard: whatever hangs, the prolog ends, and ends with 0, well before slurmd's PrologEpilogTimeout.
+    signal.signal(signal.SIGALRM, _out_of_time)
+    signal.alarm(int(config.timeout_s * 4) + 1)
+    try:
+        return (prolog if args.action == "prolog" else epilog)(config, env)
+    except FtgovError as e:
+        warn(f"{e}: the job runs at the default clocks")
+        return 0
+    finally:
+        signal.alarm(0)
+
+
+def _out_of_time(signum, frame) -> None:
+    warn("out of time: giving up (the job runs at the default clocks)")
+    os._exit(0)
+
+
+def _job_id(env: dict[str, str]) -> int | None:
+    value = env.get("SLURM_JOB_ID", "")
+    return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else None
+
+
+def _connect(config: SlurmConfig):
+    from governor.client.connection import Connection, DaemonUnavailable
+
+    try:
+        return Connection(config.socket, timeout_s=config.timeout_s)
+    except DaemonUnavailable as e:
+        warn(f"ftgovd is not reachable ({e}): nothing held, the job runs at the default clocks")
+        return None
+
+
+def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
+    job_id = _job_id(env)
+    if job_id is None:
+        warn("SLURM_JOB_ID is not set: not run by slurmd as a prolog? nothing held")
+        return 0
+    conn = _connect(config)
+    if conn is None:
+        return 0
+    with conn:
+        if config.sweep_stale:
+            sweep_stale_holds(conn, config, job_id)
+        partition = env.get("SLURM_JOB_PARTITION")
+        comment = env.get("SLURM_JOB_COMMENT")
+        if comment is None and config.job_choice and config.comment_from_scontrol:
+            comment = scontrol_field(job_id, "Comment", config.timeout_s)
+        policy, source = choose_policy(config, partition, comment)
+        uid = env.get("SLURM_JOB_UID", "")
+        reply = conn.call("slurm_hold", slurm_job_id=job_id, uid=int(uid) if uid.isdigit() else 0, policy=policy,
+                          gpus=job_gpus(env), partition=partition)
+    held = reply.get("gpus") or {}
+    if not held:
+        info(f"job {job_id}: nothing held ({reply.get('why', 'no GPU')})")
+        return 0
+    info(f"job {job_id}: {policy} (from {source}) on GPU(s) " + ", ".join(
+        f"{gid} at {_mhz(g.get('freq_hz'))}" for gid, g in held.items()))
+    return 0
+
+
+def _mhz(hz) -> str:
+    return "no pin" if hz is None else f"{hz / 1e6:.0f} MHz"
+
+
+def epilog(config: SlurmConfig, env: dict[str, str]) -> int:
+    from governor.client.connection import UnknownJob
+
+    job_id = _job_id(env)
+    if job_id is None:
+        warn("SLURM_JOB_ID is not set: not run by slurmd as an epilog? nothing released")
+        return 0
+    conn = _connect(config)
+    if conn is None:
+        return 0
+    with conn:
+        try:
+            out = conn.call("slurm_release", slurm_job_id=job_id, why="epilog")
+        except UnknownJob:
+            info(f"job {job_id}: nothing held on this node")
+            return 0
+    summary = admin_comment_entry(out, socketlib.gethostname())
+    info(f"job {job_id}: released; {summary}")
+    if not out.get("restored", True):
+        warn(f"job {job_id}: a GPU's restore failed; ftgovd retries it (journalctl -u ftgovd)")
+    if config.admin_comment:
+        write_admin_comment(job_id, summary, config.timeout_s)
+    return 0
+
+
+def admin_comment_entry(out: dict, node: str) -> str:
+    """This node's part of the job's AdminComment: ``ftgov@NODE:energy_j=...,saved_pct=...,policy=...,gpus=...``."""
+    energy = out.get("energy_j")
+    parts = [f"energy_j={'unknown' if energy is None else f'{energy:.1f}'}"]
+    if out.get("saved_pct") is not None:
+        err = out.get("saved_pct_err")
+        parts.append(f"saved_pct={out['saved_pct']:g}" + ("" if err is None else f"+-{err:g}"))
+    parts += [f"policy={out.get('policy')}", f"gpus={'+'.join(out.get('gpus') or {})}"]
+    return f"ftgov@{node}:" + ",".join(parts)
+
+
+def merged_admin_comment(existing: str | None, entry: str) -> str:
+    """The job's AdminComment with this node's entry replaced or added (each node of a job writes its own; other
+    text in the field is kept)."""
+    node = entry.split(":", 1)[0]
+    kept = [p for p in (existing or "").split(";") if p and p != "(null)" and not p.startswith(node + ":")]
+    return ";".join([*kept, entry])[-MAX_ADMIN_COMMENT:]
+
+
+def write_admin_comment(job_id: int, entry: str, timeout_s: float) -> None:
+    """Put this node's entry into the job's AdminComment, which `sacct -j ID -o AdminComment` shows
+    (AccountingStorageType=accounting_storage/slurmdbd). ``scontrol update`` while slurmctld still lets the job be
+    updated; once the job has finished (the node epilog usually runs after that), the accounting record itself, with
+    ``sacctmgr modify job``."""
+    existing = scontrol_field(job_id, "AdminComment", timeout_s)
+    value = merged_admin_comment(existing, entry)
+    done = _run([slurm_command("scontrol"), "update", f"JobId={job_id}", f"AdminComment={value}"], timeout_s)
+    if done is not None and done.returncode != 0 and "already finished" in done.stderr:
+        done = _run([slurm_command("sacctmgr"), "-i", "modify", "job", "where", f"jobid={job_id}", "set",
+                     f"AdminComment={value}"], timeout_s)
+    if done is None:
+        warn(f"job {job_id}: could not write AdminComment")
+    elif done.returncode != 0:
+        warn(f"job {job_id}: writing AdminComment failed: {(done.stderr or done.stdout).strip() or done.returncode}")
+
+
+def _run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        warn(f"{args[0]}: {e}")
+        return None
+
+
+def scontrol_field(job_id: int, name: str, timeout_s: float) -> str | None:
+    """One field of `scontrol show job -o ID` (None when scontrol fails or lacks it). The field runs to the next
+    ``Key=`` of scontrol's one-line format."""
+    try:
+        done = subprocess.run([slurm_command("scontrol"), "show", "job", "-o", str(job_id)], capture_output=True,
+                              text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        warn(f"scontrol show job {job_id}: {e}")
+        return None
+    if done.returncode != 0:
+        return None
+    m = re.search(rf"(?:^|\s){name}=(.*?)(?=\s[A-Za-z:/]+=|$)", done.stdout.strip())
+    if m is None or m.group(1) == "(null)":
+        return None
+    return m.group(1)
+
+
+def sweep_stale_holds(conn, config: SlurmConfig, job_id: int) -> None:
+    """Release the holds of jobs that Slurm no longer runs: their epilog was lost (slurmd killed, the epilog timed
+    out). A job Slurm still lists (running, completing) keeps its hold; when squeue cannot answer, nothing goes."""
+    holds = conn.call("status").get("holds") or []
+    for hold in holds:
+        other = hold.get("slurm_job_id")
+        if other == job_id or not isinstance(other, int):
+            continue
+        if slurm_knows(other, config.timeout_s) is False:
+            warn(f"job {other}: held, but Slurm no longer runs it (its epilog was lost): releasing it")
+            conn.call("slurm_release", slurm_job_id=other, why="stale")
+
+
+def slurm_knows(job_id: int, timeout_s: float) -> bool | None:
+    """Whether Slurm still lists the job (True/False), None when squeue cannot tell."""
+    try:
+        done = subprocess.run([slurm_command("squeue"), "-h", "-j", str(job_id), "-o", "%T"], capture_output=True,
+                              text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return False if "Invalid job id" in done.stderr else None
+    return bool(done.stdout.strip())

@@ -1,0 +1,122 @@
+"""`ftgov slurm prolog|epilog|check` (governor/cli/slurm.py): against the real daemon over its socket, with slurmd's
+environment; an absent or silent daemon and a bad config warn and exit 0 in bounded time (a failing prolog drains the
+node). Slurm itself (scontrol, squeue, sacct) is exercised in the container suite, tests/slurm."""
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from governor.cli.ops import format_status
+from governor.cli.slurm import SlurmConfig, admin_comment_entry, choose_policy, job_gpus, merged_admin_comment
+from tests.support.daemon import REPO, limits
+
+BASELINE = (306000000, 1300500000)
+
+
+def slurm(action: str, env: dict, config_text: str | None, tmp_path, timeout_s: float = 30):
+    args = [sys.executable, "-m", "governor.cli", "slurm", action]
+    if config_text is not None:
+        cfg = tmp_path / "slurm.yaml"
+        cfg.write_text(config_text)
+        args += ["--config", str(cfg)]
+    # No scontrol or squeue on PATH here: what the prolog does without them is part of what is tested.
+    full_env = {"PATH": "/nonexistent", "PYTHONPATH": str(REPO), **env}
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, env=full_env)
+
+
+CONFIG = """
+policy: off
+partitions: {gpu: ffg}
+admin_comment: false
+comment_from_scontrol: false
+"""
+
+
+def test_prolog_holds_the_job_and_epilog_restores(orin, start_daemon, tmp_path):
+    d = start_daemon(config={"ffg_freq_hz": 612000000})
+    env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "42", "SLURM_JOB_UID": "0", "SLURM_JOB_PARTITION": "gpu"}
+    out = slurm("prolog", env, CONFIG, tmp_path)
+    assert out.returncode == 0 and "job 42: ffg (from partition gpu) on GPU(s) 0 at 612 MHz" in out.stdout, out
+    assert limits(orin) == (612000000, 612000000)
+    status = d.client().call("status")
+    hold = status["holds"][0]
+    assert (hold["slurm_job_id"], hold["partition"], hold["policy"]) == (42, "gpu", "ffg")
+    assert "Slurm job 42 (uid 0): ffg on GPU 0 612 MHz, held 0:00:0" in format_status(status)
+    out = slurm("epilog", env, CONFIG, tmp_path)
+    assert out.returncode == 0 and "job 42: released; ftgov@" in out.stdout and "policy=ffg,gpus=0" in out.stdout
+    assert limits(orin) == BASELINE
+    out = slurm("epilog", env, CONFIG, tmp_path)  # a second epilog finds nothing and is no error
+    assert out.returncode == 0 and "nothing held" in out.stdout
+
+
+def test_the_comment_chooses_the_policy(orin, start_daemon, tmp_path):
+    d = start_daemon()
+    env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "43", "SLURM_JOB_UID": "0", "SLURM_JOB_PARTITION": "gpu",
+           "SLURM_JOB_COMMENT": "my run ftgov=off"}
+    out = slurm("prolog", env, CONFIG, tmp_path)
+    assert out.returncode == 0 and "off (from the job's --comment)" in out.stdout, out
+    assert limits(orin) == BASELINE
+
+
+@pytest.mark.parametrize("action", ["prolog", "epilog"])
+def test_an_absent_daemon_is_a_warning_and_exit_0(action, tmp_path):
+    env = {"FTGOV_SOCKET": str(tmp_path / "none.sock"), "SLURM_JOB_ID": "44", "SLURM_JOB_GPUS": "0,1"}
+    out = slurm(action, env, CONFIG, tmp_path)
+    assert out.returncode == 0 and "warning: ftgovd is not reachable" in out.stderr, out
+
+
+def test_a_daemon_that_never_answers_does_not_hang_the_prolog(tmp_path):
+    path = str(tmp_path / "silent.sock")
+    with socket.socket(socket.AF_UNIX) as silent:  # listens, never accepts: connect succeeds, no reply comes
+        silent.bind(path)
+        silent.listen(4)
+        start = time.monotonic()
+        out = slurm("prolog", {"FTGOV_SOCKET": path, "SLURM_JOB_ID": "45"}, CONFIG + "timeout_s: 0.5\n", tmp_path)
+        took_s = time.monotonic() - start
+    assert out.returncode == 0 and "warning:" in out.stderr and "default clocks" in out.stderr, out
+    assert took_s < 10
+
+
+def test_a_bad_config_is_a_warning_naming_the_key_and_check_fails_on_it(tmp_path):
+    out = slurm("prolog", {"SLURM_JOB_ID": "46"}, "partitions: {gpu: fastest}\n", tmp_path)
+    assert out.returncode == 0 and "partitions.gpu" in out.stderr and "default clocks" in out.stderr, out
+    out = slurm("check", {}, "partitions: {gpu: fastest}\n", tmp_path)
+    assert out.returncode == 1 and "partitions.gpu" in out.stderr
+    out = slurm("check", {"SLURM_JOB_PARTITION": "gpu"}, CONFIG, tmp_path)
+    assert out.returncode == 0 and "a job here gets ffg (from partition gpu)" in out.stdout
+
+
+def test_without_slurm_job_id_nothing_is_held(tmp_path):
+    out = slurm("prolog", {"FTGOV_SOCKET": str(tmp_path / "x.sock")}, CONFIG, tmp_path)
+    assert out.returncode == 0 and "SLURM_JOB_ID is not set" in out.stderr
+
+
+def test_choose_policy_order_comment_then_partition_then_default(capsys):
+    config = SlurmConfig(policy="ffg", partitions={"big": "tune"})
+    assert choose_policy(config, "big", "ftgov=mlg") == ("mlg", "the job's --comment")
+    assert choose_policy(config, "big", "nothing here") == ("tune", "partition big")
+    assert choose_policy(config, "small", None) == ("ffg", "the default")
+    assert choose_policy(config, "small", "ftgov=turbo") == ("ffg", "the default")
+    assert "ftgov='turbo' is none of" in capsys.readouterr().err
+    closed = SlurmConfig(policy="ffg", job_choice=False)
+    assert choose_policy(closed, None, "ftgov=off") == ("ffg", "the default")
+
+
+def test_job_gpus_from_slurms_environment():
+    assert job_gpus({"SLURM_JOB_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0"}) == [0, 1]
+    assert job_gpus({"CUDA_VISIBLE_DEVICES": "GPU-abc,3"}) == ["GPU-abc", 3]
+    assert job_gpus({"SLURM_JOB_GPUS": ""}) == []
+    assert job_gpus({}) is None
+
+
+def test_admin_comment_keeps_other_nodes_entries():
+    entry = admin_comment_entry({"energy_j": 1234.56, "saved_pct": 11.5, "saved_pct_err": 2.0, "policy": "tune",
+                                 "gpus": {"0": {}, "1": {}}}, "node1")
+    assert entry == "ftgov@node1:energy_j=1234.6,saved_pct=11.5+-2,policy=tune,gpus=0+1"
+    merged = merged_admin_comment("ftgov@node2:energy_j=5.0,policy=tune,gpus=0;ftgov@node1:energy_j=1.0", entry)
+    assert merged == f"ftgov@node2:energy_j=5.0,policy=tune,gpus=0;{entry}"
+    assert merged_admin_comment("(null)", entry) == entry
+

@@ -1,0 +1,227 @@
+"""Scheduler holds (governor/daemon/scheduler.py) on the real daemon over its socket: a Slurm job's GPUs held from
+the prolog to the epilog, a registration from inside joining the hold, the release restoring the baseline, root
+only, and a hold kept across daemon restarts."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from governor.store import measurements as store
+from tests.support import FAKENVML_DIR, hostusers
+from tests.support.daemon import DEVFREQ, FEATURES, REPO, limits
+
+BASELINE = (306000000, 1300500000)
+FFG_HZ = 1300500000  # the hold's level: above what MLG picks for FEATURES (714 MHz), so a join is told apart
+
+
+@pytest.fixture
+def nvml_daemon(start_daemon, tmp_path):
+    def start(gpus=({}, {}), **config):
+        spec = tmp_path / "fakenvml.json"
+        spec.write_text(json.dumps({"gpus": list(gpus)}))
+        calls = tmp_path / "calls.log"
+        env = {"FAKENVML_CONFIG": str(spec), "FAKENVML_LOG": str(calls),
+               "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
+        d = start_daemon(root=tmp_path / "no-jetson", config={"backend": "nvml", "policy": "mlg", **config}, env=env)
+        return d, calls
+    return start
+
+
+def _set_max(root, hz: int) -> None:
+    (root / DEVFREQ / "max_freq").write_text(f"{hz}\n")
+
+
+def test_a_hold_pins_each_gpu_of_the_job_and_the_release_restores_and_records(nvml_daemon, tmp_path):
+    path = tmp_path / "measurements.sqlite"
+    d, calls = nvml_daemon(store={"path": str(path)})
+    c = d.client()
+    held = c.call("slurm_hold", slurm_job_id=41, uid=1000, policy="ffg", gpus=[0, 1], partition="gpu")
+    levels = c.call("status")["gpus"][0]["available_hz"]
+    assert set(held["gpus"]) == {"0", "1"} and all(g["freq_hz"] in levels for g in held["gpus"].values())
+    status = c.call("status")
+    assert [g["pinned_hz"] for g in status["gpus"]] == [held["gpus"]["0"]["freq_hz"], held["gpus"]["1"]["freq_hz"]]
+    assert status["jobs"] == [] and status["holds"][0]["slurm_job_id"] == 41
+    assert calls.read_text().split().count("nvmlDeviceSetGpuLockedClocks") == 2
+    out = c.call("slurm_release", slurm_job_id=41)
+    assert out["restored"] and out["energy_j"] is not None and out["energy_j"] >= 0
+    assert set(out["gpus"]) == {"0", "1"} and all(g["pinned_hz_after"] is None for g in out["gpus"].values())
+    assert calls.read_text().split().count("nvmlDeviceResetGpuLockedClocks") == 2
+    assert [g["pinned_hz"] for g in c.call("status")["gpus"]] == [None, None]
+    assert c.call("status")["holds"] == []
+    d.stop()  # the store's writer commits what is queued at shutdown
+    rows = [(r.sched_job_id, r.uid, r.partition, r.policy, r.energy_j, r.ended)
+            for r in store.read_scheduler_jobs(store.open_read_only(path))]
+    assert rows == [(41, 1000, "gpu", "ffg", pytest.approx(out["energy_j"]), "epilog")]
+
+
+def test_the_release_restores_the_baseline_found_not_the_highest_clocks(orin, start_daemon):
+    _set_max(orin, 1020000000)  # an operator's lower cap, in place before the job
+    d = start_daemon(config={"ffg_freq_hz": 612000000})
+    c = d.client()
+    held = c.call("slurm_hold", slurm_job_id=7, uid=0, policy="ffg", gpus=None)  # a Jetson: the one GPU
+    assert held["gpus"]["0"]["freq_hz"] == 612000000 and limits(orin) == (612000000, 612000000)
+    c.call("slurm_release", slurm_job_id=7)
+    assert limits(orin) == (306000000, 1020000000)
+
+
+def test_off_pins_nothing_and_measures_energy(orin, start_daemon):
+    d = start_daemon()
+    c = d.client()
+    held = c.call("slurm_hold", slurm_job_id=8, uid=0, policy="off")
+    assert held["gpus"]["0"]["freq_hz"] is None and limits(orin) == BASELINE
+    out = c.call("slurm_release", slurm_job_id=8)
+    assert out["energy_j"] is not None and out["policy"] == "off"
+
+
+def test_a_registration_from_inside_joins_the_hold_and_its_end_does_not_release_it(orin, start_daemon):
+    d = start_daemon(config={"ffg_freq_hz": FFG_HZ})
+    root = d.client()
+    root.call("slurm_hold", slurm_job_id=9, uid=0, policy="mlg", gpus=None)
+    assert limits(orin) == (FFG_HZ, FFG_HZ)  # mlg has no features yet: FFG's level
+    inside = d.client()
+    reg = inside.call("register", slurm_job_id=9, **FEATURES)
+    # Joined: its own pick speaks for the GPU (a second job beside the hold would have left FFG's higher level).
+    assert reg["slurm"] == {"slurm_job_id": 9, "joined": True} and reg["freq_hz"] == 714000000
+    assert limits(orin) == (714000000, 714000000)
+    hold = root.call("status")["holds"][0]
+    assert hold["joined"] == [reg["job_id"]] and hold["gpus"]["0"]["joined"] is True
+    inside.call("unregister", job_id=reg["job_id"])
+    assert limits(orin) == (FFG_HZ, FFG_HZ)  # the hold is still there
+    assert root.call("status")["holds"][0]["slurm_job_id"] == 9
+    root.call("slurm_release", slurm_job_id=9)
+    assert limits(orin) == BASELINE
+
+
+def test_the_release_ends_a_joined_job_still_running(orin, start_daemon):
+    d = start_daemon(config={"ffg_freq_hz": FFG_HZ})
+    root = d.client()
+    root.call("slurm_hold", slurm_job_id=10, uid=0, policy="ffg")
+    inside = d.client()  # held open: its job lives until the release
+    reg = inside.call("register", slurm_job_id=10, **FEATURES)
+    assert reg["policy"] == "ffg" and reg["slurm"]["joined"]  # the hold's policy, for a job that asked for none
+    out = root.call("slurm_release", slurm_job_id=10)
+    assert out["joined"] == [reg["job_id"]]
+    assert root.call("status")["jobs"] == [] and limits(orin) == BASELINE
+    assert f"job {reg['job_id']} (pid {os.getpid()}) ended (its Slurm job 10 ended (epilog))" in d.log()
+
+
+def test_a_registration_naming_no_hold_is_a_job_of_its_own(orin, start_daemon):
+    d = start_daemon(config={"ffg_freq_hz": FFG_HZ})
+    c = d.client()
+    reg = c.call("register", slurm_job_id=99, **FEATURES)
+    assert reg["slurm"] == {"slurm_job_id": 99, "joined": False, "why": "no hold for Slurm job 99 on this node"}
+    assert limits(orin) == (714000000, 714000000)
+
+
+def test_a_daemon_restart_keeps_the_hold(orin, start_daemon):
+    d = start_daemon(config={"ffg_freq_hz": 612000000})
+    d.client().call("slurm_hold", slurm_job_id=11, uid=0, policy="ffg")
+    d.stop(signal.SIGKILL)
+    assert limits(orin) == (612000000, 612000000)
+    d2 = start_daemon(workdir=d.workdir, notify_name="n2.sock", config={"ffg_freq_hz": 612000000})
+    c = d2.client()
+    assert c.call("status")["holds"][0]["slurm_job_id"] == 11 and limits(orin) == (612000000, 612000000)
+    d2.stop()  # restore_on_stop: the GPU goes back to its baseline while no daemon runs, the hold stays on file
+    assert limits(orin) == BASELINE
+    d3 = start_daemon(workdir=d.workdir, notify_name="n3.sock", config={"ffg_freq_hz": 612000000})
+    c = d3.client()
+    assert limits(orin) == (612000000, 612000000)
+    out = c.call("slurm_release", slurm_job_id=11)
+    assert out["energy_j"] is not None and limits(orin) == BASELINE
+
+
+def test_releasing_an_unknown_job_is_an_error(start_daemon):
+    err = start_daemon().client().request("slurm_release", slurm_job_id=5)["error"]
+    assert err["code"] == -32003 and "no hold for Slurm job 5" in err["message"]
+
+
+def test_a_policy_that_is_not_one_of_the_four_is_refused(start_daemon):
+    err = start_daemon().client().request("slurm_hold", slurm_job_id=5, uid=0, policy="fast")["error"]
+    assert err["code"] == -32602 and err["data"]["field"] == "policy"
+
+
+_CLIENT = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(10); s.connect(sys.argv[1])
+replies = s.makefile()
+for line in sys.argv[2:]:
+    s.sendall(line.encode() + b"\\n")
+    print(replies.readline().strip(), flush=True)
+"""
+
+
+def _as_member(sock: str, *requests: dict) -> list[dict]:
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    lines = [json.dumps({"jsonrpc": "2.0", "id": i, **r}) for i, r in enumerate(requests, 1)]
+    out = subprocess.run(["runuser", "-u", "ftgovtest", "--", python, "-c", _CLIENT, sock, *lines],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def test_a_member_may_neither_hold_nor_release_nor_join_anothers_hold(orin, start_daemon):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a client as another user")
+    # Before the daemon starts: its socket gets the ftgov group only if the group exists then.
+    hostusers.ensure_user("ftgovtest", groups=("ftgov",))  # removed at the session's end if it made it
+    d = start_daemon(config={"ffg_freq_hz": FFG_HZ})
+    os.chmod(d.workdir, 0o755)
+    d.client().call("slurm_hold", slurm_job_id=12, uid=0, policy="ffg")
+    hold, release, register = _as_member(
+        d.socket,
+        {"method": "slurm_hold", "params": {"slurm_job_id": 13, "uid": 0, "policy": "off"}},
+        {"method": "slurm_release", "params": {"slurm_job_id": 12}},
+        {"method": "register", "params": {"slurm_job_id": 12, **FEATURES}})
+    assert hold["error"]["code"] == -32001 and "only root" in hold["error"]["message"]
+    assert release["error"]["code"] == -32001
+    assert register["result"]["slurm"]["joined"] is False and "uid 0's" in register["result"]["slurm"]["why"]
+    assert limits(orin) == (FFG_HZ, FFG_HZ)  # root's hold stands (the member's own job adds 714 MHz beneath it)
+    assert [h["slurm_job_id"] for h in d.client().call("status")["holds"]] == [12]
+
+
+def test_the_client_library_joins_the_hold_of_the_job_it_runs_in(orin, start_daemon, monkeypatch):
+    import governor
+
+    d = start_daemon(config={"ffg_freq_hz": FFG_HZ})
+    root = d.client()
+    root.call("slurm_hold", slurm_job_id=14, uid=0, policy="mlg")
+    monkeypatch.setenv("SLURM_JOB_ID", "14")  # what slurmstepd gives every task of the job
+    with governor.job(socket=d.socket, **FEATURES) as j:
+        assert j.registration["slurm"] == {"slurm_job_id": 14, "joined": True}
+        assert limits(orin) == (714000000, 714000000)
+    assert limits(orin) == (FFG_HZ, FFG_HZ)
+    root.call("slurm_release", slurm_job_id=14)
+    assert limits(orin) == BASELINE
+
+
+def test_a_joined_tuned_job_gives_the_hold_its_measured_saving(start_daemon):
+    from governor.sim import job as simjob
+    from governor.sim.energy import Workload
+    from governor.sysfs import Root
+    from tests.support.daemon import ProgressJob, scaled
+
+    time_scale = 0.15
+    d = start_daemon(simulate=True, config=scaled(time_scale))
+    root = d.client()
+    root.call("slurm_hold", slurm_job_id=15, uid=0, policy="tune", partition="train")
+    inside = d.client()
+    bert = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
+    res = inside.call("register", tune=True, gpu_util=80.0, slurm_job_id=15, **bert)
+    assert res["slurm"]["joined"] and res["policy"] == "tune"
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(inside, res["job_id"]), Workload(name="w", **bert), 120,
+               time_scale=time_scale)
+    summary = inside.call("unregister", job_id=res["job_id"])
+    assert summary["saved_pct"] is not None
+    out = root.call("slurm_release", slurm_job_id=15)
+    assert out["saved_pct"] == round(summary["saved_pct"], 2) and out["joined"] == [res["job_id"]]
+    # The hold measured from the prolog, the job from its register; the rails are integrated over the same samples, but
+    # the job's meter also gets one at each of its reports: the two agree to within the sampling, not exactly.
+    assert out["energy_j"] == pytest.approx(summary["energy_j"], rel=0.1) and out["energy_j"] > 0
+    d.stop()
+    rec, = store.read_scheduler_jobs(store.open_read_only(d.state_dir / "measurements.sqlite"))
+    assert (rec.sched_job_id, rec.policy, rec.partition, rec.saved_pct) == (15, "tune", "train", out["saved_pct"])
+    assert json.loads(rec.daemon_job_ids) == [res["job_id"]]

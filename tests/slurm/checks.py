@@ -1,0 +1,459 @@
+"""End-to-end checks of `ftgov slurm prolog|epilog` under a real single-node Slurm; run.sh runs this in the booted
+container, after `make install BACKEND=nvml`.
+
+Setup: ftgovd governs two fake NVML GPUs (tests/support/fakenvml, through a drop-in that puts it first on the
+daemon's PYTHONPATH), which slurmd offers as GRES gpu:2 (gres.conf File=/dev/nvidia[0-1]); munge, MariaDB, slurmdbd,
+slurmctld and slurmd are Debian's, configured here as docs/slurm.md says. Jobs are submitted by an unprivileged user
+and wait on a FIFO, so a check decides when a job ends without sleeping. Where Slurm gives no event (a job's state),
+its state is read with squeue/sacct at a bounded pace. Standard library only (the container's python3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SRC = HERE.parent.parent
+CLIENT = [sys.executable, str(SRC / "tests/systemd/ctclient.py")]
+JOB_USER = "ftgovci"
+CLUSTER = "ftgovci"
+CI_DIR = Path("/run/ftgov-ci")
+NVML_CALLS = CI_DIR / "nvml-calls.log"
+GATES = Path("/var/tmp/ftgov-gates")  # the jobs' FIFOs: /var/tmp, which slurmd's jobs and the checks both see
+STATE_POLL_S = 0.2  # the pace at which a job's state is read where Slurm gives no event
+JOB_STATE_TIMEOUT_S = 60
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def expect(condition: bool, message: str) -> None:
+    if not condition:
+        raise CheckFailed(message)
+
+
+def sh(*cmd: str, check: bool = True, timeout_s: float = 60, **kwargs) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, **kwargs)
+    if check and p.returncode != 0:
+        raise CheckFailed(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout}{p.stderr}")
+    return p
+
+
+def call(method: str, params: dict | None = None) -> dict:
+    reply = json.loads(sh(*CLIENT, "call", method, json.dumps(params or {}), timeout_s=30).stdout)
+    expect("result" in reply, f"{method}: error reply {reply}")
+    return reply["result"]
+
+
+def wait_for(what: str, probe, timeout_s: float = JOB_STATE_TIMEOUT_S):
+    """Read ``probe()`` at STATE_POLL_S until it returns something true (Slurm gives no event for a job's state or
+    for its accounting record); its last value otherwise fails the check."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise CheckFailed(f"timed out after {timeout_s:g} s waiting for {what} (last: {value!r})")
+        time.sleep(STATE_POLL_S)
+
+
+# ---- setup ----------------------------------------------------------------------------------------------------------
+SLURM_CONF = """\
+ClusterName={cluster}
+SlurmctldHost={host}(127.0.0.1)
+SlurmUser=slurm
+SlurmdUser=root
+StateSaveLocation=/var/lib/slurm/slurmctld
+SlurmdSpoolDir=/var/lib/slurm/slurmd
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+AuthType=auth/munge
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+# slurmctld asks the node to re-register every 20 pings, a ping every SlurmdTimeout/3 s: that registration is how it
+# learns a batch job's slurmstepd is gone (check_killed_slurmstepd_restores), about every 20 s here.
+SlurmdTimeout=4
+InactiveLimit=0
+KillWait=5
+# ftgov: the prolog holds the job's GPUs with the node's ftgovd, the epilog restores them (docs/slurm.md).
+Prolog=/usr/local/libexec/ftgov/slurm-prolog
+Epilog=/usr/local/libexec/ftgov/slurm-epilog
+PrologFlags=Alloc
+GresTypes=gpu
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=127.0.0.1
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+SlurmctldLogFile=/var/log/slurm/slurmctld.log
+SlurmdLogFile=/var/log/slurm/slurmd.log
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} Gres=gpu:2 State=UNKNOWN
+PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+SLURMDBD_CONF = """\
+DbdHost=localhost
+DbdAddr=127.0.0.1
+SlurmUser=slurm
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=slurm
+StoragePass=ftgovci
+StorageLoc=slurm_acct_db
+LogFile=/var/log/slurm/slurmdbd.log
+PidFile=/run/slurmdbd.pid
+"""
+
+FTGOV_DROPIN = """\
+[Service]
+# The CI's two GPUs: the fake pynvml, first on the daemon's path, with a log of every NVML call it receives.
+Environment=PYTHONPATH={fake} FAKENVML_CONFIG=/etc/ftgov/fakenvml.json FAKENVML_LOG={calls}
+ReadWritePaths={ci_dir}
+"""
+
+WRAPPER = """\
+#!/bin/sh
+# slurm.conf's Prolog=/Epilog= take a program, not a command line; slurmd discards its output: to the journal.
+exec systemd-cat -t ftgov-slurm /usr/local/bin/ftgov slurm {action}
+"""
+
+JOB_SCRIPT = """\
+#!/bin/sh
+# Never heard of ftgov. It says it started (its node's prolog is done by then), then waits on its FIFO until the check
+# lets it end (or scancel ends it).
+echo "$SLURM_JOB_ID" > {ready}
+read line < {gate}
+echo "released: $line"
+"""
+
+
+# A job that knows ftgov: its process registers through the installed client (governor.job), which sends the
+# SLURM_JOB_ID slurmstepd gave it and the GPU of CUDA_VISIBLE_DEVICES, and so joins the prolog's hold.
+CLIENT_JOB_SCRIPT = """\
+#!/opt/ftgov/bin/python
+import governor
+with governor.job(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, gpu_util=60.0) as job:
+    with open("{ready}", "w") as ready:
+        ready.write(f"{{job.registration['slurm']['slurm_job_id']}}\\n")
+    with open("{gate}") as gate:
+        gate.readline()
+"""
+
+
+def setup() -> None:
+    host = socket.gethostname()
+    # The container has its own network namespace with only a loopback, where getaddrinfo's AI_ADDRCONFIG finds no
+    # IPv4 address (glibc counts any but 127.0.0.1) and Slurm's daemons cannot listen: one more address on lo.
+    sh("ip", "addr", "add", "10.254.254.1/32", "dev", "lo")
+    hosts = Path("/etc/hosts")
+    hosts.write_text(f"127.0.0.1 localhost {host}\n" + (hosts.read_text() if hosts.exists() else ""))
+    CI_DIR.mkdir(exist_ok=True)
+    # ftgovd on two fake NVML GPUs.
+    Path("/etc/ftgov/fakenvml.json").write_text(json.dumps({"gpus": [{}, {}]}))
+    config = Path("/etc/ftgov/ftgov.yaml")
+    # FFG's level (a hold's own pin) high, so that a registration that joins the hold shows by its lower pick.
+    config.write_text(config.read_text() + "\nbackend: nvml\nffg_freq_hz: 1830000000\n")
+    dropin = Path("/etc/systemd/system/ftgovd.service.d/50-ci.conf")
+    dropin.write_text(FTGOV_DROPIN.format(fake=SRC / "tests/support/fakenvml", calls=NVML_CALLS, ci_dir=CI_DIR))
+    Path("/etc/ftgov/slurm.yaml").write_text("policy: ffg\npartitions: {}\n")
+    libexec = Path("/usr/local/libexec/ftgov")
+    libexec.mkdir(parents=True, exist_ok=True)
+    for action in ("prolog", "epilog"):
+        wrapper = libexec / f"slurm-{action}"
+        wrapper.write_text(WRAPPER.format(action=action))
+        wrapper.chmod(0o755)
+    sh("systemctl", "daemon-reload")
+    sh("systemctl", "restart", "ftgovd.service")
+    gpus = call("status")["gpus"]
+    expect([g["backend"] for g in gpus] == ["nvml", "nvml"], f"ftgovd does not govern two NVML GPUs: {gpus}")
+    # The device nodes gres.conf names (slurmd checks they are devices; nothing opens them): NVIDIA's major 195.
+    for i in (0, 1):
+        if not Path(f"/dev/nvidia{i}").exists():
+            sh("mknod", f"/dev/nvidia{i}", "c", "195", str(i))
+    # Slurm, as docs/slurm.md says.
+    if not Path("/etc/munge/munge.key").exists():
+        sh("mungekey", "--create")
+        sh("chown", "munge:munge", "/etc/munge/munge.key")
+    sh("systemctl", "start", "munge.service", "mariadb.service")
+    sh("mysql", "-e", "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY 'ftgovci'; "
+       "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;")
+    etc = Path("/etc/slurm")
+    etc.mkdir(exist_ok=True)
+    (etc / "slurm.conf").write_text(SLURM_CONF.format(cluster=CLUSTER, host=host, cpus=os.cpu_count() or 1))
+    (etc / "gres.conf").write_text("Name=gpu File=/dev/nvidia[0-1]\n")
+    dbd = etc / "slurmdbd.conf"
+    dbd.write_text(SLURMDBD_CONF)
+    sh("chown", "slurm:slurm", str(dbd))
+    dbd.chmod(0o600)
+    for d in ("/var/log/slurm", "/var/lib/slurm/slurmctld", "/var/lib/slurm/slurmd"):
+        Path(d).mkdir(parents=True, exist_ok=True)
+    sh("chown", "-R", "slurm:slurm", "/var/log/slurm", "/var/lib/slurm/slurmctld")
+    sh("systemctl", "start", "slurmdbd.service")
+    # slurmdbd answers once it has its tables: sacctmgr's own retry is the wait.
+    wait_for("slurmdbd", lambda: sh("sacctmgr", "-i", "add", "cluster", CLUSTER, check=False).returncode == 0, 60)
+    sh("systemctl", "start", "slurmctld.service", "slurmd.service")
+    wait_for("the node to be idle", lambda: sh("sinfo", "-h", "-o", "%T", check=False).stdout.strip() == "idle")
+    sh("useradd", "--create-home", "--groups", "ftgov", JOB_USER)  # ftgov: it may reach the daemon's socket
+    GATES.mkdir(mode=0o777, exist_ok=True)
+    GATES.chmod(0o1777)
+    print("  slurm up:", sh("sinfo", "-h", "-o", "%N %T %G").stdout.strip())
+
+
+# ---- jobs -----------------------------------------------------------------------------------------------------------
+def submit(name: str, *args: str, script_text: str = JOB_SCRIPT) -> tuple[int, Path]:
+    """Submit a job as JOB_USER that waits on its own FIFO, and wait until its script has started (the prolog is done
+    then: slurmd starts the script after it); its id and the FIFO."""
+    gate, ready = GATES / name, GATES / f"{name}.ready"
+    for fifo in (gate, ready):
+        os.mkfifo(fifo)
+        fifo.chmod(0o666)
+    script = Path(f"/home/{JOB_USER}/{name}.sh")
+    script.write_text(script_text.format(gate=gate, ready=ready))
+    script.chmod(0o755)
+    out = sh("runuser", "-u", JOB_USER, "--", "sbatch", "--parsable", f"--job-name={name}",
+             f"--output=/home/{JOB_USER}/{name}.out", *args, str(script), cwd=f"/home/{JOB_USER}").stdout
+    job_id = int(out.strip().split(";")[0])
+    started = read_fifo(ready, JOB_STATE_TIMEOUT_S)
+    expect(started == str(job_id), f"job {job_id} did not start within {JOB_STATE_TIMEOUT_S} s (read {started!r}; "
+           f"squeue: {job_state(job_id)!r})")
+    return job_id, gate
+
+
+def read_fifo(path: Path, timeout_s: float) -> str | None:
+    """The first line written to a FIFO, waiting for its writer up to timeout_s (None: none came). The open blocks
+    until the writer opens its end: a thread waits on it, so the wait is bounded."""
+    got: list[str] = []
+
+    def read() -> None:
+        with open(path) as f:
+            got.append(f.readline().strip())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if got:
+        return got[0]
+    try:  # unblock the reader: open the write end ourselves
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass
+    return None
+
+
+def job_state(job_id: int) -> str:
+    """squeue's state of the job; "" once Slurm no longer lists it (ended, its epilog done)."""
+    return sh("squeue", "-h", "-j", str(job_id), "-o", "%T", check=False).stdout.strip()
+
+
+def hold_of(job_id: int) -> dict | None:
+    return next((h for h in call("status")["holds"] if h["slurm_job_id"] == job_id), None)
+
+
+def wait_running_and_held(job_id: int) -> dict:
+    hold = hold_of(job_id)  # the prolog ran before the job's script started (submit waited for that)
+    expect(hold is not None, f"job {job_id} runs but ftgovd holds nothing for it: {call('status')['holds']}")
+    return hold
+
+
+def wait_gone(job_id: int, timeout_s: float = 90) -> None:
+    wait_for(f"job {job_id} to leave the queue (its epilog done)", lambda: job_state(job_id) == "", timeout_s)
+
+
+def release_gate(gate: Path) -> None:
+    fd = os.open(gate, os.O_WRONLY)  # the job's reader has it open: it is RUNNING
+    os.write(fd, b"go\n")
+    os.close(fd)
+
+
+def expect_restored(job_id: int) -> None:
+    status = call("status")
+    expect(all(g["pinned_hz"] is None for g in status["gpus"]),
+           f"after job {job_id}: GPUs still pinned: {[g['pinned_hz'] for g in status['gpus']]}")
+    expect(hold_of(job_id) is None, f"after job {job_id}: its hold is still there")
+
+
+def resets() -> int:
+    return NVML_CALLS.read_text().split().count("nvmlDeviceResetGpuLockedClocks") if NVML_CALLS.exists() else 0
+
+
+# ---- checks ---------------------------------------------------------------------------------------------------------
+STATE: dict = {}
+
+
+def check_gres_job_pins_both_gpus_and_restores() -> None:
+    before = resets()
+    job_id, gate = submit("two-gpus", "--gres=gpu:2")
+    hold = wait_running_and_held(job_id)
+    status = call("status")
+    expect(set(hold["gpus"]) == {"0", "1"}, f"the hold is not on both GPUs: {hold}")
+    expect(hold["policy"] == "ffg" and hold["uid"] == int(sh("id", "-u", JOB_USER).stdout),
+           f"hold policy/uid: {hold}")
+    pinned = [g["pinned_hz"] for g in status["gpus"]]
+    expect(all(p is not None for p in pinned), f"GPUs not pinned while job {job_id} runs: {pinned}")
+    print(f"    job {job_id}: GPUs 0 and 1 pinned at {pinned} Hz")
+    release_gate(gate)
+    wait_gone(job_id)
+    expect_restored(job_id)
+    expect(resets() - before == 2, f"{resets() - before} NVML resets after the job, want one per GPU")
+    STATE["accounted"] = job_id
+
+
+def check_sacct_shows_the_energy() -> None:
+    job_id = STATE["accounted"]
+
+    def admin_comment() -> str:
+        out = sh("sacct", "-j", str(job_id), "-X", "-n", "-P", "-o", "AdminComment%400", check=False).stdout
+        return out.strip() if "ftgov@" in out else ""
+
+    try:
+        comment = wait_for(f"sacct to show job {job_id}'s AdminComment", admin_comment, 30)
+    except CheckFailed:
+        print(sh("sacct", "-j", str(job_id), "-P", "-o", "JobID,State,AdminComment%200", check=False).stdout)
+        raise
+    expect(re.search(r"ftgov@[^:]+:energy_j=\d+(\.\d)?,", comment) is not None, f"AdminComment: {comment!r}")
+    expect("gpus=0+1" in comment and "policy=ffg" in comment, f"AdminComment: {comment!r}")
+    print(f"    sacct -j {job_id} -o AdminComment: {comment}")
+
+
+def check_scancel_mid_job_restores() -> None:
+    job_id, _gate = submit("cancelled", "--gres=gpu:2")
+    wait_running_and_held(job_id)
+    sh("scancel", str(job_id))
+    wait_gone(job_id)
+    expect_restored(job_id)
+
+
+def check_killed_slurmstepd_restores() -> None:
+    # --no-requeue: Slurm ends a job whose batch step vanished as a node failure, which requeues it by default.
+    job_id, gate = submit("stepd-killed", "--gres=gpu:1", "--no-requeue")
+    wait_running_and_held(job_id)
+    pids = [int(p) for p in sh("pgrep", "-f", f"^slurmstepd: \\[{job_id}\\.batch\\]", check=False).stdout.split()]
+    expect(bool(pids), f"no slurmstepd for job {job_id}: {sh('ps', 'axo', 'pid,args').stdout}")
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    print(f"    job {job_id}: SIGKILLed slurmstepd {pids}")
+    killed = time.monotonic()
+    # slurmctld ends the job when the node's next registration lacks it ("missing from batch node": about 20 to 40 s
+    # here, from SlurmdTimeout), then the epilog runs.
+    wait_gone(job_id, 120)
+    print(f"    job {job_id}: ended by Slurm {time.monotonic() - killed:.0f} s after the kill; epilog done")
+    expect_restored(job_id)
+    try:  # the job's own script may outlive its stepd (proctrack/linuxproc): let it end
+        fd = os.open(gate, os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b"go\n")
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def check_comment_chooses_off() -> None:
+    job_id, gate = submit("opted-out", "--gres=gpu:1", "--comment=ftgov=off")
+    hold = wait_running_and_held(job_id)
+    expect(hold["policy"] == "off", f"--comment ftgov=off gave {hold['policy']}")
+    expect(all(g["pinned_hz"] is None for g in call("status")["gpus"]), "ftgov=off pinned a GPU")
+    release_gate(gate)
+    wait_gone(job_id)
+    expect_restored(job_id)
+
+
+def check_a_job_that_registers_joins_its_hold() -> None:
+    job_id, gate = submit("registers", "--gres=gpu:1", "--comment=ftgov=mlg", script_text=CLIENT_JOB_SCRIPT)
+    hold = wait_running_and_held(job_id)
+    status = call("status")
+    jobs = status["jobs"]
+    expect(len(jobs) == 1 and hold["joined"] == [jobs[0]["job_id"]], f"not joined: hold {hold}, jobs {jobs}")
+    gid = jobs[0]["gpu"]
+    expect(hold["gpus"][gid]["joined"] is True, f"hold on GPU {gid} not marked joined: {hold}")
+    pinned = next(g["pinned_hz"] for g in status["gpus"] if g["id"] == gid)
+    expect(pinned == jobs[0]["freq_hz"] < hold["gpus"][gid]["freq_hz"] and jobs[0]["policy"] == "mlg",
+           f"GPU {gid} at {pinned}: want the joined job's {jobs[0]['policy']} pick {jobs[0]['freq_hz']}, below the "
+           f"hold's {hold['gpus'][gid]['freq_hz']} (a second job beside the hold would leave the hold's)")
+    print(f"    job {job_id}: its registration (daemon job {jobs[0]['job_id']}) joined the hold; GPU {gid} at "
+          f"{pinned} Hz (mlg on its features; the hold alone: {hold['gpus'][gid]['freq_hz']} Hz)")
+    release_gate(gate)
+    wait_gone(job_id)
+    expect_restored(job_id)
+    expect(call("status")["jobs"] == [], "the joined registration outlived its Slurm job")
+
+
+def check_lost_epilog_is_caught_by_the_next_prolog() -> None:
+    """A hold whose epilog never came (made here by hand, for a job id Slurm never had) is released by the next job's
+    prolog on the node, which asks squeue about every held job."""
+    lost = 999999
+    call("slurm_hold", {"slurm_job_id": lost, "uid": 0, "policy": "ffg", "gpus": [1]})
+    expect(next(g for g in call("status")["gpus"] if g["id"] == "1")["pinned_hz"] is not None, "lost hold not pinned")
+    job_id, gate = submit("after-a-lost-epilog", "--gres=gpu:1")
+    expect(hold_of(lost) is None, f"job {job_id}'s prolog left the lost hold of job {lost}: {call('status')['holds']}")
+    log = sh("journalctl", "-t", "ftgov-slurm", "--no-pager", check=False).stdout
+    expect(f"job {lost}: held, but Slurm no longer runs it" in log, f"the prolog did not say it released {lost}")
+    release_gate(gate)
+    wait_gone(job_id)
+    expect_restored(job_id)
+
+
+CHECKS = [check_gres_job_pins_both_gpus_and_restores, check_sacct_shows_the_energy, check_scancel_mid_job_restores,
+          check_killed_slurmstepd_restores, check_comment_chooses_off, check_a_job_that_registers_joins_its_hold,
+          check_lost_epilog_is_caught_by_the_next_prolog]
+
+
+def logs() -> None:
+    for path in ("/var/log/slurm/slurmd.log", "/var/log/slurm/slurmctld.log", "/var/log/slurm/slurmdbd.log"):
+        if Path(path).exists():
+            print(f"----- {path} (last 40 lines) -----\n" + "\n".join(Path(path).read_text().splitlines()[-40:]))
+    print("----- ftgov slurm prolog/epilog (journal) -----")
+    print(sh("journalctl", "-t", "ftgov-slurm", "--no-pager", check=False).stdout)
+    print("----- ftgovd journal (last 60 lines) -----")
+    print(sh("journalctl", "-u", "ftgovd.service", "-n", "60", "--no-pager", check=False).stdout)
+
+
+def cleanup() -> None:
+    """No job left behind: the container then stops promptly (a job blocked on its FIFO would hold slurmd's stop)."""
+    sh("scancel", "--user", JOB_USER, check=False)
+    for gate in GATES.glob("*") if GATES.exists() else ():
+        if gate.name.endswith(".ready"):
+            continue
+        try:
+            fd = os.open(gate, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            continue  # no job reads it
+        os.write(fd, b"go\n")
+        os.close(fd)
+
+
+def main() -> int:
+    start = time.monotonic()
+    try:
+        print("setup")
+        setup()
+        print(f"  setup took {time.monotonic() - start:.1f} s")
+        for check in CHECKS:
+            t = time.monotonic()
+            print(check.__name__)
+            check()
+            print(f"  ok ({time.monotonic() - t:.1f} s)")
+    except (CheckFailed, subprocess.TimeoutExpired, OSError) as e:
+        print(f"FAILED: {type(e).__name__}: {e}")
+        logs()
+        return 1
+    finally:
+        cleanup()
+    print(f"all {len(CHECKS)} checks passed in {time.monotonic() - start:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
