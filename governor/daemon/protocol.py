@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from governor.errors import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
 from governor.features import MAX_SEQ_LEN, MIN_SEQ_LEN, Features, finite_number
@@ -61,8 +61,28 @@ class RegisterParams(FeatureParams):
     gpu: str | int | None = None
     tune: bool | None = None
     total_steps: int | None = None  # the job's length, for the tuner's energy budget
+    # A rank of a job group (governor.daemon.groups): the run's key, this rank, the number of ranks.
+    group: str | None = Field(default=None, min_length=1, max_length=256)
+    rank: int | None = Field(default=None, ge=0, le=1 << 20)
+    world_size: int | None = Field(default=None, ge=1, le=1 << 20)
 
     _total_steps = field_validator("total_steps", mode="before")(_total_steps)
+
+    @field_validator("group")
+    @classmethod
+    def _printable_group(cls, v):
+        bad = unprintable_at(v) if v is not None else None
+        if bad is not None:
+            raise ValueError(f"must not contain control or format characters (U+{ord(v[bad]):04X} at index {bad})")
+        return v
+
+    @model_validator(mode="after")
+    def _rank_in_world(self):
+        if (self.rank is not None or self.world_size is not None) and self.group is None:
+            raise ValueError("rank and world_size belong to a job group: pass group too")
+        if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is not below world_size {self.world_size}")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -111,6 +131,10 @@ class ProgressParams(JobParams):
         return v
 
 
+class SetLevelParams(JobParams):
+    freq_hz: int = Field(ge=1, le=1 << 40)  # a level of the job's GPU's table (a group's level, chosen by its rank 0)
+
+
 class EmptyParams(_Params):
     pass
 
@@ -123,6 +147,8 @@ METHODS: dict[str, type[_Params]] = {
     "status": EmptyParams,
     "predict": FeatureParams,
     "ping": EmptyParams,
+    "set_level": SetLevelParams,  # a group's rank moves its own GPU to the level its rank 0 chose (multi-node)
+    "job_energy": JobParams,  # a job's energy so far, read now (a multi-node group's windows)
     "pin_check": EmptyParams,  # `ftgov doctor`: can the daemon pin each GPU? (PinController.pin_check)
 }
 

@@ -1,4 +1,5 @@
-"""The daemon's JSON-RPC methods: register, update, progress, unregister, status, predict, ping.
+"""The daemon's JSON-RPC methods: register, update, progress, unregister, status, predict, ping, and a job group's
+set_level and job_energy (governor.daemon.groups).
 
 Each answers at once with a dict, or, when it has to measure gpu_util first, with a coroutine that will (the
 connection then holds the lines behind it). Parameters arrive validated (governor.daemon.protocol); what is checked
@@ -14,8 +15,9 @@ from typing import TYPE_CHECKING
 
 from governor.config import Config
 from governor.daemon import peers, ratelimit, redact, status
+from governor.daemon.groups import GroupRefused, Groups
 from governor.daemon.holds import Holds, summary
-from governor.daemon.jobs import ActiveJob
+from governor.daemon.jobs import ActiveJob, GroupTag
 from governor.daemon.pins import PinController
 from governor.daemon.protocol import RpcFault
 from governor.daemon.utilization import measure_load_pct
@@ -40,8 +42,9 @@ class Methods:
     how the daemon looks for a GPU while it has none, for the error that says so."""
 
     def __init__(self, pins: PinController, holds: Holds, sampler: UtilizationSampler, redecide: ratelimit.Coalescer,
-                 config: Callable[[], Config], gpu_search: Callable[[], str]):
+                 config: Callable[[], Config], gpu_search: Callable[[], str], groups: Groups | None = None):
         self.pins = pins
+        self.groups = groups if groups is not None else Groups()
         self.holds = holds
         self.sampler = sampler
         self.redecide = redecide
@@ -61,7 +64,9 @@ class Methods:
         return {}
 
     def rpc_status(self, conn: Connection, params) -> dict:
-        return redact.status_for(status.status(self.pins), conn.peer.uid)
+        uid = conn.peer.uid
+        return {**redact.status_for(status.status(self.pins), uid),
+                "groups": self.groups.describe(uid, redact.sees_all(uid))}
 
     def _no_gpu(self) -> RpcFault:
         return RpcFault(SERVER_ERROR, f"no GPU to govern yet ({self.pins.missing_why}); {self._gpu_search()}: "
@@ -121,10 +126,11 @@ class Methods:
         if self.holds.count(conn) >= limits.max_jobs_per_connection:
             raise RpcFault(LIMIT_EXCEEDED, f"this connection already holds {self.holds.count(conn)} jobs "
                            "(limits.max_jobs_per_connection)")
-        held_by_uid = sum(1 for j in self.pins.jobs.values() if j.uid == conn.peer.uid)
+        # A job group counts once, however many ranks it has here.
+        held_by_uid = self.groups.jobs_of_uid(self.pins.jobs.values(), conn.peer.uid, params.group)
         if held_by_uid >= limits.max_jobs_per_uid:
             raise RpcFault(LIMIT_EXCEEDED, f"uid {conn.peer.uid} already holds {held_by_uid} jobs "
-                           "(limits.max_jobs_per_uid)")
+                           "(limits.max_jobs_per_uid; a job group counts once)")
         pid = params.pid or conn.peer.pid
         try:
             held = peers.process_for_job(conn.process, conn.peer, params.pid)
@@ -167,12 +173,22 @@ class Methods:
             gpu_id = self.pins.find_gpu(params.gpu)
         except FtgovError as e:
             raise RpcFault(INVALID_PARAMS, f"gpu: {e}", {"field": "gpu"}) from e
+        tag = None if params.group is None else GroupTag(params.group, params.rank, params.world_size)
+        if tag is not None:
+            try:
+                self.groups.check_join(conn.peer.uid, tag, gpu_id, self.pins.jobs)
+            except GroupRefused as e:
+                raise RpcFault(INVALID_PARAMS, str(e), {"field": e.field}) from e
         try:
-            return self.pins.admit(pid=pid, start_ticks=held.start_ticks, uid=conn.peer.uid, name=params.name,
-                                   gpu_id=gpu_id, features=params.features(),
-                                   policy=PolicyName.TUNE if params.tune else None)
+            job = self.pins.admit(pid=pid, start_ticks=held.start_ticks, uid=conn.peer.uid, name=params.name,
+                                  gpu_id=gpu_id, features=params.features(),
+                                  policy=PolicyName.TUNE if params.tune else None)
         except FtgovError as e:
             raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
+        if tag is not None:
+            job.group = tag
+            self.groups.join(self.pins, job)
+        return job
 
     def _decide_new(self, conn: Connection, job: ActiveJob, why: str) -> dict:
         try:
@@ -182,10 +198,13 @@ class Methods:
             raise
         return self._registered(job, decision)
 
-    @staticmethod
-    def _registered(job: ActiveJob, decision) -> dict:
-        return {"job_id": job.job_id, "policy": decision.label, "freq_hz": decision.freq_hz,
-                "reason": decision.reason, "gpu": job.gpu_id, "gpu_util": job.features.gpu_util}
+    def _registered(self, job: ActiveJob, decision) -> dict:
+        reply = {"job_id": job.job_id, "policy": decision.label, "freq_hz": decision.freq_hz,
+                 "reason": decision.reason, "gpu": job.gpu_id, "gpu_util": job.features.gpu_util}
+        if job.group is not None:  # the GPU's table: a multi-node group's rank 0 tunes over it
+            reply.update(group=job.group.key, rank=job.group.rank,
+                         levels_hz=list(self.pins.power_mode.allowed_levels(job.gpu_id)))
+        return reply
 
     def _own_job(self, conn: Connection, job_id: int) -> ActiveJob:
         if not self.holds.held_by(conn, job_id):
@@ -245,7 +264,28 @@ class Methods:
         self.sampler.progress(job, params.phase)
         if job.tuner is not None:
             job.tuner.progress(self.pins, job)
+        if job.group is not None:
+            self.groups.progress(self.pins, job)
         return {}
+
+    def rpc_set_level(self, conn: Connection, params) -> dict:
+        """A rank of a group whose ranks span nodes moves its own GPU to the level its rank 0 chose: only the
+        connection that holds the job, only a group's job, only a level of the GPU's table under the power mode's cap;
+        the move waits for the GPU's re-pin interval as a tuner's does (deferred: true)."""
+        job = self._own_job(conn, params.job_id)
+        try:
+            self.groups.set_level(self.pins, job, params.freq_hz)
+        except GroupRefused as e:
+            raise RpcFault(INVALID_PARAMS, str(e), {"field": e.field}) from e
+        return {"job_id": job.job_id, "freq_hz": job.freq_hz, "deferred": self.pins.repin_pending(job.gpu_id)}
+
+    def rpc_job_energy(self, conn: Connection, params) -> dict:
+        """A group's rank's energy so far (J, the group's own meter of its GPU) and when it was read (this host's
+        CLOCK_MONOTONIC): a multi-node group's windows are measured from these."""
+        job = self._own_job(conn, params.job_id)
+        if job.group is None:
+            raise RpcFault(INVALID_PARAMS, "job_id: this job is in no group", {"field": "job_id"})
+        return {"job_id": job.job_id, "energy_j": self.groups.energy_j(job), "at_s": time.monotonic()}
 
     def rpc_unregister(self, conn: Connection, params) -> dict:
         kept = self.holds.take_ended(conn, params.job_id)  # its process exited first: the summary kept then

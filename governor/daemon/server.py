@@ -23,6 +23,7 @@ from governor.backends.base import describe_text
 from governor.config import Config
 from governor.daemon import admission, peers, ratelimit
 from governor.daemon.connection import READ_CHUNK, Connection
+from governor.daemon.groups import Groups
 from governor.daemon.holds import Holds
 from governor.daemon.jobs import Ended
 from governor.daemon.notify import Notifier
@@ -45,7 +46,8 @@ class Server:
 
     def __init__(self, pins: PinController, config: Config, notifier: Notifier, ticker: Ticker,
                  reload: Callable[[Server], None] | None = None,
-                 probe: Callable[[], list | None] | None = None, node_wait_s: float = 0.0):
+                 probe: Callable[[], list | None] | None = None, node_wait_s: float = 0.0,
+                 groups: Groups | None = None):
         self.pins = pins
         self.probe = probe  # finds the GPUs again while none is governed (governor.daemon.main.probe_gpus)
         self.node_wait_s = node_wait_s  # with no GPU at start: how long its node is awaited, probing every second
@@ -57,8 +59,10 @@ class Server:
         self.sampler = UtilizationSampler(pins, lambda: self.config)
         # A client's updates re-decide its job at most about once a second (each is a pin write and a state save).
         self.redecide = ratelimit.Coalescer(defer_on_loop)
+        self.groups = groups if groups is not None else Groups(lambda: self.config.tuner)
         self.holds = Holds(self._job_ended)
-        self.methods = Methods(pins, self.holds, self.sampler, self.redecide, lambda: self.config, self._gpu_search)
+        self.methods = Methods(pins, self.holds, self.sampler, self.redecide, lambda: self.config, self._gpu_search,
+                               self.groups)
         self.conns: set[Connection] = set()
         self.conns_per_uid: Counter[int] = Counter()
         # One read buffer for every connection: see Connection.get_buffer.
@@ -88,7 +92,9 @@ class Server:
                 log.info("job %d from before the restart is gone: %s", rec.job_id, e)
                 continue
             live.append(rec)
-        for job in self.pins.adopt(dataclasses.replace(state, jobs=live)):
+        adopted = self.pins.adopt(dataclasses.replace(state, jobs=live))
+        self.groups.readopt(adopted)
+        for job in adopted:
             self.holds.hold(job, held[job.job_id])
             if job.features.gpu_util is None and job.freq_hz is None:  # it was waiting for its measurement
                 self.sampler.start(job)
@@ -246,4 +252,6 @@ class Server:
         """A job's end, once holds has released it: what waits for its measurements goes, then its pin."""
         self.sampler.forget(job_id)
         self.redecide.forget(job_id)
-        return self.pins.end(job_id, why)
+        ended = self.pins.end(job_id, why)
+        self.groups.left(job_id, why)
+        return ended

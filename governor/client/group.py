@@ -1,0 +1,222 @@
+"""A job group from the client's side: which run a rank belongs to, and, for a run whose ranks span nodes, the tuner
+that its rank 0 runs in the training process (docs/distributed.md, "Across nodes").
+
+The group key comes from the launcher's environment: TORCHELASTIC_RUN_ID (torchrun), else SLURM_JOB_ID and
+SLURM_STEP_ID (srun), else what the caller gives. The rank and world size come from RANK/WORLD_SIZE (torchrun), else
+SLURM_PROCID/SLURM_NTASKS, else what the caller gives; LOCAL_WORLD_SIZE says how many ranks share this node.
+
+Each node's ftgovd tunes a group whose ranks are all its own. One whose ranks span nodes is tuned here: every
+``warmup_steps + window_steps`` steps each rank reads its GPU's energy from its own daemon (job_energy), rank 0
+gathers every rank's (energy, steps, seconds) over the job's own torch.distributed process group (one all_gather of
+four floats a rank), runs the OnlineTuner on the summed energy per step and the slowest step, and broadcasts the
+level; each rank then asks its own daemon for it (set_level). Every rank takes part in every collective whatever its
+daemon says (one that refused or is absent sends "not measured"), so that the collectives never hang on us.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from governor.errors import FtgovError
+from governor.policy.tuner import OnlineTuner
+from governor.units import mhz
+
+log = logging.getLogger("governor.client")
+
+# Steps discarded after each move (the step during which the clock changed), then steps measured: all ranks edge at
+# the same step counts, which a synchronous run keeps in step.
+GROUP_WARMUP_STEPS = 1
+GROUP_WINDOW_STEPS = 8
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    key: str
+    rank: int | None
+    world_size: int | None
+    local_world_size: int | None  # ranks on this node (LOCAL_WORLD_SIZE); None: not told
+
+    @property
+    def spans_nodes(self) -> bool:
+        return (self.world_size is not None and self.local_world_size is not None
+                and self.local_world_size < self.world_size)
+
+
+def _int(env: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        value = env.get(name)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def group_from_env(group: str | None = None, rank: int | None = None, world_size: int | None = None,
+                   env: Mapping[str, str] | None = None) -> GroupInfo | None:
+    """The rank's group: what the caller gives wins over the launcher's environment; None outside any group."""
+    env = os.environ if env is None else env
+    key = group
+    if key is None and env.get("TORCHELASTIC_RUN_ID"):
+        key = f"torchrun-{env['TORCHELASTIC_RUN_ID']}"
+    if key is None and env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID"):
+        key = f"slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
+    if key is None:
+        return None
+    return GroupInfo(key, rank if rank is not None else _int(env, "RANK", "SLURM_PROCID"),
+                     world_size if world_size is not None else _int(env, "WORLD_SIZE", "SLURM_NTASKS"),
+                     _int(env, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"))
+
+
+def torch_distributed():
+    """torch.distributed when a process group is up, else None (torch is optional)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+class GroupCoordinator:
+    """The cross-node tuning of one rank (``job``: its governor.client.Job). ``step(steps)`` at every training step,
+    on every rank; nothing else. ``dist`` is torch.distributed with the job's process group up.
+
+    Counted for the benchmarks: ``bytes_sent`` (this rank's part of each collective), ``coord_s`` (time spent in the
+    windows' edges here) and ``windows``."""
+
+    def __init__(self, job, dist, *, warmup_steps: int = GROUP_WARMUP_STEPS, window_steps: int = GROUP_WINDOW_STEPS):
+        import torch
+
+        self.job, self.dist, self.torch = job, dist, torch
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.warmup_steps, self.window_steps = warmup_steps, window_steps
+        # NCCL moves only device tensors; gloo (and the rest) host ones.
+        self.device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
+                       else torch.device("cpu"))
+        self.tuner: OnlineTuner | None = None
+        self.level_hz: int | None = None  # the group's level (rank 0's table)
+        self.own_hz: int | None = (job.registration or {}).get("freq_hz")  # what this rank's GPU was last given
+        self.done = False
+        self.status = "starting"
+        self._edge: int | None = None  # the step count of the next edge
+        self._opening = False  # the next edge opens a window (after the warm-up) rather than closing one
+        self._mark: tuple[float, float, int] | None = None  # (energy_j, time_s, steps) where the window opened
+        self.bytes_sent = 0
+        self.coord_s = 0.0
+        self.windows = 0
+
+    # ---- the daemon ---------------------------------------------------------------------------------------------
+    def _call(self, method: str, **params) -> dict | None:
+        conn = self.job._conn
+        if conn is None or self.job.job_id is None or self.job.disabled:
+            return None
+        try:
+            return conn.call(method, job_id=self.job.job_id, **params)
+        except FtgovError as e:
+            log.warning("ftgov: group %s: %s refused: %s", self.rank, method, e)
+            return None
+
+    def _energy_j(self) -> float | None:
+        reply = self._call("job_energy")
+        return None if reply is None or reply.get("energy_j") is None else float(reply["energy_j"])
+
+    def _own_level(self, level_hz: int) -> int | None:
+        """The level of this rank's GPU for the group's level: the highest not above it (tables should be equal)."""
+        levels = sorted((self.job.registration or {}).get("levels_hz") or [])
+        if not levels:
+            return None
+        below = [hz for hz in levels if hz <= level_hz]
+        return below[-1] if below else levels[0]
+
+    # ---- the edges -----------------------------------------------------------------------------------------------
+    def step(self, steps: int) -> None:
+        if self.done:
+            return
+        if self._edge is None:
+            self._edge = steps  # the first step every rank sees: decide the start at once
+        if steps < self._edge:
+            return
+        began = time.perf_counter()
+        if self._opening:
+            energy = self._energy_j()
+            self._mark = None if energy is None else (energy, time.monotonic(), steps)
+            self._opening, self._edge = False, steps + self.window_steps
+        else:
+            self._close_and_decide(steps)
+        self.coord_s += time.perf_counter() - began
+
+    def _measured(self, steps: int) -> list[float]:
+        """This rank's window: [ok, energy_j, steps, seconds]; ok 0 where it has none (its daemon refused, the first
+        edge)."""
+        if self._mark is None:
+            return [0.0, 0.0, 0.0, 0.0]
+        energy = self._energy_j()
+        e0, t0, n0 = self._mark
+        if energy is None or steps <= n0:
+            return [0.0, 0.0, 0.0, 0.0]
+        return [1.0, energy - e0, float(steps - n0), time.monotonic() - t0]
+
+    def _close_and_decide(self, steps: int) -> None:
+        torch, dist = self.torch, self.dist
+        mine = torch.tensor(self._measured(steps), dtype=torch.float64, device=self.device)
+        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine)
+        self.bytes_sent += mine.numel() * mine.element_size()
+        decision = torch.zeros(3, dtype=torch.float64, device=self.device)  # level_hz, converged, stop
+        if self.rank == 0:
+            decision[:] = torch.tensor(self._decide([t.tolist() for t in gathered]), dtype=torch.float64)
+        dist.broadcast(decision, src=0)
+        if self.rank == 0:
+            self.bytes_sent += decision.numel() * decision.element_size()
+        level, converged, stop = decision.tolist()
+        self._mark = None
+        if stop:
+            self.done, self.status = True, "stopped: a rank has no measurement (its daemon absent or refusing)"
+            log.warning("ftgov: group tuning %s", self.status)
+            return
+        self._apply(int(level))
+        if converged:
+            self.done, self.status = True, f"converged on {mhz(int(level))}"
+            log.info("ftgov: group tuning %s after %d windows", self.status, self.windows)
+            return
+        self._opening, self._edge = True, steps + self.warmup_steps
+
+    def _decide(self, windows: list[list[float]]) -> tuple[float, float, float]:
+        """Rank 0: the group's window into the tuner, and the level next (hz, converged, stop)."""
+        if self.tuner is None:
+            start = (self.job.registration or {}).get("freq_hz")
+            levels = (self.job.registration or {}).get("levels_hz") or []
+            if not levels or not all(ok for ok, *_ in windows):
+                return (0.0, 0.0, 1.0)
+            start_hz = start if start in levels else max(levels)
+            self.tuner = OnlineTuner(levels, start_hz, probe_steps=self.warmup_steps + self.window_steps,
+                                     total_steps=self.job.total_steps)
+            self.level_hz = start_hz
+            return (float(start_hz), 0.0, 0.0)
+        if not all(ok for ok, *_ in windows) or any(n <= 0 or s <= 0 for _ok, _e, n, s in windows):
+            return (0.0, 0.0, 1.0)
+        joules_per_step = sum(e / n for _ok, e, n, _s in windows)
+        seconds_per_step = max(s / n for _ok, _e, n, s in windows)
+        assert self.level_hz is not None, "a window was measured at a level"
+        if not (math.isfinite(joules_per_step) and joules_per_step > 0):
+            return (0.0, 0.0, 1.0)
+        self.tuner.observe(self.level_hz, joules_per_step, seconds_per_step)
+        self.windows += 1
+        self.level_hz = self.tuner.next_level_hz()
+        return (float(self.level_hz), float(self.tuner.converged), 0.0)
+
+    def _apply(self, level_hz: int) -> None:
+        own = self._own_level(level_hz)
+        self.level_hz = level_hz
+        if own is not None and own != self.own_hz:
+            reply = self._call("set_level", freq_hz=own)
+            if reply is not None:
+                self.own_hz = reply.get("freq_hz")
+
+    def describe(self) -> dict[str, Any]:
+        return {"rank": self.rank, "level_hz": self.level_hz, "status": self.status, "windows": self.windows,
+                "bytes_sent": self.bytes_sent, "coord_s": self.coord_s}
