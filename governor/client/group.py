@@ -150,15 +150,18 @@ class GroupCoordinator:
         self.coord_s += time.perf_counter() - began
 
     def _measured(self, steps: int) -> list[float]:
-        """This rank's window: [ok, energy_j, steps, seconds]; ok 0 where it has none (its daemon refused, the first
-        edge)."""
-        if self._mark is None:
-            return [0.0, 0.0, 0.0, 0.0]
+        """This rank's part of an edge: [able, measured, energy_j, steps, seconds]. able: its daemon holds its job in
+        the group (0: absent or refused); measured: it has a window (none at the first edge, nor after a refused
+        read)."""
+        able = float(self.job.job_id is not None and not self.job.disabled
+                     and bool((self.job.registration or {}).get("levels_hz")))
+        if self._mark is None or not able:
+            return [able, 0.0, 0.0, 0.0, 0.0]
         energy = self._energy_j()
         e0, t0, n0 = self._mark
         if energy is None or steps <= n0:
-            return [0.0, 0.0, 0.0, 0.0]
-        return [1.0, energy - e0, float(steps - n0), time.monotonic() - t0]
+            return [able, 0.0, 0.0, 0.0, 0.0]
+        return [able, 1.0, energy - e0, float(steps - n0), time.monotonic() - t0]
 
     def _close_and_decide(self, steps: int) -> None:
         torch, dist = self.torch, self.dist
@@ -190,17 +193,17 @@ class GroupCoordinator:
         if self.tuner is None:
             start = (self.job.registration or {}).get("freq_hz")
             levels = (self.job.registration or {}).get("levels_hz") or []
-            if not levels or not all(ok for ok, *_ in windows):
+            if not levels or not all(able for able, *_ in windows):
                 return (0.0, 0.0, 1.0)
             start_hz = start if start in levels else max(levels)
             self.tuner = OnlineTuner(levels, start_hz, probe_steps=self.warmup_steps + self.window_steps,
                                      total_steps=self.job.total_steps)
             self.level_hz = start_hz
             return (float(start_hz), 0.0, 0.0)
-        if not all(ok for ok, *_ in windows) or any(n <= 0 or s <= 0 for _ok, _e, n, s in windows):
+        if not all(able and ok for able, ok, *_ in windows) or any(n <= 0 or s <= 0 for *_, n, s in windows):
             return (0.0, 0.0, 1.0)
-        joules_per_step = sum(e / n for _ok, e, n, _s in windows)
-        seconds_per_step = max(s / n for _ok, _e, n, s in windows)
+        joules_per_step = sum(e / n for _able, _ok, e, n, _s in windows)
+        seconds_per_step = max(s / n for *_, n, s in windows)
         assert self.level_hz is not None, "a window was measured at a level"
         if not (math.isfinite(joules_per_step) and joules_per_step > 0):
             return (0.0, 0.0, 1.0)

@@ -1,0 +1,121 @@
+"""governor.client.group: a job group's key from the launcher's environment, and a run across two simulated nodes
+(CPU-only torch over gloo, two ftgovd instances with two fake NVML GPUs each) tuned by its rank 0."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import queue
+import signal
+import socket
+
+import pytest
+
+from governor.client.group import group_from_env
+from tests.support import FAKENVML_DIR
+from tests.support.daemon import REPO
+
+pytest.importorskip("torch.distributed")
+
+LEVELS_MHZ = [1980, 1500, 1005, 510]
+GPU = {"graphics_clocks_mhz": {"3201": LEVELS_MHZ}, "util_gpu_pct": 80, "meter_update_s": 0}
+TIMEOUT_S = 120
+
+
+def test_the_group_comes_from_torchrun_else_slurm_else_the_caller():
+    torchrun = {"TORCHELASTIC_RUN_ID": "abc", "RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+                "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"}
+    g = group_from_env(env=torchrun)
+    assert (g.key, g.rank, g.world_size, g.local_world_size, g.spans_nodes) == ("torchrun-abc", 3, 8, 4, True)
+    g = group_from_env(env={"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "2", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"})
+    assert (g.key, g.rank, g.world_size, g.spans_nodes) == ("slurm-77.2", 1, 2, False)
+    g = group_from_env("mine", 0, 2, env=torchrun)
+    assert (g.key, g.rank, g.world_size) == ("mine", 0, 2)
+    assert group_from_env(env={"SLURM_JOB_ID": "77"}) is None  # a batch script outside any step: no group
+    assert group_from_env(env={}) is None
+
+
+@pytest.fixture
+def node(start_daemon, tmp_path):
+    """One simulated node: an ftgovd with two fake NVML GPUs."""
+    def start(name: str):
+        spec = tmp_path / f"{name}.json"
+        spec.write_text(json.dumps({"gpus": [dict(GPU), dict(GPU)]}))
+        env = {"FAKENVML_CONFIG": str(spec), "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
+        return start_daemon(root=tmp_path / "no-jetson", env=env,
+                            config={"backend": "nvml", "policy": "tune", "limits": {"repin_interval_s": 0.01}})
+    return start
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pinned(daemon) -> dict[str, int | None]:
+    c = daemon.client()
+    try:
+        return {g["id"]: g["pinned_hz"] for g in c.call("status")["gpus"]}
+    finally:
+        c.close()
+
+
+def test_four_ranks_on_two_nodes_converge_on_one_level_and_a_killed_ranks_gpu_is_restored(node):
+    from tests.support.ranks import run_rank
+
+    nodes = [node("a"), node("b")]
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(4)]  # (the rank's end, the test's end)
+    port = free_port()
+    procs = [ctx.Process(target=run_rank, args=(rank, 4, 2, port, nodes[rank // 2].socket, results, pipes[rank][0]))
+             for rank in range(4)]
+
+    def release() -> None:
+        for _rank_end, test_end in pipes:
+            try:
+                test_end.send(True)
+            except OSError:
+                pass  # the killed rank
+    for p in procs:
+        p.start()
+    try:
+        done = {}
+        for _ in range(4):
+            rank, pid, steps, coordinator = results.get(timeout=TIMEOUT_S)
+            done[rank] = (pid, steps, coordinator)
+        assert {steps for _pid, steps, _c in done.values()} == {done[0][1]}  # every rank stopped at one step
+        levels = {c["level_hz"] for _pid, _steps, c in done.values()}
+        assert len(levels) == 1 and all(c["status"].startswith("converged") for _p, _s, c in done.values()), done
+        (level,) = levels
+        assert done[0][2]["windows"] >= 1 and done[0][2]["bytes_sent"] > 0
+        assert pinned(nodes[0]) == {"0": level, "1": level} and pinned(nodes[1]) == {"0": level, "1": level}
+
+        nodes[1].notify.drain()
+        os.kill(done[3][0], signal.SIGKILL)  # rank 3: node b's GPU 1
+        nodes[1].wait_jobs(1)
+        assert pinned(nodes[1]) == {"0": level, "1": None}
+        assert pinned(nodes[0]) == {"0": level, "1": level}
+        (group,) = nodes[1].client().call("status")["groups"]
+        assert group["key"] == "torchrun-test-run" and [r["rank"] for r in group["ranks"]] == [2]
+
+        release()
+        ended = {}
+        for _ in range(3):
+            rank, what, result = results.get(timeout=TIMEOUT_S)
+            ended[rank] = result
+        assert sorted(ended) == [0, 1, 2] and all(r is not None and r["freq_hz"] == level for r in ended.values())
+        nodes[0].wait_jobs(0)
+        nodes[1].wait_jobs(0)
+        assert set(pinned(nodes[0]).values()) == set(pinned(nodes[1]).values()) == {None}
+    except queue.Empty:
+        pytest.fail(f"the ranks did not report within {TIMEOUT_S} s")
+    finally:
+        release()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
