@@ -78,6 +78,10 @@ class Job:
         self._reported_steps = 0
         self._next_report_s = 0.0
         self._step_end_s: float | None = None  # CLOCK_MONOTONIC when the last counted step ended
+        # A group's rank that calls compute_done(): its compute time per step, summed until the next report.
+        self._compute_done_s: float | None = None
+        self._compute_sum_s = 0.0
+        self._compute_steps = 0
         self._phase: str | None = None
         self._tokens = 0.0
         self._samples = 0
@@ -146,7 +150,13 @@ class Job:
     def step(self, n: int = 1) -> None:
         """Count n training steps. Reports the total at most every report_every_s, so a step costs a clock read."""
         self.steps += n
-        self._step_end_s = time.monotonic()
+        now_s = time.monotonic()
+        done_s, last_end_s = self._compute_done_s, self._step_end_s
+        if done_s is not None and last_end_s is not None and done_s >= last_end_s:
+            self._compute_sum_s += done_s - last_end_s
+            self._compute_steps += n
+        self._compute_done_s = None
+        self._step_end_s = now_s
         if self.group_info is not None and self.group_info.spans_nodes and self.tune:
             self._coordinate()
         if self.job_id is None or self._conn is None:
@@ -158,6 +168,12 @@ class Job:
         if self._step_end_s >= self._next_report_s:
             self._next_report_s = self._step_end_s + self.report_every_s
             self._report()
+
+    def compute_done(self) -> None:
+        """Mark the end of this step's compute, before its collective (the all-reduce): in a job group, the daemon
+        lowers the clocks of the ranks that finish early and then wait, while the group's step time holds
+        (docs/distributed.md). Costs a clock read."""
+        self._compute_done_s = time.monotonic()
 
     def phase(self, phase: str) -> None:
         """Tell the daemon what the job does now ("train", "eval", "checkpoint", "data"); sent only on a change."""
@@ -270,9 +286,13 @@ class Job:
 
     def _report(self) -> None:
         total = self.total_steps if self.total_steps != self._sent_total_steps else None
+        compute = {}
+        if self._compute_steps:
+            compute = {"compute_s": self._compute_sum_s / self._compute_steps}
+            self._compute_sum_s, self._compute_steps = 0.0, 0
         try:
             self._conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase, total_steps=total,
-                              **self._step_end())
+                              **self._step_end(), **compute)
             self._reported_steps = self.steps
             self._sent_total_steps = self.total_steps
         except DaemonUnavailable as e:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 from governor.config import TunerConfig
 from governor.daemon.energy import MeterFeed
+from governor.daemon.grouptrim import Compute, GroupTrim
 from governor.daemon.jobs import ActiveJob, GroupTag
 from governor.errors import FtgovError
 from governor.policy import Decision, PolicyName
@@ -53,6 +54,7 @@ class Member:
     feed: MeterFeed | None = None  # the group tuner's own meter on this rank's GPU (None: no energy source)
     window: ProbeWindow | None = None  # this rank's window at the group's level, once the pin landed
     measured: Measurement | None = None  # this rank's closed window, waiting for the other ranks'
+    compute: Compute = field(default_factory=Compute)  # its compute time so far, for the trim
 
 
 @dataclass
@@ -77,6 +79,7 @@ class Group:
     status: str = "no tuner (the group's policy pins one level)"
     remote: bool = False  # its rank 0 tunes it through set_level: this daemon's tuner stays off
     windows: list[GroupWindow] = field(default_factory=list)
+    trim: GroupTrim | None = None  # after convergence: the ranks that wait, lowered (governor.daemon.grouptrim)
 
     def whole(self) -> bool:
         """Every rank is registered here (a group that never said its world size is whole with what it has)."""
@@ -88,6 +91,10 @@ class Group:
     def restart_windows(self) -> None:
         for m in self.members.values():
             m.window = m.measured = None
+
+    def membership_changed(self) -> None:
+        self.restart_windows()
+        self.trim = None
 
 
 class Groups:
@@ -144,7 +151,7 @@ class Groups:
             job.features = group.features  # type: ignore[assignment]
         group.members[job.job_id] = Member(job, MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu))
         self._of_job[job.job_id] = group
-        group.restart_windows()
+        group.membership_changed()
         return group
 
     def left(self, job_id: int, why: str) -> None:
@@ -154,7 +161,7 @@ class Groups:
         if group is None:
             return
         group.members.pop(job_id, None)
-        group.restart_windows()
+        group.membership_changed()
         if not group.members:
             del self._groups[(group.uid, group.key)]
             log.info("%s ended with its last rank (%s)", group.label(), why)
@@ -210,29 +217,36 @@ class Groups:
         return attached
 
     # ---- the group's tuner -----------------------------------------------------------------------------------------
-    def progress(self, gov, job: ActiveJob) -> None:
-        """A rank's progress report: its meter read, and its window fed; the group's window closes when every rank's
-        has."""
+    def progress(self, gov, job: ActiveJob, compute_s: float | None = None) -> None:
+        """A rank's progress report (``job.steps`` updated already; ``compute_s``: its mean compute time per step
+        since its last report): its meter read, and its window fed; the group's window closes when every rank's
+        has. After convergence, the trim's windows instead."""
         group = self._of_job.get(job.job_id)
         if group is None:
             return
         member = group.members[job.job_id]
+        if compute_s is not None:
+            member.compute.sum_s += compute_s * max(0, job.steps - member.compute.last_steps)
+            member.compute.last_steps = job.steps
         points: list = []
         if member.feed is not None and member.feed.meter is not None:
             # Read at every report, tuning or not, so that the counter's edges stay continuous.
             points = member.feed.points(job, member.feed.energy_j(job))
         tuner = group.tuner
-        if tuner is None or group.remote or tuner.converged:
+        if tuner is None or group.remote:
             return
         if not group.whole():
             group.status = f"paused: {len(group.members)} of {group.world_size} ranks registered here"
-            group.restart_windows()
+            group.membership_changed()
             return
         shared = [m.job.gpu_id for m in group.members.values()
                   if any(j.gpu_id == m.job.gpu_id and j.job_id not in group.members for j in gov.jobs.values())]
         if shared:
             group.status = f"paused: another job shares GPU {shared[0]} (its meter would measure both)"
-            group.restart_windows()
+            group.membership_changed()
+            return
+        if tuner.converged:
+            self._trim(gov, group, job)
             return
         if any(m.feed is None or m.feed.meter is None for m in group.members.values()):
             group.status = "stopped: a rank's GPU has no energy source"
@@ -261,6 +275,21 @@ class Groups:
                 return
         if all(m.measured is not None for m in group.members.values()):
             self._window_closed(gov, group)
+
+    def _trim(self, gov, group: Group, job: ActiveJob) -> None:
+        """After convergence, while every rank reports its step ends and compute times: the trim's windows."""
+        if group.trim is None:
+            if group.level_hz is None or not all(m.compute.last_steps and m.job.step_end_s is not None
+                                                 for m in group.members.values()):
+                return  # the ranks do not say how long their compute takes (job.compute_done()): no trim
+            cfg = self._tuner_config()
+            group.trim = GroupTrim(gov.power_mode.allowed_levels(job.gpu_id), group.level_hz, list(group.members),
+                                   cfg.warmup_steps, cfg.window_steps)
+            group.status = "converged; trimming the ranks that wait"
+            self._move(gov, group, group.level_hz, f"tune: converged for {group.label()}")
+        group.trim.progress(gov, group, job, group.members[job.job_id].compute)
+        if group.trim is not None and group.trim.trimmer.done:
+            group.status = "converged; trimmed"
 
     def _window_closed(self, gov, group: Group) -> None:
         tuner = group.tuner
@@ -339,6 +368,7 @@ class Groups:
             if sees_all or g_uid == uid:
                 entry.update(key=key, uid=g_uid, status=g.status, remote=g.remote,
                              tuner=g.tuner.state() if g.tuner is not None else None,
+                             trim=g.trim.describe() if g.trim is not None else None,
                              windows=[vars(w) for w in g.windows[-8:]])
             else:
                 entry["redacted"] = True

@@ -120,14 +120,17 @@ class ProgressParams(JobParams):
     # When step number ``steps`` ended: CLOCK_MONOTONIC of the daemon's host, seconds (the daemon checks it against
     # its own clock: governor.daemon.rpc). Windows count steps from these times, not from when reports arrive.
     step_end_s: float | None = Field(default=None, ge=0, le=1 << 40)
+    # A group's rank: its mean compute time per step since its last report, up to the collective (seconds; the
+    # client's job.compute_done()), for the trim of the ranks that wait (governor.daemon.grouptrim).
+    compute_s: float | None = Field(default=None, ge=0, le=86400)
 
     _total_steps = field_validator("total_steps", mode="before")(_total_steps)
 
-    @field_validator("step_end_s", mode="before")
+    @field_validator("step_end_s", "compute_s", mode="before")
     @classmethod
     def _finite_time(cls, v):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-            raise ValueError("must be a finite number: CLOCK_MONOTONIC seconds when the last step ended")
+            raise ValueError("must be a finite number of seconds")
         return v
 
 

@@ -265,7 +265,7 @@ class Methods:
         if job.tuner is not None:
             job.tuner.progress(self.pins, job)
         if job.group is not None:
-            self.groups.progress(self.pins, job)
+            self.groups.progress(self.pins, job, params.compute_s)
         return {}
 
     def rpc_set_level(self, conn: Connection, params) -> dict:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 # A window whose step time is within this of the reference counts as "did not rise". Below the 1% the figure allows;
 # above one window's step-time noise (steps of a synchronous run are regular: a few tenths of a percent), so that a
@@ -64,7 +65,7 @@ class Trimmer:
     def _can_lower(self, rank: Rank) -> bool:
         return self.levels_hz.index(self.group_hz) - self.offsets[rank] > 0
 
-    def observe(self, step_s: float, compute_s: Mapping[Rank, float | None] | None = None) -> None:
+    def observe(self, step_s: float, compute_s: Mapping[Any, float | None] | None = None) -> None:
         self.windows += 1
         if self.reference_s is None:
             self.reference_s = step_s
@@ -103,6 +104,11 @@ class Trimmer:
         if rank in self._trimmed:
             self._trimmed.remove(rank)
         self._trimmed.append(rank)
+
+    def stop(self) -> None:
+        """No more trials (a move failed): the levels stay as they are."""
+        self.trying = None
+        self._queue.clear()
 
     def _raise(self, rank: Rank) -> None:
         self.offsets[rank] -= 1
