@@ -86,7 +86,8 @@ class GroupCoordinator:
     on every rank; nothing else. ``dist`` is torch.distributed with the job's process group up.
 
     Counted for the benchmarks: ``bytes_sent`` (this rank's part of each collective), ``coord_s`` (time spent in the
-    windows' edges here) and ``windows``."""
+    windows' edges here), ``window_costs_s`` (that time per window: its opening edge and its closing one) and
+    ``windows`` (those rank 0's tuner observed)."""
 
     def __init__(self, job, dist, *, warmup_steps: int = GROUP_WARMUP_STEPS, window_steps: int = GROUP_WINDOW_STEPS):
         import torch
@@ -107,6 +108,8 @@ class GroupCoordinator:
         self._mark: tuple[float, float, int] | None = None  # (energy_j, time_s, steps) where the window opened
         self.bytes_sent = 0
         self.coord_s = 0.0
+        self.window_costs_s: list[float] = []
+        self._open_cost_s = 0.0
         self.windows = 0
 
     # ---- the daemon ---------------------------------------------------------------------------------------------
@@ -145,8 +148,11 @@ class GroupCoordinator:
             energy = self._energy_j()
             self._mark = None if energy is None else (energy, time.monotonic(), steps)
             self._opening, self._edge = False, steps + self.window_steps
+            self._open_cost_s = time.perf_counter() - began
         else:
             self._close_and_decide(steps)
+            self.window_costs_s.append(self._open_cost_s + time.perf_counter() - began)
+            self._open_cost_s = 0.0
         self.coord_s += time.perf_counter() - began
 
     def _measured(self, steps: int) -> list[float]:
