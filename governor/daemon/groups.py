@@ -228,13 +228,13 @@ class Groups:
         if compute_s is not None:
             member.compute.sum_s += compute_s * max(0, job.steps - member.compute.last_steps)
             member.compute.last_steps = job.steps
-        points: list = []
-        if member.feed is not None and member.feed.meter is not None:
-            # Read at every report, tuning or not, so that the counter's edges stay continuous.
-            points = member.feed.points(job, member.feed.energy_j(job))
         tuner = group.tuner
         if tuner is None or group.remote:
-            return
+            return  # no meter read: a group without a tuner here costs its reports nothing more
+        points: list = []
+        if member.feed is not None and member.feed.meter is not None and not tuner.converged:
+            # Read at every report while searching, so that the counter's edges stay continuous.
+            points = member.feed.points(job, member.feed.energy_j(job))
         if not group.whole():
             group.status = f"paused: {len(group.members)} of {group.world_size} ranks registered here"
             group.membership_changed()

@@ -36,6 +36,29 @@ def test_the_group_comes_from_torchrun_else_slurm_else_the_caller():
     assert group_from_env(env={}) is None
 
 
+def test_a_torchrun_rank_registers_in_its_group_and_reports_its_compute_time(node, monkeypatch):
+    import governor
+
+    d = node("one")
+    for name, value in {"TORCHELASTIC_RUN_ID": "r1", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    with governor.job(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, gpu_util=60.0, gpu=1,
+                      socket=d.socket, report_every_s=0) as job:
+        assert job.registration["group"] == "torchrun-r1" and job.registration["rank"] == 1
+        sent = []
+        notify = job._conn.notify
+        monkeypatch.setattr(job._conn, "notify", lambda method, **p: (sent.append(p), notify(method, **p)))
+        job.step()  # the first step: no start to time its compute from
+        job.compute_done()
+        job.step()
+        job.step()  # no compute_done: nothing to add
+        assert "compute_s" not in sent[0] and "compute_s" not in sent[2]
+        assert 0 <= sent[1]["compute_s"] < 5 and sent[1]["step_end_s"] >= sent[0]["step_end_s"]
+        (group,) = d.client().call("status")["groups"]
+        assert group["key"] == "torchrun-r1" and group["world_size"] == 2 and group["ranks"][0]["rank"] == 1
+        assert job.coordinator is None  # one node: its daemon tunes the group
+
+
 @pytest.fixture
 def node(start_daemon, tmp_path):
     """One simulated node: an ftgovd with two fake NVML GPUs."""
