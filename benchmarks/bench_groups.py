@@ -80,10 +80,10 @@ def registration_cost(ranks: int, runs: int, tmp: Path) -> dict[str, list[float]
 
 class SimulatedCollectives:
     """torch.distributed as rank 0 of ``world_size`` sees it, the other ranks simulated: all_gather hands back their
-    windows (rank 0's own, scaled by a little noise), broadcast is rank 0's own. No network: rank 0's own work only."""
+    windows (rank 0's own, copied), broadcast is rank 0's own. No network: rank 0's own work only."""
 
-    def __init__(self, world_size: int, rng: random.Random):
-        self.world_size, self.rng = world_size, rng
+    def __init__(self, world_size: int):
+        self.world_size = world_size
 
     def get_rank(self) -> int:
         return 0
@@ -95,10 +95,8 @@ class SimulatedCollectives:
         return "gloo"
 
     def all_gather(self, gathered, mine) -> None:
-        for i, t in enumerate(gathered):
+        for t in gathered:
             t.copy_(mine)
-            if i and mine[1] > 0:
-                t[2] = mine[2] * (1.0 + self.rng.gauss(0.0, 0.01))
 
     def broadcast(self, tensor, src: int) -> None:
         pass
@@ -113,12 +111,11 @@ def simulated_coordination(ranks: int, windows: int, tmp: Path) -> list[float]:
     d = start_node(workdir, 1, TUNE_LEVELS_MHZ)
     costs: list[float] = []
     try:
-        rng = random.Random(ranks)
         while len(costs) < windows:
             job = governor.job(**FEATURES, tune=True, gpu=0, socket=d.socket, group="sim", rank=0,
                                world_size=ranks)
             with job:
-                coordinator = GroupCoordinator(job, SimulatedCollectives(ranks, rng))
+                coordinator = GroupCoordinator(job, SimulatedCollectives(ranks))
                 while not coordinator.done and len(costs) + len(coordinator.window_costs_s) < windows:
                     job.step()
                     coordinator.step(job.steps)
@@ -233,7 +230,8 @@ def section(args, registration, simulated, gloo, trims) -> str:
               "(job_energy), the all_gather, the tuner, the broadcast and its set_level. Simulated ranks: rank 0 "
               "alone, the other ranks' windows handed to it without a network (its own work). gloo: real processes "
               f"on this machine's CPUs, {RANKS_PER_NODE} ranks to an ftgovd (2 to one at 4 ranks), until the tuner "
-              "converged. Bytes: each rank sends 5 float64 (40 B) to the all_gather and receives the others' "
+              "converged; its time includes waiting in the collectives for the last rank to reach the window's end "
+              "(with more processes than CPUs, mostly scheduling). Bytes: each rank sends 5 float64 (40 B) to the all_gather and receives the others' "
               "(40 B x (ranks - 1)); rank 0 broadcasts 3 float64 (24 B).", ""]
     rows = []
     for n in sorted(simulated):

@@ -120,7 +120,7 @@ class Groups:
         groups = sum(1 for (g_uid, key) in self._groups if g_uid == uid)
         return alone + groups - (1 if joining is not None and (uid, joining) in self._groups else 0)
 
-    def check_join(self, uid: int, tag: GroupTag, gpu_id: str, jobs: dict[int, ActiveJob]) -> None:
+    def check_join(self, uid: int, tag: GroupTag, gpu_id: str) -> None:
         """Refuse a rank that the group has live already, or a second rank on one of the group's GPUs."""
         group = self._groups.get((uid, tag.key))
         if group is None:

@@ -176,7 +176,7 @@ class Methods:
         tag = None if params.group is None else GroupTag(params.group, params.rank, params.world_size)
         if tag is not None:
             try:
-                self.groups.check_join(conn.peer.uid, tag, gpu_id, self.pins.jobs)
+                self.groups.check_join(conn.peer.uid, tag, gpu_id)
             except GroupRefused as e:
                 raise RpcFault(INVALID_PARAMS, str(e), {"field": e.field}) from e
         try:
