@@ -231,8 +231,8 @@ def section(args, registration, simulated, gloo, trims) -> str:
               "alone, the other ranks' windows handed to it without a network (its own work). gloo: real processes "
               f"on this machine's CPUs, {RANKS_PER_NODE} ranks to an ftgovd (2 to one at 4 ranks), until the tuner "
               "converged; its time includes waiting in the collectives for the last rank to reach the window's end "
-              "(with more processes than CPUs, mostly scheduling). Bytes: each rank sends 5 float64 (40 B) to the all_gather and receives the others' "
-              "(40 B x (ranks - 1)); rank 0 broadcasts 3 float64 (24 B).", ""]
+              "(with more processes than CPUs, mostly scheduling). Bytes: each rank sends 5 float64 (40 B) to the "
+              "all_gather and receives the others' (40 B x (ranks - 1)); rank 0 broadcasts 3 float64 (24 B).", ""]
     rows = []
     for n in sorted(simulated):
         rows.append((n, "simulated", len(simulated[n]), ms(simulated[n], 50), ms(simulated[n], 99),
