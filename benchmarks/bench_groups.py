@@ -231,16 +231,17 @@ def section(args, registration, simulated, gloo, trims) -> str:
               "alone, the other ranks' windows handed to it without a network (its own work). gloo: real processes "
               f"on this machine's CPUs, {RANKS_PER_NODE} ranks to an ftgovd (2 to one at 4 ranks), until the tuner "
               "converged; its time includes waiting in the collectives for the last rank to reach the window's end "
-              "(with more processes than CPUs, mostly scheduling). Bytes: each rank sends 5 float64 (40 B) to the "
-              "all_gather and receives the others' (40 B x (ranks - 1)); rank 0 broadcasts 3 float64 (24 B).", ""]
+              "(with more processes than CPUs, mostly scheduling). Bytes: each rank sends 6 float64 (48 B) to the "
+              "all_gather and receives the others' (48 B x (ranks - 1)); rank 0 broadcasts 3 + ranks float64 (the "
+              "flags, each rank's level).", ""]
     rows = []
     for n in sorted(simulated):
         rows.append((n, "simulated", len(simulated[n]), ms(simulated[n], 50), ms(simulated[n], 99),
-                     40 * (n - 1) + 24, "-"))
+                     48 * (n - 1) + 8 * (3 + n), "-"))
     for n in sorted(gloo):
         g = gloo[n]
         rows.append((n, "gloo", len(g["costs"]), ms(g["costs"], 50), ms(g["costs"], 99),
-                     40 * (n - 1) + 24, f"{g['rank0_bytes']} / {g['other_bytes']}"))
+                     48 * (n - 1) + 8 * (3 + n), f"{g['rank0_bytes']} / {g['other_bytes']}"))
     lines += markdown_table(("ranks", "collectives", "windows", "rank 0 p50 ms", "rank 0 p99 ms",
                              "bytes into a rank but 0, a window", "bytes sent, rank 0 / rank 1, whole run"), rows)
     lines += ["", f"The trim on simulated groups (governor.sim.groups): GPUs slower than the fastest by "

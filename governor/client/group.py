@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from governor.errors import FtgovError
+from governor.policy.trim import Trimmer
 from governor.policy.tuner import OnlineTuner
 from governor.units import mhz
 
@@ -99,13 +100,16 @@ class GroupCoordinator:
         self.device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
                        else torch.device("cpu"))
         self.tuner: OnlineTuner | None = None
+        self.trimmer: Trimmer | None = None  # rank 0, after convergence, when every rank tells its compute time
+        self.trimming = False  # every rank: rank 0 trims (its broadcasts after convergence go on)
         self.level_hz: int | None = None  # the group's level (rank 0's table)
         self.own_hz: int | None = (job.registration or {}).get("freq_hz")  # what this rank's GPU was last given
         self.done = False
         self.status = "starting"
         self._edge: int | None = None  # the step count of the next edge
         self._opening = False  # the next edge opens a window (after the warm-up) rather than closing one
-        self._mark: tuple[float, float, int] | None = None  # (energy_j, time_s, steps) where the window opened
+        # (energy_j, time_s, steps, compute_total_s, compute_steps_total) where the window opened
+        self._mark: tuple[float, float, int, float, int] | None = None
         self.bytes_sent = 0
         self.coord_s = 0.0
         self.window_costs_s: list[float] = []
@@ -146,7 +150,8 @@ class GroupCoordinator:
         began = time.perf_counter()
         if self._opening:
             energy = self._energy_j()
-            self._mark = None if energy is None else (energy, time.monotonic(), steps)
+            self._mark = None if energy is None else (energy, time.monotonic(), steps, self.job.compute_total_s,
+                                                      self.job.compute_steps_total)
             self._opening, self._edge = False, steps + self.window_steps
             self._open_cost_s = time.perf_counter() - began
         else:
@@ -156,18 +161,20 @@ class GroupCoordinator:
         self.coord_s += time.perf_counter() - began
 
     def _measured(self, steps: int) -> list[float]:
-        """This rank's part of an edge: [able, measured, energy_j, steps, seconds]. able: its daemon holds its job in
-        the group (0: absent or refused); measured: it has a window (none at the first edge, nor after a refused
-        read)."""
+        """This rank's part of an edge: [able, measured, energy_j, steps, seconds, compute_s]. able: its daemon holds
+        its job in the group (0: absent or refused); measured: it has a window (none at the first edge, nor after a
+        refused read); compute_s: its mean compute time per step in the window (job.compute_done()), -1: not told."""
         able = float(self.job.job_id is not None and not self.job.disabled
                      and bool((self.job.registration or {}).get("levels_hz")))
         if self._mark is None or not able:
-            return [able, 0.0, 0.0, 0.0, 0.0]
+            return [able, 0.0, 0.0, 0.0, 0.0, -1.0]
         energy = self._energy_j()
-        e0, t0, n0 = self._mark
+        e0, t0, n0, c0, cn0 = self._mark
         if energy is None or steps <= n0:
-            return [able, 0.0, 0.0, 0.0, 0.0]
-        return [able, 1.0, energy - e0, float(steps - n0), time.monotonic() - t0]
+            return [able, 0.0, 0.0, 0.0, 0.0, -1.0]
+        counted = self.job.compute_steps_total - cn0
+        compute = (self.job.compute_total_s - c0) / counted if counted > 0 else -1.0
+        return [able, 1.0, energy - e0, float(steps - n0), time.monotonic() - t0, compute]
 
     def _close_and_decide(self, steps: int) -> None:
         torch, dist = self.torch, self.dist
@@ -175,57 +182,77 @@ class GroupCoordinator:
         gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(gathered, mine)
         self.bytes_sent += mine.numel() * mine.element_size()
-        decision = torch.zeros(3, dtype=torch.float64, device=self.device)  # level_hz, converged, stop
+        # converged, stop, done, then each rank's level
+        decision = torch.zeros(3 + self.world_size, dtype=torch.float64, device=self.device)
         if self.rank == 0:
             decision[:] = torch.tensor(self._decide([t.tolist() for t in gathered]), dtype=torch.float64)
         dist.broadcast(decision, src=0)
         if self.rank == 0:
             self.bytes_sent += decision.numel() * decision.element_size()
-        level, converged, stop = decision.tolist()
+        converged, stop, done, *levels = decision.tolist()
         self._mark = None
         if stop:
             self.done, self.status = True, "stopped: a rank has no measurement (its daemon absent or refusing)"
             log.warning("ftgov: group tuning %s", self.status)
             return
-        self._apply(int(level))
-        if converged:
-            self.done, self.status = True, f"converged on {mhz(int(level))}"
+        if self.rank != 0:
+            self.level_hz = int(max(levels))  # the group's: the slowest rank is never trimmed below it
+        self._apply(int(levels[self.rank]))
+        if converged and not done:
+            self.status, self.trimming = "converged; trimming the ranks that wait", True
+        if done:
+            self.done = True
+            self.status = (f"converged on {mhz(int(max(levels)))}"
+                           + ("; trimmed" if self.trimming else ""))
             log.info("ftgov: group tuning %s after %d windows", self.status, self.windows)
             return
         self._opening, self._edge = True, steps + self.warmup_steps
 
-    def _decide(self, windows: list[list[float]]) -> tuple[float, float, float]:
-        """Rank 0: the group's window into the tuner, and the level next (hz, converged, stop)."""
+    def _decide(self, windows: list[list[float]]) -> list[float]:
+        """Rank 0: the group's window into the tuner (or, once it converged, the trim), and what comes next:
+        [converged, stop, done] and each rank's level."""
+        n = self.world_size
+        stop = [0.0, 1.0, 0.0] + [0.0] * n
+        if not all(able for able, *_ in windows):
+            return stop
         if self.tuner is None:
             start = (self.job.registration or {}).get("freq_hz")
             levels = (self.job.registration or {}).get("levels_hz") or []
-            if not levels or not all(able for able, *_ in windows):
-                return (0.0, 0.0, 1.0)
             start_hz = start if start in levels else max(levels)
             self.tuner = OnlineTuner(levels, start_hz, probe_steps=self.warmup_steps + self.window_steps,
                                      total_steps=self.job.total_steps)
             self.level_hz = start_hz
-            return (float(start_hz), 0.0, 0.0)
-        if not all(able and ok for able, ok, *_ in windows) or any(n <= 0 or s <= 0 for *_, n, s in windows):
-            return (0.0, 0.0, 1.0)
-        joules_per_step = sum(e / n for _able, _ok, e, n, _s in windows)
-        seconds_per_step = max(s / n for *_, n, s in windows)
+            return [0.0, 0.0, 0.0] + [float(start_hz)] * n
+        if not all(ok for _able, ok, *_ in windows) or any(w[3] <= 0 or w[4] <= 0 for w in windows):
+            return stop
+        seconds_per_step = max(w[4] / w[3] for w in windows)
+        self.windows += 1
+        if self.trimmer is not None:
+            self.trimmer.observe(seconds_per_step, {r: w[5] for r, w in enumerate(windows)})
+            return [1.0, 0.0, float(self.trimmer.done)] + [float(self.trimmer.level_of(r)) for r in range(n)]
+        joules_per_step = sum(w[2] / w[3] for w in windows)
         assert self.level_hz is not None, "a window was measured at a level"
         if not (math.isfinite(joules_per_step) and joules_per_step > 0):
-            return (0.0, 0.0, 1.0)
+            return stop
         self.tuner.observe(self.level_hz, joules_per_step, seconds_per_step)
-        self.windows += 1
         self.level_hz = self.tuner.next_level_hz()
-        return (float(self.level_hz), float(self.tuner.converged), 0.0)
+        converged = self.tuner.converged
+        if converged and all(w[5] >= 0 for w in windows):
+            # Every rank says how long its compute takes: trim the ranks that wait, the next window at the group's
+            # level being the trim's reference.
+            self.trimmer = Trimmer(self.tuner.levels_hz, self.level_hz, list(range(n)))
+            return [1.0, 0.0, 0.0] + [float(self.level_hz)] * n
+        return [float(converged), 0.0, float(converged)] + [float(self.level_hz)] * n
 
     def _apply(self, level_hz: int) -> None:
+        """This rank's GPU to ``level_hz`` (the group's level, or this rank's trimmed one)."""
         own = self._own_level(level_hz)
-        self.level_hz = level_hz
         if own is not None and own != self.own_hz:
             reply = self._call("set_level", freq_hz=own)
             if reply is not None:
                 self.own_hz = reply.get("freq_hz")
 
     def describe(self) -> dict[str, Any]:
-        return {"rank": self.rank, "level_hz": self.level_hz, "status": self.status, "windows": self.windows,
+        return {"rank": self.rank, "level_hz": self.level_hz, "own_hz": self.own_hz, "status": self.status,
+                "windows": self.windows,
                 "bytes_sent": self.bytes_sent, "coord_s": self.coord_s}

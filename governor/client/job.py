@@ -82,6 +82,8 @@ class Job:
         self._compute_done_s: float | None = None
         self._compute_sum_s = 0.0
         self._compute_steps = 0
+        self.compute_total_s = 0.0  # over the whole job (a run across nodes: rank 0's trim windows)
+        self.compute_steps_total = 0
         self._phase: str | None = None
         self._tokens = 0.0
         self._samples = 0
@@ -155,6 +157,8 @@ class Job:
         if done_s is not None and last_end_s is not None and done_s >= last_end_s:
             self._compute_sum_s += done_s - last_end_s
             self._compute_steps += n
+            self.compute_total_s += done_s - last_end_s
+            self.compute_steps_total += n
         self._compute_done_s = None
         self._step_end_s = now_s
         if self.group_info is not None and self.group_info.spans_nodes and self.tune:

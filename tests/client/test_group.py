@@ -62,9 +62,9 @@ def test_a_torchrun_rank_registers_in_its_group_and_reports_its_compute_time(nod
 @pytest.fixture
 def node(start_daemon, tmp_path):
     """One simulated node: an ftgovd with two fake NVML GPUs."""
-    def start(name: str):
+    def start(name: str, gpu: dict | None = None):
         spec = tmp_path / f"{name}.json"
-        spec.write_text(json.dumps({"gpus": [dict(GPU), dict(GPU)]}))
+        spec.write_text(json.dumps({"gpus": [dict(gpu or GPU), dict(gpu or GPU)]}))
         env = {"FAKENVML_CONFIG": str(spec), "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
         return start_daemon(root=tmp_path / "no-jetson", env=env,
                             config={"backend": "nvml", "policy": "tune", "limits": {"repin_interval_s": 0.01}})
@@ -137,6 +137,54 @@ def test_four_ranks_on_two_nodes_converge_on_one_level_and_a_killed_ranks_gpu_is
         pytest.fail(f"the ranks did not report within {TIMEOUT_S} s")
     finally:
         release()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def test_a_run_across_nodes_trims_its_ranks_that_wait_and_ends(node):
+    """Ranks that tell their compute times (job.compute_done()), on simulated GPUs of different speeds: after the
+    group's level, rank 0 trims; every rank ends at or under the group's level, its daemon's pin where rank 0 put it.
+    (On a loaded CPU the step times are noisy: which ranks keep a lower level is not asserted.)"""
+    from tests.support.ranks import run_rank
+
+    # A fine table, and a GPU whose idle power makes the top level the least energy per step: there is room under
+    # the group's level.
+    gpu = {**GPU, "graphics_clocks_mhz": {"3201": list(range(1980, 1499, -60))}, "idle_power_mw": 300_000}
+    nodes = [node("c", gpu), node("d", gpu)]
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(4)]
+    port = free_port()
+    speeds = [1.0, 0.95, 0.9, 0.8]
+    procs = [ctx.Process(target=run_rank, args=(rank, 4, 2, port, nodes[rank // 2].socket, results, pipes[rank][0],
+                                                speeds)) for rank in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        done = {}
+        for _ in range(4):
+            rank, _pid, _steps, coordinator = results.get(timeout=TIMEOUT_S)
+            done[rank] = coordinator
+        assert all(c["status"].endswith("; trimmed") for c in done.values()), done
+        (level,) = {c["level_hz"] for c in done.values()}
+        assert all(c["own_hz"] <= level for c in done.values())
+        assert pinned(nodes[0]) == {"0": done[0]["own_hz"], "1": done[1]["own_hz"]}
+        assert pinned(nodes[1]) == {"0": done[2]["own_hz"], "1": done[3]["own_hz"]}
+        for _rank_end, test_end in pipes:
+            test_end.send(True)
+        for _ in range(4):
+            results.get(timeout=TIMEOUT_S)
+    except queue.Empty:
+        pytest.fail(f"the ranks did not report within {TIMEOUT_S} s")
+    finally:
+        for _rank_end, test_end in pipes:
+            try:
+                test_end.send(True)
+            except OSError:
+                pass
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():

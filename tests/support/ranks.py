@@ -11,9 +11,12 @@ from tests.support.daemon import FEATURES
 MAX_STEPS = 5000
 
 
-def run_rank(rank: int, world_size: int, local_world_size: int, port: int, socket: str, results, release) -> None:
+def run_rank(rank: int, world_size: int, local_world_size: int, port: int, socket: str, results, release,
+             speeds: list[float] | None = None) -> None:
     """Train until the group's tuning is done, report (rank, the coordinator's figures, the level), then hold the job
-    until ``release`` is set (the test kills a rank meanwhile), and end."""
+    until ``release`` is set (the test kills a rank meanwhile), and end. With ``speeds``: each rank's compute takes
+    longer the lower its GPU's level and the slower its simulated GPU (``speeds[rank]``), and it calls
+    ``job.compute_done()`` before the all-reduce, so that rank 0 trims the ranks that wait."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_RANK=str(rank % local_world_size), LOCAL_WORLD_SIZE=str(local_world_size),
                       TORCHELASTIC_RUN_ID="test-run")
@@ -29,6 +32,13 @@ def run_rank(rank: int, world_size: int, local_world_size: int, port: int, socke
     with job:
         for _ in range(MAX_STEPS):
             a = torch.tanh(a @ a)
+            if speeds is not None:
+                levels = job.registration["levels_hz"]
+                own = job.coordinator.own_hz if job.coordinator is not None else None
+                work = max(levels) / (own or max(levels)) / speeds[rank]
+                for _ in range(round(8 * work)):
+                    a = torch.tanh(a @ a)
+                job.compute_done()
             dist.all_reduce(grad)
             job.step()
             if job.coordinator is not None and job.coordinator.done:
