@@ -7,9 +7,11 @@ SLURM_PROCID/SLURM_NTASKS, else what the caller gives; LOCAL_WORLD_SIZE says how
 
 Each node's ftgovd tunes a group whose ranks are all its own. One whose ranks span nodes is tuned here: every
 ``warmup_steps + window_steps`` steps each rank reads its GPU's energy from its own daemon (job_energy), rank 0
-gathers every rank's (energy, steps, seconds) over the job's own torch.distributed process group (one all_gather of
-four floats a rank), runs the OnlineTuner on the summed energy per step and the slowest step, and broadcasts the
-level; each rank then asks its own daemon for it (set_level). Every rank takes part in every collective whatever its
+gathers every rank's (energy, steps, seconds, compute time) over the job's own torch.distributed process group (one
+all_gather of six floats a rank), runs the OnlineTuner on the summed energy per step and the slowest step, and
+broadcasts the level; each rank then asks its own daemon for it (set_level). Once the tuner converged, if every rank
+tells its compute time (job.compute_done()), rank 0 trims the ranks that wait (governor.policy.trim) the same way,
+broadcasting each rank's level. Every rank takes part in every collective whatever its
 daemon says (one that refused or is absent sends "not measured"), so that the collectives never hang on us.
 """
 
