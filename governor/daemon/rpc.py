@@ -195,6 +195,7 @@ class Methods:
             decision = self.pins.decide(job, why_util=why)
         except FtgovError:
             self.holds.release(job.job_id)  # the pin controller dropped the job
+            self.groups.left(job.job_id, "its first pin failed")
             raise
         return self._registered(job, decision)
 
