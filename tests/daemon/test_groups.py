@@ -234,3 +234,15 @@ def test_the_ranks_that_wait_are_trimmed_while_the_group_step_time_holds(group_d
     # The decisions; each GPU's pin follows within its re-pin interval (limits.repin_interval_s).
     assert [j["freq_hz"] for j in c.call("status")["jobs"]] == final
     assert "trim: job" in d.log()
+
+
+def test_a_rank_whose_pin_fails_is_in_no_group(start_daemon, tmp_path, ranks):
+    spec = tmp_path / "fakenvml.json"
+    spec.write_text(json.dumps({"gpus": [dict(GPU), dict(GPU)], "root": False}))  # every Set* answers NO_PERMISSION
+    env = {"FAKENVML_CONFIG": str(spec), "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
+    d = start_daemon(root=tmp_path / "no-jetson", config={"backend": "nvml", "policy": "mlg"}, env=env)
+    c = d.client()
+    err = c.request("register", pid=ranks().pid, gpu=0, group="run-1", rank=0, world_size=2, **FEATURES)["error"]
+    assert err["code"] == -32000, err
+    status = c.call("status")
+    assert status["jobs"] == [] and status["groups"] == []
