@@ -256,9 +256,10 @@ class Groups:
         level = group.level_hz
         assert member.feed is not None and member.feed.meter is not None, "checked for every member above"
         if member.window is None:
-            # The window opens at the first report after the pin landed (a move may wait for the GPU's re-pin
-            # interval), and skips the warm-up steps after it.
-            if level is not None and gov.gpus[job.gpu_id].pinned_hz == level and not gov.repin_pending(job.gpu_id):
+            # The window opens at the first report after every rank's pin landed (a move may wait for the GPU's
+            # re-pin interval; the group's step time depends on every clock), and skips the warm-up steps after it.
+            if level is not None and all(gov.gpus[m.job.gpu_id].pinned_hz == level
+                                         and not gov.repin_pending(m.job.gpu_id) for m in group.members.values()):
                 cfg = self._tuner_config()
                 member.window = ProbeWindow(level, job.steps, cfg.warmup_steps, cfg.window_steps,
                                             meter_update_s=member.feed.meter.update_s)

@@ -51,10 +51,11 @@ class GroupTrim:
     def progress(self, gov, group, job, compute: Compute) -> None:
         """One rank's report (its step end and compute counted already): its window fed; when every rank's window
         has closed, the trimmer judges it and the ranks whose level changed move."""
-        target = self.trimmer.level_of(job.job_id)
         w = self.windows.get(job.job_id)
         if w is None:
-            if gov.gpus[job.gpu_id].pinned_hz == target and not gov.repin_pending(job.gpu_id):
+            # The group's step time depends on every rank's clock: a window opens only once every pin landed.
+            if all(gov.gpus[m.job.gpu_id].pinned_hz == self.trimmer.level_of(job_id)
+                   and not gov.repin_pending(m.job.gpu_id) for job_id, m in group.members.items()):
                 self.windows[job.job_id] = RankWindow(job.steps)
             return
         if w.step_s is not None or job.step_end_s is None:
