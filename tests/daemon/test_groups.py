@@ -246,3 +246,15 @@ def test_a_rank_whose_pin_fails_is_in_no_group(start_daemon, tmp_path, ranks):
     assert err["code"] == -32000, err
     status = c.call("status")
     assert status["jobs"] == [] and status["groups"] == []
+
+
+def test_ftgov_status_shows_the_group(group_daemon, ranks):
+    from governor.cli.ops import format_status
+
+    d = group_daemon()
+    c = d.client()
+    level = register_rank(c, ranks(), 0)["freq_hz"]
+    register_rank(c, ranks(), 1)
+    text = format_status(c.call("status"))
+    assert (f"group 'run-1': 2 of 2 rank(s) here (rank 0 job 1 GPU 0, rank 1 job 2 GPU 1), level "
+            f"{level // 1_000_000} MHz") in text, text
