@@ -23,12 +23,14 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from governor.errors import FtgovError
-from governor.policy.trim import Trimmer
-from governor.policy.tuner import OnlineTuner
 from governor.units import mhz
+
+if TYPE_CHECKING:  # imported where used: a rank outside a run across nodes never loads the tuner
+    from governor.policy.trim import Trimmer
+    from governor.policy.tuner import OnlineTuner
 
 log = logging.getLogger("governor.client")
 
@@ -95,6 +97,10 @@ class GroupCoordinator:
     def __init__(self, job, dist, *, warmup_steps: int = GROUP_WARMUP_STEPS, window_steps: int = GROUP_WINDOW_STEPS):
         import torch
 
+        from governor.policy.trim import Trimmer
+        from governor.policy.tuner import OnlineTuner
+
+        self._new_tuner, self._new_trimmer = OnlineTuner, Trimmer
         self.job, self.dist, self.torch = job, dist, torch
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.warmup_steps, self.window_steps = warmup_steps, window_steps
@@ -221,7 +227,7 @@ class GroupCoordinator:
             start = (self.job.registration or {}).get("freq_hz")
             levels = (self.job.registration or {}).get("levels_hz") or []
             start_hz = start if start in levels else max(levels)
-            self.tuner = OnlineTuner(levels, start_hz, probe_steps=self.warmup_steps + self.window_steps,
+            self.tuner = self._new_tuner(levels, start_hz, probe_steps=self.warmup_steps + self.window_steps,
                                      total_steps=self.job.total_steps)
             self.level_hz = start_hz
             return [0.0, 0.0, 0.0] + [float(start_hz)] * n
@@ -242,7 +248,7 @@ class GroupCoordinator:
         if converged and all(w[5] >= 0 for w in windows):
             # Every rank says how long its compute takes: trim the ranks that wait, the next window at the group's
             # level being the trim's reference.
-            self.trimmer = Trimmer(self.tuner.levels_hz, self.level_hz, list(range(n)))
+            self.trimmer = self._new_trimmer(self.tuner.levels_hz, self.level_hz, list(range(n)))
             return [1.0, 0.0, 0.0] + [float(self.level_hz)] * n
         return [float(converged), 0.0, float(converged)] + [float(self.level_hz)] * n
 
