@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -78,12 +79,10 @@ def group_from_env(group: str | None = None, rank: int | None = None, world_size
 
 
 def torch_distributed():
-    """torch.distributed when a process group is up, else None (torch is optional)."""
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    return dist if dist.is_available() and dist.is_initialized() else None
+    """torch.distributed when a process group is up, else None. Looked up, never imported: a process whose group is
+    up has imported it, and one without torch pays no import attempt at every step."""
+    dist = sys.modules.get("torch.distributed")
+    return dist if dist is not None and dist.is_available() and dist.is_initialized() else None
 
 
 class GroupCoordinator:

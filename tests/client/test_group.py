@@ -190,3 +190,47 @@ def test_a_run_across_nodes_trims_its_ranks_that_wait_and_ends(node):
             if p.is_alive():
                 p.kill()
                 p.join()
+
+
+class TwoRanks:
+    """torch.distributed as rank 0 of two sees it, rank 1's part given by the test (no network)."""
+
+    def __init__(self, other: list[float]):
+        self.other = other
+
+    def get_rank(self) -> int:
+        return 0
+
+    def get_world_size(self) -> int:
+        return 2
+
+    def get_backend(self) -> str:
+        return "gloo"
+
+    def all_gather(self, gathered, mine) -> None:
+        import torch
+
+        gathered[0].copy_(mine)
+        gathered[1].copy_(torch.tensor(self.other, dtype=torch.float64))
+
+    def broadcast(self, tensor, src: int) -> None:
+        pass
+
+
+def test_a_rank_whose_daemon_is_absent_makes_rank_0_broadcast_stop_at_the_first_edge(tmp_path):
+    """Rank 1 says "not able" (its daemon absent or refusing): rank 0 broadcasts stop at the first edge, and the
+    coordination ends there (every rank reads the same broadcast), so that no rank waits in a collective the others
+    no longer enter."""
+    import warnings
+
+    from governor.client import GovernorWarning, Job
+    from governor.client.group import GroupCoordinator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GovernorWarning)
+        job = Job(dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0),
+                  socket=str(tmp_path / "absent.sock"), group="g", rank=0, world_size=2).start()
+    coordinator = GroupCoordinator(job, TwoRanks([0.0, 0.0, 0.0, 0.0, 0.0, -1.0]))
+    job.step()
+    coordinator.step(job.steps)
+    assert coordinator.done and coordinator.status.startswith("stopped") and coordinator.bytes_sent == 48 + 40
