@@ -163,10 +163,12 @@ def test_set_level_moves_only_the_callers_rank_of_a_group_spanning_nodes(group_d
     assert err["data"]["field"] == "freq_hz", err
     reply = c.call("set_level", job_id=r0["job_id"], freq_hz=low)
     assert reply["freq_hz"] == low
-    c.call("ping")
-    gpus = gpus_of(c)
-    assert gpus["0"]["pinned_hz"] == low
-    assert gpus["1"]["pinned_hz"] != low  # rank 1's own pick (and the lone job's) stay until rank 1 asks
+    if not reply["deferred"]:  # within the GPU's re-pin interval of its first pin, the move lands at its end
+        assert gpus_of(c)["0"]["pinned_hz"] == low
+    levels = {j["job_id"]: j["freq_hz"] for j in c.call("status")["jobs"]}
+    assert levels[r0["job_id"]] == low
+    assert levels[r1["job_id"]] != low  # rank 1's own pick (and the lone job's) stay until rank 1 asks
+    assert gpus_of(c)["1"]["pinned_hz"] != low
     energy = c.call("job_energy", job_id=r0["job_id"])
     assert energy["energy_j"] is not None and energy["energy_j"] >= 0
     (group,) = c.call("status")["groups"]
