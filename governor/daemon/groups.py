@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from governor.backends.rails import EnergyMeter
 from governor.config import TunerConfig
 from governor.daemon.energy import MeterFeed
 from governor.daemon.grouptrim import Compute, GroupTrim
@@ -149,7 +150,11 @@ class Groups:
             group.features = job.features
         else:
             job.features = group.features  # type: ignore[assignment]
-        group.members[job.job_id] = Member(job, MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu))
+        feed = MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu)
+        if isinstance(feed.meter, EnergyMeter) and isinstance(job.meter, EnergyMeter):
+            # The rails' sampler integrates only the jobs' meters and their tuners': a group's windows read the job's.
+            feed.meter = job.meter
+        group.members[job.job_id] = Member(job, feed)
         self._of_job[job.job_id] = group
         group.membership_changed()
         return group

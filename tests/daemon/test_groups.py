@@ -260,3 +260,20 @@ def test_ftgov_status_shows_the_group(group_daemon, ranks):
     text = format_status(c.call("status"))
     assert (f"group 'run-1': 2 of 2 rank(s) here (rank 0 job 1 GPU 0, rank 1 job 2 GPU 1), level "
             f"{level // 1_000_000} MHz") in text, text
+
+
+def test_a_group_on_a_jetsons_rails_measures_its_windows(start_daemon):
+    """On the simulated Orin the energy comes from the rails' sampler, which integrates the jobs' own meters: a
+    group's windows read them, so that its tuner converges there too."""
+    d = start_daemon(config={"policy": "tune", "limits": {"repin_interval_s": 0.01},
+                             "tuner": {"baseline_window": False, "max_probes": 3}})
+    c = d.client()
+    job_id = c.call("register", group="solo", rank=0, world_size=1, **FEATURES)["job_id"]
+    for steps in range(1, 100_001):
+        c.notify("progress", job_id=job_id, steps=steps, step_end_s=time.monotonic())
+        if steps % 200 == 0:
+            (group,) = c.call("status")["groups"]
+            if group["tuner"]["converged"]:
+                break
+    assert group["tuner"]["converged"] and len(group["windows"]) == 3, group
+    assert all(w["joules_per_step"] > 0 for w in group["windows"])
