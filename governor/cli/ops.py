@@ -98,8 +98,23 @@ def format_status(status: dict) -> str:
         lines += ["  ".join(isolated(cell.ljust(w)) if i == 1 else cell.ljust(w)
                             for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in rows]
         lines += [printable(f"  job {j.get('job_id')}: {j['reason']}") for j in jobs if j.get("reason")]
+        lines += [printable(line) for line in _group_lines(status.get("groups") or [])]
         return "\n".join(lines)
     return "\n".join(printable(line) for line in lines)
+
+
+def _group_lines(groups: list[dict]) -> list[str]:
+    """One line per job group (docs/distributed.md): its key (another user's: hidden), ranks here, level, status."""
+    lines = []
+    for g in groups:
+        ranks = ", ".join(f"rank {r.get('rank', '?')} job {r.get('job_id')} GPU {r.get('gpu')}"
+                          for r in g.get("ranks") or [])
+        world = g.get("world_size")
+        key = "(another user's)" if g.get("redacted") else repr(g.get("key"))
+        status = f", {g['status']}" if g.get("status") else ""
+        lines.append(f"  group {key}: {len(g.get('ranks') or [])} of {world if world else '?'} rank(s) here "
+                     f"({ranks}), level {mhz(g.get('level_hz'))}{status}")
+    return lines
 
 
 def _or_dash(value) -> str:

@@ -23,6 +23,7 @@ from governor.client.features import (
     slurm_job_id,
     visible_gpu,
 )
+from governor.client.group import GroupCoordinator, GroupInfo, group_from_env, torch_distributed
 from governor.errors import FtgovError
 from governor.features import MIN_SEQ_LEN
 from governor.units import mhz
@@ -43,7 +44,8 @@ class Job:
     def __init__(self, features: dict, *, name: str | None = None, socket: str | os.PathLike | None = None,
                  pid: int | None = None, gpu: str | int | None = None, tune: bool | None = None,
                  report_every_s: float = DEFAULT_REPORT_EVERY_S,
-                 measure_batches: int = 8, timeout_s: float = 10.0, total_steps: int | None = None):
+                 measure_batches: int = 8, timeout_s: float = 10.0, total_steps: int | None = None,
+                 group: str | None = None, rank: int | None = None, world_size: int | None = None):
         if report_every_s < 0:
             raise ValueError("report_every_s must be >= 0")
         if measure_batches < 1:
@@ -58,6 +60,11 @@ class Job:
         # fraction of the job's energy, so a short job explores less. None: the daemon's tuner assumes its default.
         self.total_steps = _check_total_steps(total_steps)
         self._sent_total_steps: int | None = None
+        # A rank of a multi-GPU run (governor.client.group): given, else from the launcher's environment at register.
+        # Read now, not at register: whether this rank takes part in the group's collectives must not depend on its
+        # daemon's answer, or the ranks whose daemon answered would wait forever for one whose daemon did not.
+        self.group_info: GroupInfo | None = group_from_env(group, rank, world_size)
+        self.coordinator: GroupCoordinator | None = None  # rank 0's tuner across nodes, on every rank
         self.report_every_s = report_every_s
         self.measure_batches = measure_batches
         self.timeout_s = timeout_s
@@ -72,6 +79,12 @@ class Job:
         self._reported_steps = 0
         self._next_report_s = 0.0
         self._step_end_s: float | None = None  # CLOCK_MONOTONIC when the last counted step ended
+        # A group's rank that calls compute_done(): its compute time per step, summed until the next report.
+        self._compute_done_s: float | None = None
+        self._compute_sum_s = 0.0
+        self._compute_steps = 0
+        self.compute_total_s = 0.0  # over the whole job (a run across nodes: rank 0's trim windows)
+        self.compute_steps_total = 0
         self._phase: str | None = None
         self._tokens = 0.0
         self._samples = 0
@@ -140,7 +153,17 @@ class Job:
     def step(self, n: int = 1) -> None:
         """Count n training steps. Reports the total at most every report_every_s, so a step costs a clock read."""
         self.steps += n
-        self._step_end_s = time.monotonic()
+        now_s = time.monotonic()
+        done_s, last_end_s = self._compute_done_s, self._step_end_s
+        if done_s is not None and last_end_s is not None and done_s >= last_end_s:
+            self._compute_sum_s += done_s - last_end_s
+            self._compute_steps += n
+            self.compute_total_s += done_s - last_end_s
+            self.compute_steps_total += n
+        self._compute_done_s = None
+        self._step_end_s = now_s
+        if self.group_info is not None and self.group_info.spans_nodes and self.tune:
+            self._coordinate()
         if self.job_id is None or self._conn is None:
             if (self._conn is not None and not self.seq_len_known and self.steps >= self.measure_batches
                     and self._batches_seen == 0 and self._unmeasurable_batches == 0):
@@ -150,6 +173,12 @@ class Job:
         if self._step_end_s >= self._next_report_s:
             self._next_report_s = self._step_end_s + self.report_every_s
             self._report()
+
+    def compute_done(self) -> None:
+        """Mark the end of this step's compute, before its collective (the all-reduce): in a job group, the daemon
+        lowers the clocks of the ranks that finish early and then wait, while the group's step time holds
+        (docs/distributed.md). Costs a clock read."""
+        self._compute_done_s = time.monotonic()
 
     def phase(self, phase: str) -> None:
         """Tell the daemon what the job does now ("train", "eval", "checkpoint", "data"); sent only on a change."""
@@ -235,10 +264,12 @@ class Job:
                 return
         if self.gpu is None:
             self.gpu = visible_gpu()  # the GPU this process trains on (CUDA_VISIBLE_DEVICES / torch), when known
+        grouped = {} if self.group_info is None else {
+            "group": self.group_info.key, "rank": self.group_info.rank, "world_size": self.group_info.world_size}
         try:
             self.registration = self._conn.call(
                 "register", **features.model_dump(exclude_none=True), name=self.name, pid=self.pid, gpu=self.gpu,
-                tune=self.tune, total_steps=self.total_steps, slurm_job_id=slurm_job_id())
+                tune=self.tune, total_steps=self.total_steps, slurm_job_id=slurm_job_id(), **grouped)
         except FtgovError as e:
             self._disable(f"register refused: {e}")
             return
@@ -248,11 +279,25 @@ class Job:
         if self.steps:
             self._report()
 
+    def _coordinate(self) -> None:
+        """A rank of a tuned run across nodes: every rank takes part in rank 0's windows (governor.client.group),
+        whatever its own daemon said, from the first step at which the job's process group is up."""
+        if self.coordinator is None:
+            dist = torch_distributed()
+            if dist is None:
+                return
+            self.coordinator = GroupCoordinator(self, dist)
+        self.coordinator.step(self.steps)
+
     def _report(self) -> None:
         total = self.total_steps if self.total_steps != self._sent_total_steps else None
+        compute = {}
+        if self._compute_steps:
+            compute = {"compute_s": self._compute_sum_s / self._compute_steps}
+            self._compute_sum_s, self._compute_steps = 0.0, 0
         try:
             self._conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase, total_steps=total,
-                              **self._step_end())
+                              **self._step_end(), **compute)
             self._reported_steps = self.steps
             self._sent_total_steps = self.total_steps
         except DaemonUnavailable as e:
@@ -319,9 +364,10 @@ def job(model=None, *, model_type: str | None = None, num_layers: int | None = N
 
     ``model`` is a Hugging Face model or config (its model_type, layers and hidden size are read); explicit numbers
     override it. ``options`` are `Job`'s keywords (name, socket, pid, gpu, tune, report_every_s, measure_batches,
-    timeout_s, total_steps): this signature is the one that governor.hf and governor.lightning forward whole. Bad
-    feature values raise ValueError here, before training starts; a daemon that is absent or refuses only warns
-    (GovernorWarning), and the job does nothing.
+    timeout_s, total_steps, group, rank, world_size): this signature is the one that governor.hf and
+    governor.lightning forward whole. Bad feature values raise ValueError here, before training starts; a daemon that
+    is absent or refuses only warns (GovernorWarning), and the job does nothing. In a run started by torchrun or srun
+    each rank joins the run's job group (governor.client.group).
     """
     features = resolve_features(model, **_numbers(dict(model_type=model_type, num_layers=num_layers,
                                                        hidden_size=hidden_size, seq_len=seq_len, gpu_util=gpu_util)))

@@ -16,6 +16,16 @@ if TYPE_CHECKING:
     from governor.daemon.tuning import JobTuner
 
 
+@dataclass(frozen=True)
+class GroupTag:
+    """A job's place in a job group, as it registered: the key (TORCHELASTIC_RUN_ID, a Slurm step, or given), its rank
+    and the group's world size (None where the client did not say)."""
+
+    key: str
+    rank: int | None = None
+    world_size: int | None = None
+
+
 @dataclass
 class ActiveJob:
     """A job the daemon holds (the client's handle on it is governor.client.Job)."""
@@ -40,6 +50,9 @@ class ActiveJob:
     tuner: JobTuner | None = None  # when the tune policy drives this job
     total_steps: int | None = None  # the step count the job ends at, when its client knows it (register, progress)
     tune_start_hz: int | None = None  # where the tuner starts (governor.daemon.tuning.TunerAttach.plan)
+    # What the job registered with (governor.daemon.groups owns the membership it implies): the group key, its rank
+    # and the world size; kept here so that the state file keeps them with the job.
+    group: GroupTag | None = None
 
     @property
     def freq_hz(self) -> int | None:
@@ -66,10 +79,12 @@ class ActiveJob:
             return self.earlier_energy_j or None
 
     def record(self) -> HeldJob:
+        tag = self.group
         return HeldJob(job_id=self.job_id, pid=self.pid, start_ticks=self.start_ticks, gpu=self.gpu_id, name=self.name,
                        uid=self.uid, features=self.features.model_dump(), freq_hz=self.freq_hz,
                        policy=self.decision.label if self.decision else "", started_at=self.started_at,
-                       energy_j=self.energy_so_far_j())
+                       energy_j=self.energy_so_far_j(), group=tag.key if tag else None,
+                       rank=tag.rank if tag else None, world_size=tag.world_size if tag else None)
 
     def resume(self, rec: HeldJob) -> None:
         """Continue a job a previous daemon of this boot held: its start time and the energy it measured until its
@@ -79,6 +94,8 @@ class ActiveJob:
             self.started_s, self.started_at = time.monotonic() - ran_s, rec.started_at
         if rec.energy_j is not None:
             self.earlier_energy_j = rec.energy_j
+        if rec.group is not None:
+            self.group = GroupTag(rec.group, rec.rank, rec.world_size)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from governor.backends.base import describe_text
 from governor.config import Config, default_ffg_hz, default_model_path, load_config, store_path
 from governor.daemon import admission, logs, tuning
 from governor.daemon.controller import Controller
+from governor.daemon.groups import Groups
 from governor.daemon.listen import bind_socket
 from governor.daemon.notify import Notifier, listen_fds
 from governor.daemon.reload import Reloader
@@ -245,14 +246,17 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
     recorder, starts = _store_users(config, root, boot)
     tuner = tuning.TunerAttach(starts)
     ticker = Ticker(notifier, config.sample_interval_s)
+    # A group's ranks share one tuner (governor.daemon.groups), on the tuner config of the controller's settings.
+    groups = Groups(lambda: controller.settings.tuner)
     controller = Controller(gpus, PinSettings.from_config(config, policy), StateFile(config.state_dir), boot,
-                            rails=rails, listeners=(ticker.changed,), defer=defer_on_loop, attach_tuner=tuner,
-                            plan_tune=tuner.plan, recorder=recorder, missing_why=missing_why)
+                            rails=rails, listeners=(ticker.changed,), defer=defer_on_loop,
+                            attach_tuner=groups.attach_tuner(tuner), plan_tune=groups.plan_tune(tuner.plan),
+                            recorder=recorder, missing_why=missing_why)
     reloader = None
     if load_config_again is not None:
         reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus))
     server = Server(controller, config, notifier, ticker, reloader, probe=lambda: probe_gpus(config, root),
-                    node_wait_s=node_wait_s)
+                    node_wait_s=node_wait_s, groups=groups)
 
     sock.setblocking(False)
     try:

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from governor.errors import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
 from governor.features import MAX_SEQ_LEN, MIN_SEQ_LEN, Features, finite_number
@@ -64,8 +64,28 @@ class RegisterParams(FeatureParams):
     # The batch job this process runs in (SLURM_JOB_ID): the registration joins that job's hold on its GPU
     # (governor.daemon.scheduler) instead of adding a second voice.
     slurm_job_id: int | None = Field(default=None, ge=1, le=1 << 53)
+    # A rank of a job group (governor.daemon.groups): the run's key, this rank, the number of ranks.
+    group: str | None = Field(default=None, min_length=1, max_length=256)
+    rank: int | None = Field(default=None, ge=0, le=1 << 20)
+    world_size: int | None = Field(default=None, ge=1, le=1 << 20)
 
     _total_steps = field_validator("total_steps", mode="before")(_total_steps)
+
+    @field_validator("group")
+    @classmethod
+    def _printable_group(cls, v):
+        bad = unprintable_at(v) if v is not None else None
+        if bad is not None:
+            raise ValueError(f"must not contain control or format characters (U+{ord(v[bad]):04X} at index {bad})")
+        return v
+
+    @model_validator(mode="after")
+    def _rank_in_world(self):
+        if (self.rank is not None or self.world_size is not None) and self.group is None:
+            raise ValueError("rank and world_size belong to a job group: pass group too")
+        if self.rank is not None and self.world_size is not None and self.rank >= self.world_size:
+            raise ValueError(f"rank {self.rank} is not below world_size {self.world_size}")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -101,15 +121,22 @@ class ProgressParams(JobParams):
     # When step number ``steps`` ended: CLOCK_MONOTONIC of the daemon's host, seconds (the daemon checks it against
     # its own clock: governor.daemon.rpc). Windows count steps from these times, not from when reports arrive.
     step_end_s: float | None = Field(default=None, ge=0, le=1 << 40)
+    # A group's rank: its mean compute time per step since its last report, up to the collective (seconds; the
+    # client's job.compute_done()), for the trim of the ranks that wait (governor.daemon.grouptrim).
+    compute_s: float | None = Field(default=None, ge=0, le=86400)
 
     _total_steps = field_validator("total_steps", mode="before")(_total_steps)
 
-    @field_validator("step_end_s", mode="before")
+    @field_validator("step_end_s", "compute_s", mode="before")
     @classmethod
     def _finite_time(cls, v):
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)):
-            raise ValueError("must be a finite number: CLOCK_MONOTONIC seconds when the last step ended")
+            raise ValueError("must be a finite number of seconds")
         return v
+
+
+class SetLevelParams(JobParams):
+    freq_hz: int = Field(ge=1, le=1 << 40)  # a level of the job's GPU's table (a group's level, chosen by its rank 0)
 
 
 class EmptyParams(_Params):
@@ -163,6 +190,8 @@ METHODS: dict[str, type[_Params]] = {
     "predict": FeatureParams,
     "ping": EmptyParams,
     "pin_check": EmptyParams,  # `ftgov doctor`: can the daemon pin each GPU? (Controller.pin_check)
+    "set_level": SetLevelParams,  # a group's rank moves its own GPU to the level its rank 0 chose (multi-node)
+    "job_energy": JobParams,  # a job's energy so far, read now (a multi-node group's windows)
     "slurm_hold": SlurmHoldParams,  # root: `ftgov slurm prolog` (governor.daemon.scheduler)
     "slurm_release": SlurmReleaseParams,  # root: `ftgov slurm epilog`
 }

@@ -12,9 +12,13 @@ import os
 OTHERS_SEE = ("job_id", "gpu", "policy", "freq_hz", "phase", "duration_s", "adopted")
 
 
+def sees_all(uid: int) -> bool:
+    return uid in (0, os.geteuid())
+
+
 def status_for(status: dict, uid: int) -> dict:
     """The status as uid may see it (a new dict; the daemon's own is untouched)."""
-    if uid in (0, os.geteuid()):
+    if sees_all(uid):
         return status
     jobs = [j if j.get("uid") == uid else {**{k: j.get(k) for k in OTHERS_SEE}, "redacted": True}
             for j in status.get("jobs") or []]

@@ -1,5 +1,6 @@
-"""The daemon's JSON-RPC methods: register, update, progress, unregister, status, predict, ping, pin_check, and root's
-slurm_hold and slurm_release (governor.daemon.scheduler).
+"""The daemon's JSON-RPC methods: register, update, progress, unregister, status, predict, ping, pin_check, a job
+group's set_level and job_energy (governor.daemon.groups), and root's slurm_hold and slurm_release
+(governor.daemon.scheduler).
 
 Each answers at once with a dict, or, when it has to measure gpu_util first, with a coroutine that will (the
 connection then holds the lines behind it). Parameters arrive validated (governor.daemon.protocol); what is checked
@@ -17,8 +18,9 @@ from governor.backends.gpuid import GpuNotFound
 from governor.config import Config
 from governor.daemon import peers, ratelimit, redact, status
 from governor.daemon.controller import MEASURING, Controller
+from governor.daemon.groups import GroupRefused, Groups
 from governor.daemon.holds import Holds, summary
-from governor.daemon.jobs import ActiveJob
+from governor.daemon.jobs import ActiveJob, GroupTag
 from governor.daemon.jobtable import TableFull
 from governor.daemon.protocol import RpcFault
 from governor.daemon.scheduler import SchedulerHolds, UnknownHold
@@ -42,8 +44,9 @@ class Methods:
 
     def __init__(self, controller: Controller, holds: Holds, sampler: UtilizationSampler,
                  redecide: ratelimit.Coalescer, config: Callable[[], Config], gpu_search: Callable[[], str],
-                 scheduler: SchedulerHolds):
+                 scheduler: SchedulerHolds, groups: Groups):
         self.controller = controller
+        self.groups = groups
         self.holds = holds
         self.sampler = sampler
         self.redecide = redecide
@@ -64,7 +67,9 @@ class Methods:
         return {}
 
     def rpc_status(self, conn: Connection, params) -> dict:
-        return redact.status_for(status.status(self.controller), conn.peer.uid)
+        uid = conn.peer.uid
+        return {**redact.status_for(status.status(self.controller), uid),
+                "groups": self.groups.describe(uid, redact.sees_all(uid))}
 
     def _no_gpu(self) -> RpcFault:
         return RpcFault(SERVER_ERROR, f"no GPU to govern yet ({self.controller.missing_why}); {self._gpu_search()}: "
@@ -129,10 +134,11 @@ class Methods:
         if held_by_conn >= limits.max_jobs_per_connection:
             raise RpcFault(LIMIT_EXCEEDED, f"this connection already holds {held_by_conn} jobs "
                            "(limits.max_jobs_per_connection)")
-        held_by_uid = ctl.jobs.of_uid(peer.uid)
+        # A job group counts once, however many ranks it has here.
+        held_by_uid = self.groups.jobs_of_uid(ctl.jobs.values(), peer.uid, params.group)
         if held_by_uid >= limits.max_jobs_per_uid:
             raise RpcFault(LIMIT_EXCEEDED, f"uid {peer.uid} already holds {held_by_uid} jobs "
-                           "(limits.max_jobs_per_uid)")
+                           "(limits.max_jobs_per_uid; a job group counts once)")
         pid = params.pid or peer.pid
         try:
             held = peers.process_for_job(conn.process, peer, params.pid)
@@ -144,7 +150,7 @@ class Methods:
         except peers.ProcessGone as e:
             raise RpcFault(INVALID_PARAMS, f"pid: {e}", {"field": "pid"}) from e
         try:
-            job, measuring, slurm = self._register(peer, params, pid, held)
+            job, measuring, extra = self._register(peer, params, pid, held)
             self.holds.hold(job, held, conn)
         except BaseException:  # any failure, a bug's too: the pidfd goes with it (a leak per request exhausts fds)
             held.close()
@@ -155,14 +161,14 @@ class Methods:
         d = job.decision
         assert d is not None, "registered: decided, or held unpinned"
         return {"job_id": job.job_id, "policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason,
-                "gpu": job.gpu_id, "gpu_util": job.features.gpu_util, **slurm}
+                "gpu": job.gpu_id, "gpu_util": job.features.gpu_util, **extra}
 
     def _register(self, peer: peers.Peer, params, pid: int,
                   held: peers.HeldProcess) -> tuple[ActiveJob, bool, dict]:
         """The controller's job for a registration whose process is held (the caller releases ``held`` if this
-        raises), whether its decision waits for its gpu_util, and what the reply says of its Slurm job's hold
-        (empty: it named none). A registration that joins a hold (governor.daemon.scheduler) does so before its
-        decision, which then speaks for that GPU in the hold's place."""
+        raises), whether its decision waits for its gpu_util, and what else the reply says (its Slurm job's hold,
+        its group). A registration that joins a hold (governor.daemon.scheduler) or a group (governor.daemon.groups)
+        does so before its decision: it then speaks for that GPU in the hold's place, and takes its group's level."""
         if peer.uid != 0 and held.uid != peer.uid:
             raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} is not yours (uid {peer.uid})",
                            {"field": "pid"})
@@ -183,14 +189,37 @@ class Methods:
                 policy = self.scheduler.inside_policy(hold, params.tune)
                 if policy is PolicyName.TUNE and ctl.settings.policy.name is PolicyName.OBSERVE:
                     policy = PolicyName.OBSERVE
-        joined = None if hold is None else (lambda job: self.scheduler.join(hold, job))
+        tag = None if params.group is None else GroupTag(params.group, params.rank, params.world_size)
+        if tag is not None:
+            try:
+                self.groups.check_join(peer.uid, tag, gpu_id)
+            except GroupRefused as e:
+                raise RpcFault(INVALID_PARAMS, str(e), {"field": e.field}) from e
+
+        grouped: list[ActiveJob] = []
+
+        def admitted(job: ActiveJob) -> None:  # in the table, not yet decided: its group's level, its hold's GPU
+            if hold is not None:
+                self.scheduler.join(hold, job)
+            if tag is not None:
+                job.group = tag
+                self.groups.join(ctl, job)
+                grouped.append(job)
+
         try:
             job, measuring = ctl.register(pid=pid, start_ticks=held.start_ticks, uid=peer.uid, name=params.name,
                                           gpu_id=gpu_id, features=params.features(), policy=policy,
-                                          total_steps=params.total_steps, admitted=joined)
+                                          total_steps=params.total_steps, admitted=admitted)
         except TableFull as e:
             raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
-        return job, measuring, {"slurm": slurm} if slurm else {}
+        except FtgovError:
+            for job in grouped:  # its first pin failed: the controller dropped it, and it leaves its group
+                self.groups.left(job.job_id, "its first pin failed")
+            raise
+        extra: dict = {"slurm": slurm} if slurm else {}
+        if tag is not None:  # the GPU's table: a multi-node group's rank 0 tunes over it
+            extra.update(group=tag.key, rank=tag.rank, levels_hz=list(ctl.power_mode.allowed_levels(gpu_id)))
+        return job, measuring, extra
 
     def _own_job(self, conn: Connection, job_id: int) -> ActiveJob:
         job = self.holds.job(conn, job_id)
@@ -249,7 +278,28 @@ class Methods:
             job.total_steps = params.total_steps
         self.controller.progress(job, params.phase, total_steps_changed=total_steps_changed)
         self.sampler.progress(job, params.phase)  # reads the load only: the board follows a pin on its own time
+        if job.group is not None:
+            self.groups.progress(self.controller, job, params.compute_s)
         return {}
+
+    def rpc_set_level(self, conn: Connection, params) -> dict:
+        """A rank of a group whose ranks span nodes moves its own GPU to the level its rank 0 chose: only the
+        connection that holds the job, only a group's job, only a level of the GPU's table under the power mode's cap;
+        the move waits for the GPU's re-pin interval as a tuner's does (deferred: true)."""
+        job = self._own_job(conn, params.job_id)
+        try:
+            self.groups.set_level(self.controller, job, params.freq_hz)
+        except GroupRefused as e:
+            raise RpcFault(INVALID_PARAMS, str(e), {"field": e.field}) from e
+        return {"job_id": job.job_id, "freq_hz": job.freq_hz, "deferred": self.controller.repin_pending(job.gpu_id)}
+
+    def rpc_job_energy(self, conn: Connection, params) -> dict:
+        """A group's rank's energy so far (J, the group's own meter of its GPU) and when it was read (this host's
+        CLOCK_MONOTONIC): a multi-node group's windows are measured from these."""
+        job = self._own_job(conn, params.job_id)
+        if job.group is None:
+            raise RpcFault(INVALID_PARAMS, "job_id: this job is in no group", {"field": "job_id"})
+        return {"job_id": job.job_id, "energy_j": self.groups.energy_j(job), "at_s": time.monotonic()}
 
     def _root_only(self, conn: Connection, method: str) -> None:
         if conn.peer.uid != 0:

@@ -24,6 +24,7 @@ from governor.config import Config
 from governor.daemon import admission, peers, ratelimit
 from governor.daemon.connection import READ_CHUNK, Connection
 from governor.daemon.controller import Controller
+from governor.daemon.groups import Groups
 from governor.daemon.holds import Holds
 from governor.daemon.jobs import Ended
 from governor.daemon.notify import Notifier
@@ -45,7 +46,8 @@ class Server:
 
     def __init__(self, controller: Controller, config: Config, notifier: Notifier, ticker: Ticker,
                  reload: Callable[[Server], None] | None = None,
-                 probe: Callable[[], list | None] | None = None, node_wait_s: float = 0.0):
+                 probe: Callable[[], list | None] | None = None, node_wait_s: float = 0.0,
+                 groups: Groups | None = None):
         self.controller = controller
         self.probe = probe  # finds the GPUs again while none is governed (governor.daemon.main.probe_gpus)
         self.node_wait_s = node_wait_s  # with no GPU at start: how long its node is awaited, probing every second
@@ -57,10 +59,12 @@ class Server:
         self.sampler = UtilizationSampler(controller, lambda: self.config)
         # A client's updates re-decide its job at most about once a second (each is a pin write and a state save).
         self.redecide = ratelimit.Coalescer(defer_on_loop)
+        self.groups = groups if groups is not None else Groups(lambda: self.config.tuner)
         self.holds = Holds(self._job_ended)
+        self.groups = groups if groups is not None else Groups(lambda: controller.settings.tuner)
         self.scheduler = controller.scheduler = SchedulerHolds(controller, self.holds.end)
         self.methods = Methods(controller, self.holds, self.sampler, self.redecide, lambda: self.config,
-                               self._gpu_search, self.scheduler)
+                               self._gpu_search, self.scheduler, self.groups)
         self.call = self.methods.call  # a connection's requests go straight to the RPC methods
         self.conns: set[Connection] = set()
         self.conns_per_uid: Counter[int] = Counter()
@@ -90,7 +94,9 @@ class Server:
                 log.info("job %d from before the restart is gone: %s", rec.job_id, e)
                 continue
             live.append(rec)
-        for job in self.controller.adopt(dataclasses.replace(state, jobs=live)):
+        adopted = self.controller.adopt(dataclasses.replace(state, jobs=live))
+        self.groups.readopt(adopted)
+        for job in adopted:
             self.holds.hold(job, held[job.job_id])
             if job.features.gpu_util is None and job.freq_hz is None:  # it was waiting for its measurement
                 self.sampler.start(job)
@@ -247,6 +253,7 @@ class Server:
         self.sampler.forget(job_id)
         self.redecide.forget(job_id)
         ended = self.controller.end(job_id, why)
+        self.groups.left(job_id, why)
         if ended is not None:
             self.scheduler.job_ended(ended)
         return ended

@@ -93,6 +93,18 @@ class HeldJob:
     # and the energy measured for it up to the last save (J). None: not known (a file from an older daemon).
     started_at: Annotated[float | None, Field(ge=0, le=1e11)] = None
     energy_j: Annotated[float | None, Field(ge=0, le=1e15)] = None
+    # The job group it registered in (governor.daemon.groups), so that a restart rebuilds the group: its key, the
+    # job's rank and the group's world size (None: a job of its own, or not told).
+    group: Annotated[str | None, Field(min_length=1, max_length=256)] = None
+    rank: Annotated[int | None, Field(ge=0, le=1 << 20)] = None
+    world_size: Annotated[int | None, Field(ge=1, le=1 << 20)] = None
+
+    def to_dict(self) -> dict:
+        """A job outside any group is written without the group's fields (the file of a daemon without groups)."""
+        return {k: v for k, v in vars(self).items() if v is not None or k not in _GROUP_FIELDS}
+
+
+_GROUP_FIELDS = ("group", "rank", "world_size")
 
 
 @dataclass(kw_only=True)
@@ -136,7 +148,7 @@ class State:
     def to_dict(self) -> dict:
         out = {"format": self.format, "boot_id": self.boot_id, "next_job_id": self.next_job_id,
                "gpus": {k: v.to_dict() for k, v in self.gpus.items()},
-               "jobs": [vars(j) for j in self.jobs]}
+               "jobs": [j.to_dict() for j in self.jobs]}
         if self.holds:  # absent when empty: a file without holds reads the same to an older daemon
             out["holds"] = [vars(h) for h in self.holds]
         return out

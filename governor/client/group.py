@@ -1,0 +1,265 @@
+"""A job group from the client's side: which run a rank belongs to, and, for a run whose ranks span nodes, the tuner
+that its rank 0 runs in the training process (docs/distributed.md, "Across nodes").
+
+The group key comes from the launcher's environment: TORCHELASTIC_RUN_ID (torchrun), else SLURM_JOB_ID and
+SLURM_STEP_ID (srun), else what the caller gives. The rank and world size come from RANK/WORLD_SIZE (torchrun), else
+SLURM_PROCID/SLURM_NTASKS, else what the caller gives; LOCAL_WORLD_SIZE says how many ranks share this node.
+
+Each node's ftgovd tunes a group whose ranks are all its own. One whose ranks span nodes is tuned here: every
+``warmup_steps + window_steps`` steps each rank reads its GPU's energy from its own daemon (job_energy), rank 0
+gathers every rank's (energy, steps, seconds, compute time) over the job's own torch.distributed process group (one
+all_gather of six floats a rank), runs the OnlineTuner on the summed energy per step and the slowest step, and
+broadcasts the level; each rank then asks its own daemon for it (set_level). Once the tuner converged, if every rank
+tells its compute time (job.compute_done()), rank 0 trims the ranks that wait (governor.policy.trim) the same way,
+broadcasting each rank's level. Every rank takes part in every collective whatever its
+daemon says (one that refused or is absent sends "not measured"), so that the collectives never hang on us.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from governor.errors import FtgovError
+from governor.units import mhz
+
+if TYPE_CHECKING:  # imported where used: a rank outside a run across nodes never loads the tuner
+    from governor.policy.trim import Trimmer
+    from governor.policy.tuner import OnlineTuner
+
+log = logging.getLogger("governor.client")
+
+# Steps discarded after each move (the step during which the clock changed), then steps measured: all ranks edge at
+# the same step counts, which a synchronous run keeps in step.
+GROUP_WARMUP_STEPS = 1
+GROUP_WINDOW_STEPS = 8
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    key: str
+    rank: int | None
+    world_size: int | None
+    local_world_size: int | None  # ranks on this node (LOCAL_WORLD_SIZE); None: not told
+
+    @property
+    def spans_nodes(self) -> bool:
+        return (self.world_size is not None and self.local_world_size is not None
+                and self.local_world_size < self.world_size)
+
+
+def _int(env: Mapping[str, str], *names: str) -> int | None:
+    for name in names:
+        value = env.get(name)
+        if value is not None and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def group_from_env(group: str | None = None, rank: int | None = None, world_size: int | None = None,
+                   env: Mapping[str, str] | None = None) -> GroupInfo | None:
+    """The rank's group: what the caller gives wins over the launcher's environment; None outside any group."""
+    env = os.environ if env is None else env
+    key = group
+    if key is None and env.get("TORCHELASTIC_RUN_ID"):
+        key = f"torchrun-{env['TORCHELASTIC_RUN_ID']}"
+    if key is None and env.get("SLURM_JOB_ID") and env.get("SLURM_STEP_ID"):
+        key = f"slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
+    if key is None:
+        return None
+    return GroupInfo(key, rank if rank is not None else _int(env, "RANK", "SLURM_PROCID"),
+                     world_size if world_size is not None else _int(env, "WORLD_SIZE", "SLURM_NTASKS"),
+                     _int(env, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"))
+
+
+def torch_distributed():
+    """torch.distributed when a process group is up, else None. Looked up, never imported: a process whose group is
+    up has imported it, and one without torch pays no import attempt at every step."""
+    dist = sys.modules.get("torch.distributed")
+    return dist if dist is not None and dist.is_available() and dist.is_initialized() else None
+
+
+class GroupCoordinator:
+    """The cross-node tuning of one rank (``job``: its governor.client.Job). ``step(steps)`` at every training step,
+    on every rank; nothing else. ``dist`` is torch.distributed with the job's process group up.
+
+    Counted for the benchmarks: ``bytes_sent`` (this rank's part of each collective), ``coord_s`` (time spent in the
+    windows' edges here), ``window_costs_s`` (that time per window: its opening edge and its closing one) and
+    ``windows`` (those rank 0's tuner observed)."""
+
+    def __init__(self, job, dist, *, warmup_steps: int = GROUP_WARMUP_STEPS, window_steps: int = GROUP_WINDOW_STEPS):
+        import torch
+
+        from governor.policy.trim import Trimmer
+        from governor.policy.tuner import OnlineTuner
+
+        self._new_tuner, self._new_trimmer = OnlineTuner, Trimmer
+        self.job, self.dist, self.torch = job, dist, torch
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.warmup_steps, self.window_steps = warmup_steps, window_steps
+        # NCCL moves only device tensors; gloo (and the rest) host ones.
+        self.device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
+                       else torch.device("cpu"))
+        self.tuner: OnlineTuner | None = None
+        self.trimmer: Trimmer | None = None  # rank 0, after convergence, when every rank tells its compute time
+        self.trimming = False  # every rank: rank 0 trims (its broadcasts after convergence go on)
+        self.level_hz: int | None = None  # the group's level (rank 0's table)
+        self.own_hz: int | None = (job.registration or {}).get("freq_hz")  # what this rank's GPU was last given
+        self.done = False
+        self.status = "starting"
+        self._edge: int | None = None  # the step count of the next edge
+        self._opening = False  # the next edge opens a window (after the warm-up) rather than closing one
+        # (energy_j, time_s, steps, compute_total_s, compute_steps_total) where the window opened
+        self._mark: tuple[float, float, int, float, int] | None = None
+        self.bytes_sent = 0
+        self.coord_s = 0.0
+        self.window_costs_s: list[float] = []
+        self._open_cost_s = 0.0
+        self.windows = 0
+
+    # ---- the daemon ---------------------------------------------------------------------------------------------
+    def _call(self, method: str, **params) -> dict | None:
+        conn = self.job._conn
+        if conn is None or self.job.job_id is None or self.job.disabled:
+            return None
+        try:
+            return conn.call(method, job_id=self.job.job_id, **params)
+        except FtgovError as e:
+            log.warning("ftgov: group %s: %s refused: %s", self.rank, method, e)
+            return None
+
+    def _energy_j(self) -> float | None:
+        reply = self._call("job_energy")
+        return None if reply is None or reply.get("energy_j") is None else float(reply["energy_j"])
+
+    def _own_level(self, level_hz: int) -> int | None:
+        """The level of this rank's GPU for the group's level: the highest not above it (tables should be equal)."""
+        levels = sorted((self.job.registration or {}).get("levels_hz") or [])
+        if not levels:
+            return None
+        below = [hz for hz in levels if hz <= level_hz]
+        return below[-1] if below else levels[0]
+
+    # ---- the edges -----------------------------------------------------------------------------------------------
+    def step(self, steps: int) -> None:
+        if self.done:
+            return
+        if self._edge is None:
+            self._edge = steps  # the first step every rank sees: decide the start at once
+        if steps < self._edge:
+            return
+        began = time.perf_counter()
+        if self._opening:
+            energy = self._energy_j()
+            self._mark = None if energy is None else (energy, time.monotonic(), steps, self.job.compute_total_s,
+                                                      self.job.compute_steps_total)
+            self._opening, self._edge = False, steps + self.window_steps
+            self._open_cost_s = time.perf_counter() - began
+        else:
+            self._close_and_decide(steps)
+            self.window_costs_s.append(self._open_cost_s + time.perf_counter() - began)
+            self._open_cost_s = 0.0
+        self.coord_s += time.perf_counter() - began
+
+    def _measured(self, steps: int) -> list[float]:
+        """This rank's part of an edge: [able, measured, energy_j, steps, seconds, compute_s]. able: its daemon holds
+        its job in the group (0: absent or refused); measured: it has a window (none at the first edge, nor after a
+        refused read); compute_s: its mean compute time per step in the window (job.compute_done()), -1: not told."""
+        able = float(self.job.job_id is not None and not self.job.disabled
+                     and bool((self.job.registration or {}).get("levels_hz")))
+        if self._mark is None or not able:
+            return [able, 0.0, 0.0, 0.0, 0.0, -1.0]
+        energy = self._energy_j()
+        e0, t0, n0, c0, cn0 = self._mark
+        if energy is None or steps <= n0:
+            return [able, 0.0, 0.0, 0.0, 0.0, -1.0]
+        counted = self.job.compute_steps_total - cn0
+        compute = (self.job.compute_total_s - c0) / counted if counted > 0 else -1.0
+        return [able, 1.0, energy - e0, float(steps - n0), time.monotonic() - t0, compute]
+
+    def _close_and_decide(self, steps: int) -> None:
+        torch, dist = self.torch, self.dist
+        mine = torch.tensor(self._measured(steps), dtype=torch.float64, device=self.device)
+        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine)
+        self.bytes_sent += mine.numel() * mine.element_size()
+        # converged, stop, done, then each rank's level
+        decision = torch.zeros(3 + self.world_size, dtype=torch.float64, device=self.device)
+        if self.rank == 0:
+            decision[:] = torch.tensor(self._decide([t.tolist() for t in gathered]), dtype=torch.float64)
+        dist.broadcast(decision, src=0)
+        if self.rank == 0:
+            self.bytes_sent += decision.numel() * decision.element_size()
+        converged, stop, done, *levels = decision.tolist()
+        self._mark = None
+        if stop:
+            self.done, self.status = True, "stopped: a rank has no measurement (its daemon absent or refusing)"
+            log.warning("ftgov: group tuning %s", self.status)
+            return
+        if self.rank != 0:
+            self.level_hz = int(max(levels))  # the group's: the slowest rank is never trimmed below it
+        self._apply(int(levels[self.rank]))
+        if converged and not done:
+            self.status, self.trimming = "converged; trimming the ranks that wait", True
+        if done:
+            self.done = True
+            self.status = (f"converged on {mhz(int(max(levels)))}"
+                           + ("; trimmed" if self.trimming else ""))
+            log.info("ftgov: group tuning %s after %d windows", self.status, self.windows)
+            return
+        self._opening, self._edge = True, steps + self.warmup_steps
+
+    def _decide(self, windows: list[list[float]]) -> list[float]:
+        """Rank 0: the group's window into the tuner (or, once it converged, the trim), and what comes next:
+        [converged, stop, done] and each rank's level."""
+        n = self.world_size
+        stop = [0.0, 1.0, 0.0] + [0.0] * n
+        if not all(able for able, *_ in windows):
+            return stop
+        if self.tuner is None:
+            start = (self.job.registration or {}).get("freq_hz")
+            levels = (self.job.registration or {}).get("levels_hz") or []
+            start_hz = start if start in levels else max(levels)
+            self.tuner = self._new_tuner(levels, start_hz, probe_steps=self.warmup_steps + self.window_steps,
+                                     total_steps=self.job.total_steps)
+            self.level_hz = start_hz
+            return [0.0, 0.0, 0.0] + [float(start_hz)] * n
+        if not all(ok for _able, ok, *_ in windows) or any(w[3] <= 0 or w[4] <= 0 for w in windows):
+            return stop
+        seconds_per_step = max(w[4] / w[3] for w in windows)
+        self.windows += 1
+        if self.trimmer is not None:
+            self.trimmer.observe(seconds_per_step, {r: w[5] for r, w in enumerate(windows)})
+            return [1.0, 0.0, float(self.trimmer.done)] + [float(self.trimmer.level_of(r)) for r in range(n)]
+        joules_per_step = sum(w[2] / w[3] for w in windows)
+        assert self.level_hz is not None, "a window was measured at a level"
+        if not (math.isfinite(joules_per_step) and joules_per_step > 0):
+            return stop
+        self.tuner.observe(self.level_hz, joules_per_step, seconds_per_step)
+        self.level_hz = self.tuner.next_level_hz()
+        converged = self.tuner.converged
+        if converged and all(w[5] >= 0 for w in windows):
+            # Every rank says how long its compute takes: trim the ranks that wait, the next window at the group's
+            # level being the trim's reference.
+            self.trimmer = self._new_trimmer(self.tuner.levels_hz, self.level_hz, list(range(n)))
+            return [1.0, 0.0, 0.0] + [float(self.level_hz)] * n
+        return [float(converged), 0.0, float(converged)] + [float(self.level_hz)] * n
+
+    def _apply(self, level_hz: int) -> None:
+        """This rank's GPU to ``level_hz`` (the group's level, or this rank's trimmed one)."""
+        own = self._own_level(level_hz)
+        if own is not None and own != self.own_hz:
+            reply = self._call("set_level", freq_hz=own)
+            if reply is not None:
+                self.own_hz = reply.get("freq_hz")
+
+    def describe(self) -> dict[str, Any]:
+        return {"rank": self.rank, "level_hz": self.level_hz, "own_hz": self.own_hz, "status": self.status,
+                "windows": self.windows,
+                "bytes_sent": self.bytes_sent, "coord_s": self.coord_s}

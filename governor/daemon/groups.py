@@ -1,0 +1,382 @@
+"""Job groups: the ranks of one training run (torchrun, a Slurm step), each a job on its own GPU, governed as one.
+
+Membership is by (uid, group key): a key registered by another uid is another group, so a member cannot join someone
+else's run. Each rank is an ordinary job (its own hold, pidfd and pin, through the one ``combine`` rule with whatever
+else shares its GPU); what the group adds is one decision for all its GPUs and one tuner:
+
+- The first rank's registration is decided as any job's; every later rank gets the group's features (all ranks train
+  the same model) and, under tune, the group's level, so that the GPUs run at one level.
+- Under tune the daemon tunes the group itself while all ``world_size`` ranks are registered here (one node): a window
+  closes when every live rank has measured its steps at the level, and the tuner sees the ranks' summed energy per
+  step and the slowest rank's step time (the group's step time: the others wait for it at every all-reduce). A change
+  of membership (a rank joins, dies, leaves) starts the windows over; while the group is not whole, or a member's GPU
+  is shared with another job (the meters would measure both), the tuner pauses and the pins stay.
+- A group whose ranks span nodes is never whole on one daemon: its rank 0 tunes it in the training process and each
+  rank moves its own GPU with ``set_level`` (governor.client.group, docs/distributed.md).
+- A rank whose process dies ends as any job does: its GPU is restored at once, the others keep their pins. The group
+  ends with its last rank.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from governor.backends.rails import EnergyMeter
+from governor.config import TunerConfig
+from governor.daemon.energy import MeterFeed
+from governor.daemon.grouptrim import Compute, GroupTrim
+from governor.daemon.jobs import ActiveJob, GroupTag
+from governor.errors import FtgovError
+from governor.policy import Decision, PolicyName
+from governor.policy.tuner import Measurement, OnlineTuner, ProbeWindow
+from governor.units import mhz
+
+log = logging.getLogger("ftgovd")
+
+GroupKey = tuple[int, str]  # (uid, key)
+AttachTuner = Callable[[object, ActiveJob], None]
+PlanTune = Callable[[object, ActiveJob, Decision], Decision]
+
+
+class GroupRefused(FtgovError):
+    """A registration that cannot join its group (a rank already live, a GPU already held by the group), or a
+    set_level that is not the caller's to make. ``field``: the request's field at fault."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass
+class Member:
+    job: ActiveJob
+    feed: MeterFeed | None = None  # the group tuner's own meter on this rank's GPU (None: no energy source)
+    window: ProbeWindow | None = None  # this rank's window at the group's level, once the pin landed
+    measured: Measurement | None = None  # this rank's closed window, waiting for the other ranks'
+    compute: Compute = field(default_factory=Compute)  # its compute time so far, for the trim
+
+
+@dataclass
+class GroupWindow:
+    """One closed window of the whole group: what its tuner observed."""
+
+    level_hz: int
+    joules_per_step: float  # summed over the ranks
+    seconds_per_step: float  # the slowest rank's
+    ranks: int
+
+
+@dataclass
+class Group:
+    uid: int
+    key: str
+    world_size: int | None
+    members: dict[int, Member] = field(default_factory=dict)  # job id -> member
+    features: object | None = None  # the first rank's Features: every later rank is decided on them
+    level_hz: int | None = None  # the level the group runs at (its tuner's, or its rank 0's through set_level)
+    tuner: OnlineTuner | None = None
+    status: str = "no tuner (the group's policy pins one level)"
+    remote: bool = False  # its rank 0 tunes it through set_level: this daemon's tuner stays off
+    windows: list[GroupWindow] = field(default_factory=list)
+    trim: GroupTrim | None = None  # after convergence: the ranks that wait, lowered (governor.daemon.grouptrim)
+
+    def whole(self) -> bool:
+        """Every rank is registered here (a group that never said its world size is whole with what it has)."""
+        return self.world_size is None or len(self.members) == self.world_size
+
+    def label(self) -> str:
+        return f"group {self.key!r} (uid {self.uid})"
+
+    def restart_windows(self) -> None:
+        for m in self.members.values():
+            m.window = m.measured = None
+
+    def membership_changed(self) -> None:
+        self.restart_windows()
+        self.trim = None
+
+
+class Groups:
+    """The job groups of one daemon: the one owner of which job is in which group. ``tuner_config()``: the tuner's
+    knobs in force (a reload replaces them; a running group keeps its tuner)."""
+
+    def __init__(self, tuner_config: Callable[[], TunerConfig] | None = None):
+        if tuner_config is None:
+            defaults = TunerConfig.model_validate({})
+            tuner_config = lambda: defaults  # noqa: E731
+        self._tuner_config = tuner_config
+        self._groups: dict[GroupKey, Group] = {}
+        self._of_job: dict[int, Group] = {}
+
+    # ---- membership -------------------------------------------------------------------------------------------------
+    def of(self, job_id: int) -> Group | None:
+        return self._of_job.get(job_id)
+
+    def jobs_of_uid(self, jobs, uid: int, joining: str | None) -> int:
+        """What counts against the per-uid job cap: each job outside a group, and each group once; a registration
+        that joins a group the uid has already counts nothing more (``joining``: its key)."""
+        alone = sum(1 for j in jobs if j.uid == uid and j.job_id not in self._of_job)
+        groups = sum(1 for (g_uid, key) in self._groups if g_uid == uid)
+        return alone + groups - (1 if joining is not None and (uid, joining) in self._groups else 0)
+
+    def check_join(self, uid: int, tag: GroupTag, gpu_id: str) -> None:
+        """Refuse a rank that the group has live already, or a second rank on one of the group's GPUs."""
+        group = self._groups.get((uid, tag.key))
+        if group is None:
+            return
+        if tag.world_size is not None and group.world_size is not None and tag.world_size != group.world_size:
+            raise GroupRefused("world_size", f"{tag.world_size}, but {group.label()} has {group.world_size}")
+        for m in group.members.values():
+            if tag.rank is not None and m.job.group is not None and m.job.group.rank == tag.rank:
+                raise GroupRefused("rank", f"rank {tag.rank} of {group.label()} is live already (job {m.job.job_id})")
+            if m.job.gpu_id == gpu_id:
+                raise GroupRefused("gpu", f"GPU {gpu_id} already holds job {m.job.job_id} of {group.label()}")
+
+    def join(self, gov, job: ActiveJob) -> Group:
+        """Put a registered job (its ``group`` tag set) in its group, before it is decided: a later rank takes the
+        group's features, so that the policy decides the same for it."""
+        tag = job.group
+        assert tag is not None, "only a job that registered with a group joins one"
+        group = self._groups.get((job.uid, tag.key))
+        if group is None:
+            group = self._groups[(job.uid, tag.key)] = Group(job.uid, tag.key, tag.world_size)
+            log.info("%s: started by %s (world size %s)", group.label(), job.label(),
+                     "not told" if tag.world_size is None else tag.world_size, extra=job.fields())
+        if group.world_size is None and tag.world_size is not None:
+            group.world_size = tag.world_size
+        if group.features is None:
+            group.features = job.features
+        else:
+            job.features = group.features  # type: ignore[assignment]
+        feed = MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu)
+        if isinstance(feed.meter, EnergyMeter) and isinstance(job.meter, EnergyMeter):
+            # The rails' sampler integrates only the jobs' meters and their tuners': a group's windows read the job's.
+            feed.meter = job.meter
+        group.members[job.job_id] = Member(job, feed)
+        self._of_job[job.job_id] = group
+        group.membership_changed()
+        return group
+
+    def left(self, job_id: int, why: str) -> None:
+        """A rank's job ended (its process died, it unregistered, its connection closed): its GPU was restored by its
+        end; the others carry on. The group ends with its last rank."""
+        group = self._of_job.pop(job_id, None)
+        if group is None:
+            return
+        group.members.pop(job_id, None)
+        group.membership_changed()
+        if not group.members:
+            del self._groups[(group.uid, group.key)]
+            log.info("%s ended with its last rank (%s)", group.label(), why)
+        else:
+            log.info("%s: job %d left (%s); %d rank(s) carry on at %s", group.label(), job_id, why,
+                     len(group.members), mhz(group.level_hz, none="no pin"))
+
+    def readopt(self, jobs: list[ActiveJob]) -> None:
+        """A restarted daemon's re-adopted jobs: the groups rebuilt from their tags, at the level they were left at.
+        Their tuner does not resume (its windows are gone): the group keeps that level."""
+        for job in jobs:
+            if job.group is None:
+                continue
+            group = self._groups.get((job.uid, job.group.key))
+            if group is None:
+                group = self._groups[(job.uid, job.group.key)] = Group(job.uid, job.group.key, job.group.world_size)
+                group.features, group.level_hz = job.features, job.freq_hz
+                group.status = "re-adopted after a daemon restart: keeps its level"
+            group.members[job.job_id] = Member(job)
+            self._of_job[job.job_id] = group
+
+    # ---- the decision ----------------------------------------------------------------------------------------------
+    def plan_tune(self, plan: PlanTune) -> PlanTune:
+        """The PinController's plan_tune: a group's later ranks start at the group's level, not at their own."""
+        def planned(gov, job: ActiveJob, decision: Decision) -> Decision:
+            group = self._of_job.get(job.job_id)
+            if group is None:
+                return plan(gov, job, decision)
+            if group.level_hz is not None and group.level_hz in gov.power_mode.allowed_levels(job.gpu_id):
+                job.tune_start_hz = group.level_hz
+                return Decision(PolicyName.TUNE, group.level_hz, f"tune: at the level of {group.label()}")
+            decided = plan(gov, job, decision)
+            group.level_hz = decided.freq_hz
+            return decided
+        return planned
+
+    def attach_tuner(self, attach: AttachTuner) -> AttachTuner:
+        """The PinController's attach_tuner: a group's ranks share the group's tuner instead of each having one."""
+        def attached(gov, job: ActiveJob) -> None:
+            group = self._of_job.get(job.job_id)
+            if group is None or job.decision is None or job.decision.policy is not PolicyName.TUNE:
+                attach(gov, job)
+                return
+            job.tuner = None
+            if group.tuner is None and not group.remote and job.decision.freq_hz is not None:
+                cfg = self._tuner_config()
+                levels = gov.power_mode.allowed_levels(job.gpu_id)
+                if job.decision.freq_hz in levels:
+                    group.tuner = cfg.new_tuner(levels, job.decision.freq_hz)
+                    if job.total_steps is not None:
+                        group.tuner.set_job(total_steps=job.total_steps)
+                    group.status = "waiting for every rank" if not group.whole() else "measuring"
+        return attached
+
+    # ---- the group's tuner -----------------------------------------------------------------------------------------
+    def progress(self, gov, job: ActiveJob, compute_s: float | None = None) -> None:
+        """A rank's progress report (``job.steps`` updated already; ``compute_s``: its mean compute time per step
+        since its last report): its meter read, and its window fed; the group's window closes when every rank's
+        has. After convergence, the trim's windows instead."""
+        group = self._of_job.get(job.job_id)
+        if group is None:
+            return
+        member = group.members[job.job_id]
+        if compute_s is not None:
+            member.compute.sum_s += compute_s * max(0, job.steps - member.compute.last_steps)
+            member.compute.last_steps = job.steps
+        tuner = group.tuner
+        if tuner is None or group.remote:
+            return  # no meter read: a group without a tuner here costs its reports nothing more
+        points: list = []
+        if member.feed is not None and member.feed.meter is not None and not tuner.converged:
+            # Read at every report while searching, so that the counter's edges stay continuous.
+            points = member.feed.points(job, member.feed.energy_j(job))
+        if not group.whole():
+            group.status = f"paused: {len(group.members)} of {group.world_size} ranks registered here"
+            group.membership_changed()
+            return
+        shared = [m.job.gpu_id for m in group.members.values()
+                  if any(j.gpu_id == m.job.gpu_id and j.job_id not in group.members for j in gov.jobs.values())]
+        if shared:
+            group.status = f"paused: another job shares GPU {shared[0]} (its meter would measure both)"
+            group.membership_changed()
+            return
+        if tuner.converged:
+            self._trim(gov, group, job)
+            return
+        if any(m.feed is None or m.feed.meter is None for m in group.members.values()):
+            group.status = "stopped: a rank's GPU has no energy source"
+            group.tuner = None
+            return
+        group.status = "measuring"
+        level = group.level_hz
+        assert member.feed is not None and member.feed.meter is not None, "checked for every member above"
+        if member.window is None:
+            # The window opens at the first report after every rank's pin landed (a move may wait for the GPU's
+            # re-pin interval; the group's step time depends on every clock), and skips the warm-up steps after it.
+            if level is not None and all(gov.gpus[m.job.gpu_id].pinned_hz == level
+                                         and not gov.repin_pending(m.job.gpu_id) for m in group.members.values()):
+                cfg = self._tuner_config()
+                member.window = ProbeWindow(level, job.steps, cfg.warmup_steps, cfg.window_steps,
+                                            meter_update_s=member.feed.meter.update_s)
+            return
+        if member.measured is None:
+            try:
+                for steps, e_j, t_s in points:
+                    member.measured = member.window.feed(steps, e_j, t_s, job.phase or "train")
+                    if member.measured is not None:
+                        break
+            except FtgovError as e:
+                log.warning("%s: window of job %d dropped: %s", group.label(), job.job_id, e, extra=job.fields())
+                group.restart_windows()
+                return
+        if all(m.measured is not None for m in group.members.values()):
+            self._window_closed(gov, group)
+
+    def _trim(self, gov, group: Group, job: ActiveJob) -> None:
+        """After convergence, while every rank reports its step ends and compute times: the trim's windows."""
+        if group.trim is None:
+            if group.level_hz is None or not all(m.compute.last_steps and m.job.step_end_s is not None
+                                                 for m in group.members.values()):
+                return  # the ranks do not say how long their compute takes (job.compute_done()): no trim
+            cfg = self._tuner_config()
+            group.trim = GroupTrim(gov.power_mode.allowed_levels(job.gpu_id), group.level_hz, list(group.members),
+                                   cfg.warmup_steps, cfg.window_steps)
+            group.status = "converged; trimming the ranks that wait"
+            self._move(gov, group, group.level_hz, f"tune: converged for {group.label()}")
+        group.trim.progress(gov, group, job, group.members[job.job_id].compute)
+        if group.trim is not None and group.trim.trimmer.done:
+            group.status = "converged; trimmed"
+
+    def _window_closed(self, gov, group: Group) -> None:
+        tuner = group.tuner
+        assert tuner is not None and group.level_hz is not None, "a window closes at a level of a tuner"
+        measured = [m.measured for m in group.members.values() if m.measured is not None]
+        w = GroupWindow(group.level_hz, sum(m.joules_per_step for m in measured),
+                        max(m.seconds_per_step for m in measured), len(measured))
+        group.windows.append(w)
+        group.restart_windows()
+        try:
+            tuner.observe(w.level_hz, w.joules_per_step, w.seconds_per_step)
+        except FtgovError as e:
+            log.warning("%s: tuning stopped: %s; keeping %s", group.label(), e, mhz(group.level_hz))
+            group.tuner, group.status = None, f"stopped: {e}"
+            return
+        nxt = tuner.next_level_hz()
+        log.info("%s: window %d at %s: %.4f J/step over %d ranks, %.4f s/step (slowest) -> %s", group.label(),
+                 tuner.probes, mhz(w.level_hz), w.joules_per_step, w.ranks, w.seconds_per_step,
+                 f"converged on {mhz(nxt)}" if tuner.converged else f"next {mhz(nxt)}")
+        if tuner.converged:
+            group.status = "converged"
+        self._move(gov, group, nxt, f"tune: converged for {group.label()}" if tuner.converged
+                   else f"tune: probing for {group.label()}")
+
+    def _move(self, gov, group: Group, level_hz: int, reason: str) -> None:
+        group.level_hz = level_hz
+        for m in list(group.members.values()):
+            try:
+                gov.set_freq(m.job, level_hz, reason)
+            except FtgovError as e:
+                log.error("%s: could not pin %s on GPU %s: %s; tuning stopped", group.label(), mhz(level_hz),
+                          m.job.gpu_id, e, extra=m.job.fields())
+                group.tuner, group.status = None, f"stopped: {e}"
+
+    # ---- across nodes ----------------------------------------------------------------------------------------------
+    def set_level(self, gov, job: ActiveJob, freq_hz: int) -> None:
+        """A rank moves its own GPU to the level its group's rank 0 chose (governor.client.group). The caller has
+        checked that it holds the job; this checks the rest (docs/distributed.md, "Across nodes")."""
+        group = self._of_job.get(job.job_id)
+        if group is None:
+            raise GroupRefused("job_id", "this job is in no group (set_level moves a group's rank)")
+        if group.tuner is not None and not group.remote and group.whole():
+            raise GroupRefused("job_id", f"{group.label()} is tuned by this daemon (all its ranks are here): "
+                               "set_level is for a group whose ranks span nodes")
+        if job.decision is None or job.decision.policy is PolicyName.OBSERVE:
+            raise GroupRefused("job_id", "the observe policy pins nothing")
+        if freq_hz not in gov.gpus[job.gpu_id].gpu.levels_hz:
+            raise GroupRefused("freq_hz", f"{freq_hz} is not a level of GPU {job.gpu_id}")
+        if freq_hz not in gov.power_mode.allowed_levels(job.gpu_id):
+            raise GroupRefused("freq_hz", f"{mhz(freq_hz)} is above the power mode's cap on GPU {job.gpu_id}")
+        if not group.remote:
+            group.remote, group.tuner = True, None
+            log.info("%s: tuned by its rank 0 across nodes (set_level from job %d)", group.label(), job.job_id,
+                     extra=job.fields())
+        group.status = "tuned by its rank 0 (set_level)"
+        group.level_hz = freq_hz
+        gov.set_freq(job, freq_hz, f"tune: the level {group.label()}'s rank 0 chose")
+
+    def energy_j(self, job: ActiveJob) -> float | None:
+        """A rank's energy so far on the group's own meter of its GPU, read now (None: no energy source)."""
+        group = self._of_job.get(job.job_id)
+        member = group.members.get(job.job_id) if group is not None else None
+        if member is None or member.feed is None or member.feed.meter is None:
+            return None
+        return member.feed.energy_j(job)
+
+    # ---- status -----------------------------------------------------------------------------------------------------
+    def describe(self, uid: int, sees_all: bool) -> list[dict]:
+        """The groups as ``status`` shows them to ``uid``: others' groups without their key."""
+        out = []
+        for (g_uid, key), g in self._groups.items():
+            ranks = [{"job_id": m.job.job_id, "rank": m.job.group.rank if m.job.group else None, "gpu": m.job.gpu_id,
+                      "freq_hz": m.job.freq_hz} for m in g.members.values()]
+            entry: dict = {"world_size": g.world_size, "ranks": sorted(ranks, key=lambda r: r["job_id"]),
+                           "level_hz": g.level_hz}
+            if sees_all or g_uid == uid:
+                entry.update(key=key, uid=g_uid, status=g.status, remote=g.remote,
+                             tuner=g.tuner.state() if g.tuner is not None else None,
+                             trim=g.trim.describe() if g.trim is not None else None,
+                             windows=[vars(w) for w in g.windows[-8:]])
+            else:
+                entry["redacted"] = True
+            out.append(entry)
+        return out

@@ -1,0 +1,246 @@
+"""governor.client.group: a job group's key from the launcher's environment, and a run across two simulated nodes
+(CPU-only torch over gloo, two ftgovd instances with two fake NVML GPUs each) tuned by its rank 0."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import queue
+import signal
+import socket
+
+import pytest
+
+from governor.client.group import group_from_env
+from tests.support import FAKENVML_DIR
+from tests.support.daemon import REPO
+
+pytest.importorskip("torch.distributed")
+
+LEVELS_MHZ = [1980, 1500, 1005, 510]
+GPU = {"graphics_clocks_mhz": {"3201": LEVELS_MHZ}, "util_gpu_pct": 80, "meter_update_s": 0}
+TIMEOUT_S = 120
+
+
+def test_the_group_comes_from_torchrun_else_slurm_else_the_caller():
+    torchrun = {"TORCHELASTIC_RUN_ID": "abc", "RANK": "3", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+                "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"}
+    g = group_from_env(env=torchrun)
+    assert (g.key, g.rank, g.world_size, g.local_world_size, g.spans_nodes) == ("torchrun-abc", 3, 8, 4, True)
+    g = group_from_env(env={"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "2", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"})
+    assert (g.key, g.rank, g.world_size, g.spans_nodes) == ("slurm-77.2", 1, 2, False)
+    g = group_from_env("mine", 0, 2, env=torchrun)
+    assert (g.key, g.rank, g.world_size) == ("mine", 0, 2)
+    assert group_from_env(env={"SLURM_JOB_ID": "77"}) is None  # a batch script outside any step: no group
+    assert group_from_env(env={}) is None
+
+
+def test_a_torchrun_rank_registers_in_its_group_and_reports_its_compute_time(node, monkeypatch):
+    import governor
+
+    d = node("one")
+    for name, value in {"TORCHELASTIC_RUN_ID": "r1", "RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"}.items():
+        monkeypatch.setenv(name, value)
+    with governor.job(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, gpu_util=60.0, gpu=1,
+                      socket=d.socket, report_every_s=0) as job:
+        assert job.registration["group"] == "torchrun-r1" and job.registration["rank"] == 1
+        sent = []
+        notify = job._conn.notify
+        monkeypatch.setattr(job._conn, "notify", lambda method, **p: (sent.append(p), notify(method, **p)))
+        job.step()  # the first step: no start to time its compute from
+        job.compute_done()
+        job.step()
+        job.step()  # no compute_done: nothing to add
+        assert "compute_s" not in sent[0] and "compute_s" not in sent[2]
+        assert 0 <= sent[1]["compute_s"] < 5 and sent[1]["step_end_s"] >= sent[0]["step_end_s"]
+        (group,) = d.client().call("status")["groups"]
+        assert group["key"] == "torchrun-r1" and group["world_size"] == 2 and group["ranks"][0]["rank"] == 1
+        assert job.coordinator is None  # one node: its daemon tunes the group
+
+
+@pytest.fixture
+def node(start_daemon, tmp_path):
+    """One simulated node: an ftgovd with two fake NVML GPUs."""
+    def start(name: str, gpu: dict | None = None):
+        spec = tmp_path / f"{name}.json"
+        spec.write_text(json.dumps({"gpus": [dict(gpu or GPU), dict(gpu or GPU)]}))
+        env = {"FAKENVML_CONFIG": str(spec), "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
+        return start_daemon(root=tmp_path / "no-jetson", env=env,
+                            config={"backend": "nvml", "policy": "tune", "limits": {"repin_interval_s": 0.01}})
+    return start
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pinned(daemon) -> dict[str, int | None]:
+    """Each GPU's pin now (a restore is immediate; a move lands within the GPU's re-pin interval)."""
+    c = daemon.client()
+    try:
+        return {g["id"]: g["pinned_hz"] for g in c.call("status")["gpus"]}
+    finally:
+        c.close()
+
+
+def decided(daemon) -> dict[str, int | None]:
+    """The level each GPU's job was given (what its pin follows within the GPU's re-pin interval)."""
+    c = daemon.client()
+    try:
+        return {j["gpu"]: j["freq_hz"] for j in c.call("status")["jobs"]}
+    finally:
+        c.close()
+
+
+def test_four_ranks_on_two_nodes_converge_on_one_level_and_a_killed_ranks_gpu_is_restored(node):
+    from tests.support.ranks import run_rank
+
+    nodes = [node("a"), node("b")]
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(4)]  # (the rank's end, the test's end)
+    port = free_port()
+    procs = [ctx.Process(target=run_rank, args=(rank, 4, 2, port, nodes[rank // 2].socket, results, pipes[rank][0]))
+             for rank in range(4)]
+
+    def release() -> None:
+        for _rank_end, test_end in pipes:
+            try:
+                test_end.send(True)
+            except OSError:
+                pass  # the killed rank
+    for p in procs:
+        p.start()
+    try:
+        done = {}
+        for _ in range(4):
+            rank, pid, steps, coordinator = results.get(timeout=TIMEOUT_S)
+            done[rank] = (pid, steps, coordinator)
+        assert {steps for _pid, steps, _c in done.values()} == {done[0][1]}  # every rank stopped at one step
+        levels = {c["level_hz"] for _pid, _steps, c in done.values()}
+        assert len(levels) == 1 and all(c["status"].startswith("converged") for _p, _s, c in done.values()), done
+        (level,) = levels
+        assert done[0][2]["windows"] >= 1 and done[0][2]["bytes_sent"] > 0
+        assert decided(nodes[0]) == {"0": level, "1": level} and decided(nodes[1]) == {"0": level, "1": level}
+
+        nodes[1].notify.drain()
+        os.kill(done[3][0], signal.SIGKILL)  # rank 3: node b's GPU 1
+        nodes[1].wait_jobs(1)
+        assert pinned(nodes[1])["1"] is None  # restored at once
+        assert decided(nodes[1]) == {"0": level} and decided(nodes[0]) == {"0": level, "1": level}
+        (group,) = nodes[1].client().call("status")["groups"]
+        assert group["key"] == "torchrun-test-run" and [r["rank"] for r in group["ranks"]] == [2]
+
+        release()
+        ended = {}
+        for _ in range(3):
+            rank, what, result = results.get(timeout=TIMEOUT_S)
+            ended[rank] = result
+        assert sorted(ended) == [0, 1, 2] and all(r is not None and r["freq_hz"] == level for r in ended.values())
+        nodes[0].wait_jobs(0)
+        nodes[1].wait_jobs(0)
+        assert set(pinned(nodes[0]).values()) == set(pinned(nodes[1]).values()) == {None}
+    except queue.Empty:
+        pytest.fail(f"the ranks did not report within {TIMEOUT_S} s")
+    finally:
+        release()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def test_a_run_across_nodes_trims_its_ranks_that_wait_and_ends(node):
+    """Ranks that tell their compute times (job.compute_done()), on simulated GPUs of different speeds: after the
+    group's level, rank 0 trims; every rank ends at or under the group's level, its daemon's pin where rank 0 put it.
+    (On a loaded CPU the step times are noisy: which ranks keep a lower level is not asserted.)"""
+    from tests.support.ranks import run_rank
+
+    # A fine table, and a GPU whose idle power makes the top level the least energy per step: there is room under
+    # the group's level.
+    gpu = {**GPU, "graphics_clocks_mhz": {"3201": list(range(1980, 1499, -60))}, "idle_power_mw": 300_000}
+    nodes = [node("c", gpu), node("d", gpu)]
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(4)]
+    port = free_port()
+    speeds = [1.0, 0.95, 0.9, 0.8]
+    procs = [ctx.Process(target=run_rank, args=(rank, 4, 2, port, nodes[rank // 2].socket, results, pipes[rank][0],
+                                                speeds)) for rank in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        done = {}
+        for _ in range(4):
+            rank, _pid, _steps, coordinator = results.get(timeout=TIMEOUT_S)
+            done[rank] = coordinator
+        assert all(c["status"].endswith("; trimmed") for c in done.values()), done
+        (level,) = {c["level_hz"] for c in done.values()}
+        assert all(c["own_hz"] <= level for c in done.values())
+        assert decided(nodes[0]) == {"0": done[0]["own_hz"], "1": done[1]["own_hz"]}
+        assert decided(nodes[1]) == {"0": done[2]["own_hz"], "1": done[3]["own_hz"]}
+        for _rank_end, test_end in pipes:
+            test_end.send(True)
+        for _ in range(4):
+            results.get(timeout=TIMEOUT_S)
+    except queue.Empty:
+        pytest.fail(f"the ranks did not report within {TIMEOUT_S} s")
+    finally:
+        for _rank_end, test_end in pipes:
+            try:
+                test_end.send(True)
+            except OSError:
+                pass
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+class TwoRanks:
+    """torch.distributed as rank 0 of two sees it, rank 1's part given by the test (no network)."""
+
+    def __init__(self, other: list[float]):
+        self.other = other
+
+    def get_rank(self) -> int:
+        return 0
+
+    def get_world_size(self) -> int:
+        return 2
+
+    def get_backend(self) -> str:
+        return "gloo"
+
+    def all_gather(self, gathered, mine) -> None:
+        import torch
+
+        gathered[0].copy_(mine)
+        gathered[1].copy_(torch.tensor(self.other, dtype=torch.float64))
+
+    def broadcast(self, tensor, src: int) -> None:
+        pass
+
+
+def test_a_rank_whose_daemon_is_absent_makes_rank_0_broadcast_stop_at_the_first_edge(tmp_path):
+    """Rank 1 says "not able" (its daemon absent or refusing): rank 0 broadcasts stop at the first edge, and the
+    coordination ends there (every rank reads the same broadcast), so that no rank waits in a collective the others
+    no longer enter."""
+    import warnings
+
+    from governor.client import GovernorWarning, Job
+    from governor.client.group import GroupCoordinator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GovernorWarning)
+        job = Job(dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0),
+                  socket=str(tmp_path / "absent.sock"), group="g", rank=0, world_size=2).start()
+    coordinator = GroupCoordinator(job, TwoRanks([0.0, 0.0, 0.0, 0.0, 0.0, -1.0]))
+    job.step()
+    coordinator.step(job.steps)
+    assert coordinator.done and coordinator.status.startswith("stopped") and coordinator.bytes_sent == 48 + 40

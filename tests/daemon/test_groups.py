@@ -1,0 +1,279 @@
+"""Job groups (governor.daemon.groups) on the real daemon over its socket, with several fake NVML GPUs.
+
+Each rank is a real child process registered by pid, so that a rank's death is the kernel's (a pidfd), not a
+message."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from governor.sim.groups import SimGroup
+from tests.support import FAKENVML_DIR
+from tests.support.daemon import FEATURES, REPO
+
+# A short table, so that a group's tuner converges in a few windows.
+LEVELS_MHZ = [1980, 1500, 1005, 510]
+GPU = {"graphics_clocks_mhz": {"3201": LEVELS_MHZ}, "util_gpu_pct": 80, "meter_update_s": 0}
+
+
+@pytest.fixture
+def group_daemon(start_daemon, tmp_path):
+    def start(count=2, gpus=None, workdir=None, **config):
+        spec = tmp_path / "fakenvml.json"
+        spec.write_text(json.dumps({"gpus": gpus or [dict(GPU) for _ in range(count)]}))
+        env = {"FAKENVML_CONFIG": str(spec), "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
+        config = {"backend": "nvml", "policy": "tune", "limits": {"repin_interval_s": 0.01},
+                  "tuner": {"baseline_window": False, "noise_rel": 0.05}, **config}
+        return start_daemon(root=tmp_path / "no-jetson", config=config, env=env, workdir=workdir)
+    return start
+
+
+@pytest.fixture
+def ranks():
+    """Rank processes that run until their stdin closes (or they are killed)."""
+    procs: list[subprocess.Popen] = []
+
+    def start() -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+
+
+def register_rank(c, proc, rank: int, world_size: int | None = 2, key: str = "run-1", **extra) -> dict:
+    return c.call("register", pid=proc.pid, gpu=rank, group=key, rank=rank, world_size=world_size, **FEATURES,
+                  **extra)
+
+
+def gpus_of(c) -> dict[str, dict]:
+    return {g["id"]: g for g in c.call("status")["gpus"]}
+
+
+def test_a_group_gets_one_level_and_status_shows_it(group_daemon, ranks):
+    d = group_daemon()
+    c = d.client()
+    first = register_rank(c, ranks(), 0)
+    second = register_rank(c, ranks(), 1)
+    assert first["group"] == second["group"] == "run-1" and (first["rank"], second["rank"]) == (0, 1)
+    assert first["freq_hz"] == second["freq_hz"] is not None and first["policy"] == second["policy"] == "tune"
+    assert first["levels_hz"] == sorted(m * 1_000_000 for m in LEVELS_MHZ)
+    gpus = gpus_of(c)
+    assert gpus["0"]["pinned_hz"] == gpus["1"]["pinned_hz"] == first["freq_hz"]
+    (group,) = c.call("status")["groups"]
+    assert group["key"] == "run-1" and group["world_size"] == 2 and group["level_hz"] == first["freq_hz"]
+    assert [(r["rank"], r["gpu"]) for r in group["ranks"]] == [(0, "0"), (1, "1")]
+    assert all(j["tuner"] is None for j in c.call("status")["jobs"])  # the group's tuner, not one per rank
+
+
+def test_a_rank_cannot_join_twice_or_share_its_groups_gpu(group_daemon, ranks):
+    d = group_daemon()
+    c = d.client()
+    register_rank(c, ranks(), 0)
+    err = c.request("register", pid=ranks().pid, gpu=1, group="run-1", rank=0, world_size=2, **FEATURES)["error"]
+    assert err["code"] == -32602 and err["data"]["field"] == "rank", err
+    err = c.request("register", pid=ranks().pid, gpu=0, group="run-1", rank=1, world_size=2, **FEATURES)["error"]
+    assert err["data"]["field"] == "gpu", err
+    err = c.request("register", pid=ranks().pid, gpu=1, group="run-1", rank=1, world_size=3, **FEATURES)["error"]
+    assert err["data"]["field"] == "world_size", err
+    err = c.request("register", gpu=1, rank=1, **FEATURES)["error"]
+    assert "pass group" in err["message"], err
+    assert len(c.call("status")["jobs"]) == 1
+
+
+def test_the_per_uid_cap_counts_a_group_once(group_daemon, ranks):
+    d = group_daemon(count=4, limits={"repin_interval_s": 0.01, "max_jobs_per_uid": 2})
+    c = d.client()
+    for rank in range(3):
+        register_rank(c, ranks(), rank, world_size=3)
+    c.call("register", pid=ranks().pid, gpu=3, **FEATURES)  # one group + one job: two
+    err = c.request("register", pid=ranks().pid, gpu=3, **FEATURES)["error"]
+    assert err["code"] == -32002 and "counts once" in err["message"], err
+    err = c.request("register", pid=ranks().pid, gpu=3, group="run-2", **FEATURES)["error"]
+    assert err["code"] == -32002, err
+
+
+def test_a_killed_ranks_gpu_is_restored_while_the_others_keep_the_pin(group_daemon, ranks):
+    d = group_daemon(count=3)
+    c = d.client()
+    procs = [ranks() for _ in range(3)]
+    level = [register_rank(c, p, r, world_size=3) for r, p in enumerate(procs)][0]["freq_hz"]
+    d.wait_jobs(3)
+    procs[1].kill()
+    d.wait_jobs(2)
+    gpus = gpus_of(c)
+    assert gpus["1"]["pinned_hz"] is None
+    assert gpus["0"]["pinned_hz"] == gpus["2"]["pinned_hz"] == level
+    (group,) = c.call("status")["groups"]
+    assert [r["rank"] for r in group["ranks"]] == [0, 2] and group["status"] != "measuring"
+    procs[0].kill()
+    procs[2].kill()
+    d.wait_jobs(0)
+    assert c.call("status")["groups"] == []
+    assert all(g["pinned_hz"] is None for g in gpus_of(c).values())
+    assert "ended with its last rank" in d.log()
+
+
+def test_a_tuned_group_converges_on_the_summed_energy_and_the_slowest_step(group_daemon, ranks):
+    """Progress from both ranks drives one tuner: every window has both ranks' measurements, and both GPUs move
+    together to every level it probes."""
+    gpus = [dict(GPU), {**GPU, "util_gpu_pct": 40}]
+    d = group_daemon(gpus=gpus, tuner={"baseline_window": False, "noise_rel": 0.05, "window_steps": 3,
+                                       "max_probes": 12})
+    c = d.client()
+    jobs = [register_rank(c, ranks(), r)["job_id"] for r in range(2)]
+    steps = 0
+    for _ in range(400):
+        steps += 1
+        for job_id in jobs:
+            c.notify("progress", job_id=job_id, steps=steps)
+        (group,) = c.call("status")["groups"]
+        if group["tuner"]["converged"]:
+            break
+    else:
+        pytest.fail(f"no convergence in 400 steps: {group}")
+    assert group["status"] == "converged" and group["windows"]
+    assert all(w["ranks"] == 2 for w in group["windows"])
+    assert {j["freq_hz"] for j in c.call("status")["jobs"]} == {group["level_hz"]}  # the pins follow
+    assert "over 2 ranks" in d.log()
+
+
+def test_set_level_moves_only_the_callers_rank_of_a_group_spanning_nodes(group_daemon, ranks):
+    d = group_daemon()
+    c, other = d.client(), d.client()
+    r0 = register_rank(c, ranks(), 0, world_size=4)  # ranks 2 and 3 are on another node
+    r1 = register_rank(other, ranks(), 1, world_size=4)
+    lone = c.call("register", pid=ranks().pid, gpu=1, **FEATURES)
+    low = r0["levels_hz"][0]
+    err = other.request("set_level", job_id=r0["job_id"], freq_hz=low)["error"]
+    assert err["code"] == -32003, err  # only the connection that holds the job
+    err = c.request("set_level", job_id=lone["job_id"], freq_hz=low)["error"]
+    assert "in no group" in err["message"], err
+    err = c.request("set_level", job_id=r0["job_id"], freq_hz=low + 1)["error"]
+    assert err["data"]["field"] == "freq_hz", err
+    reply = c.call("set_level", job_id=r0["job_id"], freq_hz=low)
+    assert reply["freq_hz"] == low
+    if not reply["deferred"]:  # within the GPU's re-pin interval of its first pin, the move lands at its end
+        assert gpus_of(c)["0"]["pinned_hz"] == low
+    levels = {j["job_id"]: j["freq_hz"] for j in c.call("status")["jobs"]}
+    assert levels[r0["job_id"]] == low
+    assert levels[r1["job_id"]] != low  # rank 1's own pick (and the lone job's) stay until rank 1 asks
+    assert gpus_of(c)["1"]["pinned_hz"] != low
+    energy = c.call("job_energy", job_id=r0["job_id"])
+    assert energy["energy_j"] is not None and energy["energy_j"] >= 0
+    (group,) = c.call("status")["groups"]
+    assert group["remote"] and group["status"].startswith("tuned by its rank 0")
+    assert other.call("set_level", job_id=r1["job_id"], freq_hz=low)["freq_hz"] == low
+
+
+def test_a_group_survives_a_daemon_restart(group_daemon, ranks, tmp_path):
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    d = group_daemon(workdir=workdir)
+    c = d.client()
+    procs = [ranks(), ranks()]
+    level = [register_rank(c, p, r) for r, p in enumerate(procs)][0]["freq_hz"]
+    c.close()
+    d.stop(signal.SIGKILL)
+    d.notify.close()
+    d2 = group_daemon(workdir=workdir)
+    c = d2.client()
+    (group,) = c.call("status")["groups"]
+    assert group["key"] == "run-1" and [r["rank"] for r in group["ranks"]] == [0, 1]
+    assert group["level_hz"] == level
+    procs[0].kill()
+    d2.wait_jobs(1)
+    assert gpus_of(c)["0"]["pinned_hz"] is None and gpus_of(c)["1"]["pinned_hz"] == level
+
+
+def test_the_ranks_that_wait_are_trimmed_while_the_group_step_time_holds(group_daemon, ranks):
+    """After convergence, ranks that report their step ends and compute times on GPUs of different speeds (the
+    simulation of governor.sim.groups, driven by the pins the daemon sets): the fast ranks are lowered, the slowest
+    is not, and the group's step time stays within the trim's tolerance."""
+    levels_mhz = list(range(1980, 1004, -15))
+    gpu = {**GPU, "graphics_clocks_mhz": {"3201": levels_mhz}}
+    d = group_daemon(gpus=[dict(gpu) for _ in range(3)], tuner={"baseline_window": False, "max_probes": 2})
+    c = d.client()
+    jobs = [register_rank(c, ranks(), r, world_size=3)["job_id"] for r in range(3)]
+    sim = SimGroup([1.0, 0.9, 0.82], sorted(m * 1_000_000 for m in levels_mhz), noise_rel=0.0)
+    steps, group = 0, None
+    for _ in range(200):  # the search: steps without times
+        steps += 1
+        for job_id in jobs:
+            c.notify("progress", job_id=job_id, steps=steps)
+        (group,) = c.call("status")["groups"]
+        if group["tuner"]["converged"]:
+            break
+    assert group is not None and group["tuner"]["converged"], group
+    level = group["level_hz"]
+    clock_s = time.monotonic() - 500.0  # the steps' own clock: CLOCK_MONOTONIC times in the recent past
+    for _ in range(3000):
+        pins = [g["pinned_hz"] for g in c.call("status")["gpus"]]
+        compute = [sim.compute_s(r, hz) for r, hz in enumerate(pins)]
+        clock_s += sim.step_s(pins)
+        steps += 1
+        for r, job_id in enumerate(jobs):
+            c.notify("progress", job_id=job_id, steps=steps, step_end_s=clock_s, compute_s=compute[r])
+        (group,) = c.call("status")["groups"]
+        if group["trim"] is not None and group["trim"]["done"]:
+            break
+    assert group["trim"] is not None and group["trim"]["done"], group
+    c.call("ping")
+    final = [group["trim"]["levels_hz"][str(j)] for j in jobs]
+    assert final[2] == level and final[0] < final[1] < level, final
+    assert sim.step_s(final) <= sim.step_s([level] * 3) * 1.005
+    assert sim.energy_j(final) < sim.energy_j([level] * 3)
+    # The decisions; each GPU's pin follows within its re-pin interval (limits.repin_interval_s).
+    assert [j["freq_hz"] for j in c.call("status")["jobs"]] == final
+    assert "trim: job" in d.log()
+
+
+def test_a_rank_whose_pin_fails_is_in_no_group(start_daemon, tmp_path, ranks):
+    spec = tmp_path / "fakenvml.json"
+    spec.write_text(json.dumps({"gpus": [dict(GPU), dict(GPU)], "root": False}))  # every Set* answers NO_PERMISSION
+    env = {"FAKENVML_CONFIG": str(spec), "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
+    d = start_daemon(root=tmp_path / "no-jetson", config={"backend": "nvml", "policy": "mlg"}, env=env)
+    c = d.client()
+    err = c.request("register", pid=ranks().pid, gpu=0, group="run-1", rank=0, world_size=2, **FEATURES)["error"]
+    assert err["code"] == -32000, err
+    status = c.call("status")
+    assert status["jobs"] == [] and status["groups"] == []
+
+
+def test_ftgov_status_shows_the_group(group_daemon, ranks):
+    from governor.cli.ops import format_status
+
+    d = group_daemon()
+    c = d.client()
+    level = register_rank(c, ranks(), 0)["freq_hz"]
+    register_rank(c, ranks(), 1)
+    text = format_status(c.call("status"))
+    assert (f"group 'run-1': 2 of 2 rank(s) here (rank 0 job 1 GPU 0, rank 1 job 2 GPU 1), level "
+            f"{level // 1_000_000} MHz") in text, text
+
+
+def test_a_group_on_a_jetsons_rails_measures_its_windows(start_daemon):
+    """On the simulated Orin the energy comes from the rails' sampler, which integrates the jobs' own meters: a
+    group's windows read them, so that its tuner converges there too."""
+    d = start_daemon(config={"policy": "tune", "limits": {"repin_interval_s": 0.01},
+                             "tuner": {"baseline_window": False, "max_probes": 3}})
+    c = d.client()
+    job_id = c.call("register", group="solo", rank=0, world_size=1, **FEATURES)["job_id"]
+    for steps in range(1, 100_001):
+        c.notify("progress", job_id=job_id, steps=steps, step_end_s=time.monotonic())
+        if steps % 200 == 0:
+            (group,) = c.call("status")["groups"]
+            if group["tuner"]["converged"]:
+                break
+    assert group["tuner"]["converged"] and len(group["windows"]) == 3, group
+    assert all(w["joules_per_step"] > 0 for w in group["windows"])

@@ -1,0 +1,53 @@
+"""One rank of a CPU-only torchrun-like run (gloo), for tests/client/test_group.py: started by multiprocessing's spawn,
+so it lives in an importable module. Each step is a little compute and an all-reduce, as a data-parallel step is."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+from tests.support.daemon import FEATURES
+
+MAX_STEPS = 5000
+
+
+def run_rank(rank: int, world_size: int, local_world_size: int, port: int, socket: str, results, release,
+             speeds: list[float] | None = None) -> None:
+    """Train until the group's tuning is done, report (rank, the coordinator's figures, the level), then hold the job
+    until ``release`` is set (the test kills a rank meanwhile), and end. With ``speeds``: each rank's compute takes
+    longer the lower its GPU's level and the slower its simulated GPU (``speeds[rank]``), and it calls
+    ``job.compute_done()`` before the all-reduce, so that rank 0 trims the ranks that wait."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank % local_world_size), LOCAL_WORLD_SIZE=str(local_world_size),
+                      TORCHELASTIC_RUN_ID="test-run")
+    import torch
+    import torch.distributed as dist
+
+    import governor
+
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
+    a = torch.rand(128, 128)
+    grad = torch.ones(256)
+    job = governor.job(**FEATURES, tune=True, gpu=rank % local_world_size, socket=socket)
+    with job:
+        for _ in range(MAX_STEPS):
+            a = torch.tanh(a @ a)
+            if speeds is not None:
+                levels = job.registration["levels_hz"]
+                own = job.coordinator.own_hz if job.coordinator is not None else None
+                work = max(levels) / (own or max(levels)) / speeds[rank]
+                for _ in range(round(8 * work)):
+                    a = torch.tanh(a @ a)
+                job.compute_done()
+            dist.all_reduce(grad)
+            job.step()
+            if job.coordinator is not None and job.coordinator.done:
+                break
+        coordinator = job.coordinator.describe() if job.coordinator is not None else None
+        results.put((rank, os.getpid(), job.steps, coordinator))
+        release.poll(180)  # the test's word (a pipe each: a killed waiter cannot wedge it, as it can an Event)
+    results.put((rank, "ended", job.result))
+    results.close()
+    results.join_thread()  # os._exit skips the queue's flush at exit
+    # A peer was killed: tearing down the process group could wait on it. The job has ended already.
+    os._exit(0)
