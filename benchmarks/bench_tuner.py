@@ -67,7 +67,7 @@ from benchmarks.tuner_curves import (
 from governor.policy import tuner as tuning
 
 TREE = Path(__file__).resolve().parent.parent / "model" / "mlg-tree.json"
-TUNERS = ("new",)
+TUNERS = ("new", "follow")
 V1_FIGURES = Path(__file__).resolve().parent / "data" / "tuner-v1-figures.json"
 
 
@@ -92,7 +92,9 @@ class Run:
 
 
 def make_tuner(kind: str, levels_hz, start_hz: int, max_slowdown, noise_rel: float, job_steps: int):
-    return tuning.OnlineTuner(levels_hz, start_hz, max_slowdown, noise_rel=noise_rel, total_steps=job_steps)
+    """``new``: the tuner with its defaults; ``follow``: with follow_up, as the daemon runs it (tuner.follow_up)."""
+    return tuning.OnlineTuner(levels_hz, start_hz, max_slowdown, noise_rel=noise_rel, total_steps=job_steps,
+                              follow_up=kind == "follow")
 
 
 def starts_for(curve: Curve) -> dict[str, int]:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from benchmarks.tuner_curves import Curve, JobResult
+from benchmarks.tuner_curves import WATCHED_WINDOWS, Curve, JobResult
 from governor.policy.windows import TuningSession, WindowRule
 from governor.sim.meters import (
     NVML_UPDATE_JITTER_S,
@@ -106,7 +106,7 @@ class MeterJob(JobResult):
 def run_meter_job(tuner, curve: Curve, meter: str, seed: int, job_steps: int,
                   rule: WindowRule | None = None) -> MeterJob:
     """Drive ``tuner`` through the daemon's TuningSession on ``curve`` read by ``meter``, step by step, until it
-    converges. Every step of the job's ``job_steps`` is charged at the noise-free J/step of the level it ran at
+    converges (with a tuner that follows its pick up, on as run_window_job does). Every step of the job's ``job_steps`` is charged at the noise-free J/step of the level it ran at
     (warm-up steps and long windows included; a search that outlasts the job is charged only up to its end), so the
     job's energy compares exactly with a job run at one level."""
     steps = MeteredSteps(meter, seed)
@@ -117,8 +117,9 @@ def run_meter_job(tuner, curve: Curve, meter: str, seed: int, job_steps: int,
     measured: list[int] = []
     hz = session.measuring_hz
     phase = tuner.state()["phase"]
-    while not session.converged:
-        if steps.steps >= MAX_STEPS:
+    watched = 0
+    while not session.converged or (session.measuring and steps.steps < job_steps and watched < WATCHED_WINDOWS):
+        if steps.steps >= MAX_STEPS and not session.converged:
             raise RuntimeError(f"{curve.name}: no convergence in {MAX_STEPS} steps on {meter}")
         i = curve.levels_hz.index(hz)
         report = steps.step(curve.energy_j[i], curve.time_s[i])
@@ -130,7 +131,8 @@ def run_meter_job(tuner, curve: Curve, meter: str, seed: int, job_steps: int,
             by_phase[phase] = by_phase.get(phase, 0) + 1
             measured.append(m.measured_steps)
             phase = tuner.state()["phase"]
-            hz = session.measuring_hz if not session.converged else tuner.best_hz
+            watched = watched + 1 if session.converged and not tuner.confirming else 0
+            hz = session.measuring_hz if session.measuring else tuner.best_hz
     energy_j += max(0, job_steps - steps.steps) * curve.energy_at(tuner.best_hz)
     return MeterJob(tuner.best_hz, tuner.probes, steps.steps, energy_j, at, by_phase,
                     outlasted=steps.steps > job_steps, window_steps=sum(measured) / max(1, len(measured)))

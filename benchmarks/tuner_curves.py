@@ -123,6 +123,10 @@ def adversarial_curves(sizes: tuple[int, ...] = (11, 15, 25)) -> list[Curve]:
     return curves
 
 
+# A follow-up that has only watched its pick for this many windows is not simulated further (benchmarks' time).
+WATCHED_WINDOWS = 20
+
+
 @dataclass
 class JobResult:
     best_hz: int
@@ -136,14 +140,18 @@ class JobResult:
 def run_window_job(tuner, curve: Curve, rng: random.Random, noise: float, job_steps: int, warmup_steps: int = 1,
                    window_steps: int = 4, max_windows: int = 1000) -> JobResult:
     """Drive ``tuner`` window by window on ``curve`` with relative noise ``noise`` per window (energy and time drawn
-    apart); charge every profiled step, then the rest of ``job_steps`` at the converged level."""
+    apart); charge every profiled step, then the rest of ``job_steps`` at the converged level. A tuner that follows
+    its pick up (``follow_up``) gets windows after converging too, up to the job's end or until it has only watched
+    its pick for WATCHED_WINDOWS windows (the rest is charged at the pick, as if its watch saw no drift)."""
     steps = 0
+    watched = 0
     energy_j = 0.0
     pinned: int | None = None
     at: dict[int, int] = {}
     by_phase: dict[str, int] = {}
-    while not tuner.converged:
-        if tuner.probes >= max_windows:
+    while not tuner.converged or (tuner.follow_up and steps < job_steps and watched < WATCHED_WINDOWS):
+        watched = watched + 1 if tuner.converged and not tuner.confirming else 0
+        if tuner.probes >= max_windows and not tuner.converged:
             raise RuntimeError(f"{curve.name}: no convergence after {max_windows} windows")
         hz = tuner.next_level_hz()
         phase = tuner.state()["phase"]

@@ -113,6 +113,10 @@ class Estimates:
         its own uncertainty; noise_rel for a window of unknown noise, and never less)."""
         return (log_j[a] - log_j[b]) / self.sd_diff(a, b)
 
+    def var_mean(self, i: int) -> float:
+        """The variance of level i's estimate (of its mean log joules per step)."""
+        return self._est[i].var_mean
+
     def sd_diff(self, a: int, b: int) -> float:
         return math.sqrt(self._est[a].var_mean + self._est[b].var_mean)
 

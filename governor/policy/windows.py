@@ -20,12 +20,15 @@ class Tuner(Protocol):
     @property
     def converged(self) -> bool: ...
 
+    follow_up: bool  # windows go on after converged (governor.policy.followup)
+
     def next_level_hz(self) -> int: ...
 
     def observe(self, level_hz: int, joules_per_step: float, seconds_per_step: float, *,
                 noise_rel: float | None = None) -> None: ...
 
-    def set_job(self, total_steps: int | None = None, probe_steps: int | None = None) -> None: ...
+    def set_job(self, total_steps: int | None = None, probe_steps: int | None = None,
+                steps_left: int | None = None) -> None: ...
 
 # A probe is DEFAULT_WARMUP_STEPS discarded steps after a change of level, then DEFAULT_WINDOW_STEPS measured steps.
 # One warm-up step is enough to leave the step during which the clock changed out of the window (a devfreq write takes
@@ -264,7 +267,8 @@ class TuningSession:
     count as ``steps``): the tuner's exploration budget is a fraction of the energy of the steps left. Feed every
     progress report to ``on_progress``; when it returns a measurement, pin ``level_hz`` if it changed (and log the
     measurement with ``tuner.state()``). Re-measuring the level already pinned needs no warm-up; a new level gets
-    ``warmup_steps`` discarded steps first.
+    ``warmup_steps`` discarded steps first. A tuner that follows its pick up (``tuner.follow_up``) gets windows after
+    it has converged too, and the steps the job has left after each (when ``total_steps`` is known).
     """
 
     def __init__(self, tuner: Tuner, steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
@@ -283,6 +287,7 @@ class TuningSession:
         self._bursts_in_a_row = 0
         # The tuner's budget is priced in windows of this session's size, over the steps the job has left.
         remaining = None
+        self._end_steps = None if total_steps is None else int(total_steps)
         if total_steps is not None:
             remaining = max(1, _count(total_steps, "total_steps", 0) - _count(steps, "steps", 0))
         tuner.set_job(total_steps=remaining, probe_steps=max(1, warmup_steps + window_steps))
@@ -320,8 +325,13 @@ class TuningSession:
         from here, warm-up first, as after any change of clock."""
         self._window = self._new_window(self._measuring_hz, steps, self.warmup_steps)
 
+    @property
+    def measuring(self) -> bool:
+        """Windows are still measured: the search runs, or the tuner follows its pick up."""
+        return not self.tuner.converged or self.tuner.follow_up
+
     def on_progress(self, steps: float, energy_j: float, time_s: float, phase: str = "train") -> Measurement | None:
-        if self.tuner.converged:
+        if not self.measuring:
             return None
         m = self._window.feed(steps, energy_j, time_s, phase)
         if m is None:
@@ -345,8 +355,10 @@ class TuningSession:
             mean_steps = round(sum(self._window_steps_seen) / len(self._window_steps_seen))
             self.tuner.set_job(probe_steps=max(1, self.warmup_steps + mean_steps))
         self.tuner.observe(self._measuring_hz, m.joules_per_step, m.seconds_per_step, noise_rel=m.noise_rel)
+        if self._end_steps is not None and self.tuner.converged:
+            self.tuner.set_job(steps_left=max(0, self._end_steps - math.ceil(steps)))
         self.profiled_steps += m.profiled_steps
-        if not self.tuner.converged:
+        if self.measuring:
             nxt = self.tuner.next_level_hz()
             warmup = 0 if nxt == m.level_hz else self.warmup_steps
             self._window = self._new_window(nxt, steps, warmup)
