@@ -106,9 +106,10 @@ class MeterJob(JobResult):
 def run_meter_job(tuner, curve: Curve, meter: str, seed: int, job_steps: int,
                   rule: WindowRule | None = None) -> MeterJob:
     """Drive ``tuner`` through the daemon's TuningSession on ``curve`` read by ``meter``, step by step, until it
-    converges (with a tuner that follows its pick up, on as run_window_job does). Every step of the job's ``job_steps`` is charged at the noise-free J/step of the level it ran at
-    (warm-up steps and long windows included; a search that outlasts the job is charged only up to its end), so the
-    job's energy compares exactly with a job run at one level."""
+    converges (with a tuner that follows its pick up, on as run_window_job does). Every step of the job's ``job_steps``
+    is charged at the noise-free J/step of the level it ran at (warm-up steps and long windows included; a search that
+    outlasts the job is charged only up to its end), so the job's energy compares exactly with a job run at one
+    level."""
     steps = MeteredSteps(meter, seed)
     session = TuningSession(tuner, 0, total_steps=job_steps, rule=rule, meter_update_s=steps.update_s)
     energy_j = 0.0

@@ -10,15 +10,15 @@ the search has picked:
   ``sigma`` (the s.d. the window removes from the estimate of its level), worth ``steps_left x sigma x L(|d| / sigma)``
   of the pick's energy with ``L(z) = phi(z) - z (1 - Phi(z))`` (the expected gain of deciding again with it); a window
   at the pick costs nothing (the job runs there anyway), one at a contender ``probe_steps x (E_c / E_pick - 1)``.
-  A contender is confirmed while a run of 1, 2, 4, 8 or 16 windows there (LOOKAHEAD: one window alone rarely
-  changes a decision that a few would) is worth at least FOLLOW_GAIN times its cost and at least its own steps times
-  ``noise_rel`` (MIN_GAIN_NOISE: what switching to it and back disturbs), so that a short job pays for none. The
-  pair worth the most per window is measured, the fewer-measured of the two first (as the search confirms). After each window
-  the pick is the contender (or the pick) with the lowest estimate. ``max_follow_windows`` caps the windows away from
-  the pick.
-- **Watching the pick.** Windows at the pick go on (they are free); a window that reads outside the pick's interval
-  by more than ``drift_z`` standard deviations (the window's own and the estimate's), twice in a row on the same
-  side (the window after the first is the pick's, whatever else is wanted), means the curve moved: the tuner searches again from the pick, with the windows before forgotten.
+  A contender is confirmed while a run of 1, 2, 4, 8 or 16 windows there (LOOKAHEAD: one window alone rarely changes a
+  decision that a few would) is worth at least FOLLOW_GAIN times its cost and at least its own steps times ``noise_rel``
+  (MIN_GAIN_NOISE: what switching to it and back disturbs), so that a short job pays for none. The pair worth the most
+  per window is measured, the fewer-measured of the two first (as the search confirms). After each window the pick is
+  the contender (or the pick) with the lowest estimate. ``max_follow_windows`` caps the windows away from the pick.
+- **Watching the pick.** Windows at the pick go on (they are free); a window that reads outside the pick's interval by
+  more than ``drift_z`` standard deviations (the window's own and the estimate's), twice in a row on the same side (the
+  window after the first is the pick's, whatever else is wanted), means the curve moved: the tuner searches again from
+  the pick, with the windows before forgotten.
 """
 
 from __future__ import annotations

@@ -87,14 +87,14 @@ class OnlineTuner:
     levels within noise of each other get before the tuner may stop telling them apart. ``max_probes`` is a safety cap
     on the windows.
 
-    With ``follow_up`` (off by default; the daemon's tuner.follow_up turns it on) the pick is provisional (governor.policy.followup): once the search has chosen,
-    ``converged`` is True and ``best_hz`` the pick, but windows go on. While ``confirming``, ``next_level_hz()`` may
-    name a near-tie of the pick worth a window for the steps the job has left (``set_job(steps_left=)``; else the
-    tuner counts them down from total_steps), and the pick moves to the lowest of them; then the pick itself,
-    watched: a window there that leaves the pick's interval by ``drift_z`` standard deviations twice in a row starts
-    a new search from the pick, the windows before forgotten (``converged`` is False again; ``re_searches`` counts
-    them). ``max_follow_windows`` caps the windows away from the pick. Without it, the decision is frozen at
-    convergence: later observations are kept in ``state()`` and change nothing.
+    With ``follow_up`` (off by default; the daemon's tuner.follow_up turns it on) the pick is provisional
+    (governor.policy.followup): once the search has chosen, ``converged`` is True and ``best_hz`` the pick, but windows
+    go on. While ``confirming``, ``next_level_hz()`` may name a near-tie of the pick worth a window for the steps the
+    job has left (``set_job(steps_left=)``; else the tuner counts them down from total_steps), and the pick moves to the
+    lowest of them; then the pick itself, watched: a window there that leaves the pick's interval by ``drift_z``
+    standard deviations twice in a row starts a new search from the pick, the windows before forgotten (``converged`` is
+    False again; ``re_searches`` counts them). ``max_follow_windows`` caps the windows away from the pick. Without it,
+    the decision is frozen at convergence: later observations are kept in ``state()`` and change nothing.
 
     Each window may come with its own uncertainty (``observe``'s ``noise_rel``: a WindowRule's windows carry it);
     ``noise_rel`` is then the prior for a window that has none and, with ``noise_floor_rel`` (default: noise_rel),
