@@ -87,6 +87,13 @@ class TunerConfig(_Strict):
         "exploration may cost at most this fraction of the job's energy (windows above the best level, in joules)"))
     confirm_windows: int = Field(_tuner.DEFAULT_CONFIRM_WINDOWS, ge=1, le=100, description=(
         "the fewest windows two levels within noise of each other get before the tuner may stop telling them apart"))
+    follow_up: bool = Field(True, description=(
+        "after the search picks: confirm near-ties of the pick while the job's steps left pay for them, and search "
+        "again when the pick's energy per step leaves its interval (the job's curve moved)"))
+    drift_z: float = Field(_tuner.DEFAULT_DRIFT_Z, gt=0, le=100, description=(
+        "follow_up: a window at the pick this many standard deviations off its estimate, twice in a row, is a drift"))
+    max_follow_windows: int = Field(_tuner.DEFAULT_MAX_FOLLOW_WINDOWS, ge=0, le=1000, description=(
+        "follow_up: windows away from the pick at most (confirming its near-ties)"))
     window_rule: Literal["steps", "time"] = Field("steps", description=(
         "steps: a window is window_steps steps; time: it spans at least window_min_s, window_min_updates of the "
         "meter's updates and window_min_steps, then closes when its own uncertainty is within window_target_rel, "
@@ -109,7 +116,9 @@ class TunerConfig(_Strict):
         return _tuner.OnlineTuner(levels_hz, start_hz, self.max_slowdown, noise_rel=self.noise_rel,
                                  max_probes=self.max_probes, explore_budget_frac=self.explore_budget_frac,
                                  confirm_windows=self.confirm_windows,
-                                 probe_steps=max(1, self.warmup_steps + self.window_steps))
+                                 probe_steps=max(1, self.warmup_steps + self.window_steps),
+                                 follow_up=self.follow_up, drift_z=self.drift_z,
+                                 max_follow_windows=self.max_follow_windows)
 
     @model_validator(mode="after")
     def _window_times(self):

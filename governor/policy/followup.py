@@ -16,7 +16,8 @@ the search has picked:
   per window is measured, the fewer-measured of the two first (as the search confirms). After each window the pick is
   the contender (or the pick) with the lowest estimate. ``max_follow_windows`` caps the windows away from the pick.
 - **Watching the pick.** Windows at the pick go on (they are free); a window that reads outside the pick's interval by
-  more than ``drift_z`` standard deviations (the window's own and the estimate's), twice in a row on the same side (the
+  more than ``drift_z`` standard deviations (the window's own, or the scatter of the pick's windows when larger, and
+  the estimate's), twice in a row on the same side (the
   window after the first is the pick's, whatever else is wanted), means the curve moved: the tuner searches again from
   the pick, with the windows before forgotten.
 """
@@ -125,7 +126,10 @@ class FollowUp:
         if i != self.pick:
             return False
         log_j = self.est.log_energy()
-        z = (math.log(joules) - log_j[i]) / math.sqrt(noise_rel * noise_rel + self.est.var_mean(i))
+        # The pick's own windows show how much they scatter: a meter noisier than the window says (a busy host's
+        # step times, say) must not read as drift.
+        noise = max(noise_rel, self.est.scatter_rel(i) or 0.0)
+        z = (math.log(joules) - log_j[i]) / math.sqrt(noise * noise + self.est.var_mean(i))
         sign = 0 if abs(z) < self.drift_z else (1 if z > 0 else -1)
         self._drift_signs = [*self._drift_signs, sign][-DRIFT_WINDOWS:]
         return len(self._drift_signs) == DRIFT_WINDOWS and sign != 0 and all(s == sign for s in self._drift_signs)

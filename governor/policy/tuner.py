@@ -41,7 +41,8 @@ from governor.policy.windows import (
     _positive,
 )
 
-__all__ = ["ASSUMED_TOTAL_STEPS", "DEFAULT_WARMUP_STEPS", "DEFAULT_WINDOW_STEPS", "FEASIBLE_Z", "MAX_CONFIRM_WINDOWS",
+__all__ = ["ASSUMED_TOTAL_STEPS", "DEFAULT_DRIFT_Z", "DEFAULT_MAX_FOLLOW_WINDOWS",
+           "DEFAULT_WARMUP_STEPS", "DEFAULT_WINDOW_STEPS", "FEASIBLE_Z", "MAX_CONFIRM_WINDOWS",
            "Measurement", "OnlineTuner", "ProbeWindow", "TuningError", "TuningSession", "WindowRule"]
 
 # A safety cap only: the energy budget and the search's own stopping rules end it long before on any curve we know of;
