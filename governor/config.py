@@ -107,6 +107,10 @@ class TunerConfig(_Strict):
         "window_rule time: the fewest updates of the energy meter a window spans"))
     window_min_steps: int = Field(_tuner.WindowRule.min_steps, ge=1, le=100_000, description=(
         "window_rule time: the fewest steps a window spans"))
+    settle_updates: float | None = Field(None, ge=0, le=100, description=(
+        "after a change of clock or an unpin, no window opens before the energy meter has updated this many times "
+        "(null: the meter's own, 1 for NVML's counter, 2 for the INA3221's average over its update_interval; 0: an "
+        "exact meter)"))
     baseline_window: bool = Field(True, description=(
         "measure one window (warmup_steps + window_steps) at the default governor before the pin, so that the job's "
         "end reports a measured saving against it"))
@@ -135,13 +139,14 @@ class TunerConfig(_Strict):
                                  min_steps=self.window_min_steps, prior_rel=self.noise_rel)
 
     def new_session(self, online: _tuner.OnlineTuner, steps: int, total_steps: int | None = None,
-                    meter_update_s: float = 0.0) -> _tuner.TuningSession:
+                    meter_update_s: float = 0.0, settle_s: float = 0.0) -> _tuner.TuningSession:
         """A TuningSession over ``online`` from step count ``steps``; ``total_steps`` is the count the job ends at
         (None: unknown, the tuner assumes its ASSUMED_TOTAL_STEPS); ``meter_update_s``: how often the job's energy
         meter updates (0: exact), for window_rule time and to tell a counter that has not updated yet from a stalled
-        one."""
+        one; ``settle_s``: how long the meter takes to show a change of level (no window opens before)."""
         return _tuner.TuningSession(online, steps, self.warmup_steps, self.window_steps, total_steps=total_steps,
-                                    rule=self.window(meter_update_s), meter_update_s=meter_update_s)
+                                    rule=self.window(meter_update_s), meter_update_s=meter_update_s,
+                                    settle_s=settle_s)
 
 
 DEFAULT_STORE_PATH = "/var/lib/ftgov/measurements.sqlite"  # where the unit's StateDirectory=ftgov puts it

@@ -18,6 +18,7 @@ rails measure the whole board). How the daemon drives the tuner, and why: docs/t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from enum import Enum
@@ -77,6 +78,7 @@ class JobTuner:
         # The stretches run converged, for the saving: [level_hz, (steps, energy_j, time_s) at the first report of
         # the stretch, at its last]; one is open while the state stays CONVERGED at one level.
         self._stretches: list[list] = []
+        self._at_pick: list[Measurement] = []  # windows closed at the pick while confirming, for the saving too
         self._stretch_open = False
         self._tail_mixed = False
         # A window's pin waited for the GPU's re-pin interval: the window starts over once it lands. It outlives a
@@ -99,7 +101,7 @@ class JobTuner:
 
     def _enter(self, state: TunerState, status: str | None = None) -> None:
         if state is not TunerState.CONVERGED:
-            self._stretch_open = False  # confirmations or a search again run other levels
+            self._stretch_open = False  # confirmations, a search again, a pause: other levels, or no measurement
         self.state = state
         if status is not None:
             self.status = status
@@ -108,6 +110,11 @@ class JobTuner:
         """Tuning stops for good: no more windows, the pin stays where it is last moved."""
         self.meter = None
         self._enter(TunerState.STOPPED, status)
+
+    @property
+    def _settle_s(self) -> float:
+        """How long after a change of clock or an unpin no window opens: until the meter shows it wholly."""
+        return self.feed.settle_s(self.cfg.settle_updates)
 
     def energy_j(self, job) -> float:
         return self.feed.energy_j(job)
@@ -149,7 +156,7 @@ class JobTuner:
         # (Re)start windows from here, at the level the tuner wants next (the session tells the tuner the job's
         # length first, which can re-plan it: pinned after, so that the pin is the window's level).
         self.session = self.cfg.new_session(self.tuner, job.steps, total_steps=job.total_steps,
-                                            meter_update_s=self.meter.update_s)
+                                            meter_update_s=self.meter.update_s, settle_s=self._settle_s)
         self._enter(self._converged_state() if self.tuner.converged else TunerState.SEARCHING, "measuring")
         self._move(gov, job, self.session.measuring_hz, "tune: probing")
 
@@ -226,6 +233,8 @@ class JobTuner:
                  extra={**job.fields(), "TUNE_PROBE": state["probes"], "TUNE_LEVEL_HZ": m.level_hz,
                         "TUNE_J_PER_STEP": f"{m.joules_per_step:.6f}", "TUNE_S_PER_STEP": f"{m.seconds_per_step:.6f}"})
         was = self.state
+        if was is TunerState.CONFIRMING:
+            self._at_pick.append(m)
         if self.tuner.converged:
             new = self._converged_state()
             self._enter(new, "converged" if new is TunerState.CONVERGED else
@@ -236,7 +245,7 @@ class JobTuner:
                            f"({self.session.profiled_steps} steps)")
             elif job.freq_hz != self.session.level_hz:
                 self._move(gov, job, self.session.level_hz,
-                           f"tune: {self.status} (pick {mhz(self.tuner.best_hz)})")
+                           f"tune: converged on {mhz(self.tuner.best_hz)}, provisionally; {self.status}")
             return
         if was is not TunerState.SEARCHING:
             log.warning("%s: the energy per step at %s left its interval twice in a row (the job's curve moved): "
@@ -281,7 +290,7 @@ class JobTuner:
                     return
             self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
                                                 rule=self.cfg.window(self.meter.update_s),
-                                                meter_update_s=self.meter.update_s)
+                                                meter_update_s=self.meter.update_s, settle_s=self._settle_s)
             self.status = "measuring the baseline window at the default governor"
             return
         # The unpin may wait for the GPU's re-pin interval (PinController.set_freq): until then the steps run at the
@@ -292,7 +301,8 @@ class JobTuner:
         if self._pin_waited:
             self._pin_waited = False
             self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
-                                                rule=self._baseline_window.rule, meter_update_s=self.meter.update_s)
+                                                rule=self._baseline_window.rule, meter_update_s=self.meter.update_s,
+                                                settle_s=self._settle_s)
             return
         m = None
         try:
@@ -325,14 +335,7 @@ class JobTuner:
         before it are its warm-up), for the saving. A stretch shared with another job is no measurement of this one.
         With tuner.follow_up the pick's windows go on (no window while shared: it starts over after, warm-up
         first)."""
-        if shared:
-            self._tail_mixed = True
-        elif points:
-            if not self._stretch_open or self._stretches[-1][0] != job.freq_hz:
-                self._stretches.append([job.freq_hz, points[0], points[-1]])
-                self._stretch_open = True
-            else:
-                self._stretches[-1][2] = points[-1]
+        self._record_stretch(gov, job, points, shared)
         if self.session is None or not self.session.measuring:
             return
         if shared:
@@ -340,13 +343,30 @@ class JobTuner:
             return
         self._feed(gov, job, points)
 
+    def _record_stretch(self, gov, job, points: list, shared: bool) -> None:
+        """The steps run converged at one pinned level, from the first report at it (the steps before are its
+        warm-up), for the saving."""
+        if shared:
+            self._tail_mixed = True
+            return
+        if not points:
+            return
+        if not self._stretch_open or self._stretches[-1][0] != job.freq_hz:
+            self._stretches.append([job.freq_hz, points[0], points[-1]])
+            self._stretch_open = True
+        else:
+            self._stretches[-1][2] = points[-1]
+
     def saving(self) -> dict | None:
         """The saving per step measured so far against the baseline window; None without both ends."""
         if self.baseline is None or self.tuner is None:
             return None
         best_hz = self.tuner.best_hz
         steps, joules, over = 0, 0.0, "tuner windows"
+        # After convergence: the stretches run at the pick, and its windows while confirming its near-ties.
         at_pick = [(b[0] - a[0], b[1] - a[1], b[2] - a[2]) for hz, a, b in self._stretches if hz == best_hz]
+        at_pick += [(m.measured_steps, m.joules_per_step * m.measured_steps, m.duration_s or 0.0)
+                    for m in self._at_pick if m.level_hz == best_hz]
         if at_pick and not self._tail_mixed:
             steps, joules = sum(x[0] for x in at_pick), sum(x[1] for x in at_pick)
             over = "steps after convergence"
@@ -386,9 +406,15 @@ class JobTuner:
 
     def finish(self, job) -> dict | None:
         """The job ends: its measured saving (None without a baseline); a converged level is learnt for the next
-        job of this shape on this kind of GPU."""
-        if self.tuner is not None and self.tuner.converged and self.starts is not None:
-            self.starts.learn(self.gpu_key, job.features, self.tuner.best_hz, job.uid)
+        job of this shape on this kind of GPU. A job that ends in a confirmation window at a near-tie ends at its
+        pick: its summary (unregister, the log, the store) names the level it was tuned to, not the window's."""
+        if self.tuner is not None and self.tuner.converged:
+            if self.starts is not None:
+                self.starts.learn(self.gpu_key, job.features, self.tuner.best_hz, job.uid)
+            if self.state is TunerState.CONFIRMING and job.decision is not None:
+                # The job is leaving (PinController.end re-applies its GPU without it next): no pin to move.
+                job.decision = dataclasses.replace(job.decision, freq_hz=self.tuner.best_hz,
+                                                   reason=f"tune: converged on {mhz(self.tuner.best_hz)}")
         return self.saving()
 
     # ---- pins, status -----------------------------------------------------------------------------------------------

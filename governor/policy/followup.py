@@ -65,6 +65,7 @@ class FollowUp:
         self.max_windows = max_windows
         self.windows_away = 0  # windows at contenders so far
         self._drift_signs: list[int] = []
+        self._reference: tuple[float, float, float] | None = None  # (mean, scatter, var of the mean) of the pick
         log_j = est.log_energy()
         fit = est.seconds()
         # The levels that may be picked from now on: the pick and its near-ties when it was chosen.
@@ -125,11 +126,14 @@ class FollowUp:
         outside its interval by drift_z, DRIFT_WINDOWS times in a row on one side."""
         if i != self.pick:
             return False
-        log_j = self.est.log_energy()
-        # The pick's own windows show how much they scatter: a meter noisier than the window says (a busy host's
-        # step times, say) must not read as drift.
-        noise = max(noise_rel, self.est.scatter_rel(i) or 0.0)
-        z = (math.log(joules) - log_j[i]) / math.sqrt(noise * noise + self.est.var_mean(i))
+        # The pick's interval as it was before the first window out of it (which would widen it): its estimate, and
+        # the scatter of its windows where larger than the window's own noise (a meter noisier than the window says,
+        # a busy host's step times say, must not read as drift).
+        if not self._drift_signs or self._drift_signs[-1] == 0 or self._reference is None:
+            self._reference = (self.est.log_energy()[i], self.est.scatter_rel(i) or 0.0, self.est.var_mean(i))
+        mean, scatter, var_mean = self._reference
+        noise = max(noise_rel, scatter)
+        z = (math.log(joules) - mean) / math.sqrt(noise * noise + var_mean)
         sign = 0 if abs(z) < self.drift_z else (1 if z > 0 else -1)
         self._drift_signs = [*self._drift_signs, sign][-DRIFT_WINDOWS:]
         return len(self._drift_signs) == DRIFT_WINDOWS and sign != 0 and all(s == sign for s in self._drift_signs)

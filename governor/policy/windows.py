@@ -38,6 +38,11 @@ DEFAULT_WINDOW_STEPS = 4
 # NVML's energy counter moves every 100 ms (measured on an H200: governor.sim.meters); a Jetson's INA3221 refreshes
 # every hwmon update_interval (140 ms by default).
 NVML_COUNTER_UPDATE_S = 0.100
+# How long a meter takes to show a change of clock (or an unpin) fully, in its updates: NVML's counter is exact at
+# its next update; an INA3221 reading is the mean over the update_interval before its last refresh, so a reading
+# wholly after the change comes at most two intervals after it.
+COUNTER_SETTLE_UPDATES = 1
+AVERAGE_SETTLE_UPDATES = 2
 # A counter that holds between updates reads the same across a window shorter than one update (4 steps of 26 ms):
 # such a window stays open until the counter moves. One that has not moved for this many updates is stalled.
 STALL_UPDATES = 10
@@ -187,14 +192,20 @@ class ProbeWindow:
     ``meter_update_s``: how often the energy counter moves (0: an exact meter). A window of ``window_steps`` across
     which such a counter has not moved stays open until it has, for up to STALL_UPDATES updates (a rule's window
     stays open anyway: its uncertainty is infinite until the counter moves, and it closes at ``max_s``).
+
+    ``settle_s``: after a change of level (a window with warm-up steps) the window opens only once this long has
+    passed since its first report as well, so that the meter shows the new level wholly (COUNTER_SETTLE_UPDATES or
+    AVERAGE_SETTLE_UPDATES of its updates); the steps meanwhile are warm-up too.
     """
 
     def __init__(self, level_hz: int | None, begin_steps: float, warmup_steps: int = DEFAULT_WARMUP_STEPS,
                  window_steps: int = DEFAULT_WINDOW_STEPS, *, rule: WindowRule | None = None,
-                 meter_update_s: float = 0.0):
+                 meter_update_s: float = 0.0, settle_s: float = 0.0):
         self.level_hz = level_hz
         self.begin_steps = _steps(begin_steps)
         self.warmup_steps = _count(warmup_steps, "warmup_steps", 0)
+        self.settle_s = float(settle_s) if self.warmup_steps else 0.0  # the same level going on has nothing to settle
+        self._first_s: float | None = None  # the time of the first report fed
         self.window_steps = _count(window_steps, "window_steps", 1)
         self.rule = rule
         self.stall_s = STALL_UPDATES * float(meter_update_s)
@@ -215,8 +226,11 @@ class ProbeWindow:
             self._mark = None
             self._reports = []
             return None
+        if self._first_s is None:
+            self._first_s = float(time_s)
         if self._mark is None:
-            if steps >= self.begin_steps + self.warmup_steps:
+            if (steps >= self.begin_steps + self.warmup_steps
+                    and float(time_s) - self._first_s >= self.settle_s):
                 self._mark = (steps, float(energy_j), float(time_s))
                 self._reports = [self._mark]
             return None
@@ -273,9 +287,10 @@ class TuningSession:
 
     def __init__(self, tuner: Tuner, steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
                  window_steps: int = DEFAULT_WINDOW_STEPS, *, total_steps: int | None = None,
-                 rule: WindowRule | None = None, meter_update_s: float = 0.0):
+                 rule: WindowRule | None = None, meter_update_s: float = 0.0, settle_s: float = 0.0):
         self.tuner = tuner
         self.meter_update_s = meter_update_s
+        self.settle_s = settle_s  # after a change of level, the meter's (ProbeWindow)
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
         self.rule = rule
@@ -296,7 +311,7 @@ class TuningSession:
     def _new_window(self, level_hz: int, steps: float, warmup_steps: int) -> ProbeWindow:
         self._measuring_hz = level_hz  # the window's level, known to be a pinned one here
         return ProbeWindow(level_hz, steps, warmup_steps, self.window_steps, rule=self.rule,
-                           meter_update_s=self.meter_update_s)
+                           meter_update_s=self.meter_update_s, settle_s=self.settle_s)
 
     def reopen(self, steps: float) -> None:
         """Begin the warm-up of a window at a new level at ``steps`` instead: its level was pinned when that step was

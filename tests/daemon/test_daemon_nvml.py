@@ -127,7 +127,9 @@ def test_a_window_inside_one_update_of_the_energy_counter_waits_for_it_and_tunin
     """Steps of 26 ms against NVML's counter, which moves every 100 ms: a window of 4 steps that starts just after an
     update sees none (0 J). That is a window too short to read, not a stalled meter: it stays open until the counter
     moves, and the search goes on."""
-    d, _calls = nvml_daemon(gpus=({},), tuner={"window_rule": "steps", "baseline_window": False})
+    # settle_updates 0: the window opens right after its warm-up step, not an update later (as by default).
+    d, _calls = nvml_daemon(gpus=({},), tuner={"window_rule": "steps", "baseline_window": False,
+                                               "settle_updates": 0})
     c = d.client()
     job_id = c.call("register", **FEATURES)["job_id"]
     c.notify("progress", job_id=job_id, steps=1, phase="train")  # the search starts: pinned at its first level

@@ -36,7 +36,8 @@ class _CountingGpu(LimitsGpu):
 
 
 def _controller(tmp_path, gpu: _CountingGpu, baseline_window: bool = False, follow_up: bool = True) -> PinController:
-    attach = TunerAttach(TunerConfig(baseline_window=baseline_window, follow_up=follow_up))
+    # The counter is exact at every read (no update interval to settle over), and no time passes between reports.
+    attach = TunerAttach(TunerConfig(baseline_window=baseline_window, follow_up=follow_up, settle_updates=0))
     return PinController([gpu], PinSettings(Policy(PolicyName.FFG, LEVELS[0], None)), StateFile(tmp_path / "state"),
                          "boot-1", attach_tuner=attach, plan_tune=attach.plan)
 
