@@ -409,9 +409,8 @@ def run_meters(args) -> None:
             curves = {"real": real_curves, "fine": fine_curves, "simulated": lambda _: model_curves()}.get(
                 name, lambda _: adversarial_curves())(args.data)
             for meter in args.meter:
-                for rule in args.window_rule:
-                    if meter == "gauss" and rule == "time":
-                        continue  # no steps to size: the Gaussian model draws a window's noise, not its steps
+                # gauss has no steps to size: the Gaussian model draws a window's noise, not its steps
+                for rule in ["steps"] if meter == "gauss" else args.window_rule:
                     runs = window_runs(curves, args, None, meter, rule)
                     for kind in TUNERS:
                         mine = [r for r in runs if r.tuner == kind]

@@ -94,7 +94,7 @@ class TunerConfig(_Strict):
         "follow_up: a window at the pick this many standard deviations off its estimate, twice in a row, is a drift"))
     max_follow_windows: int = Field(_tuner.DEFAULT_MAX_FOLLOW_WINDOWS, ge=0, le=1000, description=(
         "follow_up: windows away from the pick at most (confirming its near-ties)"))
-    window_rule: Literal["steps", "time"] = Field("steps", description=(
+    window_rule: Literal["steps", "time"] = Field("time", description=(
         "steps: a window is window_steps steps; time: it spans at least window_min_s, window_min_updates of the "
         "meter's updates and window_min_steps, then closes when its own uncertainty is within window_target_rel, "
         "or at window_max_s (docs/tuner.md)"))
@@ -114,6 +114,14 @@ class TunerConfig(_Strict):
     baseline_window: bool = Field(True, description=(
         "measure one window (warmup_steps + window_steps) at the default governor before the pin, so that the job's "
         "end reports a measured saving against it"))
+
+    @classmethod
+    def exact_meter(cls) -> TunerConfig:
+        """The knobs for simulated jobs that read exact cumulative counters in the model's time (``ftgov evaluate``,
+        governor.sim.learning): windows of steps (a 4-step window is exact there, and a WindowRule sizes windows by a
+        real meter's updates), and the pick frozen at convergence, which their accounting charges the rest of the job
+        at. The daemon's defaults on real meters are measured by benchmarks/bench_tuner.py's meter runs."""
+        return cls(window_rule="steps", follow_up=False)
 
     def new_tuner(self, levels_hz, start_hz: int) -> _tuner.OnlineTuner:
         """An OnlineTuner with these knobs (the job's length is the session's to give: ``new_session``)."""

@@ -265,11 +265,14 @@ def scaled(time_scale: float, config: dict | None = None, meters: str = "exact")
     its steps as a real job's do; and the meter's settling after a change of clock (tuner.settle_updates): none for
     the simulated board's exact rails (``meters`` "exact", a tree without tree.METERS), and for rails that report as
     an INA3221 does ("ina3221") the sensor's, scaled too, since the board runs it in the jobs' compressed time while
-    the tree's update_interval says 140 ms."""
+    the tree's update_interval says 140 ms. On exact rails windows are of steps (tuner.window_rule steps: a 4-step
+    window reads the exact energy, and a WindowRule's seconds would be real time against the jobs' compressed
+    time)."""
     config = dict(config or {})
     config["limits"] = {**config.get("limits", {}), "repin_interval_s": time_scale}
     settle = 0.0 if meters == "exact" else AVERAGE_SETTLE_UPDATES * time_scale
-    config["tuner"] = {"settle_updates": settle, **config.get("tuner", {})}
+    exact = {"window_rule": "steps"} if meters == "exact" else {}
+    config["tuner"] = {"settle_updates": settle, **exact, **config.get("tuner", {})}
     return config
 
 

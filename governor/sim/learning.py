@@ -59,7 +59,7 @@ class TunedRun:
 
 def tuned_job(w: Workload, start_hz: int, seed: int, cfg: TunerConfig | None = None,
               calibration: Calibration = BOARD, job_steps: int = JOB_STEPS) -> TunedRun:
-    cfg = cfg or TunerConfig()
+    cfg = cfg or TunerConfig.exact_meter()
     model = board_model(NOISE, seed, calibration)
     tuner = cfg.new_tuner(model.levels_hz, start_hz)
     session = cfg.new_session(tuner, steps=0, total_steps=job_steps)

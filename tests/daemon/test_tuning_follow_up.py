@@ -12,7 +12,7 @@ from tests.support.daemon import ProgressJob, scaled
 TIME_SCALE = 0.15
 # The steps after the move run at a slower scale: BERT-small's steps are short (55 ms in the model), and 4-step windows
 # of 8 ms steps in wall time on a busy test machine scatter by more than the tuner can tell its flat bottom apart by.
-AFTER_SCALE = 0.45
+AFTER_SCALE = 0.3
 MODEL = OrinEnergyModel()
 # Before: BERT-base (its minimum at 816 MHz); after: BERT-small on shorter sequences, a quarter of the energy per
 # step with its minimum at 612 MHz.
@@ -48,9 +48,11 @@ def test_a_job_whose_curve_moves_is_searched_again_and_ends_on_the_new_minimum(o
     assert "left its interval twice in a row" in d.log()
     assert last["converged"] and last["state"] in ("confirming", "converged"), last
     # The windows before the move are forgotten: every estimate is the new curve's (in the board's compressed time a
-    # step's energy is about its time scale times the model's), far from the old one's (1.4-2 times higher).
+    # step's energy is about its time scale times the model's), far from the old one's (2-3 times higher).
     for e in last["estimates"]:
         new = e["joules_per_step"] / (AFTER_SCALE * after[e["freq_hz"]])
         old = e["joules_per_step"] / (TIME_SCALE * before[e["freq_hz"]])
-        assert abs(math.log(new)) < 0.2 and old < 0.8, (e, new, old)
-    assert after[last["best_hz"]] <= min(after.values()) * 1.05, last
+        assert abs(math.log(new)) < 0.35 and old < 0.8, (e, new, old)
+    # 8%: the new curve's bottom is flat (510-714 MHz within 2%), and 4-step windows of 16 ms steps in wall time on
+    # a busy test machine scatter by several percent.
+    assert after[last["best_hz"]] <= min(after.values()) * 1.08, last

@@ -36,8 +36,10 @@ class _CountingGpu(LimitsGpu):
 
 
 def _controller(tmp_path, gpu: _CountingGpu, baseline_window: bool = False, follow_up: bool = True) -> PinController:
-    # The counter is exact at every read (no update interval to settle over), and no time passes between reports.
-    attach = TunerAttach(TunerConfig(baseline_window=baseline_window, follow_up=follow_up, settle_updates=0))
+    # The counter is exact at every read (no update interval to settle over, 4-step windows exact), and no time
+    # passes between reports.
+    attach = TunerAttach(TunerConfig(baseline_window=baseline_window, follow_up=follow_up, settle_updates=0,
+                                     window_rule="steps"))
     return PinController([gpu], PinSettings(Policy(PolicyName.FFG, LEVELS[0], None)), StateFile(tmp_path / "state"),
                          "boot-1", attach_tuner=attach, plan_tune=attach.plan)
 
