@@ -156,10 +156,11 @@ def test_a_client_that_times_its_steps_gets_windows_whose_ends_are_the_counters_
     per second is the GPU's true power at its level."""
     path = tmp_path / "m.sqlite"
     util_pct, top_mhz = 80, 1980
-    # The re-pin interval shortened: 120 steps of 26 ms are 3 s, and this checks the windows' edges, not the rate
-    # at which probes may move the pin (tests/security/test_rate_limits.py).
+    # The re-pin interval shortened and no settling after a pin: 120 steps of 26 ms are 3 s, and this checks the
+    # windows' edges, not the rate at which probes may move the pin (tests/security/test_rate_limits.py) nor the
+    # wait for the counter's next update after one (tests/policy/test_windows_settle.py).
     d, _calls = nvml_daemon(gpus=({"util_gpu_pct": util_pct},), store={"path": str(path)},
-                            tuner={"window_rule": "steps"}, limits={"repin_interval_s": 0.01})
+                            tuner={"window_rule": "steps", "settle_updates": 0}, limits={"repin_interval_s": 0.01})
     c = d.client()
     job_id = c.call("register", **FEATURES)["job_id"]
     step_s = 0.026
