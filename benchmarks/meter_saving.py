@@ -120,7 +120,8 @@ def rows_for(curves: list[Curve], meter: str, rule_name: str, args) -> tuple:
 
 
 HEADER = ("meter", "windows", "jobs", "with a saving", "measured - true saving, mean (points)",
-          "|measured - true|, mean / p99 (points)", "|job energy error|, mean / p99", "p99 targets (2 points, 2%)")
+          "abs(measured - true), mean / p99 (points)", "abs(job energy error), mean / p99",
+          "p99 targets (2 points, 2%)")
 
 
 def main() -> None:
