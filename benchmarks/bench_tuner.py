@@ -4,7 +4,7 @@ the new one.
     python -m benchmarks.bench_tuner [--sets real adversarial fine simulated] [--seeds 5]
         [--job-steps 2000] [--noise-rel 0.03] [--model-noise 0.71] [--max-slowdown 0.1]
         [--data benchmarks/data/loudva] [--worst N]
-        [--meter gauss nvml ina3221] [--window-rule steps time] [--no-doc]
+        [--meter gauss nvml ina3221] [--window-rule steps time] [--tuners new follow] [--lengths N ...] [--no-doc]
 
 Curve sets (benchmarks/tuner_curves.py):
 
@@ -33,7 +33,10 @@ or sized by its WindowRule (the tuner then gets each window's own noise_rel). Th
 section ("tuner-meters"): per set, meter, rule and start, the runs, the level regret's mean and p99, the runs beyond
 6% with a 95% Wilson interval, and the whole job vs the optimum (mean, p99).
 
-The tuner is governor/policy/tuner.py with its defaults and ``total_steps`` set to the job's length. After the real
+The tuner is governor/policy/tuner.py with its defaults and ``total_steps`` set to the job's length ("new"), and
+with its follow-up after the pick, as the daemon runs it ("follow": follow_up=True; its windows go on to the job's
+end, or until it has only watched its pick for 20 windows, the rest charged at the pick). --lengths runs the meter
+path at several job lengths in one section. After the real
 and adversarial tables, its windows per phase of the search (the phase it was in when it asked for each window). The
 last table is a summary, one row per set and start, written to docs/benchmarks.md ("tuner") with the first tuner's
 recorded figures beside it (benchmarks/data/tuner-v1-figures.json: that tuner is in the history, not the tree). About

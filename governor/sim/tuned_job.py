@@ -42,7 +42,7 @@ def run_tuned_job(w: Workload, start_hz: int, job_steps: int, noise: float, seed
 
     Raises FtgovError when the tuner has not converged by the end of the job (the job is too short for its budget).
     """
-    cfg = config or TunerConfig()
+    cfg = config or TunerConfig.exact_meter()  # exact counters in model time; the pick frozen, as charged below
     model = OrinEnergyModel(noise=noise, seed=seed)
     session = cfg.new_session(cfg.new_tuner(model.levels_hz, start_hz), steps=0, total_steps=job_steps)
     job = TunedJob(0.0, 0.0, session)
