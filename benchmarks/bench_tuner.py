@@ -70,7 +70,7 @@ from benchmarks.tuner_curves import (
 from governor.policy import tuner as tuning
 
 TREE = Path(__file__).resolve().parent.parent / "model" / "mlg-tree.json"
-TUNERS = ("new", "follow")
+TUNERS = ("new",)  # --tuners new follow: the tuner with its follow-up beside it
 V1_FIGURES = Path(__file__).resolve().parent / "data" / "tuner-v1-figures.json"
 
 
@@ -441,7 +441,7 @@ def main() -> None:
                         help="also run the real curves with this max_slowdown (their latency_s is the step time)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of jetson_inference_dvfs.csv")
     parser.add_argument("--worst", type=int, default=0, help="list the new tuner's N worst runs per set")
-    parser.add_argument("--tuners", nargs="+", default=list(TUNERS), choices=list(TUNERS))
+    parser.add_argument("--tuners", nargs="+", default=list(TUNERS), choices=["new", "follow"])
     parser.add_argument("--meter", nargs="+", default=["gauss"], choices=["gauss", *METERS],
                         help="how windows read energy: gauss (the curve times Gaussian noise), or every step through "
                         "a simulated nvml or ina3221 meter (benchmarks/meter_jobs.py)")

@@ -178,11 +178,13 @@ def run_model_job(w, start_hz: int, job_steps: int, noise: float, seed: int, mak
     session = make_session(model.levels_hz, start_hz)
     energy_j = time_s = 0.0
     at: dict[int, int] = {}
+    ran: dict[int, int] = {}  # every step's level: a tuner that follows its pick up moves it after converging
     pinned_hz = session.level_hz
     for step in range(1, job_steps + 1):
         sample = model.step(w, pinned_hz)
         energy_j += sample.energy_j
         time_s += sample.time_s
+        ran[pinned_hz] = ran.get(pinned_hz, 0) + 1
         if not session.converged:
             at[pinned_hz] = at.get(pinned_hz, 0) + 1
         session.on_progress(step, energy_j, time_s)
@@ -191,6 +193,5 @@ def run_model_job(w, start_hz: int, job_steps: int, noise: float, seed: int, mak
         raise RuntimeError(f"{w.name}: no convergence in {job_steps} steps")
     best = session.tuner.best_hz
     profiled = sum(at.values())
-    clean_j = sum(n * clean.expected(w, hz).energy_j for hz, n in at.items())
-    clean_j += (job_steps - profiled) * clean.expected(w, best).energy_j
+    clean_j = sum(n * clean.expected(w, hz).energy_j for hz, n in ran.items())
     return JobResult(best, session.tuner.probes, profiled, clean_j, at)
