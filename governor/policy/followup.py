@@ -18,7 +18,8 @@ the search has picked:
 - **Watching the pick.** Windows at the pick go on (they are free); a window that reads outside the pick's interval by
   more than ``drift_z`` standard deviations (the window's own, or the scatter of the pick's windows when larger, and
   the estimate's), twice in a row on the same side (the
-  window after the first is the pick's, whatever else is wanted), means the curve moved: the tuner searches again from
+  first may be a confirmation window at a near-tie; the window after it is the pick's, whatever else is wanted, and
+  the pick does not move on it), means the curve moved: the tuner searches again from
   the pick, with the windows before forgotten.
 """
 
@@ -65,7 +66,8 @@ class FollowUp:
         self.max_windows = max_windows
         self.windows_away = 0  # windows at contenders so far
         self._drift_signs: list[int] = []
-        self._reference: tuple[float, float, float] | None = None  # (mean, scatter, var of the mean) of the pick
+        # (level, mean, scatter, var of the mean) of the level a window was last judged against
+        self._reference: tuple[int, float, float, float] | None = None
         log_j = est.log_energy()
         fit = est.seconds()
         # The levels that may be picked from now on: the pick and its near-ties when it was chosen.
@@ -79,8 +81,8 @@ class FollowUp:
     def plan(self, steps_left: float, probe_steps: int) -> FollowPlan:
         """The next window: at the pair (the pick and a contender) whose run of windows is worth the most per window,
         value less cost, while one pays (confirming); else at the pick (watching)."""
-        if self._drift_signs and self._drift_signs[-1] != 0:
-            return FollowPlan(self.pick, "the pick's last window read outside its interval: measure it again", False)
+        if self.suspect:
+            return FollowPlan(self.pick, "the last window read outside its level's interval: measure the pick", False)
         if self.windows_away >= self.max_windows or steps_left <= 0:
             return FollowPlan(self.pick, "watching the pick: no confirmation left to pay for", False)
         log_j = self.est.log_energy()
@@ -121,17 +123,21 @@ class FollowUp:
         var = self.est.var_mean(i)  # (mean window variance) / n
         return math.sqrt(max(0.0, var - var * n / (n + m)))
 
+    @property
+    def suspect(self) -> bool:
+        """The last window read outside its level's interval: the next is the pick's, and the pick stays."""
+        return bool(self._drift_signs) and self._drift_signs[-1] != 0
+
     def drifted(self, i: int, joules: float, noise_rel: float) -> bool:
-        """Whether a window at level i (before it is added to the estimates) says the curve moved: the pick's window
-        outside its interval by drift_z, DRIFT_WINDOWS times in a row on one side."""
-        if i != self.pick:
-            return False
-        # The pick's interval as it was before the first window out of it (which would widen it): its estimate, and
+        """Whether a window at level i, a member (before it is added to the estimates), says the curve moved: a
+        window outside its level's interval by drift_z, DRIFT_WINDOWS times in a row on one side (a confirmation
+        window at a near-tie can be the first: the curve moves whatever level the job runs at)."""
+        # The level's interval as it was before the first window out of it (which would widen it): its estimate, and
         # the scatter of its windows where larger than the window's own noise (a meter noisier than the window says,
         # a busy host's step times say, must not read as drift).
-        if not self._drift_signs or self._drift_signs[-1] == 0 or self._reference is None:
-            self._reference = (self.est.log_energy()[i], self.est.scatter_rel(i) or 0.0, self.est.var_mean(i))
-        mean, scatter, var_mean = self._reference
+        if not self.suspect or self._reference is None or self._reference[0] != i:
+            self._reference = (i, self.est.log_energy()[i], self.est.scatter_rel(i) or 0.0, self.est.var_mean(i))
+        _, mean, scatter, var_mean = self._reference
         noise = max(noise_rel, scatter)
         z = (math.log(joules) - mean) / math.sqrt(noise * noise + var_mean)
         sign = 0 if abs(z) < self.drift_z else (1 if z > 0 else -1)

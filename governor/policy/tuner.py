@@ -186,7 +186,8 @@ class OnlineTuner:
                 self._search_again(i, joules, seconds, noise)
                 return
             follow.windows_away += i != follow.pick
-            follow.repick()
+            if not follow.suspect:  # a window out of its interval moves no pick before the next says why
+                follow.repick()
             self._final = follow.pick
             self._plan_follow()
             return

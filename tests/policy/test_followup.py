@@ -149,3 +149,26 @@ def test_without_follow_up_the_pick_is_frozen():
     assert not tuner.confirming and tuner.state()["follow_up"] is None
     tuner.observe(LEVELS[0], 0.001, 1.0)
     assert tuner.best_hz == pick == tuner.next_level_hz()
+
+
+def test_a_curve_that_moves_during_a_confirmation_window_is_searched_again_not_repicked():
+    energy = tie_curve()
+    moved = [0.5 * e for e in reversed(energy)]  # half the energy, its minimum on the other side of the table
+    seen = 0
+    for seed in range(40):
+        rng = random.Random(seed)
+        tuner = OnlineTuner(LEVELS, LEVELS[8], follow_up=True, total_steps=20_000)
+        search(tuner, energy, rng)
+        for _ in range(50):
+            if tuner.next_level_hz() != tuner.best_hz:
+                break
+            run(tuner, energy, rng, 1)
+        if tuner.next_level_hz() == tuner.best_hz:
+            continue  # no confirmation window away from the pick in this run
+        seen += 1
+        pick = tuner.best_hz
+        run(tuner, moved, rng, 1)  # the contender's window, on the moved curve: the pick stays, the next is its
+        assert tuner.converged and tuner.best_hz == pick and tuner.next_level_hz() == pick
+        run(tuner, moved, rng, 1)
+        assert tuner.re_searches == 1 and not tuner.converged
+    assert seen >= 5, seen
