@@ -4,7 +4,7 @@ the new one.
     python -m benchmarks.bench_tuner [--sets real adversarial fine simulated] [--seeds 5]
         [--job-steps 2000] [--noise-rel 0.03] [--model-noise 0.71] [--max-slowdown 0.1]
         [--data benchmarks/data/loudva] [--worst N]
-        [--meter gauss nvml ina3221] [--window-rule steps time] [--no-doc]
+        [--meter gauss nvml ina3221] [--window-rule steps time] [--tuners new follow] [--lengths N ...] [--no-doc]
 
 Curve sets (benchmarks/tuner_curves.py):
 
@@ -33,7 +33,10 @@ or sized by its WindowRule (the tuner then gets each window's own noise_rel). Th
 section ("tuner-meters"): per set, meter, rule and start, the runs, the level regret's mean and p99, the runs beyond
 6% with a 95% Wilson interval, and the whole job vs the optimum (mean, p99).
 
-The tuner is governor/policy/tuner.py with its defaults and ``total_steps`` set to the job's length. After the real
+The tuner is governor/policy/tuner.py with its defaults and ``total_steps`` set to the job's length ("new"), and
+with its follow-up after the pick, as the daemon runs it ("follow": follow_up=True; its windows go on to the job's
+end, or until it has only watched its pick for 20 windows, the rest charged at the pick). --lengths runs the meter
+path at several job lengths in one section. After the real
 and adversarial tables, its windows per phase of the search (the phase it was in when it asked for each window). The
 last table is a summary, one row per set and start, written to docs/benchmarks.md ("tuner") with the first tuner's
 recorded figures beside it (benchmarks/data/tuner-v1-figures.json: that tuner is in the history, not the tree). About
@@ -62,7 +65,7 @@ METERS = tuple(METER_UPDATE_S)
 MAX_STEPS = 200_000
 
 TREE = Path(__file__).resolve().parent.parent / "model" / "mlg-tree.json"
-TUNERS = ("new",)
+TUNERS = ("new",)  # --tuners new follow: the tuner with its follow-up beside it
 V1_FIGURES = Path(__file__).resolve().parent / "data" / "tuner-v1-figures.json"
 
 
@@ -87,7 +90,9 @@ class Run:
 
 
 def make_tuner(kind: str, levels_hz, start_hz: int, max_slowdown, noise_rel: float, job_steps: int):
-    return tuning.OnlineTuner(levels_hz, start_hz, max_slowdown, noise_rel=noise_rel, total_steps=job_steps)
+    """``new``: the tuner with its defaults; ``follow``: with follow_up, as the daemon runs it (tuner.follow_up)."""
+    return tuning.OnlineTuner(levels_hz, start_hz, max_slowdown, noise_rel=noise_rel, total_steps=job_steps,
+                              follow_up=kind == "follow")
 
 
 def starts_for(curve: Curve) -> dict[str, int]:
@@ -350,16 +355,21 @@ def meter_section(rows: list[tuple], targets: list[tuple], args) -> str:
     return ("## The online tuner on simulated meters\n\n`python -m benchmarks.bench_tuner "
             f"--sets {' '.join(args.sets)} "
             f"--meter {' '.join(args.meter)} --window-rule {' '.join(args.window_rule)} --seeds {args.seeds} "
-            f"--job-steps {args.job_steps}`: governor/policy/tuner.py with its defaults (noise_rel "
-            f"{args.noise_rel:g}), seeds 0-{args.seeds - 1} per curve and start; \"runs\" is the number of runs a row "
-            "covers. gauss: each window the curve times (1 + N(0, noise_rel)); nvml and ina3221: every step simulated "
+            f"--tuners {' '.join(TUNERS)} --lengths {' '.join(str(n) for n in args.lengths or [args.job_steps])}`: "
+            f"governor/policy/tuner.py with its defaults (noise_rel {args.noise_rel:g}; new: follow_up off, the "
+            "pick frozen at convergence; follow: follow_up on, as the daemon runs it, its windows simulated until the "
+            "job's end or until it has only watched its pick for 20 windows, the rest charged at the pick), seeds "
+            f"0-{args.seeds - 1} per curve and start; \"runs\" is the number of runs a row covers. Sets: real, the "
+            "146 measured Jetson curves (benchmarks/data/loudva); simulated, the 60 held-out workloads' noise-free "
+            "curves on the simulated Orin (its default governor as the top level). "
+            "gauss: each window the curve times (1 + N(0, noise_rel)); nvml and ina3221: every step simulated "
             "(governor/sim/meters.py: its time scattering by 15%, its power in two phases at the curve's J/s) and "
             "read through the meter (NVML's counter held between 100 ms updates, read at step ends; the INA3221's "
             "140 ms average, integrated over the daemon's sampler at each refresh and a read at each step's end), "
             "the windows ending at step ends, closed by the daemon's TuningSession: 1 warm-up + 4 steps, or "
             "sized by WindowRule (its defaults; the tuner gets each window's own noise_rel); gauss has no steps to "
             "size, so no WindowRule row. Whole job: "
-            f"{args.job_steps} steps, every profiled step (warm-up and long windows included) charged at its level's "
+            "the row's steps, every profiled step (warm-up and long windows included) charged at its level's "
             "noise-free J/step, against the whole job at the curve's minimum; a search longer than the job is charged "
             "up to the job's end. p99 by nearest rank. "
             f"Machine: {machine()} (the figures do not depend on it).\n\n"
@@ -368,21 +378,40 @@ def meter_section(rows: list[tuple], targets: list[tuple], args) -> str:
             + "\n".join(markdown_table(TARGET_HEADER, targets)) + "\n")
 
 
+def model_curves() -> list[Curve]:
+    """The 60 held-out workloads of the simulated Orin as curves: the energy model's noise-free J/step and s/step at
+    each level (the default governor stands in as the top level, as for the measured curves)."""
+    from governor.pipeline.workloads import held_out_workloads
+    from governor.sim.energy import OrinEnergyModel
+
+    model = OrinEnergyModel()
+    levels = model.levels_hz
+    return [Curve(f"sim/{w.name}", levels, tuple(model.expected(w, hz).energy_j for hz in levels),
+                  tuple(model.expected(w, hz).time_s for hz in levels)) for w in held_out_workloads()]
+
+
 def run_meters(args) -> None:
     rows: list[tuple] = []
     targets: list[tuple] = []
-    for name in args.sets:
-        curves = {"real": real_curves, "fine": fine_curves}.get(name, lambda _: adversarial_curves())(args.data)
-        for meter in args.meter:
-            for rule in args.window_rule:
-                if meter == "gauss" and rule == "time":
-                    continue  # no steps to size: the Gaussian model draws a window's noise, not its steps
-                runs = window_runs(curves, args, None, meter, rule)
-                new = meter_rows(name, runs)
-                targets.append(target_row(name, runs))
-                for row in new:
-                    print("| " + " | ".join(str(c) for c in row) + " |", flush=True)
-                rows += new
+    base_steps = args.job_steps
+    for steps in args.lengths or [base_steps]:
+        args.job_steps = steps
+        for name in args.sets:
+            curves = {"real": real_curves, "fine": fine_curves, "simulated": lambda _: model_curves()}.get(
+                name, lambda _: adversarial_curves())(args.data)
+            for meter in args.meter:
+                # gauss has no steps to size: the Gaussian model draws a window's noise, not its steps
+                for rule in ["steps"] if meter == "gauss" else args.window_rule:
+                    runs = window_runs(curves, args, None, meter, rule)
+                    for kind in TUNERS:
+                        mine = [r for r in runs if r.tuner == kind]
+                        label = f"{name}, {kind}, {steps} steps"
+                        new = meter_rows(label, mine)
+                        targets.append(target_row(label, mine))
+                        for row in new:
+                            print("| " + " | ".join(str(c) for c in row) + " |", flush=True)
+                        rows += new
+    args.job_steps = base_steps
     publish("tuner-meters", meter_section(rows, targets, args), doc=not args.no_doc)
 
 
@@ -400,20 +429,20 @@ def main() -> None:
                         help="also run the real curves with this max_slowdown (their latency_s is the step time)")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="folder of jetson_inference_dvfs.csv")
     parser.add_argument("--worst", type=int, default=0, help="list the new tuner's N worst runs per set")
-    parser.add_argument("--tuners", nargs="+", default=list(TUNERS), choices=list(TUNERS))
+    parser.add_argument("--tuners", nargs="+", default=list(TUNERS), choices=["new", "follow"])
     parser.add_argument("--meter", nargs="+", default=["gauss"], choices=["gauss", *METERS],
                         help="how windows read energy: gauss (the curve times Gaussian noise), or every step through "
                         "a simulated nvml or ina3221 meter (governor/sim/meters.py)")
     parser.add_argument("--window-rule", nargs="+", default=["steps"], choices=["steps", "time"],
                         help="windows of 1 warm-up + 4 steps, or sized by the daemon's WindowRule (meters only)")
+    parser.add_argument("--lengths", type=int, nargs="+", default=None,
+                        help="with --meter: job lengths to run each set at (default: --job-steps)")
     parser.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md as it is")
     args = parser.parse_args()
     TUNERS = tuple(args.tuners)
-    if args.meter != ["gauss"] or args.window_rule != ["steps"]:
+    if args.meter != ["gauss"] or args.window_rule != ["steps"] or args.lengths:
         if args.meter == ["gauss"]:
             parser.error("--window-rule time needs a simulated meter (--meter nvml or ina3221)")
-        if "simulated" in args.sets:
-            parser.error("--meter and --window-rule apply to the real, adversarial and fine sets")
         run_meters(args)
         return
 

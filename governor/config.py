@@ -87,7 +87,14 @@ class TunerConfig(_Strict):
         "exploration may cost at most this fraction of the job's energy (windows above the best level, in joules)"))
     confirm_windows: int = Field(_tuner.DEFAULT_CONFIRM_WINDOWS, ge=1, le=100, description=(
         "the fewest windows two levels within noise of each other get before the tuner may stop telling them apart"))
-    window_rule: Literal["steps", "time"] = Field("steps", description=(
+    follow_up: bool = Field(True, description=(
+        "after the search picks: confirm near-ties of the pick while the job's steps left pay for them, and search "
+        "again when the pick's energy per step leaves its interval (the job's curve moved)"))
+    drift_z: float = Field(_tuner.DEFAULT_DRIFT_Z, gt=0, le=100, description=(
+        "follow_up: a window at the pick this many standard deviations off its estimate, twice in a row, is a drift"))
+    max_follow_windows: int = Field(_tuner.DEFAULT_MAX_FOLLOW_WINDOWS, ge=0, le=1000, description=(
+        "follow_up: windows away from the pick at most (confirming its near-ties)"))
+    window_rule: Literal["steps", "time"] = Field("time", description=(
         "steps: a window is window_steps steps; time: it spans at least window_min_s, window_min_updates of the "
         "meter's updates and window_min_steps, then closes when its own uncertainty is within window_target_rel, "
         "or at window_max_s (docs/tuner.md)"))
@@ -100,16 +107,30 @@ class TunerConfig(_Strict):
         "window_rule time: the fewest updates of the energy meter a window spans"))
     window_min_steps: int = Field(_tuner.WindowRule.min_steps, ge=1, le=100_000, description=(
         "window_rule time: the fewest steps a window spans"))
+    settle_updates: float | None = Field(None, ge=0, le=100, description=(
+        "after a change of clock or an unpin, no window opens before the energy meter has updated this many times "
+        "(null: the meter's own, 1 for NVML's counter, 2 for the INA3221's average over its update_interval; 0: an "
+        "exact meter)"))
     baseline_window: bool = Field(True, description=(
         "measure one window (warmup_steps + window_steps) at the default governor before the pin, so that the job's "
         "end reports a measured saving against it"))
+
+    @classmethod
+    def exact_meter(cls) -> TunerConfig:
+        """The knobs for simulated jobs that read exact cumulative counters in the model's time (``ftgov evaluate``,
+        governor.sim.learning): windows of steps (a 4-step window is exact there, and a WindowRule sizes windows by a
+        real meter's updates), and the pick frozen at convergence, which their accounting charges the rest of the job
+        at. The daemon's defaults on real meters are measured by benchmarks/bench_tuner.py's meter runs."""
+        return cls(window_rule="steps", follow_up=False)
 
     def new_tuner(self, levels_hz, start_hz: int) -> _tuner.OnlineTuner:
         """An OnlineTuner with these knobs (the job's length is the session's to give: ``new_session``)."""
         return _tuner.OnlineTuner(levels_hz, start_hz, self.max_slowdown, noise_rel=self.noise_rel,
                                  max_probes=self.max_probes, explore_budget_frac=self.explore_budget_frac,
                                  confirm_windows=self.confirm_windows,
-                                 probe_steps=max(1, self.warmup_steps + self.window_steps))
+                                 probe_steps=max(1, self.warmup_steps + self.window_steps),
+                                 follow_up=self.follow_up, drift_z=self.drift_z,
+                                 max_follow_windows=self.max_follow_windows)
 
     @model_validator(mode="after")
     def _window_times(self):
@@ -132,13 +153,14 @@ class TunerConfig(_Strict):
                                  min_steps=self.window_min_steps, prior_rel=self.noise_rel)
 
     def new_session(self, online: _tuner.OnlineTuner, steps: int, total_steps: int | None = None,
-                    meter_update_s: float = 0.0) -> _tuner.TuningSession:
+                    meter_update_s: float = 0.0, settle_s: float = 0.0) -> _tuner.TuningSession:
         """A TuningSession over ``online`` from step count ``steps``; ``total_steps`` is the count the job ends at
         (None: unknown, the tuner assumes its ASSUMED_TOTAL_STEPS); ``meter_update_s``: how often the job's energy
         meter updates (0: exact), for window_rule time and to tell a counter that has not updated yet from a stalled
-        one."""
+        one; ``settle_s``: how long the meter takes to show a change of level (no window opens before)."""
         return _tuner.TuningSession(online, steps, self.warmup_steps, self.window_steps, total_steps=total_steps,
-                                    rule=self.window(meter_update_s), meter_update_s=meter_update_s)
+                                    rule=self.window(meter_update_s), meter_update_s=meter_update_s,
+                                    settle_s=settle_s)
 
 
 DEFAULT_STORE_PATH = "/var/lib/ftgov/measurements.sqlite"  # where the unit's StateDirectory=ftgov puts it

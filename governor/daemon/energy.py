@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from governor.backends.base import Gpu
 from governor.backends.rails import CounterMeter, EnergyMeter, Rails
 from governor.errors import BackendError
-from governor.policy.windows import UpdateEdges
+from governor.policy.windows import AVERAGE_SETTLE_UPDATES, COUNTER_SETTLE_UPDATES, UpdateEdges
 
 log = logging.getLogger("ftgovd")
 
@@ -105,6 +105,16 @@ class MeterFeed:
         self._seen_s = -math.inf  # the rails' samples up to here are edges already
         self.grid_found = not counter  # a sampler's samples are exact in time from the first
         self._timed_since: float | None = None  # the first report with step_end_s, while the grid is not known
+
+    def settle_s(self, updates: float | None = None) -> float:
+        """How long the meter takes to show a change of clock or an unpin wholly: ``updates`` of its updates (None:
+        its own, NVML's counter its next update, 100 ms; the INA3221's average two of its update_interval, read from
+        the tree)."""
+        if self.meter is None:
+            return 0.0
+        if updates is None:
+            updates = COUNTER_SETTLE_UPDATES if isinstance(self.meter, CounterMeter) else AVERAGE_SETTLE_UPDATES
+        return updates * self.meter.update_s
 
     def energy_j(self, job) -> float:
         if job.step_end_s is not None and not isinstance(self.meter, CounterMeter):

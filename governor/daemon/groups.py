@@ -190,7 +190,7 @@ class Groups:
 
     # ---- the decision ----------------------------------------------------------------------------------------------
     def plan_tune(self, plan: PlanTune) -> PlanTune:
-        """The PinController's plan_tune: a group's later ranks start at the group's level, not at their own."""
+        """The Controller's plan_tune: a group's later ranks start at the group's level, not at their own."""
         def planned(gov, job: ActiveJob, decision: Decision) -> Decision:
             group = self._of_job.get(job.job_id)
             if group is None:
@@ -204,7 +204,7 @@ class Groups:
         return planned
 
     def attach_tuner(self, attach: AttachTuner) -> AttachTuner:
-        """The PinController's attach_tuner: a group's ranks share the group's tuner instead of each having one."""
+        """The Controller's attach_tuner: a group's ranks share the group's tuner instead of each having one."""
         def attached(gov, job: ActiveJob) -> None:
             group = self._of_job.get(job.job_id)
             if group is None or job.decision is None or job.decision.policy is not PolicyName.TUNE:

@@ -18,6 +18,7 @@ rails measure the whole board). How the daemon drives the tuner, and why: docs/t
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from enum import Enum
@@ -45,7 +46,12 @@ class TunerState(Enum):
     BASELINE = "baseline"  # the baseline window is wanted, or being measured unpinned at the default governor
     SEARCHING = "searching"  # a search session measures windows, one level after another
     PAUSED = "paused"  # another job shares the GPU: no windows (the rails would measure both)
-    CONVERGED = "converged"  # pinned at the level chosen; the steps run there measure the saving
+    # The search has picked (tuner.follow_up): near-ties of the pick are measured while the job's steps left pay
+    # for them, and the pick may move to one of them.
+    CONFIRMING = "confirming"
+    # Pinned at the level chosen; the steps run there measure the saving. With tuner.follow_up its windows go on (the
+    # pick watched): one out of its interval twice in a row (the curve moved) starts a search again.
+    CONVERGED = "converged"
     STOPPED = "stopped"  # no energy source, the GPU left the level measured, or a pin failed: the pin stays
 
 
@@ -69,9 +75,11 @@ class JobTuner:
         self.baseline: Measurement | None = None
         self.baseline_status = "wanted" if cfg.baseline_window else "off (tuner.baseline_window: false)"
         self._baseline_window: ProbeWindow | None = None
-        # (steps, energy_j, time_s) at the first report after convergence, then the last
-        self._tail: tuple[int, float, float] | None = None
-        self._tail_end: tuple[int, float, float] | None = None
+        # The stretches run converged, for the saving: [level_hz, (steps, energy_j, time_s) at the first report of
+        # the stretch, at its last]; one is open while the state stays CONVERGED at one level.
+        self._stretches: list[list] = []
+        self._at_pick: list[Measurement] = []  # windows closed at the pick while confirming, for the saving too
+        self._stretch_open = False
         self._tail_mixed = False
         # A window's pin waited for the GPU's re-pin interval: the window starts over once it lands. It outlives a
         # pause (and a skipped baseline): the first window of the next session then starts over at its first report.
@@ -92,6 +100,8 @@ class JobTuner:
             self._enter(TunerState.BASELINE)
 
     def _enter(self, state: TunerState, status: str | None = None) -> None:
+        if state is not TunerState.CONVERGED:
+            self._stretch_open = False  # confirmations, a search again, a pause: other levels, or no measurement
         self.state = state
         if status is not None:
             self.status = status
@@ -100,6 +110,11 @@ class JobTuner:
         """Tuning stops for good: no more windows, the pin stays where it is last moved."""
         self.meter = None
         self._enter(TunerState.STOPPED, status)
+
+    @property
+    def _settle_s(self) -> float:
+        """How long after a change of clock or an unpin no window opens: until the meter shows it wholly."""
+        return self.feed.settle_s(self.cfg.settle_updates)
 
     def energy_j(self, job) -> float:
         return self.feed.energy_j(job)
@@ -141,9 +156,13 @@ class JobTuner:
         # (Re)start windows from here, at the level the tuner wants next (the session tells the tuner the job's
         # length first, which can re-plan it: pinned after, so that the pin is the window's level).
         self.session = self.cfg.new_session(self.tuner, job.steps, total_steps=job.total_steps,
-                                            meter_update_s=self.meter.update_s)
-        self._enter(TunerState.CONVERGED if self.tuner.converged else TunerState.SEARCHING, "measuring")
+                                            meter_update_s=self.meter.update_s, settle_s=self._settle_s)
+        self._enter(self._converged_state() if self.tuner.converged else TunerState.SEARCHING, "measuring")
         self._move(gov, job, self.session.measuring_hz, "tune: probing")
+
+    def _converged_state(self) -> TunerState:
+        assert self.tuner is not None, "a converged state is of a tuner"
+        return TunerState.CONFIRMING if self.tuner.confirming else TunerState.CONVERGED
 
     def _searching(self, gov, job, points: list, shared: bool) -> None:
         assert self.tuner is not None and self.session is not None, "a search runs a session over a tuner"
@@ -153,6 +172,11 @@ class JobTuner:
             self.session = None
             self._enter(TunerState.PAUSED, "paused: another job shares the GPU")
             return
+        self._feed(gov, job, points)
+
+    def _feed(self, gov, job, points: list) -> None:
+        """Feed the session's window at the level it measures; a closed window moves the pin (_window_closed)."""
+        assert self.tuner is not None and self.session is not None, "windows are fed to a session of a tuner"
         ctl = gov.gpus[job.gpu_id]
         pinned_hz = ctl.pinned_hz
         phase = job.phase or "train"
@@ -191,7 +215,7 @@ class JobTuner:
                 return
             if m is not None:
                 self._window_closed(gov, job, m)
-                if self.state is TunerState.SEARCHING:
+                if self.state in (TunerState.SEARCHING, TunerState.CONFIRMING, TunerState.CONVERGED):
                     # The pin moved as this report arrived: the next level's warm-up begins at its step, and the
                     # rest of its edges ran at the level measured before.
                     self.session.reopen(job.steps)
@@ -208,18 +232,35 @@ class JobTuner:
                  else f"next {mhz(self.session.level_hz, none='no pin')} ({state['reason']})",
                  extra={**job.fields(), "TUNE_PROBE": state["probes"], "TUNE_LEVEL_HZ": m.level_hz,
                         "TUNE_J_PER_STEP": f"{m.joules_per_step:.6f}", "TUNE_S_PER_STEP": f"{m.seconds_per_step:.6f}"})
+        was = self.state
+        if was is TunerState.CONFIRMING:
+            self._at_pick.append(m)
         if self.tuner.converged:
-            self._enter(TunerState.CONVERGED, "converged")
-            self._move(gov, job, self.tuner.best_hz,
-                       f"tune: converged on the least energy per step after {state['probes']} probes "
-                       f"({self.session.profiled_steps} steps)")
-        else:
-            self._move(gov, job, self.session.level_hz, f"tune: probing ({state['reason']})")
+            new = self._converged_state()
+            self._enter(new, "converged" if new is TunerState.CONVERGED else
+                        f"confirming: {state['follow_up']['reason']}")
+            if was is TunerState.SEARCHING:
+                self._move(gov, job, self.session.level_hz,
+                           f"tune: converged on the least energy per step after {state['probes']} probes "
+                           f"({self.session.profiled_steps} steps)")
+            elif job.freq_hz != self.session.level_hz:
+                self._move(gov, job, self.session.level_hz,
+                           f"tune: converged on {mhz(self.tuner.best_hz)}, provisionally; {self.status}")
+            return
+        if was is not TunerState.SEARCHING:
+            log.warning("%s: the energy per step at %s left its interval twice in a row (the job's curve moved): "
+                        "searching again", job.label(), mhz(m.level_hz), extra=job.fields())
+            self._enter(TunerState.SEARCHING, "measuring (searching again: the curve moved)")
+        self._move(gov, job, self.session.level_hz, f"tune: probing ({state['reason']})")
 
     def set_total_steps(self, gov, job) -> None:
         """The client told the job's length after the search began: the budget is re-priced over the steps left. The
         window open goes on at its level (the re-plan decides the one after it); a search the new budget ends is
         pinned at its choice at once (also one stopped: its pin moves to the level chosen, its windows stay off)."""
+        if (self.tuner is not None and self.session is not None and job.total_steps is not None
+                and self.tuner.converged and self.tuner.follow_up):
+            self.tuner.set_job(steps_left=max(0, job.total_steps - job.steps))  # prices the confirmations
+            return
         if (self.tuner is not None and self.session is not None  # a session runs over a tuner: both or neither
                 and job.total_steps is not None and not self.tuner.converged):
             self.tuner.set_job(total_steps=max(1, job.total_steps - job.steps))
@@ -249,7 +290,7 @@ class JobTuner:
                     return
             self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
                                                 rule=self.cfg.window(self.meter.update_s),
-                                                meter_update_s=self.meter.update_s)
+                                                meter_update_s=self.meter.update_s, settle_s=self._settle_s)
             self.status = "measuring the baseline window at the default governor"
             return
         # The unpin may wait for the GPU's re-pin interval (Controller.set_freq): until then the steps run at the
@@ -260,7 +301,8 @@ class JobTuner:
         if self._pin_waited:
             self._pin_waited = False
             self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
-                                                rule=self._baseline_window.rule, meter_update_s=self.meter.update_s)
+                                                rule=self._baseline_window.rule, meter_update_s=self.meter.update_s,
+                                                settle_s=self._settle_s)
             return
         m = None
         try:
@@ -290,15 +332,30 @@ class JobTuner:
 
     def _converged(self, gov, job, points: list, shared: bool) -> None:
         """After convergence: the steps run at the chosen level, from the first report after the re-pin (the steps
-        before it are its warm-up), for the saving. A stretch shared with another job is no measurement of this one."""
+        before it are its warm-up), for the saving. A stretch shared with another job is no measurement of this one.
+        With tuner.follow_up the pick's windows go on (no window while shared: it starts over after, warm-up
+        first)."""
+        self._record_stretch(gov, job, points, shared)
+        if self.session is None or not self.session.measuring:
+            return
+        if shared:
+            self._pin_waited = True
+            return
+        self._feed(gov, job, points)
+
+    def _record_stretch(self, gov, job, points: list, shared: bool) -> None:
+        """The steps run converged at one pinned level, from the first report at it (the steps before are its
+        warm-up), for the saving."""
         if shared:
             self._tail_mixed = True
-        elif points and self._tail is None:
-            self._tail = points[0]
-            if len(points) > 1:
-                self._tail_end = points[-1]
-        elif points:
-            self._tail_end = points[-1]
+            return
+        if not points:
+            return
+        if not self._stretch_open or self._stretches[-1][0] != job.freq_hz:
+            self._stretches.append([job.freq_hz, points[0], points[-1]])
+            self._stretch_open = True
+        else:
+            self._stretches[-1][2] = points[-1]
 
     def saving(self) -> dict | None:
         """The saving per step measured so far against the baseline window; None without both ends."""
@@ -306,10 +363,14 @@ class JobTuner:
             return None
         best_hz = self.tuner.best_hz
         steps, joules, over = 0, 0.0, "tuner windows"
-        if self._tail is not None and self._tail_end is not None and not self._tail_mixed:
-            steps, joules = self._tail_end[0] - self._tail[0], self._tail_end[1] - self._tail[1]
+        # After convergence: the stretches run at the pick, and its windows while confirming its near-ties.
+        at_pick = [(b[0] - a[0], b[1] - a[1], b[2] - a[2]) for hz, a, b in self._stretches if hz == best_hz]
+        at_pick += [(m.measured_steps, m.joules_per_step * m.measured_steps, m.duration_s or 0.0)
+                    for m in self._at_pick if m.level_hz == best_hz]
+        if at_pick and not self._tail_mixed:
+            steps, joules = sum(x[0] for x in at_pick), sum(x[1] for x in at_pick)
             over = "steps after convergence"
-            tuned_rel = self._stretch_noise_rel(steps, self._tail_end[2] - self._tail[2])
+            tuned_rel = self._stretch_noise_rel(steps, sum(x[2] for x in at_pick), len(at_pick))
         if steps < self.cfg.window_steps or joules <= 0:
             at_best = [m for m, _ in self.windows if m.level_hz == best_hz]
             steps = sum(m.measured_steps for m in at_best)
@@ -335,19 +396,25 @@ class JobTuner:
         """A window's relative uncertainty: its own (window_rule time), else what the tuner assumes (noise_rel)."""
         return max(m.noise_rel or 0.0, self.cfg.noise_rel)
 
-    def _stretch_noise_rel(self, steps: int, seconds: float) -> float:
-        """The relative uncertainty of J/step over a stretch of ``steps`` in ``seconds``: the meter's ends
-        (update / (T sqrt 6)) and the steps' scatter, taken as noise_rel for window_steps steps, averaging as
-        1/sqrt(steps)."""
+    def _stretch_noise_rel(self, steps: int, seconds: float, stretches: int = 1) -> float:
+        """The relative uncertainty of J/step over ``stretches`` stretches of ``steps`` in ``seconds`` in all: the
+        meter's ends (update / (T sqrt 6), each stretch has two) and the steps' scatter, taken as noise_rel for
+        window_steps steps, averaging as 1/sqrt(steps)."""
         update_s = self.meter.update_s if self.meter is not None else 0.0
-        ends = update_s / (seconds * math.sqrt(6.0)) if seconds > 0 else 0.0
+        ends = update_s * math.sqrt(stretches) / (seconds * math.sqrt(6.0)) if seconds > 0 else 0.0
         return math.hypot(ends, self.cfg.noise_rel * math.sqrt(self.cfg.window_steps / max(1, steps)))
 
     def finish(self, job) -> dict | None:
         """The job ends: its measured saving (None without a baseline); a converged level is learnt for the next
-        job of this shape on this kind of GPU."""
-        if self.tuner is not None and self.tuner.converged and self.starts is not None:
-            self.starts.learn(self.gpu_key, job.features, self.tuner.best_hz, job.uid)
+        job of this shape on this kind of GPU. A job that ends in a confirmation window at a near-tie ends at its
+        pick: its summary (unregister, the log, the store) names the level it was tuned to, not the window's."""
+        if self.tuner is not None and self.tuner.converged:
+            if self.starts is not None:
+                self.starts.learn(self.gpu_key, job.features, self.tuner.best_hz, job.uid)
+            if self.state is TunerState.CONFIRMING and job.decision is not None:
+                # The job is leaving (Controller.end re-applies its GPU without it next): no pin to move.
+                job.decision = dataclasses.replace(job.decision, freq_hz=self.tuner.best_hz,
+                                                   reason=f"tune: converged on {mhz(self.tuner.best_hz)}")
         return self.saving()
 
     # ---- pins, status -----------------------------------------------------------------------------------------------
@@ -363,7 +430,8 @@ class JobTuner:
             self._stop(f"stopped: {e}")
 
     _STEPS = {TunerState.WAITING: _waiting, TunerState.BASELINE: _measuring_baseline,
-              TunerState.SEARCHING: _searching, TunerState.PAUSED: _paused, TunerState.CONVERGED: _converged}
+              TunerState.SEARCHING: _searching, TunerState.PAUSED: _paused, TunerState.CONFIRMING: _searching,
+              TunerState.CONVERGED: _converged}
 
     def describe(self) -> dict:
         search = self.tuner.state() if self.tuner is not None else {
@@ -372,7 +440,8 @@ class JobTuner:
         window = None if last is None else {
             "rule": self.cfg.window_rule, "freq_hz": last.level_hz, "steps": last.measured_steps,
             "seconds": last.duration_s, "noise_rel": last.noise_rel}
-        return {**search, "status": self.status, "baseline": self._baseline_state(), "last_window": window,
+        return {**search, "state": self.state.value, "status": self.status, "baseline": self._baseline_state(),
+                "last_window": window,
                 "profiled_steps": self.session.profiled_steps if self.session else 0,
                 "burst_windows": self.session.bursts if self.session else 0}
 

@@ -115,7 +115,7 @@ class Oracle:
 def _daemon_tuner_config() -> TunerConfig:
     from governor.config import TunerConfig  # pydantic: imported when a tuned job runs, not when `ftgov` starts
 
-    return TunerConfig()
+    return TunerConfig.exact_meter()
 
 
 @dataclass(frozen=True)

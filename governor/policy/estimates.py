@@ -24,6 +24,7 @@ class _Estimate:
     n: int = 0
     sum_j: float = 0.0
     sum_log_j: float = 0.0
+    sum_log_j2: float = 0.0
     sum_s: float = 0.0
     sum_var: float = 0.0  # sum of the windows' variances (relative: of log joules per step)
 
@@ -31,6 +32,7 @@ class _Estimate:
         self.n += 1
         self.sum_j += joules
         self.sum_log_j += math.log(joules)
+        self.sum_log_j2 += math.log(joules) ** 2
         self.sum_s += seconds
         self.sum_var += noise_rel * noise_rel
 
@@ -112,6 +114,17 @@ class Estimates:
         """(log E_a - log E_b) in standard deviations of that difference, from the windows behind each (each with
         its own uncertainty; noise_rel for a window of unknown noise, and never less)."""
         return (log_j[a] - log_j[b]) / self.sd_diff(a, b)
+
+    def var_mean(self, i: int) -> float:
+        """The variance of level i's estimate (of its mean log joules per step)."""
+        return self._est[i].var_mean
+
+    def scatter_rel(self, i: int) -> float | None:
+        """The sample s.d. of level i's windows (of their log joules per step); None under three windows."""
+        e = self._est[i]
+        if e.n < 3:
+            return None
+        return math.sqrt(max(0.0, e.sum_log_j2 - e.sum_log_j ** 2 / e.n) / (e.n - 1))
 
     def sd_diff(self, a: int, b: int) -> float:
         return math.sqrt(self._est[a].var_mean + self._est[b].var_mean)

@@ -27,6 +27,7 @@ import numbers
 from collections.abc import Iterable
 
 from governor.policy.estimates import ASSUMED_TOTAL_STEPS, FEASIBLE_Z, Estimates, TunerSettings
+from governor.policy.followup import DEFAULT_DRIFT_Z, DEFAULT_MAX_FOLLOW_WINDOWS, FollowPlan, FollowUp
 from governor.policy.search import MAX_CONFIRM_WINDOWS, Search
 from governor.policy.windows import (
     DEFAULT_WARMUP_STEPS,
@@ -40,7 +41,8 @@ from governor.policy.windows import (
     _positive,
 )
 
-__all__ = ["ASSUMED_TOTAL_STEPS", "DEFAULT_WARMUP_STEPS", "DEFAULT_WINDOW_STEPS", "FEASIBLE_Z", "MAX_CONFIRM_WINDOWS",
+__all__ = ["ASSUMED_TOTAL_STEPS", "DEFAULT_DRIFT_Z", "DEFAULT_MAX_FOLLOW_WINDOWS",
+           "DEFAULT_WARMUP_STEPS", "DEFAULT_WINDOW_STEPS", "FEASIBLE_Z", "MAX_CONFIRM_WINDOWS",
            "Measurement", "OnlineTuner", "ProbeWindow", "TuningError", "TuningSession", "WindowRule"]
 
 # A safety cap only: the energy budget and the search's own stopping rules end it long before on any curve we know of;
@@ -86,6 +88,15 @@ class OnlineTuner:
     levels within noise of each other get before the tuner may stop telling them apart. ``max_probes`` is a safety cap
     on the windows.
 
+    With ``follow_up`` (off by default; the daemon's tuner.follow_up turns it on) the pick is provisional
+    (governor.policy.followup): once the search has chosen, ``converged`` is True and ``best_hz`` the pick, but windows
+    go on. While ``confirming``, ``next_level_hz()`` may name a near-tie of the pick worth a window for the steps the
+    job has left (``set_job(steps_left=)``; else the tuner counts them down from total_steps), and the pick moves to the
+    lowest of them; then the pick itself, watched: a window there that leaves the pick's interval by ``drift_z``
+    standard deviations twice in a row starts a new search from the pick, the windows before forgotten (``converged`` is
+    False again; ``re_searches`` counts them). ``max_follow_windows`` caps the windows away from the pick. Without it,
+    the decision is frozen at convergence: later observations are kept in ``state()`` and change nothing.
+
     Each window may come with its own uncertainty (``observe``'s ``noise_rel``: a WindowRule's windows carry it);
     ``noise_rel`` is then the prior for a window that has none and, with ``noise_floor_rel`` (default: noise_rel),
     the least any window is taken to scatter by.
@@ -95,7 +106,9 @@ class OnlineTuner:
                  noise_rel: float = DEFAULT_NOISE_REL, max_probes: int = DEFAULT_MAX_PROBES,
                  z_confirm: float = DEFAULT_Z_CONFIRM, explore_budget_frac: float = DEFAULT_EXPLORE_BUDGET_FRAC,
                  total_steps: int | None = None, probe_steps: int = DEFAULT_WARMUP_STEPS + DEFAULT_WINDOW_STEPS,
-                 confirm_windows: int = DEFAULT_CONFIRM_WINDOWS, noise_floor_rel: float | None = None):
+                 confirm_windows: int = DEFAULT_CONFIRM_WINDOWS, noise_floor_rel: float | None = None,
+                 follow_up: bool = False, drift_z: float = DEFAULT_DRIFT_Z,
+                 max_follow_windows: int = DEFAULT_MAX_FOLLOW_WINDOWS):
         self.levels_hz = _check_levels(levels_hz)
         if isinstance(start_hz, bool) or start_hz not in self.levels_hz:
             raise TuningError(f"start_hz {start_hz!r} is not one of the levels {list(self.levels_hz)}")
@@ -111,9 +124,18 @@ class OnlineTuner:
             max_probes=_count(max_probes, "max_probes", 1))
         self.noise_floor_rel = self.noise_rel if noise_floor_rel is None else _positive(noise_floor_rel,
                                                                                        "noise_floor_rel")
+        self.follow_up = bool(follow_up)
+        self.drift_z = _positive(drift_z, "drift_z")
+        self.max_follow_windows = _count(max_follow_windows, "max_follow_windows", 0)
         self.estimates = Estimates(self.levels_hz, self.levels_hz.index(start_hz), self.settings)
         self._probes = 0
+        self._probe_base = 0  # the windows before the search running now (a re-search after drift)
+        self.re_searches = 0
         self._final: int | None = None
+        self._follow: FollowUp | None = None
+        self._follow_plan: FollowPlan | None = None
+        self._steps_left: int | None = None  # as last told (set_job); None: counted down from total_steps
+        self._steps_since = 0.0  # steps of the windows since then (probe_steps each)
         self._stage = 1
         self._search = self._new_search(list(range(len(self.levels_hz))), self.estimates.start)
         self._settle()
@@ -136,6 +158,8 @@ class OnlineTuner:
 
     def next_level_hz(self) -> int:
         """The level to measure next; the chosen level once converged."""
+        if self._follow_plan is not None:
+            return self.levels_hz[self._follow_plan.index]
         if self._final is not None:
             return self.levels_hz[self._final]
         index = self._search.plan.index
@@ -151,30 +175,69 @@ class OnlineTuner:
         joules = _positive(joules_per_step, "joules_per_step")
         seconds = _positive(seconds_per_step, "seconds_per_step")
         i = self.levels_hz.index(level_hz)
-        noise = self.noise_rel if noise_rel is None else _positive(noise_rel, "noise_rel")
-        self.estimates.add(i, joules, seconds, max(noise, self.noise_floor_rel), charge=self._final is None)
+        noise = max(self.noise_floor_rel, self.noise_rel if noise_rel is None else _positive(noise_rel, "noise_rel"))
         self._probes += 1
+        self._steps_since += self.probe_steps
+        follow = self._follow
+        if follow is not None and i in follow.members:
+            drifted = follow.drifted(i, joules, noise)
+            self.estimates.add(i, joules, seconds, noise, charge=False)
+            if drifted:
+                self._search_again(i, joules, seconds, noise)
+                return
+            follow.windows_away += i != follow.pick
+            if not follow.suspect:  # a window out of its interval moves no pick before the next says why
+                follow.repick()
+            self._final = follow.pick
+            self._plan_follow()
+            return
+        self.estimates.add(i, joules, seconds, noise, charge=self._final is None)
         if self._final is None:
-            self._search.replan(self._probes)
+            self._search.replan(self._probes - self._probe_base)
             self._settle()
 
-    def set_job(self, total_steps: int | None = None, probe_steps: int | None = None) -> None:
-        """Tell the tuner, once it exists, how long the job is and what a window costs (TuningSession does)."""
+    def set_job(self, total_steps: int | None = None, probe_steps: int | None = None,
+                steps_left: int | None = None) -> None:
+        """Tell the tuner, once it exists, how long the job is and what a window costs (TuningSession does);
+        ``steps_left``, the steps the job has left now, prices the follow-up's windows (None: counted down from
+        total_steps by the windows' steps)."""
         if total_steps is not None:
             self.settings.total_steps = _count(total_steps, "total_steps", 1)
+            if self._steps_left is None:
+                self._steps_since = 0.0
         if probe_steps is not None:
             self.settings.probe_steps = _count(probe_steps, "probe_steps", 1)
+        if steps_left is not None:
+            self._steps_left, self._steps_since = _count(steps_left, "steps_left", 0), 0.0
         if self._final is None:
-            self._search.replan(self._probes)
+            self._search.replan(self._probes - self._probe_base)
             self._settle()
+        elif self._follow is not None:
+            self._plan_follow()
 
     @property
     def converged(self) -> bool:
+        """The search has picked (``best_hz``); with follow_up, windows may go on (``confirming``, watching)."""
         return self._final is not None
 
     @property
+    def confirming(self) -> bool:
+        """Converged, and a near-tie of the pick is still worth windows for the steps left (follow_up)."""
+        return self._follow_plan is not None and self._follow_plan.confirming
+
+    @property
+    def steps_left(self) -> float:
+        """The steps the job has left, as last told (set_job) less the windows' steps since; else total_steps (or
+        ASSUMED_TOTAL_STEPS) less the windows' steps since it was given."""
+        told = self._steps_left
+        if told is None:
+            told = self.total_steps if self.total_steps is not None else ASSUMED_TOTAL_STEPS
+        return max(0.0, told - self._steps_since)
+
+    @property
     def best_hz(self) -> int:
-        """The chosen level once converged; before that, the best measured so far (the start when nothing is)."""
+        """The chosen level once converged (the pick, which confirming may move); before that, the best measured so
+        far (the start when nothing is)."""
         if self._final is not None:
             return self.levels_hz[self._final]
         best = self.estimates.incumbent(self.estimates.log_energy())
@@ -194,8 +257,16 @@ class OnlineTuner:
                       "smoothed_joules_per_step": math.exp(log_j[i]), "seconds_per_step": est.mean_seconds(i),
                       "feasible": est.feasible(i, fit)}
                      for i, hz in enumerate(self.levels_hz) if est.windows(i)]
+        follow = self._follow
         return {
             "phase": "done" if self.converged else self._search.plan.phase,
+            "confirming": self.confirming,
+            "re_searches": self.re_searches,
+            "follow_up": None if follow is None or self._follow_plan is None else {
+                "pick_hz": self.levels_hz[follow.pick],
+                "contenders_hz": [self.levels_hz[i] for i in follow.contenders],
+                "windows_away": follow.windows_away, "steps_left": round(self.steps_left),
+                "reason": self._follow_plan.reason},
             "reason": self._search.plan.reason,
             "stage": self._stage,
             "searching_hz": [self.levels_hz[self._search.span[0]], self.levels_hz[self._search.span[-1]]],
@@ -228,18 +299,43 @@ class OnlineTuner:
         top = len(self.levels_hz) - 1
         if self.max_slowdown is not None and top not in levels:
             levels.append(top)
-        return Search(self.settings, self.estimates.subset(levels, start), levels, span, self._probes)
+        return Search(self.settings, self.estimates.subset(levels, start), levels, span,
+                      self._probes - self._probe_base)
 
     def _settle(self) -> None:
-        """When a search has chosen, search the levels around its choice if they can matter, else converge."""
+        """When a search has chosen, search the levels around its choice if they can matter, else converge (and,
+        with follow_up, begin following the pick)."""
         while self._final is None and self._search.chosen is not None:
             pick = self._search.chosen
             span = self._between(pick)
             if span is None:
                 self._final = pick
+                if self.follow_up:
+                    self._follow = FollowUp(self.estimates, pick, self.z_confirm, self.drift_z,
+                                            self.max_follow_windows)
+                    self._plan_follow()
             else:
                 self._stage += 1
                 self._search = self._new_search(span, pick)
+
+    def _plan_follow(self) -> None:
+        assert self._follow is not None, "a follow-up plan is of a pick being followed"
+        self._follow_plan = self._follow.plan(self.steps_left, self.probe_steps)
+
+    def _search_again(self, i: int, joules: float, seconds: float, noise: float) -> None:
+        """The curve moved under the pick (level i): a new search from it over the steps left, its exploration
+        budget afresh, the windows before forgotten but this one (the pick's first of the new curve)."""
+        self.re_searches += 1
+        left = max(1, round(self.steps_left))
+        self.settings.total_steps = left
+        self._steps_left, self._steps_since = left, 0.0
+        self.estimates = Estimates(self.levels_hz, i, self.settings)
+        self.estimates.add(i, joules, seconds, noise, charge=False)
+        self._final, self._follow, self._follow_plan = None, None, None
+        self._probe_base = self._probes - 1
+        self._stage = 1
+        self._search = self._new_search(list(range(len(self.levels_hz))), i)
+        self._settle()
 
     def _between(self, pick: int) -> list[int] | None:
         """The levels between a grid's pick and its grid neighbours, when a search of them can matter: some are
@@ -247,7 +343,7 @@ class OnlineTuner:
         noise_rel above the pick. None otherwise (and when the search was of every level of its span)."""
         span = self._search.span
         grid = [i for i in self._search.levels if span[0] <= i <= span[-1]]
-        if len(grid) == len(span) or self._probes >= self.max_probes:
+        if len(grid) == len(span) or self._probes - self._probe_base >= self.max_probes:
             return None
         lo = max((i for i in grid if i < pick), default=pick)
         hi = min((i for i in grid if i > pick), default=pick)

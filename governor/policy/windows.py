@@ -20,12 +20,15 @@ class Tuner(Protocol):
     @property
     def converged(self) -> bool: ...
 
+    follow_up: bool  # windows go on after converged (governor.policy.followup)
+
     def next_level_hz(self) -> int: ...
 
     def observe(self, level_hz: int, joules_per_step: float, seconds_per_step: float, *,
                 noise_rel: float | None = None) -> None: ...
 
-    def set_job(self, total_steps: int | None = None, probe_steps: int | None = None) -> None: ...
+    def set_job(self, total_steps: int | None = None, probe_steps: int | None = None,
+                steps_left: int | None = None) -> None: ...
 
 # A probe is DEFAULT_WARMUP_STEPS discarded steps after a change of level, then DEFAULT_WINDOW_STEPS measured steps.
 # One warm-up step is enough to leave the step during which the clock changed out of the window (a devfreq write takes
@@ -35,6 +38,11 @@ DEFAULT_WINDOW_STEPS = 4
 # NVML's energy counter moves every 100 ms (measured on an H200: governor.sim.meters); a Jetson's INA3221 refreshes
 # every hwmon update_interval (140 ms by default).
 NVML_COUNTER_UPDATE_S = 0.100
+# How long a meter takes to show a change of clock (or an unpin) fully, in its updates: NVML's counter is exact at
+# its next update; an INA3221 reading is the mean over the update_interval before its last refresh, so a reading
+# wholly after the change comes at most two intervals after it.
+COUNTER_SETTLE_UPDATES = 1
+AVERAGE_SETTLE_UPDATES = 2
 # A counter that holds between updates reads the same across a window shorter than one update (4 steps of 26 ms):
 # such a window stays open until the counter moves. One that has not moved for this many updates is stalled.
 STALL_UPDATES = 10
@@ -184,14 +192,20 @@ class ProbeWindow:
     ``meter_update_s``: how often the energy counter moves (0: an exact meter). A window of ``window_steps`` across
     which such a counter has not moved stays open until it has, for up to STALL_UPDATES updates (a rule's window
     stays open anyway: its uncertainty is infinite until the counter moves, and it closes at ``max_s``).
+
+    ``settle_s``: after a change of level (a window with warm-up steps) the window opens only once this long has
+    passed since its first report as well, so that the meter shows the new level wholly (COUNTER_SETTLE_UPDATES or
+    AVERAGE_SETTLE_UPDATES of its updates); the steps meanwhile are warm-up too.
     """
 
     def __init__(self, level_hz: int | None, begin_steps: float, warmup_steps: int = DEFAULT_WARMUP_STEPS,
                  window_steps: int = DEFAULT_WINDOW_STEPS, *, rule: WindowRule | None = None,
-                 meter_update_s: float = 0.0):
+                 meter_update_s: float = 0.0, settle_s: float = 0.0):
         self.level_hz = level_hz
         self.begin_steps = _steps(begin_steps)
         self.warmup_steps = _count(warmup_steps, "warmup_steps", 0)
+        self.settle_s = float(settle_s) if self.warmup_steps else 0.0  # the same level going on has nothing to settle
+        self._first_s: float | None = None  # the time of the first report fed
         self.window_steps = _count(window_steps, "window_steps", 1)
         self.rule = rule
         self.stall_s = STALL_UPDATES * float(meter_update_s)
@@ -212,8 +226,11 @@ class ProbeWindow:
             self._mark = None
             self._reports = []
             return None
+        if self._first_s is None:
+            self._first_s = float(time_s)
         if self._mark is None:
-            if steps >= self.begin_steps + self.warmup_steps:
+            if (steps >= self.begin_steps + self.warmup_steps
+                    and float(time_s) - self._first_s >= self.settle_s):
                 self._mark = (steps, float(energy_j), float(time_s))
                 self._reports = [self._mark]
             return None
@@ -264,14 +281,16 @@ class TuningSession:
     count as ``steps``): the tuner's exploration budget is a fraction of the energy of the steps left. Feed every
     progress report to ``on_progress``; when it returns a measurement, pin ``level_hz`` if it changed (and log the
     measurement with ``tuner.state()``). Re-measuring the level already pinned needs no warm-up; a new level gets
-    ``warmup_steps`` discarded steps first.
+    ``warmup_steps`` discarded steps first. A tuner that follows its pick up (``tuner.follow_up``) gets windows after
+    it has converged too, and the steps the job has left after each (when ``total_steps`` is known).
     """
 
     def __init__(self, tuner: Tuner, steps: int, warmup_steps: int = DEFAULT_WARMUP_STEPS,
                  window_steps: int = DEFAULT_WINDOW_STEPS, *, total_steps: int | None = None,
-                 rule: WindowRule | None = None, meter_update_s: float = 0.0):
+                 rule: WindowRule | None = None, meter_update_s: float = 0.0, settle_s: float = 0.0):
         self.tuner = tuner
         self.meter_update_s = meter_update_s
+        self.settle_s = settle_s  # after a change of level, the meter's (ProbeWindow)
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
         self.rule = rule
@@ -283,6 +302,7 @@ class TuningSession:
         self._bursts_in_a_row = 0
         # The tuner's budget is priced in windows of this session's size, over the steps the job has left.
         remaining = None
+        self._end_steps = None if total_steps is None else int(total_steps)
         if total_steps is not None:
             remaining = max(1, _count(total_steps, "total_steps", 0) - _count(steps, "steps", 0))
         tuner.set_job(total_steps=remaining, probe_steps=max(1, warmup_steps + window_steps))
@@ -291,7 +311,7 @@ class TuningSession:
     def _new_window(self, level_hz: int, steps: float, warmup_steps: int) -> ProbeWindow:
         self._measuring_hz = level_hz  # the window's level, known to be a pinned one here
         return ProbeWindow(level_hz, steps, warmup_steps, self.window_steps, rule=self.rule,
-                           meter_update_s=self.meter_update_s)
+                           meter_update_s=self.meter_update_s, settle_s=self.settle_s)
 
     def reopen(self, steps: float) -> None:
         """Begin the warm-up of a window at a new level at ``steps`` instead: its level was pinned when that step was
@@ -320,8 +340,13 @@ class TuningSession:
         from here, warm-up first, as after any change of clock."""
         self._window = self._new_window(self._measuring_hz, steps, self.warmup_steps)
 
+    @property
+    def measuring(self) -> bool:
+        """Windows are still measured: the search runs, or the tuner follows its pick up."""
+        return not self.tuner.converged or self.tuner.follow_up
+
     def on_progress(self, steps: float, energy_j: float, time_s: float, phase: str = "train") -> Measurement | None:
-        if self.tuner.converged:
+        if not self.measuring:
             return None
         m = self._window.feed(steps, energy_j, time_s, phase)
         if m is None:
@@ -345,8 +370,10 @@ class TuningSession:
             mean_steps = round(sum(self._window_steps_seen) / len(self._window_steps_seen))
             self.tuner.set_job(probe_steps=max(1, self.warmup_steps + mean_steps))
         self.tuner.observe(self._measuring_hz, m.joules_per_step, m.seconds_per_step, noise_rel=m.noise_rel)
+        if self._end_steps is not None and self.tuner.converged:
+            self.tuner.set_job(steps_left=max(0, self._end_steps - math.ceil(steps)))
         self.profiled_steps += m.profiled_steps
-        if not self.tuner.converged:
+        if self.measuring:
             nxt = self.tuner.next_level_hz()
             warmup = 0 if nxt == m.level_hz else self.warmup_steps
             self._window = self._new_window(nxt, steps, warmup)

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import yaml
 
+from governor.policy.windows import AVERAGE_SETTLE_UPDATES
+
 DEVFREQ = "sys/class/devfreq/17000000.gpu"
 # Where workdirs are made: /tmp unless set (a test session sets a directory of its own and removes it at its end).
 WORKDIRS_ENV = "FTGOV_TEST_WORKDIRS"
@@ -257,12 +259,20 @@ class Daemon:
         self.notify.close()
 
 
-def scaled(time_scale: float, config: dict | None = None) -> dict:
+def scaled(time_scale: float, config: dict | None = None, meters: str = "exact") -> dict:
     """The config of a daemon whose jobs run at ``time_scale`` (governor.sim.job): the GPU's re-pin interval
     (limits.repin_interval_s, a second) scaled alike, so that a tuned job's windows wait for their pins as many of
-    its steps as a real job's do."""
+    its steps as a real job's do; and the meter's settling after a change of clock (tuner.settle_updates): none for
+    the simulated board's exact rails (``meters`` "exact", a tree without tree.METERS), and for rails that report as
+    an INA3221 does ("ina3221") the sensor's, scaled too, since the board runs it in the jobs' compressed time while
+    the tree's update_interval says 140 ms. On exact rails windows are of steps (tuner.window_rule steps: a 4-step
+    window reads the exact energy, and a WindowRule's seconds would be real time against the jobs' compressed
+    time)."""
     config = dict(config or {})
     config["limits"] = {**config.get("limits", {}), "repin_interval_s": time_scale}
+    settle = 0.0 if meters == "exact" else AVERAGE_SETTLE_UPDATES * time_scale
+    exact = {"window_rule": "steps"} if meters == "exact" else {}
+    config["tuner"] = {"settle_updates": settle, **exact, **config.get("tuner", {})}
     return config
 
 

@@ -14,8 +14,8 @@ time_s) at each step's end:
 
 The windows follow the TunerConfig's rule (``rule``: ``steps``, warm-up then window_steps; ``time``, the daemon's
 WindowRule on the meter's updates). The job starts pinned at ``start_hz`` and re-pins as each window closes (the next
-step is the warm-up). It stops when the tuner converges: the rest of the job is charged at the chosen level's
-noise-free figures (``TunedJob.clean_energy_j``).
+step is the warm-up). It stops when the tuner converges (a tuner that follows its pick up, later: WATCHED_WINDOWS):
+the rest of the job is charged at the chosen level's noise-free figures (``TunedJob.clean_energy_j``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ from governor.sim.meters import METER_UPDATE_S, MeteredSteps
 
 METERS = ("exact", "gauss", *METER_UPDATE_S)
 RULES = ("steps", "time")
+# A follow-up that has only watched its pick for this many windows is not simulated further (the rest of the job is
+# charged at the pick, as if its watch saw no drift): benchmarks' time.
+WATCHED_WINDOWS = 20
 
 
 class Board(Protocol):
@@ -181,7 +184,9 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
     tuner's knobs. The search may run ``max_steps`` steps (default ``job_steps``); a tuner still searching then
     raises FtgovError if ``must_converge``, else the job ends there.
     """
-    cfg = config or TunerConfig()
+    # Exact counters in model time take 4-step windows and freeze the pick, as the rest of the job is charged at it;
+    # a real meter's the daemon's defaults (time windows).
+    cfg = config or (TunerConfig.exact_meter() if meter in ("exact", "gauss") else TunerConfig())
     if rule is not None:
         if rule not in RULES:
             raise ValueError(f"rule {rule!r}: one of {', '.join(RULES)}")
@@ -197,7 +202,16 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
     limit = job_steps if max_steps is None else max_steps
     hz = session.measuring_hz
     phase = online.state()["phase"]
-    while job.profiled_steps < limit and not session.converged:
+    watched = 0  # windows that only watched the pick since it last moved or confirmed
+
+    def going() -> bool:
+        if not session.converged:
+            return job.profiled_steps < limit
+        # A tuner that follows its pick up gets windows after converging too (confirming near-ties, watching for
+        # drift), up to the job's end or until it has only watched for WATCHED_WINDOWS windows.
+        return session.measuring and job.profiled_steps < job_steps and watched < WATCHED_WINDOWS
+
+    while going():
         energy_j, time_s = board.step(hz)
         report = reader.step(energy_j, time_s)
         job.profiled_steps += 1
@@ -212,7 +226,8 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
             continue
         job.windows.append(m)
         job.windows_by_phase[phase] = job.windows_by_phase.get(phase, 0) + 1
-        if not session.converged:
+        watched = watched + 1 if session.converged and not online.confirming else 0
+        if session.measuring:
             hz = session.measuring_hz
             phase = online.state()["phase"]
             reader.window_opened()

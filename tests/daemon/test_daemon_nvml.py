@@ -127,7 +127,9 @@ def test_a_window_inside_one_update_of_the_energy_counter_waits_for_it_and_tunin
     """Steps of 26 ms against NVML's counter, which moves every 100 ms: a window of 4 steps that starts just after an
     update sees none (0 J). That is a window too short to read, not a stalled meter: it stays open until the counter
     moves, and the search goes on."""
-    d, _calls = nvml_daemon(gpus=({},), tuner={"window_rule": "steps", "baseline_window": False})
+    # settle_updates 0: the window opens right after its warm-up step, not an update later (as by default).
+    d, _calls = nvml_daemon(gpus=({},), tuner={"window_rule": "steps", "baseline_window": False,
+                                               "settle_updates": 0})
     c = d.client()
     job_id = c.call("register", **FEATURES)["job_id"]
     c.notify("progress", job_id=job_id, steps=1, phase="train")  # the search starts: pinned at its first level
@@ -154,10 +156,11 @@ def test_a_client_that_times_its_steps_gets_windows_whose_ends_are_the_counters_
     per second is the GPU's true power at its level."""
     path = tmp_path / "m.sqlite"
     util_pct, top_mhz = 80, 1980
-    # The re-pin interval shortened: 120 steps of 26 ms are 3 s, and this checks the windows' edges, not the rate
-    # at which probes may move the pin (tests/daemon/test_ratelimit.py).
+    # The re-pin interval shortened and no settling after a pin: 120 steps of 26 ms are 3 s, and this checks the
+    # windows' edges, not the rate at which probes may move the pin (tests/daemon/test_ratelimit.py) nor the
+    # wait for the counter's next update after one (tests/policy/test_windows_settle.py).
     d, _calls = nvml_daemon(gpus=({"util_gpu_pct": util_pct},), store={"path": str(path)},
-                            tuner={"window_rule": "steps"}, limits={"repin_interval_s": 0.01})
+                            tuner={"window_rule": "steps", "settle_updates": 0}, limits={"repin_interval_s": 0.01})
     c = d.client()
     job_id = c.call("register", **FEATURES)["job_id"]
     step_s = 0.026

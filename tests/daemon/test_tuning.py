@@ -35,9 +35,12 @@ class _CountingGpu(LimitsGpu):
 
 
 
-def _controller(tmp_path, gpu: _CountingGpu, baseline_window: bool = False) -> Controller:
+def _controller(tmp_path, gpu: _CountingGpu, baseline_window: bool = False, follow_up: bool = True) -> Controller:
+    # The counter is exact at every read (no update interval to settle over, 4-step windows exact), and no time
+    # passes between reports.
     attach = TunerAttach()
-    settings = PinSettings(Policy(PolicyName.FFG, LEVELS[0], None), tuner=TunerConfig(baseline_window=baseline_window))
+    tuner = TunerConfig(baseline_window=baseline_window, follow_up=follow_up, settle_updates=0, window_rule="steps")
+    settings = PinSettings(Policy(PolicyName.FFG, LEVELS[0], None), tuner=tuner)
     return Controller([gpu], settings, StateFile(tmp_path / "state"), "boot-1", attach_tuner=attach,
                       plan_tune=attach.plan)
 
@@ -95,7 +98,7 @@ def test_without_an_energy_source_the_tuner_is_stopped_and_reports_change_nothin
 
 
 def test_a_search_converges_and_stays_pinned_at_its_choice(tmp_path):
-    pins = _controller(tmp_path, _CountingGpu())
+    pins = _controller(tmp_path, _CountingGpu(), follow_up=False)
     job = _tuned_job(pins, 100)
     steps = 0
     while job.tuner.state is not TunerState.CONVERGED and steps < 2000:
@@ -124,3 +127,32 @@ def test_a_failed_unpin_for_the_baseline_stops_tuning_without_an_error(tmp_path)
     assert _report(pins, job, 1) is TunerState.STOPPED
     assert job.tuner.status.startswith("stopped: ") and "restore refused" in job.tuner.status
     assert _report(pins, job, 2) is TunerState.STOPPED
+
+
+def test_with_follow_up_a_tie_is_confirmed_then_the_pick_is_watched_at_its_pin(tmp_path):
+    """Every level reads 10 J a step: all tie, so the pick's neighbours are confirmed (CONFIRMING, the pin moving to
+    them) until the steps left no longer pay; then CONVERGED, pinned at the pick, whose windows go on."""
+    pins = _controller(tmp_path, _CountingGpu())
+    job = _tuned_job(pins, 100)
+    job.total_steps = 3000
+    seen, pins_confirming = [], set()
+    steps = 0
+    while steps < 3000:
+        steps += 1
+        state = _report(pins, job, steps)
+        if not seen or seen[-1] is not state:
+            seen.append(state)
+        if state is TunerState.CONFIRMING:
+            assert job.tuner.describe()["state"] == "confirming" and job.tuner.status.startswith("confirming: ")
+            pins_confirming.add(job.freq_hz)
+        if state is TunerState.CONVERGED and TunerState.CONFIRMING in seen and steps > 2500:
+            break
+    assert seen[0] is TunerState.SEARCHING and TunerState.CONFIRMING in seen, seen
+    assert TunerState.STOPPED not in seen and seen[-1] is TunerState.CONVERGED
+    assert len(pins_confirming) >= 2  # the pick and a near-tie of it
+    best = job.tuner.tuner.best_hz
+    assert job.freq_hz == best and job.tuner.describe()["state"] == "converged"
+    probes = job.tuner.tuner.probes
+    for k in range(1, 30):  # watched: its windows go on at the pin
+        assert _report(pins, job, steps + k) is TunerState.CONVERGED and job.freq_hz == best
+    assert job.tuner.tuner.probes > probes and job.tuner.tuner.re_searches == 0

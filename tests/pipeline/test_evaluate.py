@@ -108,7 +108,8 @@ def test_tune_charges_its_exploration_over_the_whole_job(report):
     s = next(s for s in sweeps if s.workload == "pythia-70m/qqp")
     index, workload = simulated_workload(s)
     start_hz = DecisionTree.load(MODEL / "mlg-tree.json").decide(s.features).freq_hz
-    job = run_tuned_job(ModelBoard(workload, TuneSettings.noise, 1000 * index), start_hz, 2000, config=TunerConfig())
+    job = run_tuned_job(ModelBoard(workload, TuneSettings.noise, 1000 * index), start_hz, 2000,
+                        config=TunerConfig.exact_meter())
     assert sum(job.steps_at_hz.values()) == job.profiled_steps
     assert len(job.steps_at_hz) >= 2  # it did explore: at least the start and a neighbour
     rest = 2000 - job.profiled_steps

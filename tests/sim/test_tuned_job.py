@@ -81,7 +81,7 @@ def test_windows_sized_by_time_carry_their_noise_and_by_steps_do_not(meter):
 
 
 def test_the_config_sets_the_windows_and_the_tuner():
-    cfg = TunerConfig(window_steps=7, warmup_steps=2, max_slowdown=0.05)
+    cfg = TunerConfig(window_rule="steps", window_steps=7, warmup_steps=2, max_slowdown=0.05)
     job = run_tuned_job(V, LEVELS[-1], 4000, config=cfg)
     assert job.windows[0].profiled_steps == 9 and all(m.measured_steps == 7 for m in job.windows)
     assert job.tuner.max_slowdown == 0.05
