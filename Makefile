@@ -110,6 +110,8 @@ bench: $(DEV_VENV)/.test
 	$(VPY) -m benchmarks.meter_windows
 	$(VPY) -m benchmarks.sampler_cost
 	$(VPY) -m benchmarks.trace_register
+	$(VPY) -m benchmarks.meter_saving
+	$(VPY) -m benchmarks.bench_groups
 
 # --- the model pipeline (governor/pipeline): each file is made from the files it is computed from, so `make model`
 # redoes only the stages whose inputs changed (cookiecutter-data-science style; `make -B model` redoes them all).

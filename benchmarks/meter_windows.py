@@ -1,4 +1,4 @@
-"""Tuning windows against real meter readings: the H200 traces (../shared/data/h200-meter) replayed through the
+"""Tuning windows against real meter readings: the H200 traces (benchmarks/data/h200-meter) replayed through the
 daemon's own window code (governor.policy.windows), and the same on the simulated NVML meter (governor.sim.meters).
 
     .venv/bin/python -m benchmarks.meter_windows [--seeds N]
@@ -37,7 +37,7 @@ from governor.sim.meters import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-TRACE_DIR = REPO.parent / "shared" / "data" / "h200-meter"
+TRACE_DIR = REPO / "benchmarks" / "data" / "h200-meter"  # shipped in the repo, as the LoudVA curves are
 MODELS = ("bert-small-L6H512", "bert-base-L12H768", "bert-large-L24H1024")
 STEP_WINDOWS = (4, 8, 16, 32)
 EDGE_WINDOWS_S = (0.2, 1.0, 2.0)

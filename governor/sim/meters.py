@@ -1,7 +1,7 @@
 """How real energy meters report, in one place: the simulated board's INA3221 rails, the fake NVML's energy counter and
 power reading, and the benchmarks all read a true power trace through these models.
 
-Calibrated on real NVML readings from an H200 (../shared/data/h200-meter, read every ~5 ms and at every step's end):
+Calibrated on real NVML readings from an H200 (benchmarks/data/h200-meter, read every ~5 ms and at every step's end):
 
 - the energy counter and the power reading move only at update instants NVML_UPDATE_S (100 ms) apart (median 100.0
   ms; the 5 ms polling puts p10-p90 at 96-103 ms, so the instants' own jitter is at most a few ms) and hold between

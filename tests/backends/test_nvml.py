@@ -252,7 +252,7 @@ def test_energy_counter_follows_power_over_time(nvml, system):
 
 
 def test_energy_counter_and_power_move_only_every_100_ms_as_a_real_h200s(nvml, system):
-    """As recorded on an H200 (../shared/data/h200-meter): both hold between updates 100 ms apart; the power read is
+    """As recorded on an H200 (benchmarks/data/h200-meter): both hold between updates 100 ms apart; the power read is
     the mean over the last period."""
     system.gpus[0].meter_jitter_s = 0
     gpu = probe(nvml)[0]

@@ -1,4 +1,4 @@
-"""Real NVML readings from an H200 (../shared/data/h200-meter) replayed through the daemon's own window code
+"""Real NVML readings from an H200 (benchmarks/data/h200-meter) replayed through the daemon's own window code
 (governor.policy.windows, via benchmarks/meter_windows.py), against the figures issue 23 measured from the same files;
 then the simulated NVML meter (governor.sim.meters) put through the same code, to show it scatters like the real one.
 
@@ -16,7 +16,6 @@ from benchmarks.meter_windows import (
     EDGE_WINDOWS_S,
     MODELS,
     STEP_WINDOWS,
-    TRACE_DIR,
     edge_window_cv,
     load_h200,
     mean_power_w,
@@ -28,9 +27,6 @@ from benchmarks.meter_windows import (
     successive_spread,
 )
 from governor.policy.windows import WindowRule
-
-pytestmark = pytest.mark.skipif(not TRACE_DIR.is_dir(), reason=f"the H200 meter traces are not at {TRACE_DIR} "
-                                "(../shared beside the repository)")
 
 TOLERANCE = 0.10
 ISSUE_STEP_CV = {4: (0.13, 0.32), 8: (0.07, 0.20), 16: (0.05, 0.12), 32: (0.03, 0.07)}
