@@ -94,6 +94,7 @@ class JobTuner:
             self.feed = MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu, gov.defer, cfg.edge_every_s)
         self.meter = self.feed.meter  # None once tuning stops
         self.state = TunerState.WAITING
+        self._pick_hz: int | None = None  # the best level as the last window left it
         if self.meter is None:
             self._stop("no energy source (no rails, no GPU counter): keeping the start")
         elif self.baseline_wanted:
@@ -225,14 +226,19 @@ class JobTuner:
         assert self.tuner is not None and self.session is not None, "a window closes in a session of the tuner"
         self.windows.append((m, window_util_pct(gov, job)))
         state = self.tuner.state()
-        log.info("%s: tune probe %d at %s: %.4f J/step, %.4f s/step over %d steps -> %s", job.label(),
+        was = self.state
+        # A window that only watched the pick and left it there is logged at debug: a long job would otherwise log
+        # one line a window for as long as it runs (status and the store still have every window).
+        watched = was is TunerState.CONVERGED and self.tuner.converged and self.tuner.best_hz == self._pick_hz
+        self._pick_hz = self.tuner.best_hz
+        log.log(logging.DEBUG if watched else logging.INFO,
+                "%s: tune probe %d at %s: %.4f J/step, %.4f s/step over %d steps -> %s", job.label(),
                  state["probes"], mhz(m.level_hz, none="no pin"), m.joules_per_step, m.seconds_per_step,
                  m.measured_steps,
                  f"converged on {mhz(self.tuner.best_hz)}" if self.tuner.converged
                  else f"next {mhz(self.session.level_hz, none='no pin')} ({state['reason']})",
                  extra={**job.fields(), "TUNE_PROBE": state["probes"], "TUNE_LEVEL_HZ": m.level_hz,
                         "TUNE_J_PER_STEP": f"{m.joules_per_step:.6f}", "TUNE_S_PER_STEP": f"{m.seconds_per_step:.6f}"})
-        was = self.state
         if was is TunerState.CONFIRMING:
             self._at_pick.append(m)
         if self.tuner.converged:

@@ -156,3 +156,28 @@ def test_with_follow_up_a_tie_is_confirmed_then_the_pick_is_watched_at_its_pin(t
     for k in range(1, 30):  # watched: its windows go on at the pin
         assert _report(pins, job, steps + k) is TunerState.CONVERGED and job.freq_hz == best
     assert job.tuner.tuner.probes > probes and job.tuner.tuner.re_searches == 0
+
+
+def test_windows_that_only_watch_the_pick_are_logged_at_debug_and_the_search_at_info(tmp_path, caplog):
+    """A follow-up watches its pick for as long as the job runs: one info line a window would flood the journal of a
+    long job. The search's windows stay at info; once the pick holds (CONVERGED, the pick unchanged), its windows go
+    to debug."""
+    pins = _controller(tmp_path, _CountingGpu())
+    job = _tuned_job(pins, 100)
+    job.total_steps = 400  # near its end, confirming no longer pays: the follow-up only watches the pick
+    job.tuner.set_total_steps(pins, job)
+    reports = []  # (state after the report, its "tune probe" records)
+    with caplog.at_level("DEBUG", logger="ftgovd"):
+        for steps in range(1, 400):
+            caplog.clear()
+            state = _report(pins, job, steps)
+            reports.append((state, [r for r in caplog.records if "tune probe" in r.getMessage()]))
+    searching = [r for state, lines in reports if state is TunerState.SEARCHING for r in lines]
+    assert searching and all(r.levelname == "INFO" for r in searching)
+    last_change = max(i for i, (state, _) in enumerate(reports) if i and state is not reports[i - 1][0])
+    assert reports[-1][0] is TunerState.CONVERGED
+    watched = [r for _, lines in reports[last_change:] for r in lines]
+    picks = [r.getMessage().rsplit("converged on ", 1)[1] for r in watched]
+    for prev, now, r in zip(picks, picks[1:], watched[1:], strict=False):  # info exactly where the pick moved
+        assert r.levelname == ("DEBUG" if now == prev else "INFO"), (prev, r.levelname, r.getMessage())
+    assert sum(r.levelname == "DEBUG" for r in watched) >= 5
