@@ -32,12 +32,13 @@ import time
 from benchmarks.figures import machine, markdown_table, publish
 from benchmarks.figures import pct as percentile
 from benchmarks.tuner_curves import DEFAULT_DATA, Curve, real_curves
+from governor.config import TunerConfig
 from governor.policy.tuner import OnlineTuner
 from governor.policy.windows import AVERAGE_SETTLE_UPDATES, COUNTER_SETTLE_UPDATES, ProbeWindow, TuningSession
-from governor.sim.meters import METER_UPDATE_S, MeteredSteps
+from governor.sim.meters import EDGE_METERS, METER_UPDATE_S, EdgeSteps, MeteredSteps
 from governor.sim.tuned_job import window_rule
 
-METERS = tuple(METER_UPDATE_S)
+METERS = (*METER_UPDATE_S, *EDGE_METERS)
 
 IDLE_S = 5.0
 BASELINE_MAX_S = 30.0
@@ -53,20 +54,29 @@ def run_job(curve: Curve, meter: str, seed: int, job_steps: int, rule_name: str,
     """One tuned job on ``curve`` read through ``meter``: its measured and true saving, its energy error."""
     levels = curve.levels_hz
     top = len(levels) - 1
-    steps = MeteredSteps(meter, seed)
+    edges = meter in EDGE_METERS
+    steps = EdgeSteps(seed) if edges else MeteredSteps(meter, seed)
     steps.trace.append(IDLE_S, IDLE_SHARE * curve.energy_j[top] / curve.time_s[top])
     rule = window_rule(meter) if rule_name == "time" else None
-    wait_s = settle_s(meter, steps.update_s) if settle else 0.0
+    wait_s = settle_s(EDGE_METERS.get(meter, meter), steps.update_s) if settle else 0.0
     true_j = 0.0
+    pending: list[tuple] = []  # nvml-edges: the edges a step gave, fed one at a time
 
-    def step(i: int) -> tuple[int, float, float]:
+    def step(i: int) -> tuple:
+        """The next report: a step's end, or with nvml-edges the next edge (the steps run until one comes)."""
         nonlocal true_j
+        while edges and not pending:
+            true_j += curve.energy_j[i]
+            pending.extend(steps.points(curve.energy_j[i], curve.time_s[i]))
+        if edges:
+            return pending.pop(0)
         true_j += curve.energy_j[i]
         return steps.step(curve.energy_j[i], curve.time_s[i])
 
     start = len(levels) // 2
     first = step(start)  # the first report: the daemon unpins for the baseline window here
-    base_rule = rule
+    # The daemon's baseline window: its rule, at least baseline_min_steps long (TunerConfig.baseline_window_rule).
+    base_rule = TunerConfig(window_rule="time").baseline_window_rule(steps.update_s) if rule is not None else None
     if rule is not None and baseline_target is not None:
         base_rule = dataclasses.replace(rule, target_rel=baseline_target, max_s=BASELINE_MAX_S)
     window = ProbeWindow(None, first[0], 1, 4, rule=base_rule, meter_update_s=steps.update_s, settle_s=wait_s)
@@ -77,7 +87,7 @@ def run_job(curve: Curve, meter: str, seed: int, job_steps: int, rule_name: str,
         report = step(top)
         baseline = window.feed(*report)
     tuner = OnlineTuner(levels, levels[start], total_steps=job_steps, follow_up=True)
-    session = TuningSession(tuner, report[0], total_steps=job_steps, rule=rule, meter_update_s=steps.update_s,
+    session = TuningSession(tuner, int(report[0]), total_steps=job_steps, rule=rule, meter_update_s=steps.update_s,
                             settle_s=wait_s)
     hz = session.measuring_hz
     pinned_at: list[tuple[int, tuple]] = []  # (level index, the first report after the pin moved there)
@@ -106,7 +116,9 @@ def run_job(curve: Curve, meter: str, seed: int, job_steps: int, rule_name: str,
     true = 1 - curve.energy_j[pick] / curve.energy_j[top]
     meter_j = report[1] - first[1]
     true_job_j = true_j - curve.energy_j[start]  # the steps after the first report
-    return {"measured": measured, "true": true, "energy_err": meter_j / true_job_j - 1, "tuned_steps": tuned_steps}
+    # With edges the reports end at update instants inside steps: the job's energy is checked on the step-end meters.
+    energy_err = None if edges else meter_j / true_job_j - 1
+    return {"measured": measured, "true": true, "energy_err": energy_err, "tuned_steps": tuned_steps}
 
 
 def rows_for(curves: list[Curve], meter: str, rule_name: str, args) -> tuple:
@@ -114,12 +126,12 @@ def rows_for(curves: list[Curve], meter: str, rule_name: str, args) -> tuple:
             for k, c in enumerate(curves) for seed in range(args.seeds)]
     saving = [100 * abs(j["measured"] - j["true"]) for j in jobs if j["measured"] is not None]
     bias = [100 * (j["measured"] - j["true"]) for j in jobs if j["measured"] is not None]
-    energy = [100 * abs(j["energy_err"]) for j in jobs]
+    energy = [100 * abs(j["energy_err"]) for j in jobs if j["energy_err"] is not None]
     return (meter, "WindowRule" if rule_name == "time" else "1 + 4 steps", len(jobs), len(saving),
             f"{statistics.mean(bias):+.2f}", f"{statistics.mean(saving):.2f} / {percentile(saving, 99):.2f}",
-            f"{statistics.mean(energy):.2f}% / {percentile(energy, 99):.2f}%",
+            f"{statistics.mean(energy):.2f}% / {percentile(energy, 99):.2f}%" if energy else "-",
             f"{'met' if percentile(saving, 99) <= 2 else 'not met'}, "
-            f"{'met' if percentile(energy, 99) <= 2 else 'not met'}")
+            + (f"{'met' if percentile(energy, 99) <= 2 else 'not met'}" if energy else "-"))
 
 
 HEADER = ("meter", "windows", "jobs", "with a saving", "measured - true saving, mean (points)",

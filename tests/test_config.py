@@ -44,3 +44,18 @@ def test_a_file_that_is_not_a_mapping_is_refused(tmp_path, text):
     path.write_text(text)
     with pytest.raises(ConfigError):
         load_config(path)
+
+
+def test_the_baseline_window_spans_at_least_baseline_min_steps_on_the_windows_rule():
+    """The measured saving rests on one baseline window: it takes the windows' rule, but at least 30 steps (a few long
+    steps that scatter read its J/step several percent off) and up to baseline_max_s; fixed-step windows stay as
+    they are."""
+    from governor.config import TunerConfig
+
+    cfg = TunerConfig(window_rule="time")
+    rule, base = cfg.window(0.1), cfg.baseline_window_rule(0.1)
+    assert base.min_steps == 30 and base.max_s == 60.0 and base.target_rel == rule.target_rel
+    assert base.min_s == rule.min_s and base.min_updates == rule.min_updates
+    wide = TunerConfig(window_rule="time", window_min_steps=50, window_max_s=100, baseline_max_s=10)
+    assert wide.baseline_window_rule(0.1).min_steps == 50 and wide.baseline_window_rule(0.1).max_s == 100
+    assert TunerConfig(window_rule="steps").baseline_window_rule(0.1) is None

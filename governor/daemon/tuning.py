@@ -295,7 +295,7 @@ class JobTuner:
                 if self.state is TunerState.STOPPED:  # the unpin failed: no baseline, no tuning, the pin stays
                     return
             self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
-                                                rule=self.cfg.window(self.meter.update_s),
+                                                rule=self.cfg.baseline_window_rule(self.meter.update_s),
                                                 meter_update_s=self.meter.update_s, settle_s=self._settle_s)
             self.status = "measuring the baseline window at the default governor"
             return

@@ -267,3 +267,32 @@ class MeteredSteps:
         last_s, last_w = self._last
         self._rails_j += (t_s - last_s) * (w + last_w) / 2.0
         self._last = (t_s, w)
+
+
+# A meter read on its update instants, as the daemon reads NVML's counter when the client sends step_end_s
+# (governor.daemon.energy.MeterFeed): one edge each EDGE_EVERY_S (tuner.window_min_s / 2), steps counted between step
+# ends. Named apart from the meters read at step ends, whose windows carry up to an update's error at each end.
+EDGE_METERS = {"nvml-edges": "nvml"}
+EDGE_EVERY_S = 0.5
+
+
+class EdgeSteps(MeteredSteps):
+    """NVML's counter read at its update instants: ``points`` gives, for each step, the edges that fell in it, each
+    with the counter's exact value there and the steps run by then (fractional between the step's ends)."""
+
+    def __init__(self, seed: int, every_s: float = EDGE_EVERY_S, step_cv: float = STEP_TIME_CV):
+        super().__init__("nvml", seed, step_cv)
+        self.stride = max(1, int(every_s / self.update_s + 1e-9))
+        self._k = 1  # the next update whose edge is taken (origin_s + k * update_s; origin_s is under one period)
+
+    def points(self, joules_per_step: float, seconds_per_step: float) -> list[tuple[float, float, float]]:
+        n0, t0 = self.steps, self.time_s
+        self.step(joules_per_step, seconds_per_step)
+        t1 = self.time_s
+        out = []
+        while (t := self.clock.instant(self._k)) <= t1:
+            if t > t0:
+                out.append((n0 + (t - t0) / (t1 - t0), self.trace.energy_j(t), t))
+            self._k += self.stride
+        return out
+

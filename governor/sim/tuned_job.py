@@ -10,7 +10,9 @@ time_s) at each step's end:
 - ``gauss``: each window's steps scaled by 1 + N(0, noise_rel) in energy and, apart, in time, drawn as the window
   opens: a window reads its level's J/step and s/step times a Gaussian error of its own;
 - ``nvml``, ``ina3221``: each step's time scattered and its power in two phases, read through the meter's updates
-  (governor.sim.meters.MeteredSteps).
+  at each step's end (governor.sim.meters.MeteredSteps);
+- ``nvml-edges``: the same steps, NVML's counter read at its update instants, as the daemon reads it when the client
+  sends step_end_s (governor.sim.meters.EdgeSteps: an edge each 0.5 s, steps counted between step ends).
 
 The windows follow the TunerConfig's rule (``rule``: ``steps``, warm-up then window_steps; ``time``, the daemon's
 WindowRule on the meter's updates). The job starts pinned at ``start_hz`` and re-pins as each window closes (the next
@@ -29,9 +31,9 @@ from governor.errors import FtgovError
 from governor.policy.tuner import OnlineTuner
 from governor.policy.windows import Measurement, ProbeWindow, TuningSession, WindowRule
 from governor.sim.energy import Calibration, OrinEnergyModel, Workload
-from governor.sim.meters import METER_UPDATE_S, MeteredSteps
+from governor.sim.meters import EDGE_METERS, METER_UPDATE_S, EdgeSteps, MeteredSteps
 
-METERS = ("exact", "gauss", *METER_UPDATE_S)
+METERS = ("exact", "gauss", *METER_UPDATE_S, *EDGE_METERS)
 RULES = ("steps", "time")
 # A follow-up that has only watched its pick for this many windows is not simulated further (the rest of the job is
 # charged at the pick, as if its watch saw no drift): benchmarks' time.
@@ -119,12 +121,14 @@ def make_meter(meter: str, seed: int = 0, noise_rel: float = 0.03) -> ExactMeter
         return GaussMeter(noise_rel, seed)
     if meter in METER_UPDATE_S:
         return MeteredSteps(meter, seed)
+    if meter in EDGE_METERS:
+        return EdgeSteps(seed)
     raise ValueError(f"meter {meter!r}: one of {', '.join(METERS)}")
 
 
 def window_rule(meter: str) -> WindowRule:
     """The daemon's rule (TunerConfig's defaults) on this meter's updates."""
-    rule = TunerConfig(window_rule="time").window(METER_UPDATE_S[meter])
+    rule = TunerConfig(window_rule="time").window(METER_UPDATE_S[EDGE_METERS.get(meter, meter)])
     assert rule is not None
     return rule
 
@@ -213,15 +217,21 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
 
     while going():
         energy_j, time_s = board.step(hz)
-        report = reader.step(energy_j, time_s)
+        # A meter read at its updates gives the edges that fell in the step (maybe none); the others the step's end.
+        reports = reader.points(energy_j, time_s) if isinstance(reader, EdgeSteps) else [reader.step(energy_j, time_s)]
         job.profiled_steps += 1
-        job.measured_energy_j, job.measured_time_s = report[1], report[2]
+        if reports:
+            job.measured_energy_j, job.measured_time_s = reports[-1][1], reports[-1][2]
         if job.profiled_steps <= job_steps:
             clean_j, clean_s = board.expected(hz)
             job.clean_energy_j += clean_j
             job.clean_time_s += clean_s
         job.steps_at_hz[hz] = job.steps_at_hz.get(hz, 0) + 1
-        m = session.on_progress(*report)
+        m = None
+        for report in reports:
+            m = session.on_progress(*report)
+            if m is not None:  # the rest of the step's edges fall in the next window's warm-up
+                break
         if m is None:
             continue
         job.windows.append(m)

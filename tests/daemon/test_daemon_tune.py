@@ -235,9 +235,12 @@ def test_windows_sized_by_time_span_their_minimum_and_carry_their_own_uncertaint
     # and reports its own uncertainty, from the rails' energy integrated at the reports (the simulated tree's
     # INA3221 update_interval: 140 ms).
     # settle_updates: the board's sensor runs in the job's compressed time (scaled()).
+    # baseline_min_steps and baseline_max_s: the baseline window on the windows' own rule (its longer default minimum
+    # is tests/test_config.py's).
     d = start_daemon(simulate=True, config={"tuner": {"window_rule": "time", "window_min_s": 0.4,
                                                        "window_max_s": 0.8, "window_min_updates": 1,
-                                                       "settle_updates": 2 * 0.15}})
+                                                       "settle_updates": 2 * 0.15, "baseline_min_steps": 2,
+                                                       "baseline_max_s": 0.8}})
     c = d.client()
     res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE)
     root = Root(d.state_dir / "sim-orin")

@@ -34,3 +34,23 @@ def test_windows_sized_by_the_rule_are_long_and_carry_their_noise():
     assert statistics.fmean(m.measured_steps for m in ms) > 30
     assert statistics.stdev(j) / statistics.fmean(j) < 0.05
     assert all(m.noise_rel is not None for m in ms)
+
+
+def test_edge_steps_give_the_counters_exact_value_at_its_updates_with_the_steps_run_by_then():
+    """nvml-edges reads NVML's counter as the daemon does when the client sends step_end_s: at update instants, an
+    edge each 0.5 s, each with the energy there and the steps counted between the step's ends."""
+    from governor.sim.meters import EdgeSteps
+
+    steps = EdgeSteps(seed=3)
+    got = []
+    for _ in range(400):  # 26 ms steps at 300 W
+        n0, t0 = steps.steps, steps.time_s
+        points = steps.points(300.0 * 0.026, 0.026)
+        n1, t1 = steps.steps, steps.time_s
+        for n, e, t in points:
+            assert t0 < t <= t1 and n == pytest.approx(n0 + (n1 - n0) * (t - t0) / (t1 - t0))
+            assert e == pytest.approx(steps.trace.energy_j(t))  # the counter's value at its update: exact
+            assert t == pytest.approx(steps.clock.last_at(t))  # on an update instant
+        got += points
+    times = [t for _, _, t in got]
+    assert len(got) >= 18 and all(0.49 < b - a < 0.51 for a, b in zip(times, times[1:], strict=False)), times
