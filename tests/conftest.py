@@ -43,6 +43,22 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture
+def children():
+    """Child processes that run until their stdin closes (or they are killed): a job's process, a group's rank."""
+    procs: list[subprocess.Popen] = []
+
+    def start() -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.stdin.close()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
 def orin(tmp_path):
     """A fresh simulated AGX Orin tree (JetPack 6 layout)."""
     return tree.build(tmp_path / "root", "jp6").root

@@ -162,22 +162,24 @@ def _job_id(env: dict[str, str]) -> int | None:
     return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else None
 
 
-def _connect(config: SlurmConfig):
+def _connect(config: SlurmConfig, env: dict[str, str], script: str, nothing: str):
+    """The job's id and a connection to ftgovd; (None, None) after a warning when either is missing (the script then
+    exits 0: a failing prolog drains the node). ``script``: prolog or epilog; ``nothing``: what is then not done."""
     from governor.client.connection import Connection, DaemonUnavailable
 
+    job_id = _job_id(env)
+    if job_id is None:
+        warn(f"SLURM_JOB_ID is not set: not run by slurmd as {script}? {nothing}")
+        return None, None
     try:
-        return Connection(config.socket, timeout_s=config.timeout_s)
+        return job_id, Connection(config.socket, timeout_s=config.timeout_s)
     except DaemonUnavailable as e:
-        warn(f"ftgovd is not reachable ({e}): nothing held, the job runs at the default clocks")
-        return None
+        warn(f"ftgovd is not reachable ({e}): {nothing}")
+        return None, None
 
 
 def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
-    job_id = _job_id(env)
-    if job_id is None:
-        warn("SLURM_JOB_ID is not set: not run by slurmd as a prolog? nothing held")
-        return 0
-    conn = _connect(config)
+    job_id, conn = _connect(config, env, "a prolog", "nothing held, the job runs at the default clocks")
     if conn is None:
         return 0
     with conn:
@@ -207,11 +209,7 @@ def _mhz(hz) -> str:
 def epilog(config: SlurmConfig, env: dict[str, str]) -> int:
     from governor.client.connection import UnknownJob
 
-    job_id = _job_id(env)
-    if job_id is None:
-        warn("SLURM_JOB_ID is not set: not run by slurmd as an epilog? nothing released")
-        return 0
-    conn = _connect(config)
+    job_id, conn = _connect(config, env, "an epilog", "nothing released")
     if conn is None:
         return 0
     with conn:

@@ -90,8 +90,9 @@ class MeterFeed:
     itself as it arrives, with the energy read then. Shared by the tuner's windows and observe's, so that observe
     measures what tune would. ``meter`` is None where there is no energy source."""
 
-    def __init__(self, energy: BoardEnergy, gpu: Gpu, defer: Defer | None = None, edge_every_s: float = 0.0):
-        self.meter = energy.new_meter(gpu)
+    def __init__(self, energy: BoardEnergy, gpu: Gpu, defer: Defer | None = None, edge_every_s: float = 0.0,
+                 meter: EnergyMeter | None = None):
+        self.meter = meter if meter is not None else energy.new_meter(gpu)  # ``meter``: one already integrated
         self._total_mw = energy.total_mw
         counter = isinstance(self.meter, CounterMeter)
         self._edges = UpdateEdges(self.meter.update_s if counter else 0.0, every_s=edge_every_s)

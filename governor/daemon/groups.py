@@ -150,10 +150,9 @@ class Groups:
             group.features = job.features
         else:
             job.features = group.features  # type: ignore[assignment]
-        feed = MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu)
-        if isinstance(feed.meter, EnergyMeter) and isinstance(job.meter, EnergyMeter):
-            # The rails' sampler integrates only the jobs' meters and their tuners': a group's windows read the job's.
-            feed.meter = job.meter
+        # The rails' sampler integrates only the jobs' meters and their tuners': a group's windows read the job's.
+        feed = MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu,
+                         meter=job.meter if isinstance(job.meter, EnergyMeter) else None)
         group.members[job.job_id] = Member(job, feed)
         self._of_job[job.job_id] = group
         group.membership_changed()
@@ -244,8 +243,8 @@ class Groups:
             group.status = f"paused: {len(group.members)} of {group.world_size} ranks registered here"
             group.membership_changed()
             return
-        shared = [m.job.gpu_id for m in group.members.values()
-                  if any(j.gpu_id == m.job.gpu_id and j.job_id not in group.members for j in gov.jobs.values())]
+        # No two ranks share a GPU (check_join): another job on a member's GPU is none of the group's.
+        shared = [m.job.gpu_id for m in group.members.values() if gov.jobs.shares_gpu(m.job)]
         if shared:
             group.status = f"paused: another job shares GPU {shared[0]} (its meter would measure both)"
             group.membership_changed()

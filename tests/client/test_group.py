@@ -77,22 +77,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def pinned(daemon) -> dict[str, int | None]:
-    """Each GPU's pin now (a restore is immediate; a move lands within the GPU's re-pin interval)."""
+def status_of(daemon) -> dict:
+    """The daemon's status, on a connection of its own."""
     c = daemon.client()
     try:
-        return {g["id"]: g["pinned_hz"] for g in c.call("status")["gpus"]}
+        return c.call("status")
     finally:
         c.close()
+
+
+def pinned(daemon) -> dict[str, int | None]:
+    """Each GPU's pin now (a restore is immediate; a move lands within the GPU's re-pin interval)."""
+    return {g["id"]: g["pinned_hz"] for g in status_of(daemon)["gpus"]}
 
 
 def decided(daemon) -> dict[str, int | None]:
     """The level each GPU's job was given (what its pin follows within the GPU's re-pin interval)."""
-    c = daemon.client()
-    try:
-        return {j["gpu"]: j["freq_hz"] for j in c.call("status")["jobs"]}
-    finally:
-        c.close()
+    return {j["gpu"]: j["freq_hz"] for j in status_of(daemon)["jobs"]}
 
 
 def test_four_ranks_on_two_nodes_converge_on_one_level_and_a_killed_ranks_gpu_is_restored(node):

@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -35,36 +33,32 @@ def group_daemon(start_daemon, tmp_path):
     return start
 
 
-@pytest.fixture
-def ranks():
-    """Rank processes that run until their stdin closes (or they are killed)."""
-    procs: list[subprocess.Popen] = []
-
-    def start() -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        proc.stdin.close()
-        proc.wait(timeout=10)
-
-
 def register_rank(c, proc, rank: int, world_size: int | None = 2, key: str = "run-1", **extra) -> dict:
     return c.call("register", pid=proc.pid, gpu=rank, group=key, rank=rank, world_size=world_size, **FEATURES,
                   **extra)
+
+
+def search_until_converged(c, jobs: list[int], max_steps: int) -> tuple[int, dict]:
+    """Every rank reports each step (no step times) until the group's tuner converges: the steps, the group."""
+    group: dict = {}
+    for steps in range(1, max_steps + 1):
+        for job_id in jobs:
+            c.notify("progress", job_id=job_id, steps=steps)
+        (group,) = c.call("status")["groups"]
+        if group["tuner"]["converged"]:
+            return steps, group
+    pytest.fail(f"no convergence in {max_steps} steps: {group}")
 
 
 def gpus_of(c) -> dict[str, dict]:
     return {g["id"]: g for g in c.call("status")["gpus"]}
 
 
-def test_a_group_gets_one_level_and_status_shows_it(group_daemon, ranks):
+def test_a_group_gets_one_level_and_status_shows_it(group_daemon, children):
     d = group_daemon()
     c = d.client()
-    first = register_rank(c, ranks(), 0)
-    second = register_rank(c, ranks(), 1)
+    first = register_rank(c, children(), 0)
+    second = register_rank(c, children(), 1)
     assert first["group"] == second["group"] == "run-1" and (first["rank"], second["rank"]) == (0, 1)
     assert first["freq_hz"] == second["freq_hz"] is not None and first["policy"] == second["policy"] == "tune"
     assert first["levels_hz"] == sorted(m * 1_000_000 for m in LEVELS_MHZ)
@@ -76,37 +70,37 @@ def test_a_group_gets_one_level_and_status_shows_it(group_daemon, ranks):
     assert all(j["tuner"] is None for j in c.call("status")["jobs"])  # the group's tuner, not one per rank
 
 
-def test_a_rank_cannot_join_twice_or_share_its_groups_gpu(group_daemon, ranks):
+def test_a_rank_cannot_join_twice_or_share_its_groups_gpu(group_daemon, children):
     d = group_daemon()
     c = d.client()
-    register_rank(c, ranks(), 0)
-    err = c.request("register", pid=ranks().pid, gpu=1, group="run-1", rank=0, world_size=2, **FEATURES)["error"]
+    register_rank(c, children(), 0)
+    err = c.request("register", pid=children().pid, gpu=1, group="run-1", rank=0, world_size=2, **FEATURES)["error"]
     assert err["code"] == -32602 and err["data"]["field"] == "rank", err
-    err = c.request("register", pid=ranks().pid, gpu=0, group="run-1", rank=1, world_size=2, **FEATURES)["error"]
+    err = c.request("register", pid=children().pid, gpu=0, group="run-1", rank=1, world_size=2, **FEATURES)["error"]
     assert err["data"]["field"] == "gpu", err
-    err = c.request("register", pid=ranks().pid, gpu=1, group="run-1", rank=1, world_size=3, **FEATURES)["error"]
+    err = c.request("register", pid=children().pid, gpu=1, group="run-1", rank=1, world_size=3, **FEATURES)["error"]
     assert err["data"]["field"] == "world_size", err
     err = c.request("register", gpu=1, rank=1, **FEATURES)["error"]
     assert "pass group" in err["message"], err
     assert len(c.call("status")["jobs"]) == 1
 
 
-def test_the_per_uid_cap_counts_a_group_once(group_daemon, ranks):
+def test_the_per_uid_cap_counts_a_group_once(group_daemon, children):
     d = group_daemon(count=4, limits={"repin_interval_s": 0.01, "max_jobs_per_uid": 2})
     c = d.client()
     for rank in range(3):
-        register_rank(c, ranks(), rank, world_size=3)
-    c.call("register", pid=ranks().pid, gpu=3, **FEATURES)  # one group + one job: two
-    err = c.request("register", pid=ranks().pid, gpu=3, **FEATURES)["error"]
+        register_rank(c, children(), rank, world_size=3)
+    c.call("register", pid=children().pid, gpu=3, **FEATURES)  # one group + one job: two
+    err = c.request("register", pid=children().pid, gpu=3, **FEATURES)["error"]
     assert err["code"] == -32002 and "counts once" in err["message"], err
-    err = c.request("register", pid=ranks().pid, gpu=3, group="run-2", **FEATURES)["error"]
+    err = c.request("register", pid=children().pid, gpu=3, group="run-2", **FEATURES)["error"]
     assert err["code"] == -32002, err
 
 
-def test_a_killed_ranks_gpu_is_restored_while_the_others_keep_the_pin(group_daemon, ranks):
+def test_a_killed_ranks_gpu_is_restored_while_the_others_keep_the_pin(group_daemon, children):
     d = group_daemon(count=3)
     c = d.client()
-    procs = [ranks() for _ in range(3)]
+    procs = [children() for _ in range(3)]
     level = [register_rank(c, p, r, world_size=3) for r, p in enumerate(procs)][0]["freq_hz"]
     d.wait_jobs(3)
     procs[1].kill()
@@ -124,36 +118,27 @@ def test_a_killed_ranks_gpu_is_restored_while_the_others_keep_the_pin(group_daem
     assert "ended with its last rank" in d.log()
 
 
-def test_a_tuned_group_converges_on_the_summed_energy_and_the_slowest_step(group_daemon, ranks):
+def test_a_tuned_group_converges_on_the_summed_energy_and_the_slowest_step(group_daemon, children):
     """Progress from both ranks drives one tuner: every window has both ranks' measurements, and both GPUs move
     together to every level it probes."""
     gpus = [dict(GPU), {**GPU, "util_gpu_pct": 40}]
     d = group_daemon(gpus=gpus, tuner={"baseline_window": False, "noise_rel": 0.05, "window_steps": 3,
                                        "max_probes": 12})
     c = d.client()
-    jobs = [register_rank(c, ranks(), r)["job_id"] for r in range(2)]
-    steps = 0
-    for _ in range(400):
-        steps += 1
-        for job_id in jobs:
-            c.notify("progress", job_id=job_id, steps=steps)
-        (group,) = c.call("status")["groups"]
-        if group["tuner"]["converged"]:
-            break
-    else:
-        pytest.fail(f"no convergence in 400 steps: {group}")
+    jobs = [register_rank(c, children(), r)["job_id"] for r in range(2)]
+    _steps, group = search_until_converged(c, jobs, 400)
     assert group["status"] == "converged" and group["windows"]
     assert all(w["ranks"] == 2 for w in group["windows"])
     assert {j["freq_hz"] for j in c.call("status")["jobs"]} == {group["level_hz"]}  # the pins follow
     assert "over 2 ranks" in d.log()
 
 
-def test_set_level_moves_only_the_callers_rank_of_a_group_spanning_nodes(group_daemon, ranks):
+def test_set_level_moves_only_the_callers_rank_of_a_group_spanning_nodes(group_daemon, children):
     d = group_daemon()
     c, other = d.client(), d.client()
-    r0 = register_rank(c, ranks(), 0, world_size=4)  # ranks 2 and 3 are on another node
-    r1 = register_rank(other, ranks(), 1, world_size=4)
-    lone = c.call("register", pid=ranks().pid, gpu=1, **FEATURES)
+    r0 = register_rank(c, children(), 0, world_size=4)  # ranks 2 and 3 are on another node
+    r1 = register_rank(other, children(), 1, world_size=4)
+    lone = c.call("register", pid=children().pid, gpu=1, **FEATURES)
     low = r0["levels_hz"][0]
     err = other.request("set_level", job_id=r0["job_id"], freq_hz=low)["error"]
     assert err["code"] == -32003, err  # only the connection that holds the job
@@ -176,12 +161,12 @@ def test_set_level_moves_only_the_callers_rank_of_a_group_spanning_nodes(group_d
     assert other.call("set_level", job_id=r1["job_id"], freq_hz=low)["freq_hz"] == low
 
 
-def test_a_group_survives_a_daemon_restart(group_daemon, ranks, tmp_path):
+def test_a_group_survives_a_daemon_restart(group_daemon, children, tmp_path):
     workdir = tmp_path / "w"
     workdir.mkdir()
     d = group_daemon(workdir=workdir)
     c = d.client()
-    procs = [ranks(), ranks()]
+    procs = [children(), children()]
     level = [register_rank(c, p, r) for r, p in enumerate(procs)][0]["freq_hz"]
     c.close()
     d.stop(signal.SIGKILL)
@@ -196,7 +181,7 @@ def test_a_group_survives_a_daemon_restart(group_daemon, ranks, tmp_path):
     assert gpus_of(c)["0"]["pinned_hz"] is None and gpus_of(c)["1"]["pinned_hz"] == level
 
 
-def test_the_ranks_that_wait_are_trimmed_while_the_group_step_time_holds(group_daemon, ranks):
+def test_the_ranks_that_wait_are_trimmed_while_the_group_step_time_holds(group_daemon, children):
     """After convergence, ranks that report their step ends and compute times on GPUs of different speeds (the
     simulation of governor.sim.groups, driven by the pins the daemon sets): the fast ranks are lowered, the slowest
     is not, and the group's step time stays within the trim's tolerance."""
@@ -204,17 +189,9 @@ def test_the_ranks_that_wait_are_trimmed_while_the_group_step_time_holds(group_d
     gpu = {**GPU, "graphics_clocks_mhz": {"3201": levels_mhz}}
     d = group_daemon(gpus=[dict(gpu) for _ in range(3)], tuner={"baseline_window": False, "max_probes": 2})
     c = d.client()
-    jobs = [register_rank(c, ranks(), r, world_size=3)["job_id"] for r in range(3)]
+    jobs = [register_rank(c, children(), r, world_size=3)["job_id"] for r in range(3)]
     sim = SimGroup([1.0, 0.9, 0.82], sorted(m * 1_000_000 for m in levels_mhz), noise_rel=0.0)
-    steps, group = 0, None
-    for _ in range(200):  # the search: steps without times
-        steps += 1
-        for job_id in jobs:
-            c.notify("progress", job_id=job_id, steps=steps)
-        (group,) = c.call("status")["groups"]
-        if group["tuner"]["converged"]:
-            break
-    assert group is not None and group["tuner"]["converged"], group
+    steps, group = search_until_converged(c, jobs, 200)  # the search: steps without times
     level = group["level_hz"]
     clock_s = time.monotonic() - 500.0  # the steps' own clock: CLOCK_MONOTONIC times in the recent past
     for _ in range(3000):
@@ -238,25 +215,25 @@ def test_the_ranks_that_wait_are_trimmed_while_the_group_step_time_holds(group_d
     assert "trim: job" in d.log()
 
 
-def test_a_rank_whose_pin_fails_is_in_no_group(start_daemon, tmp_path, ranks):
+def test_a_rank_whose_pin_fails_is_in_no_group(start_daemon, tmp_path, children):
     spec = tmp_path / "fakenvml.json"
     spec.write_text(json.dumps({"gpus": [dict(GPU), dict(GPU)], "root": False}))  # every Set* answers NO_PERMISSION
     env = {"FAKENVML_CONFIG": str(spec), "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
     d = start_daemon(root=tmp_path / "no-jetson", config={"backend": "nvml", "policy": "mlg"}, env=env)
     c = d.client()
-    err = c.request("register", pid=ranks().pid, gpu=0, group="run-1", rank=0, world_size=2, **FEATURES)["error"]
+    err = c.request("register", pid=children().pid, gpu=0, group="run-1", rank=0, world_size=2, **FEATURES)["error"]
     assert err["code"] == -32000, err
     status = c.call("status")
     assert status["jobs"] == [] and status["groups"] == []
 
 
-def test_ftgov_status_shows_the_group(group_daemon, ranks):
+def test_ftgov_status_shows_the_group(group_daemon, children):
     from governor.cli.ops import format_status
 
     d = group_daemon()
     c = d.client()
-    level = register_rank(c, ranks(), 0)["freq_hz"]
-    register_rank(c, ranks(), 1)
+    level = register_rank(c, children(), 0)["freq_hz"]
+    register_rank(c, children(), 1)
     text = format_status(c.call("status"))
     assert (f"group 'run-1': 2 of 2 rank(s) here (rank 0 job 1 GPU 0, rank 1 job 2 GPU 1), level "
             f"{level // 1_000_000} MHz") in text, text

@@ -5,9 +5,6 @@ from __future__ import annotations
 import os
 import select
 import subprocess
-import sys
-
-import pytest
 
 from governor.daemon import peers
 from governor.daemon.holds import ENDED_KEPT, Holds
@@ -28,22 +25,6 @@ class Ends:
         self.calls.append((job_id, why))
         job = self.jobs.pop(job_id, None)
         return None if job is None else Ended(job, 1.5, None, why)
-
-
-@pytest.fixture
-def children():
-    """Child processes that run until their stdin closes."""
-    procs: list[subprocess.Popen] = []
-
-    def start() -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        proc.stdin.close()
-        proc.wait(timeout=10)
 
 
 def job_of(ends: Ends, holds: Holds, job_id: int, proc: subprocess.Popen, owner=None) -> ActiveJob:

@@ -37,13 +37,7 @@ NSPAWN_EXTRA=(--private-network)
 source "$REPO/tests/support/container.sh"
 
 main() {
-    trap teardown EXIT
-    log "start"
-    take_run_lock
-    ensure_host_packages
-    prepare_container $((SMOKE == 0))
-    enter_run_cgroup
-    boot_container "$ROOTFS"
+    start_container
     ((SMOKE == 1)) && return 0
 
     log "make install BACKEND=nvml in the container"

@@ -270,6 +270,18 @@ prepare_container() {
     log "wheels built"
 }
 
+# A suite's opening: teardown on exit, the run lock (under it, a run's purge at its end cannot pull packages from under
+# another run), the host packages, the container prepared (with the checkout unless SMOKE=1), its cgroups, its boot.
+start_container() {
+    trap teardown EXIT
+    log "start"
+    take_run_lock
+    ensure_host_packages
+    prepare_container $((SMOKE == 0))
+    enter_run_cgroup
+    boot_container "$ROOTFS"
+}
+
 # Run the suite's checks in the booted container (a clean environment, bounded), after which teardown prints no console.
 run_checks() {
     local timeout_s=$1

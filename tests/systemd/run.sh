@@ -34,15 +34,7 @@ MACHINE=ftgov-ci
 source "$REPO/tests/support/container.sh"
 
 main() {
-    trap teardown EXIT
-    log "start"
-    # Under the lock: a run's purge at its end must not pull packages from under another run.
-    take_run_lock
-    ensure_host_packages
-    prepare_container $((SMOKE == 0))
-
-    enter_run_cgroup
-    boot_container "$ROOTFS"
+    start_container
     in_ct systemctl --version | head -n 1
     ((SMOKE == 1)) && return 0
 
