@@ -25,7 +25,52 @@ PACKAGE = str(Path(__file__).resolve().parent.parent / "governor") + "/"
 WINDOW_CLOSED = "JobTuner._window_closed"
 TIME_SCALE = 0.15  # simulated steps take this fraction of the energy model's time (as tests/daemon/test_daemon_tune)
 
-Call = tuple[str, str]  # (file under governor/, function)
+Call = tuple[str, str, int]  # (file under governor/, function, depth of the call below the dispatch)
+
+# The floors a register runs down, top to bottom (issue 22: connection -> protocol -> rpc -> holds -> controller ->
+# policy -> GPU pin -> backend). The GPU pin is the pin with its cap (the power mode's), its baseline and the state
+# save before its write; the controller's floor is every other daemon module it composes (the job table, the joins,
+# the meters, ...). Files on no floor are what every floor uses: the features, units and errors, a job's record, and
+# the log handler that each log line passes through.
+FLOORS = ("connection", "protocol", "rpc", "holds", "controller", "policy", "GPU pin", "backend")
+_FLOOR_OF = {"daemon/connection.py": 0, "daemon/server.py": 0, "daemon/protocol.py": 1, "daemon/rpc.py": 2,
+             "daemon/holds.py": 3, "daemon/peers.py": 3, "daemon/gpupin.py": 6, "daemon/powermode.py": 6,
+             "daemon/saving.py": 6, "safefile.py": 6, "sysfs.py": 7}
+_NO_FLOOR = ("features.py", "units.py", "errors.py", "text.py", "daemon/jobs.py", "daemon/logs.py",
+             "daemon/ratelimit.py")
+
+
+def floor_of(path: str) -> int | None:
+    if path in _FLOOR_OF:
+        return _FLOOR_OF[path]
+    if path in _NO_FLOOR:
+        return None
+    for prefix, floor in (("policy/", 5), ("backends/", 7), ("daemon/", 4), ("store/", 6)):
+        if path.startswith(prefix):
+            return floor
+    return None
+
+
+def floor_figures(calls: list[Call]) -> dict:
+    """The floors one request passes, in the order first entered, and the calls up to a floor above the caller's (a
+    call's caller: the nearest traced call above it on the stack; the first's, the connection's dispatch). A return
+    to a floor above is no such call: a request that runs down the floors once makes none."""
+    path: list[int] = []
+    up: list[str] = []
+    stack: list[tuple[int, int]] = []  # (depth, floor) of the traced calls still open
+    for file, name, depth in calls:
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        caller = next((f for _d, f in reversed(stack) if f is not None), 0)
+        floor = floor_of(file)
+        stack.append((depth, floor if floor is not None else caller))
+        if floor is None:
+            continue
+        if floor < caller:
+            up.append(f"{FLOORS[caller]} -> {FLOORS[floor]} ({name})")
+        if floor not in path:
+            path.append(floor)
+    return {"path": ", ".join(FLOORS[f] for f in path), "up": up}
 
 
 def trace_in_daemon(out_path: str, argv: list[str]) -> None:
@@ -38,7 +83,7 @@ def trace_in_daemon(out_path: str, argv: list[str]) -> None:
         calls, method = state["calls"], state["method"]
         if method == "register" and not traces["register"]:
             traces["register"] = calls
-        elif method == "progress" and any(name == WINDOW_CLOSED for _path, name in calls):
+        elif method == "progress" and any(name == WINDOW_CLOSED for _path, name, _depth in calls):
             traces["windows"].append(calls)
         else:
             return
@@ -62,7 +107,7 @@ def trace_in_daemon(out_path: str, argv: list[str]) -> None:
         if event == "call":
             state["depth"] += 1
             if code.co_filename.startswith(PACKAGE):
-                state["calls"].append((code.co_filename[len(PACKAGE):], code.co_qualname))
+                state["calls"].append((code.co_filename[len(PACKAGE):], code.co_qualname, state["depth"]))
             return
         state["depth"] -= 1
         if state["depth"] == 0:
@@ -79,7 +124,7 @@ def figures(calls: list[Call]) -> dict:
     seen: set[str] = set()
     reentries = 0
     previous = None
-    for path, _name in calls:
+    for path, _name, _depth in calls:
         if path != previous and path in seen:
             reentries += 1
         seen.add(path)
@@ -147,9 +192,9 @@ def report(registers: list[list], windows: list[list], runs: int) -> str:
     def row(title: str, traces: list[list]) -> tuple:
         figs = [figures([tuple(c) for c in t]) for t in traces]
         # The daemon's own floors: governor/policy's files as one (its search calls back and forth inside itself).
-        floors = [figures([("policy/" if path.startswith("policy/") else path, name) for path, name in t])
-                  for t in traces]
-        outside = [sum(1 for path, _name in t if not path.startswith("policy/")) for t in traces]
+        floors = [figures([("policy/" if path.startswith("policy/") else path, name, depth)
+                           for path, name, depth in t]) for t in traces]
+        outside = [sum(1 for path, _name, _depth in t if not path.startswith("policy/")) for t in traces]
 
         def spread(values: list[int]) -> str:
             if min(values) == max(values):
@@ -162,7 +207,7 @@ def report(registers: list[list], windows: list[list], runs: int) -> str:
     rows = [row("register (the paper's tree decides; the GPU's first pin)", registers)]
     # A window whose close moves the pin at once writes the state file and the GPU; the others only plan the move
     # (the GPU's re-pin interval) or keep the level: two kinds of path, reported apart.
-    writes = [w for w in windows if any(name.endswith("Gpu.pin") for _path, name in w)]
+    writes = [w for w in windows if any(name.endswith("Gpu.pin") for _path, name, _depth in w)]
     keeps = [w for w in windows if w not in writes]
     for kind, traces in (("writes the pin", writes), ("no pin written", keeps)):
         if traces:
@@ -176,8 +221,19 @@ def report(registers: list[list], windows: list[list], runs: int) -> str:
              "level to measure, at once or when the GPU's re-pin interval ends, or held). Figures with a spread: "
              "median (min-max) over the windows traced.", "",
              *markdown_table(("request", "calls", "outside governor/policy", "files", "back-returns",
-                              "back-returns, governor/policy as one file"), rows)]
+                              "back-returns, governor/policy as one file"), rows), "",
+             *floors_report(registers)]
     return "\n".join(lines)
+
+
+def floors_report(registers: list[list]) -> list[str]:
+    """The register's floors (the same in every run: the first run's)."""
+    fl = floor_figures([tuple(c) for c in registers[0]])
+    up = "; ".join(fl["up"]) if fl["up"] else "none"
+    return [f"The register by floors ({' -> '.join(FLOORS)}; the GPU pin with its power-mode cap and the state save "
+            "before its write; the features, units, errors, a job's record and the log handler on no floor; every "
+            "other daemon module the controller's), in the order first entered: "
+            f"{fl['path']}. Calls up to a floor above the caller's: {len(fl['up'])} ({up})."]
 
 
 def main() -> int:
@@ -197,8 +253,8 @@ def main() -> int:
     if args.calls:
         for title, calls in (("register", registers[0]), ("window", (windows or [[]])[0])):
             print(f"# {title}")
-            for path, name in calls:
-                print(f"{path}: {name}")
+            for path, name, depth in calls:
+                print(f"{'  ' * depth}{path}: {name}")
     publish("trace-register", report(registers, windows, args.runs), doc=not args.no_doc)
     return 0
 

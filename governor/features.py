@@ -53,6 +53,11 @@ class Features(BaseModel):
 
     _finite = field_validator("seq_len", "gpu_util", mode="before")(finite_number)
 
+    @classmethod
+    def of(cls, carrier: Features) -> Features:
+        """The Features alone of a model that carries more (a register request's parameters, with its name and pid)."""
+        return cls.model_validate({name: getattr(carrier, name) for name in cls.model_fields})
+
     def vector(self) -> list[float]:
         """The tree's input, in FEATURE_ORDER. gpu_util must be known by now (measured when the client gave none)."""
         if self.gpu_util is None:

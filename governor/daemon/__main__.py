@@ -1,5 +1,5 @@
 import sys
 
-from governor.daemon.main import main
+from governor.daemon.entry import main
 
 sys.exit(main())

@@ -50,12 +50,14 @@ class Host(Protocol):
 class Connection(asyncio.BufferedProtocol):
     """host: the server that accepted it. holds: who holds which job (this connection's jobs are asked there)."""
 
+    peer: peers.Peer  # who connected: set by connection_made for every connection that serves requests
+
     def __init__(self, host: Host, holds: Holds):
         self.host = host
         self.holds = holds
-        # Both set by connection_made, before any other callback: read them through transport and peer.
+        # Set by connection_made, before any other callback: read it through transport.
         self._transport: asyncio.Transport | None = None
-        self._peer: peers.Peer | None = None
+        self._peer: peers.Peer | None = None  # None until connection_made reads it (or when that failed)
         # The connecting process, held from the moment it connected: its jobs (pid left out) hold it through duplicates.
         self.process: peers.HeldProcess | None = None
         # One read buffer for all connections (the server's): the transport fills it and calls buffer_updated at
@@ -77,12 +79,6 @@ class Connection(asyncio.BufferedProtocol):
         assert self._transport is not None, "connection_made sets it first"
         return self._transport
 
-    @property
-    def peer(self) -> peers.Peer:
-        """Who connected; known for every connection that serves requests (connection_made refuses the others)."""
-        assert self._peer is not None, "read before connection_made knew the peer"
-        return self._peer
-
     # ---- the transport's callbacks ----------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # asyncio gives a stream protocol a Transport (it reads, writes and pauses); BaseTransport is the base's type.
@@ -90,7 +86,7 @@ class Connection(asyncio.BufferedProtocol):
         sock = transport.get_extra_info("socket")
         process = None
         try:
-            self._peer = peer = peers.peer_of(sock)
+            self._peer = self.peer = peer = peers.peer_of(sock)
             # Held before the refusal check: where the socket cannot tell the peer's groups, the group check reads
             # them from this process, whose uid has been checked against the socket's.
             try:

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from governor.backends import gpuid
 from governor.backends.base import Gpu
@@ -22,7 +22,7 @@ from governor.backends.rails import Rails
 from governor.daemon import checks, ratelimit
 from governor.daemon.energy import BoardEnergy
 from governor.daemon.gpupin import GpuPin
-from governor.daemon.jobs import ActiveJob, Ended
+from governor.daemon.jobs import ActiveJob, Ended, Refused, Registered, Registration
 from governor.daemon.jobtable import JobTable, needs_hz
 from governor.daemon.powermode import PowerModeCap
 from governor.daemon.saving import Defer, StateSaver
@@ -35,6 +35,7 @@ from governor.store.state import SchedulerHold, State, StateFile
 from governor.units import mhz
 
 if TYPE_CHECKING:
+    from governor.daemon.peers import HeldProcess
     from governor.daemon.recorder import Recorder
 
 log = logging.getLogger("ftgovd")
@@ -57,6 +58,15 @@ class HeldGpus(Protocol):
     def active(self) -> bool: ...
     def records(self) -> list[SchedulerHold]: ...
     def describe(self) -> list[dict]: ...
+
+
+class Joins(Protocol):
+    """What the controller asks of a registration's joins (governor.daemon.joins.Joins): whether it may join what it
+    names (a Joining: its ``policy`` and ``reply``), to join once admitted, to leave when its first pin failed."""
+
+    def check(self, reg: Registration, gpu_id: str, policy: PolicyName | None, observe_only: bool) -> Any: ...
+    def join(self, joining: Any, gov: Controller, job: ActiveJob) -> None: ...
+    def failed(self, joining: Any, job: ActiveJob) -> None: ...
 
 
 class Controller:
@@ -95,9 +105,10 @@ class Controller:
         self.plan_tune = plan_tune
         self.recorder = recorder
         self.defer = defer  # the loop's timer, also for the tuners' meter reads (governor.daemon.energy.MeterFeed)
-        # A batch scheduler's holds (governor.daemon.scheduler), one more voice in each GPU's combine; set by the
-        # server that owns them.
+        # A batch scheduler's holds (governor.daemon.scheduler), one more voice in each GPU's combine, and what a
+        # registration joins (governor.daemon.joins): set by the server that owns them.
         self.scheduler: HeldGpus | None = None
+        self.joins: Joins | None = None
 
     @property
     def policy(self) -> Policy:
@@ -160,29 +171,39 @@ class Controller:
         added.meter = meter
         return added
 
-    def register(self, *, pid: int, start_ticks: int, uid: int, name: str | None, gpu_id: str, features: Features,
-                 policy: PolicyName | None, total_steps: int | None,
-                 admitted: Callable[[ActiveJob], None] | None = None) -> tuple[ActiveJob, bool]:
-        """A new job on GPU ``gpu_id`` (find_gpu), decided: pinned now, or held unpinned while its gpu_util is
-        measured (the second value: True). TableFull at limits.max_jobs; a failed pin drops the job and is raised.
-        ``admitted(job)``: told once the job is in the table, before its decision (a scheduler's hold it joins)."""
-        job = self._admit(pid=pid, start_ticks=start_ticks, uid=uid, name=name, gpu_id=gpu_id, features=features,
-                          policy=policy)
-        job.total_steps = total_steps
-        if admitted is not None:
-            admitted(job)
+    def register(self, reg: Registration, process: HeldProcess) -> Registered:
+        """A new job held by ``process``, on the GPU ``reg`` names, within the limits, joined to its batch job's hold
+        and its group (governor.daemon.joins), decided: pinned now, or held unpinned while its gpu_util is measured.
+        Refused, GpuNotFound, GroupRefused or TableFull when it cannot be taken as asked; a failed pin drops the job
+        and is raised."""
+        observe_only = self.settings.policy.name is PolicyName.OBSERVE
+        if reg.tune and observe_only:
+            raise Refused("tune", "this daemon runs the observe policy and pins nothing")
+        gpu_id = self.find_gpu(reg.gpu)
+        policy = PolicyName.TUNE if reg.tune else None
+        joins = self.joins
+        joining = joins.check(reg, gpu_id, policy, observe_only) if joins is not None else None
+        job = self._admit(pid=process.pid, start_ticks=process.start_ticks, uid=reg.uid, name=reg.name,
+                          gpu_id=gpu_id, features=reg.features, policy=joining.policy if joining else policy,
+                          group=reg.group, max_per_uid=self.settings.max_jobs_per_uid)
+        job.total_steps = reg.total_steps
+        if joins is not None and joining is not None:
+            joins.join(joining, self, job)
+        extra = joining.reply if joining is not None else {}
         if self.needs_gpu_util(job):
             self.hold_unpinned(job, MEASURING)
             self._notify()  # the job holds no pin: nothing was written, but the table changed
-            return job, True
+            return Registered(job, True, extra)
         try:
             told = self._decide(job)
         except FtgovError:
+            if joins is not None and joining is not None:
+                joins.failed(joining, job)
             self._notify()  # the job is gone, but a failed restore may wait for the tick's retry
             raise
         if not told:
             self._notify()
-        return job, False
+        return Registered(job, False, extra)
 
     def needs_gpu_util(self, job: ActiveJob) -> bool:
         """Whether the job's decision waits for a gpu_util it did not send (governor.daemon.utilization)."""

@@ -27,7 +27,7 @@ from governor.backends.rails import EnergyMeter
 from governor.config import TunerConfig
 from governor.daemon.energy import MeterFeed
 from governor.daemon.grouptrim import Compute, GroupTrim
-from governor.daemon.jobs import ActiveJob, GroupTag
+from governor.daemon.jobs import ActiveJob, GroupTag, Refused
 from governor.errors import FtgovError
 from governor.policy import Decision, PolicyName
 from governor.policy.tuner import Measurement, OnlineTuner, ProbeWindow
@@ -40,13 +40,9 @@ AttachTuner = Callable[[object, ActiveJob], None]
 PlanTune = Callable[[object, ActiveJob, Decision], Decision]
 
 
-class GroupRefused(FtgovError):
+class GroupRefused(Refused):
     """A registration that cannot join its group (a rank already live, a GPU already held by the group), or a
     set_level that is not the caller's to make. ``field``: the request's field at fault."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}")
-        self.field = field
 
 
 @dataclass
@@ -114,13 +110,6 @@ class Groups:
     def of(self, job_id: int) -> Group | None:
         return self._of_job.get(job_id)
 
-    def jobs_of_uid(self, jobs, uid: int, joining: str | None) -> int:
-        """What counts against the per-uid job cap: each job outside a group, and each group once; a registration
-        that joins a group the uid has already counts nothing more (``joining``: its key)."""
-        alone = sum(1 for j in jobs if j.uid == uid and j.job_id not in self._of_job)
-        groups = sum(1 for (g_uid, key) in self._groups if g_uid == uid)
-        return alone + groups - (1 if joining is not None and (uid, joining) in self._groups else 0)
-
     def check_join(self, uid: int, tag: GroupTag, gpu_id: str) -> None:
         """Refuse a rank that the group has live already, or a second rank on one of the group's GPUs."""
         group = self._groups.get((uid, tag.key))
@@ -135,7 +124,7 @@ class Groups:
                 raise GroupRefused("gpu", f"GPU {gpu_id} already holds job {m.job.job_id} of {group.label()}")
 
     def join(self, gov, job: ActiveJob) -> Group:
-        """Put a registered job (its ``group`` tag set) in its group, before it is decided: a later rank takes the
+        """Put an admitted job (its ``group`` tag set) in its group, before it is decided: a later rank takes the
         group's features, so that the policy decides the same for it."""
         tag = job.group
         assert tag is not None, "only a job that registered with a group joins one"

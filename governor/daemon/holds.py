@@ -11,23 +11,39 @@ from __future__ import annotations
 
 import select
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, Protocol
 
 from governor.daemon import peers, protocol, ratelimit
-from governor.daemon.jobs import ActiveJob, Ended
+from governor.daemon.jobs import ActiveJob, Ended, OverLimit, Registered, Registration
 
 ENDED_KEPT = 16
 
 Owner = Hashable  # a connection (governor.daemon.connection.Connection)
 EndJob = Callable[[int, str], "Ended | None"]
+RegisterJob = Callable[[Registration, peers.HeldProcess], Registered]
+
+
+class Client(Protocol):
+    """What a registration's owner is (governor.daemon.connection.Connection): who connected, and the hold on the
+    process that connected (None: it had exited by the accept)."""
+
+    @property
+    def peer(self) -> peers.Peer: ...
+
+    @property
+    def process(self) -> peers.HeldProcess | None: ...
+
+    def __hash__(self) -> int: ...
 
 
 class Holds:
-    """end(job_id, why): everything else a job's end does (the controller's end, the measurements that wait for
-    it); called after the job is released here."""
+    """register(reg, process): the controller's registration of a job held by ``process``
+    (governor.daemon.controller.Controller.register). end(job_id, why): everything else a job's end does (the
+    controller's end, the measurements that wait for it); called after the job is released here."""
 
-    def __init__(self, end: EndJob):
+    def __init__(self, end: EndJob, register: RegisterJob):
         self._end = end
+        self._register = register
         self._owner: dict[int, Owner | None] = {}  # job id -> the connection that holds it
         self._of_owner: dict[Owner, dict[int, ActiveJob]] = {}  # a connection's jobs, by id
         self._uid: dict[int, int] = {}  # job id -> its uid: the log lines of its end count against that uid
@@ -39,6 +55,26 @@ class Holds:
         self.stopping = False
 
     # ---- holding ----------------------------------------------------------------------------------------------------
+    def register(self, client: Client, reg: Registration, max_per_client: int) -> Registered:
+        """A new job for ``client``, held by its process (the one that connected, or ``reg.pid``) and by ``client``.
+        OverLimit at ``max_per_client`` jobs held; ProcessGone or NotTheirs for a process it cannot hold (a member's
+        job is held by a process of its own uid); the controller's errors as they are. The process's pidfd is closed
+        if anything fails (a pidfd leaked per request would exhaust the daemon's descriptors)."""
+        held_here = self.count(client)
+        if held_here >= max_per_client:
+            raise OverLimit(f"this connection already holds {held_here} jobs (limits.max_jobs_per_connection)")
+        peer = client.peer
+        process = peers.process_for_job(client.process, peer, reg.pid)
+        try:
+            if peer.uid != 0 and process.uid != peer.uid:
+                raise peers.NotTheirs(f"process {process.pid} is not yours (uid {peer.uid})")
+            registered = self._register(reg, process)
+            self.hold(registered.job, process, client)
+        except BaseException:
+            process.close()
+            raise
+        return registered
+
     def hold(self, job: ActiveJob, process: peers.HeldProcess, owner: Owner | None = None) -> None:
         """The job is held by its process (``process``: closed when the job ends) and by ``owner``, if any."""
         job_id = job.job_id

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from governor.backends.rails import EnergyMeter
-from governor.errors import BackendError
+from governor.errors import BackendError, FtgovError
 from governor.features import Features
 from governor.policy import Decision, PolicyName
 from governor.store.state import HeldJob
@@ -24,6 +24,34 @@ class GroupTag:
     key: str
     rank: int | None = None
     world_size: int | None = None
+
+
+class OverLimit(FtgovError):
+    """A registration over one of the limits (limits.max_jobs, max_jobs_per_uid, max_jobs_per_connection)."""
+
+
+class Refused(FtgovError):
+    """A registration the daemon does not take as asked; ``field``: the request's field at fault."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A register request as the floors below the RPC layer see it: holds (governor.daemon.holds) takes its process,
+    the controller (governor.daemon.controller) its GPU, limits, joins and decision."""
+
+    uid: int  # the caller's
+    pid: int | None  # the process the job is held by; None: the one that connected
+    features: Features
+    name: str | None = None
+    gpu: str | int | None = None  # index or UUID; None: the only GPU
+    tune: bool = False
+    total_steps: int | None = None
+    slurm_job_id: int | None = None  # joins that batch job's hold (governor.daemon.scheduler)
+    group: GroupTag | None = None  # joins that job group (governor.daemon.groups)
 
 
 @dataclass
@@ -96,6 +124,15 @@ class ActiveJob:
             self.earlier_energy_j = rec.energy_j
         if rec.group is not None:
             self.group = GroupTag(rec.group, rec.rank, rec.world_size)
+
+
+class Registered(NamedTuple):
+    """A registration's outcome: the job; whether its decision waits for its gpu_util (held unpinned meanwhile); what
+    else the reply says (its Slurm job's hold, its group)."""
+
+    job: ActiveJob
+    measuring: bool
+    extra: dict
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, ValuesView
 
-from governor.daemon.jobs import ActiveJob
-from governor.errors import FtgovError
+from governor.daemon.jobs import ActiveJob, GroupTag, OverLimit
 from governor.features import Features
 from governor.policy import PolicyName, combine
 from governor.store.state import HeldJob
 
 
-class TableFull(FtgovError):
-    """The daemon holds limits.max_jobs jobs already."""
+class TableFull(OverLimit):
+    """The daemon holds limits.max_jobs jobs already, or the uid limits.max_jobs_per_uid."""
 
 
 def needs_hz(job: ActiveJob, low_phases: frozenset[str], lowest_hz: int) -> int | None:
@@ -60,14 +59,21 @@ class JobTable(Mapping[int, ActiveJob]):
         return self._jobs.items()
 
     def admit(self, *, pid: int, start_ticks: int, uid: int, name: str | None, gpu_id: str, features: Features,
-              policy: PolicyName | None, max_jobs: int, job_id: int | None = None) -> ActiveJob:
-        """A new job, undecided, under the next id; TableFull at ``max_jobs``. A job re-adopted with its old
-        ``job_id`` is not a new admission: max_jobs (perhaps lowered since) does not apply to it."""
+              policy: PolicyName | None, max_jobs: int, max_per_uid: int | None = None, group: GroupTag | None = None,
+              job_id: int | None = None) -> ActiveJob:
+        """A new job, undecided, under the next id, a rank of ``group`` if given; TableFull at ``max_jobs``, or at
+        ``max_per_uid`` of the uid's (of_uid). A job re-adopted with its old ``job_id`` is not a new admission: the
+        limits (perhaps lowered since) do not apply to it."""
         if job_id is None:
             if len(self._jobs) >= max_jobs:
                 raise TableFull(f"the daemon already holds {len(self._jobs)} jobs (limits.max_jobs)")
+            if max_per_uid is not None:
+                held = self.of_uid(uid, group.key if group is not None else None)
+                if held >= max_per_uid:
+                    raise TableFull(f"uid {uid} already holds {held} jobs (limits.max_jobs_per_uid; a job group "
+                                    "counts once)")
             job_id, self.next_job_id = self.next_job_id, self.next_job_id + 1
-        job = ActiveJob(job_id, pid, start_ticks, uid, name, gpu_id, features, policy)
+        job = ActiveJob(job_id, pid, start_ticks, uid, name, gpu_id, features, policy, group=group)
         self._jobs[job_id] = job
         return job
 
@@ -78,9 +84,17 @@ class JobTable(Mapping[int, ActiveJob]):
     def remove(self, job_id: int) -> ActiveJob | None:
         return self._jobs.pop(job_id, None)
 
-    def of_uid(self, uid: int) -> int:
-        """How many jobs ``uid`` holds (limits.max_jobs_per_uid)."""
-        return sum(1 for j in self._jobs.values() if j.uid == uid)
+    def of_uid(self, uid: int, joining: str | None = None) -> int:
+        """What counts against limits.max_jobs_per_uid: each of the uid's jobs outside a group, and each of its groups
+        once; a registration that joins a group the uid has already counts nothing more (``joining``: its key)."""
+        alone, keys = 0, set()
+        for j in self._jobs.values():
+            if j.uid == uid:
+                if j.group is None:
+                    alone += 1
+                else:
+                    keys.add(j.group.key)
+        return alone + len(keys) - (joining in keys)
 
     def on_gpu(self, gpu_id: str) -> bool:
         """Whether any job runs on the GPU."""

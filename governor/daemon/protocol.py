@@ -38,15 +38,9 @@ class _Params(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-_FEATURE_FIELDS = tuple(Features.model_fields)
-
 
 class FeatureParams(Features, _Params):
     """The job's features: the fields, limits and checks of governor.features.Features itself, so they cannot drift."""
-
-    def features(self) -> Features:
-        """The Features alone (a subclass carries more, such as register's name and pid)."""
-        return Features.model_validate({name: getattr(self, name) for name in _FEATURE_FIELDS})
 
 
 def _total_steps(v):

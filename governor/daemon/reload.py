@@ -43,7 +43,7 @@ class Reloader:
         controller = server.controller
         controller.configure(PinSettings.from_config(new, policy))
         server.ticker.sample_interval_s = new.sample_interval_s
-        server.config = new
+        server.config = server.methods.config = new
         # The connection limits (root's reserve, per uid) are read at each accept; an idle timeout also applies to the
         # connections open now.
         for conn in server.conns:

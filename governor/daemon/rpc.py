@@ -20,12 +20,12 @@ from governor.daemon import peers, ratelimit, redact, status
 from governor.daemon.controller import MEASURING, Controller
 from governor.daemon.groups import GroupRefused, Groups
 from governor.daemon.holds import Holds, summary
-from governor.daemon.jobs import ActiveJob, GroupTag
-from governor.daemon.jobtable import TableFull
+from governor.daemon.jobs import ActiveJob, GroupTag, OverLimit, Refused, Registration
 from governor.daemon.protocol import RpcFault
 from governor.daemon.scheduler import SchedulerHolds, UnknownHold
 from governor.daemon.utilization import measure_load_pct
 from governor.errors import INVALID_PARAMS, LIMIT_EXCEEDED, PERMISSION_DENIED, SERVER_ERROR, UNKNOWN_JOB, FtgovError
+from governor.features import Features
 from governor.policy import PolicyName
 
 if TYPE_CHECKING:
@@ -39,26 +39,22 @@ PIN_CHECK_INTERVAL_S = 1.0
 
 
 class Methods:
-    """config(): the config in force (reload replaces it). redecide: coalesces a job's re-decisions. gpu_search():
+    """config: the config in force (reload replaces it). redecide: coalesces a job's re-decisions. gpu_search():
     how the daemon looks for a GPU while it has none, for the error that says so."""
 
     def __init__(self, controller: Controller, holds: Holds, sampler: UtilizationSampler,
-                 redecide: ratelimit.Coalescer, config: Callable[[], Config], gpu_search: Callable[[], str],
+                 redecide: ratelimit.Coalescer, config: Config, gpu_search: Callable[[], str],
                  scheduler: SchedulerHolds, groups: Groups):
         self.controller = controller
         self.groups = groups
         self.holds = holds
         self.sampler = sampler
         self.redecide = redecide
-        self._config = config
+        self.config = config
         self._gpu_search = gpu_search
         self.scheduler = scheduler
         self._pin_checked_s: dict[int, float] = {}  # uid -> when its last pin check ran (monotonic)
         self._registrations: ratelimit.TokenBuckets | None = None  # per non-root uid; made from the config in force
-
-    @property
-    def config(self) -> Config:
-        return self._config()
 
     def call(self, conn: Connection, method: str, params):
         return getattr(self, f"rpc_{method}")(conn, params)
@@ -106,7 +102,7 @@ class Methods:
         ctl = self.controller
         if not ctl.gpus:
             raise self._no_gpu()
-        features = params.features()
+        features = Features.of(params)
         if features.gpu_util is None and ctl.policy.needs_gpu_util(features):
             # The GPU's load now, for want of the job's: the answer says so (register measures it while it trains).
             return self._predict_measured(features)
@@ -122,39 +118,34 @@ class Methods:
         return {"policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason}
 
     def rpc_register(self, conn: Connection, params):
-        """Limits, then the process the job is held by, then the controller's decision, then the hold."""
-        ctl = self.controller
-        if not ctl.gpus:
+        """The caller's rate, then the floors below in one call: holds takes the process and holds the job the
+        controller registers (governor.daemon.holds.Holds.register). Their errors become replies here."""
+        if not self.controller.gpus:
             raise self._no_gpu()
         limits = self.config.limits
         peer = conn.peer
         if peer.uid != 0:
             self._registration_allowed(peer.uid, limits)
-        held_by_conn = self.holds.count(conn)
-        if held_by_conn >= limits.max_jobs_per_connection:
-            raise RpcFault(LIMIT_EXCEEDED, f"this connection already holds {held_by_conn} jobs "
-                           "(limits.max_jobs_per_connection)")
-        # A job group counts once, however many ranks it has here.
-        held_by_uid = self.groups.jobs_of_uid(ctl.jobs.values(), peer.uid, params.group)
-        if held_by_uid >= limits.max_jobs_per_uid:
-            raise RpcFault(LIMIT_EXCEEDED, f"uid {peer.uid} already holds {held_by_uid} jobs "
-                           "(limits.max_jobs_per_uid; a job group counts once)")
-        pid = params.pid or peer.pid
+        tag = None if params.group is None else GroupTag(params.group, params.rank, params.world_size)
+        reg = Registration(uid=peer.uid, pid=params.pid, features=Features.of(params), name=params.name, gpu=params.gpu,
+                           tune=bool(params.tune), total_steps=params.total_steps, slurm_job_id=params.slurm_job_id,
+                           group=tag)
         try:
-            held = peers.process_for_job(conn.process, peer, params.pid)
+            job, measuring, extra = self.holds.register(conn, reg, limits.max_jobs_per_connection)
+        except OverLimit as e:
+            raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
         except peers.NotTheirs as e:
+            pid = params.pid or peer.pid
             if peer.uid != 0:  # whose a process is stays the kernel's to tell (hidepid): the log has it
                 log.info("uid %d: register pid %s refused: %s", peer.uid, pid, e)
                 raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} is not yours", {"field": "pid"}) from e
             raise RpcFault(PERMISSION_DENIED, f"pid: {e}", {"field": "pid"}) from e
         except peers.ProcessGone as e:
             raise RpcFault(INVALID_PARAMS, f"pid: {e}", {"field": "pid"}) from e
-        try:
-            job, measuring, extra = self._register(peer, params, pid, held)
-            self.holds.hold(job, held, conn)
-        except BaseException:  # any failure, a bug's too: the pidfd goes with it (a leak per request exhausts fds)
-            held.close()
-            raise
+        except GpuNotFound as e:
+            raise RpcFault(INVALID_PARAMS, f"gpu: {e}", {"field": "gpu"}) from e
+        except Refused as e:
+            raise RpcFault(INVALID_PARAMS, str(e), {"field": e.field}) from e
         # A job decided without its gpu_util has it measured anyway, for status and the store.
         if job.features.gpu_util is None:
             self.sampler.start(job, decide=measuring)
@@ -162,64 +153,6 @@ class Methods:
         assert d is not None, "registered: decided, or held unpinned"
         return {"job_id": job.job_id, "policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason,
                 "gpu": job.gpu_id, "gpu_util": job.features.gpu_util, **extra}
-
-    def _register(self, peer: peers.Peer, params, pid: int,
-                  held: peers.HeldProcess) -> tuple[ActiveJob, bool, dict]:
-        """The controller's job for a registration whose process is held (the caller releases ``held`` if this
-        raises), whether its decision waits for its gpu_util, and what else the reply says (its Slurm job's hold,
-        its group). A registration that joins a hold (governor.daemon.scheduler) or a group (governor.daemon.groups)
-        does so before its decision: it then speaks for that GPU in the hold's place, and takes its group's level."""
-        if peer.uid != 0 and held.uid != peer.uid:
-            raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} is not yours (uid {peer.uid})",
-                           {"field": "pid"})
-        ctl = self.controller
-        if params.tune and ctl.settings.policy.name is PolicyName.OBSERVE:
-            raise RpcFault(INVALID_PARAMS, "tune: this daemon runs the observe policy and pins nothing",
-                           {"field": "tune"})
-        try:
-            gpu_id = ctl.find_gpu(params.gpu)
-        except GpuNotFound as e:
-            raise RpcFault(INVALID_PARAMS, f"gpu: {e}", {"field": "gpu"}) from e
-        policy = PolicyName.TUNE if params.tune else None
-        hold, slurm = None, {}
-        if params.slurm_job_id is not None:
-            hold, why = self.scheduler.joinable(params.slurm_job_id, peer.uid, gpu_id)
-            slurm = {"slurm_job_id": params.slurm_job_id, "joined": hold is not None, **({"why": why} if why else {})}
-            if hold is not None:
-                policy = self.scheduler.inside_policy(hold, params.tune)
-                if policy is PolicyName.TUNE and ctl.settings.policy.name is PolicyName.OBSERVE:
-                    policy = PolicyName.OBSERVE
-        tag = None if params.group is None else GroupTag(params.group, params.rank, params.world_size)
-        if tag is not None:
-            try:
-                self.groups.check_join(peer.uid, tag, gpu_id)
-            except GroupRefused as e:
-                raise RpcFault(INVALID_PARAMS, str(e), {"field": e.field}) from e
-
-        grouped: list[ActiveJob] = []
-
-        def admitted(job: ActiveJob) -> None:  # in the table, not yet decided: its group's level, its hold's GPU
-            if hold is not None:
-                self.scheduler.join(hold, job)
-            if tag is not None:
-                job.group = tag
-                self.groups.join(ctl, job)
-                grouped.append(job)
-
-        try:
-            job, measuring = ctl.register(pid=pid, start_ticks=held.start_ticks, uid=peer.uid, name=params.name,
-                                          gpu_id=gpu_id, features=params.features(), policy=policy,
-                                          total_steps=params.total_steps, admitted=admitted)
-        except TableFull as e:
-            raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
-        except FtgovError:
-            for job in grouped:  # its first pin failed: the controller dropped it, and it leaves its group
-                self.groups.left(job.job_id, "its first pin failed")
-            raise
-        extra: dict = {"slurm": slurm} if slurm else {}
-        if tag is not None:  # the GPU's table: a multi-node group's rank 0 tunes over it
-            extra.update(group=tag.key, rank=tag.rank, levels_hz=list(ctl.power_mode.allowed_levels(gpu_id)))
-        return job, measuring, extra
 
     def _own_job(self, conn: Connection, job_id: int) -> ActiveJob:
         job = self.holds.job(conn, job_id)

@@ -27,6 +27,7 @@ from governor.daemon.controller import Controller
 from governor.daemon.groups import Groups
 from governor.daemon.holds import Holds
 from governor.daemon.jobs import Ended
+from governor.daemon.joins import Joins
 from governor.daemon.notify import Notifier
 from governor.daemon.protocol import RpcFault
 from governor.daemon.rpc import Methods
@@ -59,11 +60,11 @@ class Server:
         self.sampler = UtilizationSampler(controller, lambda: self.config)
         # A client's updates re-decide its job at most about once a second (each is a pin write and a state save).
         self.redecide = ratelimit.Coalescer(defer_on_loop)
-        self.groups = groups if groups is not None else Groups(lambda: self.config.tuner)
-        self.holds = Holds(self._job_ended)
+        self.holds = Holds(self._job_ended, controller.register)
         self.groups = groups if groups is not None else Groups(lambda: controller.settings.tuner)
         self.scheduler = controller.scheduler = SchedulerHolds(controller, self.holds.end)
-        self.methods = Methods(controller, self.holds, self.sampler, self.redecide, lambda: self.config,
+        controller.joins = Joins(self.scheduler, self.groups)
+        self.methods = Methods(controller, self.holds, self.sampler, self.redecide, config,
                                self._gpu_search, self.scheduler, self.groups)
         self.call = self.methods.call  # a connection's requests go straight to the RPC methods
         self.conns: set[Connection] = set()

@@ -189,7 +189,7 @@ def test_an_accept_that_runs_out_of_descriptors_is_a_refusal_not_a_half_built_co
 
     if peers.SO_PEERPIDFD is None:
         pytest.skip("no SO_PEERPIDFD on this architecture: the process is held by number")
-    conn, transport = Connection(Server(), Holds(lambda job_id, why: None)), _Transport()
+    conn, transport = Connection(Server(), Holds(lambda job_id, why: None, lambda reg, process: None)), _Transport()
     conn.connection_made(transport)  # raised OSError into asyncio's accept before
     assert transport.aborted and conn.closed and not conn.counted and conn.process is None
     conn.connection_lost(None)  # what the aborted transport calls next: nothing to undo

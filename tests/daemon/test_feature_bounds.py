@@ -16,7 +16,7 @@ from governor.cli.metrics import DaemonCollector, families, model_savings_estima
 from governor.client import check_features
 from governor.daemon.protocol import RpcFault, parse_line
 from governor.errors import INVALID_PARAMS, PARSE_ERROR
-from governor.features import MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_SEQ_LEN, MIN_SEQ_LEN
+from governor.features import MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_SEQ_LEN, MIN_SEQ_LEN, Features
 from governor.safefile import OutDir
 from governor.store.measurements import JobRecord, Window
 from tests.support.daemon import FEATURES
@@ -106,7 +106,7 @@ def test_what_the_protocol_accepts_the_exporter_history_and_report_render(tmp_pa
         with pytest.raises(ValueError, match=field):  # the client refuses it too, before sending it
             check_features(features)
         return
-    accepted = request.params.features().model_dump()
+    accepted = Features.of(request.params).model_dump()
     assert check_features(features).model_dump() == accepted
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for fam in prometheus_parser.text_string_to_metric_families(_exposition(_status(accepted, freq_hz,

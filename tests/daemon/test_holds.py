@@ -6,20 +6,34 @@ import os
 import select
 import subprocess
 
+import pytest
+
 from governor.daemon import peers
 from governor.daemon.holds import ENDED_KEPT, Holds
-from governor.daemon.jobs import ActiveJob, Ended
+from governor.daemon.jobs import ActiveJob, Ended, OverLimit, Refused, Registered, Registration
+from governor.errors import PinError
 from governor.features import Features
 
 FEATURES = Features(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, gpu_util=60.0)
 
 
 class Ends:
-    """The rest of a job's end, as the server does it: records each call and answers an Ended."""
+    """The controller, as holds sees it: registers a job (or raises ``refuse``), and does the rest of a job's end:
+    records each call and answers an Ended."""
 
     def __init__(self):
         self.calls: list[tuple[int, str]] = []
         self.jobs: dict[int, ActiveJob] = {}
+        self.refuse: Exception | None = None
+        self.processes: list[peers.HeldProcess] = []
+
+    def register(self, reg: Registration, process: peers.HeldProcess) -> Registered:
+        self.processes.append(process)
+        if self.refuse is not None:
+            raise self.refuse
+        job = ActiveJob(len(self.processes), process.pid, process.start_ticks, reg.uid, reg.name, "0", reg.features)
+        self.jobs[job.job_id] = job
+        return Registered(job, False, {})
 
     def __call__(self, job_id: int, why: str) -> Ended | None:
         self.calls.append((job_id, why))
@@ -43,7 +57,7 @@ def exit_and_wait(holds: Holds, proc: subprocess.Popen) -> None:
 
 def test_a_connection_holds_its_jobs_and_only_those(children):
     ends = Ends()
-    holds = Holds(ends)
+    holds = Holds(ends, ends.register)
     a, b = object(), object()
     first = job_of(ends, holds, 1, children(), a)
     job_of(ends, holds, 2, children(), a)
@@ -61,7 +75,7 @@ def test_a_connection_holds_its_jobs_and_only_those(children):
 
 def test_a_job_whose_process_exits_ends_and_leaves_its_summary_for_one_late_unregister(children):
     ends = Ends()
-    holds = Holds(ends)
+    holds = Holds(ends, ends.register)
     conn, proc = object(), children()
     job_of(ends, holds, 7, proc, conn).steps = 12
     exit_and_wait(holds, proc)
@@ -76,7 +90,7 @@ def test_a_job_whose_process_exits_ends_and_leaves_its_summary_for_one_late_unre
 
 def test_a_connection_keeps_the_last_summaries_only_and_forgets_them_when_it_goes(children):
     ends = Ends()
-    holds = Holds(ends)
+    holds = Holds(ends, ends.register)
     conn = object()
     for job_id in range(1, ENDED_KEPT + 3):
         proc = children()
@@ -92,7 +106,7 @@ def test_a_connection_keeps_the_last_summaries_only_and_forgets_them_when_it_goe
 
 def test_while_the_daemon_stops_a_closing_connection_leaves_its_jobs_held(children):
     ends = Ends()
-    holds = Holds(ends)
+    holds = Holds(ends, ends.register)
     conn = object()
     job_of(ends, holds, 1, children(), conn)
     holds.stopping = True
@@ -105,7 +119,7 @@ def test_while_the_daemon_stops_a_closing_connection_leaves_its_jobs_held(childr
 
 def test_a_released_job_closes_its_pidfd_and_its_exit_is_not_an_end(children):
     ends = Ends()
-    holds = Holds(ends)
+    holds = Holds(ends, ends.register)
     conn, proc = object(), children()
     job = job_of(ends, holds, 1, proc, conn)
     holds.release(job.job_id)  # the pin failed: the pin controller dropped the job itself
@@ -115,3 +129,70 @@ def test_a_released_job_closes_its_pidfd_and_its_exit_is_not_an_end(children):
     holds.processes_exited()
     assert ends.calls == []
     holds.close()
+
+
+class Client:
+    """A connection as holds sees it: who connected, and the hold on the process that connected."""
+
+    def __init__(self, proc: subprocess.Popen, uid: int | None = None):
+        self.peer = peers.Peer(proc.pid, os.getuid() if uid is None else uid, os.getgid())
+        self.process = peers.hold(proc.pid)
+
+
+def pidfd_open(process: peers.HeldProcess) -> bool:
+    try:
+        os.fstat(process.pidfd)
+    except OSError:
+        return False
+    return True
+
+
+def test_register_holds_the_job_by_its_client_and_by_the_process_that_connected(children):
+    ends = Ends()
+    holds = Holds(ends, ends.register)
+    client = Client(children())
+    job, measuring, extra = holds.register(client, Registration(os.getuid(), None, FEATURES), 4)
+    assert (job.pid, measuring, extra) == (client.peer.pid, False, {})
+    assert holds.job(client, job.job_id) is job and holds.processes() == 1
+    assert ends.processes[0].pidfd != client.process.pidfd  # a hold of its own: the connection's stays the connection's
+    holds.close()
+    client.process.close()
+
+
+@pytest.mark.parametrize("refusal", [Refused("tune", "this daemon runs the observe policy"), PinError("no pin"),
+                                     KeyboardInterrupt()])
+def test_a_refused_register_closes_the_pidfd_it_took_and_holds_nothing(children, refusal):
+    ends = Ends()
+    holds = Holds(ends, ends.register)
+    client = Client(children())
+    ends.refuse = refusal
+    with pytest.raises(type(refusal)):
+        holds.register(client, Registration(os.getuid(), None, FEATURES), 4)
+    assert not pidfd_open(ends.processes[0]) and holds.processes() == 0 and holds.count(client) == 0
+    holds.close()
+    client.process.close()
+
+
+def test_register_refuses_a_client_at_its_limit_before_taking_a_process(children):
+    ends = Ends()
+    holds = Holds(ends, ends.register)
+    client = Client(children())
+    for _ in range(2):
+        holds.register(client, Registration(os.getuid(), None, FEATURES), 2)
+    with pytest.raises(OverLimit, match="already holds 2 jobs"):
+        holds.register(client, Registration(os.getuid(), None, FEATURES), 2)
+    assert len(ends.processes) == 2
+    holds.close()
+    client.process.close()
+
+
+def test_a_member_cannot_register_a_job_held_by_another_uids_process(children):
+    ends = Ends()
+    holds = Holds(ends, ends.register)
+    other = children()
+    client = Client(children(), uid=os.getuid() + 12345)  # a member whose uid is not the processes' owner
+    with pytest.raises(peers.NotTheirs):
+        holds.register(client, Registration(client.peer.uid, other.pid, FEATURES), 4)
+    assert ends.processes == [] and holds.processes() == 0
+    holds.close()
+    client.process.close()

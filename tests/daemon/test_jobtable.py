@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from governor.daemon.jobs import GroupTag
 from governor.daemon.jobtable import JobTable, TableFull, needs_hz
 from governor.features import Features
 from governor.policy import Decision, PolicyName
@@ -39,6 +40,21 @@ def test_max_jobs_refuses_a_new_job_but_not_a_readopted_one():
     assert len(table) == 1 and table.next_job_id == 2  # the refused job took no id
     readopted = admit(table, 102, max_jobs=1, job_id=7)  # re-adopted after a restart: its old id, over the limit
     assert readopted.job_id == 7 and table[7] is readopted and table.next_job_id == 2
+
+
+def test_the_per_uid_cap_counts_a_group_once_and_a_rank_joining_it_nothing_more():
+    table = JobTable()
+    admit(table, 100, uid=1000)
+    for rank in range(3):  # three ranks of one run: one job against the cap
+        admit(table, 101 + rank, uid=1000, gpu_id=str(rank), max_per_uid=2, group=GroupTag("run", rank, 4))
+    admit(table, 110, uid=2000, group=GroupTag("run", 0, 1))  # another uid's key is another group
+    assert table.of_uid(1000) == 2 and table.of_uid(1000, joining="run") == 1 and table[2].group.key == "run"
+    admit(table, 104, uid=1000, gpu_id="3", max_per_uid=2, group=GroupTag("run", 3, 4))  # joins: counts nothing
+    with pytest.raises(TableFull, match="uid 1000 already holds 2 jobs"):
+        admit(table, 105, uid=1000, max_per_uid=2)
+    with pytest.raises(TableFull, match="max_jobs_per_uid"):
+        admit(table, 106, uid=1000, max_per_uid=2, group=GroupTag("another run"))
+    assert admit(table, 107, uid=2000, max_per_uid=2).uid == 2000
 
 
 def test_ids_continue_from_a_previous_daemon_of_the_boot():

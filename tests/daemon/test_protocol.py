@@ -7,6 +7,7 @@ import pytest
 from governor import errors
 from governor.daemon import protocol
 from governor.daemon.protocol import RpcFault
+from governor.features import Features
 
 FEATURES = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0}
 
@@ -24,7 +25,7 @@ def fault(raw: bytes) -> RpcFault:
 def test_a_good_register_is_typed():
     req = protocol.parse_line(line(id=7, method="register", params={**FEATURES, "name": "bert", "gpu": 0}))
     assert (req.id, req.method, req.is_notification) == (7, "register", False)
-    assert req.params.name == "bert" and req.params.features().gpu_util is None
+    assert req.params.name == "bert" and Features.of(req.params).gpu_util is None
 
 
 def test_a_notification_has_no_id():
