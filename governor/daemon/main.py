@@ -50,6 +50,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--simulate", action="store_true",
                    help="build a simulated Jetson AGX Orin (JetPack 6 layout), start its board, and govern it: "
                         "try ftgov without a Jetson")
+    p.add_argument("--sim-meters", choices=["ina3221", "exact"], default="ina3221",
+                   help="with --simulate: the simulated rails report as an INA3221 does (an average over its "
+                        "update_interval, refreshed at it; the default, as on a board), or exact (the energy model's "
+                        "mean power at once: for jobs whose time is scaled, as the tests' are)")
     p.add_argument("--print-env", action="store_true",
                    help="with --simulate: print the shell lines that point ftgov at that daemon (FTGOV_SOCKET, "
                         "FTGOV_SIM_TREE) and exit, for eval \"$(ftgovd --simulate --print-env)\"")
@@ -156,10 +160,11 @@ def lock_simulated_tree(sim_dir: Path) -> int:
     return fd
 
 
-def start_simulated_board(config: Config) -> None:
+def start_simulated_board(config: Config, meters: str = "ina3221") -> None:
     """--simulate: build a simulated Orin at sysfs_root and start its board, a process of its own (governor.sim is
     never imported here) that reacts to what is written into the tree as a board does. Returns once the board
-    watches the tree. The board ends when this process does: it waits for EOF on a pipe only this process holds.
+    watches the tree, its rails reporting as ``meters`` says (--sim-meters). The board ends when this process does: it
+    waits for EOF on a pipe only this process holds.
     The caller holds the tree's lock (lock_simulated_tree): everything in it but the lock file is rebuilt."""
     sim_dir = Path(config.sysfs_root)
     for entry in sim_dir.iterdir():
@@ -172,7 +177,7 @@ def start_simulated_board(config: Config) -> None:
     keep_r, keep_w = os.pipe()  # keep_w stays open (close-on-exec) for the daemon's lifetime, unreferenced
     env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}  # readiness is the daemon's to tell
     proc = subprocess.Popen([sys.executable, "-m", "governor.sim.board", "--tree", str(sim_dir), "--build", "jp6",
-                             "--until-stdin-closes"], stdin=keep_r, stdout=subprocess.PIPE, env=env)
+                             "--meters", meters, "--until-stdin-closes"], stdin=keep_r, stdout=subprocess.PIPE, env=env)
     os.close(keep_r)
     assert proc.stdout is not None  # stdout=PIPE
     with proc.stdout:
@@ -187,7 +192,8 @@ def start_simulated_board(config: Config) -> None:
         print(logs.stderr_line(note, 6), file=sys.stderr, flush=True)
 
 
-def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[], Config] | None = None) -> int:
+def run(config: Config, *, simulate: bool = False, sim_meters: str = "ina3221",
+        load_config_again: Callable[[], Config] | None = None) -> int:
     """Listen first, so that a socket that cannot be served (taken by another daemon, in a directory that does not
     exist) is refused before anything else happens; then start and serve; the socket goes when the daemon does."""
     raise_fd_limit(config)
@@ -202,7 +208,7 @@ def run(config: Config, *, simulate: bool = False, load_config_again: Callable[[
     try:
         if simulate:
             tree_lock = lock_simulated_tree(Path(config.sysfs_root))
-            start_simulated_board(config)
+            start_simulated_board(config, sim_meters)
         serve(config, sock, load_config_again)
     finally:
         sock.close()
@@ -331,7 +337,8 @@ def main(argv: list[str] | None = None) -> int:
     logs.setup(config.log_level)
     route_loggers()
     try:
-        return run(config, simulate=args.simulate, load_config_again=lambda: build_config(args))
+        return run(config, simulate=args.simulate, sim_meters=args.sim_meters,
+                   load_config_again=lambda: build_config(args))
     except FtgovError as e:
         log.error("%s", e)
         return 1

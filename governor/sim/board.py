@@ -311,12 +311,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--build", choices=sorted(tree.LAYOUTS), help="build a tree of this layout at --tree first")
     p.add_argument("--max-hz", type=int, help="with --build: the baseline max_freq (a power mode's cap)")
     p.add_argument("--power-mode", type=int, help="with --build: an AGX Orin nvpmodel mode (conf, status, its cap)")
+    p.add_argument("--meters", choices=["exact", "ina3221"],
+                   help="with --build: how the rails report (tree.METERS; absent: exact, the model's mean power)")
     p.add_argument("--until-stdin-closes", action="store_true",
                    help="exit when standard input reaches EOF (the process that started the board has ended)")
     args = p.parse_args(argv)
     try:
         if args.build:
             root = tree.build(args.tree, args.build, max_hz=args.max_hz, power_mode=args.power_mode)
+            if args.meters is not None:
+                root.path(tree.METERS).write_text(f"{args.meters}\n")
         else:
             root = Root(args.tree)
         board = Board(root)

@@ -151,7 +151,8 @@ class Daemon:
                  extra_args: tuple[str, ...] = (), simulate: bool = False, notify_name: str = "n.sock",
                  env: dict | None = None, *, test_config: bool = True, config_file: str | None = None,
                  state_dir: Path | None = None, log_path: Path | None = None, log_level: str = "debug",
-                 python_args: tuple[str, ...] = (), python: str = sys.executable, nofile: int | None = None):
+                 python_args: tuple[str, ...] = (), python: str = sys.executable, nofile: int | None = None,
+                 sim_meters: str = "exact"):
         # Short: AF_UNIX paths <= 107.
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ftg", dir=os.environ.get(WORKDIRS_ENV, "/tmp")))
         self.root = root
@@ -168,6 +169,7 @@ class Daemon:
         self.extra_args = extra_args
         self.env = env or {}
         self.simulate = simulate
+        self.sim_meters = sim_meters  # with simulate: ftgovd --sim-meters (exact: the tests' jobs run in scaled time)
         self.log_level = log_level
         self.python_args = python_args
         self.python = python
@@ -180,7 +182,7 @@ class Daemon:
                "--socket", self.socket, "--state-dir", str(self.state_dir), "--log-level", self.log_level,
                *self.extra_args]
         if self.simulate:
-            cmd.append("--simulate")
+            cmd += ["--simulate", "--sim-meters", self.sim_meters]
         elif self.root is not None:
             cmd += ["--sysfs-root", str(self.root)]
         return cmd
