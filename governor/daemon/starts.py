@@ -1,27 +1,18 @@
 """Where a tuned job starts on a GPU the Orin tree was not trained for (NVML): the level the last tuned job of the same
 shape converged on, on the same kind of GPU.
 
-The tree's leaves are Orin clocks; mapped onto another GPU's table they mean nothing (816 MHz lands near the bottom of
-an H200's 345..1980 MHz). So on such a GPU the start is, in order:
+The tree's leaves are Orin clocks; on another GPU's table they mean nothing. So on such a GPU the start is:
 
 1. the converged level of the most recent tuned job with the same model_type, num_layers and hidden_size and a
-   seq_len within SEQ_LEN_TOLERANCE, on a GPU of the same name with the same table of levels (this index), of the same
-   user, else of root: a member's jobs never decide where another user's start (a client reports its own step
-   counts, so what its job converged on is only as honest as it is);
-2. else the top of the table (the highest level the power mode allows): what the default governor runs a busy GPU at,
-   so the tuner only walks down while energy falls and is never worse than not tuning beyond noise.
+   seq_len within SEQ_LEN_TOLERANCE, on a GPU of the same name and table, of the same user, else of root (a member's
+   jobs never decide where another user's start: a client reports its own step counts);
+2. else the top of the table (the highest level the power mode allows): what the default governor runs a busy GPU at.
 
-gpu_util is not matched: on these GPUs it is measured at the default governor and varies from run to run of the
-same job. The index is loaded from the measurement store once at start-up, before the daemon serves (one query, a
-few columns, no windows), and every tuned job that converges on such a GPU while the daemon runs is added to it when it
-ends, store or no store (on a devfreq board the tree picks the start, and nothing is kept). Lookups are a dict access
-and a short scan: nothing on the request path touches the file.
-
-Bounded: per uid, the MAX_SHAPES_PER_UID shapes (GPU kind, model_type, num_layers, hidden_size) learnt or looked up
-most recently, each with its KEPT_PER_SHAPE most recent levels. A member that converges jobs of ever new shapes
-evicts its own oldest shapes, never another user's; the index is at most about 100 KB per user.
+gpu_util is not matched (on these GPUs it varies from run to run). The index is loaded from the store once before the
+daemon serves, and every tuned job that converges on such a GPU is added when it ends; lookups never touch the file.
+Bounded per uid: the MAX_SHAPES_PER_UID shapes used most recently, each with its KEPT_PER_SHAPE most recent levels; a
+member's new shapes evict its own oldest, never another user's (about 100 KB per user at most).
 """
-
 from __future__ import annotations
 
 import json

@@ -1,31 +1,20 @@
 """The simulated board: a process that makes a simulated tree behave as a Jetson Orin does under what is written to it.
 
-    python -m governor.sim.board --tree DIR [--build jp6|jp5|nx-jp6 [--max-hz HZ]]
+    python -m governor.sim.board --tree DIR [--build jp6|jp5|nx-jp6 [--max-hz HZ] [--meters ina3221|exact]]
 
-It runs beside ftgovd (``ftgovd --simulate`` starts one; ``ftgovd --sysfs-root DIR`` serves its tree), and knows
-nothing of the daemon: like a board, it sees only the files. It waits (inotify, no polling) for
+It runs beside ftgovd (``ftgovd --simulate`` starts one) and knows nothing of the daemon: like a board, it sees only
+the files. It waits (inotify, no polling) for writes to the GPU devfreq node's ``min_freq``/``max_freq`` (kept as the
+kernel keeps a user's QoS request: kHz, min rounded down, max rounded up, 0 on max meaning no limit; both files
+rewritten with the effective range, clamped to the table, a moment after the write where a real sysfs does it inside
+it), and for simulated jobs (governor.sim.job) announcing themselves under ``ftgov-sim/jobs/``.
 
-- writes to the GPU devfreq node's ``min_freq``/``max_freq``: it keeps them as the kernel keeps a user's QoS request
-  (kHz, min rounded down, max rounded up, 0 on max meaning no limit) and rewrites both files with the effective
-  range, clamped to the table, min := max when they cross. A real sysfs does this inside the write, so that the
-  next read already sees it; here it lands a moment after the write (the board reacts to the write event).
-- simulated jobs (governor.sim.job) announcing themselves: a JSON file each under ``ftgov-sim/jobs/`` holding the
-  workload, its pid and whether its training steps run now.
-
-Then it rewrites ``cur_freq``, the per-mille GPU ``load`` and the INA3221 rails from the energy model
-(governor.sim.energy) at the clock the range allows: the model's mean power, at once. A tree whose
-``ftgov-sim/meters`` file reads ``ina3221`` (tree.METERS) gets rails that report as an INA3221 does instead
-(governor.sim.meters): each reading is the mean over the chips' hwmon ``update_interval`` (read from the tree) before
-the sensor's last refresh, rewritten at every refresh while a job's steps run or the readings have not settled; while
-steps run, the GPU rail's power follows the phases of a step (forward/backward, then optimizer and data), steps of the
-model's step time scattering as real ones do. Those steps are the board's own, not aligned with a simulated job's
-reports; a job that runs faster than the model (its ``time_scale``) runs the sensor in the same compressed time.
-Load shows only while a job's steps run, as on a real GPU
-(idle before the first step and between steps). Several jobs at once: the board runs the heaviest one (the GPU is
-time-shared; the busiest job sets the power draw), a simplification stated in docs/energy-model.md. Idle rails are
-the model's idle at the lowest clock whatever the range (a pinned idle GPU's clock tree is not modelled).
+Then it rewrites ``cur_freq``, the per-mille GPU ``load`` (only while a job's steps run, as on a real GPU) and the
+INA3221 rails from the energy model (governor.sim.energy): the model's mean power at once, or, where
+``ftgov-sim/meters`` reads ``ina3221`` (tree.METERS), as the sensor reports (governor.sim.meters): the mean over the
+hwmon ``update_interval`` before its last refresh, the GPU rail following a step's phases, steps scattering as real
+ones do, in the jobs' compressed time where they run faster than the model. Several jobs at once: the board runs the
+heaviest one. Idle rails are the model's idle at the lowest clock. The simplifications: docs/energy-model.md.
 """
-
 from __future__ import annotations
 
 import argparse
