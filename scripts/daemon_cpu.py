@@ -1,0 +1,114 @@
+"""What ftgovd's CPU goes to on a real NVML GPU, read only: the daemon in the observe policy, one job reporting
+progress 10 times a second, and where the time goes (cProfile).
+
+    python -m scripts.daemon_cpu --out OUT [--seconds 60]
+
+Phases, each against a fresh ftgovd (NVML backend, policy observe, tuner.window_rule time, a private socket and state
+dir; nothing is written to the GPU): no job; one job whose client sends `progress` every 100 ms with `step_end_s`
+(what governor.hf sends); the same without `step_end_s` (an old client); and the first again under cProfile. The job
+is a stand-in (no training: the GPU idles), so the daemon's work per report and its energy counter reads are what is
+measured, not a workload. Writes summary.md, profile.txt and the daemons' logs under OUT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile  # noqa: F401  (run as -m cProfile in the daemon's interpreter; imported here so a missing one fails early)
+import io
+import os
+import pstats
+import tempfile
+import time
+from pathlib import Path
+
+from governor.sim.launch import Daemon
+from scripts.observe_windows import gpu_readings, process_cpu_s
+
+FEATURES = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 128.0, "gpu_util": 80.0, "gpu": 0}
+REPORT_S = 0.1
+NVML_CALLS = ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo")
+
+
+def daemon(out: Path, name: str, python_args: tuple[str, ...] = ()) -> Daemon:
+    here = str(Path(__file__).resolve().parents[1])
+    return Daemon(Path(tempfile.mkdtemp(prefix="ftgov-cpu-")),
+                  config={"backend": "nvml", "policy": "observe", "restore_on_stop": False,
+                          "tuner": {"window_rule": "time"}},
+                  env={"PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)},
+                  log_path=out / f"ftgovd-{name}.log", log_level="info", python_args=python_args)
+
+
+def run_phase(d: Daemon, seconds: float, job: bool, step_ends: bool) -> float:
+    """The daemon's CPU time over ``seconds`` with (or without) one job reporting every REPORT_S."""
+    c = d.client()
+    status = c.call("status")
+    if status["policy"] != "observe" or any(g.get("pinned_hz") for g in status["gpus"]):
+        raise SystemExit(f"refusing: the daemon is not observing read-only: {status}")
+    job_id = c.call("register", name="stand-in", **FEATURES)["job_id"] if job else None
+    cpu0, start = process_cpu_s(d.proc.pid), time.monotonic()
+    steps, deadline = 0, start
+    while time.monotonic() - start < seconds:
+        deadline += REPORT_S
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        if job_id is not None:
+            steps += 1
+            extra = {"step_end_s": time.monotonic()} if step_ends else {}
+            c.notify("progress", job_id=job_id, steps=steps, **extra)
+    c.call("ping")  # every report handled
+    cpu_s = process_cpu_s(d.proc.pid) - cpu0
+    if job_id is not None:
+        c.call("unregister", job_id=job_id)
+    c.close()
+    return cpu_s / (time.monotonic() - start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seconds", type=float, default=60.0)
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    before = gpu_readings()
+    rows = []
+    for name, job, step_ends in (("no job", False, False), ("one job, step_end_s", True, True),
+                                 ("one job, no step_end_s", True, False)):
+        d = daemon(args.out, name.replace(" ", "-").replace(",", ""))
+        d.start(timeout_s=60)
+        try:
+            rows.append((name, run_phase(d, args.seconds, job, step_ends)))
+        finally:
+            d.stop()
+    prof = args.out / "daemon.prof"
+    d = daemon(args.out, "profiled", python_args=("-m", "cProfile", "-o", str(prof)))
+    d.start(timeout_s=60)
+    try:
+        profiled = run_phase(d, args.seconds, True, True)
+    finally:
+        d.stop()
+    after = gpu_readings()
+    text = io.StringIO()
+    stats = pstats.Stats(str(prof), stream=text)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(40)
+    (args.out / "profile.txt").write_text(text.getvalue())
+    nvml = {}
+    for (_file, _line, func), (_cc, calls, _tottime, cumtime, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        if func in NVML_CALLS:
+            nvml[func] = (calls, cumtime)
+    lines = [f"# ftgovd's CPU on {before['name']} (observe, read only)", "",
+             f"{args.seconds:g} s per phase, one fresh daemon each; a stand-in job reporting every "
+             f"{REPORT_S * 1000:g} ms (no training). Power limit and clocks' event reasons before / after: "
+             f"{before['power_limit_mw']} / {after['power_limit_mw']} mW, {before['clocks_event_reasons']} / "
+             f"{after['clocks_event_reasons']}.", "", "| phase | ftgovd CPU, % of a core |", "|---|---:|",
+             *(f"| {name} | {100 * share:.2f}% |" for name, share in rows),
+             f"| one job, step_end_s, under cProfile | {100 * profiled:.2f}% |", "",
+             "NVML calls in the profiled run (calls, cumulative s, per call ms):", "",
+             *(f"- {func}: {calls}, {cum:.3f} s, {1000 * cum / calls:.2f} ms" for func, (calls, cum) in nvml.items()),
+             "", "Where the rest goes: profile.txt."]
+    (args.out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
