@@ -82,6 +82,12 @@ class BoardEnergy:
         return self.rails.update_interval_s
 
 
+# The CPU a job's energy-counter reads may take, as a share of a core (issue 23: the sampler at most 1% of a core while
+# jobs run). A read of NVML's counter cost 3.9-9.5 ms of CPU on an H200 (scripts/daemon_cpu.py), against 5-10 us for
+# a power reading: the reads are paced by what each costs, measured as they are made.
+COUNTER_READ_CPU_FRAC = 0.008
+
+
 class MeterFeed:
     """A job's own energy meter, and what each of its progress reports gives measurement windows: (steps, energy_j,
     time_s) points. With the step's end time (``job.step_end_s``): the meter's update instants (NVML's counter) or
@@ -106,6 +112,9 @@ class MeterFeed:
         self._seen_s = -math.inf  # the rails' samples up to here are edges already
         self.grid_found = not counter  # a sampler's samples are exact in time from the first
         self._timed_since: float | None = None  # the first report with step_end_s, while the grid is not known
+        self._edge_every_s = edge_every_s
+        self._read_cpu_s = 0.0  # a counter read's CPU time (a moving average of the reads' own)
+        self._report_read_s = -math.inf  # an older client's last report that read the counter
 
     def settle_s(self, updates: float | None = None) -> float:
         """How long the meter takes to show a change of clock or an unpin wholly: ``updates`` of its updates (None:
@@ -122,11 +131,38 @@ class MeterFeed:
             return self.meter.energy_j  # the sampler's samples alone: none locked to the steps' phase
         if self._timer_serves():
             return self._timed_j  # type: ignore[return-value]  # the edges come from the timer's reads alone
+        if isinstance(self.meter, CounterMeter):
+            return self._read()
         return self.meter.add(time.monotonic(), self._total_mw())
 
+    def report_points(self, job) -> list[tuple[float, float, float]]:
+        """What one progress report gives windows (points). An older client's report (no step_end_s) reads a counter
+        at most once a pace_s (a read has its cost): the reports in between give nothing, and windows end on those
+        that read."""
+        if job.step_end_s is None and isinstance(self.meter, CounterMeter):
+            now_s = time.monotonic()
+            if now_s - self._report_read_s < self.pace_s():  # a cheap counter: read at every report
+                return []
+            self._report_read_s = now_s
+        return self.points(job, self.energy_j(job))
+
+    def pace_s(self, reads: float = 1.0) -> float:
+        """How far apart ``reads`` counter reads must come to stay within COUNTER_READ_CPU_FRAC of a core."""
+        return reads * self._read_cpu_s / COUNTER_READ_CPU_FRAC
+
+    def _read(self) -> float:
+        """The counter, read now; what the read cost goes into the pace of the reads."""
+        cpu0_s = time.thread_time()
+        energy_j = self.meter.energy_j
+        cost_s = time.thread_time() - cpu0_s
+        self._read_cpu_s = cost_s if self._read_cpu_s == 0 else 0.75 * self._read_cpu_s + 0.25 * cost_s
+        self._edges.pace(max(self._edge_every_s, self.pace_s(self._edges.reads_per_stride)))
+        return energy_j
+
     def _timer_serves(self) -> bool:
-        """The timer's reads give the edges: a report reads nothing (a read of NVML's counter took 3.9 ms of CPU on
-        an H200; the timer's are about 3 a second, a callback's reports 10)."""
+        """The timer's reads give the edges: a report reads nothing (a read of NVML's counter took 3.9-9.5 ms of CPU
+        on an H200; the timer's are paced within COUNTER_READ_CPU_FRAC of a core, a callback's reports are 10 a
+        second)."""
         return self._reading and self._timed_j is not None and self._grid_known()
 
     def _grid_known(self) -> bool:
@@ -146,7 +182,7 @@ class MeterFeed:
             self._reading, self._timed_j = False, None
             return
         try:
-            energy_j = self.meter.energy_j
+            energy_j = self._read()
         except BackendError as e:
             log.debug("energy counter read failed: %s", e)
             self._reading, self._timed_j = False, None

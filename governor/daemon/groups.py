@@ -227,7 +227,7 @@ class Groups:
         points: list = []
         if member.feed is not None and member.feed.meter is not None and not tuner.converged:
             # Read at every report while searching, so that the counter's edges stay continuous.
-            points = member.feed.points(job, member.feed.energy_j(job))
+            points = member.feed.report_points(job)
         if not group.whole():
             group.status = f"paused: {len(group.members)} of {group.world_size} ranks registered here"
             group.membership_changed()

@@ -52,7 +52,7 @@ class JobObserver:
     def progress(self, gov, job) -> None:
         if self.meter is None:
             return
-        points = self.feed.points(job, self.feed.energy_j(job))
+        points = self.feed.report_points(job)
         if self._window is None:
             if job.steps < 1:
                 return

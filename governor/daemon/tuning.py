@@ -10,7 +10,7 @@ status, Prometheus and the store).
 
 Each `progress` notification feeds a TuningSession. With ``step_end_s`` (the client's CLOCK_MONOTONIC at the step's
 end), the windows' edges are the energy meter's updates (NVML's counter, the rails' sampler at the INA3221's refresh),
-each with the steps run by then counted fractionally between the reports' step ends (``JobTuner._points``); without
+each with the steps run by then counted fractionally between the reports' step ends (``MeterFeed.points``); without
 it, the report itself as it arrives. A closed window becomes one tuner observation, and the job is moved to the next
 level to measure, then to the level the tuner converges on. While another job shares the GPU the tuner pauses (the
 rails measure the whole board). How the daemon drives the tuner, and why: docs/tuner.md, "How the daemon drives it".
@@ -117,11 +117,6 @@ class JobTuner:
         """How long after a change of clock or an unpin no window opens: until the meter shows it wholly."""
         return self.feed.settle_s(self.cfg.settle_updates)
 
-    def energy_j(self, job) -> float:
-        return self.feed.energy_j(job)
-
-    def _points(self, job, energy_j: float) -> list[tuple[float, float, float]]:
-        return self.feed.points(job, energy_j)
 
     @property
     def baseline_wanted(self) -> bool:
@@ -135,8 +130,7 @@ class JobTuner:
     def progress(self, gov, job) -> None:
         if self.state is TunerState.STOPPED:
             return
-        energy_j = self.energy_j(job)  # integrate at every report, shared or not, so the counter stays continuous
-        points = self._points(job, energy_j)
+        points = self.feed.report_points(job)  # at every report, shared or not, so the meter stays continuous
         shared = gov.jobs.shares_gpu(job)
         self._STEPS[self.state](self, gov, job, points, shared)
 

@@ -419,6 +419,16 @@ class UpdateEdges:
         """How well the update instants are known (the width of the phase's interval); None: not yet."""
         return None if self._phase is None else self._phase[1]
 
+    @property
+    def reads_per_stride(self) -> float:
+        """The timer's reads per edge once the grid is followed: one, and two more every CHECK_EVERY-th."""
+        return 1 + 2 / self.CHECK_EVERY
+
+    def pace(self, every_s: float) -> None:
+        """Edges ``every_s`` apart from the next plan on (the reader's cost may ask for fewer reads)."""
+        if self.period_s > 0:
+            self.stride = max(1, int(every_s / self.period_s + 1e-9))
+
     def read(self, t_s: float, energy_j: float) -> None:
         last, self._last = self._last, (t_s, energy_j)
         if self.period_s <= 0:
@@ -432,13 +442,14 @@ class UpdateEdges:
     def next_read_s(self, now_s: float) -> float:
         """When a read tells most about the grid, after ``now_s`` (the daemon's timer reads then: issue 23 item 3).
 
-        A read costs: NVML's energy counter took 3.9 ms of CPU a read on an H200 (power and clock reads, 8 us), so
-        the reads are few. No phase yet: one every SCAN_S, so that two straddle an update. A phase wider than FINE_S:
-        reads just before its next interval, three inside (each narrows it) and one just after. Then one read just
-        after every ``stride``-th update (the update's value: an edge; time windows take one each 0.5 s), and every
-        CHECK_EVERY-th time two more (just after the update before it, just before its own), which see a grid that
-        drifted: about 3 reads a second at a stride of 5. Outside the interval means by more than the instants'
-        jitter, or an update seen there would still overlap it (each bracket is widened by jitter_s) and a grid that
+        A read costs: NVML's energy counter took 3.9-9.5 ms of CPU a read on an H200 (power and clock reads, 8 us),
+        so the reads are few. No phase yet: one every SCAN_S, so that two straddle an update. A phase wider than
+        FINE_S: reads just before its next interval, three inside (each narrows it) and one just after. Then one read
+        just after every ``stride``-th update (the update's value: an edge; time windows take one each 0.5 s, or
+        fewer where the reader's cost asks for it: ``pace``), and every CHECK_EVERY-th time two more (just after the
+        update before it, just before its own), which see a grid that drifted: 1.5 reads per stride. Outside the
+        interval means by more than the instants' jitter, or an update seen there would still overlap it (each
+        bracket is widened by jitter_s) and a grid that
         drifted would never be let go.
         """
         if self._phase is None or self.period_s <= 0:

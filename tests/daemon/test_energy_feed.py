@@ -36,3 +36,43 @@ def test_a_counter_whose_update_grid_is_never_found_falls_back_to_the_reports(mo
     assert all(p == [] for p in got[:waiting - 1]), got[:waiting]
     assert all(p and p[0][0] == n for n, p in enumerate(got, start=1) if n > waiting + 2), got
     assert not feed.grid_found
+
+
+def test_counter_reads_are_paced_by_what_each_costs(monkeypatch):
+    """A read of NVML's counter burnt 9.5 ms of CPU on an H200: an older client's 10 reports a second would have the
+    daemon spend 9.5% of a core on them, and the timer's edges every 0.5 s about 3%. The reads are paced to stay
+    within COUNTER_READ_CPU_FRAC of a core, by the cost measured as they are made; a cheap counter is read as before."""
+    now, cpu = [100.0], [0.0]
+    monkeypatch.setattr(energy.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(energy.time, "thread_time", lambda: cpu[0])
+    read_cost_s = [0.0095]
+    reads = []
+
+    def read_j() -> float:
+        cpu[0] += read_cost_s[0]
+        reads.append(now[0])
+        return 50.0 * len(reads)
+
+    feed = energy.MeterFeed(SimpleNamespace(new_meter=lambda gpu: CounterMeter(read_j), total_mw=float), gpu=None,
+                            edge_every_s=0.5)
+    job = Job(steps=0, step_end_s=None)  # an older client: no step_end_s
+    got = []
+    for n in range(1, 101):  # 10 s of reports, 10 a second
+        now[0] += 0.1
+        job.steps = n
+        got.append(feed.report_points(job))
+    pace_s = read_cost_s[0] / energy.COUNTER_READ_CPU_FRAC  # 1.19 s: within the budget
+    # after the meter's first read and the report's read that costs it:
+    gaps = [b - a for a, b in zip(reads[1:], reads[2:], strict=False)]
+    assert gaps and all(pace_s <= gap < pace_s + 0.1 + 1e-9 for gap in gaps), reads
+    assert sum(1 for p in got if p) == len(reads) - 1  # a point at each report that read, none between
+    assert feed._edges.stride * 0.1 >= 0.0095 * feed._edges.reads_per_stride / energy.COUNTER_READ_CPU_FRAC - 0.1
+    # A counter that costs nothing to read: every report reads it, as before, and the edges keep their 0.5 s.
+    read_cost_s[0], reads[:] = 0.0, []
+    cheap = energy.MeterFeed(SimpleNamespace(new_meter=lambda gpu: CounterMeter(read_j), total_mw=float), gpu=None,
+                             edge_every_s=0.5)
+    for n in range(1, 11):
+        now[0] += 0.1
+        job.steps = n
+        assert cheap.report_points(job)
+    assert len(reads) == 11 and cheap._edges.stride == 5  # the meter's first read, then one a report
