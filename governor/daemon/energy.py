@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import time
@@ -86,6 +87,10 @@ class BoardEnergy:
 # jobs run). A read of NVML's counter cost 3.9-9.5 ms of CPU on an H200 (scripts/daemon_cpu.py), against 5-10 us for
 # a power reading: the reads are paced by what each costs, measured as they are made.
 COUNTER_READ_CPU_FRAC = 0.008
+# A read's cost is the least of the last few (a garbage collection or a preemption only adds to one); a counter that
+# reads in under PACED_READ_MIN_S (100 reports a second would cost 1% of a core) is read as often as asked.
+READ_COSTS_KEPT = 4
+PACED_READ_MIN_S = 0.0001
 
 
 class MeterFeed:
@@ -113,7 +118,7 @@ class MeterFeed:
         self.grid_found = not counter  # a sampler's samples are exact in time from the first
         self._timed_since: float | None = None  # the first report with step_end_s, while the grid is not known
         self._edge_every_s = edge_every_s
-        self._read_cpu_s = 0.0  # a counter read's CPU time (a moving average of the reads' own)
+        self._read_costs_s: collections.deque[float] = collections.deque(maxlen=READ_COSTS_KEPT)
         self._report_read_s = -math.inf  # an older client's last report that read the counter
 
     def settle_s(self, updates: float | None = None) -> float:
@@ -148,14 +153,14 @@ class MeterFeed:
 
     def pace_s(self, reads: float = 1.0) -> float:
         """How far apart ``reads`` counter reads must come to stay within COUNTER_READ_CPU_FRAC of a core."""
-        return reads * self._read_cpu_s / COUNTER_READ_CPU_FRAC
+        cost_s = min(self._read_costs_s, default=0.0)
+        return reads * cost_s / COUNTER_READ_CPU_FRAC if cost_s >= PACED_READ_MIN_S else 0.0
 
     def _read(self) -> float:
         """The counter, read now; what the read cost goes into the pace of the reads."""
         cpu0_s = time.thread_time()
         energy_j = self.meter.energy_j
-        cost_s = time.thread_time() - cpu0_s
-        self._read_cpu_s = cost_s if self._read_cpu_s == 0 else 0.75 * self._read_cpu_s + 0.25 * cost_s
+        self._read_costs_s.append(time.thread_time() - cpu0_s)
         self._edges.pace(max(self._edge_every_s, self.pace_s(self._edges.reads_per_stride)))
         return energy_j
 
