@@ -49,7 +49,7 @@ def run_job(curve: Curve, meter: str, seed: int, job_steps: int, rule_name: str,
     top = len(levels) - 1
     start = len(levels) // 2
     job = run_tuned_job(curve, levels[start], job_steps, meter=meter, seed=seed, config=TunerConfig(),
-                        rule=rule_name, saving=SavingRun(idle_s=IDLE_S, settle=settle))
+                        rule=rule_name, saving=SavingRun(idle_s=IDLE_S, settle=settle), must_converge=False)
     saving = job.saving()
     true = 1 - curve.energy_at(job.best_hz) / curve.energy_j[top]
     at_default = max(0, job.baseline_steps - 1)  # the first step ran at the start pin
