@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from governor import DEFAULT_SOCKET_PATH, SOCKET_GROUP, data
 from governor.errors import ConfigError, ModelError
 from governor.policy import tuner as _tuner
+from governor.policy.estimates import ASSUMED_TOTAL_STEPS
 from governor.policy.ffg import read_ffg_hz
 
 DEFAULT_STATE_DIR = "/run/ftgov"
@@ -119,8 +120,15 @@ class TunerConfig(_Strict):
         "window_rule time: the fewest steps the baseline window spans. The measured saving rests on this one window: "
         "a few long steps that scatter (15% on real jobs) read its J/step several percent off, and its own estimate of "
         "that, from a handful of steps, runs low"))
-    baseline_max_s: float = Field(60.0, gt=0, le=3600, description=(
+    baseline_target_rel: float = Field(0.0075, gt=0, le=1, description=(
+        "window_rule time: the baseline window closes once its own relative uncertainty is at most this (the "
+        "measured saving's uncertainty is mostly the baseline's: 0.75% puts it within 2 points at p99)"))
+    baseline_max_s: float = Field(600.0, gt=0, le=3600, description=(
         "window_rule time: the baseline window closes after this many seconds whatever its uncertainty"))
+    baseline_max_share: float = Field(0.05, gt=0, le=1, description=(
+        "window_rule time: the baseline window closes after this share of the job's total_steps (at least "
+        "baseline_min_steps; a job that did not tell its length is taken as the tuner's 2,000 steps): its steps run "
+        "at the default governor, which costs the saving on each"))
 
     @classmethod
     def exact_meter(cls) -> TunerConfig:
@@ -159,14 +167,19 @@ class TunerConfig(_Strict):
                                  min_updates=self.window_min_updates, meter_update_s=meter_update_s,
                                  min_steps=self.window_min_steps, prior_rel=self.noise_rel)
 
-    def baseline_window_rule(self, meter_update_s: float) -> _tuner.WindowRule | None:
-        """The rule of the baseline window: the windows' rule, spanning at least baseline_min_steps steps, capped at
-        baseline_max_s. None for fixed-step windows."""
+    def baseline_window_rule(self, meter_update_s: float,
+                             total_steps: int | None = None) -> _tuner.WindowRule | None:
+        """The rule of the baseline window: the windows' rule, spanning at least baseline_min_steps steps, closing at
+        baseline_target_rel, capped at baseline_max_s and at baseline_max_share of the job's ``total_steps`` (None:
+        unknown, priced as the tuner prices it, ASSUMED_TOTAL_STEPS). None for fixed-step windows."""
         rule = self.window(meter_update_s)
         if rule is None:
             return None
-        return dataclasses.replace(rule, min_steps=max(rule.min_steps, self.baseline_min_steps),
-                                   max_s=max(rule.max_s, self.baseline_max_s))
+        min_steps = max(rule.min_steps, self.baseline_min_steps)
+        steps = ASSUMED_TOTAL_STEPS if total_steps is None else total_steps
+        max_steps = max(min_steps, int(self.baseline_max_share * steps))
+        return dataclasses.replace(rule, min_steps=min_steps, max_s=max(rule.max_s, self.baseline_max_s),
+                                   target_rel=self.baseline_target_rel, max_steps=max_steps)
 
     def new_session(self, online: _tuner.OnlineTuner, steps: int, total_steps: int | None = None,
                     meter_update_s: float = 0.0, settle_s: float = 0.0) -> _tuner.TuningSession:

@@ -48,14 +48,17 @@ def test_a_file_that_is_not_a_mapping_is_refused(tmp_path, text):
 
 def test_the_baseline_window_spans_at_least_baseline_min_steps_on_the_windows_rule():
     """The measured saving rests on one baseline window: it takes the windows' rule, but at least 30 steps (a few long
-    steps that scatter read its J/step several percent off) and up to baseline_max_s; fixed-step windows stay as
-    they are."""
+    steps that scatter read its J/step several percent off), closes at its own target (0.75%), and at most at
+    baseline_max_s or baseline_max_share of the job's steps (a job of unknown length: the tuner's 2,000); fixed-step
+    windows stay as they are."""
     from governor.config import TunerConfig
 
     cfg = TunerConfig(window_rule="time")
     rule, base = cfg.window(0.1), cfg.baseline_window_rule(0.1)
-    assert base.min_steps == 30 and base.max_s == 60.0 and base.target_rel == rule.target_rel
+    assert base.min_steps == 30 and base.max_s == 600.0 and base.target_rel == 0.0075 < rule.target_rel
     assert base.min_s == rule.min_s and base.min_updates == rule.min_updates
+    assert base.max_steps == 100 and cfg.baseline_window_rule(0.1, 20_000).max_steps == 1000
+    assert cfg.baseline_window_rule(0.1, 100).max_steps == 30  # never under baseline_min_steps
     wide = TunerConfig(window_rule="time", window_min_steps=50, window_max_s=100, baseline_max_s=10)
     assert wide.baseline_window_rule(0.1).min_steps == 50 and wide.baseline_window_rule(0.1).max_s == 100
     assert TunerConfig(window_rule="steps").baseline_window_rule(0.1) is None

@@ -318,7 +318,7 @@ class Controller:
         energy_j = None
         if job.meter is not None:
             try:
-                energy_j = job.earlier_energy_j + job.meter.add(time.monotonic(), self.energy.total_mw())
+                energy_j = job.earlier_energy_j + job.meter.total_j(time.monotonic(), self.energy.total_mw())
             except BackendError as e:
                 log.warning("%s: cannot read energy at its end: %s", job.label(), e)
         saving = job.tuner.finish(job) if job.tuner is not None else None

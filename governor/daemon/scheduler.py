@@ -69,11 +69,11 @@ class HeldGpu:
             return self.earlier_energy_j or None
 
     def energy_j(self, total_mw: float) -> float | None:
-        """The energy up to now (a last sample at ``total_mw``, the board's power now)."""
+        """The energy up to now (read at ``total_mw``, the board's power now: EnergyMeter.total_j)."""
         if self.meter is None:
             return None
         try:
-            return self.earlier_energy_j + self.meter.add(time.monotonic(), total_mw)
+            return self.earlier_energy_j + self.meter.total_j(time.monotonic(), total_mw)
         except BackendError as e:
             log.warning("GPU %s: cannot read energy for a held job: %s", self.gpu_id, e)
             return None

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from enum import Enum
 from typing import Any
 
@@ -31,6 +30,7 @@ from governor.daemon.recorder import window_util_pct
 from governor.daemon.starts import TuneStarts, gpu_key, read_on
 from governor.errors import FtgovError
 from governor.policy import Decision, PolicyName
+from governor.policy.saving import MeasuredSaving
 from governor.policy.tuner import Measurement, ProbeWindow, TuningSession
 from governor.units import mhz
 
@@ -75,12 +75,6 @@ class JobTuner:
         self.baseline: Measurement | None = None
         self.baseline_status = "wanted" if cfg.baseline_window else "off (tuner.baseline_window: false)"
         self._baseline_window: ProbeWindow | None = None
-        # The stretches run converged, for the saving: [level_hz, (steps, energy_j, time_s) at the first report of
-        # the stretch, at its last]; one is open while the state stays CONVERGED at one level.
-        self._stretches: list[list] = []
-        self._at_pick: list[Measurement] = []  # windows closed at the pick while confirming, for the saving too
-        self._stretch_open = False
-        self._tail_mixed = False
         # A window's pin waited for the GPU's re-pin interval: the window starts over once it lands. It outlives a
         # pause (and a skipped baseline): the first window of the next session then starts over at its first report.
         self._pin_waited = False
@@ -93,6 +87,11 @@ class JobTuner:
             # The tuner's own meter: its windows must not depend on the job's.
             self.feed = MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu, gov.defer, cfg.edge_every_s)
         self.meter = self.feed.meter  # None once tuning stops
+        # The steps run converged at the pick and its windows while confirming: the tuned side of the saving.
+        self._saving = MeasuredSaving(cfg.noise_rel, cfg.window_steps,
+                                      prior_s=cfg.window_min_s if cfg.window_rule == "time" else 0.0,
+                                      meter_update_s=self.meter.update_s if self.meter is not None else 0.0,
+                                      settle_s=self._settle_s)
         self.state = TunerState.WAITING
         self._pick_hz: int | None = None  # the best level as the last window left it
         if self.meter is None:
@@ -102,7 +101,7 @@ class JobTuner:
 
     def _enter(self, state: TunerState, status: str | None = None) -> None:
         if state is not TunerState.CONVERGED:
-            self._stretch_open = False  # confirmations, a search again, a pause: other levels, or no measurement
+            self._saving.interrupt()  # confirmations, a search again, a pause: other levels, or no measurement
         self.state = state
         if status is not None:
             self.status = status
@@ -234,7 +233,7 @@ class JobTuner:
                  extra={**job.fields(), "TUNE_PROBE": state["probes"], "TUNE_LEVEL_HZ": m.level_hz,
                         "TUNE_J_PER_STEP": f"{m.joules_per_step:.6f}", "TUNE_S_PER_STEP": f"{m.seconds_per_step:.6f}"})
         if was is TunerState.CONFIRMING:
-            self._at_pick.append(m)
+            self._saving.window_at_pick(m)
         if self.tuner.converged:
             new = self._converged_state()
             self._enter(new, "converged" if new is TunerState.CONVERGED else
@@ -289,7 +288,8 @@ class JobTuner:
                 if self.state is TunerState.STOPPED:  # the unpin failed: no baseline, no tuning, the pin stays
                     return
             self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
-                                                rule=self.cfg.baseline_window_rule(self.meter.update_s),
+                                                rule=self.cfg.baseline_window_rule(self.meter.update_s,
+                                                                                   job.total_steps),
                                                 meter_update_s=self.meter.update_s, settle_s=self._settle_s)
             self.status = "measuring the baseline window at the default governor"
             return
@@ -347,62 +347,24 @@ class JobTuner:
         """The steps run converged at one pinned level, from the first report at it (the steps before are its
         warm-up), for the saving."""
         if shared:
-            self._tail_mixed = True
-            return
-        if not points:
-            return
-        if not self._stretch_open or self._stretches[-1][0] != job.freq_hz:
-            self._stretches.append([job.freq_hz, points[0], points[-1]])
-            self._stretch_open = True
-        else:
-            self._stretches[-1][2] = points[-1]
+            self._saving.shared()
+        elif job.freq_hz is not None:
+            self._saving.converged_at(job.freq_hz, points)
 
     def saving(self) -> dict | None:
-        """The saving per step measured so far against the baseline window; None without both ends."""
+        """The saving per step measured so far against the baseline window (governor.policy.saving); None without
+        both ends."""
         if self.baseline is None or self.tuner is None:
             return None
-        best_hz = self.tuner.best_hz
-        steps, joules, over = 0, 0.0, "tuner windows"
-        # After convergence: the stretches run at the pick, and its windows while confirming its near-ties.
-        at_pick = [(b[0] - a[0], b[1] - a[1], b[2] - a[2]) for hz, a, b in self._stretches if hz == best_hz]
-        at_pick += [(m.measured_steps, m.joules_per_step * m.measured_steps, m.duration_s or 0.0)
-                    for m in self._at_pick if m.level_hz == best_hz]
-        if at_pick and not self._tail_mixed:
-            steps, joules = sum(x[0] for x in at_pick), sum(x[1] for x in at_pick)
-            over = "steps after convergence"
-            tuned_rel = self._stretch_noise_rel(steps, sum(x[2] for x in at_pick), len(at_pick))
-        if steps < self.cfg.window_steps or joules <= 0:
-            at_best = [m for m, _ in self.windows if m.level_hz == best_hz]
-            steps = sum(m.measured_steps for m in at_best)
-            joules = sum(m.joules_per_step * m.measured_steps for m in at_best)
-            over = "tuner windows"
-            # The windows' own uncertainties, each weighing by its steps (a window without one: noise_rel).
-            tuned_rel = math.sqrt(sum((m.measured_steps * self._noise_rel(m)) ** 2 for m in at_best)) / max(1, steps)
-        if steps <= 0 or joules <= 0:
-            return None
-        tuned = joules / steps
-        saved_rel = 1.0 - tuned / self.baseline.joules_per_step
-        # saved = 1 - tuned / baseline: its s.d. is the ratio times the two relative s.d.s in quadrature.
-        err_rel = tuned / self.baseline.joules_per_step * math.hypot(self._noise_rel(self.baseline), tuned_rel)
-        return {"saved_pct": round(100.0 * saved_rel, 2), "saved_rel": saved_rel,
-                "saved_pct_err": round(100.0 * err_rel, 2), "basis": "default governor",
-                "freq_hz": best_hz, "converged": self.tuner.converged,
-                "measured_steps": self.baseline.measured_steps + round(steps),
-                "baseline_steps": self.baseline.measured_steps,
-                "tuned_steps": round(steps), "tuned_over": over, "baseline_j_per_step": self.baseline.joules_per_step,
-                "tuned_j_per_step": tuned}
+        out = self._saving.result(self.baseline, self.tuner.best_hz, [m for m, _ in self.windows],
+                                  baseline_floor_rel=self.cfg.noise_rel if self.baseline.noise_rel is None else 0.0)
+        if out is not None:
+            out["converged"] = self.tuner.converged
+        return out
 
     def _noise_rel(self, m: Measurement) -> float:
         """A window's relative uncertainty: its own (window_rule time), else what the tuner assumes (noise_rel)."""
         return max(m.noise_rel or 0.0, self.cfg.noise_rel)
-
-    def _stretch_noise_rel(self, steps: int, seconds: float, stretches: int = 1) -> float:
-        """The relative uncertainty of J/step over ``stretches`` stretches of ``steps`` in ``seconds`` in all: the
-        meter's ends (update / (T sqrt 6), each stretch has two) and the steps' scatter, taken as noise_rel for
-        window_steps steps, averaging as 1/sqrt(steps)."""
-        update_s = self.meter.update_s if self.meter is not None else 0.0
-        ends = update_s * math.sqrt(stretches) / (seconds * math.sqrt(6.0)) if seconds > 0 else 0.0
-        return math.hypot(ends, self.cfg.noise_rel * math.sqrt(self.cfg.window_steps / max(1, steps)))
 
     def finish(self, job) -> dict | None:
         """The job ends: its measured saving (None without a baseline); a converged level is learnt for the next

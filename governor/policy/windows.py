@@ -110,6 +110,7 @@ class WindowRule:
     min_steps: int = 2
     sub_windows: int = 4
     prior_rel: float = 0.03
+    max_steps: int | None = None  # a cap in steps as well (the baseline window's share of a job of known length)
 
     def __post_init__(self):
         for name in ("target_rel", "min_s", "max_s", "prior_rel"):
@@ -121,6 +122,8 @@ class WindowRule:
         _count(self.sub_windows, "sub_windows", 2)
         if self.max_s < self.min_s:
             raise TuningError(f"max_s ({self.max_s}) must be at least min_s ({self.min_s})")
+        if self.max_steps is not None and _count(self.max_steps, "max_steps", 1) < self.min_steps:
+            raise TuningError(f"max_steps ({self.max_steps}) must be at least min_steps ({self.min_steps})")
 
     @property
     def shortest_s(self) -> float:
@@ -249,7 +252,8 @@ class ProbeWindow:
             if n < self.rule.min_steps or seconds < self.rule.shortest_s:
                 return None
             noise = window_noise_rel(self._reports, self.rule)
-            if noise > self.rule.target_rel and seconds < self.rule.max_s:
+            capped = self.rule.max_steps is not None and n >= self.rule.max_steps
+            if noise > self.rule.target_rel and seconds < self.rule.max_s and not capped:
                 return None
         if not (math.isfinite(joules) and joules > 0 and math.isfinite(seconds) and seconds > 0):
             stalled = f" (stalled: it updates every {self.stall_s / STALL_UPDATES:g} s)" if self.stall_s else ""

@@ -10,7 +10,9 @@ Calibrated on real NVML readings from an H200 (benchmarks/data/h200-meter, read 
 
 The INA3221 (hwmon, a Jetson's rails) reports the average over its ``update_interval`` and refreshes at it: the same
 model as NVML's power reading, with the period read from the tree's hwmon attribute. MeteredSteps reads a job's
-steps through either meter at each step's end, for the simulated tuned jobs (governor/sim/tuned_job.py).
+steps through either meter at each step's end, for the simulated tuned jobs (governor/sim/tuned_job.py): NVML's
+counter as it holds, the INA3221's readings as the daemon integrates them (its sampler at the sensor's refresh,
+and for the tuner's windows a read at each step's end, as a client that sends no step_end_s gets).
 
 Power within a step follows two phases (PHASES): forward/backward, the longer and hungrier part, then the optimizer
 step and data loading. The split is a stated assumption, not a measurement: the H200's 100 ms readings cannot resolve
@@ -25,6 +27,8 @@ import random
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from governor.backends.rails import EnergyMeter
 
 NVML_UPDATE_S = 0.100
 NVML_UPDATE_JITTER_S = 0.002
@@ -233,8 +237,11 @@ class MeteredSteps:
         self.clock = UpdateClock(self.update_s, jitter_s=jitter_s, origin_s=origin_s, seed=seed)
         self.trace = PowerTrace(0.0, keep_s=2.0)
         self.steps = 0
-        self._rails_j = 0.0  # ina3221: the readings integrated over the daemon's reads
-        self._last: tuple[float, float] | None = None  # ina3221: (time_s, power_w) of the last read
+        self.start_j = 0.0  # what the meter read as the first step began (the job's registration)
+        # ina3221, from the first step: the daemon's meters, the tuner's (its sampler and a read at each report, of
+        # a client that sends no step_end_s) and the job's own (its sampler alone: its energy at the end).
+        self._rails: EnergyMeter | None = None
+        self._job: EnergyMeter | None = None
         self._sample_s = self._rng.uniform(0.0, self.update_s)  # ina3221: the sampler's next read
 
     @property
@@ -250,23 +257,33 @@ class MeteredSteps:
         self.steps += 1
         t = self.time_s
         if self.meter == "nvml":
+            if self.steps == 1:
+                self.start_j = held_energy_j(self.trace, self.clock, before)
             return self.steps, held_energy_j(self.trace, self.clock, t), t
-        if self._last is None:
-            self._last = (before, averaged_power_w(self.trace, self.clock, before))
+        if self._rails is None or self._job is None:  # the job registers: the meters start, the sampler reads
+            self._rails = EnergyMeter(before, self._mw(before), self.update_s)
+            self._job = EnergyMeter(before, self._mw(before), self.update_s)
+            self._sample_s += math.ceil((before - self._sample_s) / self.update_s) * self.update_s
         while self._sample_s < t:
-            self._read(self._sample_s)
+            mw = self._mw(self._sample_s)
+            self._rails.add(self._sample_s, mw)
+            self._job.add(self._sample_s, mw)
             self._sample_s += self.update_s
-        self._read(t)
-        return self.steps, self._rails_j, t
+        return self.steps, self._rails.add(t, self._mw(t)), t
 
     def window_opened(self) -> None:
         """Nothing: the meter reads steps, it knows no windows."""
 
-    def _read(self, t_s: float) -> None:
-        w = averaged_power_w(self.trace, self.clock, t_s)
-        last_s, last_w = self._last
-        self._rails_j += (t_s - last_s) * (w + last_w) / 2.0
-        self._last = (t_s, w)
+    def job_energy_j(self) -> float:
+        """The job's energy as the daemon reports it at the end of the last step: NVML's counter since the first
+        began, the INA3221's readings over its sampler to then (EnergyMeter.total_j)."""
+        t = self.time_s
+        if self.meter == "nvml":
+            return held_energy_j(self.trace, self.clock, t) - self.start_j
+        return 0.0 if self._job is None else self._job.total_j(t, self._mw(t))
+
+    def _mw(self, t_s: float) -> float:
+        return 1000.0 * averaged_power_w(self.trace, self.clock, t_s)
 
 
 # A meter read on its update instants, as the daemon reads NVML's counter when the client sends step_end_s

@@ -18,6 +18,11 @@ The windows follow the TunerConfig's rule (``rule``: ``steps``, warm-up then win
 WindowRule on the meter's updates). The job starts pinned at ``start_hz`` and re-pins as each window closes (the next
 step is the warm-up). It stops when the tuner converges (a tuner that follows its pick up, later: WATCHED_WINDOWS):
 the rest of the job is charged at the chosen level's noise-free figures (``TunedJob.clean_energy_j``).
+
+With ``saving`` (SavingRun) the job runs as the daemon runs one whose saving it measures (tuner.baseline_window):
+the board idle before it, its first step at the start pin, then the baseline window unpinned at the default governor
+(the top level, what it runs a busy GPU at), then the search, every step to the job's end, the windows waiting for
+the meter to settle after each change of clock; the steps run at the pick after convergence are kept for the saving.
 """
 
 from __future__ import annotations
@@ -28,8 +33,16 @@ from typing import Protocol
 
 from governor.config import TunerConfig
 from governor.errors import FtgovError
+from governor.policy.saving import MeasuredSaving
 from governor.policy.tuner import OnlineTuner
-from governor.policy.windows import Measurement, ProbeWindow, TuningSession, WindowRule
+from governor.policy.windows import (
+    AVERAGE_SETTLE_UPDATES,
+    COUNTER_SETTLE_UPDATES,
+    Measurement,
+    ProbeWindow,
+    TuningSession,
+    WindowRule,
+)
 from governor.sim.energy import Calibration, OrinEnergyModel, Workload
 from governor.sim.meters import EDGE_METERS, METER_UPDATE_S, EdgeSteps, MeteredSteps
 
@@ -38,6 +51,7 @@ RULES = ("steps", "time")
 # A follow-up that has only watched its pick for this many windows is not simulated further (the rest of the job is
 # charged at the pick, as if its watch saw no drift): benchmarks' time.
 WATCHED_WINDOWS = 20
+IDLE_SHARE = 1 / 3  # an idle board's power, of the top level's
 
 
 class Board(Protocol):
@@ -126,6 +140,22 @@ def make_meter(meter: str, seed: int = 0, noise_rel: float = 0.03) -> ExactMeter
     raise ValueError(f"meter {meter!r}: one of {', '.join(METERS)}")
 
 
+@dataclass(frozen=True)
+class SavingRun:
+    """A tuned job run as the daemon runs one whose saving it measures (run_tuned_job's ``saving``)."""
+
+    idle_s: float = 5.0  # the board idle before the job, at IDLE_SHARE of the top level's power (a meter's trace)
+    settle: bool = True  # windows wait for the meter to settle after each change of clock (tuner.settle_updates)
+
+
+def settle_s(cfg: TunerConfig, meter: str, update_s: float) -> float:
+    """How long the daemon's windows wait after a change of clock on ``meter`` (governor.daemon.energy.MeterFeed)."""
+    updates = cfg.settle_updates
+    if updates is None:
+        updates = COUNTER_SETTLE_UPDATES if EDGE_METERS.get(meter, meter) == "nvml" else AVERAGE_SETTLE_UPDATES
+    return updates * update_s
+
+
 def window_rule(meter: str) -> WindowRule:
     """The daemon's rule (TunerConfig's defaults) on this meter's updates."""
     rule = TunerConfig(window_rule="time").window(METER_UPDATE_S[EDGE_METERS.get(meter, meter)])
@@ -140,11 +170,18 @@ class TunedJob:
     session: TuningSession
     job_steps: int
     profiled_steps: int = 0  # steps run before the tuner converged (its search), warm-ups included
+    baseline_steps: int = 0  # with a SavingRun: the steps run before the search (the first, the baseline window's)
     steps_at_hz: dict[int, int] = field(default_factory=dict)  # level -> steps run there before the tuner converged
     windows: list[Measurement] = field(default_factory=list)  # every window the tuner was given, in order
     windows_by_phase: dict[str, int] = field(default_factory=dict)  # the tuner's phase when it asked for each window
     measured_energy_j: float = 0.0  # what the meter read over the steps run
     measured_time_s: float = 0.0
+    # With a SavingRun: the baseline window, the tuned side of the saving (as the daemon's JobTuner feeds it), the
+    # job's energy as the daemon reports it at the end (the meter's), and the board's own energy of every step run.
+    baseline: Measurement | None = None
+    measured: MeasuredSaving | None = None
+    reported_energy_j: float | None = None
+    true_energy_j: float = 0.0
     # The whole job of job_steps at noise-free figures: each step run within the job at its level's, the rest at the
     # chosen level's (a search longer than the job is charged up to the job's end only).
     clean_energy_j: float = 0.0
@@ -169,7 +206,15 @@ class TunedJob:
     @property
     def outlasted(self) -> bool:
         """The search ran past the job's last step."""
-        return self.profiled_steps > self.job_steps
+        return self.baseline_steps + self.profiled_steps > self.job_steps
+
+    def saving(self) -> dict | None:
+        """The measured saving as the daemon reports it at the job's end (MeasuredSaving.result); None without a
+        SavingRun, a baseline or a tuned side."""
+        if self.measured is None or self.baseline is None:
+            return None
+        floor = self.tuner.noise_rel if self.baseline.noise_rel is None else 0.0
+        return self.measured.result(self.baseline, self.best_hz, self.windows, baseline_floor_rel=floor)
 
     @property
     def window_steps(self) -> float:
@@ -180,13 +225,14 @@ class TunedJob:
 def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "exact", seed: int = 0,
                   noise_rel: float = 0.03, config: TunerConfig | None = None, rule: str | None = None,
                   tuner: OnlineTuner | None = None, max_steps: int | None = None,
-                  must_converge: bool = True) -> TunedJob:
+                  must_converge: bool = True, saving: SavingRun | None = None) -> TunedJob:
     """Run a job of ``job_steps`` steps on ``board`` under the tuner from ``start_hz``, read through ``meter``
     (METERS; ``seed`` and ``noise_rel`` are its own), windows by ``rule`` (RULES; default the config's).
 
     ``config`` sets the windows (warmup_steps, window_steps, the rule's settings) and, unless ``tuner`` is given, the
     tuner's knobs. The search may run ``max_steps`` steps (default ``job_steps``); a tuner still searching then
-    raises FtgovError if ``must_converge``, else the job ends there.
+    raises FtgovError if ``must_converge``, else the job ends there. ``saving``: the job runs as the daemon runs one
+    whose saving it measures (SavingRun), every step of it.
     """
     # Exact counters in model time take 4-step windows and freeze the pick, as the rest of the job is charged at it;
     # a real meter's the daemon's defaults (time windows).
@@ -200,15 +246,30 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
                          "draws each window's error, not its steps'")
     reader = make_meter(meter, seed, noise_rel)
     online = tuner if tuner is not None else cfg.new_tuner(board.levels_hz, start_hz)
-    job = TunedJob(cfg.new_session(online, 0, total_steps=job_steps, meter_update_s=reader.update_s), job_steps)
+    wait_s = settle_s(cfg, meter, reader.update_s) if saving is not None and saving.settle else 0.0
+    run = _Steps(board, reader, job_steps)
+    start_steps = 0
+    if saving is not None:
+        start_steps = _baseline(run, cfg, start_hz, saving, wait_s)
+    job = TunedJob(cfg.new_session(online, start_steps, total_steps=job_steps, meter_update_s=reader.update_s,
+                                   settle_s=wait_s), job_steps)
+    job.baseline, job.baseline_steps = run.baseline, run.steps_run
+    if saving is not None:
+        job.measured = MeasuredSaving(cfg.noise_rel, cfg.window_steps,
+                                      prior_s=cfg.window_min_s if cfg.window_rule == "time" else 0.0,
+                                      meter_update_s=reader.update_s, settle_s=wait_s)
     session = job.session
     reader.window_opened()
     limit = job_steps if max_steps is None else max_steps
     hz = session.measuring_hz
     phase = online.state()["phase"]
     watched = 0  # windows that only watched the pick since it last moved or confirmed
+    # The daemon's JobTuner states: CONVERGED (its steps are the saving's), CONFIRMING (its windows are).
+    steady = confirming = False
 
     def going() -> bool:
+        if saving is not None:
+            return run.steps_run < (job_steps if session.converged else limit)
         if not session.converged:
             return job.profiled_steps < limit
         # A tuner that follows its pick up gets windows after converging too (confirming near-ties, watching for
@@ -216,19 +277,13 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
         return session.measuring and job.profiled_steps < job_steps and watched < WATCHED_WINDOWS
 
     while going():
-        energy_j, time_s = board.step(hz)
-        # A meter read at its updates gives the edges that fell in the step (maybe none); the others the step's end.
-        reports = reader.points(energy_j, time_s) if isinstance(reader, EdgeSteps) else [reader.step(energy_j, time_s)]
+        reports = run.step(hz)
         job.profiled_steps += 1
-        if reports:
-            job.measured_energy_j, job.measured_time_s = reports[-1][1], reports[-1][2]
-        if job.profiled_steps <= job_steps:
-            clean_j, clean_s = board.expected(hz)
-            job.clean_energy_j += clean_j
-            job.clean_time_s += clean_s
         job.steps_at_hz[hz] = job.steps_at_hz.get(hz, 0) + 1
         m = None
         for report in reports:
+            if job.measured is not None and steady:
+                job.measured.converged_at(hz, [report])
             m = session.on_progress(*report)
             if m is not None:  # the rest of the step's edges fall in the next window's warm-up
                 break
@@ -237,18 +292,82 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
         job.windows.append(m)
         job.windows_by_phase[phase] = job.windows_by_phase.get(phase, 0) + 1
         watched = watched + 1 if session.converged and not online.confirming else 0
+        if job.measured is not None:
+            if confirming:
+                job.measured.window_at_pick(m)
+            steady, confirming = online.converged and not online.confirming, online.converged and online.confirming
+            if not steady:
+                job.measured.interrupt()
+        hz = session.measuring_hz if session.measuring else online.best_hz
         if session.measuring:
-            hz = session.measuring_hz
             phase = online.state()["phase"]
             reader.window_opened()
+    job.measured_energy_j, job.measured_time_s = run.measured_energy_j, run.measured_time_s
+    if saving is not None and isinstance(reader, MeteredSteps):
+        job.reported_energy_j = reader.job_energy_j()
+    job.clean_energy_j, job.clean_time_s, job.true_energy_j = run.clean_energy_j, run.clean_time_s, run.true_energy_j
     if not session.converged and must_converge:
         raise FtgovError(f"{board.name}: the tuner had not converged after {job.profiled_steps} steps "
                          f"({session.profiled_steps} profiled); use a longer job")
-    rest = max(0, job_steps - job.profiled_steps)
+    rest = max(0, job_steps - run.steps_run)
     clean_j, clean_s = board.expected(job.best_hz)
     job.clean_energy_j += rest * clean_j
     job.clean_time_s += rest * clean_s
     return job
+
+
+class _Steps:
+    """A job's steps as they run on ``board`` through ``reader``: the reports each gives, and the job's figures."""
+
+    def __init__(self, board: Board, reader, job_steps: int):
+        self.board, self.reader, self.job_steps = board, reader, job_steps
+        self.steps_run = 0
+        self.clean_energy_j = self.clean_time_s = 0.0
+        self.true_energy_j = 0.0  # the board's energy of every step run
+        self.measured_energy_j = self.measured_time_s = 0.0
+        self.baseline: Measurement | None = None
+
+    def step(self, hz: int) -> list[tuple[float, float, float]]:
+        """One step at ``hz``: the reports it gives (a meter read at its updates, the edges that fell in the step,
+        maybe none; the others the step's end)."""
+        energy_j, time_s = self.board.step(hz)
+        reader = self.reader
+        reports = reader.points(energy_j, time_s) if isinstance(reader, EdgeSteps) else [reader.step(energy_j, time_s)]
+        self.steps_run += 1
+        self.true_energy_j += energy_j
+        if reports:
+            self.measured_energy_j, self.measured_time_s = reports[-1][1], reports[-1][2]
+        if self.steps_run <= self.job_steps:
+            clean_j, clean_s = self.board.expected(hz)
+            self.clean_energy_j += clean_j
+            self.clean_time_s += clean_s
+        return reports
+
+
+def _baseline(run: _Steps, cfg: TunerConfig, start_hz: int, saving: SavingRun, wait_s: float) -> int:
+    """The daemon's steps before the search (tuner.baseline_window): the board idle, the first step at the start
+    pin, then unpinned (the top level) for the baseline window (``run.baseline``). The step count the search starts
+    at."""
+    board, reader = run.board, run.reader
+    top_hz = board.levels_hz[-1]
+    if saving.idle_s > 0:
+        if not isinstance(reader, MeteredSteps):
+            raise ValueError(f"an idle board before the job needs a meter with a trace (nvml, ina3221), not {reader}")
+        top_j, top_s = board.expected(top_hz)
+        reader.trace.append(saving.idle_s, IDLE_SHARE * top_j / top_s)
+    first = run.step(start_hz)
+    rule = cfg.baseline_window_rule(reader.update_s, run.job_steps)
+    window = ProbeWindow(None, 1, cfg.warmup_steps, cfg.window_steps, rule=rule, meter_update_s=reader.update_s,
+                         settle_s=wait_s)
+    for report in first:
+        if report[0] >= 1:  # the first step's end: the daemon unpins as it is reported
+            window.feed(*report)
+    while run.steps_run < run.job_steps:
+        for report in run.step(top_hz):
+            run.baseline = window.feed(*report)
+            if run.baseline is not None:
+                return int(report[0])
+    return run.steps_run
 
 
 def level_windows(meter: str, joules_per_step: float, seconds_per_step: float, seed: int, windows: int,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from governor.backends.rails import CounterMeter
 from governor.daemon import energy
 
@@ -76,3 +78,17 @@ def test_counter_reads_are_paced_by_what_each_costs(monkeypatch):
         job.steps = n
         assert cheap.report_points(job)
     assert len(reads) == 11 and cheap._edges.stride == 5  # the meter's first read, then one a report
+
+
+def test_a_jobs_total_takes_the_averaged_readings_lag_out():
+    """An INA3221 reading is the mean over the update interval before its refresh: at a job's end the sensor has yet
+    to show its last interval, at its start it still showed the board before the job. total_j adds the one and takes
+    the other out; the integral itself (windows' edges) is left as it was."""
+    from governor.backends.rails import EnergyMeter
+
+    meter = EnergyMeter(0.0, 1000.0, update_s=0.2)  # 1 W idle when the job registers
+    for k in range(1, 51):
+        meter.add(0.1 * k, 1000.0 if k <= 2 else 5000.0)  # the job draws 5 W; the readings show it from 0.3 s
+    assert meter.energy_j == pytest.approx(0.2 + 0.3 + 0.5 * 47)
+    assert meter.total_j(5.0, 5000.0) == pytest.approx(meter.energy_j + 0.2 * 4.0)
+    assert meter.energy_j == pytest.approx(0.2 + 0.3 + 0.5 * 47)

@@ -227,3 +227,19 @@ def test_timed_reads_follow_a_grid_that_drifts():
     assert len(late) >= 70, late
     off = sorted(abs(s - clock.last_at(s + 0.006)) for s, _ in late)
     assert off[int(0.9 * len(off))] <= 0.006, off
+
+
+def test_a_rule_capped_in_steps_closes_there_whatever_its_uncertainty():
+    """The baseline window's share of a job of known length (TunerConfig.baseline_max_share)."""
+    rule = WindowRule(target_rel=0.001, min_s=0.5, max_s=100.0, min_steps=5, max_steps=40, meter_update_s=0.0)
+    w = ProbeWindow(None, 0, 0, rule=rule)
+    rng = random.Random(2)
+    n, e, t, m = 0, 0.0, 0.0, None
+    w.feed(n, e, t)
+    while m is None:
+        dt = rng.uniform(0.05, 0.15)
+        n, e, t = n + 1, e + 10 * dt, t + dt
+        m = w.feed(n, e, t)
+    assert m.measured_steps == 40 and m.noise_rel > rule.target_rel
+    with pytest.raises(TuningError, match="max_steps"):
+        WindowRule(min_steps=10, max_steps=5)

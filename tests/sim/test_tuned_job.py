@@ -13,7 +13,7 @@ from governor.errors import FtgovError
 from governor.pipeline.workloads import held_out_workloads
 from governor.policy.tuner import OnlineTuner
 from governor.sim.energy import OrinEnergyModel
-from governor.sim.tuned_job import METERS, ModelBoard, run_tuned_job
+from governor.sim.tuned_job import METERS, ModelBoard, SavingRun, run_tuned_job
 
 LEVELS = tuple(300_000_000 + 100_000_000 * k for k in range(8))
 ENERGY = (1.6, 1.3, 1.1, 1.0, 1.1, 1.3, 1.6, 2.0)  # J/step, the minimum at LEVELS[3]
@@ -133,3 +133,28 @@ def test_a_job_is_charged_every_step_of_its_search():
     searched = sum(n * curve.energy_at(hz) for hz, n in job.steps_at_hz.items())
     assert job.clean_energy_j == pytest.approx(searched + (2000 - job.profiled_steps) * 1.0)
     assert job.clean_energy_j > 2000 * 1.0
+
+
+@pytest.mark.parametrize("meter", ["nvml", "ina3221"])
+def test_a_saving_run_measures_the_baseline_unpinned_then_runs_every_step_of_the_job(meter):
+    job = run_tuned_job(V, LEVELS[4], 2000, meter=meter, seed=5, saving=SavingRun())
+    base = job.baseline
+    assert base is not None and base.level_hz is None
+    assert base.measured_steps >= TunerConfig().baseline_min_steps
+    assert base.joules_per_step == pytest.approx(ENERGY[-1], rel=0.1)  # the top level's, as the default governor's
+    assert job.baseline_steps > base.measured_steps and job.baseline_steps + job.profiled_steps == 2000
+    assert not job.outlasted and job.true_energy_j == pytest.approx(job.clean_energy_j)
+    assert job.reported_energy_j == pytest.approx(job.true_energy_j, rel=0.01)
+    # The saving, as the daemon reports it: over the steps run converged at the pick, most of the job.
+    saving = job.saving()
+    assert job.best_hz == LEVELS[3] and saving["tuned_over"] == "steps after convergence"
+    assert saving["tuned_steps"] > 1000
+    assert abs(saving["saved_pct"] - 100 * (1 - ENERGY[3] / ENERGY[-1])) < 3 * saving["saved_pct_err"]
+
+
+def test_a_saving_run_on_an_exact_meter_has_no_idle_board_to_read():
+    with pytest.raises(ValueError, match="idle"):
+        run_tuned_job(V, LEVELS[4], 2000, saving=SavingRun())
+    job = run_tuned_job(V, LEVELS[4], 2000, saving=SavingRun(idle_s=0.0))
+    assert job.baseline is not None and job.baseline.joules_per_step == pytest.approx(ENERGY[-1])
+    assert job.baseline.measured_steps == 4  # the exact meter's windows are of steps

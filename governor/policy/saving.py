@@ -1,0 +1,155 @@
+"""A tuned job's measured saving: its energy per step at the level the tuner picked against its baseline window at the
+default governor, with the saving's own uncertainty (saved_pct, saved_pct_err). Written once for the daemon
+(governor.daemon.tuning) and the simulated jobs (governor.sim.tuned_job), so that the benchmarks measure what unregister
+reports.
+
+The tuned side is every step run converged at the pick: stretches, each from the first report after the pin moved
+there and the meter settled (the steps before are its warm-up), and the windows measured at the pick while the tuner
+confirmed its near-ties. Its uncertainty is reckoned as a window's (governor.policy.windows.window_noise_rel): the
+steps' scatter, read off the intervals between the stretches' reports (at a steady power a stretch's J/step is its mean
+step time), pooled with the prior, and the meter's ends, an update's energy at each end of each stretch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from governor.policy.windows import PRIOR_DOF, Measurement
+
+Point = tuple[float, float, float]  # (steps, energy_j, time_s), as windows take them
+
+
+@dataclass
+class _Stretch:
+    """Steps run converged at one pinned level: its first and last point, and the sums of its intervals (steps m,
+    seconds dt) that give the steps' scatter: count, sum of m, of dt, of dt^2 / m."""
+
+    level_hz: int
+    first: Point
+    last: Point
+    intervals: int = 0
+    sum_m: float = 0.0
+    sum_dt: float = 0.0
+    sum_dt2_m: float = 0.0
+
+    def extend(self, point: Point) -> None:
+        m, dt = point[0] - self.last[0], point[2] - self.last[2]
+        if m > 0 and dt > 0:
+            self.intervals += 1
+            self.sum_m += m
+            self.sum_dt += dt
+            self.sum_dt2_m += dt * dt / m
+        self.last = point
+
+    @property
+    def steps(self) -> float:
+        return self.last[0] - self.first[0]
+
+    @property
+    def joules(self) -> float:
+        return self.last[1] - self.first[1]
+
+    @property
+    def seconds(self) -> float:
+        return self.last[2] - self.first[2]
+
+
+class MeasuredSaving:
+    """The tuned side of a job's saving, fed as the job runs; ``result`` sets it against the baseline window.
+
+    ``prior_rel``: what a window of ``prior_steps`` steps or ``prior_s`` seconds is assumed to scatter by (the tuner's
+    noise_rel, for window_steps or window_min_s), the floor of a stretch whose reports say little. ``meter_update_s``:
+    how often the energy meter updates (the error at each end); ``settle_s``: how long after a move the meter takes to
+    show the new level wholly (a stretch begins after it)."""
+
+    def __init__(self, prior_rel: float, prior_steps: int, *, prior_s: float = 0.0, meter_update_s: float = 0.0,
+                 settle_s: float = 0.0):
+        self.prior_rel, self.prior_steps, self.prior_s = prior_rel, prior_steps, prior_s
+        self.meter_update_s = meter_update_s
+        self.settle_s = settle_s
+        self.stretches: list[_Stretch] = []
+        self.at_pick: list[Measurement] = []  # windows closed while confirming near-ties, at whatever level
+        self.mixed = False  # a stretch ran while another job shared the GPU: no measurement of this one
+        self._open: _Stretch | None = None
+        self._moved: tuple[int, float] | None = None  # (level_hz, time_s of its first point): settling
+
+    def converged_at(self, level_hz: int, points: list[Point]) -> None:
+        """A report's points, run converged and pinned at ``level_hz``."""
+        for point in points:
+            if self._open is not None and self._open.level_hz == level_hz:
+                self._open.extend(point)
+                continue
+            if self._moved is None or self._moved[0] != level_hz:
+                self._open, self._moved = None, (level_hz, point[2])
+            if point[2] - self._moved[1] >= self.settle_s:
+                self._open = _Stretch(level_hz, point, point)
+                self.stretches.append(self._open)
+
+    def interrupt(self) -> None:
+        """The stretch running ends: the pin moved, a confirmation window or a pause began."""
+        self._open, self._moved = None, None
+
+    def shared(self) -> None:
+        """Another job ran on the GPU: the rails measured both."""
+        self.mixed = True
+        self.interrupt()
+
+    def window_at_pick(self, m: Measurement) -> None:
+        """A window closed while the tuner confirmed its pick's near-ties (those at the final pick count)."""
+        self.at_pick.append(m)
+
+    def result(self, baseline: Measurement, best_hz: int, windows: list[Measurement],
+               baseline_floor_rel: float = 0.0) -> dict | None:
+        """The saving per step at ``best_hz`` against ``baseline``; ``windows``: the tuner's, for a job that ran no
+        stretch at its pick (then the windows at it are the tuned side). ``baseline_floor_rel``: the least the
+        baseline's own uncertainty is taken to be. None without a tuned side."""
+        stretches = [s for s in self.stretches if s.level_hz == best_hz and s.steps > 0]
+        confirm = [m for m in self.at_pick if m.level_hz == best_hz]
+        steps = sum(s.steps for s in stretches) + sum(m.measured_steps for m in confirm)
+        over = "steps after convergence"
+        if stretches and not self.mixed and steps >= self.prior_steps:
+            joules = sum(s.joules for s in stretches) + sum(m.joules_per_step * m.measured_steps for m in confirm)
+            tuned_rel = self._stretches_rel(stretches, confirm, steps)
+        else:
+            at_best = [m for m in windows if m.level_hz == best_hz]
+            steps = sum(m.measured_steps for m in at_best)
+            joules = sum(m.joules_per_step * m.measured_steps for m in at_best)
+            over = "tuner windows"
+            # The windows' own uncertainties, each weighing by its steps (a window without one: the prior).
+            tuned_rel = math.sqrt(sum((m.measured_steps * max(m.noise_rel or 0.0, self.prior_rel)) ** 2
+                                      for m in at_best)) / max(1, steps)
+        if steps <= 0 or joules <= 0:
+            return None
+        tuned = joules / steps
+        ratio = tuned / baseline.joules_per_step
+        base_rel = max(baseline.noise_rel or 0.0, baseline_floor_rel)
+        # saved = 1 - tuned / baseline: its s.d. is the ratio times the two relative s.d.s in quadrature.
+        err_rel = ratio * math.hypot(base_rel, tuned_rel)
+        return {"saved_pct": round(100.0 * (1.0 - ratio), 2), "saved_rel": 1.0 - ratio,
+                "saved_pct_err": round(100.0 * err_rel, 2), "basis": "default governor", "freq_hz": best_hz,
+                "measured_steps": baseline.measured_steps + round(steps), "baseline_steps": baseline.measured_steps,
+                "tuned_steps": round(steps), "tuned_over": over, "baseline_j_per_step": baseline.joules_per_step,
+                "tuned_j_per_step": tuned, "tuned_rel": tuned_rel, "baseline_rel": base_rel}
+
+    def _stretches_rel(self, stretches: list[_Stretch], confirm: list[Measurement], steps: float) -> float:
+        """The relative s.d. of the tuned side's J/step: the steps' scatter and the meter's ends, in quadrature."""
+        seconds = sum(s.seconds for s in stretches) + sum(m.duration_s or 0.0 for m in confirm)
+        n = sum(s.sum_m for s in stretches)
+        k = sum(s.intervals for s in stretches)
+        ends2 = 0.0
+        if seconds > 0:
+            ends2 = (self.meter_update_s / seconds) ** 2 * len(stretches) / 6.0
+        # The prior: prior_rel for prior_steps steps (or prior_s seconds), shrinking as 1 / the steps (the seconds).
+        prior2 = self.prior_rel ** 2 * self.prior_steps / steps
+        if self.prior_s > 0 and seconds > 0:
+            prior2 = min(prior2, self.prior_rel ** 2 * self.prior_s / seconds)
+        steps2 = 0.0
+        if k > 1 and n > 0:
+            tau = sum(s.sum_dt for s in stretches) / n
+            var = sum(s.sum_dt2_m - 2 * tau * s.sum_dt + tau * tau * s.sum_m for s in stretches) / (k - 1)
+            steps2 = max(0.0, var) / (tau * tau) / steps
+        pooled2 = (PRIOR_DOF * prior2 + max(0, k - 1) * steps2) / (PRIOR_DOF + max(0, k - 1))
+        # The confirmation windows carry their own (their share of the steps each).
+        windows2 = sum((m.measured_steps * (m.noise_rel or self.prior_rel)) ** 2 for m in confirm) / (steps * steps)
+        return math.sqrt(ends2 + pooled2 + windows2)
