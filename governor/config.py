@@ -109,6 +109,9 @@ class TunerConfig(_Strict):
         "window_rule time: the fewest updates of the energy meter a window spans"))
     window_min_steps: int = Field(_tuner.WindowRule.min_steps, ge=1, le=100_000, description=(
         "window_rule time: the fewest steps a window spans"))
+    window_decide_z: float = Field(_tuner.WindowRule.decide_z, ge=0, le=100, description=(
+        "window_rule time: a window closes early once it differs from the estimate it is compared with (the "
+        "incumbent, the pick) by this many standard deviations of the difference (0: never)"))
     settle_updates: float | None = Field(None, ge=0, le=100, description=(
         "after a change of clock or an unpin, no window opens before the energy meter has updated this many times "
         "(null: the meter's own, 1 for NVML's counter, 2 for the INA3221's average over its update_interval; 0: an "
@@ -165,7 +168,8 @@ class TunerConfig(_Strict):
             return None
         return _tuner.WindowRule(target_rel=self.window_target_rel, min_s=self.window_min_s, max_s=self.window_max_s,
                                  min_updates=self.window_min_updates, meter_update_s=meter_update_s,
-                                 min_steps=self.window_min_steps, prior_rel=self.noise_rel)
+                                 min_steps=self.window_min_steps, prior_rel=self.noise_rel,
+                                 decide_z=self.window_decide_z)
 
     def baseline_window_rule(self, meter_update_s: float,
                              total_steps: int | None = None) -> _tuner.WindowRule | None:

@@ -5,8 +5,8 @@ search is known to the next, and the budget counts every window of the job.
 
 1. Measure the start (with ``max_slowdown``, the top level once too, the reference; a start too slow restarts at
    the lowest feasible level).
-2. Descend: while a side of the incumbent has nothing measured, measure that side with doubling strides, never more
-   than half the way to the end of the table.
+2. Descend: while a side of the incumbent has nothing measured, measure that side with doubling strides (the first
+   from an end of the table a quarter of the way across), never more than half the way to the end of the table.
 3. Refine: bisect the gap between the incumbent and its nearest measured level on each side.
 4. Past the rise: walk on outward until the levels climb like a U's wall (``WALL_Z``), then look once as far again
    past it; a valley found there is walked like the incumbent.
@@ -22,6 +22,7 @@ says where to explore. The rules, the reasons for each and the guarantees: docs/
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -48,6 +49,12 @@ FAR_SHARE = 0.25
 # In noise units, so that it holds for any curve and any noise; MAX_CONFIRM_WINDOWS caps a tie.
 CONFIRM_TOL_NOISE = 1.2
 MAX_CONFIRM_WINDOWS = 6
+# A walk that leaves an end of the range has no other side to size its first stride by: it goes this fraction of the
+# way across (rounded up). An energy curve's minimum lies inside the table, where the levels' energies are close; the
+# ends are its steep walls, where each level costs most. One level at a time there costs a window at each of them and
+# gives comparisons of neighbours a few percent apart, which need long windows; a quarter of the way gives one whose
+# difference is decided early (WindowRule.decide_z), and refining walks back if the minimum is at the end after all.
+END_STRIDE_FRAC = 0.25
 
 
 @dataclass(frozen=True)
@@ -337,16 +344,21 @@ class Search:
         """Descend, then refine, around a valley's bottom ``best`` until both its neighbours are measured."""
         sides = {d: self._side(best, d, lowest, top) for d in (-1, 1)}
         # 1. Descend: a side with nothing measured on it. The stride is twice the distance we came from the other
-        # side (energy fell over it), so a start half a table away costs a few windows, not one per level; never
-        # more than half the way to the end of the table, so an end (often the costliest level) is only measured
-        # once the walk is next to it.
+        # side (energy fell over it), so a start half a table away costs a few windows, not one per level; from an
+        # end of the range, END_STRIDE_FRAC of the way across; never more than half the way to the end of the table,
+        # so an end (often the costliest level) is only measured once the walk is next to it.
         order = sorted((-1, 1), key=lambda d: (not sides[-d], d))
         for d in order:
             if sides[d] or not lowest <= best + d <= top:
                 continue
             other = sides[-d]
-            stride = 2 * abs(other[0] - best) if other else 1
             room = (best - lowest) if d < 0 else (top - best)
+            if other:
+                stride = 2 * abs(other[0] - best)
+            elif best == (top if d < 0 else lowest):  # leaving an end of the range
+                stride = math.ceil(END_STRIDE_FRAC * room)
+            else:
+                stride = 1
             stride = max(1, min(stride, (room + 1) // 2))
             yield _Plan("descend", best + d * stride,
                         f"{self._mhz(best)}: energy falls towards it, measure {stride} level(s) "

@@ -34,6 +34,7 @@ from governor.policy.windows import (
     DEFAULT_WINDOW_STEPS,
     Measurement,
     ProbeWindow,
+    Reference,
     TuningError,
     TuningSession,
     WindowRule,
@@ -43,7 +44,7 @@ from governor.policy.windows import (
 
 __all__ = ["ASSUMED_TOTAL_STEPS", "DEFAULT_DRIFT_Z", "DEFAULT_MAX_FOLLOW_WINDOWS",
            "DEFAULT_WARMUP_STEPS", "DEFAULT_WINDOW_STEPS", "FEASIBLE_Z", "MAX_CONFIRM_WINDOWS",
-           "Measurement", "OnlineTuner", "ProbeWindow", "TuningError", "TuningSession", "WindowRule"]
+           "Measurement", "OnlineTuner", "ProbeWindow", "Reference", "TuningError", "TuningSession", "WindowRule"]
 
 # A safety cap only: the energy budget and the search's own stopping rules end it long before on any curve we know of;
 # this bounds the time a job can spend off its best level if a measurement source misbehaves.
@@ -214,6 +215,24 @@ class OnlineTuner:
             self._settle()
         elif self._follow is not None:
             self._plan_follow()
+
+    def window_reference(self, level_hz: int) -> Reference | None:
+        """The estimate a window at ``level_hz`` opened now will be compared with, so that it may close as soon as
+        that comparison is clear (WindowRule.decide_z): while searching, the incumbent's; while confirming, the
+        pick's. None for a window at that level itself (it is compared with levels near it, or watched for drift),
+        before anything is measured, once converged without follow_up, and with max_slowdown (feasibility is judged
+        on noise_rel a window, which a window closed early would not meet)."""
+        if self.max_slowdown is not None:
+            return None
+        i = self.levels_hz.index(level_hz)
+        log_j = self.estimates.log_energy()
+        if self._final is not None:
+            ref = None if self._follow is None else self._follow.pick
+        else:
+            ref = self.estimates.incumbent(log_j)
+        if ref is None or ref == i:
+            return None
+        return Reference(math.exp(log_j[ref]), math.sqrt(self.estimates.var_mean(ref)))
 
     @property
     def converged(self) -> bool:

@@ -30,6 +30,8 @@ class Tuner(Protocol):
     def set_job(self, total_steps: int | None = None, probe_steps: int | None = None,
                 steps_left: int | None = None) -> None: ...
 
+    def window_reference(self, level_hz: int) -> Reference | None: ...
+
 # A probe is DEFAULT_WARMUP_STEPS discarded steps after a change of level, then DEFAULT_WINDOW_STEPS measured steps.
 # One warm-up step is enough to leave the step during which the clock changed out of the window (a devfreq write takes
 # effect within milliseconds; unverified on a real Orin), and four measured steps average out most of the step noise.
@@ -85,6 +87,15 @@ class Measurement:
 
 
 @dataclass(frozen=True)
+class Reference:
+    """What a window will be compared with once it closes (``Tuner.window_reference``): another level's estimate of
+    joules per step and its relative uncertainty (s.d. of its log), as the tuner holds them when the window opens."""
+
+    joules_per_step: float
+    sd_rel: float
+
+
+@dataclass(frozen=True)
 class WindowRule:
     """Windows sized by time and by their own noise, for any step length.
 
@@ -100,6 +111,14 @@ class WindowRule:
     ``prior_rel`` is what a window of ``min_s`` is assumed to scatter by before its own reports say otherwise (the
     tuner's noise_rel); it is pooled with the scatter of the window's ``sub_windows`` parts as PRIOR_DOF readings,
     so that a window of few steps, whose parts say little, cannot close on a lucky calm stretch.
+
+    A window that is compared with a ``Reference`` (the tuner's incumbent, say) closes early once it is decided:
+    its estimate differs from the reference's by ``decide_z`` standard deviations of the difference (the window's
+    own uncertainty and the reference's), after at least ``decide_min_steps`` steps (the steps' scatter is read off
+    their intervals, so a few are needed before it means anything) and ``min_updates`` of the meter's updates. More
+    steps there would only sharpen a comparison the tuner already calls clear (its z_confirm, 2, is under
+    decide_z: the margin pays for looking at every report), and a window far from the minimum costs its steps at an
+    expensive level. A near-tie never reaches it and runs to ``target_rel`` or ``max_s``. ``decide_z`` 0: never.
     """
 
     target_rel: float = 0.02
@@ -111,6 +130,8 @@ class WindowRule:
     sub_windows: int = 4
     prior_rel: float = 0.03
     max_steps: int | None = None  # a cap in steps as well (the baseline window's share of a job of known length)
+    decide_z: float = 3.0
+    decide_min_steps: int = 4
 
     def __post_init__(self):
         for name in ("target_rel", "min_s", "max_s", "prior_rel"):
@@ -120,6 +141,9 @@ class WindowRule:
         _count(self.min_updates, "min_updates", 0)
         _count(self.min_steps, "min_steps", 1)
         _count(self.sub_windows, "sub_windows", 2)
+        _count(self.decide_min_steps, "decide_min_steps", 2)
+        if isinstance(self.decide_z, bool) or not self.decide_z >= 0:
+            raise TuningError(f"decide_z must be a number >= 0, got {self.decide_z!r}")
         if self.max_s < self.min_s:
             raise TuningError(f"max_s ({self.max_s}) must be at least min_s ({self.min_s})")
         if self.max_steps is not None and _count(self.max_steps, "max_steps", 1) < self.min_steps:
@@ -129,19 +153,67 @@ class WindowRule:
     def shortest_s(self) -> float:
         return max(self.min_s, self.min_updates * self.meter_update_s)
 
+    def may_decide(self, steps: float, seconds: float) -> bool:
+        """Whether a window of ``steps`` steps over ``seconds`` may be decided early (the class's docstring)."""
+        return (bool(self.decide_z) and steps >= self.decide_min_steps
+                and seconds >= self.min_updates * self.meter_update_s)
+
+    def differs(self, joules_per_step: float, noise_rel: float, reference: Reference) -> bool:
+        """Whether a window's estimate, of relative uncertainty ``noise_rel``, is ``decide_z`` standard deviations of
+        the difference away from ``reference``."""
+        diff = abs(math.log(joules_per_step) - math.log(reference.joules_per_step))
+        return diff >= self.decide_z * math.sqrt(noise_rel * noise_rel + reference.sd_rel * reference.sd_rel)
+
 
 # The prior counts as this many sub-window readings of the window's scatter.
 PRIOR_DOF = 2.0
 
 
-def window_noise_rel(reports: list[tuple[float, float, float]], rule: WindowRule) -> float:
+@dataclass(frozen=True)
+class StepScatter:
+    """The steps' scatter as read off intervals between reports: the relative variance of one step's time (``var``)
+    and the degrees of freedom behind it (``dof``)."""
+
+    var: float
+    dof: float
+
+    def pooled(self, other: StepScatter | None, max_dof: float) -> StepScatter:
+        """This one pooled with ``other`` (a prior), which counts for at most ``max_dof`` degrees of freedom."""
+        if other is None or other.dof <= 0:
+            return self
+        prior = min(other.dof, max_dof)
+        dof = self.dof + prior
+        return StepScatter((self.dof * self.var + prior * other.var) / dof, dof)
+
+
+def step_scatter(reports: list[tuple[float, float, float]]) -> StepScatter:
+    """The relative variance of one step's time from the intervals between reports ``(steps, energy_j, time_s)``:
+    an interval of m steps has m times less variance per step than one step."""
+    (n0, _, t0), (n1, _, t1) = reports[0], reports[-1]
+    intervals = [(b[0] - a[0], b[2] - a[2]) for a, b in zip(reports, reports[1:], strict=False) if b[0] > a[0]]
+    if len(intervals) < 2 or n1 <= n0 or t1 <= t0:
+        return StepScatter(0.0, 0.0)
+    step_s = (t1 - t0) / (n1 - n0)
+    var = sum(m * (dt / m - step_s) ** 2 for m, dt in intervals) / (len(intervals) - 1) / step_s ** 2
+    return StepScatter(var, len(intervals) - 1)
+
+
+# A job's steps scatter alike from one window to the next: the scatter of its windows so far is a prior for the next
+# one's, worth at most this many intervals, so that a window of a few long steps cannot close (or be decided) on a
+# lucky calm stretch of them, while a window of many steps is judged on its own.
+STEP_PRIOR_MAX_DOF = 20.0
+
+
+def window_noise_rel(reports: list[tuple[float, float, float]], rule: WindowRule,
+                     step_prior: StepScatter | None = None) -> float:
     """The relative uncertainty (s.d.) of a window's joules per step, from its reports ``(steps, energy_j, time_s)``,
     first (where it opened) to last. Three parts:
 
     - the meter's ends: a counter that holds between updates is read up to one update stale at each end, an error
       uniform over one update's energy: s.d. ``meter_update_s / (duration x sqrt 6)`` of the whole;
     - the steps' own scatter: at a steady power a window's energy per step is its mean step time, whose relative s.d.
-      is the steps' coefficient of variation over sqrt(steps), that CV read off the intervals between reports;
+      is the steps' coefficient of variation over sqrt(steps), that CV read off the intervals between reports
+      (``step_scatter``), pooled with ``step_prior`` (the job's earlier windows: STEP_PRIOR_MAX_DOF);
     - anything else (the clock or the power moving): the scatter of the window's sub-windows (split at the reports
       nearest to equal times) less the ends' share, which each sub-window carries ``sub_windows`` times over, pooled
       with the prior (``prior_rel`` for a window of ``min_s``, shrinking as 1/duration) as PRIOR_DOF readings. It
@@ -153,11 +225,7 @@ def window_noise_rel(reports: list[tuple[float, float, float]], rule: WindowRule
         return math.inf
     mean = joules / steps
     ends2 = (rule.meter_update_s / duration) ** 2 / 6.0
-    step_s = duration / steps
-    intervals = [(b[0] - a[0], b[2] - a[2]) for a, b in zip(reports, reports[1:], strict=False) if b[0] > a[0]]
-    steps2 = 0.0
-    if len(intervals) > 1:  # an interval of m steps has m times less variance per step than one step
-        steps2 = sum(m * (dt / m - step_s) ** 2 for m, dt in intervals) / (len(intervals) - 1) / step_s ** 2 / steps
+    steps2 = step_scatter(reports).pooled(step_prior, STEP_PRIOR_MAX_DOF).var / steps
     prior2 = rule.prior_rel ** 2 * rule.min_s / duration
     edges = [0]
     for k in range(1, rule.sub_windows):
@@ -199,12 +267,23 @@ class ProbeWindow:
     ``settle_s``: after a change of level (a window with warm-up steps) the window opens only once this long has
     passed since its first report as well, so that the meter shows the new level wholly (COUNTER_SETTLE_UPDATES or
     AVERAGE_SETTLE_UPDATES of its updates); the steps meanwhile are warm-up too.
+
+    ``reference``: with a rule, the estimate this window will be compared with; the window closes as soon as that
+    comparison is decided (``WindowRule.differs``), its uncertainty whatever it is then. ``least``: with a rule, the
+    window closes at the rule's least length (``min_s``, ``min_updates``, ``min_steps`` and ``decide_min_steps``)
+    whatever its uncertainty: a job's first window, which nothing measured can be compared with yet (TuningSession).
+    ``step_prior``: the scatter of the job's steps in its windows so far (``window_noise_rel``).
     """
 
     def __init__(self, level_hz: int | None, begin_steps: float, warmup_steps: int = DEFAULT_WARMUP_STEPS,
                  window_steps: int = DEFAULT_WINDOW_STEPS, *, rule: WindowRule | None = None,
-                 meter_update_s: float = 0.0, settle_s: float = 0.0):
+                 meter_update_s: float = 0.0, settle_s: float = 0.0, reference: Reference | None = None,
+                 least: bool = False, step_prior: StepScatter | None = None):
         self.level_hz = level_hz
+        self.reference = reference
+        self.least = least
+        self.step_prior = step_prior
+        self.scatter: StepScatter | None = None  # with a rule, once closed: its steps' own scatter
         self.begin_steps = _steps(begin_steps)
         self.warmup_steps = _count(warmup_steps, "warmup_steps", 0)
         self.settle_s = float(settle_s) if self.warmup_steps else 0.0  # the same level going on has nothing to settle
@@ -249,11 +328,16 @@ class ProbeWindow:
         else:
             if steps > self._reports[-1][0]:
                 self._reports.append((steps, float(energy_j), float(time_s)))
-            if n < self.rule.min_steps or seconds < self.rule.shortest_s:
+            early = self.reference is not None and joules > 0 and self.rule.may_decide(n, seconds)
+            full = n >= self.rule.min_steps and seconds >= self.rule.shortest_s
+            if not (early or full):
                 return None
-            noise = window_noise_rel(self._reports, self.rule)
+            noise = window_noise_rel(self._reports, self.rule, self.step_prior)
             capped = self.rule.max_steps is not None and n >= self.rule.max_steps
-            if noise > self.rule.target_rel and seconds < self.rule.max_s and not capped:
+            decided = ((early and self.rule.differs(joules / n, noise, cast(Reference, self.reference)))
+                       or (self.least and full and n >= self.rule.decide_min_steps))
+            if not decided and (not full or (noise > self.rule.target_rel and seconds < self.rule.max_s
+                                             and not capped)):
                 return None
         if not (math.isfinite(joules) and joules > 0 and math.isfinite(seconds) and seconds > 0):
             stalled = f" (stalled: it updates every {self.stall_s / STALL_UPDATES:g} s)" if self.stall_s else ""
@@ -261,6 +345,8 @@ class ProbeWindow:
                               f"counter{stalled} or the clock did not advance")
         if noise is not None and not math.isfinite(noise):
             noise = None
+        if self.rule is not None:
+            self.scatter = step_scatter(self._reports)
         self.measurement = Measurement(self.level_hz, joules / n, seconds / n, round(n),
                                        round(steps - self.begin_steps), noise, seconds)
         return self.measurement
@@ -299,6 +385,8 @@ class TuningSession:
         self.window_steps = window_steps
         self.rule = rule
         self._window_steps_seen: list[int] = []  # with a rule: the steps of each window kept, for the tuner's costs
+        self._kept = 0  # windows given to the tuner
+        self._scatter: StepScatter | None = None  # with a rule: the steps' scatter in the windows kept, pooled
         self.profiled_steps = 0
         self.bursts = 0  # windows dropped as reports read in a burst (BURST_FACTOR)
         self._fastest_s_per_step: float | None = None  # of the windows kept
@@ -314,8 +402,13 @@ class TuningSession:
 
     def _new_window(self, level_hz: int, steps: float, warmup_steps: int) -> ProbeWindow:
         self._measuring_hz = level_hz  # the window's level, known to be a pinned one here
+        reference = self.tuner.window_reference(level_hz) if self.rule is not None else None
+        # The first window has nothing measured to be compared with: the windows after it are compared with it and
+        # run until that comparison is clear, and the search measures the start again while it is within noise of
+        # the incumbent, so its precision is bought only where it matters (near the minimum, where windows are cheap).
         return ProbeWindow(level_hz, steps, warmup_steps, self.window_steps, rule=self.rule,
-                           meter_update_s=self.meter_update_s, settle_s=self.settle_s)
+                           meter_update_s=self.meter_update_s, settle_s=self.settle_s, reference=reference,
+                           least=not self._kept, step_prior=self._scatter)
 
     def reopen(self, steps: float) -> None:
         """Begin the warm-up of a window at a new level at ``steps`` instead: its level was pinned when that step was
@@ -366,6 +459,9 @@ class TuningSession:
         # Kept: a backlog is drained by then, so windows this fast in a row are the job's steps, and the windows kept
         # before were the slow ones (a stall in the first): the fastest kept is the reference from now on.
         self._bursts_in_a_row = 0
+        self._kept += 1
+        if self._window.scatter is not None and self._window.scatter.dof > 0:
+            self._scatter = self._window.scatter.pooled(self._scatter, math.inf)
         self._fastest_s_per_step = m.seconds_per_step if fastest is None else min(fastest, m.seconds_per_step)
         if self.rule is not None:
             # A window's length in steps is known only once windows have run: what the next one will cost is priced

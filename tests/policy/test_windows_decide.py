@@ -1,0 +1,145 @@
+"""Windows that close once their comparison is decided (WindowRule.decide_z), the job's first window, the steps'
+scatter carried from window to window, and the first stride of a walk that leaves an end of the table."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from governor.policy.tuner import OnlineTuner, ProbeWindow, Reference, TuningSession, WindowRule
+from governor.policy.windows import StepScatter, step_scatter, window_noise_rel
+from governor.sim.meters import PowerTrace, UpdateClock, append_step, held_energy_j, step_times_s
+
+STEP_S = 0.1
+POWER_W = 300.0
+JOULES = STEP_S * POWER_W  # a step's energy at POWER_W
+
+
+def nvml_job(steps: int, power_w: float = POWER_W, seed: int = 0, cv: float = 0.15, step_s: float = STEP_S):
+    """Reports (steps, energy_j, time_s) on the simulated NVML meter at every step's end."""
+    clock, trace, times = UpdateClock(seed=seed), PowerTrace(0.0), step_times_s(step_s, seed, cv)
+    reports = [(0, 0.0, 0.0)]
+    for n in range(1, steps + 1):
+        append_step(trace, next(times), power_w)
+        reports.append((n, held_energy_j(trace, clock, trace.end_s), trace.end_s))
+    return reports
+
+
+def close(reports, rule, **window):
+    w = ProbeWindow(None, 0, 0, rule=rule, **window)
+    for report in reports:
+        m = w.feed(*report)
+        if m is not None:
+            return m
+    raise AssertionError("the window never closed")
+
+
+@pytest.mark.parametrize("ratio", [1.6, 1 / 1.6])
+def test_a_window_far_from_its_reference_closes_early(ratio):
+    """40-60% away from a reference known to 2%: decided within a few steps, long before the rule's target."""
+    rule = WindowRule()
+    reports = nvml_job(400, POWER_W * ratio, seed=1)
+    full = close(reports, rule)
+    for seed in range(5):
+        early = close(nvml_job(400, POWER_W * ratio, seed=seed), rule, reference=Reference(JOULES, 0.02))
+        assert early.measured_steps < full.measured_steps / 2, (early, full)
+        assert early.measured_steps >= rule.decide_min_steps
+        assert early.duration_s >= rule.min_updates * rule.meter_update_s
+        # What it says is the window's own uncertainty, larger than a full window's, and its estimate is within it.
+        assert early.noise_rel > full.noise_rel
+        assert abs(math.log(early.joules_per_step / (JOULES * ratio))) < 4 * early.noise_rel
+        assert abs(math.log(early.joules_per_step / JOULES)) >= rule.decide_z * math.hypot(early.noise_rel, 0.02)
+
+
+def test_a_near_tie_runs_to_the_rules_target():
+    """2% from the reference: no early decision; the window is the one it would be without a reference."""
+    rule = WindowRule()
+    for seed in range(5):
+        reports = nvml_job(400, POWER_W * 1.02, seed=seed)
+        tie = close(reports, rule, reference=Reference(JOULES, 0.02))
+        assert tie == close(reports, rule)
+        assert tie.duration_s >= rule.shortest_s and (tie.noise_rel <= rule.target_rel or tie.duration_s >= rule.max_s)
+
+
+def test_a_reference_known_loosely_decides_nothing_it_cannot_tell():
+    """The reference's own uncertainty counts: 40% away from one known to 20% is not 3 s.d. of the difference."""
+    rule = WindowRule()
+    reports = nvml_job(400, POWER_W * 1.4, seed=2)
+    assert close(reports, rule, reference=Reference(JOULES, 0.2)) == close(reports, rule)
+
+
+def test_decide_z_zero_never_closes_early():
+    rule = WindowRule(decide_z=0.0)
+    reports = nvml_job(400, POWER_W * 2.0, seed=3)
+    assert close(reports, rule, reference=Reference(JOULES, 0.01)) == close(reports, rule)
+
+
+def test_the_first_window_closes_at_the_rules_least_length():
+    """Nothing measured to compare it with: the rule's minimums, whatever its uncertainty."""
+    rule = WindowRule()
+    m = close(nvml_job(400, seed=4), rule, least=True)
+    assert m.duration_s == pytest.approx(rule.shortest_s, abs=2 * STEP_S)
+    assert m.measured_steps >= max(rule.min_steps, rule.decide_min_steps)
+    assert m.noise_rel > rule.target_rel  # ten steps that scatter by 15%
+
+
+def test_the_jobs_step_scatter_keeps_a_few_calm_steps_from_closing_a_window():
+    """Five long steps that happen to agree say little of the steps' scatter: the job's earlier windows, whose steps
+    scattered by 15%, make the window's uncertainty what those steps would give."""
+    calm = [(n, 30.0 * n, 1.0 * n + 0.001 * (n % 2)) for n in range(6)]  # 1 s steps within 0.1% of each other
+    rule = WindowRule(prior_rel=1e-9)
+    alone = window_noise_rel(calm, rule)
+    prior = StepScatter(0.15 ** 2, 200.0)
+    pooled = window_noise_rel(calm, rule, prior)
+    assert alone < 0.01
+    # 4 intervals of their own against the prior's 20 (STEP_PRIOR_MAX_DOF): most of 15% / sqrt(5) steps
+    assert 0.8 * 0.15 / math.sqrt(5) < pooled < 0.15 / math.sqrt(5)
+
+
+def test_step_scatter_reads_the_steps_cv_off_the_intervals():
+    reports = nvml_job(2000, seed=5, cv=0.15)
+    s = step_scatter(reports)
+    assert s.dof == 1999 and math.sqrt(s.var) == pytest.approx(0.15, rel=0.1)
+
+
+LEVELS = tuple(300_000_000 + 100_000_000 * k for k in range(12))
+
+
+def test_the_tuner_names_the_estimate_a_window_is_compared_with():
+    tuner = OnlineTuner(LEVELS, LEVELS[6])
+    assert tuner.window_reference(LEVELS[6]) is None  # nothing measured
+    tuner.observe(LEVELS[6], 2.0, 0.1, noise_rel=0.05)
+    ref = tuner.window_reference(LEVELS[5])
+    assert ref == Reference(pytest.approx(2.0), pytest.approx(0.05))
+    assert tuner.window_reference(LEVELS[6]) is None  # the incumbent's own window: compared with its neighbours
+    assert OnlineTuner(LEVELS, LEVELS[6], max_slowdown=0.1).window_reference(LEVELS[5]) is None
+
+
+def test_a_session_closes_windows_at_far_levels_early_and_near_ones_late():
+    """One job on a steep curve through the daemon's session: the windows at levels far above the minimum it finds
+    are shorter in time than those within a few percent of it."""
+    energy = [2.2, 1.7, 1.4, 1.2, 1.08, 1.02, 1.0, 1.01, 1.04, 1.1, 1.18, 1.3]
+    tuner = OnlineTuner(LEVELS, LEVELS[0], follow_up=False)
+    clock, trace = UpdateClock(seed=6), PowerTrace(0.0)
+    times = step_times_s(1.0, 6, 0.15)  # scaled per level below
+    session = TuningSession(tuner, 0, 1, rule=WindowRule(), meter_update_s=0.1, total_steps=20_000)
+    windows, n = [], 0
+    while not session.converged and n < 20_000:
+        i = LEVELS.index(session.measuring_hz)
+        append_step(trace, STEP_S * next(times), POWER_W * energy[i])
+        n += 1
+        m = session.on_progress(n, held_energy_j(trace, clock, trace.end_s), trace.end_s)
+        if m is not None:
+            windows.append((energy[LEVELS.index(m.level_hz)], m.duration_s))
+    assert session.converged and energy[LEVELS.index(tuner.best_hz)] <= 1.02
+    far = [d for e, d in windows[1:] if e >= 1.15]  # the first (the start) closes at the least length
+    near = [d for e, d in windows if e <= 1.02]
+    assert far and near and max(far) < min(near), windows
+
+
+def test_a_walk_from_an_end_of_the_table_strides_a_quarter_of_it():
+    for start, first in ((0, 3), (len(LEVELS) - 1, len(LEVELS) - 1 - 3)):
+        tuner = OnlineTuner(LEVELS, LEVELS[start])
+        tuner.observe(LEVELS[start], 3.0, 0.1)
+        assert tuner.next_level_hz() == LEVELS[first]  # ceil(11 / 4) levels on
