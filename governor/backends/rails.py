@@ -11,8 +11,10 @@ count that power twice.
 
 from __future__ import annotations
 
+import math
 import os
 import re
+import time
 from collections import deque
 from pathlib import Path
 
@@ -148,6 +150,10 @@ class EnergyMeter:
         self.samples.append((t_s, self.energy_j))
         return self.energy_j
 
+    def recent_j(self, max_age_s: float) -> float:
+        """The integral so far (its last sample; reading nothing), as CounterMeter.recent_j."""
+        return self.energy_j
+
     def total_j(self, t_s: float, total_mw: float) -> float:
         """The whole energy since start at ``t_s``, where the power reads ``total_mw``: the integral carried to now
         (not added), less the readings' lag."""
@@ -155,21 +161,46 @@ class EnergyMeter:
         return self.energy_j + since_j + self.update_s * (total_mw - self.start_mw) / 1000.0
 
 
+class CounterReads:
+    """One GPU's energy counter as every meter on it reads it, remembering the last read (J) and when (monotonic s):
+    a read of NVML's counter costs milliseconds of CPU, so a figure that may be a little old takes the last one."""
+
+    def __init__(self, read_j):
+        self._read_j = read_j
+        self.last_j: float | None = None
+        self.last_s = -math.inf
+
+    def __call__(self) -> float:
+        self.last_j, self.last_s = self._read_j(), time.monotonic()
+        return self.last_j
+
+    def recent_j(self, max_age_s: float) -> float:
+        """The last read if it is at most ``max_age_s`` old, else a read now."""
+        if self.last_j is None or time.monotonic() - self.last_s > max_age_s:
+            return self()
+        return self.last_j
+
+
 class CounterMeter:
     """Energy from a hardware counter that already integrates (NVML's total energy, J): the difference since start.
 
     Same interface as EnergyMeter, so the daemon need not care which a job has; the power argument is unused.
-    ``update_s``: how often the counter moves (NVML's: every 100 ms, holding between updates).
+    ``update_s``: how often the counter moves (NVML's: every 100 ms, holding between updates). ``read_j``: a
+    CounterReads shared by the GPU's meters, or a plain function.
     """
 
     def __init__(self, read_j, update_s: float = NVML_COUNTER_UPDATE_S):
-        self.read_j = read_j
+        self.read_j = read_j if isinstance(read_j, CounterReads) else CounterReads(read_j)
         self.update_s = update_s
-        self.start_j = read_j()
+        self.start_j = self.read_j()
 
     @property
     def energy_j(self) -> float:
         return self.read_j() - self.start_j
+
+    def recent_j(self, max_age_s: float) -> float:
+        """energy_j as of a read at most ``max_age_s`` old (any meter's on the GPU): for figures that may lag."""
+        return self.read_j.recent_j(max_age_s) - self.start_j
 
     def add(self, t_s: float, total_mw: float) -> float:
         return self.energy_j

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from governor.backends.base import Gpu
-from governor.backends.rails import CounterMeter, EnergyMeter, Rails
+from governor.backends.rails import CounterMeter, CounterReads, EnergyMeter, Rails
 from governor.errors import BackendError
 from governor.policy.windows import AVERAGE_SETTLE_UPDATES, COUNTER_SETTLE_UPDATES, UpdateEdges
 
@@ -27,6 +27,7 @@ class BoardEnergy:
     def __init__(self, rails: Rails | None):
         self.rails = rails
         self._power_cache: tuple[float, float] = (-1.0, 0.0)
+        self._counters: dict[str, CounterReads] = {}  # GPU id -> its counter's reads, shared by its meters
 
     def total_mw(self) -> float:
         """Board power now (ENERGY_RAILS). Reused for POWER_CACHE_S: the INA3221 itself refreshes only every ~140 ms
@@ -51,7 +52,10 @@ class BoardEnergy:
             return EnergyMeter(time.monotonic(), self.total_mw(), self.rails.update_interval_s)
         if gpu.has_energy_counter:
             try:
-                return CounterMeter(gpu.energy_j)
+                reads = self._counters.get(gpu.id)
+                if reads is None:
+                    reads = self._counters[gpu.id] = CounterReads(gpu.energy_j)
+                return CounterMeter(reads)
             except BackendError as e:
                 log.info("GPU %s has no energy counter: %s", gpu.id, e)
         return None
@@ -158,7 +162,7 @@ class MeterFeed:
 
     def _read(self) -> float:
         """The counter, read now; what the read cost goes into the pace of the reads."""
-        cpu0_s = time.thread_time()
+        cpu0_s = time.thread_time()  # CPU, not wall: a preemption in the middle is not the read's cost
         energy_j = self.meter.energy_j
         self._read_costs_s.append(time.thread_time() - cpu0_s)
         self._edges.pace(max(self._edge_every_s, self.pace_s(self._edges.reads_per_stride)))

@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from governor.daemon.tuning import JobTuner
 
 
+# How old a counter read the state file's energy figures may take (a re-adopting daemon continues from them): the
+# tuners' and observers' reads keep it fresh; a job that has none is read once in this long.
+STATE_ENERGY_AGE_S = 10.0
+
+
 @dataclass(frozen=True)
 class GroupTag:
     """A job's place in a job group, as it registered: the key (TORCHELASTIC_RUN_ID, a Slurm step, or given), its rank
@@ -97,12 +102,14 @@ class ActiveJob:
     def label(self) -> str:
         return f"job {self.job_id}" + (f" {self.name!r}" if self.name else "") + f" (pid {self.pid})"
 
-    def energy_so_far_j(self) -> float | None:
-        """The energy measured for this job up to the meter's last sample, across daemon restarts (None: no meter)."""
+    def energy_so_far_j(self, max_age_s: float | None = None) -> float | None:
+        """The energy measured for this job up to the meter's last sample, across daemon restarts (None: no meter);
+        a counter's read now, or as of a read at most ``max_age_s`` old."""
         if self.meter is None:
             return None
         try:
-            return self.earlier_energy_j + self.meter.energy_j
+            so_far_j = self.meter.energy_j if max_age_s is None else self.meter.recent_j(max_age_s)
+            return self.earlier_energy_j + so_far_j
         except BackendError:  # an energy counter that cannot be read now: the state file keeps what it had
             return self.earlier_energy_j or None
 
@@ -111,7 +118,7 @@ class ActiveJob:
         return HeldJob(job_id=self.job_id, pid=self.pid, start_ticks=self.start_ticks, gpu=self.gpu_id, name=self.name,
                        uid=self.uid, features=self.features.model_dump(), freq_hz=self.freq_hz,
                        policy=self.decision.label if self.decision else "", started_at=self.started_at,
-                       energy_j=self.energy_so_far_j(), group=tag.key if tag else None,
+                       energy_j=self.energy_so_far_j(STATE_ENERGY_AGE_S), group=tag.key if tag else None,
                        rank=tag.rank if tag else None, world_size=tag.world_size if tag else None)
 
     def resume(self, rec: HeldJob) -> None:

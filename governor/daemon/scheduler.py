@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from governor.backends.base import nearest_level
 from governor.backends.rails import CounterMeter, EnergyMeter
+from governor.daemon.jobs import STATE_ENERGY_AGE_S
 from governor.errors import BackendError, FtgovError
 from governor.policy import Decision, PolicyName
 from governor.store.measurements import SchedulerJobRecord
@@ -64,7 +65,7 @@ class HeldGpu:
         if self.meter is None:
             return None
         try:
-            return self.earlier_energy_j + self.meter.energy_j
+            return self.earlier_energy_j + self.meter.recent_j(STATE_ENERGY_AGE_S)
         except BackendError:  # a counter that cannot be read now: what was measured before the restart
             return self.earlier_energy_j or None
 

@@ -92,3 +92,32 @@ def test_a_jobs_total_takes_the_averaged_readings_lag_out():
     assert meter.energy_j == pytest.approx(0.2 + 0.3 + 0.5 * 47)
     assert meter.total_j(5.0, 5000.0) == pytest.approx(meter.energy_j + 0.2 * 4.0)
     assert meter.energy_j == pytest.approx(0.2 + 0.3 + 0.5 * 47)
+
+
+def test_a_gpus_meters_share_its_counters_reads_and_the_state_file_takes_a_recent_one(monkeypatch):
+    """The state file saves each job's energy every few ticks: a fresh read of NVML's counter each time would cost
+    milliseconds of CPU for a figure a restart continues from. Meters on one GPU share the counter's reads, and the
+    saved figure takes one at most STATE_ENERGY_AGE_S old (a tuner's or observer's reads keep it fresh)."""
+    from governor.backends import rails
+    from governor.daemon.jobs import STATE_ENERGY_AGE_S, ActiveJob
+    from governor.features import Features
+
+    now, reads = [50.0], []
+    monkeypatch.setattr(rails.time, "monotonic", lambda: now[0])
+
+    def read_j() -> float:
+        reads.append(now[0])
+        return 1000.0 + 10.0 * len(reads)
+
+    board = energy.BoardEnergy(None)
+    gpu = SimpleNamespace(id="0", has_energy_counter=True, energy_j=read_j)
+    job_meter, tuner_meter = board.new_meter(gpu), board.new_meter(gpu)
+    assert job_meter.read_j is tuner_meter.read_j and len(reads) == 2
+    job = ActiveJob(1, 100, 1, 1000, None, "0", Features(model_type="encoder", num_layers=2, hidden_size=64,
+                                                        seq_len=8.0), meter=job_meter)
+    now[0] += 1.0
+    assert tuner_meter.energy_j == 10.0  # a window's read (the job's meter started a read earlier)
+    assert job.energy_so_far_j(STATE_ENERGY_AGE_S) == 20.0 and len(reads) == 3  # that read, none of its own
+    now[0] += STATE_ENERGY_AGE_S + 1
+    assert job.energy_so_far_j(STATE_ENERGY_AGE_S) == 30.0 and len(reads) == 4  # too old: read now
+    assert job.energy_so_far_j() == 40.0 and len(reads) == 5  # unregister's and status's: always fresh
