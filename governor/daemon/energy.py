@@ -162,11 +162,12 @@ class MeterFeed:
 
     def _read(self) -> float:
         """The counter, read now; what the read cost goes into the pace of the reads."""
-        # The process's CPU, not the wall's (a preemption in the middle is not the read's cost), and not the thread's
-        # alone: on an H200 a read took 9.7 ms of the process's CPU and about half that of the calling thread's.
-        cpu0_s = time.process_time()
+        # Its wall time: on an H200 a read took 8-10 ms of the process's CPU, of which the call's own thread and
+        # process CPU clocks saw about half (the driver's work around it), and the wall about all (a preemption in
+        # the middle of one read adds to that read only, and the least of the last few is taken).
+        start_s = time.perf_counter()
         energy_j = self.meter.energy_j
-        self._read_costs_s.append(time.process_time() - cpu0_s)
+        self._read_costs_s.append(time.perf_counter() - start_s)
         self._edges.pace(max(self._edge_every_s, self.pace_s(self._edges.reads_per_stride)))
         return energy_j
 

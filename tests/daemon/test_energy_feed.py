@@ -46,7 +46,7 @@ def test_counter_reads_are_paced_by_what_each_costs(monkeypatch):
     within COUNTER_READ_CPU_FRAC of a core, by the cost measured as they are made; a cheap counter is read as before."""
     now, cpu = [100.0], [0.0]
     monkeypatch.setattr(energy.time, "monotonic", lambda: now[0])
-    monkeypatch.setattr(energy.time, "process_time", lambda: cpu[0])
+    monkeypatch.setattr(energy.time, "perf_counter", lambda: cpu[0])
     read_cost_s = [0.0095]
     reads = []
 
