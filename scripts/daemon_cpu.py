@@ -72,18 +72,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seconds", type=float, default=60.0)
+    p.add_argument("--quick", action="store_true", help="only the phase of one job with step_end_s, no profile")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     before = gpu_readings()
     rows = []
-    for name, job, step_ends in (("no job", False, False), ("one job, step_end_s", True, True),
-                                 ("one job, no step_end_s", True, False)):
+    phases = (("no job", False, False), ("one job, step_end_s", True, True), ("one job, no step_end_s", True, False))
+    for name, job, step_ends in phases[1:2] if args.quick else phases:
         d = daemon(args.out, name.replace(" ", "-").replace(",", ""))
         d.start(timeout_s=60)
         try:
             rows.append((name, *run_phase(d, args.seconds, job, step_ends)))
         finally:
             d.stop()
+    if args.quick:
+        print("\n".join(f"{name}: {100 * share:.2f}% of a core, {100 * warm:.2f}% after {WARM_S:g} s"
+                        for name, share, warm in rows))
+        return 0
     prof = args.out / "daemon.prof"
     d = daemon(args.out, "profiled", python_args=("-m", "cProfile", "-o", str(prof)))
     d.start(timeout_s=60)

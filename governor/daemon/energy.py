@@ -91,9 +91,10 @@ class BoardEnergy:
 # jobs run). A read of NVML's counter cost 3.9-9.5 ms of CPU on an H200 (scripts/daemon_cpu.py), against 5-10 us for
 # a power reading: the reads are paced by what each costs, measured as they are made.
 COUNTER_READ_CPU_FRAC = 0.008
-# A read's cost is the least of the last few (a garbage collection or a preemption only adds to one); a counter that
-# reads in under PACED_READ_MIN_S (100 reports a second would cost 1% of a core) is read as often as asked.
-READ_COSTS_KEPT = 4
+# A read's cost is the mean of the last few but the dearest (a garbage collection or a preemption adds to one read;
+# the mean, not the least, because a driver may answer some reads from a cache and others not); a counter that reads
+# in under PACED_READ_MIN_S (100 reports a second would cost 1% of a core) is read as often as asked.
+READ_COSTS_KEPT = 8
 PACED_READ_MIN_S = 0.0001
 
 
@@ -157,7 +158,8 @@ class MeterFeed:
 
     def pace_s(self, reads: float = 1.0) -> float:
         """How far apart ``reads`` counter reads must come to stay within COUNTER_READ_CPU_FRAC of a core."""
-        cost_s = min(self._read_costs_s, default=0.0)
+        costs = sorted(self._read_costs_s)[:-1] or list(self._read_costs_s)
+        cost_s = sum(costs) / len(costs) if costs else 0.0
         return reads * cost_s / COUNTER_READ_CPU_FRAC if cost_s >= PACED_READ_MIN_S else 0.0
 
     def _read(self) -> float:
