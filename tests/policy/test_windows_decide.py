@@ -10,20 +10,16 @@ import pytest
 from governor.policy.tuner import OnlineTuner, ProbeWindow, Reference, TuningSession, WindowRule
 from governor.policy.windows import StepScatter, step_scatter, window_noise_rel
 from governor.sim.meters import PowerTrace, UpdateClock, append_step, held_energy_j, step_times_s
+from tests.policy.test_windows import nvml_job as windows_job
 
 STEP_S = 0.1
 POWER_W = 300.0
 JOULES = STEP_S * POWER_W  # a step's energy at POWER_W
 
 
-def nvml_job(steps: int, power_w: float = POWER_W, seed: int = 0, cv: float = 0.15, step_s: float = STEP_S):
-    """Reports (steps, energy_j, time_s) on the simulated NVML meter at every step's end."""
-    clock, trace, times = UpdateClock(seed=seed), PowerTrace(0.0), step_times_s(step_s, seed, cv)
-    reports = [(0, 0.0, 0.0)]
-    for n in range(1, steps + 1):
-        append_step(trace, next(times), power_w)
-        reports.append((n, held_energy_j(trace, clock, trace.end_s), trace.end_s))
-    return reports
+def nvml_job(steps: int, power_w: float = POWER_W, **kwargs):
+    """Reports of a job of STEP_S steps at ``power_w`` on the simulated NVML meter (tests/policy/test_windows.py)."""
+    return windows_job(STEP_S, steps, power_w=power_w, **kwargs)
 
 
 def close(reports, rule, **window):
