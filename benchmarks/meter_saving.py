@@ -11,10 +11,11 @@ middle of the table, standing in for MLG's pick), then unpinned, the baseline wi
 level; tuner.baseline_*), then the search and its follow-up through the daemon's TuningSession, windows waiting for
 the meter to settle after each change of clock (tuner.settle_updates; --no-settle: none), to the job's end.
 
-- measured saving: as unregister reports it (governor.policy.saving, shared with the daemon's JobTuner): 1 - (J/step
-  over the steps run converged at the final pick, from the meter's settling after each move there) / (the baseline
-  window's J/step), with its s.d. saved_pct_err; true saving: 1 - E(pick) / E(top) on the curve. Reported: measured -
-  true in points, and how often that is within saved_pct_err and twice it (about 68% and 95% if it is honest).
+- measured saving: as unregister reports it (governor.policy.measured_saving, shared with the daemon's JobTuner):
+  1 - (J/step over the steps run converged at the final pick, from the meter's settling after each move there) /
+  (the baseline window's J/step), with its s.d. saved_pct_err; true saving: 1 - E(pick) / E(top) on the curve.
+  Reported: measured - true in points, and how often that is within saved_pct_err and twice it (about 68% and 95% if
+  it is honest).
 - the baseline's cost: its steps at the default governor instead of the pick, of the job's energy.
 - the job's energy: as unregister reports it (the job's own meter: NVML's counter since the job began; the INA3221's
   readings over the daemon's sampler, EnergyMeter.total_j), against the true energy of its steps.

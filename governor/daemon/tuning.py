@@ -30,7 +30,7 @@ from governor.daemon.recorder import window_util_pct
 from governor.daemon.starts import TuneStarts, gpu_key, read_on
 from governor.errors import FtgovError
 from governor.policy import Decision, PolicyName
-from governor.policy.saving import MeasuredSaving
+from governor.policy.measured_saving import MeasuredSaving
 from governor.policy.tuner import Measurement, ProbeWindow, TuningSession
 from governor.units import mhz
 
@@ -352,8 +352,8 @@ class JobTuner:
             self._saving.converged_at(job.freq_hz, points)
 
     def saving(self) -> dict | None:
-        """The saving per step measured so far against the baseline window (governor.policy.saving); None without
-        both ends."""
+        """The saving per step measured so far against the baseline window (governor.policy.measured_saving); None
+        without both ends."""
         if self.baseline is None or self.tuner is None:
             return None
         out = self._saving.result(self.baseline, self.tuner.best_hz, [m for m, _ in self.windows],

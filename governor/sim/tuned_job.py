@@ -33,7 +33,7 @@ from typing import Protocol
 
 from governor.config import TunerConfig
 from governor.errors import FtgovError
-from governor.policy.saving import MeasuredSaving
+from governor.policy.measured_saving import MeasuredSaving
 from governor.policy.tuner import OnlineTuner
 from governor.policy.windows import (
     AVERAGE_SETTLE_UPDATES,

@@ -1,4 +1,4 @@
-"""governor.policy.saving: a tuned job's measured saving, the tuned side's steps and its own uncertainty."""
+"""governor.policy.measured_saving: a tuned job's measured saving, the tuned side's steps and its own uncertainty."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from governor.policy.saving import MeasuredSaving
+from governor.policy.measured_saving import MeasuredSaving
 from governor.policy.windows import Measurement
 
 PICK, OTHER = 800_000_000, 900_000_000
