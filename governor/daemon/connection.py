@@ -57,7 +57,6 @@ class Connection(asyncio.BufferedProtocol):
         self.holds = holds
         # Set by connection_made, before any other callback: read it through transport.
         self._transport: asyncio.Transport | None = None
-        self._peer: peers.Peer | None = None  # None until connection_made reads it (or when that failed)
         # The connecting process, held from the moment it connected: its jobs (pid left out) hold it through duplicates.
         self.process: peers.HeldProcess | None = None
         # One read buffer for all connections (the server's): the transport fills it and calls buffer_updated at
@@ -86,7 +85,7 @@ class Connection(asyncio.BufferedProtocol):
         sock = transport.get_extra_info("socket")
         process = None
         try:
-            self._peer = self.peer = peer = peers.peer_of(sock)
+            self.peer = peer = peers.peer_of(sock)
             # Held before the refusal check: where the socket cannot tell the peer's groups, the group check reads
             # them from this process, whose uid has been checked against the socket's.
             try:
@@ -105,9 +104,10 @@ class Connection(asyncio.BufferedProtocol):
                 process.close()
             self.closed = True
             transport.abort()
-            token = ratelimit.caused_by(self._peer.uid if self._peer is not None else None)
+            known = self._peer_uid()
+            token = ratelimit.caused_by(known)
             try:
-                log.warning("refused a connection%s: %s", f" from uid {self._peer.uid}" if self._peer else "",
+                log.warning("refused a connection%s: %s", f" from uid {known}" if known is not None else "",
                             e.strerror or e)
             finally:
                 ratelimit.done(token)
@@ -281,7 +281,12 @@ class Connection(asyncio.BufferedProtocol):
             self.process = None
 
     def _end_jobs(self) -> None:
-        self.holds.end_owner(self, "connection closed", self._peer.uid if self._peer is not None else None)
+        self.holds.end_owner(self, "connection closed", self._peer_uid())
+
+    def _peer_uid(self) -> int | None:
+        """The peer's uid, None where connection_made could not read it."""
+        peer = getattr(self, "peer", None)
+        return None if peer is None else peer.uid
 
 
 def _too_long() -> RpcFault:

@@ -166,7 +166,7 @@ class MeterFeed:
         """The counter, read now; what the read cost goes into the pace of the reads."""
         # Its wall time: on an H200 a read took 8-10 ms of the process's CPU, of which the call's own thread and
         # process CPU clocks saw about half (the driver's work around it), and the wall about all (a preemption in
-        # the middle of one read adds to that read only, and the least of the last few is taken).
+        # the middle of one read adds to that read only, and pace_s leaves the dearest of the last few out).
         start_s = time.perf_counter()
         energy_j = self.meter.energy_j
         self._read_costs_s.append(time.perf_counter() - start_s)

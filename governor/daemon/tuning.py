@@ -116,7 +116,6 @@ class JobTuner:
         """How long after a change of clock or an unpin no window opens: until the meter shows it wholly."""
         return self.feed.settle_s(self.cfg.settle_updates)
 
-
     @property
     def baseline_wanted(self) -> bool:
         return self.baseline is None and self.baseline_status == "wanted" and self.meter is not None

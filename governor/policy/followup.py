@@ -1,28 +1,20 @@
-"""After the search: the online tuner's follow-up while the job runs at its pick (issue 23, item 6).
+"""After the search: the online tuner's follow-up while the job runs at its pick.
 
 The search commits to a provisional level early; a few windows more at a near-tie cost almost nothing and keep
-paying for the rest of the job, and the job's curve may move under the pin (a phase change, thermal drift). So, once
-the search has picked:
+paying for the rest of the job, and the curve may move under the pin (a phase change, thermal drift). So:
 
-- **Confirming near-ties.** The contenders are the measured feasible levels whose interval overlaps the pick's when
-  it is chosen (within ``z_confirm`` standard deviations of the difference). Each window is planned where its value
-  exceeds its cost the most: one more window on a pair ``d`` apart (log energy) moves their estimated difference by
-  ``sigma`` (the s.d. the window removes from the estimate of its level), worth ``steps_left x sigma x L(|d| / sigma)``
-  of the pick's energy with ``L(z) = phi(z) - z (1 - Phi(z))`` (the expected gain of deciding again with it); a window
-  at the pick costs nothing (the job runs there anyway), one at a contender ``probe_steps x (E_c / E_pick - 1)``.
-  A contender is confirmed while a run of 1, 2, 4, 8 or 16 windows there (LOOKAHEAD: one window alone rarely changes a
-  decision that a few would) is worth at least FOLLOW_GAIN times its cost and at least its own steps times ``noise_rel``
-  (MIN_GAIN_NOISE: what switching to it and back disturbs), so that a short job pays for none. The pair worth the most
-  per window is measured, the fewer-measured of the two first (as the search confirms). After each window the pick is
-  the contender (or the pick) with the lowest estimate. ``max_follow_windows`` caps the windows away from the pick.
-- **Watching the pick.** Windows at the pick go on (they are free); a window that reads outside the pick's interval by
-  more than ``drift_z`` standard deviations (the window's own, or the scatter of the pick's windows when larger, and
-  the estimate's), twice in a row on the same side (the
-  first may be a confirmation window at a near-tie; the window after it is the pick's, whatever else is wanted, and
-  the pick does not move on it), means the curve moved: the tuner searches again from
-  the pick, with the windows before forgotten.
+- **Confirming near-ties.** The contenders are the measured feasible levels whose interval overlaps the pick's
+  (within ``z_confirm`` s.d. of the difference). A window on a pair ``d`` apart (log energy) that removes ``sigma``
+  from its level's estimate is worth ``steps_left x sigma x L(|d| / sigma)`` of the pick's energy, ``L(z) = phi(z) -
+  z (1 - Phi(z))``; one at the pick costs nothing, one at a contender ``probe_steps x (E_c / E_pick - 1)``. A
+  contender is confirmed while a run of 1, 2, 4, 8 or 16 windows there (LOOKAHEAD) is worth FOLLOW_GAIN times its cost
+  and its own steps times ``noise_rel`` (MIN_GAIN_NOISE), so that a short job pays for none; the pair worth the most
+  per window goes first, its fewer-measured level first. ``max_follow_windows`` caps the windows away from the pick.
+- **Watching the pick.** A window at the pick that reads outside its interval by more than ``drift_z`` s.d. (the
+  window's own, or the pick's windows' scatter when larger, and the estimate's) twice in a row on one side (the first
+  may be a confirmation at a near-tie) means the curve moved: the tuner searches again from the pick, the windows
+  before forgotten. The design and its figures: docs/tuner.md.
 """
-
 from __future__ import annotations
 
 import math

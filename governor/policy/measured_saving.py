@@ -13,33 +13,26 @@ step time), pooled with the prior, and the meter's ends, an update's energy at e
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from governor.policy.windows import PRIOR_DOF, Measurement
+from governor.policy.windows import PRIOR_DOF, Intervals, Measurement
 
 Point = tuple[float, float, float]  # (steps, energy_j, time_s), as windows take them
 
 
 @dataclass
 class _Stretch:
-    """Steps run converged at one pinned level: its first and last point, and the sums of its intervals (steps m,
-    seconds dt) that give the steps' scatter: count, sum of m, of dt, of dt^2 / m."""
+    """Steps run converged at one pinned level: its first and last point, and its intervals (the steps' scatter)."""
 
     level_hz: int
     first: Point
     last: Point
-    intervals: int = 0
-    sum_m: float = 0.0
-    sum_dt: float = 0.0
-    sum_dt2_m: float = 0.0
+    intervals: Intervals = field(default_factory=Intervals)
 
     def extend(self, point: Point) -> None:
         m, dt = point[0] - self.last[0], point[2] - self.last[2]
         if m > 0 and dt > 0:
-            self.intervals += 1
-            self.sum_m += m
-            self.sum_dt += dt
-            self.sum_dt2_m += dt * dt / m
+            self.intervals.add(m, dt)
         self.last = point
 
     @property
@@ -135,8 +128,6 @@ class MeasuredSaving:
     def _stretches_rel(self, stretches: list[_Stretch], confirm: list[Measurement], steps: float) -> float:
         """The relative s.d. of the tuned side's J/step: the steps' scatter and the meter's ends, in quadrature."""
         seconds = sum(s.seconds for s in stretches) + sum(m.duration_s or 0.0 for m in confirm)
-        n = sum(s.sum_m for s in stretches)
-        k = sum(s.intervals for s in stretches)
         ends2 = 0.0
         if seconds > 0:
             ends2 = (self.meter_update_s / seconds) ** 2 * len(stretches) / 6.0
@@ -144,12 +135,11 @@ class MeasuredSaving:
         prior2 = self.prior_rel ** 2 * self.prior_steps / steps
         if self.prior_s > 0 and seconds > 0:
             prior2 = min(prior2, self.prior_rel ** 2 * self.prior_s / seconds)
-        steps2 = 0.0
-        if k > 1 and n > 0:
-            tau = sum(s.sum_dt for s in stretches) / n
-            var = sum(s.sum_dt2_m - 2 * tau * s.sum_dt + tau * tau * s.sum_m for s in stretches) / (k - 1)
-            steps2 = max(0.0, var) / (tau * tau) / steps
-        pooled2 = (PRIOR_DOF * prior2 + max(0, k - 1) * steps2) / (PRIOR_DOF + max(0, k - 1))
+        intervals = Intervals()
+        for s in stretches:
+            intervals = intervals.merged(s.intervals)
+        scatter = intervals.scatter()  # about the mean step over all the stretches
+        pooled2 = (PRIOR_DOF * prior2 + scatter.dof * scatter.var / steps) / (PRIOR_DOF + scatter.dof)
         # The confirmation windows carry their own (their share of the steps each).
         windows2 = sum((m.measured_steps * (m.noise_rel or self.prior_rel)) ** 2 for m in confirm) / (steps * steps)
         return math.sqrt(ends2 + pooled2 + windows2)

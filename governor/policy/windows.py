@@ -186,16 +186,47 @@ class StepScatter:
         return StepScatter((self.dof * self.var + prior * other.var) / dof, dof)
 
 
+@dataclass
+class Intervals:
+    """Sums over intervals between reports, each of ``m`` steps in ``dt`` seconds, that give the steps' scatter: kept
+    as sums, so that a long stretch of reports (governor.policy.measured_saving) costs nothing to carry."""
+
+    count: int = 0
+    steps: float = 0.0
+    seconds: float = 0.0
+    sq_per_step: float = 0.0  # the sum of dt^2 / m
+
+    def add(self, m: float, dt: float) -> None:
+        self.count += 1
+        self.steps += m
+        self.seconds += dt
+        self.sq_per_step += dt * dt / m
+
+    def merged(self, other: Intervals) -> Intervals:
+        return Intervals(self.count + other.count, self.steps + other.steps, self.seconds + other.seconds,
+                         self.sq_per_step + other.sq_per_step)
+
+    def scatter(self, step_s: float | None = None) -> StepScatter:
+        """The relative variance of one step's time about ``step_s`` (default: the intervals' mean): an interval of
+        m steps has m times less variance per step than one step, sum of m (dt/m - step_s)^2 over count - 1."""
+        step_s = self.seconds / self.steps if step_s is None and self.steps > 0 else step_s
+        if self.count < 2 or not step_s or step_s <= 0:
+            return StepScatter(0.0, 0.0)
+        var = self.sq_per_step - 2 * step_s * self.seconds + step_s * step_s * self.steps
+        return StepScatter(max(0.0, var) / (self.count - 1) / step_s ** 2, self.count - 1)
+
+
 def step_scatter(reports: list[tuple[float, float, float]]) -> StepScatter:
-    """The relative variance of one step's time from the intervals between reports ``(steps, energy_j, time_s)``:
-    an interval of m steps has m times less variance per step than one step."""
+    """The relative variance of one step's time from the intervals between reports ``(steps, energy_j, time_s)``,
+    about the mean step from the first report to the last."""
     (n0, _, t0), (n1, _, t1) = reports[0], reports[-1]
-    intervals = [(b[0] - a[0], b[2] - a[2]) for a, b in zip(reports, reports[1:], strict=False) if b[0] > a[0]]
-    if len(intervals) < 2 or n1 <= n0 or t1 <= t0:
+    if n1 <= n0 or t1 <= t0:
         return StepScatter(0.0, 0.0)
-    step_s = (t1 - t0) / (n1 - n0)
-    var = sum(m * (dt / m - step_s) ** 2 for m, dt in intervals) / (len(intervals) - 1) / step_s ** 2
-    return StepScatter(var, len(intervals) - 1)
+    intervals = Intervals()
+    for a, b in zip(reports, reports[1:], strict=False):
+        if b[0] > a[0]:
+            intervals.add(b[0] - a[0], b[2] - a[2])
+    return intervals.scatter((t1 - t0) / (n1 - n0))
 
 
 # A job's steps scatter alike from one window to the next: the scatter of its windows so far is a prior for the next
