@@ -93,8 +93,11 @@ class BoardEnergy:
 COUNTER_READ_CPU_FRAC = 0.008
 # A read's cost is the mean of the last few but the dearest (a garbage collection or a preemption adds to one read;
 # the mean, not the least, because a driver may answer some reads from a cache and others not); a counter that reads
-# in under PACED_READ_MIN_S (100 reports a second would cost 1% of a core) is read as often as asked.
+# in under PACED_READ_MIN_S (100 reports a second would cost 1% of a core) is read as often as asked. Until
+# READ_COSTS_MIN reads are timed the reads are not paced: one read preempted on a busy host cost 1 ms where its
+# neighbours cost 40 us, and a pace taken from it alone (125 ms) skipped a whole update of the counter.
 READ_COSTS_KEPT = 8
+READ_COSTS_MIN = 3
 PACED_READ_MIN_S = 0.0001
 
 
@@ -158,8 +161,10 @@ class MeterFeed:
 
     def pace_s(self, reads: float = 1.0) -> float:
         """How far apart ``reads`` counter reads must come to stay within COUNTER_READ_CPU_FRAC of a core."""
-        costs = sorted(self._read_costs_s)[:-1] or list(self._read_costs_s)
-        cost_s = sum(costs) / len(costs) if costs else 0.0
+        if len(self._read_costs_s) < READ_COSTS_MIN:
+            return 0.0
+        costs = sorted(self._read_costs_s)[:-1]
+        cost_s = sum(costs) / len(costs)
         return reads * cost_s / COUNTER_READ_CPU_FRAC if cost_s >= PACED_READ_MIN_S else 0.0
 
     def _read(self) -> float:

@@ -64,8 +64,10 @@ def test_counter_reads_are_paced_by_what_each_costs(monkeypatch):
         job.steps = n
         got.append(feed.report_points(job))
     pace_s = read_cost_s[0] / energy.COUNTER_READ_CPU_FRAC  # 1.19 s: within the budget
-    # after the meter's first read and the report's read that costs it:
-    gaps = [b - a for a, b in zip(reads[1:], reads[2:], strict=False)]
+    # after the meter's first read and the reports' first READ_COSTS_MIN reads, which time it:
+    first = energy.READ_COSTS_MIN
+    assert [b - a for a, b in zip(reads[1:first + 1], reads[2:first + 1], strict=False)] == [pytest.approx(0.1)] * (first - 1)
+    gaps = [b - a for a, b in zip(reads[first:], reads[first + 1:], strict=False)]
     assert gaps and all(pace_s <= gap < pace_s + 0.1 + 1e-9 for gap in gaps), reads
     assert sum(1 for p in got if p) == len(reads) - 1  # a point at each report that read, none between
     assert feed._edges.stride * 0.1 >= 0.0095 * feed._edges.reads_per_stride / energy.COUNTER_READ_CPU_FRAC - 0.1
@@ -78,6 +80,32 @@ def test_counter_reads_are_paced_by_what_each_costs(monkeypatch):
         job.steps = n
         assert cheap.report_points(job)
     assert len(reads) == 11 and cheap._edges.stride == 5  # the meter's first read, then one a report
+
+
+def test_one_dear_read_does_not_set_the_pace(monkeypatch):
+    """A read preempted on a busy host costs 1 ms where the others cost 40 us. Taken alone it would pace an older
+    client's reads 125 ms apart, past an update of NVML's counter (CI saw a window miss its update that way): the
+    first reads are not paced until READ_COSTS_MIN are timed, and the dearest of those kept is left out."""
+    now, cpu = [100.0], [0.0]
+    monkeypatch.setattr(energy.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(energy.time, "perf_counter", lambda: cpu[0])
+    costs_s = iter([0.0, 0.001] + [0.00004] * 50)  # the meter's own first read, then the reports'
+    reads = []
+
+    def read_j() -> float:
+        cpu[0] += next(costs_s)
+        reads.append(now[0])
+        return 50.0 * len(reads)
+
+    feed = energy.MeterFeed(SimpleNamespace(new_meter=lambda gpu: CounterMeter(lambda: 0.0), total_mw=float),
+                            gpu=None)
+    feed.meter = CounterMeter(read_j)
+    job = Job(steps=0, step_end_s=None)
+    for n in range(1, 21):  # 40 ms apart: each would be skipped at a 125 ms pace
+        now[0] += 0.04
+        job.steps = n
+        assert feed.report_points(job), (n, feed.pace_s())
+    assert len(reads) == 21 and feed.pace_s() < 0.04  # the meter's first read, then one a report
 
 
 def test_a_jobs_total_takes_the_averaged_readings_lag_out():
