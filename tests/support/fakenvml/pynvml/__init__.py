@@ -13,6 +13,7 @@ its system from the JSON file named by FAKENVML_CONFIG and appends each call's n
 
 from __future__ import annotations
 
+import itertools
 import os
 import string
 import sys
@@ -21,8 +22,9 @@ import time
 from ._sim import FakeGpu, FakeSystem, ManualClock, default_gpus, system_from_config, system_from_environment
 
 # ---- constants (values as in nvidia-ml-py 13.x) ----
-# FAKENVML_ENERGY_READ_S: CPU seconds each energy counter read spends (a real H200's took 8-10 ms).
-ENERGY_READ_S = float(os.environ.get("FAKENVML_ENERGY_READ_S", "0"))
+# FAKENVML_ENERGY_READ_S: CPU seconds each energy counter read spends (a real H200's took 8-10 ms); a comma-separated
+# list is taken in turn (a driver that answers some reads from a cache: "0.004,0.012,0.012").
+ENERGY_READ_S = itertools.cycle([float(s) for s in os.environ.get("FAKENVML_ENERGY_READ_S", "0").split(",")])
 
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
@@ -345,8 +347,9 @@ def nvmlDeviceGetTotalEnergyConsumption(handle):
     gpu = _gpu(system, handle)
     if not gpu.supports_energy:
         raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-    if ENERGY_READ_S:  # what a read costs on a real GPU (an H200: 8-10 ms), spent here as CPU
-        end_s = time.perf_counter() + ENERGY_READ_S
+    cost_s = next(ENERGY_READ_S)
+    if cost_s:  # what a read costs on a real GPU (an H200: 8-10 ms), spent here as CPU
+        end_s = time.perf_counter() + cost_s
         while time.perf_counter() < end_s:
             pass
     with system.lock:
