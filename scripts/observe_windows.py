@@ -51,7 +51,8 @@ def gpu_readings() -> dict:
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
         return {"power_limit_mw": pynvml.nvmlDeviceGetPowerManagementLimit(h),
                 "clocks_event_reasons": pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
-                "name": pynvml.nvmlDeviceGetName(h)}
+                "name": pynvml.nvmlDeviceGetName(h) + (" (the fake NVML of tests/support)"
+                                                       if "fakenvml" in (pynvml.__file__ or "") else "")}
     finally:
         pynvml.nvmlShutdown()
 
