@@ -31,7 +31,9 @@ on each meter and window rule given: every step of a window simulated at the cur
 simulated meter (governor/sim/meters.py), the windows closed by the daemon's TuningSession, of 1 warm-up + 4 steps
 or sized by its WindowRule (the tuner then gets each window's own noise_rel). That run prints and writes its own
 section ("tuner-meters"): per set, meter, rule and start, the runs, the level regret's mean and p99, the runs beyond
-6% with a 95% Wilson interval, and the whole job vs the optimum (mean, p99).
+6% with a 95% Wilson interval, and the whole job vs the optimum (mean, p99). With --max-slowdown too, only the real
+curves under that limit are run, into a section of their own ("tuner-meters-slowdown"): the level and the whole job
+against the best level within the limit, and the runs that converged on a level over it.
 
 The tuner is governor/policy/tuner.py with its defaults and ``total_steps`` set to the job's length ("new"), and
 with its follow-up after the pick, as the daemon runs it ("follow": follow_up=True; its windows go on to the job's
@@ -391,6 +393,9 @@ def model_curves() -> list[Curve]:
 
 
 def run_meters(args) -> None:
+    if args.max_slowdown is not None:  # the real curves under the limit alone: a section of their own
+        publish("tuner-meters-slowdown", slowdown_section(args), doc=not args.no_doc)
+        return
     rows: list[tuple] = []
     targets: list[tuple] = []
     base_steps = args.job_steps
@@ -413,6 +418,44 @@ def run_meters(args) -> None:
                         rows += new
     args.job_steps = base_steps
     publish("tuner-meters", meter_section(rows, targets, args), doc=not args.no_doc)
+
+
+SLOWDOWN_HEADER = ("meter", "windows", "start", "runs", "level vs the best within the limit: mean / p99",
+                   "runs over the limit (95% Wilson), their slowdown mean", "whole job vs that level: mean / p99",
+                   "windows per run, mean")
+
+
+def slowdown_section(args) -> str:
+    """docs/benchmarks.md's "tuner-meters-slowdown" section: max_slowdown with the windows read through simulated
+    meters, where each window carries its own uncertainty and feasibility is judged by it."""
+    curves = real_curves(args.data)
+    rows = []
+    for meter in args.meter:
+        for rule in ["steps"] if meter == "gauss" else args.window_rule:
+            runs = window_runs(curves, args, args.max_slowdown, meter, rule)
+            for start in ("mid-table", "top", "bottom"):
+                for kind in TUNERS:
+                    rs = [r for r in runs if r.start == start and r.tuner == kind]
+                    level = [100 * r.level_regret for r in rs]
+                    job = [100 * r.job_regret for r in rs]
+                    over = [r.slowdown for r in rs if r.slowdown > args.max_slowdown + 1e-9]
+                    lo, hi = wilson(len(over), len(rs))
+                    rows.append((meter, "WindowRule" if rule == "time" else "1 + 4 steps", f"{start} ({kind})",
+                                 len(rs), f"{statistics.mean(level):+.2f}% / {percentile(level, 99):+.2f}%",
+                                 f"{len(over)} ({100 * len(over) / len(rs):.1f}%, {100 * lo:.1f}-{100 * hi:.1f}%), "
+                                 + (f"{100 * statistics.mean(over):.1f}%" if over else "-"),
+                                 f"{statistics.mean(job):+.2f}% / {percentile(job, 99):+.2f}%",
+                                 f"{statistics.mean(r.windows for r in rs):.1f}"))
+    return ("## max_slowdown on simulated meters\n\n`python -m benchmarks.bench_tuner --sets real "
+            f"--meter {' '.join(args.meter)} --window-rule {' '.join(args.window_rule)} --seeds {args.seeds} "
+            f"--tuners {' '.join(TUNERS)} --max-slowdown {args.max_slowdown:g}`: the {len(curves)} measured Jetson "
+            f"curves from three starts, seeds 0-{args.seeds - 1}, {args.job_steps}-step jobs, max_slowdown "
+            f"{args.max_slowdown:g} (a level may be chosen only if its step time is within 1 + max_slowdown of the "
+            "top's by one s.d. of that ratio, from both levels' windows' own uncertainties; noise_rel "
+            f"{args.noise_rel:g} for a window without one and as their floor). Level and whole job against the best "
+            "level within the limit; p99 by nearest rank. "
+            f"Machine: {machine()} (the figures do not depend on it).\n\n"
+            + "\n".join(markdown_table(SLOWDOWN_HEADER, rows)) + "\n")
 
 
 def main() -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 # exploration, so this errs on the side of exploring too little.
 ASSUMED_TOTAL_STEPS = 2000
 # A measured level may be chosen under max_slowdown only if its own step time over the top's, as measured, is within
-# the limit by this many standard deviations of that ratio (from noise_rel and both levels' windows).
+# the limit by this many standard deviations of that ratio (from both levels' windows' own uncertainties).
 FEASIBLE_Z = 1.0
 
 
@@ -219,7 +219,9 @@ class Estimates:
             if i == top:
                 return True
             ratio = math.log((e.sum_s / e.n) / (et.sum_s / et.n))
-            sd = self.settings.noise_rel * math.sqrt(1.0 / e.n + 1.0 / et.n)
+            # The windows' own uncertainties (noise_rel for a window without one): a window's is mostly its steps'
+            # scatter in time (governor.policy.windows.window_noise_rel), what this ratio's own noise is.
+            sd = self.sd_diff(i, top)
             z = -self.settings.z_confirm if slack else FEASIBLE_Z
             return ratio + z * sd <= math.log1p(self.settings.max_slowdown)
         return seconds[i] <= math.exp(limit) * seconds[top]

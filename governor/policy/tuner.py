@@ -220,8 +220,8 @@ class OnlineTuner:
         """The estimate a window at ``level_hz`` opened now will be compared with, so that it may close as soon as
         that comparison is clear (WindowRule.decide_z): while searching, the incumbent's; while confirming, the
         pick's. None for a window at that level itself (it is compared with levels near it, or watched for drift),
-        before anything is measured, once converged without follow_up, and with max_slowdown (feasibility is judged
-        on noise_rel a window, which a window closed early would not meet)."""
+        before anything is measured, once converged without follow_up, and with max_slowdown (a level's step time
+        against the top's decides there too, and a window closed once its energy is decided may leave that open)."""
         if self.max_slowdown is not None:
             return None
         i = self.levels_hz.index(level_hz)

@@ -50,3 +50,19 @@ def test_the_tuner_reads_its_settings_from_one_object():
     tuner.set_job(total_steps=1000, probe_steps=10)
     assert tuner.settings.total_steps == tuner.total_steps == 1000
     assert tuner.settings.probe_steps == tuner.probe_steps == 10
+
+
+def test_max_slowdown_judges_a_levels_step_time_by_its_windows_own_uncertainty():
+    """A level 8% slower than the top under max_slowdown 0.1: feasible (it may be chosen) when its windows and the top's
+    are precise, as a noise_rel of 3% would judge one window each; not when the windows say their own uncertainty is
+    larger (short windows of scattering steps), so that a level is not chosen on a ratio its windows cannot tell."""
+    top, slow = len(LEVELS) - 1, 4
+
+    def judged(noise_rel: float) -> bool:
+        est = Estimates(LEVELS, slow, settings(max_slowdown=0.10))
+        est.add(top, 3.0, 1.00, noise_rel, charge=True)
+        est.add(slow, 2.0, 1.08, noise_rel, charge=True)
+        return est.feasible(slow, [1.0] * len(LEVELS))
+
+    assert judged(0.005)  # 1.08 + 1 s.d. of 0.7% is within 1.10
+    assert not judged(0.05)  # 1 s.d. is 7%: 1.08 may be well over 1.10
