@@ -105,14 +105,15 @@ class MeterFeed:
     """A job's own energy meter, and what each of its progress reports gives measurement windows: (steps, energy_j,
     time_s) points. With the step's end time (``job.step_end_s``): the meter's update instants (NVML's counter) or
     samples (the rails' sampler) since the last such report, each with the steps run by then, counted fractionally
-    between the two reports' step ends, so a window's ends are the meter's. Without it (an older client): the report
-    itself as it arrives, with the energy read then. Shared by the tuner's windows and observe's, so that observe
-    measures what tune would. ``meter`` is None where there is no energy source."""
+    between the two reports' step ends, so a window's ends are the meter's. Without it (an older client): on the
+    rails, the same with each report's arrival as its step's end (the rails are read by the sampler alone, never at a
+    report, so no reading is locked to the steps' phase); on a counter, the report itself as it arrives, with the
+    energy read then. Shared by the tuner's windows and observe's, so that observe measures what tune would.
+    ``meter`` is None where there is no energy source."""
 
     def __init__(self, energy: BoardEnergy, gpu: Gpu, defer: Defer | None = None, edge_every_s: float = 0.0,
                  meter: EnergyMeter | None = None):
         self.meter = meter if meter is not None else energy.new_meter(gpu)  # ``meter``: one already integrated
-        self._total_mw = energy.total_mw
         counter = isinstance(self.meter, CounterMeter)
         self._edges = UpdateEdges(self.meter.update_s if counter else 0.0, every_s=edge_every_s)
         # A counter is also read on a timer (defer: the daemon's loop), at the instants UpdateEdges asks for: reports
@@ -140,13 +141,11 @@ class MeterFeed:
         return updates * self.meter.update_s
 
     def energy_j(self, job) -> float:
-        if job.step_end_s is not None and not isinstance(self.meter, CounterMeter):
+        if not isinstance(self.meter, CounterMeter):
             return self.meter.energy_j  # the sampler's samples alone: none locked to the steps' phase
         if self._timer_serves():
             return self._timed_j  # type: ignore[return-value]  # the edges come from the timer's reads alone
-        if isinstance(self.meter, CounterMeter):
-            return self._read()
-        return self.meter.add(time.monotonic(), self._total_mw())
+        return self._read()
 
     def report_points(self, job) -> list[tuple[float, float, float]]:
         """What one progress report gives windows (points). An older client's report (no step_end_s) reads a counter
@@ -213,10 +212,12 @@ class MeterFeed:
 
     def points(self, job, energy_j: float) -> list[tuple[float, float, float]]:
         now_s = time.monotonic()
-        if job.step_end_s is None:
+        counter = isinstance(self.meter, CounterMeter)
+        end_s = job.step_end_s if job.step_end_s is not None or counter else now_s  # rails: the report's arrival
+        if end_s is None:
             self._last_end = None
             return [(job.steps, energy_j, now_s)]
-        if isinstance(self.meter, CounterMeter):
+        if counter:
             if not self._timer_serves():  # energy_j was read now
                 self._edges.read(now_s, energy_j)
             self._last_report_s = now_s
@@ -228,9 +229,9 @@ class MeterFeed:
                 if t_s > self._seen_s:
                     self._edges.read(t_s, e_j)
                     self._seen_s = t_s
-        prev, self._last_end = self._last_end, (job.steps, job.step_end_s)
-        edges = self._edges.take_until(job.step_end_s)
-        if prev is None or job.step_end_s <= prev[1]:
+        prev, self._last_end = self._last_end, (job.steps, end_s)
+        edges = self._edges.take_until(end_s)
+        if prev is None or end_s <= prev[1]:
             return []
         if not self._grid_known():
             # Windows wait for the grid a little (reads at the steps' pace find it within about a second); past that

@@ -310,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             root = tree.build(args.tree, args.build, max_hz=args.max_hz, power_mode=args.power_mode)
             if args.meters is not None:
                 root.path(tree.METERS).write_text(f"{args.meters}\n")
+            if args.meters == "exact":
+                tree.set_update_interval(root, tree.EXACT_UPDATE_INTERVAL_MS)
         else:
             root = Root(args.tree)
         board = Board(root)

@@ -47,6 +47,10 @@ THERMAL_CAP = SIM_DIR + "/thermal_cap_hz"
 # power in phases within a step: governor.sim.board). Absent: the model's mean power, at once. Read when the board
 # starts.
 METERS = SIM_DIR + "/meters"
+# The exact meters' hwmon update_interval: the daemon's sampler reads the rails at it. Tests run jobs in scaled time
+# (a step of 60 ms in 9), so the tree says 20 ms: about as many samples a step as a board's 140 ms gives steps of
+# 0.3-1 s. (An INA3221's update_interval is writable down to a few ms: fewer conversions averaged.)
+EXACT_UPDATE_INTERVAL_MS = 20
 TMP_DIR = SIM_DIR + "/tmp"  # where atomic writes are staged: same file system as the tree, outside /sys
 
 
@@ -201,6 +205,12 @@ def build(directory: str | os.PathLike, layout: str = "jp6", *, boot_id: str | N
     root.path(JOBS_DIR).mkdir(parents=True, exist_ok=True)
     root.path(TMP_DIR).mkdir(parents=True, exist_ok=True)
     return root
+
+
+def set_update_interval(root: Root, ms: int) -> None:
+    """Every INA3221's hwmon update_interval, as writing to it on a board sets it (the rails read it when found)."""
+    for hwmon in root.path("/sys/devices/platform/bus@0/c240000.i2c/i2c-1").glob("*/hwmon/hwmon*"):
+        _write(hwmon / "update_interval", f"{ms}\n")
 
 
 def _ina3221(root: Root, spec: Layout) -> None:

@@ -150,3 +150,37 @@ def test_a_gpus_meters_share_its_counters_reads_and_the_state_file_takes_a_recen
     now[0] += STATE_ENERGY_AGE_S + 1
     assert job.energy_so_far_j(STATE_ENERGY_AGE_S) == 30.0 and len(reads) == 4  # too old: read now
     assert job.energy_so_far_j() == 40.0 and len(reads) == 5  # unregister's and status's: always fresh
+
+
+def test_an_older_clients_reports_on_the_rails_take_the_samplers_samples_not_a_reading_of_their_own(monkeypatch):
+    """A client without step_end_s reports right at its steps' ends: a reading of the rails there would sample one
+    phase of every step (the optimizer's, say), and an INA3221's average taken at a report bent a tuner's curve by
+    18% on long steps. Its windows take the sampler's samples, at the sensor's refresh, as a newer client's do, the
+    steps counted fractionally between the reports' arrivals; the rails are never read at a report."""
+    from governor.backends.rails import EnergyMeter
+
+    now = [100.0]
+    monkeypatch.setattr(energy.time, "monotonic", lambda: now[0])
+    reads = []
+    board = SimpleNamespace(total_mw=lambda: reads.append(now[0]) or 0.0)
+    meter = EnergyMeter(now[0], 0.0, update_s=0.14)
+    feed = energy.MeterFeed(board, gpu=None, meter=meter)
+    job = Job(steps=0, step_end_s=None)
+    points = []
+    power_mw = 5000.0
+    sample_s = 100.0
+    for k in range(1, 41):  # steps of 0.25 s, the sampler at 0.14 s: never in step with them
+        t_end = 100.0 + 0.25 * k
+        while sample_s + 0.14 <= t_end:
+            sample_s += 0.14
+            now[0] = sample_s
+            meter.add(sample_s, power_mw)  # the sampler (governor.daemon.ticks): 5 W throughout
+        now[0] = t_end  # the report arrives as the step ends
+        job.steps = k
+        points += feed.report_points(job)
+    assert not reads  # the rails were read by the sampler alone
+    assert len(points) > 30
+    for (n0, e0, t0), (n1, e1, t1) in zip(points, points[1:], strict=False):
+        assert t1 - t0 == pytest.approx(0.14)  # each edge a sample of the sampler's
+        assert (n1 - n0) == pytest.approx(0.14 / 0.25)  # steps counted fractionally by the reports' arrivals
+        assert (e1 - e0) / (n1 - n0) == pytest.approx(5.0 * 0.25)  # 5 W over a 0.25 s step: 1.25 J a step

@@ -10,7 +10,9 @@ import select
 import subprocess
 import sys
 
-from governor.backends import devfreq
+import pytest
+
+from governor.backends import devfreq, rails
 from governor.sim import tree
 from governor.sysfs import Root, write_text
 from tests.support import REPO
@@ -188,6 +190,10 @@ def test_simulate_rails_report_as_an_ina3221_by_default_and_a_job_measures_its_e
         d = start_daemon(None, simulate=True, sim_meters=meters)
         sim_tree = d.state_dir / "sim-orin"
         assert Root(sim_tree).path(tree.METERS).read_text().strip() == meters
+        # The exact rails refresh as often as scaled jobs need samples (tree.EXACT_UPDATE_INTERVAL_MS), the INA3221's
+        # as a board's do.
+        update_ms = tree.EXACT_UPDATE_INTERVAL_MS if meters == "exact" else 140
+        assert rails.discover(Root(sim_tree)).update_interval_s == pytest.approx(update_ms / 1000)
         out = subprocess.run([sys.executable, "-m", "governor.cli", "sim-job", "--socket", d.socket, "--tree",
                               str(sim_tree), "--steps", "60", "--time-scale", "0.2"],
                              capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})

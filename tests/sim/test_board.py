@@ -207,11 +207,6 @@ def ina3221_meters(root: Root) -> None:
     root.path(tree.METERS).write_text("ina3221\n")
 
 
-def set_update_interval(root: Root, ms: int) -> None:
-    for hwmon in root.path("/sys/class/hwmon").iterdir():
-        (Path(os.path.realpath(hwmon)) / "update_interval").write_text(f"{ms}\n")
-
-
 def total_mw(root: Root) -> float:
     r = rails.discover(root)
     return r.total_mw(r.read_mw())
@@ -220,7 +215,7 @@ def total_mw(root: Root) -> float:
 def test_the_rails_average_over_the_trees_update_interval_and_hold_between_refreshes(orin):
     from governor.sim.board import Board
     root = Root(orin)
-    set_update_interval(root, 50)
+    tree.set_update_interval(root, 50)
     ina3221_meters(root)
     clock = ManualClock()
     board = Board(root, clock)
