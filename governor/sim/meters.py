@@ -223,7 +223,10 @@ METER_UPDATE_S = {"nvml": NVML_UPDATE_S, "ina3221": INA3221_UPDATE_S}
 
 
 class MeteredSteps:
-    """One job's true power, step by step, and what ``meter`` reads of it at each step's end (``step``)."""
+    """One job's true power, step by step, and what ``meter`` reads of it: ``step`` at each step's end, ``points``
+    what the daemon's windows take of each step (NVML's counter read at the step's end, as for a client that sends
+    no step_end_s; the INA3221's sampler samples that fell in the step, steps counted between the step's ends, as for
+    every client)."""
 
     def __init__(self, meter: str, seed: int, step_cv: float = STEP_TIME_CV):
         if meter not in METER_UPDATE_S:
@@ -238,8 +241,9 @@ class MeteredSteps:
         self.trace = PowerTrace(0.0, keep_s=2.0)
         self.steps = 0
         self.start_j = 0.0  # what the meter read as the first step began (the job's registration)
-        # ina3221, from the first step: the daemon's meters, the tuner's (its sampler and a read at each report, of
-        # a client that sends no step_end_s) and the job's own (its sampler alone: its energy at the end).
+        # ina3221, from the first step: the daemon's meters, the tuner's and the job's own, each integrating the
+        # sampler's reads (``step`` adds a read at the step's end to the tuner's: a reading locked to the steps'
+        # phase, which the daemon does not take; ``points`` is what it does).
         self._rails: EnergyMeter | None = None
         self._job: EnergyMeter | None = None
         self._sample_s = self._rng.uniform(0.0, self.update_s)  # ina3221: the sampler's next read
@@ -250,26 +254,48 @@ class MeteredSteps:
 
     def step(self, joules_per_step: float, seconds_per_step: float) -> tuple[int, float, float]:
         """Run one step at a level of this J/step and s/step; the report at its end: (steps, energy_j, time_s)."""
-        duration = (seconds_per_step if self._shape is None
-                    else self._rng.gammavariate(self._shape, seconds_per_step / self._shape))
-        before = self.time_s
-        append_step(self.trace, duration, joules_per_step / seconds_per_step)
-        self.steps += 1
+        before = self._run(joules_per_step, seconds_per_step)
         t = self.time_s
         if self.meter == "nvml":
             if self.steps == 1:
                 self.start_j = held_energy_j(self.trace, self.clock, before)
             return self.steps, held_energy_j(self.trace, self.clock, t), t
-        if self._rails is None or self._job is None:  # the job registers: the meters start, the sampler reads
+        self._sample_until(t)
+        assert self._rails is not None
+        return self.steps, self._rails.add(t, self._mw(t)), t
+
+    def points(self, joules_per_step: float, seconds_per_step: float) -> list[tuple[float, float, float]]:
+        """Run one step; the (steps, energy_j, time_s) points the daemon's windows take of it (see the class)."""
+        if self.meter == "nvml":
+            return [self.step(joules_per_step, seconds_per_step)]
+        n0, t0 = self.steps, self.time_s
+        self._run(joules_per_step, seconds_per_step)
+        t1 = self.time_s
+        return [(n0 + (t_s - t0) / (t1 - t0), e_j, t_s) for t_s, e_j in self._sample_until(t1) if t_s > t0]
+
+    def _run(self, joules_per_step: float, seconds_per_step: float) -> float:
+        """One step's power into the trace, its time scattered; the time it began."""
+        duration = (seconds_per_step if self._shape is None
+                    else self._rng.gammavariate(self._shape, seconds_per_step / self._shape))
+        before = self.time_s
+        append_step(self.trace, duration, joules_per_step / seconds_per_step)
+        self.steps += 1
+        if self.meter != "nvml" and (self._rails is None or self._job is None):  # the job registers
             self._rails = EnergyMeter(before, self._mw(before), self.update_s)
             self._job = EnergyMeter(before, self._mw(before), self.update_s)
             self._sample_s += math.ceil((before - self._sample_s) / self.update_s) * self.update_s
-        while self._sample_s < t:
+        return before
+
+    def _sample_until(self, t_s: float) -> list[tuple[float, float]]:
+        """The sampler's reads up to ``t_s`` into the INA3221's meters: (time_s, the tuner's meter's energy_j) each."""
+        assert self._rails is not None and self._job is not None
+        out = []
+        while self._sample_s < t_s:
             mw = self._mw(self._sample_s)
-            self._rails.add(self._sample_s, mw)
+            out.append((self._sample_s, self._rails.add(self._sample_s, mw)))
             self._job.add(self._sample_s, mw)
             self._sample_s += self.update_s
-        return self.steps, self._rails.add(t, self._mw(t)), t
+        return out
 
     def window_opened(self) -> None:
         """Nothing: the meter reads steps, it knows no windows."""

@@ -10,7 +10,8 @@ time_s) at each step's end:
 - ``gauss``: each window's steps scaled by 1 + N(0, noise_rel) in energy and, apart, in time, drawn as the window
   opens: a window reads its level's J/step and s/step times a Gaussian error of its own;
 - ``nvml``, ``ina3221``: each step's time scattered and its power in two phases, read through the meter's updates
-  at each step's end (governor.sim.meters.MeteredSteps);
+  (governor.sim.meters.MeteredSteps): NVML's counter at each step's end, as for a client that sends no step_end_s;
+  the INA3221's average by the daemon's sampler at each refresh, steps counted between step ends (every client);
 - ``nvml-edges``: the same steps, NVML's counter read at its update instants, as the daemon reads it when the client
   sends step_end_s (governor.sim.meters.EdgeSteps: an edge each 0.5 s, steps counted between step ends).
 
@@ -332,7 +333,8 @@ class _Steps:
         maybe none; the others the step's end)."""
         energy_j, time_s = self.board.step(hz)
         reader = self.reader
-        reports = reader.points(energy_j, time_s) if isinstance(reader, EdgeSteps) else [reader.step(energy_j, time_s)]
+        metered = isinstance(reader, MeteredSteps)
+        reports = reader.points(energy_j, time_s) if metered else [reader.step(energy_j, time_s)]
         self.steps_run += 1
         self.true_energy_j += energy_j
         if reports:
@@ -376,13 +378,17 @@ def level_windows(meter: str, joules_per_step: float, seconds_per_step: float, s
     ProbeWindow closes them on ``meter``'s readings (``nvml``, ``ina3221``): their Measurements."""
     steps = MeteredSteps(meter, seed)
     out: list[Measurement] = []
-    report = (0, 0.0, 0.0)
+    pending: list[tuple[float, float, float]] = []  # points not yet fed: a window may close inside a step
+    report: tuple[float, float, float] = (0, 0.0, 0.0)
     while len(out) < windows:
         w = ProbeWindow(None, report[0], 0, window_steps, rule=rule, meter_update_s=steps.update_s)
-        w.feed(*report)
+        w.feed(*report)  # the window opens where the last one closed
         m = None
         while m is None:
-            report = steps.step(joules_per_step, seconds_per_step)
+            if not pending:
+                pending = steps.points(joules_per_step, seconds_per_step)
+                continue
+            report = pending.pop(0)
             m = w.feed(*report)
         out.append(m)
     return out

@@ -76,8 +76,11 @@ def test_windows_sized_by_time_carry_their_noise_and_by_steps_do_not(meter):
     by_time = run_tuned_job(V, LEVELS[-1], 20_000, meter=meter, seed=1, rule="time")
     by_steps = run_tuned_job(V, LEVELS[-1], 2000, meter=meter, seed=1, rule="steps")
     assert all(m.noise_rel is not None for m in by_time.windows) and by_time.window_steps > 4
-    assert all(m.noise_rel is None and m.measured_steps == 4 for m in by_steps.windows)
-    assert by_steps.window_steps == 4.0
+    assert all(m.noise_rel is None for m in by_steps.windows)
+    if meter == "nvml":  # read at each step's end: 4 steps exactly
+        assert all(m.measured_steps == 4 for m in by_steps.windows) and by_steps.window_steps == 4.0
+    else:  # the INA3221's sampler gives the edges: the window closes at the first sample past its 4 steps
+        assert all(4 <= m.measured_steps <= 6 for m in by_steps.windows), [m.measured_steps for m in by_steps.windows]
 
 
 def test_the_config_sets_the_windows_and_the_tuner():
