@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks.figures import publish
 from governor.daemon.observing import successive_spread as successive
-from governor.policy.windows import ProbeWindow, TuningError, WindowRule, edge_joules_per_step
+from governor.policy.windows import ProbeWindow, TuningError, WindowRule, edge_joules_per_step, steps_at
 from governor.sim.meters import (
     NVML_UPDATE_S,
     STEP_TIME_CV,
@@ -47,11 +47,11 @@ SECTION = "## Tuning windows on real meter readings"
 
 @dataclass
 class Trace:
-    """One run's readings: step-end reports (steps, energy_j, time_s) and the counter's update instants
-    (time_s, energy_j)."""
+    """One run's readings: reports (steps, energy_j, time_s), at step ends or at the rails' sampler's reads (the
+    steps counted fractionally), and the counter's update instants (time_s, energy_j)."""
 
     name: str
-    reports: list[tuple[int, float, float]]
+    reports: list[tuple[float, float, float]]
     updates: list[tuple[float, float]]
 
     @property
@@ -98,17 +98,22 @@ def simulated_nvml(mean_step_s: float, power_w: float, steps: int, seed: int,
 
 def simulated_ina(mean_step_s: float, power_w: float, steps: int, seed: int,
                   update_s: float = INA_UPDATE_S, cv: float = STEP_TIME_CV) -> Trace:
-    """A job on a simulated Jetson: the INA3221's averaged power, refreshed every ``update_s``, integrated at every
-    step's end as the daemon integrates the rails at progress reports (trapezoids)."""
+    """A job on a simulated Jetson: the INA3221's averaged power, refreshed every ``update_s``, read by the daemon's
+    sampler once a refresh (at a phase of its own, unrelated to the steps) and integrated over its reads (trapezoids).
+    Each read is an edge of the windows, the steps at it counted fractionally between the step ends around it, as
+    governor.daemon.energy.MeterFeed counts them for every client."""
     clock = UpdateClock(update_s, jitter_s=0.0, origin_s=(seed * 0.0371) % update_s)
     trace, ends = _steps(mean_step_s, power_w, steps, seed, cv)
+    step_ends = [(0, 0.0), *((i + 1, t) for i, t in enumerate(ends))]
     energy, last_t, last_w = 0.0, 0.0, averaged_power_w(trace, clock, 0.0)
-    reports = [(0, 0.0, 0.0)]
-    for i, t in enumerate(ends):
+    reports = [(0.0, 0.0, 0.0)]
+    t = ((seed * 0.0613) % update_s) or update_s  # the sampler's first read
+    while t < ends[-1]:
         w = averaged_power_w(trace, clock, t)
         energy += (t - last_t) * (w + last_w) / 2.0
         last_t, last_w = t, w
-        reports.append((i + 1, energy, t))
+        reports.append((steps_at(t, step_ends), energy, t))
+        t += update_s
     return Trace(f"simulated INA3221 {mean_step_s * 1000:.0f} ms", reports, [])
 
 

@@ -22,6 +22,7 @@ from benchmarks.meter_windows import (
     median_step_s,
     refused_windows,
     rule_windows,
+    simulated_ina,
     simulated_nvml,
     step_window_cv,
     successive_spread,
@@ -94,3 +95,18 @@ def test_fixed_windows_of_four_steps_spread_far_beyond_the_tuners_3_percent(trac
         ms = rule_windows(trace, WindowRule())
         assert ms
         assert step_window_cv(trace, 4) > 0.10
+
+
+def test_the_simulated_ina3221_is_read_by_the_sampler_not_at_the_steps_ends():
+    """The daemon reads the rails once a refresh, at instants of its own: the trace's reports are the sampler's, the
+    steps at each counted fractionally, and the windows the rule closes on them measure the power in phases as its
+    mean, 300 W (J/step over s/step: the steps scatter in time, and a step's energy with it)."""
+    trace = simulated_ina(0.5, 300.0, 400, seed=4)
+    times = [t for _, _, t in trace.reports]
+    gaps = [b - a for a, b in zip(times[1:], times[2:], strict=False)]
+    assert gaps and all(g == pytest.approx(0.14) for g in gaps)  # the sampler's pace, not the steps'
+    assert any(n != int(n) for n, _, _ in trace.reports)
+    windows = rule_windows(trace, WindowRule(meter_update_s=0.14))[1:]  # the first reads the sensor's lag
+    assert len(windows) > 10
+    for m in windows:
+        assert m.joules_per_step / m.seconds_per_step == pytest.approx(300.0, rel=0.02), m
