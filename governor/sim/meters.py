@@ -10,9 +10,9 @@ Calibrated on real NVML readings from an H200 (benchmarks/data/h200-meter, read 
 
 The INA3221 (hwmon, a Jetson's rails) reports the average over its ``update_interval`` and refreshes at it: the same
 model as NVML's power reading, with the period read from the tree's hwmon attribute. MeteredSteps reads a job's
-steps through either meter at each step's end, for the simulated tuned jobs (governor/sim/tuned_job.py): NVML's
-counter as it holds, the INA3221's readings as the daemon integrates them (its sampler at the sensor's refresh,
-and for the tuner's windows a read at each step's end, as a client that sends no step_end_s gets).
+steps through either meter for the simulated tuned jobs (governor/sim/tuned_job.py): NVML's counter as it holds, at
+each step's end; the INA3221's readings as the daemon integrates them, its sampler at the sensor's refresh, each read
+an edge of the windows with the steps counted between step ends.
 
 Power within a step follows two phases (PHASES): forward/backward, the longer and hungrier part, then the optimizer
 step and data loading. The split is a stated assumption, not a measurement: the H200's 100 ms readings cannot resolve
