@@ -189,31 +189,39 @@ class StepScatter:
 @dataclass
 class Intervals:
     """Sums over intervals between reports, each of ``m`` steps in ``dt`` seconds, that give the steps' scatter: kept
-    as sums, so that a long stretch of reports (governor.policy.measured_saving) costs nothing to carry."""
+    as sums, so that a long stretch of reports (governor.policy.measured_saving) costs nothing to carry.
+
+    An interval may hold part of a step: between two samples of the rails' sampler (or two counter updates) that fall
+    within one step, the steps are counted fractionally at that step's own pace, so the pieces of one step tell no
+    more of the scatter than the whole step does. Each interval counts as min(m, 1) of an observation (``whole``):
+    a step read in five pieces is one, and the variance is over the observations, not the pieces."""
 
     count: int = 0
     steps: float = 0.0
     seconds: float = 0.0
     sq_per_step: float = 0.0  # the sum of dt^2 / m
+    whole: float = 0.0  # the sum of min(m, 1): the observations the intervals are worth
 
     def add(self, m: float, dt: float) -> None:
         self.count += 1
         self.steps += m
         self.seconds += dt
         self.sq_per_step += dt * dt / m
+        self.whole += min(m, 1.0)
 
     def merged(self, other: Intervals) -> Intervals:
         return Intervals(self.count + other.count, self.steps + other.steps, self.seconds + other.seconds,
-                         self.sq_per_step + other.sq_per_step)
+                         self.sq_per_step + other.sq_per_step, self.whole + other.whole)
 
     def scatter(self, step_s: float | None = None) -> StepScatter:
         """The relative variance of one step's time about ``step_s`` (default: the intervals' mean): an interval of
-        m steps has m times less variance per step than one step, sum of m (dt/m - step_s)^2 over count - 1."""
+        m steps has m times less variance per step than one step, sum of m (dt/m - step_s)^2 over the observations
+        (``whole``) less one."""
         step_s = self.seconds / self.steps if step_s is None and self.steps > 0 else step_s
-        if self.count < 2 or not step_s or step_s <= 0:
+        if self.whole < 2 or not step_s or step_s <= 0:
             return StepScatter(0.0, 0.0)
         var = self.sq_per_step - 2 * step_s * self.seconds + step_s * step_s * self.steps
-        return StepScatter(max(0.0, var) / (self.count - 1) / step_s ** 2, self.count - 1)
+        return StepScatter(max(0.0, var) / (self.whole - 1) / step_s ** 2, self.whole - 1)
 
 
 def step_scatter(reports: list[tuple[float, float, float]]) -> StepScatter:
