@@ -239,9 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", f"On the simulated meters ({args.seeds} runs each, 2,000 steps of 25 ms or 400 of 0.5 s, 300 W, "
               "power in two phases a step; step scatter: the steps' coefficient of variation, 15% as on the H200; "
               "windows pooled over the runs; spread: of successive windows within a run, median and p99 over the "
-              "runs):", "",
+              "runs; error / stated s.d.: each window's J/step against 300 W times the mean step, over the "
+              "uncertainty it states, rms (1: honest; each run's first window left out):", "",
               "| meter | step | step scatter | windows | steps per window, median / p99 | seconds, median / p99 | "
-              "spread, median / p99 |", "|---|---:|---:|---:|---|---|---|"]
+              "spread, median / p99 | error / stated s.d., rms |", "|---|---:|---:|---:|---|---|---|---:|"]
     for meter, make, update_s in (("NVML counter (100 ms)", simulated_nvml, NVML_UPDATE_S),
                                   ("INA3221 (140 ms average)", simulated_ina, INA_UPDATE_S)):
         for step_s, step_cv in ((0.025, STEP_TIME_CV), (0.5, STEP_TIME_CV), (0.5, 0.03)):
@@ -250,10 +251,14 @@ def main(argv: list[str] | None = None) -> int:
                     for seed in range(args.seeds)]
             ms = [m for run in runs for m in run]
             spreads = [successive([m.joules_per_step for m in run]) for run in runs if len(run) > 2]
+            # Each window's error against the expected J/step (300 W x the mean step), in its own stated s.d.; a
+            # run's first window left out (it opens on the sensor's reading from before the job).
+            z = [(m.joules_per_step / (300.0 * step_s) - 1) / m.noise_rel for run in runs for m in run[1:]]
             lines.append(f"| {meter} | {step_s * 1000:g} ms | {step_cv:.0%} | {len(ms)} | "
                          f"{_median_p99([m.measured_steps for m in ms], '.0f')} | "
                          f"{_median_p99([m.duration_s for m in ms], '.2f')} | "
-                         f"{100 * statistics.median(spreads):.1f}% / {100 * percentile(spreads, 99):.1f}% |")
+                         f"{100 * statistics.median(spreads):.1f}% / {100 * percentile(spreads, 99):.1f}% | "
+                         f"{math.sqrt(statistics.fmean(x * x for x in z)):.2f} |")
     text = "\n".join(lines) + "\n"
     publish("meter-windows", text, doc=not args.no_doc)
     return 0
