@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from benchmarks.figures import machine, write_section
 from governor.sim import job as simjob
@@ -103,15 +105,15 @@ def main(argv=None) -> int:
     p.add_argument("--max-steps", type=int, default=400, help="a job that has not converged by then stops")
     args = p.parse_args(argv)
     model = OrinEnergyModel()
-    d = Daemon(None, simulate=True, log_level="info", config=scaled(args.time_scale)).start()
     t0 = time.monotonic()
     rows = []
-    try:
-        for i in range(args.jobs):
-            rows.append(run_job(d, WORKLOADS[i % len(WORKLOADS)], model, args))
-    finally:
-        d.stop()
-        d.close()
+    with tempfile.TemporaryDirectory(prefix="ftgov-saving-") as work:
+        d = Daemon(None, workdir=Path(work), simulate=True, log_level="info", config=scaled(args.time_scale)).start()
+        try:
+            for i in range(args.jobs):
+                rows.append(run_job(d, WORKLOADS[i % len(WORKLOADS)], model, args))
+        finally:
+            d.close()
     lines = ["| workload | start MHz | converged MHz (optimum) | measured saving vs default governor (over N steps) "
              "| model's true saving (at the optimum) | windows |", "|---|---|---|---|---|---|"]
     for r in rows:

@@ -17,6 +17,7 @@ import cProfile  # noqa: F401  (run as -m cProfile in the daemon's interpreter; 
 import io
 import os
 import pstats
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -31,12 +32,20 @@ NVML_CALLS = ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPowerUsage", 
 
 
 def daemon(out: Path, name: str, python_args: tuple[str, ...] = ()) -> Daemon:
+    """A fresh daemon whose root, socket and state are under a directory of its own (``stop_daemon`` removes it)."""
     here = str(Path(__file__).resolve().parents[1])
-    return Daemon(Path(tempfile.mkdtemp(prefix="ftgov-cpu-")),
+    work = Path(tempfile.mkdtemp(prefix="ftgov-cpu-"))
+    (work / "root").mkdir()  # no Jetson: an empty sysfs root
+    return Daemon(work / "root", workdir=work,
                   config={"backend": "nvml", "policy": "observe", "restore_on_stop": False,
                           "tuner": {"window_rule": "time"}},
                   env={"PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)},
                   log_path=out / f"ftgovd-{name}.log", log_level="info", python_args=python_args)
+
+
+def stop_daemon(d: Daemon) -> None:
+    d.close()
+    shutil.rmtree(d.workdir, ignore_errors=True)
 
 
 def run_phase(d: Daemon, seconds: float, job: bool, step_ends: bool) -> tuple[float, float]:
@@ -84,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rows.append((name, *run_phase(d, args.seconds, job, step_ends)))
         finally:
-            d.stop()
+            stop_daemon(d)
     if args.quick:
         print("\n".join(f"{name}: {100 * share:.2f}% of a core, {100 * warm:.2f}% after {WARM_S:g} s"
                         for name, share, warm in rows))
@@ -95,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profiled, profiled_warm = run_phase(d, args.seconds, True, True)
     finally:
-        d.stop()
+        stop_daemon(d)
     after = gpu_readings()
     text = io.StringIO()
     stats = pstats.Stats(str(prof), stream=text)
