@@ -53,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sim-meters", choices=["ina3221", "exact"], default="ina3221",
                    help="with --simulate: the simulated rails report as an INA3221 does (an average over its "
                         "update_interval, refreshed at it; the default, as on a board), or exact (the energy model's "
-                        "mean power at once: for jobs whose time is scaled, as the tests' are)")
+                        "mean power at once, refreshed every 20 ms: for jobs whose time is scaled, as the tests' are)")
     p.add_argument("--print-env", action="store_true",
                    help="with --simulate: print the shell lines that point ftgov at that daemon (FTGOV_SOCKET, "
                         "FTGOV_SIM_TREE) and exit, for eval \"$(ftgovd --simulate --print-env)\"")
