@@ -372,7 +372,7 @@ def write_summary(out: Path, meta: dict, rows: list[dict], args) -> None:
                "power_limit_w": _w(meta["power_limit_mw_before"]), "torch_uuid_matches_nvml": meta["uuid_match"]}
     sections = [
         f"# NVML observation: {meta['model']['arch']} on {gpu['name']}",
-        f"Recorded {meta['date']} by scripts/nvml_observe.py, read only: NVML through a handle that refuses every "
+        "Recorded by scripts/nvml_observe.py, read only: NVML through a handle that refuses every "
         "Set/Reset call, and ftgovd (when it ran) in the observe policy. One run, not a benchmark.",
         "## Machine", markdown_table([machine]),
         f"Levels the NVML backend would tune over (MHz): {', '.join(map(str, gpu['levels_mhz']))}",

@@ -196,22 +196,20 @@ class Intervals:
     more of the scatter than the whole step does. Each interval counts as min(m, 1) of an observation (``whole``):
     a step read in five pieces is one, and the variance is over the observations, not the pieces."""
 
-    count: int = 0
     steps: float = 0.0
     seconds: float = 0.0
     sq_per_step: float = 0.0  # the sum of dt^2 / m
     whole: float = 0.0  # the sum of min(m, 1): the observations the intervals are worth
 
     def add(self, m: float, dt: float) -> None:
-        self.count += 1
         self.steps += m
         self.seconds += dt
         self.sq_per_step += dt * dt / m
         self.whole += min(m, 1.0)
 
     def merged(self, other: Intervals) -> Intervals:
-        return Intervals(self.count + other.count, self.steps + other.steps, self.seconds + other.seconds,
-                         self.sq_per_step + other.sq_per_step, self.whole + other.whole)
+        return Intervals(self.steps + other.steps, self.seconds + other.seconds, self.sq_per_step + other.sq_per_step,
+                         self.whole + other.whole)
 
     def scatter(self, step_s: float | None = None) -> StepScatter:
         """The relative variance of one step's time about ``step_s`` (default: the intervals' mean): an interval of

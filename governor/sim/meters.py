@@ -223,10 +223,9 @@ METER_UPDATE_S = {"nvml": NVML_UPDATE_S, "ina3221": INA3221_UPDATE_S}
 
 
 class MeteredSteps:
-    """One job's true power, step by step, and what ``meter`` reads of it: ``step`` at each step's end, ``points``
-    what the daemon's windows take of each step (NVML's counter read at the step's end, as for a client that sends
-    no step_end_s; the INA3221's sampler samples that fell in the step, steps counted between the step's ends, as for
-    every client)."""
+    """One job's true power, step by step, and what ``meter`` reads of it: ``points``, what the daemon's windows take
+    of each step (NVML's counter read at the step's end, as for a client that sends no step_end_s; the INA3221's
+    sampler samples that fell in the step, steps counted between the step's ends, as for every client)."""
 
     def __init__(self, meter: str, seed: int, step_cv: float = STEP_TIME_CV):
         if meter not in METER_UPDATE_S:
@@ -242,8 +241,7 @@ class MeteredSteps:
         self.steps = 0
         self.start_j = 0.0  # what the meter read as the first step began (the job's registration)
         # ina3221, from the first step: the daemon's meters, the tuner's and the job's own, each integrating the
-        # sampler's reads (``step`` adds a read at the step's end to the tuner's: a reading locked to the steps'
-        # phase, which the daemon does not take; ``points`` is what it does).
+        # sampler's reads alone.
         self._rails: EnergyMeter | None = None
         self._job: EnergyMeter | None = None
         self._sample_s = self._rng.uniform(0.0, self.update_s)  # ina3221: the sampler's next read
@@ -253,16 +251,14 @@ class MeteredSteps:
         return self.trace.end_s
 
     def step(self, joules_per_step: float, seconds_per_step: float) -> tuple[int, float, float]:
-        """Run one step at a level of this J/step and s/step; the report at its end: (steps, energy_j, time_s)."""
+        """NVML: run one step at a level of this J/step and s/step; the counter read at its end: (steps, energy_j,
+        time_s). The INA3221 is read by the daemon's sampler alone, never at a step's end: ``points``."""
+        if self.meter != "nvml":
+            raise ValueError(f"{self.meter} is read by the daemon's sampler, not at step ends: use points()")
         before = self._run(joules_per_step, seconds_per_step)
-        t = self.time_s
-        if self.meter == "nvml":
-            if self.steps == 1:
-                self.start_j = held_energy_j(self.trace, self.clock, before)
-            return self.steps, held_energy_j(self.trace, self.clock, t), t
-        self._sample_until(t)
-        assert self._rails is not None
-        return self.steps, self._rails.add(t, self._mw(t)), t
+        if self.steps == 1:
+            self.start_j = held_energy_j(self.trace, self.clock, before)
+        return self.steps, held_energy_j(self.trace, self.clock, self.time_s), self.time_s
 
     def points(self, joules_per_step: float, seconds_per_step: float) -> list[tuple[float, float, float]]:
         """Run one step; the (steps, energy_j, time_s) points the daemon's windows take of it (see the class)."""

@@ -51,6 +51,7 @@ METERS = SIM_DIR + "/meters"
 # (a step of 60 ms in 9), so the tree says 20 ms: about as many samples a step as a board's 140 ms gives steps of
 # 0.3-1 s. (An INA3221's update_interval is writable down to a few ms: fewer conversions averaged.)
 EXACT_UPDATE_INTERVAL_MS = 20
+INA3221_BUS = "/sys/devices/platform/bus@0/c240000.i2c/i2c-1"  # the I2C bus the rails' INA3221s sit on
 TMP_DIR = SIM_DIR + "/tmp"  # where atomic writes are staged: same file system as the tree, outside /sys
 
 
@@ -209,12 +210,12 @@ def build(directory: str | os.PathLike, layout: str = "jp6", *, boot_id: str | N
 
 def set_update_interval(root: Root, ms: int) -> None:
     """Every INA3221's hwmon update_interval, as writing to it on a board sets it (the rails read it when found)."""
-    for hwmon in root.path("/sys/devices/platform/bus@0/c240000.i2c/i2c-1").glob("*/hwmon/hwmon*"):
+    for hwmon in root.path(INA3221_BUS).glob("*/hwmon/hwmon*"):
         _write(hwmon / "update_interval", f"{ms}\n")
 
 
 def _ina3221(root: Root, spec: Layout) -> None:
-    i2c = root.path("/sys/devices/platform/bus@0/c240000.i2c/i2c-1")
+    i2c = root.path(INA3221_BUS)
     for n, (chip, channels) in enumerate(spec.rails.items(), start=1):
         hwmon = i2c / chip / "hwmon" / f"hwmon{n}"
         _write(hwmon / "name", "ina3221\n")

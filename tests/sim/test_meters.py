@@ -67,5 +67,5 @@ def test_a_jobs_energy_on_the_ina3221_is_the_truth_whatever_its_steps(step_s):
         m.trace.append(5.0, POWER_W / 3)
         start_j = m.trace.energy_j(m.time_s)
         for _ in range(int(60 / step_s)):
-            m.step(POWER_W * step_s, step_s)
+            m.points(POWER_W * step_s, step_s)
         assert m.job_energy_j() == pytest.approx(m.trace.energy_j(m.time_s) - start_j, rel=0.004)
