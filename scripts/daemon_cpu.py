@@ -48,10 +48,17 @@ def stop_daemon(d: Daemon) -> None:
     shutil.rmtree(d.workdir, ignore_errors=True)
 
 
-def run_phase(d: Daemon, seconds: float, job: bool, step_ends: bool) -> tuple[float, float]:
+def counter_reads(c) -> tuple[int, float]:
+    """The energy counter's reads so far and their wall time (s), over the GPUs (status)."""
+    gpus = c.call("status")["gpus"]
+    return (sum(g.get("energy_counter_reads", 0) for g in gpus), sum(g.get("energy_counter_read_s", 0.0) for g in gpus))
+
+
+def run_phase(d: Daemon, seconds: float, job: bool, step_ends: bool) -> tuple[float, float, float, float]:
     """The daemon's CPU, as a share of a core, over ``seconds`` with (or without) one job reporting every REPORT_S:
     over the whole phase, and after its first WARM_S (a job's first second reads the counter often, to find its
-    update instants)."""
+    update instants); and after WARM_S the counter's reads a second and their share of a core (their wall time, as
+    the daemon paces them)."""
     c = d.client()
     status = c.call("status")
     if status["policy"] != "observe" or any(g.get("pinned_hz") for g in status["gpus"]):
@@ -61,7 +68,7 @@ def run_phase(d: Daemon, seconds: float, job: bool, step_ends: bool) -> tuple[fl
     steps, deadline, warm = 0, start, None
     while time.monotonic() - start < seconds:
         if warm is None and time.monotonic() - start >= WARM_S:
-            warm = (process_cpu_s(d.proc.pid), time.monotonic())
+            warm = (process_cpu_s(d.proc.pid), time.monotonic(), *counter_reads(c))
         deadline += REPORT_S
         time.sleep(max(0.0, deadline - time.monotonic()))
         if job_id is not None:
@@ -70,11 +77,14 @@ def run_phase(d: Daemon, seconds: float, job: bool, step_ends: bool) -> tuple[fl
             c.notify("progress", job_id=job_id, steps=steps, **extra)
     c.call("ping")  # every report handled
     cpu_s, end = process_cpu_s(d.proc.pid), time.monotonic()
+    reads, read_s = counter_reads(c)
     if job_id is not None:
         c.call("unregister", job_id=job_id)
     c.close()
     assert warm is not None, "a phase longer than WARM_S"
-    return (cpu_s - cpu0) / (end - start), (cpu_s - warm[0]) / (end - warm[1])
+    warm_s = end - warm[1]
+    return ((cpu_s - cpu0) / (end - start), (cpu_s - warm[0]) / warm_s, (reads - warm[2]) / warm_s,
+            (read_s - warm[3]) / warm_s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,14 +105,15 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             stop_daemon(d)
     if args.quick:
-        print("\n".join(f"{name}: {100 * share:.2f}% of a core, {100 * warm:.2f}% after {WARM_S:g} s"
-                        for name, share, warm in rows))
+        print("\n".join(f"{name}: {100 * share:.2f}% of a core, {100 * warm:.2f}% after {WARM_S:g} s, of which the "
+                        f"counter's reads {100 * read_frac:.2f}% ({reads_per_s:.2f} a second)"
+                        for name, share, warm, reads_per_s, read_frac in rows))
         return 0
     prof = args.out / "daemon.prof"
     d = daemon(args.out, "profiled", python_args=("-m", "cProfile", "-o", str(prof)))
     d.start(timeout_s=60)
     try:
-        profiled, profiled_warm = run_phase(d, args.seconds, True, True)
+        profiled, profiled_warm, _, _ = run_phase(d, args.seconds, True, True)
     finally:
         stop_daemon(d)
     after = gpu_readings()
@@ -120,9 +131,11 @@ def main(argv: list[str] | None = None) -> int:
              f"{REPORT_S * 1000:g} ms (no training). Power limit and clocks' event reasons before / after: "
              f"{before['power_limit_mw']} / {after['power_limit_mw']} mW, {before['clocks_event_reasons']} / "
              f"{after['clocks_event_reasons']}.", "",
-             f"| phase | ftgovd CPU, % of a core: whole phase | after its first {WARM_S:g} s |", "|---|---:|---:|",
-             *(f"| {name} | {100 * share:.2f}% | {100 * warm:.2f}% |" for name, share, warm in rows),
-             f"| one job, step_end_s, under cProfile | {100 * profiled:.2f}% | {100 * profiled_warm:.2f}% |", "",
+             f"| phase | ftgovd CPU, % of a core: whole phase | after its first {WARM_S:g} s | of which the energy "
+             "counter's reads (wall time) | counter reads a second |", "|---|---:|---:|---:|---:|",
+             *(f"| {name} | {100 * share:.2f}% | {100 * warm:.2f}% | {100 * read_frac:.2f}% | {reads_per_s:.2f} |"
+               for name, share, warm, reads_per_s, read_frac in rows),
+             f"| one job, step_end_s, under cProfile | {100 * profiled:.2f}% | {100 * profiled_warm:.2f}% | | |", "",
              "NVML calls in the profiled run (calls, cumulative s, per call ms):", "",
              *(f"- {func}: {calls}, {cum:.3f} s, {1000 * cum / calls:.2f} ms" for func, (calls, cum) in nvml.items()),
              "", "Where the rest goes: profile.txt."]

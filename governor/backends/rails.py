@@ -169,9 +169,20 @@ class CounterReads:
         self._read_j = read_j
         self.last_j: float | None = None
         self.last_s = -math.inf
+        # What the reads cost, in wall time (on an H200 a read took 8-10 ms of the process's CPU, of which the
+        # calling thread's clock saw about half and the wall about all): the last read's, for the pace of a job's
+        # reads, and all of them, for status (the reads' share of a core, scripts/daemon_cpu.py).
+        self.last_cost_s = 0.0
+        self.reads = 0
+        self.read_s = 0.0
 
     def __call__(self) -> float:
-        self.last_j, self.last_s = self._read_j(), time.monotonic()
+        start_s = time.perf_counter()
+        self.last_j = self._read_j()
+        self.last_cost_s = time.perf_counter() - start_s
+        self.last_s = time.monotonic()
+        self.reads += 1
+        self.read_s += self.last_cost_s
         return self.last_j
 
     def recent_j(self, max_age_s: float) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import logging
 import math
+import statistics
 import time
 from collections.abc import Callable, Iterable
 
@@ -60,6 +61,10 @@ class BoardEnergy:
                 log.info("GPU %s has no energy counter: %s", gpu.id, e)
         return None
 
+    def counter_reads(self, gpu_id: str) -> CounterReads | None:
+        """The GPU's energy counter as its meters read it (their count and cost, for status); None: not read."""
+        return self._counters.get(gpu_id)
+
     def source(self) -> str:
         if self.rails is not None:
             return "+".join(self.rails.energy_rails)
@@ -91,13 +96,16 @@ class BoardEnergy:
 # jobs run). A read of NVML's counter cost 3.9-9.5 ms of CPU on an H200 (scripts/daemon_cpu.py), against 5-10 us for
 # a power reading: the reads are paced by what each costs, measured as they are made.
 COUNTER_READ_CPU_FRAC = 0.008
-# A read's cost is the mean of the last few but the dearest (a garbage collection or a preemption adds to one read;
-# the mean, not the least, because a driver may answer some reads from a cache and others not); a counter that reads
-# in under PACED_READ_MIN_S (100 reports a second would cost 1% of a core) is read as often as asked. Until
-# READ_COSTS_MIN reads are timed the reads are not paced: one read preempted on a busy host cost 1 ms where its
-# neighbours cost 40 us, and a pace taken from it alone (125 ms) skipped a whole update of the counter.
+# A read's cost is the mean of the last few (the mean, not the least: a driver may answer some reads from a cache and
+# others not, and an H200's cost 4 and 12 ms in turn), but the dearest is left out where it is over OUTLIER_COST times
+# their median (a garbage collection or a preemption adds to one read). A pace from the mean but the dearest always
+# read 7% too often on the H200, over the budget. A counter that reads in under PACED_READ_MIN_S (100 reports a
+# second would cost 1% of a core) is read as often as asked. Until READ_COSTS_MIN reads are timed the reads are not
+# paced: one read preempted on a busy host cost 1 ms where its neighbours cost 40 us, and a pace taken from it alone
+# (125 ms) skipped a whole update of the counter.
 READ_COSTS_KEPT = 8
 READ_COSTS_MIN = 3
+OUTLIER_COST = 2.0
 PACED_READ_MIN_S = 0.0001
 
 
@@ -162,18 +170,16 @@ class MeterFeed:
         """How far apart ``reads`` counter reads must come to stay within COUNTER_READ_CPU_FRAC of a core."""
         if len(self._read_costs_s) < READ_COSTS_MIN:
             return 0.0
-        costs = sorted(self._read_costs_s)[:-1]
+        costs = sorted(self._read_costs_s)
+        if costs[-1] > OUTLIER_COST * statistics.median(costs):
+            costs.pop()  # a read that was preempted or met a garbage collection
         cost_s = sum(costs) / len(costs)
         return reads * cost_s / COUNTER_READ_CPU_FRAC if cost_s >= PACED_READ_MIN_S else 0.0
 
     def _read(self) -> float:
-        """The counter, read now; what the read cost goes into the pace of the reads."""
-        # Its wall time: on an H200 a read took 8-10 ms of the process's CPU, of which the call's own thread and
-        # process CPU clocks saw about half (the driver's work around it), and the wall about all (a preemption in
-        # the middle of one read adds to that read only, and pace_s leaves the dearest of the last few out).
-        start_s = time.perf_counter()
+        """The counter, read now; what the read cost (CounterReads.last_cost_s) goes into the pace of the reads."""
         energy_j = self.meter.energy_j
-        self._read_costs_s.append(time.perf_counter() - start_s)
+        self._read_costs_s.append(self.meter.read_j.last_cost_s)
         self._edges.pace(max(self._edge_every_s, self.pace_s(self._edges.reads_per_stride)))
         return energy_j
 

@@ -16,6 +16,9 @@ def status(ctl: Controller) -> dict:
             reading = pin.gpu.read().to_dict()
         except BackendError as e:
             reading = {"error": str(e)}
+        reads = ctl.energy.counter_reads(gid)
+        if reads is not None:  # what the energy counter's reads have cost the daemon, all told (wall s)
+            reading |= {"energy_counter_reads": reads.reads, "energy_counter_read_s": round(reads.read_s, 6)}
         gpus.append({"id": gid, **pin.gpu.describe(), "available_hz": list(pin.gpu.levels_hz), **reading,
                      "pinned_hz": pin.pinned_hz, "stood_down": pin.stood_down, "throttled_hz": pin.throttled_hz,
                      "baseline_min_hz": pin.baseline.min_hz if pin.baseline else None,

@@ -543,7 +543,8 @@ class UpdateEdges:
         self.period_s = float(period_s)
         self.jitter_s = float(jitter_s)
         # The timer's reads (next_read_s) follow a known grid at one update in ``stride``: edges ``every_s`` apart.
-        self.stride = max(1, int(every_s / self.period_s + 1e-9)) if self.period_s > 0 else 1
+        self.stride = 1
+        self.pace(every_s)
         self._last: tuple[float, float] | None = None  # (time_s, energy_j) of the last read
         self._phase: tuple[float, float] | None = None  # (start, width) of the phase's interval, mod period_s
         self._pending: list[tuple[float, float]] = []
@@ -563,8 +564,8 @@ class UpdateEdges:
 
     def pace(self, every_s: float) -> None:
         """Edges ``every_s`` apart from the next plan on (the reader's cost may ask for fewer reads)."""
-        if self.period_s > 0:
-            self.stride = max(1, int(every_s / self.period_s + 1e-9))
+        if self.period_s > 0:  # at least every_s: a stride rounded down would read more often than the pace asks
+            self.stride = max(1, math.ceil(every_s / self.period_s - 1e-9))
 
     def read(self, t_s: float, energy_j: float) -> None:
         last, self._last = self._last, (t_s, energy_j)

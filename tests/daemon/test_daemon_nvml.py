@@ -169,8 +169,14 @@ def test_a_client_that_times_its_steps_gets_windows_whose_ends_are_the_counters_
         next_end += step_s
         time.sleep(max(0.0, next_end - time.monotonic()))  # the step's work
         c.notify("progress", job_id=job_id, steps=steps, phase="train", step_end_s=time.monotonic())
-    tuner = c.call("status")["jobs"][0]["tuner"]
+    status = c.call("status")
+    tuner = status["jobs"][0]["tuner"]
     assert tuner["probes"] >= 4 and not tuner["status"].startswith("stopped"), (tuner, d.log())
+    # Status counts every read of the counter the daemon made, and what they cost (scripts/daemon_cpu.py's figure).
+    gpu, = status["gpus"]
+    made = _calls.read_text().split().count("nvmlDeviceGetTotalEnergyConsumption")  # and the timer's since status
+    assert 0 < gpu["energy_counter_reads"] <= made <= gpu["energy_counter_reads"] + 2, (gpu, made)
+    assert gpu["energy_counter_read_s"] > 0, gpu
     end = c.call("unregister", job_id=job_id)
     assert isinstance(end["saved_measured_steps"], int) and end["saved_pct_err"] > 0, end  # steps counted whole
     d.stop()
