@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     daemon = Daemon(Path(tempfile.mkdtemp(prefix="ftgov-observe-")),
                     config={"backend": "nvml", "policy": "observe", "restore_on_stop": False,
                             "tuner": {"window_rule": "time"}},
+                    test_config=False,  # the daemon's defaults otherwise (the tests' 0.05 s util_sample_s is 1 read)
                     env={"PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)},
                     log_path=args.out / "ftgovd.log", log_level="info")
     daemon.start(timeout_s=60)

@@ -119,6 +119,10 @@ class NvmlGpu(GpuBase):
 
     has_energy_counter = True
     has_power_cap = True
+    # nvmlDeviceGetUtilizationRates: the share of "a sample period that may be between 1 second and 1/6 second,
+    # depending on the product being queried" (NVML's reference) in which a kernel ran. The longest is assumed: on an
+    # H200 a read at a Trainer's first step, 0.05 s in, gave 0% (docs/observe-windows/).
+    load_lag_s = 1.0
 
     def __init__(self, nvml: Any, index: int, *, level_count: int = DEFAULT_LEVEL_COUNT):
         self._nvml = nvml

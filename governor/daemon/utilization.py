@@ -6,7 +6,8 @@ training data defines it). When a job registers, its loop has not started, and t
 1. At register, a decision that does not depend on gpu_util is made at once. Otherwise the job holds no pin yet:
    the default governor runs, which is the clock the feature is defined at.
 2. The job's first progress report of a training step starts the sampling: the GPU's load is read every
-   SAMPLE_EVERY_S for util_sample_s, and the job is decided once, on the mean.
+   SAMPLE_EVERY_S for util_sample_s, and the job is decided once, on the mean. Where the load reading covers a past
+   period (NVML's: up to 1 s, the GPU's ``load_lag_s``), the first read waits that long after the step.
 3. A job that reports no progress is sampled util_settle_s after it registered; windows of util_sample_s go on while
    the mean load stays under util_active_pct (the script is still setting up), and the window after the first one
    that reaches it decides. A job still under it util_settle_max_s after registering is decided on what it shows.
@@ -89,7 +90,11 @@ class UtilizationSampler:
         pending = self._pending.get(job.job_id)
         if pending is None or pending.sampling or job.steps < 1 or phase not in (None, "train"):
             return
-        self._begin(job.job_id, pending, f"from training step {job.steps}")
+        lag_s = self.controller.gpus[job.gpu_id].gpu.load_lag_s
+        when = f"from training step {job.steps}"
+        if lag_s > 0:  # a read sooner would count the GPU's idling before the loop (0% on an H200 at step 1)
+            when += f", read from {lag_s:g} s after it (the GPU's load covers its last {lag_s:g} s)"
+        self._begin(job.job_id, pending, when, lag_s)
 
     def forget(self, job_id: int) -> None:
         pending = self._pending.pop(job_id, None)
@@ -103,13 +108,18 @@ class UtilizationSampler:
             pending.waiting_for_load = True
             self._begin(job_id, pending, "with no progress reports, after the settling delay (util_settle_s)")
 
-    def _begin(self, job_id: int, pending: _Pending, when: str) -> None:
+    def _begin(self, job_id: int, pending: _Pending, when: str, lag_s: float = 0.0) -> None:
+        """Sample for sample_s, the first read ``lag_s`` from now."""
         if pending.settle is not None:
             pending.settle.cancel()
             pending.settle = None
         pending.sampling = True
         loop = asyncio.get_running_loop()
-        self._sample(job_id, pending, loop.time() + self.sample_s, when)
+        deadline = loop.time() + lag_s + self.sample_s
+        if lag_s > 0:
+            loop.call_later(lag_s, self._sample, job_id, pending, deadline, when)
+        else:
+            self._sample(job_id, pending, deadline, when)
 
     def _sample(self, job_id: int, pending: _Pending, deadline: float, when: str) -> None:
         job = self.controller.jobs.get(job_id)

@@ -188,6 +188,26 @@ def test_a_client_that_times_its_steps_gets_windows_whose_ends_are_the_counters_
         assert w.joules_per_step / w.seconds_per_step == pytest.approx(true_w, rel=0.03), (w, true_w, d.log())
 
 
+def test_the_load_is_first_read_a_sample_period_after_the_first_training_step(nvml_daemon, tmp_path):
+    """NVML's load is the share of its last sample period (up to 1 s) in which a kernel ran. On an H200 a read at a
+    Trainer's first training step gave 0%, and the tree took a busy job for an idle one (gpu_util <= 22). The first
+    read waits the GPU's load_lag_s (1 s) after the step: the fake GPU's reading covers its last second the same way."""
+    started = tmp_path / "loop-started"
+    d, _calls = nvml_daemon(gpus=({"util_gpu_pct": 80, "util_busy_from_path": str(started)},), policy="mlg",
+                            util_sample_s=0.2)
+    c = d.client()
+    features = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
+    res = c.call("register", **features)
+    assert res["freq_hz"] is None and "waiting for gpu_util" in res["reason"], res
+    started.write_text(repr(time.monotonic()))  # the loop runs from now
+    c.notify("progress", job_id=res["job_id"], steps=1, phase="train")
+    d.wait_status(lambda m: "pinned to" in m)
+    job, = c.call("status")["jobs"]
+    assert job["features"]["gpu_util"] == 80.0, (job, d.log())  # a read within the first 0.2 s: 20% at most
+    assert "read from 1 s after it" in job["reason"], job["reason"]
+    assert job["freq_hz"] == 795_000_000, job  # the tree's busy branch (714 MHz: 795 on this table); idle: 1095
+
+
 def test_a_step_end_that_is_not_this_hosts_recent_clock_is_refused_in_one_line(nvml_daemon):
     d, _calls = nvml_daemon(gpus=({},))
     c = d.client()

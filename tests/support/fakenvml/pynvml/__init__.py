@@ -331,7 +331,7 @@ def nvmlDeviceGetCurrentClocksThrottleReasons(handle):
 def nvmlDeviceGetUtilizationRates(handle):
     system = _enter("nvmlDeviceGetUtilizationRates")
     gpu = _gpu(system, handle)
-    return c_nvmlUtilization_t(gpu.util_gpu_pct, gpu.util_memory_pct)
+    return c_nvmlUtilization_t(gpu.utilization_read_pct(system.clock()), gpu.util_memory_pct)
 
 
 def nvmlDeviceGetPowerUsage(handle):

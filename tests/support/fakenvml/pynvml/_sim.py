@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from governor.sim.meters import (
     NVML_UPDATE_JITTER_S,
@@ -58,6 +59,12 @@ class FakeGpu:
     idle_clock_mhz: int = 345
     util_gpu_pct: int = 0
     util_memory_pct: int = 0
+    # A loop that starts when a test says so: util_busy_from_path names a file that holds its start (CLOCK_MONOTONIC
+    # s, shared by the host's processes; no file yet: not started). GetUtilizationRates then reads the share of its
+    # last util_period_s in which the loop ran, as a real one reads the share of its sample period ("between 1 second
+    # and 1/6 second"). Only the reading: power and clock follow util_gpu_pct throughout. None: always busy.
+    util_busy_from_path: str | None = None
+    util_period_s: float = 1.0
     idle_power_mw: int = 90_000
     max_power_mw: int = 650_000  # at the top clock and 100% utilization
     power_limit_mw: int = 700_000
@@ -102,6 +109,17 @@ class FakeGpu:
     @property
     def top_clock_mhz(self) -> int:
         return max(self.graphics_table(max(self.memory_clocks_mhz)) or (self.idle_clock_mhz,))
+
+    def utilization_read_pct(self, now_s: float) -> int:
+        """What GetUtilizationRates reads now: util_gpu_pct over the part of the last sample period the loop ran."""
+        if self.util_busy_from_path is None:
+            return self.util_gpu_pct
+        try:
+            busy_from_s = float(Path(self.util_busy_from_path).read_text())
+        except FileNotFoundError:
+            return 0
+        ran = min(1.0, max(0.0, (now_s - busy_from_s) / self.util_period_s))
+        return round(self.util_gpu_pct * ran)
 
     def power_at_mw(self, clock_mhz: int) -> float:
         dynamic = (self.max_power_mw - self.idle_power_mw) * (self.util_gpu_pct / 100.0)
