@@ -178,8 +178,10 @@ class MeterFeed:
 
     def _read(self) -> float:
         """The counter, read now; what the read cost (CounterReads.last_cost_s) goes into the pace of the reads."""
-        energy_j = self.meter.energy_j
-        self._read_costs_s.append(self.meter.read_j.last_cost_s)
+        meter = self.meter
+        assert isinstance(meter, CounterMeter)  # the rails are read by the sampler alone
+        energy_j = meter.energy_j
+        self._read_costs_s.append(meter.read_j.last_cost_s)
         self._edges.pace(max(self._edge_every_s, self.pace_s(self._edges.reads_per_stride)))
         return energy_j
 
