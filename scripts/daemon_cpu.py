@@ -31,15 +31,18 @@ WARM_S = 10.0
 NVML_CALLS = ("nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetPowerUsage", "nvmlDeviceGetClockInfo")
 
 
-def daemon(out: Path, name: str, python_args: tuple[str, ...] = ()) -> Daemon:
-    """A fresh daemon whose root, socket and state are under a directory of its own (``stop_daemon`` removes it)."""
+def daemon(out: Path, name: str, python_args: tuple[str, ...] = (), pythonpath: tuple[str, ...] = (),
+           env: dict[str, str] | None = None) -> Daemon:
+    """A fresh daemon whose root, socket and state are under a directory of its own (``stop_daemon`` removes it).
+    ``pythonpath`` goes first on its PYTHONPATH (a pynvml stand-in), ``env`` into its environment."""
     here = str(Path(__file__).resolve().parents[1])
     work = Path(tempfile.mkdtemp(prefix="ftgov-cpu-"))
     (work / "root").mkdir()  # no Jetson: an empty sysfs root
+    path = os.pathsep.join(p for p in (*pythonpath, here, os.environ.get("PYTHONPATH")) if p)
     return Daemon(work / "root", workdir=work,
                   config={"backend": "nvml", "policy": "observe", "restore_on_stop": False,
                           "tuner": {"window_rule": "time"}},
-                  env={"PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)},
+                  env={"PYTHONPATH": path, **(env or {})},
                   log_path=out / f"ftgovd-{name}.log", log_level="info", python_args=python_args)
 
 
