@@ -44,12 +44,13 @@ IDLE_S = 5.0
 DEFAULT_JOB_STEPS = 2000
 
 
-def run_job(curve: Curve, meter: str, seed: int, job_steps: int, rule_name: str, settle: bool) -> dict:
+def run_job(curve: Curve, meter: str, seed: int, job_steps: int, rule_name: str, settle: bool,
+            config: TunerConfig) -> dict:
     """One tuned job on ``curve`` read through ``meter``: its measured and true saving, its energy error."""
     levels = curve.levels_hz
     top = len(levels) - 1
     start = len(levels) // 2
-    job = run_tuned_job(curve, levels[start], job_steps, meter=meter, seed=seed, config=TunerConfig(),
+    job = run_tuned_job(curve, levels[start], job_steps, meter=meter, seed=seed, config=config,
                         rule=rule_name, saving=SavingRun(idle_s=IDLE_S, settle=settle), must_converge=False)
     saving = job.saving()
     true = 1 - curve.energy_at(job.best_hz) / curve.energy_j[top]
@@ -63,8 +64,8 @@ def run_job(curve: Curve, meter: str, seed: int, job_steps: int, rule_name: str,
             "step_s": curve.time_s[top]}
 
 
-def rows_for(curves: list[Curve], meter: str, rule_name: str, args) -> tuple:
-    jobs = [run_job(c, meter, 7919 * seed + k, args.job_steps, rule_name, not args.no_settle)
+def rows_for(curves: list[Curve], meter: str, rule_name: str, args, config: TunerConfig) -> tuple:
+    jobs = [run_job(c, meter, 7919 * seed + k, args.job_steps, rule_name, not args.no_settle, config)
             for k, c in enumerate(curves) for seed in range(args.seeds)]
     measured = [j for j in jobs if j["measured"] is not None]
     saving = [100 * abs(j["measured"] - j["true"]) for j in measured]
@@ -96,16 +97,23 @@ def main() -> None:
                    help="another length writes a section of its own")
     p.add_argument("--every", type=int, default=1, help="every Nth curve only (long jobs' time)")
     p.add_argument("--no-settle", action="store_true", help="windows open right after the warm-up step, as before")
+    p.add_argument("--baseline-max-share", nargs="+", type=float, default=None,
+                   help="tuner.baseline_max_share values, each a row (a section of its own: the trade of the "
+                        "baseline's length, its cost against the saving's error)")
     p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--no-doc", action="store_true")
     args = p.parse_args()
     curves = real_curves(args.data)[::args.every]
+    shares = args.baseline_max_share
     t0 = time.monotonic()
     rows = []
     for meter in args.meter:
         for rule_name in args.window_rule:
-            rows.append(rows_for(curves, meter, rule_name, args))
-            print("| " + " | ".join(str(c) for c in rows[-1]) + " |", flush=True)
+            for share in shares or [None]:
+                config = TunerConfig() if share is None else TunerConfig(baseline_max_share=share)
+                row = rows_for(curves, meter, rule_name, args, config)
+                rows.append(row if share is None else (*row[:2], f"{share:g}", *row[2:]))
+                print("| " + " | ".join(str(c) for c in rows[-1]) + " |", flush=True)
     command = " ".join(["python -m benchmarks.meter_saving", *sys.argv[1:]]).replace(" --no-doc", "")
     text = (f"## Measured saving and job energy on simulated meters, jobs of {args.job_steps} steps\n\n`{command}`: "
             f"{len(curves)} of the measured Jetson curves, {args.seeds} seeds each, every job "
@@ -114,9 +122,13 @@ def main() -> None:
             + ("windows opened right after the warm-up step" if args.no_settle else
                "windows waiting for the meter to settle after each change of clock") +
             f"). p99 by nearest rank. {time.monotonic() - t0:.0f} s on {machine()}.\n\n"
-            + "\n".join(markdown_table(HEADER, rows)) + "\n")
-    publish("meter-saving" if args.job_steps == DEFAULT_JOB_STEPS else f"meter-saving-{args.job_steps}", text,
-            doc=not args.no_doc)
+            + "\n".join(markdown_table(HEADER if shares is None else (*HEADER[:2], "baseline_max_share", *HEADER[2:]),
+                                        rows)) + "\n")
+    key = "meter-saving" if args.job_steps == DEFAULT_JOB_STEPS else f"meter-saving-{args.job_steps}"
+    if shares is not None:
+        text = text.replace("## Measured saving and job energy", "## The baseline's share: measured saving", 1)
+        key += "-share"
+    publish(key, text, doc=not args.no_doc)
 
 
 if __name__ == "__main__":
