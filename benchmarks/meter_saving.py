@@ -45,12 +45,12 @@ DEFAULT_JOB_STEPS = 2000
 
 
 def run_job(curve: Curve, meter: str, seed: int, job_steps: int, rule_name: str, settle: bool,
-            config: TunerConfig) -> dict:
+            config: TunerConfig | None = None) -> dict:
     """One tuned job on ``curve`` read through ``meter``: its measured and true saving, its energy error."""
     levels = curve.levels_hz
     top = len(levels) - 1
     start = len(levels) // 2
-    job = run_tuned_job(curve, levels[start], job_steps, meter=meter, seed=seed, config=config,
+    job = run_tuned_job(curve, levels[start], job_steps, meter=meter, seed=seed, config=config or TunerConfig(),
                         rule=rule_name, saving=SavingRun(idle_s=IDLE_S, settle=settle), must_converge=False)
     saving = job.saving()
     true = 1 - curve.energy_at(job.best_hz) / curve.energy_j[top]
