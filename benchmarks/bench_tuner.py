@@ -4,7 +4,8 @@ the new one.
     python -m benchmarks.bench_tuner [--sets real adversarial fine simulated] [--seeds 5]
         [--job-steps 2000] [--noise-rel 0.03] [--model-noise 0.71] [--max-slowdown 0.1]
         [--data benchmarks/data/loudva] [--worst N]
-        [--meter gauss nvml ina3221] [--window-rule steps time] [--tuners new follow] [--lengths N ...] [--no-doc]
+        [--meter gauss nvml ina3221 nvml-replay] [--window-rule steps time] [--tuners new follow]
+        [--lengths N ...] [--no-doc]
 
 Curve sets (benchmarks/tuner_curves.py):
 
@@ -30,7 +31,8 @@ With ``--meter nvml`` / ``ina3221`` (or ``--window-rule time``) the real, advers
 on each meter and window rule given: every step of a window simulated at the curve's power and read through that
 simulated meter (governor/sim/meters.py), the windows closed by the daemon's TuningSession, of 1 warm-up + 4 steps
 or sized by its WindowRule (the tuner then gets each window's own noise_rel). That run prints and writes its own
-section ("tuner-meters"): per set, meter, rule and start, the runs, the level regret's mean and p99, the runs beyond
+section ("tuner-meters"; "tuner-meters-replay" for ``--meter nvml-replay`` alone: NVML's counter over the H200's
+recorded steps, replayed): per set, meter, rule and start, the runs, the level regret's mean and p99, the runs beyond
 6% with a 95% Wilson interval, and the whole job vs the optimum (mean, p99). With --max-slowdown too, only the real
 curves under that limit are run, into a section of their own ("tuner-meters-slowdown"): the level and the whole job
 against the best level within the limit, and the runs that converged on a level over it.
@@ -62,7 +64,7 @@ from governor.policy import tuner as tuning
 from governor.sim.meters import METER_UPDATE_S
 from governor.sim.tuned_job import ModelBoard, run_tuned_job
 
-METERS = tuple(METER_UPDATE_S)
+METERS = (*METER_UPDATE_S, "nvml-replay")  # nvml-replay: the H200's recorded steps (governor.sim.meters.ReplaySteps)
 # A search still open after this many steps is a bug in the tuner or in the simulation, not a slow curve.
 MAX_STEPS = 200_000
 
@@ -352,9 +354,9 @@ def target_row(name: str, runs: list[Run]) -> tuple:
     return (name, runs[0].meter, rule, len(runs), *cells)
 
 
-def meter_section(rows: list[tuple], targets: list[tuple], args) -> str:
+def meter_section(rows: list[tuple], targets: list[tuple], args, title: str) -> str:
     """docs/benchmarks.md's "tuner-meters" section: the tuner's windows read through simulated meters."""
-    return ("## The online tuner on simulated meters\n\n`python -m benchmarks.bench_tuner "
+    return (f"## {title}\n\n`python -m benchmarks.bench_tuner "
             f"--sets {' '.join(args.sets)} "
             f"--meter {' '.join(args.meter)} --window-rule {' '.join(args.window_rule)} --seeds {args.seeds} "
             f"--tuners {' '.join(TUNERS)} --lengths {' '.join(str(n) for n in args.lengths or [args.job_steps])}`: "
@@ -368,7 +370,12 @@ def meter_section(rows: list[tuple], targets: list[tuple], args) -> str:
             "(governor/sim/meters.py: its time scattering by 15%, its power in two phases at the curve's J/s) and "
             "read through the meter (NVML's counter held between 100 ms updates, read at step ends; the INA3221's "
             "140 ms average, integrated over the daemon's sampler at each refresh, each sample an edge with the steps "
-            "counted between step ends), the windows closed by the daemon's TuningSession: 1 warm-up + 4 steps, or "
+            "counted between step ends); nvml-replay: NVML's counter read at its update instants (an edge each 0.5 "
+            "s, steps counted between step ends, as for a client that sends step_end_s) over steps replayed from the "
+            "H200's recorded runs (benchmarks/data/h200-meter: each step the curve's J/step and s/step times a real "
+            "step's energy and time relative to its run's means, in the run's order, from a seeded point of one of "
+            "the three runs: their drift and correlation, which the model's independent steps lack), the windows "
+            "closed by the daemon's TuningSession: 1 warm-up + 4 steps, or "
             "sized by WindowRule (its defaults; the tuner gets each window's own noise_rel); gauss has no steps to "
             "size, so no WindowRule row. Whole job: "
             "the row's steps, every profiled step (warm-up and long windows included) charged at its level's "
@@ -417,7 +424,12 @@ def run_meters(args) -> None:
                             print("| " + " | ".join(str(c) for c in row) + " |", flush=True)
                         rows += new
     args.job_steps = base_steps
-    publish("tuner-meters", meter_section(rows, targets, args), doc=not args.no_doc)
+    if args.meter == ["nvml-replay"]:  # a section of its own beside the simulated meters'
+        publish("tuner-meters-replay", meter_section(rows, targets, args, "The online tuner on the H200's recorded "
+                                                     "steps (nvml-replay)"), doc=not args.no_doc)
+    else:
+        publish("tuner-meters", meter_section(rows, targets, args, "The online tuner on simulated meters"),
+                doc=not args.no_doc)
 
 
 SLOWDOWN_HEADER = ("meter", "windows", "start", "runs", "level vs the best within the limit: mean / p99",
@@ -475,7 +487,8 @@ def main() -> None:
     parser.add_argument("--tuners", nargs="+", default=list(TUNERS), choices=["new", "follow"])
     parser.add_argument("--meter", nargs="+", default=["gauss"], choices=["gauss", *METERS],
                         help="how windows read energy: gauss (the curve times Gaussian noise), or every step through "
-                        "a simulated nvml or ina3221 meter (governor/sim/meters.py)")
+                        "a simulated nvml or ina3221 meter (governor/sim/meters.py), or nvml-replay (NVML's counter "
+                        "over the H200's recorded steps; alone, a section of its own)")
     parser.add_argument("--window-rule", nargs="+", default=["steps"], choices=["steps", "time"],
                         help="windows of 1 warm-up + 4 steps, or sized by the daemon's WindowRule (meters only)")
     parser.add_argument("--lengths", type=int, nargs="+", default=None,

@@ -15,7 +15,6 @@ Prints, and writes into docs/benchmarks.md (its own section, replaced on each ru
 from __future__ import annotations
 
 import argparse
-import csv
 import math
 import statistics
 import sys
@@ -26,6 +25,8 @@ from benchmarks.figures import publish
 from governor.daemon.observing import successive_spread as successive
 from governor.policy.windows import ProbeWindow, TuningError, WindowRule, edge_joules_per_step, steps_at
 from governor.sim.meters import (
+    H200_RUNS,
+    H200_TRACES,
     NVML_UPDATE_S,
     STEP_TIME_CV,
     PowerTrace,
@@ -33,12 +34,12 @@ from governor.sim.meters import (
     append_step,
     averaged_power_w,
     held_energy_j,
+    read_h200,
     step_times_s,
 )
 
-REPO = Path(__file__).resolve().parent.parent
-TRACE_DIR = REPO / "benchmarks" / "data" / "h200-meter"  # shipped in the repo, as the LoudVA curves are
-MODELS = ("bert-small-L6H512", "bert-base-L12H768", "bert-large-L24H1024")
+TRACE_DIR = H200_TRACES  # shipped in the repo, as the LoudVA curves are
+MODELS = H200_RUNS
 STEP_WINDOWS = (4, 8, 16, 32)
 EDGE_WINDOWS_S = (0.2, 1.0, 2.0)
 INA_UPDATE_S = 0.140  # the simulated tree's hwmon update_interval
@@ -61,12 +62,8 @@ class Trace:
 
 def load_h200(name: str, directory: Path = TRACE_DIR) -> Trace:
     """A real trace: the step file's reports; the update instants are the first 5 ms sample showing a new counter."""
-    with open(directory / f"{name}-steps.csv") as f:
-        reports = [(int(r["step"]), int(r["energy_counter_mj"]) / 1000.0, float(r["t_s"])) for r in csv.DictReader(f)]
-    with open(directory / f"{name}-samples.csv") as f:
-        samples = [(float(r["t_s"]), int(r["energy_counter_mj"]) / 1000.0) for r in csv.DictReader(f)]
-    updates = [(t, e) for (_, prev), (t, e) in zip(samples, samples[1:], strict=False) if e != prev]
-    return Trace(name, reports, updates)
+    reports, updates = read_h200(name, directory)
+    return Trace(name, list(reports), updates)
 
 
 def _steps(mean_step_s: float, power_w: float, steps: int, seed: int, cv: float) -> tuple[PowerTrace, list[float]]:

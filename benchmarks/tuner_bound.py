@@ -2,7 +2,7 @@
 of each curve lie within a band of its minimum, and only has to pick among them from noisy windows.
 
     python -m benchmarks.tuner_bound [--sets real adversarial] [--groups 12] [--noise-rel 0.03]
-        [--meter gauss|nvml|ina3221] [--window-rule steps|time]
+        [--meter gauss|nvml|ina3221|nvml-replay] [--window-rule steps|time] [--no-doc]
 
 "Worst" in bench_tuner.py is the largest level regret over one group of 5 seeds (730 runs per start on the Jetson
 curves, 210 on the adversarial shapes): an extreme of a few hundred noisy runs, which moves with the seeds. Here it
@@ -17,9 +17,11 @@ z x sd - difference in log energy, until that is at most tol x noise for every c
 It is not a proof that no rule does better, but it has strictly more information than any tuner: the windows it
 needs for a given worst case are what a search needs at least, on top of those that find the band from its start.
 With ``--meter nvml`` or ``ina3221`` the tuner's windows are read through that simulated meter, 1 warm-up + 4 steps or
-sized by the daemon's WindowRule (``--window-rule time``; governor/sim/meters.py); the oracle's stay Gaussian.
+sized by the daemon's WindowRule (``--window-rule time``; governor/sim/meters.py), with ``nvml-replay`` through NVML's
+counter over the H200's recorded steps; the oracle's stay Gaussian (at the tuner's noise_rel, its windows' floor).
 Each row also gives the level regret's mean and p99 over all its runs.
-A few minutes at 12 groups. Prints the table and writes it to docs/benchmarks.md ("tuner-bound").
+A few minutes at 12 groups. Prints the table and writes it to docs/benchmarks.md ("tuner-bound"; a metered run,
+"tuner-bound-METER").
 """
 
 from __future__ import annotations
@@ -113,7 +115,8 @@ def section(lines: list[str], args) -> str:
     tuner_windows = (f"{args.noise_rel:.0%} window noise" if args.meter == "gauss" else
                      f"its windows read through the simulated {args.meter} meter (governor/sim/meters.py), "
                      f"{'sized by WindowRule' if args.window_rule == 'time' else '1 warm-up + 4 steps'}")
-    return (f"## The tuner against a bound\n\n`python -m benchmarks.tuner_bound --sets {' '.join(args.sets)} "
+    title = "The tuner against a bound" + ("" if args.meter == "gauss" else f", its windows on {args.meter}")
+    return (f"## {title}\n\n`python -m benchmarks.tuner_bound --sets {' '.join(args.sets)} "
             f"--groups {args.groups}{meter}` (`make bench`): the tuner from each start over {args.groups} disjoint "
             f"groups of {SEEDS_PER_GROUP} seeds, {tuner_windows}, beside an oracle ({args.noise_rel:.0%} Gaussian "
             "window noise) told for free which "
@@ -136,6 +139,7 @@ def main() -> None:
                         help="the tuner's windows: Gaussian noise, or read through a simulated meter")
     parser.add_argument("--window-rule", default="steps", choices=["steps", "time"],
                         help="1 warm-up + 4 steps, or sized by the daemon's WindowRule (meters only)")
+    parser.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md as it is")
     args = parser.parse_args()
     if args.meter == "gauss" and args.window_rule == "time":
         parser.error("--window-rule time needs a simulated meter (--meter nvml or ina3221)")
@@ -150,7 +154,12 @@ def main() -> None:
         for row in tuner_rows(name, curves, args) + oracle_rows(name, curves, args):
             print(row, flush=True)
             lines.append(row)
-    print(f"wrote {write_section('tuner-bound', section(lines, args))}", file=sys.stderr)
+    # A metered run is a section of its own ("tuner-bound-nvml-replay"), beside the Gaussian one.
+    name = "tuner-bound" if args.meter == "gauss" else f"tuner-bound-{args.meter}"
+    if args.no_doc:
+        print(section(lines, args))
+    else:
+        print(f"wrote {write_section(name, section(lines, args))}", file=sys.stderr)
 
 
 if __name__ == "__main__":

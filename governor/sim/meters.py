@@ -17,16 +17,24 @@ an edge of the windows with the steps counted between step ends.
 Power within a step follows two phases (PHASES): forward/backward, the longer and hungrier part, then the optimizer
 step and data loading. The split is a stated assumption, not a measurement: the H200's 100 ms readings cannot resolve
 a 26-82 ms step, and no Jetson trace at a finer grain than its 140 ms average has been recorded.
+
+The model's steps scatter independently of each other; the H200's do not (successive steps' times correlate: their
+lag-1 autocorrelation is +0.2 to +0.5, the default governor moving the clock, so sums of many steps scatter more
+than independent ones would). ReplaySteps (``nvml-replay``) replays the real runs' own steps instead: each simulated
+step takes the time and energy of the next step of a real trace (StepSequence), relative to that run's means, so
+windows see the real drift and correlation at any level's step time and power.
 """
 
 from __future__ import annotations
 
 import bisect
+import csv
 import math
 import random
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from governor.backends.rails import EnergyMeter
 
@@ -269,12 +277,18 @@ class MeteredSteps:
         t1 = self.time_s
         return [(n0 + (t_s - t0) / (t1 - t0), e_j, t_s) for t_s, e_j in self._sample_until(t1) if t_s > t0]
 
-    def _run(self, joules_per_step: float, seconds_per_step: float) -> float:
-        """One step's power into the trace, its time scattered; the time it began."""
+    def _draw(self, joules_per_step: float, seconds_per_step: float) -> tuple[float, float]:
+        """The next step at a level of this J/step and s/step as it runs: (its duration_s, its mean power_w). Its
+        time scatters (gamma, the step_cv given), its power is the level's."""
         duration = (seconds_per_step if self._shape is None
                     else self._rng.gammavariate(self._shape, seconds_per_step / self._shape))
+        return duration, joules_per_step / seconds_per_step
+
+    def _run(self, joules_per_step: float, seconds_per_step: float) -> float:
+        """One step's power into the trace (``_draw``); the time it began."""
+        duration, mean_w = self._draw(joules_per_step, seconds_per_step)
         before = self.time_s
-        append_step(self.trace, duration, joules_per_step / seconds_per_step)
+        append_step(self.trace, duration, mean_w)
         self.steps += 1
         if self.meter != "nvml" and (self._rails is None or self._job is None):  # the job registers
             self._rails = EnergyMeter(before, self._mw(before), self.update_s)
@@ -311,7 +325,8 @@ class MeteredSteps:
 # A meter read on its update instants, as the daemon reads NVML's counter when the client sends step_end_s
 # (governor.daemon.energy.MeterFeed): one edge each EDGE_EVERY_S (tuner.window_min_s / 2), steps counted between step
 # ends. Named apart from the meters read at step ends, whose windows carry up to an update's error at each end.
-EDGE_METERS = {"nvml-edges": "nvml"}
+# nvml-replay: the same, over steps replayed from the H200's recorded runs (ReplaySteps), not the model's.
+EDGE_METERS = {"nvml-edges": "nvml", "nvml-replay": "nvml"}
 EDGE_EVERY_S = 0.5
 
 
@@ -335,3 +350,92 @@ class EdgeSteps(MeteredSteps):
             self._k += self.stride
         return out
 
+
+
+# Real runs' steps, replayed: the H200 traces of a checkout (benchmarks/data/h200-meter; the replay meter serves the
+# benchmarks, which run from one).
+H200_TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h200-meter"
+H200_RUNS = ("bert-small-L6H512", "bert-base-L12H768", "bert-large-L24H1024")
+
+
+def read_h200(name: str, directory: Path = H200_TRACES) -> tuple[list[tuple[int, float, float]],
+                                                                   list[tuple[float, float]]]:
+    """One recorded run: its step-end reports (steps, energy_j, time_s), the counter read right after each step,
+    and the counter's update instants (time_s, energy_j), each the first 5 ms sample that shows a new value."""
+    with open(directory / f"{name}-steps.csv") as f:
+        reports = [(int(r["step"]), int(r["energy_counter_mj"]) / 1000.0, float(r["t_s"])) for r in csv.DictReader(f)]
+    with open(directory / f"{name}-samples.csv") as f:
+        samples = [(float(r["t_s"]), int(r["energy_counter_mj"]) / 1000.0) for r in csv.DictReader(f)]
+    updates = [(t, e) for (_, prev), (t, e) in zip(samples, samples[1:], strict=False) if e != prev]
+    return reports, updates
+
+
+@dataclass(frozen=True)
+class StepSequence:
+    """A real run's steps in order, each relative to the run's mean step: its time and its energy. The energy of a
+    step is the counter between its ends, interpolated linearly between the counter's updates (100 ms apart on an
+    H200, so power within that is not resolved: a step's energy is its time times the power of the updates around
+    it). Steps outside the updates' span are left out."""
+
+    name: str
+    time_rel: tuple[float, ...]
+    energy_rel: tuple[float, ...]
+
+    @classmethod
+    def from_readings(cls, name: str, step_ends_s: Sequence[float],
+                      updates: Sequence[tuple[float, float]]) -> StepSequence:
+        times = [t for t, _ in updates]
+        if len(times) < 2 or any(b <= a for a, b in zip(times, times[1:], strict=False)):
+            raise ValueError(f"{name}: the counter's updates must be at least two, in time order")
+
+        def energy_j(t_s: float) -> float:
+            i = min(len(times) - 1, max(1, bisect.bisect_left(times, t_s)))
+            (t0, e0), (t1, e1) = updates[i - 1], updates[i]
+            return e0 + (e1 - e0) * (t_s - t0) / (t1 - t0)
+
+        ends = [t for t in step_ends_s if times[0] <= t <= times[-1]]
+        steps = [(b - a, energy_j(b) - energy_j(a)) for a, b in zip(ends, ends[1:], strict=False)]
+        if len(steps) < 2 or any(d <= 0 or e <= 0 for d, e in steps):
+            raise ValueError(f"{name}: {len(steps)} steps within the counter's updates; need at least two, each "
+                             "with time and energy")
+        mean_s = math.fsum(d for d, _ in steps) / len(steps)
+        mean_j = math.fsum(e for _, e in steps) / len(steps)
+        return cls(name, tuple(d / mean_s for d, _ in steps), tuple(e / mean_j for _, e in steps))
+
+    @classmethod
+    def h200(cls, name: str, directory: Path = H200_TRACES) -> StepSequence:
+        if not directory.is_dir():
+            raise FileNotFoundError(f"no H200 traces at {directory}: the replay meter reads a checkout's "
+                                    "benchmarks/data/h200-meter")
+        reports, updates = read_h200(name, directory)
+        return cls.from_readings(name, [t for _, _, t in reports], updates)
+
+    def __len__(self) -> int:
+        return len(self.time_rel)
+
+    def at(self, k: int) -> tuple[float, float]:
+        """The k-th step replayed (time_rel, energy_rel): the run forwards, then backwards, and so on, so that a
+        long job's steps stay in the run's order with no jump where it wraps."""
+        n = len(self.time_rel)
+        i = k % (2 * n)
+        i = i if i < n else 2 * n - 1 - i
+        return self.time_rel[i], self.energy_rel[i]
+
+
+class ReplaySteps(EdgeSteps):
+    """NVML's counter read at its update instants (EdgeSteps), over steps replayed from a real run: one of
+    ``sequences`` (chosen by ``seed``), from a point of its own (seeded), each step the level's J/step and s/step
+    times the real step's energy and time relative to its run's means. The update clock is the meter's own; the
+    recorded run's power within its 100 ms updates is spread over each step in PHASES."""
+
+    def __init__(self, seed: int, sequences: Sequence[StepSequence], every_s: float = EDGE_EVERY_S):
+        super().__init__(seed, every_s)
+        rng = random.Random(f"replay/{seed}")
+        self.sequence = sequences[rng.randrange(len(sequences))]
+        self._next = rng.randrange(2 * len(self.sequence))
+
+    def _draw(self, joules_per_step: float, seconds_per_step: float) -> tuple[float, float]:
+        time_rel, energy_rel = self.sequence.at(self._next)
+        self._next += 1
+        duration = seconds_per_step * time_rel
+        return duration, joules_per_step * energy_rel / duration

@@ -13,7 +13,9 @@ time_s) at each step's end:
   (governor.sim.meters.MeteredSteps): NVML's counter at each step's end, as for a client that sends no step_end_s;
   the INA3221's average by the daemon's sampler at each refresh, steps counted between step ends (every client);
 - ``nvml-edges``: the same steps, NVML's counter read at its update instants, as the daemon reads it when the client
-  sends step_end_s (governor.sim.meters.EdgeSteps: an edge each 0.5 s, steps counted between step ends).
+  sends step_end_s (governor.sim.meters.EdgeSteps: an edge each 0.5 s, steps counted between step ends);
+- ``nvml-replay``: read as nvml-edges, the steps replayed from the H200's recorded runs (their times and energies
+  relative to each run's means, in order: governor.sim.meters.ReplaySteps) instead of the model's independent ones.
 
 The windows follow the TunerConfig's rule (``rule``: ``steps``, warm-up then window_steps; ``time``, the daemon's
 WindowRule on the meter's updates). The job starts pinned at ``start_hz`` and re-pins as each window closes (the next
@@ -28,6 +30,7 @@ the meter to settle after each change of clock; the steps run at the pick after 
 
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -45,7 +48,15 @@ from governor.policy.windows import (
     WindowRule,
 )
 from governor.sim.energy import Calibration, OrinEnergyModel, Workload
-from governor.sim.meters import EDGE_METERS, METER_UPDATE_S, EdgeSteps, MeteredSteps
+from governor.sim.meters import (
+    EDGE_METERS,
+    H200_RUNS,
+    METER_UPDATE_S,
+    EdgeSteps,
+    MeteredSteps,
+    ReplaySteps,
+    StepSequence,
+)
 
 METERS = ("exact", "gauss", *METER_UPDATE_S, *EDGE_METERS)
 RULES = ("steps", "time")
@@ -136,9 +147,17 @@ def make_meter(meter: str, seed: int = 0, noise_rel: float = 0.03) -> ExactMeter
         return GaussMeter(noise_rel, seed)
     if meter in METER_UPDATE_S:
         return MeteredSteps(meter, seed)
+    if meter == "nvml-replay":
+        return ReplaySteps(seed, h200_sequences())
     if meter in EDGE_METERS:
         return EdgeSteps(seed)
     raise ValueError(f"meter {meter!r}: one of {', '.join(METERS)}")
+
+
+@functools.cache
+def h200_sequences() -> tuple[StepSequence, ...]:
+    """The H200's recorded runs, as the replay meter steps through them (read once)."""
+    return tuple(StepSequence.h200(name) for name in H200_RUNS)
 
 
 @dataclass(frozen=True)

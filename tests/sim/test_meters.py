@@ -69,3 +69,57 @@ def test_a_jobs_energy_on_the_ina3221_is_the_truth_whatever_its_steps(step_s):
         for _ in range(int(60 / step_s)):
             m.points(POWER_W * step_s, step_s)
         assert m.job_energy_j() == pytest.approx(m.trace.energy_j(m.time_s) - start_j, rel=0.004)
+
+
+def test_a_step_sequence_is_each_steps_time_and_energy_over_the_runs_means_from_the_counters_updates():
+    """A counter updating every 100 ms on a run whose power steps from 200 W to 400 W at 1 s, steps of 50 ms then
+    100 ms: each step's energy is the counter interpolated between its updates, relative to the mean step's."""
+    from governor.sim.meters import StepSequence
+
+    def energy_j(t):
+        return 200.0 * min(t, 1.0) + 400.0 * max(0.0, t - 1.0)
+
+    updates = [(k / 10, energy_j(k / 10)) for k in range(21)]
+    ends = [0.05 * k for k in range(21)] + [1.0 + 0.1 * k for k in range(1, 11)]
+    seq = StepSequence.from_readings("two levels", ends, updates)
+    assert len(seq) == 30
+    mean_s, mean_j = 2.0 / 30, energy_j(2.0) / 30
+    assert seq.time_rel[0] == pytest.approx(0.05 / mean_s) and seq.time_rel[-1] == pytest.approx(0.1 / mean_s)
+    assert seq.energy_rel[0] == pytest.approx(10.0 / mean_j) and seq.energy_rel[-1] == pytest.approx(40.0 / mean_j)
+    # Replayed forwards, then backwards: no jump where the run wraps.
+    assert [seq.at(k) for k in (29, 30, 59, 60)] == [seq.at(29), seq.at(29), seq.at(0), seq.at(0)]
+    with pytest.raises(ValueError, match="updates"):
+        StepSequence.from_readings("one update", ends, updates[:1])
+    with pytest.raises(ValueError, match="steps within"):
+        StepSequence.from_readings("no steps", [5.0, 6.0], updates)
+
+
+def test_the_h200s_steps_correlate_as_the_models_do_not_and_the_replay_keeps_it():
+    """The recorded runs' successive steps correlate (the default governor moving the clock): lag-1 autocorrelation
+    of their times +0.2 to +0.5, so their 50-step means drift by several percent, where independent steps of the same
+    scatter would drift by about 2%. The replay meter's steps carry that: over the run's whole cycle their mean
+    J/step and s/step are the level's, their times the run's own."""
+    from governor.sim.meters import ReplaySteps
+    from governor.sim.tuned_job import h200_sequences
+
+    def lag1(xs):
+        m = statistics.fmean(xs)
+        return sum((a - m) * (b - m) for a, b in zip(xs, xs[1:], strict=False)) / sum((x - m) ** 2 for x in xs)
+
+    sequences = h200_sequences()
+    assert len(sequences) == 3 and all(390 <= len(s) <= 400 for s in sequences)
+    for s in sequences:
+        assert 0.15 < lag1(s.time_rel) < 0.6
+        blocks = [statistics.fmean(s.energy_rel[i:i + 50]) for i in range(0, len(s) - 49, 50)]
+        assert max(blocks) - min(blocks) > 0.04
+        assert statistics.fmean(s.time_rel) == pytest.approx(1.0) and statistics.fmean(s.energy_rel) == pytest.approx(1)
+    steps = ReplaySteps(seed=5, sequences=sequences)
+    n = 2 * len(steps.sequence)
+    durations = []
+    for _ in range(n):
+        t0 = steps.time_s
+        steps.points(J_PER_STEP, STEP_S)
+        durations.append(steps.time_s - t0)
+    assert steps.trace.energy_j(steps.time_s) == pytest.approx(n * J_PER_STEP)
+    assert steps.time_s == pytest.approx(n * STEP_S)
+    assert lag1(durations) == pytest.approx(lag1(steps.sequence.time_rel), abs=0.01)

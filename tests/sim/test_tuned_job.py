@@ -106,7 +106,7 @@ def test_bad_arguments_are_refused():
         run_tuned_job(V, LEVELS[-1], 2000, rule="often")
     with pytest.raises(ValueError, match="gauss"):
         run_tuned_job(V, LEVELS[-1], 2000, meter="gauss", rule="time")
-    assert METERS == ("exact", "gauss", "nvml", "ina3221", "nvml-edges")
+    assert METERS == ("exact", "gauss", "nvml", "ina3221", "nvml-edges", "nvml-replay")
 
 
 def test_on_the_energy_model_the_windows_scatter_with_its_noise_and_the_charge_is_noise_free():
