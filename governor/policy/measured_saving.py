@@ -8,6 +8,15 @@ there and the meter settled (the steps before are its warm-up), and the windows 
 confirmed its near-ties. Its uncertainty is reckoned as a window's (governor.policy.windows.window_noise_rel): the
 steps' scatter, read off the intervals between the stretches' reports (at a steady power a stretch's J/step is its mean
 step time), pooled with the prior, and the meter's ends, an update's energy at each end of each stretch.
+
+Both parts assume that steps scatter independently. A real GPU's do not: on the H200 successive steps correlate and
+their means drift by several percent over tens of steps (the default governor moving the clock, the data), so a
+baseline window of 100 steps may sit well off the job's long-run J/step while its own scatter looks small. The
+stretches at the pick show how far: cut into blocks as long as the baseline window (in steps), their J/step scatter by
+what a segment of the baseline's length scatters by in this job, drift and meter ends included. That is the least the
+baseline's uncertainty is taken to be, and the blocks' scatter over the square root of their number (batch means) the
+least the tuned side's is. Drift that is not stationary (a job whose first steps run differently from the rest)
+escapes it.
 """
 
 from __future__ import annotations
@@ -19,6 +28,13 @@ from governor.policy.windows import PRIOR_DOF, Intervals, Measurement
 
 Point = tuple[float, float, float]  # (steps, energy_j, time_s), as windows take them
 
+# The stretches keep a point every so many steps (marks) to cut blocks from: at first every MARK_STEPS, the spacing
+# doubling whenever they hold more than MAX_MARKS, so that a long job's stay bounded. The baseline's uncertainty takes
+# the blocks' scatter into account once there are MIN_BLOCKS of them.
+MARK_STEPS = 2.0
+MAX_MARKS = 4096
+MIN_BLOCKS = 5
+
 
 @dataclass
 class _Stretch:
@@ -28,12 +44,34 @@ class _Stretch:
     first: Point
     last: Point
     intervals: Intervals = field(default_factory=Intervals)
+    marks: list[Point] = field(default_factory=list)  # from the first point, a point each mark_steps or more
 
-    def extend(self, point: Point) -> None:
+    def extend(self, point: Point, mark_steps: float) -> None:
         m, dt = point[0] - self.last[0], point[2] - self.last[2]
         if m > 0 and dt > 0:
             self.intervals.add(m, dt)
         self.last = point
+        if point[0] - (self.marks[-1] if self.marks else self.first)[0] >= mark_steps:
+            self.marks.append(point)
+
+    def thin(self, mark_steps: float) -> None:
+        """Keep the marks at least ``mark_steps`` apart."""
+        kept: list[Point] = []
+        for point in self.marks:
+            if point[0] - (kept[-1] if kept else self.first)[0] >= mark_steps:
+                kept.append(point)
+        self.marks = kept
+
+    def blocks(self, block_steps: float) -> list[tuple[float, float]]:
+        """The stretch cut at its marks into consecutive blocks of at least ``block_steps`` steps: (steps, joules)
+        each; the remainder is left out."""
+        out = []
+        start = self.first
+        for point in self.marks:
+            if point[0] - start[0] >= block_steps:
+                out.append((point[0] - start[0], point[1] - start[1]))
+                start = point
+        return out
 
     @property
     def steps(self) -> float:
@@ -66,12 +104,21 @@ class MeasuredSaving:
         self.mixed = False  # a stretch ran while another job shared the GPU: no measurement of this one
         self._open: _Stretch | None = None
         self._moved: tuple[int, float] | None = None  # (level_hz, time_s of its first point): settling
+        self.mark_steps = MARK_STEPS
+        self._marks = 0
 
     def converged_at(self, level_hz: int, points: list[Point]) -> None:
         """A report's points, run converged and pinned at ``level_hz``."""
         for point in points:
             if self._open is not None and self._open.level_hz == level_hz:
-                self._open.extend(point)
+                before = len(self._open.marks)
+                self._open.extend(point, self.mark_steps)
+                self._marks += len(self._open.marks) - before
+                if self._marks > MAX_MARKS:
+                    self.mark_steps *= 2
+                    for s in self.stretches:
+                        s.thin(self.mark_steps)
+                    self._marks = sum(len(s.marks) for s in self.stretches)
                 continue
             if self._moved is None or self._moved[0] != level_hz:
                 self._open, self._moved = None, (level_hz, point[2])
@@ -101,9 +148,13 @@ class MeasuredSaving:
         confirm = [m for m in self.at_pick if m.level_hz == best_hz]
         steps = sum(s.steps for s in stretches) + sum(m.measured_steps for m in confirm)
         over = "steps after convergence"
+        block_rel, blocks = 0.0, 0
         if stretches and not self.mixed and steps >= self.prior_steps:
             joules = sum(s.joules for s in stretches) + sum(m.joules_per_step * m.measured_steps for m in confirm)
             tuned_rel = self._stretches_rel(stretches, confirm, steps)
+            block_rel, blocks = blocks_rel(stretches, baseline.measured_steps)
+            if blocks:
+                tuned_rel = max(tuned_rel, block_rel / math.sqrt(blocks))
         else:
             at_best = [m for m in windows if m.level_hz == best_hz]
             steps = sum(m.measured_steps for m in at_best)
@@ -116,14 +167,15 @@ class MeasuredSaving:
             return None
         tuned = joules / steps
         ratio = tuned / baseline.joules_per_step
-        base_rel = max(baseline.noise_rel or 0.0, baseline_floor_rel)
+        base_rel = max(baseline.noise_rel or 0.0, baseline_floor_rel, block_rel)
         # saved = 1 - tuned / baseline: its s.d. is the ratio times the two relative s.d.s in quadrature.
         err_rel = ratio * math.hypot(base_rel, tuned_rel)
         return {"saved_pct": round(100.0 * (1.0 - ratio), 2), "saved_rel": 1.0 - ratio,
                 "saved_pct_err": round(100.0 * err_rel, 2), "basis": "default governor", "freq_hz": best_hz,
                 "measured_steps": baseline.measured_steps + round(steps), "baseline_steps": baseline.measured_steps,
                 "tuned_steps": round(steps), "tuned_over": over, "baseline_j_per_step": baseline.joules_per_step,
-                "tuned_j_per_step": tuned, "tuned_rel": tuned_rel, "baseline_rel": base_rel}
+                "tuned_j_per_step": tuned, "tuned_rel": tuned_rel, "baseline_rel": base_rel,
+                "blocks": blocks, "block_rel": block_rel}
 
     def _stretches_rel(self, stretches: list[_Stretch], confirm: list[Measurement], steps: float) -> float:
         """The relative s.d. of the tuned side's J/step: the steps' scatter and the meter's ends, in quadrature."""
@@ -143,3 +195,16 @@ class MeasuredSaving:
         # The confirmation windows carry their own (their share of the steps each).
         windows2 = sum((m.measured_steps * (m.noise_rel or self.prior_rel)) ** 2 for m in confirm) / (steps * steps)
         return math.sqrt(ends2 + pooled2 + windows2)
+
+
+def blocks_rel(stretches: list[_Stretch], block_steps: float) -> tuple[float, int]:
+    """How far a segment of ``block_steps`` steps at the pick strays from the job's long-run J/step: the relative s.d.
+    of the stretches' blocks of that length (scaled to exactly that length, as blocks run a little longer), and the
+    number of blocks. (0.0, 0) with fewer than MIN_BLOCKS."""
+    blocks = [b for s in stretches for b in s.blocks(max(1.0, block_steps))]
+    if len(blocks) < MIN_BLOCKS:
+        return 0.0, 0
+    steps = sum(n for n, _ in blocks)
+    mean = sum(j for _, j in blocks) / steps
+    var = sum((j / n / mean - 1.0) ** 2 for n, j in blocks) / (len(blocks) - 1)
+    return math.sqrt(var * steps / len(blocks) / max(1.0, block_steps)), len(blocks)

@@ -41,6 +41,9 @@ def test_the_tuned_side_is_every_step_at_the_pick_once_the_meter_settled():
 
 
 def test_the_tuned_sides_uncertainty_is_its_steps_scatter_over_their_number():
+    """Independent steps: the intervals' scatter over sqrt(steps) (and the meter's ends); the blocks of the baseline's
+    length (100 steps) say the same of the tuned side, and the baseline's own 1% is raised to what 100 of these steps
+    scatter by."""
     rng = random.Random(4)
     for cv, steps in ((0.15, 1000), (0.15, 4000), (0.05, 1000)):
         s = MeasuredSaving(0.03, 4, meter_update_s=0.1)
@@ -48,10 +51,46 @@ def test_the_tuned_sides_uncertainty_is_its_steps_scatter_over_their_number():
         s.converged_at(PICK, [(0, 0.0, 0.0), *_points((0, 0.0, 0.0), steps, 1.5, times)])
         out = s.result(BASELINE, PICK, [])
         expected = math.hypot(cv / math.sqrt(steps), 0.1 / (0.5 * steps * math.sqrt(6)))
-        assert out["tuned_rel"] == pytest.approx(expected, rel=0.15), (cv, steps)
+        assert out["tuned_rel"] == pytest.approx(expected, rel=0.3), (cv, steps)
+        assert out["blocks"] == steps // 100 and out["block_rel"] == pytest.approx(cv / 10, rel=0.4), (cv, steps)
+        assert out["baseline_rel"] == max(0.01, out["block_rel"])
         # The saving's s.d.: the ratio times the two sides' in quadrature.
         ratio = out["tuned_j_per_step"] / 2.0
-        assert out["saved_pct_err"] == pytest.approx(100 * ratio * math.hypot(0.01, out["tuned_rel"]), abs=0.01)
+        assert out["saved_pct_err"] == pytest.approx(100 * ratio * math.hypot(out["baseline_rel"], out["tuned_rel"]),
+                                                     abs=0.01)
+
+
+def test_steps_that_drift_raise_both_sides_uncertainty_to_what_segments_of_the_baselines_length_scatter_by():
+    """Steps whose mean wanders (an AR(1) drift of 5% with a memory of 50 steps on top of 10% independent scatter,
+    as the H200's do): the intervals see only the 10%, while 100-step segments scatter by far more than 1%. The
+    blocks measure that, for the baseline's uncertainty and, over their number, the tuned side's."""
+    rng = random.Random(7)
+    steps, memory = 6000, 50
+    a = math.exp(-1 / memory)
+    drift, times = 0.0, []
+    for _ in range(steps + 1):
+        drift = a * drift + math.sqrt(1 - a * a) * rng.gauss(0, 0.05)
+        times.append(0.5 * (1 + drift) * rng.gammavariate(100, 0.01))
+    s = MeasuredSaving(0.03, 4, meter_update_s=0.1)
+    s.converged_at(PICK, [(0, 0.0, 0.0), *_points((0, 0.0, 0.0), steps, 1.5, times)])
+    out = s.result(BASELINE, PICK, [])
+    segments = [sum(times[k:k + 100]) / 100 for k in range(1, steps - 99, 100)]
+    truth = math.sqrt(sum((x / (sum(segments) / len(segments)) - 1) ** 2 for x in segments) / (len(segments) - 1))
+    assert truth > 0.025  # the drift dominates: independent steps would give 1%
+    assert out["block_rel"] == pytest.approx(truth, rel=0.1)
+    assert out["baseline_rel"] == out["block_rel"]
+    assert out["tuned_rel"] == pytest.approx(truth / math.sqrt(steps // 100), rel=0.1)
+    assert out["tuned_rel"] > 2 * 0.1 / math.sqrt(steps)
+
+
+def test_the_marks_stay_bounded_on_a_long_job_and_still_cut_the_baselines_blocks():
+    from governor.policy.measured_saving import MAX_MARKS
+
+    s = MeasuredSaving(0.03, 4)
+    s.converged_at(PICK, _points((0, 0.0, 0.0), 20_000, 1.5, [0.5] * 20_000))
+    assert sum(len(st.marks) for st in s.stretches) <= MAX_MARKS and s.mark_steps >= 8
+    out = s.result(BASELINE, PICK, [])
+    assert 180 <= out["blocks"] <= 199 and out["block_rel"] == pytest.approx(0.0, abs=1e-9)  # blocks of 100-107
 
 
 def test_a_stretch_shared_with_another_job_leaves_the_tuner_windows_as_the_tuned_side():
