@@ -111,6 +111,7 @@ bench: $(DEV_VENV)/.test
 	$(VPY) -m benchmarks.tuner_bound --sets real --groups 2 --meter nvml-replay --window-rule time
 	$(VPY) -m benchmarks.bench_saving
 	$(VPY) -m benchmarks.meter_windows
+	$(VPY) -m benchmarks.baseline_drift
 	$(VPY) -m benchmarks.sampler_cost
 	$(VPY) -m benchmarks.trace_register
 	$(VPY) -m benchmarks.meter_saving

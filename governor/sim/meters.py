@@ -354,8 +354,9 @@ class EdgeSteps(MeteredSteps):
 
 # Real runs' steps, replayed: the H200 traces of a checkout (benchmarks/data/h200-meter; the replay meter serves the
 # benchmarks, which run from one).
-H200_TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h200-meter"
-H200_RUNS = ("bert-small-L6H512", "bert-base-L12H768", "bert-large-L24H1024")
+H200_TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "h200-meter"  # 400 steps a run
+H200_LONG_TRACES = H200_TRACES.parent / "h200-meter-2000"  # 2,000 steps a run, the SM clock read too
+H200_RUNS = ("bert-small-L6H512", "bert-base-L12H768", "bert-large-L24H1024")  # the same three shapes in each
 
 
 def read_h200(name: str, directory: Path = H200_TRACES) -> tuple[list[tuple[int, float, float]],

@@ -50,7 +50,9 @@ from governor.policy.windows import (
 from governor.sim.energy import Calibration, OrinEnergyModel, Workload
 from governor.sim.meters import (
     EDGE_METERS,
+    H200_LONG_TRACES,
     H200_RUNS,
+    H200_TRACES,
     METER_UPDATE_S,
     EdgeSteps,
     MeteredSteps,
@@ -156,8 +158,10 @@ def make_meter(meter: str, seed: int = 0, noise_rel: float = 0.03) -> ExactMeter
 
 @functools.cache
 def h200_sequences() -> tuple[StepSequence, ...]:
-    """The H200's recorded runs, as the replay meter steps through them (read once)."""
-    return tuple(StepSequence.h200(name) for name in H200_RUNS)
+    """The H200's six recorded runs (three of 400 steps, three of 2,000), as the replay meter steps through them (read
+    once)."""
+    return tuple(StepSequence.h200(name, directory) for directory in (H200_TRACES, H200_LONG_TRACES)
+                 for name in H200_RUNS)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,109 @@
+"""The measured saving's baseline on real meter readings: how far a baseline window of the job's first steps sits from
+the job's long-run J/step on the H200, and what spreading the same steps over the job would buy.
+
+    python -m benchmarks.baseline_drift [--baseline-steps 100] [--no-doc]
+
+Each recorded run (benchmarks/data/h200-meter, 400 steps, and h200-meter-2000, 2,000 steps with the SM clock read
+alongside) is turned into its steps' energies (governor.sim.meters.StepSequence: the counter interpolated between its
+100 ms updates, relative to the run's mean step) and times. Reported per run:
+
+- the SM clock over the run (the 2,000-step runs): whether the default governor moved it;
+- the scatter of J/step over consecutive segments of 30, 100 and 400 steps, beside what independent steps of the
+  same scatter would give (the run's step CV over sqrt(n)), and the correlation of the 100-step segments' mean step
+  time with their mean power (-1: the steps lengthen as the GPU waits at lower power; +1 would be the work growing);
+- on the 2,000-step runs, a baseline of ``--baseline-steps`` steps against the rest of the run: the rms relative
+  error of its J/step, as one stretch (the daemon's baseline window) and as K chunks of the same total spread evenly
+  over the run (every placement, stepped by 7 steps, wrapped at the run's end).
+
+Writes docs/benchmarks.md ("baseline-drift").
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+from pathlib import Path
+
+from benchmarks.figures import publish
+from governor.sim.meters import H200_LONG_TRACES as LONG_TRACES
+from governor.sim.meters import H200_RUNS, H200_TRACES, StepSequence
+
+SEGMENTS = (30, 100, 400)
+CHUNKS = (1, 2, 5, 10)
+
+
+def sequence(directory: Path, name: str) -> StepSequence:
+    return StepSequence.h200(name, directory)
+
+
+def sm_clock(directory: Path, name: str) -> str:
+    with open(directory / f"{name}-samples.csv") as f:
+        clocks = [int(r["sm_clock_mhz"]) for r in csv.DictReader(f) if r.get("sm_clock_mhz")]
+    if not clocks:
+        return "not read"
+    return f"{min(clocks)}-{max(clocks)} MHz ({len(set(clocks))} value{'s' if len(set(clocks)) > 1 else ''})"
+
+
+def segment_sd(values: tuple[float, ...], n: int) -> float:
+    means = [statistics.fmean(values[i:i + n]) for i in range(0, len(values) - n + 1, n)]
+    return statistics.stdev(means) if len(means) > 1 else math.nan
+
+
+def time_power_corr(seq: StepSequence, n: int = 100) -> float:
+    t = [statistics.fmean(seq.time_rel[i:i + n]) for i in range(0, len(seq) - n + 1, n)]
+    e = [statistics.fmean(seq.energy_rel[i:i + n]) for i in range(0, len(seq) - n + 1, n)]
+    return statistics.correlation(t, [a / b for a, b in zip(e, t, strict=True)]) if len(t) > 2 else math.nan
+
+
+def chunked_error(energy: tuple[float, ...], steps: int, chunks: int, stride: int = 7) -> float:
+    """The rms relative error of a baseline of ``steps`` steps in ``chunks`` equal chunks spread evenly over the run,
+    against the mean of the rest, over every placement (``stride`` steps apart)."""
+    n = len(energy)
+    size = steps // chunks
+    errors = []
+    for offset in range(0, n // chunks if chunks > 1 else n - steps, stride):
+        taken = {(offset + k * n // chunks + j) % n for k in range(chunks) for j in range(size)}
+        base = statistics.fmean(energy[i] for i in taken)
+        rest = statistics.fmean(energy[i] for i in range(n) if i not in taken)
+        errors.append(base / rest - 1)
+    return math.sqrt(statistics.fmean(x * x for x in errors))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--baseline-steps", type=int, default=100, help="the baseline's steps (tuner.baseline_max_share "
+                   "of a 2,000-step job: 100)")
+    p.add_argument("--no-doc", action="store_true")
+    args = p.parse_args(argv)
+    runs = [(d, name, f"{name} ({d.name})") for d in (H200_TRACES, LONG_TRACES) for name in H200_RUNS]
+    lines = ["## The baseline window on real meter readings: drift", "",
+             "`python -m benchmarks.baseline_drift` (`make bench`): the six recorded H200 runs (three of 400 steps, "
+             "benchmarks/data/h200-meter; three of 2,000 steps with the SM clock read alongside, h200-meter-2000), "
+             "each step's energy from the counter interpolated between its 100 ms updates.", "",
+             "| run | steps | SM clock | step time CV | "
+             + " | ".join(f"J/step over {n}-step segments: s.d. (independent steps)" for n in SEGMENTS)
+             + " | 100-step segments: corr(step time, power) |",
+             "|---|---:|---|---:|" + "---|" * len(SEGMENTS) + "---:|"]
+    for directory, name, label in runs:
+        seq = sequence(directory, name)
+        cv = statistics.pstdev(seq.energy_rel)
+        cells = [f"{100 * segment_sd(seq.energy_rel, n):.1f}% ({100 * cv / math.sqrt(n):.1f}%)"
+                 if len(seq) >= 3 * n else "-" for n in SEGMENTS]
+        lines.append(f"| {label} | {len(seq)} | {sm_clock(directory, name)} | {statistics.pstdev(seq.time_rel):.2f} | "
+                     + " | ".join(cells) + f" | {time_power_corr(seq):+.2f} |")
+    lines += ["", f"A baseline of {args.baseline_steps} steps against the rest of a 2,000-step run: the rms error of "
+              "its J/step, as one stretch and as K chunks of the same steps spread evenly over the run (every "
+              "placement 7 steps apart):", "",
+              "| run | " + " | ".join("one stretch" if k == 1 else f"{k} chunks" for k in CHUNKS) + " |",
+              "|---|" + "---:|" * len(CHUNKS)]
+    for name in H200_RUNS:
+        seq = sequence(LONG_TRACES, name)
+        lines.append(f"| {name} | " + " | ".join(f"{100 * chunked_error(seq.energy_rel, args.baseline_steps, k):.2f}%"
+                                                 for k in CHUNKS) + " |")
+    publish("baseline-drift", "\n".join(lines) + "\n", doc=not args.no_doc)
+
+
+if __name__ == "__main__":
+    main()
