@@ -54,12 +54,13 @@ def run_job(curve: Curve, meter: str, seed: int, job_steps: int, rule_name: str,
                         rule=rule_name, saving=SavingRun(idle_s=IDLE_S, settle=settle), must_converge=False)
     saving = job.saving()
     true = 1 - curve.energy_at(job.best_hz) / curve.energy_j[top]
-    at_default = max(0, job.baseline_steps - 1)  # the first step ran at the start pin
+    at_default = job.default_steps  # the baseline's parts, warm-ups included (the first step ran at the start pin)
     energy_err = None if job.reported_energy_j is None else job.reported_energy_j / job.true_energy_j - 1
     return {"measured": None if saving is None else saving["saved_rel"], "true": true, "energy_err": energy_err,
             "err": None if saving is None else saving["saved_pct_err"] / 100,
             "tuned_steps": 0 if saving is None else saving["tuned_steps"],
-            "baseline_steps": 0 if job.baseline is None else job.baseline.measured_steps,
+            "baseline_steps": 0 if saving is None else saving["baseline_steps"],
+            "parts": 0 if saving is None else saving["baseline_parts"],
             "baseline_cost": at_default * (curve.energy_j[top] - curve.energy_at(job.best_hz)) / job.true_energy_j,
             "step_s": curve.time_s[top]}
 
@@ -100,19 +101,25 @@ def main() -> None:
     p.add_argument("--baseline-max-share", nargs="+", type=float, default=None,
                    help="tuner.baseline_max_share values, each a row (a section of its own: the trade of the "
                         "baseline's length, its cost against the saving's error)")
+    p.add_argument("--baseline-parts", nargs="+", type=int, default=None,
+                   help="tuner.baseline_parts values, each a row (a section of its own: the baseline in one window at "
+                   "the start or in parts spread over the job)")
     p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--no-doc", action="store_true")
     args = p.parse_args()
     curves = real_curves(args.data)[::args.every]
-    shares = args.baseline_max_share
+    if args.baseline_max_share and args.baseline_parts:
+        p.error("--baseline-max-share and --baseline-parts: one knob a section")
+    knob, values = (("baseline_max_share", args.baseline_max_share) if args.baseline_max_share else
+                    ("baseline_parts", args.baseline_parts) if args.baseline_parts else (None, None))
     t0 = time.monotonic()
     rows = []
     for meter in args.meter:
         for rule_name in args.window_rule:
-            for share in shares or [None]:
-                config = TunerConfig() if share is None else TunerConfig(baseline_max_share=share)
+            for value in values or [None]:
+                config = TunerConfig() if knob is None else TunerConfig(**{knob: value})
                 row = rows_for(curves, meter, rule_name, args, config)
-                rows.append(row if share is None else (*row[:2], f"{share:g}", *row[2:]))
+                rows.append(row if knob is None else (*row[:2], f"{value:g}", *row[2:]))
                 print("| " + " | ".join(str(c) for c in rows[-1]) + " |", flush=True)
     command = " ".join(["python -m benchmarks.meter_saving", *sys.argv[1:]]).replace(" --no-doc", "")
     text = (f"## Measured saving and job energy on simulated meters, jobs of {args.job_steps} steps\n\n`{command}`: "
@@ -122,12 +129,14 @@ def main() -> None:
             + ("windows opened right after the warm-up step" if args.no_settle else
                "windows waiting for the meter to settle after each change of clock") +
             f"). p99 by nearest rank. {time.monotonic() - t0:.0f} s on {machine()}.\n\n"
-            + "\n".join(markdown_table(HEADER if shares is None else (*HEADER[:2], "baseline_max_share", *HEADER[2:]),
-                                        rows)) + "\n")
+            + "\n".join(markdown_table(HEADER if knob is None else (*HEADER[:2], knob, *HEADER[2:]), rows)) + "\n")
     key = "meter-saving" if args.job_steps == DEFAULT_JOB_STEPS else f"meter-saving-{args.job_steps}"
-    if shares is not None:
+    if knob == "baseline_max_share":
         text = text.replace("## Measured saving and job energy", "## The baseline's share: measured saving", 1)
         key += "-share"
+    elif knob == "baseline_parts":
+        text = text.replace("## Measured saving and job energy", "## The baseline in parts: measured saving", 1)
+        key += "-parts"
     publish(key, text, doc=not args.no_doc)
 
 

@@ -8,6 +8,7 @@ root-owned file, never from clients.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import Literal
@@ -132,6 +133,12 @@ class TunerConfig(_Strict):
         "window_rule time: the baseline window closes after this share of the job's total_steps (at least "
         "baseline_min_steps; a job that did not tell its length is taken as the tuner's 2,000 steps): its steps run "
         "at the default governor, which costs the saving on each"))
+    baseline_parts: int = Field(5, ge=1, le=50, description=(
+        "the baseline's steps are measured in this many parts: the first at the job's start, the others at the "
+        "default governor spread over the job while it runs converged, so that the baseline and the steps at the "
+        "pick average over the same drift (a real GPU's steps drift by several percent over minutes: "
+        "docs/benchmarks.md, 'baseline-drift'). Each part is a window of the baseline's rule with its share of the "
+        "steps, at least window_min_s long; 1: the one window at the start"))
 
     @classmethod
     def exact_meter(cls) -> TunerConfig:
@@ -171,19 +178,30 @@ class TunerConfig(_Strict):
                                  min_steps=self.window_min_steps, prior_rel=self.noise_rel,
                                  decide_z=self.window_decide_z)
 
+    def baseline_budget_steps(self, total_steps: int | None = None) -> int | None:
+        """The baseline's steps at most, all its parts together: baseline_max_share of the job's ``total_steps`` (None:
+        unknown, priced as the tuner prices it, ASSUMED_TOTAL_STEPS), at least baseline_min_steps. None for
+        fixed-step windows (each part is one window)."""
+        if self.window_rule == "steps":
+            return None
+        steps = ASSUMED_TOTAL_STEPS if total_steps is None else total_steps
+        return max(self.baseline_min_steps, int(self.baseline_max_share * steps))
+
     def baseline_window_rule(self, meter_update_s: float,
                              total_steps: int | None = None) -> _tuner.WindowRule | None:
-        """The rule of the baseline window: the windows' rule, spanning at least baseline_min_steps steps, closing at
-        baseline_target_rel, capped at baseline_max_s and at baseline_max_share of the job's ``total_steps`` (None:
-        unknown, priced as the tuner prices it, ASSUMED_TOTAL_STEPS). None for fixed-step windows."""
+        """The rule of each of the baseline's baseline_parts windows: the windows' rule, together spanning at least
+        baseline_min_steps steps, closing at baseline_target_rel (each part at that times sqrt(parts)), capped at
+        baseline_max_s and at the baseline's budget (``baseline_budget_steps``), each part at its share of both.
+        None for fixed-step windows."""
         rule = self.window(meter_update_s)
-        if rule is None:
+        budget = self.baseline_budget_steps(total_steps)
+        if rule is None or budget is None:
             return None
-        min_steps = max(rule.min_steps, self.baseline_min_steps)
-        steps = ASSUMED_TOTAL_STEPS if total_steps is None else total_steps
-        max_steps = max(min_steps, int(self.baseline_max_share * steps))
-        return dataclasses.replace(rule, min_steps=min_steps, max_s=max(rule.max_s, self.baseline_max_s),
-                                   target_rel=self.baseline_target_rel, max_steps=max_steps)
+        parts = self.baseline_parts
+        min_steps = max(rule.min_steps, math.ceil(self.baseline_min_steps / parts))
+        max_steps = max(min_steps, budget // parts)
+        return dataclasses.replace(rule, min_steps=min_steps, max_s=max(rule.max_s, self.baseline_max_s / parts),
+                                   target_rel=self.baseline_target_rel * math.sqrt(parts), max_steps=max_steps)
 
     def new_session(self, online: _tuner.OnlineTuner, steps: int, total_steps: int | None = None,
                     meter_update_s: float = 0.0, settle_s: float = 0.0) -> _tuner.TuningSession:

@@ -1,6 +1,7 @@
 """load_config: defaults, overrides, and loud errors that name the key."""
 
 import pytest
+from pydantic import ValidationError
 
 from governor.config import load_config
 from governor.errors import ConfigError
@@ -47,18 +48,35 @@ def test_a_file_that_is_not_a_mapping_is_refused(tmp_path, text):
 
 
 def test_the_baseline_window_spans_at_least_baseline_min_steps_on_the_windows_rule():
-    """The measured saving rests on one baseline window: it takes the windows' rule, but at least 30 steps (a few long
-    steps that scatter read its J/step several percent off), closes at its own target (0.75%), and at most at
+    """The measured saving rests on the baseline: it takes the windows' rule, but at least 30 steps (a few long steps
+    that scatter read its J/step several percent off), closes at its own target (0.75%), and at most at
     baseline_max_s or baseline_max_share of the job's steps (a job of unknown length: the tuner's 2,000); fixed-step
-    windows stay as they are."""
+    windows stay as they are. In one part (baseline_parts 1) that is its one window's rule."""
     from governor.config import TunerConfig
 
-    cfg = TunerConfig(window_rule="time")
+    cfg = TunerConfig(window_rule="time", baseline_parts=1)
     rule, base = cfg.window(0.1), cfg.baseline_window_rule(0.1)
     assert base.min_steps == 30 and base.max_s == 600.0 and base.target_rel == 0.0075 < rule.target_rel
     assert base.min_s == rule.min_s and base.min_updates == rule.min_updates
     assert base.max_steps == 100 and cfg.baseline_window_rule(0.1, 20_000).max_steps == 1000
     assert cfg.baseline_window_rule(0.1, 100).max_steps == 30  # never under baseline_min_steps
-    wide = TunerConfig(window_rule="time", window_min_steps=50, window_max_s=100, baseline_max_s=10)
+    wide = TunerConfig(window_rule="time", window_min_steps=50, window_max_s=100, baseline_max_s=10, baseline_parts=1)
     assert wide.baseline_window_rule(0.1).min_steps == 50 and wide.baseline_window_rule(0.1).max_s == 100
     assert TunerConfig(window_rule="steps").baseline_window_rule(0.1) is None
+    assert TunerConfig(window_rule="steps").baseline_budget_steps() is None
+
+
+def test_the_baseline_in_parts_gives_each_its_share_of_the_steps_time_and_precision():
+    """baseline_parts 5 (the default): each part a fifth of the budget (at least a fifth of baseline_min_steps, and
+    the windows' own least), a fifth of baseline_max_s, its target sqrt(5) times the baseline's (five of them average
+    to it)."""
+    from governor.config import TunerConfig
+
+    cfg = TunerConfig(window_rule="time")
+    part = cfg.baseline_window_rule(0.1)
+    assert cfg.baseline_parts == 5 and cfg.baseline_budget_steps() == 100 and cfg.baseline_budget_steps(20_000) == 1000
+    assert part.max_steps == 20 and cfg.baseline_window_rule(0.1, 20_000).max_steps == 200
+    assert part.min_steps == 6 and part.max_s == 120.0 and part.target_rel == pytest.approx(0.0075 * 5 ** 0.5)
+    assert part.min_s == cfg.window_min_s  # a part is still a window: at least window_min_s long
+    with pytest.raises(ValidationError):
+        TunerConfig(baseline_parts=0)

@@ -4,9 +4,10 @@ Where it starts (``TunerAttach.plan``): on a Jetson devfreq board at MLG's pick;
 tuned job of the same shape converged on, on the same kind of GPU (governor.daemon.starts), else the top of the table.
 
 The baseline window (``TunerConfig.baseline_window``): at the job's first training progress report, while it is alone
-on its GPU, one probe runs unpinned at the default governor before the search begins; at the job's end the saving per
-step against it is reported with its uncertainty, saved_pct_err (unregister, SAVED_PCT and SAVED_PCT_ERR in the log,
-status, Prometheus and the store).
+on its GPU, one probe runs unpinned at the default governor before the search begins, and with tuner.baseline_parts
+the baseline's other parts later, unpinned again while the job runs converged and alone, spread over the job
+(governor.policy.measured_saving.BaselineParts); at the job's end the saving per step against them is reported with its
+uncertainty, saved_pct_err (unregister, SAVED_PCT and SAVED_PCT_ERR in the log, status, Prometheus and the store).
 
 Each `progress` notification feeds a TuningSession. With ``step_end_s`` (the client's CLOCK_MONOTONIC at the step's
 end), the windows' edges are the energy meter's updates (NVML's counter, the rails' sampler at the INA3221's refresh),
@@ -30,13 +31,14 @@ from governor.daemon.recorder import window_util_pct
 from governor.daemon.starts import TuneStarts, gpu_key, read_on
 from governor.errors import FtgovError
 from governor.policy import Decision, PolicyName
-from governor.policy.measured_saving import MeasuredSaving
+from governor.policy.measured_saving import BaselineParts, MeasuredSaving
 from governor.policy.tuner import Measurement, ProbeWindow, TuningSession
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
 
 BASELINE_REASON = "tune: one window at the default governor (the baseline for the measured saving)"
+BASELINE_PART_REASON = "tune: a part of the baseline at the default governor (spread over the job, for the saving)"
 
 
 class TunerState(Enum):
@@ -75,6 +77,10 @@ class JobTuner:
         self.baseline: Measurement | None = None
         self.baseline_status = "wanted" if cfg.baseline_window else "off (tuner.baseline_window: false)"
         self._baseline_window: ProbeWindow | None = None
+        # The baseline's parts (tuner.baseline_parts): planned once the first closes; a later one measured while
+        # _part_window is open (the job unpinned while converged).
+        self.baseline_parts: BaselineParts | None = None
+        self._part_window: ProbeWindow | None = None
         # A window's pin waited for the GPU's re-pin interval: the window starts over once it lands. It outlives a
         # pause (and a skipped baseline): the first window of the next session then starts over at its first report.
         self._pin_waited = False
@@ -82,6 +88,7 @@ class JobTuner:
         if carry is not None:
             self.feed, self.baseline, self.baseline_status = carry.feed, carry.baseline, carry.baseline_status
             self._baseline_window = carry._baseline_window
+            self.baseline_parts = carry.baseline_parts  # a part open when the decision changed is not resumed
             self.windows = [w for w in carry.windows if w[0].level_hz is None]
         else:
             # The tuner's own meter: its windows must not depend on the job's.
@@ -317,6 +324,9 @@ class JobTuner:
                 return
         else:
             self.baseline, self.baseline_status = m, "measured"
+            self.baseline_parts = BaselineParts(self.cfg.baseline_parts, self.cfg.baseline_budget_steps(
+                job.total_steps), job.total_steps)
+            self.baseline_parts.first(m, job.steps)
             self.windows.insert(0, (m, window_util_pct(gov, job)))
             log.info("%s: baseline at the default governor: %.4f J/step, %.4f s/step over %d steps", job.label(),
                      m.joules_per_step, m.seconds_per_step, m.measured_steps,
@@ -334,6 +344,17 @@ class JobTuner:
         before it are its warm-up), for the saving. A stretch shared with another job is no measurement of this one.
         With tuner.follow_up the pick's windows go on (no window while shared: it starts over after, warm-up
         first)."""
+        if self._part_window is not None:
+            self._measure_part(gov, job, points, shared)
+            return
+        if self._part_due(gov, job, shared):
+            self._saving.interrupt()
+            self._move(gov, job, None, BASELINE_PART_REASON)
+            if self.state is TunerState.STOPPED:  # the unpin failed: the pin stays, tuning ends
+                return
+            self._part_window = self._part_probe(job)
+            self.status = "converged; measuring a part of the baseline at the default governor"
+            return
         self._record_stretch(gov, job, points, shared)
         if self.session is None or not self.session.measuring:
             return
@@ -342,11 +363,67 @@ class JobTuner:
             return
         self._feed(gov, job, points)
 
+    def _part_due(self, gov, job, shared: bool) -> bool:
+        """A later part of the baseline is due: the job runs converged at its pick, alone, training."""
+        parts = self.baseline_parts
+        return (parts is not None and self.state is TunerState.CONVERGED and not shared
+                and (job.phase or "train") == "train" and job.freq_hz is not None
+                and not gov.repin_pending(job.gpu_id) and parts.due(job.steps))
+
+    def _part_probe(self, job) -> ProbeWindow:
+        return ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
+                           rule=self.cfg.baseline_window_rule(self.meter.update_s, job.total_steps),
+                           meter_update_s=self.meter.update_s, settle_s=self._settle_s)
+
+    def _measure_part(self, gov, job, points: list, shared: bool) -> None:
+        """A later part of the baseline, unpinned: fed until it closes, then back to the pick (its stretch and the
+        follow-up's window start over from there, warm-up first). Shared or failed, it is dropped."""
+        assert self.baseline_parts is not None and self.tuner is not None, "a baseline part follows the first"
+        parts, m, failed = self.baseline_parts, None, None
+        if shared:
+            failed = "another job shares the GPU"
+        elif gov.repin_pending(job.gpu_id):
+            self._pin_waited = True
+            return
+        elif self._pin_waited:  # the unpin landed only now: the part starts over, warm-up first
+            self._pin_waited = False
+            self._part_window = self._part_probe(job)
+            return
+        else:
+            try:
+                for steps, e_j, t_s in points:
+                    m = self._part_window.feed(steps, e_j, t_s, job.phase or "train") if self._part_window else None
+                    if m is not None:
+                        break
+            except FtgovError as e:
+                failed = str(e)
+            if m is None and failed is None:
+                return
+        self._part_window = None
+        if m is None:
+            parts.skip()
+            log.info("%s: a part of the baseline dropped: %s", job.label(), failed, extra=job.fields())
+        else:
+            parts.add(m)
+            self.baseline = parts.baseline
+            self.windows.append((m, window_util_pct(gov, job)))
+            log.info("%s: baseline part %d of %d at the default governor: %.4f J/step, %.4f s/step over %d steps",
+                     job.label(), len(parts.measured), len(parts.measured) + len(parts.due_at), m.joules_per_step,
+                     m.seconds_per_step, m.measured_steps,
+                     extra={**job.fields(), "BASELINE_J_PER_STEP": f"{m.joules_per_step:.6f}",
+                            "BASELINE_S_PER_STEP": f"{m.seconds_per_step:.6f}"})
+        self.status = "converged"
+        self._move(gov, job, self.tuner.best_hz, f"tune: converged on {mhz(self.tuner.best_hz)}")
+        if self.session is not None and self.session.measuring and self.state is TunerState.CONVERGED:
+            self.session.repinned(job.steps)
+
     def _record_stretch(self, gov, job, points: list, shared: bool) -> None:
         """The steps run converged at one pinned level, from the first report at it (the steps before are its
         warm-up), for the saving."""
         if shared:
             self._saving.shared()
+        elif gov.repin_pending(job.gpu_id):  # the pin has not landed: these steps ran at the level before
+            self._saving.interrupt()
         elif job.freq_hz is not None:
             self._saving.converged_at(job.freq_hz, points)
 
@@ -355,8 +432,10 @@ class JobTuner:
         without both ends."""
         if self.baseline is None or self.tuner is None:
             return None
+        parts = 1 if self.baseline_parts is None else len(self.baseline_parts.measured)
         out = self._saving.result(self.baseline, self.tuner.best_hz, [m for m, _ in self.windows],
-                                  baseline_floor_rel=self.cfg.noise_rel if self.baseline.noise_rel is None else 0.0)
+                                  baseline_floor_rel=self.cfg.noise_rel if self.baseline.noise_rel is None else 0.0,
+                                  baseline_parts=parts)
         if out is not None:
             out["converged"] = self.tuner.converged
         return out
@@ -412,6 +491,9 @@ class JobTuner:
             out.update(joules_per_step=self.baseline.joules_per_step, seconds_per_step=self.baseline.seconds_per_step,
                        steps=self.baseline.measured_steps, seconds=self.baseline.duration_s,
                        noise_rel=self._noise_rel(self.baseline))
+        if self.baseline_parts is not None:
+            out.update(parts=len(self.baseline_parts.measured), parts_planned=len(self.baseline_parts.measured)
+                       + len(self.baseline_parts.due_at), measuring_part=self._part_window is not None)
         return out
 
 

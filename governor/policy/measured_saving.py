@@ -17,6 +17,12 @@ what a segment of the baseline's length scatters by in this job, drift and meter
 baseline's uncertainty is taken to be, and the blocks' scatter over the square root of their number (batch means) the
 least the tuned side's is. Drift that is not stationary (a job whose first steps run differently from the rest)
 escapes it.
+
+Better than stating the drift is to cancel it: the baseline's steps are taken in parts (``BaselineParts``,
+tuner.baseline_parts), the first at the job's start and the others at the default governor spread over the job while
+it runs converged, so that the baseline and the tuned side average over the same drift. On the H200's 2,000-step runs
+100 baseline steps in one stretch at the start are 2.7-4.5% off the run's mean J/step, in 5 spread parts 1.0-2.3%
+(docs/benchmarks.md, "baseline-drift").
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from governor.policy.estimates import ASSUMED_TOTAL_STEPS
 from governor.policy.windows import PRIOR_DOF, Intervals, Measurement
 
 Point = tuple[float, float, float]  # (steps, energy_j, time_s), as windows take them
@@ -140,10 +147,11 @@ class MeasuredSaving:
         self.at_pick.append(m)
 
     def result(self, baseline: Measurement, best_hz: int, windows: list[Measurement],
-               baseline_floor_rel: float = 0.0) -> dict | None:
+               baseline_floor_rel: float = 0.0, baseline_parts: int = 1) -> dict | None:
         """The saving per step at ``best_hz`` against ``baseline``; ``windows``: the tuner's, for a job that ran no
         stretch at its pick (then the windows at it are the tuned side). ``baseline_floor_rel``: the least the
-        baseline's own uncertainty is taken to be. None without a tuned side."""
+        baseline's own uncertainty is taken to be; ``baseline_parts``: the parts it was measured in, spread over the
+        job (BaselineParts.baseline). None without a tuned side."""
         stretches = [s for s in self.stretches if s.level_hz == best_hz and s.steps > 0]
         confirm = [m for m in self.at_pick if m.level_hz == best_hz]
         steps = sum(s.steps for s in stretches) + sum(m.measured_steps for m in confirm)
@@ -152,9 +160,11 @@ class MeasuredSaving:
         if stretches and not self.mixed and steps >= self.prior_steps:
             joules = sum(s.joules for s in stretches) + sum(m.joules_per_step * m.measured_steps for m in confirm)
             tuned_rel = self._stretches_rel(stretches, confirm, steps)
-            block_rel, blocks = blocks_rel(stretches, baseline.measured_steps)
+            parts = max(1, baseline_parts)
+            block_rel, blocks = blocks_rel(stretches, baseline.measured_steps / parts)
             if blocks:
                 tuned_rel = max(tuned_rel, block_rel / math.sqrt(blocks))
+                block_rel /= math.sqrt(parts)  # parts far apart stray from the mean independently
         else:
             at_best = [m for m in windows if m.level_hz == best_hz]
             steps = sum(m.measured_steps for m in at_best)
@@ -175,7 +185,7 @@ class MeasuredSaving:
                 "measured_steps": baseline.measured_steps + round(steps), "baseline_steps": baseline.measured_steps,
                 "tuned_steps": round(steps), "tuned_over": over, "baseline_j_per_step": baseline.joules_per_step,
                 "tuned_j_per_step": tuned, "tuned_rel": tuned_rel, "baseline_rel": base_rel,
-                "blocks": blocks, "block_rel": block_rel}
+                "baseline_parts": baseline_parts, "blocks": blocks, "block_rel": block_rel}
 
     def _stretches_rel(self, stretches: list[_Stretch], confirm: list[Measurement], steps: float) -> float:
         """The relative s.d. of the tuned side's J/step: the steps' scatter and the meter's ends, in quadrature."""
@@ -208,3 +218,77 @@ def blocks_rel(stretches: list[_Stretch], block_steps: float) -> tuple[float, in
     mean = sum(j for _, j in blocks) / steps
     var = sum((j / n / mean - 1.0) ** 2 for n, j in blocks) / (len(blocks) - 1)
     return math.sqrt(var * steps / len(blocks) / max(1.0, block_steps)), len(blocks)
+
+
+def pooled(parts: list[Measurement]) -> Measurement:
+    """One measurement of the default governor from its ``parts``, each a window at no pin: J/step and s/step over all
+    their steps; its uncertainty the parts' own in quadrature (each weighing by its steps) or, from three parts, the
+    scatter of their J/step over the square root of their number (batch means) when that is larger: parts far apart
+    show the drift that each one's own scatter does not."""
+    if not parts:
+        raise ValueError("no baseline parts to pool")
+    if len(parts) == 1:
+        return parts[0]
+    steps = sum(m.measured_steps for m in parts)
+    mean = sum(m.joules_per_step * m.measured_steps for m in parts) / steps
+    own = [m.noise_rel for m in parts]
+    noise = (None if any(n is None for n in own)
+             else math.sqrt(sum((m.measured_steps * (m.noise_rel or 0.0)) ** 2 for m in parts)) / steps)
+    if len(parts) >= 3:
+        spread = math.sqrt(sum((m.joules_per_step / mean - 1.0) ** 2 for m in parts) / (len(parts) - 1))
+        noise = max(noise or 0.0, spread / math.sqrt(len(parts)))
+    durations = [m.duration_s for m in parts]
+    return Measurement(None, mean, sum(m.seconds_per_step * m.measured_steps for m in parts) / steps, steps,
+                       sum(m.profiled_steps for m in parts), noise,
+                       None if any(d is None for d in durations) else sum(d for d in durations if d is not None))
+
+
+class BaselineParts:
+    """The baseline measured in ``parts`` parts (tuner.baseline_parts): the first at the job's start, the others at
+    the default governor spread over the job while it runs converged (the daemon's JobTuner and the simulated jobs
+    follow this one schedule).
+
+    Once the first part is measured (``first``), the others share what is left of ``budget_steps`` (the baseline's
+    cap in steps, baseline_max_share of the job: None for fixed-step windows, then every part is one window) at most
+    one first part's length each, and fall due at equal steps over the job's ``total_steps`` (None: unknown, taken as
+    the tuner's ASSUMED_TOTAL_STEPS) from where the first ended. A part falls due only once the job runs converged
+    at its pick; one that could not run by the next's turn is dropped."""
+
+    def __init__(self, parts: int, budget_steps: int | None, total_steps: int | None):
+        if parts < 1:
+            raise ValueError(f"baseline parts must be at least 1, got {parts!r}")
+        self.parts, self.budget_steps, self.total_steps = parts, budget_steps, total_steps
+        self.measured: list[Measurement] = []
+        self.due_at: list[float] = []
+
+    def first(self, m: Measurement, steps: float) -> None:
+        """The first part closed at job step ``steps``: the others are planned."""
+        self.measured = [m]
+        more = self.parts - 1
+        if self.budget_steps is not None and more:
+            left = self.budget_steps - m.measured_steps
+            more = min(more, max(0, round(left / max(1, m.measured_steps))))
+        total = ASSUMED_TOTAL_STEPS if self.total_steps is None else self.total_steps
+        span = max(0.0, total - steps)
+        self.due_at = [steps + span * k / (more + 1) for k in range(1, more + 1)] if span > 0 else []
+
+    def due(self, steps: float) -> bool:
+        """Whether a part is due at job step ``steps`` (those passed over since are dropped: one at a time)."""
+        while len(self.due_at) > 1 and steps >= self.due_at[1]:
+            self.due_at.pop(0)
+        return bool(self.due_at) and steps >= self.due_at[0]
+
+    def add(self, m: Measurement) -> None:
+        """A later part closed."""
+        self.measured.append(m)
+        if self.due_at:
+            self.due_at.pop(0)
+
+    def skip(self) -> None:
+        """The part due could not be measured (the GPU shared, the window failed): the next one's turn."""
+        if self.due_at:
+            self.due_at.pop(0)
+
+    @property
+    def baseline(self) -> Measurement | None:
+        return pooled(self.measured) if self.measured else None

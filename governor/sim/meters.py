@@ -248,6 +248,7 @@ class MeteredSteps:
         self.trace = PowerTrace(0.0, keep_s=2.0)
         self.steps = 0
         self.start_j = 0.0  # what the meter read as the first step began (the job's registration)
+        self._true_start_j = 0.0  # the trace's energy then
         # ina3221, from the first step: the daemon's meters, the tuner's and the job's own, each integrating the
         # sampler's reads alone.
         self._rails: EnergyMeter | None = None
@@ -290,6 +291,8 @@ class MeteredSteps:
         before = self.time_s
         append_step(self.trace, duration, mean_w)
         self.steps += 1
+        if self.steps == 1:
+            self._true_start_j = self.trace.energy_j(before)
         if self.meter != "nvml" and (self._rails is None or self._job is None):  # the job registers
             self._rails = EnergyMeter(before, self._mw(before), self.update_s)
             self._job = EnergyMeter(before, self._mw(before), self.update_s)
@@ -309,6 +312,10 @@ class MeteredSteps:
 
     def window_opened(self) -> None:
         """Nothing: the meter reads steps, it knows no windows."""
+
+    def true_energy_j(self) -> float:
+        """The energy the steps really took, from the first's beginning to the last's end (the trace's own)."""
+        return self.trace.energy_j(self.time_s) - self._true_start_j
 
     def job_energy_j(self) -> float:
         """The job's energy as the daemon reports it at the end of the last step: NVML's counter since the first

@@ -37,7 +37,7 @@ from typing import Protocol
 
 from governor.config import TunerConfig
 from governor.errors import FtgovError
-from governor.policy.measured_saving import MeasuredSaving
+from governor.policy.measured_saving import BaselineParts, MeasuredSaving
 from governor.policy.tuner import OnlineTuner
 from governor.policy.windows import (
     AVERAGE_SETTLE_UPDATES,
@@ -201,8 +201,11 @@ class TunedJob:
     measured_energy_j: float = 0.0  # what the meter read over the steps run
     measured_time_s: float = 0.0
     # With a SavingRun: the baseline window, the tuned side of the saving (as the daemon's JobTuner feeds it), the
-    # job's energy as the daemon reports it at the end (the meter's), and the board's own energy of every step run.
+    # job's energy as the daemon reports it at the end (the meter's), and the true energy of every step run (the
+    # board's; on a meter with a trace, the trace's: its steps scatter around the board's figures).
     baseline: Measurement | None = None
+    baseline_parts: BaselineParts | None = None  # the baseline's parts (tuner.baseline_parts), the first included
+    default_steps: int = 0  # steps run at the default governor for the baseline: its parts, warm-ups included
     measured: MeasuredSaving | None = None
     reported_energy_j: float | None = None
     true_energy_j: float = 0.0
@@ -237,8 +240,12 @@ class TunedJob:
         SavingRun, a baseline or a tuned side."""
         if self.measured is None or self.baseline is None:
             return None
-        floor = self.tuner.noise_rel if self.baseline.noise_rel is None else 0.0
-        return self.measured.result(self.baseline, self.best_hz, self.windows, baseline_floor_rel=floor)
+        baseline, parts = self.baseline, 1
+        if self.baseline_parts is not None and self.baseline_parts.baseline is not None:
+            baseline, parts = self.baseline_parts.baseline, len(self.baseline_parts.measured)
+        floor = self.tuner.noise_rel if baseline.noise_rel is None else 0.0
+        return self.measured.result(baseline, self.best_hz, self.windows, baseline_floor_rel=floor,
+                                    baseline_parts=parts)
 
     @property
     def window_steps(self) -> float:
@@ -278,6 +285,10 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
     job = TunedJob(cfg.new_session(online, start_steps, total_steps=job_steps, meter_update_s=reader.update_s,
                                    settle_s=wait_s), job_steps)
     job.baseline, job.baseline_steps = run.baseline, run.steps_run
+    job.default_steps = max(0, run.steps_run - 1)  # the first step ran at the start pin
+    if run.baseline is not None:
+        job.baseline_parts = BaselineParts(cfg.baseline_parts, cfg.baseline_budget_steps(job_steps), job_steps)
+        job.baseline_parts.first(run.baseline, run.steps_run)
     if saving is not None:
         job.measured = MeasuredSaving(cfg.noise_rel, cfg.window_steps,
                                       prior_s=cfg.window_min_s if cfg.window_rule == "time" else 0.0,
@@ -301,6 +312,20 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
         return session.measuring and job.profiled_steps < job_steps and watched < WATCHED_WINDOWS
 
     while going():
+        parts = job.baseline_parts
+        if parts is not None and job.measured is not None and steady and parts.due(run.steps_run):
+            # A later part of the baseline, unpinned (the daemon's JobTuner._measure_part), then back to the pick.
+            job.measured.interrupt()
+            before = run.steps_run
+            part = _baseline_part(run, cfg, wait_s)
+            job.default_steps += run.steps_run - before
+            if part is None:
+                parts.skip()
+            else:
+                parts.add(part)
+            if session.measuring:
+                session.repinned(run.steps_run)
+            continue
         reports = run.step(hz)
         job.profiled_steps += 1
         job.steps_at_hz[hz] = job.steps_at_hz.get(hz, 0) + 1
@@ -330,6 +355,8 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
     if saving is not None and isinstance(reader, MeteredSteps):
         job.reported_energy_j = reader.job_energy_j()
     job.clean_energy_j, job.clean_time_s, job.true_energy_j = run.clean_energy_j, run.clean_time_s, run.true_energy_j
+    if isinstance(reader, MeteredSteps):  # its steps' times (and a replay's energies) scatter around the board's
+        job.true_energy_j = reader.true_energy_j()
     if not session.converged and must_converge:
         raise FtgovError(f"{board.name}: the tuner had not converged after {job.profiled_steps} steps "
                          f"({session.profiled_steps} profiled); use a longer job")
@@ -393,6 +420,21 @@ def _baseline(run: _Steps, cfg: TunerConfig, start_hz: int, saving: SavingRun, w
             if run.baseline is not None:
                 return int(report[0])
     return run.steps_run
+
+
+def _baseline_part(run: _Steps, cfg: TunerConfig, wait_s: float) -> Measurement | None:
+    """A later part of the baseline: steps at the default governor (the top level) until its window closes (None if
+    the job ends first)."""
+    top_hz = run.board.levels_hz[-1]
+    window = ProbeWindow(None, run.steps_run, cfg.warmup_steps, cfg.window_steps,
+                         rule=cfg.baseline_window_rule(run.reader.update_s, run.job_steps),
+                         meter_update_s=run.reader.update_s, settle_s=wait_s)
+    while run.steps_run < run.job_steps:
+        for report in run.step(top_hz):
+            m = window.feed(*report)
+            if m is not None:
+                return m
+    return None
 
 
 def level_windows(meter: str, joules_per_step: float, seconds_per_step: float, seed: int, windows: int,

@@ -135,6 +135,28 @@ def test_a_tuned_job_reports_its_measured_saving_against_the_default_governor(or
     assert log.index("restored to its baseline") < log.index("baseline at the default governor")
 
 
+def test_the_baselines_later_parts_unpin_a_converged_job_then_pin_its_pick_again(orin, start_daemon):
+    """tuner.baseline_parts (5, the default): a job of 300 steps measures the first part at its start, the others
+    unpinned again while it runs converged (the GPU restored to its full range each time, then pinned at the pick);
+    its saving pools them, and status says how many ran."""
+    d = start_daemon(simulate=True, config=scaled(TIME_SCALE, {"tuner": {"follow_up": False}}))
+    job, res = tuned_job(d, 300, total_steps=300)
+    assert job["tuner"]["converged"], job["tuner"]
+    baseline = job["tuner"]["baseline"]
+    assert baseline["status"] == "measured" and 2 <= baseline["parts"] <= baseline["parts_planned"] <= 5, baseline
+    end = res["client"].call("unregister", job_id=res["job_id"])
+    assert end["saving"]["baseline_parts"] == baseline["parts"]
+    log = d.log()
+    parts_logged = re.findall(rf"job {res['job_id']} .*baseline part (\d) of \d at the default governor: [\d.]+ J/step",
+                              log)
+    assert [int(k) for k in parts_logged] == list(range(2, baseline["parts"] + 1)), log
+    # Unpinned for each later part, as for the first; pinned at the pick again after each.
+    assert log.count("restored to its baseline") >= baseline["parts"]
+    for k in range(2, baseline["parts"] + 1):
+        after = log[log.index(f"baseline part {k} of"):]
+        assert re.match(r"[^\n]*\n[^\n]*GPU 0 pinned to ", after), after[:300]
+
+
 def test_without_the_baseline_window_the_search_starts_at_once_and_no_saving_is_claimed(orin, start_daemon):
     d = start_daemon(simulate=True, config=scaled(TIME_SCALE, {"tuner": {"baseline_window": False}}))
     job, res = tuned_job(d, 30)

@@ -1,6 +1,8 @@
 """governor.daemon.tuning.JobTuner's states, as progress reports move it, on a Controller over a GPU with an
 energy counter."""
 
+import math
+
 from governor.backends.base import Limits
 from governor.config import TunerConfig
 from governor.daemon.controller import Controller
@@ -108,6 +110,69 @@ def test_a_search_converges_and_stays_pinned_at_its_choice(tmp_path):
     assert job.freq_hz == job.tuner.tuner.best_hz
     assert _report(pins, job, steps + 1) is TunerState.CONVERGED
     assert job.freq_hz == job.tuner.tuner.best_hz
+
+
+def test_the_baselines_later_parts_run_unpinned_while_converged_spread_over_the_job(tmp_path):
+    """tuner.baseline_parts (5): after the first part at the start, four more, each unpinned for a window at the
+    default governor once the job runs converged, due at equal steps over its 1,000; between them the job is back at
+    its pick, and the saving pools the five."""
+    from governor.daemon.tuning import BASELINE_PART_REASON
+
+    pins = _controller(tmp_path, _CountingGpu(), baseline_window=True, follow_up=False)
+    job = _tuned_job(pins, 100)
+    job.total_steps = 1000
+    steps = 0
+    while job.tuner.baseline_parts is None and steps < 50:
+        steps += 1
+        _report(pins, job, steps)
+    parts = job.tuner.baseline_parts
+    assert parts is not None and len(parts.measured) == 1
+    due = [steps + (1000 - steps) * k / 5 for k in range(1, 5)]
+    assert parts.due_at == due
+    while job.tuner.state is not TunerState.CONVERGED and steps < 1000:
+        steps += 1
+        _report(pins, job, steps)
+    pick, unpinned = job.freq_hz, []
+    assert pick is not None and steps < parts.due_at[0]
+    while steps < 1000:
+        steps += 1
+        assert _report(pins, job, steps) is TunerState.CONVERGED
+        if job.freq_hz is None:
+            assert job.decision.reason == BASELINE_PART_REASON and job.tuner.describe()["baseline"]["measuring_part"]
+            unpinned.append(steps)
+        else:
+            assert job.freq_hz == pick
+    # Four stretches unpinned (warm-up and one window each), each from the first report at or after its due step.
+    starts = [a for a in unpinned if a - 1 not in unpinned]
+    assert starts == [math.ceil(d) for d in due]
+    assert all(len([a for a in unpinned if a >= start]) >= 2 for start in starts)
+    assert len(parts.measured) == 5 and not parts.due_at
+    state = job.tuner.describe()["baseline"]
+    assert state["parts"] == 5 and state["parts_planned"] == 5 and not state["measuring_part"]
+    saving = job.tuner.saving()
+    assert saving["baseline_parts"] == 5
+    assert saving["baseline_steps"] == sum(m.measured_steps for m in parts.measured)
+
+
+def test_a_baseline_part_is_dropped_when_another_job_shares_the_gpu(tmp_path):
+    pins = _controller(tmp_path, _CountingGpu(), baseline_window=True, follow_up=False)
+    job = _tuned_job(pins, 100)
+    job.total_steps = 400
+    steps = 0
+    while job.tuner.state is not TunerState.CONVERGED and steps < 400:
+        steps += 1
+        _report(pins, job, steps)
+    parts = job.tuner.baseline_parts
+    due = parts.due_at[0]
+    while job.freq_hz is not None and steps < 400:
+        steps += 1
+        _report(pins, job, steps)
+    assert job.freq_hz is None and steps >= due  # the part runs unpinned
+    other = _tuned_job(pins, 200)
+    _report(pins, job, steps + 1)
+    assert len(parts.measured) == 1 and parts.due_at and parts.due_at[0] > due  # dropped: the next one's turn
+    assert job.tuner._part_window is None
+    pins.end(other.job_id, "unregistered")
 
 
 class _UnpinFailsGpu(_CountingGpu):
