@@ -9,7 +9,7 @@ on GPU 0 as the traces of benchmarks/data/h200-meter were recorded (the same thr
 torch.cuda.synchronize() at each step's end) and OUT/NAME-samples.csv (``t_s, energy_counter_mj, power_mw,
 sm_clock_mhz``), one perf_counter origin for all files, and OUT/run.json (the GPU, its power limit and clock event
 reasons before and after: nothing is set, so they must match). The SM clock shows what moves the steps: the default
-governor's clock (step time and power in anti-phase) or the work itself.
+governor's clock or something else (on the H200 the clock held while step time and power moved in anti-phase).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ steps' scatter, read off the intervals between the stretches' reports (at a stea
 step time), pooled with the prior, and the meter's ends, an update's energy at each end of each stretch.
 
 Both parts assume that steps scatter independently. A real GPU's do not: on the H200 successive steps correlate and
-their means drift by several percent over tens of steps (the default governor moving the clock, the data), so a
+their means drift by several percent over tens of steps (the GPU waiting on the host: not its clock), so a
 baseline window of 100 steps may sit well off the job's long-run J/step while its own scatter looks small. The
 stretches at the pick show how far: cut into blocks as long as the baseline window (in steps), their J/step scatter by
 what a segment of the baseline's length scatters by in this job, drift and meter ends included. That is the least the
@@ -251,8 +251,9 @@ class BaselineParts:
     Once the first part is measured (``first``), the others share what is left of ``budget_steps`` (the baseline's
     cap in steps, baseline_max_share of the job: None for fixed-step windows, then every part is one window) at most
     one first part's length each, and fall due at equal steps over the job's ``total_steps`` (None: unknown, taken as
-    the tuner's ASSUMED_TOTAL_STEPS) from where the first ended. A part falls due only once the job runs converged
-    at its pick; one that could not run by the next's turn is dropped."""
+    the tuner's ASSUMED_TOTAL_STEPS) from where the first ended. A part runs only while the job runs converged at its
+    pick: one that runs late (a search that took longer) spreads those left over the steps left, so that they do not
+    bunch up behind it; none is due once the job is past its length."""
 
     def __init__(self, parts: int, budget_steps: int | None, total_steps: int | None):
         if parts < 1:
@@ -261,6 +262,10 @@ class BaselineParts:
         self.measured: list[Measurement] = []
         self.due_at: list[float] = []
 
+    @property
+    def _total(self) -> float:
+        return ASSUMED_TOTAL_STEPS if self.total_steps is None else self.total_steps
+
     def first(self, m: Measurement, steps: float) -> None:
         """The first part closed at job step ``steps``: the others are planned."""
         self.measured = [m]
@@ -268,15 +273,21 @@ class BaselineParts:
         if self.budget_steps is not None and more:
             left = self.budget_steps - m.measured_steps
             more = min(more, max(0, round(left / max(1, m.measured_steps))))
-        total = ASSUMED_TOTAL_STEPS if self.total_steps is None else self.total_steps
-        span = max(0.0, total - steps)
+        span = max(0.0, self._total - steps)
         self.due_at = [steps + span * k / (more + 1) for k in range(1, more + 1)] if span > 0 else []
 
     def due(self, steps: float) -> bool:
-        """Whether a part is due at job step ``steps`` (those passed over since are dropped: one at a time)."""
-        while len(self.due_at) > 1 and steps >= self.due_at[1]:
-            self.due_at.pop(0)
-        return bool(self.due_at) and steps >= self.due_at[0]
+        """Whether a part is due at job step ``steps``, the job running converged at its pick. A part due since
+        before the one after it (it waited for a search) runs now and spreads the rest over the steps left."""
+        if not self.due_at or steps < self.due_at[0]:
+            return False
+        if steps >= self._total:
+            self.due_at = []
+            return False
+        if len(self.due_at) > 1 and steps >= self.due_at[1]:
+            n = len(self.due_at)
+            self.due_at = [steps + (self._total - steps) * k / n for k in range(n)]
+        return True
 
     def add(self, m: Measurement) -> None:
         """A later part closed."""

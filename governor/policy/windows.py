@@ -106,7 +106,7 @@ class WindowRule:
     that scatter by 15% need 20 at 0.5 s, and meet the cap (docs/benchmarks.md).
 
     ``target_rel`` is 2%, under the tuner's 3%: on the real H200 traces the estimate runs low by about a third (their
-    clock and power drift), and at 2% successive windows there agree within 2.2-3.4%.
+    steps drift, step time and power in anti-phase), and at 2% successive windows there agree within 2.2-3.4%.
 
     ``prior_rel`` is what a window of ``min_s`` is assumed to scatter by before its own reports say otherwise (the
     tuner's noise_rel); it is pooled with the scatter of the window's ``sub_windows`` parts as PRIOR_DOF readings,

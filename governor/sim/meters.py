@@ -18,11 +18,12 @@ Power within a step follows two phases (PHASES): forward/backward, the longer an
 step and data loading. The split is a stated assumption, not a measurement: the H200's 100 ms readings cannot resolve
 a 26-82 ms step, and no Jetson trace at a finer grain than its 140 ms average has been recorded.
 
-The model's steps scatter independently of each other; the H200's do not (successive steps' times correlate: their
-lag-1 autocorrelation is +0.2 to +0.5, the default governor moving the clock, so sums of many steps scatter more
-than independent ones would). ReplaySteps (``nvml-replay``) replays the real runs' own steps instead: each simulated
-step takes the time and energy of the next step of a real trace (StepSequence), relative to that run's means, so
-windows see the real drift and correlation at any level's step time and power.
+The model's steps scatter independently of each other; the H200's do not: successive steps' times correlate (lag-1
+autocorrelation +0.2 to +0.5) and their means drift, in anti-phase with the power, while the SM clock held 1980 MHz
+(the GPU waiting on the host, it seems), so sums of many steps scatter more than independent ones would.
+ReplaySteps (``nvml-replay``) replays the real runs' own steps instead: each simulated step takes the time and energy
+of the next step of a real trace (StepSequence), relative to that run's means, so windows see the real drift and
+correlation at any level's step time and power.
 """
 
 from __future__ import annotations

@@ -105,3 +105,46 @@ def test_a_stretch_shared_with_another_job_leaves_the_tuner_windows_as_the_tuned
 
 def test_no_tuned_side_no_saving():
     assert MeasuredSaving(0.03, 4).result(BASELINE, PICK, []) is None
+
+
+def test_the_baselines_parts_fall_due_at_equal_steps_and_a_late_one_spreads_the_rest():
+    from governor.policy.measured_saving import BaselineParts
+
+    part = Measurement(None, 2.0, 0.5, 20, 21, noise_rel=0.01, duration_s=10.0)
+    parts = BaselineParts(5, 100, 2000)
+    parts.first(part, 100)
+    assert parts.due_at == [480, 860, 1240, 1620]
+    assert not parts.due(479) and parts.due(480)
+    parts.add(part)
+    # The job searched again from 500 to 1300: the part due at 860 runs at 1300, the next two over what is left.
+    assert parts.due(1300) and parts.due_at == [1300, 1300 + 700 / 3, 1300 + 1400 / 3]
+    parts.add(part)
+    assert not parts.due(1500) and parts.due(1534)
+    parts.skip()  # the GPU was shared: the next one's turn
+    assert parts.due_at == [1300 + 1400 / 3] and not parts.due(2000) and parts.due_at == []  # past the job's length
+    assert len(parts.measured) == 3 and parts.baseline.measured_steps == 60
+
+
+def test_the_budget_left_after_the_first_part_sets_how_many_follow():
+    from governor.policy.measured_saving import BaselineParts
+
+    parts = BaselineParts(5, 100, 2000)
+    parts.first(Measurement(None, 2.0, 0.5, 40, 41, noise_rel=0.01), 0)  # short steps: a part of window_min_s is 40
+    assert len(parts.due_at) == 2  # 60 steps left: two more of 40 (rounded), not four of 20
+    fixed = BaselineParts(5, None, None)  # fixed-step windows: every part one window, over the assumed 2,000 steps
+    fixed.first(Measurement(None, 2.0, 0.5, 4, 5), 5)
+    assert len(fixed.due_at) == 4 and fixed.due_at[-1] < 2000
+
+
+def test_pooled_parts_weigh_by_their_steps_and_their_scatter_shows_in_the_uncertainty():
+    from governor.policy.measured_saving import pooled
+
+    calm = [Measurement(None, 2.0, 0.5, 20, 21, noise_rel=0.01, duration_s=10.0) for _ in range(5)]
+    one = pooled(calm)
+    assert one.joules_per_step == pytest.approx(2.0) and one.measured_steps == 100 and one.duration_s == 50.0
+    assert one.noise_rel == pytest.approx(0.01 / math.sqrt(5))
+    drifting = [Measurement(None, j, 0.5, 20, 21, noise_rel=0.01) for j in (1.9, 2.0, 2.1, 2.0, 2.0)]
+    assert pooled(drifting).noise_rel == pytest.approx(math.sqrt(0.02 / 4) / 2.0 / math.sqrt(5), rel=1e-6)
+    assert pooled(calm[:1]) is calm[0]
+    with pytest.raises(ValueError):
+        pooled([])

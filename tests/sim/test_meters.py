@@ -95,7 +95,7 @@ def test_a_step_sequence_is_each_steps_time_and_energy_over_the_runs_means_from_
 
 
 def test_the_h200s_steps_correlate_as_the_models_do_not_and_the_replay_keeps_it():
-    """The recorded runs' successive steps correlate (the default governor moving the clock): lag-1 autocorrelation
+    """The recorded runs' successive steps correlate (waits on the host, the SM clock held): lag-1 autocorrelation
     of their times +0.2 to +0.5, so their 50-step means drift by several percent, where independent steps of the same
     scatter would drift by about 2%. The replay meter's steps carry that: over the run's whole cycle their mean
     J/step and s/step are the level's, their times the run's own."""
