@@ -25,6 +25,7 @@ from benchmarks.figures import publish
 from governor.daemon.observing import successive_spread as successive
 from governor.policy.windows import ProbeWindow, TuningError, WindowRule, edge_joules_per_step, steps_at
 from governor.sim.meters import (
+    H200_LONG_TRACES,
     H200_RUNS,
     H200_TRACES,
     NVML_UPDATE_S,
@@ -205,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     lines = [SECTION, "",
              "`python -m benchmarks.meter_windows` (`make bench`). Real: the three H200 traces (one run "
-             f"of 400 steps each). Simulated: `governor.sim.meters`, {args.seeds} seeded runs per row.", ""]
+             "of 400 steps each; the window rule's table also on the three runs of 2,000 steps, "
+             "benchmarks/data/h200-meter-2000). Simulated: "
+             f"`governor.sim.meters`, {args.seeds} seeded runs per row.", ""]
     real = [load_h200(name) for name in MODELS]
     lines += ["### Scatter of J/step over consecutive windows (coefficient of variation)", "",
               "| trace | median step | " + " | ".join(f"{k} steps" for k in STEP_WINDOWS) + " | "
@@ -228,9 +231,11 @@ def main(argv: list[str] | None = None) -> int:
               "of the first window (windows: all chains' windows; they overlap between chains).", "",
               "| trace | windows | steps per window, median / p99 | seconds, median / p99 | spread of successive "
               "windows | own uncertainty, median |", "|---|---:|---|---|---:|---:|"]
-    for trace in real:
+    long = [load_h200(name, H200_LONG_TRACES) for name in MODELS]
+    for trace in real + long:
         spread, ms = successive_spread(trace, rule)
-        lines.append(f"| {trace.name} | {len(ms)} | {_median_p99([m.measured_steps for m in ms], '.0f')} | "
+        label = trace.name + (" (2,000 steps)" if trace in long else "")
+        lines.append(f"| {label} | {len(ms)} | {_median_p99([m.measured_steps for m in ms], '.0f')} | "
                      f"{_median_p99([m.duration_s for m in ms], '.2f')} | {100 * spread:.1f}% | "
                      f"{100 * statistics.median(m.noise_rel for m in ms):.1f}% |")
     lines += ["", f"On the simulated meters ({args.seeds} runs each, 2,000 steps of 25 ms or 400 of 0.5 s, 300 W, "
