@@ -447,11 +447,12 @@ class JobTuner:
     def finish(self, job) -> dict | None:
         """The job ends: its measured saving (None without a baseline); a converged level is learnt for the next
         job of this shape on this kind of GPU. A job that ends in a confirmation window at a near-tie ends at its
-        pick: its summary (unregister, the log, the store) names the level it was tuned to, not the window's."""
+        pick: its summary (unregister, the log, the store) names the level it was tuned to, not the window's (nor
+        the default governor of a baseline part it ended in)."""
         if self.tuner is not None and self.tuner.converged:
             if self.starts is not None:
                 self.starts.learn(self.gpu_key, job.features, self.tuner.best_hz, job.uid)
-            if self.state is TunerState.CONFIRMING and job.decision is not None:
+            if (self.state is TunerState.CONFIRMING or self._part_window is not None) and job.decision is not None:
                 # The job is leaving (Controller.end re-applies its GPU without it next): no pin to move.
                 job.decision = dataclasses.replace(job.decision, freq_hz=self.tuner.best_hz,
                                                    reason=f"tune: converged on {mhz(self.tuner.best_hz)}")

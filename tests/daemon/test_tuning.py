@@ -175,6 +175,24 @@ def test_a_baseline_part_is_dropped_when_another_job_shares_the_gpu(tmp_path):
     pins.end(other.job_id, "unregistered")
 
 
+def test_a_job_that_ends_in_a_baseline_part_is_summed_up_at_its_pick(tmp_path):
+    pins = _controller(tmp_path, _CountingGpu(), baseline_window=True, follow_up=False)
+    job = _tuned_job(pins, 100)
+    job.total_steps = 400
+    steps = 0
+    while job.tuner.state is not TunerState.CONVERGED and steps < 400:
+        steps += 1
+        _report(pins, job, steps)
+    pick = job.freq_hz
+    while job.freq_hz is not None and steps < 400:
+        steps += 1
+        _report(pins, job, steps)
+    assert job.freq_hz is None and job.tuner.describe()["baseline"]["measuring_part"]
+    saving = job.tuner.finish(job)
+    assert job.decision.freq_hz == pick and job.decision.reason.startswith("tune: converged on")
+    assert saving is not None and saving["freq_hz"] == pick
+
+
 class _UnpinFailsGpu(_CountingGpu):
     """A GPU whose restore (the unpin for the baseline window) fails."""
 
