@@ -422,29 +422,31 @@ class StepSequence:
     def __len__(self) -> int:
         return len(self.time_rel)
 
-    def at(self, k: int) -> tuple[float, float]:
-        """The k-th step replayed (time_rel, energy_rel): the run forwards, then backwards, and so on, so that a
-        long job's steps stay in the run's order with no jump where it wraps."""
-        n = len(self.time_rel)
-        i = k % (2 * n)
-        i = i if i < n else 2 * n - 1 - i
-        return self.time_rel[i], self.energy_rel[i]
-
 
 class ReplaySteps(EdgeSteps):
-    """NVML's counter read at its update instants (EdgeSteps), over steps replayed from a real run: one of
-    ``sequences`` (chosen by ``seed``), from a point of its own (seeded), each step the level's J/step and s/step
-    times the real step's energy and time relative to its run's means. The update clock is the meter's own; the
-    recorded run's power within its 100 ms updates is spread over each step in PHASES."""
+    """NVML's counter read at its update instants (EdgeSteps), over steps replayed from real runs (``sequences``):
+    each step the level's J/step and s/step times the real step's energy and time relative to its run's means. A
+    replay starts at a seeded point of a seeded run, in a seeded direction, and steps through it in order; at the
+    run's end it goes on from a new random point of a random run, so that a long job's replay repeats no period (a
+    period would alias with anything spread at equal steps over the job, such as the baseline's parts). The update
+    clock is the meter's own; the recorded run's power within its 100 ms updates is spread over each step in PHASES."""
 
     def __init__(self, seed: int, sequences: Sequence[StepSequence], every_s: float = EDGE_EVERY_S):
         super().__init__(seed, every_s)
-        rng = random.Random(f"replay/{seed}")
-        self.sequence = sequences[rng.randrange(len(sequences))]
-        self._next = rng.randrange(2 * len(self.sequence))
+        self._replay_rng = random.Random(f"replay/{seed}")
+        self._sequences = tuple(sequences)
+        self._jump()
+
+    def _jump(self) -> None:
+        rng = self._replay_rng
+        self.sequence = self._sequences[rng.randrange(len(self._sequences))]
+        self._next = rng.randrange(len(self.sequence))
+        self._direction = rng.choice((1, -1))
 
     def _draw(self, joules_per_step: float, seconds_per_step: float) -> tuple[float, float]:
-        time_rel, energy_rel = self.sequence.at(self._next)
-        self._next += 1
+        if not 0 <= self._next < len(self.sequence):
+            self._jump()
+        time_rel, energy_rel = self.sequence.time_rel[self._next], self.sequence.energy_rel[self._next]
+        self._next += self._direction
         duration = seconds_per_step * time_rel
         return duration, joules_per_step * energy_rel / duration
