@@ -1,27 +1,32 @@
 """The measured saving and a job's energy on realistic simulated meters, against the simulation's truth (issue 23).
 
-    python -m benchmarks.meter_saving [--meter nvml ina3221 nvml-edges] [--window-rule steps time] [--seeds 2]
-        [--job-steps 2000] [--no-settle] [--no-doc]
+    python -m benchmarks.meter_saving [--meter nvml ina3221 nvml-edges nvml-replay] [--window-rule steps time]
+        [--seeds 2] [--job-steps 2000] [--no-settle] [--baseline-max-share F ...] [--baseline-parts N ...] [--no-doc]
 
 Each job runs one of the measured Jetson curves (benchmarks/data/loudva) through governor.sim.tuned_job's one loop
 with a SavingRun, as the daemon runs a tuned job (governor/sim/meters.py: step times scattering by 15%, power in two
 phases within a step; NVML's counter held between 100 ms updates, or the INA3221's 140 ms average over the daemon's
-sampler): the board idle for 5 s before it (at a third of the top level's power), the first step at the start pin (the
-middle of the table, standing in for MLG's pick), then unpinned, the baseline window at the default governor (the top
-level; tuner.baseline_*), then the search and its follow-up through the daemon's TuningSession, windows waiting for
-the meter to settle after each change of clock (tuner.settle_updates; --no-settle: none), to the job's end.
+sampler; nvml-replay: NVML's counter read at its updates over the H200's recorded steps, replayed in order, with
+their drift): the board idle for 5 s before it (at a third of the top level's power), the first step at the start pin
+(the middle of the table, standing in for MLG's pick), then unpinned, the baseline's first part at the default
+governor (the top level; tuner.baseline_*), then the search and its follow-up through the daemon's TuningSession, the
+baseline's later parts unpinned while converged (tuner.baseline_parts), windows waiting for the meter to settle after
+each change of clock (tuner.settle_updates; --no-settle: none), to the job's end.
 
 - measured saving: as unregister reports it (governor.policy.measured_saving, shared with the daemon's JobTuner):
   1 - (J/step over the steps run converged at the final pick, from the meter's settling after each move there) /
-  (the baseline window's J/step), with its s.d. saved_pct_err; true saving: 1 - E(pick) / E(top) on the curve.
+  (the baseline's parts' J/step), with its s.d. saved_pct_err; true saving: 1 - E(pick) / E(top) on the curve.
   Reported: measured - true in points, and how often that is within saved_pct_err and twice it (about 68% and 95% if
   it is honest).
-- the baseline's cost: its steps at the default governor instead of the pick, of the job's energy.
+- the baseline's cost: its parts' steps at the default governor (warm-ups included) instead of the pick, of the
+  job's energy.
 - the job's energy: as unregister reports it (the job's own meter: NVML's counter since the job began; the INA3221's
-  readings over the daemon's sampler, EnergyMeter.total_j), against the true energy of its steps.
+  readings over the daemon's sampler, EnergyMeter.total_j), against the true energy of its steps (the simulated power
+  trace's, from the first step's beginning to the last's end).
 
 Targets: the saving within 2 points of the truth, the energy within 2%: mean and p99 (nearest rank) of the absolute
-error over every job, the number of jobs stated. Writes docs/benchmarks.md ("meter-saving").
+error over every job, the number of jobs stated. Writes docs/benchmarks.md ("meter-saving"; another --job-steps,
+"meter-saving-N"; --baseline-max-share, "-share"; --baseline-parts, "-parts").
 """
 
 from __future__ import annotations
@@ -76,7 +81,8 @@ def rows_for(curves: list[Curve], meter: str, rule_name: str, args, config: Tune
     return (meter, "WindowRule" if rule_name == "time" else "1 + 4 steps", len(jobs), len(saving),
             f"{statistics.mean(bias):+.2f}", f"{statistics.mean(saving):.2f} / {percentile(saving, 99):.2f}",
             f"{100 * within[0]:.0f}% / {100 * within[1]:.0f}%",
-            f"{statistics.median(j['baseline_steps'] for j in jobs):.0f}",
+            f"{statistics.median(j['baseline_steps'] for j in jobs):.0f} "
+            f"({statistics.median(j['parts'] for j in jobs):.0f})",
             f"{100 * statistics.mean(j['baseline_cost'] for j in jobs):.2f}%",
             f"{statistics.mean(energy):.2f}% / {percentile(energy, 99):.2f}%" if energy else "-",
             f"{'met' if percentile(saving, 99) <= 2 else 'not met'}, "
@@ -85,7 +91,7 @@ def rows_for(curves: list[Curve], meter: str, rule_name: str, args, config: Tune
 
 HEADER = ("meter", "windows", "jobs", "with a saving", "measured - true saving, mean (points)",
           "abs(measured - true), mean / p99 (points)", "within saved_pct_err / twice it",
-          "baseline window, median steps", "baseline's cost, mean (of the job's energy)",
+          "baseline's steps (parts), median", "baseline's cost, mean (of the job's energy)",
           "abs(job energy error), mean / p99", "p99 targets (2 points, 2%)")
 
 
@@ -124,8 +130,9 @@ def main() -> None:
     command = " ".join(["python -m benchmarks.meter_saving", *sys.argv[1:]]).replace(" --no-doc", "")
     text = (f"## Measured saving and job energy on simulated meters, jobs of {args.job_steps} steps\n\n`{command}`: "
             f"{len(curves)} of the measured Jetson curves, {args.seeds} seeds each, every job "
-            "run as benchmarks/meter_saving.py says (an idle board, the first step at the start pin, the baseline "
-            "window unpinned at the top level, the search and its follow-up through the daemon's TuningSession, "
+            "run as benchmarks/meter_saving.py says (an idle board, the first step at the start pin, the baseline's "
+            "first part unpinned at the top level, the search and its follow-up through the daemon's TuningSession, "
+            "the baseline's later parts unpinned while converged, "
             + ("windows opened right after the warm-up step" if args.no_settle else
                "windows waiting for the meter to settle after each change of clock") +
             f"). p99 by nearest rank. {time.monotonic() - t0:.0f} s on {machine()}.\n\n"
