@@ -154,7 +154,9 @@ def test_the_baselines_later_parts_run_unpinned_while_converged_spread_over_the_
     assert saving["baseline_steps"] == sum(m.measured_steps for m in parts.measured)
 
 
-def test_a_baseline_part_is_dropped_when_another_job_shares_the_gpu(tmp_path):
+def _in_a_baseline_part(tmp_path):
+    """A tuned job of 400 steps run until converged, then until its first later baseline part runs unpinned: the
+    controller, the job, its steps so far, its pick and the step the part was due at."""
     pins = _controller(tmp_path, _CountingGpu(), baseline_window=True, follow_up=False)
     job = _tuned_job(pins, 100)
     job.total_steps = 400
@@ -162,12 +164,17 @@ def test_a_baseline_part_is_dropped_when_another_job_shares_the_gpu(tmp_path):
     while job.tuner.state is not TunerState.CONVERGED and steps < 400:
         steps += 1
         _report(pins, job, steps)
-    parts = job.tuner.baseline_parts
-    due = parts.due_at[0]
+    pick, due = job.freq_hz, job.tuner.baseline_parts.due_at[0]
     while job.freq_hz is not None and steps < 400:
         steps += 1
         _report(pins, job, steps)
-    assert job.freq_hz is None and steps >= due  # the part runs unpinned
+    assert job.freq_hz is None and steps >= due and job.tuner.describe()["baseline"]["measuring_part"]
+    return pins, job, steps, pick, due
+
+
+def test_a_baseline_part_is_dropped_when_another_job_shares_the_gpu(tmp_path):
+    pins, job, steps, _, due = _in_a_baseline_part(tmp_path)
+    parts = job.tuner.baseline_parts
     other = _tuned_job(pins, 200)
     _report(pins, job, steps + 1)
     assert len(parts.measured) == 1 and parts.due_at and parts.due_at[0] > due  # dropped: the next one's turn
@@ -176,18 +183,7 @@ def test_a_baseline_part_is_dropped_when_another_job_shares_the_gpu(tmp_path):
 
 
 def test_a_job_that_ends_in_a_baseline_part_is_summed_up_at_its_pick(tmp_path):
-    pins = _controller(tmp_path, _CountingGpu(), baseline_window=True, follow_up=False)
-    job = _tuned_job(pins, 100)
-    job.total_steps = 400
-    steps = 0
-    while job.tuner.state is not TunerState.CONVERGED and steps < 400:
-        steps += 1
-        _report(pins, job, steps)
-    pick = job.freq_hz
-    while job.freq_hz is not None and steps < 400:
-        steps += 1
-        _report(pins, job, steps)
-    assert job.freq_hz is None and job.tuner.describe()["baseline"]["measuring_part"]
+    _, job, _, pick, _ = _in_a_baseline_part(tmp_path)
     saving = job.tuner.finish(job)
     assert job.decision.freq_hz == pick and job.decision.reason.startswith("tune: converged on")
     assert saving is not None and saving["freq_hz"] == pick
