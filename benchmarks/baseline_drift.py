@@ -13,7 +13,9 @@ alongside) is turned into its steps' energies (governor.sim.meters.StepSequence:
   time with their mean power (-1: the steps lengthen as the GPU waits at lower power; +1 would be the work growing);
 - on the 2,000-step runs, a baseline of ``--baseline-steps`` steps against the rest of the run: the rms relative
   error of its J/step, as one stretch (the daemon's baseline window) and as K chunks of the same total spread evenly
-  over the run (every placement, stepped by 7 steps, wrapped at the run's end).
+  over the run (every placement, stepped by 7 steps, wrapped at the run's end);
+- on two more 2,000-step runs recorded with the memory clock and the GPU's utilization (h200-meter-util): what moves
+  the steps (the clocks' ranges, and how the segments' step time follows the utilization and the power).
 
 Writes docs/benchmarks.md ("baseline-drift").
 """
@@ -21,6 +23,7 @@ Writes docs/benchmarks.md ("baseline-drift").
 from __future__ import annotations
 
 import argparse
+import bisect
 import csv
 import math
 import statistics
@@ -28,8 +31,10 @@ from pathlib import Path
 
 from benchmarks.figures import publish
 from governor.sim.meters import H200_LONG_TRACES as LONG_TRACES
-from governor.sim.meters import H200_RUNS, H200_TRACES, StepSequence
+from governor.sim.meters import H200_RUNS, H200_TRACES, StepSequence, read_h200
 
+UTIL_TRACES = H200_TRACES.parent / "h200-meter-util"  # 2,000 steps, the clocks and the GPU's utilization read too
+UTIL_RUNS = ("bert-small-L6H512", "bert-base-L12H768")
 SEGMENTS = (30, 100, 400)
 CHUNKS = (1, 2, 5, 10)
 
@@ -71,6 +76,32 @@ def chunked_error(energy: tuple[float, ...], steps: int, chunks: int, stride: in
     return math.sqrt(statistics.fmean(x * x for x in errors))
 
 
+def what_moves(directory: Path, name: str, n: int = 100) -> tuple[str, str, str, float, float]:
+    """A run recorded with the clocks and the GPU's utilization: the SM and memory clocks' ranges, the utilization's
+    median, and over its n-step segments the correlation of the mean step time with the mean utilization and with
+    the mean power."""
+    reports, updates = read_h200(name, directory)
+    with open(directory / f"{name}-samples.csv") as f:
+        rows = list(csv.DictReader(f))
+    times = [float(r["t_s"]) for r in rows]
+    seq = StepSequence.from_readings(name, [t for _, _, t in reports], updates)
+    ends = [t for _, _, t in reports if updates[0][0] <= t <= updates[-1][0]]
+    step_t, util, power = [], [], []
+    for i in range(0, len(seq) - n + 1, n):
+        a, b = bisect.bisect_left(times, ends[i]), bisect.bisect_left(times, ends[i + n])
+        step_t.append(statistics.fmean(seq.time_rel[i:i + n]))
+        util.append(statistics.fmean(int(r["gpu_util_pct"]) for r in rows[a:b]))
+        power.append(statistics.fmean(seq.energy_rel[i:i + n]) / step_t[-1])
+
+    def span(key: str) -> str:
+        values = [int(r[key]) for r in rows]
+        return f"{min(values)}-{max(values)} MHz"
+
+    median_util = statistics.median(int(r["gpu_util_pct"]) for r in rows)
+    return (span("sm_clock_mhz"), span("mem_clock_mhz"), f"{median_util:.0f}%", statistics.correlation(step_t, util),
+            statistics.correlation(step_t, power))
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--baseline-steps", type=int, default=100, help="the baseline's steps (tuner.baseline_max_share "
@@ -102,6 +133,13 @@ def main(argv: list[str] | None = None) -> None:
         seq = sequence(LONG_TRACES, name)
         lines.append(f"| {name} | " + " | ".join(f"{100 * chunked_error(seq.energy_rel, args.baseline_steps, k):.2f}%"
                                                  for k in CHUNKS) + " |")
+    lines += ["", "What moves the steps: two more runs of 2,000 steps recorded with the memory clock and the GPU's "
+              "utilization (h200-meter-util), over their 100-step segments:", "",
+              "| run | SM clock | memory clock | GPU utilization, median | corr(step time, utilization) | "
+              "corr(step time, power) |", "|---|---|---|---:|---:|---:|"]
+    for name in UTIL_RUNS:
+        sm, mem, util, with_util, with_power = what_moves(UTIL_TRACES, name)
+        lines.append(f"| {name} | {sm} | {mem} | {util} | {with_util:+.2f} | {with_power:+.2f} |")
     publish("baseline-drift", "\n".join(lines) + "\n", doc=not args.no_doc)
 
 

@@ -7,9 +7,10 @@ For each size a BERT-style masked LM built from a config (random weights, synthe
 on GPU 0 as the traces of benchmarks/data/h200-meter were recorded (the same three shapes), for ``--steps`` steps after
 ``--warmup``. Writes, per size, OUT/NAME-steps.csv (``step, t_s, energy_counter_mj``: read right after
 torch.cuda.synchronize() at each step's end) and OUT/NAME-samples.csv (``t_s, energy_counter_mj, power_mw,
-sm_clock_mhz``), one perf_counter origin for all files, and OUT/run.json (the GPU, its power limit and clock event
-reasons before and after: nothing is set, so they must match). The SM clock shows what moves the steps: the default
-governor's clock or something else (on the H200 the clock held while step time and power moved in anti-phase).
+sm_clock_mhz, mem_clock_mhz, gpu_util_pct``; benchmarks/data/h200-meter-2000 was recorded before the last two
+columns), one perf_counter origin for all files, and OUT/run.json (the GPU, its power limit and clock event reasons
+before and after: nothing is set, so they must match; the host's load average after each run). The clocks and the
+GPU's utilization show what moves the steps: the default governor's clock, or the GPU waiting.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -41,7 +43,7 @@ class Poller(threading.Thread):
     def __init__(self, pynvml, handle, origin: float, poll_s: float):
         super().__init__(daemon=True)
         self.nv, self.handle, self.origin, self.poll_s = pynvml, handle, origin, poll_s
-        self.rows: list[tuple[float, int, int, int]] = []
+        self.rows: list[tuple[float, int, int, int, int, int]] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -49,7 +51,9 @@ class Poller(threading.Thread):
         while not self.stop.is_set():
             t = time.perf_counter() - self.origin
             self.rows.append((t, nv.nvmlDeviceGetTotalEnergyConsumption(h), nv.nvmlDeviceGetPowerUsage(h),
-                              nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)))
+                              nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+                              nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+                              nv.nvmlDeviceGetUtilizationRates(h).gpu))
             self.stop.wait(self.poll_s)
 
 
@@ -92,10 +96,11 @@ def record(size: str, steps: int, warmup: int, out: Path, pynvml, handle, origin
         w.writerows((k, f"{t:.6f}", e) for k, t, e in reports)
     with open(out / f"{name}-samples.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["t_s", "energy_counter_mj", "power_mw", "sm_clock_mhz"])
-        w.writerows((f"{t:.6f}", e, p, c) for t, e, p, c in poller.rows)
+        w.writerow(["t_s", "energy_counter_mj", "power_mw", "sm_clock_mhz", "mem_clock_mhz", "gpu_util_pct"])
+        w.writerows((f"{t:.6f}", *rest) for t, *rest in poller.rows)
     spans = [b[1] - a[1] for a, b in zip(reports, reports[1:], strict=False)]
-    return {"name": name, "steps": steps, "samples": len(poller.rows),
+    return {"name": name, "steps": steps, "samples": len(poller.rows), "host_loadavg": os.getloadavg(),
+            "host_cpus": os.cpu_count(),
             "median_step_s": sorted(spans)[len(spans) // 2], "seconds": reports[-1][1] - reports[0][1]}
 
 

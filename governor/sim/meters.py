@@ -20,7 +20,8 @@ a 26-82 ms step, and no Jetson trace at a finer grain than its 140 ms average ha
 
 The model's steps scatter independently of each other; the H200's do not: successive steps' times correlate (lag-1
 autocorrelation +0.2 to +0.5) and their means drift, in anti-phase with the power, while the SM clock held 1980 MHz
-(the GPU waiting on the host, it seems), so sums of many steps scatter more than independent ones would.
+(the GPU waiting on the host: its utilization falls as they lengthen), so sums of many steps scatter more than
+independent ones would.
 ReplaySteps (``nvml-replay``) replays the real runs' own steps instead: each simulated step takes the time and energy
 of the next step of a real trace (StepSequence), relative to that run's means, so windows see the real drift and
 correlation at any level's step time and power.
