@@ -39,10 +39,6 @@ SEGMENTS = (30, 100, 400)
 CHUNKS = (1, 2, 5, 10)
 
 
-def sequence(directory: Path, name: str) -> StepSequence:
-    return StepSequence.h200(name, directory)
-
-
 def sm_clock(directory: Path, name: str) -> str:
     with open(directory / f"{name}-samples.csv") as f:
         clocks = [int(r["sm_clock_mhz"]) for r in csv.DictReader(f) if r.get("sm_clock_mhz")]
@@ -118,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
              + " | 100-step segments: corr(step time, power) |",
              "|---|---:|---|---:|" + "---|" * len(SEGMENTS) + "---:|"]
     for directory, name, label in runs:
-        seq = sequence(directory, name)
+        seq = StepSequence.h200(name, directory)
         cv = statistics.pstdev(seq.energy_rel)
         cells = [f"{100 * segment_sd(seq.energy_rel, n):.1f}% ({100 * cv / math.sqrt(n):.1f}%)"
                  if len(seq) >= 3 * n else "-" for n in SEGMENTS]
@@ -130,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
               "| run | " + " | ".join("one stretch" if k == 1 else f"{k} chunks" for k in CHUNKS) + " |",
               "|---|" + "---:|" * len(CHUNKS)]
     for name in H200_RUNS:
-        seq = sequence(LONG_TRACES, name)
+        seq = StepSequence.h200(name, LONG_TRACES)
         lines.append(f"| {name} | " + " | ".join(f"{100 * chunked_error(seq.energy_rel, args.baseline_steps, k):.2f}%"
                                                  for k in CHUNKS) + " |")
     lines += ["", "What moves the steps: two more runs of 2,000 steps recorded with the memory clock and the GPU's "

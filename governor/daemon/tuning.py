@@ -32,7 +32,7 @@ from governor.daemon.starts import TuneStarts, gpu_key, read_on
 from governor.errors import FtgovError
 from governor.policy import Decision, PolicyName
 from governor.policy.measured_saving import BaselineParts, MeasuredSaving
-from governor.policy.tuner import Measurement, ProbeWindow, TuningSession
+from governor.policy.tuner import Measurement, ProbeWindow, TuningSession, WindowRule
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
@@ -293,32 +293,12 @@ class JobTuner:
                 self._move(gov, job, None, BASELINE_REASON)
                 if self.state is TunerState.STOPPED:  # the unpin failed: no baseline, no tuning, the pin stays
                     return
-            self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
-                                                rule=self.cfg.baseline_window_rule(self.meter.update_s,
-                                                                                   job.total_steps),
-                                                meter_update_s=self.meter.update_s, settle_s=self._settle_s)
+            self._baseline_window = self._baseline_probe(job)
             self.status = "measuring the baseline window at the default governor"
             return
-        # The unpin may wait for the GPU's re-pin interval (Controller.set_freq): until then the steps run at the
-        # old pin, and the window starts over (warm-up first) at the first report after it.
-        if gov.repin_pending(job.gpu_id):
-            self._pin_waited = True
-            return
-        if self._pin_waited:
-            self._pin_waited = False
-            self._baseline_window = ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
-                                                rule=self._baseline_window.rule, meter_update_s=self.meter.update_s,
-                                                settle_s=self._settle_s)
-            return
-        m = None
-        try:
-            for steps, e_j, t_s in points:
-                m = self._baseline_window.feed(steps, e_j, t_s, job.phase or "train")
-                if m is not None:
-                    break
-        except FtgovError as e:
-            self.baseline_status, self._baseline_window = f"failed: {e}", None
-            m = None
+        self._baseline_window, m, failed = self._feed_unpinned(gov, job, points, self._baseline_window)
+        if failed is not None:
+            self.baseline_status, self._baseline_window = f"failed: {failed}", None
         if m is None:
             if self.baseline_status == "wanted":
                 return
@@ -352,7 +332,7 @@ class JobTuner:
             self._move(gov, job, None, BASELINE_PART_REASON)
             if self.state is TunerState.STOPPED:  # the unpin failed: the pin stays, tuning ends
                 return
-            self._part_window = self._part_probe(job)
+            self._part_window = self._baseline_probe(job)
             self.status = "converged; measuring a part of the baseline at the default governor"
             return
         self._record_stretch(gov, job, points, shared)
@@ -370,33 +350,44 @@ class JobTuner:
                 and (job.phase or "train") == "train" and job.freq_hz is not None
                 and not gov.repin_pending(job.gpu_id) and parts.due(job.steps))
 
-    def _part_probe(self, job) -> ProbeWindow:
+    def _baseline_probe(self, job, rule: WindowRule | None = None) -> ProbeWindow:
+        """A window of the baseline (its first part or a later one) from the job's step now, warm-up first: the
+        baseline's rule for the job's length, or ``rule`` (a window that starts over keeps its own)."""
         return ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
-                           rule=self.cfg.baseline_window_rule(self.meter.update_s, job.total_steps),
+                           rule=rule or self.cfg.baseline_window_rule(self.meter.update_s, job.total_steps),
                            meter_update_s=self.meter.update_s, settle_s=self._settle_s)
+
+    def _feed_unpinned(self, gov, job, points: list,
+                       window: ProbeWindow) -> tuple[ProbeWindow, Measurement | None, str | None]:
+        """Feed a window of the baseline, measured unpinned. The unpin may wait for the GPU's re-pin interval
+        (Controller.set_freq): until then the steps run at the old pin, and the window starts over (warm-up first)
+        at the first report after it. The window (a fresh one once a waited unpin landed), its measurement if this
+        report closed it, and why it failed (a TuningError's message)."""
+        if gov.repin_pending(job.gpu_id):
+            self._pin_waited = True
+            return window, None, None
+        if self._pin_waited:
+            self._pin_waited = False
+            return self._baseline_probe(job, window.rule), None, None
+        try:
+            for steps, e_j, t_s in points:
+                m = window.feed(steps, e_j, t_s, job.phase or "train")
+                if m is not None:
+                    return window, m, None
+        except FtgovError as e:
+            return window, None, str(e)
+        return window, None, None
 
     def _measure_part(self, gov, job, points: list, shared: bool) -> None:
         """A later part of the baseline, unpinned: fed until it closes, then back to the pick (its stretch and the
         follow-up's window start over from there, warm-up first). Shared or failed, it is dropped."""
         assert self.baseline_parts is not None and self.tuner is not None, "a baseline part follows the first"
+        assert self._part_window is not None, "a part is measured while its window is open"
         parts, m, failed = self.baseline_parts, None, None
         if shared:
             failed = "another job shares the GPU"
-        elif gov.repin_pending(job.gpu_id):
-            self._pin_waited = True
-            return
-        elif self._pin_waited:  # the unpin landed only now: the part starts over, warm-up first
-            self._pin_waited = False
-            self._part_window = self._part_probe(job)
-            return
         else:
-            try:
-                for steps, e_j, t_s in points:
-                    m = self._part_window.feed(steps, e_j, t_s, job.phase or "train") if self._part_window else None
-                    if m is not None:
-                        break
-            except FtgovError as e:
-                failed = str(e)
+            self._part_window, m, failed = self._feed_unpinned(gov, job, points, self._part_window)
             if m is None and failed is None:
                 return
         self._part_window = None

@@ -317,12 +317,12 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
             # A later part of the baseline, unpinned (the daemon's JobTuner._measure_part), then back to the pick.
             job.measured.interrupt()
             before = run.steps_run
-            part = _baseline_part(run, cfg, wait_s)
+            closed = _at_default(run, cfg, wait_s, run.steps_run)
             job.default_steps += run.steps_run - before
-            if part is None:
+            if closed is None:
                 parts.skip()
             else:
-                parts.add(part)
+                parts.add(closed[0])
             if session.measuring:
                 session.repinned(run.steps_run)
             continue
@@ -408,32 +408,30 @@ def _baseline(run: _Steps, cfg: TunerConfig, start_hz: int, saving: SavingRun, w
         top_j, top_s = board.expected(top_hz)
         reader.trace.append(saving.idle_s, IDLE_SHARE * top_j / top_s)
     first = run.step(start_hz)
-    rule = cfg.baseline_window_rule(reader.update_s, run.job_steps)
-    window = ProbeWindow(None, 1, cfg.warmup_steps, cfg.window_steps, rule=rule, meter_update_s=reader.update_s,
-                         settle_s=wait_s)
-    for report in first:
-        if report[0] >= 1:  # the first step's end: the daemon unpins as it is reported
-            window.feed(*report)
-    while run.steps_run < run.job_steps:
-        for report in run.step(top_hz):
-            run.baseline = window.feed(*report)
-            if run.baseline is not None:
-                return int(report[0])
-    return run.steps_run
+    # The first step's end: the daemon unpins as it is reported.
+    closed = _at_default(run, cfg, wait_s, 1, [report for report in first if report[0] >= 1])
+    if closed is None:
+        return run.steps_run
+    run.baseline, steps = closed
+    return int(steps)
 
 
-def _baseline_part(run: _Steps, cfg: TunerConfig, wait_s: float) -> Measurement | None:
-    """A later part of the baseline: steps at the default governor (the top level) until its window closes (None if
-    the job ends first)."""
+def _at_default(run: _Steps, cfg: TunerConfig, wait_s: float, begin_steps: float,
+                opening: list[tuple[float, float, float]] | None = None) -> tuple[Measurement, float] | None:
+    """A window of the baseline (its first part or a later one): steps at the default governor (the top level) from
+    job step ``begin_steps``, the ``opening`` reports fed first, until the window closes: its measurement and the
+    step count of the report that closed it (None if the job ends first)."""
     top_hz = run.board.levels_hz[-1]
-    window = ProbeWindow(None, run.steps_run, cfg.warmup_steps, cfg.window_steps,
+    window = ProbeWindow(None, begin_steps, cfg.warmup_steps, cfg.window_steps,
                          rule=cfg.baseline_window_rule(run.reader.update_s, run.job_steps),
                          meter_update_s=run.reader.update_s, settle_s=wait_s)
+    for report in opening or []:
+        window.feed(*report)
     while run.steps_run < run.job_steps:
         for report in run.step(top_hz):
             m = window.feed(*report)
             if m is not None:
-                return m
+                return m, report[0]
     return None
 
 
