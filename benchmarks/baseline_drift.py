@@ -14,8 +14,9 @@ alongside) is turned into its steps' energies (governor.sim.meters.StepSequence:
 - on the 2,000-step runs, a baseline of ``--baseline-steps`` steps against the rest of the run: the rms relative
   error of its J/step, as one stretch (the daemon's baseline window) and as K chunks of the same total spread evenly
   over the run (every placement, stepped by 7 steps, wrapped at the run's end);
-- on two more 2,000-step runs recorded with the memory clock and the GPU's utilization (h200-meter-util): what moves
-  the steps (the clocks' ranges, and how the segments' step time follows the utilization and the power).
+- on two more 2,000-step runs recorded with the memory clock and the GPU's utilization (h200-meter-util), and a
+  GPU-bound run of 1,200 steps (h200-meter-gpubound): what moves the steps (the clocks' ranges, and how the
+  segments' step time follows the utilization and the power).
 
 Writes docs/benchmarks.md ("baseline-drift").
 """
@@ -34,6 +35,8 @@ from governor.sim.meters import H200_LONG_TRACES as LONG_TRACES
 from governor.sim.meters import H200_RUNS, H200_TRACES, StepSequence, read_h200
 
 UTIL_TRACES = H200_TRACES.parent / "h200-meter-util"  # 2,000 steps, the clocks and the GPU's utilization read too
+GPUBOUND_TRACES = H200_TRACES.parent / "h200-meter-gpubound"  # 1,200 steps of a job the GPU paces (util 91%)
+GPUBOUND_RUN = "bert-gpubound-L24H1024"
 UTIL_RUNS = ("bert-small-L6H512", "bert-base-L12H768")
 SEGMENTS = (30, 100, 400)
 CHUNKS = (1, 2, 5, 10)
@@ -105,10 +108,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--no-doc", action="store_true")
     args = p.parse_args(argv)
     runs = [(d, name, f"{name} ({d.name})") for d in (H200_TRACES, LONG_TRACES) for name in H200_RUNS]
+    runs.append((GPUBOUND_TRACES, GPUBOUND_RUN, f"{GPUBOUND_RUN} ({GPUBOUND_TRACES.name})"))
     lines = ["## The baseline window on real meter readings: drift", "",
-             "`python -m benchmarks.baseline_drift` (`make bench`): the six recorded H200 runs (three of 400 steps, "
-             "benchmarks/data/h200-meter; three of 2,000 steps with the SM clock read alongside, h200-meter-2000), "
-             "each step's energy from the counter interpolated between its 100 ms updates.", "",
+             "`python -m benchmarks.baseline_drift` (`make bench`): the recorded H200 runs (three of 400 steps, "
+             "benchmarks/data/h200-meter; three of 2,000 steps with the SM clock read alongside, h200-meter-2000; "
+             "one of 1,200 steps of a job the GPU paces, h200-meter-gpubound), each step's energy from the counter "
+             "interpolated between its 100 ms updates.", "",
              "| run | steps | SM clock | step time CV | "
              + " | ".join(f"J/step over {n}-step segments: s.d. (independent steps)" for n in SEGMENTS)
              + " | 100-step segments: corr(step time, power) |",
@@ -130,11 +135,12 @@ def main(argv: list[str] | None = None) -> None:
         lines.append(f"| {name} | " + " | ".join(f"{100 * chunked_error(seq.energy_rel, args.baseline_steps, k):.2f}%"
                                                  for k in CHUNKS) + " |")
     lines += ["", "What moves the steps: two more runs of 2,000 steps recorded with the memory clock and the GPU's "
-              "utilization (h200-meter-util), over their 100-step segments:", "",
+              "utilization (h200-meter-util), and the GPU-bound run (h200-meter-gpubound), over their 100-step "
+              "segments:", "",
               "| run | SM clock | memory clock | GPU utilization, median | corr(step time, utilization) | "
               "corr(step time, power) |", "|---|---|---|---:|---:|---:|"]
-    for name in UTIL_RUNS:
-        sm, mem, util, with_util, with_power = what_moves(UTIL_TRACES, name)
+    for directory, name in [*((UTIL_TRACES, name) for name in UTIL_RUNS), (GPUBOUND_TRACES, GPUBOUND_RUN)]:
+        sm, mem, util, with_util, with_power = what_moves(directory, name)
         lines.append(f"| {name} | {sm} | {mem} | {util} | {with_util:+.2f} | {with_power:+.2f} |")
     publish("baseline-drift", "\n".join(lines) + "\n", doc=not args.no_doc)
 

@@ -27,6 +27,8 @@ SIZES = {  # layers, hidden, heads, sequence, batch: benchmarks/data/h200-meter/
     "small": (6, 512, 8, 64, 16),
     "base": (12, 768, 12, 128, 32),
     "large": (24, 1024, 16, 128, 32),
+    # The large shape on 4x the tokens a step: enough work a step that the GPU, not the host, sets the pace.
+    "gpubound": (24, 1024, 16, 512, 32),
 }
 
 
