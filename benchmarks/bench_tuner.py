@@ -94,9 +94,11 @@ class Run:
 
 
 def make_tuner(kind: str, levels_hz, start_hz: int, max_slowdown, noise_rel: float, job_steps: int):
-    """``new``: the tuner with its defaults; ``follow``: with follow_up, as the daemon runs it (tuner.follow_up)."""
+    """``new``: the tuner with its defaults; ``follow``: as the daemon runs it, with follow_up (tuner.follow_up) and
+    the job's drift allowed for (tuner.drift_rel)."""
+    follow = kind == "follow"
     return tuning.OnlineTuner(levels_hz, start_hz, max_slowdown, noise_rel=noise_rel, total_steps=job_steps,
-                              follow_up=kind == "follow")
+                              follow_up=follow, drift_rel=tuning.DRIFT_REL_ON if follow else 0.0)
 
 
 def starts_for(curve: Curve) -> dict[str, int]:

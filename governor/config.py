@@ -97,6 +97,13 @@ class TunerConfig(_Strict):
         "follow_up: a window at the pick this many standard deviations off its estimate, twice in a row, is a drift"))
     max_follow_windows: int = Field(_tuner.DEFAULT_MAX_FOLLOW_WINDOWS, ge=0, le=1000, description=(
         "follow_up: windows away from the pick at most (confirming its near-ties)"))
+    drift_rel: float = Field(_tuner.DRIFT_REL_ON, ge=0, le=1, description=(
+        "the job's energy per step drifts while it runs (a host-bound job's by 3-15% at a fixed clock): the tuner "
+        "compares windows far apart in time with that drift allowed for, its size learnt from the windows among 0, "
+        "1/3, 1 and 3 times this, and windows noisier than they say allowed for too (0: windows are independent and "
+        "as noisy as they say)"))
+    drift_steps: float = Field(_tuner.DEFAULT_DRIFT_STEPS, gt=0, le=1e7, description=(
+        "the steps over which the drift forgets (its correlation length)"))
     window_rule: Literal["steps", "time"] = Field("time", description=(
         "steps: a window is window_steps steps; time: it spans at least window_min_s, window_min_updates of the "
         "meter's updates and window_min_steps, then closes when its own uncertainty is within window_target_rel, "
@@ -145,8 +152,9 @@ class TunerConfig(_Strict):
         """The knobs for simulated jobs that read exact cumulative counters in the model's time (``ftgov evaluate``,
         governor.sim.learning): windows of steps (a 4-step window is exact there, and a WindowRule sizes windows by a
         real meter's updates), and the pick frozen at convergence, which their accounting charges the rest of the job
-        at. The daemon's defaults on real meters are measured by benchmarks/bench_tuner.py's meter runs."""
-        return cls(window_rule="steps", follow_up=False)
+        at; and no drift allowed for, since the model's steps are independent. The daemon's defaults on real meters are
+        measured by benchmarks/bench_tuner.py's meter runs."""
+        return cls(window_rule="steps", follow_up=False, drift_rel=0.0)
 
     def new_tuner(self, levels_hz, start_hz: int) -> _tuner.OnlineTuner:
         """An OnlineTuner with these knobs (the job's length is the session's to give: ``new_session``)."""
@@ -155,7 +163,8 @@ class TunerConfig(_Strict):
                                  confirm_windows=self.confirm_windows,
                                  probe_steps=max(1, self.warmup_steps + self.window_steps),
                                  follow_up=self.follow_up, drift_z=self.drift_z,
-                                 max_follow_windows=self.max_follow_windows)
+                                 max_follow_windows=self.max_follow_windows, drift_rel=self.drift_rel,
+                                 drift_steps=self.drift_steps)
 
     @model_validator(mode="after")
     def _window_times(self):

@@ -1,7 +1,19 @@
 """What the online tuner knows from its windows: each level's estimate, the z score of a difference, the energy
 budget and what exploration has spent of it, and the step times that max_slowdown is judged by. ``OnlineTuner``
 (governor.policy.tuner) holds one ``Estimates`` of its whole table and gives each ``Search`` a view of the levels it
-searches (``subset``): the views share the windows and the budget spent, so a window counts in every search."""
+searches (``subset``): the views share the windows and the budget spent, so a window counts in every search.
+
+A job's energy per step drifts while it runs: on a real H200 a host-bound job's J/step over 100-step stretches moved by
+3-4%, at a fixed clock, as the GPU waited more or less on the host (benchmarks/data/h200-meter-2000). Windows taken
+hundreds of steps apart then differ by more than their own noise, and a search that compares them as independent
+picks a level by when it was measured. So each level's estimate is not a mean of its windows but a Kalman filter's
+(``_Drift``): a window at level i reads a_i + g(t) + noise, where a_i is the level's log J/step and g a drift shared by
+every level, an Ornstein-Uhlenbeck process that forgets over ``drift_steps`` steps, its s.d. learnt from the
+windows (``_Drifts``: filters of 0 to 3 x ``drift_rel``, and of windows noisier than they say, weighed by how well
+each foresaw them). Two levels
+measured close in time are compared nearly free of the drift, levels measured far apart with its uncertainty added,
+and a level measured again later corrects the others' estimates. With ``drift_rel`` 0 it is the windows' mean,
+each window weighted by its own uncertainty."""
 
 from __future__ import annotations
 
@@ -15,31 +27,28 @@ ASSUMED_TOTAL_STEPS = 2000
 # A measured level may be chosen under max_slowdown only if its own step time over the top's, as measured, is within
 # the limit by this many standard deviations of that ratio (from both levels' windows' own uncertainties).
 FEASIBLE_Z = 1.0
+# The drift s.d.s the estimates weigh, as multiples of drift_rel (_Drifts): none, a third, as given, three times.
+DRIFT_SCALES = (0.0, 1.0 / 3.0, 1.0, 3.0)
+# The window noises they weigh, as multiples of each window's own uncertainty (_Drifts).
+NOISE_SCALES = (1.0, 1.5, 2.25)
 
 
 @dataclass
 class _Estimate:
-    """Running sums of the windows measured at one level."""
+    """Running sums of the windows measured at one level (its estimate is the filter's: ``_Drift``)."""
 
     n: int = 0
     sum_j: float = 0.0
     sum_log_j: float = 0.0
     sum_log_j2: float = 0.0
     sum_s: float = 0.0
-    sum_var: float = 0.0  # sum of the windows' variances (relative: of log joules per step)
 
-    def add(self, joules: float, seconds: float, noise_rel: float) -> None:
+    def add(self, joules: float, seconds: float) -> None:
         self.n += 1
         self.sum_j += joules
         self.sum_log_j += math.log(joules)
         self.sum_log_j2 += math.log(joules) ** 2
         self.sum_s += seconds
-        self.sum_var += noise_rel * noise_rel
-
-    @property
-    def var_mean(self) -> float:
-        """Variance of the mean log energy: each window's own, averaged over n windows."""
-        return self.sum_var / (self.n * self.n)
 
 
 @dataclass
@@ -55,6 +64,8 @@ class TunerSettings:
     probe_steps: int
     confirm_windows: int
     max_probes: int
+    drift_rel: float = 0.0
+    drift_steps: float = 1.0
 
 
 @dataclass
@@ -62,6 +73,125 @@ class _Spent:
     """What the job's windows have cost the exploration so far, in joules: one for the job, whatever the search."""
 
     j: float = 0.0
+
+
+class _Drift:
+    """One filter: the state is each measured level's log J/step (a_i) and the drift g, an Ornstein-Uhlenbeck process
+    of s.d. ``sd`` that forgets over ``steps``, with their mean and covariance after the windows so far; a window's
+    noise is its own times ``noise_scale``. Levels enter
+    at their first window: a level never measured is known not at all, so its first window only says a_i = y - g,
+    with g's uncertainty added (the limit of a diffuse prior, computed exactly). Keys are positions of the whole
+    table; the drift's is G."""
+
+    G = -1
+
+    def __init__(self, sd: float, steps: float, noise_scale: float = 1.0):
+        self.sd, self.steps, self.noise_scale = sd, steps, noise_scale
+        self.mean: dict[int, float] = {self.G: 0.0}
+        self.cov: dict[int, dict[int, float]] = {self.G: {self.G: sd * sd}}
+
+    def advance(self, by_steps: float) -> None:
+        """Let the drift evolve ``by_steps``: its mean decays towards 0, its variance towards sd^2, and its
+        covariance with the levels fades by the same factor."""
+        rho, g = math.exp(-by_steps / self.steps), self.G
+        self.mean[g] *= rho
+        for k in self.cov:
+            if k != g:
+                self.cov[k][g] *= rho
+                self.cov[g][k] *= rho
+        self.cov[g][g] = rho * rho * self.cov[g][g] + self.sd * self.sd * (1.0 - rho * rho)
+
+    def predict(self, k: int) -> tuple[float, float]:
+        """(mean, variance) of a_k + g: what a window at level k (measured before) is expected to read now, but for
+        its own noise."""
+        g, c = self.G, self.cov
+        return self.mean[k] + self.mean[g], c[k][k] + 2.0 * c[k][g] + c[g][g]
+
+    def add(self, k: int, log_j: float, var: float) -> float:
+        """A window at level k read ``log_j`` with variance ``var`` (its own noise): the log likelihood this filter
+        gave that reading (0 for a level's first window, which every filter explains alike)."""
+        g, c = self.G, self.cov
+        var *= self.noise_scale ** 2
+        if k not in self.mean:
+            self.mean[k] = log_j - self.mean[g]
+            row = {m: -c[g][m] for m in c}
+            row[k] = var + c[g][g]
+            for m in c:
+                c[m][k] = row[m]
+            c[k] = row
+            return 0.0
+        h = {m: c[m][k] + c[m][g] for m in c}  # cov(state, a_k + g)
+        total = h[k] + h[g] + var
+        innovation = log_j - self.mean[k] - self.mean[g]
+        for m in c:
+            self.mean[m] += h[m] * innovation / total
+        for m in c:
+            row, hm = c[m], h[m] / total
+            for n in c:
+                row[n] -= hm * h[n]
+        return -0.5 * (math.log(2.0 * math.pi * total) + innovation * innovation / total)
+
+
+class _Drifts:
+    """How large the drift is differs by job (a host-bound small model's moved by 6%, a larger one's by 3%, a job at
+    a steady pace's not at all), and so does how well a window's own uncertainty (its sub-windows' scatter) tells its
+    scatter from the next window's: on the H200's recorded steps, excursions of 10-15% lasting tens of steps make
+    windows scatter by more than they say. So the estimates weigh filters of several drift s.d.s (DRIFT_SCALES x
+    drift_rel) and window noises (NOISE_SCALES x each window's own), all equally likely a priori, by how well each
+    foresaw the windows since (Bayesian model averaging over their predictive likelihoods): a job's repeated windows
+    soon say which. The estimate is the mixture's mean and covariance (recomputed after each window). With drift_rel
+    0, one filter: no drift, each window's own noise."""
+
+    def __init__(self, settings: TunerSettings):
+        drifts, noises = (DRIFT_SCALES, NOISE_SCALES) if settings.drift_rel > 0 else ((0.0,), (1.0,))
+        self._filters = [_Drift(settings.drift_rel * d, settings.drift_steps, n) for d in drifts for n in noises]
+        self._log_w = [0.0] * len(self._filters)
+        self.at_step: float | None = None
+        self._mixed: tuple[dict[int, float], dict[int, dict[int, float]], float] | None = None
+
+    def advance(self, at_step: float) -> None:
+        if self.at_step is not None and at_step > self.at_step:
+            for f in self._filters:
+                f.advance(at_step - self.at_step)
+            self._mixed = None
+        if self.at_step is None or at_step > self.at_step:
+            self.at_step = at_step
+
+    def add(self, k: int, log_j: float, var: float) -> None:
+        self._log_w = [w + f.add(k, log_j, var) for w, f in zip(self._log_w, self._filters, strict=True)]
+        top = max(self._log_w)
+        self._log_w = [w - top for w in self._log_w]
+        self._mixed = None
+
+    def _mix(self) -> tuple[dict[int, float], dict[int, dict[int, float]], float]:
+        if self._mixed is None:
+            weights = [math.exp(w) for w in self._log_w]
+            weights = [w / sum(weights) for w in weights]
+            keys = list(self._filters[0].mean)
+            mean = {k: math.fsum(w * f.mean[k] for w, f in zip(weights, self._filters, strict=True)) for k in keys}
+            cov = {a: {b: math.fsum(w * (f.cov[a][b] + (f.mean[a] - mean[a]) * (f.mean[b] - mean[b]))
+                                    for w, f in zip(weights, self._filters, strict=True)) for b in keys}
+                   for a in keys}
+            sd = math.sqrt(math.fsum(w * f.sd * f.sd for w, f in zip(weights, self._filters, strict=True)))
+            self._mixed = (mean, cov, sd)
+        return self._mixed
+
+    @property
+    def mean(self) -> dict[int, float]:
+        return self._mix()[0]
+
+    @property
+    def cov(self) -> dict[int, dict[int, float]]:
+        return self._mix()[1]
+
+    @property
+    def sd_rel(self) -> float:
+        """The drift's s.d. as the windows so far weigh it (rms over the filters)."""
+        return self._mix()[2]
+
+    def predict(self, k: int) -> tuple[float, float]:
+        g, c, m = _Drift.G, self.cov, self.mean
+        return m[k] + m[g], c[k][k] + 2.0 * c[k][g] + c[g][g]
 
 
 @dataclass(eq=False)
@@ -74,21 +204,47 @@ class Estimates:
     settings: TunerSettings
     _est: list[_Estimate] = field(default_factory=list)
     _spent: _Spent = field(default_factory=_Spent)
+    _drift: _Drifts | None = None
+    _table: tuple[int, ...] = ()  # each position's position in the whole table (the filter's keys)
+    _clock: list[float] = field(default_factory=lambda: [0.0])  # the steps counted when a window has no at_step
 
     def __post_init__(self) -> None:
         if not self._est:
             self._est = [_Estimate() for _ in self.levels_hz]
+        if self._drift is None:
+            self._drift = _Drifts(self.settings)
+        if not self._table:
+            self._table = tuple(range(len(self.levels_hz)))
 
     def subset(self, positions: Sequence[int], start: int) -> Estimates:
         """A view of the levels at ``positions`` (``start`` one of them) sharing these windows and the budget spent."""
         return Estimates(tuple(self.levels_hz[i] for i in positions), list(positions).index(start), self.settings,
-                         [self._est[i] for i in positions], self._spent)
+                         [self._est[i] for i in positions], self._spent, self._drift,
+                         tuple(self._table[i] for i in positions), self._clock)
 
-    def add(self, i: int, joules: float, seconds: float, noise_rel: float, *, charge: bool) -> None:
-        """Record a window measured at level i; with ``charge``, count its cost against the exploration budget."""
+    def add(self, i: int, joules: float, seconds: float, noise_rel: float, *, charge: bool,
+            at_step: float | None = None) -> None:
+        """Record a window measured at level i, ``at_step`` steps into the job (its middle; None: each window is
+        taken to follow the last by ``probe_steps``); with ``charge``, count its cost against the exploration budget."""
         if charge:
             self._spent.j += self._window_cost_j(i, joules)
-        self._est[i].add(joules, seconds, noise_rel)
+        self._est[i].add(joules, seconds)
+        self._clock[0] = self._clock[0] + self.settings.probe_steps if at_step is None else float(at_step)
+        self.drift.advance(self._clock[0])
+        self.drift.add(self._table[i], math.log(joules), noise_rel * noise_rel)
+
+    @property
+    def drift(self) -> _Drifts:
+        """The filters behind the estimates (``drift.sd_rel``: the drift as the windows weigh it)."""
+        assert self._drift is not None, "set in __post_init__"
+        return self._drift
+
+    def predict(self, i: int, at_step: float | None = None) -> tuple[float, float]:
+        """(log J/step, its variance) that a window at measured level i is expected to read ``at_step`` (None: at
+        the last window's time), but for its own noise: the level's estimate plus the drift's, now."""
+        if at_step is not None:
+            self.drift.advance(float(at_step))
+        return self.drift.predict(self._table[i])
 
     def windows(self, i: int) -> int:
         """How many windows level i has."""
@@ -116,8 +272,9 @@ class Estimates:
         return (log_j[a] - log_j[b]) / self.sd_diff(a, b)
 
     def var_mean(self, i: int) -> float:
-        """The variance of level i's estimate (of its mean log joules per step)."""
-        return self._est[i].var_mean
+        """The variance of level i's estimate (of its log joules per step, the drift at its mean)."""
+        k = self._table[i]
+        return self.drift.cov[k][k]
 
     def scatter_rel(self, i: int) -> float | None:
         """The sample s.d. of level i's windows (of their log joules per step); None under three windows."""
@@ -127,7 +284,9 @@ class Estimates:
         return math.sqrt(max(0.0, e.sum_log_j2 - e.sum_log_j ** 2 / e.n) / (e.n - 1))
 
     def sd_diff(self, a: int, b: int) -> float:
-        return math.sqrt(self._est[a].var_mean + self._est[b].var_mean)
+        """The s.d. of log E_a - log E_b: their windows' noise, and the drift between when each was measured."""
+        c, ka, kb = self.drift.cov, self._table[a], self._table[b]
+        return math.sqrt(max(0.0, c[ka][ka] + c[kb][kb] - 2.0 * c[ka][kb]))
 
     # --- the exploration budget ----------------------------------------------------------------------------------
 
@@ -171,15 +330,13 @@ class Estimates:
 
     # --- estimates -----------------------------------------------------------------------------------------------
 
-    def _raw_log_energy(self) -> dict[int, float]:
-        """Mean log energy per step of each measured level (log: the noise is relative, so it is even there)."""
-        return {i: e.sum_log_j / e.n for i, e in enumerate(self._est) if e.n}
-
     def log_energy(self) -> dict[int, float]:
-        """The estimates the search compares: the raw means. No smoothing across levels: a quadratic through the
+        """The estimates the search compares: each measured level's log energy per step (log: the noise is relative,
+        so it is even there), the filter's, at the drift's mean. No smoothing across levels: a quadratic through the
         levels near the bottom pools their windows on a smooth U, but real curves have bumps and isolated minima
         smaller than a window's noise, which such a fit erases (docs/tuner.md)."""
-        return self._raw_log_energy()
+        mean = self.drift.mean
+        return {i: mean[k] for i, k in enumerate(self._table) if k in mean}
 
     # --- step time, for max_slowdown ------------------------------------------------------------------------------
 

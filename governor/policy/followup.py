@@ -58,7 +58,7 @@ class FollowUp:
         self.max_windows = max_windows
         self.windows_away = 0  # windows at contenders so far
         self._drift_signs: list[int] = []
-        # (level, mean, scatter, var of the mean) of the level a window was last judged against
+        # (level, expected log J/step, its variance, scatter) of the level a window was last judged against
         self._reference: tuple[int, float, float, float] | None = None
         log_j = est.log_energy()
         fit = est.seconds()
@@ -112,7 +112,7 @@ class FollowUp:
         n = self.est.windows(i)
         if not n:
             return 0.0
-        var = self.est.var_mean(i)  # (mean window variance) / n
+        var = self.est.var_mean(i)  # taken as (window variance) / n, as without drift
         return math.sqrt(max(0.0, var - var * n / (n + m)))
 
     @property
@@ -120,16 +120,18 @@ class FollowUp:
         """The last window read outside its level's interval: the next is the pick's, and the pick stays."""
         return bool(self._drift_signs) and self._drift_signs[-1] != 0
 
-    def drifted(self, i: int, joules: float, noise_rel: float) -> bool:
-        """Whether a window at level i, a member (before it is added to the estimates), says the curve moved: a
-        window outside its level's interval by drift_z, DRIFT_WINDOWS times in a row on one side (a confirmation
-        window at a near-tie can be the first: the curve moves whatever level the job runs at)."""
-        # The level's interval as it was before the first window out of it (which would widen it): its estimate, and
-        # the scatter of its windows where larger than the window's own noise (a meter noisier than the window says,
-        # a busy host's step times say, must not read as drift).
+    def drifted(self, i: int, joules: float, noise_rel: float, at_step: float | None = None) -> bool:
+        """Whether a window at level i, a member (before it is added to the estimates), measured ``at_step``, says
+        the curve moved: a window outside its level's interval by drift_z, DRIFT_WINDOWS times in a row on one side
+        (a confirmation window at a near-tie can be the first: the curve moves whatever level the job runs at). The
+        interval is what the estimates expect a window to read then, the slow drift they allow for included: a
+        jump, not that drift, is what searches again."""
+        # The level's interval as it was before the first window out of it (which would widen it): its prediction,
+        # and the scatter of its windows where larger than the window's own noise (a meter noisier than the window
+        # says, a busy host's step times say, must not read as drift).
         if not self.suspect or self._reference is None or self._reference[0] != i:
-            self._reference = (i, self.est.log_energy()[i], self.est.scatter_rel(i) or 0.0, self.est.var_mean(i))
-        _, mean, scatter, var_mean = self._reference
+            self._reference = (i, *self.est.predict(i, at_step), self.est.scatter_rel(i) or 0.0)
+        _, mean, var_mean, scatter = self._reference
         noise = max(noise_rel, scatter)
         z = (math.log(joules) - mean) / math.sqrt(noise * noise + var_mean)
         sign = 0 if abs(z) < self.drift_z else (1 if z > 0 else -1)

@@ -39,11 +39,12 @@ from governor.policy.windows import (
     TuningSession,
     WindowRule,
     _count,
+    _non_negative,
     _positive,
 )
 
-__all__ = ["ASSUMED_TOTAL_STEPS", "DEFAULT_DRIFT_Z", "DEFAULT_MAX_FOLLOW_WINDOWS",
-           "DEFAULT_WARMUP_STEPS", "DEFAULT_WINDOW_STEPS", "FEASIBLE_Z", "MAX_CONFIRM_WINDOWS",
+__all__ = ["ASSUMED_TOTAL_STEPS", "DEFAULT_DRIFT_STEPS", "DEFAULT_DRIFT_Z", "DEFAULT_MAX_FOLLOW_WINDOWS",
+           "DRIFT_REL_ON", "DEFAULT_WARMUP_STEPS", "DEFAULT_WINDOW_STEPS", "FEASIBLE_Z", "MAX_CONFIRM_WINDOWS",
            "Measurement", "OnlineTuner", "ProbeWindow", "Reference", "TuningError", "TuningSession", "WindowRule"]
 
 # A safety cap only: the energy budget and the search's own stopping rules end it long before on any curve we know of;
@@ -66,6 +67,15 @@ GRID_LEVELS = 15
 # Measured on the Jetson curves spread over 8 times their levels (bench_tuner's "fine" set, mid-table start): 1 x
 # noise_rel +5 windows for -0.1% mean; 4 x -7 windows for +0.2% mean.
 REFINE_NOISE = 2.0
+# The drift of a job's energy per step the estimates allow for (governor.policy.estimates, _Drifts), as the daemon's
+# tuner.drift_rel sets it (the tuner's own default is 0, off, so that its interface keeps its meaning): the s.d. of log
+# J/step the filters are scaled by, and the steps over which it forgets. Measured on the H200's 2,000-step runs at a
+# fixed clock: 20-step stretches next to each other differ by 2-4% rms, 1,200 steps apart by 3-6%, and the small
+# model's J/step moves by 10-15% within tens of steps (benchmarks/data/h200-meter-2000); the filters weigh 0 to 3 x
+# drift_rel, so the size is learnt, and a short memory (50 steps, not the 150-200 of the slow rise) follows the fast
+# moves.
+DRIFT_REL_ON = 0.03
+DEFAULT_DRIFT_STEPS = 50.0
 
 
 def _setting(name: str) -> property:
@@ -109,7 +119,8 @@ class OnlineTuner:
                  total_steps: int | None = None, probe_steps: int = DEFAULT_WARMUP_STEPS + DEFAULT_WINDOW_STEPS,
                  confirm_windows: int = DEFAULT_CONFIRM_WINDOWS, noise_floor_rel: float | None = None,
                  follow_up: bool = False, drift_z: float = DEFAULT_DRIFT_Z,
-                 max_follow_windows: int = DEFAULT_MAX_FOLLOW_WINDOWS):
+                 max_follow_windows: int = DEFAULT_MAX_FOLLOW_WINDOWS, drift_rel: float = 0.0,
+                 drift_steps: float = DEFAULT_DRIFT_STEPS):
         self.levels_hz = _check_levels(levels_hz)
         if isinstance(start_hz, bool) or start_hz not in self.levels_hz:
             raise TuningError(f"start_hz {start_hz!r} is not one of the levels {list(self.levels_hz)}")
@@ -122,7 +133,9 @@ class OnlineTuner:
             total_steps=None if total_steps is None else _count(total_steps, "total_steps", 1),
             probe_steps=_count(probe_steps, "probe_steps", 1),
             confirm_windows=_count(confirm_windows, "confirm_windows", 1),
-            max_probes=_count(max_probes, "max_probes", 1))
+            max_probes=_count(max_probes, "max_probes", 1),
+            drift_rel=_non_negative(drift_rel, "drift_rel"),
+            drift_steps=_positive(drift_steps, "drift_steps"))
         self.noise_floor_rel = self.noise_rel if noise_floor_rel is None else _positive(noise_floor_rel,
                                                                                        "noise_floor_rel")
         self.follow_up = bool(follow_up)
@@ -168,9 +181,11 @@ class OnlineTuner:
         return self.levels_hz[self._search.levels[index]]
 
     def observe(self, level_hz: int, joules_per_step: float, seconds_per_step: float, *,
-                noise_rel: float | None = None) -> None:
+                noise_rel: float | None = None, at_step: float | None = None) -> None:
         """Record one measurement window: mean energy (J) and duration (s) per step at level_hz; ``noise_rel`` is
-        the window's own relative uncertainty (None: the tuner's noise_rel), never taken below noise_floor_rel."""
+        the window's own relative uncertainty (None: the tuner's noise_rel), never taken below noise_floor_rel;
+        ``at_step`` is when it was measured, in the job's steps (its middle; None: probe_steps after the last window),
+        which the drift between windows is reckoned from."""
         if isinstance(level_hz, bool) or level_hz not in self.levels_hz:
             raise TuningError(f"level_hz {level_hz!r} is not one of the levels {list(self.levels_hz)}")
         joules = _positive(joules_per_step, "joules_per_step")
@@ -181,10 +196,10 @@ class OnlineTuner:
         self._steps_since += self.probe_steps
         follow = self._follow
         if follow is not None and i in follow.members:
-            drifted = follow.drifted(i, joules, noise)
-            self.estimates.add(i, joules, seconds, noise, charge=False)
+            drifted = follow.drifted(i, joules, noise, at_step)
+            self.estimates.add(i, joules, seconds, noise, charge=False, at_step=at_step)
             if drifted:
-                self._search_again(i, joules, seconds, noise)
+                self._search_again(i, joules, seconds, noise, at_step)
                 return
             follow.windows_away += i != follow.pick
             if not follow.suspect:  # a window out of its interval moves no pick before the next says why
@@ -192,7 +207,7 @@ class OnlineTuner:
             self._final = follow.pick
             self._plan_follow()
             return
-        self.estimates.add(i, joules, seconds, noise, charge=self._final is None)
+        self.estimates.add(i, joules, seconds, noise, charge=self._final is None, at_step=at_step)
         if self._final is None:
             self._search.replan(self._probes - self._probe_base)
             self._settle()
@@ -232,7 +247,8 @@ class OnlineTuner:
             ref = self.estimates.incumbent(log_j)
         if ref is None or ref == i:
             return None
-        return Reference(math.exp(log_j[ref]), math.sqrt(self.estimates.var_mean(ref)))
+        mean, var = self.estimates.predict(ref)  # as a window now would read it: the drift's now added
+        return Reference(math.exp(mean), math.sqrt(var))
 
     @property
     def converged(self) -> bool:
@@ -300,6 +316,7 @@ class OnlineTuner:
             "total_steps": self.total_steps,
             "explore_budget_j": None if best is None else est.budget_j(log_j, best),
             "explore_spent_j": self.explore_spent_j,
+            "drift_rel": est.drift.sd_rel,
             "estimates": estimates,
         }
 
@@ -341,7 +358,7 @@ class OnlineTuner:
         assert self._follow is not None, "a follow-up plan is of a pick being followed"
         self._follow_plan = self._follow.plan(self.steps_left, self.probe_steps)
 
-    def _search_again(self, i: int, joules: float, seconds: float, noise: float) -> None:
+    def _search_again(self, i: int, joules: float, seconds: float, noise: float, at_step: float | None) -> None:
         """The curve moved under the pick (level i): a new search from it over the steps left, its exploration
         budget afresh, the windows before forgotten but this one (the pick's first of the new curve)."""
         self.re_searches += 1
@@ -349,7 +366,7 @@ class OnlineTuner:
         self.settings.total_steps = left
         self._steps_left, self._steps_since = left, 0.0
         self.estimates = Estimates(self.levels_hz, i, self.settings)
-        self.estimates.add(i, joules, seconds, noise, charge=False)
+        self.estimates.add(i, joules, seconds, noise, charge=False, at_step=at_step)
         self._final, self._follow, self._follow_plan = None, None, None
         self._probe_base = self._probes - 1
         self._stage = 1

@@ -25,7 +25,7 @@ class Tuner(Protocol):
     def next_level_hz(self) -> int: ...
 
     def observe(self, level_hz: int, joules_per_step: float, seconds_per_step: float, *,
-                noise_rel: float | None = None) -> None: ...
+                noise_rel: float | None = None, at_step: float | None = None) -> None: ...
 
     def set_job(self, total_steps: int | None = None, probe_steps: int | None = None,
                 steps_left: int | None = None) -> None: ...
@@ -57,6 +57,12 @@ class TuningError(FtgovError, ValueError):
 def _positive(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
         raise TuningError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def _non_negative(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise TuningError(f"{name} must be a finite number >= 0, got {value!r}")
     return float(value)
 
 
@@ -506,7 +512,8 @@ class TuningSession:
             self._window_steps_seen.append(m.measured_steps)
             mean_steps = round(sum(self._window_steps_seen) / len(self._window_steps_seen))
             self.tuner.set_job(probe_steps=max(1, self.warmup_steps + mean_steps))
-        self.tuner.observe(self._measuring_hz, m.joules_per_step, m.seconds_per_step, noise_rel=m.noise_rel)
+        self.tuner.observe(self._measuring_hz, m.joules_per_step, m.seconds_per_step, noise_rel=m.noise_rel,
+                           at_step=steps - m.measured_steps / 2)
         if self._end_steps is not None and self.tuner.converged:
             self.tuner.set_job(steps_left=max(0, self._end_steps - math.ceil(steps)))
         self.profiled_steps += m.profiled_steps

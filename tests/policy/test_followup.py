@@ -56,14 +56,17 @@ def test_a_near_tie_is_confirmed_after_the_pick_and_settles_on_the_lower_level()
             continue
         runs += 1
         assert follow["contenders_hz"] and follow["pick_hz"] == pick
-        measured = run(tuner, energy, rng, 200)
+        measured = run(tuner, energy, rng, 195)
+        away_before = tuner.state()["follow_up"]["windows_away"]
+        measured += run(tuner, energy, rng, 5)
         assert tuner.converged
         away = [hz for hz in measured if hz != pick]
         confirmed += bool(away)
         correct += tuner.best_hz == LEVELS[5]
-        # Confirmations stop: the last windows watch the pick.
-        assert not tuner.confirming and set(measured[-5:]) == {tuner.best_hz}
-        assert tuner.state()["follow_up"]["windows_away"] <= tuner.max_follow_windows
+        # Confirmations stop: the last windows watch the pick (a window at the pick moves its near-tie's estimate too,
+        # through the drift they share, so the pick may still change between them).
+        assert not tuner.confirming and tuner.state()["follow_up"]["windows_away"] == away_before
+        assert away_before <= tuner.max_follow_windows
     assert runs >= 10, runs  # a 0.5% tie is left open by the search in many runs
     assert confirmed == runs
     assert correct >= 0.7 * runs, (correct, runs)
