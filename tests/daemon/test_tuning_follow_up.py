@@ -40,6 +40,9 @@ def test_a_job_whose_curve_moves_is_searched_again_and_ends_on_the_new_minimum(o
     simjob.run(root, job, BEFORE, 220, time_scale=TIME_SCALE)
     first = tuner()
     assert first["converged"] and first["re_searches"] == 0, first
+    # The drift its estimates weigh (tuner.drift_rel on, the daemon's default): the model's steps do not drift, but
+    # wall-time windows on a busy test machine scatter, so only its presence and range are checked.
+    assert 0.0 <= first["drift_rel"] <= 3 * 0.03, first
     assert first["state"] in ("confirming", "converged") and first["follow_up"]["pick_hz"] == first["best_hz"]
     assert before[first["best_hz"]] <= min(before.values()) * 1.05, first
     simjob.run(root, job, AFTER, 400, time_scale=AFTER_SCALE)
