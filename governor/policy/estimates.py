@@ -101,12 +101,6 @@ class _Drift:
                 self.cov[g][k] *= rho
         self.cov[g][g] = rho * rho * self.cov[g][g] + self.sd * self.sd * (1.0 - rho * rho)
 
-    def predict(self, k: int) -> tuple[float, float]:
-        """(mean, variance) of a_k + g: what a window at level k (measured before) is expected to read now, but for
-        its own noise."""
-        g, c = self.G, self.cov
-        return self.mean[k] + self.mean[g], c[k][k] + 2.0 * c[k][g] + c[g][g]
-
     def add(self, k: int, log_j: float, var: float) -> float:
         """A window at level k read ``log_j`` with variance ``var`` (its own noise): the log likelihood this filter
         gave that reading (0 for a level's first window, which every filter explains alike)."""
@@ -190,6 +184,8 @@ class _Drifts:
         return self._mix()[2]
 
     def predict(self, k: int) -> tuple[float, float]:
+        """(mean, variance) of a_k + g: what a window at level k (measured before) is expected to read now, but for
+        its own noise."""
         g, c, m = _Drift.G, self.cov, self.mean
         return m[k] + m[g], c[k][k] + 2.0 * c[k][g] + c[g][g]
 
@@ -206,7 +202,6 @@ class Estimates:
     _spent: _Spent = field(default_factory=_Spent)
     _drift: _Drifts | None = None
     _table: tuple[int, ...] = ()  # each position's position in the whole table (the filter's keys)
-    _clock: list[float] = field(default_factory=lambda: [0.0])  # the steps counted when a window has no at_step
 
     def __post_init__(self) -> None:
         if not self._est:
@@ -220,17 +215,17 @@ class Estimates:
         """A view of the levels at ``positions`` (``start`` one of them) sharing these windows and the budget spent."""
         return Estimates(tuple(self.levels_hz[i] for i in positions), list(positions).index(start), self.settings,
                          [self._est[i] for i in positions], self._spent, self._drift,
-                         tuple(self._table[i] for i in positions), self._clock)
+                         tuple(self._table[i] for i in positions))
 
     def add(self, i: int, joules: float, seconds: float, noise_rel: float, *, charge: bool,
             at_step: float | None = None) -> None:
-        """Record a window measured at level i, ``at_step`` steps into the job (its middle; None: each window is
-        taken to follow the last by ``probe_steps``); with ``charge``, count its cost against the exploration budget."""
+        """Record a window measured at level i, ``at_step`` steps into the job (its middle; None: at the last
+        window's moment); with ``charge``, count its cost against the exploration budget."""
         if charge:
             self._spent.j += self._window_cost_j(i, joules)
         self._est[i].add(joules, seconds)
-        self._clock[0] = self._clock[0] + self.settings.probe_steps if at_step is None else float(at_step)
-        self.drift.advance(self._clock[0])
+        if at_step is not None:
+            self.drift.advance(float(at_step))
         self.drift.add(self._table[i], math.log(joules), noise_rel * noise_rel)
 
     @property

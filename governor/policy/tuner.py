@@ -39,7 +39,6 @@ from governor.policy.windows import (
     TuningSession,
     WindowRule,
     _count,
-    _non_negative,
     _positive,
 )
 
@@ -134,7 +133,7 @@ class OnlineTuner:
             probe_steps=_count(probe_steps, "probe_steps", 1),
             confirm_windows=_count(confirm_windows, "confirm_windows", 1),
             max_probes=_count(max_probes, "max_probes", 1),
-            drift_rel=_non_negative(drift_rel, "drift_rel"),
+            drift_rel=_positive(drift_rel, "drift_rel", zero=True),
             drift_steps=_positive(drift_steps, "drift_steps"))
         self.noise_floor_rel = self.noise_rel if noise_floor_rel is None else _positive(noise_floor_rel,
                                                                                        "noise_floor_rel")
@@ -150,6 +149,7 @@ class OnlineTuner:
         self._follow_plan: FollowPlan | None = None
         self._steps_left: int | None = None  # as last told (set_job); None: counted down from total_steps
         self._steps_since = 0.0  # steps of the windows since then (probe_steps each)
+        self._at_step = 0.0  # when the last window was measured (observe's at_step, else probe_steps after the last)
         self._stage = 1
         self._search = self._new_search(list(range(len(self.levels_hz))), self.estimates.start)
         self._settle()
@@ -194,12 +194,13 @@ class OnlineTuner:
         noise = max(self.noise_floor_rel, self.noise_rel if noise_rel is None else _positive(noise_rel, "noise_rel"))
         self._probes += 1
         self._steps_since += self.probe_steps
+        self._at_step = self._at_step + self.probe_steps if at_step is None else float(at_step)
         follow = self._follow
         if follow is not None and i in follow.members:
             drifted = follow.drifted(i, joules, noise, at_step)
-            self.estimates.add(i, joules, seconds, noise, charge=False, at_step=at_step)
+            self.estimates.add(i, joules, seconds, noise, charge=False, at_step=self._at_step)
             if drifted:
-                self._search_again(i, joules, seconds, noise, at_step)
+                self._search_again(i, joules, seconds, noise)
                 return
             follow.windows_away += i != follow.pick
             if not follow.suspect:  # a window out of its interval moves no pick before the next says why
@@ -207,7 +208,7 @@ class OnlineTuner:
             self._final = follow.pick
             self._plan_follow()
             return
-        self.estimates.add(i, joules, seconds, noise, charge=self._final is None, at_step=at_step)
+        self.estimates.add(i, joules, seconds, noise, charge=self._final is None, at_step=self._at_step)
         if self._final is None:
             self._search.replan(self._probes - self._probe_base)
             self._settle()
@@ -358,7 +359,7 @@ class OnlineTuner:
         assert self._follow is not None, "a follow-up plan is of a pick being followed"
         self._follow_plan = self._follow.plan(self.steps_left, self.probe_steps)
 
-    def _search_again(self, i: int, joules: float, seconds: float, noise: float, at_step: float | None) -> None:
+    def _search_again(self, i: int, joules: float, seconds: float, noise: float) -> None:
         """The curve moved under the pick (level i): a new search from it over the steps left, its exploration
         budget afresh, the windows before forgotten but this one (the pick's first of the new curve)."""
         self.re_searches += 1
@@ -366,7 +367,7 @@ class OnlineTuner:
         self.settings.total_steps = left
         self._steps_left, self._steps_since = left, 0.0
         self.estimates = Estimates(self.levels_hz, i, self.settings)
-        self.estimates.add(i, joules, seconds, noise, charge=False, at_step=at_step)
+        self.estimates.add(i, joules, seconds, noise, charge=False, at_step=self._at_step)
         self._final, self._follow, self._follow_plan = None, None, None
         self._probe_base = self._probes - 1
         self._stage = 1

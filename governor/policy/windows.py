@@ -54,15 +54,11 @@ class TuningError(FtgovError, ValueError):
     """A bad argument or measurement given to the tuner (unknown level, non-positive or non-finite value)."""
 
 
-def _positive(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise TuningError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _non_negative(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise TuningError(f"{name} must be a finite number >= 0, got {value!r}")
+def _positive(value, name: str, *, zero: bool = False) -> float:
+    """A finite number > 0 (``zero``: >= 0)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or value < 0 or (value == 0 and not zero)):
+        raise TuningError(f"{name} must be a finite number {'>=' if zero else '>'} 0, got {value!r}")
     return float(value)
 
 
