@@ -109,6 +109,7 @@ bench: $(DEV_VENV)/.test
 	$(VPY) -m benchmarks.tuner_bound
 	$(VPY) -m benchmarks.bench_tuner --sets real simulated --meter nvml-replay --window-rule time --seeds 2 --tuners new follow --lengths 300 2000 20000
 	$(VPY) -m benchmarks.tuner_bound --sets real --groups 2 --meter nvml-replay --window-rule time
+	$(VPY) -m benchmarks.tuner_tradeoffs
 	$(VPY) -m benchmarks.bench_saving
 	$(VPY) -m benchmarks.meter_windows
 	$(VPY) -m benchmarks.baseline_drift

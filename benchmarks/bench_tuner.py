@@ -107,10 +107,11 @@ def starts_for(curve: Curve) -> dict[str, int]:
 
 
 def window_runs(curves: list[Curve], args, max_slowdown: float | None, meter: str = "gauss",
-                rule: str = "steps") -> list[Run]:
+                rule: str = "steps", config=None) -> list[Run]:
     """Every curve from its three starts, ``args.seeds`` seeds each; windows of Gaussian noise (``meter`` gauss) or
     read through a simulated meter (governor/sim/meters.py), of 1 warm-up + 4 steps or sized by the daemon's
-    WindowRule (``rule`` time, meters only)."""
+    WindowRule (``rule`` time, meters only). ``config``: a TunerConfig whose window settings the jobs run with
+    (default: the daemon's)."""
     if meter == "gauss" and rule != "steps":
         raise ValueError("--window-rule time needs a simulated meter (nvml, ina3221): gauss windows have no steps")
     runs = []
@@ -123,7 +124,8 @@ def window_runs(curves: list[Curve], args, max_slowdown: float | None, meter: st
                     job_seed = 1_000_003 * seed + 1009 * ci + si
                     tuner = make_tuner(kind, curve.levels_hz, start_hz, max_slowdown, args.noise_rel, args.job_steps)
                     job = run_tuned_job(curve, start_hz, args.job_steps, meter=meter, seed=job_seed,
-                                        noise_rel=args.noise_rel, rule=rule, tuner=tuner, max_steps=MAX_STEPS)
+                                        noise_rel=args.noise_rel, config=config, rule=rule, tuner=tuner,
+                                        max_steps=MAX_STEPS)
                     e = curve.energy_at(job.best_hz)
                     job_j = job.clean_energy_j
                     runs.append(Run(curve.name, start_name, kind, e / e_opt - 1, job_j / (args.job_steps * e_opt) - 1,
