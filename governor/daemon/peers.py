@@ -113,12 +113,12 @@ class HeldProcess:
         NotTheirs (recheck_uid) once its real uid is no longer the one it had when it was first held."""
         if not _alive(self.pidfd):
             raise ProcessGone(f"process {self.pid} has exited")
-        if self.recheck_uid:
-            real_uid = _real_uid(self.pid)
-            if not _alive(self.pidfd):  # the read may have been of a successor on the same number
-                raise ProcessGone(f"process {self.pid} has exited")
-            if real_uid != self.uid:
-                raise NotTheirs(f"process {self.pid} now belongs to uid {real_uid}, not uid {self.uid}")
+        start_ticks(self.pid)  # on its way out (its pidfd not readable yet) is gone too
+        real_uid = _real_uid(self.pid) if self.recheck_uid else self.uid
+        if not _alive(self.pidfd):  # the reads may have been of a successor on the same number
+            raise ProcessGone(f"process {self.pid} has exited")
+        if real_uid != self.uid:
+            raise NotTheirs(f"process {self.pid} now belongs to uid {real_uid}, not uid {self.uid}")
         return HeldProcess(self.pid, os.dup(self.pidfd), self.start_ticks, self.uid, self.recheck_uid)
 
 
@@ -130,12 +130,19 @@ def _read_proc(pid: int, name: str) -> bytes:
         raise ProcessGone(f"no process {pid}") from e
 
 
+# include/linux/sched.h: set as do_exit begins. A process's files close (a pipe a child waits on reads EOF) before the
+# end of its exit, where its pidfd turns readable: a process seen exiting is gone, whatever its pidfd says yet.
+PF_EXITING = 0x4
+
+
 def start_ticks(pid: int) -> int:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22); ProcessGone for a zombie."""
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22); ProcessGone for a zombie or a
+    process on its way out (PF_EXITING in field 9; for a thread-group leader that exits before its threads, as for
+    its zombie, that is the process)."""
     stat = _read_proc(pid, "stat")
     # The command name (field 2) is in parentheses and may itself contain spaces or parentheses.
     fields = stat[stat.rindex(b")") + 2:].split()
-    if fields[0] == b"Z":
+    if fields[0] == b"Z" or int(fields[6]) & PF_EXITING:
         raise ProcessGone(f"process {pid} has exited")
     return int(fields[19])
 

@@ -164,3 +164,26 @@ def test_without_peergroups_membership_comes_from_the_held_process_only(root_sle
         assert not peers.is_member(a, stranger, None, os.getgid() if os.getgid() != 4242 else 0)
         assert peers.is_member(a, stranger, None, 4242)
         assert not peers.is_member(a, stranger, None, None)
+
+
+def test_a_process_on_its_way_out_is_gone_before_its_pidfd_says_so(monkeypatch):
+    # do_exit sets PF_EXITING, then closes the process's files (a child waiting on a pipe from it reads EOF and may
+    # register at once), and only at its end makes the pidfd readable: the flag in /proc/PID/stat is what tells.
+    held = peers.hold(os.getpid())
+    try:
+        held.another().close()
+        real = peers._read_proc
+
+        def exiting(pid, name):
+            data = real(pid, name)
+            if name != "stat":
+                return data
+            head, tail = data[:data.rindex(b")") + 2], data[data.rindex(b")") + 2:].split()
+            tail[6] = str(int(tail[6]) | peers.PF_EXITING).encode()
+            return head + b" ".join(tail)
+
+        monkeypatch.setattr(peers, "_read_proc", exiting)
+        with pytest.raises(peers.ProcessGone, match="has exited"):
+            held.another()
+    finally:
+        held.close()
