@@ -27,13 +27,16 @@ from benchmarks.figures import machine, markdown_table, pct, publish
 from benchmarks.tuner_curves import DEFAULT_DATA, real_curves
 from governor.config import TunerConfig
 
-# (label, TunerConfig settings): the daemon's defaults first.
+# (label, TunerConfig settings): the daemon's defaults first. The tuner's own knobs among them (TUNER_KNOBS) go to
+# its OnlineTuner, the rest to the windows.
 VARIANTS: tuple[tuple[str, dict], ...] = (
-    ("the daemon's defaults (target 2%, decide_z 3)", {}),
+    ("the daemon's defaults (target 2%, decide_z 3, 1 contender)", {}),
     ("window_target_rel 2.5%", {"window_target_rel": 0.025}),
     ("window_target_rel 3% (the tuner's noise_rel)", {"window_target_rel": 0.03}),
     ("window_decide_z 2", {"window_decide_z": 2.0}),
+    ("confirm_contenders 2", {"confirm_contenders": 2}),
 )
+TUNER_KNOBS = ("confirm_contenders",)
 SETS = ("real", "simulated")
 SPREAD_LIMIT = 0.035  # issue 23: the spread of successive windows at the length the rule chooses
 TAILS = (0.03, 0.04, 0.06)  # level vs the curve's minimum: runs beyond each
@@ -48,8 +51,10 @@ def _runs(variant: int, set_name: str, seeds: int, job_steps: int) -> list[bench
     bench_tuner.TUNERS = ("follow",)
     curves = real_curves(DEFAULT_DATA) if set_name == "real" else bench_tuner.model_curves()
     args = SimpleNamespace(seeds=seeds, job_steps=job_steps, noise_rel=0.03)
-    config = TunerConfig(**VARIANTS[variant][1])
-    return bench_tuner.window_runs(curves, args, None, "nvml-replay", "time", config)
+    settings = VARIANTS[variant][1]
+    knobs = {k: v for k, v in settings.items() if k in TUNER_KNOBS}
+    config = TunerConfig(**{k: v for k, v in settings.items() if k not in TUNER_KNOBS})
+    return bench_tuner.window_runs(curves, args, None, "nvml-replay", "time", config, knobs)
 
 
 def row(label: str, set_name: str, runs: list[bench_tuner.Run]) -> tuple:
@@ -64,7 +69,7 @@ def row(label: str, set_name: str, runs: list[bench_tuner.Run]) -> tuple:
 def spreads(settings: dict) -> list[tuple[str, float]]:
     """The spread of successive windows (meter_windows.successive_spread) on the three H200 traces of 400 steps and
     the three of 2,000, at the WindowRule these settings make."""
-    rule = TunerConfig(**settings, window_rule="time").window(meter_windows.NVML_UPDATE_S)
+    rule = TunerConfig(**{**settings, "window_rule": "time"}).window(meter_windows.NVML_UPDATE_S)
     out = []
     for folder, suffix in ((meter_windows.TRACE_DIR, ""), (meter_windows.H200_LONG_TRACES, " (2,000 steps)")):
         for name in meter_windows.MODELS:

@@ -90,6 +90,8 @@ class TunerConfig(_Strict):
         "exploration may cost at most this fraction of the job's energy (windows above the best level, in joules)"))
     confirm_windows: int = Field(_tuner.DEFAULT_CONFIRM_WINDOWS, ge=1, le=100, description=(
         "the fewest windows two levels within noise of each other get before the tuner may stop telling them apart"))
+    confirm_contenders: int = Field(_tuner.DEFAULT_CONFIRM_CONTENDERS, ge=1, le=100, description=(
+        "levels within noise of the best one that the search measures again, the closest in noise units first"))
     follow_up: bool = Field(True, description=(
         "after the search picks: confirm near-ties of the pick while the job's steps left pay for them, and search "
         "again when the pick's energy per step leaves its interval (the job's curve moved)"))
@@ -164,7 +166,7 @@ class TunerConfig(_Strict):
                                  probe_steps=max(1, self.warmup_steps + self.window_steps),
                                  follow_up=self.follow_up, drift_z=self.drift_z,
                                  max_follow_windows=self.max_follow_windows, drift_rel=self.drift_rel,
-                                 drift_steps=self.drift_steps)
+                                 drift_steps=self.drift_steps, confirm_contenders=self.confirm_contenders)
 
     @model_validator(mode="after")
     def _window_times(self):

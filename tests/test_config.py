@@ -31,12 +31,20 @@ def test_overrides_win_key_by_key(tmp_path):
     ("policy: fastest\n", "policy"),
     ("ffg_freq_hz: 816\n", "ffg_freq_hz: Value error, 816 Hz is below 1 MHz: the value is in Hz"),
     ("ffg_freq_hz: 0\n", "ffg_freq_hz: Value error, 0 Hz is below 1 MHz"),
+    ("tuner:\n  confirm_contenders: 0\n", "tuner.confirm_contenders"),
 ])
 def test_a_bad_value_names_its_key(tmp_path, text, key):
     path = tmp_path / "c.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(path)
+
+
+def test_the_tuners_knobs_reach_the_tuner(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("tuner:\n  confirm_contenders: 2\n  drift_rel: 0.05\n")
+    tuner = load_config(path).tuner.new_tuner([510_000_000, 612_000_000, 714_000_000], 612_000_000)
+    assert tuner.confirm_contenders == 2 and tuner.settings.drift_rel == 0.05
 
 
 @pytest.mark.parametrize("text", ["- a\n- b\n", "a: [\n"])

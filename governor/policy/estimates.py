@@ -66,6 +66,7 @@ class TunerSettings:
     max_probes: int
     drift_rel: float = 0.0
     drift_steps: float = 1.0
+    confirm_contenders: int = 1
 
 
 @dataclass

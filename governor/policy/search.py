@@ -31,9 +31,11 @@ from functools import cached_property
 from governor.policy.estimates import Estimates, TunerSettings
 from governor.units import mhz
 
-# Contenders confirmed besides the incumbent: the closest one in noise units. Confirming every level within noise of a
-# flat bottom costs windows and buys nothing: such levels are equal to within the noise, whichever is picked.
-CONFIRM_CONTENDERS = 1
+# Contenders confirmed besides the incumbent (OnlineTuner's confirm_contenders): the closest one in noise units.
+# Confirming every level within noise of a flat bottom costs windows and buys nothing: such levels are equal to within
+# the noise, whichever is picked. Windows caught in a drifting job's excursions argue for two (docs/tuner.md, "What
+# cannot be met, and why").
+DEFAULT_CONFIRM_CONTENDERS = 1
 # A run of rising levels is a wall once its outermost is this many z_confirm above the incumbent (one s.d. at the
 # default): lower than "clearly", because the look past the wall, not this test, is what tells a hump from a wall.
 WALL_Z = 0.5
@@ -314,7 +316,7 @@ class Search:
                             if i != best and now.lowest <= i <= now.top and self.est.feasible(i, now.fit))
         # The start is always among them while it is within noise: it is what the job would run without tuning,
         # and a level that beats it on few windows may only be lucky (the least of many noisy levels reads low).
-        confirm = contenders[:CONFIRM_CONTENDERS]
+        confirm = contenders[:self.settings.confirm_contenders]
         if start in log_j and start != best and self.est.feasible(start, now.fit):
             confirm.append((self.est.z(start, best, log_j), start))
         for z, i in confirm:

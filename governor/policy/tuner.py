@@ -28,7 +28,7 @@ from collections.abc import Iterable
 
 from governor.policy.estimates import ASSUMED_TOTAL_STEPS, FEASIBLE_Z, Estimates, TunerSettings
 from governor.policy.followup import DEFAULT_DRIFT_Z, DEFAULT_MAX_FOLLOW_WINDOWS, FollowPlan, FollowUp
-from governor.policy.search import MAX_CONFIRM_WINDOWS, Search
+from governor.policy.search import DEFAULT_CONFIRM_CONTENDERS, MAX_CONFIRM_WINDOWS, Search
 from governor.policy.windows import (
     DEFAULT_WARMUP_STEPS,
     DEFAULT_WINDOW_STEPS,
@@ -42,9 +42,10 @@ from governor.policy.windows import (
     _positive,
 )
 
-__all__ = ["ASSUMED_TOTAL_STEPS", "DEFAULT_DRIFT_STEPS", "DEFAULT_DRIFT_Z", "DEFAULT_MAX_FOLLOW_WINDOWS",
-           "DRIFT_REL_ON", "DEFAULT_WARMUP_STEPS", "DEFAULT_WINDOW_STEPS", "FEASIBLE_Z", "MAX_CONFIRM_WINDOWS",
-           "Measurement", "OnlineTuner", "ProbeWindow", "Reference", "TuningError", "TuningSession", "WindowRule"]
+__all__ = ["ASSUMED_TOTAL_STEPS", "DEFAULT_CONFIRM_CONTENDERS", "DEFAULT_DRIFT_STEPS", "DEFAULT_DRIFT_Z",
+           "DEFAULT_MAX_FOLLOW_WINDOWS", "DRIFT_REL_ON", "DEFAULT_WARMUP_STEPS", "DEFAULT_WINDOW_STEPS", "FEASIBLE_Z",
+           "MAX_CONFIRM_WINDOWS", "Measurement", "OnlineTuner", "ProbeWindow", "Reference", "TuningError",
+           "TuningSession", "WindowRule"]
 
 # A safety cap only: the energy budget and the search's own stopping rules end it long before on any curve we know of;
 # this bounds the time a job can spend off its best level if a measurement source misbehaves.
@@ -95,8 +96,9 @@ class OnlineTuner:
     fraction of the job's energy: ``total_steps`` steps (from the first window to the end of the job; None: unknown,
     ASSUMED_TOTAL_STEPS is assumed) at the incumbent's energy per step. ``probe_steps`` is what one window costs in
     steps (warm-up included; TuningSession sets it from its own window). ``confirm_windows`` is the fewest windows two
-    levels within noise of each other get before the tuner may stop telling them apart. ``max_probes`` is a safety cap
-    on the windows.
+    levels within noise of each other get before the tuner may stop telling them apart; ``confirm_contenders`` how many
+    of the levels within noise of the incumbent (the closest in noise units first) the search measures again so (the
+    start, while within noise, besides). ``max_probes`` is a safety cap on the windows.
 
     With ``follow_up`` (off by default; the daemon's tuner.follow_up turns it on) the pick is provisional
     (governor.policy.followup): once the search has chosen, ``converged`` is True and ``best_hz`` the pick, but windows
@@ -119,7 +121,8 @@ class OnlineTuner:
                  confirm_windows: int = DEFAULT_CONFIRM_WINDOWS, noise_floor_rel: float | None = None,
                  follow_up: bool = False, drift_z: float = DEFAULT_DRIFT_Z,
                  max_follow_windows: int = DEFAULT_MAX_FOLLOW_WINDOWS, drift_rel: float = 0.0,
-                 drift_steps: float = DEFAULT_DRIFT_STEPS):
+                 drift_steps: float = DEFAULT_DRIFT_STEPS,
+                 confirm_contenders: int = DEFAULT_CONFIRM_CONTENDERS):
         self.levels_hz = _check_levels(levels_hz)
         if isinstance(start_hz, bool) or start_hz not in self.levels_hz:
             raise TuningError(f"start_hz {start_hz!r} is not one of the levels {list(self.levels_hz)}")
@@ -134,7 +137,8 @@ class OnlineTuner:
             confirm_windows=_count(confirm_windows, "confirm_windows", 1),
             max_probes=_count(max_probes, "max_probes", 1),
             drift_rel=_positive(drift_rel, "drift_rel", zero=True),
-            drift_steps=_positive(drift_steps, "drift_steps"))
+            drift_steps=_positive(drift_steps, "drift_steps"),
+            confirm_contenders=_count(confirm_contenders, "confirm_contenders", 1))
         self.noise_floor_rel = self.noise_rel if noise_floor_rel is None else _positive(noise_floor_rel,
                                                                                        "noise_floor_rel")
         self.follow_up = bool(follow_up)
@@ -161,6 +165,7 @@ class OnlineTuner:
     total_steps = _setting("total_steps")
     probe_steps = _setting("probe_steps")
     confirm_windows = _setting("confirm_windows")
+    confirm_contenders = _setting("confirm_contenders")
     max_probes = _setting("max_probes")
 
     @property

@@ -252,6 +252,8 @@ def test_bad_measurements_are_refused(level_hz, joules, seconds):
     {"levels_hz": LEVELS, "start_hz": 714000000, "max_slowdown": math.nan},
     {"levels_hz": LEVELS, "start_hz": 714000000, "noise_rel": 0},
     {"levels_hz": LEVELS, "start_hz": 714000000, "max_probes": 0},
+    {"levels_hz": LEVELS, "start_hz": 714000000, "confirm_contenders": 0},
+    {"levels_hz": LEVELS, "start_hz": 714000000, "confirm_contenders": 1.5},
 ])
 def test_bad_arguments_are_refused(kwargs):
     with pytest.raises(TuningError) as exc:

@@ -300,3 +300,23 @@ def test_max_slowdown_on_a_long_table_keeps_the_top_as_the_reference():
     exact(tuner, levels, energy, times)
     feasible = [i for i in range(n) if times[i] <= 1.5 * times[-1]]
     assert tuner.best_hz == levels[min(feasible, key=energy.__getitem__)]
+
+
+def test_confirm_contenders_measures_that_many_near_ties_again():
+    # Exact windows on a flat bottom: 800 MHz the minimum, 900 and 1000 MHz within 1% and 2% (within noise of it).
+    levels = tuple(300_000_000 + k * 100_000_000 for k in range(11))
+    energy = [1.6, 1.4, 1.25, 1.12, 1.03, 1.0, 1.01, 1.02, 1.12, 1.3, 1.5]
+
+    def windows(**kwargs):
+        tuner = tuning.OnlineTuner(levels, levels[5], **kwargs)
+        counts = [0] * len(levels)
+        while not tuner.converged:
+            i = levels.index(tuner.next_level_hz())
+            counts[i] += 1
+            tuner.observe(levels[i], energy[i], 0.1)
+        assert tuner.best_hz == levels[5]
+        return counts
+
+    one, two = windows(), windows(confirm_contenders=2)
+    assert one[6] >= 2 and one[7] == 1  # the closest near-tie again, the next one not
+    assert two[7] >= 2 and two[6] == one[6]
