@@ -93,12 +93,14 @@ class Run:
     window_steps: float = 4.0  # measured steps per window, mean
 
 
-def make_tuner(kind: str, levels_hz, start_hz: int, max_slowdown, noise_rel: float, job_steps: int, **knobs):
+def make_tuner(kind: str, levels_hz, start_hz: int, max_slowdown, noise_rel: float, job_steps: int,
+               confirm_contenders: int = tuning.DEFAULT_CONFIRM_CONTENDERS):
     """``new``: the tuner with its defaults; ``follow``: as the daemon runs it, with follow_up (tuner.follow_up) and
-    the job's drift allowed for (tuner.drift_rel). ``knobs``: OnlineTuner's keyword arguments besides."""
+    the job's drift allowed for (tuner.drift_rel)."""
     follow = kind == "follow"
     return tuning.OnlineTuner(levels_hz, start_hz, max_slowdown, noise_rel=noise_rel, total_steps=job_steps,
-                              follow_up=follow, drift_rel=tuning.DRIFT_REL_ON if follow else 0.0, **knobs)
+                              follow_up=follow, drift_rel=tuning.DRIFT_REL_ON if follow else 0.0,
+                              confirm_contenders=confirm_contenders)
 
 
 def starts_for(curve: Curve) -> dict[str, int]:
@@ -107,11 +109,11 @@ def starts_for(curve: Curve) -> dict[str, int]:
 
 
 def window_runs(curves: list[Curve], args, max_slowdown: float | None, meter: str = "gauss",
-                rule: str = "steps", config=None, knobs: dict | None = None) -> list[Run]:
+                rule: str = "steps", config=None, tuners: tuple[str, ...] | None = None) -> list[Run]:
     """Every curve from its three starts, ``args.seeds`` seeds each; windows of Gaussian noise (``meter`` gauss) or
     read through a simulated meter (governor/sim/meters.py), of 1 warm-up + 4 steps or sized by the daemon's
-    WindowRule (``rule`` time, meters only). ``config``: a TunerConfig whose window settings the jobs run with
-    (default: the daemon's); ``knobs``: the tuners' keyword arguments besides make_tuner's."""
+    WindowRule (``rule`` time, meters only). ``config``: a TunerConfig whose window settings and confirm_contenders
+    the jobs run with (default: the daemon's); ``tuners``: the kinds run (default TUNERS)."""
     if meter == "gauss" and rule != "steps":
         raise ValueError("--window-rule time needs a simulated meter (nvml, ina3221): gauss windows have no steps")
     runs = []
@@ -120,10 +122,10 @@ def window_runs(curves: list[Curve], args, max_slowdown: float | None, meter: st
         e_opt = curve.energy_j[opt]
         for si, (start_name, start_hz) in enumerate(starts_for(curve).items()):
             for seed in range(args.seeds):
-                for kind in TUNERS:
+                for kind in tuners or TUNERS:
                     job_seed = 1_000_003 * seed + 1009 * ci + si
                     tuner = make_tuner(kind, curve.levels_hz, start_hz, max_slowdown, args.noise_rel, args.job_steps,
-                                       **(knobs or {}))
+                                       *(() if config is None else (config.confirm_contenders,)))
                     job = run_tuned_job(curve, start_hz, args.job_steps, meter=meter, seed=job_seed,
                                         noise_rel=args.noise_rel, config=config, rule=rule, tuner=tuner,
                                         max_steps=MAX_STEPS)

@@ -1,15 +1,16 @@
-"""What the window rule's settings trade: the follow tuner on the H200's replayed steps under variants of the
-daemon's window settings, and the spread of successive windows on the H200 traces at each.
+"""What the tuner's settings trade: the follow tuner on the H200's replayed steps under variants of the daemon's
+window and search settings, and the spread of successive windows on the H200 traces at each.
 
     python -m benchmarks.tuner_tradeoffs [--seeds 2] [--job-steps 2000] [--no-doc]
 
 Issue 23's figures pull against each other here: shorter windows (a looser ``window_target_rel``, or an early
 decision at a lower ``window_decide_z``) make the search cheaper, so the whole job's mean falls, but more of its
 windows are caught in the replayed steps' excursions, so more runs end on a level a few percent off the minimum, and
-successive windows spread further apart. Each variant is one TunerConfig (the rest the daemon's defaults) for the
+successive windows spread further apart; confirming a second near-tie (``confirm_contenders``) costs a few windows
+and catches some of those runs. Each variant is one TunerConfig (the rest the daemon's defaults) for the
 jobs of bench_tuner's nvml-replay section (the follow tuner, as the daemon runs it; seeds 0 to --seeds - 1 per curve
 and start; the same job seeds, so the defaults' row repeats that section's follow rows at --job-steps, pooled over
-the three starts). Writes docs/benchmarks.md's "tuner-tradeoffs" section. About 5 minutes on 2 CPUs.
+the three starts). Writes docs/benchmarks.md's "tuner-tradeoffs" section. About 9 minutes on 2 CPUs.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ from benchmarks.figures import machine, markdown_table, pct, publish
 from benchmarks.tuner_curves import DEFAULT_DATA, real_curves
 from governor.config import TunerConfig
 
-# (label, TunerConfig settings): the daemon's defaults first. The tuner's own knobs among them (TUNER_KNOBS) go to
-# its OnlineTuner, the rest to the windows.
+# (label, TunerConfig settings): the daemon's defaults first.
 VARIANTS: tuple[tuple[str, dict], ...] = (
     ("the daemon's defaults (target 2%, decide_z 3, 1 contender)", {}),
     ("window_target_rel 2.5%", {"window_target_rel": 0.025}),
@@ -36,25 +36,21 @@ VARIANTS: tuple[tuple[str, dict], ...] = (
     ("window_decide_z 2", {"window_decide_z": 2.0}),
     ("confirm_contenders 2", {"confirm_contenders": 2}),
 )
-TUNER_KNOBS = ("confirm_contenders",)
 SETS = ("real", "simulated")
 SPREAD_LIMIT = 0.035  # issue 23: the spread of successive windows at the length the rule chooses
 TAILS = (0.03, 0.04, 0.06)  # level vs the curve's minimum: runs beyond each
 
-HEADER = ("window settings", "set", "runs", "level vs min: mean / p99",
+HEADER = ("settings", "set", "runs", "level vs min: mean / p99",
           *(f"runs beyond {t:.0%}" for t in TAILS), "whole job vs optimum: mean / p99", "windows per run, mean",
           "steps per window, mean")
-SPREAD_HEADER = ("window settings", "spread of successive windows on the six H200 traces", f"over {SPREAD_LIMIT:.1%}")
+SPREAD_HEADER = ("settings", "spread of successive windows on the six H200 traces", f"over {SPREAD_LIMIT:.1%}")
 
 
 def _runs(variant: int, set_name: str, seeds: int, job_steps: int) -> list[bench_tuner.Run]:
-    bench_tuner.TUNERS = ("follow",)
     curves = real_curves(DEFAULT_DATA) if set_name == "real" else bench_tuner.model_curves()
     args = SimpleNamespace(seeds=seeds, job_steps=job_steps, noise_rel=0.03)
-    settings = VARIANTS[variant][1]
-    knobs = {k: v for k, v in settings.items() if k in TUNER_KNOBS}
-    config = TunerConfig(**{k: v for k, v in settings.items() if k not in TUNER_KNOBS})
-    return bench_tuner.window_runs(curves, args, None, "nvml-replay", "time", config, knobs)
+    return bench_tuner.window_runs(curves, args, None, "nvml-replay", "time", TunerConfig(**VARIANTS[variant][1]),
+                                   tuners=("follow",))
 
 
 def row(label: str, set_name: str, runs: list[bench_tuner.Run]) -> tuple:
@@ -101,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         f"`python -m benchmarks.tuner_tradeoffs` (`make bench`): the follow tuner (as the daemon runs it) on the "
         f"nvml-replay meter, the jobs of the \"tuner-meters-replay\" section (seeds 0-{args.seeds - 1} per curve and "
         "start, the three starts pooled; real: the 146 measured Jetson curves, simulated: the 60 held-out workloads), "
-        "each row under one change to the daemon's window settings. p99 by nearest rank. Runs beyond: the converged "
+        "each row under one change to the daemon's tuner settings. p99 by nearest rank. Runs beyond: the converged "
         f"level that much above the curve's minimum. {seconds:.0f} s on {machine()}.", "",
         *markdown_table(HEADER, rows), "",
         "The same settings' windows on the H200 traces (benchmarks/data/h200-meter, h200-meter-2000; "

@@ -11,13 +11,12 @@ from benchmarks.tuner_tradeoffs import TAILS, row
 from governor.config import TunerConfig
 
 
-def test_a_looser_target_reaches_the_windows_and_shortens_them(monkeypatch):
-    monkeypatch.setattr(bench_tuner, "TUNERS", ("follow",))
+def test_a_looser_target_reaches_the_windows_and_shortens_them():
     curves = real_curves(DEFAULT_DATA)[:2]
     args = SimpleNamespace(seeds=1, job_steps=2000, noise_rel=0.03)
 
     def steps_per_window(config):
-        runs = bench_tuner.window_runs(curves, args, None, "nvml-replay", "time", config)
+        runs = bench_tuner.window_runs(curves, args, None, "nvml-replay", "time", config, tuners=("follow",))
         return sum(r.window_steps for r in runs) / len(runs)
 
     assert steps_per_window(TunerConfig(window_target_rel=0.04)) < 0.8 * steps_per_window(TunerConfig())
