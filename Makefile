@@ -105,6 +105,7 @@ bench: $(DEV_VENV)/.test
 	$(VPY) -m benchmarks.bench_daemon
 	$(VPY) -m benchmarks.bench_client
 	$(VPY) -m benchmarks.bench_tuner --max-slowdown 0.1
+	$(VPY) -m benchmarks.bench_tuner --sets real simulated --meter gauss nvml ina3221 --window-rule time --seeds 2 --tuners new follow --lengths 300 2000 20000
 	$(VPY) -m benchmarks.bench_tuner --sets real --meter nvml ina3221 --window-rule time --seeds 2 --tuners follow --max-slowdown 0.1
 	$(VPY) -m benchmarks.tuner_bound
 	$(VPY) -m benchmarks.bench_tuner --sets real simulated --meter nvml-replay --window-rule time --seeds 2 --tuners new follow --lengths 300 2000 20000

@@ -6,6 +6,7 @@ Each benchmark owns one section of docs/benchmarks.md, the text between ``<!-- b
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 from pathlib import Path
@@ -55,19 +56,27 @@ def write_section(name: str, markdown: str, path: Path = BENCHMARKS_MD) -> Path:
     """Put ``markdown`` between NAME's markers in ``path``, replacing what was there; other sections stay.
 
     A missing file gets the preamble, a missing section goes at the end. The file is replaced atomically (a
-    temporary file in the same directory, then rename), so a reader or a failed run never sees half of it.
+    temporary file in the same directory, then rename), so a reader or a failed run never sees half of it; and under
+    an exclusive flock on its directory, so that benchmarks run side by side (make -j bench) cannot lose each other's
+    sections between the read and the rename.
     """
     if not re.fullmatch(r"[a-z0-9_-]+", name):
         raise ValueError(f"section name {name!r}: use lowercase letters, digits, '-' and '_'")
     begin, end = f"<!-- begin {name} -->", f"<!-- end {name} -->"
     block = f"{begin}\n{markdown.strip()}\n{end}"
-    text = path.read_text() if path.exists() else PREAMBLE
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    write_file(path, text)  # atomic: a reader or a failed run never sees half of it
+    path.parent.mkdir(parents=True, exist_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(folder, fcntl.LOCK_EX)
+        text = path.read_text() if path.exists() else PREAMBLE
+        pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+        if pattern.search(text):
+            text = pattern.sub(lambda _: block, text, count=1)
+        else:
+            text = text.rstrip("\n") + "\n\n" + block + "\n"
+        write_file(path, text)
+    finally:
+        os.close(folder)  # and the lock with it
     return path
 
 

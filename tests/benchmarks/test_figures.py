@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
+from pathlib import Path
+
 import pytest
 
 from benchmarks.figures import PREAMBLE, write_section
@@ -53,3 +56,20 @@ def test_no_temporary_file_is_left_beside_it(tmp_path):
 def test_a_name_that_would_not_make_a_marker_is_refused(tmp_path):
     with pytest.raises(ValueError):
         write_section("two words -->", "x", tmp_path / "benchmarks.md")
+
+
+def _write_many(path: str, worker: int, count: int) -> None:
+    for i in range(count):
+        write_section(f"w{worker}-{i}", f"## worker {worker}, section {i}", Path(path))
+
+
+def test_benchmarks_writing_side_by_side_keep_every_section(tmp_path):
+    """make -j bench: each writer reads the file, adds its section and renames; without the lock one writer's
+    rename drops the section another wrote between its read and its rename."""
+    path = tmp_path / "benchmarks.md"
+    workers, count = 4, 20
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        pool.starmap(_write_many, [(str(path), w, count) for w in range(workers)])
+    text = path.read_text()
+    missing = [(w, i) for w in range(workers) for i in range(count) if f"<!-- end w{w}-{i} -->" not in text]
+    assert not missing
