@@ -14,8 +14,9 @@ alongside) is turned into its steps' energies (governor.sim.meters.StepSequence:
 - on the 2,000-step runs, a baseline of ``--baseline-steps`` steps against the rest of the run: the rms relative
   error of its J/step, as one stretch (the daemon's baseline window) and as K chunks of the same total spread evenly
   over the run (every placement, stepped by 7 steps, wrapped at the run's end);
-- on two more 2,000-step runs recorded with the memory clock and the GPU's utilization (h200-meter-util), and a
-  GPU-bound run of 1,200 steps (h200-meter-gpubound): what moves the steps (the clocks' ranges, and how the
+- on two more 2,000-step runs recorded with the memory clock and the GPU's utilization (h200-meter-util), a
+  GPU-bound run of 1,200 steps (h200-meter-gpubound) and two GPT-2-shaped causal LMs of 2,000 steps (h200-meter-gpt,
+  also in the tables above): what moves the steps (the clocks' ranges, and how the
   segments' step time follows the utilization and the power).
 
 Writes docs/benchmarks.md ("baseline-drift").
@@ -31,6 +32,7 @@ import statistics
 from pathlib import Path
 
 from benchmarks.figures import publish
+from benchmarks.meter_windows import GPT_RUNS, H200_GPT_TRACES
 from governor.sim.meters import H200_LONG_TRACES as LONG_TRACES
 from governor.sim.meters import H200_RUNS, H200_TRACES, StepSequence, read_h200
 
@@ -109,10 +111,12 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     runs = [(d, name, f"{name} ({d.name})") for d in (H200_TRACES, LONG_TRACES) for name in H200_RUNS]
     runs.append((GPUBOUND_TRACES, GPUBOUND_RUN, f"{GPUBOUND_RUN} ({GPUBOUND_TRACES.name})"))
+    runs += [(H200_GPT_TRACES, name, f"{name} ({H200_GPT_TRACES.name})") for name in GPT_RUNS]
     lines = ["## The baseline window on real meter readings: drift", "",
              "`python -m benchmarks.baseline_drift` (`make bench`): the recorded H200 runs (three of 400 steps, "
              "benchmarks/data/h200-meter; three of 2,000 steps with the SM clock read alongside, h200-meter-2000; "
-             "one of 1,200 steps of a job the GPU paces, h200-meter-gpubound), each step's energy from the counter "
+             "one of 1,200 steps of a job the GPU paces, h200-meter-gpubound; two causal LMs of GPT-2's shapes, 2,000 "
+             "steps each, h200-meter-gpt), each step's energy from the counter "
              "interpolated between its 100 ms updates.", "",
              "| run | steps | SM clock | step time CV | "
              + " | ".join(f"J/step over {n}-step segments: s.d. (independent steps)" for n in SEGMENTS)
@@ -130,16 +134,17 @@ def main(argv: list[str] | None = None) -> None:
               "placement 7 steps apart):", "",
               "| run | " + " | ".join("one stretch" if k == 1 else f"{k} chunks" for k in CHUNKS) + " |",
               "|---|" + "---:|" * len(CHUNKS)]
-    for name in H200_RUNS:
-        seq = StepSequence.h200(name, LONG_TRACES)
+    for directory, name in [*((LONG_TRACES, name) for name in H200_RUNS), *((H200_GPT_TRACES, n) for n in GPT_RUNS)]:
+        seq = StepSequence.h200(name, directory)
         lines.append(f"| {name} | " + " | ".join(f"{100 * chunked_error(seq.energy_rel, args.baseline_steps, k):.2f}%"
                                                  for k in CHUNKS) + " |")
     lines += ["", "What moves the steps: two more runs of 2,000 steps recorded with the memory clock and the GPU's "
-              "utilization (h200-meter-util), and the GPU-bound run (h200-meter-gpubound), over their 100-step "
-              "segments:", "",
+              "utilization (h200-meter-util), the GPU-bound run (h200-meter-gpubound) and the GPT-2-shaped runs "
+              "(h200-meter-gpt), over their 100-step segments:", "",
               "| run | SM clock | memory clock | GPU utilization, median | corr(step time, utilization) | "
               "corr(step time, power) |", "|---|---|---|---:|---:|---:|"]
-    for directory, name in [*((UTIL_TRACES, name) for name in UTIL_RUNS), (GPUBOUND_TRACES, GPUBOUND_RUN)]:
+    for directory, name in [*((UTIL_TRACES, name) for name in UTIL_RUNS), (GPUBOUND_TRACES, GPUBOUND_RUN),
+                            *((H200_GPT_TRACES, name) for name in GPT_RUNS)]:
         sm, mem, util, with_util, with_power = what_moves(directory, name)
         lines.append(f"| {name} | {sm} | {mem} | {util} | {with_util:+.2f} | {with_power:+.2f} |")
     publish("baseline-drift", "\n".join(lines) + "\n", doc=not args.no_doc)

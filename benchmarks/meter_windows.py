@@ -41,6 +41,9 @@ from governor.sim.meters import (
 
 TRACE_DIR = H200_TRACES  # shipped in the repo, as the LoudVA curves are
 MODELS = H200_RUNS
+# Two causal LMs of GPT-2's shapes, 2,000 steps each (README there): the window rule checked off the BERT shapes.
+H200_GPT_TRACES = H200_TRACES.parent / "h200-meter-gpt"
+GPT_RUNS = ("gpt2-small-L12H768", "gpt2-medium-L24H1024")
 STEP_WINDOWS = (4, 8, 16, 32)
 EDGE_WINDOWS_S = (0.2, 1.0, 2.0)
 INA_UPDATE_S = 0.140  # the simulated tree's hwmon update_interval
@@ -207,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [SECTION, "",
              "`python -m benchmarks.meter_windows` (`make bench`). Real: the three H200 traces (one run "
              "of 400 steps each; the window rule's table also on the three runs of 2,000 steps, "
-             "benchmarks/data/h200-meter-2000). Simulated: "
+             "benchmarks/data/h200-meter-2000, and on two causal LMs of GPT-2's shapes, 2,000 steps each, "
+             "h200-meter-gpt). Simulated: "
              f"`governor.sim.meters`, {args.seeds} seeded runs per row.", ""]
     real = [load_h200(name) for name in MODELS]
     lines += ["### Scatter of J/step over consecutive windows (coefficient of variation)", "",
@@ -232,9 +236,10 @@ def main(argv: list[str] | None = None) -> int:
               "| trace | windows | steps per window, median / p99 | seconds, median / p99 | spread of successive "
               "windows | own uncertainty, median |", "|---|---:|---|---|---:|---:|"]
     long = [load_h200(name, H200_LONG_TRACES) for name in MODELS]
-    for trace in real + long:
+    gpt = [load_h200(name, H200_GPT_TRACES) for name in GPT_RUNS]
+    for trace in real + long + gpt:
         spread, ms = successive_spread(trace, rule)
-        label = trace.name + (" (2,000 steps)" if trace in long else "")
+        label = trace.name + (" (2,000 steps)" if trace in long + gpt else "")
         lines.append(f"| {label} | {len(ms)} | {_median_p99([m.measured_steps for m in ms], '.0f')} | "
                      f"{_median_p99([m.duration_s for m in ms], '.2f')} | {100 * spread:.1f}% | "
                      f"{100 * statistics.median(m.noise_rel for m in ms):.1f}% |")

@@ -3,14 +3,15 @@ and the counter, the power reading and the SM clock polled by a thread, at the d
 
     python -m scripts.record_meter --out OUT [--steps 2000] [--warmup 20] [--sizes small base large]
 
-For each size a BERT-style masked LM built from a config (random weights, synthetic tokens, bf16 autocast, AdamW) trains
-on GPU 0 as the traces of benchmarks/data/h200-meter were recorded (the same three shapes), for ``--steps`` steps after
-``--warmup``. Writes, per size, OUT/NAME-steps.csv (``step, t_s, energy_counter_mj``: read right after
-torch.cuda.synchronize() at each step's end) and OUT/NAME-samples.csv (``t_s, energy_counter_mj, power_mw,
-sm_clock_mhz, mem_clock_mhz, gpu_util_pct``; benchmarks/data/h200-meter-2000 was recorded before the last two
-columns), one perf_counter origin for all files, and OUT/run.json (the GPU, its power limit and clock event reasons
-before and after: nothing is set, so they must match; the host's load average after each run). The clocks and the
-GPU's utilization show what moves the steps: the default governor's clock, or the GPU waiting.
+For each size a BERT-style masked LM (or, for the ``gpt-`` sizes, a GPT-2-style causal LM) built from a config (random
+weights, synthetic tokens, bf16 autocast, AdamW) trains on GPU 0 as the traces of benchmarks/data/h200-meter were
+recorded (the same three shapes), for ``--steps`` steps after ``--warmup``. Writes, per size, OUT/NAME-steps.csv
+(``step, t_s, energy_counter_mj``: read right after torch.cuda.synchronize() at each step's end) and
+OUT/NAME-samples.csv (``t_s, energy_counter_mj, power_mw, sm_clock_mhz, mem_clock_mhz, gpu_util_pct``;
+benchmarks/data/h200-meter-2000 was recorded before the last two columns), one perf_counter origin for all files, and
+OUT/run.json (the GPU, its power limit and clock event reasons before and after: nothing is set, so they must match; the
+host's load average after each run). The clocks and the GPU's utilization show what moves the steps: the default
+governor's clock, or the GPU waiting.
 """
 
 from __future__ import annotations
@@ -23,13 +24,17 @@ import threading
 import time
 from pathlib import Path
 
-SIZES = {  # layers, hidden, heads, sequence, batch: benchmarks/data/h200-meter/README.md's table
-    "small": (6, 512, 8, 64, 16),
-    "base": (12, 768, 12, 128, 32),
-    "large": (24, 1024, 16, 128, 32),
+SIZES = {  # architecture, layers, hidden, heads, sequence, batch: benchmarks/data/h200-meter/README.md's table
+    "small": ("bert", 6, 512, 8, 64, 16),
+    "base": ("bert", 12, 768, 12, 128, 32),
+    "large": ("bert", 24, 1024, 16, 128, 32),
     # The large shape on 4x the tokens a step: enough work a step that the GPU, not the host, sets the pace.
-    "gpubound": (24, 1024, 16, 512, 32),
+    "gpubound": ("bert", 24, 1024, 16, 512, 32),
+    # Causal LMs, GPT-2's small (124 M) and medium (355 M) shapes, on long sequences (benchmarks/data/h200-meter-gpt).
+    "gpt-small": ("gpt2", 12, 768, 12, 512, 8),
+    "gpt-medium": ("gpt2", 24, 1024, 16, 1024, 8),
 }
+DEFAULT_SIZES = ("small", "base", "large", "gpubound")
 
 
 def gpu_state(pynvml, handle) -> dict:
@@ -61,13 +66,20 @@ class Poller(threading.Thread):
 
 def record(size: str, steps: int, warmup: int, out: Path, pynvml, handle, origin: float, poll_s: float) -> dict:
     import torch
-    from transformers import BertConfig, BertForMaskedLM
 
-    layers, hidden, heads, seq, batch = SIZES[size]
-    name = f"bert-{size}-L{layers}H{hidden}"
-    config = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                        intermediate_size=4 * hidden)
-    model = BertForMaskedLM(config).cuda()
+    arch, layers, hidden, heads, seq, batch = SIZES[size]
+    name = f"{arch}-{size.removeprefix('gpt-')}-L{layers}H{hidden}"
+    if arch == "bert":
+        from transformers import BertConfig, BertForMaskedLM
+
+        config = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                            intermediate_size=4 * hidden)
+        model = BertForMaskedLM(config).cuda()
+    else:  # the labels are the inputs: the model shifts them for next-token prediction
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        config = GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=max(1024, seq))
+        model = GPT2LMHeadModel(config).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     gen = torch.Generator(device="cuda").manual_seed(0)
     ids = torch.randint(0, config.vocab_size, (batch, seq), device="cuda", generator=gen)
@@ -111,7 +123,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    p.add_argument("--sizes", nargs="+", default=list(DEFAULT_SIZES), choices=list(SIZES))
     p.add_argument("--poll-s", type=float, default=0.005)
     args = p.parse_args()
     import pynvml

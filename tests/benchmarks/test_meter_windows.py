@@ -14,6 +14,8 @@ import pytest
 
 from benchmarks.meter_windows import (
     EDGE_WINDOWS_S,
+    GPT_RUNS,
+    H200_GPT_TRACES,
     MODELS,
     STEP_WINDOWS,
     edge_window_cv,
@@ -87,6 +89,17 @@ def test_the_noise_sized_rule_chooses_windows_whose_successors_agree_within_3_5_
         assert spread <= 0.035, (trace.name, spread)
         steps.append(statistics.median(m.measured_steps for m in ms))
     assert steps == sorted(steps, reverse=True)  # 26, 46, 82 ms steps: fewer steps a window as steps lengthen
+
+
+def test_the_rule_holds_on_causal_lm_traces_too():
+    """Another model family (GPT-2's small and medium shapes, benchmarks/data/h200-meter-gpt): the same rule, the
+    same 3.5%, and fewer steps a window for the longer steps (48 and 136 ms)."""
+    steps = []
+    for name in GPT_RUNS:
+        spread, ms = successive_spread(load_h200(name, H200_GPT_TRACES), WindowRule())
+        assert len(ms) >= 30 and spread <= 0.035, (name, spread)
+        steps.append(statistics.median(m.measured_steps for m in ms))
+    assert steps[0] > 2 * steps[1]
 
 
 def test_fixed_windows_of_four_steps_spread_far_beyond_the_tuners_3_percent(traces):
