@@ -94,13 +94,18 @@ class Run:
 
 
 def make_tuner(kind: str, levels_hz, start_hz: int, max_slowdown, noise_rel: float, job_steps: int,
-               confirm_contenders: int = tuning.DEFAULT_CONFIRM_CONTENDERS):
-    """``new``: the tuner with its defaults; ``follow``: as the daemon runs it, with follow_up (tuner.follow_up) and
-    the job's drift allowed for (tuner.drift_rel)."""
+               config=None):
+    """``new``: the tuner with its defaults; ``follow``: as the daemon runs it, with follow_up (tuner.follow_up), the
+    job's drift allowed for (tuner.drift_rel) and two near-ties confirmed (tuner.confirm_contenders). ``config``: a
+    TunerConfig whose search knobs (confirm_contenders, explore_budget_frac) replace the kind's."""
     follow = kind == "follow"
+    contenders = tuning.CONFIRM_CONTENDERS_ON if follow else tuning.DEFAULT_CONFIRM_CONTENDERS
+    budget = tuning.DEFAULT_EXPLORE_BUDGET_FRAC
+    if config is not None:
+        contenders, budget = config.confirm_contenders, config.explore_budget_frac
     return tuning.OnlineTuner(levels_hz, start_hz, max_slowdown, noise_rel=noise_rel, total_steps=job_steps,
                               follow_up=follow, drift_rel=tuning.DRIFT_REL_ON if follow else 0.0,
-                              confirm_contenders=confirm_contenders)
+                              explore_budget_frac=budget, confirm_contenders=contenders)
 
 
 def starts_for(curve: Curve) -> dict[str, int]:
@@ -112,8 +117,8 @@ def window_runs(curves: list[Curve], args, max_slowdown: float | None, meter: st
                 rule: str = "steps", config=None, tuners: tuple[str, ...] | None = None) -> list[Run]:
     """Every curve from its three starts, ``args.seeds`` seeds each; windows of Gaussian noise (``meter`` gauss) or
     read through a simulated meter (governor/sim/meters.py), of 1 warm-up + 4 steps or sized by the daemon's
-    WindowRule (``rule`` time, meters only). ``config``: a TunerConfig whose window settings and confirm_contenders
-    the jobs run with (default: the daemon's); ``tuners``: the kinds run (default TUNERS)."""
+    WindowRule (``rule`` time, meters only). ``config``: a TunerConfig whose window settings and search knobs
+    (make_tuner) the jobs run with (default: the daemon's); ``tuners``: the kinds run (default TUNERS)."""
     if meter == "gauss" and rule != "steps":
         raise ValueError("--window-rule time needs a simulated meter (nvml, ina3221): gauss windows have no steps")
     runs = []
@@ -125,7 +130,7 @@ def window_runs(curves: list[Curve], args, max_slowdown: float | None, meter: st
                 for kind in tuners or TUNERS:
                     job_seed = 1_000_003 * seed + 1009 * ci + si
                     tuner = make_tuner(kind, curve.levels_hz, start_hz, max_slowdown, args.noise_rel, args.job_steps,
-                                       *(() if config is None else (config.confirm_contenders,)))
+                                       config)
                     job = run_tuned_job(curve, start_hz, args.job_steps, meter=meter, seed=job_seed,
                                         noise_rel=args.noise_rel, config=config, rule=rule, tuner=tuner,
                                         max_steps=MAX_STEPS)
@@ -368,8 +373,9 @@ def meter_section(rows: list[tuple], targets: list[tuple], args, title: str) -> 
             f"--meter {' '.join(args.meter)} --window-rule {' '.join(args.window_rule)} --seeds {args.seeds} "
             f"--tuners {' '.join(TUNERS)} --lengths {' '.join(str(n) for n in args.lengths or [args.job_steps])}`: "
             f"governor/policy/tuner.py with its defaults (noise_rel {args.noise_rel:g}; new: follow_up off, the "
-            "pick frozen at convergence; follow: follow_up on, as the daemon runs it, its windows simulated until the "
-            "job's end or until it has only watched its pick for 20 windows, the rest charged at the pick), seeds "
+            "pick frozen at convergence, one near-tie confirmed; follow: follow_up on and two near-ties confirmed, "
+            "as the daemon runs it, its windows simulated until the job's end or until it has only watched its pick "
+            "for 20 windows, the rest charged at the pick), seeds "
             f"0-{args.seeds - 1} per curve and start; \"runs\" is the number of runs a row covers. Sets: real, the "
             "146 measured Jetson curves (benchmarks/data/loudva); simulated, the 60 held-out workloads' noise-free "
             "curves on the simulated Orin (its default governor as the top level). "

@@ -71,6 +71,8 @@ def main(argv=None) -> int:
     p.add_argument("--start", choices=("shipped", "paper"), default="shipped",
                    help="the wrong tree the daemon starts with (default: the shipped tree, trained on another "
                         "calibration)")
+    p.add_argument("--no-doc", action="store_true", help="leave docs/benchmarks.md and docs/learn/ alone (other seeds "
+                   "and starts, for docs/store.md)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -118,7 +120,8 @@ def main(argv=None) -> int:
     ablation = held_out_regret(retrain.tree_decider(DecisionTree.load(args.out / "tree-uncorrected.json"), levels),
                                board, cfg, args.seed)
     table = _write(args.out, rows, baseline, ablation, args.start)
-    _write_section(table, args)
+    if not args.no_doc:
+        _write_section(table, args)
     from governor.cli import main as ftgov
 
     ftgov(["report", "--store", str(store_path), "--out", str(args.out / "report")])

@@ -3,14 +3,15 @@ window and search settings, and the spread of successive windows on the H200 tra
 
     python -m benchmarks.tuner_tradeoffs [--seeds 2] [--job-steps 2000] [--no-doc]
 
-Issue 23's figures pull against each other here: shorter windows (a looser ``window_target_rel``, or an early
-decision at a lower ``window_decide_z``) make the search cheaper, so the whole job's mean falls, but more of its
-windows are caught in the replayed steps' excursions, so more runs end on a level a few percent off the minimum, and
-successive windows spread further apart; confirming a second near-tie (``confirm_contenders``) costs a few windows
-and catches some of those runs. Each variant is one TunerConfig (the rest the daemon's defaults) for the
-jobs of bench_tuner's nvml-replay section (the follow tuner, as the daemon runs it; seeds 0 to --seeds - 1 per curve
-and start; the same job seeds, so the defaults' row repeats that section's follow rows at --job-steps, pooled over
-the three starts). Writes docs/benchmarks.md's "tuner-tradeoffs" section. About 9 minutes on 2 CPUs.
+Issue 23's figures pull against each other here: shorter windows (a looser ``window_target_rel``, or an early decision
+at a lower ``window_decide_z``) make the search cheaper, so the whole job's mean falls, but more of its windows are
+caught in the replayed steps' excursions, so more runs end on a level a few percent off the minimum, and successive
+windows spread further apart; confirming a second near-tie (``confirm_contenders``, the daemon's 2 against the tuner's
+own 1) costs a few windows and catches some of those runs; a smaller exploration budget (``explore_budget_frac``) caps
+what the search may spend before it must pick. Each variant is one TunerConfig (the rest the daemon's defaults) for
+the jobs of bench_tuner's nvml-replay section (the follow tuner, as the daemon runs it; seeds 0 to --seeds - 1 per
+curve and start; the same job seeds, so the defaults' row repeats that section's follow rows at --job-steps, pooled
+over the three starts). Writes docs/benchmarks.md's "tuner-tradeoffs" section. About 11 minutes on 2 CPUs.
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ from governor.config import TunerConfig
 
 # (label, TunerConfig settings): the daemon's defaults first.
 VARIANTS: tuple[tuple[str, dict], ...] = (
-    ("the daemon's defaults (target 2%, decide_z 3, 1 contender)", {}),
+    ("the daemon's defaults (target 2%, decide_z 3, 2 contenders)", {}),
     ("window_target_rel 2.5%", {"window_target_rel": 0.025}),
     ("window_target_rel 3% (the tuner's noise_rel)", {"window_target_rel": 0.03}),
     ("window_decide_z 2", {"window_decide_z": 2.0}),
-    ("confirm_contenders 2", {"confirm_contenders": 2}),
+    ("confirm_contenders 1 (the tuner's own)", {"confirm_contenders": 1}),
+    ("explore_budget_frac 1.2%", {"explore_budget_frac": 0.012}),
 )
 SETS = ("real", "simulated")
 SPREAD_LIMIT = 0.035  # issue 23: the spread of successive windows at the length the rule chooses
@@ -43,7 +45,7 @@ TAILS = (0.03, 0.04, 0.06)  # level vs the curve's minimum: runs beyond each
 HEADER = ("settings", "set", "runs", "level vs min: mean / p99",
           *(f"runs beyond {t:.0%}" for t in TAILS), "whole job vs optimum: mean / p99", "windows per run, mean",
           "steps per window, mean")
-SPREAD_HEADER = ("settings", "spread of successive windows on the six H200 traces", f"over {SPREAD_LIMIT:.1%}")
+SPREAD_HEADER = ("settings", "spread of successive windows on the eight H200 traces", f"over {SPREAD_LIMIT:.1%}")
 
 
 def _runs(variant: int, set_name: str, seeds: int, job_steps: int) -> list[bench_tuner.Run]:
@@ -63,12 +65,14 @@ def row(label: str, set_name: str, runs: list[bench_tuner.Run]) -> tuple:
 
 
 def spreads(settings: dict) -> list[tuple[str, float]]:
-    """The spread of successive windows (meter_windows.successive_spread) on the three H200 traces of 400 steps and
-    the three of 2,000, at the WindowRule these settings make."""
+    """The spread of successive windows (meter_windows.successive_spread) on the three H200 traces of 400 steps, the
+    three of 2,000 and the two GPT-2-shaped ones, at the WindowRule these settings make."""
     rule = TunerConfig(**{**settings, "window_rule": "time"}).window(meter_windows.NVML_UPDATE_S)
     out = []
-    for folder, suffix in ((meter_windows.TRACE_DIR, ""), (meter_windows.H200_LONG_TRACES, " (2,000 steps)")):
-        for name in meter_windows.MODELS:
+    for folder, suffix, names in ((meter_windows.TRACE_DIR, "", meter_windows.MODELS),
+                                  (meter_windows.H200_LONG_TRACES, " (2,000 steps)", meter_windows.MODELS),
+                                  (meter_windows.H200_GPT_TRACES, "", meter_windows.GPT_RUNS)):
+        for name in names:
             trace = meter_windows.load_h200(name, folder)
             out.append((name + suffix, meter_windows.successive_spread(trace, rule)[0]))
     return out
@@ -100,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         "each row under one change to the daemon's tuner settings. p99 by nearest rank. Runs beyond: the converged "
         f"level that much above the curve's minimum. {seconds:.0f} s on {machine()}.", "",
         *markdown_table(HEADER, rows), "",
-        "The same settings' windows on the H200 traces (benchmarks/data/h200-meter, h200-meter-2000; "
+        "The same settings' windows on the H200 traces (benchmarks/data/h200-meter, h200-meter-2000, h200-meter-gpt; "
         "meter_windows.successive_spread; in the order bert-small, bert-base, bert-large, then the same three over "
-        f"2,000 steps), against issue 23's {SPREAD_LIMIT:.1%}:", "",
+        f"2,000 steps, then GPT-2 small and medium), against issue 23's {SPREAD_LIMIT:.1%}:", "",
         *markdown_table(SPREAD_HEADER, spread_rows),
     ]) + "\n"
     publish("tuner-tradeoffs", text, doc=not args.no_doc)

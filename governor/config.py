@@ -90,8 +90,9 @@ class TunerConfig(_Strict):
         "exploration may cost at most this fraction of the job's energy (windows above the best level, in joules)"))
     confirm_windows: int = Field(_tuner.DEFAULT_CONFIRM_WINDOWS, ge=1, le=100, description=(
         "the fewest windows two levels within noise of each other get before the tuner may stop telling them apart"))
-    confirm_contenders: int = Field(_tuner.DEFAULT_CONFIRM_CONTENDERS, ge=1, le=100, description=(
-        "levels within noise of the best one that the search measures again, the closest in noise units first"))
+    confirm_contenders: int = Field(_tuner.CONFIRM_CONTENDERS_ON, ge=1, le=100, description=(
+        "levels within noise of the best one that the search measures again, the closest in noise units first (on a "
+        "real meter the second is often the level an excursion misread once)"))
     follow_up: bool = Field(True, description=(
         "after the search picks: confirm near-ties of the pick while the job's steps left pay for them, and search "
         "again when the pick's energy per step leaves its interval (the job's curve moved)"))
@@ -154,9 +155,11 @@ class TunerConfig(_Strict):
         """The knobs for simulated jobs that read exact cumulative counters in the model's time (``ftgov evaluate``,
         governor.sim.learning): windows of steps (a 4-step window is exact there, and a WindowRule sizes windows by a
         real meter's updates), and the pick frozen at convergence, which their accounting charges the rest of the job
-        at; and no drift allowed for, since the model's steps are independent. The daemon's defaults on real meters are
-        measured by benchmarks/bench_tuner.py's meter runs."""
-        return cls(window_rule="steps", follow_up=False, drift_rel=0.0)
+        at; no drift allowed for, since the model's steps are independent; and one near-tie confirmed, since an exact
+        window reads no excursion to check again. The daemon's defaults on real meters are measured by
+        benchmarks/bench_tuner.py's meter runs."""
+        return cls(window_rule="steps", follow_up=False, drift_rel=0.0,
+                   confirm_contenders=_tuner.DEFAULT_CONFIRM_CONTENDERS)
 
     def new_tuner(self, levels_hz, start_hz: int) -> _tuner.OnlineTuner:
         """An OnlineTuner with these knobs (the job's length is the session's to give: ``new_session``)."""

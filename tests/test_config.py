@@ -3,8 +3,9 @@
 import pytest
 from pydantic import ValidationError
 
-from governor.config import load_config
+from governor.config import TunerConfig, load_config
 from governor.errors import ConfigError
+from governor.policy.tuner import OnlineTuner
 
 
 def test_an_absent_file_means_defaults(tmp_path):
@@ -42,9 +43,18 @@ def test_a_bad_value_names_its_key(tmp_path, text, key):
 
 def test_the_tuners_knobs_reach_the_tuner(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("tuner:\n  confirm_contenders: 2\n  drift_rel: 0.05\n")
+    path.write_text("tuner:\n  confirm_contenders: 3\n  drift_rel: 0.05\n")
     tuner = load_config(path).tuner.new_tuner([510_000_000, 612_000_000, 714_000_000], 612_000_000)
-    assert tuner.confirm_contenders == 2 and tuner.settings.drift_rel == 0.05
+    assert tuner.confirm_contenders == 3 and tuner.settings.drift_rel == 0.05
+
+
+def test_the_daemon_confirms_two_near_ties_and_an_exact_meter_one():
+    """On a real meter the second near-tie is often the level an excursion misread once (docs/tuner.md); the tuner's
+    own default and the exact-meter simulations keep one."""
+    levels = [510_000_000, 612_000_000, 714_000_000]
+    assert TunerConfig().new_tuner(levels, 612_000_000).confirm_contenders == 2
+    assert TunerConfig.exact_meter().new_tuner(levels, 612_000_000).confirm_contenders == 1
+    assert OnlineTuner(levels, 612_000_000).confirm_contenders == 1
 
 
 @pytest.mark.parametrize("text", ["- a\n- b\n", "a: [\n"])

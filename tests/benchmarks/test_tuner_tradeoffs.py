@@ -30,3 +30,15 @@ def test_rows_count_the_runs_beyond_each_tail():
     assert got[:3] == ("defaults", "real", 100)
     assert got[4:4 + len(TAILS)] == (4, 3, 2)  # beyond 3%, 4%, 6%
     assert got[-1] == "20.0"
+
+
+def test_a_variants_search_knobs_reach_the_tuner_and_the_kind_keeps_its_own_without_one():
+    levels = real_curves(DEFAULT_DATA)[0].levels_hz
+
+    def knobs(kind, config=None):
+        s = bench_tuner.make_tuner(kind, levels, levels[-1], None, 0.03, 2000, config).settings
+        return s.confirm_contenders, s.explore_budget_frac
+
+    assert knobs("follow", TunerConfig(explore_budget_frac=0.012, confirm_contenders=1)) == (1, 0.012)
+    assert knobs("follow") == (2, 0.015)  # as the daemon runs it
+    assert knobs("new") == (1, 0.015)  # the tuner's own defaults
