@@ -1,5 +1,7 @@
 """load_config: defaults, overrides, and loud errors that name the key."""
 
+from pathlib import Path
+
 import pytest
 from pydantic import ValidationError
 
@@ -98,3 +100,16 @@ def test_the_baseline_in_parts_gives_each_its_share_of_the_steps_time_and_precis
     assert part.min_s == cfg.window_min_s  # a part is still a window: at least window_min_s long
     with pytest.raises(ValidationError):
         TunerConfig(baseline_parts=0)
+
+
+def test_the_shipped_configs_commented_tuner_settings_load_as_they_read(tmp_path):
+    """etc/ftgov.yaml shows the tuner's two priced settings commented out, at their defaults: uncommented, they load,
+    and they are the defaults (so the comment cannot drift from the code unnoticed)."""
+    shipped = (Path(__file__).resolve().parent.parent / "etc" / "ftgov.yaml").read_text().splitlines()
+    start = shipped.index("# tuner:")
+    block = [line.removeprefix("# ") for line in shipped[start:start + 3]]
+    path = tmp_path / "c.yaml"
+    path.write_text("\n".join(block) + "\n")
+    tuner = load_config(path).tuner
+    assert {k: getattr(tuner, k) for k in ("window_target_rel", "baseline_max_share")} == {
+        k: TunerConfig.model_fields[k].default for k in ("window_target_rel", "baseline_max_share")}
