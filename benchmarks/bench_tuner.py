@@ -60,6 +60,7 @@ from pathlib import Path
 from benchmarks.figures import machine, markdown_table, publish, write_section
 from benchmarks.figures import pct as percentile
 from benchmarks.tuner_curves import DEFAULT_DATA, Curve, adversarial_curves, fine_curves, real_curves
+from governor.config import TunerConfig
 from governor.policy import tuner as tuning
 from governor.sim.meters import METER_UPDATE_S
 from governor.sim.tuned_job import ModelBoard, run_tuned_job
@@ -94,18 +95,19 @@ class Run:
 
 
 def make_tuner(kind: str, levels_hz, start_hz: int, max_slowdown, noise_rel: float, job_steps: int,
-               config=None):
-    """``new``: the tuner with its defaults; ``follow``: as the daemon runs it, with follow_up (tuner.follow_up), the
-    job's drift allowed for (tuner.drift_rel) and two near-ties confirmed (tuner.confirm_contenders). ``config``: a
-    TunerConfig whose search knobs (confirm_contenders, explore_budget_frac) replace the kind's."""
-    follow = kind == "follow"
-    contenders = tuning.CONFIRM_CONTENDERS_ON if follow else tuning.DEFAULT_CONFIRM_CONTENDERS
-    budget = tuning.DEFAULT_EXPLORE_BUDGET_FRAC
-    if config is not None:
-        contenders, budget = config.confirm_contenders, config.explore_budget_frac
-    return tuning.OnlineTuner(levels_hz, start_hz, max_slowdown, noise_rel=noise_rel, total_steps=job_steps,
-                              follow_up=follow, drift_rel=tuning.DRIFT_REL_ON if follow else 0.0,
-                              explore_budget_frac=budget, confirm_contenders=contenders)
+               config: TunerConfig | None = None):
+    """``new``: the tuner with its own defaults; ``follow``: as the daemon runs it, with the search and follow-up
+    knobs of ``config`` (default: the daemon's TunerConfig: follow_up, drift_rel, confirm_contenders,
+    explore_budget_frac). ``new`` with a ``config`` takes its confirm_contenders and explore_budget_frac only."""
+    if kind == "follow":
+        cfg = config or TunerConfig()
+        return tuning.OnlineTuner(levels_hz, start_hz, max_slowdown, noise_rel=noise_rel, total_steps=job_steps,
+                                  follow_up=cfg.follow_up, drift_rel=cfg.drift_rel,
+                                  explore_budget_frac=cfg.explore_budget_frac,
+                                  confirm_contenders=cfg.confirm_contenders)
+    knobs = {} if config is None else {"explore_budget_frac": config.explore_budget_frac,
+                                       "confirm_contenders": config.confirm_contenders}
+    return tuning.OnlineTuner(levels_hz, start_hz, max_slowdown, noise_rel=noise_rel, total_steps=job_steps, **knobs)
 
 
 def starts_for(curve: Curve) -> dict[str, int]:

@@ -64,18 +64,11 @@ def row(label: str, set_name: str, runs: list[bench_tuner.Run]) -> tuple:
             f"{statistics.mean(r.windows for r in runs):.1f}", f"{statistics.mean(r.window_steps for r in runs):.1f}")
 
 
-def spreads(settings: dict) -> list[tuple[str, float]]:
-    """The spread of successive windows (meter_windows.successive_spread) on the three H200 traces of 400 steps, the
-    three of 2,000 and the two GPT-2-shaped ones, at the WindowRule these settings make."""
+def spreads(settings: dict, traces: list[tuple[str, meter_windows.Trace]]) -> list[float]:
+    """The spread of successive windows (meter_windows.successive_spread) on each of ``traces``
+    (meter_windows.rule_traces), at the WindowRule these settings make."""
     rule = TunerConfig(**{**settings, "window_rule": "time"}).window(meter_windows.NVML_UPDATE_S)
-    out = []
-    for folder, suffix, names in ((meter_windows.TRACE_DIR, "", meter_windows.MODELS),
-                                  (meter_windows.H200_LONG_TRACES, " (2,000 steps)", meter_windows.MODELS),
-                                  (meter_windows.H200_GPT_TRACES, "", meter_windows.GPT_RUNS)):
-        for name in names:
-            trace = meter_windows.load_h200(name, folder)
-            out.append((name + suffix, meter_windows.successive_spread(trace, rule)[0]))
-    return out
+    return [meter_windows.successive_spread(trace, rule)[0] for _, trace in traces]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,11 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         runs = list(pool.map(_runs, *zip(*cells, strict=True), [args.seeds] * len(cells),
                              [args.job_steps] * len(cells)))
     rows = [row(VARIANTS[v][0], s, rs) for (v, s), rs in zip(cells, runs, strict=True)]
+    traces = meter_windows.rule_traces()
     spread_rows = []
     for label, settings in VARIANTS:
-        found = spreads(settings)
-        spread_rows.append((label, ", ".join(f"{100 * s:.1f}%" for _, s in found),
-                            sum(s > SPREAD_LIMIT for _, s in found)))
+        found = spreads(settings, traces)
+        spread_rows.append((label, ", ".join(f"{100 * s:.1f}%" for s in found), sum(s > SPREAD_LIMIT for s in found)))
     seconds = time.monotonic() - began
     text = "\n".join([
         f"## What the window settings trade, on the H200's recorded steps (jobs of {args.job_steps} steps)", "",
