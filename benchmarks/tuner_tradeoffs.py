@@ -4,14 +4,15 @@ window and search settings, and the spread of successive windows on the H200 tra
     python -m benchmarks.tuner_tradeoffs [--seeds 2] [--job-steps 2000] [--no-doc]
 
 Issue 23's figures pull against each other here: shorter windows (a looser ``window_target_rel``, or an early decision
-at a lower ``window_decide_z``) make the search cheaper, so the whole job's mean falls, but more of its windows are
+at a lower ``window_decide_z``, or of the search's exploring windows only, at a lower ``window_explore_z``) make the
+search cheaper, so the whole job's mean falls, but more of its windows are
 caught in the replayed steps' excursions, so more runs end on a level a few percent off the minimum, and successive
 windows spread further apart; confirming a second near-tie (``confirm_contenders``, the daemon's 2 against the tuner's
 own 1) costs a few windows and catches some of those runs; a smaller exploration budget (``explore_budget_frac``) caps
 what the search may spend before it must pick. Each variant is one TunerConfig (the rest the daemon's defaults) for
 the jobs of bench_tuner's nvml-replay section (the follow tuner, as the daemon runs it; seeds 0 to --seeds - 1 per
 curve and start; the same job seeds, so the defaults' row repeats that section's follow rows at --job-steps, pooled
-over the three starts). Writes docs/benchmarks.md's "tuner-tradeoffs" section. About 11 minutes on 2 CPUs.
+over the three starts). Writes docs/benchmarks.md's "tuner-tradeoffs" section. About 20 minutes on 2 CPUs.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from governor.config import TunerConfig
 
 # (label, TunerConfig settings): the daemon's defaults first.
 VARIANTS: tuple[tuple[str, dict], ...] = (
-    ("the daemon's defaults (target 2%, decide_z 3, 2 contenders)", {}),
+    ("the daemon's defaults (target 2%, decide_z 3, explore_z 1.5, 2 contenders)", {}),
     ("window_target_rel 2.5%", {"window_target_rel": 0.025}),
     ("window_target_rel 3% (the tuner's noise_rel)", {"window_target_rel": 0.03}),
     ("window_decide_z 2", {"window_decide_z": 2.0}),
+    ("window_explore_z 3 (exploring windows as strict as the rest)", {"window_explore_z": 3.0}),
+    ("window_explore_z 1", {"window_explore_z": 1.0}),
     ("confirm_contenders 1 (the tuner's own)", {"confirm_contenders": 1}),
     ("explore_budget_frac 1.2%", {"explore_budget_frac": 0.012}),
 )

@@ -123,6 +123,9 @@ class TunerConfig(_Strict):
     window_decide_z: float = Field(_tuner.WindowRule.decide_z, ge=0, le=100, description=(
         "window_rule time: a window closes early once it differs from the estimate it is compared with (the "
         "incumbent, the pick) by this many standard deviations of the difference (0: never)"))
+    window_explore_z: float = Field(_tuner.WindowRule.explore_z, gt=0, le=100, description=(
+        "window_rule time: a window at a level the search is only ranking (on its way to the curve's bottom) that "
+        "reads above the incumbent closes early at this many standard deviations instead (at most window_decide_z)"))
     settle_updates: float | None = Field(None, ge=0, le=100, description=(
         "after a change of clock or an unpin, no window opens before the energy meter has updated this many times "
         "(null: the meter's own, 1 for NVML's counter, 2 for the INA3221's average over its update_interval; 0: an "
@@ -190,7 +193,7 @@ class TunerConfig(_Strict):
         return _tuner.WindowRule(target_rel=self.window_target_rel, min_s=self.window_min_s, max_s=self.window_max_s,
                                  min_updates=self.window_min_updates, meter_update_s=meter_update_s,
                                  min_steps=self.window_min_steps, prior_rel=self.noise_rel,
-                                 decide_z=self.window_decide_z)
+                                 decide_z=self.window_decide_z, explore_z=self.window_explore_z)
 
     def baseline_budget_steps(self, total_steps: int | None = None) -> int | None:
         """The baseline's steps at most, all its parts together: baseline_max_share of the job's ``total_steps`` (None:

@@ -7,7 +7,7 @@ from pydantic import ValidationError
 
 from governor.config import TunerConfig, load_config
 from governor.errors import ConfigError
-from governor.policy.tuner import OnlineTuner
+from governor.policy.tuner import OnlineTuner, WindowRule
 
 
 def test_an_absent_file_means_defaults(tmp_path):
@@ -35,6 +35,7 @@ def test_overrides_win_key_by_key(tmp_path):
     ("ffg_freq_hz: 816\n", "ffg_freq_hz: Value error, 816 Hz is below 1 MHz: the value is in Hz"),
     ("ffg_freq_hz: 0\n", "ffg_freq_hz: Value error, 0 Hz is below 1 MHz"),
     ("tuner:\n  confirm_contenders: 0\n", "tuner.confirm_contenders"),
+    ("tuner:\n  window_explore_z: 0\n", "tuner.window_explore_z"),
 ])
 def test_a_bad_value_names_its_key(tmp_path, text, key):
     path = tmp_path / "c.yaml"
@@ -48,6 +49,14 @@ def test_the_tuners_knobs_reach_the_tuner(tmp_path):
     path.write_text("tuner:\n  confirm_contenders: 3\n  drift_rel: 0.05\n")
     tuner = load_config(path).tuner.new_tuner([510_000_000, 612_000_000, 714_000_000], 612_000_000)
     assert tuner.confirm_contenders == 3 and tuner.settings.drift_rel == 0.05
+
+
+def test_the_window_rules_z_scores_reach_the_rule(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("tuner:\n  window_decide_z: 2.5\n  window_explore_z: 1.2\n")
+    rule = load_config(path).tuner.window(0.1)
+    assert (rule.decide_z, rule.explore_z) == (2.5, 1.2)
+    assert TunerConfig().window(0.1).explore_z == WindowRule.explore_z == 1.5
 
 
 def test_the_daemon_confirms_two_near_ties_and_an_exact_meter_one():

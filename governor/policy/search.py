@@ -57,6 +57,10 @@ MAX_CONFIRM_WINDOWS = 6
 # gives comparisons of neighbours a few percent apart, which need long windows; a quarter of the way gives one whose
 # difference is decided early (WindowRule.decide_z), and refining walks back if the minimum is at the end after all.
 END_STRIDE_FRAC = 0.25
+# The phases whose windows the search only ranks against the incumbent: levels away from it, found on the way to the
+# curve's bottom. Such a window reading above the incumbent may close on a looser test (WindowRule.explore_z): the
+# levels that can matter are measured again by refine and confirm, which (with the start) keep the strict one.
+EXPLORING_PHASES = frozenset({"descend", "beyond", "far"})
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,10 @@ class _Plan:
     reason: str
     free: bool = False  # measured whatever the budget says (the start, the reference for max_slowdown)
     share: float = 1.0  # the part of the budget left that this one window may spend
+
+    @property
+    def exploring(self) -> bool:
+        return self.phase in EXPLORING_PHASES
 
 
 class Stage(Enum):

@@ -244,8 +244,9 @@ class OnlineTuner:
 
     def window_reference(self, level_hz: int) -> Reference | None:
         """The estimate a window at ``level_hz`` opened now will be compared with, so that it may close as soon as
-        that comparison is clear (WindowRule.decide_z): while searching, the incumbent's; while confirming, the
-        pick's. None for a window at that level itself (it is compared with levels near it, or watched for drift),
+        that comparison is clear (WindowRule.decide_z): while searching, the incumbent's (``exploring`` in the
+        search's exploring phases, search.EXPLORING_PHASES); while confirming, the pick's. None for a window at that
+        level itself (it is compared with levels near it, or watched for drift),
         before anything is measured, once converged without follow_up, and with max_slowdown (a level's step time
         against the top's decides there too, and a window closed once its energy is decided may leave that open)."""
         if self.max_slowdown is not None:
@@ -259,7 +260,7 @@ class OnlineTuner:
         if ref is None or ref == i:
             return None
         mean, var = self.estimates.predict(ref)  # as a window now would read it: the drift's now added
-        return Reference(math.exp(mean), math.sqrt(var))
+        return Reference(math.exp(mean), math.sqrt(var), exploring=self._final is None and self._search.plan.exploring)
 
     @property
     def converged(self) -> bool:

@@ -91,10 +91,13 @@ class Measurement:
 @dataclass(frozen=True)
 class Reference:
     """What a window will be compared with once it closes (``Tuner.window_reference``): another level's estimate of
-    joules per step and its relative uncertainty (s.d. of its log), as the tuner holds them when the window opens."""
+    joules per step and its relative uncertainty (s.d. of its log), as the tuner holds them when the window opens.
+    ``exploring``: the window is one the search only ranks against it (a level away from the incumbent, while the
+    search looks for the curve's bottom), so that reading above it may close at WindowRule.explore_z."""
 
     joules_per_step: float
     sd_rel: float
+    exploring: bool = False
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,13 @@ class WindowRule:
     steps there would only sharpen a comparison the tuner already calls clear (its z_confirm, 2, is under
     decide_z: the margin pays for looking at every report), and a window far from the minimum costs its steps at an
     expensive level. A near-tie never reaches it and runs to ``target_rel`` or ``max_s``. ``decide_z`` 0: never.
+
+    A window the search is exploring with (``Reference.exploring``) that reads *above* its reference closes at
+    ``explore_z`` (at most decide_z) instead: every one of its steps is spent above the incumbent, at a level the
+    search only ranks, and the levels near the bottom are measured again later with decide_z (the search's refine and
+    confirm windows, and the follow-up's). Read below, it keeps decide_z: that level is the search's next incumbent,
+    and its steps cost nothing above it. On the H200's replayed steps explore_z 1.5 cut what those windows cost by a
+    third, the converged levels as before (docs/tuner.md, docs/benchmarks.md "tuner-tradeoffs").
     """
 
     target_rel: float = 0.02
@@ -134,6 +144,7 @@ class WindowRule:
     max_steps: int | None = None  # a cap in steps as well (the baseline window's share of a job of known length)
     decide_z: float = 3.0
     decide_min_steps: int = 4
+    explore_z: float = 1.5
 
     def __post_init__(self):
         for name in ("target_rel", "min_s", "max_s", "prior_rel"):
@@ -146,6 +157,8 @@ class WindowRule:
         _count(self.decide_min_steps, "decide_min_steps", 2)
         if isinstance(self.decide_z, bool) or not self.decide_z >= 0:
             raise TuningError(f"decide_z must be a number >= 0, got {self.decide_z!r}")
+        if isinstance(self.explore_z, bool) or not self.explore_z > 0:
+            raise TuningError(f"explore_z must be a number > 0, got {self.explore_z!r}")
         if self.max_s < self.min_s:
             raise TuningError(f"max_s ({self.max_s}) must be at least min_s ({self.min_s})")
         if self.max_steps is not None and _count(self.max_steps, "max_steps", 1) < self.min_steps:
@@ -162,9 +175,10 @@ class WindowRule:
 
     def differs(self, joules_per_step: float, noise_rel: float, reference: Reference) -> bool:
         """Whether a window's estimate, of relative uncertainty ``noise_rel``, is ``decide_z`` standard deviations of
-        the difference away from ``reference``."""
-        diff = abs(math.log(joules_per_step) - math.log(reference.joules_per_step))
-        return diff >= self.decide_z * math.sqrt(noise_rel * noise_rel + reference.sd_rel * reference.sd_rel)
+        the difference away from ``reference`` (``explore_z`` above an exploring reference)."""
+        diff = math.log(joules_per_step) - math.log(reference.joules_per_step)
+        z = min(self.explore_z, self.decide_z) if reference.exploring and diff > 0 else self.decide_z
+        return abs(diff) >= z * math.sqrt(noise_rel * noise_rel + reference.sd_rel * reference.sd_rel)
 
 
 # The prior counts as this many sub-window readings of the window's scatter.

@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from governor.policy.tuner import OnlineTuner, ProbeWindow, Reference, TuningSession, WindowRule
+from governor.policy.search import EXPLORING_PHASES
+from governor.policy.tuner import OnlineTuner, ProbeWindow, Reference, TuningError, TuningSession, WindowRule
 from governor.policy.windows import StepScatter, step_scatter, window_noise_rel
 from governor.sim.meters import PowerTrace, UpdateClock, append_step, held_energy_j, step_times_s
 from tests.policy.test_windows import nvml_job as windows_job
@@ -65,6 +66,32 @@ def test_a_reference_known_loosely_decides_nothing_it_cannot_tell():
     assert close(reports, rule, reference=Reference(JOULES, 0.2)) == close(reports, rule)
 
 
+def test_an_exploring_window_that_reads_above_closes_at_explore_z():
+    """12% above a reference known to 2%: an exploring window closes once 1.5 s.d. of the difference say so, before
+    the same window would at decide_z; reading 12% below, it keeps decide_z."""
+    rule = WindowRule()
+    for seed in range(5):
+        above = nvml_job(400, POWER_W * 1.12, seed=seed)
+        strict = close(above, rule, reference=Reference(JOULES, 0.02))
+        loose = close(above, rule, reference=Reference(JOULES, 0.02, exploring=True))
+        assert loose.measured_steps < strict.measured_steps, (loose, strict)
+        gap = math.log(loose.joules_per_step / JOULES)
+        assert gap >= rule.explore_z * math.hypot(loose.noise_rel, 0.02) and gap < rule.decide_z * math.hypot(
+            loose.noise_rel, 0.02)
+        below = nvml_job(400, POWER_W / 1.12, seed=seed)
+        assert (close(below, rule, reference=Reference(JOULES, 0.02, exploring=True))
+                == close(below, rule, reference=Reference(JOULES, 0.02)))
+
+
+def test_explore_z_is_at_most_decide_z_and_positive():
+    rule = WindowRule(decide_z=1.0, explore_z=2.0)
+    reports = nvml_job(400, POWER_W * 1.12, seed=1)
+    assert (close(reports, rule, reference=Reference(JOULES, 0.02, exploring=True))
+            == close(reports, rule, reference=Reference(JOULES, 0.02)))
+    with pytest.raises(TuningError, match="explore_z"):
+        WindowRule(explore_z=0.0)
+
+
 def test_decide_z_zero_never_closes_early():
     rule = WindowRule(decide_z=0.0)
     reports = nvml_job(400, POWER_W * 2.0, seed=3)
@@ -107,9 +134,28 @@ def test_the_tuner_names_the_estimate_a_window_is_compared_with():
     assert tuner.window_reference(LEVELS[6]) is None  # nothing measured
     tuner.observe(LEVELS[6], 2.0, 0.1, noise_rel=0.05)
     ref = tuner.window_reference(LEVELS[5])
-    assert ref == Reference(pytest.approx(2.0), pytest.approx(0.05))
+    # the search's next window walks down from the start: it only ranks that level against the incumbent
+    assert tuner.state()["phase"] == "descend"
+    assert ref == Reference(pytest.approx(2.0), pytest.approx(0.05), exploring=True)
     assert tuner.window_reference(LEVELS[6]) is None  # the incumbent's own window: compared with its neighbours
     assert OnlineTuner(LEVELS, LEVELS[6], max_slowdown=0.1).window_reference(LEVELS[5]) is None
+
+
+def test_only_the_searchs_exploring_windows_compare_loosely():
+    """Through a whole search and its follow-up: a window's reference is exploring exactly in the search's exploring
+    phases (descend, beyond, far); refine, confirm and the follow-up's windows compare at decide_z."""
+    energy = [2.2, 1.7, 1.4, 1.2, 1.08, 1.02, 1.0, 1.01, 1.04, 1.1, 1.18, 1.3]
+    tuner = OnlineTuner(LEVELS, LEVELS[-1], follow_up=True, total_steps=100_000)
+    seen = set()
+    for _ in range(40):
+        phase = tuner.state()["phase"]
+        hz = tuner.next_level_hz()
+        ref = tuner.window_reference(hz)
+        if ref is not None:
+            assert ref.exploring == (phase in EXPLORING_PHASES), (phase, ref)
+            seen.add((phase, ref.exploring))
+        tuner.observe(hz, energy[LEVELS.index(hz)], 0.1)
+    assert tuner.converged and {p for p, _ in seen} >= {"descend", "refine", "confirm", "done"}, seen
 
 
 def test_a_session_closes_windows_at_far_levels_early_and_near_ones_late():
