@@ -6,6 +6,8 @@ import signal
 import subprocess
 import sys
 
+from governor.sim.tree import replace_file
+from governor.sysfs import Root
 from tests.support.daemon import FEATURES, REPO, limits
 from tests.support.fswatch import Watch
 
@@ -185,9 +187,10 @@ def test_limits_changed_under_the_pin_are_reapplied_or_left(orin, start_daemon):
         c.call("register", **FEATURES)
         node = orin / "sys/class/devfreq/17000000.gpu"
         d.notify.drain()
-        # What nvpmodel -m 0 does: MIN_FREQ 0 / MAX_FREQ 2147483647 (a plain file keeps the raw values).
-        (node / "min_freq").write_text("306000000\n")
-        (node / "max_freq").write_text("2147483647\n")
+        # What nvpmodel -m 0 does: MIN_FREQ 0 / MAX_FREQ 2147483647 (a plain file keeps the raw values), each in one
+        # step as the kernel's attributes change: the daemon's tick reads them meanwhile.
+        replace_file(Root(orin), node / "min_freq", "306000000\n")
+        replace_file(Root(orin), node / "max_freq", "2147483647\n")
         # Every tick while a job runs checks the pin, then sends STATUS=; the second tick after the write has
         # certainly seen it.
         for _ in range(2):

@@ -1,5 +1,7 @@
 """The power mode's cap (nvpmodel's max_freq) is respected: no pin above the max found before the first pin."""
 
+from governor.sim.tree import replace_file
+from governor.sysfs import Root
 from tests.support.daemon import DEVFREQ, FEATURES, limits
 from tests.support.faults import limits_now
 from tests.support.fswatch import Watch
@@ -47,8 +49,9 @@ def test_a_power_mode_lowered_under_a_pin_caps_it_and_is_what_the_end_restores(o
     watch = Watch(node)
     try:
         # nvpmodel -m <MODE_30W> under the pin: GPU MIN_FREQ 0 / MAX_FREQ 612 MHz (a plain file keeps the raw values).
-        (node / "max_freq").write_text(f"{MODE_30W_MAX_HZ}\n")
-        (node / "min_freq").write_text("0\n")
+        # each in one step, as the kernel's attributes change: the daemon's tick reads them meanwhile
+        replace_file(Root(orin), node / "max_freq", f"{MODE_30W_MAX_HZ}\n")
+        replace_file(Root(orin), node / "min_freq", "0\n")
         watch.wait(lambda: limits_now(orin) == (MODE_30W_MAX_HZ, MODE_30W_MAX_HZ), 10)  # re-pinned, under the new cap
     finally:
         watch.close()

@@ -221,7 +221,9 @@ def test_limits_moved_by_someone_else_during_a_measurement_are_refused(board, gl
 
     def intruder(step: int) -> None:  # another governor (ftgovd, jetson_clocks) writing the files while we measure
         if step == 1:
-            (gpu.node / "max_freq").write_text(f"{LEVELS_HZ[-1]}\n")
+            # in one step, as the kernel's attribute changes: the sampler reads the file meanwhile, and a plain write
+            # can show it truncated and empty (a fresh-clone CI saw "max_freq holds ''")
+            tree.replace_file(board, gpu.node / "max_freq", f"{LEVELS_HZ[-1]}\n")
 
     # The sampler's last sample is taken after the last step, so it sees the change whatever its interval.
     runner = HfTrainingRunner(tiny_bert, HfTask("sst2", glue / "SST-2"), gpu, discover(board), batch_size=8,
