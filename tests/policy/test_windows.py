@@ -110,14 +110,14 @@ def test_the_tuner_weighs_each_window_by_its_own_uncertainty():
 def test_a_session_with_a_rule_converges_and_prices_windows_by_the_steps_they_took():
     reports = nvml_job(0.025, 30000, seed=3)
     tuner = OnlineTuner(LEVELS, LEVELS[4])
-    session = TuningSession(tuner, 0, 1, rule=WindowRule())
+    rule = WindowRule()
+    session = TuningSession(tuner, 0, 1, rule=rule)
     windows = []
     for n, e, t in reports[1:]:
         m = session.on_progress(n, e, t)
         if m is not None:
             windows.append(m)
             # at least the rule's least time; a window decided early (exploring, above the incumbent) as few updates
-            rule = WindowRule()
             assert m.noise_rel is not None and m.duration_s >= rule.min_updates * rule.meter_update_s
         if session.converged:
             break
