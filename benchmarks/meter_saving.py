@@ -20,6 +20,9 @@ each change of clock (tuner.settle_updates; --no-settle: none), to the job's end
   it is honest).
 - the baseline's cost: its parts' steps at the default governor (warm-ups included) instead of the pick, of the
   job's energy.
+- the whole job, the baseline included: every step charged at its level's noise-free J/step (the baseline's at the
+  top level, the search's windows at theirs, the rest at the pick), against the whole job at the curve's minimum: what
+  bench_tuner's "whole job" says, plus what measuring the saving costs.
 - the job's energy: as unregister reports it (the job's own meter: NVML's counter since the job began; the INA3221's
   readings over the daemon's sampler, EnergyMeter.total_j), against the true energy of its steps (the simulated power
   trace's, from the first step's beginning to the last's end).
@@ -67,6 +70,7 @@ def run_job(curve: Curve, meter: str, seed: int, job_steps: int, rule_name: str,
             "baseline_steps": 0 if saving is None else saving["baseline_steps"],
             "parts": 0 if saving is None else saving["baseline_parts"],
             "baseline_cost": at_default * (curve.energy_j[top] - curve.energy_at(job.best_hz)) / job.true_energy_j,
+            "whole_job": job.clean_energy_j / (job_steps * min(curve.energy_j)) - 1,
             "step_s": curve.time_s[top]}
 
 
@@ -78,12 +82,14 @@ def rows_for(curves: list[Curve], meter: str, rule_name: str, args, config: Tune
     bias = [100 * (j["measured"] - j["true"]) for j in measured]
     within = [sum(abs(j["measured"] - j["true"]) <= k * j["err"] for j in measured) / len(measured) for k in (1, 2)]
     energy = [100 * abs(j["energy_err"]) for j in jobs if j["energy_err"] is not None]
+    whole = [100 * j["whole_job"] for j in jobs]
     return (meter, "WindowRule" if rule_name == "time" else "1 + 4 steps", len(jobs), len(saving),
             f"{statistics.mean(bias):+.2f}", f"{statistics.mean(saving):.2f} / {percentile(saving, 99):.2f}",
             f"{100 * within[0]:.0f}% / {100 * within[1]:.0f}%",
             f"{statistics.median(j['baseline_steps'] for j in jobs):.0f} "
             f"({statistics.median(j['parts'] for j in jobs):.0f})",
             f"{100 * statistics.mean(j['baseline_cost'] for j in jobs):.2f}%",
+            f"{statistics.mean(whole):.2f}% / {percentile(whole, 99):.2f}%",
             f"{statistics.mean(energy):.2f}% / {percentile(energy, 99):.2f}%" if energy else "-",
             f"{'met' if percentile(saving, 99) <= 2 else 'not met'}, "
             + (f"{'met' if percentile(energy, 99) <= 2 else 'not met'}" if energy else "-"))
@@ -92,6 +98,7 @@ def rows_for(curves: list[Curve], meter: str, rule_name: str, args, config: Tune
 HEADER = ("meter", "windows", "jobs", "with a saving", "measured - true saving, mean (points)",
           "abs(measured - true), mean / p99 (points)", "within saved_pct_err / twice it",
           "baseline's steps (parts), median", "baseline's cost, mean (of the job's energy)",
+          "whole job vs optimum, the baseline included: mean / p99",
           "abs(job energy error), mean / p99", "p99 targets (2 points, 2%)")
 
 

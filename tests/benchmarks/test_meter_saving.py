@@ -15,3 +15,6 @@ def test_the_measured_saving_and_the_jobs_energy_follow_the_truth_on_both_meters
         assert job["true"] > 0.2 and job["tuned_steps"] > 500, job
         assert abs(job["measured"] - job["true"]) < 0.06, job  # one baseline window: a few points at most here
         assert abs(job["energy_err"]) < 0.02, job
+        # The whole job charges the baseline's steps at the top level, 25% above the minimum: more than their cost
+        # against the pick, and a few percent of the job at most.
+        assert job["baseline_cost"] < job["whole_job"] < 0.08, job
