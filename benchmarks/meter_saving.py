@@ -1,7 +1,8 @@
 """The measured saving and a job's energy on realistic simulated meters, against the simulation's truth (issue 23).
 
     python -m benchmarks.meter_saving [--meter nvml ina3221 nvml-edges nvml-replay] [--window-rule steps time]
-        [--seeds 2] [--job-steps 2000] [--no-settle] [--baseline-max-share F ...] [--baseline-parts N ...] [--no-doc]
+        [--seeds 2] [--job-steps 2000] [--no-settle] [--baseline-max-share F ...] [--baseline-parts N ...]
+        [--workers N] [--no-doc]
 
 Each job runs one of the measured Jetson curves (benchmarks/data/loudva) through governor.sim.tuned_job's one loop
 with a SavingRun, as the daemon runs a tuned job (governor/sim/meters.py: step times scattering by 15%, power in two
@@ -35,9 +36,11 @@ error over every job, the number of jobs stated. Writes docs/benchmarks.md ("met
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 from benchmarks.figures import machine, markdown_table, publish
 from benchmarks.figures import pct as percentile
@@ -75,8 +78,10 @@ def run_job(curve: Curve, meter: str, seed: int, job_steps: int, rule_name: str,
 
 
 def rows_for(curves: list[Curve], meter: str, rule_name: str, args, config: TunerConfig) -> tuple:
-    jobs = [run_job(c, meter, 7919 * seed + k, args.job_steps, rule_name, not args.no_settle, config)
-            for k, c in enumerate(curves) for seed in range(args.seeds)]
+    cells = [(c, meter, 7919 * seed + k, args.job_steps, rule_name, not args.no_settle, config)
+             for k, c in enumerate(curves) for seed in range(args.seeds)]
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:  # each job its own seed: the same rows on any count
+        jobs = list(pool.map(run_job, *zip(*cells, strict=True), chunksize=8))
     measured = [j for j in jobs if j["measured"] is not None]
     saving = [100 * abs(j["measured"] - j["true"]) for j in measured]
     bias = [100 * (j["measured"] - j["true"]) for j in measured]
@@ -118,6 +123,7 @@ def main() -> None:
                    help="tuner.baseline_parts values, each a row (a section of its own: the baseline in one window at "
                    "the start or in parts spread over the job)")
     p.add_argument("--data", default=DEFAULT_DATA)
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes the jobs run in")
     p.add_argument("--no-doc", action="store_true")
     args = p.parse_args()
     curves = real_curves(args.data)[::args.every]
