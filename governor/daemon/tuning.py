@@ -260,20 +260,16 @@ class JobTuner:
 
     def set_total_steps(self, gov, job) -> None:
         """The client told the job's length after the search began: the budget is re-priced over the steps left. The
-        window open goes on at its level (the re-plan decides the one after it); a search the new budget ends is
+        window open goes on at its level (the re-plan decides the one after it); a search the new length ends is
         pinned at its choice at once (also one stopped: its pin moves to the level chosen, its windows stay off)."""
-        if (self.tuner is not None and self.session is not None and job.total_steps is not None
-                and self.tuner.converged and self.tuner.follow_up):
-            self.tuner.set_job(steps_left=max(0, job.total_steps - job.steps))  # prices the confirmations
+        if self.tuner is None or self.session is None or job.total_steps is None:  # a session runs over a tuner
             return
-        if (self.tuner is not None and self.session is not None  # a session runs over a tuner: both or neither
-                and job.total_steps is not None and not self.tuner.converged):
-            self.tuner.set_job(total_steps=max(1, job.total_steps - job.steps))
-            if self.tuner.converged:
-                self._enter(TunerState.STOPPED if self.state is TunerState.STOPPED else TunerState.CONVERGED,
-                            "converged")
-                self._move(gov, job, self.tuner.best_hz,
-                           f"tune: converged on {mhz(self.tuner.best_hz)} (the job's length ended the search)")
+        searching = not self.tuner.converged
+        self.session.set_total_steps(job.total_steps, job.steps)
+        if searching and self.tuner.converged:
+            self._enter(TunerState.STOPPED if self.state is TunerState.STOPPED else TunerState.CONVERGED, "converged")
+            self._move(gov, job, self.tuner.best_hz,
+                       f"tune: converged on {mhz(self.tuner.best_hz)} (the job's length ended the search)")
 
     # ---- the baseline window ----------------------------------------------------------------------------------------
 

@@ -12,9 +12,10 @@ search is known to the next, and the budget counts every window of the job.
    past it; a valley found there is walked like the incumbent.
 5. Confirm the incumbent, its closest contender and the start while it is within noise, until they differ clearly
    or a wrong choice between them could cost at most CONFIRM_TOL_NOISE x ``noise_rel``.
-6. Stop when nothing is left to do or the next window is not affordable (``explore_budget_frac`` x ``total_steps``
-   x E_incumbent; a window costs what it spends above the incumbent of its moment), and pick the incumbent; the
-   start is replaced only by a level lower by START_MARGIN_Z standard deviations.
+6. Stop when nothing is left to do, the next window is not affordable (``explore_budget_frac`` x ``total_steps``
+   x E_incumbent; a window costs what it spends above the incumbent of its moment) or the job ends within it (its
+   length known), and pick the incumbent; the start is replaced only by a level lower by START_MARGIN_Z standard
+   deviations.
 
 With ``max_slowdown`` a level is feasible by its own windows (FEASIBLE_Z), never by the step-time fit, which only
 says where to explore. The rules, the reasons for each and the guarantees: docs/tuner.md, "Algorithm".
@@ -157,7 +158,7 @@ class Search:
     is how many windows the job has had (every search's): the safety cap ``settings.max_probes`` counts them all."""
 
     def __init__(self, settings: TunerSettings, estimates: Estimates, levels: list[int], span: list[int],
-                 probes: int):
+                 probes: int, steps_left: float | None = None):
         self.settings = settings
         self.est = estimates
         self.span = tuple(span)
@@ -171,26 +172,34 @@ class Search:
             Stage.DESCEND_REFINE: self._walk_incumbent, Stage.PAST_THE_RISE: self._past_the_rise,
             Stage.VALLEYS: self._valleys, Stage.SLOWDOWN_LIMIT: self._slowdown_limit,
             Stage.CONTENDERS: self._contenders, Stage.DONE: self._done}
-        self.plan = self._replan(probes)
+        self.plan = self._replan(probes, steps_left)
 
-    def replan(self, probes: int) -> None:
-        """After a window (or a change of the job's length): plan the next one, or choose."""
+    def replan(self, probes: int, steps_left: float | None = None) -> None:
+        """After a window (or a change of the job's length): plan the next one, or choose. ``steps_left``: the steps
+        the job has left (None: unknown); a job that ends within the next window has no steps after it to run what
+        that window would tell, and the search chooses instead (a free window, what the job runs anyway, is taken)."""
         if self.choice is None:
-            self.plan = self._replan(probes)
+            self.plan = self._replan(probes, steps_left)
 
     @property
     def chosen(self) -> int | None:
         """The chosen level as an index of the tuner's table; None while searching."""
         return None if self.choice is None else self.levels[self.choice]
 
-    def _replan(self, probes: int) -> _Plan:
+    def _replan(self, probes: int, steps_left: float | None = None) -> _Plan:
         log_j = self.est.log_energy()
         best = self.est.incumbent(log_j)
         skipped: tuple[str, int] | None = None  # the first plan not affordable: its phase and level
+        ending = steps_left is not None and steps_left <= self.settings.probe_steps
         if probes < self.settings.max_probes:
             for stage, plan in self._candidates(log_j, best):
                 if plan.index is None:
                     self.stage, reason = stage, plan.reason
+                    break
+                if ending and not plan.free:
+                    self.stage = Stage.DONE
+                    reason = (f"the job has {steps_left:.0f} step(s) left, no more than a window: nothing after "
+                              f"{plan.phase} {self.est.levels_hz[plan.index]} Hz would use what it measures")
                     break
                 # A window that is not free is priced against the incumbent: only stages after NO_FEASIBLE plan one.
                 if plan.free or (best is not None and self.est.affordable(plan.index, log_j, best, plan.share)):

@@ -99,11 +99,13 @@ class OnlineTuner:
     ``noise_rel`` is the relative standard deviation of one window's energy per step; ``z_confirm`` is how many
     standard deviations make a difference "clear". ``explore_budget_frac`` bounds the energy exploration may cost, as a
     fraction of the job's energy: ``total_steps`` steps (from the first window to the end of the job; None: unknown,
-    ASSUMED_TOTAL_STEPS is assumed) at the incumbent's energy per step. ``probe_steps`` is what one window costs in
-    steps (warm-up included; TuningSession sets it from its own window). ``confirm_windows`` is the fewest windows two
-    levels within noise of each other get before the tuner may stop telling them apart; ``confirm_contenders`` how many
-    of the levels within noise of the incumbent (the closest in noise units first) the search measures again so (the
-    start, while within noise, besides). ``max_probes`` is a safety cap on the windows.
+    ASSUMED_TOTAL_STEPS is assumed) at the incumbent's energy per step; a job of known length that has no more than
+    a window's steps left ends the search (nothing after that window would run what it tells). ``probe_steps`` is
+    what one window costs in steps (warm-up included; TuningSession sets it from its own window). ``confirm_windows``
+    is the fewest windows two levels within noise of each other get before the tuner may stop telling them apart;
+    ``confirm_contenders`` how many of the levels within noise of the incumbent (the closest in noise units first)
+    the search measures again so (the start, while within noise, besides). ``max_probes`` is a safety cap on the
+    windows.
 
     With ``follow_up`` (off by default; the daemon's tuner.follow_up turns it on) the pick is provisional
     (governor.policy.followup): once the search has chosen, ``converged`` is True and ``best_hz`` the pick, but windows
@@ -220,7 +222,7 @@ class OnlineTuner:
             return
         self.estimates.add(i, joules, seconds, noise, charge=self._final is None, at_step=self._at_step)
         if self._final is None:
-            self._search.replan(self._probes - self._probe_base)
+            self._search.replan(self._probes - self._probe_base, self._known_steps_left)
             self._settle()
 
     def set_job(self, total_steps: int | None = None, probe_steps: int | None = None,
@@ -237,7 +239,7 @@ class OnlineTuner:
         if steps_left is not None:
             self._steps_left, self._steps_since = _count(steps_left, "steps_left", 0), 0.0
         if self._final is None:
-            self._search.replan(self._probes - self._probe_base)
+            self._search.replan(self._probes - self._probe_base, self._known_steps_left)
             self._settle()
         elif self._follow is not None:
             self._plan_follow()
@@ -280,6 +282,11 @@ class OnlineTuner:
         if told is None:
             told = self.total_steps if self.total_steps is not None else ASSUMED_TOTAL_STEPS
         return max(0.0, told - self._steps_since)
+
+    @property
+    def _known_steps_left(self) -> float | None:
+        """steps_left when the job's length is known (told, or total_steps given); None when only assumed."""
+        return None if self._steps_left is None and self.total_steps is None else self.steps_left
 
     @property
     def best_hz(self) -> int:
@@ -348,7 +355,7 @@ class OnlineTuner:
         if self.max_slowdown is not None and top not in levels:
             levels.append(top)
         return Search(self.settings, self.estimates.subset(levels, start), levels, span,
-                      self._probes - self._probe_base)
+                      self._probes - self._probe_base, self._known_steps_left)
 
     def _settle(self) -> None:
         """When a search has chosen, search the levels around its choice if they can matter, else converge (and,

@@ -453,6 +453,16 @@ class TuningSession:
         tuner.set_job(total_steps=remaining, probe_steps=max(1, warmup_steps + window_steps))
         self._window = self._new_window(tuner.next_level_hz(), steps, warmup_steps)
 
+    def set_total_steps(self, total_steps: int, steps: int) -> None:
+        """The job's length told after the session began (or changed), ``steps`` the count now: a search's budget
+        is re-priced over the steps left, and those steps end it or price the follow-up's windows."""
+        self._end_steps = int(total_steps)
+        left = max(0, self._end_steps - steps)
+        if self.tuner.converged:
+            self.tuner.set_job(steps_left=left)
+        else:
+            self.tuner.set_job(total_steps=max(1, left), steps_left=left)
+
     def _new_window(self, level_hz: int, steps: float, warmup_steps: int) -> ProbeWindow:
         self._measuring_hz = level_hz  # the window's level, known to be a pinned one here
         reference = self.tuner.window_reference(level_hz) if self.rule is not None else None
@@ -524,7 +534,7 @@ class TuningSession:
             self.tuner.set_job(probe_steps=max(1, self.warmup_steps + mean_steps))
         self.tuner.observe(self._measuring_hz, m.joules_per_step, m.seconds_per_step, noise_rel=m.noise_rel,
                            at_step=steps - m.measured_steps / 2)
-        if self._end_steps is not None and self.tuner.converged:
+        if self._end_steps is not None:  # the job's own count, which the windows' steps alone undercount
             self.tuner.set_job(steps_left=max(0, self._end_steps - math.ceil(steps)))
         self.profiled_steps += m.profiled_steps
         if self.measuring:

@@ -205,6 +205,29 @@ def test_a_tie_is_measured_until_a_wrong_choice_could_cost_little():
     assert windows[1] == windows[2] == tuning.DEFAULT_CONFIRM_WINDOWS
 
 
+def test_a_job_that_ends_within_the_next_window_ends_the_search():
+    """A tie's confirmations are nearly free in energy, so the budget alone lets them run to MAX_CONFIRM_WINDOWS; on a
+    job of known length they stop once it has no more than a window's steps left (nothing after would run the
+    answer). The length only assumed (ASSUMED_TOTAL_STEPS) ends nothing."""
+    levels = table(3)
+    energy, times = [1.3, 1.0, 1.0], [1.0] * 3
+    unknown = exact(tuning.OnlineTuner(levels, levels[1]), levels, energy, times)
+    short = tuning.OnlineTuner(levels, levels[1], total_steps=6 * tuning.DEFAULT_WINDOW_STEPS)
+    windows = exact(short, levels, energy, times)
+    assert sum(windows) * short.probe_steps >= short.total_steps - short.probe_steps  # its steps were spent
+    assert sum(windows) < sum(unknown), (windows, unknown)
+    assert "step(s) left, no more than a window" in short.state()["reason"], short.state()
+    # Told by the session (the job's own count): a search with many windows' steps left goes on, one with a
+    # window's steps left chooses at once.
+    told = tuning.OnlineTuner(levels, levels[1], total_steps=20_000)
+    told.observe(levels[1], 1.0, 1.0)
+    told.observe(levels[2], 1.0, 1.0)
+    told.set_job(steps_left=1000)
+    assert not told.converged
+    told.set_job(steps_left=told.probe_steps)
+    assert told.converged
+
+
 def test_max_slowdown_measures_below_a_fit_that_says_too_slow():
     # Measured step times bend (here one level is faster than the two above it): a line through the top two says the
     # level below them is 12% slower, its own windows say 2% faster. It is measured, and chosen.
