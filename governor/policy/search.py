@@ -199,7 +199,7 @@ class Search:
                 if ending and not plan.free:
                     self.stage = Stage.DONE
                     reason = (f"the job has {steps_left:.0f} step(s) left, no more than a window: nothing after "
-                              f"{plan.phase} {self.est.levels_hz[plan.index]} Hz would use what it measures")
+                              f"a {plan.phase} window at {self._mhz(plan.index)} would use what it measures")
                     break
                 # A window that is not free is priced against the incumbent: only stages after NO_FEASIBLE plan one.
                 if plan.free or (best is not None and self.est.affordable(plan.index, log_j, best, plan.share)):
