@@ -149,8 +149,8 @@ def test_tune_is_deterministic_by_seed(report):
 def test_a_job_too_short_for_the_tuner_is_an_error():
     s = dataset.load(MODEL / "data" / "held-out.csv")[0]
     _, workload = simulated_workload(s)
-    with pytest.raises(FtgovError, match="not converged"):
-        run_tuned_job(ModelBoard(workload, 1.0, 0), s.levels_hz[5], 10)
+    with pytest.raises(FtgovError, match="not converged"):  # shorter than the start's window of 1 + 4 steps
+        run_tuned_job(ModelBoard(workload, 1.0, 0), s.levels_hz[5], 3)
 
 
 @dataclass(frozen=True)

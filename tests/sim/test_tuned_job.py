@@ -53,22 +53,30 @@ def test_the_whole_job_is_charged_at_noise_free_figures_the_rest_at_the_chosen_l
 
 
 def test_a_search_longer_than_the_job_is_charged_up_to_the_jobs_end():
-    job = run_tuned_job(V, LEVELS[-1], 12, max_steps=10_000)
-    assert job.converged and job.outlasted and job.profiled_steps > 12
-    # The windows in order, each its warm-up and measured steps at its level, cut at the job's 12th step.
-    charged, left = 0.0, 12
+    """A search ends when the job has a window's steps left, but a window sized by time may outlast what is left:
+    here the start's window alone (at least 1 s of 6-20 ms steps) outlasts a 60-step job."""
+    fast = Curve("fast", LEVELS, ENERGY, tuple(0.006 / (hz / 1e9) for hz in LEVELS))
+    job = run_tuned_job(fast, LEVELS[-1], 60, meter="nvml", rule="time", seed=0, max_steps=10_000)
+    assert job.converged and job.outlasted and job.profiled_steps > 60
+    # The windows in order, each its warm-up and measured steps at its level, cut at the job's 60th step.
+    charged, left = 0.0, 60
     for m in job.windows:
         n = min(left, m.profiled_steps)
-        charged, left = charged + n * V.energy_at(m.level_hz), left - n
+        charged, left = charged + n * fast.energy_at(m.level_hz), left - n
     assert job.clean_energy_j == pytest.approx(charged)
-    assert job.clean_energy_j < sum(n * V.energy_at(hz) for hz, n in job.steps_at_hz.items())
+    assert job.clean_energy_j < sum(n * fast.energy_at(hz) for hz, n in job.steps_at_hz.items())
 
 
 def test_a_job_too_short_raises_unless_told_to_end_with_it():
-    with pytest.raises(FtgovError, match="v: the tuner had not converged after 10 steps"):
-        run_tuned_job(V, LEVELS[-1], 10)
-    job = run_tuned_job(V, LEVELS[-1], 10, must_converge=False)
-    assert not job.converged and job.profiled_steps == 10 and len(job.windows) == 2  # two windows of 1 + 4
+    """A job shorter than its start's window (1 + 4 steps) ends before the tuner has anything; one that has no more
+    than a window's steps left after it ends the search there (10 steps: the start's window, then the pick)."""
+    with pytest.raises(FtgovError, match="v: the tuner had not converged after 3 steps"):
+        run_tuned_job(V, LEVELS[-1], 3)
+    job = run_tuned_job(V, LEVELS[-1], 3, must_converge=False)
+    assert not job.converged and job.profiled_steps == 3 and not job.windows
+    job = run_tuned_job(V, LEVELS[-1], 10)
+    assert job.converged and len(job.windows) == 1 and job.best_hz == LEVELS[-1] and not job.outlasted
+    assert "no more than a window" in job.tuner.state()["reason"]
 
 
 @pytest.mark.parametrize("meter", ["nvml", "ina3221"])
