@@ -193,11 +193,12 @@ class OnlineTuner:
         return self.levels_hz[self._search.levels[index]]
 
     def observe(self, level_hz: int, joules_per_step: float, seconds_per_step: float, *,
-                noise_rel: float | None = None, at_step: float | None = None) -> None:
+                noise_rel: float | None = None, at_step: float | None = None, steps_left: int | None = None) -> None:
         """Record one measurement window: mean energy (J) and duration (s) per step at level_hz; ``noise_rel`` is
         the window's own relative uncertainty (None: the tuner's noise_rel), never taken below noise_floor_rel;
         ``at_step`` is when it was measured, in the job's steps (its middle; None: probe_steps after the last window),
-        which the drift between windows is reckoned from."""
+        which the drift between windows is reckoned from; ``steps_left``, the steps the job has left after it, as
+        ``set_job(steps_left=)`` takes them (None: counted down by probe_steps), for the plan made after it."""
         if isinstance(level_hz, bool) or level_hz not in self.levels_hz:
             raise TuningError(f"level_hz {level_hz!r} is not one of the levels {list(self.levels_hz)}")
         joules = _positive(joules_per_step, "joules_per_step")
@@ -205,7 +206,10 @@ class OnlineTuner:
         i = self.levels_hz.index(level_hz)
         noise = max(self.noise_floor_rel, self.noise_rel if noise_rel is None else _positive(noise_rel, "noise_rel"))
         self._probes += 1
-        self._steps_since += self.probe_steps
+        if steps_left is None:
+            self._steps_since += self.probe_steps
+        else:
+            self._steps_left, self._steps_since = _count(steps_left, "steps_left", 0), 0.0
         self._at_step = self._at_step + self.probe_steps if at_step is None else float(at_step)
         follow = self._follow
         if follow is not None and i in follow.members:

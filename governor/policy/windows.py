@@ -25,7 +25,8 @@ class Tuner(Protocol):
     def next_level_hz(self) -> int: ...
 
     def observe(self, level_hz: int, joules_per_step: float, seconds_per_step: float, *,
-                noise_rel: float | None = None, at_step: float | None = None) -> None: ...
+                noise_rel: float | None = None, at_step: float | None = None,
+                steps_left: int | None = None) -> None: ...
 
     def set_job(self, total_steps: int | None = None, probe_steps: int | None = None,
                 steps_left: int | None = None) -> None: ...
@@ -532,10 +533,10 @@ class TuningSession:
             self._window_steps_seen.append(m.measured_steps)
             mean_steps = round(sum(self._window_steps_seen) / len(self._window_steps_seen))
             self.tuner.set_job(probe_steps=max(1, self.warmup_steps + mean_steps))
+        # The job's own count of the steps left, when its length is known: the windows' steps alone undercount it.
+        left = None if self._end_steps is None else max(0, self._end_steps - math.ceil(steps))
         self.tuner.observe(self._measuring_hz, m.joules_per_step, m.seconds_per_step, noise_rel=m.noise_rel,
-                           at_step=steps - m.measured_steps / 2)
-        if self._end_steps is not None:  # the job's own count, which the windows' steps alone undercount
-            self.tuner.set_job(steps_left=max(0, self._end_steps - math.ceil(steps)))
+                           at_step=steps - m.measured_steps / 2, steps_left=left)
         self.profiled_steps += m.profiled_steps
         if self.measuring:
             nxt = self.tuner.next_level_hz()

@@ -226,6 +226,13 @@ def test_a_job_that_ends_within_the_next_window_ends_the_search():
     assert not told.converged
     told.set_job(steps_left=told.probe_steps)
     assert told.converged
+    # With the window itself (TuningSession's way): the plan after it is made on that count, not one counted down.
+    with_window = tuning.OnlineTuner(levels, levels[1], total_steps=20_000)
+    with_window.observe(levels[1], 1.0, 1.0, steps_left=1000)
+    with_window.observe(levels[2], 1.0, 1.0, steps_left=1000)
+    assert not with_window.converged and with_window.steps_left == 1000
+    with_window.observe(levels[1], 1.0, 1.0, steps_left=with_window.probe_steps)
+    assert with_window.converged
 
 
 def test_max_slowdown_measures_below_a_fit_that_says_too_slow():
