@@ -5,7 +5,8 @@
 - Coordination per tuning window, rank 0's side (governor.client.group.GroupCoordinator): with real torch.distributed
   (gloo, CPU) processes, ranks spread over ftgovd instances of 4 fake GPUs each ("nodes"); and with simulated ranks,
   rank 0 alone against a stand-in for the collectives that hands it the other ranks' windows, which isolates its own
-  work (the two reads of its daemon, set_level, the tuner) from the network. Bytes: what each collective carries.
+  work (the reads of its daemon at the window's edges and inside it, set_level, the tuner) from the network.
+  Bytes: what each collective carries.
 - The trim (governor.policy.trim) on simulated groups whose GPUs' speeds differ as SC'22 measured
   (governor.sim.groups): energy per step against one level for the whole group, and the step time's change.
 
@@ -27,6 +28,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from benchmarks.figures import machine, markdown_table, pct, publish
+from governor.client.group import SUB_WINDOWS
 from governor.policy.trim import Trimmer
 from governor.sim.groups import MAX_SPREAD_REL, MEAN_SPREAD_REL, SimGroup, gpu_speeds
 from governor.sim.launch import FEATURES, Daemon, Rpc
@@ -48,7 +50,10 @@ def start_node(workdir: Path, gpus: int, levels_mhz: list[int] | None = None) ->
     env = {"FAKENVML_CONFIG": str(spec), "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
     config = {"backend": "nvml", "policy": "tune", "limits": {
         "repin_interval_s": 0.01, "max_connections_per_uid": 256, "max_jobs_per_connection": 4,
-        "max_jobs_per_uid": 1024, "max_jobs": 1024, "registrations_per_s": 1e6, "registration_burst": 100000}}
+        "max_jobs_per_uid": 1024, "max_jobs": 1024, "registrations_per_s": 1e6, "registration_burst": 100000},
+        # The windows' rule scaled to the ranks' steps of well under a ms (the defaults' 1-10 s windows would make a
+        # run of 200 windows last minutes): the cost of a window is counted, not its length.
+        "tuner": {"window_min_s": 0.02, "window_max_s": 0.05, "window_min_updates": 0}}
     return Daemon(workdir / "no-jetson", workdir=workdir, config=config, env=env, log_level="info").start()
 
 
@@ -226,22 +231,23 @@ def section(args, registration, simulated, gloo, trims) -> str:
              us(registration[n]["plain"], 50), us(registration[n]["plain"], 99)) for n in sorted(registration)]
     lines += markdown_table(("ranks", "registrations", "group p50 us", "group p99 us", "plain p50 us",
                              "plain p99 us"), rows)
-    lines += ["", "Coordination per tuning window, on rank 0 (governor.client.group): its two reads of its daemon "
-              "(job_energy), the all_gather, the tuner, the broadcast and its set_level. Simulated ranks: rank 0 "
+    lines += ["", "Coordination per tuning window, on rank 0 (governor.client.group): its reads of its daemon "
+              f"(job_energy: the window's two edges and {SUB_WINDOWS - 1} inside it), the all_gather, the tuner, "
+              "the broadcast and its set_level. Simulated ranks: rank 0 "
               "alone, the other ranks' windows handed to it without a network (its own work). gloo: real processes "
               f"on this machine's CPUs, {RANKS_PER_NODE} ranks to an ftgovd (2 to one at 4 ranks), until the tuner "
               "converged; its time includes waiting in the collectives for the last rank to reach the window's end "
-              "(with more processes than CPUs, mostly scheduling). Bytes: each rank sends 6 float64 (48 B) to the "
-              "all_gather and receives the others' (48 B x (ranks - 1)); rank 0 broadcasts 3 + ranks float64 (the "
-              "flags, each rank's level).", ""]
+              "(with more processes than CPUs, mostly scheduling). Bytes: each rank sends 7 float64 (56 B) to the "
+              "all_gather and receives the others' (56 B x (ranks - 1)); rank 0 broadcasts 4 + ranks float64 (the "
+              "flags, the next window's steps, each rank's level).", ""]
     rows = []
     for n in sorted(simulated):
         rows.append((n, "simulated", len(simulated[n]), ms(simulated[n], 50), ms(simulated[n], 99),
-                     48 * (n - 1) + 8 * (3 + n), "-"))
+                     56 * (n - 1) + 8 * (4 + n), "-"))
     for n in sorted(gloo):
         g = gloo[n]
         rows.append((n, "gloo", len(g["costs"]), ms(g["costs"], 50), ms(g["costs"], 99),
-                     48 * (n - 1) + 8 * (3 + n), f"{g['rank0_bytes']} / {g['other_bytes']}"))
+                     56 * (n - 1) + 8 * (4 + n), f"{g['rank0_bytes']} / {g['other_bytes']}"))
     lines += markdown_table(("ranks", "collectives", "windows", "rank 0 p50 ms", "rank 0 p99 ms",
                              "bytes into a rank but 0, a window", "bytes sent, rank 0 / rank 1, whole run"), rows)
     lines += ["", f"The trim on simulated groups (governor.sim.groups): GPUs slower than the fastest by "

@@ -8,6 +8,8 @@ Prints, and writes into docs/benchmarks.md (its own section, replaced on each ru
   windows whose edges sit on the counter's updates, on each real trace and on the simulated meter;
 - the windows the noise-sized rule (WindowRule, the daemon's defaults) chooses on each real trace: their length in
   steps and seconds, and the spread of successive windows at that length;
+- the windows of a group whose ranks span nodes (governor.client.group) on the same traces: sized a window behind
+  by the same rule and read at step ends, against the fixed 8-step windows groups had;
 - the lengths the rule chooses for 25 ms and 0.5 s steps on the simulated meters (NVML, and an INA3221 refreshed
   every 140 ms), over several seeds: median and p99.
 """
@@ -22,8 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.figures import publish
+from governor.client.group import GROUP_WARMUP_STEPS, GROUP_WINDOW_STEPS, SUB_WINDOWS, rank_window_noise
 from governor.daemon.observing import successive_spread as successive
-from governor.policy.windows import ProbeWindow, TuningError, WindowRule, edge_joules_per_step, steps_at
+from governor.policy.windows import (
+    ProbeWindow,
+    TuningError,
+    WindowRule,
+    edge_joules_per_step,
+    steps_at,
+)
 from governor.sim.meters import (
     H200_LONG_TRACES,
     H200_RUNS,
@@ -189,6 +198,47 @@ def successive_spread(trace: Trace, rule: WindowRule | None = None) -> tuple[flo
     return math.sqrt(statistics.fmean(squares) / 2.0) / mean, windows
 
 
+def behind_windows(trace: Trace, rule: WindowRule | None,
+                   offset: int = 0) -> list[tuple[float, float, float | None, float]]:
+    """The windows of a group whose ranks span nodes (governor.client.group) on one trace, as one rank measures
+    them: each edged at step counts fixed when it opens (GROUP_WARMUP_STEPS after the last one, as after a move),
+    read at step ends (the counter as it holds then) at its edges and SUB_WINDOWS - 1 times inside; the first
+    GROUP_WINDOW_STEPS long, each next one sized by ``rule`` a window behind (WindowRule.next_steps), or
+    GROUP_WINDOW_STEPS again without one. (J/step, seconds, own uncertainty or None, s/step) of each; the first
+    opens at report ``offset``."""
+    reports = trace.reports[offset:]
+    out: list[tuple[float, float, float | None, float]] = []
+    i, n = GROUP_WARMUP_STEPS, GROUP_WINDOW_STEPS
+    noise, prior = None, None
+    while i + n < len(reports):
+        reads = [reports[i + round(k * n / SUB_WINDOWS)] for k in range(SUB_WINDOWS)] + [reports[i + n]]
+        (n0, e0, t0), (n1, e1, t1) = reads[0], reads[-1]
+        if rule is not None:
+            noise, prior = rank_window_noise(reads, rule, prior)
+        step_s = (t1 - t0) / (n1 - n0)
+        out.append(((e1 - e0) / (n1 - n0), t1 - t0, noise, step_s))
+        i += n + GROUP_WARMUP_STEPS
+        n = GROUP_WINDOW_STEPS if rule is None else rule.next_steps(step_s, n1 - n0, noise, least=GROUP_WINDOW_STEPS)
+    return out
+
+
+def behind_spread(trace: Trace, rule: WindowRule | None) -> tuple[float, list]:
+    """successive_spread's figure for ``behind_windows``: pooled over chains opened at every other report of the
+    first GROUP_WINDOW_STEPS x 4, each chain's first window left out where a rule sizes the rest (it is
+    GROUP_WINDOW_STEPS long whatever the rule, and says how long the next must be). Returns it and the windows of
+    all chains."""
+    squares, windows = [], []
+    for offset in range(0, 4 * GROUP_WINDOW_STEPS, 2):
+        ws = behind_windows(trace, rule, offset)
+        ws = ws[1:] if rule is not None else ws  # the first, GROUP_WINDOW_STEPS long, only sizes the next
+        windows += ws
+        squares += [(b[0] - a[0]) ** 2 for a, b in zip(ws, ws[1:], strict=False)]
+    if not squares:
+        return math.nan, windows  # a trace too short for two windows at the length the rule asks
+    mean = statistics.fmean(w[0] for w in windows)
+    return math.sqrt(statistics.fmean(squares) / 2.0) / mean, windows
+
+
 def percentile(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
@@ -249,6 +299,28 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {label} | {len(ms)} | {_median_p99([m.measured_steps for m in ms], '.0f')} | "
                      f"{_median_p99([m.duration_s for m in ms], '.2f')} | {100 * spread:.1f}% | "
                      f"{100 * statistics.median(m.noise_rel for m in ms):.1f}% |")
+    lines += ["", "### A group whose ranks span nodes: windows sized a window behind, read at step ends", "",
+              "governor.client.group's windows on one rank, replayed on the real traces (`behind_windows`): edged at "
+              "step counts fixed when they open, the counter read (as it holds) at the edges and "
+              f"{SUB_WINDOWS - 1} times inside, a warm-up step between windows; fixed: every window "
+              f"{GROUP_WINDOW_STEPS} steps (what groups had before); sized: the first {GROUP_WINDOW_STEPS} steps, "
+              "each next one by the same WindowRule a window behind (WindowRule.next_steps: the last one's step "
+              "time and own uncertainty), the first left out of the figures. Spread as above. -: the trace is too "
+              "short for two windows at the length asked.", "",
+              "| trace | fixed: spread of successive windows | fixed: seconds, median | sized: windows | sized: steps "
+              "per window, median / p99 | sized: seconds, median / p99 | sized: spread of successive windows | "
+              "sized: own uncertainty, median |", "|---|---:|---:|---:|---|---|---:|---:|"]
+    for label, trace in traces:
+        fixed, fixed_ws = behind_spread(trace, None)
+        sized, ws = behind_spread(trace, rule)
+        cells = ["-"] * 4
+        if ws:
+            noises = [w[2] for w in ws if w[2] is not None]
+            cells = [_median_p99([round(w[1] / w[3]) for w in ws], ".0f"), _median_p99([w[1] for w in ws], ".2f"),
+                     "-" if math.isnan(sized) else f"{100 * sized:.1f}%",
+                     f"{100 * statistics.median(noises):.1f}%" if noises else "-"]
+        lines.append(f"| {label} | {100 * fixed:.1f}% | {statistics.median(w[1] for w in fixed_ws):.2f} | {len(ws)} | "
+                     + " | ".join(cells) + " |")
     lines += ["", f"On the simulated meters ({args.seeds} runs each, 2,000 steps of 25 ms or 400 of 0.5 s, 300 W, "
               "power in two phases a step; step scatter: the steps' coefficient of variation, 15% as on the H200; "
               "windows pooled over the runs; spread: of successive windows within a run, median and p99 over the "

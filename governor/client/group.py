@@ -5,11 +5,19 @@ The group key comes from the launcher's environment: TORCHELASTIC_RUN_ID (torchr
 SLURM_STEP_ID (srun), else what the caller gives. The rank and world size come from RANK/WORLD_SIZE (torchrun), else
 SLURM_PROCID/SLURM_NTASKS, else what the caller gives; LOCAL_WORLD_SIZE says how many ranks share this node.
 
-Each node's ftgovd tunes a group whose ranks are all its own. One whose ranks span nodes is tuned here: every
-``warmup_steps + window_steps`` steps each rank reads its GPU's energy from its own daemon (job_energy), rank 0
-gathers every rank's (energy, steps, seconds, compute time) over the job's own torch.distributed process group (one
-all_gather of six floats a rank), runs the OnlineTuner on the summed energy per step and the slowest step, and
-broadcasts the level; each rank then asks its own daemon for it (set_level). Once the tuner converged, if every rank
+Each node's ftgovd tunes a group whose ranks are all its own. One whose ranks span nodes is tuned here: at every
+window's edges (and at its sub-windows' edges, SUB_WINDOWS) each rank reads its GPU's energy from its own daemon
+(job_energy), rank 0 gathers every rank's (energy, steps, seconds, compute time, the window's own uncertainty) over the
+job's own torch.distributed process group (one all_gather of seven floats a rank), runs the OnlineTuner on the summed
+energy per step and the slowest step, and broadcasts the level and the next window's length; each rank then asks its
+own daemon for it (set_level).
+
+The windows are sized as the daemon sizes a single job's (its tuner.window_rule, told in the register reply's
+``window``): the ranks must edge at the same step counts, so rank 0 sizes each window in steps from the last one's
+slowest step time and uncertainty (at least the rule's time and meter updates, long enough for its target if the
+last one's scatter holds, at most its max_s), a window behind a rule that closes on its own uncertainty. The first
+window, before any step time is known, is ``window_steps`` long and says how uncertain it is. Against an older daemon
+(no ``window``), every window is ``window_steps``. Once the tuner converged, if every rank
 tells its compute time (job.compute_done()), rank 0 trims the ranks that wait (governor.policy.trim) the same way,
 broadcasting each rank's level. Every rank takes part in every collective whatever its
 daemon says (one that refused or is absent sends "not measured"), so that the collectives never hang on us.
@@ -38,7 +46,11 @@ log = logging.getLogger("governor.client")
 # Steps discarded after each move (the step during which the clock changed), then steps measured: all ranks edge at
 # the same step counts, which a synchronous run keeps in step.
 GROUP_WARMUP_STEPS = 1
-GROUP_WINDOW_STEPS = 8
+GROUP_WINDOW_STEPS = 8  # the first window's length, and every window's least
+# A window's reads of its rank's energy: its two edges and SUB_WINDOWS - 1 at equal step counts inside (each a call to
+# the rank's own daemon, well under a ms), whose scatter tells the window's own uncertainty (rank_window_noise). On the
+# H200's traces 8 read windows as short as 4 did for the same spread of successive windows (docs/benchmarks.md).
+SUB_WINDOWS = 8
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,33 @@ class GroupInfo:
     def spans_nodes(self) -> bool:
         return (self.world_size is not None and self.local_world_size is not None
                 and self.local_world_size < self.world_size)
+
+
+def _window_rule(fields: Any):
+    """The daemon's window rule from its register reply's ``window`` (Groups.window_rule); None: fixed-step windows
+    (an older daemon, fixed-step windows configured, or a GPU with no energy source)."""
+    if not isinstance(fields, dict):
+        return None
+    from governor.policy.windows import TuningError, WindowRule
+
+    try:
+        return WindowRule(**fields)
+    except (TypeError, TuningError) as e:
+        log.warning("ftgov: group windows: the daemon's window rule %r: %s; fixed-step windows", fields, e)
+        return None
+
+
+def rank_window_noise(reads: list[tuple[float, float, float]], rule, prior=None) -> tuple[float | None, Any]:
+    """A rank's window's own relative uncertainty from its reads ``(steps, energy_j, time_s)``, edges included
+    (governor.policy.windows.window_noise_rel, the steps' scatter pooled with ``prior``, that of its windows so far),
+    None where it cannot tell; and the steps' scatter pooled with this window's, the next window's prior."""
+    from governor.policy.windows import step_scatter, window_noise_rel
+
+    noise = window_noise_rel(reads, rule, prior)
+    scatter = step_scatter(reads)
+    if scatter.dof > 0:
+        prior = scatter.pooled(prior, math.inf)
+    return (noise if math.isfinite(noise) and noise > 0 else None), prior
 
 
 def _int(env: Mapping[str, str], *names: str) -> int | None:
@@ -103,6 +142,8 @@ class GroupCoordinator:
         self.job, self.dist, self.torch = job, dist, torch
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.warmup_steps, self.window_steps = warmup_steps, window_steps
+        self.rule = _window_rule((job.registration or {}).get("window"))
+        self.next_window_steps = window_steps  # the open (or next) window's length, as rank 0 broadcast it
         # NCCL moves only device tensors; gloo (and the rest) host ones.
         self.device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
                        else torch.device("cpu"))
@@ -117,11 +158,15 @@ class GroupCoordinator:
         self._opening = False  # the next edge opens a window (after the warm-up) rather than closing one
         # (energy_j, time_s, steps, compute_total_s, compute_steps_total) where the window opened
         self._mark: tuple[float, float, int, float, int] | None = None
+        self._reads: list[tuple[float, float, float]] = []  # (steps, energy_j, at_s) in the open window, with a rule
+        self._sub_edges: list[int] = []  # the step counts of the open window's reads still to come
+        self._step_prior = None  # the steps' scatter over this rank's windows so far (rank_window_noise)
         self.bytes_sent = 0
         self.coord_s = 0.0
         self.window_costs_s: list[float] = []
         self._open_cost_s = 0.0
         self.windows = 0
+        self.last_window: dict[str, Any] | None = None  # rank 0: the last window its tuner observed
 
     # ---- the daemon ---------------------------------------------------------------------------------------------
     def _call(self, method: str, **params) -> dict | None:
@@ -134,9 +179,12 @@ class GroupCoordinator:
             log.warning("ftgov: group %s: %s refused: %s", self.rank, method, e)
             return None
 
-    def _energy_j(self) -> float | None:
+    def _energy_j(self) -> tuple[float, float] | None:
+        """This rank's GPU's energy so far and when its daemon read it (CLOCK_MONOTONIC, this host's)."""
         reply = self._call("job_energy")
-        return None if reply is None or reply.get("energy_j") is None else float(reply["energy_j"])
+        if reply is None or reply.get("energy_j") is None:
+            return None
+        return float(reply["energy_j"]), float(reply.get("at_s", time.monotonic()))
 
     def _own_level(self, level_hz: int) -> int | None:
         """The level of this rank's GPU for the group's level: the highest not above it (tables should be equal)."""
@@ -153,35 +201,60 @@ class GroupCoordinator:
         if self._edge is None:
             self._edge = steps  # the first step every rank sees: decide the start at once
         if steps < self._edge:
+            if self._sub_edges and steps >= self._sub_edges[0]:
+                began = time.perf_counter()
+                self._sub_read(steps)
+                cost_s = time.perf_counter() - began
+                self._open_cost_s += cost_s  # the window's cost: its edges and the reads inside
+                self.coord_s += cost_s
             return
         began = time.perf_counter()
         if self._opening:
-            energy = self._energy_j()
-            self._mark = None if energy is None else (energy, time.monotonic(), steps, self.job.compute_total_s,
-                                                      self.job.compute_steps_total)
-            self._opening, self._edge = False, steps + self.window_steps
-            self._open_cost_s = time.perf_counter() - began
+            read = self._energy_j()
+            self._mark = None if read is None else (read[0], time.monotonic(), steps, self.job.compute_total_s,
+                                                    self.job.compute_steps_total)
+            n = self.next_window_steps
+            self._reads = [] if read is None or self.rule is None else [(steps, read[0], read[1])]
+            self._sub_edges = ([steps + round(k * n / SUB_WINDOWS) for k in range(1, SUB_WINDOWS)]
+                               if self._reads else [])
+            self._opening, self._edge = False, steps + n
+            self._open_cost_s += time.perf_counter() - began
         else:
             self._close_and_decide(steps)
             self.window_costs_s.append(self._open_cost_s + time.perf_counter() - began)
             self._open_cost_s = 0.0
         self.coord_s += time.perf_counter() - began
 
+    def _sub_read(self, steps: int) -> None:
+        """A read inside the open window (a sub-window's edge); one that fails leaves the window with fewer."""
+        while self._sub_edges and steps >= self._sub_edges[0]:
+            self._sub_edges.pop(0)
+        read = self._energy_j()
+        if read is not None and read[0] >= self._reads[-1][1]:
+            self._reads.append((steps, read[0], read[1]))
+
     def _measured(self, steps: int) -> list[float]:
-        """This rank's part of an edge: [able, measured, energy_j, steps, seconds, compute_s]. able: its daemon holds
-        its job in the group (0: absent or refused); measured: it has a window (none at the first edge, nor after a
-        refused read); compute_s: its mean compute time per step in the window (job.compute_done()), -1: not told."""
+        """This rank's part of an edge: [able, measured, energy_j, steps, seconds, compute_s, noise_rel]. able: its
+        daemon holds its job in the group (0: absent or refused); measured: it has a window (none at the first edge,
+        nor after a refused read); compute_s: its mean compute time per step in the window (job.compute_done()), -1:
+        not told; noise_rel: the window's own relative uncertainty (window_noise_rel), -1: unknown (no rule)."""
         able = float(self.job.job_id is not None and not self.job.disabled
                      and bool((self.job.registration or {}).get("levels_hz")))
+        none = [able, 0.0, 0.0, 0.0, 0.0, -1.0, -1.0]
         if self._mark is None or not able:
-            return [able, 0.0, 0.0, 0.0, 0.0, -1.0]
-        energy = self._energy_j()
+            return none
+        read = self._energy_j()
         e0, t0, n0, c0, cn0 = self._mark
-        if energy is None or steps <= n0:
-            return [able, 0.0, 0.0, 0.0, 0.0, -1.0]
+        if read is None or steps <= n0:
+            return none
         counted = self.job.compute_steps_total - cn0
         compute = (self.job.compute_total_s - c0) / counted if counted > 0 else -1.0
-        return [able, 1.0, energy - e0, float(steps - n0), time.monotonic() - t0, compute]
+        noise: float | None = None
+        if self.rule is not None and self._reads and read[0] >= self._reads[-1][1]:
+            noise, self._step_prior = rank_window_noise([*self._reads, (steps, read[0], read[1])], self.rule,
+                                                        self._step_prior)
+        noise = -1.0 if noise is None else noise
+        return [able, 1.0, read[0] - e0, float(steps - n0), time.monotonic() - t0, compute, noise]
 
     def _close_and_decide(self, steps: int) -> None:
         torch, dist = self.torch, self.dist
@@ -189,15 +262,16 @@ class GroupCoordinator:
         gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(gathered, mine)
         self.bytes_sent += mine.numel() * mine.element_size()
-        # converged, stop, done, then each rank's level
-        decision = torch.zeros(3 + self.world_size, dtype=torch.float64, device=self.device)
+        # converged, stop, done, the next window's steps, then each rank's level
+        decision = torch.zeros(4 + self.world_size, dtype=torch.float64, device=self.device)
         if self.rank == 0:
             decision[:] = torch.tensor(self._decide([t.tolist() for t in gathered]), dtype=torch.float64)
         dist.broadcast(decision, src=0)
         if self.rank == 0:
             self.bytes_sent += decision.numel() * decision.element_size()
-        converged, stop, done, *levels = decision.tolist()
-        self._mark = None
+        converged, stop, done, window_steps, *levels = decision.tolist()
+        self._mark, self._reads, self._sub_edges = None, [], []
+        self.next_window_steps = max(1, int(window_steps))
         if stop:
             self.done, self.status = True, "stopped: a rank has no measurement (its daemon absent or refusing)"
             log.warning("ftgov: group tuning %s", self.status)
@@ -217,9 +291,9 @@ class GroupCoordinator:
 
     def _decide(self, windows: list[list[float]]) -> list[float]:
         """Rank 0: the group's window into the tuner (or, once it converged, the trim), and what comes next:
-        [converged, stop, done] and each rank's level."""
+        [converged, stop, done, the next window's steps] and each rank's level."""
         n = self.world_size
-        stop = [0.0, 1.0, 0.0] + [0.0] * n
+        stop = [0.0, 1.0, 0.0, float(self.window_steps)] + [0.0] * n
         if not all(able for able, *_ in windows):
             return stop
         if self.tuner is None:
@@ -227,29 +301,48 @@ class GroupCoordinator:
             levels = (self.job.registration or {}).get("levels_hz") or []
             start_hz = start if start in levels else max(levels)
             self.tuner = self._new_tuner(levels, start_hz, probe_steps=self.warmup_steps + self.window_steps,
-                                     total_steps=self.job.total_steps)
+                                         total_steps=self.job.total_steps)
             self.level_hz = start_hz
-            return [0.0, 0.0, 0.0] + [float(start_hz)] * n
+            return [0.0, 0.0, 0.0, float(self.window_steps)] + [float(start_hz)] * n
         if not all(ok for _able, ok, *_ in windows) or any(w[3] <= 0 or w[4] <= 0 for w in windows):
             return stop
         seconds_per_step = max(w[4] / w[3] for w in windows)
+        steps = int(min(w[3] for w in windows))
         self.windows += 1
         if self.trimmer is not None:
             self.trimmer.observe(seconds_per_step, {r: w[5] for r, w in enumerate(windows)})
-            return [1.0, 0.0, float(self.trimmer.done)] + [float(self.trimmer.level_of(r)) for r in range(n)]
-        joules_per_step = sum(w[2] / w[3] for w in windows)
+            return ([1.0, 0.0, float(self.trimmer.done), float(self.next_window_steps)]
+                    + [float(self.trimmer.level_of(r)) for r in range(n)])
+        per_rank = [w[2] / w[3] for w in windows]
+        joules_per_step = sum(per_rank)
         assert self.level_hz is not None, "a window was measured at a level"
         if not (math.isfinite(joules_per_step) and joules_per_step > 0):
             return stop
-        self.tuner.observe(self.level_hz, joules_per_step, seconds_per_step)
+        from governor.policy.windows import summed_noise_rel
+
+        noise = summed_noise_rel([(j, w[6] if w[6] > 0 else None) for j, w in zip(per_rank, windows, strict=True)])
+        self.tuner.observe(self.level_hz, joules_per_step, seconds_per_step, noise_rel=noise)
+        self.last_window = {"level_hz": self.level_hz, "joules_per_step": joules_per_step,
+                            "seconds_per_step": seconds_per_step, "steps": steps,
+                            "seconds": max(w[4] for w in windows), "noise_rel": noise}
+        nxt = self.sized_steps(seconds_per_step, steps, noise)
+        self.tuner.set_job(probe_steps=self.warmup_steps + nxt)
         self.level_hz = self.tuner.next_level_hz()
         converged = self.tuner.converged
         if converged and all(w[5] >= 0 for w in windows):
             # Every rank says how long its compute takes: trim the ranks that wait, the next window at the group's
             # level being the trim's reference.
             self.trimmer = self._new_trimmer(self.tuner.levels_hz, self.level_hz, list(range(n)))
-            return [1.0, 0.0, 0.0] + [float(self.level_hz)] * n
-        return [float(converged), 0.0, float(converged)] + [float(self.level_hz)] * n
+            return [1.0, 0.0, 0.0, float(nxt)] + [float(self.level_hz)] * n
+        return [float(converged), 0.0, float(converged), float(nxt)] + [float(self.level_hz)] * n
+
+    def sized_steps(self, seconds_per_step: float, steps: int, noise_rel: float | None) -> int:
+        """The next window's steps, from the last one's (``steps`` at ``seconds_per_step``, the slowest rank's, with
+        the sum's relative uncertainty ``noise_rel``): the daemon's rule a window behind (WindowRule.next_steps),
+        never under ``window_steps``; without a rule, ``window_steps``."""
+        if self.rule is None:
+            return self.window_steps
+        return self.rule.next_steps(seconds_per_step, steps, noise_rel, least=self.window_steps)
 
     def _apply(self, level_hz: int) -> None:
         """This rank's GPU to ``level_hz`` (the group's level, or this rank's trimmed one)."""
@@ -261,5 +354,5 @@ class GroupCoordinator:
 
     def describe(self) -> dict[str, Any]:
         return {"rank": self.rank, "level_hz": self.level_hz, "own_hz": self.own_hz, "status": self.status,
-                "windows": self.windows,
+                "windows": self.windows, "window_steps": self.next_window_steps, "last_window": self.last_window,
                 "bytes_sent": self.bytes_sent, "coord_s": self.coord_s}

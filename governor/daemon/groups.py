@@ -31,11 +31,14 @@ from governor.daemon.jobs import ActiveJob, GroupTag, Refused
 from governor.errors import FtgovError
 from governor.policy import Decision, PolicyName
 from governor.policy.tuner import Measurement, OnlineTuner, ProbeWindow
+from governor.policy.windows import summed_noise_rel
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
 
 GroupKey = tuple[int, str]  # (uid, key)
+# The WindowRule fields a multi-node group's ranks are told (Groups.window_rule); the rest keep their defaults there.
+RULE_FIELDS = ("target_rel", "min_s", "max_s", "min_updates", "meter_update_s", "min_steps", "prior_rel")
 AttachTuner = Callable[[object, ActiveJob], None]
 PlanTune = Callable[[object, ActiveJob, Decision], Decision]
 
@@ -62,6 +65,9 @@ class GroupWindow:
     joules_per_step: float  # summed over the ranks
     seconds_per_step: float  # the slowest rank's
     ranks: int
+    steps: int  # the fewest steps a rank's window measured
+    seconds: float | None  # the longest a rank's window lasted
+    noise_rel: float | None  # the sum's relative uncertainty (summed_noise_rel); None: fixed-step windows
 
 
 @dataclass
@@ -253,9 +259,12 @@ class Groups:
             # re-pin interval; the group's step time depends on every clock), and skips the warm-up steps after it.
             if level is not None and all(gov.gpus[m.job.gpu_id].pinned_hz == level
                                          and not gov.repin_pending(m.job.gpu_id) for m in group.members.values()):
+                # Sized as a single job's windows are (tuner.window_rule): by time and by the rank's own noise.
                 cfg = self._tuner_config()
+                update_s = member.feed.meter.update_s
                 member.window = ProbeWindow(level, job.steps, cfg.warmup_steps, cfg.window_steps,
-                                            meter_update_s=member.feed.meter.update_s)
+                                            rule=cfg.window(update_s), meter_update_s=update_s,
+                                            settle_s=member.feed.settle_s(cfg.settle_updates))
             return
         if member.measured is None:
             try:
@@ -289,20 +298,29 @@ class Groups:
         tuner = group.tuner
         assert tuner is not None and group.level_hz is not None, "a window closes at a level of a tuner"
         measured = [m.measured for m in group.members.values() if m.measured is not None]
+        durations = [m.duration_s for m in measured if m.duration_s is not None]
         w = GroupWindow(group.level_hz, sum(m.joules_per_step for m in measured),
-                        max(m.seconds_per_step for m in measured), len(measured))
+                        max(m.seconds_per_step for m in measured), len(measured),
+                        min(m.measured_steps for m in measured), max(durations) if durations else None,
+                        summed_noise_rel([(m.joules_per_step, m.noise_rel) for m in measured]))
         group.windows.append(w)
         group.restart_windows()
+        if w.noise_rel is not None:
+            # A window's length in steps is known only once windows have run: the next one is priced from the
+            # mean of those so far, as a single job's (TuningSession).
+            sized = [g.steps for g in group.windows if g.noise_rel is not None]
+            tuner.set_job(probe_steps=self._tuner_config().warmup_steps + round(sum(sized) / len(sized)))
         try:
-            tuner.observe(w.level_hz, w.joules_per_step, w.seconds_per_step)
+            tuner.observe(w.level_hz, w.joules_per_step, w.seconds_per_step, noise_rel=w.noise_rel)
         except FtgovError as e:
             log.warning("%s: tuning stopped: %s; keeping %s", group.label(), e, mhz(group.level_hz))
             group.tuner, group.status = None, f"stopped: {e}"
             return
         nxt = tuner.next_level_hz()
-        log.info("%s: window %d at %s: %.4f J/step over %d ranks, %.4f s/step (slowest) -> %s", group.label(),
-                 tuner.probes, mhz(w.level_hz), w.joules_per_step, w.ranks, w.seconds_per_step,
-                 f"converged on {mhz(nxt)}" if tuner.converged else f"next {mhz(nxt)}")
+        noise = "" if w.noise_rel is None else f" +-{100 * w.noise_rel:.1f}%"
+        log.info("%s: window %d at %s: %.4f J/step%s over %d ranks, %.4f s/step (slowest), %d steps -> %s",
+                 group.label(), tuner.probes, mhz(w.level_hz), w.joules_per_step, noise, w.ranks, w.seconds_per_step,
+                 w.steps, f"converged on {mhz(nxt)}" if tuner.converged else f"next {mhz(nxt)}")
         if tuner.converged:
             group.status = "converged"
         self._move(gov, group, nxt, f"tune: converged for {group.label()}" if tuner.converged
@@ -341,6 +359,17 @@ class Groups:
         group.status = "tuned by its rank 0 (set_level)"
         group.level_hz = freq_hz
         gov.set_freq(job, freq_hz, f"tune: the level {group.label()}'s rank 0 chose")
+
+    def window_rule(self, job: ActiveJob) -> dict | None:
+        """What a multi-node group's windows are sized by (governor.client.group), for the register reply: the tuner's
+        window rule (tuner.window_*) on this rank's meter. None for fixed-step windows, or a GPU with no energy
+        source."""
+        group = self._of_job.get(job.job_id)
+        member = group.members.get(job.job_id) if group is not None else None
+        if member is None or member.feed is None or member.feed.meter is None:
+            return None
+        rule = self._tuner_config().window(member.feed.meter.update_s)
+        return None if rule is None else {name: getattr(rule, name) for name in RULE_FIELDS}
 
     def energy_j(self, job: ActiveJob) -> float | None:
         """A rank's energy so far on the group's own meter of its GPU, read now (None: no energy source)."""

@@ -54,7 +54,7 @@ class Joins:
 
     def join(self, joining: Joining, gov, job: ActiveJob) -> None:
         """The admitted, undecided ``job`` joins what ``joining`` names; a group's rank is told its GPU's table,
-        which a multi-node group's rank 0 tunes over (governor.client.group)."""
+        which a multi-node group's rank 0 tunes over (governor.client.group), and the rule its windows follow."""
         if joining.hold is not None:
             self.scheduler.join(joining.hold, job)
         if joining.group:
@@ -62,7 +62,8 @@ class Joins:
             tag = job.group
             assert tag is not None, "a job that joins a group registered with its tag"
             levels_hz = gov.power_mode.allowed_levels(job.gpu_id)
-            joining.reply.update(group=tag.key, rank=tag.rank, levels_hz=list(levels_hz))
+            joining.reply.update(group=tag.key, rank=tag.rank, levels_hz=list(levels_hz),
+                                 window=self.groups.window_rule(job))
 
     def failed(self, joining: Joining, job: ActiveJob) -> None:
         """The job's first pin failed: the controller dropped it, and it leaves its group."""

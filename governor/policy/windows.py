@@ -169,6 +169,22 @@ class WindowRule:
     def shortest_s(self) -> float:
         return max(self.min_s, self.min_updates * self.meter_update_s)
 
+    def next_steps(self, seconds_per_step: float, steps: float, noise_rel: float | None, least: int = 1) -> int:
+        """For windows sized in steps before they open (a group whose ranks span nodes edges at step counts agreed in
+        advance: governor.client.group), the rule a window behind: the next window's steps from the last one's
+        ``steps`` at ``seconds_per_step`` with its relative uncertainty ``noise_rel`` (None: unknown). At least
+        shortest_s and min_steps; as long as the last one's scatter says target_rel needs (the noise falls as one over
+        the root of the steps); at most max_s (and max_steps); never under ``least``."""
+        if not seconds_per_step > 0:
+            return max(least, self.min_steps)
+        n = max(self.min_steps, math.ceil(self.shortest_s / seconds_per_step))
+        if noise_rel is not None and math.isfinite(noise_rel):
+            n = max(n, math.ceil(steps * (noise_rel / self.target_rel) ** 2))
+        cap = math.floor(self.max_s / seconds_per_step)
+        if self.max_steps is not None:
+            cap = min(cap, self.max_steps)
+        return max(least, min(n, cap))
+
     def may_decide(self, steps: float, seconds: float) -> bool:
         """Whether a window of ``steps`` steps over ``seconds`` may be decided early (the class's docstring)."""
         return (bool(self.decide_z) and steps >= self.decide_min_steps
@@ -180,6 +196,17 @@ class WindowRule:
         diff = math.log(joules_per_step) - math.log(reference.joules_per_step)
         z = min(self.explore_z, self.decide_z) if reference.exploring and diff > 0 else self.decide_z
         return abs(diff) >= z * math.sqrt(noise_rel * noise_rel + reference.sd_rel * reference.sd_rel)
+
+
+def summed_noise_rel(parts: list[tuple[float, float | None]]) -> float | None:
+    """The relative uncertainty of a sum of J/step, from its parts ``(joules_per_step, noise_rel)`` (a job group's
+    ranks): their J/step-weighted mean, as if the parts' errors moved together. A synchronous run's ranks run the same
+    steps, so theirs partly do: this is the upper bound, not the root of the summed squares. None where a part has
+    none."""
+    total = sum(j for j, _ in parts)
+    if not parts or total <= 0 or any(u is None for _, u in parts):
+        return None
+    return sum(j * cast(float, u) for j, u in parts) / total
 
 
 # The prior counts as this many sub-window readings of the window's scatter.

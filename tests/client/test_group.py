@@ -66,8 +66,11 @@ def node(start_daemon, tmp_path):
         spec = tmp_path / f"{name}.json"
         spec.write_text(json.dumps({"gpus": [dict(gpu or GPU), dict(gpu or GPU)]}))
         env = {"FAKENVML_CONFIG": str(spec), "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
+        # Windows sized by time as the daemon's defaults size them, scaled to these ranks' 1-3 ms steps: at least
+        # 0.1 s, at most 0.3 s (the defaults' 1-10 s would outlast the ranks' MAX_STEPS).
         return start_daemon(root=tmp_path / "no-jetson", env=env,
-                            config={"backend": "nvml", "policy": "tune", "limits": {"repin_interval_s": 0.01}})
+                            config={"backend": "nvml", "policy": "tune", "limits": {"repin_interval_s": 0.01},
+                                    "tuner": {"window_min_s": 0.1, "window_max_s": 0.3, "window_min_updates": 1}})
     return start
 
 
@@ -125,6 +128,10 @@ def test_four_ranks_on_two_nodes_converge_on_one_level_and_a_killed_ranks_gpu_is
         assert len(levels) == 1 and all(c["status"].startswith("converged") for _p, _s, c in done.values()), done
         (level,) = levels
         assert done[0][2]["windows"] >= 1 and done[0][2]["bytes_sent"] > 0
+        # Windows on the daemon's rule: each states its own uncertainty; the next one's length is every rank's.
+        last = done[0][2]["last_window"]
+        assert last["noise_rel"] is not None and last["noise_rel"] > 0 and last["seconds"] >= 0.1, last
+        assert len({c["window_steps"] for _p, _s, c in done.values()}) == 1, done
         assert decided(nodes[0]) == {"0": level, "1": level} and decided(nodes[1]) == {"0": level, "1": level}
 
         nodes[1].notify.drain()
@@ -241,7 +248,33 @@ def test_a_rank_whose_daemon_is_absent_makes_rank_0_broadcast_stop_at_the_first_
         warnings.simplefilter("ignore", GovernorWarning)
         job = Job(dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0),
                   socket=str(tmp_path / "absent.sock"), group="g", rank=0, world_size=2).start()
-    coordinator = GroupCoordinator(job, TwoRanks([0.0, 0.0, 0.0, 0.0, 0.0, -1.0]))
+    coordinator = GroupCoordinator(job, TwoRanks([0.0, 0.0, 0.0, 0.0, 0.0, -1.0, -1.0]))
     job.step()
     coordinator.step(job.steps)
-    assert coordinator.done and coordinator.status.startswith("stopped") and coordinator.bytes_sent == 48 + 40
+    # rank 0's seven floats in the all_gather, then the broadcast: 4 + one level a rank
+    assert coordinator.done and coordinator.status.startswith("stopped") and coordinator.bytes_sent == 56 + 48
+
+
+def test_rank_0_sizes_the_next_window_by_time_and_by_the_last_ones_uncertainty(tmp_path):
+    """The rule the daemon told (the register reply's window): at least its shortest time, as long as the last
+    window's scatter says the target needs, at most max_s; without one (an older daemon), GROUP_WINDOW_STEPS."""
+    import warnings
+
+    from governor.client import GovernorWarning, Job
+    from governor.client.group import GROUP_WINDOW_STEPS, GroupCoordinator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GovernorWarning)
+        job = Job(dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0),
+                  socket=str(tmp_path / "absent.sock"), group="g", rank=0, world_size=2).start()
+    assert GroupCoordinator(job, TwoRanks([])).sized_steps(0.025, 8, 0.2) == GROUP_WINDOW_STEPS
+    job.registration = {"window": {"target_rel": 0.02, "min_s": 1.0, "max_s": 10.0, "min_updates": 5,
+                                   "meter_update_s": 0.1, "min_steps": 2, "prior_rel": 0.03}}
+    c = GroupCoordinator(job, TwoRanks([]))
+    assert c.sized_steps(0.025, 8, None) == 40  # 1 s of 25 ms steps
+    assert c.sized_steps(0.025, 8, 0.2) == 400  # 8 steps at 20% want 800: the 10 s cap
+    assert c.sized_steps(0.025, 120, 0.03) == 270  # (3% / 2%)^2 x 120
+    assert c.sized_steps(0.025, 270, 0.01) == 68  # calmer than the target: a quarter of the steps
+    assert c.sized_steps(0.5, 8, 0.03) == 18  # long steps: few of them
+    job.registration = {"window": {"target_rel": -1}}  # a rule that does not validate: fixed steps, not a crash
+    assert GroupCoordinator(job, TwoRanks([])).rule is None

@@ -12,9 +12,15 @@ import time
 
 import pytest
 
+from governor.sim import job as simjob
+from governor.sim.energy import Workload
 from governor.sim.groups import SimGroup
+from governor.sysfs import Root
 from tests.support import FAKENVML_DIR
-from tests.support.daemon import FEATURES, REPO
+from tests.support.daemon import FEATURES, REPO, ProgressJob
+
+BERT_BASE = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
+WORKLOAD = Workload(name="bert-base", **BERT_BASE)
 
 # A short table, so that a group's tuner converges in a few windows.
 LEVELS_MHZ = [1980, 1500, 1005, 510]
@@ -27,8 +33,12 @@ def group_daemon(start_daemon, tmp_path):
         spec = tmp_path / "fakenvml.json"
         spec.write_text(json.dumps({"gpus": gpus or [dict(GPU) for _ in range(count)]}))
         env = {"FAKENVML_CONFIG": str(spec), "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
+        # Fixed-step windows and no settling after a move unless a test says otherwise: these tests drive the
+        # membership and the one tuner with reports as fast as they go, on an exact meter; the windows sized by time
+        # are test_a_groups_windows_are_sized_by_time_and_carry_their_uncertainty's.
         config = {"backend": "nvml", "policy": "tune", "limits": {"repin_interval_s": 0.01},
-                  "tuner": {"baseline_window": False, "noise_rel": 0.05}, **config}
+                  "tuner": {"baseline_window": False, "noise_rel": 0.05, "window_rule": "steps",
+                            "settle_updates": 0}, **config}
         return start_daemon(root=tmp_path / "no-jetson", config=config, env=env, workdir=workdir)
     return start
 
@@ -123,7 +133,7 @@ def test_a_tuned_group_converges_on_the_summed_energy_and_the_slowest_step(group
     together to every level it probes."""
     gpus = [dict(GPU), {**GPU, "util_gpu_pct": 40}]
     d = group_daemon(gpus=gpus, tuner={"baseline_window": False, "noise_rel": 0.05, "window_steps": 3,
-                                       "max_probes": 12})
+                                       "max_probes": 12, "window_rule": "steps", "settle_updates": 0})
     c = d.client()
     jobs = [register_rank(c, children(), r)["job_id"] for r in range(2)]
     _steps, group = search_until_converged(c, jobs, 400)
@@ -187,7 +197,8 @@ def test_the_ranks_that_wait_are_trimmed_while_the_group_step_time_holds(group_d
     is not, and the group's step time stays within the trim's tolerance."""
     levels_mhz = list(range(1980, 1004, -15))
     gpu = {**GPU, "graphics_clocks_mhz": {"3201": levels_mhz}}
-    d = group_daemon(gpus=[dict(gpu) for _ in range(3)], tuner={"baseline_window": False, "max_probes": 2})
+    d = group_daemon(gpus=[dict(gpu) for _ in range(3)], tuner={"baseline_window": False, "max_probes": 2,
+                                                                 "window_rule": "steps", "settle_updates": 0})
     c = d.client()
     jobs = [register_rank(c, children(), r, world_size=3)["job_id"] for r in range(3)]
     sim = SimGroup([1.0, 0.9, 0.82], sorted(m * 1_000_000 for m in levels_mhz), noise_rel=0.0)
@@ -243,7 +254,8 @@ def test_a_group_on_a_jetsons_rails_measures_its_windows(start_daemon):
     """On the simulated Orin the energy comes from the rails' sampler, which integrates the jobs' own meters: a
     group's windows read them, so that its tuner converges there too."""
     d = start_daemon(config={"policy": "tune", "limits": {"repin_interval_s": 0.01},
-                             "tuner": {"baseline_window": False, "max_probes": 3}})
+                             "tuner": {"baseline_window": False, "max_probes": 3, "window_rule": "steps",
+                                       "settle_updates": 0}})
     c = d.client()
     job_id = c.call("register", group="solo", rank=0, world_size=1, **FEATURES)["job_id"]
     for steps in range(1, 100_001):
@@ -254,3 +266,24 @@ def test_a_group_on_a_jetsons_rails_measures_its_windows(start_daemon):
                 break
     assert group["tuner"]["converged"] and len(group["windows"]) == 3, group
     assert all(w["joules_per_step"] > 0 for w in group["windows"])
+
+
+def test_a_groups_windows_are_sized_by_time_and_carry_their_uncertainty(start_daemon):
+    """window_rule time (the default), as for a single job: each rank's window spans window_min_s of its steps
+    whatever their count and states its own uncertainty; the group's window carries the sum's, which its tuner weighs
+    (issue 23: 8-step windows on a 100 ms counter scatter by 7-20%). The simulated Orin, its rails' 140 ms average."""
+    d = start_daemon(simulate=True, config={"policy": "tune", "limits": {"repin_interval_s": 0.01}, "tuner": {
+        "baseline_window": False, "window_min_s": 0.4, "window_max_s": 0.8, "window_min_updates": 1,
+        "settle_updates": 2 * 0.15, "max_probes": 3}})
+    c = d.client()
+    reply = c.call("register", group="solo", rank=0, world_size=1, gpu_util=80.0, **BERT_BASE)
+    # What a run across nodes would size its windows by: the same rule, on this rank's meter (the rails' refresh).
+    assert reply["window"]["min_s"] == 0.4 and reply["window"]["meter_update_s"] > 0, reply
+    job_id = reply["job_id"]
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, job_id), WORKLOAD, 80, time_scale=0.15)
+    (group,) = c.call("status")["groups"]
+    assert len(group["windows"]) >= 2, group
+    for w in group["windows"]:
+        assert 0.4 <= w["seconds"] <= 0.8 + 0.2 and w["steps"] >= 2, w  # closed at the first report past the cap
+        assert w["noise_rel"] is not None and 0 < w["noise_rel"] < 0.5, w
+    assert "J/step +-" in d.log()

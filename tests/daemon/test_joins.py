@@ -45,6 +45,9 @@ class Groups:
     def left(self, job_id: int, why: str) -> None:
         self.departed.append((job_id, why))
 
+    def window_rule(self, job: ActiveJob) -> dict | None:
+        return {"min_s": 1.0}
+
 
 GOV = SimpleNamespace(power_mode=SimpleNamespace(allowed_levels=lambda gpu_id: (306_000_000, 612_000_000)))
 
@@ -82,7 +85,8 @@ def test_a_group_rank_joins_is_told_its_table_and_leaves_when_its_first_pin_fail
     job = registered(reg)
     joins.join(joining, GOV, job)
     assert groups.members == [3]
-    assert joining.reply == {"group": "run", "rank": 1, "levels_hz": [306_000_000, 612_000_000]}
+    assert joining.reply == {"group": "run", "rank": 1, "levels_hz": [306_000_000, 612_000_000],
+                             "window": {"min_s": 1.0}}  # what a run across nodes sizes its windows by
     joins.failed(joining, job)
     assert groups.departed == [(3, "its first pin failed")]
 

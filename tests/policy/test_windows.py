@@ -10,7 +10,13 @@ import random
 import pytest
 
 from governor.policy.tuner import OnlineTuner, ProbeWindow, TuningError, TuningSession, WindowRule
-from governor.policy.windows import UpdateEdges, edge_joules_per_step, steps_at, window_noise_rel
+from governor.policy.windows import (
+    UpdateEdges,
+    edge_joules_per_step,
+    steps_at,
+    summed_noise_rel,
+    window_noise_rel,
+)
 from governor.sim import meters
 from governor.sim.meters import PowerTrace, UpdateClock, append_step, held_energy_j, step_times_s
 
@@ -263,3 +269,22 @@ def test_the_pieces_of_one_step_count_as_one_observation_of_the_steps_scatter():
     assert whole.scatter().var ** 0.5 == pytest.approx(0.15, rel=0.15)
     assert pieces.scatter().var == pytest.approx(whole.scatter().var, rel=1e-9)
     assert pieces.scatter().dof == pytest.approx(whole.scatter().dof) and whole.scatter().dof == 399
+
+
+def test_a_window_sized_before_it_opens_is_the_rules_a_window_behind():
+    """WindowRule.next_steps (a group across nodes: the ranks agree on a window's end before it comes): at least the
+    rule's shortest time and steps, as long as the last window's uncertainty says the target needs, within max_s."""
+    rule = WindowRule(target_rel=0.02, min_s=1.0, max_s=10.0, min_updates=5, meter_update_s=0.1, min_steps=2)
+    assert rule.next_steps(0.025, 8, None) == 40  # 1 s of 25 ms steps
+    assert rule.next_steps(0.025, 40, 0.04) == 160  # twice the target: four times the steps
+    assert rule.next_steps(0.025, 160, 0.01) == 40  # calmer than the target: back to the shortest
+    assert rule.next_steps(0.025, 8, 0.5) == 400  # the cap: 10 s
+    assert rule.next_steps(2.0, 8, 0.01, least=8) == 8  # never under least, even past max_s
+    assert rule.next_steps(0.0, 8, 0.01) == 2  # no step time yet: the least
+    assert WindowRule(max_steps=100).next_steps(0.025, 8, 0.5) == 100
+
+
+def test_a_sums_uncertainty_is_its_parts_weighted_as_if_they_moved_together():
+    assert summed_noise_rel([(1.0, 0.02), (3.0, 0.04)]) == pytest.approx((0.02 + 3 * 0.04) / 4)
+    assert summed_noise_rel([(1.0, 0.02), (1.0, None)]) is None  # a part without one: unknown
+    assert summed_noise_rel([]) is None
