@@ -121,6 +121,7 @@ bench: $(DEV_VENV)/.test
 	$(VPY) -m benchmarks.meter_saving --meter nvml-edges --window-rule time --baseline-max-share 0.05 0.1 0.2
 	$(VPY) -m benchmarks.meter_saving --meter nvml-edges nvml-replay --window-rule time --baseline-parts 1 5 10
 	$(VPY) -m benchmarks.bench_groups
+	$(VPY) -m benchmarks.group_tuner
 
 # --- the model pipeline (governor/pipeline): each file is made from the files it is computed from, so `make model`
 # redoes only the stages whose inputs changed (cookiecutter-data-science style; `make -B model` redoes them all).

@@ -202,13 +202,17 @@ def behind_windows(trace: Trace, rule: WindowRule | None,
                    offset: int = 0) -> list[tuple[float, float, float | None, float]]:
     """The windows of a group whose ranks span nodes (governor.client.group) on one trace, as one rank measures
     them: each edged at step counts fixed when it opens (GROUP_WARMUP_STEPS after the last one, as after a move),
-    read at step ends (the counter as it holds then) at its edges and SUB_WINDOWS - 1 times inside; the first
-    GROUP_WINDOW_STEPS long, each next one sized by ``rule`` a window behind (WindowRule.next_steps), or
-    GROUP_WINDOW_STEPS again without one. (J/step, seconds, own uncertainty or None, s/step) of each; the first
-    opens at report ``offset``."""
+    read at step ends (the counter as it holds then) at its edges and SUB_WINDOWS - 1 times inside; with ``rule``,
+    the first sized by the time of the GROUP_WINDOW_STEPS steps before the first edge, each next one a window behind
+    (WindowRule.next_steps); without, every one GROUP_WINDOW_STEPS long. (J/step, seconds, own uncertainty or None,
+    s/step) of each; the run begins at report ``offset``."""
     reports = trace.reports[offset:]
     out: list[tuple[float, float, float | None, float]] = []
     i, n = GROUP_WARMUP_STEPS, GROUP_WINDOW_STEPS
+    if rule is not None:  # the first edge comes GROUP_WINDOW_STEPS after the first step, which time the first window
+        (n0, _, t0), (n1, _, t1) = reports[0], reports[GROUP_WINDOW_STEPS]
+        i, n = GROUP_WINDOW_STEPS + GROUP_WARMUP_STEPS, rule.next_steps((t1 - t0) / (n1 - n0), n1 - n0, None,
+                                                                        least=GROUP_WINDOW_STEPS)
     noise, prior = None, None
     while i + n < len(reports):
         reads = [reports[i + round(k * n / SUB_WINDOWS)] for k in range(SUB_WINDOWS)] + [reports[i + n]]
@@ -224,13 +228,12 @@ def behind_windows(trace: Trace, rule: WindowRule | None,
 
 def behind_spread(trace: Trace, rule: WindowRule | None) -> tuple[float, list]:
     """successive_spread's figure for ``behind_windows``: pooled over chains opened at every other report of the
-    first GROUP_WINDOW_STEPS x 4, each chain's first window left out where a rule sizes the rest (it is
-    GROUP_WINDOW_STEPS long whatever the rule, and says how long the next must be). Returns it and the windows of
-    all chains."""
+    first GROUP_WINDOW_STEPS x 4; with a rule, each chain's first window left out (sized by time alone, the
+    rule's shortest, as a single job's first window is). Returns it and the windows of all chains."""
     squares, windows = [], []
     for offset in range(0, 4 * GROUP_WINDOW_STEPS, 2):
         ws = behind_windows(trace, rule, offset)
-        ws = ws[1:] if rule is not None else ws  # the first, GROUP_WINDOW_STEPS long, only sizes the next
+        ws = ws[1:] if rule is not None else ws  # the first is the rule's shortest (a single job's is too: "least")
         windows += ws
         squares += [(b[0] - a[0]) ** 2 for a, b in zip(ws, ws[1:], strict=False)]
     if not squares:
@@ -303,10 +306,11 @@ def main(argv: list[str] | None = None) -> int:
               "governor.client.group's windows on one rank, replayed on the real traces (`behind_windows`): edged at "
               "step counts fixed when they open, the counter read (as it holds) at the edges and "
               f"{SUB_WINDOWS - 1} times inside, a warm-up step between windows; fixed: every window "
-              f"{GROUP_WINDOW_STEPS} steps (what groups had before); sized: the first {GROUP_WINDOW_STEPS} steps, "
-              "each next one by the same WindowRule a window behind (WindowRule.next_steps: the last one's step "
-              "time and own uncertainty), the first left out of the figures. Spread as above. -: the trace is too "
-              "short for two windows at the length asked.", "",
+              f"{GROUP_WINDOW_STEPS} steps (what groups had before); sized: by the same WindowRule a window behind "
+              "(WindowRule.next_steps: the last one's step time and own uncertainty), the first by the time of the "
+              f"{GROUP_WINDOW_STEPS} steps before it (the rule's shortest: left out of the figures, as a single "
+              "job's first window would be). Spread as above. -: the trace is too short for two windows at "
+              "the length asked.", "",
               "| trace | fixed: spread of successive windows | fixed: seconds, median | sized: windows | sized: steps "
               "per window, median / p99 | sized: seconds, median / p99 | sized: spread of successive windows | "
               "sized: own uncertainty, median |", "|---|---:|---:|---:|---|---|---:|---:|"]

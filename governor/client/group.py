@@ -16,8 +16,8 @@ The windows are sized as the daemon sizes a single job's (its tuner.window_rule,
 ``window``): the ranks must edge at the same step counts, so rank 0 sizes each window in steps from the last one's
 slowest step time and uncertainty (at least the rule's time and meter updates, long enough for its target if the
 last one's scatter holds, at most its max_s), a window behind a rule that closes on its own uncertainty. The first
-window, before any step time is known, is ``window_steps`` long and says how uncertain it is. Against an older daemon
-(no ``window``), every window is ``window_steps``. Once the tuner converged, if every rank
+edge comes ``window_steps`` after the first step seen, and rank 0 sizes the first window by the steps' time between.
+Against an older daemon (no ``window``), every window is ``window_steps``. Once the tuner converged, if every rank
 tells its compute time (job.compute_done()), rank 0 trims the ranks that wait (governor.policy.trim) the same way,
 broadcasting each rank's level. Every rank takes part in every collective whatever its
 daemon says (one that refused or is absent sends "not measured"), so that the collectives never hang on us.
@@ -144,6 +144,8 @@ class GroupCoordinator:
         self.warmup_steps, self.window_steps = warmup_steps, window_steps
         self.rule = _window_rule((job.registration or {}).get("window"))
         self.next_window_steps = window_steps  # the open (or next) window's length, as rank 0 broadcast it
+        self._first: tuple[int, float] | None = None  # rank 0: (steps, the daemon's time) at the first step seen
+        self._first_steps_now: tuple[int, float] | None = None  # the same at the first edge
         # NCCL moves only device tensors; gloo (and the rest) host ones.
         self.device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
                        else torch.device("cpu"))
@@ -199,7 +201,13 @@ class GroupCoordinator:
         if self.done:
             return
         if self._edge is None:
-            self._edge = steps  # the first step every rank sees: decide the start at once
+            # The first step every rank sees. With a rule, the first edge (the start decided, the first window's
+            # length told) comes window_steps later, so that rank 0 sizes that window by the steps' time between:
+            # a first window of window_steps steps, at 10-40% noise on a 100 ms counter, would leave the tuner
+            # unable to call any level clearly below the start (it keeps the start then).
+            read = self._energy_j() if self.rule is not None and self.rank == 0 else None
+            self._first = None if read is None else (steps, read[1])
+            self._edge = steps + (self.window_steps if self.rule is not None else 0)
         if steps < self._edge:
             if self._sub_edges and steps >= self._sub_edges[0]:
                 began = time.perf_counter()
@@ -211,7 +219,8 @@ class GroupCoordinator:
         began = time.perf_counter()
         if self._opening:
             read = self._energy_j()
-            self._mark = None if read is None else (read[0], time.monotonic(), steps, self.job.compute_total_s,
+            # Times are the daemon's reads' own (at_s: this host's CLOCK_MONOTONIC), as the energy is.
+            self._mark = None if read is None else (read[0], read[1], steps, self.job.compute_total_s,
                                                     self.job.compute_steps_total)
             n = self.next_window_steps
             self._reads = [] if read is None or self.rule is None else [(steps, read[0], read[1])]
@@ -254,10 +263,13 @@ class GroupCoordinator:
             noise, self._step_prior = rank_window_noise([*self._reads, (steps, read[0], read[1])], self.rule,
                                                         self._step_prior)
         noise = -1.0 if noise is None else noise
-        return [able, 1.0, read[0] - e0, float(steps - n0), time.monotonic() - t0, compute, noise]
+        return [able, 1.0, read[0] - e0, float(steps - n0), read[1] - t0, compute, noise]
 
     def _close_and_decide(self, steps: int) -> None:
         torch, dist = self.torch, self.dist
+        if self._first is not None and self._first_steps_now is None:
+            read = self._energy_j()  # for its time, the daemon's clock (as every window's)
+            self._first_steps_now = None if read is None else (steps, read[1])
         mine = torch.tensor(self._measured(steps), dtype=torch.float64, device=self.device)
         gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(gathered, mine)
@@ -303,7 +315,7 @@ class GroupCoordinator:
             self.tuner = self._new_tuner(levels, start_hz, probe_steps=self.warmup_steps + self.window_steps,
                                          total_steps=self.job.total_steps)
             self.level_hz = start_hz
-            return [0.0, 0.0, 0.0, float(self.window_steps)] + [float(start_hz)] * n
+            return [0.0, 0.0, 0.0, float(self._first_window_steps())] + [float(start_hz)] * n
         if not all(ok for _able, ok, *_ in windows) or any(w[3] <= 0 or w[4] <= 0 for w in windows):
             return stop
         seconds_per_step = max(w[4] / w[3] for w in windows)
@@ -335,6 +347,14 @@ class GroupCoordinator:
             self.trimmer = self._new_trimmer(self.tuner.levels_hz, self.level_hz, list(range(n)))
             return [1.0, 0.0, 0.0, float(nxt)] + [float(self.level_hz)] * n
         return [float(converged), 0.0, float(converged), float(nxt)] + [float(self.level_hz)] * n
+
+    def _first_window_steps(self) -> int:
+        """The first window's steps: by rank 0's own steps since the first it saw (the ranks keep in step), the rule's
+        shortest time; window_steps without a rule or a step."""
+        if self._first is None or self._first_steps_now is None:
+            return self.window_steps
+        (n0, t0), (n1, t1) = self._first, self._first_steps_now
+        return self.window_steps if n1 <= n0 else self.sized_steps((t1 - t0) / (n1 - n0), n1 - n0, None)
 
     def sized_steps(self, seconds_per_step: float, steps: int, noise_rel: float | None) -> int:
         """The next window's steps, from the last one's (``steps`` at ``seconds_per_step``, the slowest rank's, with
