@@ -19,9 +19,12 @@ else shares its GPU); what the group adds is one decision for all its GPUs and o
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from governor.backends.rails import EnergyMeter
 from governor.config import TunerConfig
@@ -31,7 +34,7 @@ from governor.daemon.jobs import ActiveJob, GroupTag, Refused
 from governor.errors import FtgovError
 from governor.policy import Decision, PolicyName
 from governor.policy.tuner import Measurement, OnlineTuner, ProbeWindow
-from governor.policy.windows import summed_noise_rel
+from governor.policy.windows import Reference, StepScatter, summed_noise_rel
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
@@ -54,6 +57,8 @@ class Member:
     feed: MeterFeed | None = None  # the group tuner's own meter on this rank's GPU (None: no energy source)
     window: ProbeWindow | None = None  # this rank's window at the group's level, once the pin landed
     measured: Measurement | None = None  # this rank's closed window, waiting for the other ranks'
+    last_joules_per_step: float | None = None  # its part of the group's last window: its share of the next reference
+    scatter: StepScatter | None = None  # its steps' scatter over its windows so far, the next window's prior
     compute: Compute = field(default_factory=Compute)  # its compute time so far, for the trim
 
 
@@ -259,12 +264,14 @@ class Groups:
             # re-pin interval; the group's step time depends on every clock), and skips the warm-up steps after it.
             if level is not None and all(gov.gpus[m.job.gpu_id].pinned_hz == level
                                          and not gov.repin_pending(m.job.gpu_id) for m in group.members.values()):
-                # Sized as a single job's windows are (tuner.window_rule): by time and by the rank's own noise.
                 cfg = self._tuner_config()
                 update_s = member.feed.meter.update_s
+                rule = cfg.window(update_s)
                 member.window = ProbeWindow(level, job.steps, cfg.warmup_steps, cfg.window_steps,
-                                            rule=cfg.window(update_s), meter_update_s=update_s,
-                                            settle_s=member.feed.settle_s(cfg.settle_updates))
+                                            rule=rule, meter_update_s=update_s,
+                                            settle_s=member.feed.settle_s(cfg.settle_updates),
+                                            reference=self._reference(group, member) if rule is not None else None,
+                                            least=not group.windows, step_prior=member.scatter)
             return
         if member.measured is None:
             try:
@@ -278,6 +285,18 @@ class Groups:
                 return
         if all(m.measured is not None for m in group.members.values()):
             self._window_closed(gov, group)
+
+    @staticmethod
+    def _reference(group: Group, member: Member) -> Reference | None:
+        """What a rank's window is compared with, so that it closes once that is clear, as a single job's does
+        (TuningSession): the tuner's reference for the group's sum, scaled to this rank's share of the group's last
+        window (the ranks run the same steps; their shares hold from one level to the next)."""
+        ref = group.tuner.window_reference(group.level_hz) if group.tuner is not None and group.level_hz else None
+        parts = [m.last_joules_per_step for m in group.members.values()]
+        if ref is None or member.last_joules_per_step is None or any(p is None for p in parts):
+            return None
+        share = member.last_joules_per_step / sum(cast(float, p) for p in parts)
+        return dataclasses.replace(ref, joules_per_step=ref.joules_per_step * share)
 
     def _trim(self, gov, group: Group, job: ActiveJob) -> None:
         """After convergence, while every rank reports its step ends and compute times: the trim's windows."""
@@ -304,6 +323,12 @@ class Groups:
                         min(m.measured_steps for m in measured), max(durations) if durations else None,
                         summed_noise_rel([(m.joules_per_step, m.noise_rel) for m in measured]))
         group.windows.append(w)
+        for m in group.members.values():
+            if m.measured is not None:
+                m.last_joules_per_step = m.measured.joules_per_step
+            scatter = m.window.scatter if m.window is not None else None
+            if scatter is not None and scatter.dof > 0:
+                m.scatter = scatter.pooled(m.scatter, math.inf)
         group.restart_windows()
         if w.noise_rel is not None:
             # A window's length in steps is known only once windows have run: the next one is priced from the
