@@ -46,7 +46,7 @@ log = logging.getLogger("governor.client")
 # Steps discarded after each move (the step during which the clock changed), then steps measured: all ranks edge at
 # the same step counts, which a synchronous run keeps in step.
 GROUP_WARMUP_STEPS = 1
-GROUP_WINDOW_STEPS = 8  # the first window's length, and every window's least
+GROUP_WINDOW_STEPS = 8  # every window without a rule; with one, the least, and the steps timed before the first
 # A window's reads of its rank's energy: its two edges and SUB_WINDOWS - 1 at equal step counts inside (each a call to
 # the rank's own daemon, well under a ms), whose scatter tells the window's own uncertainty (rank_window_noise). On the
 # H200's traces 8 read windows as short as 4 did for the same spread of successive windows (docs/benchmarks.md).
