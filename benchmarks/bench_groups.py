@@ -276,13 +276,14 @@ def main(argv=None) -> int:
     p.add_argument("--trim-runs", type=int, default=100)
     p.add_argument("--no-doc", action="store_true")
     args = p.parse_args(argv)
-    tmp = Path(tempfile.mkdtemp(prefix="ftgbench"))
-    registration = {n: registration_cost(n, args.runs, tmp) for n in args.ranks}
-    print("registration done", file=sys.stderr)
-    simulated = {n: simulated_coordination(n, args.windows, tmp) for n in args.ranks}
-    print("simulated coordination done", file=sys.stderr)
-    gloo = {n: gloo_coordination(n, tmp) for n in args.gloo_ranks}
-    print("gloo coordination done", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="ftgbench") as tmp_dir:  # the daemons' trees and sockets, removed after
+        tmp = Path(tmp_dir)
+        registration = {n: registration_cost(n, args.runs, tmp) for n in args.ranks}
+        print("registration done", file=sys.stderr)
+        simulated = {n: simulated_coordination(n, args.windows, tmp) for n in args.ranks}
+        print("simulated coordination done", file=sys.stderr)
+        gloo = {n: gloo_coordination(n, tmp) for n in args.gloo_ranks}
+        print("gloo coordination done", file=sys.stderr)
     trims = {n: trim_runs(n, args.trim_runs) for n in args.ranks}
     publish("groups", section(args, registration, simulated, gloo, trims), doc=not args.no_doc)
     return 0
