@@ -336,7 +336,9 @@ class Groups:
             sized = [g.steps for g in group.windows if g.noise_rel is not None]
             tuner.set_job(probe_steps=self._tuner_config().warmup_steps + round(sum(sized) / len(sized)))
         try:
-            tuner.observe(w.level_hz, w.joules_per_step, w.seconds_per_step, noise_rel=w.noise_rel)
+            # The window's middle step, for the tuner's drift (as TuningSession gives a single job's).
+            at_step = max(m.job.steps for m in group.members.values()) - w.steps / 2
+            tuner.observe(w.level_hz, w.joules_per_step, w.seconds_per_step, noise_rel=w.noise_rel, at_step=at_step)
         except FtgovError as e:
             log.warning("%s: tuning stopped: %s; keeping %s", group.label(), e, mhz(group.level_hz))
             group.tuner, group.status = None, f"stopped: {e}"
