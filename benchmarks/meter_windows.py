@@ -24,15 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.figures import publish
-from governor.client.group import GROUP_WARMUP_STEPS, GROUP_WINDOW_STEPS, SUB_WINDOWS, rank_window_noise
-from governor.daemon.observing import successive_spread as successive
-from governor.policy.windows import (
-    ProbeWindow,
-    TuningError,
-    WindowRule,
-    edge_joules_per_step,
-    steps_at,
+from governor.client.group import (
+    GROUP_WARMUP_STEPS,
+    GROUP_WINDOW_STEPS,
+    SUB_WINDOWS,
+    rank_window_noise,
+    read_steps,
 )
+from governor.daemon.observing import successive_spread as successive
+from governor.policy.windows import ProbeWindow, TuningError, WindowRule, edge_joules_per_step, steps_at
 from governor.sim.meters import (
     H200_LONG_TRACES,
     H200_RUNS,
@@ -215,7 +215,7 @@ def behind_windows(trace: Trace, rule: WindowRule | None,
                                                                         least=GROUP_WINDOW_STEPS)
     noise, prior = None, None
     while i + n < len(reports):
-        reads = [reports[i + round(k * n / SUB_WINDOWS)] for k in range(SUB_WINDOWS)] + [reports[i + n]]
+        reads = [reports[j] for j in (i, *read_steps(i, n), i + n)]
         (n0, e0, t0), (n1, e1, t1) = reads[0], reads[-1]
         if rule is not None:
             noise, prior = rank_window_noise(reads, rule, prior)

@@ -93,6 +93,12 @@ def rank_window_noise(reads: list[tuple[float, float, float]], rule, prior=None)
     return (noise if math.isfinite(noise) and noise > 0 else None), prior
 
 
+def read_steps(begin: int, steps: int) -> list[int]:
+    """The step counts of a window's reads inside it (SUB_WINDOWS - 1, evenly spaced), for one opened at ``begin``
+    that measures ``steps``."""
+    return [begin + round(k * steps / SUB_WINDOWS) for k in range(1, SUB_WINDOWS)]
+
+
 def _int(env: Mapping[str, str], *names: str) -> int | None:
     for name in names:
         value = env.get(name)
@@ -145,7 +151,7 @@ class GroupCoordinator:
         self.rule = _window_rule((job.registration or {}).get("window"))
         self.next_window_steps = window_steps  # the open (or next) window's length, as rank 0 broadcast it
         self._first: tuple[int, float] | None = None  # rank 0: (steps, the daemon's time) at the first step seen
-        self._first_steps_now: tuple[int, float] | None = None  # the same at the first edge
+        self._first_step_s: float | None = None  # rank 0: the steps' time from there to the first edge
         # NCCL moves only device tensors; gloo (and the rest) host ones.
         self.device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
                        else torch.device("cpu"))
@@ -224,8 +230,7 @@ class GroupCoordinator:
                                                     self.job.compute_steps_total)
             n = self.next_window_steps
             self._reads = [] if read is None or self.rule is None else [(steps, read[0], read[1])]
-            self._sub_edges = ([steps + round(k * n / SUB_WINDOWS) for k in range(1, SUB_WINDOWS)]
-                               if self._reads else [])
+            self._sub_edges = read_steps(steps, n) if self._reads else []
             self._opening, self._edge = False, steps + n
             self._open_cost_s += time.perf_counter() - began
         else:
@@ -267,9 +272,11 @@ class GroupCoordinator:
 
     def _close_and_decide(self, steps: int) -> None:
         torch, dist = self.torch, self.dist
-        if self._first is not None and self._first_steps_now is None:
-            read = self._energy_j()  # for its time, the daemon's clock (as every window's)
-            self._first_steps_now = None if read is None else (steps, read[1])
+        if self._first is not None:  # the first edge: the steps' time since the first step, on the daemon's clock
+            (n0, t0), self._first = self._first, None
+            read = self._energy_j()
+            if read is not None and steps > n0:
+                self._first_step_s = (read[1] - t0) / (steps - n0)
         mine = torch.tensor(self._measured(steps), dtype=torch.float64, device=self.device)
         gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(gathered, mine)
@@ -315,7 +322,9 @@ class GroupCoordinator:
             self.tuner = self._new_tuner(levels, start_hz, probe_steps=self.warmup_steps + self.window_steps,
                                          total_steps=self.job.total_steps)
             self.level_hz = start_hz
-            return [0.0, 0.0, 0.0, float(self._first_window_steps())] + [float(start_hz)] * n
+            first = (self.window_steps if self._first_step_s is None
+                     else self.sized_steps(self._first_step_s, self.window_steps, None))  # the rule's shortest
+            return [0.0, 0.0, 0.0, float(first)] + [float(start_hz)] * n
         if not all(ok for _able, ok, *_ in windows) or any(w[3] <= 0 or w[4] <= 0 for w in windows):
             return stop
         seconds_per_step = max(w[4] / w[3] for w in windows)
@@ -347,14 +356,6 @@ class GroupCoordinator:
             self.trimmer = self._new_trimmer(self.tuner.levels_hz, self.level_hz, list(range(n)))
             return [1.0, 0.0, 0.0, float(nxt)] + [float(self.level_hz)] * n
         return [float(converged), 0.0, float(converged), float(nxt)] + [float(self.level_hz)] * n
-
-    def _first_window_steps(self) -> int:
-        """The first window's steps: by rank 0's own steps since the first it saw (the ranks keep in step), the rule's
-        shortest time; window_steps without a rule or a step."""
-        if self._first is None or self._first_steps_now is None:
-            return self.window_steps
-        (n0, t0), (n1, t1) = self._first, self._first_steps_now
-        return self.window_steps if n1 <= n0 else self.sized_steps((t1 - t0) / (n1 - n0), n1 - n0, None)
 
     def sized_steps(self, seconds_per_step: float, steps: int, noise_rel: float | None) -> int:
         """The next window's steps, from the last one's (``steps`` at ``seconds_per_step``, the slowest rank's, with
