@@ -80,7 +80,8 @@ def run_group(curve: Curve, start: str, seed: int, job_steps: int, sized: bool) 
     tuner = coordinator.tuner
     pick = rank.level_hz if tuner is None or not tuner.converged else tuner.best_hz
     return {"level": curve.energy_at(pick) / least - 1, "whole": clean_j / (job_steps * least) - 1,
-            "windows": coordinator.windows, "converged": bool(tuner is not None and tuner.converged),
+            "windows": coordinator.windows, "closed_early": coordinator.closed_early,
+            "converged": bool(tuner is not None and tuner.converged),
             "window_s": [] if coordinator.last_window is None else [coordinator.last_window["seconds"]]}
 
 
@@ -101,13 +102,15 @@ def rows(curves: list[Curve], args) -> list[tuple]:
                         f"{beyond} ({100 * beyond / len(runs):.2f}%, {100 * lo:.2f}-{100 * hi:.2f}%)",
                         f"+{statistics.mean(whole):.2f}% / +{percentile(whole, 99):.2f}%",
                         f"{statistics.mean(r['windows'] for r in runs):.1f}",
+                        f"{statistics.mean(r['closed_early'] for r in runs):.1f}",
                         f"{sum(not r['converged'] for r in runs)}"))
             print(out[-1], file=sys.stderr)
     return out
 
 
 HEADER = ("windows", "start", "runs", "level vs min: mean / p99", f"runs beyond {BEYOND:.0%} (95% Wilson)",
-          "whole job vs optimum: mean / p99", "windows per run, mean", "searches longer than the job")
+          "whole job vs optimum: mean / p99", "windows per run, mean",
+          "of them closed early, mean", "searches longer than the job")
 
 
 def main(argv: list[str] | None = None) -> int:

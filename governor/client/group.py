@@ -10,7 +10,9 @@ window's edges (and at its sub-windows' edges, SUB_WINDOWS) each rank reads its 
 (job_energy), rank 0 gathers every rank's (energy, steps, seconds, compute time, the window's own uncertainty) over the
 job's own torch.distributed process group (one all_gather of seven floats a rank), runs the OnlineTuner on the summed
 energy per step and the slowest step, and broadcasts the level and the next window's length; each rank then asks its
-own daemon for it (set_level).
+own daemon for it (set_level). While the search runs, each read inside a window is a collective too (five floats a
+rank, and rank 0's verdict), so that a window already clearly worse than the tuner's reference closes there, as a
+single job's does (early_close).
 
 The windows are sized as the daemon sizes a single job's (its tuner.window_rule, told in the register reply's
 ``window``): the ranks must edge at the same step counts, so rank 0 sizes each window in steps from the last one's
@@ -168,12 +170,16 @@ class GroupCoordinator:
         self._mark: tuple[float, float, int, float, int] | None = None
         self._reads: list[tuple[float, float, float]] = []  # (steps, energy_j, at_s) in the open window, with a rule
         self._sub_edges: list[int] = []  # the step counts of the open window's reads still to come
+        # Every rank: whether the open window may close early at its reads inside (the search runs, with a rule); then
+        # each read inside is also a collective (early_close), as a single job's window closes at any report.
+        self._may_close = False
         self._step_prior = None  # the steps' scatter over this rank's windows so far (rank_window_noise)
         self.bytes_sent = 0
         self.coord_s = 0.0
         self.window_costs_s: list[float] = []
         self._open_cost_s = 0.0
         self.windows = 0
+        self.closed_early = 0  # windows closed at a read inside (early_close)
         self.last_window: dict[str, Any] | None = None  # rank 0: the last window its tuner observed
 
     # ---- the daemon ---------------------------------------------------------------------------------------------
@@ -218,6 +224,13 @@ class GroupCoordinator:
             if self._sub_edges and steps >= self._sub_edges[0]:
                 began = time.perf_counter()
                 self._sub_read(steps)
+                if self._may_close and self._early_close(steps):
+                    self.closed_early += 1
+                    self._close_and_decide(steps)
+                    self.window_costs_s.append(self._open_cost_s + time.perf_counter() - began)
+                    self._open_cost_s = 0.0
+                    self.coord_s += time.perf_counter() - began
+                    return
                 cost_s = time.perf_counter() - began
                 self._open_cost_s += cost_s  # the window's cost: its edges and the reads inside
                 self.coord_s += cost_s
@@ -230,7 +243,8 @@ class GroupCoordinator:
                                                     self.job.compute_steps_total)
             n = self.next_window_steps
             self._reads = [] if read is None or self.rule is None else [(steps, read[0], read[1])]
-            self._sub_edges = read_steps(steps, n) if self._reads else []
+            # Every rank reads at the same steps whether its own reads work or not: the reads inside may be collectives.
+            self._sub_edges = read_steps(steps, n) if self.rule is not None else []
             self._opening, self._edge = False, steps + n
             self._open_cost_s += time.perf_counter() - began
         else:
@@ -243,9 +257,56 @@ class GroupCoordinator:
         """A read inside the open window (a sub-window's edge); one that fails leaves the window with fewer."""
         while self._sub_edges and steps >= self._sub_edges[0]:
             self._sub_edges.pop(0)
-        read = self._energy_j()
-        if read is not None and read[0] >= self._reads[-1][1]:
+        read = self._energy_j() if self._reads else None
+        if read is not None and read[0] >= self._reads[-1][1] and steps > self._reads[-1][0]:
             self._reads.append((steps, read[0], read[1]))
+
+    def _early_close(self, steps: int) -> bool:
+        """Every rank, at a read inside a window of the search: whether the group's window closes here. Each rank
+        sends what its window read so far ([measured, energy_j, steps, seconds, noise_rel], one all_gather of five
+        floats); rank 0 sums them as a closing edge would and closes the window where the sum already differs from
+        the tuner's reference for it (WindowRule.may_decide and differs: the single job's early close, at decide_z,
+        explore_z above an exploring reference), and broadcasts that. A window at a level far from the bottom thus
+        costs its steps there only until it is clearly worse, as on one node (docs/distributed.md)."""
+        torch, dist = self.torch, self.dist
+        mine = torch.tensor(self._so_far(), dtype=torch.float64, device=self.device)
+        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(gathered, mine)
+        self.bytes_sent += mine.numel() * mine.element_size()
+        close = torch.zeros(1, dtype=torch.float64, device=self.device)
+        if self.rank == 0:
+            close[0] = float(self._differs([t.tolist() for t in gathered]))
+        dist.broadcast(close, src=0)
+        if self.rank == 0:
+            self.bytes_sent += close.numel() * close.element_size()
+        return bool(close.item())
+
+    def _so_far(self) -> list[float]:
+        """This rank's window so far, from its reads: [measured, energy_j, steps, seconds, noise_rel (-1: unknown)]."""
+        if len(self._reads) < 2:
+            return [0.0, 0.0, 0.0, 0.0, -1.0]
+        from governor.policy.windows import window_noise_rel
+
+        (n0, e0, t0), (n1, e1, t1) = self._reads[0], self._reads[-1]
+        noise = window_noise_rel(self._reads, self.rule, self._step_prior)
+        noise = noise if math.isfinite(noise) and noise > 0 else -1.0
+        return [1.0, e1 - e0, n1 - n0, t1 - t0, noise]
+
+    def _differs(self, so_far: list[list[float]]) -> bool:
+        """Rank 0: whether the ranks' windows so far, summed, already differ from the tuner's reference."""
+        if (self.tuner is None or self.tuner.converged or self.level_hz is None or self.rule is None
+                or not all(measured and n > 0 and t > 0 and u > 0 for measured, _e, n, t, u in so_far)):
+            return False
+        reference = self.tuner.window_reference(self.level_hz)
+        if reference is None:
+            return False
+        from governor.policy.windows import summed_noise_rel
+
+        per_rank = [e / n for _m, e, n, _t, _u in so_far]
+        noise = summed_noise_rel([(j, w[4]) for j, w in zip(per_rank, so_far, strict=True)])
+        steps, seconds = min(w[2] for w in so_far), max(w[3] for w in so_far)
+        return (noise is not None and sum(per_rank) > 0 and self.rule.may_decide(steps, seconds)
+                and self.rule.differs(sum(per_rank), noise, reference))
 
     def _measured(self, steps: int) -> list[float]:
         """This rank's part of an edge: [able, measured, energy_j, steps, seconds, compute_s, noise_rel]. able: its
@@ -264,8 +325,9 @@ class GroupCoordinator:
         counted = self.job.compute_steps_total - cn0
         compute = (self.job.compute_total_s - c0) / counted if counted > 0 else -1.0
         noise: float | None = None
-        if self.rule is not None and self._reads and read[0] >= self._reads[-1][1]:
-            noise, self._step_prior = rank_window_noise([*self._reads, (steps, read[0], read[1])], self.rule,
+        reads = [r for r in self._reads if r[0] < steps]  # a window closed early ends at its last read inside
+        if self.rule is not None and reads and read[0] >= reads[-1][1]:
+            noise, self._step_prior = rank_window_noise([*reads, (steps, read[0], read[1])], self.rule,
                                                         self._step_prior)
         noise = -1.0 if noise is None else noise
         return [able, 1.0, read[0] - e0, float(steps - n0), read[1] - t0, compute, noise]
@@ -290,6 +352,7 @@ class GroupCoordinator:
             self.bytes_sent += decision.numel() * decision.element_size()
         converged, stop, done, window_steps, *levels = decision.tolist()
         self._mark, self._reads, self._sub_edges = None, [], []
+        self._may_close = self.rule is not None and not converged
         self.next_window_steps = max(1, int(window_steps))
         if stop:
             self.done, self.status = True, "stopped: a rank has no measurement (its daemon absent or refusing)"
@@ -375,5 +438,6 @@ class GroupCoordinator:
 
     def describe(self) -> dict[str, Any]:
         return {"rank": self.rank, "level_hz": self.level_hz, "own_hz": self.own_hz, "status": self.status,
-                "windows": self.windows, "window_steps": self.next_window_steps, "last_window": self.last_window,
+                "windows": self.windows, "closed_early": self.closed_early, "window_steps": self.next_window_steps,
+                "last_window": self.last_window,
                 "bytes_sent": self.bytes_sent, "coord_s": self.coord_s}

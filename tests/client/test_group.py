@@ -132,6 +132,8 @@ def test_four_ranks_on_two_nodes_converge_on_one_level_and_a_killed_ranks_gpu_is
         last = done[0][2]["last_window"]
         assert last["noise_rel"] is not None and last["noise_rel"] > 0 and last["seconds"] >= 0.1, last
         assert len({c["window_steps"] for _p, _s, c in done.values()}) == 1, done
+        # A window closed early at a read inside closed on every rank at once (rank 0's verdict, broadcast).
+        assert len({c["closed_early"] for _p, _s, c in done.values()}) == 1, done
         assert decided(nodes[0]) == {"0": level, "1": level} and decided(nodes[1]) == {"0": level, "1": level}
 
         nodes[1].notify.drain()
