@@ -173,6 +173,9 @@ class GroupCoordinator:
         # Every rank: whether the open window may close early at its reads inside (the search runs, with a rule); then
         # each read inside is also a collective (early_close), as a single job's window closes at any report.
         self._may_close = False
+        # Every rank: the open window ran across a time out of training on this rank (left_training): its energy is
+        # not the steps' alone, and the window is measured again.
+        self._left = False
         self._step_prior = None  # the steps' scatter over this rank's windows so far (rank_window_noise)
         self.bytes_sent = 0
         self.coord_s = 0.0
@@ -242,6 +245,7 @@ class GroupCoordinator:
             self._mark = None if read is None else (read[0], read[1], steps, self.job.compute_total_s,
                                                     self.job.compute_steps_total)
             n = self.next_window_steps
+            self._left = False  # the window opens on a training step: a time out before it is none of its
             self._reads = [] if read is None or self.rule is None else [(steps, read[0], read[1])]
             # Every rank reads at the same steps whether its own reads work or not: the reads inside may be collectives.
             self._sub_edges = read_steps(steps, n) if self.rule is not None else []
@@ -252,6 +256,12 @@ class GroupCoordinator:
             self.window_costs_s.append(self._open_cost_s + time.perf_counter() - began)
             self._open_cost_s = 0.0
         self.coord_s += time.perf_counter() - began
+
+    def left_training(self) -> None:
+        """The job left training (an evaluation, a checkpoint; Job.phase): a window open now measures the time out
+        too, so this rank says so at its end and rank 0 measures it again at the same level. A synchronous run's
+        ranks evaluate together, and a window that every rank spoils is simply repeated."""
+        self._left = True
 
     def _sub_read(self, steps: int) -> None:
         """A read inside the open window (a sub-window's edge); one that fails leaves the window with fewer."""
@@ -283,7 +293,7 @@ class GroupCoordinator:
 
     def _so_far(self) -> list[float]:
         """This rank's window so far, from its reads: [measured, energy_j, steps, seconds, noise_rel (-1: unknown)]."""
-        if len(self._reads) < 2:
+        if len(self._reads) < 2 or self._left:
             return [0.0, 0.0, 0.0, 0.0, -1.0]
         from governor.policy.windows import window_noise_rel
 
@@ -311,13 +321,15 @@ class GroupCoordinator:
     def _measured(self, steps: int) -> list[float]:
         """This rank's part of an edge: [able, measured, energy_j, steps, seconds, compute_s, noise_rel]. able: its
         daemon holds its job in the group (0: absent or refused); measured: it has a window (none at the first edge,
-        nor after a refused read); compute_s: its mean compute time per step in the window (job.compute_done()), -1:
-        not told; noise_rel: the window's own relative uncertainty (window_noise_rel), -1: unknown (no rule)."""
+        nor after a refused read; -1: one that ran across a time out of training, left_training); compute_s: its
+        mean compute time per step in the window (job.compute_done()), -1: not told; noise_rel: the window's own relative uncertainty (window_noise_rel), -1: unknown (no rule)."""
         able = float(self.job.job_id is not None and not self.job.disabled
                      and bool((self.job.registration or {}).get("levels_hz")))
         none = [able, 0.0, 0.0, 0.0, 0.0, -1.0, -1.0]
         if self._mark is None or not able:
             return none
+        if self._left:
+            return [able, -1.0, 0.0, 0.0, 0.0, -1.0, -1.0]  # measured -1: the window ran across a time out
         read = self._energy_j()
         e0, t0, n0, c0, cn0 = self._mark
         if read is None or steps <= n0:
@@ -351,7 +363,7 @@ class GroupCoordinator:
         if self.rank == 0:
             self.bytes_sent += decision.numel() * decision.element_size()
         converged, stop, done, window_steps, *levels = decision.tolist()
-        self._mark, self._reads, self._sub_edges = None, [], []
+        self._mark, self._reads, self._sub_edges, self._left = None, [], [], False
         self._may_close = self.rule is not None and not converged
         self.next_window_steps = max(1, int(window_steps))
         if stop:
@@ -388,6 +400,13 @@ class GroupCoordinator:
             first = (self.window_steps if self._first_step_s is None
                      else self.sized_steps(self._first_step_s, self.window_steps, None))  # the rule's shortest
             return [0.0, 0.0, 0.0, float(first)] + [float(start_hz)] * n
+        if any(ok < 0 for _able, ok, *_ in windows):
+            # A window that ran across an evaluation (a checkpoint) on some rank: not the level's steps alone. The
+            # same window again, at the same levels.
+            levels = ([self.trimmer.level_of(r) for r in range(n)] if self.trimmer is not None
+                      else [self.level_hz] * n)
+            return ([float(self.trimmer is not None or self.tuner.converged), 0.0, 0.0, float(self.next_window_steps)]
+                    + [float(hz) for hz in levels])
         if not all(ok for _able, ok, *_ in windows) or any(w[3] <= 0 or w[4] <= 0 for w in windows):
             return stop
         seconds_per_step = max(w[4] / w[3] for w in windows)

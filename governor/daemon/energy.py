@@ -117,7 +117,13 @@ class MeterFeed:
     rails, the same with each report's arrival as its step's end (the rails are read by the sampler alone, never at a
     report, so no reading is locked to the steps' phase); on a counter, the report itself as it arrives, with the
     energy read then. Shared by the tuner's windows and observe's, so that observe measures what tune would.
-    ``meter`` is None where there is no energy source."""
+    ``meter`` is None where there is no energy source.
+
+    A change of phase (``job.phase``: eval, checkpoint, data, then train again) cuts the points: what ran between
+    the two reports was not steps of one phase. The report that leaves training gives one point of its new phase (a
+    window fed it starts over: ProbeWindow.feed), and the report that comes back starts the steps' count afresh from
+    its arrival, since the step end it carries is the last training step's, before the evaluation: counted from there,
+    the evaluation's energy would have been spread over the next step's count."""
 
     def __init__(self, energy: BoardEnergy, gpu: Gpu, defer: Defer | None = None, edge_every_s: float = 0.0,
                  meter: EnergyMeter | None = None):
@@ -137,6 +143,7 @@ class MeterFeed:
         self._edge_every_s = edge_every_s
         self._read_costs_s: collections.deque[float] = collections.deque(maxlen=READ_COSTS_KEPT)
         self._report_read_s = -math.inf  # an older client's last report that read the counter
+        self._phase: str | None = None  # the phase of the last report (None: none yet)
 
     def settle_s(self, updates: float | None = None) -> float:
         """How long the meter takes to show a change of clock or an unpin wholly: ``updates`` of its updates (None:
@@ -159,12 +166,31 @@ class MeterFeed:
         """What one progress report gives windows (points). An older client's report (no step_end_s) reads a counter
         at most once a pace_s (a read has its cost): the reports in between give nothing, and windows end on those
         that read."""
+        phase = job.phase or "train"
+        if phase != self._phase:
+            was, self._phase = self._phase, phase
+            if was is not None:
+                return self._phase_changed(job, phase)
         if job.step_end_s is None and isinstance(self.meter, CounterMeter):
             now_s = time.monotonic()
             if now_s - self._report_read_s < self.pace_s():  # a cheap counter: read at every report
                 return []
             self._report_read_s = now_s
         return self.points(job, self.energy_j(job))
+
+    def _phase_changed(self, job, phase: str) -> list[tuple[float, float, float]]:
+        """A report in a new phase: the edges up to now dropped, the steps counted afresh from now (this report's
+        arrival, when the phase changed) at the job's count; a point of the new phase where it is not training."""
+        now_s = time.monotonic()
+        energy_j = self.energy_j(job)
+        if isinstance(self.meter, CounterMeter):
+            if not self._timer_serves():
+                self._edges.read(now_s, energy_j)
+        else:
+            self._seen_s = max(self._seen_s, max((t_s for t_s, _ in self.meter.samples), default=self._seen_s))
+        self._edges.take_until(now_s)
+        self._last_end = (job.steps, now_s)
+        return [] if phase == "train" else [(job.steps, energy_j, now_s)]
 
     def pace_s(self, reads: float = 1.0) -> float:
         """How far apart ``reads`` counter reads must come to stay within COUNTER_READ_CPU_FRAC of a core."""

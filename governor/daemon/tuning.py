@@ -411,6 +411,8 @@ class JobTuner:
             self._saving.shared()
         elif gov.repin_pending(job.gpu_id):  # the pin has not landed: these steps ran at the level before
             self._saving.interrupt()
+        elif (job.phase or "train") != "train":  # an evaluation's (a checkpoint's) energy is no step's at the pick
+            self._saving.interrupt()
         elif job.freq_hz is not None:
             self._saving.converged_at(job.freq_hz, points)
 

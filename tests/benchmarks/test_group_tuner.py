@@ -34,3 +34,54 @@ def test_a_group_with_fixed_windows_still_runs_as_before():
     """An older daemon (no window rule in its reply): every window 8 steps, the tuner converges on something."""
     run = run_group(real_curves()[3], "mid-table", 0, 2000, sized=False)
     assert run["converged"] and run["window_s"] and run["window_s"][0] < 1.0, run
+
+
+def test_a_window_that_runs_across_an_evaluation_is_measured_again_not_observed():
+    """Rank 0's job evaluates for 5 s (its GPU busy, no steps) in the middle of a window, its callback saying so
+    (Job.phase("eval"): left_training). The window's energy is not its steps' alone: rank 0 repeats it at the same level
+    instead of giving the tuner a J/step the evaluation inflated."""
+    from governor.client.group import GroupCoordinator
+    from governor.config import TunerConfig
+    from governor.daemon.groups import RULE_FIELDS
+    from governor.policy.tuner import OnlineTuner
+    from governor.sim.meters import NVML_UPDATE_S
+
+    from benchmarks.bench_groups import SimulatedCollectives
+    from benchmarks.group_tuner import SimRank
+
+    curve = real_curves()[3]
+    rule = TunerConfig().window(NVML_UPDATE_S)
+    observed = []
+
+    def recording_tuner(*args, **kwargs):
+        tuner = OnlineTuner(*args, **kwargs)
+        plain = tuner.observe
+        tuner.observe = lambda hz, j, s, **kw: (observed.append((hz, j)), plain(hz, j, s, **kw))[1]
+        return tuner
+
+    for tell in (True, False):
+        observed.clear()
+        rank = SimRank(curve, curve.levels_hz[-1], {name: getattr(rule, name) for name in RULE_FIELDS}, 2000)
+        coordinator = GroupCoordinator(rank, SimulatedCollectives(1))
+        coordinator._new_tuner = recording_tuner
+        energy_j = time_s = 0.0
+        evaluated = False
+        for n in range(1, 2001):
+            joules, seconds = curve.expected(rank.level_hz)
+            energy_j, time_s = energy_j + joules, time_s + seconds
+            rank.read = (energy_j, time_s)
+            coordinator.step(n)
+            if (not evaluated and coordinator.windows >= 1 and coordinator._mark is not None
+                    and coordinator._edge - n > 5):
+                # inside a window of the search: an evaluation of 5 s at the step's power
+                evaluated = True
+                if tell:
+                    coordinator.left_training()
+                energy_j, time_s = energy_j + 5.0 * joules / seconds, time_s + 5.0
+        spoiled = [j / curve.expected(hz)[0] - 1 for hz, j in observed if j > 1.2 * curve.expected(hz)[0]]
+        assert evaluated
+        if tell:
+            assert observed and not spoiled, observed
+            assert coordinator.tuner.converged
+        else:
+            assert spoiled, observed  # the check can fail: untold, the evaluation lands in a window

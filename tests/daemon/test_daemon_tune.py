@@ -2,6 +2,7 @@
 pinned clock, the rails following the pin, and the tuner converging on the least energy per step."""
 
 import re
+import time
 
 import pytest
 
@@ -135,6 +136,32 @@ def test_a_tuned_job_reports_its_measured_saving_against_the_default_governor(or
     assert log.index("restored to its baseline") < log.index("baseline at the default governor")
 
 
+def test_an_evaluation_after_convergence_is_not_counted_in_the_steps_at_the_pick(orin, start_daemon):
+    """The job evaluates for as long as 40 of its steps after it converged, the GPU as busy as in training (the board
+    shows the load), its reports saying phase eval, then train. Its saving counts the steps at the pick alone: within
+    the same 5 points of the model's as without an evaluation. (Before, the stretch at the pick ran across the
+    evaluation and took its energy for the next step's: an independent emulated Orin read 16.3% for a true 20.0%.)"""
+    d = start_daemon(simulate=True, config=scaled(TIME_SCALE, {"tuner": {"follow_up": False}}))
+    c = d.client()
+    res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE, total_steps=2000)
+    job = ProgressJob(c, res["job_id"])
+
+    def evaluate(step: int) -> None:
+        if step != 150:
+            return
+        status = next(j for j in c.call("status")["jobs"] if j["job_id"] == res["job_id"])
+        assert status["tuner"]["converged"], status["tuner"]  # the evaluation falls among the steps at the pick
+        c.notify("progress", job_id=res["job_id"], steps=job.steps, phase="eval")
+        time.sleep(40 * MODEL.expected(WORKLOAD, status["freq_hz"]).time_s * TIME_SCALE)  # the board shows the load
+        c.notify("progress", job_id=res["job_id"], steps=job.steps, phase="train")
+
+    simjob.run(Root(d.state_dir / "sim-orin"), job, WORKLOAD, 260, time_scale=TIME_SCALE, on_step=evaluate)
+    end = c.call("unregister", job_id=res["job_id"])
+    true_pct = 100 * (1 - ENERGY_J[end["freq_hz"]] / MODEL.expected(WORKLOAD, None).energy_j)
+    assert end["saving"]["tuned_over"] == "steps after convergence"
+    assert end["saved_pct"] == pytest.approx(true_pct, abs=5), (end, true_pct)
+
+
 def test_the_baselines_later_parts_unpin_a_converged_job_then_pin_its_pick_again(orin, start_daemon):
     """tuner.baseline_parts (5, the default): a job of 300 steps measures the first part at its start, the others
     unpinned again while it runs converged (the GPU restored to its full range each time, then pinned at the pick);
@@ -147,8 +174,8 @@ def test_the_baselines_later_parts_unpin_a_converged_job_then_pin_its_pick_again
     end = res["client"].call("unregister", job_id=res["job_id"])
     assert end["saving"]["baseline_parts"] == baseline["parts"]
     log = d.log()
-    parts_logged = re.findall(rf"job {res['job_id']} .*baseline part (\d) of \d at the default governor: [\d.]+ J/step",
-                              log)
+    parts_logged = re.findall(rf"job {res['job_id']} .*baseline part (\d+) of \d+ at the default governor: "
+                              r"[\d.]+ J/step", log)
     assert [int(k) for k in parts_logged] == list(range(2, baseline["parts"] + 1)), log
     # Unpinned for each later part, as for the first; pinned at the pick again after each.
     assert log.count("restored to its baseline") >= baseline["parts"]

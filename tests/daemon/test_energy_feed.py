@@ -11,6 +11,8 @@ from governor.daemon import energy
 
 
 class Job(SimpleNamespace):
+    phase: str | None = None
+
     def label(self) -> str:
         return "job 1"
 
@@ -209,3 +211,53 @@ def test_an_older_clients_reports_on_the_rails_take_the_samplers_samples_not_a_r
         assert t1 - t0 == pytest.approx(0.14)  # each edge a sample of the sampler's
         assert (n1 - n0) == pytest.approx(0.14 / 0.25)  # steps counted fractionally by the reports' arrivals
         assert (e1 - e0) / (n1 - n0) == pytest.approx(5.0 * 0.25)  # 5 W over a 0.25 s step: 1.25 J a step
+
+
+def test_an_evaluation_between_two_training_steps_lands_in_no_window(monkeypatch):
+    """A job evaluates (phase eval) for 2 s between two steps, the GPU busy throughout, then trains again. Its
+    reports around the evaluation carry the last training step's end (the client has run no step since), so counted
+    from it the evaluation's energy was spread over the next step (found by an independent emulated Orin: a window
+    read 8 times the truth, a measured saving 48% against 20%). The report that leaves training starts the windows
+    over; the one that comes back counts the steps afresh from its arrival: every window reads the steps' own J."""
+    from governor.policy.windows import ProbeWindow, WindowRule
+
+    now = [100.0]
+    monkeypatch.setattr(energy.time, "monotonic", lambda: now[0])
+    power_w, step_s = 100.0, 0.025  # 2.5 J a step; the evaluation draws the same power for 2 s
+
+    def counter_j() -> float:  # NVML's: the energy at the last 100 ms update, held between updates
+        return power_w * (int(now[0] / 0.1) * 0.1)
+
+    feed = energy.MeterFeed(SimpleNamespace(new_meter=lambda gpu: CounterMeter(counter_j), total_mw=float),
+                            gpu=None)
+    job = Job(steps=0, step_end_s=None, phase="train")
+    rule = WindowRule(meter_update_s=0.1, max_s=30.0)
+    window = ProbeWindow(None, 0, 1, rule=rule, meter_update_s=0.1)
+    measured = []
+
+    def report() -> None:
+        for steps, e_j, t_s in feed.report_points(job):
+            nonlocal window
+            m = window.feed(steps, e_j, t_s, job.phase)
+            if m is not None:
+                measured.append(m)
+                window = ProbeWindow(None, steps, 0, rule=rule, meter_update_s=0.1)
+
+    def train(steps: int) -> None:
+        for _ in range(steps):
+            now[0] += step_s
+            job.steps += 1
+            job.step_end_s = now[0]
+            report()
+
+    train(200)
+    before = len(measured)
+    job.phase = "eval"
+    now[0] += 0.001
+    report()  # the phase change: steps and step end as they were
+    now[0] += 2.0
+    job.phase = "train"
+    report()
+    train(1200)
+    assert before >= 1 and len(measured) - before >= 5, measured
+    assert all(m.joules_per_step == pytest.approx(power_w * step_s, rel=0.05) for m in measured), measured
