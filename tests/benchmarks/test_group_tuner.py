@@ -40,14 +40,13 @@ def test_a_window_that_runs_across_an_evaluation_is_measured_again_not_observed(
     """Rank 0's job evaluates for 5 s (its GPU busy, no steps) in the middle of a window, its callback saying so
     (Job.phase("eval"): left_training). The window's energy is not its steps' alone: rank 0 repeats it at the same level
     instead of giving the tuner a J/step the evaluation inflated."""
+    from benchmarks.bench_groups import SimulatedCollectives
+    from benchmarks.group_tuner import SimRank
     from governor.client.group import GroupCoordinator
     from governor.config import TunerConfig
     from governor.daemon.groups import RULE_FIELDS
     from governor.policy.tuner import OnlineTuner
     from governor.sim.meters import NVML_UPDATE_S
-
-    from benchmarks.bench_groups import SimulatedCollectives
-    from benchmarks.group_tuner import SimRank
 
     curve = real_curves()[3]
     rule = TunerConfig().window(NVML_UPDATE_S)
