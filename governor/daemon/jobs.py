@@ -113,10 +113,19 @@ class ActiveJob:
         except BackendError:  # an energy counter that cannot be read now: the state file keeps what it had
             return self.earlier_energy_j or None
 
+    @property
+    def kept_hz(self) -> int | None:
+        """The level a restarted daemon re-adopts this job at (its state file's record): its level, or, while its
+        tuner runs, what that tuner would keep were it stopped now (JobTuner.keep_hz: the best measured so far, the
+        pick): a restart loses the search, and the level a window was measuring (perhaps the curve's costliest) or a
+        baseline part's unpinned steps would otherwise be held until the job ends."""
+        keep = self.tuner.keep_hz if self.tuner is not None else None
+        return self.freq_hz if keep is None else keep
+
     def record(self) -> HeldJob:
         tag = self.group
         return HeldJob(job_id=self.job_id, pid=self.pid, start_ticks=self.start_ticks, gpu=self.gpu_id, name=self.name,
-                       uid=self.uid, features=self.features.model_dump(), freq_hz=self.freq_hz,
+                       uid=self.uid, features=self.features.model_dump(), freq_hz=self.kept_hz,
                        policy=self.decision.label if self.decision else "", started_at=self.started_at,
                        energy_j=self.energy_so_far_j(STATE_ENERGY_AGE_S), group=tag.key if tag else None,
                        rank=tag.rank if tag else None, world_size=tag.world_size if tag else None)

@@ -49,6 +49,8 @@ class JobObserver:
         self.windows: list[tuple[Measurement, float | None]] = []  # for the store, as a tuned job's
         self.status = "waiting for progress reports"
 
+    keep_hz = None  # a restarted daemon re-adopts an observed job at its own level: observe moves no pin
+
     def progress(self, gov, job) -> None:
         if self.meter is None:
             return

@@ -124,6 +124,15 @@ class JobTuner:
         return self.feed.settle_s(self.cfg.settle_updates)
 
     @property
+    def keep_hz(self) -> int | None:
+        """The level this job keeps should the daemon restart (ActiveJob.kept_hz): what stopping the tuning now would
+        keep, the best level measured so far (the start before any, the pick once converged); None before the policy
+        decided (no tuner) or once tuning stopped (the pin it left stands)."""
+        if self.tuner is None or self.state is TunerState.STOPPED:
+            return None
+        return self.tuner.best_hz
+
+    @property
     def baseline_wanted(self) -> bool:
         return self.baseline is None and self.baseline_status == "wanted" and self.meter is not None
 

@@ -1,6 +1,7 @@
 """The `tune` policy in the real daemon: a simulated job whose steps take as long as the energy model says at the
 pinned clock, the rails following the pin, and the tuner converging on the least energy per step."""
 
+import json
 import re
 import time
 
@@ -310,3 +311,42 @@ def test_a_window_rule_with_a_cap_under_its_minimum_is_refused(tmp_path):
     path.write_text("tuner:\n  window_rule: time\n  window_min_s: 5\n  window_max_s: 2\n")
     with pytest.raises(ConfigError, match="window_max_s"):
         load_config(path)
+
+
+class _Probing(Exception):
+    """The search is measuring a level that is not its best so far."""
+
+
+def test_a_daemon_killed_mid_search_is_restarted_at_the_best_level_measured_not_the_probe(orin, start_daemon):
+    """A restart loses the search: the job is re-adopted at what stopping the tuning would keep (the best level
+    measured so far), not at the level a window was measuring when the daemon died (the independent emulated Orin
+    saw a job held at a probe 16% costlier than its minimum until it ended)."""
+    import signal
+
+    d = start_daemon(simulate=True, config=scaled(TIME_SCALE, {"tuner": {"follow_up": False}}))
+    c = d.client()  # the job is this test process's: it lives on across the restart
+    res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE, total_steps=2000)
+    seen: dict = {}
+    state = d.state_dir / "state.json"
+
+    def probing(step: int) -> None:
+        job = next(j for j in c.call("status")["jobs"] if j["job_id"] == res["job_id"])
+        tuner = job["tuner"]
+        if not (tuner["state"] == "searching" and tuner["probes"] >= 1 and job["freq_hz"] != tuner["best_hz"]):
+            seen.clear()
+            return
+        if seen.get("probe") != job["freq_hz"]:  # a probe begins: the state file is saved a moment after the move
+            seen.update(best=tuner["best_hz"], probe=job["freq_hz"], mtime=state.stat().st_mtime_ns)
+            return
+        if state.stat().st_mtime_ns != seen["mtime"] and tuner["best_hz"] == seen["best"]:
+            seen["saved"] = json.loads(state.read_text())["jobs"][0]["freq_hz"]  # saved since, the probe running
+            raise _Probing
+
+    with pytest.raises(_Probing):
+        simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, 400,
+                   time_scale=TIME_SCALE, on_step=probing)
+    assert seen["saved"] == seen["best"] != seen["probe"], seen
+    d.stop(signal.SIGKILL)
+    d2 = start_daemon(simulate=True, workdir=d.workdir, notify_name="n2.sock")
+    assert limits(d.state_dir / "sim-orin") == (seen["best"], seen["best"])
+    assert "re-adopted after a daemon restart" in d2.log()
