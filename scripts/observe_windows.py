@@ -57,7 +57,7 @@ def gpu_readings() -> dict:
         pynvml.nvmlShutdown()
 
 
-def train(size: str, steps: int, socket: str, device: str) -> float:
+def train(size: str, steps: int, socket: str, device: str, eval_every: int = 0, eval_batches: int = 20) -> float:
     import torch
     from transformers import BertConfig, BertForMaskedLM, Trainer, TrainingArguments
 
@@ -68,12 +68,19 @@ def train(size: str, steps: int, socket: str, device: str) -> float:
     torch.manual_seed(0)
     model = BertForMaskedLM(BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                                        intermediate_size=4 * hidden))
+    evaluation = {}
+    if eval_every:  # the Trainer's evaluation every eval_every steps: eval_batches of forward passes, no steps
+        evaluation = {"eval_steps": eval_every, "per_device_eval_batch_size": 32,
+                      ("eval_strategy" if "eval_strategy" in TrainingArguments.__dataclass_fields__
+                       else "evaluation_strategy"): "steps"}
     args = TrainingArguments(output_dir=f"/tmp/observe-windows-{size}", max_steps=steps, report_to=[],
                              per_device_train_batch_size=32, save_strategy="no", logging_steps=100,
-                             dataloader_num_workers=2, use_cpu=device == "cpu", bf16=device != "cpu")
+                             dataloader_num_workers=2, use_cpu=device == "cpu", bf16=device != "cpu", **evaluation)
     start = time.monotonic()
+    name = f"bert-{size}" + (f"-eval{eval_every}" if eval_every else "")
     Trainer(model=model, args=args, train_dataset=token_dataset(32 * steps),
-            callbacks=[GovernorCallback(name=f"bert-{size}", socket=socket, seq_len=128)]).train()
+            eval_dataset=token_dataset(32 * eval_batches) if eval_every else None,
+            callbacks=[GovernorCallback(name=name, socket=socket, seq_len=128)]).train()
     return time.monotonic() - start
 
 
@@ -89,7 +96,9 @@ def summarize(rows: list[dict]) -> list[dict]:
                     "seconds_median": statistics.median(r["seconds"] for r in first_dropped),
                     "j_per_step_mean": statistics.fmean(j), "s_per_step_mean": statistics.fmean(
                         r["s_per_step"] for r in first_dropped),
-                    "spread_pct": None if spread is None else 100 * spread})
+                    "spread_pct": None if spread is None else 100 * spread,
+                    # the window furthest from the job's median J/step: an evaluation's energy in a window shows here
+                    "worst_pct": 100 * max(abs(x / statistics.median(j) - 1) for x in j)})
     return out
 
 
@@ -99,6 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--sizes", nargs="+", choices=sorted(SIZES), default=["base", "large"])
     p.add_argument("--device", default="cuda", help="cpu for a dry run against the fake NVML")
+    p.add_argument("--eval-every", type=int, nargs="+", default=[0],
+                   help="each size is trained once per value: 0 without evaluation, N with the Trainer's evaluation "
+                        "(--eval-batches) every N steps")
+    p.add_argument("--eval-batches", type=int, default=20, help="batches of 32 in each evaluation")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     before = gpu_readings()
@@ -110,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                             "tuner": {"window_rule": "time"}},
                     test_config=False,  # the daemon's defaults otherwise (the tests' 0.05 s util_sample_s is 1 read)
                     env={"PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)},
-                    log_path=args.out / "ftgovd.log", log_level="info")
+                    log_path=args.out / "ftgovd.log", log_level=os.environ.get("OBS_LOG_LEVEL", "info"))
     daemon.start(timeout_s=60)
     try:
         status = daemon.client().call("status")
@@ -118,9 +131,11 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"refusing to train: the daemon is not observing read-only: {status}")
         seconds, cpu_s = {}, {}
         for size in args.sizes:
-            cpu0 = process_cpu_s(daemon.proc.pid)
-            seconds[size] = train(size, args.steps, daemon.socket, args.device)
-            cpu_s[size] = process_cpu_s(daemon.proc.pid) - cpu0
+            for every in args.eval_every:
+                run = size + (f"-eval{every}" if every else "")
+                cpu0 = process_cpu_s(daemon.proc.pid)
+                seconds[run] = train(size, args.steps, daemon.socket, args.device, every, args.eval_batches)
+                cpu_s[run] = process_cpu_s(daemon.proc.pid) - cpu0
     finally:
         daemon.stop()
     after = gpu_readings()
@@ -136,23 +151,27 @@ def main(argv: list[str] | None = None) -> int:
     table = summarize(rows)
     lines = [f"# Observe-mode windows on {before['name']} (read only)", "",
              f"HF Trainer, BERT masked LM built from a config (random weights, synthetic tokens, batch 32 x 128), "
-             f"{args.steps} steps per job, bf16; ftgovd with the NVML backend, policy observe, tuner.window_rule "
-             "time (WindowRule's defaults). The first window of each job (the loop's warm-up) is left out of the "
-             "medians and the spread. One run per size.", "",
+             f"{args.steps} steps per job, bf16"
+             + (f", evaluation ({args.eval_batches} batches of 32) every "
+                f"{' / '.join(str(e) for e in args.eval_every if e)} steps in the jobs so named"
+                if any(args.eval_every) else "")
+             + "; ftgovd with the NVML backend, policy observe, tuner.window_rule time (WindowRule's defaults). "
+             "The first window of each job (the loop's warm-up) is left out of the medians and the spread. One run "
+             "per job.", "",
              "| job | windows | window, median steps | window, median s | J/step | s/step | spread of successive "
-             "windows |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "windows | furthest window from the median |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in table:
         spread = "-" if r["spread_pct"] is None else f"{r['spread_pct']:.1f}%"
         lines.append(f"| {r['job']} | {r['windows']} | {r['steps_median']:g} | {r['seconds_median']:.2f} | "
-                     f"{r['j_per_step_mean']:.3f} | {r['s_per_step_mean']:.4f} | {spread} |")
+                     f"{r['j_per_step_mean']:.3f} | {r['s_per_step_mean']:.4f} | {spread} | {r['worst_pct']:.1f}% |")
     same = before["power_limit_mw"] == after["power_limit_mw"]
     lines += ["", f"Read-only check: power limit {before['power_limit_mw']} mW before, {after['power_limit_mw']} mW "
               f"after ({'unchanged' if same else 'CHANGED'}); clock event reasons {before['clocks_event_reasons']:#x} "
               f"before, {after['clocks_event_reasons']:#x} after. Training took "
-              + ", ".join(f"{s:.0f} s ({size})" for size, s in seconds.items()) + ".",
-              "", f"The counter's update instants were found in {grids} of {len(args.sizes)} jobs (the daemon's "
+              + ", ".join(f"{s:.0f} s ({run})" for run, s in seconds.items()) + ".",
+              "", f"The daemon logged the counter's update instants found {grids} times over {len(seconds)} jobs (its "
               "\"update instants are known\" line). ftgovd's CPU time while each job trained: "
-              + ", ".join(f"{100 * cpu_s[size] / seconds[size]:.2f}% of a core ({size})" for size in seconds) + "."]
+              + ", ".join(f"{100 * cpu_s[run] / seconds[run]:.2f}% of a core ({run})" for run in seconds) + "."]
     (args.out / "summary.md").write_text("\n".join(lines) + "\n")
     (args.out / "run.json").write_text(json.dumps({"before": before, "after": after, "summary": table,
                                                    "train_s": seconds, "daemon_cpu_s": cpu_s,

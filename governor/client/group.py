@@ -173,8 +173,11 @@ class GroupCoordinator:
         # Every rank: whether the open window may close early at its reads inside (the search runs, with a rule); then
         # each read inside is also a collective (early_close), as a single job's window closes at any report.
         self._may_close = False
-        # Every rank: the open window ran across a time out of training on this rank (left_training): its energy is
-        # not the steps' alone, and the window is measured again.
+        # Every rank: a time out of training (left_training, back_to_training) inside the open window is cut out of
+        # it: its energy and seconds (_cut), read at both ends; where a read failed the window cannot be mended and
+        # is measured again (_left).
+        self._break: tuple[float, float] | None = None  # (energy_j, at_s) when the job left training
+        self._cut = (0.0, 0.0)  # (energy_j, seconds) cut out of the open window so far
         self._left = False
         self._step_prior = None  # the steps' scatter over this rank's windows so far (rank_window_noise)
         self.bytes_sent = 0
@@ -215,6 +218,8 @@ class GroupCoordinator:
     def step(self, steps: int) -> None:
         if self.done:
             return
+        if self._break is not None:  # a step without Job.phase("train") first: training came back by now
+            self.back_to_training()
         if self._edge is None:
             # The first step every rank sees. With a rule, the first edge (the start decided, the first window's
             # length told) comes window_steps later, so that rank 0 sizes that window by the steps' time between:
@@ -245,7 +250,7 @@ class GroupCoordinator:
             self._mark = None if read is None else (read[0], read[1], steps, self.job.compute_total_s,
                                                     self.job.compute_steps_total)
             n = self.next_window_steps
-            self._left = False  # the window opens on a training step: a time out before it is none of its
+            self._left, self._break, self._cut = False, None, (0.0, 0.0)  # a time out before the window: none of its
             self._reads = [] if read is None or self.rule is None else [(steps, read[0], read[1])]
             # Every rank reads at the same steps whether its own reads work or not: the reads inside may be collectives.
             self._sub_edges = read_steps(steps, n) if self.rule is not None else []
@@ -258,16 +263,39 @@ class GroupCoordinator:
         self.coord_s += time.perf_counter() - began
 
     def left_training(self) -> None:
-        """The job left training (an evaluation, a checkpoint; Job.phase): a window open now measures the time out
-        too, so this rank says so at its end and rank 0 measures it again at the same level. A synchronous run's
-        ranks evaluate together, and a window that every rank spoils is simply repeated."""
-        self._left = True
+        """The job left training (an evaluation, a checkpoint; Job.phase): the open window pauses. Its energy is read
+        now and again when training comes back (back_to_training, or the next step), and what ran between is cut out
+        of the window, as the daemon's windows do (ProbeWindow). A read that fails leaves the window spoilt: this
+        rank says so at its end, and rank 0 measures it again at the same level."""
+        if self._mark is None or self._break is not None or self._left:
+            return
+        read = self._energy_j()
+        if read is None:
+            self._left = True
+        else:
+            self._break = read
+
+    def back_to_training(self) -> None:
+        """Training goes on (Job.phase("train")): the pause ends here."""
+        if self._break is None:
+            return
+        (e0, t0), self._break = self._break, None
+        read = self._energy_j()
+        if read is None:
+            self._left = True
+            return
+        self._cut = (self._cut[0] + read[0] - e0, self._cut[1] + read[1] - t0)
+
+    def _window_read(self) -> tuple[float, float] | None:
+        """This rank's energy and time now, as the open window counts them (the pauses cut out)."""
+        read = self._energy_j()
+        return None if read is None else (read[0] - self._cut[0], read[1] - self._cut[1])
 
     def _sub_read(self, steps: int) -> None:
         """A read inside the open window (a sub-window's edge); one that fails leaves the window with fewer."""
         while self._sub_edges and steps >= self._sub_edges[0]:
             self._sub_edges.pop(0)
-        read = self._energy_j() if self._reads else None
+        read = self._window_read() if self._reads else None
         if read is not None and read[0] >= self._reads[-1][1] and steps > self._reads[-1][0]:
             self._reads.append((steps, read[0], read[1]))
 
@@ -321,7 +349,7 @@ class GroupCoordinator:
     def _measured(self, steps: int) -> list[float]:
         """This rank's part of an edge: [able, measured, energy_j, steps, seconds, compute_s, noise_rel]. able: its
         daemon holds its job in the group (0: absent or refused); measured: it has a window (none at the first edge,
-        nor after a refused read; -1: one that ran across a time out of training, left_training); compute_s: its
+        nor after a refused read; -1: one whose time out of training could not be cut out); compute_s: its
         mean compute time per step in the window (job.compute_done()), -1: not told; noise_rel: the window's own
         relative uncertainty (window_noise_rel), -1: unknown (no rule)."""
         able = float(self.job.job_id is not None and not self.job.disabled
@@ -330,8 +358,8 @@ class GroupCoordinator:
         if self._mark is None or not able:
             return none
         if self._left:
-            return [able, -1.0, 0.0, 0.0, 0.0, -1.0, -1.0]  # measured -1: the window ran across a time out
-        read = self._energy_j()
+            return [able, -1.0, 0.0, 0.0, 0.0, -1.0, -1.0]  # measured -1: a time out it could not cut out
+        read = self._window_read()
         e0, t0, n0, c0, cn0 = self._mark
         if read is None or steps <= n0:
             return none
@@ -364,7 +392,8 @@ class GroupCoordinator:
         if self.rank == 0:
             self.bytes_sent += decision.numel() * decision.element_size()
         converged, stop, done, window_steps, *levels = decision.tolist()
-        self._mark, self._reads, self._sub_edges, self._left = None, [], [], False
+        self._mark, self._reads, self._sub_edges = None, [], []
+        self._left, self._break, self._cut = False, None, (0.0, 0.0)
         self._may_close = self.rule is not None and not converged
         self.next_window_steps = max(1, int(window_steps))
         if stop:

@@ -185,8 +185,11 @@ class Job:
         if phase == self._phase:
             return
         self._phase = phase
-        if self.coordinator is not None and phase != "train":
-            self.coordinator.left_training()
+        if self.coordinator is not None:
+            if phase == "train":
+                self.coordinator.back_to_training()
+            else:
+                self.coordinator.left_training()
         if self.job_id is not None and self._conn is not None:
             self._report()
 

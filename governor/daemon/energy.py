@@ -121,9 +121,12 @@ class MeterFeed:
 
     A change of phase (``job.phase``: eval, checkpoint, data, then train again) cuts the points: what ran between
     the two reports was not steps of one phase. The report that leaves training gives one point of its new phase (a
-    window fed it starts over: ProbeWindow.feed), and the report that comes back starts the steps' count afresh from
-    its arrival, since the step end it carries is the last training step's, before the evaluation: counted from there,
-    the evaluation's energy would have been spread over the next step's count."""
+    window fed it pauses: ProbeWindow.feed), and the report that comes back gives one training point at its arrival,
+    where the windows go on, and starts the steps' count afresh from there: the step end it carries is the last
+    training step's, before the evaluation, and counted from there the evaluation's energy would have been spread
+    over the next step. That point's energy is the meter's as of its last update (a counter's) or sample (the rails')
+    and what the pause drew since, at the pause's own mean power: waiting for the next edge instead cost a job that
+    evaluates every 2 s most of its training between (on an H100 the first edge came a second after)."""
 
     def __init__(self, energy: BoardEnergy, gpu: Gpu, defer: Defer | None = None, edge_every_s: float = 0.0,
                  meter: EnergyMeter | None = None):
@@ -144,6 +147,7 @@ class MeterFeed:
         self._read_costs_s: collections.deque[float] = collections.deque(maxlen=READ_COSTS_KEPT)
         self._report_read_s = -math.inf  # an older client's last report that read the counter
         self._phase: str | None = None  # the phase of the last report (None: none yet)
+        self._paused_at: tuple[float, float] | None = None  # (time_s, energy_j) of the reading as training paused
 
     def settle_s(self, updates: float | None = None) -> float:
         """How long the meter takes to show a change of clock or an unpin wholly: ``updates`` of its updates (None:
@@ -180,17 +184,29 @@ class MeterFeed:
 
     def _phase_changed(self, job, phase: str) -> list[tuple[float, float, float]]:
         """A report in a new phase: the edges up to now dropped, the steps counted afresh from now (this report's
-        arrival, when the phase changed) at the job's count; a point of the new phase where it is not training."""
+        arrival, when the phase changed) at the job's count, and one point at now: of the new phase, or, back in
+        training, where the windows go on (the class's docstring)."""
         now_s = time.monotonic()
-        energy_j = self.energy_j(job)
         if isinstance(self.meter, CounterMeter):
-            if not self._timer_serves():
-                self._edges.read(now_s, energy_j)
+            energy_j = self._read()  # a fresh read: the timer's last may be several updates old
+            self._edges.read(now_s, energy_j)
+            at_s = self._edges.last_update_s(now_s)
+            self._last_report_s = now_s  # the timer's reads go on
         else:
-            self._seen_s = max(self._seen_s, max((t_s for t_s, _ in self.meter.samples), default=self._seen_s))
+            energy_j = self.meter.energy_j
+            samples = self.meter.samples
+            at_s = samples[-1][0] if samples else None
+            self._seen_s = max(self._seen_s, at_s if at_s is not None else self._seen_s)
+        at_s = now_s if at_s is None or at_s > now_s else at_s  # the instant the reading stands for
         self._edges.take_until(now_s)
         self._last_end = (job.steps, now_s)
-        return [] if phase == "train" else [(job.steps, energy_j, now_s)]
+        if phase != "train":
+            self._paused_at = (at_s, energy_j)
+            return [(job.steps, energy_j, now_s)]
+        paused, self._paused_at = self._paused_at, None
+        if paused is not None and at_s > paused[0]:
+            energy_j += (energy_j - paused[1]) / (at_s - paused[0]) * (now_s - at_s)
+        return [(job.steps, energy_j, now_s)]
 
     def pace_s(self, reads: float = 1.0) -> float:
         """How far apart ``reads`` counter reads must come to stay within COUNTER_READ_CPU_FRAC of a core."""

@@ -335,8 +335,10 @@ class ProbeWindow:
     their differences are used. The first ``warmup_steps`` steps after ``begin_steps`` are discarded (the step during
     which the clock changed); the window then closes at the first report at least ``window_steps`` steps later. Reports
     may skip steps: the window is then longer, and the per-step figures use the steps that really passed. A report of
-    any phase but "train" (eval, checkpoint, data loading) discards the open window, which restarts at the next train
-    report.
+    any phase but "train" (eval, checkpoint, data loading) pauses the open window: the first train report after it
+    stands where the last one before it did (the steps, energy and time between are cut out), and the window goes on
+    from there. A job that evaluates every few seconds would otherwise never finish a window of the rule's length (seen
+    on an H100: an HF Trainer evaluating every 100 steps of 44 ms closed one window in 800 steps).
 
     With a ``rule`` (WindowRule) the window is sized by time and by its own noise instead of ``window_steps``, and its
     measurement carries that noise (``Measurement.noise_rel``).
@@ -375,6 +377,11 @@ class ProbeWindow:
         self._last_steps = self.begin_steps
         self._mark: tuple[float, float, float] | None = None  # (steps, energy_j, time_s) where the window opened
         self._reports: list[tuple[float, float, float]] = []  # with a rule: every report since the mark
+        # A pause (a report out of training) cuts its stretch out: what is subtracted from the reports after it, the
+        # last report before it (both as the window counts them), and whether one is under way.
+        self._cut = (0.0, 0.0, 0.0)
+        self._last: tuple[float, float, float] | None = None
+        self._paused = False
         self.measurement: Measurement | None = None
 
     def feed(self, steps: float, energy_j: float, time_s: float, phase: str = "train") -> Measurement | None:
@@ -386,9 +393,14 @@ class ProbeWindow:
             raise TuningError(f"steps went backwards: {steps} after {self._last_steps}")
         self._last_steps = steps
         if phase != "train":
-            self._mark = None
-            self._reports = []
+            self._paused = self._mark is not None
             return None
+        if self._paused:  # back to training: this report stands where the last one before the pause did
+            assert self._last is not None, "a pause follows a report"
+            self._cut = (steps - self._last[0], float(energy_j) - self._last[1], float(time_s) - self._last[2])
+            self._paused = False
+            return None
+        steps, energy_j, time_s = steps - self._cut[0], float(energy_j) - self._cut[1], float(time_s) - self._cut[2]
         if self._first_s is None:
             self._first_s = float(time_s)
         if self._mark is None:
@@ -396,7 +408,9 @@ class ProbeWindow:
                     and float(time_s) - self._first_s >= self.settle_s):
                 self._mark = (steps, float(energy_j), float(time_s))
                 self._reports = [self._mark]
+                self._last = self._mark
             return None
+        self._last = (steps, float(energy_j), float(time_s))
         mark_steps, mark_j, mark_s = self._mark
         n = steps - mark_steps
         joules, seconds = float(energy_j) - mark_j, float(time_s) - mark_s
@@ -665,6 +679,14 @@ class UpdateEdges:
         if self._strides % self.CHECK_EVERY:
             return [base + w + guard_s]
         return [base - p + w + guard_s, base - guard_s, base + w + guard_s]
+
+    def last_update_s(self, t_s: float) -> float | None:
+        """The counter's last update at or before ``t_s`` (the middle of the phase's interval); None while the grid
+        is not known."""
+        if self._phase is None or self.period_s <= 0:
+            return None
+        lo, width = self._phase
+        return t_s - (t_s - (lo + width / 2)) % self.period_s
 
     def take_until(self, t_s: float) -> list[tuple[float, float]]:
         """The edges ``(time_s, energy_j)`` at or before ``t_s``, oldest first, removed."""

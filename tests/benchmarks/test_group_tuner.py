@@ -36,10 +36,11 @@ def test_a_group_with_fixed_windows_still_runs_as_before():
     assert run["converged"] and run["window_s"] and run["window_s"][0] < 1.0, run
 
 
-def test_a_window_that_runs_across_an_evaluation_is_measured_again_not_observed():
+def test_a_window_that_runs_across_an_evaluation_has_it_cut_out():
     """Rank 0's job evaluates for 5 s (its GPU busy, no steps) in the middle of a window, its callback saying so
-    (Job.phase("eval"): left_training). The window's energy is not its steps' alone: rank 0 repeats it at the same level
-    instead of giving the tuner a J/step the evaluation inflated."""
+    (Job.phase("eval"), then "train": left_training, back_to_training). The window pauses: its energy is read at both
+    ends of the evaluation and what ran between is cut out, so the tuner gets the steps' J/step and the window is not
+    lost. Untold, the evaluation inflates the window."""
     from benchmarks.bench_groups import SimulatedCollectives
     from benchmarks.group_tuner import SimRank
     from governor.client.group import GroupCoordinator
@@ -77,10 +78,52 @@ def test_a_window_that_runs_across_an_evaluation_is_measured_again_not_observed(
                 if tell:
                     coordinator.left_training()
                 energy_j, time_s = energy_j + 5.0 * joules / seconds, time_s + 5.0
+                rank.read = (energy_j, time_s)
+                if tell:
+                    coordinator.back_to_training()
+                    cut = coordinator._cut
         spoiled = [j / curve.expected(hz)[0] - 1 for hz, j in observed if j > 1.2 * curve.expected(hz)[0]]
         assert evaluated
         if tell:
             assert observed and not spoiled, observed
             assert coordinator.tuner.converged
+            assert cut[1] == 5.0 and cut[0] > 0  # the evaluation's seconds and energy, cut out of its window
         else:
             assert spoiled, observed  # the check can fail: untold, the evaluation lands in a window
+
+
+def test_a_pause_whose_read_fails_spoils_the_window_and_rank_0_measures_it_again():
+    """Where the energy cannot be read as the job leaves training, the pause cannot be cut out: the rank sends
+    measured -1 and rank 0 repeats the window at the same level rather than observe it or stop."""
+    from benchmarks.bench_groups import SimulatedCollectives
+    from benchmarks.group_tuner import SimRank
+    from governor.client.group import GroupCoordinator
+    from governor.config import TunerConfig
+    from governor.daemon.groups import RULE_FIELDS
+    from governor.sim.meters import NVML_UPDATE_S
+
+    curve = real_curves()[3]
+    rule = TunerConfig().window(NVML_UPDATE_S)
+    rank = SimRank(curve, curve.levels_hz[-1], {name: getattr(rule, name) for name in RULE_FIELDS}, 2000)
+    coordinator = GroupCoordinator(rank, SimulatedCollectives(1))
+    energy_j = time_s = 0.0
+    spoilt_at = None
+    for n in range(1, 2001):
+        joules, seconds = curve.expected(rank.level_hz)
+        energy_j, time_s = energy_j + joules, time_s + seconds
+        rank.read = (energy_j, time_s)
+        windows, level = coordinator.windows, coordinator.level_hz
+        coordinator.step(n)
+        if spoilt_at is not None and coordinator.windows == windows and coordinator._mark is None and not spoilt_at[1]:
+            spoilt_at = (spoilt_at[0], (level, coordinator.level_hz))  # the spoilt window closed: nothing observed
+        if spoilt_at is None and coordinator.windows >= 1 and coordinator._mark is not None:
+            real = coordinator._energy_j
+            coordinator._energy_j = lambda: None  # the daemon does not answer this once
+            coordinator.left_training()
+            coordinator._energy_j = real
+            spoilt_at = (n, None)
+            energy_j, time_s = energy_j + 5.0 * joules / seconds, time_s + 5.0
+    assert spoilt_at is not None and spoilt_at[1] is not None, spoilt_at
+    before, after = spoilt_at[1]
+    assert before == after  # measured again at the same level
+    assert coordinator.tuner.converged and "stopped" not in coordinator.status

@@ -282,15 +282,22 @@ def test_window_with_sparse_reports_uses_the_steps_that_passed():
     assert (m.joules_per_step, m.seconds_per_step, m.measured_steps, m.profiled_steps) == (20.0, 2.0, 10, 20)
 
 
-def test_window_restarts_after_an_eval_phase():
+def test_a_window_pauses_over_an_eval_phase_and_goes_on_after_it():
+    """The evaluation's 480 J in 28 s land in no window, and the steps before it still count: a job evaluating every
+    few seconds would otherwise never finish a window of the rule's length."""
     win = ProbeWindow(714000000, begin_steps=0, warmup_steps=1, window_steps=2)
     win.feed(1, 10.0, 1.0)
-    win.feed(2, 20.0, 2.0)
+    win.feed(2, 20.0, 2.0)  # one step measured
     assert win.feed(2, 500.0, 30.0, phase="eval") is None  # eval energy must not land in a training window
-    assert win.feed(3, 510.0, 31.0) is None
-    assert win.feed(4, 520.0, 32.0) is None
-    m = win.feed(5, 530.0, 33.0)
-    assert m.joules_per_step == 10.0 and m.profiled_steps == 5
+    assert win.feed(2, 500.0, 30.0) is None  # back to training: stands where step 2 did
+    m = win.feed(3, 510.0, 31.0)
+    assert m.joules_per_step == 10.0 and m.seconds_per_step == 1.0 and m.measured_steps == 2
+    # A pause before the window opened (in its warm-up) has nothing to cut.
+    early = ProbeWindow(714000000, begin_steps=0, warmup_steps=1, window_steps=2)
+    early.feed(0, 0.0, 0.0, phase="eval")
+    early.feed(1, 300.0, 20.0)
+    early.feed(2, 310.0, 21.0)
+    assert early.feed(3, 320.0, 22.0).joules_per_step == 10.0
 
 
 @pytest.mark.parametrize("reports", [
