@@ -104,7 +104,7 @@ def test_the_baseline_in_parts_gives_each_its_share_of_the_steps_time_and_precis
     cfg = TunerConfig(window_rule="time")
     part = cfg.baseline_window_rule(0.1)
     assert cfg.baseline_parts == 5 and cfg.baseline_budget_steps() == 100 and cfg.baseline_budget_steps(20_000) == 1000
-    assert part.max_steps == 20 and cfg.baseline_window_rule(0.1, 20_000).max_steps == 200
+    assert part.max_steps == 20 and cfg.baseline_window_rule(0.1, 20_000).max_steps == 20  # 50 parts of 20 000 steps
     assert part.min_steps == 6 and part.max_s == 120.0 and part.target_rel == pytest.approx(0.0075 * 5 ** 0.5)
     assert part.min_s == cfg.window_min_s  # a part is still a window: at least window_min_s long
     with pytest.raises(ValidationError):
@@ -122,3 +122,16 @@ def test_the_shipped_configs_commented_tuner_settings_load_as_they_read(tmp_path
     tuner = load_config(path).tuner
     assert {k: getattr(tuner, k) for k in ("window_target_rel", "baseline_max_share")} == {
         k: TunerConfig.model_fields[k].default for k in ("window_target_rel", "baseline_max_share")}
+
+
+def test_the_baselines_parts_grow_with_the_jobs_length():
+    from governor.config import TunerConfig
+    from governor.policy.measured_saving import MAX_PARTS
+
+    cfg = TunerConfig()
+    assert cfg.baseline_parts_for(2000) == cfg.baseline_parts_for(None) == cfg.baseline_parts_for(300) == 5
+    assert cfg.baseline_parts_for(8000) == 20 and cfg.baseline_parts_for(200_000) == MAX_PARTS
+    assert TunerConfig(baseline_parts=1).baseline_parts_for(200_000) == 1  # the one window at the start stays one
+    # Each part's rule takes its share of the longer job's budget.
+    rule = cfg.baseline_window_rule(0.1, 8000)
+    assert rule.max_steps == cfg.baseline_budget_steps(8000) // 20

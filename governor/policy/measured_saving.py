@@ -41,6 +41,9 @@ Point = tuple[float, float, float]  # (steps, energy_j, time_s), as windows take
 MARK_STEPS = 2.0
 MAX_MARKS = 4096
 MIN_BLOCKS = 5
+# The most parts a baseline is measured in, those a drift asked for included (BaselineParts): tuner.baseline_parts'
+# own bound.
+MAX_PARTS = 50
 
 
 @dataclass
@@ -220,25 +223,37 @@ def blocks_rel(stretches: list[_Stretch], block_steps: float) -> tuple[float, in
     return math.sqrt(var * steps / len(blocks) / max(1.0, block_steps)), len(blocks)
 
 
-def pooled(parts: list[Measurement]) -> Measurement:
+def pooled(parts: list[Measurement], spans: list[float] | None = None) -> Measurement:
     """One measurement of the default governor from its ``parts``, each a window at no pin: J/step and s/step over all
     their steps; its uncertainty the parts' own in quadrature (each weighing by its steps) or, from three parts, the
     scatter of their J/step over the square root of their number (batch means) when that is larger: parts far apart
-    show the drift that each one's own scatter does not."""
+    show the drift that each one's own scatter does not.
+
+    ``spans``: the stretch of the job each part stands for (BaselineParts.spans), which then weigh the parts instead
+    of their steps: parts added late in a job that drifts (BaselineParts) are closer together than the first ones, and
+    weighing them by their steps would lean the baseline towards the job's end."""
     if not parts:
         raise ValueError("no baseline parts to pool")
     if len(parts) == 1:
         return parts[0]
     steps = sum(m.measured_steps for m in parts)
-    mean = sum(m.joules_per_step * m.measured_steps for m in parts) / steps
+    weights = [float(m.measured_steps) for m in parts] if spans is None else list(spans)
+    if len(weights) != len(parts) or not all(w > 0 for w in weights):
+        raise ValueError(f"parts' weights must be one positive number a part, got {weights!r}")
+    total = math.fsum(weights)
+    mean = math.fsum(w * m.joules_per_step for w, m in zip(weights, parts, strict=True)) / total
     own = [m.noise_rel for m in parts]
     noise = (None if any(n is None for n in own)
-             else math.sqrt(sum((m.measured_steps * (m.noise_rel or 0.0)) ** 2 for m in parts)) / steps)
+             else math.sqrt(math.fsum((w * (m.noise_rel or 0.0)) ** 2 for w, m in zip(weights, parts, strict=True)))
+             / total)
     if len(parts) >= 3:
         spread = math.sqrt(sum((m.joules_per_step / mean - 1.0) ** 2 for m in parts) / (len(parts) - 1))
-        noise = max(noise or 0.0, spread / math.sqrt(len(parts)))
+        # The weighted mean of parts that stray independently: the spread times sqrt(sum w^2) / sum w (1/sqrt(n)
+        # for equal weights).
+        noise = max(noise or 0.0, spread * math.sqrt(math.fsum(w * w for w in weights)) / total)
     durations = [m.duration_s for m in parts]
-    return Measurement(None, mean, sum(m.seconds_per_step * m.measured_steps for m in parts) / steps, steps,
+    return Measurement(None, mean,
+                       math.fsum(w * m.seconds_per_step for w, m in zip(weights, parts, strict=True)) / total, steps,
                        sum(m.profiled_steps for m in parts), noise,
                        None if any(d is None for d in durations) else sum(d for d in durations if d is not None))
 
@@ -253,14 +268,26 @@ class BaselineParts:
     one first part's length each, and fall due at equal steps over the job's ``total_steps`` (None: unknown, taken as
     the tuner's ASSUMED_TOTAL_STEPS) from where the first ended. A part runs only while the job runs converged at its
     pick: one that runs late (a search that took longer) spreads those left over the steps left, so that they do not
-    bunch up behind it; none is due once the job is past its length."""
+    bunch up behind it; none is due once the job is past its length.
 
-    def __init__(self, parts: int, budget_steps: int | None, total_steps: int | None):
+    Parts that disagree by more than their own scatter say that the job drifts, and then their number, not their
+    length, is what narrows the baseline (on the H200's runs, 100-step segments scatter by 2.7-4.4% and 400-step ones
+    hardly less). So from three parts on, while the pooled baseline's uncertainty is above ``target_rel`` (the
+    baseline's target, tuner.baseline_target_rel), more parts are planned, as many as that scatter says the target
+    needs and the budget left pays for (parts as long as the longest so far), at most MAX_PARTS in all, spread over the
+    steps left; the pooled baseline then weighs each part by the stretch of the job it stands for (``spans``), as
+    the added parts lie closer together than the planned ones."""
+
+    def __init__(self, parts: int, budget_steps: int | None, total_steps: int | None,
+                 target_rel: float | None = None):
         if parts < 1:
             raise ValueError(f"baseline parts must be at least 1, got {parts!r}")
         self.parts, self.budget_steps, self.total_steps = parts, budget_steps, total_steps
+        self.target_rel = target_rel
         self.measured: list[Measurement] = []
+        self.at_steps: list[float] = []  # the job's step at each measured part's middle
         self.due_at: list[float] = []
+        self.added = 0  # parts planned beyond ``parts`` for a drift they showed
 
     @property
     def _total(self) -> float:
@@ -268,7 +295,7 @@ class BaselineParts:
 
     def first(self, m: Measurement, steps: float) -> None:
         """The first part closed at job step ``steps``: the others are planned."""
-        self.measured = [m]
+        self.measured, self.at_steps = [m], [steps - m.measured_steps / 2.0]
         more = self.parts - 1
         if self.budget_steps is not None and more:
             left = self.budget_steps - m.measured_steps
@@ -289,17 +316,53 @@ class BaselineParts:
             self.due_at = [steps + (self._total - steps) * k / n for k in range(n)]
         return True
 
-    def add(self, m: Measurement) -> None:
-        """A later part closed."""
+    def add(self, m: Measurement, steps: float) -> None:
+        """A later part closed at job step ``steps``."""
         self.measured.append(m)
+        self.at_steps.append(steps - m.measured_steps / 2.0)
         if self.due_at:
             self.due_at.pop(0)
+        self._more(steps)
 
     def skip(self) -> None:
         """The part due could not be measured (the GPU shared, the window failed): the next one's turn."""
         if self.due_at:
             self.due_at.pop(0)
 
+    def _more(self, steps: float) -> None:
+        """More parts, where those so far scatter by more than the baseline's target allows and the budget pays."""
+        k = len(self.measured)
+        if self.target_rel is None or self.budget_steps is None or k < 3:
+            return
+        # What one part strays by: the parts' scatter about their mean, or their own uncertainty if larger. The
+        # mean of n parts strays by that over sqrt(n): the target wants (scatter / target)^2 of them.
+        mean = sum(m.joules_per_step for m in self.measured) / k
+        scatter = math.sqrt(sum((m.joules_per_step / mean - 1.0) ** 2 for m in self.measured) / (k - 1))
+        own = [m.noise_rel for m in self.measured if m.noise_rel is not None]
+        if own:
+            scatter = max(scatter, math.sqrt(sum(n * n for n in own) / len(own)))
+        spent = sum(m.measured_steps for m in self.measured)
+        longest = max(m.measured_steps for m in self.measured)  # a part may run longer than the mean: the budget holds
+        affordable = max(0, int((self.budget_steps - spent) // max(1, longest)))
+        more = min(math.ceil((scatter / self.target_rel) ** 2) - k, affordable, MAX_PARTS - k)
+        span = self._total - steps
+        if more <= len(self.due_at) or span <= 0:
+            return
+        self.added += more - len(self.due_at)
+        self.due_at = [steps + span * j / (more + 1) for j in range(1, more + 1)]
+
+    @property
+    def spans(self) -> list[float]:
+        """The stretch of the job each measured part stands for: from halfway to the part before (the first: from
+        the job's start) to halfway to the part after (the last: to the job's end)."""
+        at = self.at_steps
+        edges = [0.0] + [(a + b) / 2.0 for a, b in zip(at, at[1:], strict=False)] + [max(self._total, at[-1])]
+        return [max(1.0, hi - lo) for lo, hi in zip(edges, edges[1:], strict=False)]
+
     @property
     def baseline(self) -> Measurement | None:
-        return pooled(self.measured) if self.measured else None
+        if not self.measured:
+            return None
+        # Planned parts lie evenly over the job and weigh by their steps (the least scatter); added ones lie closer
+        # together than those before them, and each part then weighs by the stretch it stands for.
+        return pooled(self.measured, self.spans if self.added else None)

@@ -287,7 +287,8 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
     job.baseline, job.baseline_steps = run.baseline, run.steps_run
     job.default_steps = max(0, run.steps_run - 1)  # the first step ran at the start pin
     if run.baseline is not None:
-        job.baseline_parts = BaselineParts(cfg.baseline_parts, cfg.baseline_budget_steps(job_steps), job_steps)
+        job.baseline_parts = BaselineParts(cfg.baseline_parts_for(job_steps), cfg.baseline_budget_steps(job_steps),
+                                           job_steps, cfg.baseline_target_rel)
         job.baseline_parts.first(run.baseline, run.steps_run)
     if saving is not None:
         job.measured = MeasuredSaving(cfg.noise_rel, cfg.window_steps,
@@ -322,7 +323,7 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
             if closed is None:
                 parts.skip()
             else:
-                parts.add(closed[0])
+                parts.add(closed[0], run.steps_run)
             if session.measuring:
                 session.repinned(run.steps_run)
             continue

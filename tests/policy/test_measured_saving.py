@@ -115,10 +115,10 @@ def test_the_baselines_parts_fall_due_at_equal_steps_and_a_late_one_spreads_the_
     parts.first(part, 100)
     assert parts.due_at == [480, 860, 1240, 1620]
     assert not parts.due(479) and parts.due(480)
-    parts.add(part)
+    parts.add(part, 500)
     # The job searched again from 500 to 1300: the part due at 860 runs at 1300, the next two over what is left.
     assert parts.due(1300) and parts.due_at == [1300, 1300 + 700 / 3, 1300 + 1400 / 3]
-    parts.add(part)
+    parts.add(part, 1320)
     assert not parts.due(1500) and parts.due(1534)
     parts.skip()  # the GPU was shared: the next one's turn
     assert parts.due_at == [1300 + 1400 / 3] and not parts.due(2000) and parts.due_at == []  # past the job's length
@@ -148,3 +148,63 @@ def test_pooled_parts_weigh_by_their_steps_and_their_scatter_shows_in_the_uncert
     assert pooled(calm[:1]) is calm[0]
     with pytest.raises(ValueError):
         pooled([])
+    # Weighed by the stretches they stand for: the part standing for three quarters of the job counts three times.
+    two = [Measurement(None, j, 0.5, 20, 21, noise_rel=0.01) for j in (1.0, 2.0)]
+    assert pooled(two, [250.0, 750.0]).joules_per_step == pytest.approx(1.75)
+    with pytest.raises(ValueError):
+        pooled(two, [1.0])
+
+
+def _part(j: float, steps: int = 20) -> Measurement:
+    return Measurement(None, j, 0.5, steps, steps + 1, noise_rel=0.005)
+
+
+def test_parts_that_scatter_beyond_the_target_ask_for_more_while_the_budget_lasts():
+    from governor.policy.measured_saving import MAX_PARTS, BaselineParts
+
+    parts = BaselineParts(5, 1000, 20000, target_rel=0.0075)
+    parts.first(_part(2.0), 100)
+    assert parts.due_at == [4080, 8060, 12040, 16020]
+    for steps, j in ((4080, 2.1), (8060, 1.9)):  # 5% either side of the first: the job drifts
+        assert parts.due(steps)
+        parts.add(_part(j), steps + 20)
+    # Three parts scattering by 5% want (5% / 0.75%)^2 = 45 in all; the budget pays 47 more of 20 steps: 42 more,
+    # evenly over the steps left.
+    assert parts.added == 42 - 2 and len(parts.due_at) == 42 <= MAX_PARTS - 3
+    assert parts.due_at[0] > 8080 and parts.due_at[-1] < 20000
+    gaps = [b - a for a, b in zip(parts.due_at, parts.due_at[1:], strict=False)]
+    assert max(gaps) - min(gaps) < 1e-6
+    # Each weighs by the stretch of the job it stands for: the first from the job's start, the last to its end.
+    assert parts.at_steps == [90, 4090, 8070]
+    assert parts.spans == pytest.approx([2090, 3990, 13920])
+    assert parts.baseline.joules_per_step == pytest.approx((2090 * 2.0 + 3990 * 2.1 + 13920 * 1.9) / 20000)
+    # The budget bounds them: 200 steps for the baseline, 60 spent, 7 more parts of 20.
+    tight = BaselineParts(5, 200, 20000, target_rel=0.0075)
+    tight.first(_part(2.0), 100)
+    for steps, j in ((4080, 2.1), (8060, 1.9)):
+        tight.due(steps)
+        tight.add(_part(j), steps + 20)
+    assert len(tight.due_at) == 7
+
+
+def test_parts_that_agree_or_a_spent_budget_ask_for_no_more():
+    from governor.policy.measured_saving import BaselineParts
+
+    calm = BaselineParts(5, 1000, 20000, target_rel=0.0075)
+    calm.first(_part(2.0), 100)
+    for steps in (4080, 8060):
+        calm.due(steps)
+        calm.add(_part(2.0), steps + 20)
+    assert calm.added == 0 and len(calm.due_at) == 2
+    spent = BaselineParts(5, 100, 2000, target_rel=0.0075)  # 2,000 steps: 100 for the baseline, 5 parts of 20
+    spent.first(_part(2.0), 100)
+    for steps, j in ((480, 2.1), (860, 1.9)):
+        spent.due(steps)
+        spent.add(_part(j), steps + 20)
+    assert spent.added == 0 and len(spent.due_at) == 2  # the 40 steps left pay the two planned, no more
+    untargeted = BaselineParts(5, 1000, 20000)  # no target: the plan stands
+    untargeted.first(_part(2.0), 100)
+    for steps, j in ((4080, 2.1), (8060, 1.9)):
+        untargeted.due(steps)
+        untargeted.add(_part(j), steps + 20)
+    assert untargeted.added == 0
