@@ -237,9 +237,13 @@ def section(args, registration, simulated, gloo, trims) -> str:
               "alone, the other ranks' windows handed to it without a network (its own work). gloo: real processes "
               f"on this machine's CPUs, {RANKS_PER_NODE} ranks to an ftgovd (2 to one at 4 ranks), until the tuner "
               "converged; its time includes waiting in the collectives for the last rank to reach the window's end "
-              "(with more processes than CPUs, mostly scheduling). Bytes: each rank sends 7 float64 (56 B) to the "
-              "all_gather and receives the others' (56 B x (ranks - 1)); rank 0 broadcasts 4 + ranks float64 (the "
-              "flags, the next window's steps, each rank's level).", ""]
+              "(with more processes than CPUs, mostly scheduling). While the search runs, each read inside a window "
+              "is a collective too (early_close: an all_gather of 5 float64 a rank and rank 0's verdict, one "
+              "float64), so that a window clearly worse than the tuner's reference closes there: on gloo, with "
+              "every rank waiting for the slowest at each, they are most of the time. Bytes at a window's end: each "
+              "rank sends 7 float64 (56 B) to the all_gather and receives the others' (56 B x (ranks - 1)); rank 0 "
+              "broadcasts 4 + ranks float64 (the flags, the next window's steps, each rank's level); the whole run's "
+              "column counts the reads inside too.", ""]
     rows = []
     for n in sorted(simulated):
         rows.append((n, "simulated", len(simulated[n]), ms(simulated[n], 50), ms(simulated[n], 99),
