@@ -242,16 +242,16 @@ def section(args, registration, simulated, gloo, trims) -> str:
               "float64), so that a window clearly worse than the tuner's reference closes there: on gloo, with "
               "every rank waiting for the slowest at each, they are most of the time. Bytes at a window's end: each "
               "rank sends 7 float64 (56 B) to the all_gather and receives the others' (56 B x (ranks - 1)); rank 0 "
-              "broadcasts 4 + ranks float64 (the flags, the next window's steps, each rank's level); the whole run's "
+              "broadcasts 5 + ranks float64 (the flags, the next window's steps, each rank's level); the whole run's "
               "column counts the reads inside too.", ""]
     rows = []
     for n in sorted(simulated):
         rows.append((n, "simulated", len(simulated[n]), ms(simulated[n], 50), ms(simulated[n], 99),
-                     56 * (n - 1) + 8 * (4 + n), "-"))
+                     56 * (n - 1) + 8 * (5 + n), "-"))
     for n in sorted(gloo):
         g = gloo[n]
         rows.append((n, "gloo", len(g["costs"]), ms(g["costs"], 50), ms(g["costs"], 99),
-                     56 * (n - 1) + 8 * (4 + n), f"{g['rank0_bytes']} / {g['other_bytes']}"))
+                     56 * (n - 1) + 8 * (5 + n), f"{g['rank0_bytes']} / {g['other_bytes']}"))
     lines += markdown_table(("ranks", "collectives", "windows", "rank 0 p50 ms", "rank 0 p99 ms",
                              "bytes into a rank but 0, a window", "bytes sent, rank 0 / rank 1, whole run"), rows)
     lines += ["", f"The trim on simulated groups (governor.sim.groups): GPUs slower than the fastest by "

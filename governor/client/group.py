@@ -9,7 +9,8 @@ Each node's ftgovd tunes a group whose ranks are all its own. One whose ranks sp
 window's edges (and at its sub-windows' edges, SUB_WINDOWS) each rank reads its GPU's energy from its own daemon
 (job_energy), rank 0 gathers every rank's (energy, steps, seconds, compute time, the window's own uncertainty) over the
 job's own torch.distributed process group (one all_gather of seven floats a rank), runs the OnlineTuner on the summed
-energy per step and the slowest step, and broadcasts the level and the next window's length; each rank then asks its
+energy per step and the slowest step, and broadcasts the level, the next window's length and whether its reads
+inside are collectives; each rank then asks its
 own daemon for it (set_level). While the search runs, each read inside a window is a collective too (five floats a
 rank, and rank 0's verdict), so that a window already clearly worse than the tuner's reference closes there, as a
 single job's does (early_close).
@@ -227,7 +228,9 @@ class GroupCoordinator:
             # unable to call any level clearly below the start (it keeps the start then).
             read = self._energy_j() if self.rule is not None and self.rank == 0 else None
             self._first = None if read is None else (steps, read[1])
-            self._edge = steps + (self.window_steps if self.rule is not None else 0)
+            # On every rank alike, whatever its daemon's rule: the ranks' daemons may differ (one older, or sizing
+            # windows in fixed steps), and an edge some ranks reach at another step would hang the collectives.
+            self._edge = steps + self.window_steps
         if steps < self._edge:
             if self._sub_edges and steps >= self._sub_edges[0]:
                 began = time.perf_counter()
@@ -252,8 +255,9 @@ class GroupCoordinator:
             n = self.next_window_steps
             self._left, self._break, self._cut = False, None, (0.0, 0.0)  # a time out before the window: none of its
             self._reads = [] if read is None or self.rule is None else [(steps, read[0], read[1])]
-            # Every rank reads at the same steps whether its own reads work or not: the reads inside may be collectives.
-            self._sub_edges = read_steps(steps, n) if self.rule is not None else []
+            # Every rank reads at the same steps whether its own reads work or not (or its daemon sent no rule): the
+            # reads inside may be collectives.
+            self._sub_edges = read_steps(steps, n) if self.rule is not None or self._may_close else []
             self._opening, self._edge = False, steps + n
             self._open_cost_s += time.perf_counter() - began
         else:
@@ -384,17 +388,21 @@ class GroupCoordinator:
         gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(gathered, mine)
         self.bytes_sent += mine.numel() * mine.element_size()
-        # converged, stop, done, the next window's steps, then each rank's level
-        decision = torch.zeros(4 + self.world_size, dtype=torch.float64, device=self.device)
+        # converged, stop, done, the next window's steps, whether its reads inside are collectives, each rank's level
+        decision = torch.zeros(5 + self.world_size, dtype=torch.float64, device=self.device)
         if self.rank == 0:
-            decision[:] = torch.tensor(self._decide([t.tolist() for t in gathered]), dtype=torch.float64)
+            flags = self._decide([t.tolist() for t in gathered])
+            # Rank 0's rule alone says whether the next window may close early: the ranks' daemons may differ (one
+            # older, or configured for fixed-step windows), and a collective that some ranks skip would hang them.
+            flags.insert(4, float(self.rule is not None and not flags[0]))
+            decision[:] = torch.tensor(flags, dtype=torch.float64)
         dist.broadcast(decision, src=0)
         if self.rank == 0:
             self.bytes_sent += decision.numel() * decision.element_size()
-        converged, stop, done, window_steps, *levels = decision.tolist()
+        converged, stop, done, window_steps, may_close, *levels = decision.tolist()
         self._mark, self._reads, self._sub_edges = None, [], []
         self._left, self._break, self._cut = False, None, (0.0, 0.0)
-        self._may_close = self.rule is not None and not converged
+        self._may_close = bool(may_close)
         self.next_window_steps = max(1, int(window_steps))
         if stop:
             self.done, self.status = True, "stopped: a rank has no measurement (its daemon absent or refusing)"
@@ -415,7 +423,8 @@ class GroupCoordinator:
 
     def _decide(self, windows: list[list[float]]) -> list[float]:
         """Rank 0: the group's window into the tuner (or, once it converged, the trim), and what comes next:
-        [converged, stop, done, the next window's steps] and each rank's level."""
+        [converged, stop, done, the next window's steps] and each rank's level (_close_and_decide adds whether the
+        next window's reads inside are collectives)."""
         n = self.world_size
         stop = [0.0, 1.0, 0.0, float(self.window_steps)] + [0.0] * n
         if not all(able for able, *_ in windows):

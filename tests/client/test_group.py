@@ -62,7 +62,7 @@ def test_a_torchrun_rank_registers_in_its_group_and_reports_its_compute_time(nod
 @pytest.fixture
 def node(start_daemon, tmp_path):
     """One simulated node: an ftgovd with two fake NVML GPUs."""
-    def start(name: str, gpu: dict | None = None):
+    def start(name: str, gpu: dict | None = None, tuner: dict | None = None):
         spec = tmp_path / f"{name}.json"
         spec.write_text(json.dumps({"gpus": [dict(gpu or GPU), dict(gpu or GPU)]}))
         env = {"FAKENVML_CONFIG": str(spec), "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
@@ -70,7 +70,8 @@ def node(start_daemon, tmp_path):
         # 0.1 s, at most 0.3 s (the defaults' 1-10 s would outlast the ranks' MAX_STEPS).
         return start_daemon(root=tmp_path / "no-jetson", env=env,
                             config={"backend": "nvml", "policy": "tune", "limits": {"repin_interval_s": 0.01},
-                                    "tuner": {"window_min_s": 0.1, "window_max_s": 0.3, "window_min_updates": 1}})
+                                    "tuner": {"window_min_s": 0.1, "window_max_s": 0.3, "window_min_updates": 1,
+                                              **(tuner or {})}})
     return start
 
 
@@ -164,6 +165,42 @@ def test_four_ranks_on_two_nodes_converge_on_one_level_and_a_killed_ranks_gpu_is
                 p.join()
 
 
+def test_ranks_whose_daemons_differ_in_their_window_rule_take_part_in_the_same_collectives(node):
+    """Node b's daemon sizes windows in fixed steps (as an older one would: no rule in its register reply), node a's
+    by time. Rank 0 (on a) says whether a window's reads inside are collectives, so ranks 2 and 3, which have no rule
+    of their own, take part in them: the run converges on one level instead of hanging at the first read inside."""
+    from tests.support.ranks import run_rank
+
+    nodes = [node("a"), node("b", tuner={"window_rule": "steps"})]
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(4)]
+    port = free_port()
+    procs = [ctx.Process(target=run_rank, args=(rank, 4, 2, port, nodes[rank // 2].socket, results, pipes[rank][0]))
+             for rank in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        done = {}
+        for _ in range(4):
+            rank, _pid, steps, coordinator = results.get(timeout=TIMEOUT_S)
+            done[rank] = (steps, coordinator)
+        assert len({steps for steps, _c in done.values()}) == 1, done
+        assert len({c["level_hz"] for _s, c in done.values()}) == 1, done
+        assert all(c["status"].startswith("converged") for _s, c in done.values()), done
+        assert done[0][1]["windows"] >= 1
+    except queue.Empty:
+        pytest.fail(f"the ranks did not report within {TIMEOUT_S} s (a collective that some ranks skipped?)")
+    finally:
+        for _rank_end, test_end in pipes:
+            test_end.send(True)
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
 def test_a_run_across_nodes_trims_its_ranks_that_wait_and_ends(node):
     """Ranks that tell their compute times (job.compute_done()), on simulated GPUs of different speeds: after the
     group's level, rank 0 trims; every rank ends at or under the group's level, its daemon's pin where rank 0 put it.
@@ -244,17 +281,18 @@ def test_a_rank_whose_daemon_is_absent_makes_rank_0_broadcast_stop_at_the_first_
     import warnings
 
     from governor.client import GovernorWarning, Job
-    from governor.client.group import GroupCoordinator
+    from governor.client.group import GROUP_WINDOW_STEPS, GroupCoordinator
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", GovernorWarning)
         job = Job(dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0),
                   socket=str(tmp_path / "absent.sock"), group="g", rank=0, world_size=2).start()
     coordinator = GroupCoordinator(job, TwoRanks([0.0, 0.0, 0.0, 0.0, 0.0, -1.0, -1.0]))
-    job.step()
-    coordinator.step(job.steps)
-    # rank 0's seven floats in the all_gather, then the broadcast: 4 + one level a rank
-    assert coordinator.done and coordinator.status.startswith("stopped") and coordinator.bytes_sent == 56 + 48
+    for _ in range(1 + GROUP_WINDOW_STEPS):  # the first edge: GROUP_WINDOW_STEPS after the first step, on every rank
+        job.step()
+        coordinator.step(job.steps)
+    # rank 0's seven floats in the all_gather, then the broadcast: 5 + one level a rank
+    assert coordinator.done and coordinator.status.startswith("stopped") and coordinator.bytes_sent == 56 + 56
 
 
 def test_rank_0_sizes_the_next_window_by_time_and_by_the_last_ones_uncertainty(tmp_path):
