@@ -100,153 +100,129 @@ def decided(daemon) -> dict[str, int | None]:
     return {j["gpu"]: j["freq_hz"] for j in status_of(daemon)["jobs"]}
 
 
-def test_four_ranks_on_two_nodes_converge_on_one_level_and_a_killed_ranks_gpu_is_restored(node):
-    from tests.support.ranks import run_rank
+class FourRanks:
+    """Four training processes, two on each of ``nodes`` (tests.support.ranks.run_rank, ``speeds`` passed on), as a
+    context manager: started on entry; on exit each is released and joined, killed if it hangs. ``results`` is the
+    queue they report on; ``release()`` lets them end (a killed rank's pipe is skipped)."""
 
-    nodes = [node("a"), node("b")]
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    pipes = [ctx.Pipe(duplex=False) for _ in range(4)]  # (the rank's end, the test's end)
-    port = free_port()
-    procs = [ctx.Process(target=run_rank, args=(rank, 4, 2, port, nodes[rank // 2].socket, results, pipes[rank][0]))
-             for rank in range(4)]
+    def __init__(self, nodes, speeds: list[float] | None = None):
+        from tests.support.ranks import run_rank
 
-    def release() -> None:
-        for _rank_end, test_end in pipes:
+        ctx = multiprocessing.get_context("spawn")
+        self.results = ctx.Queue()
+        self._pipes = [ctx.Pipe(duplex=False) for _ in range(4)]  # (the rank's end, the test's end)
+        port = free_port()
+        extra = () if speeds is None else (speeds,)
+        self.procs = [ctx.Process(target=run_rank, args=(rank, 4, 2, port, nodes[rank // 2].socket, self.results,
+                                                         self._pipes[rank][0], *extra)) for rank in range(4)]
+
+    def release(self) -> None:
+        for _rank_end, test_end in self._pipes:
             try:
                 test_end.send(True)
             except OSError:
-                pass  # the killed rank
-    for p in procs:
-        p.start()
-    try:
-        done = {}
-        for _ in range(4):
-            rank, pid, steps, coordinator = results.get(timeout=TIMEOUT_S)
-            done[rank] = (pid, steps, coordinator)
-        assert {steps for _pid, steps, _c in done.values()} == {done[0][1]}  # every rank stopped at one step
-        levels = {c["level_hz"] for _pid, _steps, c in done.values()}
-        assert len(levels) == 1 and all(c["status"].startswith("converged") for _p, _s, c in done.values()), done
-        (level,) = levels
-        assert done[0][2]["windows"] >= 1 and done[0][2]["bytes_sent"] > 0
-        # Windows on the daemon's rule: each states its own uncertainty; the next one's length is every rank's.
-        last = done[0][2]["last_window"]
-        assert last["noise_rel"] is not None and last["noise_rel"] > 0 and last["seconds"] >= 0.1, last
-        assert len({c["window_steps"] for _p, _s, c in done.values()}) == 1, done
-        # A window closed early at a read inside closed on every rank at once (rank 0's verdict, broadcast).
-        assert len({c["closed_early"] for _p, _s, c in done.values()}) == 1, done
-        assert decided(nodes[0]) == {"0": level, "1": level} and decided(nodes[1]) == {"0": level, "1": level}
+                pass  # a killed rank
 
-        nodes[1].notify.drain()
-        os.kill(done[3][0], signal.SIGKILL)  # rank 3: node b's GPU 1
-        nodes[1].wait_jobs(1)
-        assert pinned(nodes[1])["1"] is None  # restored at once
-        assert decided(nodes[1]) == {"0": level} and decided(nodes[0]) == {"0": level, "1": level}
-        (group,) = nodes[1].client().call("status")["groups"]
-        assert group["key"] == "torchrun-test-run" and [r["rank"] for r in group["ranks"]] == [2]
+    def __enter__(self) -> FourRanks:
+        for p in self.procs:
+            p.start()
+        return self
 
-        release()
-        ended = {}
-        for _ in range(3):
-            rank, what, result = results.get(timeout=TIMEOUT_S)
-            ended[rank] = result
-        assert sorted(ended) == [0, 1, 2] and all(r is not None and r["freq_hz"] == level for r in ended.values())
-        nodes[0].wait_jobs(0)
-        nodes[1].wait_jobs(0)
-        assert set(pinned(nodes[0]).values()) == set(pinned(nodes[1]).values()) == {None}
-    except queue.Empty:
-        pytest.fail(f"the ranks did not report within {TIMEOUT_S} s")
-    finally:
-        release()
-        for p in procs:
+    def __exit__(self, *exc) -> None:
+        self.release()
+        for p in self.procs:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
                 p.join()
+
+
+def test_four_ranks_on_two_nodes_converge_on_one_level_and_a_killed_ranks_gpu_is_restored(node):
+    nodes = [node("a"), node("b")]
+    with FourRanks(nodes) as ranks:
+        results, release = ranks.results, ranks.release
+        try:
+            done = {}
+            for _ in range(4):
+                rank, pid, steps, coordinator = results.get(timeout=TIMEOUT_S)
+                done[rank] = (pid, steps, coordinator)
+            assert {steps for _pid, steps, _c in done.values()} == {done[0][1]}  # every rank stopped at one step
+            levels = {c["level_hz"] for _pid, _steps, c in done.values()}
+            assert len(levels) == 1 and all(c["status"].startswith("converged") for _p, _s, c in done.values()), done
+            (level,) = levels
+            assert done[0][2]["windows"] >= 1 and done[0][2]["bytes_sent"] > 0
+            # Windows on the daemon's rule: each states its own uncertainty; the next one's length is every rank's.
+            last = done[0][2]["last_window"]
+            assert last["noise_rel"] is not None and last["noise_rel"] > 0 and last["seconds"] >= 0.1, last
+            assert len({c["window_steps"] for _p, _s, c in done.values()}) == 1, done
+            # A window closed early at a read inside closed on every rank at once (rank 0's verdict, broadcast).
+            assert len({c["closed_early"] for _p, _s, c in done.values()}) == 1, done
+            assert decided(nodes[0]) == {"0": level, "1": level} and decided(nodes[1]) == {"0": level, "1": level}
+
+            nodes[1].notify.drain()
+            os.kill(done[3][0], signal.SIGKILL)  # rank 3: node b's GPU 1
+            nodes[1].wait_jobs(1)
+            assert pinned(nodes[1])["1"] is None  # restored at once
+            assert decided(nodes[1]) == {"0": level} and decided(nodes[0]) == {"0": level, "1": level}
+            (group,) = nodes[1].client().call("status")["groups"]
+            assert group["key"] == "torchrun-test-run" and [r["rank"] for r in group["ranks"]] == [2]
+
+            release()
+            ended = {}
+            for _ in range(3):
+                rank, what, result = results.get(timeout=TIMEOUT_S)
+                ended[rank] = result
+            assert sorted(ended) == [0, 1, 2] and all(r is not None and r["freq_hz"] == level for r in ended.values())
+            nodes[0].wait_jobs(0)
+            nodes[1].wait_jobs(0)
+            assert set(pinned(nodes[0]).values()) == set(pinned(nodes[1]).values()) == {None}
+        except queue.Empty:
+            pytest.fail(f"the ranks did not report within {TIMEOUT_S} s")
 
 
 def test_ranks_whose_daemons_differ_in_their_window_rule_take_part_in_the_same_collectives(node):
     """Node b's daemon sizes windows in fixed steps (as an older one would: no rule in its register reply), node a's
     by time. Rank 0 (on a) says whether a window's reads inside are collectives, so ranks 2 and 3, which have no rule
     of their own, take part in them: the run converges on one level instead of hanging at the first read inside."""
-    from tests.support.ranks import run_rank
-
     nodes = [node("a"), node("b", tuner={"window_rule": "steps"})]
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    pipes = [ctx.Pipe(duplex=False) for _ in range(4)]
-    port = free_port()
-    procs = [ctx.Process(target=run_rank, args=(rank, 4, 2, port, nodes[rank // 2].socket, results, pipes[rank][0]))
-             for rank in range(4)]
-    for p in procs:
-        p.start()
-    try:
-        done = {}
-        for _ in range(4):
-            rank, _pid, steps, coordinator = results.get(timeout=TIMEOUT_S)
-            done[rank] = (steps, coordinator)
-        assert len({steps for steps, _c in done.values()}) == 1, done
-        assert len({c["level_hz"] for _s, c in done.values()}) == 1, done
-        assert all(c["status"].startswith("converged") for _s, c in done.values()), done
-        assert done[0][1]["windows"] >= 1
-    except queue.Empty:
-        pytest.fail(f"the ranks did not report within {TIMEOUT_S} s (a collective that some ranks skipped?)")
-    finally:
-        for _rank_end, test_end in pipes:
-            test_end.send(True)
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    with FourRanks(nodes) as ranks:
+        try:
+            done = {}
+            for _ in range(4):
+                rank, _pid, steps, coordinator = ranks.results.get(timeout=TIMEOUT_S)
+                done[rank] = (steps, coordinator)
+        except queue.Empty:
+            pytest.fail(f"the ranks did not report within {TIMEOUT_S} s (a collective that some ranks skipped?)")
+    assert len({steps for steps, _c in done.values()}) == 1, done
+    assert len({c["level_hz"] for _s, c in done.values()}) == 1, done
+    assert all(c["status"].startswith("converged") for _s, c in done.values()), done
+    assert done[0][1]["windows"] >= 1
 
 
 def test_a_run_across_nodes_trims_its_ranks_that_wait_and_ends(node):
     """Ranks that tell their compute times (job.compute_done()), on simulated GPUs of different speeds: after the
     group's level, rank 0 trims; every rank ends at or under the group's level, its daemon's pin where rank 0 put it.
     (On a loaded CPU the step times are noisy: which ranks keep a lower level is not asserted.)"""
-    from tests.support.ranks import run_rank
-
     # A fine table, and a GPU whose idle power makes the top level the least energy per step: there is room under
     # the group's level.
     gpu = {**GPU, "graphics_clocks_mhz": {"3201": list(range(1980, 1499, -60))}, "idle_power_mw": 300_000}
     nodes = [node("c", gpu), node("d", gpu)]
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    pipes = [ctx.Pipe(duplex=False) for _ in range(4)]
-    port = free_port()
-    speeds = [1.0, 0.95, 0.9, 0.8]
-    procs = [ctx.Process(target=run_rank, args=(rank, 4, 2, port, nodes[rank // 2].socket, results, pipes[rank][0],
-                                                speeds)) for rank in range(4)]
-    for p in procs:
-        p.start()
-    try:
-        done = {}
-        for _ in range(4):
-            rank, _pid, _steps, coordinator = results.get(timeout=TIMEOUT_S)
-            done[rank] = coordinator
-        assert all(c["status"].endswith("; trimmed") for c in done.values()), done
-        (level,) = {c["level_hz"] for c in done.values()}
-        assert all(c["own_hz"] <= level for c in done.values())
-        assert decided(nodes[0]) == {"0": done[0]["own_hz"], "1": done[1]["own_hz"]}
-        assert decided(nodes[1]) == {"0": done[2]["own_hz"], "1": done[3]["own_hz"]}
-        for _rank_end, test_end in pipes:
-            test_end.send(True)
-        for _ in range(4):
-            results.get(timeout=TIMEOUT_S)
-    except queue.Empty:
-        pytest.fail(f"the ranks did not report within {TIMEOUT_S} s")
-    finally:
-        for _rank_end, test_end in pipes:
-            try:
-                test_end.send(True)
-            except OSError:
-                pass
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    with FourRanks(nodes, speeds=[1.0, 0.95, 0.9, 0.8]) as ranks:
+        try:
+            done = {}
+            for _ in range(4):
+                rank, _pid, _steps, coordinator = ranks.results.get(timeout=TIMEOUT_S)
+                done[rank] = coordinator
+            assert all(c["status"].endswith("; trimmed") for c in done.values()), done
+            (level,) = {c["level_hz"] for c in done.values()}
+            assert all(c["own_hz"] <= level for c in done.values())
+            assert decided(nodes[0]) == {"0": done[0]["own_hz"], "1": done[1]["own_hz"]}
+            assert decided(nodes[1]) == {"0": done[2]["own_hz"], "1": done[3]["own_hz"]}
+            ranks.release()
+            for _ in range(4):
+                ranks.results.get(timeout=TIMEOUT_S)
+        except queue.Empty:
+            pytest.fail(f"the ranks did not report within {TIMEOUT_S} s")
 
 
 class TwoRanks:
