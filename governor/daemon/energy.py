@@ -188,7 +188,15 @@ class MeterFeed:
         training, where the windows go on (the class's docstring)."""
         now_s = time.monotonic()
         if isinstance(self.meter, CounterMeter):
-            energy_j = self._read()  # a fresh read: the timer's last may be several updates old
+            try:
+                energy_j = self._read()  # a fresh read: the timer's last may be several updates old
+            except BackendError as e:
+                # No reading now: the windows still pause (a point of the new phase carries no energy they use),
+                # and coming back they go on at the counter's next edge instead.
+                log.debug("%s: energy counter read failed at a change of phase: %s", job.label(), e)
+                self._edges.take_until(now_s)
+                self._last_end, self._paused_at = (job.steps, now_s), None
+                return [] if phase == "train" else [(job.steps, 0.0, now_s)]
             self._edges.read(now_s, energy_j)
             at_s = self._edges.last_update_s(now_s)
             self._last_report_s = now_s  # the timer's reads go on

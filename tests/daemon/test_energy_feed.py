@@ -261,3 +261,32 @@ def test_an_evaluation_between_two_training_steps_lands_in_no_window(monkeypatch
     train(1200)
     assert before >= 1 and len(measured) - before >= 5, measured
     assert all(m.joules_per_step == pytest.approx(power_w * step_s, rel=0.05) for m in measured), measured
+
+
+def test_a_counter_that_cannot_be_read_at_a_change_of_phase_still_pauses_the_windows(monkeypatch):
+    """A failed read as the job leaves training: the windows get their pause (a point of the new phase) all the same,
+    the report is not refused, and coming back (the counter readable again) they go on at its arrival."""
+    from governor.errors import BackendError
+
+    now = [100.0]
+    monkeypatch.setattr(energy.time, "monotonic", lambda: now[0])
+    failing = [False]
+
+    def counter_j() -> float:
+        if failing[0]:
+            raise BackendError("NVML: GPU is lost")
+        return 100.0 * (int(now[0] / 0.1) * 0.1)
+
+    feed = energy.MeterFeed(SimpleNamespace(new_meter=lambda gpu: CounterMeter(counter_j), total_mw=float),
+                            gpu=None)
+    job = Job(steps=0, step_end_s=None, phase="train")
+    for _ in range(60):
+        now[0] += 0.025
+        job.steps += 1
+        job.step_end_s = now[0]
+        feed.report_points(job)
+    failing[0], job.phase = True, "eval"
+    assert [p[0] for p in feed.report_points(job)] == [60]  # the pause's point
+    failing[0], job.phase = False, "train"
+    now[0] += 1.0
+    assert [p[0] for p in feed.report_points(job)] == [60]  # where the windows go on (the counter read again)
