@@ -59,15 +59,21 @@ class SimRank:
         raise ValueError(method)
 
 
-def run_group(curve: Curve, start: str, seed: int, job_steps: int, sized: bool) -> dict:
+def one_rank(curve: Curve, start_hz: int, job_steps: int, sized: bool):
+    """A SimRank of ``curve`` at ``start_hz`` and the real GroupCoordinator over it (one rank, simulated collectives);
+    sized: its register reply carries the daemon's window rule on NVML's counter."""
     from governor.client.group import GroupCoordinator
 
-    levels = curve.levels_hz
-    start_hz = levels[{"mid-table": len(levels) // 2, "top": len(levels) - 1, "bottom": 0}[start]]
     rule = TunerConfig().window(NVML_UPDATE_S) if sized else None
     window = None if rule is None else {name: getattr(rule, name) for name in RULE_FIELDS}
     rank = SimRank(curve, start_hz, window, job_steps)
-    coordinator = GroupCoordinator(rank, SimulatedCollectives(1))
+    return rank, GroupCoordinator(rank, SimulatedCollectives(1))
+
+
+def run_group(curve: Curve, start: str, seed: int, job_steps: int, sized: bool) -> dict:
+    levels = curve.levels_hz
+    start_hz = levels[{"mid-table": len(levels) // 2, "top": len(levels) - 1, "bottom": 0}[start]]
+    rank, coordinator = one_rank(curve, start_hz, job_steps, sized)
     meter = MeteredSteps("nvml", seed)
     clean_j = 0.0
     for n in range(1, job_steps + 1):

@@ -232,22 +232,18 @@ class GroupCoordinator:
             # windows in fixed steps), and an edge some ranks reach at another step would hang the collectives.
             self._edge = steps + self.window_steps
         if steps < self._edge:
-            if self._sub_edges and steps >= self._sub_edges[0]:
-                began = time.perf_counter()
-                self._sub_read(steps)
-                if self._may_close and self._early_close(steps):
-                    self.closed_early += 1
-                    self._close_and_decide(steps)
-                    self.window_costs_s.append(self._open_cost_s + time.perf_counter() - began)
-                    self._open_cost_s = 0.0
-                    self.coord_s += time.perf_counter() - began
-                    return
+            if not self._sub_edges or steps < self._sub_edges[0]:
+                return
+            began = time.perf_counter()
+            self._sub_read(steps)
+            if not (self._may_close and self._early_close(steps)):
                 cost_s = time.perf_counter() - began
                 self._open_cost_s += cost_s  # the window's cost: its edges and the reads inside
                 self.coord_s += cost_s
-            return
-        began = time.perf_counter()
-        if self._opening:
+                return
+            self.closed_early += 1  # the window closes here, as at its edge
+        elif self._opening:
+            began = time.perf_counter()
             read = self._energy_j()
             # Times are the daemon's reads' own (at_s: this host's CLOCK_MONOTONIC), as the energy is.
             self._mark = None if read is None else (read[0], read[1], steps, self.job.compute_total_s,
@@ -260,10 +256,13 @@ class GroupCoordinator:
             self._sub_edges = read_steps(steps, n) if self.rule is not None or self._may_close else []
             self._opening, self._edge = False, steps + n
             self._open_cost_s += time.perf_counter() - began
+            self.coord_s += time.perf_counter() - began
+            return
         else:
-            self._close_and_decide(steps)
-            self.window_costs_s.append(self._open_cost_s + time.perf_counter() - began)
-            self._open_cost_s = 0.0
+            began = time.perf_counter()
+        self._close_and_decide(steps)
+        self.window_costs_s.append(self._open_cost_s + time.perf_counter() - began)
+        self._open_cost_s = 0.0
         self.coord_s += time.perf_counter() - began
 
     def left_training(self) -> None:

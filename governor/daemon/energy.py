@@ -187,27 +187,30 @@ class MeterFeed:
         arrival, when the phase changed) at the job's count, and one point at now: of the new phase, or, back in
         training, where the windows go on (the class's docstring)."""
         now_s = time.monotonic()
+        energy_j: float | None = None
+        at_s: float | None = None
         if isinstance(self.meter, CounterMeter):
             try:
                 energy_j = self._read()  # a fresh read: the timer's last may be several updates old
             except BackendError as e:
-                # No reading now: the windows still pause (a point of the new phase carries no energy they use),
-                # and coming back they go on at the counter's next edge instead.
                 log.debug("%s: energy counter read failed at a change of phase: %s", job.label(), e)
-                self._edges.take_until(now_s)
-                self._last_end, self._paused_at = (job.steps, now_s), None
-                return [] if phase == "train" else [(job.steps, 0.0, now_s)]
-            self._edges.read(now_s, energy_j)
-            at_s = self._edges.last_update_s(now_s)
+            else:
+                self._edges.read(now_s, energy_j)
+                at_s = self._edges.last_update_s(now_s)
             self._last_report_s = now_s  # the timer's reads go on
         else:
             energy_j = self.meter.energy_j
-            samples = self.meter.samples
-            at_s = samples[-1][0] if samples else None
-            self._seen_s = max(self._seen_s, at_s if at_s is not None else self._seen_s)
-        at_s = now_s if at_s is None or at_s > now_s else at_s  # the instant the reading stands for
+            if self.meter.samples:
+                at_s = self.meter.samples[-1][0]
+                self._seen_s = max(self._seen_s, at_s)
         self._edges.take_until(now_s)
         self._last_end = (job.steps, now_s)
+        if energy_j is None:
+            # No reading now: the windows still pause (a point of the new phase carries no energy they use), and
+            # coming back they go on at the counter's next edge instead.
+            self._paused_at = None
+            return [] if phase == "train" else [(job.steps, 0.0, now_s)]
+        at_s = now_s if at_s is None or at_s > now_s else at_s  # the instant the reading stands for
         if phase != "train":
             self._paused_at = (at_s, energy_j)
             return [(job.steps, energy_j, now_s)]

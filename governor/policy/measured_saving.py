@@ -223,6 +223,11 @@ def blocks_rel(stretches: list[_Stretch], block_steps: float) -> tuple[float, in
     return math.sqrt(var * steps / len(blocks) / max(1.0, block_steps)), len(blocks)
 
 
+def parts_scatter(parts: list[Measurement], mean: float) -> float:
+    """The parts' J/step's relative s.d. about ``mean`` (two parts at least)."""
+    return math.sqrt(sum((m.joules_per_step / mean - 1.0) ** 2 for m in parts) / (len(parts) - 1))
+
+
 def pooled(parts: list[Measurement], spans: list[float] | None = None) -> Measurement:
     """One measurement of the default governor from its ``parts``, each a window at no pin: J/step and s/step over all
     their steps; its uncertainty the parts' own in quadrature (each weighing by its steps) or, from three parts, the
@@ -247,7 +252,7 @@ def pooled(parts: list[Measurement], spans: list[float] | None = None) -> Measur
              else math.sqrt(math.fsum((w * (m.noise_rel or 0.0)) ** 2 for w, m in zip(weights, parts, strict=True)))
              / total)
     if len(parts) >= 3:
-        spread = math.sqrt(sum((m.joules_per_step / mean - 1.0) ** 2 for m in parts) / (len(parts) - 1))
+        spread = parts_scatter(parts, mean)
         # The weighted mean of parts that stray independently: the spread times sqrt(sum w^2) / sum w (1/sqrt(n)
         # for equal weights).
         noise = max(noise or 0.0, spread * math.sqrt(math.fsum(w * w for w in weights)) / total)
@@ -336,8 +341,7 @@ class BaselineParts:
             return
         # What one part strays by: the parts' scatter about their mean, or their own uncertainty if larger. The
         # mean of n parts strays by that over sqrt(n): the target wants (scatter / target)^2 of them.
-        mean = sum(m.joules_per_step for m in self.measured) / k
-        scatter = math.sqrt(sum((m.joules_per_step / mean - 1.0) ** 2 for m in self.measured) / (k - 1))
+        scatter = parts_scatter(self.measured, sum(m.joules_per_step for m in self.measured) / k)
         own = [m.noise_rel for m in self.measured if m.noise_rel is not None]
         if own:
             scatter = max(scatter, math.sqrt(sum(n * n for n in own) / len(own)))

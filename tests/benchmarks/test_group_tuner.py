@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.group_tuner import run_group
+from benchmarks.group_tuner import one_rank, run_group
 from benchmarks.tuner_curves import real_curves
 
 pytest.importorskip("torch")  # the coordinator's collectives are torch tensors
@@ -36,21 +36,24 @@ def test_a_group_with_fixed_windows_still_runs_as_before():
     assert run["converged"] and run["window_s"] and run["window_s"][0] < 1.0, run
 
 
+def exact_steps(curve, rank, coordinator, steps: int = 2000):
+    """Rank 0's steps on ``curve``, its daemon's reads exact: after each step's coordination, yields the step count
+    and that step's J and s (a caller may add an evaluation's energy and time to ``rank.read`` meanwhile)."""
+    for n in range(1, steps + 1):
+        joules, seconds = curve.expected(rank.level_hz)
+        rank.read = (rank.read[0] + joules, rank.read[1] + seconds)
+        coordinator.step(n)
+        yield n, joules, seconds
+
+
 def test_a_window_that_runs_across_an_evaluation_has_it_cut_out():
     """Rank 0's job evaluates for 5 s (its GPU busy, no steps) in the middle of a window, its callback saying so
     (Job.phase("eval"), then "train": left_training, back_to_training). The window pauses: its energy is read at both
     ends of the evaluation and what ran between is cut out, so the tuner gets the steps' J/step and the window is not
     lost. Untold, the evaluation inflates the window."""
-    from benchmarks.bench_groups import SimulatedCollectives
-    from benchmarks.group_tuner import SimRank
-    from governor.client.group import GroupCoordinator
-    from governor.config import TunerConfig
-    from governor.daemon.groups import RULE_FIELDS
     from governor.policy.tuner import OnlineTuner
-    from governor.sim.meters import NVML_UPDATE_S
 
     curve = real_curves()[3]
-    rule = TunerConfig().window(NVML_UPDATE_S)
     observed = []
 
     def recording_tuner(*args, **kwargs):
@@ -61,24 +64,17 @@ def test_a_window_that_runs_across_an_evaluation_has_it_cut_out():
 
     for tell in (True, False):
         observed.clear()
-        rank = SimRank(curve, curve.levels_hz[-1], {name: getattr(rule, name) for name in RULE_FIELDS}, 2000)
-        coordinator = GroupCoordinator(rank, SimulatedCollectives(1))
+        rank, coordinator = one_rank(curve, curve.levels_hz[-1], 2000, sized=True)
         coordinator._new_tuner = recording_tuner
-        energy_j = time_s = 0.0
         evaluated = False
-        for n in range(1, 2001):
-            joules, seconds = curve.expected(rank.level_hz)
-            energy_j, time_s = energy_j + joules, time_s + seconds
-            rank.read = (energy_j, time_s)
-            coordinator.step(n)
+        for n, joules, seconds in exact_steps(curve, rank, coordinator):
             if (not evaluated and coordinator.windows >= 1 and coordinator._mark is not None
                     and coordinator._edge - n > 5):
                 # inside a window of the search: an evaluation of 5 s at the step's power
                 evaluated = True
                 if tell:
                     coordinator.left_training()
-                energy_j, time_s = energy_j + 5.0 * joules / seconds, time_s + 5.0
-                rank.read = (energy_j, time_s)
+                rank.read = (rank.read[0] + 5.0 * joules / seconds, rank.read[1] + 5.0)
                 if tell:
                     coordinator.back_to_training()
                     cut = coordinator._cut
@@ -95,25 +91,11 @@ def test_a_window_that_runs_across_an_evaluation_has_it_cut_out():
 def test_a_pause_whose_read_fails_spoils_the_window_and_rank_0_measures_it_again():
     """Where the energy cannot be read as the job leaves training, the pause cannot be cut out: the rank sends
     measured -1 and rank 0 repeats the window at the same level rather than observe it or stop."""
-    from benchmarks.bench_groups import SimulatedCollectives
-    from benchmarks.group_tuner import SimRank
-    from governor.client.group import GroupCoordinator
-    from governor.config import TunerConfig
-    from governor.daemon.groups import RULE_FIELDS
-    from governor.sim.meters import NVML_UPDATE_S
-
     curve = real_curves()[3]
-    rule = TunerConfig().window(NVML_UPDATE_S)
-    rank = SimRank(curve, curve.levels_hz[-1], {name: getattr(rule, name) for name in RULE_FIELDS}, 2000)
-    coordinator = GroupCoordinator(rank, SimulatedCollectives(1))
-    energy_j = time_s = 0.0
+    rank, coordinator = one_rank(curve, curve.levels_hz[-1], 2000, sized=True)
     spoilt_at = None
-    for n in range(1, 2001):
-        joules, seconds = curve.expected(rank.level_hz)
-        energy_j, time_s = energy_j + joules, time_s + seconds
-        rank.read = (energy_j, time_s)
-        windows, level = coordinator.windows, coordinator.level_hz
-        coordinator.step(n)
+    windows, level = coordinator.windows, coordinator.level_hz
+    for n, joules, seconds in exact_steps(curve, rank, coordinator):
         if spoilt_at is not None and coordinator.windows == windows and coordinator._mark is None and not spoilt_at[1]:
             spoilt_at = (spoilt_at[0], (level, coordinator.level_hz))  # the spoilt window closed: nothing observed
         if spoilt_at is None and coordinator.windows >= 1 and coordinator._mark is not None:
@@ -122,7 +104,8 @@ def test_a_pause_whose_read_fails_spoils_the_window_and_rank_0_measures_it_again
             coordinator.left_training()
             coordinator._energy_j = real
             spoilt_at = (n, None)
-            energy_j, time_s = energy_j + 5.0 * joules / seconds, time_s + 5.0
+            rank.read = (rank.read[0] + 5.0 * joules / seconds, rank.read[1] + 5.0)
+        windows, level = coordinator.windows, coordinator.level_hz
     assert spoilt_at is not None and spoilt_at[1] is not None, spoilt_at
     before, after = spoilt_at[1]
     assert before == after  # measured again at the same level
