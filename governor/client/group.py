@@ -19,7 +19,9 @@ The windows are sized as the daemon sizes a single job's (its tuner.window_rule,
 ``window``): the ranks must edge at the same step counts, so rank 0 sizes each window in steps from the last one's
 slowest step time and uncertainty (at least the rule's time and meter updates, long enough for its target if the
 last one's scatter holds, at most its max_s), a window behind a rule that closes on its own uncertainty. The first
-edge comes ``window_steps`` after the first step seen, and rank 0 sizes the first window by the steps' time between.
+edge comes ``window_steps`` after the first step seen; the stretch to it is measured as a window, which rank 0 ends at
+a read inside where the rule would have closed it (long steps: the start's window), else it times the steps for the
+first window.
 Against an older daemon (no ``window``), every window is ``window_steps``. Once the tuner converged, if every rank
 tells its compute time (job.compute_done()), rank 0 trims the ranks that wait (governor.policy.trim) the same way,
 broadcasting each rank's level. Every rank takes part in every collective whatever its
@@ -99,7 +101,7 @@ def rank_window_noise(reads: list[tuple[float, float, float]], rule, prior=None)
 def read_steps(begin: int, steps: int) -> list[int]:
     """The step counts of a window's reads inside it (SUB_WINDOWS - 1, evenly spaced), for one opened at ``begin``
     that measures ``steps``."""
-    return [begin + round(k * steps / SUB_WINDOWS) for k in range(1, SUB_WINDOWS)]
+    return sorted({begin + round(k * steps / SUB_WINDOWS) for k in range(1, SUB_WINDOWS)} - {begin, begin + steps})
 
 
 def _int(env: Mapping[str, str], *names: str) -> int | None:
@@ -153,8 +155,6 @@ class GroupCoordinator:
         self.warmup_steps, self.window_steps = warmup_steps, window_steps
         self.rule = _window_rule((job.registration or {}).get("window"))
         self.next_window_steps = window_steps  # the open (or next) window's length, as rank 0 broadcast it
-        self._first: tuple[int, float] | None = None  # rank 0: (steps, the daemon's time) at the first step seen
-        self._first_step_s: float | None = None  # rank 0: the steps' time from there to the first edge
         # NCCL moves only device tensors; gloo (and the rest) host ones.
         self.device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
                        else torch.device("cpu"))
@@ -181,6 +181,7 @@ class GroupCoordinator:
         self._cut = (0.0, 0.0)  # (energy_j, seconds) cut out of the open window so far
         self._left = False
         self._step_prior = None  # the steps' scatter over this rank's windows so far (rank_window_noise)
+        self._stretch = False  # the open window is the stretch before the first edge
         self.bytes_sent = 0
         self.coord_s = 0.0
         self.window_costs_s: list[float] = []
@@ -222,15 +223,19 @@ class GroupCoordinator:
         if self._break is not None:  # a step without Job.phase("train") first: training came back by now
             self.back_to_training()
         if self._edge is None:
-            # The first step every rank sees. With a rule, the first edge (the start decided, the first window's
-            # length told) comes window_steps later, so that rank 0 sizes that window by the steps' time between:
-            # a first window of window_steps steps, at 10-40% noise on a 100 ms counter, would leave the tuner
-            # unable to call any level clearly below the start (it keeps the start then).
-            read = self._energy_j() if self.rule is not None and self.rank == 0 else None
-            self._first = None if read is None else (steps, read[1])
-            # On every rank alike, whatever its daemon's rule: the ranks' daemons may differ (one older, or sizing
-            # windows in fixed steps), and an edge some ranks reach at another step would hang the collectives.
-            self._edge = steps + self.window_steps
+            # The first step every rank sees. The first edge (the start decided, the next window's length told) comes
+            # window_steps later on every rank alike, whatever its daemon's rule: the ranks' daemons may differ (one
+            # older, or sizing windows in fixed steps), and an edge some ranks reach at another step would hang the
+            # collectives. The stretch to it is measured as a window: where it already is one by the rule (long
+            # steps), the tuner takes it as the start's; else it times the steps, and rank 0 sizes the first window
+            # by it (a first window of window_steps steps, at 10-40% noise on a 100 ms counter, would leave the
+            # tuner unable to call any level clearly below the start: it keeps the start then).
+            began = time.perf_counter()
+            # Its reads inside are collectives on every rank (whatever its daemon's rule: the same collectives
+            # everywhere), at which rank 0 ends the stretch where it already is a window.
+            self._stretch = self._may_close = True
+            self._open(steps, self.window_steps)
+            self.coord_s += time.perf_counter() - began
         if steps < self._edge:
             if not self._sub_edges or steps < self._sub_edges[0]:
                 return
@@ -244,17 +249,8 @@ class GroupCoordinator:
             self.closed_early += 1  # the window closes here, as at its edge
         elif self._opening:
             began = time.perf_counter()
-            read = self._energy_j()
-            # Times are the daemon's reads' own (at_s: this host's CLOCK_MONOTONIC), as the energy is.
-            self._mark = None if read is None else (read[0], read[1], steps, self.job.compute_total_s,
-                                                    self.job.compute_steps_total)
-            n = self.next_window_steps
-            self._left, self._break, self._cut = False, None, (0.0, 0.0)  # a time out before the window: none of its
-            self._reads = [] if read is None or self.rule is None else [(steps, read[0], read[1])]
-            # Every rank reads at the same steps whether its own reads work or not (or its daemon sent no rule): the
-            # reads inside may be collectives.
-            self._sub_edges = read_steps(steps, n) if self.rule is not None or self._may_close else []
-            self._opening, self._edge = False, steps + n
+            self._open(steps, self.next_window_steps)
+            self._opening = False
             self._open_cost_s += time.perf_counter() - began
             self.coord_s += time.perf_counter() - began
             return
@@ -264,6 +260,19 @@ class GroupCoordinator:
         self.window_costs_s.append(self._open_cost_s + time.perf_counter() - began)
         self._open_cost_s = 0.0
         self.coord_s += time.perf_counter() - began
+
+    def _open(self, steps: int, n: int) -> None:
+        """A window opens at ``steps``, to measure ``n`` steps: its first read, and where its reads inside fall."""
+        read = self._energy_j()
+        # Times are the daemon's reads' own (at_s: this host's CLOCK_MONOTONIC), as the energy is.
+        self._mark = None if read is None else (read[0], read[1], steps, self.job.compute_total_s,
+                                                self.job.compute_steps_total)
+        self._left, self._break, self._cut = False, None, (0.0, 0.0)  # a time out before the window: none of its
+        self._reads = [] if read is None or self.rule is None else [(steps, read[0], read[1])]
+        # Every rank reads at the same steps whether its own reads work or not (or its daemon sent no rule): the
+        # reads inside may be collectives.
+        self._sub_edges = read_steps(steps, n) if self.rule is not None or self._may_close else []
+        self._edge = steps + n
 
     def left_training(self) -> None:
         """The job left training (an evaluation, a checkpoint; Job.phase): the open window pauses. Its energy is read
@@ -316,7 +325,8 @@ class GroupCoordinator:
         self.bytes_sent += mine.numel() * mine.element_size()
         close = torch.zeros(1, dtype=torch.float64, device=self.device)
         if self.rank == 0:
-            close[0] = float(self._differs([t.tolist() for t in gathered]))
+            so_far = [t.tolist() for t in gathered]
+            close[0] = float(self._is_window(so_far) if self._stretch else self._differs(so_far))
         dist.broadcast(close, src=0)
         if self.rank == 0:
             self.bytes_sent += close.numel() * close.element_size()
@@ -371,19 +381,17 @@ class GroupCoordinator:
         noise: float | None = None
         reads = [r for r in self._reads if r[0] < steps]  # a window closed early ends at its last read inside
         if self.rule is not None and reads and read[0] >= reads[-1][1]:
-            noise, self._step_prior = rank_window_noise([*reads, (steps, read[0], read[1])], self.rule,
-                                                        self._step_prior)
+            noise, prior = rank_window_noise([*reads, (steps, read[0], read[1])], self.rule, self._step_prior)
+            # The steps' scatter of the stretch before the first edge (the loop's first steps, which a real one
+            # spends warming up) stays out of the later windows' prior, as when it only timed the steps.
+            self._step_prior = self._step_prior if self._stretch else prior
         noise = -1.0 if noise is None else noise
         return [able, 1.0, read[0] - e0, float(steps - n0), read[1] - t0, compute, noise]
 
     def _close_and_decide(self, steps: int) -> None:
         torch, dist = self.torch, self.dist
-        if self._first is not None:  # the first edge: the steps' time since the first step, on the daemon's clock
-            (n0, t0), self._first = self._first, None
-            read = self._energy_j()
-            if read is not None and steps > n0:
-                self._first_step_s = (read[1] - t0) / (steps - n0)
         mine = torch.tensor(self._measured(steps), dtype=torch.float64, device=self.device)
+        self._stretch = False
         gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(gathered, mine)
         self.bytes_sent += mine.numel() * mine.element_size()
@@ -435,9 +443,13 @@ class GroupCoordinator:
             self.tuner = self._new_tuner(levels, start_hz, probe_steps=self.warmup_steps + self.window_steps,
                                          total_steps=self.job.total_steps)
             self.level_hz = start_hz
-            first = (self.window_steps if self._first_step_s is None
-                     else self.sized_steps(self._first_step_s, self.window_steps, None))  # the rule's shortest
-            return [0.0, 0.0, 0.0, float(first)] + [float(start_hz)] * n
+            timed = [w for w in windows if w[1] > 0 and w[3] > 0 and w[4] > 0]
+            if len(timed) < n or not self._is_window([[w[1], w[2], w[3], w[4], w[6]] for w in timed]):
+                # The stretch timed the steps: the first window is the rule's shortest at their pace (the slowest
+                # rank's), whose scatter then sizes the next.
+                first = (self.window_steps if not timed
+                         else self.sized_steps(max(w[4] / w[3] for w in timed), self.window_steps, None))
+                return [0.0, 0.0, 0.0, float(first)] + [float(start_hz)] * n
         if any(ok < 0 for _able, ok, *_ in windows):
             # A window that ran across an evaluation (a checkpoint) on some rank: not the level's steps alone. The
             # same window again, at the same levels.
@@ -476,6 +488,20 @@ class GroupCoordinator:
             self.trimmer = self._new_trimmer(self.tuner.levels_hz, self.level_hz, list(range(n)))
             return [1.0, 0.0, 0.0, float(nxt)] + [float(self.level_hz)] * n
         return [float(converged), 0.0, float(converged), float(nxt)] + [float(self.level_hz)] * n
+
+    def _is_window(self, so_far: list[list[float]]) -> bool:
+        """Rank 0: whether the stretch before the first edge, as the ranks measured it so far ([measured, energy_j,
+        steps, seconds, noise_rel], _so_far), is a window the daemon's rule would have closed by then: its time, meter
+        updates and steps, and its uncertainty at the target or its time at the cap. Long steps: a few of them."""
+        rule = self.rule
+        if rule is None or not all(measured > 0 and n > 0 and t > 0 for measured, _e, n, t, _u in so_far):
+            return False
+        from governor.policy.windows import summed_noise_rel
+
+        steps, seconds = min(w[2] for w in so_far), max(w[3] for w in so_far)
+        noise = summed_noise_rel([(e / n, u if u > 0 else None) for _m, e, n, _t, u in so_far])
+        return (seconds >= rule.shortest_s and steps >= rule.min_steps
+                and (seconds >= rule.max_s or (noise is not None and noise <= rule.target_rel)))
 
     def sized_steps(self, seconds_per_step: float, steps: int, noise_rel: float | None) -> int:
         """The next window's steps, from the last one's (``steps`` at ``seconds_per_step``, the slowest rank's, with
