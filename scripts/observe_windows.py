@@ -57,7 +57,8 @@ def gpu_readings() -> dict:
         pynvml.nvmlShutdown()
 
 
-def train(size: str, steps: int, socket: str, device: str, eval_every: int = 0, eval_batches: int = 20) -> float:
+def train(size: str, steps: int, socket: str, device: str, eval_every: int = 0, eval_batches: int = 20,
+          seq_len: int = 128, grad_accum: int = 1) -> float:
     import torch
     from transformers import BertConfig, BertForMaskedLM, Trainer, TrainingArguments
 
@@ -73,14 +74,16 @@ def train(size: str, steps: int, socket: str, device: str, eval_every: int = 0, 
         evaluation = {"eval_steps": eval_every, "per_device_eval_batch_size": 32,
                       ("eval_strategy" if "eval_strategy" in TrainingArguments.__dataclass_fields__
                        else "evaluation_strategy"): "steps"}
+    # A step is an optimizer step: grad_accum batches of 32 (long steps, as a Jetson's, on a large GPU).
     args = TrainingArguments(output_dir=f"/tmp/observe-windows-{size}", max_steps=steps, report_to=[],
-                             per_device_train_batch_size=32, save_strategy="no", logging_steps=100,
+                             per_device_train_batch_size=32, gradient_accumulation_steps=grad_accum,
+                             save_strategy="no", logging_steps=100,
                              dataloader_num_workers=2, use_cpu=device == "cpu", bf16=device != "cpu", **evaluation)
     start = time.monotonic()
     name = f"bert-{size}" + (f"-eval{eval_every}" if eval_every else "")
-    Trainer(model=model, args=args, train_dataset=token_dataset(32 * steps),
-            eval_dataset=token_dataset(32 * eval_batches) if eval_every else None,
-            callbacks=[GovernorCallback(name=name, socket=socket, seq_len=128)]).train()
+    Trainer(model=model, args=args, train_dataset=token_dataset(32 * grad_accum * steps, seq_len),
+            eval_dataset=token_dataset(32 * eval_batches, seq_len) if eval_every else None,
+            callbacks=[GovernorCallback(name=name, socket=socket, seq_len=seq_len)]).train()
     return time.monotonic() - start
 
 
@@ -112,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="each size is trained once per value: 0 without evaluation, N with the Trainer's evaluation "
                         "(--eval-batches) every N steps")
     p.add_argument("--eval-batches", type=int, default=20, help="batches of 32 in each evaluation")
+    p.add_argument("--seq-len", type=int, default=128, help="tokens a sample")
+    p.add_argument("--grad-accum", type=int, default=1,
+                   help="batches of 32 in each optimizer step (the step the daemon counts): long steps")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     before = gpu_readings()
@@ -134,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
             for every in args.eval_every:
                 run = size + (f"-eval{every}" if every else "")
                 cpu0 = process_cpu_s(daemon.proc.pid)
-                seconds[run] = train(size, args.steps, daemon.socket, args.device, every, args.eval_batches)
+                seconds[run] = train(size, args.steps, daemon.socket, args.device, every, args.eval_batches,
+                                     args.seq_len, args.grad_accum)
                 cpu_s[run] = process_cpu_s(daemon.proc.pid) - cpu0
     finally:
         daemon.stop()
@@ -150,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         w.writerows(rows)
     table = summarize(rows)
     lines = [f"# Observe-mode windows on {before['name']} (read only)", "",
-             f"HF Trainer, BERT masked LM built from a config (random weights, synthetic tokens, batch 32 x 128), "
+             f"HF Trainer, BERT masked LM built from a config (random weights, synthetic tokens, batch 32 x "
+             f"{args.seq_len}" + (f", {args.grad_accum} batches a step" if args.grad_accum > 1 else "") + "), "
              f"{args.steps} steps per job, bf16"
              + (f", evaluation ({args.eval_batches} batches of 32) every "
                 f"{' / '.join(str(e) for e in args.eval_every if e)} steps in the jobs so named"
