@@ -361,10 +361,10 @@ class GroupCoordinator:
 
     def _measured(self, steps: int) -> list[float]:
         """This rank's part of an edge: [able, measured, energy_j, steps, seconds, compute_s, noise_rel]. able: its
-        daemon holds its job in the group (0: absent or refused); measured: it has a window (none at the first edge,
-        nor after a refused read; -1: one whose time out of training could not be cut out); compute_s: its
-        mean compute time per step in the window (job.compute_done()), -1: not told; noise_rel: the window's own
-        relative uncertainty (window_noise_rel), -1: unknown (no rule)."""
+        daemon holds its job in the group (0: absent or refused); measured: it has a window (at the first edge, the
+        stretch since the first step; none after a refused read; -1: one whose time out of training could not be cut
+        out); compute_s: its mean compute time per step in the window (job.compute_done()), -1: not told;
+        noise_rel: the window's own relative uncertainty (window_noise_rel), -1: unknown (no rule)."""
         able = float(self.job.job_id is not None and not self.job.disabled
                      and bool((self.job.registration or {}).get("levels_hz")))
         none = [able, 0.0, 0.0, 0.0, 0.0, -1.0, -1.0]
