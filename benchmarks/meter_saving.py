@@ -2,7 +2,7 @@
 
     python -m benchmarks.meter_saving [--meter nvml ina3221 nvml-edges nvml-replay] [--window-rule steps time]
         [--seeds 2] [--job-steps 2000] [--no-settle] [--baseline-max-share F ...] [--baseline-parts N ...]
-        [--workers N] [--no-doc]
+        [--top-step-s S] [--workers N] [--no-doc]
 
 Each job runs one of the measured Jetson curves (benchmarks/data/loudva) through governor.sim.tuned_job's one loop
 with a SavingRun, as the daemon runs a tuned job (governor/sim/meters.py: step times scattering by 15%, power in two
@@ -30,7 +30,8 @@ each change of clock (tuner.settle_updates; --no-settle: none), to the job's end
 
 Targets: the saving within 2 points of the truth, the energy within 2%: mean and p99 (nearest rank) of the absolute
 error over every job, the number of jobs stated. Writes docs/benchmarks.md ("meter-saving"; another --job-steps,
-"meter-saving-N"; --baseline-max-share, "-share"; --baseline-parts, "-parts").
+"meter-saving-N"; --baseline-max-share, "-share"; --baseline-parts, "-parts"; --top-step-s, "-paced": every curve's
+steps scaled so that its top level's takes S seconds, its power unchanged, as a large GPU's fine-tuning steps).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 from benchmarks.figures import machine, markdown_table, publish
 from benchmarks.figures import pct as percentile
-from benchmarks.tuner_curves import DEFAULT_DATA, Curve, real_curves
+from benchmarks.tuner_curves import DEFAULT_DATA, Curve, paced, real_curves
 from governor.config import TunerConfig
 from governor.sim.meters import EDGE_METERS, METER_UPDATE_S
 from governor.sim.tuned_job import SavingRun, run_tuned_job
@@ -122,11 +123,15 @@ def main() -> None:
     p.add_argument("--baseline-parts", nargs="+", type=int, default=None,
                    help="tuner.baseline_parts values, each a row (a section of its own: the baseline in one window at "
                    "the start or in parts spread over the job)")
+    p.add_argument("--top-step-s", type=float, default=None,
+                   help="scale every curve's steps so that its top level's takes this long (a section of its own)")
     p.add_argument("--data", default=DEFAULT_DATA)
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes the jobs run in")
     p.add_argument("--no-doc", action="store_true")
     args = p.parse_args()
     curves = real_curves(args.data)[::args.every]
+    if args.top_step_s is not None:
+        curves = [paced(c, args.top_step_s) for c in curves]
     if args.baseline_max_share and args.baseline_parts:
         p.error("--baseline-max-share and --baseline-parts: one knob a section")
     knob, values = (("baseline_max_share", args.baseline_max_share) if args.baseline_max_share else
@@ -142,7 +147,10 @@ def main() -> None:
                 print("| " + " | ".join(str(c) for c in rows[-1]) + " |", flush=True)
     command = " ".join(["python -m benchmarks.meter_saving", *sys.argv[1:]]).replace(" --no-doc", "")
     text = (f"## Measured saving and job energy on simulated meters, jobs of {args.job_steps} steps\n\n`{command}`: "
-            f"{len(curves)} of the measured Jetson curves, {args.seeds} seeds each, every job "
+            f"{len(curves)} of the measured Jetson curves"
+            + ("" if args.top_step_s is None else
+               f" (their steps scaled so that the top level's takes {1000 * args.top_step_s:g} ms, power unchanged)")
+            + f", {args.seeds} seeds each, every job "
             "run as benchmarks/meter_saving.py says (an idle board, the first step at the start pin, the baseline's "
             "first part unpinned at the top level, the search and its follow-up through the daemon's TuningSession, "
             "the baseline's later parts unpinned while converged, "
@@ -157,6 +165,8 @@ def main() -> None:
     elif knob == "baseline_parts":
         text = text.replace("## Measured saving and job energy", "## The baseline in parts: measured saving", 1)
         key += "-parts"
+    if args.top_step_s is not None:
+        key += "-paced"
     publish(key, text, doc=not args.no_doc)
 
 

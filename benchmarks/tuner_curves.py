@@ -83,6 +83,15 @@ def spread(curve: Curve, factor: int) -> Curve:
                  (*times, curve.time_s[-1]))
 
 
+def paced(curve: Curve, top_step_s: float) -> Curve:
+    """``curve`` with its steps scaled so that the top level's takes ``top_step_s``: energy and time per step by the
+    same factor, every level's power and the curve's shape unchanged (LoudVA's batches take 27 ms to 13 s; a
+    fine-tuning step on a large GPU, 25-80 ms)."""
+    f = top_step_s / curve.time_s[-1]
+    return Curve(f"{curve.name}@{1000 * top_step_s:g}ms", curve.levels_hz, tuple(e * f for e in curve.energy_j),
+                 tuple(t * f for t in curve.time_s))
+
+
 def fine_curves(data_dir: Path = DEFAULT_DATA) -> list[Curve]:
     """Every third real curve on a table 3 times as fine, every sixth 8 times (about 40 and 100 levels)."""
     real = real_curves(data_dir)
