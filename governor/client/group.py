@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -56,6 +57,10 @@ GROUP_WINDOW_STEPS = 8  # every window without a rule; with one, the least, and 
 # the rank's own daemon, well under a ms), whose scatter tells the window's own uncertainty (rank_window_noise). On the
 # H200's traces 8 read windows as short as 4 did for the same spread of successive windows (docs/benchmarks.md).
 SUB_WINDOWS = 8
+
+
+class CollectiveFailed(Exception):
+    """A collective of the group's coordination failed (GroupCoordinator.step ends the coordination on it)."""
 
 
 @dataclass(frozen=True)
@@ -112,8 +117,31 @@ def _int(env: Mapping[str, str], *names: str) -> int | None:
     return None
 
 
+def _slurm_tasks_per_node(env: Mapping[str, str]) -> int | None:
+    """The ranks on one of an srun step's nodes, from SLURM_STEP_TASKS_PER_NODE (else SLURM_TASKS_PER_NODE), which
+    srun sets whether or not --ntasks-per-node was given: "2(x3),1" is 2 on each of three nodes, then 1. This node's
+    entry (SLURM_NODEID) where the list says it, else the first: any entry of a list of several nodes is under the
+    step's ranks, which is what tells a run across nodes."""
+    value = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if not value:
+        return None
+    counts: list[int] = []
+    for part in value.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if m is None:
+            return None
+        counts += [int(m[1])] * int(m[2] or 1)
+    node = _int(env, "SLURM_NODEID")
+    return counts[node] if node is not None and node < len(counts) else counts[0]
+
+
+# Where launchers say how many of a run's ranks share this node: torchrun, srun with --ntasks-per-node, Open MPI's
+# mpirun, MPICH's and Intel MPI's (Hydra); then srun's per-node task list.
+LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+
+
 def group_from_env(group: str | None = None, rank: int | None = None, world_size: int | None = None,
-                   env: Mapping[str, str] | None = None) -> GroupInfo | None:
+                   env: Mapping[str, str] | None = None, local_world_size: int | None = None) -> GroupInfo | None:
     """The rank's group: what the caller gives wins over the launcher's environment; None outside any group."""
     env = os.environ if env is None else env
     key = group
@@ -123,9 +151,15 @@ def group_from_env(group: str | None = None, rank: int | None = None, world_size
         key = f"slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
     if key is None:
         return None
-    return GroupInfo(key, rank if rank is not None else _int(env, "RANK", "SLURM_PROCID"),
-                     world_size if world_size is not None else _int(env, "WORLD_SIZE", "SLURM_NTASKS"),
-                     _int(env, "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"))
+    if local_world_size is None:
+        local_world_size = _int(env, *LOCAL_SIZE_VARS)
+    if local_world_size is None and env.get("SLURM_STEP_ID"):
+        local_world_size = _slurm_tasks_per_node(env)
+    return GroupInfo(key, rank if rank is not None else _int(env, "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                                                             "PMI_RANK"),
+                     world_size if world_size is not None else _int(env, "WORLD_SIZE", "SLURM_NTASKS",
+                                                                    "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
+                     local_world_size)
 
 
 def torch_distributed():
@@ -220,6 +254,28 @@ class GroupCoordinator:
     def step(self, steps: int) -> None:
         if self.done:
             return
+        try:
+            self._step(steps)
+        except CollectiveFailed as e:
+            # A rank gone (its process killed, its node down) or the process group's timeout: the run's own next
+            # collective fails the same way, and says so in the training's words; the coordination ends here and the
+            # GPU stays at its level until the job ends (its daemon restores it then).
+            self.done, self.status = True, f"stopped: a collective failed: {e}"
+            log.warning("ftgov: group tuning %s", self.status)
+
+    def _all_gather(self, gathered: list, mine) -> None:
+        try:
+            self.dist.all_gather(gathered, mine)
+        except RuntimeError as e:  # torch.distributed's errors (DistBackendError and the rest) are RuntimeErrors
+            raise CollectiveFailed(str(e)) from e
+
+    def _broadcast(self, tensor) -> None:
+        try:
+            self.dist.broadcast(tensor, src=0)
+        except RuntimeError as e:
+            raise CollectiveFailed(str(e)) from e
+
+    def _step(self, steps: int) -> None:
         if self._break is not None:  # a step without Job.phase("train") first: training came back by now
             self.back_to_training()
         if self._edge is None:
@@ -318,16 +374,16 @@ class GroupCoordinator:
         the tuner's reference for it (WindowRule.may_decide and differs: the single job's early close, at decide_z,
         explore_z above an exploring reference), and broadcasts that. A window at a level far from the bottom thus
         costs its steps there only until it is clearly worse, as on one node (docs/distributed.md)."""
-        torch, dist = self.torch, self.dist
+        torch = self.torch
         mine = torch.tensor(self._so_far(), dtype=torch.float64, device=self.device)
         gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(gathered, mine)
+        self._all_gather(gathered, mine)
         self.bytes_sent += mine.numel() * mine.element_size()
         close = torch.zeros(1, dtype=torch.float64, device=self.device)
         if self.rank == 0:
             so_far = [t.tolist() for t in gathered]
             close[0] = float(self._is_window(so_far) if self._stretch else self._differs(so_far))
-        dist.broadcast(close, src=0)
+        self._broadcast(close)
         if self.rank == 0:
             self.bytes_sent += close.numel() * close.element_size()
         return bool(close.item())
@@ -389,11 +445,11 @@ class GroupCoordinator:
         return [able, 1.0, read[0] - e0, float(steps - n0), read[1] - t0, compute, noise]
 
     def _close_and_decide(self, steps: int) -> None:
-        torch, dist = self.torch, self.dist
+        torch = self.torch
         mine = torch.tensor(self._measured(steps), dtype=torch.float64, device=self.device)
         self._stretch = False
         gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(gathered, mine)
+        self._all_gather(gathered, mine)
         self.bytes_sent += mine.numel() * mine.element_size()
         # converged, stop, done, the next window's steps, whether its reads inside are collectives, each rank's level
         decision = torch.zeros(5 + self.world_size, dtype=torch.float64, device=self.device)
@@ -403,7 +459,7 @@ class GroupCoordinator:
             # older, or configured for fixed-step windows), and a collective that some ranks skip would hang them.
             flags.insert(4, float(self.rule is not None and not flags[0]))
             decision[:] = torch.tensor(flags, dtype=torch.float64)
-        dist.broadcast(decision, src=0)
+        self._broadcast(decision)
         if self.rank == 0:
             self.bytes_sent += decision.numel() * decision.element_size()
         converged, stop, done, window_steps, may_close, *levels = decision.tolist()
@@ -420,11 +476,16 @@ class GroupCoordinator:
         self._apply(int(levels[self.rank]))
         if converged and not done:
             self.status, self.trimming = "converged; trimming the ranks that wait", True
+        elif not converged:
+            self.status = f"searching: the group at {mhz(int(max(levels)))}"
         if done:
             self.done = True
             self.status = (f"converged on {mhz(int(max(levels)))}"
                            + ("; trimmed" if self.trimming else ""))
-            log.info("ftgov: group tuning %s after %d windows", self.status, self.windows)
+            if self.rank == 0:  # the windows are rank 0's to count
+                log.info("ftgov: group tuning %s after %d windows", self.status, self.windows)
+            else:
+                log.info("ftgov: group tuning %s", self.status)
             return
         self._opening, self._edge = True, steps + self.warmup_steps
 

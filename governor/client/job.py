@@ -45,7 +45,8 @@ class Job:
                  pid: int | None = None, gpu: str | int | None = None, tune: bool | None = None,
                  report_every_s: float = DEFAULT_REPORT_EVERY_S,
                  measure_batches: int = 8, timeout_s: float = 10.0, total_steps: int | None = None,
-                 group: str | None = None, rank: int | None = None, world_size: int | None = None):
+                 group: str | None = None, rank: int | None = None, world_size: int | None = None,
+                 local_world_size: int | None = None):
         if report_every_s < 0:
             raise ValueError("report_every_s must be >= 0")
         if measure_batches < 1:
@@ -63,7 +64,8 @@ class Job:
         # A rank of a multi-GPU run (governor.client.group): given, else from the launcher's environment at register.
         # Read now, not at register: whether this rank takes part in the group's collectives must not depend on its
         # daemon's answer, or the ranks whose daemon answered would wait forever for one whose daemon did not.
-        self.group_info: GroupInfo | None = group_from_env(group, rank, world_size)
+        self.group_info: GroupInfo | None = group_from_env(group, rank, world_size,
+                                                           local_world_size=local_world_size)
         self.coordinator: GroupCoordinator | None = None  # rank 0's tuner across nodes, on every rank
         self.report_every_s = report_every_s
         self.measure_batches = measure_batches
@@ -281,6 +283,14 @@ class Job:
         self.job_id = self.registration.get("job_id")
         self._sent_total_steps = self.total_steps
         log.info("ftgov: job %s registered: %s", self.job_id, describe_reply(self.registration))
+        info = self.group_info
+        if self.tune and info is not None and (info.world_size or 0) > 1 and info.local_world_size is None:
+            # Each node's daemon tunes a group once every rank registered with it; one whose ranks span nodes is
+            # tuned by rank 0 here, which needs to know that it does (GroupInfo.spans_nodes).
+            warnings.warn(f"ftgov: how many of group {info.key!r}'s {info.world_size} ranks run on this node is not "
+                          "known (no LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE or MPI local size in the environment): "
+                          "if they span nodes, the run is not tuned; pass local_world_size= to Job or set "
+                          "LOCAL_WORLD_SIZE", GovernorWarning, stacklevel=3)
         if self.steps:
             self._report()
 
@@ -369,7 +379,7 @@ def job(model=None, *, model_type: str | None = None, num_layers: int | None = N
 
     ``model`` is a Hugging Face model or config (its model_type, layers and hidden size are read); explicit numbers
     override it. ``options`` are `Job`'s keywords (name, socket, pid, gpu, tune, report_every_s, measure_batches,
-    timeout_s, total_steps, group, rank, world_size): this signature is the one that governor.hf and
+    timeout_s, total_steps, group, rank, world_size, local_world_size): this signature is the one that governor.hf and
     governor.lightning forward whole. Bad feature values raise ValueError here, before training starts; a daemon that
     is absent or refuses only warns (GovernorWarning), and the job does nothing. In a run started by torchrun or srun
     each rank joins the run's job group (governor.client.group).

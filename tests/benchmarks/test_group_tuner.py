@@ -62,6 +62,7 @@ def test_long_steps_make_the_stretch_before_the_first_edge_the_start_window():
         for n, _joules, _seconds in exact_steps(curve, rank, coordinator, steps=200):
             if first_move is None and rank.level_hz != curve.levels_hz[start]:
                 first_move = (n, coordinator.windows, coordinator.last_window)
+                assert coordinator.status.startswith("searching"), coordinator.status  # not "starting" any more
         assert first_move is not None
         n, windows, window = first_move
         assert windows == 1 and window["level_hz"] == curve.levels_hz[start]

@@ -36,6 +36,53 @@ def test_the_group_comes_from_torchrun_else_slurm_else_the_caller():
     assert group_from_env(env={}) is None
 
 
+def test_the_ranks_on_this_node_come_from_whichever_launcher_says():
+    """Whether a run spans nodes rests on how many of its ranks share this node: torchrun's LOCAL_WORLD_SIZE, srun's
+    --ntasks-per-node or, without it, its step's task list (this node's entry), Open MPI's and MPICH's local size, or
+    the caller's."""
+    srun = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_NTASKS": "4"}
+    g = group_from_env(env={**srun, "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NODEID": "1"})
+    assert (g.local_world_size, g.spans_nodes) == (2, True)
+    g = group_from_env(env={**srun, "SLURM_STEP_TASKS_PER_NODE": "3,1", "SLURM_NODEID": "1"})
+    assert (g.local_world_size, g.spans_nodes) == (1, True)
+    g = group_from_env(env={**srun, "SLURM_STEP_TASKS_PER_NODE": "4"})
+    assert (g.local_world_size, g.spans_nodes) == (4, False)  # one node
+    g = group_from_env(env={**srun, "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS_PER_NODE": "2"})
+    assert g.local_world_size == 2
+    assert group_from_env(env={**srun, "SLURM_STEP_TASKS_PER_NODE": "garbage"}).local_world_size is None
+    g = group_from_env("mpi", env={"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8",
+                                   "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
+    assert (g.rank, g.world_size, g.local_world_size, g.spans_nodes) == (5, 8, 4, True)
+    g = group_from_env("mpich", env={"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "1"})
+    assert (g.rank, g.world_size, g.spans_nodes) == (1, 2, True)
+    g = group_from_env("mine", 0, 4, env={}, local_world_size=2)
+    assert g.spans_nodes
+    assert group_from_env("mine", 0, 4, env={}).local_world_size is None
+
+
+def test_a_tuned_rank_that_cannot_tell_whether_its_run_spans_nodes_warns(node, monkeypatch):
+    """Without any launcher's local size, a run whose ranks span nodes would never be tuned (each node's daemon waits
+    for every rank; no rank 0 tunes across nodes), silently: the rank says so at register. Given, it does not."""
+    import warnings
+
+    import governor
+    from governor.client import GovernorWarning
+
+    d = node("one")
+    for var in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID"):
+        monkeypatch.delenv(var, raising=False)
+    features = dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, gpu_util=60.0)
+    with pytest.warns(GovernorWarning, match="local_world_size"):
+        with governor.job(**features, gpu=0, socket=d.socket, tune=True, group="g", rank=0, world_size=2):
+            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GovernorWarning)
+        with governor.job(**features, gpu=0, socket=d.socket, tune=True, group="h", rank=0, world_size=2,
+                          local_world_size=2):
+            pass
+
+
 def test_a_torchrun_rank_registers_in_its_group_and_reports_its_compute_time(node, monkeypatch):
     import governor
 
@@ -275,6 +322,41 @@ def test_a_rank_whose_daemon_is_absent_makes_rank_0_broadcast_stop_at_the_first_
     # the all_gather and the broadcast: 5 + one level a rank
     assert coordinator.done and coordinator.status.startswith("stopped")
     assert coordinator.bytes_sent == (SUB_WINDOWS - 1) * (40 + 8) + 56 + 56
+
+
+class PeerGone(TwoRanks):
+    """Rank 1 dies after ``calls`` collectives: gloo raises on the next one."""
+
+    def __init__(self, calls: int):
+        super().__init__([1.0, 1.0, 1.0, 1.0, 1.0, -1.0, -1.0])
+        self.calls = calls
+
+    def all_gather(self, gathered, mine) -> None:
+        self.calls -= 1
+        if self.calls < 0:
+            raise RuntimeError("[gloo] Connection closed by peer")
+        super().all_gather(gathered, mine)
+
+
+def test_a_collective_that_fails_ends_the_coordination_not_the_training(tmp_path):
+    """A rank gone (SIGKILLed, its node down): the next collective of rank 0's coordination raises inside job.step().
+    The coordination stops there with a warning, and job.step() returns: the run's own next collective fails in the
+    training's words, or the run goes on untuned."""
+    import warnings
+
+    from governor.client import GovernorWarning, Job
+    from governor.client.group import GROUP_WINDOW_STEPS, GroupCoordinator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GovernorWarning)
+        job = Job(dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0),
+                  socket=str(tmp_path / "absent.sock"), group="g", rank=0, world_size=2).start()
+    coordinator = GroupCoordinator(job, PeerGone(calls=3))
+    for _ in range(1 + 2 * GROUP_WINDOW_STEPS):
+        job.step()
+        coordinator.step(job.steps)  # raises nothing
+    assert coordinator.done and coordinator.status.startswith("stopped: a collective failed"), coordinator.status
+    assert "closed by peer" in coordinator.status
 
 
 def test_rank_0_sizes_the_next_window_by_time_and_by_the_last_ones_uncertainty(tmp_path):
