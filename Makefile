@@ -121,6 +121,8 @@ bench: $(DEV_VENV)/.test
 	$(VPY) -m benchmarks.meter_saving --meter nvml-edges --window-rule time --baseline-max-share 0.05 0.1 0.2
 	$(VPY) -m benchmarks.meter_saving --meter nvml-edges nvml-replay --window-rule time --baseline-parts 1 5 10
 	$(VPY) -m benchmarks.meter_saving --job-steps 20000 --meter nvml-replay --window-rule time --seeds 1 --every 2 --baseline-parts 1 2 5
+	$(VPY) -m benchmarks.meter_saving --meter nvml ina3221 nvml-edges nvml-replay --window-rule time --top-step-s 0.04
+	$(VPY) -m benchmarks.meter_saving --job-steps 20000 --meter ina3221 nvml-replay --window-rule time --seeds 1 --every 2 --top-step-s 0.04
 	$(VPY) -m benchmarks.bench_groups
 	$(VPY) -m benchmarks.group_tuner
 
