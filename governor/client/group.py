@@ -59,6 +59,9 @@ GROUP_WINDOW_STEPS = 8  # every window without a rule; with one, the least, and 
 SUB_WINDOWS = 8
 
 
+_UNREAD = object()
+
+
 class CollectiveFailed(Exception):
     """A collective of the group's coordination failed (GroupCoordinator.step ends the coordination on it)."""
 
@@ -127,7 +130,7 @@ def _slurm_tasks_per_node(env: Mapping[str, str]) -> int | None:
         return None
     counts: list[int] = []
     for part in value.split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        m = re.fullmatch(r"\s*(\d+)(?:\(x([1-9]\d*)\))?\s*", part)
         if m is None:
             return None
         counts += [int(m[1])] * int(m[2] or 1)
@@ -135,9 +138,10 @@ def _slurm_tasks_per_node(env: Mapping[str, str]) -> int | None:
     return counts[node] if node is not None and node < len(counts) else counts[0]
 
 
-# Where launchers say how many of a run's ranks share this node: torchrun, srun with --ntasks-per-node, Open MPI's
-# mpirun, MPICH's and Intel MPI's (Hydra); then srun's per-node task list.
-LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
+# Where launchers say how many of a run's ranks share this node: torchrun, Open MPI's mpirun, MPICH's and Intel MPI's
+# (Hydra), srun with --ntasks-per-node; then srun's per-node task list. An MPI launcher's own before Slurm's: mpirun
+# inside an allocation inherits the batch step's SLURM_* variables, which describe the allocation, not its ranks.
+LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE")
 
 
 def group_from_env(group: str | None = None, rank: int | None = None, world_size: int | None = None,
@@ -155,10 +159,10 @@ def group_from_env(group: str | None = None, rank: int | None = None, world_size
         local_world_size = _int(env, *LOCAL_SIZE_VARS)
     if local_world_size is None and env.get("SLURM_STEP_ID"):
         local_world_size = _slurm_tasks_per_node(env)
-    return GroupInfo(key, rank if rank is not None else _int(env, "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
-                                                             "PMI_RANK"),
-                     world_size if world_size is not None else _int(env, "WORLD_SIZE", "SLURM_NTASKS",
-                                                                    "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
+    return GroupInfo(key, rank if rank is not None else _int(env, "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                                                             "SLURM_PROCID"),
+                     world_size if world_size is not None else _int(env, "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE",
+                                                                    "PMI_SIZE", "SLURM_NTASKS"),
                      local_world_size)
 
 
@@ -187,7 +191,7 @@ class GroupCoordinator:
         self.job, self.dist, self.torch = job, dist, torch
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.warmup_steps, self.window_steps = warmup_steps, window_steps
-        self.rule = _window_rule((job.registration or {}).get("window"))
+        self._rule: Any = _UNREAD  # the daemon's window rule, read from the register reply once there is one
         self.next_window_steps = window_steps  # the open (or next) window's length, as rank 0 broadcast it
         # NCCL moves only device tensors; gloo (and the rest) host ones.
         self.device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
@@ -223,6 +227,18 @@ class GroupCoordinator:
         self.windows = 0
         self.closed_early = 0  # windows closed at a read inside (early_close)
         self.last_window: dict[str, Any] | None = None  # rank 0: the last window its tuner observed
+
+    @property
+    def rule(self):
+        """The window rule this rank's daemon told (the register reply's ``window``); None: fixed-step windows, or
+        no reply yet. Read once the reply is there: a job that measures its seq_len from its first batches registers
+        after the coordination began (its first step seen), and would otherwise never size its windows. Each rank's
+        reads follow its own; only rank 0's decides what the ranks do together (the broadcasts)."""
+        if self._rule is _UNREAD:
+            if self.job.registration is None:
+                return None
+            self._rule = _window_rule(self.job.registration.get("window"))
+        return self._rule
 
     # ---- the daemon ---------------------------------------------------------------------------------------------
     def _call(self, method: str, **params) -> dict | None:
@@ -421,6 +437,8 @@ class GroupCoordinator:
         stretch since the first step; none after a refused read; -1: one whose time out of training could not be cut
         out); compute_s: its mean compute time per step in the window (job.compute_done()), -1: not told;
         noise_rel: the window's own relative uncertainty (window_noise_rel), -1: unknown (no rule)."""
+        if self.job.job_id is None and not self.job.disabled and self.job.registration is None:
+            return [-1.0, 0.0, 0.0, 0.0, 0.0, -1.0, -1.0]  # not registered yet (its seq_len still measured)
         able = float(self.job.job_id is not None and not self.job.disabled
                      and bool((self.job.registration or {}).get("levels_hz")))
         none = [able, 0.0, 0.0, 0.0, 0.0, -1.0, -1.0]
@@ -471,9 +489,10 @@ class GroupCoordinator:
             self.done, self.status = True, "stopped: a rank has no measurement (its daemon absent or refusing)"
             log.warning("ftgov: group tuning %s", self.status)
             return
-        if self.rank != 0:
+        if self.rank != 0 and max(levels) > 0:
             self.level_hz = int(max(levels))  # the group's: the slowest rank is never trimmed below it
-        self._apply(int(levels[self.rank]))
+        if levels[self.rank] > 0:  # 0: no level yet (the start waits for a rank to register)
+            self._apply(int(levels[self.rank]))
         if converged and not done:
             self.status, self.trimming = "converged; trimming the ranks that wait", True
         elif not converged:
@@ -495,7 +514,11 @@ class GroupCoordinator:
         next window's reads inside are collectives)."""
         n = self.world_size
         stop = [0.0, 1.0, 0.0, float(self.window_steps)] + [0.0] * n
-        if not all(able for able, *_ in windows):
+        if self.tuner is None and any(able < 0 for able, *_ in windows) and all(able for able, *_ in windows):
+            # A rank not registered yet (a job measuring its seq_len from its first batches): the start waits
+            # another window_steps, every GPU where it is (level 0: unchanged).
+            return [0.0, 0.0, 0.0, float(self.window_steps)] + [0.0] * n
+        if not all(able > 0 for able, *_ in windows):
             return stop
         if self.tuner is None:
             start = (self.job.registration or {}).get("freq_hz")

@@ -30,6 +30,28 @@ def test_a_group_searching_from_the_bottom_closes_windows_early_where_they_read_
     assert fixed["closed_early"] == 0  # no rule: no reads inside, no early close
 
 
+@pytest.mark.parametrize("registers_at", [8, 30])
+def test_a_rank_that_registers_after_its_first_steps_sizes_its_windows_by_the_rule(registers_at):
+    """A job that measures its seq_len from its first batches registers at its 8th step (measure_batches; later with
+    a larger one), after the coordination began at its first: the start waits until every rank is registered (it
+    was stopped for good when the first edge came first), and the daemon's rule, read from the reply once it is
+    there, sizes the windows (they stayed fixed 8-step windows of half a second)."""
+    from benchmarks.bench_groups import SimulatedCollectives
+    from governor.client.group import GroupCoordinator
+
+    curve = real_curves()[3]
+    rank, _ = one_rank(curve, curve.levels_hz[-1], 2000, sized=True)
+    registration, rank.registration, rank.job_id = rank.registration, None, None
+    coordinator = GroupCoordinator(rank, SimulatedCollectives(1))  # built at the first step, before the reply
+    for n, _joules, _seconds in exact_steps(curve, rank, coordinator):
+        if n == registers_at:
+            rank.registration, rank.job_id = registration, 1
+    assert coordinator.rule is not None and coordinator.tuner.converged, coordinator.describe()
+    # sized by the rule (a window behind: about its shortest, 1 s), not the fixed 8 steps (0.56 s)
+    assert coordinator.last_window["seconds"] >= 0.9 * coordinator.rule.shortest_s, coordinator.last_window
+    assert "stopped" not in coordinator.status
+
+
 def test_a_group_with_fixed_windows_still_runs_as_before():
     """An older daemon (no window rule in its reply): every window 8 steps, the tuner converges on something."""
     run = run_group(real_curves()[3], "mid-table", 0, 2000, sized=False)

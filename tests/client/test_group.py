@@ -50,6 +50,11 @@ def test_the_ranks_on_this_node_come_from_whichever_launcher_says():
     g = group_from_env(env={**srun, "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NTASKS_PER_NODE": "2"})
     assert g.local_world_size == 2
     assert group_from_env(env={**srun, "SLURM_STEP_TASKS_PER_NODE": "garbage"}).local_world_size is None
+    assert group_from_env(env={**srun, "SLURM_STEP_TASKS_PER_NODE": "2(x0)"}).local_world_size is None
+    # mpirun inside an allocation: the batch step's SLURM_* describe the allocation, the MPI launcher's the ranks
+    g = group_from_env("mpi", env={**srun, "SLURM_NTASKS_PER_NODE": "1", "OMPI_COMM_WORLD_RANK": "5",
+                                   "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
+    assert (g.rank, g.world_size, g.local_world_size) == (5, 8, 4)
     g = group_from_env("mpi", env={"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8",
                                    "OMPI_COMM_WORLD_LOCAL_SIZE": "4"})
     assert (g.rank, g.world_size, g.local_world_size, g.spans_nodes) == (5, 8, 4, True)
