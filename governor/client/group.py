@@ -279,15 +279,20 @@ class GroupCoordinator:
             self.done, self.status = True, f"stopped: a collective failed: {e}"
             log.warning("ftgov: group tuning %s", self.status)
 
-    def _all_gather(self, gathered: list, mine) -> None:
+    # The collectives, and the host copies of what they brought, where an asynchronous backend's (NCCL's) error may
+    # surface instead: torch.distributed's errors (DistBackendError and the rest) are RuntimeErrors.
+    def _all_gather(self, mine) -> list[list[float]]:
+        gathered = [self.torch.empty_like(mine) for _ in range(self.world_size)]
         try:
             self.dist.all_gather(gathered, mine)
-        except RuntimeError as e:  # torch.distributed's errors (DistBackendError and the rest) are RuntimeErrors
+            return [t.tolist() for t in gathered] if self.rank == 0 else []
+        except RuntimeError as e:
             raise CollectiveFailed(str(e)) from e
 
-    def _broadcast(self, tensor) -> None:
+    def _broadcast(self, tensor) -> list[float]:
         try:
             self.dist.broadcast(tensor, src=0)
+            return tensor.tolist()
         except RuntimeError as e:
             raise CollectiveFailed(str(e)) from e
 
@@ -392,17 +397,15 @@ class GroupCoordinator:
         costs its steps there only until it is clearly worse, as on one node (docs/distributed.md)."""
         torch = self.torch
         mine = torch.tensor(self._so_far(), dtype=torch.float64, device=self.device)
-        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
-        self._all_gather(gathered, mine)
+        so_far = self._all_gather(mine)
         self.bytes_sent += mine.numel() * mine.element_size()
         close = torch.zeros(1, dtype=torch.float64, device=self.device)
         if self.rank == 0:
-            so_far = [t.tolist() for t in gathered]
             close[0] = float(self._is_window(so_far) if self._stretch else self._differs(so_far))
-        self._broadcast(close)
+        (verdict,) = self._broadcast(close)
         if self.rank == 0:
             self.bytes_sent += close.numel() * close.element_size()
-        return bool(close.item())
+        return bool(verdict)
 
     def _so_far(self) -> list[float]:
         """This rank's window so far, from its reads: [measured, energy_j, steps, seconds, noise_rel (-1: unknown)]."""
@@ -466,21 +469,20 @@ class GroupCoordinator:
         torch = self.torch
         mine = torch.tensor(self._measured(steps), dtype=torch.float64, device=self.device)
         self._stretch = False
-        gathered = [torch.empty_like(mine) for _ in range(self.world_size)]
-        self._all_gather(gathered, mine)
+        gathered = self._all_gather(mine)
         self.bytes_sent += mine.numel() * mine.element_size()
         # converged, stop, done, the next window's steps, whether its reads inside are collectives, each rank's level
         decision = torch.zeros(5 + self.world_size, dtype=torch.float64, device=self.device)
         if self.rank == 0:
-            flags = self._decide([t.tolist() for t in gathered])
+            flags = self._decide(gathered)
             # Rank 0's rule alone says whether the next window may close early: the ranks' daemons may differ (one
             # older, or configured for fixed-step windows), and a collective that some ranks skip would hang them.
             flags.insert(4, float(self.rule is not None and not flags[0]))
             decision[:] = torch.tensor(flags, dtype=torch.float64)
-        self._broadcast(decision)
+        decided = self._broadcast(decision)
         if self.rank == 0:
             self.bytes_sent += decision.numel() * decision.element_size()
-        converged, stop, done, window_steps, may_close, *levels = decision.tolist()
+        converged, stop, done, window_steps, may_close, *levels = decided
         self._mark, self._reads, self._sub_edges = None, [], []
         self._left, self._break, self._cut = False, None, (0.0, 0.0)
         self._may_close = bool(may_close)
