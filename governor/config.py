@@ -21,7 +21,7 @@ from governor.errors import ConfigError, ModelError
 from governor.policy import tuner as _tuner
 from governor.policy.estimates import ASSUMED_TOTAL_STEPS
 from governor.policy.ffg import read_ffg_hz
-from governor.policy.measured_saving import MAX_PARTS
+from governor.policy.measured_saving import MAX_PARTS, BaselineParts
 
 DEFAULT_STATE_DIR = "/run/ftgov"
 MIN_FREQ_HZ = 1_000_000  # below any GPU's lowest clock: a smaller frequency was written in the wrong unit
@@ -218,6 +218,12 @@ class TunerConfig(_Strict):
             return 1
         steps = ASSUMED_TOTAL_STEPS if total_steps is None else total_steps
         return max(self.baseline_parts, min(MAX_PARTS, round(self.baseline_parts * steps / ASSUMED_TOTAL_STEPS)))
+
+    def new_baseline_parts(self, total_steps: int | None = None) -> BaselineParts:
+        """The schedule of the baseline's parts for a job of ``total_steps`` (the daemon's JobTuner and the simulated
+        jobs alike): baseline_parts_for it, within its budget, more where the parts say the job drifts."""
+        return BaselineParts(self.baseline_parts_for(total_steps), self.baseline_budget_steps(total_steps),
+                             total_steps, self.baseline_target_rel)
 
     def baseline_window_rule(self, meter_update_s: float,
                              total_steps: int | None = None) -> _tuner.WindowRule | None:

@@ -418,21 +418,31 @@ class GroupCoordinator:
         noise = noise if math.isfinite(noise) and noise > 0 else -1.0
         return [1.0, e1 - e0, n1 - n0, t1 - t0, noise]
 
+    @staticmethod
+    def _summed(so_far: list[list[float]]) -> tuple[float, float | None, float, float] | None:
+        """The ranks' windows so far ([measured, energy_j, steps, seconds, noise_rel], _so_far) as one: the summed
+        J/step, its relative uncertainty (None where a rank's is unknown), the fewest steps and the longest time; None
+        where a rank has measured nothing."""
+        if not all(measured > 0 and n > 0 and t > 0 for measured, _e, n, t, _u in so_far):
+            return None
+        from governor.policy.windows import summed_noise_rel
+
+        per_rank = [e / n for _m, e, n, _t, _u in so_far]
+        noise = summed_noise_rel([(j, w[4] if w[4] > 0 else None) for j, w in zip(per_rank, so_far, strict=True)])
+        return sum(per_rank), noise, min(w[2] for w in so_far), max(w[3] for w in so_far)
+
     def _differs(self, so_far: list[list[float]]) -> bool:
         """Rank 0: whether the ranks' windows so far, summed, already differ from the tuner's reference."""
+        summed = self._summed(so_far)
         if (self.tuner is None or self.tuner.converged or self.level_hz is None or self.rule is None
-                or not all(measured and n > 0 and t > 0 and u > 0 for measured, _e, n, t, u in so_far)):
+                or summed is None or summed[1] is None):
             return False
         reference = self.tuner.window_reference(self.level_hz)
         if reference is None:
             return False
-        from governor.policy.windows import summed_noise_rel
-
-        per_rank = [e / n for _m, e, n, _t, _u in so_far]
-        noise = summed_noise_rel([(j, w[4]) for j, w in zip(per_rank, so_far, strict=True)])
-        steps, seconds = min(w[2] for w in so_far), max(w[3] for w in so_far)
-        return (noise is not None and sum(per_rank) > 0 and self.rule.may_decide(steps, seconds)
-                and self.rule.differs(sum(per_rank), noise, reference))
+        joules_per_step, noise, steps, seconds = summed
+        return (joules_per_step > 0 and self.rule.may_decide(steps, seconds)
+                and self.rule.differs(joules_per_step, noise, reference))
 
     def _measured(self, steps: int) -> list[float]:
         """This rank's part of an edge: [able, measured, energy_j, steps, seconds, compute_s, noise_rel]. able: its
@@ -440,7 +450,7 @@ class GroupCoordinator:
         stretch since the first step; none after a refused read; -1: one whose time out of training could not be cut
         out); compute_s: its mean compute time per step in the window (job.compute_done()), -1: not told;
         noise_rel: the window's own relative uncertainty (window_noise_rel), -1: unknown (no rule)."""
-        if self.job.job_id is None and not self.job.disabled and self.job.registration is None:
+        if self.job.registration is None and not self.job.disabled:
             return [-1.0, 0.0, 0.0, 0.0, 0.0, -1.0, -1.0]  # not registered yet (its seq_len still measured)
         able = float(self.job.job_id is not None and not self.job.disabled
                      and bool((self.job.registration or {}).get("levels_hz")))
@@ -577,17 +587,13 @@ class GroupCoordinator:
 
     def _is_window(self, so_far: list[list[float]]) -> bool:
         """Rank 0: whether the stretch before the first edge, as the ranks measured it so far ([measured, energy_j,
-        steps, seconds, noise_rel], _so_far), is a window the daemon's rule would have closed by then: its time, meter
-        updates and steps, and its uncertainty at the target or its time at the cap. Long steps: a few of them."""
-        rule = self.rule
-        if rule is None or not all(measured > 0 and n > 0 and t > 0 for measured, _e, n, t, _u in so_far):
+        steps, seconds, noise_rel], _so_far), is a window the daemon's rule would have closed by then
+        (WindowRule.closes; an unknown uncertainty only at the cap). Long steps: a few of them."""
+        summed = self._summed(so_far)
+        if self.rule is None or summed is None:
             return False
-        from governor.policy.windows import summed_noise_rel
-
-        steps, seconds = min(w[2] for w in so_far), max(w[3] for w in so_far)
-        noise = summed_noise_rel([(e / n, u if u > 0 else None) for _m, e, n, _t, u in so_far])
-        return (seconds >= rule.shortest_s and steps >= rule.min_steps
-                and (seconds >= rule.max_s or (noise is not None and noise <= rule.target_rel)))
+        _j, noise, steps, seconds = summed
+        return self.rule.closes(steps, seconds, math.inf if noise is None else noise)
 
     def sized_steps(self, seconds_per_step: float, steps: int, noise_rel: float | None) -> int:
         """The next window's steps, from the last one's (``steps`` at ``seconds_per_step``, the slowest rank's, with

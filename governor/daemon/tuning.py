@@ -309,9 +309,7 @@ class JobTuner:
                 return
         else:
             self.baseline, self.baseline_status = m, "measured"
-            self.baseline_parts = BaselineParts(self.cfg.baseline_parts_for(job.total_steps),
-                                                self.cfg.baseline_budget_steps(job.total_steps), job.total_steps,
-                                                self.cfg.baseline_target_rel)
+            self.baseline_parts = self.cfg.new_baseline_parts(job.total_steps)
             self.baseline_parts.first(m, job.steps)
             self.windows.insert(0, (m, window_util_pct(gov, job)))
             log.info("%s: baseline at the default governor: %.4f J/step, %.4f s/step over %d steps", job.label(),

@@ -185,6 +185,17 @@ class WindowRule:
             cap = min(cap, self.max_steps)
         return max(least, min(n, cap))
 
+    def long_enough(self, steps: float, seconds: float) -> bool:
+        """Whether a window of ``steps`` steps over ``seconds`` spans the rule's least (steps, time, updates)."""
+        return steps >= self.min_steps and seconds >= self.shortest_s
+
+    def closes(self, steps: float, seconds: float, noise_rel: float) -> bool:
+        """Whether a window of ``steps`` steps over ``seconds``, of relative uncertainty ``noise_rel``, closes on its
+        own: long enough, and its uncertainty at the target or its time or steps at the cap."""
+        capped = self.max_steps is not None and steps >= self.max_steps
+        return self.long_enough(steps, seconds) and not (noise_rel > self.target_rel and seconds < self.max_s
+                                                          and not capped)
+
     def may_decide(self, steps: float, seconds: float) -> bool:
         """Whether a window of ``steps`` steps over ``seconds`` may be decided early (the class's docstring)."""
         return (bool(self.decide_z) and steps >= self.decide_min_steps
@@ -424,15 +435,13 @@ class ProbeWindow:
             if steps > self._reports[-1][0]:
                 self._reports.append((steps, float(energy_j), float(time_s)))
             early = self.reference is not None and joules > 0 and self.rule.may_decide(n, seconds)
-            full = n >= self.rule.min_steps and seconds >= self.rule.shortest_s
+            full = self.rule.long_enough(n, seconds)
             if not (early or full):
                 return None
             noise = window_noise_rel(self._reports, self.rule, self.step_prior)
-            capped = self.rule.max_steps is not None and n >= self.rule.max_steps
             decided = ((early and self.rule.differs(joules / n, noise, cast(Reference, self.reference)))
                        or (self.least and full and n >= self.rule.decide_min_steps))
-            if not decided and (not full or (noise > self.rule.target_rel and seconds < self.rule.max_s
-                                             and not capped)):
+            if not decided and not self.rule.closes(n, seconds, noise):
                 return None
         if not (math.isfinite(joules) and joules > 0 and math.isfinite(seconds) and seconds > 0):
             stalled = f" (stalled: it updates every {self.stall_s / STALL_UPDATES:g} s)" if self.stall_s else ""

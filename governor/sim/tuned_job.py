@@ -287,8 +287,7 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
     job.baseline, job.baseline_steps = run.baseline, run.steps_run
     job.default_steps = max(0, run.steps_run - 1)  # the first step ran at the start pin
     if run.baseline is not None:
-        job.baseline_parts = BaselineParts(cfg.baseline_parts_for(job_steps), cfg.baseline_budget_steps(job_steps),
-                                           job_steps, cfg.baseline_target_rel)
+        job.baseline_parts = cfg.new_baseline_parts(job_steps)
         job.baseline_parts.first(run.baseline, run.steps_run)
     if saving is not None:
         job.measured = MeasuredSaving(cfg.noise_rel, cfg.window_steps,
