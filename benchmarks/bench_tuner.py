@@ -50,10 +50,13 @@ a minute for real + adversarial at 5 seeds, two for simulated.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
+import os
 import statistics
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,31 +123,36 @@ def window_runs(curves: list[Curve], args, max_slowdown: float | None, meter: st
     """Every curve from its three starts, ``args.seeds`` seeds each; windows of Gaussian noise (``meter`` gauss) or
     read through a simulated meter (governor/sim/meters.py), of 1 warm-up + 4 steps or sized by the daemon's
     WindowRule (``rule`` time, meters only). ``config``: a TunerConfig whose window settings and search knobs
-    (make_tuner) the jobs run with (default: the daemon's); ``tuners``: the kinds run (default TUNERS)."""
+    (make_tuner) the jobs run with (default: the daemon's); ``tuners``: the kinds run (default TUNERS). The runs go
+    to ``args.workers`` processes (default: one a CPU), each its own seed: the same rows on any count."""
     if meter == "gauss" and rule != "steps":
         raise ValueError("--window-rule time needs a simulated meter (nvml, ina3221): gauss windows have no steps")
-    runs = []
-    for ci, curve in enumerate(curves):
-        opt = curve.best_index(max_slowdown)
-        e_opt = curve.energy_j[opt]
-        for si, (start_name, start_hz) in enumerate(starts_for(curve).items()):
-            for seed in range(args.seeds):
-                for kind in tuners or TUNERS:
-                    job_seed = 1_000_003 * seed + 1009 * ci + si
-                    tuner = make_tuner(kind, curve.levels_hz, start_hz, max_slowdown, args.noise_rel, args.job_steps,
-                                       config)
-                    job = run_tuned_job(curve, start_hz, args.job_steps, meter=meter, seed=job_seed,
-                                        noise_rel=args.noise_rel, config=config, rule=rule, tuner=tuner,
-                                        max_steps=MAX_STEPS)
-                    e = curve.energy_at(job.best_hz)
-                    job_j = job.clean_energy_j
-                    runs.append(Run(curve.name, start_name, kind, e / e_opt - 1, job_j / (args.job_steps * e_opt) - 1,
-                                    job.probes, e / curve.energy_at(start_hz) - 1,
-                                    job_j / (args.job_steps * curve.energy_at(start_hz)) - 1,
-                                    job_j / (args.job_steps * curve.energy_j[-1]) - 1,
-                                    curve.time_at(job.best_hz) / curve.time_s[-1] - 1, job.windows_by_phase, seed,
-                                    meter, rule, job.outlasted, job.window_steps))
-    return runs
+    cells = [(curve, 1_000_003 * seed + 1009 * ci + si, start_name, start_hz, seed, kind)
+             for ci, curve in enumerate(curves)
+             for si, (start_name, start_hz) in enumerate(starts_for(curve).items())
+             for seed in range(args.seeds) for kind in tuners or TUNERS]
+    run = functools.partial(_window_run, args=args, max_slowdown=max_slowdown, meter=meter, rule=rule, config=config)
+    workers = getattr(args, "workers", None) or os.cpu_count() or 1
+    if workers == 1 or len(cells) < 2:
+        return [run(*cell) for cell in cells]
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(run, *zip(*cells, strict=True), chunksize=4))
+
+
+def _window_run(curve: Curve, job_seed: int, start_name: str, start_hz: int, seed: int, kind: str, *, args,
+                max_slowdown: float | None, meter: str, rule: str, config) -> Run:
+    """One of window_runs' jobs."""
+    opt = curve.best_index(max_slowdown)
+    e_opt = curve.energy_j[opt]
+    tuner = make_tuner(kind, curve.levels_hz, start_hz, max_slowdown, args.noise_rel, args.job_steps, config)
+    job = run_tuned_job(curve, start_hz, args.job_steps, meter=meter, seed=job_seed, noise_rel=args.noise_rel,
+                        config=config, rule=rule, tuner=tuner, max_steps=MAX_STEPS)
+    e = curve.energy_at(job.best_hz)
+    job_j = job.clean_energy_j
+    return Run(curve.name, start_name, kind, e / e_opt - 1, job_j / (args.job_steps * e_opt) - 1, job.probes,
+               e / curve.energy_at(start_hz) - 1, job_j / (args.job_steps * curve.energy_at(start_hz)) - 1,
+               job_j / (args.job_steps * curve.energy_j[-1]) - 1, curve.time_at(job.best_hz) / curve.time_s[-1] - 1,
+               job.windows_by_phase, seed, meter, rule, job.outlasted, job.window_steps)
 
 
 def simulated_runs(args) -> list[Run]:
@@ -509,6 +517,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=None,
                         help="with --meter: job lengths to run each set at (default: --job-steps)")
     parser.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md as it is")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes the runs go to")
     args = parser.parse_args()
     TUNERS = tuple(args.tuners)
     if args.meter != ["gauss"] or args.window_rule != ["steps"] or args.lengths:

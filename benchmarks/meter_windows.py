@@ -127,39 +127,53 @@ def simulated_ina(mean_step_s: float, power_w: float, steps: int, seed: int,
     return Trace(f"simulated INA3221 {mean_step_s * 1000:.0f} ms", reports, [])
 
 
+def on_updates(trace: Trace) -> Trace:
+    """The same run read at the counter's update instants (its exact value there), the steps at each counted
+    fractionally between the step ends around it: the points the daemon's windows take from a client that sends
+    step_end_s (governor.daemon.energy.MeterFeed)."""
+    ends = trace.step_ends
+    first, last = ends[0][1], ends[-1][1]
+    reports = [(steps_at(t, ends), e, t) for t, e in trace.updates if first < t < last]
+    return Trace(trace.name, reports, trace.updates)
+
+
 def cv(values: list[float]) -> float:
     return statistics.stdev(values) / statistics.fmean(values) if len(values) > 1 else float("nan")
 
 
 def consecutive(reports: list[tuple[int, float, float]], window) -> list:
-    """Measurements of consecutive windows over the reports, each opened by ``window(steps)`` at the report that
-    closed the one before (no warm-up: the level does not change). A window the daemon refuses (the counter did not
-    move over it: TuningError, which stops a job's tuning) is None."""
+    """Measurements of consecutive windows over the reports, each opened by ``window(steps, prior)`` at the report that
+    closed the one before (no warm-up: the level does not change), ``prior`` the steps' scatter in the windows so far,
+    pooled as the daemon's TuningSession pools it. A window the daemon refuses (the counter did not move over it:
+    TuningError, which stops a job's tuning) is None."""
     out = []
-    w = window(reports[0][0])
+    prior = None
+    w = window(reports[0][0], prior)
     for n, e, t in reports:
         try:
             m = w.feed(n, e, t)
         except TuningError:
             out.append(None)
-            w = window(n)
+            w = window(n, prior)
             w.feed(n, e, t)
             continue
         if m is not None:
             out.append(m)
-            w = window(n)
+            if w.scatter is not None and w.scatter.dof > 0:
+                prior = w.scatter.pooled(prior, math.inf)
+            w = window(n, prior)
             w.feed(n, e, t)
     return out
 
 
 def step_window_cv(trace: Trace, k: int) -> float:
     """A refused window counts as what its counter read, 0 J: the scatter a fixed window of k steps really has."""
-    ms = consecutive(trace.reports, lambda n: ProbeWindow(None, n, 0, k))
+    ms = consecutive(trace.reports, lambda n, _: ProbeWindow(None, n, 0, k))
     return cv([0.0 if m is None else m.joules_per_step for m in ms])
 
 
 def refused_windows(trace: Trace, k: int) -> int:
-    return sum(m is None for m in consecutive(trace.reports, lambda n: ProbeWindow(None, n, 0, k)))
+    return sum(m is None for m in consecutive(trace.reports, lambda n, _: ProbeWindow(None, n, 0, k)))
 
 
 def edge_window_cv(trace: Trace, length_s: float) -> float:
@@ -179,7 +193,7 @@ def rule_traces() -> list[tuple[str, Trace]]:
 
 def rule_windows(trace: Trace, rule: WindowRule | None = None) -> list:
     rule = rule or WindowRule()
-    return consecutive(trace.reports, lambda n: ProbeWindow(None, n, 0, rule=rule))
+    return consecutive(trace.reports, lambda n, prior: ProbeWindow(None, n, 0, rule=rule, step_prior=prior))
 
 
 def successive_spread(trace: Trace, rule: WindowRule | None = None) -> tuple[float, list]:
@@ -188,10 +202,11 @@ def successive_spread(trace: Trace, rule: WindowRule | None = None) -> tuple[flo
     over chains of consecutive windows opened at every other report of the first window, so that a 400-step trace
     gives hundreds of pairs, not a handful. Returns it and the windows of all chains."""
     rule = rule or WindowRule()
-    first = rule_windows(trace, rule)[0].measured_steps
+    t0, closed = trace.reports[0][2], rule_windows(trace, rule)[0]
+    first = sum(r[2] <= t0 + closed.duration_s for r in trace.reports) - 1  # the first window's reports
     squares, windows = [], []
     for offset in range(0, first, 2):
-        ms = [m for m in consecutive(trace.reports[offset:], lambda n: ProbeWindow(None, n, 0, rule=rule)) if m]
+        ms = [m for m in rule_windows(Trace(trace.name, trace.reports[offset:], trace.updates), rule) if m]
         windows += ms
         squares += [(b.joules_per_step - a.joules_per_step) ** 2 for a, b in zip(ms, ms[1:], strict=False)]
     mean = statistics.fmean(m.joules_per_step for m in windows)
@@ -240,6 +255,14 @@ def behind_spread(trace: Trace, rule: WindowRule | None) -> tuple[float, list]:
         return math.nan, windows  # a trace too short for two windows at the length the rule asks
     mean = statistics.fmean(w[0] for w in windows)
     return math.sqrt(statistics.fmean(squares) / 2.0) / mean, windows
+
+
+def rule_row(label: str, trace: Trace, rule: WindowRule) -> str:
+    """A row of the rule's table: its windows on ``trace``, their length and the spread of successive ones."""
+    spread, ms = successive_spread(trace, rule)
+    return (f"| {label} | {len(ms)} | {_median_p99([m.measured_steps for m in ms], '.0f')} | "
+            f"{_median_p99([m.duration_s for m in ms], '.2f')} | {100 * spread:.1f}% | "
+            f"{100 * statistics.median(m.noise_rel for m in ms):.1f}% |")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -298,10 +321,16 @@ def main(argv: list[str] | None = None) -> int:
               "| trace | windows | steps per window, median / p99 | seconds, median / p99 | spread of successive "
               "windows | own uncertainty, median |", "|---|---:|---|---|---:|---:|"]
     for label, trace in traces:
-        spread, ms = successive_spread(trace, rule)
-        lines.append(f"| {label} | {len(ms)} | {_median_p99([m.measured_steps for m in ms], '.0f')} | "
-                     f"{_median_p99([m.duration_s for m in ms], '.2f')} | {100 * spread:.1f}% | "
-                     f"{100 * statistics.median(m.noise_rel for m in ms):.1f}% |")
+        lines.append(rule_row(label, trace, rule))
+    lines += ["", "The same runs read at the counter's update instants, as the daemon reads them for a client that "
+              "sends step_end_s (governor.daemon.energy.MeterFeed): each point the counter's exact value at an update, "
+              "the steps counted fractionally between the step ends around it; the rule's windows count no held "
+              "ends there (WindowRule.held_ends). Spread as above, the chains opened at every other point of the "
+              "first window.", "",
+              "| trace | windows | steps per window, median / p99 | seconds, median / p99 | spread of successive "
+              "windows | own uncertainty, median |", "|---|---:|---|---|---:|---:|"]
+    for label, trace in traces:
+        lines.append(rule_row(label, on_updates(trace), rule.on_updates()))
     lines += ["", "### A group whose ranks span nodes: windows sized a window behind, read at step ends", "",
               "governor.client.group's windows on one rank, replayed on the real traces (`behind_windows`): edged at "
               "step counts fixed when they open, the counter read (as it holds) at the edges and "
@@ -327,17 +356,23 @@ def main(argv: list[str] | None = None) -> int:
                      + " | ".join(cells) + " |")
     lines += ["", f"On the simulated meters ({args.seeds} runs each, 2,000 steps of 25 ms or 400 of 0.5 s, 300 W, "
               "power in two phases a step; step scatter: the steps' coefficient of variation, 15% as on the H200; "
+              "the rule counts the held counter's ends only where it is read at step ends (WindowRule.held_ends); "
               "windows pooled over the runs; spread: of successive windows within a run, median and p99 over the "
               "runs; error / stated s.d.: each window's J/step against 300 W times the mean step, over the "
               "uncertainty it states, rms (1: honest; each run's first window left out):", "",
               "| meter | step | step scatter | windows | steps per window, median / p99 | seconds, median / p99 | "
               "spread, median / p99 | error / stated s.d., rms |", "|---|---:|---:|---:|---|---|---|---:|"]
-    for meter, make, update_s in (("NVML counter (100 ms)", simulated_nvml, NVML_UPDATE_S),
-                                  ("INA3221 (140 ms average)", simulated_ina, INA_UPDATE_S)):
+    meters = (("NVML counter (100 ms), read at step ends", simulated_nvml, NVML_UPDATE_S, False),
+              ("NVML counter (100 ms), edges on its updates", simulated_nvml, NVML_UPDATE_S, True),
+              ("INA3221 (140 ms average), the sampler's samples", simulated_ina, INA_UPDATE_S, True))
+    for meter, make, update_s, edged in meters:
         for step_s, step_cv in ((0.025, STEP_TIME_CV), (0.5, STEP_TIME_CV), (0.5, 0.03)):
             r = WindowRule(meter_update_s=update_s)
-            runs = [rule_windows(make(step_s, 300.0, 2000 if step_s < 0.1 else 400, seed, update_s, step_cv), r)
-                    for seed in range(args.seeds)]
+            r = r.on_updates() if edged else r
+            runs = []
+            for seed in range(args.seeds):
+                trace = make(step_s, 300.0, 2000 if step_s < 0.1 else 400, seed, update_s, step_cv)
+                runs.append(rule_windows(on_updates(trace) if edged and trace.updates else trace, r))
             ms = [m for run in runs for m in run]
             spreads = [successive([m.joules_per_step for m in run]) for run in runs if len(run) > 2]
             # Each window's error against the expected J/step (300 W x the mean step), in its own stated s.d.; a

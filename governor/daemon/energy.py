@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from governor.backends.base import Gpu
 from governor.backends.rails import CounterMeter, CounterReads, EnergyMeter, Rails
 from governor.errors import BackendError
-from governor.policy.windows import AVERAGE_SETTLE_UPDATES, COUNTER_SETTLE_UPDATES, UpdateEdges
+from governor.policy.windows import AVERAGE_SETTLE_UPDATES, COUNTER_SETTLE_UPDATES, UpdateEdges, WindowRule
 
 log = logging.getLogger("ftgovd")
 
@@ -142,6 +142,8 @@ class MeterFeed:
         self._last_end: tuple[int, float] | None = None  # (steps, step_end_s) of the last report that had one
         self._seen_s = -math.inf  # the rails' samples up to here are edges already
         self.grid_found = not counter  # a sampler's samples are exact in time from the first
+        # The last report's points sit on the meter's updates (a counter's edges) or samples (the rails', always).
+        self.on_updates = not counter
         self._timed_since: float | None = None  # the first report with step_end_s, while the grid is not known
         self._edge_every_s = edge_every_s
         self._read_costs_s: collections.deque[float] = collections.deque(maxlen=READ_COSTS_KEPT)
@@ -219,6 +221,11 @@ class MeterFeed:
             energy_j += (energy_j - paused[1]) / (at_s - paused[0]) * (now_s - at_s)
         return [(job.steps, energy_j, now_s)]
 
+    def window_rule(self, rule: WindowRule | None) -> WindowRule | None:
+        """``rule`` for a window opened on this feed's points now: ends on the meter's updates or samples count no
+        held counter's staleness (WindowRule.held_ends)."""
+        return rule.on_updates() if rule is not None and self.on_updates else rule
+
     def pace_s(self, reads: float = 1.0) -> float:
         """How far apart ``reads`` counter reads must come to stay within COUNTER_READ_CPU_FRAC of a core."""
         if len(self._read_costs_s) < READ_COSTS_MIN:
@@ -277,6 +284,7 @@ class MeterFeed:
         end_s = job.step_end_s if job.step_end_s is not None or counter else now_s  # rails: the report's arrival
         if end_s is None:
             self._last_end = None
+            self.on_updates = False
             return [(job.steps, energy_j, now_s)]
         if counter:
             if not self._timer_serves():  # energy_j was read now
@@ -299,10 +307,12 @@ class MeterFeed:
             # they take the report itself, as without step_end_s, until it is found.
             if self._timed_since is None:
                 self._timed_since = now_s
+            self.on_updates = False
             return [] if now_s - self._timed_since < GRID_WAIT_S else [(job.steps, energy_j, now_s)]
         if not self.grid_found:
             self.grid_found = True
             log.info("%s: the energy counter's update instants are known to %.1f ms: windows end on them from now on",
                      job.label(), 1000 * (self._edges.phase_width_s or 0.0), extra=job.fields())
+        self.on_updates = True
         (n0, t0), (n1, t1) = prev, self._last_end
         return [(n0 + (n1 - n0) * (t_s - t0) / (t1 - t0), e_j, t_s) for t_s, e_j in edges if t_s > t0]

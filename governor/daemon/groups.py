@@ -266,7 +266,7 @@ class Groups:
                                          and not gov.repin_pending(m.job.gpu_id) for m in group.members.values()):
                 cfg = self._tuner_config()
                 update_s = member.feed.meter.update_s
-                rule = cfg.window(update_s)
+                rule = member.feed.window_rule(cfg.window(update_s))
                 member.window = ProbeWindow(level, job.steps, cfg.warmup_steps, cfg.window_steps,
                                             rule=rule, meter_update_s=update_s,
                                             settle_s=member.feed.settle_s(cfg.settle_updates),

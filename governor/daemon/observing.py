@@ -75,7 +75,7 @@ class JobObserver:
                 self._closed(job, m)
 
     def _new_window(self, steps: float, warmup_steps: int) -> ProbeWindow:
-        return ProbeWindow(None, steps, warmup_steps, self.cfg.window_steps, rule=self.rule,
+        return ProbeWindow(None, steps, warmup_steps, self.cfg.window_steps, rule=self.feed.window_rule(self.rule),
                            meter_update_s=self.meter.update_s)
 
     def _closed(self, job, m: Measurement) -> None:

@@ -186,6 +186,8 @@ class JobTuner:
     def _feed(self, gov, job, points: list) -> None:
         """Feed the session's window at the level it measures; a closed window moves the pin (_window_closed)."""
         assert self.tuner is not None and self.session is not None, "windows are fed to a session of a tuner"
+        if self.feed.on_updates:
+            self.session.ends_on_updates()
         ctl = gov.gpus[job.gpu_id]
         pinned_hz = ctl.pinned_hz
         phase = job.phase or "train"
@@ -358,7 +360,8 @@ class JobTuner:
         """A window of the baseline (its first part or a later one) from the job's step now, warm-up first: the
         baseline's rule for the job's length, or ``rule`` (a window that starts over keeps its own)."""
         return ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
-                           rule=rule or self.cfg.baseline_window_rule(self.meter.update_s, job.total_steps),
+                           rule=rule or self.feed.window_rule(self.cfg.baseline_window_rule(self.meter.update_s,
+                                                                                          job.total_steps)),
                            meter_update_s=self.meter.update_s, settle_s=self._settle_s)
 
     def _feed_unpinned(self, gov, job, points: list,

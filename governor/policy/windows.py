@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, cast
 
 from governor.errors import FtgovError
@@ -111,6 +111,15 @@ class WindowRule:
     about 3 s, 115 steps, on a 100 ms counter), long steps short ones (0.5 s steps scattering by 3%: 6 steps); steps
     that scatter by 15% need 20 at 0.5 s, and meet the cap (docs/benchmarks.md).
 
+    ``held_ends``: the window's ends are reads of a counter that holds between updates, made at any instant (a
+    report's arrival): each is up to one update stale, an error the rule counts (``window_noise_rel``'s ends). False
+    where its ends sit on the meter's own updates or samples (``on_updates``: NVML's counter at its update instants,
+    found by UpdateEdges; the rails' sampler): the energy there is the meter's own, and what is left at an end (the
+    steps counted fractionally inside a step) the sub-windows' scatter carries, their inner edges being of the same
+    kind. Counted there anyway, the held ends were 1.6 of the 2% a 2.6 s window stated on the H200's GPT-2 medium,
+    whose successive windows agree within 0.3%, and made windows on edges 1.3-2x longer than their noise needs
+    (docs/benchmarks.md, "meter-windows").
+
     ``target_rel`` is 2%, under the tuner's 3%: on the real H200 traces the estimate runs low by about a third (their
     steps drift, step time and power in anti-phase), and at 2% successive windows there agree within 2.2-3.4%.
 
@@ -146,6 +155,7 @@ class WindowRule:
     decide_z: float = 3.0
     decide_min_steps: int = 4
     explore_z: float = 1.5
+    held_ends: bool = True
 
     def __post_init__(self):
         for name in ("target_rel", "min_s", "max_s", "prior_rel"):
@@ -164,6 +174,10 @@ class WindowRule:
             raise TuningError(f"max_s ({self.max_s}) must be at least min_s ({self.min_s})")
         if self.max_steps is not None and _count(self.max_steps, "max_steps", 1) < self.min_steps:
             raise TuningError(f"max_steps ({self.max_steps}) must be at least min_steps ({self.min_steps})")
+
+    def on_updates(self) -> WindowRule:
+        """This rule for windows whose ends sit on the meter's updates or samples (``held_ends`` False)."""
+        return replace(self, held_ends=False) if self.held_ends else self
 
     @property
     def shortest_s(self) -> float:
@@ -296,16 +310,26 @@ def step_scatter(reports: list[tuple[float, float, float]]) -> StepScatter:
 STEP_PRIOR_MAX_DOF = 20.0
 
 
+# Until a job's own steps say otherwise, they are taken to scatter as the H200's did (a coefficient of variation of
+# 14-17%, the most any trace showed), worth PRIOR_DOF intervals: a window of three long steps that happened to run
+# alike cannot close on them. Without it, where no held ends bound a short window's uncertainty (WindowRule.held_ends),
+# windows of 3-4 steps of 0.5 s closed at 2% whose J/step was 7-18% off (a simulated INA3221 and NVML's edges).
+STEP_CV_PRIOR = 0.15
+UNKNOWN_STEPS = StepScatter(STEP_CV_PRIOR ** 2, PRIOR_DOF)
+
+
 def window_noise_rel(reports: list[tuple[float, float, float]], rule: WindowRule,
                      step_prior: StepScatter | None = None) -> float:
     """The relative uncertainty (s.d.) of a window's joules per step, from its reports ``(steps, energy_j, time_s)``,
     first (where it opened) to last. Three parts:
 
     - the meter's ends: a counter that holds between updates is read up to one update stale at each end, an error
-      uniform over one update's energy: s.d. ``meter_update_s / (duration x sqrt 6)`` of the whole;
+      uniform over one update's energy: s.d. ``meter_update_s / (duration x sqrt 6)`` of the whole (none where the
+      ends sit on the meter's updates or samples: ``WindowRule.held_ends``);
     - the steps' own scatter: at a steady power a window's energy per step is its mean step time, whose relative s.d.
       is the steps' coefficient of variation over sqrt(steps), that CV read off the intervals between reports
-      (``step_scatter``), pooled with ``step_prior`` (the job's earlier windows: STEP_PRIOR_MAX_DOF);
+      (``step_scatter``), pooled with ``step_prior`` (the job's earlier windows: STEP_PRIOR_MAX_DOF), itself pooled
+      with UNKNOWN_STEPS (whose weight fades as the job's windows add theirs);
     - anything else (the clock or the power moving): the scatter of the window's sub-windows (split at the reports
       nearest to equal times) less the ends' share, which each sub-window carries ``sub_windows`` times over, pooled
       with the prior (``prior_rel`` for a window of ``min_s``, shrinking as 1/duration) as PRIOR_DOF readings. It
@@ -316,8 +340,9 @@ def window_noise_rel(reports: list[tuple[float, float, float]], rule: WindowRule
     if duration <= 0 or steps <= 0 or joules <= 0:
         return math.inf
     mean = joules / steps
-    ends2 = (rule.meter_update_s / duration) ** 2 / 6.0
-    steps2 = step_scatter(reports).pooled(step_prior, STEP_PRIOR_MAX_DOF).var / steps
+    ends2 = (rule.meter_update_s / duration) ** 2 / 6.0 if rule.held_ends else 0.0
+    prior = UNKNOWN_STEPS if step_prior is None else step_prior.pooled(UNKNOWN_STEPS, PRIOR_DOF)
+    steps2 = step_scatter(reports).pooled(prior, STEP_PRIOR_MAX_DOF).var / steps
     prior2 = rule.prior_rel ** 2 * rule.min_s / duration
     edges = [0]
     for k in range(1, rule.sub_windows):
@@ -523,6 +548,13 @@ class TuningSession:
         return ProbeWindow(level_hz, steps, warmup_steps, self.window_steps, rule=self.rule,
                            meter_update_s=self.meter_update_s, settle_s=self.settle_s, reference=reference,
                            least=not self._kept, step_prior=self._scatter)
+
+    def ends_on_updates(self) -> None:
+        """The points fed from now on sit on the meter's updates or samples (the daemon's MeterFeed found the
+        counter's update instants): windows opened from here count no held ends (WindowRule.held_ends); the one
+        open keeps its rule, its first end may be a held read."""
+        if self.rule is not None:
+            self.rule = self.rule.on_updates()
 
     def reopen(self, steps: float) -> None:
         """Begin the warm-up of a window at a new level at ``steps`` instead: its level was pinned when that step was

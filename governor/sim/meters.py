@@ -242,6 +242,7 @@ class MeteredSteps:
             raise ValueError(f"meter {meter!r}: one of {', '.join(METER_UPDATE_S)}")
         self.meter = meter
         self.update_s = METER_UPDATE_S[meter]
+        self.on_updates = meter == "ina3221"  # the sampler's samples; NVML's counter is read where a step ends
         self._rng = random.Random(seed)
         self._shape = 1.0 / (step_cv * step_cv) if step_cv > 0 else None
         origin_s = self._rng.uniform(0.0, self.update_s)  # the job starts anywhere in the meter's period
@@ -345,6 +346,7 @@ class EdgeSteps(MeteredSteps):
 
     def __init__(self, seed: int, every_s: float = EDGE_EVERY_S, step_cv: float = STEP_TIME_CV):
         super().__init__("nvml", seed, step_cv)
+        self.on_updates = True
         self.stride = max(1, int(every_s / self.update_s + 1e-9))
         self._k = 1  # the next update whose edge is taken (origin_s + k * update_s; origin_s is under one period)
 

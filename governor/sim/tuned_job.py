@@ -110,6 +110,7 @@ class ExactMeter:
     """The steps' energy and time, summed as they run."""
 
     update_s = 0.0
+    on_updates = True  # an exact meter's readings have no held ends
 
     def __init__(self):
         self.steps, self.energy_j, self.time_s = 0, 0.0, 0.0
@@ -181,10 +182,16 @@ def settle_s(cfg: TunerConfig, meter: str, update_s: float) -> float:
 
 
 def window_rule(meter: str) -> WindowRule:
-    """The daemon's rule (TunerConfig's defaults) on this meter's updates."""
+    """The daemon's rule (TunerConfig's defaults) on this meter's updates (its ends on them, but for NVML's counter
+    read at step ends: WindowRule.held_ends)."""
     rule = TunerConfig(window_rule="time").window(METER_UPDATE_S[EDGE_METERS.get(meter, meter)])
     assert rule is not None
-    return rule
+    return rule if meter == "nvml" else rule.on_updates()
+
+
+def _rule_for(reader: ExactMeter | MeteredSteps, rule: WindowRule | None) -> WindowRule | None:
+    """``rule`` for windows on ``reader``'s points (governor.daemon.energy.MeterFeed.window_rule)."""
+    return rule.on_updates() if rule is not None and reader.on_updates else rule
 
 
 @dataclass
@@ -284,6 +291,8 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
         start_steps = _baseline(run, cfg, start_hz, saving, wait_s)
     job = TunedJob(cfg.new_session(online, start_steps, total_steps=job_steps, meter_update_s=reader.update_s,
                                    settle_s=wait_s), job_steps)
+    if reader.on_updates:  # as the daemon's MeterFeed tells its sessions
+        job.session.ends_on_updates()
     job.baseline, job.baseline_steps = run.baseline, run.steps_run
     job.default_steps = max(0, run.steps_run - 1)  # the first step ran at the start pin
     if run.baseline is not None:
@@ -423,7 +432,7 @@ def _at_default(run: _Steps, cfg: TunerConfig, wait_s: float, begin_steps: float
     step count of the report that closed it (None if the job ends first)."""
     top_hz = run.board.levels_hz[-1]
     window = ProbeWindow(None, begin_steps, cfg.warmup_steps, cfg.window_steps,
-                         rule=cfg.baseline_window_rule(run.reader.update_s, run.job_steps),
+                         rule=_rule_for(run.reader, cfg.baseline_window_rule(run.reader.update_s, run.job_steps)),
                          meter_update_s=run.reader.update_s, settle_s=wait_s)
     for report in opening or []:
         window.feed(*report)

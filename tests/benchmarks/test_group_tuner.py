@@ -72,7 +72,8 @@ def test_long_steps_make_the_stretch_before_the_first_edge_the_start_window():
     """Steps of 4.6 s at the bottom of the table: GROUP_WINDOW_STEPS of them would be 37 s at a level 3.5 times the
     least energy. The stretch from the first step is measured as a window, and at a read inside it (a collective on
     every rank) rank 0 ends it once the rule would have closed it: the tuner takes it as the start's window and moves
-    on after a few steps (here after the rule's least, 2: the reads are exact). Steps of 70 ms at the top: the stretch
+    on after a few steps (here 2-3: the reads are exact, the steps taken to scatter as the H200's until they show
+    otherwise, UNKNOWN_STEPS). Steps of 70 ms at the top: the stretch
     (0.56 s) only times them, and the first window the tuner takes is the rule's shortest after it."""
     from governor.client.group import GROUP_WINDOW_STEPS
     from governor.policy.windows import WindowRule
@@ -89,8 +90,9 @@ def test_long_steps_make_the_stretch_before_the_first_edge_the_start_window():
         n, windows, window = first_move
         assert windows == 1 and window["level_hz"] == curve.levels_hz[start]
         if moved_by is not None:  # the start's window: the stretch, ended where the rule would close it
-            assert n == moved_by and window["steps"] == rule.min_steps, first_move
-            assert window["seconds"] >= rule.shortest_s and window["noise_rel"] <= rule.target_rel, first_move
+            assert n == 1 + window["steps"] <= moved_by + 1, first_move
+            assert window["seconds"] >= rule.shortest_s, first_move
+            assert window["noise_rel"] <= rule.target_rel or window["seconds"] >= rule.max_s, first_move
             assert coordinator.closed_early >= 1
         else:  # the stretch timed the steps; the start's window came after the first edge and a warm-up step
             assert n > 1 + GROUP_WINDOW_STEPS + 1 and window["seconds"] >= rule.shortest_s, first_move

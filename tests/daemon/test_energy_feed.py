@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
 
 from governor.backends.rails import CounterMeter
 from governor.daemon import energy
+from governor.policy.windows import WindowRule
 
 
 class Job(SimpleNamespace):
@@ -40,6 +42,33 @@ def test_a_counter_whose_update_grid_is_never_found_falls_back_to_the_reports(mo
     assert all(p == [] for p in got[:waiting - 1]), got[:waiting]
     assert all(p and p[0][0] == n for n, p in enumerate(got, start=1) if n > waiting + 2), got
     assert not feed.grid_found
+    assert not feed.on_updates and feed.window_rule(WindowRule()).held_ends  # the reports' reads: held ends
+
+
+def test_windows_on_a_counters_update_instants_count_no_held_ends(monkeypatch):
+    """Reports with step_end_s at a pace of their own find the counter's update grid: from then on the points sit on
+    its updates and the windows opened on them count no held counter's ends (WindowRule.held_ends); an older
+    client's reports, read as they arrive, keep them."""
+    now = [100.0]
+    monkeypatch.setattr(energy.time, "monotonic", lambda: now[0])
+    meter = CounterMeter(lambda: 50.0 * math.floor((now[0] - 0.033) / 0.1))  # 500 W, updates every 100 ms
+    feed = energy.MeterFeed(SimpleNamespace(new_meter=lambda gpu: meter, total_mw=float), gpu=None)
+    job = Job(steps=0, step_end_s=None)
+    rule = WindowRule()
+    assert not feed.on_updates and feed.window_rule(rule) is rule
+    points = []
+    for n in range(1, 80):  # steps of 43 ms: reads that straddle updates at every phase narrow the grid
+        now[0] += 0.043
+        job.steps, job.step_end_s = n, now[0] - 0.002
+        points += feed.points(job, feed.energy_j(job))
+    assert feed.grid_found and feed.on_updates
+    assert feed.window_rule(rule).held_ends is False and feed.window_rule(None) is None
+    assert len(points) > 20 and all(p[1] % 50.0 == 0 for p in points)  # each the counter at one of its updates
+    job.step_end_s = None  # an older client
+    now[0] += 0.043
+    job.steps += 1
+    feed.points(job, feed.energy_j(job))
+    assert not feed.on_updates and feed.window_rule(rule) is rule
 
 
 def test_counter_reads_are_paced_by_what_each_costs(monkeypatch):
@@ -206,6 +235,7 @@ def test_an_older_clients_reports_on_the_rails_take_the_samplers_samples_not_a_r
         job.steps = k
         points += feed.report_points(job)
     assert not reads  # the rails were read by the sampler alone
+    assert feed.on_updates and feed.window_rule(WindowRule()).held_ends is False  # the points are samples
     assert len(points) > 30
     for (n0, e0, t0), (n1, e1, t1) in zip(points, points[1:], strict=False):
         assert t1 - t0 == pytest.approx(0.14)  # each edge a sample of the sampler's

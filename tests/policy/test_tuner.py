@@ -20,6 +20,7 @@ from governor.policy.tuner import (
     ProbeWindow,
     TuningError,
     TuningSession,
+    WindowRule,
 )
 
 # The JetPack 6 AGX Orin table (governor/sim/tree.py).
@@ -349,6 +350,21 @@ def test_session_re_measuring_the_same_level_skips_the_warm_up():
             closed.append((step, m.level_hz, m.profiled_steps))
     assert closed == [(5, 714000000, 5), (9, 714000000, 4)]
     assert session.converged and session.profiled_steps == 9 and session.level_hz == 714000000
+
+
+def test_a_session_told_its_ends_sit_on_the_meters_updates_opens_its_next_windows_so():
+    """The daemon's MeterFeed found the counter's update instants: the window open keeps its held ends (its first
+    edge may be a report's read), the ones opened after count none (WindowRule.held_ends)."""
+    tuner = OnlineTuner((612000000, 714000000), 714000000)
+    session = TuningSession(tuner, steps=0, rule=WindowRule(), meter_update_s=0.1)
+    session.on_progress(0, 0.0, 0.0)
+    session.ends_on_updates()
+    assert session._window.rule.held_ends and session.rule.held_ends is False
+    step = 0
+    while session.on_progress(step := step + 1, 10.0 * step, 0.05 * step) is None:
+        pass
+    assert session._window.rule.held_ends is False
+    TuningSession(OnlineTuner(LEVELS, 714000000), steps=0).ends_on_updates()  # fixed-step windows: nothing to do
 
 
 def test_session_drops_a_window_of_reports_read_in_a_burst():

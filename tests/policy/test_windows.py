@@ -11,6 +11,7 @@ import pytest
 
 from governor.policy.tuner import OnlineTuner, ProbeWindow, TuningError, TuningSession, WindowRule
 from governor.policy.windows import (
+    StepScatter,
     UpdateEdges,
     edge_joules_per_step,
     steps_at,
@@ -31,8 +32,8 @@ def nvml_job(step_s: float, steps: int, seed: int = 0, cv: float = 0.15, power_w
     return reports
 
 
-def first_window(reports, rule):
-    w = ProbeWindow(None, 0, 0, rule=rule)
+def first_window(reports, rule, step_prior=None):
+    w = ProbeWindow(None, 0, 0, rule=rule, step_prior=step_prior)
     for n, e, t in reports:
         m = w.feed(n, e, t)
         if m is not None:
@@ -49,11 +50,24 @@ def test_a_window_spans_its_minimum_time_updates_and_steps_before_it_may_close()
 
 
 def test_short_steps_get_long_windows_in_steps_and_long_steps_short_ones():
+    """Steps scattering by 2%, once the job's windows have shown it (their pooled scatter, the session's prior)."""
     rule = WindowRule(meter_update_s=0.14)
-    short = first_window(nvml_job(0.025, 2000, cv=0.02), rule)
-    long = first_window(nvml_job(0.5, 200, cv=0.02), rule)
+    known = StepScatter(0.02 ** 2, 40.0)
+    short = first_window(nvml_job(0.025, 2000, cv=0.02), rule, known)
+    long = first_window(nvml_job(0.5, 200, cv=0.02), rule, known)
     assert short.measured_steps >= 60 and long.measured_steps <= 8, (short, long)
     assert short.noise_rel <= rule.target_rel and long.noise_rel <= rule.target_rel
+    # A job's first steps are taken to scatter as the H200's did until they say otherwise (UNKNOWN_STEPS): longer.
+    assert first_window(nvml_job(0.5, 200, cv=0.02), rule).measured_steps > long.measured_steps
+
+
+def test_a_few_long_steps_that_ran_alike_do_not_close_a_window_on_the_rails():
+    """Windows on the meter's updates count no held ends: what keeps three calm steps of a job that has shown
+    nothing yet from closing at the target is the prior on its steps (UNKNOWN_STEPS)."""
+    rule = WindowRule(meter_update_s=0.14).on_updates()
+    calm = [(n, 150.0 * n, 0.5 * n) for n in range(4)]  # three steps exactly alike, read exactly
+    assert window_noise_rel(calm, rule) > 2 * rule.target_rel
+    assert window_noise_rel(calm, rule, StepScatter(0.0, 0.0)) == window_noise_rel(calm, rule)
 
 
 def test_noisier_steps_make_longer_windows_up_to_the_cap():
@@ -70,7 +84,28 @@ def test_the_meters_ends_alone_give_the_stated_uncertainty():
     prior, which shrinks with the window's length."""
     rule = WindowRule(prior_rel=1e-9)
     reports = [(n, 10.0 * n, 0.1 * n) for n in range(101)]  # 10 s, exact
-    assert window_noise_rel(reports, rule) == pytest.approx(0.1 / (10.0 * math.sqrt(6)), rel=0.01)
+    exact = StepScatter(0.0, 1000.0)  # the job's steps known to run alike
+    assert window_noise_rel(reports, rule, exact) == pytest.approx(0.1 / (10.0 * math.sqrt(6)), rel=0.01)
+
+
+def test_ends_on_the_meters_updates_count_no_held_counter():
+    """Edges on the counter's update instants (or the rails' samples): the energy at each end is the meter's own, so
+    the same exact, steady window states nothing for its ends; windows a session opens once told so are sized alike,
+    and shorter on a steady job than with held ends."""
+    held = WindowRule(prior_rel=1e-9)
+    reports = [(n, 10.0 * n, 0.1 * n) for n in range(101)]
+    assert held.on_updates().held_ends is False and held.on_updates().on_updates() == held.on_updates()
+    exact = StepScatter(0.0, 1000.0)
+    assert window_noise_rel(reports, held.on_updates(), exact) < 1e-3 < window_noise_rel(reports, held, exact)
+    trace, times = PowerTrace(0.0), step_times_s(0.05, 0, 0.02)  # a steady job, its energy read exactly
+    exact = [(0, 0.0, 0.0)]
+    for n in range(1, 401):
+        append_step(trace, next(times), 300.0)
+        exact.append((n, trace.energy_j(trace.end_s), trace.end_s))
+    rule = WindowRule()
+    on_updates, held_ends = first_window(exact, rule.on_updates()), first_window(exact, rule)
+    assert on_updates.duration_s < 0.8 * held_ends.duration_s
+    assert on_updates.joules_per_step == pytest.approx(held_ends.joules_per_step, rel=0.02)
 
 
 def test_a_counter_that_has_not_moved_yet_keeps_the_window_open():

@@ -112,12 +112,15 @@ def test_the_jobs_step_scatter_keeps_a_few_calm_steps_from_closing_a_window():
     scattered by 15%, make the window's uncertainty what those steps would give."""
     calm = [(n, 30.0 * n, 1.0 * n + 0.001 * (n % 2)) for n in range(6)]  # 1 s steps within 0.1% of each other
     rule = WindowRule(prior_rel=1e-9)
-    alone = window_noise_rel(calm, rule)
+    steady = window_noise_rel(calm, rule, StepScatter(1e-6, 200.0))  # a job whose windows showed calm steps
     prior = StepScatter(0.15 ** 2, 200.0)
     pooled = window_noise_rel(calm, rule, prior)
-    assert alone < 0.01
+    assert steady < 0.015
     # 4 intervals of their own against the prior's 20 (STEP_PRIOR_MAX_DOF): most of 15% / sqrt(5) steps
     assert 0.8 * 0.15 / math.sqrt(5) < pooled < 0.15 / math.sqrt(5)
+    # A job's first window, nothing shown yet: its steps are taken to scatter as the H200's did (UNKNOWN_STEPS,
+    # two intervals' worth against its own four).
+    assert 0.5 * 0.15 / math.sqrt(5) < window_noise_rel(calm, rule) < pooled
 
 
 def test_step_scatter_reads_the_steps_cv_off_the_intervals():
