@@ -159,8 +159,7 @@ def consecutive(reports: list[tuple[int, float, float]], window) -> list:
             continue
         if m is not None:
             out.append(m)
-            if w.scatter is not None and w.scatter.dof > 0:
-                prior = w.scatter.pooled(prior, math.inf)
+            prior = w.scatter_with(prior)
             w = window(n, prior)
             w.feed(n, e, t)
     return out

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
@@ -326,9 +325,8 @@ class Groups:
         for m in group.members.values():
             if m.measured is not None:
                 m.last_joules_per_step = m.measured.joules_per_step
-            scatter = m.window.scatter if m.window is not None else None
-            if scatter is not None and scatter.dof > 0:
-                m.scatter = scatter.pooled(m.scatter, math.inf)
+            if m.window is not None:
+                m.scatter = m.window.scatter_with(m.scatter)
         group.restart_windows()
         if w.noise_rel is not None:
             # A window's length in steps is known only once windows have run: the next one is priced from the

@@ -16,7 +16,7 @@ import math
 from governor.config import TunerConfig
 from governor.daemon.energy import MeterFeed
 from governor.errors import FtgovError
-from governor.policy.windows import Measurement, ProbeWindow
+from governor.policy.windows import Measurement, ProbeWindow, StepScatter
 
 log = logging.getLogger("ftgovd")
 
@@ -46,6 +46,7 @@ class JobObserver:
             raise FtgovError("no energy source (no rails, no GPU counter)")
         self.rule = cfg.window(self.meter.update_s)
         self._window: ProbeWindow | None = None
+        self._scatter: StepScatter | None = None  # the steps' scatter in the windows closed so far, pooled
         self.windows: list[tuple[Measurement, float | None]] = []  # for the store, as a tuned job's
         self.status = "waiting for progress reports"
 
@@ -71,12 +72,14 @@ class JobObserver:
                 self.meter, self.status = None, f"stopped: {e}"
                 return
             if m is not None:
+                # The steps' scatter in the windows so far is the next one's prior, as a tuner's session pools it.
+                self._scatter = self._window.scatter_with(self._scatter)
                 self._window = self._new_window(steps, 0)
                 self._closed(job, m)
 
     def _new_window(self, steps: float, warmup_steps: int) -> ProbeWindow:
         return ProbeWindow(None, steps, warmup_steps, self.cfg.window_steps, rule=self.feed.window_rule(self.rule),
-                           meter_update_s=self.meter.update_s)
+                           meter_update_s=self.meter.update_s, step_prior=self._scatter)
 
     def _closed(self, job, m: Measurement) -> None:
         self.windows.append((m, job.features.gpu_util))

@@ -358,11 +358,13 @@ class JobTuner:
 
     def _baseline_probe(self, job, rule: WindowRule | None = None) -> ProbeWindow:
         """A window of the baseline (its first part or a later one) from the job's step now, warm-up first: the
-        baseline's rule for the job's length, or ``rule`` (a window that starts over keeps its own)."""
+        baseline's rule for the job's length, or ``rule`` (a window that starts over keeps its own); the steps' scatter
+        in the search's windows, where there were any, is its prior."""
         return ProbeWindow(None, job.steps, self.cfg.warmup_steps, self.cfg.window_steps,
                            rule=rule or self.feed.window_rule(self.cfg.baseline_window_rule(self.meter.update_s,
                                                                                           job.total_steps)),
-                           meter_update_s=self.meter.update_s, settle_s=self._settle_s)
+                           meter_update_s=self.meter.update_s, settle_s=self._settle_s,
+                           step_prior=None if self.session is None else self.session.step_scatter)
 
     def _feed_unpinned(self, gov, job, points: list,
                        window: ProbeWindow) -> tuple[ProbeWindow, Measurement | None, str | None]:

@@ -318,6 +318,15 @@ STEP_CV_PRIOR = 0.15
 UNKNOWN_STEPS = StepScatter(STEP_CV_PRIOR ** 2, PRIOR_DOF)
 
 
+def with_unknown_steps(step_prior: StepScatter | None) -> StepScatter:
+    """The job's steps' scatter so far (``step_prior``, None: nothing yet) with UNKNOWN_STEPS pooled in, at a weight
+    that fades to none as the job's own reach STEP_PRIOR_MAX_DOF intervals."""
+    if step_prior is None or step_prior.dof <= 0:
+        return UNKNOWN_STEPS
+    weight = PRIOR_DOF * max(0.0, 1.0 - step_prior.dof / STEP_PRIOR_MAX_DOF)
+    return step_prior.pooled(UNKNOWN_STEPS, weight) if weight > 0 else step_prior
+
+
 def window_noise_rel(reports: list[tuple[float, float, float]], rule: WindowRule,
                      step_prior: StepScatter | None = None) -> float:
     """The relative uncertainty (s.d.) of a window's joules per step, from its reports ``(steps, energy_j, time_s)``,
@@ -341,7 +350,7 @@ def window_noise_rel(reports: list[tuple[float, float, float]], rule: WindowRule
         return math.inf
     mean = joules / steps
     ends2 = (rule.meter_update_s / duration) ** 2 / 6.0 if rule.held_ends else 0.0
-    prior = UNKNOWN_STEPS if step_prior is None else step_prior.pooled(UNKNOWN_STEPS, PRIOR_DOF)
+    prior = with_unknown_steps(step_prior)
     steps2 = step_scatter(reports).pooled(prior, STEP_PRIOR_MAX_DOF).var / steps
     prior2 = rule.prior_rel ** 2 * rule.min_s / duration
     edges = [0]
@@ -480,6 +489,13 @@ class ProbeWindow:
                                        round(steps - self.begin_steps), noise, seconds)
         return self.measurement
 
+    def scatter_with(self, prior: StepScatter | None) -> StepScatter | None:
+        """``prior`` (the steps' scatter in the job's windows so far) with this closed window's pooled in: the next
+        window's step_prior."""
+        if self.scatter is None or self.scatter.dof <= 0:
+            return prior
+        return self.scatter.pooled(prior, math.inf)
+
 
 # A window this many times faster per step than the last one kept cannot be its steps: a change of clock moves the
 # step time by at most the clocks' ratio (4.25x from 306 to 1300 MHz on an AGX Orin, 5.7x over an H200's table).
@@ -565,6 +581,12 @@ class TuningSession:
             self._window = self._new_window(self._measuring_hz, steps, w.warmup_steps)
 
     @property
+    def step_scatter(self) -> StepScatter | None:
+        """The steps' scatter in the windows kept so far, pooled: the prior of the job's other windows (the baseline's
+        later parts)."""
+        return self._scatter
+
+    @property
     def level_hz(self) -> int:
         """The level the tuner wants next (the job is pinned there once the open window closes)."""
         return self.tuner.next_level_hz()
@@ -606,8 +628,7 @@ class TuningSession:
         # before were the slow ones (a stall in the first): the fastest kept is the reference from now on.
         self._bursts_in_a_row = 0
         self._kept += 1
-        if self._window.scatter is not None and self._window.scatter.dof > 0:
-            self._scatter = self._window.scatter.pooled(self._scatter, math.inf)
+        self._scatter = self._window.scatter_with(self._scatter)
         self._fastest_s_per_step = m.seconds_per_step if fastest is None else min(fastest, m.seconds_per_step)
         if self.rule is not None:
             # A window's length in steps is known only once windows have run: what the next one will cost is priced

@@ -44,6 +44,7 @@ from governor.policy.windows import (
     COUNTER_SETTLE_UPDATES,
     Measurement,
     ProbeWindow,
+    StepScatter,
     TuningSession,
     WindowRule,
 )
@@ -326,7 +327,7 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
             # A later part of the baseline, unpinned (the daemon's JobTuner._measure_part), then back to the pick.
             job.measured.interrupt()
             before = run.steps_run
-            closed = _at_default(run, cfg, wait_s, run.steps_run)
+            closed = _at_default(run, cfg, wait_s, run.steps_run, step_prior=session.step_scatter)
             job.default_steps += run.steps_run - before
             if closed is None:
                 parts.skip()
@@ -426,14 +427,15 @@ def _baseline(run: _Steps, cfg: TunerConfig, start_hz: int, saving: SavingRun, w
 
 
 def _at_default(run: _Steps, cfg: TunerConfig, wait_s: float, begin_steps: float,
-                opening: list[tuple[float, float, float]] | None = None) -> tuple[Measurement, float] | None:
+                opening: list[tuple[float, float, float]] | None = None,
+                step_prior: StepScatter | None = None) -> tuple[Measurement, float] | None:
     """A window of the baseline (its first part or a later one): steps at the default governor (the top level) from
     job step ``begin_steps``, the ``opening`` reports fed first, until the window closes: its measurement and the
     step count of the report that closed it (None if the job ends first)."""
     top_hz = run.board.levels_hz[-1]
     window = ProbeWindow(None, begin_steps, cfg.warmup_steps, cfg.window_steps,
                          rule=_rule_for(run.reader, cfg.baseline_window_rule(run.reader.update_s, run.job_steps)),
-                         meter_update_s=run.reader.update_s, settle_s=wait_s)
+                         meter_update_s=run.reader.update_s, settle_s=wait_s, step_prior=step_prior)
     for report in opening or []:
         window.feed(*report)
     while run.steps_run < run.job_steps:

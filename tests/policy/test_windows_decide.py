@@ -123,6 +123,19 @@ def test_the_jobs_step_scatter_keeps_a_few_calm_steps_from_closing_a_window():
     assert 0.5 * 0.15 / math.sqrt(5) < window_noise_rel(calm, rule) < pooled
 
 
+def test_the_unknown_steps_prior_fades_as_the_jobs_windows_show_their_steps():
+    """UNKNOWN_STEPS guards a job's first windows; once its windows have shown STEP_PRIOR_MAX_DOF intervals of
+    steps that run alike, they alone are the prior (on a real H100's 0.5 s steps a prior that never faded kept
+    windows a third longer than their noise needed)."""
+    from governor.policy.windows import STEP_PRIOR_MAX_DOF, UNKNOWN_STEPS, with_unknown_steps
+
+    assert with_unknown_steps(None) == UNKNOWN_STEPS == with_unknown_steps(StepScatter(0.0, 0.0))
+    calm = 0.03 ** 2
+    early, later = (with_unknown_steps(StepScatter(calm, d)) for d in (4.0, STEP_PRIOR_MAX_DOF / 2))
+    assert UNKNOWN_STEPS.var > early.var > later.var > calm
+    assert with_unknown_steps(StepScatter(calm, STEP_PRIOR_MAX_DOF)) == StepScatter(calm, STEP_PRIOR_MAX_DOF)
+
+
 def test_step_scatter_reads_the_steps_cv_off_the_intervals():
     reports = nvml_job(2000, seed=5, cv=0.15)
     s = step_scatter(reports)
