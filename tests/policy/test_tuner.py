@@ -364,6 +364,8 @@ def test_a_session_told_its_ends_sit_on_the_meters_updates_opens_its_next_window
     while session.on_progress(step := step + 1, 10.0 * step, 0.05 * step) is None:
         pass
     assert session._window.rule.held_ends is False
+    # The steps' scatter of the windows kept: the prior the job's other windows take (the baseline's later parts).
+    assert session.step_scatter is not None and session.step_scatter.dof > 0
     TuningSession(OnlineTuner(LEVELS, 714000000), steps=0).ends_on_updates()  # fixed-step windows: nothing to do
 
 
