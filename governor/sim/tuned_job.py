@@ -183,11 +183,10 @@ def settle_s(cfg: TunerConfig, meter: str, update_s: float) -> float:
 
 
 def window_rule(meter: str) -> WindowRule:
-    """The daemon's rule (TunerConfig's defaults) on this meter's updates (its ends on them, but for NVML's counter
-    read at step ends: WindowRule.held_ends)."""
+    """The daemon's rule (TunerConfig's defaults) on this meter's updates."""
     rule = TunerConfig(window_rule="time").window(METER_UPDATE_S[EDGE_METERS.get(meter, meter)])
     assert rule is not None
-    return rule if meter == "nvml" else rule.on_updates()
+    return rule
 
 
 def _rule_for(reader: ExactMeter | MeteredSteps, rule: WindowRule | None) -> WindowRule | None:
@@ -451,6 +450,7 @@ def level_windows(meter: str, joules_per_step: float, seconds_per_step: float, s
     """``windows`` consecutive windows at one level (no warm-up: the level does not change), as the daemon's
     ProbeWindow closes them on ``meter``'s readings (``nvml``, ``ina3221``): their Measurements."""
     steps = MeteredSteps(meter, seed)
+    rule = _rule_for(steps, rule)
     out: list[Measurement] = []
     pending: list[tuple[float, float, float]] = []  # points not yet fed: a window may close inside a step
     report: tuple[float, float, float] = (0, 0.0, 0.0)
