@@ -28,24 +28,29 @@ class Notifier:
         ours = not pid or pid == str(os.getpid())
         self.watchdog_s = int(usec) / 1e6 if usec and usec.isascii() and usec.isdigit() and ours else None
 
-    def send(self, *lines: str) -> None:
+    def send(self, *lines: str) -> bool:
+        """Send one message; False where the reader's queue is full and it was dropped (the caller may send its latest
+        state again once the reader caught up: the last of a burst of changes has no later one to supersede it)."""
         if not self.addr:
-            return
+            return True
         logs.flush()  # a message never overtakes the log lines that led to it (they may wait for the loop turn's end)
         if self.sock is None:
             # Non-blocking: a reader that falls behind (or a full socket buffer) must never stall the daemon; a dropped
-            # STATUS= is superseded by the next one.
+            # STATUS= is superseded by the next one, or sent again (Ticker) where it was the last.
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
         try:
             self.sock.sendto("\n".join(lines).encode(), self.addr)
+        except BlockingIOError:
+            return False  # the reader's queue is full (net.unix.max_dgram_qlen messages unread)
         except OSError:
-            pass  # systemd gone (shutdown) or its queue full: nothing to tell now
+            pass  # systemd gone (shutdown): nothing to tell now
+        return True
 
     def ready(self, status: str) -> None:
         self.send("READY=1", f"STATUS={status}")
 
-    def status(self, status: str) -> None:
-        self.send(f"STATUS={status}")
+    def status(self, status: str) -> bool:
+        return self.send(f"STATUS={status}")
 
     def watchdog(self) -> None:
         self.send("WATCHDOG=1")

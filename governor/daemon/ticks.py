@@ -29,6 +29,14 @@ def defer_on_loop(fn: Callable[[], None], delay_s: float) -> None:
         loop.call_soon(fn)
 
 
+# A STATUS= the reader's full queue dropped is sent again (the state then) after this, doubling up to the most: the
+# last of a burst of changes (a job's end after a run of progress reports) has no later one to supersede it. Seen
+# where the reader read late and its queue holds 10 datagrams (net.unix.max_dgram_qlen's default): the daemon's
+# "0 job(s)" never came.
+STATUS_RETRY_S = 0.1
+STATUS_RETRY_MAX_S = 5.0
+
+
 class Ticker:
     """A listener of the Controller (``changed``): schedules the tick and one STATUS= per loop turn."""
 
@@ -38,6 +46,8 @@ class Ticker:
         self._tick: asyncio.TimerHandle | None = None
         self._sampler: asyncio.TimerHandle | None = None
         self._status_pending = False
+        self._retry: asyncio.TimerHandle | None = None
+        self._retry_s = STATUS_RETRY_S
 
     def changed(self, ctl: Controller) -> None:
         # One STATUS= per event-loop turn, however many changes a burst of requests made in it.
@@ -65,7 +75,15 @@ class Ticker:
 
     def _send_status(self, ctl: Controller) -> None:
         self._status_pending = False
-        self.notifier.status(status_line(ctl))
+        if self.notifier.status(status_line(ctl)):
+            self._retry_s = STATUS_RETRY_S
+        elif self._retry is None:
+            self._retry = asyncio.get_running_loop().call_later(self._retry_s, self._resend_status, ctl)
+            self._retry_s = min(2 * self._retry_s, STATUS_RETRY_MAX_S)
+
+    def _resend_status(self, ctl: Controller) -> None:
+        self._retry = None
+        self._send_status(ctl)
 
     def _on_tick(self, ctl: Controller) -> None:
         self._tick = None
@@ -78,10 +96,10 @@ class Ticker:
             asyncio.get_running_loop().call_later(self.notifier.watchdog_s / 3, self.start_watchdog)
 
     def stop(self) -> None:
-        for timer in (self._tick, self._sampler):
+        for timer in (self._tick, self._sampler, self._retry):
             if timer is not None:
                 timer.cancel()
-        self._tick = self._sampler = None
+        self._tick = self._sampler = self._retry = None
 
 
 def status_line(ctl: Controller) -> str:

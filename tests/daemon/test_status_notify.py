@@ -1,0 +1,49 @@
+"""STATUS= to a reader that falls behind (governor/daemon/notify.py, ticks.py): a message its full queue drops is sent
+again with the state then, so the last of a burst of changes reaches it once it reads."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from types import SimpleNamespace
+
+from governor.daemon import ticks
+from governor.daemon.notify import Notifier
+
+
+def test_a_status_the_full_queue_dropped_is_sent_again_once_the_reader_reads(tmp_path, monkeypatch):
+    path = str(tmp_path / "notify")
+    reader = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    reader.bind(path)
+    reader.setblocking(False)
+    notifier = Notifier({"NOTIFY_SOCKET": path})
+    jobs = ["a", "b"]
+    ctl = SimpleNamespace(gpus={}, jobs=jobs, missing_why=None)
+    monkeypatch.setattr(ticks, "STATUS_RETRY_S", 0.01)
+
+    def read_all() -> list[str]:
+        got = []
+        while True:
+            try:
+                got.append(reader.recv(4096).decode())
+            except BlockingIOError:
+                return got
+
+    async def main() -> list[str]:
+        ticker = ticks.Ticker(notifier, sample_interval_s=60.0)
+        while notifier.status("filler"):  # the reader reads nothing yet: its queue fills
+            pass
+        jobs.clear()  # the last change of a burst (a job's end), told while the queue is full
+        ticker._send_status(ctl)
+        assert ticker._retry is not None
+        before = read_all()  # the reader catches up
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if ticker._retry is None:
+                break
+        ticker.stop()
+        return before + read_all()
+
+    got = asyncio.run(main())
+    assert "STATUS=0 job(s); no GPU: none found" not in got[:-1] and got[-1] == "STATUS=0 job(s); no GPU: none found"
+    reader.close()
