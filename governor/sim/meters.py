@@ -22,6 +22,12 @@ The model's steps scatter independently of each other; the H200's do not: succes
 autocorrelation +0.2 to +0.5) and their means drift, in anti-phase with the power, while the SM clock held 1980 MHz
 (the GPU waiting on the host: its utilization falls as they lengthen), so sums of many steps scatter more than
 independent ones would.
+A model step's energy moves with its time at its level's power. A real step's scatters less: over 1-s windows on the
+counter's updates J/step scattered 0.32-0.81 times s/step on the eleven H200 runs (the time a step runs over is mostly
+the GPU waiting on the host, at low power), but its windows scattered as much as the model's or more, the steps
+correlating and drifting (docs/benchmarks.md, "baseline-drift"). The model keeps the two errors, which cancel at a
+window's length; a step's energy at half the elasticity, its steps still independent, made the simulated 1-s windows
+scatter 1.3-2.2% where the real ones scatter 3.2-4.6% (branch exp/energy-scatter).
 ReplaySteps (``nvml-replay``) replays the real runs' own steps instead: each simulated step takes the time and energy
 of the next step of a real trace (StepSequence), relative to that run's means, so windows see the real drift and
 correlation at any level's step time and power.
