@@ -427,7 +427,7 @@ class JobTuner:
         elif (job.phase or "train") != "train":  # an evaluation's (a checkpoint's) energy is no step's at the pick
             self._saving.interrupt()
         elif job.freq_hz is not None:
-            self._saving.converged_at(job.freq_hz, points)
+            self._saving.converged_at(job.freq_hz, points, on_updates=self.feed.on_updates)
 
     def saving(self) -> dict | None:
         """The saving per step measured so far against the baseline window (governor.policy.measured_saving); None

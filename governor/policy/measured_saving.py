@@ -7,7 +7,8 @@ The tuned side is every step run converged at the pick: stretches, each from the
 there and the meter settled (the steps before are its warm-up), and the windows measured at the pick while the tuner
 confirmed its near-ties. Its uncertainty is reckoned as a window's (governor.policy.windows.window_noise_rel): the
 steps' scatter, read off the intervals between the stretches' reports (at a steady power a stretch's J/step is its mean
-step time), pooled with the prior, and the meter's ends, an update's energy at each end of each stretch.
+step time), pooled with the prior, and the meter's ends, an update's energy at each end of each stretch read off a
+counter that holds between updates (none where the points sit on the meter's updates or samples).
 
 Both parts assume that steps scatter independently. A real GPU's do not: on the H200 successive steps correlate and
 their means drift by several percent over tens of steps (the GPU waiting on the host: not its clock), so a
@@ -53,6 +54,8 @@ class _Stretch:
     level_hz: int
     first: Point
     last: Point
+    first_held: bool = True  # the first point is a read of a counter that holds between updates (the last: below)
+    last_held: bool = True
     intervals: Intervals = field(default_factory=Intervals)
     marks: list[Point] = field(default_factory=list)  # from the first point, a point each mark_steps or more
 
@@ -117,12 +120,15 @@ class MeasuredSaving:
         self.mark_steps = MARK_STEPS
         self._marks = 0
 
-    def converged_at(self, level_hz: int, points: list[Point]) -> None:
-        """A report's points, run converged and pinned at ``level_hz``."""
+    def converged_at(self, level_hz: int, points: list[Point], on_updates: bool = False) -> None:
+        """A report's points, run converged and pinned at ``level_hz``; ``on_updates``: they sit on the meter's
+        updates or samples (governor.policy.windows.WindowRule.held_ends), where a stretch's end has no held
+        counter's staleness to count."""
         for point in points:
             if self._open is not None and self._open.level_hz == level_hz:
                 before = len(self._open.marks)
                 self._open.extend(point, self.mark_steps)
+                self._open.last_held = not on_updates
                 self._marks += len(self._open.marks) - before
                 if self._marks > MAX_MARKS:
                     self.mark_steps *= 2
@@ -133,7 +139,7 @@ class MeasuredSaving:
             if self._moved is None or self._moved[0] != level_hz:
                 self._open, self._moved = None, (level_hz, point[2])
             if point[2] - self._moved[1] >= self.settle_s:
-                self._open = _Stretch(level_hz, point, point)
+                self._open = _Stretch(level_hz, point, point, first_held=not on_updates, last_held=not on_updates)
                 self.stretches.append(self._open)
 
     def interrupt(self) -> None:
@@ -191,11 +197,13 @@ class MeasuredSaving:
                 "baseline_parts": baseline_parts, "blocks": blocks, "block_rel": block_rel}
 
     def _stretches_rel(self, stretches: list[_Stretch], confirm: list[Measurement], steps: float) -> float:
-        """The relative s.d. of the tuned side's J/step: the steps' scatter and the meter's ends, in quadrature."""
+        """The relative s.d. of the tuned side's J/step: the steps' scatter and the meter's ends, in quadrature (each
+        end read off a held counter up to one update stale: one update's energy over sqrt 12)."""
         seconds = sum(s.seconds for s in stretches) + sum(m.duration_s or 0.0 for m in confirm)
         ends2 = 0.0
         if seconds > 0:
-            ends2 = (self.meter_update_s / seconds) ** 2 * len(stretches) / 6.0
+            held = sum(s.first_held + s.last_held for s in stretches)
+            ends2 = (self.meter_update_s / seconds) ** 2 * held / 12.0
         # The prior: prior_rel for prior_steps steps (or prior_s seconds), shrinking as 1 / the steps (the seconds).
         prior2 = self.prior_rel ** 2 * self.prior_steps / steps
         if self.prior_s > 0 and seconds > 0:

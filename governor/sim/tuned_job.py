@@ -341,7 +341,7 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
         m = None
         for report in reports:
             if job.measured is not None and steady:
-                job.measured.converged_at(hz, [report])
+                job.measured.converged_at(hz, [report], on_updates=run.reader.on_updates)
             m = session.on_progress(*report)
             if m is not None:  # the rest of the step's edges fall in the next window's warm-up
                 break

@@ -60,6 +60,23 @@ def test_the_tuned_sides_uncertainty_is_its_steps_scatter_over_their_number():
                                                      abs=0.01)
 
 
+def test_stretches_on_the_meters_updates_count_no_held_ends():
+    """Points on the meter's updates (the rails' samples, NVML's counter at its update instants) carry its own energy
+    at a stretch's ends: the tuned side states only its steps' scatter there; read off a held counter, an update's
+    energy over sqrt 12 at each end as well. A stretch whose ends are of both kinds counts the held one."""
+    steps, update_s = 40, 0.5
+    pts = [(0, 0.0, 0.0), *_points((0, 0.0, 0.0), steps, 1.5, [0.5] * steps)]
+    rel = {}
+    for on_updates in ((True, True), (False, False), (False, True)):  # the first points', the rest's
+        s = MeasuredSaving(0.03, 4, meter_update_s=update_s)
+        s.converged_at(PICK, pts[:2], on_updates=on_updates[0])
+        s.converged_at(PICK, pts[2:], on_updates=on_updates[1])
+        rel[on_updates] = s.result(BASELINE, PICK, [])["tuned_rel"]
+    end2 = (update_s / (0.5 * steps)) ** 2 / 12
+    assert rel[(False, False)] ** 2 == pytest.approx(rel[(True, True)] ** 2 + 2 * end2)
+    assert rel[(False, True)] ** 2 == pytest.approx(rel[(True, True)] ** 2 + end2)  # the grid found mid-stretch
+
+
 def test_steps_that_drift_raise_both_sides_uncertainty_to_what_segments_of_the_baselines_length_scatter_by():
     """Steps whose mean wanders (an AR(1) drift of 5% with a memory of 50 steps on top of 10% independent scatter,
     as the H200's do): the intervals see only the 10%, while 100-step segments scatter by far more than 1%. The
