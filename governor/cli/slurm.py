@@ -133,7 +133,10 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "check":
         config = load_slurm_config(args.config or DEFAULT_SLURM_CONFIG, must_exist=args.config is not None)
         policy, source = choose_policy(config, env.get("SLURM_JOB_PARTITION"), env.get("SLURM_JOB_COMMENT"))
-        info(f"config OK; a job here gets {policy} (from {source}); GPUs {job_gpus(env)}")
+        gpus = job_gpus(env)
+        named = ("none named by Slurm (a Jetson's GPU is held; elsewhere none)" if gpus is None
+                 else ", ".join(str(g) for g in gpus) or "an empty list")
+        info(f"config OK; a job here gets {policy} (from {source}); GPUs: {named}")
         return 0
     try:
         config = load_slurm_config(args.config or DEFAULT_SLURM_CONFIG, must_exist=args.config is not None)

@@ -85,7 +85,8 @@ class TuneStarts:
                 continue  # whose it was is unknown: it starts nobody's job
             starts._add(int(r["uid"]), (str(r["gpu_name"]), levels, r["model_type"], r["num_layers"],
                                         r["hidden_size"]), float(r["seq_len"]), int(r["freq_hz"]))
-        log.info("tuner starts: %d converged level(s) from %s", len(starts), path)
+        # Jetsons' tuned jobs (devfreq) are left out: their start is the tree's prediction, not a store's level.
+        log.info("tuner starts: %d converged level(s) of NVML GPUs' tuned jobs from %s", len(starts), path)
         return starts
 
     def learn(self, key: tuple[str, tuple[int, ...]], features: Features, freq_hz: int, uid: int) -> None:

@@ -87,6 +87,9 @@ def test_a_bad_config_is_a_warning_naming_the_key_and_check_fails_on_it(tmp_path
     assert out.returncode == 1 and "partitions.gpu" in out.stderr
     out = slurm("check", {"SLURM_JOB_PARTITION": "gpu"}, CONFIG, tmp_path)
     assert out.returncode == 0 and "a job here gets ffg (from partition gpu)" in out.stdout
+    assert "GPUs: none named by Slurm (a Jetson's GPU is held; elsewhere none)" in out.stdout  # not Python's None
+    out = slurm("check", {"SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_GPUS": "0,2"}, CONFIG, tmp_path)
+    assert out.returncode == 0 and "GPUs: 0, 2" in out.stdout
 
 
 def test_without_slurm_job_id_nothing_is_held(tmp_path):
