@@ -31,6 +31,10 @@ from governor.units import mhz
 log = logging.getLogger("governor.client")
 
 
+# What the warning of a job that carries on without the daemon begins with (the rest: why).
+WITHOUT_GOVERNOR = "ftgov: training goes on without the GPU frequency governor: "
+
+
 class Job:
     """A fine-tuning job registered with ftgovd for the life of a ``with`` block (see ``job``).
 
@@ -331,8 +335,7 @@ class Job:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        warnings.warn(f"ftgov: training goes on without the GPU frequency governor: {why}", GovernorWarning,
-                      stacklevel=3)
+        warnings.warn(f"{WITHOUT_GOVERNOR}{why}", GovernorWarning, stacklevel=3)
 
 
 def _check_total_steps(total_steps):

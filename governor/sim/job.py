@@ -17,6 +17,7 @@ import json
 import os
 import select
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -143,6 +144,7 @@ class _Unregistered:
 
 def _main(args: argparse.Namespace) -> int:
     from governor import client
+    from governor.client.job import WITHOUT_GOVERNOR  # a training script's news, not this command's
     from governor.sim.energy import workload_from_features
 
     root = Root(Path(args.tree))
@@ -154,10 +156,27 @@ def _main(args: argparse.Namespace) -> int:
                 "seq_len": args.seq_len}
     workload = workload_from_features(features, "sim-job")
     if args.no_daemon:
+        started_s = time.monotonic()
         run(root, _Unregistered(), workload, args.steps, time_scale=args.time_scale)
+        print(json.dumps({"registered": False, "steps": args.steps,
+                          "wall_s": round(time.monotonic() - started_s, 3)}, indent=2, sort_keys=True))
         return 0
-    with client.job(name="sim-job", socket=args.socket, tune=args.tune or None, report_every_s=0.05,
-                    **features) as job:
+    job = client.job(name="sim-job", socket=args.socket, tune=args.tune or None, report_every_s=0.05, **features)
+    # A training script carries on without the governor (a warning); this job exists to be governed, so a daemon
+    # that does not take it is this command's failure, not a null summary and exit 0.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", client.GovernorWarning)
+        job.start()
+    if not job.registered:
+        job.close()
+        why = "; ".join(str(w.message).removeprefix(WITHOUT_GOVERNOR) for w in caught
+                        if issubclass(w.category, client.GovernorWarning)) or "the job was not registered"
+        raise FtgovError(f"{why}. sim-job runs its steps for ftgovd to govern: start ftgovd --simulate, then "
+                         "eval \"$(ftgovd --simulate --print-env)\" (or pass --socket); --no-daemon runs them "
+                         "without it")
+    try:
         run(root, job, workload, args.steps, time_scale=args.time_scale)
+    finally:
+        job.close()
     print(json.dumps(job.result, indent=2, sort_keys=True))  # unregister's answer: the job's energy, pin, saving
     return 0
