@@ -93,7 +93,10 @@ def tree_state_dir(sysfs_root: str | None) -> str | None:
 def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:
     from governor.config import Config, load_config
 
-    overrides = {"sysfs_root": args.sysfs_root, "state_dir": args.state_dir or tree_state_dir(args.sysfs_root)}
+    # The simulated Orin that `eval "$(ftgovd --simulate --print-env)"` names, unless a root is given.
+    sysfs_root = args.sysfs_root or os.environ.get("FTGOV_SIM_TREE") or None
+    simulated_state = tree_state_dir(sysfs_root)
+    overrides = {"sysfs_root": sysfs_root, "state_dir": args.state_dir or simulated_state}
     config_path = args.config or DEFAULT_CONFIG_PATH
     early: list[Check] = []
     try:
@@ -105,9 +108,10 @@ def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:
         config = Config.model_validate({k: v for k, v in overrides.items() if v is not None})
         early.append(Check("config", FAIL, f"{e} (the checks below use the defaults)",
                            "fix the file: ftgovd refuses to start with it"))
-    socket = args.socket or os.environ.get("FTGOV_SOCKET") or config.socket.path
+    socket = (args.socket or os.environ.get("FTGOV_SOCKET")
+              or (str(Path(simulated_state) / "ftgov.sock") if simulated_state else config.socket.path))
     ctx = Context(Root(config.sysfs_root), config, config_path, socket, os.geteuid(),
-                  {os.getegid(), *os.getgroups()})
+                  {os.getegid(), *os.getgroups()}, simulated=simulated_state is not None)
     return ctx, early
 
 
@@ -140,7 +144,8 @@ def add_parser(sub) -> None:
     p = sub.add_parser("doctor", help="check this board for what ftgovd needs, with the fix for each problem",
                        description=__doc__.splitlines()[0])
     p.add_argument("--config", default=None, help=f"daemon config (default {DEFAULT_CONFIG_PATH})")
-    p.add_argument("--sysfs-root", help="sysfs root (default from the config: /)")
+    p.add_argument("--sysfs-root", help="sysfs root (default: $FTGOV_SIM_TREE, the simulated Orin that ftgovd "
+                                        "--simulate --print-env names, else from the config: /)")
     p.add_argument("--socket", help="ftgovd's socket (default: $FTGOV_SOCKET, else the config's socket.path)")
     p.add_argument("--state-dir", help="state dir (default: beside a tree that ftgovd --simulate built, else from "
                                        "the config: /run/ftgov)")

@@ -176,8 +176,11 @@ def start_simulated_board(config: Config, meters: str = "ina3221") -> None:
             entry.unlink()
     keep_r, keep_w = os.pipe()  # keep_w stays open (close-on-exec) for the daemon's lifetime, unreferenced
     env = {k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}  # readiness is the daemon's to tell
+    # Power mode 0 (MAXN, no cap): a board's /etc/nvpmodel.conf and nvpmodel's status are there, as on a devkit, and
+    # the table's top is the GPU's.
     proc = subprocess.Popen([sys.executable, "-m", "governor.sim.board", "--tree", str(sim_dir), "--build", "jp6",
-                             "--meters", meters, "--until-stdin-closes"], stdin=keep_r, stdout=subprocess.PIPE, env=env)
+                             "--power-mode", "0", "--meters", meters, "--until-stdin-closes"], stdin=keep_r,
+                            stdout=subprocess.PIPE, env=env)
     os.close(keep_r)
     assert proc.stdout is not None  # stdout=PIPE
     with proc.stdout:
@@ -188,7 +191,8 @@ def start_simulated_board(config: Config, meters: str = "ina3221") -> None:
         raise FtgovError(f"the simulated board did not start (exit status {proc.wait()}; its errors are above)")
     log.info("simulated Jetson AGX Orin (JetPack 6 layout) at %s, board process %d", sim_dir, proc.pid)
     for note in (f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}",
-                 f"ftgovd: clients: export FTGOV_SOCKET={config.socket.path}"):
+                 f"ftgovd: clients: export FTGOV_SOCKET={shlex.quote(config.socket.path)} "
+                 f"FTGOV_SIM_TREE={shlex.quote(str(sim_dir))}"):
         print(logs.stderr_line(note, 6), file=sys.stderr, flush=True)
 
 

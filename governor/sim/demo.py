@@ -154,8 +154,9 @@ def main() -> int:
         if " INFO " in line or " WARNING " in line or " ERROR " in line:
             say("   " + line.split(" ftgovd ", 1)[-1])
     shutil.rmtree(work, ignore_errors=True)
-    say(f"\nDone. Try it yourself: {command_path('ftgovd')} --simulate &, then FTGOV_SOCKET=<the socket it prints> "
-        f"{command_path('ftgov')} status (README: Try it without a Jetson)")
+    ftgovd = command_path("ftgovd")
+    say(f"\nDone. Try it yourself: {ftgovd} --simulate &, then eval \"$({ftgovd} --simulate --print-env)\" "
+        f"(FTGOV_SOCKET and FTGOV_SIM_TREE) and {command_path('ftgov')} status (README: Try it without a Jetson)")
     return 0 if returncode == 0 else 1
 
 

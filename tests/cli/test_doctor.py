@@ -291,3 +291,20 @@ def test_doctor_on_a_simulated_tree_checks_that_daemons_state_file(start_daemon)
     state = one(checks, "state")
     assert state["status"] == "OK" and state["detail"].startswith(f"{d.state_dir / 'state.json'}: GPU 0 pinned at"), \
         state
+
+
+def test_doctor_after_the_print_env_eval_checks_the_simulated_daemon(start_daemon, tmp_path):
+    """As a newcomer runs it: `eval "$(ftgovd --simulate --print-env)"`, then `ftgov doctor` with no options. The
+    tree is $FTGOV_SIM_TREE (not the host's /), the state beside it, and the socket's group is not asked of a
+    simulated daemon (no systemd socket made it: a config's group need not exist)."""
+    d = start_daemon(simulate=True)
+    config = tmp_path / "ftgov.yaml"
+    config.write_text("socket: {group: ftgov-no-such-group}\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FTGOV_SOCKET": d.socket,
+           "FTGOV_SIM_TREE": str(d.state_dir / "sim-orin")}
+    p = subprocess.run([sys.executable, "-m", "governor.cli", "doctor", "--json", "--config", str(config)],
+                       capture_output=True, text=True, env=env, timeout=60, cwd="/")
+    out = json.loads(p.stdout)
+    assert out["sysfs_root"] == str(d.state_dir / "sim-orin"), out
+    assert [c for c in out["checks"] if c["status"] == "FAIL"] == [] and p.returncode == 0, out
+    assert not [c for c in out["checks"] if c["status"] == "WARN" and "nvpmodel" in c["detail"]], out
