@@ -108,7 +108,7 @@ class DevfreqGpu(GpuBase):
         else:
             order = (("min_freq", min_hz), ("max_freq", max_hz))
         for name, value in order:
-            write_text(self.node / name, str(value))
+            write_text(self.node / name, f"{value}\n")  # as `echo` writes it; devfreq's store takes "%lu"
 
     def pin(self, freq_hz: int) -> None:
         if freq_hz not in self.levels_hz:

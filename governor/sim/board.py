@@ -129,9 +129,7 @@ class Board:
                 self._take_request(name, text)
                 self._seen[name] = ((st.st_ino, st.st_mtime_ns, st.st_size), text)
         for name, hz in zip(LIMIT_FILES, self.effective(), strict=True):
-            # The kernel formats what a read returns ("%lu\n"), whatever was written: a write of "816000000" that
-            # is already the effective value still reads back "816000000\n".
-            if name in in_flight or (name in self._seen and self._seen[name][1] == f"{hz}\n"):
+            if name in in_flight or (name in self._seen and _int(self._seen[name][1]) == hz):
                 continue
             path = self.node / name
             tree.replace_file(self.root, path, f"{hz}\n")
