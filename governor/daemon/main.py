@@ -92,6 +92,15 @@ def build_config(args: argparse.Namespace) -> Config:
         overrides["state_dir"] = args.state_dir or str(base)
         overrides["sysfs_root"] = str(Path(overrides["state_dir"]) / "sim-orin")
         overrides["store.path"] = str(Path(overrides["state_dir"]) / "measurements.sqlite")  # never the board's
+        if explicit:  # a file written for a board names paths the simulation does not use: say so, not silently
+            own, default = load_config(args.config, {}, must_exist=True), Config.model_validate({})
+            ignored = [f"{name} {mine}" for name, mine, theirs in (
+                ("socket.path", own.socket.path, default.socket.path), ("state_dir", own.state_dir, default.state_dir),
+                ("store.path", own.store.path, default.store.path)) if mine != theirs]
+            if ignored:
+                print(logs.stderr_line(f"ftgovd: --simulate keeps its own paths under {overrides['state_dir']}; "
+                                       f"{args.config}'s {', '.join(ignored)} not used (--socket, --state-dir "
+                                       "set them)", 4), file=sys.stderr, flush=True)
     return load_config(args.config or DEFAULT_CONFIG_PATH, overrides, must_exist=explicit)
 
 

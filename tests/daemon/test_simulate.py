@@ -175,6 +175,16 @@ def test_print_env_names_the_paths_the_simulated_daemon_uses(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "governor.daemon", "--print-env"], env=env, capture_output=True,
                          text=True, timeout=60, cwd=REPO)
     assert bad.returncode == 2 and bad.stderr.strip() == "ftgovd: error: --print-env goes with --simulate"
+    # A board's config file names paths the simulation replaces: said once, not silently dropped.
+    config = tmp_path / "board.yaml"
+    config.write_text(f"socket: {{path: {tmp_path / 'x.sock'}}}\nlog_level: info\n")
+    told = subprocess.run([sys.executable, "-m", "governor.daemon", "--simulate", "--config", str(config),
+                           "--print-env"], env=env, capture_output=True, text=True, timeout=60, cwd=REPO, check=True)
+    assert told.stdout == out and f"socket.path {tmp_path / 'x.sock'} not used" in told.stderr, told.stderr
+    config.write_text("log_level: info\n")
+    quiet = subprocess.run([sys.executable, "-m", "governor.daemon", "--simulate", "--config", str(config),
+                            "--print-env"], env=env, capture_output=True, text=True, timeout=60, cwd=REPO, check=True)
+    assert quiet.stderr == ""
 
 
 def test_simulate_rails_report_as_an_ina3221_by_default_and_a_job_measures_its_energy_through_them(start_daemon):
