@@ -9,6 +9,7 @@ DEFAULT_CONFIG_PATH = "/etc/ftgov/ftgov.yaml"
 # Where ftgovd listens and which group may connect (systemd/ftgovd.socket and sysusers.d say the same): the daemon's
 # defaults and the client's, from this one place.
 DEFAULT_SOCKET_PATH = "/run/ftgov/ftgov.sock"
+SOCKET_ENV = "FTGOV_SOCKET"  # the client's socket, when set (ftgovd --simulate --print-env sets it)
 SOCKET_GROUP = "ftgov"
 
 

@@ -11,6 +11,7 @@ import sys
 
 from governor import DEFAULT_CONFIG_PATH
 from governor.errors import FtgovError
+from governor.simpaths import SIM_TREE_ENV, env_tree, tree_state_dir
 from governor.store.state import StateFile, baseline_problem, boot_id
 from governor.sysfs import Root, trusted_root
 
@@ -19,8 +20,10 @@ def add_parser(sub) -> None:
     p = sub.add_parser("restore", help="restore the GPU limits saved before ftgovd pinned them",
                        description=__doc__.splitlines()[0])
     p.add_argument("--config", default=None, help=f"daemon config (default {DEFAULT_CONFIG_PATH})")
-    p.add_argument("--state-dir", help="state dir (default from the config: /run/ftgov)")
-    p.add_argument("--sysfs-root", help="sysfs root (default from the config: /)")
+    p.add_argument("--state-dir", help="state dir (default: beside a simulated tree, else from the config: "
+                   "/run/ftgov)")
+    p.add_argument("--sysfs-root", help=f"sysfs root (default: ${SIM_TREE_ENV}, the simulated tree, when set and no "
+                   "--config, --state-dir or --sysfs-root is given; else from the config: /)")
     p.add_argument("--on-stop", action="store_true",
                    help="called as the service stops: do nothing when the config says restore_on_stop: false")
     p.set_defaults(func=run)
@@ -61,12 +64,23 @@ def restore(state_dir: str, root: Root, config) -> int:
     return 1 if failed else 0
 
 
+def paths(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(sysfs root, state dir) overriding the config's: the ones given; with none given, the simulated tree the shell
+    was pointed at (a daemon killed under `ftgovd --simulate` left its state beside that tree, not in /run/ftgov)."""
+    sysfs_root, state_dir = args.sysfs_root, args.state_dir
+    if args.config is None and sysfs_root is None and state_dir is None:
+        sysfs_root = env_tree()
+        if sysfs_root is not None:
+            print(f"ftgov restore: the simulated tree {sysfs_root} (from ${SIM_TREE_ENV})")
+    return sysfs_root, state_dir or tree_state_dir(sysfs_root)
+
+
 def run(args: argparse.Namespace) -> int:
     from governor.config import load_config  # pydantic: not for every `ftgov` start
 
+    sysfs_root, state_dir = paths(args)
     try:
-        config = load_config(args.config or DEFAULT_CONFIG_PATH,
-                             {"state_dir": args.state_dir, "sysfs_root": args.sysfs_root},
+        config = load_config(args.config or DEFAULT_CONFIG_PATH, {"state_dir": state_dir, "sysfs_root": sysfs_root},
                              must_exist=args.config is not None)
         if args.on_stop and not config.restore_on_stop:
             print("ftgov restore: restore_on_stop is false in the config: leaving the pin in place")

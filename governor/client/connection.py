@@ -10,13 +10,12 @@ import select
 import socket as socketlib
 import stat
 
-from governor import DEFAULT_SOCKET_PATH, SOCKET_GROUP, errors
+from governor import DEFAULT_SOCKET_PATH, SOCKET_ENV, SOCKET_GROUP, errors
 from governor.errors import FtgovError
 
 log = logging.getLogger("governor.client")
 
 DEFAULT_SOCKET = DEFAULT_SOCKET_PATH
-SOCKET_ENV = "FTGOV_SOCKET"
 # Progress goes out at most this often. A fine-tuning step on an Orin takes 100 ms or more, so every step is reported
 # (the tuner times steps from these reports); faster loops are sampled, and a step costs a clock read.
 DEFAULT_REPORT_EVERY_S = 0.1

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 
+from governor.sim import tree
 from governor.sim.tree import replace_file
 from governor.sysfs import Root
 from tests.support.daemon import FEATURES, REPO, limits
@@ -135,6 +136,28 @@ def test_ftgov_restore_after_a_sigkill_then_the_restart_readopts(orin, start_dae
         assert limits(orin) == BASELINE
     finally:
         worker.kill()
+
+
+def test_ftgov_restore_finds_a_simulated_daemons_state_beside_ftgov_sim_tree(tmp_path, start_daemon):
+    """After `eval "$(ftgovd --simulate --print-env)"`, a plain `ftgov restore` restores the simulated GPU a killed
+    daemon left pinned: its state is beside $FTGOV_SIM_TREE, not in the board's /run/ftgov."""
+    state_dir = tmp_path / "ftgov-sim"
+    sim_tree = tree.build(state_dir / "sim-orin").root  # where ftgovd --simulate builds it
+    d = start_daemon(sim_tree, state_dir=state_dir)
+    c = d.client()  # held open: closing it would end the job before the kill
+    c.call("register", **FEATURES)
+    d.stop(signal.SIGKILL)
+    assert limits(sim_tree) == PINNED
+    env = {"FTGOV_SIM_TREE": str(sim_tree)}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    given = _ftgov("restore", "--state-dir", str(elsewhere), "--sysfs-root", str(sim_tree), env_extra=env)
+    assert given.returncode == 0 and f"nothing to restore (no state of this boot in {elsewhere})" in given.stdout
+    assert limits(sim_tree) == PINNED  # the flags given win over the environment
+    out = _ftgov("restore", env_extra=env)
+    assert out.returncode == 0, out
+    assert f"the simulated tree {sim_tree} (from $FTGOV_SIM_TREE)" in out.stdout and "GPU 0 restored" in out.stdout
+    assert limits(sim_tree) == BASELINE
 
 
 def test_state_from_another_boot_is_ignored(orin, start_daemon):

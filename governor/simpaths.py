@@ -1,0 +1,56 @@
+"""Where a simulated daemon keeps its files, for the commands that find them from the shell's environment.
+
+ftgovd --simulate keeps its socket, state file, tree (sim-orin) and measurement store side by side in one state
+directory (governor/daemon/main.py, build_config), and `eval "$(ftgovd --simulate --print-env)"` exports
+FTGOV_SOCKET and FTGOV_SIM_TREE. A command given neither its own paths nor a config finds that directory from them,
+where it would otherwise read the board's /run/ftgov and /var/lib/ftgov. Only os and pathlib: the client and the
+daemon may import it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from governor import SOCKET_ENV
+
+SIM_TREE_ENV = "FTGOV_SIM_TREE"
+SIMULATED_TREE_NAME = "sim-orin"
+STORE_NAME = "measurements.sqlite"
+# What to run to point a shell at a simulated daemon: named in the hints of commands that found no daemon or store.
+PRINT_ENV = 'eval "$(ftgovd --simulate --print-env)"'
+
+
+def tree_state_dir(sysfs_root: str | None) -> str | None:
+    """The state dir of the daemon that governs the tree at sysfs_root, where the tree tells: beside a tree that
+    ftgovd --simulate built. None: the config's (a board's /run/ftgov)."""
+    if sysfs_root and Path(sysfs_root).name == SIMULATED_TREE_NAME:
+        return str(Path(sysfs_root).parent)
+    return None
+
+
+def env_tree(environ: Mapping[str, str] = os.environ) -> str | None:
+    """$FTGOV_SIM_TREE, the simulated tree the shell was pointed at; None when unset or empty."""
+    return environ.get(SIM_TREE_ENV) or None
+
+
+def simulated_state_dir(socket: str | None = None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The state dir of the simulated daemon named by ``socket`` (a --socket given) or, without one, by the
+    environment: beside $FTGOV_SIM_TREE, else beside $FTGOV_SOCKET. A socket names one only where the simulated tree
+    lies next to it (ftgovd --simulate --socket elsewhere leaves its tree behind). None: no simulated daemon named."""
+    if socket is None:
+        beside_tree = tree_state_dir(env_tree(environ))
+        if beside_tree is not None:
+            return beside_tree
+        socket = environ.get(SOCKET_ENV) or None
+    if socket is None:
+        return None
+    state_dir = Path(socket).parent
+    return str(state_dir) if (state_dir / SIMULATED_TREE_NAME).is_dir() else None
+
+
+def simulated_store(socket: str | None = None, environ: Mapping[str, str] = os.environ) -> str | None:
+    """The measurement store of the simulated daemon named as simulated_state_dir says; None: none named."""
+    state_dir = simulated_state_dir(socket, environ)
+    return str(Path(state_dir) / STORE_NAME) if state_dir is not None else None
