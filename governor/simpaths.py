@@ -54,3 +54,12 @@ def simulated_store(socket: str | None = None, environ: Mapping[str, str] = os.e
     """The measurement store of the simulated daemon named as simulated_state_dir says; None: none named."""
     state_dir = simulated_state_dir(socket, environ)
     return str(Path(state_dir) / STORE_NAME) if state_dir is not None else None
+
+
+def missing_store_hint(offer_simulated: bool) -> str:
+    """What follows "no measurement store at PATH" where PATH was a command's default: the option that names a store,
+    and with ``offer_simulated`` (the command would read a simulated daemon's store, but the shell names none), how
+    to point the shell at ftgovd --simulate's."""
+    if not offer_simulated:
+        return "give --store PATH"
+    return f"give --store PATH, or for ftgovd --simulate's: {PRINT_ENV}"

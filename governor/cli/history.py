@@ -15,6 +15,7 @@ import time
 from datetime import datetime
 
 from governor.errors import FtgovError
+from governor.simpaths import missing_store_hint, simulated_store
 from governor.text import isolated, printable
 from governor.units import energy
 
@@ -40,11 +41,12 @@ def parse_since(text: str, now: float | None = None) -> float:
 
 def store_path(args: argparse.Namespace) -> str:
     """--store; else, without --config, the store of the daemon that answers on the socket (a simulated daemon keeps
-    its own beside its socket); else store.path of the config."""
+    its own beside its socket), or where none answers, of the simulated daemon the socket or the environment names
+    (governor.simpaths); else store.path of the config."""
     if args.store:
         return args.store
     if args.config is None:
-        running = _daemon_store(args.socket)
+        running = _daemon_store(args.socket) or simulated_store(args.socket)
         if running:
             return running
     from governor import DEFAULT_CONFIG_PATH
@@ -67,7 +69,8 @@ def _daemon_store(socket: str | None) -> str | None:
 
 def add_store_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", help="the measurement store (default: the one of the daemon on --socket when one "
-                   "answers, else store.path of the config, /var/lib/ftgov/measurements.sqlite)")
+                   "answers, else the one beside $FTGOV_SIM_TREE or a simulated daemon's socket, else store.path of "
+                   "the config, /var/lib/ftgov/measurements.sqlite)")
     p.add_argument("--config", help="ftgovd's config (default /etc/ftgov/ftgov.yaml); given, the daemon is not asked")
     p.add_argument("--socket", help="the daemon asked where its store is (default: $FTGOV_SOCKET, else "
                    "/run/ftgov/ftgov.sock)")
@@ -76,7 +79,14 @@ def add_store_arguments(p: argparse.ArgumentParser) -> None:
 def load(args: argparse.Namespace, since: float | None = None):
     from governor.store import measurements as store
 
-    conn = store.open_read_only(store_path(args))
+    path = store_path(args)
+    try:
+        conn = store.open_read_only(path)
+    except store.StoreMissing as e:
+        if args.store:
+            raise
+        offer_simulated = args.config is None and simulated_store(args.socket) is None
+        raise store.StoreMissing(f"{e} ({missing_store_hint(offer_simulated)})") from e
     try:
         return store.read_jobs(conn, since), store.read_totals(conn)
     finally:

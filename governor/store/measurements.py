@@ -121,6 +121,10 @@ class StoreError(FtgovError):
     """The measurement store could not be opened or read."""
 
 
+class StoreMissing(StoreError):
+    """No store file where one was looked for: a command that looked at its default says which option names one."""
+
+
 @dataclass(frozen=True)
 class Window:
     """One measurement window: mean energy and time per step at one level (None: the default governor)."""
@@ -419,7 +423,7 @@ def open_read_only(path: str | os.PathLike) -> sqlite3.Connection:
     """Open a store for reading; StoreError names the file when it is absent, unreadable or not a store."""
     p = Path(path)
     if not p.is_file():
-        raise StoreError(f"no measurement store at {p}")
+        raise StoreMissing(f"no measurement store at {p}")
     try:
         conn = _connect(f"file:{_quote_path(p)}?mode=ro")
         try:

@@ -4,6 +4,7 @@ import argparse
 import csv
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,44 @@ def test_printable_escapes_control_and_format_characters_only():
 def test_history_on_a_missing_store_says_so(tmp_path, capsys):
     assert main(["history", "--store", str(tmp_path / "none.sqlite")]) == 1
     assert "no measurement store" in capsys.readouterr().err
+
+
+@pytest.fixture
+def sim_state_dir(sim_store, tmp_path, monkeypatch):
+    """A simulated daemon's state dir, as ftgovd --simulate leaves it when stopped: tree and store, no socket."""
+    state_dir = tmp_path / "ftgov-sim"
+    (state_dir / "sim-orin").mkdir(parents=True)
+    shutil.copy(sim_store[0], state_dir / "measurements.sqlite")
+    monkeypatch.delenv("FTGOV_SIM_TREE", raising=False)
+    monkeypatch.setenv("FTGOV_SOCKET", str(state_dir / "ftgov.sock"))
+    return state_dir
+
+
+@pytest.mark.parametrize("named_by", ["FTGOV_SIM_TREE", "FTGOV_SOCKET"])
+def test_history_reads_the_stopped_simulated_daemons_store(sim_state_dir, sim_store, named_by, monkeypatch, capsys):
+    if named_by == "FTGOV_SIM_TREE":
+        monkeypatch.setenv("FTGOV_SIM_TREE", str(sim_state_dir / "sim-orin"))
+        monkeypatch.setenv("FTGOV_SOCKET", str(sim_state_dir.parent / "elsewhere.sock"))
+    assert main(["history"]) == 0
+    assert f"{len(sim_store[1])} job(s) listed" in capsys.readouterr().out
+
+
+def test_history_without_a_store_names_the_option_that_gives_one(tmp_path, monkeypatch, capsys):
+    import governor
+    from governor import config
+
+    monkeypatch.delenv("FTGOV_SIM_TREE", raising=False)
+    monkeypatch.setenv("FTGOV_SOCKET", str(tmp_path / "none.sock"))
+    monkeypatch.setattr(governor, "DEFAULT_CONFIG_PATH", str(tmp_path / "none.yaml"))
+    monkeypatch.setattr(config, "DEFAULT_STORE_PATH", str(tmp_path / "none.sqlite"))
+    assert main(["history"]) == 1
+    assert capsys.readouterr().err.strip() == (f"ftgov history: no measurement store at {tmp_path / 'none.sqlite'} "
+                                               "(give --store PATH, or for ftgovd --simulate's: "
+                                               'eval "$(ftgovd --simulate --print-env)")')
+    given = tmp_path / "ftgov.yaml"
+    given.write_text(f"store:\n  path: {tmp_path / 'gone.sqlite'}\n")
+    assert main(["history", "--config", str(given)]) == 1
+    assert capsys.readouterr().err.strip().endswith("gone.sqlite (give --store PATH)")
 
 
 def test_report_draws_the_curves_and_savings_and_writes_the_summary(sim_store, tmp_path):
