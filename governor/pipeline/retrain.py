@@ -47,6 +47,7 @@ from governor.pipeline.board_data import (
 )
 from governor.pipeline.dataset import Sweep
 from governor.safefile import write_file
+from governor.simpaths import missing_store_hint, simulated_store
 
 
 def _design(samples: list[Sample]):
@@ -276,7 +277,8 @@ def add_parser(sub) -> None:
                                    "departure from them; prints accuracy and regret before and after on the board's "
                                    "own jobs and writes the tree with its provenance (docs/store.md).")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--store", help=f"the board's store (default {DEFAULT_STORE_PATH})")
+    src.add_argument("--store", help="the board's store (default: the one beside $FTGOV_SIM_TREE or a simulated "
+                     f"daemon's $FTGOV_SOCKET when set and no --config is given, else {DEFAULT_STORE_PATH})")
     src.add_argument("--from", dest="from_dir", metavar="DIR",
                      help="merge every *.sqlite store under DIR (copied from many boards of one kind)")
     p.add_argument("--data", type=Path, help="the characterization CSV (default: the one shipped with ftgov)")
@@ -306,8 +308,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from governor.policy.tree import DecisionTree
+    from governor.store.measurements import StoreMissing
 
     store_path, current = args.store, args.current
+    if store_path is None and args.from_dir is None and args.config is None:
+        store_path = simulated_store()  # the shell was pointed at ftgovd --simulate: its store, not the board's
     if args.config or current is None or store_path is None:
         from governor import DEFAULT_CONFIG_PATH
         from governor.config import default_model_path, installed_store_path, load_config
@@ -319,7 +324,12 @@ def _run(args: argparse.Namespace) -> int:
         args.data = data.path(data.CHARACTERIZATION)
     paths = store_paths(store_path, args.from_dir)
     trusted = {0, *args.uid}
-    records, identity = load_records(paths, trusted)
+    try:
+        records, identity = load_records(paths, trusted)
+    except StoreMissing as e:
+        if args.store or args.from_dir:  # a path given: the message names it
+            raise
+        raise StoreMissing(f"{e} ({missing_store_hint(args.config is None and simulated_store() is None)})") from e
     identity["trusted_uids"] = sorted(trusted)
     sweeps = dataset.load(args.data)
     tree = DecisionTree.load(current)

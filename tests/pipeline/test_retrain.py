@@ -165,6 +165,32 @@ def test_from_needs_out_and_a_missing_store_is_a_clear_error(tmp_path, capsys):
     assert "--from needs --out" in capsys.readouterr().err
 
 
+def test_retrain_defaults_to_the_simulated_daemons_store_and_names_store_when_there_is_none(sim_store, tmp_path,
+                                                                                              monkeypatch, capsys):
+    import governor
+    from governor import config
+
+    shipped = REPO / "model" / "mlg-tree.json"
+    monkeypatch.setattr(governor, "DEFAULT_CONFIG_PATH", str(tmp_path / "none.yaml"))
+    monkeypatch.setattr(config, "DEFAULT_STORE_PATH", str(tmp_path / "none.sqlite"))
+    monkeypatch.delenv("FTGOV_SIM_TREE", raising=False)
+    monkeypatch.delenv("FTGOV_SOCKET", raising=False)
+    assert run_cli("--current", shipped) == 1
+    assert capsys.readouterr().err.strip() == (f"ftgov: error: no measurement store at {tmp_path / 'none.sqlite'} "
+                                               "(give --store PATH, or for ftgovd --simulate's: "
+                                               'eval "$(ftgovd --simulate --print-env)")')
+    state_dir = tmp_path / "ftgov-sim"  # as `eval "$(ftgovd --simulate --print-env)"` names it
+    monkeypatch.setenv("FTGOV_SIM_TREE", str(state_dir / "sim-orin"))
+    assert run_cli("--current", shipped) == 1
+    assert capsys.readouterr().err.strip().endswith(f"{state_dir / 'measurements.sqlite'} (give --store PATH)")
+    state_dir.mkdir()
+    (state_dir / "measurements.sqlite").write_bytes(sim_store.read_bytes())
+    assert run_cli("--current", shipped, "--uid", 1000, "--force", "--json") == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["stores"] == [{"path": str(state_dir / "measurements.sqlite"), "jobs": 40}]
+    assert report["out"] == str(state_dir / "mlg-tree.json")
+
+
 def test_store_paths_find_every_store_under_a_directory(tmp_path):
     with pytest.raises(FtgovError, match="no \\*.sqlite"):
         retrain.store_paths(None, str(tmp_path))
