@@ -12,6 +12,7 @@ import stat
 
 from governor import DEFAULT_SOCKET_PATH, SOCKET_ENV, SOCKET_GROUP, errors
 from governor.errors import FtgovError
+from governor.simpaths import PRINT_ENV
 
 log = logging.getLogger("governor.client")
 
@@ -217,9 +218,11 @@ def _connect_error(path: str, e: OSError) -> DaemonUnavailable:
             f"permission denied on {path}: join the group '{SOCKET_GROUP}' "
             f"(sudo usermod -aG {SOCKET_GROUP} $USER, then log in again), or run as root")
     if isinstance(e, FileNotFoundError):
+        # A simulated daemon listens elsewhere: a shell never pointed at it looks here and finds no board's daemon.
+        simulated = f"; for ftgovd --simulate's: {PRINT_ENV}" if path == DEFAULT_SOCKET else ""
         return DaemonUnavailable(
             f"ftgovd is not running: no socket at {path} "
-            f"(start it with 'systemctl start ftgovd', or point {SOCKET_ENV} / --socket at its socket)")
+            f"(start it with 'systemctl start ftgovd', or point {SOCKET_ENV} / --socket at its socket{simulated})")
     if isinstance(e, ConnectionRefusedError):
         if not _is_socket(path):  # connect() refuses a regular file or a directory the same way
             return DaemonUnavailable(f"{path} is not a socket: point {SOCKET_ENV} / --socket at ftgovd's socket "

@@ -73,6 +73,20 @@ def test_operator_errors_are_clear(tmp_path, capsys):
     assert "hidden_size" in capsys.readouterr().err
 
 
+def test_no_daemon_on_the_default_socket_says_how_to_reach_a_simulated_one(tmp_path, monkeypatch, capsys):
+    from governor.client import connection
+
+    monkeypatch.setattr(connection, "DEFAULT_SOCKET", str(tmp_path / "ftgov.sock"))  # the board's, absent
+    monkeypatch.delenv("FTGOV_SOCKET", raising=False)
+    assert main(["status"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        f"ftgov status: ftgovd is not running: no socket at {tmp_path / 'ftgov.sock'} (start it with 'systemctl "
+        "start ftgovd', or point FTGOV_SOCKET / --socket at its socket; for ftgovd --simulate's: "
+        'eval "$(ftgovd --simulate --print-env)")')
+    assert main(["status", "--socket", str(tmp_path / "none.sock")]) == 1
+    assert "--simulate" not in capsys.readouterr().err  # a socket named: that one is missing
+
+
 def test_status_into_a_reader_that_went_away_exits_quietly(daemon):
     """`ftgov status | head -0`, deterministically: the pipe's read end is closed before ftgov writes. The
     BrokenPipeError is handled once, in main(), the way the Python docs do it: quiet, exit 141."""
