@@ -18,6 +18,7 @@ from governor import SOCKET_ENV
 SIM_TREE_ENV = "FTGOV_SIM_TREE"
 SIMULATED_TREE_NAME = "sim-orin"
 STORE_NAME = "measurements.sqlite"
+SOCKET_NAME = "ftgov.sock"
 # What to run to point a shell at a simulated daemon: named in the hints of commands that found no daemon or store.
 PRINT_ENV = 'eval "$(ftgovd --simulate --print-env)"'
 

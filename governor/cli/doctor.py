@@ -29,6 +29,7 @@ from governor.cli.doctor_checks import (
 )
 from governor.client import Connection, DaemonUnavailable, socket_path
 from governor.errors import ConfigError, FtgovError
+from governor.simpaths import SOCKET_NAME, env_tree, tree_state_dir
 from governor.sysfs import Root
 
 __all__ = ["Check", "Context", "l4t_release", "parse_nvpmodel", "refuse_while_daemon_runs", "run_checks",
@@ -78,23 +79,11 @@ def refuse_while_daemon_runs(what: str, socket: str | None = None) -> None:
                      "(and sudo systemctl start ftgovd.socket afterwards)")
 
 
-# ftgovd --simulate keeps its tree in STATE_DIR/sim-orin (governor/daemon/main.py, build_config).
-SIMULATED_TREE_NAME = "sim-orin"
-
-
-def tree_state_dir(sysfs_root: str | None) -> str | None:
-    """The state dir of the daemon that governs the tree at sysfs_root, where the tree tells: beside a tree that
-    ftgovd --simulate built. None: the config's (a board's /run/ftgov)."""
-    if sysfs_root and Path(sysfs_root).name == SIMULATED_TREE_NAME:
-        return str(Path(sysfs_root).parent)
-    return None
-
-
 def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:
     from governor.config import Config, load_config
 
     # The simulated Orin that `eval "$(ftgovd --simulate --print-env)"` names, unless a root is given.
-    sysfs_root = args.sysfs_root or os.environ.get("FTGOV_SIM_TREE") or None
+    sysfs_root = args.sysfs_root or env_tree()
     simulated_state = tree_state_dir(sysfs_root)
     overrides = {"sysfs_root": sysfs_root, "state_dir": args.state_dir or simulated_state}
     config_path = args.config or DEFAULT_CONFIG_PATH
@@ -109,7 +98,7 @@ def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:
         early.append(Check("config", FAIL, f"{e} (the checks below use the defaults)",
                            "fix the file: ftgovd refuses to start with it"))
     socket = (args.socket or os.environ.get("FTGOV_SOCKET")
-              or (str(Path(simulated_state) / "ftgov.sock") if simulated_state else config.socket.path))
+              or (str(Path(simulated_state) / SOCKET_NAME) if simulated_state else config.socket.path))
     ctx = Context(Root(config.sysfs_root), config, config_path, socket, os.geteuid(),
                   {os.getegid(), *os.getgroups()}, simulated=simulated_state is not None)
     return ctx, early

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from governor import DEFAULT_CONFIG_PATH, DEFAULT_SOCKET_PATH, __version__, backends
+from governor import DEFAULT_CONFIG_PATH, DEFAULT_SOCKET_PATH, __version__, backends, simpaths
 from governor.backends import devfreq
 from governor.backends import rails as rails_mod
 from governor.backends.base import describe_text
@@ -88,10 +88,10 @@ def build_config(args: argparse.Namespace) -> Config:
             raise FtgovError("--simulate builds its own tree (under the state directory); to serve a tree of your "
                              "own, run python -m governor.sim.board --tree DIR beside ftgovd --sysfs-root DIR")
         base = simulate_runtime_dir()
-        overrides["socket.path"] = args.socket or str(base / "ftgov.sock")
+        overrides["socket.path"] = args.socket or str(base / simpaths.SOCKET_NAME)
         overrides["state_dir"] = args.state_dir or str(base)
-        overrides["sysfs_root"] = str(Path(overrides["state_dir"]) / "sim-orin")
-        overrides["store.path"] = str(Path(overrides["state_dir"]) / "measurements.sqlite")  # never the board's
+        overrides["sysfs_root"] = str(Path(overrides["state_dir"]) / simpaths.SIMULATED_TREE_NAME)
+        overrides["store.path"] = str(Path(overrides["state_dir"]) / simpaths.STORE_NAME)  # never the board's
         if explicit:  # a file written for a board names paths the simulation does not use: say so, not silently
             own, default = load_config(args.config, {}, must_exist=True), Config.model_validate({})
             ignored = [f"{name} {mine}" for name, mine, theirs in (
