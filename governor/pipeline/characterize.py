@@ -342,7 +342,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--device", default="cuda", help="real: torch device of the training loop (default cuda; "
                    "cpu for a dry run off the board)")
     p.add_argument("--max-len", type=int, default=128, help="real: truncate samples to this many tokens")
-    p.add_argument("--out", type=Path, default=Path("characterization.csv"), help="CSV to append to")
+    p.add_argument("--out", type=Path, default=Path("characterization.csv"),
+                   help="CSV to append to (default: characterization.csv in the current directory, and its .meta.json)")
     p.add_argument("--steps", type=int, default=50, help="measured steps per setting (default 50)")
     p.add_argument("--warmup", type=int, default=5, help="unmeasured steps first, per setting (default 5)")
     p.add_argument("--batch-size", type=int, default=32)
