@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--simulate", action="store_true",
                    help="build a simulated Jetson AGX Orin (JetPack 6 layout), start its board, and govern it: "
                         "try ftgov without a Jetson")
-    p.add_argument("--sim-meters", choices=["ina3221", "exact"], default="ina3221",
+    p.add_argument("--sim-meters", choices=["ina3221", "exact"], default=None,
                    help="with --simulate: the simulated rails report as an INA3221 does (an average over its "
                         "update_interval, refreshed at it; the default, as on a board), or exact (the energy model's "
                         "mean power at once, refreshed every 20 ms: for jobs whose time is scaled, as the tests' are)")
@@ -59,7 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "FTGOV_SIM_TREE) and exit, for eval \"$(ftgovd --simulate --print-env)\"")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     p.add_argument("--version", action="version", version=f"ftgovd {__version__}")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.sim_meters is not None and not args.simulate:  # without it, a real daemon would start on the host
+        p.error("--sim-meters goes with --simulate")
+    if args.simulate and args.sim_meters is None:
+        args.sim_meters = "ina3221"
+    return args
 
 
 def simulate_runtime_dir() -> Path:
@@ -87,9 +92,9 @@ def build_config(args: argparse.Namespace) -> Config:
         if args.sysfs_root:
             raise FtgovError("--simulate builds its own tree (under the state directory); to serve a tree of your "
                              "own, run python -m governor.sim.board --tree DIR beside ftgovd --sysfs-root DIR")
-        base = simulate_runtime_dir()
-        overrides["socket.path"] = args.socket or str(base / simpaths.SOCKET_NAME)
-        overrides["state_dir"] = args.state_dir or str(base)
+        # Everything in one directory: --state-dir moves the socket too (a second simulated daemon needs only it).
+        overrides["state_dir"] = args.state_dir or str(simulate_runtime_dir())
+        overrides["socket.path"] = args.socket or str(Path(overrides["state_dir"]) / simpaths.SOCKET_NAME)
         overrides["sysfs_root"] = str(Path(overrides["state_dir"]) / simpaths.SIMULATED_TREE_NAME)
         overrides["store.path"] = str(Path(overrides["state_dir"]) / simpaths.STORE_NAME)  # never the board's
         if explicit:  # a file written for a board names paths the simulation does not use: say so, not silently
@@ -334,15 +339,15 @@ def _store_users(config: Config, root: Root, boot: str):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.print_env and not args.simulate:
+        print("ftgovd: error: --print-env goes with --simulate", file=sys.stderr)
+        return 2
     try:
         config = build_config(args)
     except FtgovError as e:
         print(logs.stderr_line(f"ftgovd: error: {e}"), file=sys.stderr)
         return 2
     if args.print_env:
-        if not args.simulate:
-            print("ftgovd: error: --print-env goes with --simulate", file=sys.stderr)
-            return 2
         # Printed rather than spelled out in the README: a /tmp path pasted by root could be another user's.
         print(f"export FTGOV_SOCKET={shlex.quote(config.socket.path)}\n"
               f"export FTGOV_SIM_TREE={shlex.quote(str(config.sysfs_root))}")
@@ -350,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.setup(config.log_level)
     route_loggers()
     try:
-        return run(config, simulate=args.simulate, sim_meters=args.sim_meters,
+        return run(config, simulate=args.simulate, sim_meters=args.sim_meters or "ina3221",
                    load_config_again=lambda: build_config(args))
     except FtgovError as e:
         log.error("%s", e)

@@ -171,6 +171,11 @@ def test_print_env_names_the_paths_the_simulated_daemon_uses(tmp_path):
     assert out.splitlines() == [f"export FTGOV_SOCKET={base / 'ftgov.sock'}",
                                 f"export FTGOV_SIM_TREE={base / 'sim-orin'}"]
     assert not (tmp_path / "ftgov-sim").exists()  # printing starts nothing
+    other = subprocess.run([sys.executable, "-m", "governor.daemon", "--simulate", "--print-env", "--state-dir",
+                            str(tmp_path / "second")], env=env, capture_output=True, text=True, timeout=60, cwd=REPO,
+                           check=True).stdout
+    assert other.splitlines() == [f"export FTGOV_SOCKET={tmp_path / 'second' / 'ftgov.sock'}",  # all in one place
+                                  f"export FTGOV_SIM_TREE={tmp_path / 'second' / 'sim-orin'}"]
     bad = subprocess.run([sys.executable, "-m", "governor.daemon", "--print-env"], env=env, capture_output=True,
                          text=True, timeout=60, cwd=REPO)
     assert bad.returncode == 2 and bad.stderr.strip() == "ftgovd: error: --print-env goes with --simulate"
@@ -194,6 +199,9 @@ def test_simulate_rails_report_as_an_ina3221_by_default_and_a_job_measures_its_e
     from governor.daemon.main import parse_args
 
     assert parse_args(["--simulate"]).sim_meters == "ina3221"
+    with pytest.raises(SystemExit) as refused:  # alone, a real daemon would have started on the host
+        parse_args(["--sim-meters", "exact"])
+    assert refused.value.code == 2
     energy_j = {}
     for meters in ("ina3221", "exact"):
         d = start_daemon(None, simulate=True, sim_meters=meters)
