@@ -118,7 +118,7 @@ def add_parser(sub) -> None:
                                    "now, so the daemon's energy per step has the real U shape. Prints the job's "
                                    "summary (energy, pin, saving) when it ends.")
     p.add_argument("--socket", help="daemon socket (default: FTGOV_SOCKET, else /run/ftgov/ftgov.sock)")
-    p.add_argument("--tree", default=os.environ.get("FTGOV_SIM_TREE"), required="FTGOV_SIM_TREE" not in os.environ,
+    p.add_argument("--tree", default=os.environ.get("FTGOV_SIM_TREE"),
                    help="the simulated Orin tree ftgovd --simulate printed (default: $FTGOV_SIM_TREE, which "
                         "`eval \"$(ftgovd --simulate --print-env)\"` sets)")
     p.add_argument("--model-type", choices=["encoder", "decoder"], default="encoder")
@@ -147,6 +147,9 @@ def _main(args: argparse.Namespace) -> int:
     from governor.client.job import WITHOUT_GOVERNOR  # a training script's news, not this command's
     from governor.sim.energy import workload_from_features
 
+    if not args.tree:
+        raise FtgovError("no simulated tree: give --tree DIR, or set FTGOV_SIM_TREE with "
+                         "eval \"$(ftgovd --simulate --print-env)\" once ftgovd --simulate runs")
     root = Root(Path(args.tree))
     try:
         tree.layout_of(root)
@@ -154,6 +157,10 @@ def _main(args: argparse.Namespace) -> int:
         raise FtgovError(str(e)) from e
     features = {"model_type": args.model_type, "num_layers": args.num_layers, "hidden_size": args.hidden_size,
                 "seq_len": args.seq_len}
+    try:  # the daemon's bounds, checked before a step runs (a 10^8 hidden size is no model)
+        client.check_features(features)
+    except ValueError as e:
+        raise FtgovError(str(e)) from e
     workload = workload_from_features(features, "sim-job")
     if args.no_daemon:
         started_s = time.monotonic()

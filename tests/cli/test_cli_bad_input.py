@@ -55,6 +55,8 @@ SPECIFIC = [
     (["sim-job", "--tree", "{tree}", "--steps", "-5"], 2, "argument --steps: must be >= 1, got -5"),
     (["sim-job", "--tree", "{tree}", "--time-scale", "nan"], 2, "argument --time-scale: 'nan' is not a finite"),
     (["sim-job", "--tree", "/etc/passwd"], 1, "/etc/passwd is not a simulated tree"),
+    (["sim-job", "--tree", "{tree}", "--hidden-size", "100000000"], 1, "invalid job features: hidden_size"),
+    (["sim-job", "--tree", "{tree}", "--seq-len", "0.5"], 1, "invalid job features: seq_len"),
     (["sim-job", "--tree", "{tree}", "--socket", "{tmp}/none.sock", "--steps", "1"], 1,
      "sim-job runs its steps for ftgovd to govern"),  # not a null summary and exit 0
     (["sim-tree", "/etc/passwd"], 1, "/etc/passwd: Not a directory"),
