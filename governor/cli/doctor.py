@@ -91,8 +91,13 @@ def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:
     try:
         config = load_config(config_path, overrides, must_exist=args.config is not None)
         exists = Path(config_path).exists()
-        early.append(Check("config", OK if exists else WARN, f"{config_path}" if exists else
-                           f"no {config_path}: ftgovd runs on its defaults", "" if exists else "make install puts it"))
+        if exists or simulated_state is None:
+            early.append(Check("config", OK if exists else WARN, f"{config_path}" if exists else
+                               f"no {config_path}: ftgovd runs on its defaults",
+                               "" if exists else "make install puts it"))
+        else:  # ftgovd --simulate runs on its defaults unless given --config: nothing is missing
+            early.append(Check("config", OK, f"no {config_path}: ftgovd --simulate without --config runs on its "
+                               "defaults"))
     except ConfigError as e:
         config = Config.model_validate({k: v for k, v in overrides.items() if v is not None})
         early.append(Check("config", FAIL, f"{e} (the checks below use the defaults)",

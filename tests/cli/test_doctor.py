@@ -308,3 +308,8 @@ def test_doctor_after_the_print_env_eval_checks_the_simulated_daemon(start_daemo
     assert out["sysfs_root"] == str(d.state_dir / "sim-orin"), out
     assert [c for c in out["checks"] if c["status"] == "FAIL"] == [] and p.returncode == 0, out
     assert not [c for c in out["checks"] if c["status"] == "WARN" and "nvpmodel" in c["detail"]], out
+    d.stop()  # then the fix is to start the simulation again, not systemd's socket unit
+    p = subprocess.run([sys.executable, "-m", "governor.cli", "doctor", "--json", "--config", str(config)],
+                       capture_output=True, text=True, env=env, timeout=60, cwd="/")
+    socket = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "socket"]
+    assert p.returncode == 1 and [(c["status"], c["fix"]) for c in socket] == [("FAIL", "ftgovd --simulate &")], socket

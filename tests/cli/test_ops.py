@@ -85,6 +85,10 @@ def test_no_daemon_on_the_default_socket_says_how_to_reach_a_simulated_one(tmp_p
         'eval "$(ftgovd --simulate --print-env)")')
     assert main(["status", "--socket", str(tmp_path / "none.sock")]) == 1
     assert "--simulate" not in capsys.readouterr().err  # a socket named: that one is missing
+    (tmp_path / "sim" / "sim-orin").mkdir(parents=True)  # a stopped simulated daemon's directory: start that one
+    assert main(["status", "--socket", str(tmp_path / "sim" / "ftgov.sock")]) == 1
+    assert capsys.readouterr().err.strip() == (f"ftgov status: ftgovd --simulate is not running: no socket at "
+                                               f"{tmp_path / 'sim' / 'ftgov.sock'} (start it: ftgovd --simulate &)")
 
 
 def test_status_into_a_reader_that_went_away_exits_quietly(daemon):

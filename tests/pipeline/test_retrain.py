@@ -189,6 +189,9 @@ def test_retrain_defaults_to_the_simulated_daemons_store_and_names_store_when_th
     report = json.loads(capsys.readouterr().out)
     assert report["stores"] == [{"path": str(state_dir / "measurements.sqlite"), "jobs": 40}]
     assert report["out"] == str(state_dir / "mlg-tree.json")
+    (state_dir / "sim-orin").mkdir()  # the simulated daemon's tree beside its store: its reload is a SIGHUP
+    assert run_cli("--current", shipped, "--uid", 1000, "--force") == 0
+    assert "point model_file at it and send ftgovd --simulate a SIGHUP" in capsys.readouterr().out
 
 
 def test_store_paths_find_every_store_under_a_directory(tmp_path):
