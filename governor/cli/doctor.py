@@ -57,12 +57,11 @@ def run_checks(ctx: Context) -> list[Check]:
     return results
 
 
-def refuse_while_daemon_runs(what: str, socket: str | None = None,
-                             why: str = "a job registering during the sweep would pin the GPU under it") -> None:
-    """One writer at a time: a command that writes devfreq itself refuses while ftgovd serves (``why``: what would
-    go wrong; by default a sweep's). Active = something accepts on the socket (it answers a ping; one that accepts
-    and does not answer is refused too). With socket activation the socket unit must stop too, or the next
-    connection starts the daemon again."""
+def refuse_while_daemon_runs(what: str, socket: str | None = None) -> None:
+    """One writer at a time: a command that writes devfreq itself refuses while ftgovd serves, since a job
+    registering meanwhile would pin the GPU under it. Active = something accepts on the socket (it answers a ping;
+    one that accepts and does not answer is refused too). With socket activation the socket unit must stop too, or
+    the next connection starts the daemon again."""
     path = socket_path(socket)
     try:
         conn = Connection(path, timeout_s=5.0)
@@ -75,8 +74,9 @@ def refuse_while_daemon_runs(what: str, socket: str | None = None,
         state = f"accepts connections but did not answer a ping ({e})"
     finally:
         conn.close()
-    raise FtgovError(f"{what}: ftgovd is active on {path} (it {state}); {why}. Stop it for the run: sudo systemctl "
-                     "stop ftgovd.socket ftgovd (and sudo systemctl start ftgovd.socket afterwards)")
+    raise FtgovError(f"{what}: ftgovd is active on {path} (it {state}); a job registering during the sweep would "
+                     "pin the GPU under it. Stop it for the run: sudo systemctl stop ftgovd.socket ftgovd "
+                     "(and sudo systemctl start ftgovd.socket afterwards)")
 
 
 def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:

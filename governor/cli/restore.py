@@ -7,13 +7,11 @@ It keeps the file's job list, so a daemon restarted afterwards can re-adopt jobs
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from pathlib import Path
 
-from governor import DEFAULT_CONFIG_PATH, SOCKET_ENV
+from governor import DEFAULT_CONFIG_PATH
 from governor.errors import FtgovError
-from governor.simpaths import SIM_TREE_ENV, SOCKET_NAME, env_tree, tree_state_dir
+from governor.simpaths import SIM_TREE_ENV, env_tree, tree_state_dir
 from governor.store.state import StateFile, baseline_problem, boot_id
 from governor.sysfs import Root, trusted_root
 
@@ -26,8 +24,6 @@ def add_parser(sub) -> None:
                    "/run/ftgov)")
     p.add_argument("--sysfs-root", help=f"sysfs root (default: ${SIM_TREE_ENV}, the simulated tree, when set and no "
                    "--config, --state-dir or --sysfs-root is given; else from the config: /)")
-    p.add_argument("--socket", help=f"the daemon's socket, to refuse while it runs (default: ${SOCKET_ENV}, else "
-                   "beside a simulated tree, else the config's socket.path)")
     p.add_argument("--on-stop", action="store_true",
                    help="called as the service stops: do nothing when the config says restore_on_stop: false")
     p.set_defaults(func=run)
@@ -89,16 +85,11 @@ def run(args: argparse.Namespace) -> int:
         if args.on_stop and not config.restore_on_stop:
             print("ftgov restore: restore_on_stop is false in the config: leaving the pin in place")
             return 0
-        if not args.on_stop:  # systemd's ExecStopPost runs once the daemon is gone: a connection would start it again
-            from governor.cli.doctor import refuse_while_daemon_runs
-
-            simulated = tree_state_dir(config.sysfs_root)
-            socket = (args.socket or os.environ.get(SOCKET_ENV)
-                      or (str(Path(simulated) / SOCKET_NAME) if simulated else config.socket.path))
-            refuse_while_daemon_runs(
-                "ftgov restore", socket,
-                why="it holds these pins for its jobs and puts the baseline back when the last one ends; restored "
-                    "under it, it would pin again (nothing was written)")
+        # Asked of the state dir's lock, not the socket: with socket activation a connection starts the daemon.
+        if StateFile(config.state_dir).held_elsewhere():
+            raise FtgovError(f"ftgovd is running on {config.state_dir}: it holds these pins for its jobs and puts "
+                             "the baseline back when the last one ends; restored under it, it would pin again "
+                             "(nothing was written). Stop it first: sudo systemctl stop ftgovd")
         return restore(config.state_dir, trusted_root(config.sysfs_root), config)
     except FtgovError as e:
         print(f"ftgov restore: error: {e}", file=sys.stderr)

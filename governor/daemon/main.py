@@ -272,7 +272,11 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
     ticker = Ticker(notifier, config.sample_interval_s)
     # A group's ranks share one tuner (governor.daemon.groups), on the tuner config of the controller's settings.
     groups = Groups(lambda: controller.settings.tuner)
-    controller = Controller(gpus, PinSettings.from_config(config, policy), StateFile(config.state_dir), boot,
+    state_file = StateFile(config.state_dir)
+    # Held for the process's life (ftgov restore asks it, not the socket); a second daemon on this dir goes on.
+    if state_file.hold() is None:
+        log.warning("another process holds the state dir %s (a second ftgovd on it?)", config.state_dir)
+    controller = Controller(gpus, PinSettings.from_config(config, policy), state_file, boot,
                             rails=rails, listeners=(ticker.changed,), defer=defer_on_loop,
                             attach_tuner=groups.attach_tuner(tuner), plan_tune=groups.plan_tune(tuner.plan),
                             recorder=recorder, missing_why=missing_why)

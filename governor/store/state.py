@@ -16,6 +16,7 @@ state.json.invalid) and ignored: the daemon starts without it rather than crash 
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import logging
@@ -259,6 +260,36 @@ class StateFile:
             os.close(fd)
             raise
         return fd
+
+    def hold(self) -> int | None:
+        """The daemon's claim on this state dir for as long as it runs: an exclusive flock on the directory, the fd
+        returned (kept open; the kernel drops the lock when the process ends, however it ends). None when another
+        process holds it (a second daemon on the same state dir). ``held_elsewhere`` asks without connecting to the
+        daemon's socket, which would start a socket-activated one."""
+        try:
+            fd = self._open_dir(create=True)
+        except OSError as e:
+            raise StateError(f"cannot open the state dir {self.dir}: {e.strerror or e}") from e
+        assert fd is not None  # created
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        return fd
+
+    def held_elsewhere(self) -> bool:
+        """Whether a running daemon holds this state dir (``hold``)."""
+        fd = self._open_dir(create=False)
+        if fd is None:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
 
     def write(self, state: State) -> None:
         data = json.dumps(state.to_dict(), separators=(",", ":"), sort_keys=True).encode()
