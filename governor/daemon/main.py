@@ -33,7 +33,7 @@ from governor.daemon.settings import PinSettings
 from governor.daemon.ticks import Ticker, defer_on_loop
 from governor.errors import ConfigError, FtgovError, NodeNotFound
 from governor.policy import Policy
-from governor.store.state import StateFile, boot_id
+from governor.store.state import StateError, StateFile, boot_id
 from governor.sysfs import Root, trusted_root
 from governor.units import mhz
 
@@ -273,9 +273,13 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
     # A group's ranks share one tuner (governor.daemon.groups), on the tuner config of the controller's settings.
     groups = Groups(lambda: controller.settings.tuner)
     state_file = StateFile(config.state_dir)
-    # Held for the process's life (ftgov restore asks it, not the socket); a second daemon on this dir goes on.
-    if state_file.hold() is None:
-        log.warning("another process holds the state dir %s (a second ftgovd on it?)", config.state_dir)
+    # Held for the process's life (ftgov restore asks it, not the socket). A dir that cannot be opened is the state
+    # file's to report (the daemon serves and refuses to pin); a second daemon on this dir goes on.
+    try:
+        if state_file.hold() is None:
+            log.warning("another process holds the state dir %s (a second ftgovd on it?)", config.state_dir)
+    except StateError as e:
+        log.warning("%s: ftgov restore cannot tell that this daemon runs", e)
     controller = Controller(gpus, PinSettings.from_config(config, policy), state_file, boot,
                             rails=rails, listeners=(ticker.changed,), defer=defer_on_loop,
                             attach_tuner=groups.attach_tuner(tuner), plan_tune=groups.plan_tune(tuner.plan),

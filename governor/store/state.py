@@ -279,8 +279,12 @@ class StateFile:
         return fd
 
     def held_elsewhere(self) -> bool:
-        """Whether a running daemon holds this state dir (``hold``)."""
-        fd = self._open_dir(create=False)
+        """Whether a running daemon holds this state dir (``hold``). False where the dir cannot be opened: reading
+        the state file then says why."""
+        try:
+            fd = self._open_dir(create=False)
+        except (OSError, StateError):
+            return False
         if fd is None:
             return False
         try:
