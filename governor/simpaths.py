@@ -36,6 +36,11 @@ def env_tree(environ: Mapping[str, str] = os.environ) -> str | None:
     return environ.get(SIM_TREE_ENV) or None
 
 
+def holds_simulated_tree(directory: str | os.PathLike) -> bool:
+    """Whether ``directory`` is a simulated daemon's state dir: its tree lies there."""
+    return (Path(directory) / SIMULATED_TREE_NAME).is_dir()
+
+
 def simulated_state_dir(socket: str | None = None, environ: Mapping[str, str] = os.environ) -> str | None:
     """The state dir of the simulated daemon named by ``socket`` (a --socket given) or, without one, by the
     environment: beside $FTGOV_SIM_TREE, else beside $FTGOV_SOCKET. A socket names one only where the simulated tree
@@ -48,7 +53,7 @@ def simulated_state_dir(socket: str | None = None, environ: Mapping[str, str] = 
     if socket is None:
         return None
     state_dir = Path(socket).parent
-    return str(state_dir) if (state_dir / SIMULATED_TREE_NAME).is_dir() else None
+    return str(state_dir) if holds_simulated_tree(state_dir) else None
 
 
 def simulated_store(socket: str | None = None, environ: Mapping[str, str] = os.environ) -> str | None:

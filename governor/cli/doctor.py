@@ -15,7 +15,7 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 
-from governor import DEFAULT_CONFIG_PATH
+from governor import DEFAULT_CONFIG_PATH, SOCKET_ENV
 from governor.cli.doctor_checks import (
     CHECKS,
     FAIL,
@@ -102,7 +102,7 @@ def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:
         config = Config.model_validate({k: v for k, v in overrides.items() if v is not None})
         early.append(Check("config", FAIL, f"{e} (the checks below use the defaults)",
                            "fix the file: ftgovd refuses to start with it"))
-    socket = (args.socket or os.environ.get("FTGOV_SOCKET")
+    socket = (args.socket or os.environ.get(SOCKET_ENV)
               or (str(Path(simulated_state) / SOCKET_NAME) if simulated_state else config.socket.path))
     ctx = Context(Root(config.sysfs_root), config, config_path, socket, os.geteuid(),
                   {os.getegid(), *os.getgroups()}, simulated=simulated_state is not None)

@@ -316,12 +316,12 @@ def socket_access(path: str, uid: int, session_gids: set[int]) -> Check:
 
 
 def check_socket(ctx: Context) -> list[Check]:
-    checks = [socket_access(ctx.socket, ctx.uid, ctx.session_gids)]
     if ctx.simulated:  # ftgovd --simulate serves whoever started it: no systemd socket, no ftgov group to agree with
         if not os.path.exists(ctx.socket):
             return [Check("socket", FAIL, f"no socket at {ctx.socket}: ftgovd --simulate is not running",
                           "ftgovd --simulate &")]
-        return checks
+        return [socket_access(ctx.socket, ctx.uid, ctx.session_gids)]
+    checks = [socket_access(ctx.socket, ctx.uid, ctx.session_gids)]
     want = ctx.config.socket.group
     try:
         want_gid = grp.getgrnam(want).gr_gid

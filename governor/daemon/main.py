@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from governor import DEFAULT_CONFIG_PATH, DEFAULT_SOCKET_PATH, __version__, backends, simpaths
+from governor import DEFAULT_CONFIG_PATH, DEFAULT_SOCKET_PATH, SOCKET_ENV, __version__, backends, simpaths
 from governor.backends import devfreq
 from governor.backends import rails as rails_mod
 from governor.backends.base import describe_text
@@ -62,8 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.sim_meters is not None and not args.simulate:  # without it, a real daemon would start on the host
         p.error("--sim-meters goes with --simulate")
-    if args.simulate and args.sim_meters is None:
-        args.sim_meters = "ina3221"
+    args.sim_meters = args.sim_meters or "ina3221"
     return args
 
 
@@ -97,16 +96,20 @@ def build_config(args: argparse.Namespace) -> Config:
         overrides["socket.path"] = args.socket or str(Path(overrides["state_dir"]) / simpaths.SOCKET_NAME)
         overrides["sysfs_root"] = str(Path(overrides["state_dir"]) / simpaths.SIMULATED_TREE_NAME)
         overrides["store.path"] = str(Path(overrides["state_dir"]) / simpaths.STORE_NAME)  # never the board's
-        if explicit:  # a file written for a board names paths the simulation does not use: say so, not silently
-            own, default = load_config(args.config, {}, must_exist=True), Config.model_validate({})
-            ignored = [f"{name} {mine}" for name, mine, theirs in (
-                ("socket.path", own.socket.path, default.socket.path), ("state_dir", own.state_dir, default.state_dir),
-                ("store.path", own.store.path, default.store.path)) if mine != theirs]
-            if ignored:
-                print(logs.stderr_line(f"ftgovd: --simulate keeps its own paths under {overrides['state_dir']}; "
-                                       f"{args.config}'s {', '.join(ignored)} not used (--socket, --state-dir "
-                                       "set them)", 4), file=sys.stderr, flush=True)
     return load_config(args.config or DEFAULT_CONFIG_PATH, overrides, must_exist=explicit)
+
+
+def say_unused_paths(config_path: str, state_dir: str) -> None:
+    """--simulate --config FILE: a file written for a board names paths the simulation does not use; said once at the
+    start (build_config runs again at each reload), not silently dropped."""
+    own, default = load_config(config_path, {}, must_exist=True), Config.model_validate({})
+    ignored = [f"{name} {mine}" for name, mine, theirs in (
+        ("socket.path", own.socket.path, default.socket.path), ("state_dir", own.state_dir, default.state_dir),
+        ("store.path", own.store.path, default.store.path)) if mine != theirs]
+    if ignored:
+        print(logs.stderr_line(f"ftgovd: --simulate keeps its own paths under {state_dir}; {config_path}'s "
+                               f"{', '.join(ignored)} not used (--socket, --state-dir set them)", 4),
+              file=sys.stderr, flush=True)
 
 
 def probe_gpus(config: Config, root: Root) -> list:
@@ -205,8 +208,8 @@ def start_simulated_board(config: Config, meters: str = "ina3221") -> None:
         raise FtgovError(f"the simulated board did not start (exit status {proc.wait()}; its errors are above)")
     log.info("simulated Jetson AGX Orin (JetPack 6 layout) at %s, board process %d", sim_dir, proc.pid)
     for note in (f"ftgovd: simulated Orin sysfs tree at {sim_dir}; socket {config.socket.path}",
-                 f"ftgovd: clients: export FTGOV_SOCKET={shlex.quote(config.socket.path)} "
-                 f"FTGOV_SIM_TREE={shlex.quote(str(sim_dir))}"):
+                 f"ftgovd: clients: export {SOCKET_ENV}={shlex.quote(config.socket.path)} "
+                 f"{simpaths.SIM_TREE_ENV}={shlex.quote(str(sim_dir))}"):
         print(logs.stderr_line(note, 6), file=sys.stderr, flush=True)
 
 
@@ -355,15 +358,17 @@ def main(argv: list[str] | None = None) -> int:
     except FtgovError as e:
         print(logs.stderr_line(f"ftgovd: error: {e}"), file=sys.stderr)
         return 2
+    if args.simulate and args.config:
+        say_unused_paths(args.config, config.state_dir)
     if args.print_env:
         # Printed rather than spelled out in the README: a /tmp path pasted by root could be another user's.
-        print(f"export FTGOV_SOCKET={shlex.quote(config.socket.path)}\n"
-              f"export FTGOV_SIM_TREE={shlex.quote(str(config.sysfs_root))}")
+        print(f"export {SOCKET_ENV}={shlex.quote(config.socket.path)}\n"
+              f"export {simpaths.SIM_TREE_ENV}={shlex.quote(str(config.sysfs_root))}")
         return 0
     logs.setup(config.log_level)
     route_loggers()
     try:
-        return run(config, simulate=args.simulate, sim_meters=args.sim_meters or "ina3221",
+        return run(config, simulate=args.simulate, sim_meters=args.sim_meters,
                    load_config_again=lambda: build_config(args))
     except FtgovError as e:
         log.error("%s", e)

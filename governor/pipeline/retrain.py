@@ -47,7 +47,7 @@ from governor.pipeline.board_data import (
 )
 from governor.pipeline.dataset import Sweep
 from governor.safefile import write_file
-from governor.simpaths import SIMULATED_TREE_NAME, missing_store_hint, simulated_store
+from governor.simpaths import holds_simulated_tree, missing_store_hint, simulated_store
 
 
 def _design(samples: list[Sample]):
@@ -353,9 +353,8 @@ def _run(args: argparse.Namespace) -> int:
                          "(the characterization set's and the board's) by more than one level against the tree in "
                          "use; check the store's jobs (ftgov history), or pass --force")
     if not args.json:
-        simulated = (paths[0].parent / SIMULATED_TREE_NAME).is_dir()  # the store of ftgovd --simulate
         reload = ("send ftgovd --simulate a SIGHUP (kill -HUP its pid; it reads its --config's model_file again)"
-                  if simulated else "run `systemctl reload ftgovd`")
+                  if holds_simulated_tree(paths[0].parent) else "run `systemctl reload ftgovd`")
         print(f"wrote {out} ({model_id}); point model_file at it and {reload}")
     return 0
 

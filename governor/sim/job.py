@@ -26,6 +26,7 @@ from pathlib import Path
 from governor.errors import FtgovError
 from governor.sim import tree
 from governor.sim.inotify import IN_CLOSE_WRITE, IN_MODIFY, Inotify
+from governor.simpaths import PRINT_ENV, SIM_TREE_ENV
 from governor.sysfs import Root
 
 _announcements = itertools.count(1)
@@ -118,7 +119,7 @@ def add_parser(sub) -> None:
                                    "now, so the daemon's energy per step has the real U shape. Prints the job's "
                                    "summary (energy, pin, saving) when it ends.")
     p.add_argument("--socket", help="daemon socket (default: FTGOV_SOCKET, else /run/ftgov/ftgov.sock)")
-    p.add_argument("--tree", default=os.environ.get("FTGOV_SIM_TREE"),
+    p.add_argument("--tree", default=os.environ.get(SIM_TREE_ENV),
                    help="the simulated Orin tree ftgovd --simulate printed (default: $FTGOV_SIM_TREE, which "
                         "`eval \"$(ftgovd --simulate --print-env)\"` sets)")
     p.add_argument("--model-type", choices=["encoder", "decoder"], default="encoder")
@@ -148,8 +149,8 @@ def _main(args: argparse.Namespace) -> int:
     from governor.sim.energy import workload_from_features
 
     if not args.tree:
-        raise FtgovError("no simulated tree: give --tree DIR, or set FTGOV_SIM_TREE with "
-                         "eval \"$(ftgovd --simulate --print-env)\" once ftgovd --simulate runs")
+        raise FtgovError(f"no simulated tree: give --tree DIR, or set {SIM_TREE_ENV} with {PRINT_ENV} once "
+                         "ftgovd --simulate runs")
     root = Root(Path(args.tree))
     try:
         tree.layout_of(root)
@@ -179,8 +180,7 @@ def _main(args: argparse.Namespace) -> int:
         why = "; ".join(str(w.message).removeprefix(WITHOUT_GOVERNOR) for w in caught
                         if issubclass(w.category, client.GovernorWarning)) or "the job was not registered"
         raise FtgovError(f"{why}. sim-job runs its steps for ftgovd to govern: start ftgovd --simulate, then "
-                         "eval \"$(ftgovd --simulate --print-env)\" (or pass --socket); --no-daemon runs them "
-                         "without it")
+                         f"{PRINT_ENV} (or pass --socket); --no-daemon runs them without it")
     try:
         run(root, job, workload, args.steps, time_scale=args.time_scale)
     finally:
