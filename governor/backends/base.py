@@ -69,6 +69,7 @@ class Gpu(Protocol):
     # Optional capabilities, declared rather than guessed: the daemon asks these flags before calling the methods.
     has_energy_counter: bool  # energy_j() reads the GPU's own cumulative energy counter (NVML; a Jetson has rails)
     has_power_cap: bool  # set_power_cap_mw() sets a power limit (NVML), restored with the snapshot
+    read_only: bool  # opened so that it can change nothing (observe mode on NVML): pin and restore refuse
     # How far back read().load_pct looks: a reading taken less than this after a loop started still counts time
     # before it (NVML's covers its last sample period).
     load_lag_s: float
@@ -108,6 +109,7 @@ class GpuBase:
     uuid: str | None = None
     has_energy_counter = False
     has_power_cap = False
+    read_only = False
     load_lag_s = 0.0  # devfreq: the Orin's load file (its own averaging period is not documented; unverified)
 
     def energy_j(self) -> float:

@@ -126,6 +126,7 @@ class NvmlGpu(GpuBase):
 
     def __init__(self, nvml: Any, index: int, *, level_count: int = DEFAULT_LEVEL_COUNT):
         self._nvml = nvml
+        self.read_only = isinstance(nvml, ReadOnlyNvml)
         self.index = index
         self.id = str(index)
         self._handle = nvml_call(nvml, f"GPU {index}: open", nvml.nvmlDeviceGetHandleByIndex, index)

@@ -141,7 +141,7 @@ def check_pin(ctx: Context) -> list[Check]:
             return [Check("pin", FAIL, f"pin check through ftgovd failed: {e}", "journalctl -u ftgovd")]
         checks = []
         for g in answer.get("gpus") or []:
-            how = "" if g.get("wrote") else " (no write: the pin is in place)"
+            how = " (no write: the pin is in place)" if not g.get("wrote") and g.get("pinned_hz") else ""
             checks.append(Check("pin", OK if g.get("ok") else FAIL, f"GPU {g.get('gpu')} through ftgovd: "
                                 f"{g.get('detail')}{how}", "" if g.get("ok") else "journalctl -u ftgovd"))
         return checks or [Check("pin", FAIL, "ftgovd governs no GPU")]

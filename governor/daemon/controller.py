@@ -438,7 +438,16 @@ class Controller:
         """Show that each GPU can be pinned, without moving its clock (governor.daemon.checks.pin_check). One call,
         one event-loop turn: no job interleaves."""
         results = []
+        observing = self.settings.policy.name is PolicyName.OBSERVE
         for gid, pin in self.gpus.items():
+            if observing or pin.gpu.read_only:
+                # Observe changes nothing, not even for a moment; a read-only handle would refuse the pin and then
+                # the restore, leaving a restore to retry for ever.
+                results.append({"gpu": gid, "ok": True, "wrote": False,
+                                "detail": "not checked: the observe policy writes no limits"
+                                          + (" (this GPU was opened read-only: pinning needs a restart in another "
+                                             "policy)" if pin.gpu.read_only else "")})
+                continue
             results.append({"gpu": gid, **checks.pin_check(pin)})
             if results[-1]["wrote"]:
                 self._notify()

@@ -3,7 +3,8 @@
 Pins and jobs stay: a running job keeps the decision it has, a new job is decided by the new policy. A new config
 that does not validate, or a model file the new policy cannot load, is refused with the reason, and the running
 config and model stay. Settings that only take effect at start (the socket, the roots, the backend) keep their
-running values until a restart, and the log says so.
+running values until a restart, and the log says so; so does leaving the observe policy where the GPUs were opened
+read-only for it (NVML).
 """
 
 from __future__ import annotations
@@ -63,6 +64,10 @@ class Reloader:
             log.warning("reload: %s take effect only at start; keeping the running values until a restart",
                         ", ".join(kept))
             new = new.model_copy(update={k: getattr(old, k) for k in kept})
+        if new.policy != "observe" and any(pin.gpu.read_only for pin in server.controller.gpus.values()):
+            log.warning("reload: policy %s takes effect only at start: the GPUs were opened read-only for observe; "
+                        "keeping observe until a restart", new.policy)
+            new = new.model_copy(update={"policy": old.policy})
         policy = self.build_policy(new)
         if policy.fallback_reason and not server.controller.policy.fallback_reason:
             raise FtgovError(f"the new model cannot be used ({policy.fallback_reason})")

@@ -9,7 +9,7 @@ import pytest
 from governor.sim.meters import NVML_UPDATE_JITTER_S, NVML_UPDATE_S, UpdateClock
 from governor.store import measurements as store
 from tests.support import FAKENVML_DIR as FAKE_DIR
-from tests.support.daemon import FEATURES, REPO
+from tests.support.daemon import FEATURES, REPO, reload, rewrite_config
 
 
 @pytest.fixture
@@ -250,3 +250,21 @@ def test_the_counters_update_instants_are_found_by_the_daemons_own_reads_when_re
     reads = calls.read_text().split().count("nvmlDeviceGetTotalEnergyConsumption") - reads_before
     assert reads / (time.monotonic() - started) < 6, reads  # the timer's ~3 and the 1 s tick's, not 10 reports'
     c.call("unregister", job_id=job_id)
+
+
+
+def test_in_observe_mode_doctors_pin_check_writes_nothing_and_a_reload_into_tune_waits_for_a_restart(nvml_daemon):
+    d, calls = nvml_daemon(gpus=({},), policy="observe")
+    c = d.client()
+    (answer,) = c.call("pin_check")["gpus"]  # a read-only handle refused the pin, then the restore, retried for ever
+    assert answer["ok"] and not answer["wrote"] and "not checked: the observe policy" in answer["detail"], answer
+    rewrite_config(d, policy="tune")
+    reload(d, "config reloaded")
+    assert "policy tune takes effect only at start: the GPUs were opened read-only" in d.log()
+    assert c.call("status")["policy"] == "observe"
+    res = c.call("register", gpu=0, **FEATURES)
+    assert res["freq_hz"] is None
+    c.call("unregister", job_id=res["job_id"])
+    assert not [call for call in calls.read_text().split() if call.startswith(("nvmlDeviceSet", "nvmlDeviceReset"))]
+    complaints = [line for line in d.log().splitlines() if " WARNING " in line or " ERROR " in line]
+    assert len(complaints) == 1 and "reload: policy tune" in complaints[0], complaints

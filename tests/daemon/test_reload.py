@@ -1,21 +1,6 @@
 """SIGHUP reloads the config and the model; pins and jobs stay; a bad new config is refused and the old one kept."""
 
-import signal
-
-import yaml
-
-from tests.support.daemon import FEATURES, limits
-
-
-def rewrite_config(d, **changes) -> None:
-    cfg = yaml.safe_load(d.config_path.read_text())
-    cfg.update(changes)
-    d.config_path.write_text(yaml.safe_dump(cfg))
-
-
-def reload(d, outcome: str) -> str:
-    d.proc.send_signal(signal.SIGHUP)
-    return d.wait_status(lambda m: outcome in m)
+from tests.support.daemon import FEATURES, limits, reload, rewrite_config
 
 
 def test_a_reload_changes_the_policy_for_new_jobs_and_keeps_the_running_ones(orin, start_daemon):

@@ -3,6 +3,10 @@ JSON-RPC client), with what only tests use."""
 
 from __future__ import annotations
 
+import signal
+
+import yaml
+
 from governor.sim.launch import (  # noqa: F401  (re-exported for the tests)
     DEVFREQ,
     FEATURES,
@@ -15,6 +19,19 @@ from governor.sim.launch import (  # noqa: F401  (re-exported for the tests)
     scaled,
 )
 from tests.support import REPO  # noqa: F401
+
+
+def rewrite_config(d: Daemon, **changes) -> None:
+    """Change top-level keys of a running daemon's config file (a reload reads them)."""
+    cfg = yaml.safe_load(d.config_path.read_text())
+    cfg.update(changes)
+    d.config_path.write_text(yaml.safe_dump(cfg))
+
+
+def reload(d: Daemon, outcome: str) -> str:
+    """SIGHUP, then the status line the reload ends with (one containing ``outcome``)."""
+    d.proc.send_signal(signal.SIGHUP)
+    return d.wait_status(lambda m: outcome in m)
 
 
 class ProgressJob:
