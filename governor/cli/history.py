@@ -12,7 +12,7 @@ import json
 import re
 import sys
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from governor.errors import FtgovError
 from governor.simpaths import missing_store_hint, simulated_store
@@ -21,11 +21,18 @@ from governor.units import energy
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_DAYS_BACK = {"today": 0, "yesterday": 1}
+SINCE_HELP = "only jobs that ended since then: 7d, 12h, 30m, today, yesterday, or an ISO date/date-time"
 
 
 def parse_since(text: str, now: float | None = None) -> float:
-    """Unix time from '7d', '12h', '30m', '90s', '2w' (ago), an ISO date or date-time (local time), or epoch seconds."""
+    """Unix time from '7d', '12h', '30m', '90s', '2w' (ago), 'today' or 'yesterday' (local midnight, as journalctl
+    takes them), an ISO date or date-time (local time), or epoch seconds."""
     now = time.time() if now is None else now
+    days_back = _DAYS_BACK.get(text.strip().lower())
+    if days_back is not None:
+        midnight = datetime.fromtimestamp(now).replace(hour=0, minute=0, second=0, microsecond=0)
+        return (midnight - timedelta(days=days_back)).timestamp()
     m = _RELATIVE.match(text.strip())
     if m:
         return now - float(m.group(1)) * _UNIT_S[m.group(2)]
@@ -36,7 +43,8 @@ def parse_since(text: str, now: float | None = None) -> float:
     try:
         return datetime.fromisoformat(text.strip()).timestamp()
     except ValueError as e:
-        raise FtgovError(f"--since {text!r}: give 7d, 12h, 30m, an ISO date (2026-12-01) or date-time") from e
+        raise FtgovError(f"--since {text!r}: give 7d, 12h, 30m, today, yesterday, an ISO date (2026-12-01) or "
+                          "date-time") from e
 
 
 def store_path(args: argparse.Namespace) -> str:
@@ -97,7 +105,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("history", help="the jobs the daemon governed: frequency, duration, energy, saving",
                        description="List the jobs in the board's measurement store, oldest first.")
     add_store_arguments(p)
-    p.add_argument("--since", help="only jobs that ended since then: 7d, 12h, 30m, or an ISO date/date-time")
+    p.add_argument("--since", help=SINCE_HELP)
     p.add_argument("--json", action="store_true", help="every field of every job, windows included, as JSON")
     p.set_defaults(func=run)
 

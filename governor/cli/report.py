@@ -19,7 +19,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from governor.cli.history import add_store_arguments, load, parse_since
+from governor.cli.history import SINCE_HELP, add_store_arguments, load, parse_since
 from governor.errors import FtgovError
 from governor.safefile import OutDir
 from governor.text import isolated, printable
@@ -34,7 +34,7 @@ def add_parser(sub) -> None:
                                    "(PNG), and write a summary table, from the measurement store.")
     add_store_arguments(p)
     p.add_argument("--out", type=Path, required=True, help="directory for curves.png, savings.png, summary.md/.csv")
-    p.add_argument("--since", help="only jobs that ended since then: 7d, 12h, or an ISO date/date-time")
+    p.add_argument("--since", help=SINCE_HELP)
     p.set_defaults(func=run)
 
 

@@ -5,6 +5,7 @@ import csv
 import dataclasses
 import json
 import shutil
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -61,12 +62,15 @@ def test_history_since_and_json(sim_store, capsys):
     assert doc["jobs"][0]["saved_j"] == pytest.approx(records[20].saved_j)
 
 
-def test_since_accepts_relative_and_iso_times_and_refuses_the_rest():
+def test_since_accepts_relative_and_iso_times_today_and_yesterday_and_refuses_the_rest():
     assert parse_since("2d", now=1_000_000.0) == 1_000_000.0 - 2 * 86400
     assert parse_since("90m", now=10_000.0) == 10_000.0 - 5400
     assert parse_since("2026-12-01") < parse_since("2026-12-01T10:00")
-    with pytest.raises(FtgovError, match="--since"):
-        parse_since("yesterday")
+    noon = datetime(2026, 12, 6, 12, 30).timestamp()
+    assert parse_since("today", now=noon) == datetime(2026, 12, 6).timestamp()
+    assert parse_since("Yesterday", now=noon) == datetime(2026, 12, 5).timestamp()
+    with pytest.raises(FtgovError, match="--since 'last week': give 7d, 12h, 30m, today, yesterday"):
+        parse_since("last week")
 
 
 def test_printable_escapes_control_and_format_characters_only():
