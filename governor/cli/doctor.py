@@ -30,7 +30,7 @@ from governor.cli.doctor_checks import (
 from governor.client import Connection, DaemonUnavailable, socket_path
 from governor.errors import ConfigError, FtgovError
 from governor.simpaths import SOCKET_NAME, env_tree, tree_state_dir
-from governor.sysfs import Root
+from governor.sysfs import trusted_root
 
 __all__ = ["Check", "Context", "l4t_release", "parse_nvpmodel", "refuse_while_daemon_runs", "run_checks",
            "socket_access"]
@@ -104,8 +104,15 @@ def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:
                            "fix the file: ftgovd refuses to start with it"))
     socket = (args.socket or os.environ.get(SOCKET_ENV)
               or (str(Path(simulated_state) / SOCKET_NAME) if simulated_state else config.socket.path))
-    ctx = Context(Root(config.sysfs_root), config, config_path, socket, os.geteuid(),
-                  {os.getegid(), *os.getgroups()}, simulated=simulated_state is not None)
+    # As root, a tree someone else can write decides what root reads (and prints) and writes: $FTGOV_SIM_TREE may
+    # come from a member's shell (sudo -E, su without -). The daemon and restore refuse such a root too.
+    try:
+        root = trusted_root(config.sysfs_root)
+    except ConfigError as e:
+        raise ConfigError(f"{e}; nor does ftgov doctor as root (run it as the tree's owner, or point it at a "
+                          "tree of root's own)") from e
+    ctx = Context(root, config, config_path, socket, os.geteuid(), {os.getegid(), *os.getgroups()},
+                  simulated=simulated_state is not None)
     return ctx, early
 
 

@@ -295,9 +295,9 @@ def _run_hardware(args) -> int:
     refuse_while_daemon_runs("ftgov characterize")  # the sweep writes devfreq itself: one writer at a time
     from governor.backends.devfreq import probe
     from governor.backends.rails import discover
-    from governor.sysfs import Root
+    from governor.sysfs import trusted_root
 
-    root = Root(args.sysfs_root)
+    root = trusted_root(args.sysfs_root)  # as root, a tree another user can write is refused (docs/security.md)
     gpu = probe(root)[0]  # the Orin has one GPU
     rails = discover(root)
     if rails is None:

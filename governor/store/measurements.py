@@ -419,28 +419,57 @@ def _totals(conn: sqlite3.Connection) -> dict:
 
 # ---- reading (the CLI, retraining: never the daemon's loop) ----------------------------------------------------------
 
+# What the readers below select from. Each must be a plain table: a store named on the command line (--store, --from,
+# $FTGOV_SIM_TREE) may be a member's file, and a view or a computed column would run that file's SQL in root's reader.
+_READ_TABLES = ("jobs", "windows", "totals", "scheduler_jobs")
+
+
+def _plain_tables(conn: sqlite3.Connection, p: Path) -> None:
+    """StoreError unless each of _READ_TABLES in the file is a table of stored columns (one that is missing is the
+    reads' to report). A 36 KB file whose jobs was a view of an endless recursive query made `ftgov history` fill
+    /var/tmp with the sort's temp file, as root."""
+    marks = ", ".join("?" * len(_READ_TABLES))
+    rows = conn.execute(f"SELECT name, type, sql FROM sqlite_master WHERE name IN ({marks})", _READ_TABLES).fetchall()
+    for name, kind, sql in rows:
+        if kind != "table" or (sql or "").lstrip().upper().startswith("CREATE VIRTUAL"):
+            raise StoreError(f"{p}: {name} is a {'virtual table' if kind == 'table' else kind}, not a table: not a "
+                             "store ftgovd wrote")
+        # table_xinfo's hidden: 0 a column, 2 and 3 a generated one (computed from an expression of the file's).
+        computed = [c["name"] for c in conn.execute(f"PRAGMA table_xinfo({name})") if c["hidden"] != 0]
+        if computed:
+            raise StoreError(f"{p}: {name}.{computed[0]} is a generated column: not a store ftgovd wrote")
+
+
 def open_read_only(path: str | os.PathLike) -> sqlite3.Connection:
-    """Open a store for reading; StoreError names the file when it is absent, unreadable or not a store."""
+    """Open a store for reading; StoreError names the file when it is absent, unreadable or not a store (a view or a
+    generated column where a table belongs: `_plain_tables`)."""
     p = Path(path)
     if not p.is_file():
         raise StoreMissing(f"no measurement store at {p}")
     try:
-        conn = _connect(f"file:{_quote_path(p)}?mode=ro")
         try:
-            conn.execute("SELECT 1 FROM jobs LIMIT 1").fetchall()
+            return _checked(_connect(f"file:{_quote_path(p)}?mode=ro"), p)
         except sqlite3.OperationalError as e:
-            conn.close()
             if "no such table" in str(e):
                 raise
             # A copy whose directory we cannot write (no -shm can be made): read it as an immutable file.
-            conn = _connect(f"file:{_quote_path(p)}?mode=ro&immutable=1")
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if not 1 <= version <= SCHEMA_VERSION:
-            conn.close()
-            raise StoreError(f"{p}: schema version {version}, this ftgov reads 1 to {SCHEMA_VERSION}")
-        return conn
+            return _checked(_connect(f"file:{_quote_path(p)}?mode=ro&immutable=1"), p)
     except sqlite3.Error as e:
         raise StoreError(f"cannot read the measurement store {p}: {e}") from e
+
+
+def _checked(conn: sqlite3.Connection, p: Path) -> sqlite3.Connection:
+    """conn, once its file passes as a store this code reads; closed otherwise."""
+    try:
+        _plain_tables(conn, p)
+        conn.execute("SELECT 1 FROM jobs LIMIT 1").fetchall()
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if not 1 <= version <= SCHEMA_VERSION:
+            raise StoreError(f"{p}: schema version {version}, this ftgov reads 1 to {SCHEMA_VERSION}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def read_jobs(conn: sqlite3.Connection, since: float | None = None) -> list[JobRecord]:

@@ -313,3 +313,34 @@ def test_doctor_after_the_print_env_eval_checks_the_simulated_daemon(start_daemo
                        capture_output=True, text=True, env=env, timeout=60, cwd="/")
     socket = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "socket"]
     assert p.returncode == 1 and [(c["status"], c["fix"]) for c in socket] == [("FAIL", "ftgovd --simulate &")], socket
+
+
+def test_as_root_a_tree_another_user_owns_is_neither_read_nor_written(orin, tmp_path):
+    """A member's shell points $FTGOV_SIM_TREE at its own tree, and root runs doctor there (sudo -E, su without -).
+    The member's links lead out of the tree: its GPU node to a root-only directory (whose min_freq the write test
+    used to truncate and rewrite), its release file to a root-only secret (printed in the board line)."""
+    if os.geteuid() != 0:
+        pytest.skip("the tree's owner is checked when root runs doctor")
+    victim = tmp_path / "victim"
+    (victim / "dev/of_node").mkdir(parents=True)
+    (victim / "dev/of_node/name").write_text("gpu\n")
+    (victim / "device").symlink_to("dev")
+    for name in ("available_frequencies", "max_freq", "cur_freq"):
+        shutil.copy(orin / DEVFREQ / name, victim / name)
+    (victim / "min_freq").write_text("306000000 root's own line\n")
+    (tmp_path / "secret").write_text("not for members\n")
+    for path in [orin, *orin.rglob("*")]:
+        os.chown(path, 4242, 4242, follow_symlinks=False)
+    node = orin / "sys/class/devfreq/17000000.gpu"
+    node.unlink()
+    node.symlink_to(os.path.relpath(victim, node.parent))
+    release = orin / "etc/nv_tegra_release"
+    release.unlink()
+    release.symlink_to(os.path.relpath(tmp_path / "secret", release.parent))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FTGOV_SIM_TREE": str(orin),
+           "FTGOV_SOCKET": str(tmp_path / "none.sock")}
+    p = subprocess.run([sys.executable, "-m", "governor.cli", "doctor"], capture_output=True, text=True, env=env,
+                       timeout=60, cwd="/")
+    assert p.returncode == 1 and f"sysfs_root {orin} belongs to uid 4242" in p.stderr, (p.stdout, p.stderr)
+    assert (victim / "min_freq").read_text() == "306000000 root's own line\n"
+    assert "not for members" not in p.stdout + p.stderr

@@ -52,6 +52,20 @@ def test_history_lists_every_job_with_escaped_names(sim_store, capsys):
     assert "vs start level" in out and f"{len(records)} job(s) listed" in lines[-1]
 
 
+def test_history_escapes_every_text_a_store_from_elsewhere_carries(sim_store, tmp_path, capsys):
+    """A store given with --store may be a member's file: its policy and its saving's basis are text of the file's,
+    not the daemon's words, and reach root's terminal too."""
+    _path, records = sim_store
+    path = tmp_path / "member.sqlite"
+    s = Store(path)
+    s.add(dataclasses.replace(records[0], policy=HOSTILE, saved_rel=0.1, saved_basis=HOSTILE))
+    s.close()
+    assert main(["history", "--store", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\r" not in out and "\u202e" not in out
+    assert out.count("evil\\x1b[2J") == 2  # the policy's first characters, and the basis whole
+
+
 def test_history_since_and_json(sim_store, capsys):
     path, records = sim_store
     cutoff = records[20].ended_at

@@ -1,7 +1,9 @@
-"""One writer: `ftgov characterize` on a board refuses to sweep devfreq while ftgovd serves."""
+"""One writer: `ftgov characterize` on a board refuses to sweep devfreq while ftgovd serves, and as root refuses a
+sysfs root another user can write."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 
@@ -29,6 +31,18 @@ def test_refused_while_ftgovd_runs(orin, start_daemon, tmp_path, monkeypatch):
     with pytest.raises(FtgovError, match=r"ftgovd is active .* answers a ping.*systemctl stop ftgovd\.socket ftgovd"):
         characterize.run(hardware_args(orin, tmp_path))
     assert limits(orin) == before
+    assert not (tmp_path / "out.csv").exists()
+
+
+def test_as_root_a_sysfs_root_another_user_owns_is_refused(orin, tmp_path, monkeypatch):
+    """Its owner could swap the GPU node for a link between the sweep's read and its write: root would write the
+    owner's levels into another node (docs/security.md, "Files the daemon opens as root")."""
+    if os.geteuid() != 0:
+        pytest.skip("the tree's owner is checked when root sweeps")
+    monkeypatch.setenv("FTGOV_SOCKET", str(tmp_path / "none.sock"))
+    os.chown(orin, 4242, 4242)
+    with pytest.raises(FtgovError, match=f"sysfs_root {orin} belongs to uid 4242"):
+        characterize.run(hardware_args(orin, tmp_path))
     assert not (tmp_path / "out.csv").exists()
 
 

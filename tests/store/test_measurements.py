@@ -89,6 +89,29 @@ def test_hostile_names_are_stored_as_data(tmp_path):
     assert s.conn.execute("SELECT COUNT(*) FROM windows").fetchone()[0] == 2 * len(HOSTILE)
 
 
+# A member's store for root's `ftgov history --store`, `report`, `model retrain --from`. Any view runs the file's own
+# SQL: one of rows without end (WITH RECURSIVE) made history sort them into an unlinked temp file in /var/tmp at
+# hundreds of MB a second; a plain one stands for it here, so that the old code fails at once instead. A generated
+# column is computed at every read: a 100 MB blob a row from a file of a few KB.
+VIEW = "ALTER TABLE jobs RENAME TO stored; CREATE VIEW jobs AS SELECT * FROM stored;"
+COMPUTED_COLUMN = """ALTER TABLE windows RENAME TO stored;
+CREATE TABLE windows (job INTEGER, seq INTEGER, level_hz INTEGER, joules_per_step REAL, seconds_per_step REAL,
+                      steps INTEGER, gpu_util REAL, pad BLOB GENERATED ALWAYS AS (zeroblob(100000000)) VIRTUAL);"""
+
+
+@pytest.mark.parametrize("sql", [VIEW, COMPUTED_COLUMN], ids=["view", "generated-column"])
+def test_a_store_whose_tables_run_its_own_sql_is_refused_unread(tmp_path, sql):
+    path = tmp_path / "member.sqlite"
+    s = Store(path)
+    s.add(rec(1))
+    s.close()
+    raw = sqlite3.connect(path)
+    raw.executescript(sql)
+    raw.close()
+    with pytest.raises(store.StoreError, match="not a store ftgovd wrote"):
+        store.open_read_only(path)
+
+
 def test_garbage_file_is_moved_aside_and_a_fresh_store_starts(tmp_path, caplog):
     path = tmp_path / "m.sqlite"
     garbage = os.urandom(8192)
