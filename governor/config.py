@@ -21,7 +21,7 @@ from governor.errors import ConfigError, ModelError
 from governor.policy import tuner as _tuner
 from governor.policy.estimates import ASSUMED_TOTAL_STEPS
 from governor.policy.ffg import read_ffg_hz
-from governor.policy.measured_saving import MAX_PARTS, BaselineParts
+from governor.policy.measured_saving import MAX_PARTS, WARMUP_BLOCK_S, BaselineParts, WarmUp
 
 DEFAULT_STATE_DIR = "/run/ftgov"
 MIN_FREQ_HZ = 1_000_000  # below any GPU's lowest clock: a smaller frequency was written in the wrong unit
@@ -134,6 +134,11 @@ class TunerConfig(_Strict):
     baseline_window: bool = Field(True, description=(
         "measure one window (warmup_steps + window_steps) at the default governor before the pin, so that the job's "
         "end reports a measured saving against it"))
+    baseline_warmup_max_s: float = Field(120.0, ge=0, le=3600, description=(
+        "the baseline window (its first part) opens once the job's steps have stopped speeding up (two successive "
+        "blocks of at least 5 steps and 0.5 s, the later no more than 10% faster), so that a job's slow first steps "
+        "are not taken for the default governor's cost; it waits this long at most (0: it opens at the first "
+        "training report)"))
     baseline_min_steps: int = Field(30, ge=1, le=100_000, description=(
         "window_rule time: the fewest steps the baseline window spans. The measured saving rests on this one window: "
         "a few long steps that scatter (15% on real jobs) read its J/step several percent off, and its own estimate of "
@@ -218,6 +223,12 @@ class TunerConfig(_Strict):
             return 1
         steps = ASSUMED_TOTAL_STEPS if total_steps is None else total_steps
         return max(self.baseline_parts, min(MAX_PARTS, round(self.baseline_parts * steps / ASSUMED_TOTAL_STEPS)))
+
+    def new_warmup(self) -> WarmUp:
+        """What the baseline's first part waits for (the daemon's JobTuner and the simulated jobs alike): the job's
+        steps to stop speeding up, for at most baseline_warmup_max_s; blocks of steps alone under fixed-step windows
+        (window_rule steps), whose simulated jobs run in compressed time."""
+        return WarmUp(self.baseline_warmup_max_s, block_s=0.0 if self.window_rule == "steps" else WARMUP_BLOCK_S)
 
     def new_baseline_parts(self, total_steps: int | None = None) -> BaselineParts:
         """The schedule of the baseline's parts for a job of ``total_steps`` (the daemon's JobTuner and the simulated

@@ -3,8 +3,9 @@
 Where it starts (``TunerAttach.plan``): on a Jetson devfreq board at MLG's pick; on an NVML GPU at the level the last
 tuned job of the same shape converged on, on the same kind of GPU (governor.daemon.starts), else the top of the table.
 
-The baseline window (``TunerConfig.baseline_window``): at the job's first training progress report, while it is alone
-on its GPU, one probe runs unpinned at the default governor before the search begins, and with tuner.baseline_parts
+The baseline window (``TunerConfig.baseline_window``): once the job's training steps stop speeding up (its warm-up,
+governor.policy.measured_saving.WarmUp, tuner.baseline_warmup_max_s), while it is alone on its GPU, one probe runs
+unpinned at the default governor before the search begins, and with tuner.baseline_parts
 the baseline's other parts later, unpinned again while the job runs converged and alone, spread over the job
 (governor.policy.measured_saving.BaselineParts); at the job's end the saving per step against them is reported with its
 uncertainty, saved_pct_err (unregister, SAVED_PCT and SAVED_PCT_ERR in the log, status, Prometheus and the store).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from enum import Enum
 from typing import Any
 
@@ -77,6 +79,7 @@ class JobTuner:
         self.baseline: Measurement | None = None
         self.baseline_status = "wanted" if cfg.baseline_window else "off (tuner.baseline_window: false)"
         self._baseline_window: ProbeWindow | None = None
+        self._warmup = cfg.new_warmup()  # the baseline's first part opens after the job's warm-up
         # The baseline's parts (tuner.baseline_parts): planned once the first closes; a later one measured while
         # _part_window is open (the job unpinned while converged).
         self.baseline_parts: BaselineParts | None = None
@@ -88,6 +91,7 @@ class JobTuner:
         if carry is not None:
             self.feed, self.baseline, self.baseline_status = carry.feed, carry.baseline, carry.baseline_status
             self._baseline_window = carry._baseline_window
+            self._warmup = carry._warmup
             self.baseline_parts = carry.baseline_parts  # a part open when the decision changed is not resumed
             self.windows = [w for w in carry.windows if w[0].level_hz is None]
         else:
@@ -295,6 +299,9 @@ class JobTuner:
             return
         if self._baseline_window is None:
             if job.steps < 1 or (job.phase or "train") != "train":
+                return
+            if not self._warmup.feed(job.steps, time.monotonic() if job.step_end_s is None else job.step_end_s):
+                self.status = "waiting for the job's steps to stop speeding up (its warm-up) before the baseline"
                 return
             if job.freq_hz is not None:
                 self._move(gov, job, None, BASELINE_REASON)

@@ -42,6 +42,11 @@ Point = tuple[float, float, float]  # (steps, energy_j, time_s), as windows take
 MARK_STEPS = 2.0
 MAX_MARKS = 4096
 MIN_BLOCKS = 5
+# The baseline's first part waits for the job's warm-up (WarmUp): two successive blocks of its steps, each at least
+# WARMUP_BLOCK_STEPS steps and WARMUP_BLOCK_S seconds, the later no more than WARMUP_FASTER_REL faster than the earlier.
+WARMUP_BLOCK_STEPS = 5
+WARMUP_BLOCK_S = 0.5
+WARMUP_FASTER_REL = 0.10
 # The most parts a baseline is measured in, those a drift asked for included (BaselineParts): tuner.baseline_parts'
 # own bound.
 MAX_PARTS = 50
@@ -269,6 +274,53 @@ def pooled(parts: list[Measurement], spans: list[float] | None = None) -> Measur
                        math.fsum(w * m.seconds_per_step for w, m in zip(weights, parts, strict=True)) / total, steps,
                        sum(m.profiled_steps for m in parts), noise,
                        None if any(d is None for d in durations) else sum(d for d in durations if d is not None))
+
+
+class WarmUp:
+    """Whether a job's steps have stopped speeding up, so that the baseline's first part may open (the daemon's
+    JobTuner and the simulated jobs alike). A job's first steps often run slower than the rest (caches filling,
+    kernels autotuned or compiled, a data loader's first batches): a baseline over them reads the default governor
+    dearer than it is, and a newcomer's short tuned job "saved" 40% with its power flat, all of it from its slow first
+    steps. Fed the job's step-end points (steps, seconds); over once two successive blocks (WARMUP_BLOCK_STEPS steps and
+    WARMUP_BLOCK_S seconds each at least) show the later no more than WARMUP_FASTER_REL faster than the earlier, or
+    after ``max_s`` seconds of waiting whatever the steps do (0: over at once); ``block_s`` 0 for blocks of steps alone
+    (fixed-step windows, whose simulated jobs run in compressed time). A job that slows down is over: it is not
+    warming up. Steps that scatter (15% a step) may hold it a block or two longer; a warm-up that fades slower
+    than a block's difference can tell is not seen."""
+
+    def __init__(self, max_s: float, block_s: float = WARMUP_BLOCK_S):
+        self.max_s, self.block_s = max_s, block_s
+        self.over = max_s <= 0
+        self._points: list[tuple[float, float]] = []
+        self._first_s: float | None = None
+
+    def feed(self, steps: float, time_s: float) -> bool:
+        """A step-end point; whether the warm-up is over (it stays over)."""
+        if self.over:
+            return True
+        if self._points and (steps <= self._points[-1][0] or time_s <= self._points[-1][1]):
+            return False
+        self._points.append((steps, time_s))
+        self._first_s = time_s if self._first_s is None else self._first_s
+        if time_s - self._first_s >= self.max_s:
+            self.over = True
+            return True
+        later = self._block(len(self._points) - 1)
+        earlier = None if later is None else self._block(later[0])
+        if later is None or earlier is None:
+            return False
+        self.over = later[1] >= (1.0 - WARMUP_FASTER_REL) * earlier[1]
+        self._points = self._points[earlier[0]:]  # what the next blocks may need, bounded
+        return self.over
+
+    def _block(self, end: int) -> tuple[int, float] | None:
+        """The shortest block of points ending at index ``end``: its first point's index and its seconds a step."""
+        n_end, t_end = self._points[end]
+        for i in range(end - 1, -1, -1):
+            n, t = self._points[i]
+            if n_end - n >= WARMUP_BLOCK_STEPS and t_end - t >= self.block_s:
+                return i, (t_end - t) / (n_end - n)
+        return None
 
 
 class BaselineParts:

@@ -406,8 +406,9 @@ class _Steps:
 
 
 def _baseline(run: _Steps, cfg: TunerConfig, start_hz: int, saving: SavingRun, wait_s: float) -> int:
-    """The daemon's steps before the search (tuner.baseline_window): the board idle, the first step at the start
-    pin, then unpinned (the top level) for the baseline window (``run.baseline``). The step count the search starts
+    """The daemon's steps before the search (tuner.baseline_window): the board idle, the first steps at the start
+    pin until their time stops falling (tuner.baseline_warmup_max_s), then unpinned (the top level) for the baseline
+    window (``run.baseline``). The step count the search starts
     at."""
     board, reader = run.board, run.reader
     top_hz = board.levels_hz[-1]
@@ -416,9 +417,19 @@ def _baseline(run: _Steps, cfg: TunerConfig, start_hz: int, saving: SavingRun, w
             raise ValueError(f"an idle board before the job needs a meter with a trace (nvml, ina3221), not {reader}")
         top_j, top_s = board.expected(top_hz)
         reader.trace.append(saving.idle_s, IDLE_SHARE * top_j / top_s)
-    first = run.step(start_hz)
-    # The first step's end: the daemon unpins as it is reported.
-    closed = _at_default(run, cfg, wait_s, 1, [report for report in first if report[0] >= 1])
+    # At the start pin until the job's steps stop speeding up (WarmUp: the simulated steps have no warm-up, so two
+    # blocks of them); the daemon unpins as the report that ends the wait arrives.
+    warmup = cfg.new_warmup()
+    opening: list[tuple[float, float, float]] = []
+    while run.steps_run < run.job_steps and not opening:
+        reports = run.step(start_hz)
+        for k, report in enumerate(reports):
+            if report[0] >= 1 and warmup.feed(report[0], report[2]):
+                opening = reports[k:]
+                break
+    if not opening:
+        return run.steps_run
+    closed = _at_default(run, cfg, wait_s, opening[0][0], opening)
     if closed is None:
         return run.steps_run
     run.baseline, steps = closed

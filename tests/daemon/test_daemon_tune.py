@@ -93,10 +93,12 @@ def test_total_steps_may_come_with_progress_and_bad_values_are_refused(orin, sta
     res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE)
     err = c.request("progress", job_id=res["job_id"], steps=1, total_steps=0)["error"]
     assert err["data"]["field"] == "total_steps"
-    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, 12, time_scale=TIME_SCALE)
-    c.call("progress", job_id=res["job_id"], steps=12, total_steps=512)
+    # 30 steps: the baseline waits for two blocks of 5 steps (no warm-up to see), takes its window, and the search
+    # begins.
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, 30, time_scale=TIME_SCALE)
+    c.call("progress", job_id=res["job_id"], steps=30, total_steps=512)
     tuner = c.call("status")["jobs"][0]["tuner"]
-    assert tuner["total_steps"] is not None and tuner["total_steps"] <= 512 - 12 + 1, tuner
+    assert tuner["total_steps"] is not None and tuner["total_steps"] <= 512 - 30 + 1, tuner
 
 
 def test_a_tuned_job_reports_its_measured_saving_against_the_default_governor(orin, start_daemon):
@@ -286,11 +288,11 @@ def test_windows_sized_by_time_span_their_minimum_and_carry_their_own_uncertaint
     # INA3221 update_interval: 140 ms).
     # settle_updates: the board's sensor runs in the job's compressed time (scaled()).
     # baseline_min_steps and baseline_max_s: the baseline window on the windows' own rule (its longer default minimum
-    # is tests/test_config.py's).
+    # is tests/test_config.py's); no wait for a warm-up, whose blocks of 0.5 s are many of these compressed steps.
     d = start_daemon(simulate=True, config={"tuner": {"window_rule": "time", "window_min_s": 0.4,
                                                        "window_max_s": 0.8, "window_min_updates": 1,
                                                        "settle_updates": 2 * 0.15, "baseline_min_steps": 2,
-                                                       "baseline_max_s": 0.8}})
+                                                       "baseline_max_s": 0.8, "baseline_warmup_max_s": 0}})
     c = d.client()
     res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE)
     root = Root(d.state_dir / "sim-orin")

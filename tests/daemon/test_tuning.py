@@ -2,6 +2,7 @@
 energy counter."""
 
 import math
+import time
 
 from governor.backends.base import Limits
 from governor.config import TunerConfig
@@ -37,11 +38,13 @@ class _CountingGpu(LimitsGpu):
 
 
 
-def _controller(tmp_path, gpu: _CountingGpu, baseline_window: bool = False, follow_up: bool = True) -> Controller:
+def _controller(tmp_path, gpu: _CountingGpu, baseline_window: bool = False, follow_up: bool = True,
+                warmup_max_s: float = 0.0) -> Controller:
     # The counter is exact at every read (no update interval to settle over, 4-step windows exact), and no time
-    # passes between reports.
+    # passes between reports (so no warm-up is waited for, unless a test times its steps).
     attach = TunerAttach()
-    tuner = TunerConfig(baseline_window=baseline_window, follow_up=follow_up, settle_updates=0, window_rule="steps")
+    tuner = TunerConfig(baseline_window=baseline_window, follow_up=follow_up, settle_updates=0, window_rule="steps",
+                        baseline_warmup_max_s=warmup_max_s)
     settings = PinSettings(Policy(PolicyName.FFG, LEVELS[0], None), tuner=tuner)
     return Controller([gpu], settings, StateFile(tmp_path / "state"), "boot-1", attach_tuner=attach,
                       plan_tune=attach.plan)
@@ -88,6 +91,39 @@ def test_the_baseline_window_comes_first_then_the_search_from_the_start_pin(tmp_
     assert job.tuner.state is TunerState.WAITING and job.tuner.baseline_status == "measured"
     assert job.freq_hz == start_hz and job.tuner.status == "waiting for progress reports"
     assert _report(pins, job, steps + 1) is TunerState.SEARCHING
+
+
+def _baseline_opens_at(tmp_path, step_s: list[float], warmup_max_s: float = 120.0) -> tuple[int, list[str]]:
+    """The job step at whose report the baseline window opened (the job unpinned) for steps that take ``step_s``
+    (their ends sent with the reports), and the tuner's statuses before."""
+    pins = _controller(tmp_path, _CountingGpu(), baseline_window=True, warmup_max_s=warmup_max_s)
+    job = _tuned_job(pins, 100)
+    start_hz, statuses = job.freq_hz, []
+    end_s = time.monotonic() - sum(step_s)  # the steps' ends, all in the past
+    for steps, seconds in enumerate(step_s, start=1):
+        end_s += seconds
+        job.step_end_s = end_s
+        _report(pins, job, steps)
+        if job.freq_hz is None:
+            return steps, statuses
+        assert job.freq_hz == start_hz  # waiting at the start pin
+        statuses.append(job.tuner.status)
+    return 0, statuses
+
+
+def test_the_baseline_waits_for_the_jobs_slow_first_steps_to_end(tmp_path):
+    """A newcomer's short tuned job "saved" 40% with its power flat: its first steps ran at up to 0.9 s, the rest at
+    0.22 s, and the baseline was measured over the slow ones. Here they fade: 0.53 s, 0.44 s, ... 0.22 s."""
+    step_s = [0.22 * (1 + 2 * 0.7**k) for k in range(1, 120)]
+    opened, statuses = _baseline_opens_at(tmp_path, step_s)
+    assert step_s[opened - 1] < 1.02 * 0.22, opened  # the steps after it within 2% of the job's own
+    assert set(statuses) == {"waiting for the job's steps to stop speeding up (its warm-up) before the baseline"}
+    steady, _ = _baseline_opens_at(tmp_path, [0.22] * 100)
+    assert steady == 2 * 5 + 1  # no warm-up: two blocks of 5 steps, 0.5 s at least each, after the first report
+    slowing, _ = _baseline_opens_at(tmp_path, [0.2] * 5 + [0.3] * 100)
+    assert slowing == 2 * 5 + 1  # a job that slows down is not warming up
+    forever, _ = _baseline_opens_at(tmp_path, [1.0 / k for k in range(1, 200)], warmup_max_s=2.0)
+    assert forever and sum(1.0 / k for k in range(2, forever + 1)) >= 2.0  # the wait is bounded
 
 
 def test_without_an_energy_source_the_tuner_is_stopped_and_reports_change_nothing(tmp_path):
