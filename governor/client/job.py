@@ -6,13 +6,11 @@ import inspect
 import logging
 import os
 import time
-import warnings
 
 from governor.client.connection import (
     DEFAULT_REPORT_EVERY_S,
     Connection,
     DaemonUnavailable,
-    GovernorWarning,
     UnknownJob,
 )
 from governor.client.features import (
@@ -24,6 +22,7 @@ from governor.client.features import (
     visible_gpu,
 )
 from governor.client.group import GroupCoordinator, GroupInfo, group_from_env, torch_distributed
+from governor.client.warning import warn
 from governor.errors import FtgovError
 from governor.features import MIN_SEQ_LEN
 from governor.units import mhz
@@ -291,10 +290,9 @@ class Job:
         if self.tune and info is not None and (info.world_size or 0) > 1 and info.local_world_size is None:
             # Each node's daemon tunes a group once every rank registered with it; one whose ranks span nodes is
             # tuned by rank 0 here, which needs to know that it does (GroupInfo.spans_nodes).
-            warnings.warn(f"ftgov: how many of group {info.key!r}'s {info.world_size} ranks run on this node is not "
-                          "known (no LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE or MPI local size in the environment): "
-                          "if they span nodes, the run is not tuned; pass local_world_size= to Job or set "
-                          "LOCAL_WORLD_SIZE", GovernorWarning, stacklevel=3)
+            warn(f"ftgov: how many of group {info.key!r}'s {info.world_size} ranks run on this node is not known (no "
+                 "LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE or MPI local size in the environment): if they span nodes, "
+                 "the run is not tuned; pass local_world_size= to Job or set LOCAL_WORLD_SIZE")
         if self.steps:
             self._report()
 
@@ -335,7 +333,7 @@ class Job:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        warnings.warn(f"{WITHOUT_GOVERNOR}{why}", GovernorWarning, stacklevel=3)
+        warn(f"{WITHOUT_GOVERNOR}{why}")
 
 
 def _check_total_steps(total_steps):

@@ -206,6 +206,17 @@ def test_daemon_absent_warns_once_and_training_goes_on(short_dir):
     assert j.disabled and not j.registered and j.steps == 20
 
 
+def test_the_warning_points_at_the_users_line_not_into_ftgov(short_dir):
+    """Not governor/client/job.py: a location of ours reads as an ftgov bug, and Python's default filter would show
+    the warning once for every user's line together."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        with job(BERT_TINY, seq_len=40, socket=os.path.join(short_dir, "missing.sock")):
+            pass
+    assert [(w.category, w.filename, w.lineno) for w in caught] == [(GovernorWarning, __file__, line)]
+
+
 def test_refused_registration_warns_with_the_daemons_reason(daemon):
     def refuse(params):
         raise Fault(-32602, "seq_len must be > 0", {"field": "seq_len"})
