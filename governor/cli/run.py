@@ -24,7 +24,7 @@ import sys
 import warnings
 
 from governor.cli.features import add_feature_arguments, features_from_args
-from governor.client import GovernorWarning, Job, describe_reply
+from governor.client import RUN_JOB_ENV, GovernorWarning, Job, describe_reply
 from governor.errors import ConfigError
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -111,7 +111,7 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
     try:
         pid, release, exec_error = _fork_gated(executable, command, old_mask)
         job = _register(pid, features, name, socket, verbose)
-        os.write(release, b"go")
+        os.write(release, b"go" + (b"" if job.job_id is None else str(job.job_id).encode()))
         os.close(release)
         failure = _read_all(exec_error)  # EOF without data: the exec succeeded (the pipe was close-on-exec)
         status = _wait_forwarding(pid, waited)
@@ -131,9 +131,13 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
 
 
 def _fork_gated(executable: str, command: list[str], mask) -> tuple[int, int, int]:
-    """Fork a child that execs command once the parent writes to the release pipe; returns (pid, release, error).
+    """Fork a child that execs command once the parent writes to the release pipe and closes it; returns (pid,
+    release, error).
 
-    `ftgov run` has no other threads, so forking is safe; the child runs only a few system calls before exec.
+    The parent writes "go", then the job's id when it registered one: the command gets it as $FTGOV_RUN_JOB
+    (governor.client.RUN_JOB_ENV), so that a client job in it, or in its children, does not register the same
+    process a second time. `ftgov run` has no other threads, so forking is safe; the child runs only a few system
+    calls before exec.
     """
     gate_r, gate_w = os.pipe()
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -146,10 +150,14 @@ def _fork_gated(executable: str, command: list[str], mask) -> tuple[int, int, in
             # ignores SIGPIPE and SIGXFSZ (subprocess's restore_signals does the same).
             for signo in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(signo, signal.SIG_DFL)
-            if os.read(gate_r, 2) != b"go":
+            release = _read_all(gate_r)
+            if not release.startswith(b"go"):
                 os._exit(125)  # the wrapper died before releasing us: do not run unsupervised
+            env = dict(os.environ)
+            if release[2:]:
+                env[RUN_JOB_ENV] = release[2:].decode()
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C that came while gated acts now
-            os.execv(executable, command)
+            os.execve(executable, command, env)
         except OSError as e:
             os.write(err_w, str(e.errno or 0).encode())
         finally:

@@ -32,6 +32,9 @@ log = logging.getLogger("governor.client")
 
 # What the warning of a job that carries on without the daemon begins with (the rest: why).
 WITHOUT_GOVERNOR = "ftgov: training goes on without the GPU frequency governor: "
+# Set by `ftgov run` in its command's environment to the id of the job it registered for it: a process that inherits
+# it (the command, its torchrun ranks) is governed already, and a job of its own would be a second job on it.
+RUN_JOB_ENV = "FTGOV_RUN_JOB"
 
 
 class Job:
@@ -120,6 +123,10 @@ class Job:
         if self._started or self.disabled:
             return self
         self._started = True
+        run_job = os.environ.get(RUN_JOB_ENV)
+        if run_job:
+            self._defer_to_run(run_job)
+            return self
         try:
             self._conn = Connection(self.socket, timeout_s=self.timeout_s)
         except DaemonUnavailable as e:
@@ -324,6 +331,14 @@ class Job:
         """When the last step counted ended (CLOCK_MONOTONIC, the daemon's host): windows are timed by the steps, not
         by when their reports arrive."""
         return {} if self._step_end_s is None else {"step_end_s": self._step_end_s}
+
+    def _defer_to_run(self, run_job: str) -> None:
+        """Do nothing under `ftgov run`: two jobs on one process would pin the higher of their two levels, and the
+        daemon would count the same energy twice."""
+        self.disabled = True
+        warn(f"ftgov: this process is governed by `ftgov run`'s job {run_job} ({RUN_JOB_ENV}), so this job does not "
+             "register; drop one of the two (tune=True needs this job or callback without `ftgov run`, which sends "
+             "no step reports)")
 
     def _disable(self, why: str) -> None:
         """Warn once and carry on without the governor."""

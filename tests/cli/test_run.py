@@ -106,6 +106,27 @@ def test_wrapper_killed_ends_the_job_and_the_command_runs_on(daemon, orin):
         os.kill(child, signal.SIGKILL)
 
 
+def test_a_client_job_in_the_command_defers_to_the_wrappers_job(daemon):
+    """`ftgov run -- python train.py` where train.py holds a GovernorCallback: one job on the process, not two (the
+    higher pin of the two, the same energy counted twice), and the client says which to drop."""
+    script = ("import os, warnings, governor\n"
+              "with warnings.catch_warnings(record=True) as caught:\n"
+              "    warnings.simplefilter('always')\n"
+              f"    with governor.job(**{FEATURES!r}, tune=True, socket={daemon.socket!r}) as job:\n"
+              "        job.step()\n"
+              "print(os.environ['FTGOV_RUN_JOB'], job.registered, *[str(w.message) for w in caught], sep='\\n')\n")
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", sys.executable, "-c", script,
+                 stdout=subprocess.PIPE)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    run_job, registered, *warned = out.splitlines()
+    assert re.findall(r"job (\d+) .*ended \(", daemon.log()) == [run_job], daemon.log()
+    assert registered == "False"
+    assert warned == [f"ftgov: this process is governed by `ftgov run`'s job {run_job} (FTGOV_RUN_JOB), so this "
+                      "job does not register; drop one of the two (tune=True needs this job or callback without "
+                      "`ftgov run`, which sends no step reports)"]
+
+
 def test_exit_code_and_output_pass_through_without_a_daemon(tmp_path):
     proc = ftgov("run", "--socket", str(tmp_path / "absent.sock"), *FEATURE_ARGS, "--", "sh", "-c",
                  "echo from-child; exit 7", stdout=subprocess.PIPE, stderr=subprocess.PIPE)

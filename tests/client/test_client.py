@@ -217,6 +217,22 @@ def test_the_warning_points_at_the_users_line_not_into_ftgov(short_dir):
     assert [(w.category, w.filename, w.lineno) for w in caught] == [(GovernorWarning, __file__, line)]
 
 
+def test_under_ftgov_run_a_job_warns_once_and_does_not_connect(daemon, monkeypatch):
+    monkeypatch.setenv("FTGOV_RUN_JOB", "34")  # as `ftgov run` sets it for its command
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with job(BERT_TINY, seq_len=40, socket=daemon.path, report_every_s=0) as j:
+            for _ in range(3):
+                j.step()
+            j.update(gpu_util=50.0)
+            j.phase("eval")
+    assert [str(w.message) for w in caught] == [
+        "ftgov: this process is governed by `ftgov run`'s job 34 (FTGOV_RUN_JOB), so this job does not register; "
+        "drop one of the two (tune=True needs this job or callback without `ftgov run`, which sends no step reports)"]
+    assert j.disabled and j.steps == 3
+    assert daemon.methods() == [] and daemon.closed_connections == 0
+
+
 def test_refused_registration_warns_with_the_daemons_reason(daemon):
     def refuse(params):
         raise Fault(-32602, "seq_len must be > 0", {"field": "seq_len"})
