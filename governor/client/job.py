@@ -240,6 +240,11 @@ class Job:
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        if self.job_id is None:
+            # Connected and never disabled, so still waiting for seq_len: a run shorter than the measurement.
+            warn(f"ftgov: the job was never registered: it ended after {self._batches_seen} of the "
+                 f"{self.measure_batches} batches it measures seq_len over before registering; pass seq_len= "
+                 "(average non-padding tokens per sample) to register at once")
         try:
             if self.job_id is not None and conn.closed_by_daemon():
                 # The daemon went away under the job: whatever held the job there is gone with it, and a restarted

@@ -324,6 +324,19 @@ def test_seq_len_never_measured_warns(daemon):
                 j.step()
 
 
+def test_a_run_shorter_than_the_measurement_says_it_was_never_registered(daemon):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with job(BERT_TINY, socket=daemon.path) as j:
+            for _ in range(5):
+                j.observe_batch({"attention_mask": [[1, 1, 0]]})
+                j.step()
+    assert [str(w.message) for w in caught] == [
+        "ftgov: the job was never registered: it ended after 5 of the 8 batches it measures seq_len over before "
+        "registering; pass seq_len= (average non-padding tokens per sample) to register at once"]
+    assert "register" not in daemon.methods()
+
+
 def test_batch_tokens_counts_non_padding_tokens():
     mask = [[1, 1, 1, 0], [1, 0, 0, 0]]
     assert batch_tokens({"attention_mask": mask}) == (4.0, 2)
