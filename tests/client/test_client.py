@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import socketserver
@@ -144,6 +145,17 @@ def test_job_registers_reports_progress_and_unregisters(daemon):
     assert j.registration["freq_hz"] == 612000000
     assert j.result["steps"] == 3
     daemon.wait_for(lambda: daemon.closed_connections == 1)
+
+
+def test_the_pick_and_the_summary_are_logged_at_info_on_governor_client(daemon, caplog):
+    """What docs/clients.md tells callback users to set up to see them (the logger has no handler of its own)."""
+    caplog.set_level(logging.INFO, logger="governor.client")
+    with job(BERT_TINY, seq_len=40, socket=daemon.path, report_every_s=0) as j:
+        j.step()
+    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
+        ("governor.client", logging.INFO, "ftgov: job 7 registered: MLG 612 MHz (test)"),
+        ("governor.client", logging.INFO, "ftgov: job 7 ended: 612 MHz 1.0 s 1 steps")]
+    assert (j.registration["freq_hz"], j.result["steps"]) == (612000000, 1)
 
 
 def test_progress_is_rate_limited_and_the_exact_total_is_sent_before_unregister(daemon):
