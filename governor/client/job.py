@@ -228,9 +228,11 @@ class Job:
             return None
         try:
             return self._conn.call("update", job_id=self.job_id, gpu_util=gpu_util, seq_len=seq_len)
+        except DaemonUnavailable as e:
+            self._disable(self._unanswered("update", e))
         except FtgovError as e:
             self._disable(f"update refused: {e}")
-            return None
+        return None
 
     def close(self) -> None:
         """Report the final step count, unregister and close. Idempotent; never raises for the daemon's sake."""
@@ -292,6 +294,9 @@ class Job:
             self.registration = self._conn.call(
                 "register", **features.model_dump(exclude_none=True), name=self.name, pid=self.pid, gpu=self.gpu,
                 tune=self.tune, total_steps=self.total_steps, slurm_job_id=slurm_job_id(), **grouped)
+        except DaemonUnavailable as e:
+            self._disable(self._unanswered("register", e))
+            return
         except FtgovError as e:
             self._disable(f"register refused: {e}")
             return
@@ -317,6 +322,14 @@ class Job:
                 return
             self.coordinator = GroupCoordinator(self, dist)
         self.coordinator.step(self.steps)
+
+    def _unanswered(self, method: str, e: DaemonUnavailable) -> str:
+        """Why a request got no answer, told apart from a refusal (the daemon's RpcError): a stopped or stuck daemon
+        is not one that judged the job."""
+        if isinstance(e.__cause__, TimeoutError):
+            return (f"ftgovd did not answer {method} within timeout_s={self.timeout_s:g} s (stopped or stuck; it did "
+                    f"not refuse the job): {e}")
+        return f"ftgovd did not answer {method} (it did not refuse the job): {e}"
 
     def _report(self) -> None:
         total = self.total_steps if self.total_steps != self._sent_total_steps else None

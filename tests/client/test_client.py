@@ -291,6 +291,19 @@ def test_no_reply_times_out(daemon):
         assert conn.closed
 
 
+def test_a_daemon_that_does_not_answer_register_is_not_said_to_refuse(daemon):
+    daemon.silent.add("register")  # a SIGSTOPped ftgovd: the connection is accepted, nothing answers
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with job(BERT_TINY, seq_len=40, socket=daemon.path, timeout_s=0.2) as j:
+            j.step()
+    assert [str(w.message) for w in caught] == [
+        "ftgov: training goes on without the GPU frequency governor: ftgovd did not answer register within "
+        f"timeout_s=0.2 s (stopped or stuck; it did not refuse the job): register: no reply from ftgovd at "
+        f"{daemon.path}: timed out"]
+    assert j.disabled
+
+
 def test_stale_socket_file_is_named(short_dir):
     path = os.path.join(short_dir, "stale")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
