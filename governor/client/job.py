@@ -35,6 +35,9 @@ WITHOUT_GOVERNOR = "ftgov: training goes on without the GPU frequency governor: 
 # Set by `ftgov run` in its command's environment to the id of the job it registered for it: a process that inherits
 # it (the command, its torchrun ranks) is governed already, and a job of its own would be a second job on it.
 RUN_JOB_ENV = "FTGOV_RUN_JOB"
+# What follows a registered job's loss of its daemon: nothing restored the clocks if the daemon was killed.
+PIN_LEFT = ("if ftgovd was killed, the GPU keeps this job's pin until ftgovd starts again (which restores the clocks, "
+            "or holds the job again until this process exits) or `ftgov restore` runs")
 
 
 class Job:
@@ -251,8 +254,8 @@ class Job:
             if self.job_id is not None and conn.closed_by_daemon():
                 # The daemon went away under the job: whatever held the job there is gone with it, and a restarted
                 # daemon that re-adopted it (by pid) ends it when this process exits. No summary to ask for.
-                log.warning("ftgov: job %s: ftgovd restarted or stopped while the job ran; no end-of-job summary",
-                            self.job_id)
+                log.warning("ftgov: job %s: ftgovd restarted or stopped while the job ran; no end-of-job summary; %s",
+                            self.job_id, PIN_LEFT)
             elif self.job_id is not None:
                 if self.steps != self._reported_steps:
                     conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase,
@@ -326,10 +329,11 @@ class Job:
     def _unanswered(self, method: str, e: DaemonUnavailable) -> str:
         """Why a request got no answer, told apart from a refusal (the daemon's RpcError): a stopped or stuck daemon
         is not one that judged the job."""
+        pin_left = "" if self.job_id is None else f"; {PIN_LEFT}"
         if isinstance(e.__cause__, TimeoutError):
             return (f"ftgovd did not answer {method} within timeout_s={self.timeout_s:g} s (stopped or stuck; it did "
-                    f"not refuse the job): {e}")
-        return f"ftgovd did not answer {method} (it did not refuse the job): {e}"
+                    f"not refuse the job): {e}{pin_left}")
+        return f"ftgovd did not answer {method} (it did not refuse the job): {e}{pin_left}"
 
     def _report(self) -> None:
         total = self.total_steps if self.total_steps != self._sent_total_steps else None
@@ -343,7 +347,7 @@ class Job:
             self._reported_steps = self.steps
             self._sent_total_steps = self.total_steps
         except DaemonUnavailable as e:
-            self._disable(str(e))
+            self._disable(f"{e}; {PIN_LEFT}")
 
     def _step_end(self) -> dict:
         """When the last step counted ended (CLOCK_MONOTONIC, the daemon's host): windows are timed by the steps, not
