@@ -25,7 +25,7 @@ from governor.client.group import GroupCoordinator, GroupInfo, group_from_env, t
 from governor.client.warning import warn
 from governor.errors import FtgovError
 from governor.features import MIN_SEQ_LEN
-from governor.units import mhz
+from governor.units import figure, mhz
 
 log = logging.getLogger("governor.client")
 
@@ -395,7 +395,7 @@ def describe_reply(reply: dict) -> str:
     if reply.get("energy_j") is not None:
         parts.append(f"{reply['energy_j']:.1f} J")
     if reply.get("saved_pct") is not None:
-        parts.append(f"saved {reply['saved_pct']:g}% energy per step vs the default governor, measured over "
+        parts.append(f"saved {figure(reply['saved_pct'], 'g')}% energy per step vs the default governor, measured over "
                      f"{reply.get('saved_measured_steps')} steps")
     if reply.get("reason"):
         parts.append(f"({reply['reason']})")

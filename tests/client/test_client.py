@@ -32,6 +32,7 @@ from governor.client import (
     RpcError,
     SocketPermissionError,
     batch_tokens,
+    describe_reply,
     job,
 )
 from tests.support import REPO
@@ -156,6 +157,11 @@ def test_the_pick_and_the_summary_are_logged_at_info_on_governor_client(daemon, 
         ("governor.client", logging.INFO, "ftgov: job 7 registered: MLG 612 MHz (test)"),
         ("governor.client", logging.INFO, "ftgov: job 7 ended: 612 MHz 1.0 s 1 steps")]
     assert (j.registration["freq_hz"], j.result["steps"]) == (612000000, 1)
+
+
+def test_the_end_summary_never_says_saved_minus_zero():
+    reply = {"saved_pct": -0.0, "saved_measured_steps": 1200}
+    assert describe_reply(reply) == ("saved 0% energy per step vs the default governor, measured over 1200 steps")
 
 
 def test_progress_is_rate_limited_and_the_exact_total_is_sent_before_unregister(daemon):
