@@ -60,22 +60,29 @@ def run(args: argparse.Namespace) -> int:
                      verbose=args.verbose)
 
 
-# Commands that run a script named among their arguments; the job is named after the script.
-_INTERPRETER = re.compile(r"(python|pypy)[0-9.]*|(ba|da|z)?sh|perl|ruby|node|torchrun")
+# Commands that run a script named among their arguments (interpreters, and the launchers that start it on each
+# GPU); the job is named after the script.
+_INTERPRETER = re.compile(r"(python|pypy)[0-9.]*|(ba|da|z)?sh|perl|ruby|node|torchrun|accelerate|deepspeed")
 _SCRIPT = re.compile(r".+\.(py|sh|pl|rb|js)")
+# Modules that, run with -m, launch a script of their own arguments: the job is named after that script.
+_LAUNCHER_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch"})
 
 
 def job_name(command: list[str]) -> str:
-    """The name a job gets without --name: the command's file name; for an interpreter, its script's or module's
-    (`python3 train.py` -> train.py, `python -m trainer.main` -> trainer.main)."""
-    program = os.path.basename(command[0])
-    if not _INTERPRETER.fullmatch(program):
-        return program
+    """The name a job gets without --name: the command's file name; for an interpreter or a launcher, its script's
+    or module's (`python3 train.py` -> train.py, `python -m trainer.main` -> trainer.main, `accelerate launch
+    train.py` and `python -m torch.distributed.run train.py` -> train.py)."""
+    name = os.path.basename(command[0])
+    if not _INTERPRETER.fullmatch(name):
+        return name
     args = command[1:]
-    if "-m" in args[:-1]:
-        return args[args.index("-m") + 1]
+    while "-m" in args[:-1]:
+        at = args.index("-m")
+        name, args = args[at + 1], args[at + 2:]
+        if name not in _LAUNCHER_MODULES:
+            return name
     script = next((a for a in args if _SCRIPT.fullmatch(a)), None)
-    return os.path.basename(script) if script else program
+    return os.path.basename(script) if script else name
 
 
 def resolve(program: str) -> tuple[str | None, int, str]:

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from governor.cli.run import job_name
 from governor.client import Connection
 from tests.support.daemon import DEVFREQ, REPO, limits
 
@@ -164,6 +165,20 @@ def test_a_script_under_an_interpreter_names_the_job(daemon, tmp_path):
     proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", sys.executable, "-u", str(script))
     assert proc.wait(timeout=60) == 0
     assert re.search(r"job \d+ 'train.py' ", daemon.log()), daemon.log()
+
+
+@pytest.mark.parametrize("command, name", [
+    ("python3 -u train.py --epochs 3", "train.py"),
+    ("python -m trainer.main", "trainer.main"),
+    ("accelerate launch --num_processes 2 train.py", "train.py"),
+    ("python -m torch.distributed.run --nproc-per-node 2 train.py", "train.py"),
+    ("python3 -m torch.distributed.run --nproc-per-node 2 -m trainer.main", "trainer.main"),
+    ("torchrun --nproc-per-node 2 /src/finetune.py", "finetune.py"),
+    ("accelerate env", "accelerate"),
+    ("./finetune", "finetune"),
+])
+def test_a_job_is_named_after_the_script_its_launcher_runs(command, name):
+    assert job_name(command.split()) == name
 
 
 def test_hf_config_dir_gives_the_shape(daemon, orin, tmp_path):
