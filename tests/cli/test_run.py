@@ -143,7 +143,8 @@ def test_command_not_found_and_bad_options(daemon):
     assert "command not found" in proc.stderr.read()
     proc = ftgov("run", "--socket", daemon.socket, "--model-type", "encoder", "--", "true", stderr=subprocess.PIPE)
     assert proc.wait(timeout=60) == 2
-    assert "missing --num-layers, --hidden-size, --seq-len" in proc.stderr.read()
+    assert proc.stderr.read() == ("ftgov run: missing --num-layers, --hidden-size (or --hf-config DIR for the model's "
+                                  "shape), --seq-len (average non-padding tokens per sample)\n")
     assert not re.search(r"job \d+", daemon.log()), "no job was registered"
 
 
@@ -179,6 +180,15 @@ def test_a_script_under_an_interpreter_names_the_job(daemon, tmp_path):
 ])
 def test_a_job_is_named_after_the_script_its_launcher_runs(command, name):
     assert job_name(command.split()) == name
+
+
+def test_a_hub_id_for_hf_config_is_said_not_to_be_resolved(tmp_path):
+    proc = ftgov("run", "--socket", str(tmp_path / "absent.sock"), "--hf-config", "gpt2", "--seq-len", "30", "--",
+                 "true", stderr=subprocess.PIPE, cwd=tmp_path)
+    assert proc.wait(timeout=60) == 2
+    assert proc.stderr.read() == ("ftgov run: --hf-config gpt2: no such directory or file (a Hugging Face Hub id is "
+                                  "not resolved, nothing is downloaded): give the model's local directory or its "
+                                  "config.json\n")
 
 
 def test_hf_config_dir_gives_the_shape(daemon, orin, tmp_path):
