@@ -2,8 +2,9 @@
 
 The child is forked and registered with pid=<child> before it execs the command, so the pin is in place from the
 command's first instruction and the daemon holds the child's own process (pidfd): the job ends when the command exits,
-even if this wrapper is SIGKILLed, and when this wrapper's connection closes. If the daemon is absent or refuses, the
-command runs anyway after one warning.
+or when this wrapper's connection closes: a SIGKILLed wrapper ends the job at once, and the command runs on,
+ungoverned. If the daemon is absent or refuses, the command runs anyway after one warning. The command gets the job's
+id as $FTGOV_RUN_JOB, so that a client job inside it does not register the same process again.
 
 Signals: the wrapper blocks the signals it forwards and waits for them with sigwaitinfo, together with SIGCHLD, so
 there is no handler race and no polling. A signal sent to the wrapper by a process (kill, systemd, a scheduler) is

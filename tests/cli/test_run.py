@@ -128,6 +128,16 @@ def test_a_client_job_in_the_command_defers_to_the_wrappers_job(daemon):
                       "`ftgov run`, which sends no step reports)"]
 
 
+def test_only_verbose_prints_the_pick_and_the_summary(daemon):
+    quiet = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", "true", stderr=subprocess.PIPE)
+    assert quiet.wait(timeout=60) == 0 and quiet.stderr.read() == ""
+    loud = ftgov("run", "-v", "--socket", daemon.socket, *FEATURE_ARGS, "--", "true", stderr=subprocess.PIPE)
+    assert loud.wait(timeout=60) == 0
+    pick, summary = loud.stderr.read().splitlines()
+    assert re.fullmatch(r"ftgov: job \d+: \w+ [\d.]+ MHz \(.+\)", pick), pick
+    assert re.fullmatch(r"ftgov: job \d+ ended: [\d.]+ MHz [\d.]+ s 0 steps.*", summary), summary
+
+
 def test_exit_code_and_output_pass_through_without_a_daemon(tmp_path):
     proc = ftgov("run", "--socket", str(tmp_path / "absent.sock"), *FEATURE_ARGS, "--", "sh", "-c",
                  "echo from-child; exit 7", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
