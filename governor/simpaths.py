@@ -10,6 +10,7 @@ daemon may import it.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -21,6 +22,26 @@ STORE_NAME = "measurements.sqlite"
 SOCKET_NAME = "ftgov.sock"
 # What to run to point a shell at a simulated daemon: named in the hints of commands that found no daemon or store.
 PRINT_ENV = 'eval "$(ftgovd --simulate --print-env)"'
+
+
+def simulate_runtime_dir() -> Path:
+    """Where --simulate keeps its socket, state and tree unless told otherwise: never the real /run/ftgov."""
+    if os.geteuid() == 0:
+        return Path("/run/ftgov-sim")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    return Path(xdg) / "ftgov-sim" if xdg else Path(f"/tmp/ftgov-sim-{os.getuid()}")
+
+
+def start_simulated(state_dir: str | os.PathLike, socket: str | os.PathLike) -> str:
+    """The command that starts the simulated daemon of this state dir and socket again: ``ftgovd --simulate &``,
+    with ``--state-dir`` where the dir is not --simulate's default and ``--socket`` where the socket is not the one in
+    it (a hint that omitted them would start a daemon that another shell, not this one, looks for)."""
+    args = ["ftgovd", "--simulate"]
+    if Path(state_dir) != simulate_runtime_dir():
+        args += ["--state-dir", os.fspath(state_dir)]
+    if Path(socket) != Path(state_dir) / SOCKET_NAME:
+        args += ["--socket", os.fspath(socket)]
+    return shlex.join(args) + " &"
 
 
 def tree_state_dir(sysfs_root: str | None) -> str | None:

@@ -12,6 +12,18 @@ def mhz(freq_hz: float | None, none: str = "-", unit: bool = True) -> str:
     return f"{freq_hz / 1e6:g}" + (" MHz" if unit else "")
 
 
+def rounded(value: float, ndigits: int) -> float:
+    """``round(value, ndigits)``, with a value that rounds to zero from below as 0.0, not -0.0: a saving of -0.001%
+    written "-0" reads as a loss that is not there."""
+    return round(value, ndigits) + 0.0  # -0.0 + 0.0 is 0.0
+
+
+def figure(value: float, spec: str) -> str:
+    """``format(value, spec)`` for people, without the sign of a value that rounds to zero ("0.0%", not "-0.0%")."""
+    text = format(value, spec)
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
 # Energy units, largest first: a figure is written in the largest one it reaches.
 ENERGY_UNITS = ((1e6, "MJ"), (1e3, "kJ"), (1.0, "J"))
 

@@ -3,7 +3,7 @@
 import ast
 from pathlib import Path
 
-from governor.units import mhz
+from governor.units import figure, mhz, rounded
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -21,3 +21,10 @@ def test_mhz_is_defined_once():
                for node in ast.parse(path.read_text()).body
                if isinstance(node, ast.FunctionDef) and node.name == "mhz"]
     assert defined == ["governor/units.py"]
+
+
+def test_a_figure_that_rounds_to_zero_is_never_written_minus_zero():
+    """"saved -0%" reads as a loss that is not there."""
+    assert [figure(v, ".1f") for v in (-0.04, -0.0, 0.04, -0.06)] == ["0.0", "0.0", "0.0", "-0.1"]
+    assert [figure(v, "g") for v in (-0.0, -1e-7, -2.5)] == ["0", "-1e-07", "-2.5"]  # only what reads as zero
+    assert str(rounded(-0.001, 2)) == "0.0" and rounded(-0.006, 2) == -0.01

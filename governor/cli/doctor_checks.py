@@ -14,6 +14,7 @@ from pathlib import Path
 
 from governor.client import Connection, MethodNotFound
 from governor.errors import BackendError, FtgovError, NodeNotFound
+from governor.simpaths import start_simulated
 from governor.sysfs import Root
 from governor.units import mhz
 
@@ -319,7 +320,7 @@ def check_socket(ctx: Context) -> list[Check]:
     if ctx.simulated:  # ftgovd --simulate serves whoever started it: no systemd socket, no ftgov group to agree with
         if not os.path.exists(ctx.socket):
             return [Check("socket", FAIL, f"no socket at {ctx.socket}: ftgovd --simulate is not running",
-                          "ftgovd --simulate &")]
+                          start_simulated(ctx.config.state_dir, ctx.socket))]
         return [socket_access(ctx.socket, ctx.uid, ctx.session_gids)]
     checks = [socket_access(ctx.socket, ctx.uid, ctx.session_gids)]
     want = ctx.config.socket.group

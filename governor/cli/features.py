@@ -37,11 +37,14 @@ def features_from_args(args: argparse.Namespace) -> dict:
         value = getattr(args, key)
         if value is not None:
             known[key] = value
-    missing = [f"--{k.replace('_', '-')}" for k in ("model_type", "num_layers", "hidden_size", "seq_len")
-               if k not in known]
+    shape = [f"--{k.replace('_', '-')}" for k in ("model_type", "num_layers", "hidden_size") if k not in known]
+    missing = []
+    if shape:
+        missing.append(", ".join(shape) + ("" if args.hf_config else " (or --hf-config DIR for the model's shape)"))
+    if "seq_len" not in known:
+        missing.append("--seq-len (average non-padding tokens per sample)")
     if missing:
-        raise ConfigError(f"missing {', '.join(missing)}"
-                          + ("" if args.hf_config else " (or give --hf-config DIR for the model's shape)"))
+        raise ConfigError(f"missing {', '.join(missing)}")
     try:
         return check_features(known).model_dump(exclude_none=True)
     except ValueError as e:
@@ -50,6 +53,9 @@ def features_from_args(args: argparse.Namespace) -> dict:
 
 def load_hf_config(path: str) -> dict:
     p = Path(path)
+    if not p.exists():  # often a Hub id ("gpt2"), which names no file here
+        raise ConfigError(f"--hf-config {path}: no such directory or file (a Hugging Face Hub id is not resolved, "
+                          "nothing is downloaded): give the model's local directory or its config.json")
     if p.is_dir():
         p = p / "config.json"
     try:

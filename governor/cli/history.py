@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 from governor.errors import FtgovError
 from governor.simpaths import missing_store_hint, simulated_store
 from governor.text import isolated, printable
-from governor.units import energy
+from governor.units import energy, figure
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -138,7 +138,8 @@ def format_table(jobs, totals: dict) -> str:
         if len(name) > 24:
             name = name[:23] + "~"
         err = "" if j.saved_pct_err is None else f" ± {j.saved_pct_err:.1f}"
-        saved = "-" if j.saved_rel is None else f"{100 * j.saved_rel:.1f}%{err} vs {printable(j.saved_basis or '-')}"
+        saved = ("-" if j.saved_rel is None
+                 else f"{figure(100 * j.saved_rel, '.1f')}%{err} vs {printable(j.saved_basis or '-')}")
         lines.append(f"{datetime.fromtimestamp(j.ended_at).strftime('%Y-%m-%d %H:%M:%S')}  {isolated(f'{name:24}')}  "
                      f"{printable(j.policy or '-'):8}  {_num(j.freq_hz and j.freq_hz / 1e6, 'g'):>7}  "
                      f"{_num(j.duration_s, '.1f'):>8}  {_num(j.steps, 'd'):>6}  {_num(j.energy_j, '.1f'):>9}  {saved}")

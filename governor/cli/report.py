@@ -23,7 +23,7 @@ from governor.cli.history import SINCE_HELP, add_store_arguments, load, parse_si
 from governor.errors import FtgovError
 from governor.safefile import OutDir
 from governor.text import isolated, printable
-from governor.units import energy, energy_unit, mhz
+from governor.units import energy, energy_unit, figure, mhz
 
 MAX_CURVE_PANELS = 12
 
@@ -198,7 +198,7 @@ def _summary(groups: list[dict], totals: dict, out: OutDir) -> None:
                      "levels_measured": len(c.energy_j) if c else 0,
                      "bracketed_minimum_mhz": mhz(c.label_hz, unit=False) if c and c.label_hz else "",
                      "last_pick_mhz": mhz(last, unit=False) if last else "",
-                     "mean_saved_pct": f"{100 * g['mean_saved']:.2f}" if g["mean_saved"] is not None else "",
+                     "mean_saved_pct": figure(100 * g["mean_saved"], ".2f") if g["mean_saved"] is not None else "",
                      "energy_j": f"{g['energy_j']:.1f}"})
     with out.open("summary.csv") as f:
         w = csv.DictWriter(f, fieldnames=SUMMARY_FIELDS, lineterminator="\n")

@@ -2,8 +2,9 @@
 
 The child is forked and registered with pid=<child> before it execs the command, so the pin is in place from the
 command's first instruction and the daemon holds the child's own process (pidfd): the job ends when the command exits,
-even if this wrapper is SIGKILLed, and when this wrapper's connection closes. If the daemon is absent or refuses, the
-command runs anyway after one warning.
+or when this wrapper's connection closes: a SIGKILLed wrapper ends the job at once, and the command runs on,
+ungoverned. If the daemon is absent or refuses, the command runs anyway after one warning. The command gets the job's
+id as $FTGOV_RUN_JOB, so that a client job inside it does not register the same process again.
 
 Signals: the wrapper blocks the signals it forwards and waits for them with sigwaitinfo, together with SIGCHLD, so
 there is no handler race and no polling. A signal sent to the wrapper by a process (kill, systemd, a scheduler) is
@@ -24,7 +25,7 @@ import sys
 import warnings
 
 from governor.cli.features import add_feature_arguments, features_from_args
-from governor.client import GovernorWarning, Job, describe_reply
+from governor.client import RUN_JOB_ENV, GovernorWarning, Job, describe_reply
 from governor.errors import ConfigError
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -60,22 +61,29 @@ def run(args: argparse.Namespace) -> int:
                      verbose=args.verbose)
 
 
-# Commands that run a script named among their arguments; the job is named after the script.
-_INTERPRETER = re.compile(r"(python|pypy)[0-9.]*|(ba|da|z)?sh|perl|ruby|node|torchrun")
+# Commands that run a script named among their arguments (interpreters, and the launchers that start it on each
+# GPU); the job is named after the script.
+_INTERPRETER = re.compile(r"(python|pypy)[0-9.]*|(ba|da|z)?sh|perl|ruby|node|torchrun|accelerate|deepspeed")
 _SCRIPT = re.compile(r".+\.(py|sh|pl|rb|js)")
+# Modules that, run with -m, launch a script of their own arguments: the job is named after that script.
+_LAUNCHER_MODULES = frozenset({"torch.distributed.run", "torch.distributed.launch", "accelerate.commands.launch"})
 
 
 def job_name(command: list[str]) -> str:
-    """The name a job gets without --name: the command's file name; for an interpreter, its script's or module's
-    (`python3 train.py` -> train.py, `python -m trainer.main` -> trainer.main)."""
-    program = os.path.basename(command[0])
-    if not _INTERPRETER.fullmatch(program):
-        return program
+    """The name a job gets without --name: the command's file name; for an interpreter or a launcher, its script's
+    or module's (`python3 train.py` -> train.py, `python -m trainer.main` -> trainer.main, `accelerate launch
+    train.py` and `python -m torch.distributed.run train.py` -> train.py)."""
+    name = os.path.basename(command[0])
+    if not _INTERPRETER.fullmatch(name):
+        return name
     args = command[1:]
-    if "-m" in args[:-1]:
-        return args[args.index("-m") + 1]
+    while "-m" in args[:-1]:
+        at = args.index("-m")
+        name, args = args[at + 1], args[at + 2:]
+        if name not in _LAUNCHER_MODULES:
+            return name
     script = next((a for a in args if _SCRIPT.fullmatch(a)), None)
-    return os.path.basename(script) if script else program
+    return os.path.basename(script) if script else name
 
 
 def resolve(program: str) -> tuple[str | None, int, str]:
@@ -111,7 +119,7 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
     try:
         pid, release, exec_error = _fork_gated(executable, command, old_mask)
         job = _register(pid, features, name, socket, verbose)
-        os.write(release, b"go")
+        os.write(release, b"go" + (b"" if job.job_id is None else str(job.job_id).encode()))
         os.close(release)
         failure = _read_all(exec_error)  # EOF without data: the exec succeeded (the pipe was close-on-exec)
         status = _wait_forwarding(pid, waited)
@@ -131,9 +139,13 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
 
 
 def _fork_gated(executable: str, command: list[str], mask) -> tuple[int, int, int]:
-    """Fork a child that execs command once the parent writes to the release pipe; returns (pid, release, error).
+    """Fork a child that execs command once the parent writes to the release pipe and closes it; returns (pid,
+    release, error).
 
-    `ftgov run` has no other threads, so forking is safe; the child runs only a few system calls before exec.
+    The parent writes "go", then the job's id when it registered one: the command gets it as $FTGOV_RUN_JOB
+    (governor.client.RUN_JOB_ENV), so that a client job in it, or in its children, does not register the same
+    process a second time. `ftgov run` has no other threads, so forking is safe; the child runs only a few system
+    calls before exec.
     """
     gate_r, gate_w = os.pipe()
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -146,10 +158,14 @@ def _fork_gated(executable: str, command: list[str], mask) -> tuple[int, int, in
             # ignores SIGPIPE and SIGXFSZ (subprocess's restore_signals does the same).
             for signo in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(signo, signal.SIG_DFL)
-            if os.read(gate_r, 2) != b"go":
+            release = _read_all(gate_r)
+            if not release.startswith(b"go"):
                 os._exit(125)  # the wrapper died before releasing us: do not run unsupervised
+            env = dict(os.environ)
+            if release[2:]:
+                env[RUN_JOB_ENV] = release[2:].decode()
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C that came while gated acts now
-            os.execv(executable, command)
+            os.execve(executable, command, env)
         except OSError as e:
             os.write(err_w, str(e.errno or 0).encode())
         finally:

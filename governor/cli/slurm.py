@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from governor.errors import ConfigError, FtgovError
+from governor.units import figure
 
 DEFAULT_SLURM_CONFIG = "/etc/ftgov/slurm.yaml"
 # YAML 1.1 reads an unquoted `off` as false: that is what the operator wrote, so it means the policy off.
@@ -236,7 +237,7 @@ def admin_comment_entry(out: dict, node: str) -> str:
     parts = [f"energy_j={'unknown' if energy is None else f'{energy:.1f}'}"]
     if out.get("saved_pct") is not None:
         err = out.get("saved_pct_err")
-        parts.append(f"saved_pct={out['saved_pct']:g}" + ("" if err is None else f"+-{err:g}"))
+        parts.append(f"saved_pct={figure(out['saved_pct'], 'g')}" + ("" if err is None else f"+-{err:g}"))
     parts += [f"policy={out.get('policy')}", f"gpus={'+'.join(out.get('gpus') or {})}"]
     return f"ftgov@{node}:" + ",".join(parts)
 

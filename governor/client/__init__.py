@@ -41,11 +41,11 @@ from governor.client.features import (
                                         resolve_features,
                                         visible_gpu,
 )
-from governor.client.job import Job, describe_reply, job, start_job
+from governor.client.job import RUN_JOB_ENV, Job, describe_reply, job, start_job
 
 __all__ = ["AdapterCore", "Connection", "DEFAULT_REPORT_EVERY_S", "DEFAULT_SOCKET", "DaemonUnavailable",
            "GovernorWarning", "InvalidParams", "InvalidRequest", "Job", "LimitExceeded", "MAX_REPLY_BYTES",
-           "MethodNotFound", "NotPermitted", "ParseError", "RpcError", "SOCKET_ENV", "SOCKET_GROUP", "ServerError",
-           "SocketPermissionError", "UnknownJob", "batch_tokens", "check_features", "check_partial_features",
-           "describe_reply", "find_hf_config", "job", "resolve_features", "rpc_error", "socket_path", "start_job",
-           "visible_gpu"]
+           "MethodNotFound", "NotPermitted", "ParseError", "RUN_JOB_ENV", "RpcError", "SOCKET_ENV", "SOCKET_GROUP",
+           "ServerError", "SocketPermissionError", "UnknownJob", "batch_tokens", "check_features",
+           "check_partial_features", "describe_reply", "find_hf_config", "job", "resolve_features", "rpc_error",
+           "socket_path", "start_job", "visible_gpu"]

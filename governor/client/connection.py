@@ -12,7 +12,7 @@ import stat
 
 from governor import DEFAULT_SOCKET_PATH, SOCKET_ENV, SOCKET_GROUP, errors
 from governor.errors import FtgovError
-from governor.simpaths import PRINT_ENV, simulated_state_dir
+from governor.simpaths import PRINT_ENV, simulated_state_dir, start_simulated
 
 log = logging.getLogger("governor.client")
 
@@ -218,9 +218,10 @@ def _connect_error(path: str, e: OSError) -> DaemonUnavailable:
             f"permission denied on {path}: join the group '{SOCKET_GROUP}' "
             f"(sudo usermod -aG {SOCKET_GROUP} $USER, then log in again), or run as root")
     if isinstance(e, FileNotFoundError):
-        if simulated_state_dir(path) is not None:  # the socket of a simulated daemon (its tree lies beside it)
+        state_dir = simulated_state_dir(path)
+        if state_dir is not None:  # the socket of a simulated daemon (its tree lies beside it)
             return DaemonUnavailable(f"ftgovd --simulate is not running: no socket at {path} (start it: "
-                                     "ftgovd --simulate &)")
+                                     f"{start_simulated(state_dir, path)})")
         # A simulated daemon listens elsewhere: a shell never pointed at it looks here and finds no board's daemon.
         simulated = f"; for ftgovd --simulate's: {PRINT_ENV}" if path == DEFAULT_SOCKET else ""
         return DaemonUnavailable(

@@ -6,13 +6,11 @@ import inspect
 import logging
 import os
 import time
-import warnings
 
 from governor.client.connection import (
     DEFAULT_REPORT_EVERY_S,
     Connection,
     DaemonUnavailable,
-    GovernorWarning,
     UnknownJob,
 )
 from governor.client.features import (
@@ -24,15 +22,22 @@ from governor.client.features import (
     visible_gpu,
 )
 from governor.client.group import GroupCoordinator, GroupInfo, group_from_env, torch_distributed
+from governor.client.warning import warn
 from governor.errors import FtgovError
 from governor.features import MIN_SEQ_LEN
-from governor.units import mhz
+from governor.units import figure, mhz
 
 log = logging.getLogger("governor.client")
 
 
 # What the warning of a job that carries on without the daemon begins with (the rest: why).
 WITHOUT_GOVERNOR = "ftgov: training goes on without the GPU frequency governor: "
+# Set by `ftgov run` in its command's environment to the id of the job it registered for it: a process that inherits
+# it (the command, its torchrun ranks) is governed already, and a job of its own would be a second job on it.
+RUN_JOB_ENV = "FTGOV_RUN_JOB"
+# What follows a registered job's loss of its daemon: nothing restored the clocks if the daemon was killed.
+PIN_LEFT = ("if ftgovd was killed, the GPU keeps this job's pin until ftgovd starts again (which restores the clocks, "
+            "or holds the job again until this process exits) or `ftgov restore` runs")
 
 
 class Job:
@@ -121,6 +126,10 @@ class Job:
         if self._started or self.disabled:
             return self
         self._started = True
+        run_job = os.environ.get(RUN_JOB_ENV)
+        if run_job:
+            self._defer_to_run(run_job)
+            return self
         try:
             self._conn = Connection(self.socket, timeout_s=self.timeout_s)
         except DaemonUnavailable as e:
@@ -222,9 +231,11 @@ class Job:
             return None
         try:
             return self._conn.call("update", job_id=self.job_id, gpu_util=gpu_util, seq_len=seq_len)
+        except DaemonUnavailable as e:
+            self._disable(self._unanswered("update", e))
         except FtgovError as e:
             self._disable(f"update refused: {e}")
-            return None
+        return None
 
     def close(self) -> None:
         """Report the final step count, unregister and close. Idempotent; never raises for the daemon's sake."""
@@ -234,12 +245,17 @@ class Job:
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        if self.job_id is None:
+            # Connected and never disabled, so still waiting for seq_len: a run shorter than the measurement.
+            warn(f"ftgov: the job was never registered: it ended after {self._batches_seen} of the "
+                 f"{self.measure_batches} batches it measures seq_len over before registering; pass seq_len= "
+                 "(average non-padding tokens per sample) to register at once")
         try:
             if self.job_id is not None and conn.closed_by_daemon():
                 # The daemon went away under the job: whatever held the job there is gone with it, and a restarted
                 # daemon that re-adopted it (by pid) ends it when this process exits. No summary to ask for.
-                log.warning("ftgov: job %s: ftgovd restarted or stopped while the job ran; no end-of-job summary",
-                            self.job_id)
+                log.warning("ftgov: job %s: ftgovd restarted or stopped while the job ran; no end-of-job summary; %s",
+                            self.job_id, PIN_LEFT)
             elif self.job_id is not None:
                 if self.steps != self._reported_steps:
                     conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase,
@@ -281,6 +297,9 @@ class Job:
             self.registration = self._conn.call(
                 "register", **features.model_dump(exclude_none=True), name=self.name, pid=self.pid, gpu=self.gpu,
                 tune=self.tune, total_steps=self.total_steps, slurm_job_id=slurm_job_id(), **grouped)
+        except DaemonUnavailable as e:
+            self._disable(self._unanswered("register", e))
+            return
         except FtgovError as e:
             self._disable(f"register refused: {e}")
             return
@@ -291,10 +310,9 @@ class Job:
         if self.tune and info is not None and (info.world_size or 0) > 1 and info.local_world_size is None:
             # Each node's daemon tunes a group once every rank registered with it; one whose ranks span nodes is
             # tuned by rank 0 here, which needs to know that it does (GroupInfo.spans_nodes).
-            warnings.warn(f"ftgov: how many of group {info.key!r}'s {info.world_size} ranks run on this node is not "
-                          "known (no LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE or MPI local size in the environment): "
-                          "if they span nodes, the run is not tuned; pass local_world_size= to Job or set "
-                          "LOCAL_WORLD_SIZE", GovernorWarning, stacklevel=3)
+            warn(f"ftgov: how many of group {info.key!r}'s {info.world_size} ranks run on this node is not known (no "
+                 "LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE or MPI local size in the environment): if they span nodes, "
+                 "the run is not tuned; pass local_world_size= to Job or set LOCAL_WORLD_SIZE")
         if self.steps:
             self._report()
 
@@ -308,6 +326,15 @@ class Job:
             self.coordinator = GroupCoordinator(self, dist)
         self.coordinator.step(self.steps)
 
+    def _unanswered(self, method: str, e: DaemonUnavailable) -> str:
+        """Why a request got no answer, told apart from a refusal (the daemon's RpcError): a stopped or stuck daemon
+        is not one that judged the job."""
+        pin_left = "" if self.job_id is None else f"; {PIN_LEFT}"
+        if isinstance(e.__cause__, TimeoutError):
+            return (f"ftgovd did not answer {method} within timeout_s={self.timeout_s:g} s (stopped or stuck; it did "
+                    f"not refuse the job): {e}{pin_left}")
+        return f"ftgovd did not answer {method} (it did not refuse the job): {e}{pin_left}"
+
     def _report(self) -> None:
         total = self.total_steps if self.total_steps != self._sent_total_steps else None
         compute = {}
@@ -320,12 +347,20 @@ class Job:
             self._reported_steps = self.steps
             self._sent_total_steps = self.total_steps
         except DaemonUnavailable as e:
-            self._disable(str(e))
+            self._disable(f"{e}; {PIN_LEFT}")
 
     def _step_end(self) -> dict:
         """When the last step counted ended (CLOCK_MONOTONIC, the daemon's host): windows are timed by the steps, not
         by when their reports arrive."""
         return {} if self._step_end_s is None else {"step_end_s": self._step_end_s}
+
+    def _defer_to_run(self, run_job: str) -> None:
+        """Do nothing under `ftgov run`: two jobs on one process would pin the higher of their two levels, and the
+        daemon would count the same energy twice."""
+        self.disabled = True
+        warn(f"ftgov: this process is governed by `ftgov run`'s job {run_job} ({RUN_JOB_ENV}), so this job does not "
+             "register; drop one of the two (tune=True needs this job or callback without `ftgov run`, which sends "
+             "no step reports)")
 
     def _disable(self, why: str) -> None:
         """Warn once and carry on without the governor."""
@@ -335,7 +370,7 @@ class Job:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        warnings.warn(f"{WITHOUT_GOVERNOR}{why}", GovernorWarning, stacklevel=3)
+        warn(f"{WITHOUT_GOVERNOR}{why}")
 
 
 def _check_total_steps(total_steps):
@@ -360,7 +395,7 @@ def describe_reply(reply: dict) -> str:
     if reply.get("energy_j") is not None:
         parts.append(f"{reply['energy_j']:.1f} J")
     if reply.get("saved_pct") is not None:
-        parts.append(f"saved {reply['saved_pct']:g}% energy per step vs the default governor, measured over "
+        parts.append(f"saved {figure(reply['saved_pct'], 'g')}% energy per step vs the default governor, measured over "
                      f"{reply.get('saved_measured_steps')} steps")
     if reply.get("reason"):
         parts.append(f"({reply['reason']})")

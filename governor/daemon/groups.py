@@ -131,7 +131,10 @@ class Groups:
             if tag.rank is not None and m.job.group is not None and m.job.group.rank == tag.rank:
                 raise GroupRefused("rank", f"rank {tag.rank} of {group.label()} is live already (job {m.job.job_id})")
             if m.job.gpu_id == gpu_id:
-                raise GroupRefused("gpu", f"GPU {gpu_id} already holds job {m.job.job_id} of {group.label()}")
+                # Mostly a launcher's ranks that all default to GPU 0 (a host without CUDA, no CUDA_VISIBLE_DEVICES).
+                raise GroupRefused("gpu", f"GPU {gpu_id} already holds job {m.job.job_id} of {group.label()}: two "
+                                          "ranks on one GPU; give each rank its own (CUDA_VISIBLE_DEVICES, or gpu= "
+                                          "per rank)")
 
     def join(self, gov, job: ActiveJob) -> Group:
         """Put an admitted job (its ``group`` tag set) in its group, before it is decided: a later rank takes the

@@ -66,20 +66,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def simulate_runtime_dir() -> Path:
-    """Where --simulate keeps its socket, state and tree unless told otherwise: never the real /run/ftgov."""
-    if os.geteuid() == 0:
-        return Path("/run/ftgov-sim")
-    xdg = os.environ.get("XDG_RUNTIME_DIR")
-    return Path(xdg) / "ftgov-sim" if xdg else Path(f"/tmp/ftgov-sim-{os.getuid()}")
-
-
 def socket_dir_is_ours(config: Config, simulate: bool) -> bool:
     """The socket's directory is the daemon's own runtime directory (default /run/ftgov; with --simulate its state
     directory), created if missing as systemd's RuntimeDirectory= would; any other directory must exist."""
     own = {os.path.dirname(DEFAULT_SOCKET_PATH)}
     if simulate:
-        own |= {str(simulate_runtime_dir()), os.path.abspath(config.state_dir)}
+        own |= {str(simpaths.simulate_runtime_dir()), os.path.abspath(config.state_dir)}
     return os.path.dirname(os.path.abspath(config.socket.path)) in own
 
 
@@ -92,7 +84,7 @@ def build_config(args: argparse.Namespace) -> Config:
             raise FtgovError("--simulate builds its own tree (under the state directory); to serve a tree of your "
                              "own, run python -m governor.sim.board --tree DIR beside ftgovd --sysfs-root DIR")
         # Everything in one directory: --state-dir moves the socket too (a second simulated daemon needs only it).
-        overrides["state_dir"] = args.state_dir or str(simulate_runtime_dir())
+        overrides["state_dir"] = args.state_dir or str(simpaths.simulate_runtime_dir())
         overrides["socket.path"] = args.socket or str(Path(overrides["state_dir"]) / simpaths.SOCKET_NAME)
         overrides["sysfs_root"] = str(Path(overrides["state_dir"]) / simpaths.SIMULATED_TREE_NAME)
         overrides["store.path"] = str(Path(overrides["state_dir"]) / simpaths.STORE_NAME)  # never the board's

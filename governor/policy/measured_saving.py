@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from governor.policy.estimates import ASSUMED_TOTAL_STEPS
 from governor.policy.windows import PRIOR_DOF, Intervals, Measurement
+from governor.units import rounded
 
 Point = tuple[float, float, float]  # (steps, energy_j, time_s), as windows take them
 
@@ -194,8 +195,8 @@ class MeasuredSaving:
         base_rel = max(baseline.noise_rel or 0.0, baseline_floor_rel, block_rel)
         # saved = 1 - tuned / baseline: its s.d. is the ratio times the two relative s.d.s in quadrature.
         err_rel = ratio * math.hypot(base_rel, tuned_rel)
-        return {"saved_pct": round(100.0 * (1.0 - ratio), 2), "saved_rel": 1.0 - ratio,
-                "saved_pct_err": round(100.0 * err_rel, 2), "basis": "default governor", "freq_hz": best_hz,
+        return {"saved_pct": rounded(100.0 * (1.0 - ratio), 2), "saved_rel": 1.0 - ratio,
+                "saved_pct_err": rounded(100.0 * err_rel, 2), "basis": "default governor", "freq_hz": best_hz,
                 "measured_steps": baseline.measured_steps + round(steps), "baseline_steps": baseline.measured_steps,
                 "tuned_steps": round(steps), "tuned_over": over, "baseline_j_per_step": baseline.joules_per_step,
                 "tuned_j_per_step": tuned, "tuned_rel": tuned_rel, "baseline_rel": base_rel,

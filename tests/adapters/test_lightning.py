@@ -85,6 +85,7 @@ def test_lightning_fit_holds_the_pin_and_ends_the_job(start_daemon, orin):
     assert job.features["seq_len"] == pytest.approx(tokens / samples)
     assert (job.features["num_layers"], job.features["hidden_size"]) == (2, 32)
     assert re.search(rf"job {job.job_id} 'TinyBert' .*ended \(unregistered\) after [\d.]+ s, 8 steps", daemon.log())
+    assert job.result["steps"] == 8 and job.result["duration_s"] > 0, "the end summary, as docs/clients.md says"
 
 
 def test_exception_ends_the_job(start_daemon, orin):

@@ -312,7 +312,8 @@ def test_doctor_after_the_print_env_eval_checks_the_simulated_daemon(start_daemo
     p = subprocess.run([sys.executable, "-m", "governor.cli", "doctor", "--json", "--config", str(config)],
                        capture_output=True, text=True, env=env, timeout=60, cwd="/")
     socket = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "socket"]
-    assert p.returncode == 1 and [(c["status"], c["fix"]) for c in socket] == [("FAIL", "ftgovd --simulate &")], socket
+    start = f"ftgovd --simulate --state-dir {d.state_dir} --socket {d.socket} &"  # the daemon these paths are of
+    assert p.returncode == 1 and [(c["status"], c["fix"]) for c in socket] == [("FAIL", start)], socket
 
 
 def test_as_root_a_tree_another_user_owns_is_neither_read_nor_written(orin, tmp_path):

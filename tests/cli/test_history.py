@@ -270,3 +270,13 @@ def test_history_shows_a_savings_uncertainty_where_the_store_has_one(tmp_path, c
     assert main(["history", "--store", str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[1].endswith("18.4% ± 1.3 vs default governor") and lines[2].endswith("18.4% vs default governor")
+
+
+def test_a_saving_that_rounds_to_zero_is_not_written_minus_zero(tmp_path, capsys):
+    path = tmp_path / "m.sqlite"
+    s = Store(path)
+    s.add(JobRecord(ended_at=1e9, model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, policy="tune",
+                    saved_rel=-0.0001, saved_pct_err=7.2, saved_basis="default governor"))
+    s.close()
+    assert main(["history", "--store", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith("  0.0% ± 7.2 vs default governor")

@@ -74,6 +74,7 @@ def test_operator_errors_are_clear(tmp_path, capsys):
 
 
 def test_no_daemon_on_the_default_socket_says_how_to_reach_a_simulated_one(tmp_path, monkeypatch, capsys):
+    from governor import simpaths
     from governor.client import connection
 
     monkeypatch.setattr(connection, "DEFAULT_SOCKET", str(tmp_path / "ftgov.sock"))  # the board's, absent
@@ -88,7 +89,11 @@ def test_no_daemon_on_the_default_socket_says_how_to_reach_a_simulated_one(tmp_p
     (tmp_path / "sim" / "sim-orin").mkdir(parents=True)  # a stopped simulated daemon's directory: start that one
     assert main(["status", "--socket", str(tmp_path / "sim" / "ftgov.sock")]) == 1
     assert capsys.readouterr().err.strip() == (f"ftgov status: ftgovd --simulate is not running: no socket at "
-                                               f"{tmp_path / 'sim' / 'ftgov.sock'} (start it: ftgovd --simulate &)")
+                                               f"{tmp_path / 'sim' / 'ftgov.sock'} (start it: ftgovd --simulate "
+                                               f"--state-dir {tmp_path / 'sim'} &)")
+    monkeypatch.setattr(simpaths, "simulate_runtime_dir", lambda: tmp_path / "sim")  # --simulate's default dir
+    assert main(["status", "--socket", str(tmp_path / "sim" / "ftgov.sock")]) == 1
+    assert capsys.readouterr().err.strip().endswith("(start it: ftgovd --simulate &)")
 
 
 def test_status_into_a_reader_that_went_away_exits_quietly(daemon):

@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from governor.cli.run import job_name
 from governor.client import Connection
 from tests.support.daemon import DEVFREQ, REPO, limits
 
@@ -106,6 +107,37 @@ def test_wrapper_killed_ends_the_job_and_the_command_runs_on(daemon, orin):
         os.kill(child, signal.SIGKILL)
 
 
+def test_a_client_job_in_the_command_defers_to_the_wrappers_job(daemon):
+    """`ftgov run -- python train.py` where train.py holds a GovernorCallback: one job on the process, not two (the
+    higher pin of the two, the same energy counted twice), and the client says which to drop."""
+    script = ("import os, warnings, governor\n"
+              "with warnings.catch_warnings(record=True) as caught:\n"
+              "    warnings.simplefilter('always')\n"
+              f"    with governor.job(**{FEATURES!r}, tune=True, socket={daemon.socket!r}) as job:\n"
+              "        job.step()\n"
+              "print(os.environ['FTGOV_RUN_JOB'], job.registered, *[str(w.message) for w in caught], sep='\\n')\n")
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", sys.executable, "-c", script,
+                 stdout=subprocess.PIPE)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    run_job, registered, *warned = out.splitlines()
+    assert re.findall(r"job (\d+) .*ended \(", daemon.log()) == [run_job], daemon.log()
+    assert registered == "False"
+    assert warned == [f"ftgov: this process is governed by `ftgov run`'s job {run_job} (FTGOV_RUN_JOB), so this "
+                      "job does not register; drop one of the two (tune=True needs this job or callback without "
+                      "`ftgov run`, which sends no step reports)"]
+
+
+def test_only_verbose_prints_the_pick_and_the_summary(daemon):
+    quiet = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", "true", stderr=subprocess.PIPE)
+    assert quiet.wait(timeout=60) == 0 and quiet.stderr.read() == ""
+    loud = ftgov("run", "-v", "--socket", daemon.socket, *FEATURE_ARGS, "--", "true", stderr=subprocess.PIPE)
+    assert loud.wait(timeout=60) == 0
+    pick, summary = loud.stderr.read().splitlines()
+    assert re.fullmatch(r"ftgov: job \d+: \w+ [\d.]+ MHz \(.+\)", pick), pick
+    assert re.fullmatch(r"ftgov: job \d+ ended: [\d.]+ MHz [\d.]+ s 0 steps.*", summary), summary
+
+
 def test_exit_code_and_output_pass_through_without_a_daemon(tmp_path):
     proc = ftgov("run", "--socket", str(tmp_path / "absent.sock"), *FEATURE_ARGS, "--", "sh", "-c",
                  "echo from-child; exit 7", stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -121,7 +153,8 @@ def test_command_not_found_and_bad_options(daemon):
     assert "command not found" in proc.stderr.read()
     proc = ftgov("run", "--socket", daemon.socket, "--model-type", "encoder", "--", "true", stderr=subprocess.PIPE)
     assert proc.wait(timeout=60) == 2
-    assert "missing --num-layers, --hidden-size, --seq-len" in proc.stderr.read()
+    assert proc.stderr.read() == ("ftgov run: missing --num-layers, --hidden-size (or --hf-config DIR for the model's "
+                                  "shape), --seq-len (average non-padding tokens per sample)\n")
     assert not re.search(r"job \d+", daemon.log()), "no job was registered"
 
 
@@ -143,6 +176,29 @@ def test_a_script_under_an_interpreter_names_the_job(daemon, tmp_path):
     proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", sys.executable, "-u", str(script))
     assert proc.wait(timeout=60) == 0
     assert re.search(r"job \d+ 'train.py' ", daemon.log()), daemon.log()
+
+
+@pytest.mark.parametrize("command, name", [
+    ("python3 -u train.py --epochs 3", "train.py"),
+    ("python -m trainer.main", "trainer.main"),
+    ("accelerate launch --num_processes 2 train.py", "train.py"),
+    ("python -m torch.distributed.run --nproc-per-node 2 train.py", "train.py"),
+    ("python3 -m torch.distributed.run --nproc-per-node 2 -m trainer.main", "trainer.main"),
+    ("torchrun --nproc-per-node 2 /src/finetune.py", "finetune.py"),
+    ("accelerate env", "accelerate"),
+    ("./finetune", "finetune"),
+])
+def test_a_job_is_named_after_the_script_its_launcher_runs(command, name):
+    assert job_name(command.split()) == name
+
+
+def test_a_hub_id_for_hf_config_is_said_not_to_be_resolved(tmp_path):
+    proc = ftgov("run", "--socket", str(tmp_path / "absent.sock"), "--hf-config", "gpt2", "--seq-len", "30", "--",
+                 "true", stderr=subprocess.PIPE, cwd=tmp_path)
+    assert proc.wait(timeout=60) == 2
+    assert proc.stderr.read() == ("ftgov run: --hf-config gpt2: no such directory or file (a Hugging Face Hub id is "
+                                  "not resolved, nothing is downloaded): give the model's local directory or its "
+                                  "config.json\n")
 
 
 def test_hf_config_dir_gives_the_shape(daemon, orin, tmp_path):

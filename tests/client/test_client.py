@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import socketserver
@@ -31,6 +32,7 @@ from governor.client import (
     RpcError,
     SocketPermissionError,
     batch_tokens,
+    describe_reply,
     job,
 )
 from tests.support import REPO
@@ -146,6 +148,22 @@ def test_job_registers_reports_progress_and_unregisters(daemon):
     daemon.wait_for(lambda: daemon.closed_connections == 1)
 
 
+def test_the_pick_and_the_summary_are_logged_at_info_on_governor_client(daemon, caplog):
+    """What docs/clients.md tells callback users to set up to see them (the logger has no handler of its own)."""
+    caplog.set_level(logging.INFO, logger="governor.client")
+    with job(BERT_TINY, seq_len=40, socket=daemon.path, report_every_s=0) as j:
+        j.step()
+    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
+        ("governor.client", logging.INFO, "ftgov: job 7 registered: MLG 612 MHz (test)"),
+        ("governor.client", logging.INFO, "ftgov: job 7 ended: 612 MHz 1.0 s 1 steps")]
+    assert (j.registration["freq_hz"], j.result["steps"]) == (612000000, 1)
+
+
+def test_the_end_summary_never_says_saved_minus_zero():
+    reply = {"saved_pct": -0.0, "saved_measured_steps": 1200}
+    assert describe_reply(reply) == ("saved 0% energy per step vs the default governor, measured over 1200 steps")
+
+
 def test_progress_is_rate_limited_and_the_exact_total_is_sent_before_unregister(daemon):
     with job(BERT_TINY, seq_len=40, socket=daemon.path, report_every_s=3600) as j:
         for _ in range(1000):
@@ -206,6 +224,33 @@ def test_daemon_absent_warns_once_and_training_goes_on(short_dir):
     assert j.disabled and not j.registered and j.steps == 20
 
 
+def test_the_warning_points_at_the_users_line_not_into_ftgov(short_dir):
+    """Not governor/client/job.py: a location of ours reads as an ftgov bug, and Python's default filter would show
+    the warning once for every user's line together."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = sys._getframe().f_lineno + 1
+        with job(BERT_TINY, seq_len=40, socket=os.path.join(short_dir, "missing.sock")):
+            pass
+    assert [(w.category, w.filename, w.lineno) for w in caught] == [(GovernorWarning, __file__, line)]
+
+
+def test_under_ftgov_run_a_job_warns_once_and_does_not_connect(daemon, monkeypatch):
+    monkeypatch.setenv("FTGOV_RUN_JOB", "34")  # as `ftgov run` sets it for its command
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with job(BERT_TINY, seq_len=40, socket=daemon.path, report_every_s=0) as j:
+            for _ in range(3):
+                j.step()
+            j.update(gpu_util=50.0)
+            j.phase("eval")
+    assert [str(w.message) for w in caught] == [
+        "ftgov: this process is governed by `ftgov run`'s job 34 (FTGOV_RUN_JOB), so this job does not register; "
+        "drop one of the two (tune=True needs this job or callback without `ftgov run`, which sends no step reports)"]
+    assert j.disabled and j.steps == 3
+    assert daemon.methods() == [] and daemon.closed_connections == 0
+
+
 def test_refused_registration_warns_with_the_daemons_reason(daemon):
     def refuse(params):
         raise Fault(-32602, "seq_len must be > 0", {"field": "seq_len"})
@@ -252,6 +297,19 @@ def test_no_reply_times_out(daemon):
         assert conn.closed
 
 
+def test_a_daemon_that_does_not_answer_register_is_not_said_to_refuse(daemon):
+    daemon.silent.add("register")  # a SIGSTOPped ftgovd: the connection is accepted, nothing answers
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with job(BERT_TINY, seq_len=40, socket=daemon.path, timeout_s=0.2) as j:
+            j.step()
+    assert [str(w.message) for w in caught] == [
+        "ftgov: training goes on without the GPU frequency governor: ftgovd did not answer register within "
+        f"timeout_s=0.2 s (stopped or stuck; it did not refuse the job): register: no reply from ftgovd at "
+        f"{daemon.path}: timed out"]
+    assert j.disabled
+
+
 def test_stale_socket_file_is_named(short_dir):
     path = os.path.join(short_dir, "stale")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -295,6 +353,19 @@ def test_seq_len_never_measured_warns(daemon):
         with job(BERT_TINY, socket=daemon.path, measure_batches=2) as j:
             for _ in range(4):
                 j.step()
+
+
+def test_a_run_shorter_than_the_measurement_says_it_was_never_registered(daemon):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with job(BERT_TINY, socket=daemon.path) as j:
+            for _ in range(5):
+                j.observe_batch({"attention_mask": [[1, 1, 0]]})
+                j.step()
+    assert [str(w.message) for w in caught] == [
+        "ftgov: the job was never registered: it ended after 5 of the 8 batches it measures seq_len over before "
+        "registering; pass seq_len= (average non-padding tokens per sample) to register at once"]
+    assert "register" not in daemon.methods()
 
 
 def test_batch_tokens_counts_non_padding_tokens():

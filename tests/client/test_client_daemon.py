@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import select
+import signal
 import warnings
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 
 import governor
 from governor.client import Connection, GovernorWarning
+from governor.client.job import PIN_LEFT
 from tests.support.daemon import limits
 
 BASELINE = (306000000, 1300500000)
@@ -104,13 +106,31 @@ def test_a_start_slower_than_the_idle_timeout_still_registers(start_daemon, orin
 
 def test_a_daemon_restart_under_a_job_is_one_line_at_its_end(daemon, orin, caplog):
     """Not 'unregister failed ... Broken pipe' when the job ends on a connection the old daemon took with it."""
-    import signal
-
     with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket, report_every_s=0) as job:
         job.step()
         daemon.stop(signal.SIGKILL)  # returns once the process is gone, its end of the connection closed
         daemon.start()
         caplog.clear()
     assert [r.getMessage() for r in caplog.records] == [
-        f"ftgov: job {job.job_id}: ftgovd restarted or stopped while the job ran; no end-of-job summary"]
+        f"ftgov: job {job.job_id}: ftgovd restarted or stopped while the job ran; no end-of-job summary; "
+        f"{PIN_LEFT}"]
     assert job.result is None
+
+
+def test_a_killed_daemon_leaves_the_pin_and_the_warning_says_so(daemon, orin):
+    pin = predicted_hz(daemon, **SMALL, seq_len=40.0, gpu_util=90.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket, report_every_s=0) as job:
+            job.step()
+            daemon.stop(signal.SIGKILL)
+            job.step()
+            job.step()
+    [warned] = [str(w.message) for w in caught]
+    # EPIPE, or ECONNRESET where the daemon died with the first report unread.
+    assert warned.startswith("ftgov: training goes on without the GPU frequency governor: lost the connection to "
+                             f"ftgovd at {daemon.socket}: ")
+    assert warned.endswith("; if ftgovd was killed, the GPU keeps this job's pin until ftgovd starts again (which "
+                           "restores the clocks, or holds the job again until this process exits) or `ftgov restore` "
+                           "runs")
+    assert limits(orin) == (pin, pin), "what the warning says: nothing restored the clocks"

@@ -88,6 +88,8 @@ def test_a_rank_cannot_join_twice_or_share_its_groups_gpu(group_daemon, children
     assert err["code"] == -32602 and err["data"]["field"] == "rank", err
     err = c.request("register", pid=children().pid, gpu=0, group="run-1", rank=1, world_size=2, **FEATURES)["error"]
     assert err["data"]["field"] == "gpu", err
+    assert err["message"].endswith("two ranks on one GPU; give each rank its own (CUDA_VISIBLE_DEVICES, or gpu= "
+                                   "per rank)"), err
     err = c.request("register", pid=children().pid, gpu=1, group="run-1", rank=1, world_size=3, **FEATURES)["error"]
     assert err["data"]["field"] == "world_size", err
     err = c.request("register", gpu=1, rank=1, **FEATURES)["error"]

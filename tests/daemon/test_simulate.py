@@ -162,7 +162,7 @@ def test_a_clock_throttled_under_the_pin_is_logged_and_shown_and_its_end_too(ori
 def test_print_env_names_the_paths_the_simulated_daemon_uses(tmp_path):
     """The README evals these lines instead of spelling out a /tmp path, which root could paste and find another
     user's socket or tree there."""
-    from governor.daemon.main import simulate_runtime_dir
+    from governor.simpaths import simulate_runtime_dir
 
     env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-m", "governor.daemon", "--simulate", "--print-env"], env=env,
