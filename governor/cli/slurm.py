@@ -192,7 +192,10 @@ def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
         partition = env.get("SLURM_JOB_PARTITION")
         comment = env.get("SLURM_JOB_COMMENT")
         if comment is None and config.job_choice and config.comment_from_scontrol:
-            comment = scontrol_field(job_id, "Comment", config.timeout_s)
+            try:
+                comment = scontrol_field(job_id, "Comment", config.timeout_s)
+            except AmbiguousField as e:
+                warn(f"job {job_id}: the comment is not read: {e}")
         policy, source = choose_policy(config, partition, comment)
         uid = env.get("SLURM_JOB_UID", "")
         reply = conn.call("slurm_hold", slurm_job_id=job_id, uid=int(uid) if uid.isdigit() else 0, policy=policy,
@@ -255,7 +258,11 @@ def write_admin_comment(job_id: int, entry: str, timeout_s: float) -> None:
     (AccountingStorageType=accounting_storage/slurmdbd). ``scontrol update`` while slurmctld still lets the job be
     updated; once the job has finished (the node epilog usually runs after that), the accounting record itself, with
     ``sacctmgr modify job``."""
-    existing = scontrol_field(job_id, "AdminComment", timeout_s)
+    try:
+        existing = scontrol_field(job_id, "AdminComment", timeout_s)
+    except AmbiguousField as e:
+        warn(f"job {job_id}: AdminComment not written: {e}")
+        return
     value = merged_admin_comment(existing, entry)
     done = _run([slurm_command("scontrol"), "update", f"JobId={job_id}", f"AdminComment={value}"], timeout_s)
     if done is not None and done.returncode != 0 and "already finished" in done.stderr:
@@ -275,9 +282,15 @@ def _run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess | Non
         return None
 
 
+class AmbiguousField(FtgovError):
+    """A field of `scontrol show job -o` that appears more than once: the job's own text (its name, its command,
+    its directories, all the user's) carries ``Key=`` of it, and which one is Slurm's cannot be told."""
+
+
 def scontrol_field(job_id: int, name: str, timeout_s: float) -> str | None:
     """One field of `scontrol show job -o ID` (None when scontrol fails or lacks it). The field runs to the next
-    ``Key=`` of scontrol's one-line format."""
+    ``Key=`` of scontrol's one-line format. AmbiguousField when ``name=`` appears twice: a user who names a job
+    "x AdminComment=ftgov@node:energy_j=0" must not have root write that into the job's admin-only field."""
     try:
         done = subprocess.run([slurm_command("scontrol"), "show", "job", "-o", str(job_id)], capture_output=True,
                               text=True, timeout=timeout_s, check=False)
@@ -286,7 +299,11 @@ def scontrol_field(job_id: int, name: str, timeout_s: float) -> str | None:
         return None
     if done.returncode != 0:
         return None
-    m = re.search(rf"(?:^|\s){name}=(.*?)(?=\s[A-Za-z:/]+=|$)", done.stdout.strip())
+    line = done.stdout.strip()
+    if len(re.findall(rf"(?:^|\s){name}=", line)) > 1:
+        raise AmbiguousField(f"scontrol show job {job_id}: {name}= appears more than once (the job's own name, "
+                             "command or paths carry it)")
+    m = re.search(rf"(?:^|\s){name}=(.*?)(?=\s[A-Za-z:/]+=|$)", line)
     if m is None or m.group(1) == "(null)":
         return None
     return m.group(1)

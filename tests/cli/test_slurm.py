@@ -10,7 +10,14 @@ import time
 import pytest
 
 from governor.cli.ops import format_status
-from governor.cli.slurm import SlurmConfig, admin_comment_entry, choose_policy, job_gpus, merged_admin_comment
+from governor.cli.slurm import (
+    SlurmConfig,
+    admin_comment_entry,
+    choose_policy,
+    job_gpus,
+    merged_admin_comment,
+    write_admin_comment,
+)
 from tests.support.daemon import REPO, limits
 
 BASELINE = (306000000, 1300500000)
@@ -123,3 +130,33 @@ def test_admin_comment_keeps_other_nodes_entries():
     assert merged == f"ftgov@node2:energy_j=5.0,policy=tune,gpus=0;{entry}"
     assert merged_admin_comment("(null)", entry) == entry
 
+
+
+def _fake_scontrol(where, monkeypatch, show_line: str):
+    """An scontrol on PATH (in a new directory ``where``) that prints ``show_line`` for `show job` and logs every
+    `update` (the log's path is returned)."""
+    bin_dir = where / "bin"
+    bin_dir.mkdir(parents=True)
+    log = where / "updates.log"
+    script = bin_dir / "scontrol"
+    script.write_text(f"""#!/bin/sh
+if [ "$1" = show ]; then printf '%s\\n' '{show_line}'; else printf '%s\\n' "$*" >> {log}; fi
+""")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    return log
+
+
+def test_a_job_whose_own_text_carries_admincomment_gets_none_written(tmp_path, monkeypatch, capsys):
+    """The user names the job; `scontrol show job -o` prints the name before AdminComment, so the first
+    " AdminComment=" was the user's and root wrote it back into the admin-only field."""
+    entry = "ftgov@node1:energy_j=10.0,policy=tune,gpus=0"
+    forged = "JobId=7 JobName=x AdminComment=ftgov@node2:energy_j=0.0 UserId=u(1000) AdminComment=(null) Comment=c"
+    log = _fake_scontrol(tmp_path / "forged", monkeypatch, forged)
+    write_admin_comment(7, entry, 5.0)
+    assert not log.exists() and "AdminComment not written: scontrol show job 7: AdminComment= appears more than once" \
+        in capsys.readouterr().err
+    honest = "JobId=8 JobName=x UserId=u(1000) AdminComment=ftgov@node2:energy_j=5.0,policy=tune,gpus=1 Comment=c"
+    log = _fake_scontrol(tmp_path / "honest", monkeypatch, honest)
+    write_admin_comment(8, entry, 5.0)
+    assert log.read_text() == f"update JobId=8 AdminComment=ftgov@node2:energy_j=5.0,policy=tune,gpus=1;{entry}\n"
