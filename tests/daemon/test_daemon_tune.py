@@ -104,11 +104,11 @@ def test_total_steps_may_come_with_progress_and_bad_values_are_refused(orin, sta
 def test_a_tuned_job_reports_its_measured_saving_against_the_default_governor(orin, start_daemon):
     """One window unpinned (MAXN) before the search; at the end the saving per step against it, measured over the
     steps after convergence, matches the energy model's (MAXN vs the converged level) within the measurement's noise
-    (the simulated rails over a sleeping process: a few percent). Without follow_up: in a 180-step run of a job that
+    (the simulated rails over a sleeping process: a few percent). Without follow_up: in a 200-step run of a job that
     says it has 2,000, confirming near-ties would leave few steps after convergence (tests/daemon/
-    test_tuning_follow_up.py runs the follow-up)."""
+    test_tuning_follow_up.py runs the follow-up). The baseline first waits two blocks of 5 steps (no warm-up here)."""
     d = start_daemon(simulate=True, config=scaled(TIME_SCALE, {"tuner": {"follow_up": False}}))
-    job, res = tuned_job(d, 180, total_steps=2000)
+    job, res = tuned_job(d, 200, total_steps=2000)
     assert job["tuner"]["converged"], job["tuner"]
     assert job["tuner"]["baseline"]["status"] == "measured" and job["tuner"]["baseline"]["steps"] >= 4
     in_status = job["saving"]
