@@ -8,8 +8,9 @@ Each job runs one of the measured Jetson curves (benchmarks/data/loudva) through
 with a SavingRun, as the daemon runs a tuned job (governor/sim/meters.py: step times scattering by 15%, power in two
 phases within a step; NVML's counter held between 100 ms updates, or the INA3221's 140 ms average over the daemon's
 sampler; nvml-replay: NVML's counter read at its updates over the H200's recorded steps, replayed in order, with
-their drift): the board idle for 5 s before it (at a third of the top level's power), the first step at the start pin
-(the middle of the table, standing in for MLG's pick), then unpinned, the baseline's first part at the default
+their drift): the board idle for 5 s before it (at a third of the top level's power), the first steps at the start pin
+(the middle of the table, standing in for MLG's pick) until they stop speeding up (two blocks: the simulated steps have
+no warm-up), then unpinned, the baseline's first part at the default
 governor (the top level; tuner.baseline_*), then the search and its follow-up through the daemon's TuningSession, the
 baseline's later parts unpinned while converged (tuner.baseline_parts), windows waiting for the meter to settle after
 each change of clock (tuner.settle_updates; --no-settle: none), to the job's end.
@@ -66,7 +67,7 @@ def run_job(curve: Curve, meter: str, seed: int, job_steps: int, rule_name: str,
                         rule=rule_name, saving=SavingRun(idle_s=IDLE_S, settle=settle), must_converge=False)
     saving = job.saving()
     true = 1 - curve.energy_at(job.best_hz) / curve.energy_j[top]
-    at_default = job.default_steps  # the baseline's parts, warm-ups included (the first step ran at the start pin)
+    at_default = job.default_steps  # the baseline's parts, warm-ups included (the first steps ran at the start pin)
     energy_err = None if job.reported_energy_j is None else job.reported_energy_j / job.true_energy_j - 1
     return {"measured": None if saving is None else saving["saved_rel"], "true": true, "energy_err": energy_err,
             "err": None if saving is None else saving["saved_pct_err"] / 100,
@@ -151,7 +152,8 @@ def main() -> None:
             + ("" if args.top_step_s is None else
                f" (their steps scaled so that the top level's takes {1000 * args.top_step_s:g} ms, power unchanged)")
             + f", {args.seeds} seeds each, every job "
-            "run as benchmarks/meter_saving.py says (an idle board, the first step at the start pin, the baseline's "
+            "run as benchmarks/meter_saving.py says (an idle board, the first steps at the start pin until they stop "
+            "speeding up, the baseline's "
             "first part unpinned at the top level, the search and its follow-up through the daemon's TuningSession, "
             "the baseline's later parts unpinned while converged, "
             + ("windows opened right after the warm-up step" if args.no_settle else

@@ -23,7 +23,8 @@ step is the warm-up). It stops when the tuner converges (a tuner that follows it
 the rest of the job is charged at the chosen level's noise-free figures (``TunedJob.clean_energy_j``).
 
 With ``saving`` (SavingRun) the job runs as the daemon runs one whose saving it measures (tuner.baseline_window):
-the board idle before it, its first step at the start pin, then the baseline window unpinned at the default governor
+the board idle before it, its first steps at the start pin until they stop speeding up (WarmUp), then the baseline
+window unpinned at the default governor
 (the top level, what it runs a busy GPU at), then the search, every step to the job's end, the windows waiting for
 the meter to settle after each change of clock; the steps run at the pick after convergence are kept for the saving.
 """
@@ -213,6 +214,7 @@ class TunedJob:
     baseline: Measurement | None = None
     baseline_parts: BaselineParts | None = None  # the baseline's parts (tuner.baseline_parts), the first included
     default_steps: int = 0  # steps run at the default governor for the baseline: its parts, warm-ups included
+    start_pin_steps: int = 0  # steps run at the start pin before the baseline (the wait for the steps' warm-up)
     measured: MeasuredSaving | None = None
     reported_energy_j: float | None = None
     true_energy_j: float = 0.0
@@ -286,15 +288,16 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
     online = tuner if tuner is not None else cfg.new_tuner(board.levels_hz, start_hz)
     wait_s = settle_s(cfg, meter, reader.update_s) if saving is not None and saving.settle else 0.0
     run = _Steps(board, reader, job_steps)
-    start_steps = 0
+    start_steps = at_start_pin = 0
     if saving is not None:
-        start_steps = _baseline(run, cfg, start_hz, saving, wait_s)
+        start_steps, at_start_pin = _baseline(run, cfg, start_hz, saving, wait_s)
     job = TunedJob(cfg.new_session(online, start_steps, total_steps=job_steps, meter_update_s=reader.update_s,
                                    settle_s=wait_s), job_steps)
     if reader.on_updates:  # as the daemon's MeterFeed tells its sessions
         job.session.ends_on_updates()
     job.baseline, job.baseline_steps = run.baseline, run.steps_run
-    job.default_steps = max(0, run.steps_run - 1)  # the first step ran at the start pin
+    job.start_pin_steps = at_start_pin
+    job.default_steps = max(0, run.steps_run - at_start_pin)
     if run.baseline is not None:
         job.baseline_parts = cfg.new_baseline_parts(job_steps)
         job.baseline_parts.first(run.baseline, run.steps_run)
@@ -405,11 +408,10 @@ class _Steps:
         return reports
 
 
-def _baseline(run: _Steps, cfg: TunerConfig, start_hz: int, saving: SavingRun, wait_s: float) -> int:
+def _baseline(run: _Steps, cfg: TunerConfig, start_hz: int, saving: SavingRun, wait_s: float) -> tuple[int, int]:
     """The daemon's steps before the search (tuner.baseline_window): the board idle, the first steps at the start
     pin until their time stops falling (tuner.baseline_warmup_max_s), then unpinned (the top level) for the baseline
-    window (``run.baseline``). The step count the search starts
-    at."""
+    window (``run.baseline``). The step count the search starts at, and the steps run at the start pin."""
     board, reader = run.board, run.reader
     top_hz = board.levels_hz[-1]
     if saving.idle_s > 0:
@@ -427,13 +429,14 @@ def _baseline(run: _Steps, cfg: TunerConfig, start_hz: int, saving: SavingRun, w
             if report[0] >= 1 and warmup.feed(report[0], report[2]):
                 opening = reports[k:]
                 break
+    pinned = run.steps_run  # the step that ended the wait ran pinned too: the unpin follows its report
     if not opening:
-        return run.steps_run
+        return run.steps_run, pinned
     closed = _at_default(run, cfg, wait_s, opening[0][0], opening)
     if closed is None:
-        return run.steps_run
+        return run.steps_run, pinned
     run.baseline, steps = closed
-    return int(steps)
+    return int(steps), pinned
 
 
 def _at_default(run: _Steps, cfg: TunerConfig, wait_s: float, begin_steps: float,

@@ -158,7 +158,9 @@ def test_a_saving_run_measures_the_baseline_unpinned_then_runs_every_step_of_the
     base = parts.baseline
     assert TunerConfig().baseline_min_steps <= base.measured_steps <= 130
     assert base.joules_per_step == pytest.approx(ENERGY[-1], rel=0.1)  # the top level's, as the default governor's
-    later = job.default_steps - (job.baseline_steps - 1)  # the later parts' steps, warm-ups included
+    # The first steps at the start pin: two blocks of 5 (the simulated steps have no warm-up), then the first part.
+    assert 2 * 5 <= job.start_pin_steps <= 3 * 5
+    later = job.default_steps - (job.baseline_steps - job.start_pin_steps)  # the later parts' steps, warm-ups too
     assert later > 0 and job.baseline_steps + job.profiled_steps + later == 2000
     assert not job.outlasted and job.true_energy_j == pytest.approx(job.clean_energy_j, rel=0.02)
     assert job.reported_energy_j == pytest.approx(job.true_energy_j, rel=0.01)
