@@ -8,8 +8,8 @@
 #   OUT=DIR [TOUR_TRAIN_S=40] bash scripts/nvml_tour.sh
 #
 # Needs torch and nvidia-ml-py where python3 finds them, and ftgov's own dependencies on PYTHONPATH.
-# Not yet run on a GPU (no device could be had on 2026-12-06): only against the fake pynvml, with
-#   FAKENVML_CONFIG=<json: {"gpus": [{}]}> PYTHONPATH=tests/support/fakenvml:$PWD, where train.py runs on the CPU.
+# Off a GPU it runs against the fake pynvml (FAKENVML_CONFIG=<json: {"gpus": [{}]}>
+# PYTHONPATH=tests/support/fakenvml:$PWD), train.py on the CPU. One run on an H100: docs/nvml-observe.md, "A first hour".
 set -u
 : "${OUT:?set OUT to an output directory}"
 TRAIN_S=${TOUR_TRAIN_S:-40}

@@ -31,6 +31,7 @@ from governor.safefile import OutDir
 from governor.text import printable
 
 PREFIX = "ftgov"
+ENERGY_SOURCES = "a Jetson's energy rails, or the GPU's own energy counter"  # where a job's energy comes from
 
 
 @dataclass
@@ -73,7 +74,8 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
     for rail, mw in sorted((status.get("power_mw") or {}).items()):
         power.add(mw / 1000, rail=rail)
     job_freq = Family(f"{PREFIX}_job_frequency_hertz", "each job's pick (the GPU runs at the highest pick)")
-    job_energy = Family(f"{PREFIX}_job_energy_joules", "each job's energy so far, summed over the energy rails")
+    job_energy = Family(f"{PREFIX}_job_energy_joules",
+                        f"each job's energy so far ({ENERGY_SOURCES})")
     job_time = Family(f"{PREFIX}_job_duration_seconds", "how long each job has run")
     job_steps = Family(f"{PREFIX}_job_steps", "training steps each job has reported")
     savings = Family(f"{PREFIX}_job_energy_savings_ratio_estimate",
@@ -114,7 +116,7 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
 def store_families(store: dict | None) -> list[Family]:
     """Cumulative figures of every job the measurement store has recorded (they survive restarts and pruning)."""
     jobs = Family(f"{PREFIX}_jobs_recorded", "jobs recorded in the measurement store since it was created")
-    energy = Family(f"{PREFIX}_energy_joules_cumulative", "energy of every recorded job, summed over the energy rails")
+    energy = Family(f"{PREFIX}_energy_joules_cumulative", f"energy of every recorded job ({ENERGY_SOURCES})")
     saved = Family(f"{PREFIX}_energy_saved_joules_cumulative",
                    "energy saved by every recorded job, as measured by its own windows (see ftgov history)")
     if store and store.get("error") is None:
