@@ -52,10 +52,14 @@ def test_a_tuned_job_lands_in_the_store_with_its_windows(start_daemon):
     assert {w.level_hz for w in tuned} == {e["freq_hz"] for e in tuner["estimates"]}
     assert all(w.joules_per_step > 0 and w.seconds_per_step > 0 and w.steps >= 4 for w in j.windows)
     # Each window's utilization is the GPU's load as it closed (the registered 80% is the MAXN feature): a slower
-    # clock keeps the simulated GPU busier.
-    by_level = sorted((w.level_hz, w.gpu_util) for w in tuned)
-    assert all(0 < u <= 100 for _, u in by_level) and [u for _, u in by_level] == sorted(
-        (u for _, u in by_level), reverse=True)
+    # clock keeps the simulated GPU busier. A level measured twice (a near-tie confirmed) reads its load twice: the
+    # levels' means are compared.
+    assert all(0 < w.gpu_util <= 100 for w in tuned), [w.gpu_util for w in tuned]
+    by_level: dict[int, list[float]] = {}
+    for w in tuned:
+        by_level.setdefault(w.level_hz, []).append(w.gpu_util)
+    means = [sum(u) / len(u) for _, u in sorted(by_level.items())]
+    assert means == sorted(means, reverse=True), sorted(by_level.items())
     # The saving is the one unregister reported: against the baseline window.
     assert j.saved_basis == "default governor" and j.saved_rel == summary["saving"]["saved_rel"] > 0
     assert j.saved_pct_err == summary["saved_pct_err"] > 0  # and its uncertainty
