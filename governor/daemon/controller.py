@@ -32,7 +32,7 @@ from governor.features import Features
 from governor.policy import Decision, Policy, PolicyName
 from governor.store import state as state_mod
 from governor.store.state import SchedulerHold, State, StateFile
-from governor.units import figure, mhz
+from governor.units import mhz
 
 if TYPE_CHECKING:
     from governor.daemon.peers import HeldProcess
@@ -326,14 +326,14 @@ class Controller:
         self._apply_quietly(job.gpu_id, removed=True)
         energy = "unknown (no rails)" if energy_j is None else f"{energy_j:.1f} J ({self.energy.source()})"
         err = None if saving is None else saving.get("saved_pct_err")
-        saved = "" if saving is None else (f"; saved {figure(saving['saved_pct'], 'g')}% energy per step vs the "
+        saved = "" if saving is None else (f"; saved {saving['saved_pct']:g}% energy per step vs the "
                                            f"default governor, measured over {saving['measured_steps']} steps"
                                            + ("" if err is None else f" (+/- {err:g} points)"))
         log.info("%s ended (%s) after %.1f s, %d steps, at %s, energy %s%s", job.label(), why, ended.duration_s,
                  job.steps, mhz(job.freq_hz, none="no pin"), energy, saved,
                  extra={**job.fields(), "DURATION_S": f"{ended.duration_s:.3f}", "STEPS": job.steps,
                         "ENERGY_J": "" if energy_j is None else f"{energy_j:.3f}",
-                        **({} if saving is None else {"SAVED_PCT": figure(saving["saved_pct"], "g"),
+                        **({} if saving is None else {"SAVED_PCT": f"{saving['saved_pct']:g}",
                                                       **({} if err is None else {"SAVED_PCT_ERR": f"{err:g}"}),
                                                       "SAVED_MEASURED_STEPS": saving["measured_steps"]})})
         if self.recorder is not None:
@@ -440,7 +440,7 @@ class Controller:
         results = []
         observing = self.settings.policy.name is PolicyName.OBSERVE
         for gid, pin in self.gpus.items():
-            if observing or pin.gpu.read_only:
+            if observing:  # a GPU opened read-only keeps the daemon in observe (Reloader)
                 # Observe changes nothing, not even for a moment; a read-only handle would refuse the pin and then
                 # the restore, leaving a restore to retry for ever.
                 results.append({"gpu": gid, "ok": True, "wrote": False,

@@ -29,7 +29,7 @@ from governor.errors import BackendError, FtgovError
 from governor.policy import Decision, PolicyName
 from governor.store.measurements import SchedulerJobRecord
 from governor.store.state import SchedulerHold
-from governor.units import figure, mhz, rounded
+from governor.units import mhz, rounded
 
 if TYPE_CHECKING:
     from governor.daemon.controller import Controller
@@ -234,7 +234,7 @@ class SchedulerHolds:
                "restored": not any(g["restore_failed"] for g in gpus.values())}
         log.info("%s released (%s) after %.1f s: energy %s%s; GPUs %s", hold.label(), why, duration_s,
                  "unknown" if energy_j is None else f"{energy_j:.1f} J",
-                 "" if saving["saved_pct"] is None else f", saved {figure(saving['saved_pct'], 'g')}% (measured)",
+                 "" if saving["saved_pct"] is None else f", saved {saving['saved_pct']:g}% (measured)",
                  ", ".join(f"{gid} {'restore failed, will retry' if g['restore_failed'] else 'restored'}"
                            for gid, g in gpus.items()),
                  extra={**hold.fields(), "DURATION_S": f"{duration_s:.3f}",
