@@ -84,7 +84,9 @@ def add_store_arguments(p: argparse.ArgumentParser) -> None:
                    "/run/ftgov/ftgov.sock)")
 
 
-def load(args: argparse.Namespace, since: float | None = None):
+def load(args: argparse.Namespace, since: float | None = None, command: str = "history"):
+    """The store's jobs and totals. A job whose row ftgovd could not have written is left out, each with a line on
+    stderr that names it, and the rest are shown."""
     from governor.store import measurements as store
 
     path = store_path(args)
@@ -95,10 +97,19 @@ def load(args: argparse.Namespace, since: float | None = None):
             raise
         offer_simulated = args.config is None and simulated_store(args.socket) is None
         raise store.StoreMissing(f"{e} ({missing_store_hint(offer_simulated)})") from e
+    skipped: list[store.BadRow] = []
     try:
-        return store.read_jobs(conn, since), store.read_totals(conn)
+        jobs, totals = store.read_jobs(conn, since, skipped), store.read_totals(conn)
+    except store.BadRow as e:  # the totals row: one of its kind, nothing to show without it
+        raise store.BadRow(f"{path}: {e}") from None
     finally:
         conn.close()
+    for e in skipped:
+        print(f"ftgov {command}: {path}: left out {e}", file=sys.stderr)
+    if skipped:
+        print(f"ftgov {command}: {len(skipped)} job(s) left out: their rows hold what ftgovd does not write (a damaged "
+              "store, or one made elsewhere)", file=sys.stderr)
+    return jobs, totals
 
 
 def add_parser(sub) -> None:

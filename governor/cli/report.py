@@ -64,7 +64,7 @@ def workloads(jobs) -> list[dict]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        jobs, totals = load(args, parse_since(args.since) if args.since else None)
+        jobs, totals = load(args, parse_since(args.since) if args.since else None, "report")
         if not jobs:
             raise FtgovError("the store holds no jobs (in that range)")
         try:

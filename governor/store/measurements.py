@@ -23,13 +23,17 @@ blocks the event loop; readers open the file read-only. Nothing here imports num
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
+import math
 import os
 import sqlite3
 import stat
 import time
+import typing
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from governor.errors import FtgovError
@@ -123,6 +127,11 @@ class StoreError(FtgovError):
 
 class StoreMissing(StoreError):
     """No store file where one was looked for: a command that looked at its default says which option names one."""
+
+
+class BadRow(StoreError):
+    """A row that holds what ftgovd never writes (a string where a number belongs, a time past year 9999, a table of
+    levels that is not JSON): a damaged store, or one made elsewhere. Names the row and the column."""
 
 
 @dataclass(frozen=True)
@@ -472,41 +481,133 @@ def _checked(conn: sqlite3.Connection, p: Path) -> sqlite3.Connection:
     return conn
 
 
-def read_jobs(conn: sqlite3.Connection, since: float | None = None) -> list[JobRecord]:
-    """Every job (ended at or after ``since``, Unix time), oldest first, with its windows."""
+def read_jobs(conn: sqlite3.Connection, since: float | None = None,
+              skipped: list[BadRow] | None = None) -> list[JobRecord]:
+    """Every job (ended at or after ``since``, Unix time), oldest first, with its windows. Each row is checked against
+    what ftgovd writes (``_sound``): a job that fails raises BadRow, or with ``skipped`` given, is left out and its
+    BadRow appended there, so that a reader shows the rest of a damaged store."""
     try:
         rows = conn.execute("SELECT * FROM jobs WHERE ended_at >= ? ORDER BY id",
                             (float("-inf") if since is None else since,)).fetchall()
-        windows: dict[int, list[Window]] = {}
+        windows: dict[int, list[sqlite3.Row]] = {}
         for w in conn.execute("SELECT * FROM windows WHERE job >= ? ORDER BY job, seq",
                               (rows[0]["id"] if rows else 0,)):
-            windows.setdefault(w["job"], []).append(
-                Window(w["level_hz"], w["joules_per_step"], w["seconds_per_step"], w["steps"], w["gpu_util"]))
+            windows.setdefault(w["job"], []).append(w)
     except sqlite3.Error as e:
         raise StoreError(f"cannot read jobs: {e}") from e
     out = []
     for r in rows:
-        have = r.keys()  # an older schema's file lacks the newer columns
-        values = {c: r[c] if c in have else None for c in JOB_COLUMNS}
-        values["converged"] = None if values["converged"] is None else bool(values["converged"])
-        out.append(JobRecord(**values, windows=tuple(windows.get(r["id"], ()))))
+        try:
+            out.append(_job_record(r, windows.get(r["id"], ())))
+        except BadRow as e:
+            if skipped is None:
+                raise
+            skipped.append(e)
     return out
 
 
-def read_scheduler_jobs(conn: sqlite3.Connection) -> list[SchedulerJobRecord]:
-    """Every scheduler job in the store, oldest first (none in a store older than schema 3)."""
+def _job_record(r: sqlite3.Row, windows: Iterable[sqlite3.Row]) -> JobRecord:
+    where = f"job {r['id']}"
+    have = r.keys()  # an older schema's file lacks the newer columns
+    values = _sound(JobRecord, where, {c: r[c] if c in have else None for c in JOB_COLUMNS})
+    if not 0 <= values["ended_at"] <= _LAST_TIME:
+        raise BadRow(f"{where}: ended_at {values['ended_at']:g} is no time (Unix seconds, 1970 to 9999)")
+    _check_levels(where, values["levels_hz"])
+    _check_features(where, values)
+    sound_windows = tuple(
+        Window(**_sound(Window, f"{where}, window {w['seq']!r}", {f.name: w[f.name] for f in fields(Window)}))
+        for w in windows)
+    return JobRecord(**values, windows=sound_windows)
+
+
+_LAST_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: the last a datetime (and `history`'s column) can show
+
+
+def _sound(cls: type, where: str, values: dict) -> dict:
+    """``values`` as ``cls``'s fields declare them (a REAL column's integer as a float, converged's 0/1 as a bool), or
+    BadRow: SQLite keeps whatever a file was given in any column, a string in a REAL one included."""
+    out = {}
+    for name, value in values.items():
+        kinds = _kinds(cls)[name]
+        if value is None:
+            if type(None) not in kinds:
+                raise BadRow(f"{where}: {name} is empty")
+            out[name] = None
+            continue
+        if float in kinds and isinstance(value, int | float) and math.isfinite(value):
+            out[name] = float(value)
+        elif bool in kinds and value in (0, 1) and isinstance(value, int):
+            out[name] = bool(value)
+        elif (int in kinds and isinstance(value, int)) or (str in kinds and isinstance(value, str)):
+            out[name] = value
+        else:
+            want = " or ".join({float: "a finite number", int: "an integer", bool: "0 or 1", str: "text"}[k]
+                               for k in kinds if k is not type(None))
+            raise BadRow(f"{where}: {name} is {_shown(value)}, not {want}")
+    return out
+
+
+@functools.cache
+def _kinds(cls: type) -> dict[str, tuple[type, ...]]:
+    """Each field's types: float | None as (float, NoneType)."""
+    return {name: typing.get_args(hint) or (hint,) for name, hint in typing.get_type_hints(cls).items()}
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_levels(where: str, levels_hz: str | None) -> None:
+    if levels_hz is None:
+        return
     try:
-        rows = conn.execute(f"SELECT {', '.join(SCHEDULER_COLUMNS)} FROM scheduler_jobs ORDER BY id").fetchall()
+        levels = json.loads(levels_hz)
+    except ValueError:
+        levels = None
+    if not (isinstance(levels, list)
+            and all(isinstance(hz, int) and not isinstance(hz, bool) and hz > 0 for hz in levels)):
+        raise BadRow(f"{where}: levels_hz is {_shown(levels_hz)}, not a JSON list of frequencies in Hz")
+
+
+def _check_features(where: str, values: dict) -> None:
+    from pydantic import ValidationError
+
+    from governor.features import Features
+
+    try:
+        Features(**{name: values[name] for name in Features.model_fields})
+    except ValidationError as e:
+        first = e.errors()[0]
+        name = ".".join(str(part) for part in first["loc"])
+        raise BadRow(f"{where}: {name} is {_shown(values.get(name))}: {first['msg'].lower()}") from None
+
+
+def read_scheduler_jobs(conn: sqlite3.Connection) -> list[SchedulerJobRecord]:
+    """Every scheduler job in the store, oldest first (none in a store older than schema 3); BadRow as read_jobs."""
+    try:
+        rows = conn.execute(f"SELECT id, {', '.join(SCHEDULER_COLUMNS)} FROM scheduler_jobs ORDER BY id").fetchall()
     except sqlite3.OperationalError:  # a version-2 store read as it is (the CLI does not migrate)
         return []
-    return [SchedulerJobRecord(**dict(zip(SCHEDULER_COLUMNS, row, strict=True))) for row in rows]
+    return [SchedulerJobRecord(**_sound(SchedulerJobRecord, f"scheduler job {row['id']}",
+                                        {c: row[c] for c in SCHEDULER_COLUMNS})) for row in rows]
 
 
 def read_totals(conn: sqlite3.Connection) -> dict:
     try:
-        return _totals(conn)
+        totals = _totals(conn)
     except sqlite3.Error as e:
         raise StoreError(f"cannot read totals: {e}") from e
+    return _sound(_Totals, "the totals", totals)
+
+
+@dataclass(frozen=True)
+class _Totals:
+    """The totals row's kinds, for _sound."""
+
+    jobs: int
+    energy_j: float
+    saved_j: float
 
 
 def record_dict(rec: JobRecord) -> dict:

@@ -5,6 +5,7 @@ import csv
 import dataclasses
 import json
 import shutil
+import sqlite3
 from datetime import datetime
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from governor.pipeline import retrain
 from governor.policy.tree import DecisionTree
 from governor.safefile import OutDir
 from governor.sim import learning
-from governor.store.measurements import JobRecord, Store
+from governor.store.measurements import BadRow, JobRecord, Store, open_read_only, read_jobs
 from governor.text import printable
 from governor.units import energy
 
@@ -280,3 +281,52 @@ def test_a_saving_that_rounds_to_zero_is_not_written_minus_zero(tmp_path, capsys
     s.close()
     assert main(["history", "--store", str(path)]) == 0
     assert capsys.readouterr().out.splitlines()[1].endswith("  0.0% ± 7.2 vs default governor")
+
+
+DAMAGE = {  # what SQLite keeps in a column whatever its declared type, and what the readers once raised a traceback on
+    "text-time": "UPDATE jobs SET ended_at = 'x' WHERE id = 2",
+    "far-time": "UPDATE jobs SET ended_at = 1e300 WHERE id = 2",
+    "text-energy": "UPDATE jobs SET energy_j = 'lots' WHERE id = 2",
+    "blob-name": "UPDATE jobs SET name = x'00ff' WHERE id = 2",
+    "levels-not-json": "UPDATE jobs SET levels_hz = '[1,' WHERE id = 2",
+    "text-layers": "UPDATE jobs SET num_layers = 'q' WHERE id = 2",
+    "unknown-model-type": "UPDATE jobs SET model_type = 'moe' WHERE id = 2",
+    "text-window": "UPDATE windows SET joules_per_step = 'q' WHERE job = 2",
+}
+
+
+@pytest.mark.parametrize("sql", DAMAGE.values(), ids=DAMAGE.keys())
+def test_a_damaged_job_is_left_out_by_name_and_the_rest_are_shown(sim_store, tmp_path, sql, capsys):
+    _path, records = sim_store
+    path = tmp_path / "damaged.sqlite"
+    s = Store(path)
+    for r in records[:3]:
+        s.add(dataclasses.replace(r, name=f"{r.name}-{records.index(r)}"))
+    s.close()
+    raw = sqlite3.connect(path)
+    raw.execute(sql)
+    raw.commit()
+    raw.close()
+    assert main(["history", "--store", str(path)]) == 0
+    out, err = capsys.readouterr()
+    assert "job 2" in err and "1 job(s) left out" in err and "Traceback" not in err
+    assert f"{records[0].name}-0" in out and f"{records[2].name}-2" in out and f"{records[1].name}-1" not in out
+    assert main(["history", "--store", str(path), "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)["jobs"]) == 2
+    assert main(["report", "--store", str(path), "--out", str(tmp_path / "report")]) == 0
+    assert "job 2" in capsys.readouterr().err
+    with pytest.raises(BadRow, match="job 2"):  # retraining takes no partial store: it says which row
+        read_jobs(open_read_only(path))
+
+
+def test_damaged_totals_are_named_with_the_store(sim_store, tmp_path, capsys):
+    path = tmp_path / "damaged.sqlite"
+    s = Store(path)
+    s.add(sim_store[1][0])
+    s.close()
+    raw = sqlite3.connect(path)
+    raw.execute("UPDATE totals SET energy_j = 'q'")
+    raw.commit()
+    raw.close()
+    assert main(["history", "--store", str(path)]) == 1
+    assert capsys.readouterr().err.strip() == f"ftgov history: {path}: the totals: energy_j is 'q', not a finite number"

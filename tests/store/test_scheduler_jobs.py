@@ -3,6 +3,8 @@ read back; a version-2 store gains the table when the daemon opens it, and reads
 
 import sqlite3
 
+import pytest
+
 from governor.store import measurements as store
 from governor.store.measurements import SchedulerJobRecord, Store
 
@@ -36,3 +38,16 @@ def test_scheduler_jobs_past_max_jobs_drop_the_oldest(tmp_path):
     s.close()
     kept = store.read_scheduler_jobs(store.open_read_only(tmp_path / "m.sqlite"))
     assert [r.sched_job_id for r in kept] == [2, 3]
+
+
+def test_a_scheduler_job_holding_what_the_daemon_never_writes_is_named(tmp_path):
+    path = tmp_path / "m.sqlite"
+    s = Store(path)
+    s.add_scheduler_job(SchedulerJobRecord(ended_at=1e6, scheduler="slurm", sched_job_id=7, energy_j=10.0))
+    s.close()
+    raw = sqlite3.connect(path)
+    raw.execute("UPDATE scheduler_jobs SET energy_j = 'lots'")
+    raw.commit()
+    raw.close()
+    with pytest.raises(store.BadRow, match="scheduler job 1: energy_j is 'lots', not a finite number"):
+        store.read_scheduler_jobs(store.open_read_only(path))
