@@ -124,6 +124,9 @@ def load_records(paths: list[Path], uids: set[int] | None = None) -> tuple[list,
         conn = store.open_read_only(p)
         try:
             jobs = store.read_jobs(conn)
+        except store.BadRow as e:
+            raise store.BadRow(f"{p}: {e}: retraining takes no partial store (ftgov history --store shows the rest)") \
+                from None
         finally:
             conn.close()
         sources.append({"path": str(p), "jobs": len(jobs)})

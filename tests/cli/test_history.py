@@ -317,6 +317,8 @@ def test_a_damaged_job_is_left_out_by_name_and_the_rest_are_shown(sim_store, tmp
     assert "job 2" in capsys.readouterr().err
     with pytest.raises(BadRow, match="job 2"):  # retraining takes no partial store: it says which row
         read_jobs(open_read_only(path))
+    with pytest.raises(BadRow, match=f"{path}: job 2[:,] .*no partial store"):
+        retrain.load_records([path])
 
 
 def test_damaged_totals_are_named_with_the_store(sim_store, tmp_path, capsys):
