@@ -151,9 +151,11 @@ def test_ftgov_restore_finds_a_simulated_daemons_state_beside_ftgov_sim_tree(tmp
     d = start_daemon(sim_tree, state_dir=state_dir)
     c = d.client()  # held open: closing it would end the job before the kill
     c.call("register", **FEATURES)
+    env = {"FTGOV_SIM_TREE": str(sim_tree)}
+    busy = _ftgov("restore", env_extra=env)  # the simulated daemon is a process in a shell, not the unit
+    assert busy.returncode == 1 and "Ctrl-C" in busy.stderr and "systemctl" not in busy.stderr
     d.stop(signal.SIGKILL)
     assert limits(sim_tree) == PINNED
-    env = {"FTGOV_SIM_TREE": str(sim_tree)}
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     given = _ftgov("restore", "--state-dir", str(elsewhere), "--sysfs-root", str(sim_tree), env_extra=env)
