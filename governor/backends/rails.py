@@ -42,7 +42,9 @@ HWMON_CLASS = "/sys/class/hwmon"
 _CHANNEL = re.compile(r"in(\d+)_label$")
 
 
-# The INA3221 driver's default hwmon update_interval (ms) on a Jetson: the sensor's average refreshes this often.
+# The INA3221's hwmon update_interval assumed when no chip's update_interval file can be read: the sensor's average
+# refreshes this often. 140 ms is unverified on a board (not in the sources we checked; docs/hardware.md): the chips'
+# own file, read at discovery, wins.
 DEFAULT_UPDATE_INTERVAL_S = 0.140
 
 

@@ -107,8 +107,13 @@ def check_devfreq(ctx: Context) -> list[Check]:
         gpu = devfreq.probe(ctx.root)[0]
         reading = gpu.read()
     except NodeNotFound as e:
+        # jetson_clocks powers the GPU up (railgate_enable=0) but also copies max_freq into min_freq and leaves it:
+        # alone, it would hand ftgovd a held clock as its baseline. --store before and --restore after put back
+        # min_freq and railgate_enable (the node comes with the GPU's first power-up).
         return [Check("devfreq", FAIL, str(e), "the node appears once the GPU has powered up: run any CUDA program "
-                      "once, or `sudo jetson_clocks` (it turns railgating off); ftgovd waits node_wait_s for it")]
+                      "once, or `sudo jetson_clocks --store && sudo jetson_clocks && sudo jetson_clocks --restore` "
+                      "(jetson_clocks alone leaves min_freq = max_freq, which ftgovd would take as its baseline); "
+                      "ftgovd waits node_wait_s for it")]
     except BackendError as e:
         return [Check("devfreq", FAIL, f"the GPU devfreq node cannot be read: {e}")]
     ctx.gpu = gpu

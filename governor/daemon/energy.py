@@ -28,23 +28,42 @@ class BoardEnergy:
     def __init__(self, rails: Rails | None):
         self.rails = rails
         self._power_cache: tuple[float, float] = (-1.0, 0.0)
+        self._last_mw: float | None = None  # the last power read, for a read that fails
+        self._failing = False  # the last read failed (logged once a run of failures, not at every sample)
         self._counters: dict[str, CounterReads] = {}  # GPU id -> its counter's reads, shared by its meters
 
-    def total_mw(self) -> float:
-        """Board power now (ENERGY_RAILS). Reused for POWER_CACHE_S: the INA3221 itself refreshes only every ~140 ms
-        (update_interval), so a burst of registrations need not read eight files each."""
+    def read_mw(self) -> float | None:
+        """Board power now (ENERGY_RAILS), or None when the rails cannot be read now. Reused for POWER_CACHE_S: the
+        INA3221 itself refreshes only every update_interval, so a burst of registrations need not read eight files
+        each. A board's rails are read over I2C, and a read can fail: the failure is logged when it starts and ends."""
         if self.rails is None:
-            return 0.0
+            return None
         now = time.monotonic()
         if now - self._power_cache[0] < POWER_CACHE_S:
             return self._power_cache[1]
         try:
             mw = self.rails.total_mw(self.rails.read_mw())
         except BackendError as e:
-            log.warning("cannot read the power rails: %s", e)
-            return 0.0
+            if not self._failing:
+                log.warning("cannot read the power rails: %s (energy bridges the failed reads with the readings "
+                            "on either side)", e)
+            self._failing = True
+            return None
+        if self._failing:
+            log.info("the power rails read again")
+        self._failing = False
         self._power_cache = (now, mw)
+        self._last_mw = mw
         return mw
+
+    def total_mw(self) -> float:
+        """Board power now (ENERGY_RAILS): the last reading that succeeded where this one fails (the sensor's own
+        reading, too, holds between refreshes), 0 without rails or before any read succeeded. A failed read is
+        never a power of 0 mW in a job's energy."""
+        mw = self.read_mw()
+        if mw is not None:
+            return mw
+        return 0.0 if self._last_mw is None else self._last_mw
 
     def new_meter(self, gpu: Gpu):
         """An energy meter from now: rails integrated over time (Jetson), else the GPU's own energy counter (NVML),
@@ -80,7 +99,9 @@ class BoardEnergy:
                        if isinstance(m, EnergyMeter) and m not in meters]
         if not meters:
             return
-        t, mw = time.monotonic(), self.total_mw()
+        t, mw = time.monotonic(), self.read_mw()
+        if mw is None:
+            return  # a failed read adds no sample: the next good one integrates across the gap
         for meter in meters:
             meter.add(t, mw)
 

@@ -70,9 +70,9 @@ class RailSampler:
     """Samples rail power and the GPU's state on a thread while a measurement runs, integrating power over time.
 
     A sampler, not a wait: it must look at the rails at a fixed rate because the INA3221 only reports instantaneous
-    power (the driver refreshes every update_interval, 140 ms on the Orin). Each interval between two samples is
-    integrated at the mean of its end points (trapezoid rule). It also records every (min_hz, max_hz) it saw, so
-    that a measurement during which something else moved the limits can be refused.
+    power (the driver refreshes every update_interval, 140 ms in the simulated tree, unverified on a board). Each
+    interval between two samples is integrated at the mean of its end points (trapezoid rule). It also records every
+    (min_hz, max_hz) it saw, so that a measurement during which something else moved the limits can be refused.
     """
 
     def __init__(self, rails, gpu, interval_s: float = 0.05):

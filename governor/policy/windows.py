@@ -39,7 +39,7 @@ class Tuner(Protocol):
 DEFAULT_WARMUP_STEPS = 1
 DEFAULT_WINDOW_STEPS = 4
 # NVML's energy counter moves every 100 ms (measured on an H200: governor.sim.meters); a Jetson's INA3221 refreshes
-# every hwmon update_interval (140 ms by default).
+# every hwmon update_interval (140 ms in the simulated tree; unverified on a board).
 NVML_COUNTER_UPDATE_S = 0.100
 # How long a meter takes to show a change of clock (or an unpin) fully, in its updates: NVML's counter is exact at
 # its next update; an INA3221 reading is the mean over the update_interval before its last refresh, so a reading

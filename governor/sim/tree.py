@@ -4,9 +4,11 @@ Layouts (``LAYOUTS``):
 - ``jp6``: AGX Orin, JetPack 6 (L4T r36): the node under ``platform/bus@0/17000000.gpu``, of_node name "gpu", the
   driver's ``bus@0/gpu.0``, ``platform/gpu.0`` and ``platform/17000000.gpu`` links; unused INA3221 channels have no
   label file.
-- ``jp5``: AGX Orin, JetPack 5 (L4T r35): the node under ``platform/17000000.ga10b``, of_node name "ga10b", the
-  driver's links one level up (``/sys/devices/17000000.ga10b``, ``/sys/devices/gpu.0``) and ``platform/gpu.0``;
-  unused INA3221 channels are labelled ``NC``.
+- ``jp5``: AGX Orin, JetPack 5 (L4T r35): the node under ``platform/17000000.ga10b``, of_node name "ga10b" (so its
+  device-tree node is ``ga10b@17000000``: a platform device from the device tree is named unit-address.node-name),
+  the driver's links one level up (``/sys/devices/17000000.ga10b``, ``/sys/devices/gpu.0``) and ``platform/gpu.0``,
+  and no ``devfreq_dev`` link (the reference lists it for JetPack 6 only; nothing in ftgov reads it); unused INA3221
+  channels are labelled ``NC``.
 - ``nx-jp6``: Orin NX / Orin Nano, JetPack 6: the JetPack 6 layout with the NX rails (VDD_IN, VDD_CPU_GPU_CV, VDD_SOC).
 
 Every tree has the devfreq class symlink, the device's of_node, a per-mille GPU load file, the INA3221 hwmon rails and
@@ -82,6 +84,7 @@ class Layout:
     compatible: str
     release: str
     idle_rails_mw: dict[str, float]  # what the rails of a static tree read (a board process rewrites them)
+    devfreq_dev: bool = True  # the device's devfreq_dev link to its node (JetPack 6's nvgpu)
 
 
 _AGX_RAILS = {"1-0040": {1: "VDD_GPU_SOC", 2: "VDD_CPU_CV", 3: "VIN_SYS_5V0"}, "1-0041": {2: "VDDQ_VDD2_1V8AO"}}
@@ -99,10 +102,11 @@ LAYOUTS: dict[str, Layout] = {
     "jp6": Layout("jp6", "Jetson AGX Orin, JetPack 6", _JP6_DEVICE, "/proc/device-tree/bus@0/gpu@17000000", "gpu",
                   JP6_LEVELS_HZ, _AGX_RAILS, None, _JP6_LINKS, _AGX_MODEL, _AGX_COMPATIBLE, _JP6_RELEASE, _AGX_IDLE_MW),
     "jp5": Layout("jp5", "Jetson AGX Orin, JetPack 5", "/sys/devices/platform/17000000.ga10b",
-                  "/proc/device-tree/gpu@17000000", "ga10b", JP5_LEVELS_HZ, _AGX_RAILS, "NC",
+                  "/proc/device-tree/ga10b@17000000", "ga10b", JP5_LEVELS_HZ, _AGX_RAILS, "NC",
                   ("/sys/devices/17000000.ga10b", "/sys/devices/gpu.0", "/sys/devices/platform/gpu.0"),
                   _AGX_MODEL, _AGX_COMPATIBLE,
-                  "# R35 (release), REVISION: 4.1, GCID: 33958178, BOARD: t186ref, EABI: aarch64", _AGX_IDLE_MW),
+                  "# R35 (release), REVISION: 4.1, GCID: 33958178, BOARD: t186ref, EABI: aarch64", _AGX_IDLE_MW,
+                  devfreq_dev=False),
     # The NX's model and compatible strings follow the p3767 module naming (unverified).
     "nx-jp6": Layout("nx-jp6", "Jetson Orin NX / Orin Nano, JetPack 6", _JP6_DEVICE,
                      "/proc/device-tree/bus@0/gpu@17000000", "gpu", NX_LEVELS_HZ, _NX_RAILS, None, _JP6_LINKS,
@@ -183,7 +187,8 @@ def build(directory: str | os.PathLike, layout: str = "jp6", *, boot_id: str | N
     _write(device / "railgate_enable", "1\n")
     for link in spec.links:
         _link(root.path(link), device)
-    _link(device / "devfreq_dev", node)
+    if spec.devfreq_dev:
+        _link(device / "devfreq_dev", node)
 
     # An unrelated devfreq node that discovery must skip.
     vic = root.path("/sys/devices/platform/bus@0/15340000.vic")
@@ -201,7 +206,7 @@ def build(directory: str | os.PathLike, layout: str = "jp6", *, boot_id: str | N
         boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     _write(root.path("/proc/sys/kernel/random/boot_id"), boot_id + "\n")
     if power_mode is not None:
-        _nvpmodel(root, power_mode)
+        _nvpmodel(root, power_mode, spec)
     _write(root.path(SIM_DIR) / "layout", spec.name + "\n")
     root.path(JOBS_DIR).mkdir(parents=True, exist_ok=True)
     root.path(TMP_DIR).mkdir(parents=True, exist_ok=True)
@@ -237,10 +242,13 @@ def _ina3221(root: Root, spec: Layout) -> None:
     write_rails(root, spec.idle_rails_mw)
 
 
-def _nvpmodel(root: Root, mode: int) -> None:
-    """nvpmodel's conf (the GPU part of each mode, in the layout of NVIDIA's published confs) and its status."""
-    lines = ["< PARAM TYPE=CLOCK NAME=GPU >", "MIN_FREQ /sys/devices/platform/gpu.0/devfreq_dev/min_freq",
-             "MAX_FREQ /sys/devices/platform/gpu.0/devfreq_dev/max_freq"]
+def _nvpmodel(root: Root, mode: int, spec: Layout) -> None:
+    """nvpmodel's conf (the GPU part of each mode, in the layout of NVIDIA's published confs) and its status. The
+    conf names the limit files through the driver's links: JetPack 6's gpu.0/devfreq_dev, JetPack 5's one level up
+    (which of JetPack 5's links its confs use is unverified: the reference says only that they write through them)."""
+    name = Path(spec.device).name
+    gpu_dir = "/sys/devices/platform/gpu.0/devfreq_dev" if spec.devfreq_dev else f"/sys/devices/{name}/devfreq/{name}"
+    lines = ["< PARAM TYPE=CLOCK NAME=GPU >", f"MIN_FREQ {gpu_dir}/min_freq", f"MAX_FREQ {gpu_dir}/max_freq"]
     for mode_id, (name, cap_hz) in AGX_POWER_MODES.items():
         lines += [f"< POWER_MODEL ID={mode_id} NAME={name} >", "GPU MIN_FREQ 0", f"GPU MAX_FREQ {cap_hz or -1}"]
     lines.append(f"< PM_CONFIG DEFAULT={AGX_DEFAULT_MODE} >")

@@ -121,6 +121,11 @@ def test_no_devfreq_node(orin):
     devfreq = one(checks, "devfreq")
     assert devfreq["status"] == "FAIL" and "no GPU devfreq node" in devfreq["detail"] and "CUDA" in devfreq["fix"]
     assert one(checks, "pin")["status"] == "FAIL"
+    # jetson_clocks alone copies max_freq into min_freq and leaves it there: the node would appear held at the top,
+    # ftgovd would take that as its baseline, and the next doctor would FAIL 'holder'. The hint must put min back.
+    fix = devfreq["fix"]
+    assert "jetson_clocks --store" in fix and "jetson_clocks --restore" in fix, fix
+    assert fix.index("jetson_clocks --store") < fix.index("jetson_clocks --restore"), fix
 
 
 def test_min_freq_read_only(orin):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from governor.backends import rails
+from governor.sim.tree import replace_file
 from governor.sysfs import Root
 from tests.support.daemon import FEATURES
 from tests.support.fswatch import IN_CLOSE_NOWRITE, Watch
@@ -39,3 +40,35 @@ def test_the_rails_are_sampled_at_the_sensors_refresh_while_a_job_runs_and_never
         assert rail_reads(watch, curr.name, 1.0) == []  # no job: no sampler (the tick is 5 s away)
     finally:
         watch.close()
+
+
+def test_a_rail_read_that_fails_is_not_counted_as_zero_power(orin, start_daemon):
+    """A board's INA3221 is read over I2C, and a read can fail (an I2C error; a simulated file never does). The job's
+    energy must bridge the failed reads with the readings on either side, not integrate them as 0 mW: on a board at
+    constant power, a job's energy is that power times its duration however many reads failed meanwhile."""
+    root = Root(orin)
+    found = rails.discover(root)
+    power_w = found.total_mw(found.read_mw()) / 1000.0  # a plain tree: the rails hold still
+    volt = Path(os.path.realpath(found.channels[rails.RAIL_GPU_SOC][0]))
+    good = volt.read_text()
+    d = start_daemon(config={"sample_interval_s": 5.0})  # the sampler alone reads the rails
+    c = d.client()
+    watch = Watch(volt.parent, mask=IN_CLOSE_NOWRITE)
+    try:
+        job_id = c.call("register", **FEATURES)["job_id"]
+
+        def reads() -> int:
+            return sum(1 for name, kind in watch.events if name == volt.name and kind == "close_nowrite")
+
+        watch.drain()
+        replace_file(root, volt, "garbage\n")  # a read that fails, as an I2C error would
+        watch.events.clear()
+        watch.wait(lambda: reads() >= 6)  # six samples (840 ms at 140 ms) fail
+        replace_file(root, volt, good)
+        watch.events.clear()
+        watch.wait(lambda: reads() >= 2)  # and two read the rail again
+        end = c.call("unregister", job_id=job_id)
+    finally:
+        watch.close()
+    assert end["energy_j"] == pytest.approx(power_w * end["duration_s"], rel=0.05), end
+    assert "cannot read the power rails" in d.log()

@@ -4,6 +4,7 @@ each, the energy sum is chosen per board, and the simulator keeps one copy of it
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -41,6 +42,22 @@ def test_jetpack5_links_and_the_node_under_platform(tmp_path):
     # not the driver's link one level up.
     assert root.unroot(gpu.node) == device + "/devfreq/17000000.ga10b"
     assert root.unroot(gpu.load_path) == device + "/load"
+    # The reference lists devfreq_dev for JetPack 6 only; and a device-tree platform device is named
+    # unit-address.node-name, so 17000000.ga10b's node is ga10b@17000000, whose name reads ga10b.
+    assert not (root.path(device) / "devfreq_dev").exists() and not (root.path(device) / "devfreq_dev").is_symlink()
+    assert target(root, device + "/of_node") == "/proc/device-tree/ga10b@17000000"
+
+
+@pytest.mark.parametrize("layout", ["jp6", "jp5"])
+def test_the_nvpmodel_conf_names_limit_files_the_tree_has(tmp_path, layout):
+    """nvpmodel writes the files its conf names, through the driver's links: each must lead to the GPU's node."""
+    root = tree.build(tmp_path, layout, power_mode=2)
+    (gpu,) = devfreq.probe(root)
+    named = [line.split()[1] for line in root.path(tree.NVPMODEL_CONF).read_text().splitlines()
+             if line.startswith(("MIN_FREQ /", "MAX_FREQ /"))]
+    assert len(named) == 2
+    for path in named:
+        assert root.resolve(root.path(path)) == gpu.node / Path(path).name, path
 
 
 def labels(root: Root) -> dict[str, dict[str, str | None]]:
