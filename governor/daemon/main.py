@@ -22,7 +22,7 @@ from governor.backends import devfreq
 from governor.backends import rails as rails_mod
 from governor.backends.base import describe_text
 from governor.config import Config, default_ffg_hz, default_model_path, load_config, store_path
-from governor.daemon import admission, logs, tuning
+from governor.daemon import admission, logs, peers, tuning
 from governor.daemon.controller import Controller
 from governor.daemon.groups import Groups
 from governor.daemon.listen import bind_socket
@@ -252,6 +252,8 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
             log.warning("GPU %s: its devfreq node %s is outside /sys/devices/platform: the shipped unit's sandbox "
                         "leaves it read-only, so pins will fail (JetPack 4 is not supported; elsewhere add a "
                         "ReadWritePaths= drop-in: systemctl edit ftgovd)", gpu.id, node)
+    if (why := peers.pidfd_problem()) is not None:
+        log.error("%s", why)
     rails = rails_mod.discover(root)
     if rails is not None:
         (log.info if rails.energy_rails else log.warning)("power rails: %s; %s", ", ".join(rails.names),

@@ -82,6 +82,31 @@ class ProcessGone(Exception):
     pass
 
 
+class CannotHold(ProcessGone):
+    """No process can be held here: pidfd_open is refused. A ProcessGone, so that every path that goes on without a
+    process it cannot hold goes on without this one; a registration's reply tells it apart (a fault of the daemon's
+    host, not of the pid)."""
+
+
+# pidfd_open(2) has no EPERM of its own: a system call filter gives it. Unverified on a board: whether JetPack 5's
+# systemd 245 and its libseccomp pass pidfd_open in @system-service (systemd added the Linux 5.3 calls to its groups
+# in v244; a libseccomp that does not know a call cannot allow it by name).
+PIDFD_REFUSED = ("pidfd_open is refused (EPERM) by a system call filter, so ftgovd cannot hold a job's process by its "
+                 "pid (on a kernel older than 6.5, a Jetson's, no job at all): on a systemd older than 244, or with a "
+                 "libseccomp that does not know the call, the unit's SystemCallFilter=@system-service leaves it out; "
+                 "`systemctl edit ftgovd` and add SystemCallFilter=pidfd_open (docs/install.md, Troubleshooting)")
+
+
+def pidfd_problem() -> str | None:
+    """Why this process cannot open pidfds (checked on its own pid), or None when it can."""
+    try:
+        fd = os.pidfd_open(os.getpid())
+    except OSError as e:
+        return PIDFD_REFUSED if e.errno == errno.EPERM else f"pidfd_open fails: {e.strerror}"
+    os.close(fd)
+    return None
+
+
 class NotTheirs(ProcessGone):
     """The process is alive but belongs to another uid than the one that asks (or that the record names)."""
 
@@ -178,6 +203,8 @@ def hold(pid: int, expected_start_ticks: int | None = None) -> HeldProcess:
     try:
         pidfd = os.pidfd_open(pid)
     except OSError as e:
+        if e.errno == errno.EPERM:
+            raise CannotHold(PIDFD_REFUSED) from e
         raise ProcessGone(f"no process {pid}" if e.errno == errno.ESRCH else
                           f"cannot open process {pid}: {e.strerror}") from e
     try:
@@ -255,6 +282,8 @@ def process_for_job(connected: HeldProcess | None, peer: Peer, pid: int | None) 
     if (pid is None or pid == peer.pid) and connected is not None:
         return connected.another()
     if pid is None:
+        if (why := pidfd_problem()) is not None:  # not held at the connection because none can be
+            raise CannotHold(why)
         raise ProcessGone(f"the process that connected (pid {peer.pid}) had exited by the time the daemon accepted "
                           "the connection: pass pid")
     return hold(pid)

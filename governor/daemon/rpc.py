@@ -140,6 +140,8 @@ class Methods:
                 log.info("uid %d: register pid %s refused: %s", peer.uid, pid, e)
                 raise RpcFault(PERMISSION_DENIED, f"pid: process {pid} is not yours", {"field": "pid"}) from e
             raise RpcFault(PERMISSION_DENIED, f"pid: {e}", {"field": "pid"}) from e
+        except peers.CannotHold as e:
+            raise RpcFault(SERVER_ERROR, str(e)) from e
         except peers.ProcessGone as e:
             raise RpcFault(INVALID_PARAMS, f"pid: {e}", {"field": "pid"}) from e
         except GpuNotFound as e:

@@ -196,3 +196,17 @@ def test_a_member_cannot_register_a_job_held_by_another_uids_process(children):
     assert ends.processes == [] and holds.processes() == 0
     holds.close()
     client.process.close()
+
+
+def test_a_system_call_filter_that_refuses_pidfds_is_named_not_taken_for_a_gone_process(monkeypatch):
+    """pidfd_open has no EPERM of its own: a seccomp filter gives it (the unit's SystemCallFilter on an older
+    systemd). The systemd suite runs the daemon under such a filter; here, what each caller is told."""
+    assert peers.pidfd_problem() is None
+
+    def refused(pid, flags=0):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "pidfd_open", refused)
+    assert "SystemCallFilter=pidfd_open" in peers.pidfd_problem()
+    with pytest.raises(peers.CannotHold, match="pidfd_open is refused"):
+        peers.hold(os.getpid())

@@ -275,6 +275,39 @@ def check_restore_on_stop_false() -> None:
         stop_job("ftgov-ci-job3")
 
 
+NO_PIDFD_DROPIN = DROPIN.with_name("60-ci-no-pidfd.conf")
+
+
+def check_pidfd_refused_is_said() -> None:
+    """Where the unit's system call filter refuses pidfd_open (JetPack 5's systemd 245 and libseccomp may: unverified),
+    ftgovd says so at start with the fix, and a registration that names a process is refused in the same words, the
+    GPU left at its baseline. Root names a process by pid (as `ftgov run` and Slurm do): that path opens a pidfd on
+    any kernel, where a client's own connection may carry one (SO_PEERPIDFD, Linux 6.5)."""
+    NO_PIDFD_DROPIN.write_text("[Service]\nSystemCallFilter=~pidfd_open\n")
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        sh("systemctl", "daemon-reload")
+        sh("systemctl", "restart", "ftgovd.service")
+        said = [e["MESSAGE"] for e in journal("-u", "ftgovd.service", "-p", "err")
+                if "pidfd_open is refused" in str(e.get("MESSAGE", ""))]
+        expect(said and "SystemCallFilter=pidfd_open" in said[-1], f"no start-up error names the fix: {said}")
+        reply = json.loads(sh(*CLIENT, "call", "register", json.dumps({
+            "model_type": "decoder", "num_layers": 6, "hidden_size": 512, "seq_len": 128, "gpu_util": 60,
+            "pid": sleeper.pid, "name": "ftgov-ci-nopidfd"})).stdout)
+        message = reply.get("error", {}).get("message", "")
+        expect("pidfd_open is refused" in message and "SystemCallFilter=pidfd_open" in message,
+               f"register under the filter got: {reply}")
+        expect(at_baseline(), f"the GPU is not at its baseline: {limits_hz()}")
+        print(f"    start-up: {said[-1][:90]!r}...")
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        NO_PIDFD_DROPIN.unlink(missing_ok=True)
+        sh("systemctl", "daemon-reload")
+        sh("systemctl", "restart", "ftgovd.service")
+    expect(call("ping") == {}, "ftgovd does not answer after the filter was lifted")
+
+
 def check_outsider_refused() -> None:
     as_nobody = sh("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *CLIENT, "call", "ping",
                    check=False)
@@ -473,7 +506,8 @@ def check_reload_switches_the_tree() -> None:
 CHECKS = [check_verify_with_dropin, check_socket_activation, check_sandbox_in_effect, check_watchdog_pings,
           check_job_pins_tree,
           check_journal_fields, check_kill_restarts_and_restores, check_stop_restores,
-          check_restore_on_stop_false, check_outsider_refused, check_doctor, check_unit_order_and_reload,
+          check_restore_on_stop_false, check_pidfd_refused_is_said, check_outsider_refused, check_doctor,
+          check_unit_order_and_reload,
           check_store_survives_restart, check_reload_switches_the_tree,
           check_priorities_without_systemd_python,
           check_install_keeps_edited_config, check_nvml_dropin, check_uninstall,
