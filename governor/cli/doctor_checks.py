@@ -196,6 +196,30 @@ def check_holder(ctx: Context) -> list[Check]:
                   "(sudo nvpmodel -m <mode>); then sudo systemctl restart ftgovd")]
 
 
+THERMAL_CLASS = "/sys/class/thermal"
+
+
+def check_cooling(ctx: Context) -> list[Check]:
+    """Whether a thermal cap on the GPU would show in its max_freq. The reference leaves open whether L4T registers
+    the GPU's devfreq as a cooling device ("if L4T enables one"); upstream's devfreq_cooling names it
+    ``devfreq-<device>`` and caps the range through PM QoS, which max_freq then reads (unverified on a board). ftgovd
+    takes a max that drops under its pin for another tool's change (nvpmodel's) and restores under it at the jobs'
+    end: a cap of a hot spell would stay as the GPU's limit."""
+    if ctx.gpu is None:
+        return []
+    wanted = f"devfreq-{ctx.gpu.node.name}"
+    devices = sorted(ctx.root.path(THERMAL_CLASS).glob("cooling_device*"))
+    found = [d.name for d in devices if (_read(ctx.root, f"{THERMAL_CLASS}/{d.name}/type") or "").strip() == wanted]
+    if not found:
+        return [Check("cooling", OK, f"no cooling device {wanted}: thermal throttling shows in cur_freq, not in the "
+                                     "limits ftgovd pins")]
+    return [Check("cooling", WARN, f"{found[0]} ({wanted}) caps the GPU's range when hot: its cap reads in max_freq, "
+                                   "and ftgovd takes a max that drops under its pin for nvpmodel's, which the jobs' "
+                                   "end restores (a hot spell's cap would stay)",
+                  "after a hot spell, check the limits (ftgov doctor) and set the power mode again if they stay low "
+                  "(sudo nvpmodel -m <mode>); please report this board and JetPack release (docs/hardware.md)")]
+
+
 def check_jtop(ctx: Context) -> list[Check]:
     path = ctx.root.path(JTOP_SOCKET)
     if not path.is_socket():
@@ -400,5 +424,5 @@ def check_state(ctx: Context) -> list[Check]:
 
 
 CHECKS: tuple[Callable[[Context], list[Check]], ...] = (
-    check_board, check_devfreq, check_daemon, check_pin, check_holder, check_jtop, check_nvpmodel, check_rails,
-    check_socket, check_model, check_state)
+    check_board, check_devfreq, check_daemon, check_pin, check_holder, check_cooling, check_jtop, check_nvpmodel,
+    check_rails, check_socket, check_model, check_state)

@@ -128,6 +128,23 @@ def test_no_devfreq_node(orin):
     assert fix.index("jetson_clocks --store") < fix.index("jetson_clocks --restore"), fix
 
 
+def test_a_cooling_device_on_the_gpus_devfreq_is_warned_of(orin):
+    """Whether L4T caps the GPU through a devfreq cooling device (whose cap max_freq would read) is unverified: doctor
+    says which way the board goes, on the first run."""
+    rc, checks = doctor(orin)
+    assert one(checks, "cooling")["status"] == "OK"
+    fan = orin / "sys/class/thermal/cooling_device0"
+    fan.mkdir(parents=True)
+    (fan / "type").write_text("pwm-fan\n")
+    assert one(doctor(orin)[1], "cooling")["status"] == "OK"
+    gpu = orin / "sys/class/thermal/cooling_device1"
+    gpu.mkdir()
+    (gpu / "type").write_text("devfreq-17000000.gpu\n")
+    rc, checks = doctor(orin)
+    cooling = one(checks, "cooling")
+    assert cooling["status"] == "WARN" and "cooling_device1" in cooling["detail"] and "nvpmodel" in cooling["fix"]
+
+
 def test_min_freq_read_only(orin):
     (orin / DEVFREQ / "min_freq").chmod(0o444)
     rc, checks = doctor(orin)
