@@ -269,7 +269,9 @@ def check_nvpmodel(ctx: Context) -> list[Check]:
     modes, default = parse_nvpmodel(text)
     status = _read(ctx.root, NVPMODEL_STATUS) or ""
     m = re.search(r"pmode:(\d+)", status)
-    mode, source = (int(m.group(1)), NVPMODEL_STATUS) if m else (default, f"the conf's default; no {NVPMODEL_STATUS}")
+    # Whether members may read the status file is unverified: unread, the conf's default stands in, and says so.
+    mode, source = ((int(m.group(1)), NVPMODEL_STATUS) if m else
+                    (default, f"the conf's default; {NVPMODEL_STATUS} absent, unreadable or without a pmode"))
     if mode not in modes:
         return [Check("power mode", WARN, f"mode {mode} ({source}) is not among {sorted(modes)} in {NVPMODEL_CONF}",
                       "sudo nvpmodel -q shows the mode")]
