@@ -285,6 +285,21 @@ class NvmlGpu(GpuBase):
         if got != power_mw:
             raise PinError(f"GPU {self.id}: set the power limit to {power_mw} mW but it reads {got} mW")
 
+    def _reset_locked_clocks(self) -> None:
+        """nvmlDeviceResetGpuLockedClocks: back to the driver's default ("the gpu clock that will be used after system
+        reboot or driver reload", NVML API reference, Device Commands), not to a lock someone held before us.
+
+        NOT_SUPPORTED means the GPU has no locked clocks at all (Volta or newer only; Set answers the same), so no
+        lock can be in force and there is nothing to undo: done, not a failure. As a failure it left every restore
+        after a refused pin (doctor's pin check included) failing, retried on every tick for ever."""
+        try:
+            self._nvml.nvmlDeviceResetGpuLockedClocks(self._handle)
+        except self._nvml.NVMLError as e:
+            if getattr(e, "value", None) != self._nvml.NVML_ERROR_NOT_SUPPORTED:
+                raise converted(self._nvml, f"GPU {self.id} ({self.name}): reset locked clocks", e) from e
+            log.debug("GPU %s: no locked clocks to reset (NVML_ERROR_NOT_SUPPORTED)", self.id)
+        self._lock_hz = None
+
     def restore(self, limits: Limits) -> None:
         """Undo pins and caps: a full-range snapshot resets the lock (NVML's "unlocked"), a narrower one locks to it;
         the power limit goes back to the snapshot's when it differs. Tries both, then raises BackendError if either
@@ -292,8 +307,7 @@ class NvmlGpu(GpuBase):
         failures: list[BackendError] = []
         try:
             if limits.min_hz <= self.supported_hz[0] and limits.max_hz >= self.supported_hz[-1]:
-                self._call("reset locked clocks", self._nvml.nvmlDeviceResetGpuLockedClocks)
-                self._lock_hz = None
+                self._reset_locked_clocks()
             else:
                 self._call(f"lock clocks to {limits.min_hz // MHZ}..{limits.max_hz // MHZ} MHz",
                            self._nvml.nvmlDeviceSetGpuLockedClocks, limits.min_hz // MHZ, limits.max_hz // MHZ)

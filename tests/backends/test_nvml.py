@@ -217,14 +217,33 @@ def test_restore_after_a_crash_needs_only_the_saved_snapshot(nvml, system):
     assert system.gpus[0].locked_mhz is None and system.gpus[0].power_limit_mw == 700_000
 
 
-def test_restore_puts_the_power_limit_back_even_when_the_clock_reset_fails(nvml, system):
+def test_restore_puts_the_power_limit_back_even_when_the_clock_reset_fails(nvml, system, monkeypatch):
     gpu = probe(nvml)[0]
     baseline = gpu.snapshot()
     gpu.set_power_cap_mw(300_000)
-    system.gpus[0].supports_locking = False
+
+    def reset_fails(handle):
+        raise nvml.NVMLError(nvml.NVML_ERROR_UNKNOWN)
+
+    monkeypatch.setattr(nvml, "nvmlDeviceResetGpuLockedClocks", reset_fails)
     with pytest.raises(BackendError, match="reset locked clocks"):
         gpu.restore(baseline)
     assert system.gpus[0].power_limit_mw == 700_000
+
+
+def test_restore_on_a_gpu_that_cannot_lock_is_done_not_a_failure(nvml, system):
+    # NVML answers NOT_SUPPORTED to ResetGpuLockedClocks on a GPU without locked clocks (pre-Volta, some boards; NVML
+    # API reference, Device Commands): no lock can be in force there, so there is nothing to undo. As a failure it
+    # left the daemon retrying the restore on every tick after a pin that could not take (doctor's pin check too).
+    gpu = probe(nvml)[1]
+    baseline = gpu.snapshot()
+    system.gpus[1].supports_locking = False
+    with pytest.raises(PinError):
+        gpu.pin(gpu.levels_hz[0])
+    gpu.restore(baseline)  # no error
+    gpu.set_power_cap_mw(300_000)
+    gpu.restore(baseline)
+    assert system.gpus[1].power_limit_mw == 700_000
 
 
 def test_restore_leaves_an_unchanged_power_limit_alone(nvml, system):

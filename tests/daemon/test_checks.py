@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from governor.backends.base import Limits, Reading
 from governor.daemon import checks
 from governor.daemon.gpupin import GpuPin
@@ -73,3 +75,29 @@ def test_the_pin_check_of_an_idle_gpu_pins_at_its_clock_and_restores_after_savin
                       "detail": "pinned at the current 918 MHz and restored"}
     assert gpu.writes == [LEVELS[3], None] and saves == [(BASELINE, LEVELS[3]), (None, None)]
     assert checks.pin_check(pinned([]))["wrote"] is False  # pinned for jobs: checked by reading
+
+
+def test_pin_check_on_an_nvml_gpu_that_cannot_lock_leaves_no_restore_to_retry(monkeypatch):
+    """NVML's ResetGpuLockedClocks answers NOT_SUPPORTED where SetGpuLockedClocks does: the check's pin fails, and
+    its restore must not then be left failing (and retried on every tick) for a lock that cannot exist."""
+    from tests.support import FAKENVML_DIR
+
+    monkeypatch.syspath_prepend(str(FAKENVML_DIR))
+    for name in [k for k in sys.modules if k == "pynvml" or k.startswith("pynvml.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import pynvml
+
+    from governor.backends.nvml import probe
+
+    try:
+        system = pynvml.fake_reset(pynvml.FakeSystem(gpus=pynvml.default_gpus(1), clock=pynvml.ManualClock()))
+        system.gpus[0].supports_locking = False
+        gpu = probe(pynvml)[0]
+        pins: dict = {}
+        pins[gpu.id] = pin = GpuPin(gpu, PowerModeCap(pins), lambda: None)
+        result = checks.pin_check(pin)
+        assert result["ok"] is False and "cannot lock its clocks" in result["detail"]
+        assert not pin.restore_failed and pin.baseline is None
+    finally:
+        for name in [k for k in sys.modules if k == "pynvml" or k.startswith("pynvml.")]:
+            del sys.modules[name]
