@@ -77,6 +77,8 @@ def _advice(nvml: Any, code: int | None, not_supported: str) -> str:
     if code in (getattr(nvml, "NVML_ERROR_DRIVER_NOT_LOADED", None),
                 getattr(nvml, "NVML_ERROR_LIBRARY_NOT_FOUND", None)):
         return "no NVIDIA driver: install it (libnvidia-ml.so.1) or choose the devfreq backend"
+    if code == getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", None):
+        return "the driver's libnvidia-ml.so lacks this call (a driver older than the call): update the driver"
     return "see nvidia-smi -q for the GPU's state"
 
 
@@ -214,12 +216,26 @@ class NvmlGpu(GpuBase):
     def clock_event_reasons(self) -> int | None:
         """Why the clock is below its maximum now (nvmlClocksEventReason* bits: idle, lock, power cap, thermal), or
         None where the driver does not say. The lock bit (ApplicationsClocksSetting) hints at a lock NVML cannot
-        read back."""
-        try:
-            return int(self._call("clock event reasons", self._nvml.nvmlDeviceGetCurrentClocksEventReasons))
-        except BackendError as e:
-            log.debug("%s", e)
-            return None
+        read back (nvmlClocksEventReasonUserDefinedClocks is its deprecated alias, and what a lock sets; unverified
+        here on real hardware).
+
+        nvmlDeviceGetCurrentClocksEventReasons exists from driver R535 on (leptonai/gpud PR #48); an older driver's
+        library lacks it (pynvml: NVML_ERROR_FUNCTION_NOT_FOUND), so the same bits then come from the older
+        nvmlDeviceGetCurrentClocksThrottleReasons, which nvidia-ml-py 13 marks "will be removed in CUDA 14.0"."""
+        nvml = self._nvml
+        for name in ("nvmlDeviceGetCurrentClocksEventReasons", "nvmlDeviceGetCurrentClocksThrottleReasons"):
+            fn = getattr(nvml, name, None)
+            if fn is None:
+                continue
+            try:
+                return int(fn(self._handle))
+            except nvml.NVMLError as e:
+                if getattr(e, "value", None) == getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", None):
+                    continue
+                log.debug("%s", converted(nvml, f"GPU {self.id} ({self.name}): clock event reasons", e))
+                return None
+        log.debug("GPU %s: this driver or nvidia-ml-py reads no clock event reasons", self.id)
+        return None
 
     def read(self) -> Reading:
         """Limits are those this process locked (NVML cannot read a lock back), else the full range; cur and load

@@ -253,6 +253,26 @@ def test_restore_leaves_an_unchanged_power_limit_alone(nvml, system):
 
 
 # ---- reads ----
+def test_clock_event_reasons_fall_back_to_the_throttle_reasons_of_a_driver_before_r535(nvml, system):
+    # nvmlDeviceGetCurrentClocksEventReasons exists from driver R535 (leptonai/gpud PR #48: "clock events are supported
+    # in versions 535 and above"); before it pynvml answers FUNCTION_NOT_FOUND and the same bits come from the older
+    # nvmlDeviceGetCurrentClocksThrottleReasons (deprecated, "will be removed in CUDA 14.0", nvidia-ml-py 13).
+    gpu = probe(nvml)[0]
+    gpu.pin(gpu.levels_hz[2])
+    assert gpu.clock_event_reasons() & nvml.nvmlClocksEventReasonApplicationsClocksSetting
+    system.clock_events_api = False
+    reasons = gpu.clock_event_reasons()
+    assert reasons is not None and reasons & nvml.nvmlClocksEventReasonApplicationsClocksSetting
+    assert system.calls[-1] == "nvmlDeviceGetCurrentClocksThrottleReasons"
+
+
+def test_clock_event_reasons_are_none_where_neither_call_answers(nvml, system, monkeypatch):
+    gpu = probe(nvml)[0]
+    system.clock_events_api = False
+    monkeypatch.delattr(nvml, "nvmlDeviceGetCurrentClocksThrottleReasons")  # a future nvidia-ml-py without it
+    assert gpu.clock_event_reasons() is None
+
+
 def test_energy_counter_follows_power_over_time(nvml, system):
     system.gpus[0].meter_update_s = 0  # an exact counter: this checks the arithmetic, not the meter's updates
     gpu = probe(nvml)[0]

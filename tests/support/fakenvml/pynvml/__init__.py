@@ -313,19 +313,26 @@ def nvmlDeviceGetMaxClockInfo(handle, type):
     raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
 
 
-def nvmlDeviceGetCurrentClocksEventReasons(handle):
-    system = _enter("nvmlDeviceGetCurrentClocksEventReasons")
+def _clock_reasons(name, handle):
+    system = _enter(name)
     gpu = _gpu(system, handle)
     with system.lock:
         reasons = gpu.clock_and_reasons()[1]
     bits = 0
-    for name in reasons:
-        bits |= _REASON_BITS[name]
+    for reason in reasons:
+        bits |= _REASON_BITS[reason]
     return bits
 
 
+def nvmlDeviceGetCurrentClocksEventReasons(handle):
+    if not fake_system().clock_events_api:  # pynvml's answer for a symbol the driver's library lacks (< R535)
+        fake_system().record("nvmlDeviceGetCurrentClocksEventReasons")
+        raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
+    return _clock_reasons("nvmlDeviceGetCurrentClocksEventReasons", handle)
+
+
 def nvmlDeviceGetCurrentClocksThrottleReasons(handle):
-    return nvmlDeviceGetCurrentClocksEventReasons(handle)
+    return _clock_reasons("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
 
 
 def nvmlDeviceGetUtilizationRates(handle):

@@ -156,6 +156,9 @@ class FakeSystem:
     driver_loaded: bool = True  # False: nvmlInit answers DRIVER_NOT_LOADED
     library_found: bool = True  # False: nvmlInit answers LIBRARY_NOT_FOUND (no libnvidia-ml.so.1)
     driver_version: str = "570.00.fake"
+    # False: a driver older than R535, whose libnvidia-ml.so has no nvmlDeviceGetCurrentClocksEventReasons (the older
+    # ...ThrottleReasons only): pynvml then raises NVMLError(FUNCTION_NOT_FOUND) for it (leptonai/gpud PR #48).
+    clock_events_api: bool = True
     clock: Callable[[], float] = time.monotonic
     init_count: int = 0
     calls: list[str] = field(default_factory=list)  # every API function called, in order
@@ -212,7 +215,7 @@ def system_from_config(config: dict) -> FakeSystem:
             spec["locked_mhz"] = tuple(spec["locked_mhz"])
         gpus.append(FakeGpu(**spec))
     system = FakeSystem(gpus=gpus)
-    for key in ("root", "driver_loaded", "library_found", "driver_version", "log_path"):
+    for key in ("root", "driver_loaded", "library_found", "driver_version", "log_path", "clock_events_api"):
         if key in config:
             setattr(system, key, config[key])
     return system
