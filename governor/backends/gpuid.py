@@ -1,9 +1,11 @@
 """Which GPU a job runs on: the daemon matches a job's ``gpu`` field to a device, the client fills that field.
 
-The names are NVML's: an index ("0", in NVML's order, which is PCI bus order) or a UUID ("GPU-8f1c..."). A UUID is
-exact everywhere; an index from CUDA_VISIBLE_DEVICES is CUDA's numbering, which equals NVML's only when
-CUDA_DEVICE_ORDER=PCI_BUS_ID or the GPUs are all alike (CUDA's default orders fastest first), so the client sends a
-UUID whenever it can find one.
+The names are NVML's: an index ("0", in NVML's order) or a UUID ("GPU-8f1c..."). A UUID is exact everywhere. NVML's
+reference promises neither a stable index order nor any relation to CUDA's ("The NVML index may not correlate with
+other APIs, such as the CUDA device index", nvmlDeviceGetHandleByIndex); in practice NVML's follows the PCI bus id,
+and CUDA's does with CUDA_DEVICE_ORDER=PCI_BUS_ID (its default orders fastest first; that alike GPUs then still come
+in PCI order is unverified, and a cgroup that hides GPUs renumbers CUDA's). So the client sends a UUID whenever it
+can find one, and an index is only as right as those assumptions.
 """
 
 from __future__ import annotations

@@ -6,9 +6,11 @@ What NVML offers, and what that means for the Gpu protocol (docs/nvml.md has the
   table at the highest memory clock (the one training runs at). The table has ~100 entries 15 MHz apart on H100, so
   ``levels_hz`` is a coarse, evenly spread subset of it for tuning; ``supported_hz`` keeps the whole table.
 - pin = nvmlDeviceSetGpuLockedClocks(min = max = MHz); restore of the unlocked state = nvmlDeviceResetGpuLockedClocks.
-- NVML has no call that reads the locked range back on most drivers. So ``snapshot()`` cannot see a lock: it reports
-  the full supported range, which is what "unlocked" means, and restoring a full-range snapshot resets the lock. A lock
-  set by someone else before ftgovd started is therefore not preserved: restore always ends in "unlocked".
+- NVML has no call that reads the locked range back (none among the API reference's Device Queries). So
+  ``snapshot()`` cannot see a lock: it reports the full supported range, which is what "unlocked" means, and restoring
+  a full-range snapshot resets the lock, to the driver's default ("the gpu clock that will be used after system reboot
+  or driver reload", NVML reference), not to what was there. A lock set by someone else before ftgovd's first pin is
+  therefore not preserved: restore always ends in "unlocked".
 - The power limit can be read back, so it is snapshotted exactly (in Limits.extra as ``power_limit_mw``) and restored
   only when it differs from the snapshot.
 - Every Set*/Reset* needs root (NVML_ERROR_NO_PERMISSION otherwise) and a GPU that supports it (Volta or newer;
