@@ -266,6 +266,16 @@ def test_clock_event_reasons_fall_back_to_the_throttle_reasons_of_a_driver_befor
     assert system.calls[-1] == "nvmlDeviceGetCurrentClocksThrottleReasons"
 
 
+def test_a_mig_enabled_gpu_reads_no_load_but_its_clock_and_energy(nvml, system):
+    # NVML reports no utilization for a MIG-enabled GPU (nvitop issue #5); the counter is the whole GPU's.
+    system.gpus[0].mig_mode = True
+    system.set_utilization(0, 80)
+    gpu = probe(nvml)[0]
+    reading = gpu.read()
+    assert reading.load_pct is None and reading.cur_hz is not None
+    assert gpu.energy_mj() >= 0
+
+
 def test_clock_event_reasons_are_none_where_neither_call_answers(nvml, system, monkeypatch):
     gpu = probe(nvml)[0]
     system.clock_events_api = False

@@ -338,6 +338,8 @@ def nvmlDeviceGetCurrentClocksThrottleReasons(handle):
 def nvmlDeviceGetUtilizationRates(handle):
     system = _enter("nvmlDeviceGetUtilizationRates")
     gpu = _gpu(system, handle)
+    if gpu.mig_mode:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
     return c_nvmlUtilization_t(gpu.utilization_read_pct(system.clock()), gpu.util_memory_pct)
 
 

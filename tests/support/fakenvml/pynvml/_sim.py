@@ -78,6 +78,9 @@ class FakeGpu:
     energy_mj: float = 0.0  # the true energy, integrated at every state change and read
     last_update_s: float | None = None
     lost: bool = False  # every call answers GPU_IS_LOST
+    # MIG mode on: GetUtilizationRates answers NOT_SUPPORTED for the whole GPU (nvitop issue #5: no GPU utilization on
+    # MIG-enabled devices, from NVML or nvidia-smi); clocks, power and the energy counter stay the whole GPU's.
+    mig_mode: bool = False
     meter_update_s: float = NVML_UPDATE_S  # the counter's and the power reading's update period; 0: exact
     meter_jitter_s: float = NVML_UPDATE_JITTER_S
     trace: PowerTrace | None = field(default=None, repr=False)  # the true power since the first settle
