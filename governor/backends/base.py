@@ -59,6 +59,10 @@ class Reading:
         return asdict(self)
 
 
+# Where a snapshot (Limits.extra) carries the GPU's power limit, in mW (has_power_cap: NVML).
+POWER_LIMIT_KEY = "power_limit_mw"
+
+
 @runtime_checkable
 class Gpu(Protocol):
     """One GPU whose clock the daemon can pin."""

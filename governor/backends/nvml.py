@@ -25,14 +25,13 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from governor.backends.base import GpuBase, Limits, Reading
+from governor.backends.base import POWER_LIMIT_KEY, GpuBase, Limits, Reading
 from governor.errors import BackendError, NodeNotFound, PinError
 
 log = logging.getLogger(__name__)
 
 MHZ = 1_000_000
 DEFAULT_LEVEL_COUNT = 12
-POWER_LIMIT_KEY = "power_limit_mw"
 
 # Readers that never change a GPU's settings: the only functions a read-only handle lets through.
 READ_ONLY_PREFIXES = ("nvmlInit", "nvmlShutdown", "nvmlDeviceGet", "nvmlSystemGet", "nvmlErrorString",

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from governor.backends.base import Gpu, Limits
+from governor.backends.base import POWER_LIMIT_KEY, Gpu, Limits
 from governor.daemon import logs
 from governor.daemon.powermode import PowerModeCap
-from governor.errors import BackendError
+from governor.errors import BackendError, FtgovError
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
@@ -32,6 +32,7 @@ class GpuPin:
         self.pinned_hz: int | None = None
         self.restore_failed = False
         self.stood_down = False  # someone else changed the limits under our pin and config says let them be
+        self.capped_mw: int | None = None  # the power limit our first pin set (NVML's power_cap_w), while it holds
         self.throttled_hz: int | None = None  # the clock read below our pin (thermal throttling, a power cap)
         self.below_pin_reads = 0  # consecutive ticks that read the clock below the pin
 
@@ -55,6 +56,7 @@ class GpuPin:
         self.gpu.pin(target_hz)
         if first and power_cap_mw is not None and self.gpu.has_power_cap:
             self.gpu.set_power_cap_mw(power_cap_mw)
+            self.capped_mw = power_cap_mw
         self.restore_failed = False
         log.info("GPU %s pinned to %s", self.gpu.id, mhz(target_hz), extra={"FREQ_HZ": target_hz})
         return True
@@ -80,10 +82,29 @@ class GpuPin:
             raise
         log.info("GPU %s restored to its baseline %s..%s", self.gpu.id, mhz(self.baseline.min_hz),
                  mhz(self.baseline.max_hz))
-        self.baseline, self.pinned_hz, self.restore_failed = None, None, False
+        self.baseline, self.pinned_hz, self.restore_failed, self.capped_mw = None, None, False, None
         self.save_state()
 
     def stand_down(self) -> None:
-        """Another tool owns the limits now: forget our baseline so that we do not undo its change later."""
-        self.stood_down, self.baseline, self.pinned_hz = True, None, None
+        """Another tool owns the clock limits now: forget our baseline so that we do not undo its change later. The
+        power limit our pin set is ours alone (a clock reset does not touch it): put back while it still reads ours,
+        else it would outlive every job (after a restart, no cap is known and none is put back)."""
+        self._give_back_power_cap()
+        self.stood_down, self.baseline, self.pinned_hz, self.capped_mw = True, None, None, None
         self.save_state()
+
+    def _give_back_power_cap(self) -> None:
+        before_mw = None if self.baseline is None else dict(self.baseline.extra).get(POWER_LIMIT_KEY)
+        if self.capped_mw is None or before_mw is None or before_mw == self.capped_mw:
+            return
+        try:
+            now_mw = dict(self.gpu.snapshot().extra).get(POWER_LIMIT_KEY)
+            if now_mw != self.capped_mw:
+                log.info("GPU %s: its power limit reads %s mW, not our cap of %s mW: left as the other tool set it",
+                         self.gpu.id, now_mw, self.capped_mw)
+                return
+            self.gpu.set_power_cap_mw(before_mw)
+        except FtgovError as e:
+            log.warning("GPU %s: cannot put the power limit back to %s mW: %s", self.gpu.id, before_mw, e)
+            return
+        log.info("GPU %s: power limit back to %s mW", self.gpu.id, before_mw)

@@ -524,3 +524,23 @@ def test_an_nvml_gpus_identity_goes_into_the_store(nvml, system, tmp_path):
     store = Store(tmp_path / "s.sqlite")
     store.add(JobRecord(ended_at=1.0, model_type="decoder", num_layers=12, hidden_size=768, seq_len=128.0, **identity))
     assert store.totals()["jobs"] == 1
+
+
+@pytest.mark.parametrize("tool_sets_power", [False, True], ids=["clock-reset", "clock-and-power"])
+def test_standing_down_gives_back_the_power_cap_the_pin_set_unless_the_tool_set_it_too(nvml, system, tool_sets_power):
+    """on_external_change: stand_down leaves the clocks to the tool that reset them; the power limit our pin set is
+    ours (a clock reset leaves it), so it goes back, or it would outlive every job."""
+    from governor.daemon.gpupin import GpuPin
+    from governor.daemon.powermode import PowerModeCap
+
+    gpu = probe(nvml)[0]
+    pins: dict = {}
+    pins[gpu.id] = pin = GpuPin(gpu, PowerModeCap(pins, False), lambda: None)
+    pin.set(gpu.levels_hz[3], 450_000)
+    assert system.gpus[0].power_limit_mw == 450_000 and system.gpus[0].locked_mhz is not None
+    nvml.nvmlDeviceResetGpuLockedClocks(nvml.nvmlDeviceGetHandleByIndex(0))  # another tool's reset
+    if tool_sets_power:
+        nvml.nvmlDeviceSetPowerManagementLimit(nvml.nvmlDeviceGetHandleByIndex(0), 500_000)
+    pin.stand_down()
+    assert system.gpus[0].power_limit_mw == (500_000 if tool_sets_power else 700_000)
+    assert system.gpus[0].locked_mhz is None and pin.baseline is None and pin.stood_down
