@@ -24,6 +24,15 @@ def _names(gpus: Sequence[Any]) -> str:
     return ", ".join(f"{g.id} ({g.uuid or 'no UUID'})" for g in gpus) or "none"
 
 
+def _here(gpus: Sequence[Any]) -> str:
+    """The GPUs there are, as a clause ("there are 0 (no UUID)" read as if there were none)."""
+    if not gpus:
+        return "there is no GPU here"
+    if len(gpus) == 1:
+        return f"the only GPU here is {_names(gpus)}"
+    return f"the GPUs here are {_names(gpus)}"
+
+
 def find_gpu(gpus: Sequence[Any], key: str | int | None):
     """The device among ``gpus`` (objects with ``id`` and ``uuid``, None where the device has none) that ``key`` names.
 
@@ -44,7 +53,7 @@ def find_gpu(gpus: Sequence[Any], key: str | int | None):
         for gpu in gpus:
             if gpu.id == str(int(text)):
                 return gpu
-        raise GpuNotFound(f"no GPU with index {text}: there are {_names(gpus)}")
+        raise GpuNotFound(f"no GPU with index {text}: {_here(gpus)}")
     if text.upper().startswith("GPU-") and len(gpus) == 1 and not gpus[0].uuid:
         return gpus[0]
     if text.upper().startswith("MIG-"):
@@ -57,4 +66,4 @@ def find_gpu(gpus: Sequence[Any], key: str | int | None):
         return matches[0]
     if len(matches) > 1:
         raise GpuNotFound(f"{text} matches several GPUs ({_names(matches)}): give more of the UUID")
-    raise GpuNotFound(f"no GPU named {text!r}: there are {_names(gpus)}")
+    raise GpuNotFound(f"no GPU named {text!r}: {_here(gpus)}")

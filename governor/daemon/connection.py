@@ -170,7 +170,9 @@ class Connection(asyncio.BufferedProtocol):
     def _process(self) -> None:
         """Answer the complete lines in the read buffer, in order, until one has to wait or replies pile up."""
         buf = self.rbuf
-        while self.busy is None and not self.closed and not self.write_paused:
+        # A transport that is closing has lost its peer (a reply's write failed: the client closed without reading)
+        # or read its end: the lines left are no one's to answer, and a registration would pin for a lost connection.
+        while self.busy is None and not self.closed and not self.write_paused and not self.transport.is_closing():
             nl = buf.find(b"\n", self.scanned)
             if nl < 0:
                 self.scanned = len(buf)
@@ -240,7 +242,8 @@ class Connection(asyncio.BufferedProtocol):
             self.send(protocol.error(req.id, e))
 
     def send(self, data: bytes) -> None:
-        if not self.closed:
+        # Not to a closing transport: its peer is gone (asyncio logs a warning for each write after the fifth).
+        if not self.closed and not self.transport.is_closing():
             self.transport.write(data)  # calls pause_writing when the buffer passes WRITE_HIGH_BYTES
 
     def _update_reading(self) -> None:

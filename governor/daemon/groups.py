@@ -127,6 +127,24 @@ class Groups:
             return
         if tag.world_size is not None and group.world_size is not None and tag.world_size != group.world_size:
             raise GroupRefused("world_size", f"{tag.world_size}, but {group.label()} has {group.world_size}")
+        # Whichever registration said the world size, the group holds at most that many ranks, each below it: a rank
+        # that does not fit would leave the group never whole, its tuner paused for good.
+        world = group.world_size if group.world_size is not None else tag.world_size
+        if world is not None:
+            if group.world_size is None:  # this registration says it first: the ranks already in must fit
+                ranked = [m.job.group.rank for m in group.members.values()
+                          if m.job.group is not None and m.job.group.rank is not None]
+                if ranked and max(ranked) >= world:
+                    raise GroupRefused("world_size", f"{world}, but {group.label()} has rank {max(ranked)} "
+                                                     "registered already")
+                if len(group.members) >= world:
+                    raise GroupRefused("world_size", f"{world}, but {group.label()} has {len(group.members)} ranks "
+                                                     "registered already")
+            elif len(group.members) >= world:
+                raise GroupRefused("group", f"{group.label()} has {len(group.members)} of {world} ranks registered "
+                                            "here already")
+            if tag.rank is not None and tag.rank >= world:
+                raise GroupRefused("rank", f"rank {tag.rank} is not below {group.label()}'s world_size {world}")
         for m in group.members.values():
             if tag.rank is not None and m.job.group is not None and m.job.group.rank == tag.rank:
                 raise GroupRefused("rank", f"rank {tag.rank} of {group.label()} is live already (job {m.job.job_id})")

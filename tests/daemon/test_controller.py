@@ -187,6 +187,20 @@ def test_an_unknown_uuid_on_a_single_uuidless_gpu_is_that_gpu(gpu, tmp_path):
     assert pins.find_gpu("GPU-1234abcd") == "0" and pins.find_gpu(None) == "0" and pins.find_gpu(0) == "0"
 
 
+def test_a_gpu_not_found_names_the_gpus_there_are():
+    """It read 'no GPU with index 3: there are 0 (no UUID)' on a board whose one GPU is 0: as if there were none."""
+    from governor.backends.gpuid import GpuNotFound, find_gpu
+
+    class Gpu:
+        def __init__(self, gid, uuid=None):
+            self.id, self.uuid = gid, uuid
+
+    with pytest.raises(GpuNotFound, match=r"^no GPU with index 3: the only GPU here is 0 \(no UUID\)$"):
+        find_gpu([Gpu("0")], 3)
+    with pytest.raises(GpuNotFound, match=r"^no GPU named 'x': the GPUs here are 0 \(GPU-a\), 1 \(GPU-b\)$"):
+        find_gpu([Gpu("0", "GPU-a"), Gpu("1", "GPU-b")], "x")
+
+
 def test_a_job_waiting_for_its_gpu_util_holds_no_pin_until_decided(gpu, tmp_path):
     pins = controller(gpu, tmp_path)
     j = job(pins, features=ENCODER.model_copy(update={"gpu_util": None}))

@@ -495,3 +495,25 @@ def test_a_client_holding_the_maximum_jobs_leaves_others_served(orin, start_daem
     d.wait_jobs(0)
     assert limits(orin) == BASELINE
     assert other.call("register", **FEATURES)["freq_hz"] == 714000000
+
+
+def test_the_lines_of_a_client_that_has_gone_are_not_served(start_daemon):
+    """A client that pipelines requests and closes before its replies: once a reply cannot be written (the peer is
+    gone), the lines behind it are dropped. They were served before: each registration decided and pinned for a
+    connection already lost, and asyncio logged 'socket.send() raised exception.' for every reply after the fifth."""
+    d = start_daemon(config={"util_sample_s": 0.5})
+    features = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
+    gone = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    gone.connect(d.socket)
+    # The predict measures gpu_util for util_sample_s: the lines behind it wait, and the client is gone by its end.
+    lines = [{"jsonrpc": "2.0", "id": 1, "method": "predict", "params": features}]
+    lines += [{"jsonrpc": "2.0", "id": 2 + i, "method": "ping"} for i in range(10)]
+    lines += [{"jsonrpc": "2.0", "id": 20 + i, "method": "register", "params": FEATURES} for i in range(3)]
+    gone.sendall(b"".join(json.dumps(m).encode() + b"\n" for m in lines))
+    gone.close()
+    probe = Rpc(d.socket)
+    assert probe.call("predict", **features)["freq_hz"]  # measured after the other's: answered after its end
+    assert probe.call("status")["jobs"] == []
+    log = d.log()
+    assert "socket.send() raised" not in log and "job 1 (pid" not in log, log
+    probe.close()

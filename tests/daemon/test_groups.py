@@ -97,6 +97,40 @@ def test_a_rank_cannot_join_twice_or_share_its_groups_gpu(group_daemon, children
     assert len(c.call("status")["jobs"]) == 1
 
 
+def test_a_rank_that_does_not_fit_the_groups_world_size_is_refused(group_daemon, children):
+    """A group holds at most world_size ranks, each below it, whichever registration said the world size. Before, a
+    rank 5 registered without a world size stayed when a later rank said 2, and a third rank joined that world of 2:
+    the group was never whole ('paused: 3 of 2 ranks registered here') and its tuner never ran."""
+    d = group_daemon(count=4)
+    c = d.client()
+
+    def refused(gpu: int, **tag) -> dict:
+        err = c.request("register", pid=children().pid, gpu=gpu, group="run-1", **tag, **FEATURES)["error"]
+        assert err["code"] == -32602, err
+        return err
+
+    register_rank(c, children(), 3, world_size=None)  # rank 3 of a world not told yet
+    err = refused(1, rank=0, world_size=2)  # a world of 2 has no rank 3
+    assert err["data"]["field"] == "world_size" and "rank 3" in err["message"], err
+    register_rank(c, children(), 0, world_size=4)
+    err = refused(2, rank=4)
+    assert err["data"]["field"] == "rank" and "world_size 4" in err["message"], err
+    register_rank(c, children(), 1, world_size=None)
+    register_rank(c, children(), 2, world_size=4)
+    (group,) = c.call("status")["groups"]
+    assert group["world_size"] == 4 and sorted(r["rank"] for r in group["ranks"]) == [0, 1, 2, 3], group
+    # Whole: a fifth registration, ranked or not, has no place in it.
+    c2 = d.client()
+    err = c2.request("register", pid=children().pid, gpu=0, group="run-1", **FEATURES)["error"]
+    assert err["code"] == -32602 and err["data"]["field"] == "group" and "4 of 4" in err["message"], err
+    # Two ranks of a group that said no world size (or rank): a third cannot say the world is 2.
+    for gpu in (0, 1):
+        c.call("register", pid=children().pid, gpu=gpu, group="run-2", **FEATURES)
+    err = c.request("register", pid=children().pid, gpu=2, group="run-2", world_size=2, **FEATURES)["error"]
+    assert err["data"]["field"] == "world_size" and "2 ranks" in err["message"], err
+    assert len(c.call("status")["jobs"]) == 6
+
+
 def test_the_per_uid_cap_counts_a_group_once(group_daemon, children):
     d = group_daemon(count=4, limits={"repin_interval_s": 0.01, "max_jobs_per_uid": 2})
     c = d.client()
