@@ -205,6 +205,9 @@ def hold(pid: int, expected_start_ticks: int | None = None) -> HeldProcess:
     except OSError as e:
         if e.errno == errno.EPERM:
             raise CannotHold(PIDFD_REFUSED) from e
+        if e.errno in (errno.ENOENT, errno.EINVAL) and (leader := _thread_group(pid)) not in (None, pid):
+            raise ProcessGone(f"{pid} is a thread of process {leader}, not a process: give the process's pid "
+                              "(os.getpid())") from e
         raise ProcessGone(f"no process {pid}" if e.errno == errno.ESRCH else
                           f"cannot open process {pid}: {e.strerror}") from e
     try:
@@ -215,6 +218,19 @@ def hold(pid: int, expected_start_ticks: int | None = None) -> HeldProcess:
         os.close(pidfd)
         raise
     return HeldProcess(pid, pidfd, start, uid)
+
+
+def _thread_group(tid: int) -> int | None:
+    """The process (thread group) that thread id ``tid`` belongs to, from /proc; None where it cannot be read. A
+    thread's id opens no pidfd (ENOENT, EINVAL before Linux 6.9), though /proc shows it."""
+    try:
+        with open(f"/proc/{tid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _socket_pidfd(sock: socket.socket) -> int | None:

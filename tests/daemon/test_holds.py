@@ -210,3 +210,25 @@ def test_a_system_call_filter_that_refuses_pidfds_is_named_not_taken_for_a_gone_
     assert "SystemCallFilter=pidfd_open" in peers.pidfd_problem()
     with pytest.raises(peers.CannotHold, match="pidfd_open is refused"):
         peers.hold(os.getpid())
+
+
+def test_a_threads_id_is_named_as_a_thread_of_its_process():
+    import threading
+
+    started, done = threading.Event(), threading.Event()
+    tids: list[int] = []
+
+    def thread():
+        tids.append(threading.get_native_id())
+        started.set()
+        done.wait()
+
+    t = threading.Thread(target=thread)
+    t.start()
+    started.wait()
+    try:
+        with pytest.raises(peers.ProcessGone, match=f"{tids[0]} is a thread of process {os.getpid()}, not a process"):
+            peers.hold(tids[0])
+    finally:
+        done.set()
+        t.join()
