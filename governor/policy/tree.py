@@ -66,11 +66,20 @@ class DecisionTree:
     def from_dict(cls, data: dict) -> DecisionTree:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             found = data.get("format") if isinstance(data, dict) else None
-            raise ModelError(f"not a {FORMAT} export (format={found!r})")
-        if list(data.get("features", [])) != list(FEATURE_ORDER):
-            raise ModelError(f"features must be {list(FEATURE_ORDER)}, got {data.get('features')!r}")
+            raise ModelError(f"not a {FORMAT} export (format={_short(found)})")
+        # A hand-edited file may hold any JSON value in any field: each is checked for its type here, so that what
+        # the daemon is given is a ModelError (refused with the reason, the tree in use kept), never a TypeError.
+        features = data.get("features")
+        if not isinstance(features, list) or features != list(FEATURE_ORDER):
+            raise ModelError(f"features must be {list(FEATURE_ORDER)}, got {_short(features)}")
         if data.get("model_type_codes", MODEL_TYPE_CODES) != MODEL_TYPE_CODES:
             raise ModelError(f"model_type_codes must be {MODEL_TYPE_CODES}")
+        for key in ("source", "description"):
+            if not isinstance(data.get(key, ""), str):
+                raise ModelError(f"{key} must be a string, got {_short(data[key])}")
+        metadata = data.get("metadata")
+        if metadata is not None and not isinstance(metadata, dict):
+            raise ModelError(f"metadata must be an object, got {_short(metadata)}")
         raw = data.get("nodes")
         if not isinstance(raw, list) or not raw:
             raise ModelError("nodes must be a non-empty list")
@@ -78,8 +87,8 @@ class DecisionTree:
         for i, node in enumerate(raw):
             nodes.append(_parse_node(i, node, len(raw)))
         _check_is_tree(nodes)
-        return cls(nodes, source=str(data.get("source", "unknown")), description=str(data.get("description", "")),
-                   metadata=data.get("metadata") or {})
+        return cls(nodes, source=data.get("source", "unknown"), description=data.get("description", ""),
+                   metadata=metadata)
 
     @classmethod
     def load(cls, path: str | Path) -> DecisionTree:
@@ -122,7 +131,6 @@ class DecisionTree:
 # read or a memory blow-up.
 MAX_MODEL_BYTES = 4 * 1024 * 1024
 
-
 def read_model_bytes(path: str | os.PathLike[str]) -> bytes:
     """A model file's bytes (the tree, ffg.json): a regular file of at most MAX_MODEL_BYTES, else OSError."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO must not block the open
@@ -150,20 +158,32 @@ def _parse_node(i: int, node, count: int) -> Split | Leaf:
     if "freq_hz" in node:
         hz = node["freq_hz"]
         if not isinstance(hz, int) or isinstance(hz, bool) or hz <= 0:
-            raise ModelError(f"node {i}: freq_hz must be a positive integer (Hz), got {hz!r}")
+            raise ModelError(f"node {i}: freq_hz must be a positive integer (Hz), got {_short(hz)}")
         return Leaf(hz)
     feature, threshold = node.get("feature"), node.get("threshold")
     if feature not in FEATURE_ORDER:
-        raise ModelError(f"node {i}: unknown feature {feature!r}")
-    if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not math.isfinite(threshold):
-        raise ModelError(f"node {i}: threshold must be a finite number, got {threshold!r}")
+        raise ModelError(f"node {i}: unknown feature {_short(feature)}")
+    if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not _finite(threshold):
+        raise ModelError(f"node {i}: threshold must be a finite number, got {_short(threshold)}")
     return Split(feature, float(threshold), _child(i, node, "left", count), _child(i, node, "right", count))
+
+
+def _finite(x: int | float) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an integer past float's range (JSON allows 400 digits)
+        return False
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _child(i: int, node: dict, name: str, count: int) -> int:
     child = node.get(name)
     if not isinstance(child, int) or isinstance(child, bool) or not 0 < child < count:
-        raise ModelError(f"node {i}: {name} must be a node index in 1..{count - 1}, got {child!r}")
+        raise ModelError(f"node {i}: {name} must be a node index in 1..{count - 1}, got {_short(child)}")
     return child
 
 

@@ -1,6 +1,10 @@
 """SIGHUP reloads the config and the model; pins and jobs stay; a bad new config is refused and the old one kept."""
 
-from tests.support.daemon import FEATURES, limits, reload, rewrite_config
+import json
+
+import pytest
+
+from tests.support.daemon import FEATURES, REPO, limits, reload, rewrite_config
 
 
 def test_a_reload_changes_the_policy_for_new_jobs_and_keeps_the_running_ones(orin, start_daemon):
@@ -58,3 +62,35 @@ def test_a_reload_applies_the_new_connection_limits_root_reserve_and_idle_timeou
     refused = d.client().read_reply()
     assert refused["error"]["code"] == -32002 and "root_reserve_connections" in refused["error"]["message"], refused
     assert c.call("status")["jobs"][0]["job_id"] == job["job_id"]  # holding a job: never idle-closed
+
+
+def hand_edited(tmp_path, name: str, **fields) -> str:
+    """The paper's tree (the test daemons' model) with top-level fields replaced, as an operator's editor leaves it."""
+    doc = json.loads((REPO / "governor" / "data" / "paper-tree.json").read_text())
+    path = tmp_path / name
+    path.write_text(json.dumps({**doc, **fields}))
+    return str(path)
+
+
+@pytest.mark.parametrize("fields, fault", [
+    ({"features": None}, "features must be"),
+    ({"metadata": ["retrained by hand"]}, "metadata must be an object"),
+])
+def test_a_hand_edited_model_of_the_wrong_shape_is_refused_on_reload_and_the_tree_in_use_kept(
+        orin, start_daemon, tmp_path, fields, fault):
+    d = start_daemon(config={"store": {"path": str(tmp_path / "store.sqlite")}})
+    rewrite_config(d, model_file=hand_edited(tmp_path, "edited.json", **fields))
+    assert fault in reload(d, "reload refused")
+    c = d.client()
+    res = c.call("register", **FEATURES)
+    assert (res["policy"], res["freq_hz"]) == ("mlg", 714_000_000) and res["reason"].startswith("paper tree:")
+    c.call("unregister", job_id=res["job_id"])
+    assert "Traceback" not in d.log()
+
+
+def test_a_hand_edited_model_of_the_wrong_shape_at_start_falls_back_with_the_reason(orin, start_daemon, tmp_path):
+    d = start_daemon(config={"model_file": hand_edited(tmp_path, "edited.json", features=None),
+                             "store": {"path": str(tmp_path / "store.sqlite")}})
+    res = d.client().call("register", **FEATURES)
+    assert res["policy"] == "mlg->ffg" and "features must be" in res["reason"]
+    assert "MLG falls back to FFG" in d.log() and "Traceback" not in d.log()
