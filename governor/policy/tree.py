@@ -131,6 +131,12 @@ class DecisionTree:
 # read or a memory blow-up.
 MAX_MODEL_BYTES = 4 * 1024 * 1024
 
+# A leaf's frequency must read as a GPU clock in Hz (an Orin's levels are 306 to 1300.5 MHz, a datacenter GPU's up to
+# about 2 GHz); a leaf between two levels of a table, or past its ends, is pinned at the nearest level at or above it.
+MIN_LEAF_HZ = 1_000_000
+MAX_LEAF_HZ = 10_000_000_000
+
+
 def read_model_bytes(path: str | os.PathLike[str]) -> bytes:
     """A model file's bytes (the tree, ffg.json): a regular file of at most MAX_MODEL_BYTES, else OSError."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO must not block the open
@@ -159,6 +165,11 @@ def _parse_node(i: int, node, count: int) -> Split | Leaf:
         hz = node["freq_hz"]
         if not isinstance(hz, int) or isinstance(hz, bool) or hz <= 0:
             raise ModelError(f"node {i}: freq_hz must be a positive integer (Hz), got {_short(hz)}")
+        if not MIN_LEAF_HZ <= hz <= MAX_LEAF_HZ:
+            # The daemon pins the nearest level at or above a leaf: 816 (MHz written for Hz) would pin every job it
+            # reaches at the lowest level, 816e9 at the highest, each silently. Refused, as ffg_freq_hz is.
+            raise ModelError(f"node {i}: freq_hz {_short(hz)} is not a GPU clock in Hz ({mhz(MIN_LEAF_HZ)} to "
+                             f"{mhz(MAX_LEAF_HZ)}); the value is in Hz")
         return Leaf(hz)
     feature, threshold = node.get("feature"), node.get("threshold")
     if feature not in FEATURE_ORDER:

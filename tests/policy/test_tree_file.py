@@ -72,6 +72,19 @@ def test_a_threshold_past_floats_range_is_refused_not_an_overflow(tmp_path):
         DecisionTree.load(path)
 
 
+@pytest.mark.parametrize("hz", [816, 816_000, 816_000_000_000])
+def test_a_leaf_that_is_no_gpu_clock_in_hz_is_refused(hz):
+    # 816 was written in MHz: the daemon would pin the lowest level for every job reaching it; in GHz... the highest.
+    with pytest.raises(ModelError, match=f"node {LEAF}: freq_hz {hz} is not a GPU clock in Hz"):
+        DecisionTree.from_dict(edited(set_node(LEAF, "freq_hz", hz)))
+
+
+def test_a_leaf_between_levels_or_past_the_table_still_loads():
+    # The daemon pins the nearest level at or above it (governor.policy): 700 MHz, 2 GHz are clocks.
+    for hz in (700_000_000, 2_000_000_000):
+        assert hz in DecisionTree.from_dict(edited(set_node(LEAF, "freq_hz", hz))).leaves_hz()
+
+
 @pytest.mark.parametrize("nodes, fault", [
     ([{"feature": "num_layers", "threshold": 7.0, "left": 1, "right": 1}, {"freq_hz": 714_000_000}], "reached twice"),
     ([{"feature": "num_layers", "threshold": 7.0, "left": 1, "right": 2},
