@@ -382,13 +382,16 @@ def check_model(ctx: Context) -> list[Check]:
     policy = (ctx.status or {}).get("policy") or ctx.config.policy or "mlg"
     path = ctx.config.model_file or str(default_model_path())
     origin = "the config's model_file" if ctx.config.model_file else "the tree shipped with ftgov"
-    if policy in ("ffg", "tune"):
+    if policy == "ffg":
         return [Check("model", OK, f"policy {policy}: no tree needed")]
     try:
         tree = DecisionTree.load(path)
     except ModelError as e:
-        return [Check("model", WARN if policy == "observe" else FAIL,
-                      f"{path} ({origin}) does not load: {e}; MLG falls back to a fixed frequency (FFG)",
+        # tune starts each job from the tree's pick (governor.policy): without it, from FFG's level, and tunes on.
+        fallback = ("the tuner starts each job from a fixed frequency (FFG) instead of the tree's pick"
+                    if policy == "tune" else "MLG falls back to a fixed frequency (FFG)")
+        return [Check("model", WARN if policy in ("observe", "tune") else FAIL,
+                      f"{path} ({origin}) does not load: {e}; policy {policy}: {fallback}",
                       "reinstall (make install) or point model_file in the config at an ftgov-tree/1 export")]
     return [Check("model", OK, f"{path} ({origin}): {len(tree.nodes)} nodes, source {tree.source}, leaves "
                                f"{', '.join(mhz(hz, unit=False) for hz in tree.leaves_hz())} MHz "

@@ -367,3 +367,12 @@ def test_as_root_a_tree_another_user_owns_is_neither_read_nor_written(orin, tmp_
     assert p.returncode == 1 and f"sysfs_root {orin} belongs to uid 4242" in p.stderr, (p.stdout, p.stderr)
     assert (victim / "min_freq").read_text() == "306000000 root's own line\n"
     assert "not for members" not in p.stdout + p.stderr
+
+
+def test_a_tune_policy_needs_the_tree_it_starts_from(orin, start_daemon, tmp_path):
+    # tune starts each job from MLG's pick (governor.policy): without the tree it starts from FFG's level instead.
+    d = start_daemon(config={"policy": "tune", "model_file": str(tmp_path / "missing.json")})
+    assert d.client().call("register", **FEATURES)["reason"].startswith("tune fell back to ffg")
+    _, checks = doctor(orin, d)
+    model = one(checks, "model")
+    assert model["status"] == "WARN" and "does not load" in model["detail"] and "tuner starts" in model["detail"], model
