@@ -48,6 +48,7 @@ from governor.pipeline.board_data import (
 from governor.pipeline.dataset import Sweep
 from governor.safefile import write_file
 from governor.simpaths import holds_simulated_tree, missing_store_hint, simulated_store
+from governor.units import mhz
 
 
 def _design(samples: list[Sample]):
@@ -148,6 +149,23 @@ def load_records(paths: list[Path], uids: set[int] | None = None) -> tuple[list,
     l4t = sorted({r.l4t_release for r in records if r.l4t_release})
     return records, {"board_model": board, "gpu_name": gpu, "l4t_releases": l4t, "stores": sources,
                      "jobs_left_out": left_out}
+
+
+def check_levels(records: list, identity: dict, levels_hz: tuple[int, ...]) -> None:
+    """A store whose tuned windows are mostly at levels the characterization data lacks is of another kind of GPU (an
+    NVML GPU's, 15 MHz steps; a few of its levels may coincide with the Orin's): the board's curves are compared with
+    the sweeps level by level, so its jobs cannot label or correct anything, and the export would be the sweeps' tree
+    named "retrained". Refused, saying whose GPU. A board whose table is part of the data's (an Orin NX) passes."""
+    windows = [w for r in records for w in r.windows if w.level_hz is not None]
+    on = sum(1 for w in windows if w.level_hz in levels_hz)
+    if not windows or on * 2 >= len(windows):
+        return
+    board = " / ".join(x for x in (identity.get("board_model"), identity.get("gpu_name")) if x) or "unknown GPU"
+    raise FtgovError(f"only {on} of the {len(windows)} tuned windows in the store are at a level of the "
+                     f"characterization data ({board}; the data's levels are "
+                     f"{', '.join(mhz(hz, unit=False) for hz in levels_hz)} MHz): retraining corrects those sweeps "
+                     "with the board's curves, level by level, so it needs a store of the kind of board the data was "
+                     "measured on (characterize this GPU and give the result as --data)")
 
 
 # ---- the whole stage -------------------------------------------------------------------------------------------------
@@ -335,6 +353,7 @@ def _run(args: argparse.Namespace) -> int:
         raise StoreMissing(f"{e} ({missing_store_hint(args.config is None and simulated_store() is None)})") from e
     identity["trusted_uids"] = sorted(trusted)
     sweeps = dataset.load(args.data)
+    check_levels(records, identity, sweeps[0].levels_hz)
     tree = DecisionTree.load(current)
     result = retrain(records, sweeps, args.seed, tree, args.jobs)
     out = (args.out or paths[0].with_name("mlg-tree.json")) if args.from_dir is None else args.out

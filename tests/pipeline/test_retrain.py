@@ -212,3 +212,22 @@ def test_retrain_may_learn_from_trusted_users_only(tmp_path):
     assert len(every) == 6 and len(trusted) == 4 and {r.uid for r in trusted} == {0}
     with pytest.raises(SystemExit):  # a uid must be a number
         run_cli("--store", path, "--uid", "root", "--out", tmp_path / "t.json")
+
+
+def test_a_store_of_a_gpu_without_the_characterization_levels_is_refused(tmp_path, capsys):
+    # An NVML GPU's store (15 MHz steps from 345 MHz): its windows are at levels the Orin's sweeps were not measured
+    # at, so none can label or correct anything; a "retrained" tree from it would be the sweeps' alone.
+    path = tmp_path / "nvml.sqlite"
+    table = [345_000_000 + 15_000_000 * k for k in range(110)]
+    s = Store(path)
+    for rec in learning.stream(lambda f: 816_000_000, 4, seed=5):
+        windows = tuple(Window(table[46 + j], w.joules_per_step, w.seconds_per_step, w.steps, w.gpu_util)
+                        for j, w in enumerate(rec.windows))
+        s.add(JobRecord(**{**rec.__dict__, "uid": 0, "backend": "nvml", "board_model": None,
+                           "gpu_name": "NVIDIA H100 80GB HBM3", "levels_hz": json.dumps(table), "windows": windows}))
+    s.close()
+    out = tmp_path / "t.json"
+    assert run_cli("--store", path, "--out", out, "--current", REPO / "model" / "mlg-tree.json") == 1
+    err = capsys.readouterr().err
+    assert "only 0 of the" in err and "tuned windows in the store are at a level of the characterization" in err, err
+    assert "NVIDIA H100 80GB HBM3" in err and not out.exists()
