@@ -16,7 +16,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from governor import DEFAULT_SOCKET_PATH, SOCKET_GROUP, data
+from governor import DEFAULT_SOCKET_PATH, SOCKET_GROUP, data, yamlfile
 from governor.errors import ConfigError, ModelError
 from governor.policy import tuner as _tuner
 from governor.policy.estimates import ASSUMED_TOTAL_STEPS
@@ -339,11 +339,17 @@ def installed_store_path(config: Config) -> str:
     return DEFAULT_STORE_PATH if config.store.path == "auto" else config.store.path
 
 
+MAX_ERRORS_SHOWN = 10  # a file of a thousand unknown keys is named by its first few, in one line of the log
+
+
 def _format_errors(e: ValidationError) -> str:
     lines = []
-    for err in e.errors():
+    errors = e.errors()
+    for err in errors[:MAX_ERRORS_SHOWN]:
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
         lines.append(f"{key}: {err['msg']}")
+    if len(errors) > MAX_ERRORS_SHOWN:
+        lines.append(f"and {len(errors) - MAX_ERRORS_SHOWN} more")
     return "; ".join(lines)
 
 
@@ -353,17 +359,21 @@ def load_config(path: str | os.PathLike | None, overrides: dict | None = None, *
     if path is not None:
         p = Path(path)
         try:
-            text = p.read_text()
+            text = yamlfile.read(p)
         except FileNotFoundError as e:
             if must_exist:
                 raise ConfigError(f"config file {p} does not exist") from e
-            text = ""
+            text = b""
         except OSError as e:
             raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from e
+        except yamlfile.TooLarge as e:
+            raise ConfigError(f"config file {p}: {e}") from e
         try:
-            loaded = yaml.safe_load(text) if text.strip() else {}
+            loaded = yamlfile.safe_load(text)
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {p} is not valid YAML: {e}") from e
+        if loaded is None:  # empty, or every key commented out: all defaults, as for an absent file
+            loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p} must hold a mapping of keys, not {type(loaded).__name__}")
         data = loaded
@@ -374,7 +384,10 @@ def load_config(path: str | os.PathLike | None, overrides: dict | None = None, *
         *parents, last = dotted.split(".")
         for key in parents:
             node = node.setdefault(key, {})
-        node[last] = value
+            if not isinstance(node, dict):
+                break  # the file's own value there is no section (`socket:` with nothing under it): validation says so
+        else:
+            node[last] = value
     try:
         return Config.model_validate(data)
     except ValidationError as e:

@@ -135,3 +135,62 @@ def test_the_baselines_parts_grow_with_the_jobs_length():
     # Each part's rule takes its share of the longer job's budget.
     rule = cfg.baseline_window_rule(0.1, 8000)
     assert rule.max_steps == cfg.baseline_budget_steps(8000) // 20
+
+
+@pytest.mark.parametrize("text, first, again", [
+    ("policy: ffg\npolicy: mlg\n", 1, 2),
+    ("limits:\n  max_jobs: 3\nstore:\n  max_jobs: 5\nlimits:\n  max_connections: 5\n", 1, 5),
+])
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path, text, first, again):
+    """PyYAML keeps the last of two equal keys: a second `limits:` section dropped the first with all its keys."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"duplicate key '\w+': given on line {first}, and again\n.*line {again},"):
+        load_config(path)
+
+
+def test_a_merge_key_may_still_be_overridden_by_the_mappings_own_keys(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("limits:\n  <<: {max_jobs: 3, max_jobs_per_uid: 2}\n  max_jobs: 4\n")
+    assert (load_config(path).limits.max_jobs, load_config(path).limits.max_jobs_per_uid) == (4, 2)
+
+
+def test_a_file_that_is_not_text_is_a_config_error_naming_it(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"policy: ffg # r\xe9glage\n")  # Latin-1, not UTF-8
+    with pytest.raises(ConfigError, match=f"config file {path} is not valid YAML: .*invalid continuation byte"):
+        load_config(path)
+
+
+def test_a_file_whose_every_key_is_commented_out_means_defaults_as_an_empty_one(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("# policy: ffg\n#limits:\n#  max_jobs: 3\n")
+    assert load_config(path) == load_config(tmp_path / "none.yaml")
+
+
+def test_a_file_larger_than_any_config_is_refused_unparsed(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("#" * (2 << 20) + "\n")
+    with pytest.raises(ConfigError, match=f"config file {path}: it is larger than 1024 KiB: not a config file"):
+        load_config(path)
+
+
+def test_a_directory_is_a_config_error_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match=f"cannot read config file {tmp_path}: Is a directory"):
+        load_config(tmp_path)
+
+
+def test_an_override_under_a_key_that_holds_no_section_names_the_key(tmp_path):
+    """`socket:` with its keys commented out is null: --socket must not end in a TypeError."""
+    path = tmp_path / "c.yaml"
+    path.write_text("socket:\n  # path: /run/ftgov/ftgov.sock\n")
+    with pytest.raises(ConfigError, match="socket: Input should be a valid dictionary"):
+        load_config(path, {"socket.path": "/tmp/x.sock"})
+
+
+def test_a_thousand_bad_keys_are_named_by_the_first_ten(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("".join(f"k{i}: 1\n" for i in range(1000)))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value).endswith("k9: Extra inputs are not permitted; and 990 more")

@@ -58,3 +58,23 @@ def test_a_reload_applies_the_new_connection_limits_root_reserve_and_idle_timeou
     refused = d.client().read_reply()
     assert refused["error"]["code"] == -32002 and "root_reserve_connections" in refused["error"]["message"], refused
     assert c.call("status")["jobs"][0]["job_id"] == job["job_id"]  # holding a job: never idle-closed
+
+
+def test_a_new_config_that_is_not_text_is_refused_and_the_daemon_says_so(orin, start_daemon):
+    """A UnicodeDecodeError escaped the reload as a traceback, without the READY=1 that ends systemd's reload."""
+    d = start_daemon()
+    c = d.client()
+    job = c.call("register", **FEATURES)
+    d.config_path.write_bytes(b"policy: ffg # r\xe9glage\n")
+    message = reload(d, "reload refused")
+    assert f"config file {d.config_path} is not valid YAML" in message and "Traceback" not in d.log()
+    assert c.call("status")["jobs"][0]["job_id"] == job["job_id"]
+    assert c.call("register", **FEATURES)["policy"] == "mlg"
+
+
+def test_a_new_config_with_a_key_given_twice_is_refused_naming_it(orin, start_daemon):
+    """PyYAML keeps the second `policy:`; the operator who added it below the first may have meant either."""
+    d = start_daemon()
+    d.config_path.write_text(d.config_path.read_text() + "policy: ffg\npolicy: tune\n")
+    assert "duplicate key 'policy'" in reload(d, "reload refused")
+    assert d.client().call("register", **FEATURES)["policy"] == "mlg"
