@@ -30,6 +30,16 @@ MIN_FREQ_HZ = 1_000_000  # below any GPU's lowest clock: a smaller frequency was
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_value(cls, v, info):
+        # pydantic takes true for the number 1; YAML 1.1 reads yes, no, on and off as booleans too: `max_jobs: yes`
+        # would be one job.
+        if isinstance(v, bool) and cls.model_fields[info.field_name].annotation is not bool:
+            raise ValueError(f"{str(v).lower()} is a boolean (YAML reads yes, no, on, off, true, false as one), "
+                             "not a value of this key")
+        return v
+
 
 class SocketConfig(_Strict):
     path: str = DEFAULT_SOCKET_PATH

@@ -194,3 +194,17 @@ def test_a_thousand_bad_keys_are_named_by_the_first_ten(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert str(e.value).endswith("k9: Extra inputs are not permitted; and 990 more")
+
+
+@pytest.mark.parametrize("text, key", [
+    ("limits:\n  max_jobs: yes\n", "limits.max_jobs"),  # pydantic took it for 1 job
+    ("power_cap_w: true\n", "power_cap_w"),  # 1 W
+    ("tuner:\n  window_min_updates: off\n", "tuner.window_min_updates"),  # 0
+])
+def test_a_boolean_is_no_number(tmp_path, text, key):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')}: Value error, \w+ is a boolean"):
+        load_config(path)
+    path.write_text("restore_on_stop: off\ntuner:\n  follow_up: no\n")  # where a boolean is meant, YAML's are fine
+    assert (load_config(path).restore_on_stop, load_config(path).tuner.follow_up) == (False, False)
