@@ -42,7 +42,7 @@ class _Strict(BaseModel):
 
 
 class SocketConfig(_Strict):
-    path: str = DEFAULT_SOCKET_PATH
+    path: str = Field(DEFAULT_SOCKET_PATH, min_length=1)
     mode: int = Field(0o660, description="file mode of the socket when ftgovd binds it itself (octal in YAML: 0660)")
     group: str = Field(SOCKET_GROUP, min_length=1, description="members of this group may register jobs")
 
@@ -287,14 +287,15 @@ class StoreConfig(_Strict):
 
 class Config(_Strict):
     socket: SocketConfig = SocketConfig()
-    sysfs_root: str = "/"
-    state_dir: str = DEFAULT_STATE_DIR
+    sysfs_root: str = Field("/", min_length=1)  # "" would be the working directory
+    state_dir: str = Field(DEFAULT_STATE_DIR, min_length=1)
     backend: Literal["auto", "devfreq", "nvml"] = "auto"
     policy: Literal["mlg", "ffg", "observe", "tune"] | None = Field(
         None, description="default: mlg on a Jetson; tune on NVML GPUs, where the Orin-trained tree does not transfer")
     power_cap_w: float | None = Field(None, gt=0, le=100_000, description=(
         "NVML only: also cap the GPU's power limit (W) while it is pinned; the previous limit is restored with it"))
-    model_file: str | None = Field(None, description="ftgov-tree/1 JSON; default: the tree shipped with ftgov")
+    model_file: str | None = Field(None, min_length=1,
+                                   description="ftgov-tree/1 JSON; default: the tree shipped with ftgov")
     ffg_freq_hz: int | None = Field(None, description="FFG's frequency in Hz (nearest level at or above is pinned); "
                                     "default: the level with the least total energy in the training data (ffg.json)")
     pin_above_power_mode: bool = Field(False, description=(

@@ -208,3 +208,16 @@ def test_a_boolean_is_no_number(tmp_path, text, key):
         load_config(path)
     path.write_text("restore_on_stop: off\ntuner:\n  follow_up: no\n")  # where a boolean is meant, YAML's are fine
     assert (load_config(path).restore_on_stop, load_config(path).tuner.follow_up) == (False, False)
+
+
+@pytest.mark.parametrize("key, text", [
+    ("model_file", "model_file: ''\n"),  # was the shipped tree, silently
+    ("sysfs_root", "sysfs_root: ''\n"),
+    ("state_dir", "state_dir: ''\n"),
+    ("socket.path", "socket:\n  path: ''\n"),
+])
+def test_an_empty_path_is_refused_naming_its_key(tmp_path, key, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')}: String should have at least 1 character"):
+        load_config(path)
