@@ -1,5 +1,6 @@
 """load_config: defaults, overrides, and loud errors that name the key."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,18 @@ def test_an_empty_path_is_refused_naming_its_key(tmp_path, key, text):
     path.write_text(text)
     with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')}: String should have at least 1 character"):
         load_config(path)
+
+
+def test_the_shipped_config_names_every_key_at_its_default(tmp_path):
+    """README: the shipped file has every key explained. Each top-level key is in it, set or commented out; those
+    commented out at the file's end load, uncommented, as the defaults."""
+    from governor.config import Config
+
+    shipped = (Path(__file__).resolve().parent.parent / "etc" / "ftgov.yaml").read_text().splitlines()
+    named = {m.group(1) for m in (re.match(r"(?:# )?([a-z_]+):", line) for line in shipped) if m}
+    assert set(Config.model_fields) <= named, set(Config.model_fields) - named
+    rest = [line.removeprefix("# ")
+            for line in shipped[shipped.index("# The rest, commented out at their defaults:") + 1:]]
+    path = tmp_path / "c.yaml"
+    path.write_text("\n".join(rest) + "\n")
+    assert load_config(path) == load_config(tmp_path / "none.yaml")
