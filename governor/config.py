@@ -16,7 +16,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from governor import DEFAULT_SOCKET_PATH, SOCKET_GROUP, data
+from governor import DEFAULT_SOCKET_PATH, SOCKET_GROUP, data, yamlfile
 from governor.errors import ConfigError, ModelError
 from governor.policy import tuner as _tuner
 from governor.policy.estimates import ASSUMED_TOTAL_STEPS
@@ -30,9 +30,19 @@ MIN_FREQ_HZ = 1_000_000  # below any GPU's lowest clock: a smaller frequency was
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_value(cls, v, info):
+        # pydantic takes true for the number 1; YAML 1.1 reads yes, no, on and off as booleans too: `max_jobs: yes`
+        # would be one job.
+        if isinstance(v, bool) and cls.model_fields[info.field_name].annotation is not bool:
+            raise ValueError(f"{str(v).lower()} is a boolean (YAML reads yes, no, on, off, true, false as one), "
+                             "not a value of this key")
+        return v
+
 
 class SocketConfig(_Strict):
-    path: str = DEFAULT_SOCKET_PATH
+    path: str = Field(DEFAULT_SOCKET_PATH, min_length=1)
     mode: int = Field(0o660, description="file mode of the socket when ftgovd binds it itself (octal in YAML: 0660)")
     group: str = Field(SOCKET_GROUP, min_length=1, description="members of this group may register jobs")
 
@@ -277,14 +287,15 @@ class StoreConfig(_Strict):
 
 class Config(_Strict):
     socket: SocketConfig = SocketConfig()
-    sysfs_root: str = "/"
-    state_dir: str = DEFAULT_STATE_DIR
+    sysfs_root: str = Field("/", min_length=1)  # "" would be the working directory
+    state_dir: str = Field(DEFAULT_STATE_DIR, min_length=1)
     backend: Literal["auto", "devfreq", "nvml"] = "auto"
     policy: Literal["mlg", "ffg", "observe", "tune"] | None = Field(
         None, description="default: mlg on a Jetson; tune on NVML GPUs, where the Orin-trained tree does not transfer")
     power_cap_w: float | None = Field(None, gt=0, le=100_000, description=(
         "NVML only: also cap the GPU's power limit (W) while it is pinned; the previous limit is restored with it"))
-    model_file: str | None = Field(None, description="ftgov-tree/1 JSON; default: the tree shipped with ftgov")
+    model_file: str | None = Field(None, min_length=1,
+                                   description="ftgov-tree/1 JSON; default: the tree shipped with ftgov")
     ffg_freq_hz: int | None = Field(None, description="FFG's frequency in Hz (nearest level at or above is pinned); "
                                     "default: the level with the least total energy in the training data (ffg.json)")
     pin_above_power_mode: bool = Field(False, description=(
@@ -339,11 +350,17 @@ def installed_store_path(config: Config) -> str:
     return DEFAULT_STORE_PATH if config.store.path == "auto" else config.store.path
 
 
+MAX_ERRORS_SHOWN = 10  # a file of a thousand unknown keys is named by its first few, in one line of the log
+
+
 def _format_errors(e: ValidationError) -> str:
     lines = []
-    for err in e.errors():
+    errors = e.errors()
+    for err in errors[:MAX_ERRORS_SHOWN]:
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
         lines.append(f"{key}: {err['msg']}")
+    if len(errors) > MAX_ERRORS_SHOWN:
+        lines.append(f"and {len(errors) - MAX_ERRORS_SHOWN} more")
     return "; ".join(lines)
 
 
@@ -353,17 +370,21 @@ def load_config(path: str | os.PathLike | None, overrides: dict | None = None, *
     if path is not None:
         p = Path(path)
         try:
-            text = p.read_text()
+            text = yamlfile.read(p)
         except FileNotFoundError as e:
             if must_exist:
                 raise ConfigError(f"config file {p} does not exist") from e
-            text = ""
+            text = b""
         except OSError as e:
             raise ConfigError(f"cannot read config file {p}: {e.strerror or e}") from e
+        except yamlfile.TooLarge as e:
+            raise ConfigError(f"config file {p}: {e}") from e
         try:
-            loaded = yaml.safe_load(text) if text.strip() else {}
+            loaded = yamlfile.safe_load(text)
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {p} is not valid YAML: {e}") from e
+        if loaded is None:  # empty, or every key commented out: all defaults, as for an absent file
+            loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p} must hold a mapping of keys, not {type(loaded).__name__}")
         data = loaded
@@ -374,7 +395,10 @@ def load_config(path: str | os.PathLike | None, overrides: dict | None = None, *
         *parents, last = dotted.split(".")
         for key in parents:
             node = node.setdefault(key, {})
-        node[last] = value
+            if not isinstance(node, dict):
+                break  # the file's own value there is no section (`socket:` with nothing under it): validation says so
+        else:
+            node[last] = value
     try:
         return Config.model_validate(data)
     except ValidationError as e:

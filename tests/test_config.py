@@ -1,5 +1,6 @@
 """load_config: defaults, overrides, and loud errors that name the key."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,104 @@ def test_the_baselines_parts_grow_with_the_jobs_length():
     # Each part's rule takes its share of the longer job's budget.
     rule = cfg.baseline_window_rule(0.1, 8000)
     assert rule.max_steps == cfg.baseline_budget_steps(8000) // 20
+
+
+@pytest.mark.parametrize("text, first, again", [
+    ("policy: ffg\npolicy: mlg\n", 1, 2),
+    ("limits:\n  max_jobs: 3\nstore:\n  max_jobs: 5\nlimits:\n  max_connections: 5\n", 1, 5),
+])
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path, text, first, again):
+    """PyYAML keeps the last of two equal keys: a second `limits:` section dropped the first with all its keys."""
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"duplicate key '\w+': given on line {first}, and again\n.*line {again},"):
+        load_config(path)
+
+
+def test_a_merge_key_may_still_be_overridden_by_the_mappings_own_keys(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("limits:\n  <<: {max_jobs: 3, max_jobs_per_uid: 2}\n  max_jobs: 4\n")
+    assert (load_config(path).limits.max_jobs, load_config(path).limits.max_jobs_per_uid) == (4, 2)
+
+
+def test_a_file_that_is_not_text_is_a_config_error_naming_it(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_bytes(b"policy: ffg # r\xe9glage\n")  # Latin-1, not UTF-8
+    with pytest.raises(ConfigError, match=f"config file {path} is not valid YAML: .*invalid continuation byte"):
+        load_config(path)
+
+
+def test_a_file_whose_every_key_is_commented_out_means_defaults_as_an_empty_one(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("# policy: ffg\n#limits:\n#  max_jobs: 3\n")
+    assert load_config(path) == load_config(tmp_path / "none.yaml")
+
+
+def test_a_file_larger_than_any_config_is_refused_unparsed(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("#" * (2 << 20) + "\n")
+    with pytest.raises(ConfigError, match=f"config file {path}: it is larger than 1024 KiB: not a config file"):
+        load_config(path)
+
+
+def test_a_directory_is_a_config_error_naming_it(tmp_path):
+    with pytest.raises(ConfigError, match=f"cannot read config file {tmp_path}: Is a directory"):
+        load_config(tmp_path)
+
+
+def test_an_override_under_a_key_that_holds_no_section_names_the_key(tmp_path):
+    """`socket:` with its keys commented out is null: --socket must not end in a TypeError."""
+    path = tmp_path / "c.yaml"
+    path.write_text("socket:\n  # path: /run/ftgov/ftgov.sock\n")
+    with pytest.raises(ConfigError, match="socket: Input should be a valid dictionary"):
+        load_config(path, {"socket.path": "/tmp/x.sock"})
+
+
+def test_a_thousand_bad_keys_are_named_by_the_first_ten(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("".join(f"k{i}: 1\n" for i in range(1000)))
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value).endswith("k9: Extra inputs are not permitted; and 990 more")
+
+
+@pytest.mark.parametrize("text, key", [
+    ("limits:\n  max_jobs: yes\n", "limits.max_jobs"),  # pydantic took it for 1 job
+    ("power_cap_w: true\n", "power_cap_w"),  # 1 W
+    ("tuner:\n  window_min_updates: off\n", "tuner.window_min_updates"),  # 0
+])
+def test_a_boolean_is_no_number(tmp_path, text, key):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')}: Value error, \w+ is a boolean"):
+        load_config(path)
+    path.write_text("restore_on_stop: off\ntuner:\n  follow_up: no\n")  # where a boolean is meant, YAML's are fine
+    assert (load_config(path).restore_on_stop, load_config(path).tuner.follow_up) == (False, False)
+
+
+@pytest.mark.parametrize("key, text", [
+    ("model_file", "model_file: ''\n"),  # was the shipped tree, silently
+    ("sysfs_root", "sysfs_root: ''\n"),
+    ("state_dir", "state_dir: ''\n"),
+    ("socket.path", "socket:\n  path: ''\n"),
+])
+def test_an_empty_path_is_refused_naming_its_key(tmp_path, key, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')}: String should have at least 1 character"):
+        load_config(path)
+
+
+def test_the_shipped_config_names_every_key_at_its_default(tmp_path):
+    """README: the shipped file has every key explained. Each top-level key is in it, set or commented out; those
+    commented out at the file's end load, uncommented, as the defaults."""
+    from governor.config import Config
+
+    shipped = (Path(__file__).resolve().parent.parent / "etc" / "ftgov.yaml").read_text().splitlines()
+    named = {m.group(1) for m in (re.match(r"(?:# )?([a-z_]+):", line) for line in shipped) if m}
+    assert set(Config.model_fields) <= named, set(Config.model_fields) - named
+    rest = [line.removeprefix("# ")
+            for line in shipped[shipped.index("# The rest, commented out at their defaults:") + 1:]]
+    path = tmp_path / "c.yaml"
+    path.write_text("\n".join(rest) + "\n")
+    assert load_config(path) == load_config(tmp_path / "none.yaml")

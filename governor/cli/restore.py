@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from governor import DEFAULT_CONFIG_PATH
-from governor.errors import FtgovError
+from governor.errors import ConfigError, FtgovError
 from governor.simpaths import SIM_TREE_ENV, env_tree, tree_state_dir
 from governor.store.state import StateFile, baseline_problem, boot_id
 from governor.sysfs import Root, trusted_root
@@ -76,12 +76,19 @@ def paths(args: argparse.Namespace) -> tuple[str | None, str | None]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from governor.config import load_config  # pydantic: not for every `ftgov` start
+    from governor.config import Config, load_config  # pydantic: not for every `ftgov` start
 
     sysfs_root, state_dir = paths(args)
+    overrides = {"state_dir": state_dir, "sysfs_root": sysfs_root}
     try:
-        config = load_config(args.config or DEFAULT_CONFIG_PATH, {"state_dir": state_dir, "sysfs_root": sysfs_root},
-                             must_exist=args.config is not None)
+        try:
+            config = load_config(args.config or DEFAULT_CONFIG_PATH, overrides, must_exist=args.config is not None)
+        except ConfigError as e:
+            # A config broken while the daemon ran (a reload refused it) must not keep a crashed daemon's pins in
+            # place: restore anyway, the one safe choice whatever restore_on_stop said.
+            config = Config.model_validate({k: v for k, v in overrides.items() if v is not None})
+            print(f"ftgov restore: warning: {e}; restoring with the defaults for the rest (backend "
+                  f"{config.backend}, sysfs root {config.sysfs_root}, state dir {config.state_dir})", file=sys.stderr)
         if args.on_stop and not config.restore_on_stop:
             print("ftgov restore: restore_on_stop is false in the config: leaving the pin in place")
             return 0

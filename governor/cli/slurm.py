@@ -16,12 +16,12 @@ import signal
 import socket as socketlib
 import subprocess
 import sys
-from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
+from governor import yamlfile
 from governor.errors import ConfigError, FtgovError
 from governor.units import figure
 
@@ -50,19 +50,21 @@ class SlurmConfig(BaseModel):
 
 def load_slurm_config(path: str, *, must_exist: bool) -> SlurmConfig:
     try:
-        text = Path(path).read_text()
+        text = yamlfile.read(path)
     except FileNotFoundError:
         if must_exist:
             raise ConfigError(f"{path}: no such file") from None
         return SlurmConfig()
     except OSError as e:
         raise ConfigError(f"{path}: {e.strerror}") from e
+    except yamlfile.TooLarge as e:
+        raise ConfigError(f"{path}: {e}") from e
     try:
-        data = yaml.safe_load(text)
+        data = yamlfile.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     try:
-        return SlurmConfig.model_validate(data or {})
+        return SlurmConfig.model_validate({} if data is None else data)
     except ValidationError as e:
         err = e.errors()[0]
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"

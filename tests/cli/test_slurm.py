@@ -23,11 +23,11 @@ from tests.support.daemon import REPO, limits
 BASELINE = (306000000, 1300500000)
 
 
-def slurm(action: str, env: dict, config_text: str | None, tmp_path, timeout_s: float = 30):
+def slurm(action: str, env: dict, config_text: str | bytes | None, tmp_path, timeout_s: float = 30):
     args = [sys.executable, "-m", "governor.cli", "slurm", action]
     if config_text is not None:
         cfg = tmp_path / "slurm.yaml"
-        cfg.write_text(config_text)
+        cfg.write_bytes(config_text if isinstance(config_text, bytes) else config_text.encode())
         args += ["--config", str(cfg)]
     # No scontrol or squeue on PATH here: what the prolog does without them is part of what is tested.
     full_env = {"PATH": "/nonexistent", "PYTHONPATH": str(REPO), **env}
@@ -97,6 +97,18 @@ def test_a_bad_config_is_a_warning_naming_the_key_and_check_fails_on_it(tmp_path
     assert "GPUs: none named by Slurm (a Jetson's GPU is held; elsewhere none)" in out.stdout  # not Python's None
     out = slurm("check", {"SLURM_JOB_PARTITION": "gpu", "SLURM_JOB_GPUS": "0,2"}, CONFIG, tmp_path)
     assert out.returncode == 0 and "GPUs: 0, 2" in out.stdout
+
+
+def test_a_config_that_is_not_text_or_gives_a_key_twice_is_a_warning_not_a_drained_node(tmp_path):
+    """A UnicodeDecodeError escaped as a traceback and exit 1: slurmd drains a node whose prolog fails. PyYAML keeps
+    the second of two equal partitions silently."""
+    for text, says in ((b"policy: ffg # r\xe9glage\n", "not valid YAML"),
+                       ("partitions:\n  gpu: ffg\n  gpu: tune\n", "duplicate key 'gpu': given on line 2")):
+        out = slurm("prolog", {"SLURM_JOB_ID": "47"}, text, tmp_path)
+        assert out.returncode == 0 and says in out.stderr and "default clocks" in out.stderr, out
+        assert "Traceback" not in out.stderr
+        out = slurm("check", {}, text, tmp_path)
+        assert out.returncode == 1 and says in out.stderr and "Traceback" not in out.stderr, out
 
 
 def test_without_slurm_job_id_nothing_is_held(tmp_path):

@@ -167,6 +167,23 @@ def test_ftgov_restore_finds_a_simulated_daemons_state_beside_ftgov_sim_tree(tmp
     assert limits(sim_tree) == BASELINE
 
 
+def test_ftgov_restore_after_a_crash_restores_even_when_the_config_went_bad_meanwhile(orin, start_daemon):
+    """systemd's ExecStopPost after a crash: a config edit the daemon would have refused must not leave its pins."""
+    d = start_daemon(config={"restore_on_stop": False})
+    worker = _worker()
+    try:
+        d.client().call("register", pid=worker.pid, **FEATURES)
+        d.stop(signal.SIGKILL)
+        d.config_path.write_text(d.config_path.read_text() + "limits:\n  max_jobs: 0\n")
+        out = _ftgov("restore", "--on-stop", "--config", str(d.config_path), "--state-dir", str(d.state_dir),
+                     "--sysfs-root", str(orin))
+        assert out.returncode == 0 and "GPU 0 restored" in out.stdout and limits(orin) == BASELINE, out
+        assert f"warning: config file {d.config_path}: limits.max_jobs: Input should be greater than 0" in out.stderr
+        assert "restoring with the defaults for the rest (backend auto" in out.stderr
+    finally:
+        worker.kill()
+
+
 def test_state_from_another_boot_is_ignored(orin, start_daemon):
     d = start_daemon()
     c = d.client()

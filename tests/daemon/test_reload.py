@@ -94,3 +94,23 @@ def test_a_hand_edited_model_of_the_wrong_shape_at_start_falls_back_with_the_rea
     res = d.client().call("register", **FEATURES)
     assert res["policy"] == "mlg->ffg" and "features must be" in res["reason"]
     assert "MLG falls back to FFG" in d.log() and "Traceback" not in d.log()
+
+
+def test_a_new_config_that_is_not_text_is_refused_and_the_daemon_says_so(orin, start_daemon):
+    """A UnicodeDecodeError escaped the reload as a traceback, without the READY=1 that ends systemd's reload."""
+    d = start_daemon()
+    c = d.client()
+    job = c.call("register", **FEATURES)
+    d.config_path.write_bytes(b"policy: ffg # r\xe9glage\n")
+    message = reload(d, "reload refused")
+    assert f"config file {d.config_path} is not valid YAML" in message and "Traceback" not in d.log()
+    assert c.call("status")["jobs"][0]["job_id"] == job["job_id"]
+    assert c.call("register", **FEATURES)["policy"] == "mlg"
+
+
+def test_a_new_config_with_a_key_given_twice_is_refused_naming_it(orin, start_daemon):
+    """PyYAML keeps the second `policy:`; the operator who added it below the first may have meant either."""
+    d = start_daemon()
+    d.config_path.write_text(d.config_path.read_text() + "policy: ffg\npolicy: tune\n")
+    assert "duplicate key 'policy'" in reload(d, "reload refused")
+    assert d.client().call("register", **FEATURES)["policy"] == "mlg"

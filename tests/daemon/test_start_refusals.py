@@ -83,3 +83,13 @@ def test_an_ffg_frequency_outside_the_gpus_table_is_refused(start_daemon):
     errors = [line for line in d.log_path.read_text().splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "ffg_freq_hz: 5000000000 Hz (5000 MHz) is in no GPU's table of levels" in errors[0]
     assert "GPU 0: 306..1300.5 MHz" in errors[0]
+
+
+def test_a_config_that_is_not_text_is_refused_in_one_line(start_daemon):
+    d = start_daemon(launch=False)
+    d.config_path.write_bytes(b"policy: ffg # r\xe9glage\n")
+    d.start(wait=False)
+    assert d.proc.wait(START_S) == 2
+    lines = d.log_path.read_text().splitlines()
+    assert len(lines) == 2 and lines[0] == f"ftgovd: error: config file {d.config_path} is not valid YAML: " \
+        "unacceptable character #x00e9: invalid continuation byte", lines
