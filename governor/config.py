@@ -28,7 +28,9 @@ MIN_FREQ_HZ = 1_000_000  # below any GPU's lowest clock: a smaller frequency was
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # No key takes an infinity or NaN (YAML's .inf, .nan): node_wait_s: .inf waited for ever, and a NaN failed a
+    # bound's check with a message about the bound.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod

@@ -237,3 +237,15 @@ def test_the_shipped_config_names_every_key_at_its_default(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("\n".join(rest) + "\n")
     assert load_config(path) == load_config(tmp_path / "none.yaml")
+
+
+@pytest.mark.parametrize("text, key", [
+    ("node_wait_s: .inf\n", "node_wait_s"),  # waited for the GPU node for ever
+    ("sample_interval_s: .nan\n", "sample_interval_s"),  # was refused as "less than or equal to 3600"
+    ("tuner:\n  noise_rel: .nan\n", "tuner.noise_rel"),
+])
+def test_no_key_takes_an_infinity_or_nan(tmp_path, text, key):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"{key.replace('.', '[.]')}: Input should be a finite number"):
+        load_config(path)

@@ -33,14 +33,21 @@ class Reloader:
         self.build_policy = build_policy
 
     def __call__(self, server: Server) -> None:
+        """RELOADING=1, the reload, then READY=1 whatever happened: systemd waits for it to end `systemctl reload`
+        (an exception that escaped before it, which the server logs, left the unit reloading)."""
         notifier = server.notifier
         notifier.send(f"RELOADING=1\nMONOTONIC_USEC={time.monotonic_ns() // 1000}")
+        status = "reload failed (see the journal); the running config and model stay"
         try:
-            new, policy = self._checked(server)
+            status = self._reload(server)
         except FtgovError as e:
             log.error("reload refused: %s; the running config and model stay", e)
-            notifier.send(f"READY=1\nSTATUS=reload refused: {e}")
-            return
+            status = f"reload refused: {e}"
+        finally:
+            notifier.send(f"READY=1\nSTATUS={status}")
+
+    def _reload(self, server: Server) -> str:
+        new, policy = self._checked(server)
         controller = server.controller
         controller.configure(PinSettings.from_config(new, policy))
         server.ticker.sample_interval_s = new.sample_interval_s
@@ -54,7 +61,7 @@ class Reloader:
             logging.getLogger(name).setLevel(new.log_level.upper())
         log.info("config and model reloaded: policy %s; %d running job(s) keep their pins",
                  controller.policy.name, len(controller.jobs))
-        notifier.send(f"READY=1\nSTATUS=config reloaded; {server.status_line()}")
+        return f"config reloaded; {server.status_line()}"
 
     def _checked(self, server: Server) -> tuple[Config, Policy]:
         old = server.config
@@ -64,6 +71,9 @@ class Reloader:
             log.warning("reload: %s take effect only at start; keeping the running values until a restart",
                         ", ".join(kept))
             new = new.model_copy(update={k: getattr(old, k) for k in kept})
+        if new.power_cap_w != old.power_cap_w and server.controller.holds_pins():
+            log.info("reload: power_cap_w applies from a GPU's next first pin; a GPU pinned now keeps the cap it has "
+                     "until its jobs end")
         if new.policy != "observe" and any(pin.gpu.read_only for pin in server.controller.gpus.values()):
             log.warning("reload: policy %s takes effect only at start: the GPUs were opened read-only for observe; "
                         "keeping observe until a restart", new.policy)

@@ -114,3 +114,22 @@ def test_a_new_config_with_a_key_given_twice_is_refused_naming_it(orin, start_da
     d.config_path.write_text(d.config_path.read_text() + "policy: ffg\npolicy: tune\n")
     assert "duplicate key 'policy'" in reload(d, "reload refused")
     assert d.client().call("register", **FEATURES)["policy"] == "mlg"
+
+
+def test_a_reload_that_fails_unexpectedly_still_ends_systemds_reload():
+    """RELOADING=1 then READY=1 whatever the reload raised: without the READY=1 `systemctl reload` hangs and the unit
+    stays 'reloading'. The server logs what escaped (Server._reload)."""
+    from governor.daemon.reload import Reloader
+
+    sent: list[str] = []
+
+    class Server:
+        notifier = type("Notifier", (), {"send": staticmethod(sent.append)})()
+        config = None
+
+    def broken():
+        raise RuntimeError("a bug in reloading")
+
+    with pytest.raises(RuntimeError):
+        Reloader(broken, lambda config: None)(Server())
+    assert sent[0].startswith("RELOADING=1") and sent[-1].startswith("READY=1\nSTATUS=reload failed")
