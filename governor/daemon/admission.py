@@ -18,8 +18,12 @@ root can always connect, whatever a member does with its connections.
 from __future__ import annotations
 
 import asyncio
+import logging
+import resource
 import time
 from collections.abc import Callable
+
+log = logging.getLogger("ftgovd")
 
 # Descriptors kept from non-root connections: root's reserve connections (two each), a burst of accepts
 # (ACCEPT_BATCH), and the daemon's own files (sysfs attributes, the state file's temp file and directory, the store).
@@ -27,6 +31,24 @@ FD_RESERVE = 96
 FD_RESERVE_DAEMON = 32  # kept even from root: the daemon's own files
 # Connections accepted in one event-loop turn, before any of them is checked: each holds a descriptor until then.
 ACCEPT_BATCH = 16
+
+
+def raise_fd_limit(limits) -> int | None:
+    """Room for ``limits`` (a LimitsConfig): a connection takes two descriptors (its socket and a pidfd for its
+    process), a job one more. The soft limit is 1024 by default (for select()'s sake; the daemon never uses select()),
+    the hard limit under systemd 524288: take what the limits need, never more than the hard limit allows. At start
+    and at each reload (raised limits raise it; it is never lowered). Returns the soft limit now (None: unlimited)."""
+    # + listening socket, epolls, files, logs, and the descriptors kept for root and the daemon itself
+    need = 2 * (limits.max_connections + limits.root_reserve_connections) + limits.max_jobs + 64 + FD_RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        soft = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        if soft < need:
+            log.warning("open files limited to %d (hard limit), but limits.max_connections=%d and max_jobs=%d need "
+                        "about %d: some connections will wait or be refused", soft, limits.max_connections,
+                        limits.max_jobs, need)
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def connection_refusal(limits, *, uid: int, total: int, of_uid: int, fds_in_use: int = 0,

@@ -7,7 +7,6 @@ import asyncio
 import fcntl
 import logging
 import os
-import resource
 import select
 import shlex
 import shutil
@@ -134,23 +133,6 @@ def policy_name(config: Config, gpus: list) -> str:
     return "tune" if any(g.describe().get("backend") == "nvml" for g in gpus) else "mlg"
 
 
-def raise_fd_limit(config: Config) -> None:
-    """Room for the configured limits: a connection takes two descriptors (its socket and a pidfd for its process),
-    a job one more. The soft limit is 1024 by default (for select()'s sake; the daemon never uses select()), the hard
-    limit under systemd 524288: take what the limits need, never more than the hard limit allows."""
-    limits = config.limits
-    # + listening socket, epolls, files, logs, and the descriptors kept for root and the daemon itself
-    need = 2 * (limits.max_connections + limits.root_reserve_connections) + limits.max_jobs + 64 + admission.FD_RESERVE
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < need:
-        new = need if hard == resource.RLIM_INFINITY else min(need, hard)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
-        if new < need:
-            log.warning("open files limited to %d (hard limit), but limits.max_connections=%d and max_jobs=%d need "
-                        "about %d: some connections will wait or be refused", new, config.limits.max_connections,
-                        config.limits.max_jobs, need)
-
-
 TREE_LOCK = ".ftgovd.lock"
 
 
@@ -209,7 +191,7 @@ def run(config: Config, *, simulate: bool = False, sim_meters: str = "ina3221",
         load_config_again: Callable[[], Config] | None = None) -> int:
     """Listen first, so that a socket that cannot be served (taken by another daemon, in a directory that does not
     exist) is refused before anything else happens; then start and serve; the socket goes when the daemon does."""
-    raise_fd_limit(config)
+    admission.raise_fd_limit(config.limits)
     fds = listen_fds()
     if fds:
         sock = socket.socket(fileno=fds[0])

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from governor.config import Config
+from governor.daemon import admission
 from governor.daemon.settings import PinSettings
 from governor.errors import FtgovError
 from governor.policy import Policy
@@ -51,6 +52,7 @@ class Reloader:
         controller = server.controller
         controller.configure(PinSettings.from_config(new, policy))
         server.ticker.sample_interval_s = new.sample_interval_s
+        server.fd_limit = admission.raise_fd_limit(new.limits)  # raised connection limits need their descriptors
         server.config = server.methods.config = new
         # The connection limits (root's reserve, per uid) are read at each accept; an idle timeout also applies to the
         # connections open now.

@@ -72,8 +72,9 @@ class Server:
         # One read buffer for every connection: see Connection.get_buffer.
         self.read_buffer = memoryview(bytearray(READ_CHUNK))
         self.group_gid = peers.group_id(config.socket.group)
-        # The open-file limit as start-up left it (governor.daemon.main.raise_fd_limit), and the descriptors open
-        # before serving (counted in serve()): with two per connection and one per job, what is in use now.
+        # The open-file limit as start-up left it (governor.daemon.admission.raise_fd_limit; a reload may raise
+        # it), and the descriptors open before serving (counted in serve()): with two per connection and one per
+        # job, what is in use now.
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         self.fd_limit: int | None = None if soft == resource.RLIM_INFINITY else soft
         self.base_fds = 0

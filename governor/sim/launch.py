@@ -145,13 +145,14 @@ class Daemon:
     daemon's own defaults otherwise), and ``config_file`` names an existing file instead (os.devnull: every default).
     ``python_args`` go before ``-m governor.daemon`` (a profiler, say); ``python`` is the interpreter (another
     venv's, to run an installed ftgov: then pass env={"PYTHONPATH": ""} so that the checkout is not imported).
-    ``nofile``: the daemon's RLIMIT_NOFILE, soft and hard (what a unit's LimitNOFILE= gives)."""
+    ``nofile``: the daemon's RLIMIT_NOFILE, soft and hard, or a (soft, hard) pair (what a unit's LimitNOFILE= gives)."""
 
     def __init__(self, root: Path | None, workdir: Path | None = None, config: dict | None = None,
                  extra_args: tuple[str, ...] = (), simulate: bool = False, notify_name: str = "n.sock",
                  env: dict | None = None, *, test_config: bool = True, config_file: str | None = None,
                  state_dir: Path | None = None, log_path: Path | None = None, log_level: str = "debug",
-                 python_args: tuple[str, ...] = (), python: str = sys.executable, nofile: int | None = None,
+                 python_args: tuple[str, ...] = (), python: str = sys.executable,
+                 nofile: int | tuple[int, int] | None = None,
                  sim_meters: str = "exact"):
         # Short: AF_UNIX paths <= 107.
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ftg", dir=os.environ.get(WORKDIRS_ENV, "/tmp")))
@@ -193,7 +194,7 @@ class Daemon:
         env.pop("JOURNAL_STREAM", None)
         self._close_pidfd()
         log = open(self.log_path, "ab")
-        limit = None if self.nofile is None else (self.nofile, self.nofile)
+        limit = self.nofile if self.nofile is None or isinstance(self.nofile, tuple) else (self.nofile, self.nofile)
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=log, env=env, cwd=self.workdir,
                                      preexec_fn=None if limit is None else
                                      lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limit))

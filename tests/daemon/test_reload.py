@@ -133,3 +133,19 @@ def test_a_reload_that_fails_unexpectedly_still_ends_systemds_reload():
     with pytest.raises(RuntimeError):
         Reloader(broken, lambda config: None)(Server())
     assert sent[0].startswith("RELOADING=1") and sent[-1].startswith("READY=1\nSTATUS=reload failed")
+
+
+def test_raised_connection_limits_raise_the_open_file_limit_on_reload(orin, start_daemon):
+    """The descriptors the limits need were reserved at start only: raising limits.max_connections by reload left
+    the soft limit where it was, and the new connections refused as near the open-file limit."""
+    def soft_nofile() -> int:
+        line = next(x for x in open(f"/proc/{d.proc.pid}/limits") if x.startswith("Max open files"))
+        return int(line.split()[3])
+
+    # systemd gives 1024:524288; this machine's hard limit may be lower
+    d = start_daemon(config={"limits": {"max_connections": 256}}, nofile=(1024, 16384))
+    before = soft_nofile()
+    cfg_limits = {"max_connections": 4000, "max_connections_per_uid": 250}
+    rewrite_config(d, limits=cfg_limits)
+    reload(d, "config reloaded")
+    assert before < 2 * 4000 <= soft_nofile()
