@@ -51,7 +51,7 @@ class Reloader:
         new, policy = self._checked(server)
         controller = server.controller
         controller.configure(PinSettings.from_config(new, policy))
-        server.ticker.sample_interval_s = new.sample_interval_s
+        server.ticker.set_interval(new.sample_interval_s, controller)
         server.fd_limit = admission.raise_fd_limit(new.limits)  # raised connection limits need their descriptors
         server.config = server.methods.config = new
         # The connection limits (root's reserve, per uid) are read at each accept; an idle timeout also applies to the

@@ -61,6 +61,15 @@ class Ticker:
         if busy:
             self._schedule_sampler(ctl)
 
+    def set_interval(self, sample_interval_s: float, ctl: Controller) -> None:
+        """A reload's sample_interval_s, from now: a tick already scheduled at the old interval (up to an hour) is
+        scheduled again at the new one."""
+        self.sample_interval_s = sample_interval_s
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+            self.changed(ctl)
+
     def _schedule_sampler(self, ctl: Controller) -> None:
         """While jobs or scheduler holds run (the caller checks): the rails' sampler, at the sensors' refresh."""
         refresh_s = ctl.energy.refresh_s

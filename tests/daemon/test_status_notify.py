@@ -47,3 +47,22 @@ def test_a_status_the_full_queue_dropped_is_sent_again_once_the_reader_reads(tmp
     got = asyncio.run(main())
     assert "STATUS=0 job(s); no GPU: none found" not in got[:-1] and got[-1] == "STATUS=0 job(s); no GPU: none found"
     reader.close()
+
+
+def test_a_reloaded_sample_interval_reschedules_the_tick_already_waiting():
+    """A reload from sample_interval_s 3600 to 1 took effect only after the hour's tick had fired."""
+    ctl = SimpleNamespace(gpus={}, jobs=["a"], missing_why=None, busy=lambda: True, pending_restores=lambda: False,
+                          energy=SimpleNamespace(refresh_s=None))
+
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        ticker = ticks.Ticker(Notifier({}), sample_interval_s=3600.0)
+        ticker.changed(ctl)
+        old_in_s = ticker._tick.when() - loop.time()
+        ticker.set_interval(1.0, ctl)
+        new_in_s = ticker._tick.when() - loop.time()
+        ticker.stop()
+        return old_in_s, new_in_s
+
+    old_in_s, new_in_s = asyncio.run(main())
+    assert old_in_s > 3500 and new_in_s <= 1.0
