@@ -36,9 +36,13 @@ ENERGY_SOURCES = "a Jetson's energy rails, or the GPU's own energy counter"  # w
 
 @dataclass
 class Family:
+    """One metric family. ``kind`` "counter": a value that only grows (or restarts from zero), exposed as NAME_total
+    (prometheus.io/docs/concepts/metric_types/: "Do not use a counter to expose a value that can decrease";
+    /docs/practices/naming/: "an accumulating count has total as a suffix"); else a gauge."""
     name: str
     help: str
     samples: list[tuple[dict, float]] = field(default_factory=list)
+    kind: str = "gauge"
 
     def add(self, value, **labels) -> None:
         if value is not None:
@@ -46,7 +50,8 @@ class Family:
 
 
 def families(status: dict | None, estimate=None, *, job_names: bool = False) -> list[Family]:
-    """Metric families (all gauges) for one daemon status; ``None`` means the daemon did not answer (up 0).
+    """Metric families for one daemon status (gauges, but for the store's totals that only grow); ``None`` means the
+    daemon did not answer (up 0).
     ``job_names``: label each job's samples with its name too (opt-in: see the module docstring).
 
     ``estimate(job) -> ratio | None`` gives a job's estimated energy savings against the default governor (MAXN).
@@ -114,11 +119,18 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
 
 
 def store_families(store: dict | None) -> list[Family]:
-    """Cumulative figures of every job the measurement store has recorded (they survive restarts and pruning)."""
-    jobs = Family(f"{PREFIX}_jobs_recorded", "jobs recorded in the measurement store since it was created")
-    energy = Family(f"{PREFIX}_energy_joules_cumulative", f"energy of every recorded job ({ENERGY_SOURCES})")
+    """Cumulative figures of every job the measurement store has recorded (they survive restarts and pruning).
+
+    The job count and the energy only grow, so they are counters (ftgov_jobs_recorded_total, ftgov_energy_joules_total:
+    rate() of the latter is the governed jobs' mean power); they restart from zero only with a new store (one moved
+    aside as corrupt), which Prometheus reads as a counter reset. The saving is net: a job that cost more than its
+    basis subtracts from it, so it is a gauge."""
+    jobs = Family(f"{PREFIX}_jobs_recorded", "jobs recorded in the measurement store since it was created",
+                  kind="counter")
+    energy = Family(f"{PREFIX}_energy_joules", f"energy of every recorded job ({ENERGY_SOURCES})", kind="counter")
     saved = Family(f"{PREFIX}_energy_saved_joules_cumulative",
-                   "energy saved by every recorded job, as measured by its own windows (see ftgov history)")
+                   "net energy saved by every recorded job, as measured by its own windows (see ftgov history); "
+                   "a job that cost more takes from it")
     if store and store.get("error") is None:
         jobs.add(store.get("jobs"))
         energy.add(store.get("energy_j"))
@@ -201,10 +213,10 @@ class DaemonStatus:
 def _prometheus():
     try:
         import prometheus_client
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     except ImportError as e:
         raise FtgovError("prometheus-client is not installed: pip install 'ftgov[metrics]'") from e
-    return prometheus_client, GaugeMetricFamily
+    return prometheus_client, {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily}
 
 
 class DaemonCollector:
@@ -214,19 +226,19 @@ class DaemonCollector:
         self.status = DaemonStatus(socket)
         self.estimate = estimate
         self.job_names = job_names
-        _, self._gauge = _prometheus()
+        _, self._kinds = _prometheus()
 
     def collect(self):
         yield from self.gauges(self.status.read())
 
     def gauges(self, status: dict | None):
-        """The gauges of one status answer (None: the daemon did not answer)."""
+        """The metric families of one status answer (None: the daemon did not answer)."""
         for fam in families(status, self.estimate, job_names=self.job_names):
             label_names = sorted({k for labels, _ in fam.samples for k in labels})
-            gauge = self._gauge(fam.name, fam.help, labels=label_names)
+            metric = self._kinds[fam.kind](fam.name, fam.help, labels=label_names)
             for labels, value in fam.samples:
-                gauge.add_metric([labels.get(k, "") for k in label_names], value)
-            yield gauge
+                metric.add_metric([labels.get(k, "") for k in label_names], value)
+            yield metric
 
 
 def registry_for(socket: str | None = None, *, job_names: bool = False):

@@ -171,10 +171,10 @@ def test_prometheus_families_carry_the_store_totals():
     status = {"jobs": [], "gpus": [], "store": {"jobs": 12, "energy_j": 3456.5, "saved_j": 210.25, "error": None}}
     by_name = {f.name: f.samples for f in families(status)}
     assert by_name["ftgov_jobs_recorded"] == [({}, 12.0)]
-    assert by_name["ftgov_energy_joules_cumulative"] == [({}, 3456.5)]
+    assert by_name["ftgov_energy_joules"] == [({}, 3456.5)]  # a counter: exposed as ftgov_energy_joules_total
     assert by_name["ftgov_energy_saved_joules_cumulative"] == [({}, 210.25)]
     broken = {**status, "store": {**status["store"], "error": "disk full"}}
-    assert {f.name: f.samples for f in families(broken)}["ftgov_energy_joules_cumulative"] == []
+    assert {f.name: f.samples for f in families(broken)}["ftgov_energy_joules"] == []
 
 
 def test_energy_is_written_in_the_unit_its_size_calls_for():

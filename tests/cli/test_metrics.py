@@ -88,3 +88,26 @@ def test_savings_estimate_from_an_estimator():
     # 300 J at the pin, 25% below MAXN: MAXN would have taken 400 J.
     assert by_name["ftgov_job_energy_saved_joules_estimate"][0][1] == pytest.approx(100.0)
     assert by_name["ftgov_gpu_pinned_frequency_hertz"] == []
+
+
+def test_store_totals_that_only_grow_are_counters():
+    """The store's job count and energy only grow (they survive restarts and pruning): Prometheus counters, named
+    `_total` (prometheus.io/docs/practices/naming/, /docs/concepts/metric_types/), so that rate() and increase() read
+    them as such. The net saving can go down (a job that cost more than the default governor): a gauge."""
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from governor.cli.metrics import DaemonCollector
+
+    collector = DaemonCollector(socket="/nonexistent")
+    status = {"jobs": [], "gpus": [], "store": {"jobs": 3, "energy_j": 900.0, "saved_j": -12.5, "error": None}}
+    registry = CollectorRegistry()
+    registry.register(type("C", (), {"collect": lambda self: collector.gauges(status)})())
+    fams = {f.name: f for f in prometheus_parser.text_string_to_metric_families(generate_latest(registry).decode())}
+    assert fams["ftgov_jobs_recorded"].type == "counter"
+    assert [(s.name, s.value) for s in fams["ftgov_jobs_recorded"].samples] == [("ftgov_jobs_recorded_total", 3)]
+    assert fams["ftgov_energy_joules"].type == "counter"
+    assert [(s.name, s.value) for s in fams["ftgov_energy_joules"].samples] == [("ftgov_energy_joules_total", 900.0)]
+    saved = fams["ftgov_energy_saved_joules_cumulative"]
+    assert saved.type == "gauge"
+    assert [(s.name, s.value) for s in saved.samples] == [("ftgov_energy_saved_joules_cumulative", -12.5)]
