@@ -54,7 +54,8 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
     daemon did not answer (up 0).
     ``job_names``: label each job's samples with its name too (opt-in: see the module docstring).
 
-    ``estimate(job) -> ratio | None`` gives a job's estimated energy savings against the default governor (MAXN).
+    ``estimate(job) -> ratio | None`` gives a job's estimated energy savings against the default governor (MAXN); it
+    is asked only for jobs on a Jetson GPU (backend devfreq), the board its model describes.
     """
     up = Family(f"{PREFIX}_up", "1 when ftgovd answered the status request")
     up.add(0 if status is None else 1)
@@ -70,6 +71,9 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
         "pinned_hz": Family(f"{PREFIX}_gpu_pinned_frequency_hertz", "frequency ftgovd pins the GPU to (absent: none)"),
     }
     load = Family(f"{PREFIX}_gpu_load_ratio", "GPU load, 0..1")
+    # The energy model behind the estimate is the Orin's: on an NVML GPU it would read the Orin curve at that GPU's
+    # clocks (an H100's 1980 MHz is far past the Orin's top, a -142% 'saving').
+    jetson_gpus = {gpu.get("id") for gpu in status.get("gpus") or [] if gpu.get("backend") == "devfreq"}
     for gpu in status.get("gpus") or []:
         for key, fam in gpu_fams.items():
             fam.add(gpu.get(key), gpu=gpu.get("id"))
@@ -108,7 +112,7 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
             err = j["saving"].get("saved_pct_err")
             measured_err.add(None if err is None else err / 100, **labels)
             measured_steps.add(j["saving"].get("measured_steps"), **labels)
-        ratio = estimate(j) if estimate is not None else None
+        ratio = estimate(j) if estimate is not None and j.get("gpu") in jetson_gpus else None
         if ratio is not None:
             savings.add(ratio, **labels)
             if j.get("energy_j") is not None and ratio < 1:

@@ -82,7 +82,7 @@ def test_http_endpoint_on_loopback(start_daemon):
 
 def test_savings_estimate_from_an_estimator():
     status = {"jobs": [{"job_id": 1, "name": "a", "gpu": "0", "freq_hz": 612000000, "energy_j": 300.0,
-                        "duration_s": 10.0, "steps": 5, "policy": "mlg"}]}
+                        "duration_s": 10.0, "steps": 5, "policy": "mlg"}], "gpus": [{"id": "0", "backend": "devfreq"}]}
     by_name = {f.name: f.samples for f in families(status, estimate=lambda job: 0.25)}
     assert by_name["ftgov_job_energy_savings_ratio_estimate"][0][1] == 0.25
     # 300 J at the pin, 25% below MAXN: MAXN would have taken 400 J.
@@ -111,3 +111,18 @@ def test_store_totals_that_only_grow_are_counters():
     saved = fams["ftgov_energy_saved_joules_cumulative"]
     assert saved.type == "gauge"
     assert [(s.name, s.value) for s in saved.samples] == [("ftgov_energy_saved_joules_cumulative", -12.5)]
+
+
+def test_no_orin_model_estimate_for_a_job_on_another_gpu():
+    """The estimate comes from the simulated Orin's energy model: on an NVML GPU (an H100 at 1980 MHz) it would read
+    the Orin curve far past its top clock and export a -142% 'saving'. Only jobs on a Jetson (devfreq) GPU get it."""
+    from governor.cli.metrics import model_savings_estimator
+
+    estimate = model_savings_estimator()
+    features = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 128.0, "gpu_util": 100.0}
+    jobs = [{"job_id": 1, "gpu": "0", "freq_hz": 1980000000, "energy_j": 500.0, "features": features},
+            {"job_id": 2, "gpu": "1", "freq_hz": 714000000, "energy_j": 500.0, "features": features}]
+    status = {"jobs": jobs, "gpus": [{"id": "0", "backend": "nvml"}, {"id": "1", "backend": "devfreq"}]}
+    by_name = {f.name: f.samples for f in families(status, estimate)}
+    for name in ("ftgov_job_energy_savings_ratio_estimate", "ftgov_job_energy_saved_joules_estimate"):
+        assert [labels["job_id"] for labels, _ in by_name[name]] == ["2"], name
