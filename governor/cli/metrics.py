@@ -258,7 +258,8 @@ def add_parser(sub) -> None:
                                    "textfile collector.")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--port", type=port, help="serve /metrics on this port (e.g. 9400)")
-    where.add_argument("--textfile", metavar="PATH", help="write this .prom file (atomically) for node_exporter")
+    where.add_argument("--textfile", metavar="PATH.prom",
+                       help="write this .prom file (atomically) in node_exporter's textfile directory")
     p.add_argument("--address", default="127.0.0.1",
                    help="address to serve on (default 127.0.0.1: put a reverse proxy or an SSH tunnel in front)")
     p.add_argument("--interval", type=above(0), default=15.0, help="seconds between textfile writes (default 15)")
@@ -272,6 +273,12 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     textfile = Path(args.textfile) if args.textfile else None
+    if textfile is not None and textfile.suffix != ".prom":
+        # node_exporter's textfile collector reads only *.prom files in its directory (node_exporter's README):
+        # any other name would be written every interval and never scraped.
+        print(f"ftgov metrics: --textfile {textfile}: node_exporter's textfile collector reads only *.prom files",
+              file=sys.stderr)
+        return 2
     try:
         # The textfile's directory is opened and checked once, before anything else (governor/safefile.py).
         # Not prometheus_client.write_to_textfile: it writes PATH.<pid>.<thread> by path, a name that repeats every

@@ -63,6 +63,8 @@ SPECIFIC = [
     (["sim-tree", "{tmp}/t", "--power-mode", "9"], 1, "power mode 9"),
     (["metrics", "--port", "70000"], 2, "argument --port: a port is 0..65535, got 70000"),
     (["metrics", "--textfile", "{tmp}/m.prom", "--interval", "0"], 2, "argument --interval: must be > 0, got 0"),
+    # node_exporter's textfile collector reads only *.prom: another name was written, exit 0, and never scraped.
+    (["metrics", "--textfile", "{tmp}/m.txt", "--once"], 2, "node_exporter's textfile collector reads only *.prom"),
     (["evaluate", "--data", "/etc/passwd"], 1, "/etc/passwd is not a characterization CSV"),
     (["evaluate", "--job-steps", "0"], 2, "argument --job-steps: must be >= 1, got 0"),
     (["evaluate", "--noise", "-1"], 2, "argument --noise: must be >= 0.0, got -1"),
