@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import signal
 import sys
 import threading
@@ -271,6 +272,15 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _remove(out: OutDir, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=out.fd)
+    except FileNotFoundError:
+        pass
+    except OSError as e:
+        print(f"ftgov metrics: cannot remove {out.path / name}: {e.strerror or e}", file=sys.stderr)
+
+
 def run(args: argparse.Namespace) -> int:
     textfile = Path(args.textfile) if args.textfile else None
     if textfile is not None and textfile.suffix != ".prom":
@@ -305,7 +315,12 @@ def run(args: argparse.Namespace) -> int:
                     except OSError as e:
                         print(f"ftgov metrics: cannot write {textfile}: {e.strerror or e}", file=sys.stderr)
                         return 1
-                    if args.once or signal.sigtimedwait(stop_signals, args.interval) is not None:
+                    if args.once:
+                        return 0  # a timer's run: the file stays, and node_textfile_mtime_seconds tells its age
+                    if signal.sigtimedwait(stop_signals, args.interval) is not None:
+                        # Stopped: node_exporter would serve the last file for ever (ftgov_up 1, the last pins).
+                        # Without it the series go stale and absent(ftgov_up) can alert.
+                        _remove(out, textfile.name)
                         return 0
         try:
             server, thread = prometheus_client.start_http_server(args.port, addr=args.address, registry=registry)

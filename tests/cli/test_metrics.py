@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -126,3 +127,24 @@ def test_no_orin_model_estimate_for_a_job_on_another_gpu():
     by_name = {f.name: f.samples for f in families(status, estimate)}
     for name in ("ftgov_job_energy_savings_ratio_estimate", "ftgov_job_energy_saved_joules_estimate"):
         assert [labels["job_id"] for labels, _ in by_name[name]] == ["2"], name
+
+
+def test_a_stopped_textfile_exporter_takes_its_file_away(start_daemon, tmp_path):
+    """node_exporter serves whatever .prom file is there: one left behind by an exporter that was stopped would go on
+    saying ftgov_up 1 and the last pins for ever. The looping exporter removes its file when it stops (--once, run
+    from a timer, leaves it: node_textfile_mtime_seconds tells its age)."""
+    daemon = start_daemon()
+    prom = tmp_path / "ftgov.prom"
+    proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "metrics", "--textfile", str(prom), "--interval",
+                             "0.2", "--socket", daemon.socket], env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        deadline = time.monotonic() + 30
+        while not prom.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert parse(prom.read_text())[("ftgov_up", frozenset())] == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert not prom.exists()
+        assert not list(tmp_path.glob("*.prom*")), "no temporary file left either"
+    finally:
+        proc.kill()
