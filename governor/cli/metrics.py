@@ -314,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
                         out.write_bytes(textfile.name, prometheus_client.generate_latest(registry), 0o644)
                     except OSError as e:
                         print(f"ftgov metrics: cannot write {textfile}: {e.strerror or e}", file=sys.stderr)
+                        _remove(out, textfile.name)  # the last one written would be served for ever
                         return 1
                     if args.once:
                         return 0  # a timer's run: the file stays, and node_textfile_mtime_seconds tells its age

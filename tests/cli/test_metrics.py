@@ -148,3 +148,25 @@ def test_a_stopped_textfile_exporter_takes_its_file_away(start_daemon, tmp_path)
         assert not list(tmp_path.glob("*.prom*")), "no temporary file left either"
     finally:
         proc.kill()
+
+
+def test_a_textfile_that_cannot_be_written_again_is_not_left_pretending(tmp_path, monkeypatch, capsys):
+    """A write that fails (a full disk) ends the exporter with exit 1: the previous file, which node_exporter would
+    serve for ever, goes with it."""
+    from governor.safefile import OutDir
+
+    real, calls = OutDir.write_bytes, []
+
+    def write_bytes(self, name, data, mode=0o644):
+        calls.append(name)
+        if len(calls) > 1:
+            raise OSError(28, "No space left on device")
+        real(self, name, data, mode)
+
+    monkeypatch.setattr(OutDir, "write_bytes", write_bytes)
+    prom = tmp_path / "ftgov.prom"
+    argv = ["metrics", "--textfile", str(prom), "--interval", "0.01", "--socket", str(tmp_path / "none.sock")]
+    assert main(argv) == 1
+    assert len(calls) == 2
+    assert "No space left on device" in capsys.readouterr().err
+    assert not prom.exists()
