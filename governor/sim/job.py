@@ -100,7 +100,12 @@ def run(root: Root, job, workload, steps: int, *, time_scale: float = 0.1, noise
         on_board.stepping(True)
         deadline = time.monotonic()
         for i in range(steps):
-            deadline += step_seconds(node, workload, model) * time_scale
+            try:
+                deadline += step_seconds(node, workload, model) * time_scale
+            except FileNotFoundError as e:  # a real board's sysfs never goes; a restarted --simulate rebuilds its tree
+                raise FtgovError(f"the simulated board's tree went away after {i} of {steps} steps ({e.filename}): "
+                                 "ftgovd --simulate was restarted, and a restart builds a new board; start the job "
+                                 "again") from None
             time.sleep(max(0.0, deadline - time.monotonic()))  # the step itself: simulated work takes wall time
             job.step()
             if on_step is not None:

@@ -295,3 +295,22 @@ def test_without_the_sensors_model_the_rails_read_the_models_mean_at_once(orin):
         board.react()
         assert total_mw(root) == pytest.approx(OrinEnergyModel().expected(workload, 714000000).power_mw, rel=1e-3)
         assert board.refresh_timeout_s() is None
+
+
+def test_a_job_whose_board_was_rebuilt_under_it_stops_with_a_clear_error(tmp_path):
+    """A restarted `ftgovd --simulate` builds a new tree: a sim-job running on the old one ended in a traceback."""
+    import shutil
+
+    from governor.errors import FtgovError
+
+    root = Root(tree.build(tmp_path / "orin").root)
+    workload = workload_from_features({"model_type": "encoder", "num_layers": 12, "hidden_size": 768,
+                                       "seq_len": 40.0}, "t")
+    node = devfreq.find_node(root)
+
+    def rebuilt(step: int) -> None:
+        if step == 3:
+            shutil.rmtree(node)
+
+    with pytest.raises(FtgovError, match="tree went away after 3 of 10 steps.*ftgovd --simulate was restarted"):
+        simjob.run(root, simjob._Unregistered(), workload, 10, time_scale=0.0001, on_step=rebuilt)
