@@ -85,7 +85,10 @@ def run(args: argparse.Namespace) -> int:
             config = load_config(args.config or DEFAULT_CONFIG_PATH, overrides, must_exist=args.config is not None)
         except ConfigError as e:
             # A config broken while the daemon ran (a reload refused it) must not keep a crashed daemon's pins in
-            # place: restore anyway, the one safe choice whatever restore_on_stop said.
+            # place: after the daemon (--on-stop, the unit's ExecStopPost) restore anyway, the one safe choice
+            # whatever restore_on_stop said. By hand, the error: the operator fixes the file or names the paths.
+            if not args.on_stop:
+                raise
             config = Config.model_validate({k: v for k, v in overrides.items() if v is not None})
             print(f"ftgov restore: warning: {e}; restoring with the defaults for the rest (backend "
                   f"{config.backend}, sysfs root {config.sysfs_root}, state dir {config.state_dir})", file=sys.stderr)

@@ -59,7 +59,8 @@ def _status(features: dict, freq_hz: int, energy_j: float, steps: int) -> dict:
            "phase": "train", "energy_j": energy_j, "adopted": False, "tuner": None,
            "saving": {"saved_rel": 0.1, "measured_steps": 40}}
     return {"policy": "mlg", "jobs": [job], "power_mw": {"VDD_GPU_SOC": 9000.0}, "energy_rails": ["VDD_GPU_SOC"],
-            "gpus": [{"id": "0", "cur_hz": freq_hz, "min_hz": freq_hz, "max_hz": freq_hz, "pinned_hz": freq_hz,
+            "gpus": [{"id": "0", "backend": "devfreq", "cur_hz": freq_hz, "min_hz": freq_hz, "max_hz": freq_hz,
+                      "pinned_hz": freq_hz,
                       "load_pct": features["gpu_util"]}],
             "store": {"jobs": 3, "energy_j": energy_j, "saved_j": 1.0, "error": None}}
 
