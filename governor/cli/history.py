@@ -155,5 +155,5 @@ def format_table(jobs, totals: dict) -> str:
                      f"{printable(j.policy or '-'):8}  {_num(j.freq_hz and j.freq_hz / 1e6, 'g'):>7}  "
                      f"{_num(j.duration_s, '.1f'):>8}  {_num(j.steps, 'd'):>6}  {_num(j.energy_j, '.1f'):>9}  {saved}")
     lines.append(f"{len(jobs)} job(s) listed; in all {totals['jobs']} recorded, {energy(totals['energy_j'])}, "
-                 f"{energy(totals['saved_j'])} measured saved")
+                 f"{energy(totals['saved_j'])} measured saved, each job against its basis")
     return "\n".join(lines)

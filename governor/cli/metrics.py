@@ -134,8 +134,9 @@ def store_families(store: dict | None) -> list[Family]:
                   kind="counter")
     energy = Family(f"{PREFIX}_energy_joules", f"energy of every recorded job ({ENERGY_SOURCES})", kind="counter")
     saved = Family(f"{PREFIX}_energy_saved_joules_cumulative",
-                   "net energy saved by every recorded job, as measured by its own windows (see ftgov history); "
-                   "a job that cost more takes from it")
+                   "net energy saved by every recorded job, as measured by its own windows, each against its basis "
+                   "(the default governor where measured, else the tuner's start; see ftgov history); a job that "
+                   "cost more takes from it")
     if store and store.get("error") is None:
         jobs.add(store.get("jobs"))
         energy.add(store.get("energy_j"))

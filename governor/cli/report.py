@@ -208,5 +208,6 @@ def _summary(groups: list[dict], totals: dict, out: OutDir) -> None:
     md += ["| " + " | ".join(_md_cell(r, k) for k in SUMMARY_FIELDS) + " |" for r in rows]
     md.append("")
     md.append(f"{totals['jobs']} jobs recorded in all: {energy(totals['energy_j'])}, "
-              f"{energy(totals['saved_j'])} measured saved.")
+              f"{energy(totals['saved_j'])} measured saved, each job against its basis (the default governor, else the "
+              "tuner's start).")
     out.write_text("summary.md", "\n".join(md) + "\n")

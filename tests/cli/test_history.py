@@ -253,11 +253,13 @@ def test_one_job_draws_whole_titles_and_a_time_axis_around_it(tmp_path):
 def test_totals_small_and_large_are_written_in_their_unit(tmp_path, capsys):
     path, record = one_tuned_job(tmp_path, energy_j=100.0, saved_rel=21.3 / 121.3)  # 21.3 J saved
     assert main(["history", "--store", str(path)]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].endswith(f", {energy(record.energy_j)}, 21.3 J measured saved")
+    assert capsys.readouterr().out.splitlines()[-1].endswith(
+        f", {energy(record.energy_j)}, 21.3 J measured saved, each job against its basis")
     out = tmp_path / "report"
     assert main(["report", "--store", str(path), "--out", str(out)]) == 0
     assert (out / "summary.md").read_text().endswith(
-        f"1 jobs recorded in all: {energy(record.energy_j)}, 21.3 J measured saved.\n")
+        f"1 jobs recorded in all: {energy(record.energy_j)}, 21.3 J measured saved, each job against its basis "
+        "(the default governor, else the tuner's start).\n")
 
 
 def test_history_shows_a_savings_uncertainty_where_the_store_has_one(tmp_path, capsys):
