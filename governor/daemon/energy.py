@@ -27,8 +27,7 @@ Defer = Callable[[Callable[[], None], float], None]
 class BoardEnergy:
     def __init__(self, rails: Rails | None):
         self.rails = rails
-        self._power_cache: tuple[float, float] = (-1.0, 0.0)
-        self._last_mw: float | None = None  # the last power read, for a read that fails
+        self._power_cache: tuple[float, float] = (-1.0, 0.0)  # (when, mW) of the last read that succeeded
         self._failing = False  # the last read failed (logged once a run of failures, not at every sample)
         self._counters: dict[str, CounterReads] = {}  # GPU id -> its counter's reads, shared by its meters
 
@@ -53,7 +52,6 @@ class BoardEnergy:
             log.info("the power rails read again")
         self._failing = False
         self._power_cache = (now, mw)
-        self._last_mw = mw
         return mw
 
     def total_mw(self) -> float:
@@ -61,9 +59,7 @@ class BoardEnergy:
         reading, too, holds between refreshes), 0 without rails or before any read succeeded. A failed read is
         never a power of 0 mW in a job's energy."""
         mw = self.read_mw()
-        if mw is not None:
-            return mw
-        return 0.0 if self._last_mw is None else self._last_mw
+        return self._power_cache[1] if mw is None else mw
 
     def new_meter(self, gpu: Gpu):
         """An energy meter from now: rails integrated over time (Jetson), else the GPU's own energy counter (NVML),
