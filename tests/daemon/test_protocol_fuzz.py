@@ -107,6 +107,19 @@ class Client:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
+    def pipeline(self, calls: list[tuple[str, dict, bool]]) -> None:
+        """(method, params, notification) sent in one write; then one reply per request, in order, none for a
+        notification."""
+        expected, data = [], bytearray()
+        for method, params, notification in calls:
+            rid = None if notification else self.new_id()
+            if rid is not None:
+                expected.append(rid)
+            data += self.line(method, params, rid)
+        self.send(bytes(data))
+        for rid in expected:
+            assert self.read()["id"] == rid
+
     def read(self) -> dict:
         while b"\n" not in self.buf:
             chunk = self.sock.recv(1 << 16)
@@ -365,21 +378,14 @@ def s_pipeline(w: World, rng: random.Random) -> None:
     """Many requests in one write; replies in order, one each (a notification none)."""
     c = w.client()
     job = c.register()["result"]["job_id"]
-    expected, data = [], bytearray()
+    calls = []
     for _ in range(rng.randrange(50, 400)):
         method = rng.choice(["ping", "status", "predict", "progress", "update", "progress", "job_energy", "ping"])
         params = valid_params(method, job, 0) if method != "progress" else {"job_id": job, "steps": rng.randrange(9)}
         if method == "update":
             params["gpu_util"] = float(rng.randrange(101))
-        if rng.random() < 0.15:
-            data += c.line(method, params)  # a notification
-            continue
-        rid = c.new_id()
-        expected.append(rid)
-        data += c.line(method, params, rid)
-    c.send(bytes(data))
-    for rid in expected:
-        assert c.read()["id"] == rid
+        calls.append((method, params, rng.random() < 0.15))
+    c.pipeline(calls)
     assert c.call("unregister", job_id=job)["job_id"] == job
     c.close()
 
@@ -558,7 +564,7 @@ def s_tuned(w: World, rng: random.Random) -> None:
         c.close()
         return
     job = reply["result"]["job_id"]
-    steps, expected, data = 0, [], bytearray()
+    steps, calls = 0, []
     for _ in range(rng.randrange(20, 400)):
         steps = max(0, steps + rng.choice([1, 1, 1, 1, 2, 8, 0, -3]))
         params: dict = {"job_id": job, "steps": steps}
@@ -578,15 +584,8 @@ def s_tuned(w: World, rng: random.Random) -> None:
             method, params = "set_level", {"job_id": job, "freq_hz": rng.choice(w.levels_hz)}
         elif roll < 0.10:
             method, params = "job_energy", {"job_id": job}
-        if rng.random() < 0.5:
-            data += c.line(method, params)
-        else:
-            rid = c.new_id()
-            expected.append(rid)
-            data += c.line(method, params, rid)
-    c.send(bytes(data))
-    for rid in expected:
-        assert c.read()["id"] == rid
+        calls.append((method, params, rng.random() < 0.5))
+    c.pipeline(calls)
     if rng.random() < 0.5:
         reply = c.request("unregister", job_id=job)
         assert "result" in reply, reply
