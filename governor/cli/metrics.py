@@ -19,12 +19,14 @@ import argparse
 import math
 import os
 import signal
+import socket
+import socketserver
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from governor.cli.argtypes import above, port
+from governor.cli.argtypes import above, at_least, port
 from governor.client import Connection
 from governor.client.connection import DaemonUnavailable
 from governor.errors import FtgovError
@@ -254,6 +256,52 @@ def registry_for(socket: str | None = None, *, job_names: bool = False):
     return registry
 
 
+def http_server(address: str, port_: int, registry, *, max_connections: int, timeout_s: float):
+    """The /metrics endpoint: prometheus-client's WSGI app behind a wsgiref server that holds at most
+    ``max_connections`` connections, each closed after ``timeout_s`` without a byte.
+
+    Not prometheus_client.start_http_server: it starts a thread for every connection, none of them with a timeout, and
+    this exporter runs as root answering any local user, who could open connections until root's process runs out of
+    threads and memory. Here the accept loop waits while every slot is taken (later connections queue in the
+    listening socket's backlog, then the kernel refuses them), and an idle connection gives its slot back.
+    """
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+    prometheus_client, _ = _prometheus()
+
+    class Handler(WSGIRequestHandler):
+        timeout = timeout_s  # socketserver.StreamRequestHandler applies it to every read and write
+
+        def log_message(self, format, *args):  # noqa: A002 (the base class's name)
+            pass
+
+    class Server(socketserver.ThreadingMixIn, WSGIServer):
+        daemon_threads = True  # an exporter being stopped does not wait for a slow scrape
+        address_family = socket.getaddrinfo(address, port_, type=socket.SOCK_STREAM)[0][0]  # IPv6 addresses too
+        slots = threading.BoundedSemaphore(max_connections)
+
+        def verify_request(self, request, client_address) -> bool:
+            self.slots.acquire()  # blocks the accept loop, not a thread per waiting connection
+            return True
+
+        def process_request(self, request, client_address) -> None:
+            try:
+                super().process_request(request, client_address)
+            except BaseException:  # no thread started (RuntimeError: can't start new thread): the slot is free
+                self.slots.release()
+                raise
+
+        def process_request_thread(self, request, client_address) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                self.slots.release()
+
+    server = make_server(address, port_, prometheus_client.make_wsgi_app(registry), Server, handler_class=Handler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("metrics", help="export ftgovd's status as Prometheus metrics",
                        description="Serve Prometheus metrics on a loopback port, or write them for node_exporter's "
@@ -264,6 +312,10 @@ def add_parser(sub) -> None:
                        help="write this .prom file (atomically) in node_exporter's textfile directory")
     p.add_argument("--address", default="127.0.0.1",
                    help="address to serve on (default 127.0.0.1: put a reverse proxy or an SSH tunnel in front)")
+    p.add_argument("--max-connections", type=at_least(1), default=8,
+                   help="with --port: connections served at once (default 8); more wait in the listen queue")
+    p.add_argument("--timeout", type=above(0), default=10.0,
+                   help="with --port: seconds a connection may stay silent before it is closed (default 10)")
     p.add_argument("--interval", type=above(0), default=15.0, help="seconds between textfile writes (default 15)")
     p.add_argument("--once", action="store_true", help="write the textfile once and exit (for a systemd timer)")
     p.add_argument("--job-names", action="store_true",
@@ -325,14 +377,16 @@ def run(args: argparse.Namespace) -> int:
                         _remove(out, textfile.name)
                         return 0
         try:
-            server, thread = prometheus_client.start_http_server(args.port, addr=args.address, registry=registry)
+            server = http_server(args.address, args.port, registry, max_connections=args.max_connections,
+                                 timeout_s=args.timeout)
         except OSError as e:
             print(f"ftgov metrics: cannot listen on {args.address}:{args.port}: {e.strerror or e}", file=sys.stderr)
             return 1
         print(f"ftgov metrics: serving http://{args.address}:{server.server_port}/metrics", file=sys.stderr,
               flush=True)
         signal.sigwait(stop_signals)
-        server.shutdown()
+        # No server.shutdown(): it waits for the accept loop, which waits for a slot while every one is taken. The
+        # loop's thread is a daemon thread, and exiting closes the socket.
         return 0
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -75,6 +76,30 @@ def test_http_endpoint_on_loopback(start_daemon):
             samples = parse(reply.read().decode())
         assert samples[("ftgov_up", frozenset())] == 1
         assert samples[("ftgov_jobs_active", frozenset())] == 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+
+
+def test_http_endpoint_holds_a_bounded_number_of_connections(start_daemon):
+    """The exporter runs as root and answers any local user: a connection that sends nothing must neither hold a
+    thread for ever nor let connections multiply threads. With one slot, a silent connection holds it until its
+    timeout closes it; only then is the next scrape answered."""
+    daemon = start_daemon()
+    proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "metrics", "--port", "0", "--socket", daemon.socket,
+                             "--max-connections", "1", "--timeout", "0.5"],
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    try:
+        url = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", proc.stderr.readline())
+        assert url
+        silent = socket.create_connection(("127.0.0.1", int(url.group(1))), timeout=30)
+        with urllib.request.urlopen(url.group(0), timeout=30) as reply:  # queued behind the silent one
+            assert parse(reply.read().decode())[("ftgov_up", frozenset())] == 1
+        # The scrape was served only once the silent connection had been closed (its FIN came first).
+        silent.setblocking(False)
+        assert silent.recv(1) == b""
+        silent.close()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
