@@ -3,9 +3,10 @@ config, the average tokens per sample from the batches, and the GPU this process
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -110,11 +111,37 @@ def _visible_entries(value: str) -> list[str]:
     return entries
 
 
-def visible_gpu(environ: Mapping[str, str] | None = None, torch_module: Any = None) -> str | None:
-    """The GPU this process computes on, as the daemon's ``gpu`` field: a UUID when torch can tell, else an index.
+def driver_gpu_uuid(cuda_ordinal: int, load: Callable[[str], Any] = ctypes.CDLL) -> str | None:
+    """NVML's "GPU-..." UUID of the process's CUDA device ``cuda_ordinal``, from CUDA's driver API (libcuda's
+    cuDeviceGetUuid), for a torch older than 2.4 that does not report it; None when the driver cannot tell.
+
+    Called only once torch has initialized CUDA in this process (cuInit is then a no-op): initializing it here first
+    would leave a process that forks its data loaders unable to use CUDA in them.
+    """
+    try:
+        cuda = load("libcuda.so.1")
+        device, raw = ctypes.c_int(), (ctypes.c_ubyte * 16)()
+        if cuda.cuInit(0) or cuda.cuDeviceGet(ctypes.byref(device), cuda_ordinal) or cuda.cuDeviceGetUuid(raw, device):
+            return None  # a CUresult other than CUDA_SUCCESS
+    except (OSError, AttributeError):
+        return None  # no libcuda (no NVIDIA driver), or one without the call (before CUDA 9.2)
+    b = bytes(raw)
+    if not any(b):
+        return None
+    # nvidia-smi's form: GPU-8 4 4 4 12 hex digits. cuDeviceGetUuid (the first version) gives the GPU's own UUID
+    # under MIG too, as the daemon wants (clocks are the whole GPU's); unverified on a MIG GPU.
+    return f"GPU-{b[:4].hex()}-{b[4:6].hex()}-{b[6:8].hex()}-{b[8:10].hex()}-{b[10:].hex()}"
+
+
+def visible_gpu(environ: Mapping[str, str] | None = None, torch_module: Any = None,
+                driver_uuid: Callable[[int], str | None] = driver_gpu_uuid) -> str | None:
+    """The GPU this process computes on, as the daemon's ``gpu`` field: a UUID when torch or the CUDA driver can
+    tell, else an index.
 
     Uses torch only if the process has already imported it (importing torch here would cost seconds) or one is
-    passed. None when nothing says which GPU: the daemon then picks the only one, or asks.
+    passed. The UUID comes from torch (2.4 and later), else from the driver (``driver_uuid``): a CUDA index is the
+    process's own numbering, which inside a cgroup that hides GPUs (Slurm's ConstrainDevices) need not be NVML's.
+    None when nothing says which GPU: the daemon then picks the only one, or asks.
     """
     env = os.environ if environ is None else environ
     torch = torch_module if torch_module is not None else sys.modules.get("torch")
@@ -127,6 +154,9 @@ def visible_gpu(environ: Mapping[str, str] | None = None, torch_module: Any = No
                 if uuid is not None and str(uuid):
                     text = str(uuid)
                     return text if text.upper().startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+                text = driver_uuid(cuda_ordinal)
+                if text is not None:
+                    return text
         except (RuntimeError, AssertionError, AttributeError):
             pass  # torch built without CUDA or a broken driver: fall back to the environment
     visible = env.get("CUDA_VISIBLE_DEVICES")

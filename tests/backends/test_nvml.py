@@ -412,16 +412,74 @@ def test_visible_gpu_prefers_the_uuid_torch_reports():
     assert visible_gpu({"CUDA_VISIBLE_DEVICES": "2,3"}, torch) == "GPU-8f1c2d3e-0000-1111-2222-333344445555"
 
 
+def _no_driver(cuda_ordinal):
+    return None
+
+
 def test_visible_gpu_maps_the_current_device_through_cuda_visible_devices():
-    assert visible_gpu({"CUDA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}, _Torch(_Cuda(1))) == "GPU-bbb"
-    assert visible_gpu({"CUDA_VISIBLE_DEVICES": "2,3"}, _Torch(_Cuda(0))) == "2"
-    assert visible_gpu({}, _Torch(_Cuda(3))) == "3"
+    """A torch before 2.4 and a driver that cannot tell: the environment's entry, CUDA's numbering."""
+    assert visible_gpu({"CUDA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}, _Torch(_Cuda(1)), _no_driver) == "GPU-bbb"
+    assert visible_gpu({"CUDA_VISIBLE_DEVICES": "2,3"}, _Torch(_Cuda(0)), _no_driver) == "2"
+    assert visible_gpu({}, _Torch(_Cuda(3)), _no_driver) == "3"
+
+
+def test_visible_gpu_asks_the_driver_when_torch_has_no_uuid():
+    """Inside a Slurm cgroup the job's only GPU is CUDA's 0 whatever NVML calls it: a torch before 2.4 has no UUID
+    to give, so the driver's is sent, never the renumbered index."""
+    asked = []
+
+    def driver(cuda_ordinal):
+        asked.append(cuda_ordinal)
+        return "GPU-8f1c2d3e-0000-1111-2222-333344445555"
+
+    uuid = visible_gpu({"CUDA_VISIBLE_DEVICES": "0"}, _Torch(_Cuda(0)), driver)
+    assert uuid == "GPU-8f1c2d3e-0000-1111-2222-333344445555"
+    assert asked == [0]
+    assert visible_gpu({"CUDA_VISIBLE_DEVICES": "0"}, _Torch(_Cuda(0, uuid="8f1c")), driver) == "GPU-8f1c"
+    assert asked == [0]  # torch's own answer first
+
+
+class _LibCuda:
+    """libcuda as ctypes loads it: each call writes through its pointer arguments and returns a CUresult."""
+
+    def __init__(self, uuid: bytes, results=(0, 0, 0)):
+        self.uuid, self.results, self.ordinals = uuid, results, []
+
+    def cuInit(self, flags):  # noqa: N802 (the driver's names)
+        return self.results[0]
+
+    def cuDeviceGet(self, device_ref, ordinal):  # noqa: N802
+        self.ordinals.append(ordinal)
+        device_ref._obj.value = 40 + ordinal
+        return self.results[1]
+
+    def cuDeviceGetUuid(self, raw, device):  # noqa: N802
+        assert device.value == 40 + self.ordinals[-1]
+        raw[:] = list(self.uuid)
+        return self.results[2]
+
+
+def test_driver_gpu_uuid_reads_libcuda():
+    from governor.client.features import driver_gpu_uuid
+
+    lib = _LibCuda(bytes.fromhex("8f1c2d3e00001111222233334444abcd"))
+    assert driver_gpu_uuid(2, lambda name: lib) == "GPU-8f1c2d3e-0000-1111-2222-33334444abcd"
+    assert lib.ordinals == [2]
+    for results in ((3, 0, 0), (0, 101, 0), (0, 0, 999)):  # not initialized, invalid device, unknown error
+        assert driver_gpu_uuid(0, lambda name, r=results: _LibCuda(b"\x01" * 16, r)) is None
+    assert driver_gpu_uuid(0, lambda name: _LibCuda(bytes(16))) is None
+
+    def no_driver(name):
+        raise OSError(f"{name}: cannot open shared object file")
+
+    assert driver_gpu_uuid(0, no_driver) is None
+    assert driver_gpu_uuid(0, lambda name: object()) is None  # a libcuda without cuDeviceGetUuid
 
 
 def test_visible_gpu_from_the_environment_alone():
     assert visible_gpu({"CUDA_VISIBLE_DEVICES": "5"}) == "5"
     assert visible_gpu({"CUDA_VISIBLE_DEVICES": "-1"}) is None  # no GPU visible
-    assert visible_gpu({"CUDA_VISIBLE_DEVICES": "4,junk,6"}, _Torch(_Cuda(1))) is None  # CUDA stops at junk
+    assert visible_gpu({"CUDA_VISIBLE_DEVICES": "4,junk,6"}, _Torch(_Cuda(1)), _no_driver) is None  # CUDA stops at junk
     assert visible_gpu({}) is None
 
 
