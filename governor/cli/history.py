@@ -154,6 +154,16 @@ def format_table(jobs, totals: dict) -> str:
         lines.append(f"{datetime.fromtimestamp(j.ended_at).strftime('%Y-%m-%d %H:%M:%S')}  {isolated(f'{name:24}')}  "
                      f"{printable(j.policy or '-'):8}  {_num(j.freq_hz and j.freq_hz / 1e6, 'g'):>7}  "
                      f"{_num(j.duration_s, '.1f'):>8}  {_num(j.steps, 'd'):>6}  {_num(j.energy_j, '.1f'):>9}  {saved}")
-    lines.append(f"{len(jobs)} job(s) listed; in all {totals['jobs']} recorded, {energy(totals['energy_j'])}, "
-                 f"{energy(totals['saved_j'])} measured saved, each job against its basis")
+    lines.append(f"{len(jobs)} job(s) listed; in all {totals['jobs']} recorded, {energy(totals['energy_j'])}; "
+                 f"{saved_totals(totals)}")
     return "\n".join(lines)
+
+
+def saved_totals(totals: dict) -> str:
+    """The store's measured saving in words, by basis: against the default governor is ftgov's saving; against the
+    tuner's start it is what tuning added on top of the tree's pick, the default governor's cost unmeasured."""
+    text = (f"measured saved: {energy(totals['saved_default_j'])} against the default governor, "
+            f"{energy(totals['saved_start_j'])} against the tuner's start")
+    if totals["saved_unsplit_j"]:
+        text += f", {energy(totals['saved_unsplit_j'])} recorded before the store kept the two apart"
+    return text

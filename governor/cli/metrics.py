@@ -34,6 +34,7 @@ from governor.safefile import OutDir
 from governor.text import printable
 
 PREFIX = "ftgov"
+SAVED_BASES = {"default_governor": "saved_default_j", "tuner_start": "saved_start_j", "unsplit": "saved_unsplit_j"}
 ENERGY_SOURCES = "a Jetson's energy rails, or the GPU's own energy counter"  # where a job's energy comes from
 
 
@@ -136,13 +137,17 @@ def store_families(store: dict | None) -> list[Family]:
                   kind="counter")
     energy = Family(f"{PREFIX}_energy_joules", f"energy of every recorded job ({ENERGY_SOURCES})", kind="counter")
     saved = Family(f"{PREFIX}_energy_saved_joules_cumulative",
-                   "net energy saved by every recorded job, as measured by its own windows, each against its basis "
-                   "(the default governor where measured, else the tuner's start; see ftgov history); a job that "
-                   "cost more takes from it")
+                   "net energy saved by the recorded jobs, as measured by their own windows, by basis: "
+                   "default_governor, tuner_start (what tuning added to the tree's pick), or unsplit (recorded "
+                   "before the store kept the two apart); a job that cost more takes from it")
     if store and store.get("error") is None:
         jobs.add(store.get("jobs"))
         energy.add(store.get("energy_j"))
-        saved.add(store.get("saved_j"))
+        for basis, key in SAVED_BASES.items():
+            if key in store:  # a daemon from before the split answers saved_j alone: all of it unsplit
+                saved.add(store[key], basis=basis)
+        if "saved_default_j" not in store and "saved_j" in store:
+            saved.add(store["saved_j"], basis="unsplit")
     return [jobs, energy, saved]
 
 

@@ -19,7 +19,7 @@ from collections import Counter
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from governor.cli.history import SINCE_HELP, add_store_arguments, load, parse_since
+from governor.cli.history import SINCE_HELP, add_store_arguments, load, parse_since, saved_totals
 from governor.errors import FtgovError
 from governor.safefile import OutDir
 from governor.text import isolated, printable
@@ -207,7 +207,5 @@ def _summary(groups: list[dict], totals: dict, out: OutDir) -> None:
     md = ["| " + " | ".join(SUMMARY_FIELDS) + " |", "|" + "---|" * len(SUMMARY_FIELDS)]
     md += ["| " + " | ".join(_md_cell(r, k) for k in SUMMARY_FIELDS) + " |" for r in rows]
     md.append("")
-    md.append(f"{totals['jobs']} jobs recorded in all: {energy(totals['energy_j'])}, "
-              f"{energy(totals['saved_j'])} measured saved, each job against its basis (the default governor, else the "
-              "tuner's start).")
+    md.append(f"{totals['jobs']} jobs recorded in all: {energy(totals['energy_j'])}; {saved_totals(totals)}.")
     out.write_text("summary.md", "\n".join(md) + "\n")

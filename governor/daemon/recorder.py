@@ -27,6 +27,7 @@ from governor.store.measurements import (
     StoreError,
     Window,
     measured_saving,
+    no_totals,
 )
 from governor.sysfs import Root
 
@@ -142,7 +143,7 @@ class StoreWriter:
         self.max_jobs = max_jobs
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
-        self._totals = {"jobs": 0, "energy_j": 0.0, "saved_j": 0.0}
+        self._totals = no_totals()
         self.error: str | None = None
         self._store = self._open()
         self._thread = threading.Thread(target=self._run, name="ftgov-store", daemon=True)

@@ -40,7 +40,7 @@ from governor.errors import FtgovError
 
 log = logging.getLogger("ftgovd")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 DEFAULT_MAX_JOBS = 20000
 BUSY_TIMEOUT_S = 5.0
 
@@ -90,15 +90,25 @@ CREATE TABLE windows (
 );
 CREATE TABLE totals (
     one INTEGER PRIMARY KEY CHECK (one = 1),
-    jobs INTEGER NOT NULL, energy_j REAL NOT NULL, saved_j REAL NOT NULL
+    jobs INTEGER NOT NULL, energy_j REAL NOT NULL,
+    saved_j REAL NOT NULL,              -- every job's measured saving against its own basis: the next three summed
+    saved_default_j REAL NOT NULL DEFAULT 0,  -- of jobs measured against the default governor
+    saved_start_j REAL NOT NULL DEFAULT 0,    -- of jobs measured against the tuner's start (what tuning added)
+    saved_unsplit_j REAL NOT NULL DEFAULT 0   -- recorded before schema 4 kept the two apart
 );
-INSERT INTO totals VALUES (1, 0, 0.0, 0.0);
+INSERT INTO totals (one, jobs, energy_j, saved_j) VALUES (1, 0, 0.0, 0.0);
 """
 # version -> what brings a store of that version to the next one
 _MIGRATIONS = {
     1: "ALTER TABLE jobs ADD COLUMN saved_pct_err REAL;",
     2: _SCHEDULER_TABLE,
+    3: """ALTER TABLE totals ADD COLUMN saved_default_j REAL NOT NULL DEFAULT 0;
+ALTER TABLE totals ADD COLUMN saved_start_j REAL NOT NULL DEFAULT 0;
+ALTER TABLE totals ADD COLUMN saved_unsplit_j REAL NOT NULL DEFAULT 0;
+UPDATE totals SET saved_unsplit_j = saved_j;""",
 }
+# A job's saved_basis -> the totals' column its saving is added to (measured_saving's labels).
+_SAVED_BY_BASIS = {"default governor": "saved_default_j", "start level": "saved_start_j"}
 
 JOB_COLUMNS = ("ended_at", "duration_s", "boot_id", "daemon_job_id", "uid", "name", "model_type", "num_layers",
                "hidden_size", "seq_len", "gpu_util", "board_model", "l4t_release", "backend", "gpu_name", "driver",
@@ -373,6 +383,9 @@ class Store:
                                                     w.steps, w.gpu_util) for i, w in enumerate(rec.windows)])
             self.conn.execute("UPDATE totals SET jobs = jobs + 1, energy_j = energy_j + ?, saved_j = saved_j + ?",
                               (rec.energy_j or 0.0, saved_j or 0.0))
+            if saved_j is not None:
+                column = _SAVED_BY_BASIS.get(rec.saved_basis or "", "saved_unsplit_j")
+                self.conn.execute(f"UPDATE totals SET {column} = {column} + ?", (saved_j,))
             count = self.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
             while count > self.max_jobs:
                 dropped = self.conn.execute(_PRUNE, (count - self.max_jobs,)).rowcount
@@ -420,10 +433,21 @@ def _quote_path(path: Path) -> str:
     return quote(str(path.resolve()))
 
 
+TOTALS = ("jobs", "energy_j", "saved_j", "saved_default_j", "saved_start_j", "saved_unsplit_j")
+
+
 def _totals(conn: sqlite3.Connection) -> dict:
-    row = conn.execute("SELECT jobs, energy_j, saved_j FROM totals").fetchone()
-    return {"jobs": row[0], "energy_j": row[1], "saved_j": row[2]} if row else {"jobs": 0, "energy_j": 0.0,
-                                                                                  "saved_j": 0.0}
+    try:
+        row = conn.execute(f"SELECT {', '.join(TOTALS)} FROM totals").fetchone()
+    except sqlite3.OperationalError:  # an older store read as it is (the CLI does not migrate): all of it unsplit
+        old = conn.execute("SELECT jobs, energy_j, saved_j FROM totals").fetchone()
+        row = None if old is None else (*old, 0.0, 0.0, old[2])
+    return dict(zip(TOTALS, row, strict=True)) if row else no_totals()
+
+
+def no_totals() -> dict:
+    """The totals of a store with no job."""
+    return dict.fromkeys(TOTALS, 0.0) | {"jobs": 0}
 
 
 # ---- reading (the CLI, retraining: never the daemon's loop) ----------------------------------------------------------
@@ -608,6 +632,9 @@ class _Totals:
     jobs: int
     energy_j: float
     saved_j: float
+    saved_default_j: float
+    saved_start_j: float
+    saved_unsplit_j: float
 
 
 def record_dict(rec: JobRecord) -> dict:

@@ -22,6 +22,7 @@ from governor.sim import learning
 from governor.store.measurements import BadRow, JobRecord, Store, open_read_only, read_jobs
 from governor.text import printable
 from governor.units import energy
+from tests.support.stores import old_store
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTILE = "evil\x1b[2J\x1b]0;owned\x07\r\nname\u202e"
@@ -168,11 +169,17 @@ def test_report_survives_names_made_to_break_it(tmp_path):
 
 
 def test_prometheus_families_carry_the_store_totals():
-    status = {"jobs": [], "gpus": [], "store": {"jobs": 12, "energy_j": 3456.5, "saved_j": 210.25, "error": None}}
+    status = {"jobs": [], "gpus": [], "store": {"jobs": 12, "energy_j": 3456.5, "saved_j": 210.25,
+                                                "saved_default_j": 200.0, "saved_start_j": 10.25,
+                                                "saved_unsplit_j": 0.0, "error": None}}
     by_name = {f.name: f.samples for f in families(status)}
     assert by_name["ftgov_jobs_recorded"] == [({}, 12.0)]
     assert by_name["ftgov_energy_joules"] == [({}, 3456.5)]  # a counter: exposed as ftgov_energy_joules_total
-    assert by_name["ftgov_energy_saved_joules_cumulative"] == [({}, 210.25)]
+    assert by_name["ftgov_energy_saved_joules_cumulative"] == [
+        ({"basis": "default_governor"}, 200.0), ({"basis": "tuner_start"}, 10.25), ({"basis": "unsplit"}, 0.0)]
+    before_split = {**status, "store": {"jobs": 12, "energy_j": 3456.5, "saved_j": 210.25, "error": None}}
+    assert {f.name: f.samples for f in families(before_split)}["ftgov_energy_saved_joules_cumulative"] == [
+        ({"basis": "unsplit"}, 210.25)]  # a daemon from before the split, until it is restarted
     broken = {**status, "store": {**status["store"], "error": "disk full"}}
     assert {f.name: f.samples for f in families(broken)}["ftgov_energy_joules"] == []
 
@@ -251,15 +258,34 @@ def test_one_job_draws_whole_titles_and_a_time_axis_around_it(tmp_path):
 
 
 def test_totals_small_and_large_are_written_in_their_unit(tmp_path, capsys):
-    path, record = one_tuned_job(tmp_path, energy_j=100.0, saved_rel=21.3 / 121.3)  # 21.3 J saved
+    path, record = one_tuned_job(tmp_path, energy_j=100.0, saved_rel=21.3 / 121.3,
+                                 saved_basis="default governor")  # 21.3 J saved
+    said = "measured saved: 21.3 J against the default governor, 0.00 J against the tuner's start"
     assert main(["history", "--store", str(path)]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].endswith(
-        f", {energy(record.energy_j)}, 21.3 J measured saved, each job against its basis")
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f", {energy(record.energy_j)}; {said}")
     out = tmp_path / "report"
     assert main(["report", "--store", str(path), "--out", str(out)]) == 0
-    assert (out / "summary.md").read_text().endswith(
-        f"1 jobs recorded in all: {energy(record.energy_j)}, 21.3 J measured saved, each job against its basis "
-        "(the default governor, else the tuner's start).\n")
+    assert (out / "summary.md").read_text().endswith(f"1 jobs recorded in all: {energy(record.energy_j)}; {said}.\n")
+
+
+def test_totals_say_the_saving_by_basis_and_what_came_before_the_split(tmp_path, capsys):
+    """Against the default governor is ftgov's saving; against the tuner's start, what tuning added to the tree's
+    pick: one sum would read as the former. A total from before the store kept them apart is said as such."""
+    path = tmp_path / "m.sqlite"
+    old_store(path, 3).close()
+    s = Store(path)
+    s.conn.execute("UPDATE totals SET saved_unsplit_j = 7.5, saved_j = 7.5")
+    base = dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, policy="tune", energy_j=80.0)
+    s.add(JobRecord(ended_at=1e9, **base, saved_rel=0.2, saved_basis="default governor"))  # 20 J
+    s.add(JobRecord(ended_at=1e9 + 1, **base, saved_rel=-0.25, saved_basis="start level"))  # -16 J
+    s.close()
+    assert main(["history", "--store", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith(
+        "measured saved: 20.0 J against the default governor, -16.0 J against the tuner's start, 7.50 J recorded "
+        "before the store kept the two apart")
+    assert main(["history", "--store", str(path), "--json"]) == 0
+    totals = json.loads(capsys.readouterr().out)["totals"]
+    assert totals["saved_j"] == pytest.approx(11.5) and totals["saved_default_j"] == pytest.approx(20.0)
 
 
 def test_history_shows_a_savings_uncertainty_where_the_store_has_one(tmp_path, capsys):

@@ -18,7 +18,7 @@ from governor.daemon.protocol import RpcFault, parse_line
 from governor.errors import INVALID_PARAMS, PARSE_ERROR
 from governor.features import MAX_HIDDEN_SIZE, MAX_LAYERS, MAX_SEQ_LEN, MIN_SEQ_LEN, Features
 from governor.safefile import OutDir
-from governor.store.measurements import JobRecord, Window
+from governor.store.measurements import JobRecord, Window, no_totals
 from tests.support.daemon import FEATURES
 
 prometheus_client = pytest.importorskip("prometheus_client")
@@ -62,7 +62,8 @@ def _status(features: dict, freq_hz: int, energy_j: float, steps: int) -> dict:
             "gpus": [{"id": "0", "backend": "devfreq", "cur_hz": freq_hz, "min_hz": freq_hz, "max_hz": freq_hz,
                       "pinned_hz": freq_hz,
                       "load_pct": features["gpu_util"]}],
-            "store": {"jobs": 3, "energy_j": energy_j, "saved_j": 1.0, "error": None}}
+            "store": {**no_totals(), "jobs": 3, "energy_j": energy_j, "saved_j": 1.0, "saved_start_j": 1.0,
+                      "error": None}}
 
 
 class _StatusCollector(DaemonCollector):
@@ -118,7 +119,7 @@ def test_what_the_protocol_accepts_the_exporter_history_and_report_render(tmp_pa
     assert all(not math.isnan(v) for v in samples.values()), samples
 
     record = _record(accepted, freq_hz, energy_j, steps)
-    totals = {"jobs": 1, "energy_j": energy_j, "saved_j": record.saved_j or 0.0}
+    totals = {**no_totals(), "jobs": 1, "energy_j": energy_j, "saved_j": record.saved_j or 0.0}
     assert "1 job(s) listed" in history.format_table([record], totals)
     groups = report.workloads([record])
     path = tmp_path_factory.mktemp("report")

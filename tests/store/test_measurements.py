@@ -17,6 +17,7 @@ import pytest
 from governor.daemon.recorder import StoreWriter
 from governor.store import measurements as store
 from governor.store.measurements import JobRecord, Store, Window
+from tests.support.stores import old_store
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,7 +42,9 @@ def test_schema_is_versioned_in_wal_mode_and_round_trips(tmp_path):
     raw.close()
     jobs = store.read_jobs(store.open_read_only(path))
     assert len(jobs) == 1 and jobs[0] == rec(1)
-    assert Store(path).totals() == {"jobs": 1, "energy_j": 101.0, "saved_j": pytest.approx(101.0 * 0.05 / 0.95)}
+    saved_j = pytest.approx(101.0 * 0.05 / 0.95)
+    assert Store(path).totals() == {"jobs": 1, "energy_j": 101.0, "saved_j": saved_j, "saved_default_j": 0.0,
+                                    "saved_start_j": saved_j, "saved_unsplit_j": 0.0}
 
 
 def test_a_newer_schema_is_moved_aside_not_rewritten(tmp_path, caplog):
@@ -256,10 +259,7 @@ def test_a_store_of_schema_1_is_read_as_it_is_and_migrated_when_the_daemon_opens
     """Schema 2 added saved_pct_err: a file written before keeps its jobs (their uncertainty unknown, None); the CLI
     reads it unchanged, the daemon's Store brings it to version 2 and records the uncertainty from then on."""
     path = tmp_path / "m.sqlite"
-    raw = sqlite3.connect(path)
-    schema_1 = store._SCHEMA.replace("    saved_pct_err REAL,", "")
-    assert schema_1 != store._SCHEMA
-    raw.executescript(schema_1 + "PRAGMA user_version=1;")
+    raw = old_store(path, 1)
     raw.execute("INSERT INTO jobs (ended_at, model_type, num_layers, hidden_size, seq_len, saved_rel, saved_basis) "
                 "VALUES (1e6, 'encoder', 12, 768, 40.0, 0.1, 'default governor')")
     raw.commit()
@@ -270,10 +270,36 @@ def test_a_store_of_schema_1_is_read_as_it_is_and_migrated_when_the_daemon_opens
     s.add(rec(1, saved_pct_err=1.25))
     s.close()
     raw = sqlite3.connect(path)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION == 3
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION
     raw.close()
     old, new = store.read_jobs(store.open_read_only(path))
     assert old.saved_pct_err is None and new == rec(1, saved_pct_err=1.25)
+
+
+def test_the_saved_total_is_kept_by_basis_and_an_older_total_stays_apart(tmp_path):
+    """A saving against the default governor and one against the tuner's start (what tuning added on top of the tree)
+    are different figures: the totals keep them apart. A store written before they were split (schema 3) keeps its
+    total as "unsplit", read as it is by the CLI and after the daemon's migration alike."""
+    path = tmp_path / "m.sqlite"
+    raw = old_store(path, 3)
+    raw.execute("UPDATE totals SET jobs = 4, energy_j = 900.0, saved_j = 50.0")
+    raw.commit()
+    raw.close()
+    before = {"jobs": 4, "energy_j": 900.0, "saved_j": 50.0, "saved_default_j": 0.0, "saved_start_j": 0.0,
+              "saved_unsplit_j": 50.0}
+    assert store.read_totals(store.open_read_only(path)) == before
+    s = Store(path)
+    assert s.totals() == before
+    default = rec(1, saved_basis="default governor", saved_rel=0.2, energy_j=80.0)  # saved 20 J
+    start = rec(2, saved_basis="start level", saved_rel=-0.25, energy_j=100.0)  # cost 20 J more than its start
+    s.add(default)
+    s.add(start)
+    s.add(rec(3, saved_rel=None))
+    s.close()
+    totals = store.read_totals(store.open_read_only(path))
+    assert totals == {"jobs": 7, "energy_j": pytest.approx(1183.0), "saved_j": pytest.approx(50.0),
+                      "saved_default_j": pytest.approx(20.0), "saved_start_j": pytest.approx(-20.0),
+                      "saved_unsplit_j": 50.0}
 
 
 def test_store_names_each_class_once():

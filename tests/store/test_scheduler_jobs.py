@@ -7,12 +7,11 @@ import pytest
 
 from governor.store import measurements as store
 from governor.store.measurements import SchedulerJobRecord, Store
+from tests.support.stores import old_store
 
 
 def _version_2(path) -> None:
-    raw = sqlite3.connect(path)
-    raw.executescript(store._SCHEMA + "PRAGMA user_version=2;")
-    raw.close()
+    old_store(path, 2).close()
 
 
 def test_a_version_2_store_reads_no_scheduler_jobs_and_gains_the_table_when_opened(tmp_path):
@@ -27,7 +26,7 @@ def test_a_version_2_store_reads_no_scheduler_jobs_and_gains_the_table_when_open
     s.close()
     assert store.read_scheduler_jobs(store.open_read_only(path)) == [rec]
     raw = sqlite3.connect(path)
-    assert raw.execute("PRAGMA user_version").fetchone()[0] == 3
+    assert raw.execute("PRAGMA user_version").fetchone()[0] == store.SCHEMA_VERSION
     raw.close()
 
 
