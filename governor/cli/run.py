@@ -19,6 +19,7 @@ import argparse
 import errno
 import os
 import re
+import resource
 import shutil
 import signal
 import sys
@@ -37,7 +38,8 @@ SI_KERNEL = 0x80
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run a command as a governed fine-tuning job",
                        description="Start CMD, register it with ftgovd for as long as it runs, forward signals to it "
-                                   "and exit with its exit code (128+N when signal N killed it).")
+                                   "and exit with its exit code (dying of the signal that killed it, which a shell "
+                                   "reports as 128+N).")
     add_feature_arguments(p)
     p.add_argument("--name", help="job name shown by `ftgov status` (default: the command's name; for an "
                                   "interpreter, its script's: `python3 train.py` is train.py)")
@@ -103,7 +105,7 @@ def resolve(program: str) -> tuple[str | None, int, str]:
 
 def run_child(command: list[str], features: dict, *, name: str | None = None, socket: str | None = None,
               verbose: bool = False) -> int:
-    """Run command as a job; returns its exit code as a shell would report it.
+    """Run command as a job; returns its exit code, or ends this process by the signal that killed it (die_of).
 
     The child is forked, registered while it waits on a pipe, then released to exec the command, so the pin is in
     place before the command's first instruction and the daemon never sees a pid that already exited. A command that
@@ -135,7 +137,26 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
             if verbose and job.result:
                 print(f"ftgov: job {job.job_id} ended: {describe_reply(job.result)}", file=sys.stderr)
     code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
+    if code < 0:
+        die_of(-code)
+        return 128 - code
+    return code
+
+
+def die_of(signo: int) -> None:
+    """End this process by the signal that killed the command, as sudo and timeout(1) do, so that whoever waits on us
+    sees what it would without the wrapper: a shell stops its script at a Ctrl-C only when the command died of the
+    SIGINT (bash(1), SIGNALS; Python dies of it too, for that reason), and systemd counts a unit stopped by SIGTERM
+    as clean, an exit 143 as failed. A shell reports 128+N. No core file of ours for the command's SIGQUIT or
+    SIGSEGV. Returns only if the signal did not end us."""
+    _, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if signo != signal.SIGKILL:
+        signal.signal(signo, signal.SIG_DFL)  # SIGINT's is Python's KeyboardInterrupt
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signo})
+    os.kill(os.getpid(), signo)
 
 
 def _fork_gated(executable: str, command: list[str], mask) -> tuple[int, int, int]:

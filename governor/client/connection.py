@@ -124,6 +124,8 @@ class Connection:
             raise _connect_error(self.path, e) from e
         self._sock = sock
         self._reader = sock.makefile("rb")
+        # A forked child (a DataLoader's worker) inherits the socket: only this process may use it or end it.
+        self._pid = os.getpid()
 
     def __enter__(self) -> Connection:
         return self
@@ -134,6 +136,11 @@ class Connection:
     @property
     def closed(self) -> bool:
         return self._sock is None
+
+    @property
+    def inherited(self) -> bool:
+        """Whether this process is a forked child of the one that connected: the connection is its parent's."""
+        return self._pid != os.getpid()
 
     def closed_by_daemon(self) -> bool:
         """Whether ftgovd has closed its end (read without waiting, nothing consumed): it closes a connection that
@@ -152,8 +159,17 @@ class Connection:
             return True
 
     def close(self) -> None:
-        """Close the connection. The daemon ends any job still held by it."""
+        """Close the connection. The daemon ends any job still held by it.
+
+        Shut down first: a forked child (a DataLoader's worker) holds a copy of the socket, and the daemon sees the
+        connection close only once every copy is closed, which a persistent worker delays for the loader's life. In
+        such a child, only its own copy is closed: the connection stays its parent's."""
         if self._sock is not None:
+            if not self.inherited:
+                try:
+                    self._sock.shutdown(socketlib.SHUT_RDWR)
+                except OSError:
+                    pass  # the daemon reset it already
             self._reader.close()
             self._sock.close()
             self._sock = None
@@ -182,6 +198,9 @@ class Connection:
     def _send(self, message: dict) -> None:
         if self._sock is None:
             raise DaemonUnavailable(f"connection to {self.path} is closed")
+        if self.inherited:  # its lines would interleave with the parent's, and its requests act on the parent's job
+            raise DaemonUnavailable(f"the connection to {self.path} belongs to this process's parent (forked after "
+                                    "it connected)")
         line = json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
         try:
             self._sock.sendall(line)

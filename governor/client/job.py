@@ -245,6 +245,11 @@ class Job:
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        if conn.inherited:
+            # A forked child's copy of the job (an os.fork() inside its with block): the job is its parent's, which
+            # goes on training under it.
+            conn.close()
+            return
         if self.job_id is None:
             # Connected and never disabled, so still waiting for seq_len: a run shorter than the measurement.
             warn(f"ftgov: the job was never registered: it ended after {self._batches_seen} of the "

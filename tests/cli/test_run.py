@@ -7,6 +7,7 @@ import os
 import pty
 import re
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -74,7 +75,7 @@ def test_signal_to_the_wrapper_is_forwarded_and_its_exit_code_is_the_childs(simu
         assert min_freq == pin, "the pin is in place before the command's first instruction"
         assert limits(orin) == (pin, pin)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        assert proc.wait(timeout=30) == -signal.SIGTERM, "dead of the command's signal"
     finally:
         proc.kill()
     assert limits(orin) == BASELINE
@@ -86,7 +87,7 @@ def test_child_killed_directly(daemon, orin):
     try:
         child, _ = pid_and_min_freq(proc)
         os.kill(child, signal.SIGKILL)
-        assert proc.wait(timeout=30) == 128 + signal.SIGKILL
+        assert proc.wait(timeout=30) == -signal.SIGKILL
     finally:
         proc.kill()
     assert limits(orin) == BASELINE
@@ -316,3 +317,37 @@ def test_the_readmes_train_commands_run_as_written(daemon):
         done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0 and "train.py: 40 steps" in done.stdout, done
     assert len(re.findall(r"job \d+ 'train.py' .*ended \([\w ]+\) after [\d.]+ s", daemon.log())) == 2, daemon.log()
+
+
+def test_ctrl_c_that_kills_the_command_stops_the_script_that_runs_ftgov_run(daemon):
+    """A shell waiting on a command when Ctrl-C comes goes on with its script unless the command died of the SIGINT
+    (bash's manual, SIGNALS): the wrapper dies of the signal that killed its command, as Python itself does on an
+    unhandled KeyboardInterrupt, so that a loop of `ftgov run` jobs stops at the first Ctrl-C."""
+    wrapper = shlex.join([sys.executable, "-m", "governor.cli", "run", "--socket", daemon.socket, *FEATURE_ARGS, "--",
+                          "sh", "-c", "echo ready; exec sleep 600"])
+    master, slave = pty.openpty()
+
+    def controlling_tty():
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(["bash", "-c", f"{wrapper}; echo status=$?; echo the script went on"],
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=slave, stdout=slave, stderr=slave,
+                            start_new_session=True, preexec_fn=controlling_tty)
+    os.close(slave)
+    try:
+        output = _read_until(master, b"ready")
+        os.write(master, b"\x03")  # Ctrl-C: bash, the wrapper and the command are the terminal's foreground group
+        assert proc.wait(timeout=30) == -signal.SIGINT
+        output += _read_rest(master)
+        assert b"went on" not in output, output
+    finally:
+        proc.kill()
+        os.close(master)
+
+
+def test_the_shell_sees_128_plus_n_for_a_command_killed_by_signal_n(daemon):
+    proc = subprocess.run(["sh", "-c", shlex.join([sys.executable, "-m", "governor.cli", "run", "--socket",
+                                                   daemon.socket, *FEATURE_ARGS, "--", "sh", "-c", "kill -TERM $$"])
+                           + "; echo $?"], env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.stdout == f"{128 + signal.SIGTERM}\n", proc.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import select
 import signal
@@ -9,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 import governor
 from governor.client import Connection, GovernorWarning
@@ -134,3 +136,40 @@ def test_a_killed_daemon_leaves_the_pin_and_the_warning_says_so(daemon, orin):
                            "restores the clocks, or holds the job again until this process exits) or `ftgov restore` "
                            "runs")
     assert limits(orin) == (pin, pin), "what the warning says: nothing restored the clocks"
+
+
+def test_a_forked_childs_end_leaves_its_parents_job(daemon, orin):
+    """A child forked inside the with block (os.fork) holds a copy of the job and its socket: its way out of the block
+    must not unregister the job its parent trains under."""
+    pin = predicted_hz(daemon, **SMALL, seq_len=40.0, gpu_util=90.0)
+    with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket, report_every_s=0) as job:
+        job.step()
+        pid = os.fork()
+        if pid == 0:  # the child: leave the block, as an exception or a return would
+            try:
+                job.step()
+                job.__exit__(None, None, None)
+            finally:
+                os._exit(0)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert job.registered and limits(orin) == (pin, pin)
+        job.step()
+    assert job.result["steps"] == 2 and limits(orin) == BASELINE
+
+
+def test_a_job_dropped_after_a_timeout_ends_though_a_loader_worker_holds_its_socket(daemon, orin):
+    """A daemon too slow to answer: the job closes its connection to end its hold. A persistent DataLoader worker,
+    forked after the job connected, holds a copy of the socket; the daemon must still see the connection close."""
+    loader = DataLoader(list(range(8)), batch_size=2, num_workers=1, persistent_workers=True)
+    with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket, timeout_s=0.5) as job:
+        for _ in loader:  # forks the worker, which lives on with the loader
+            job.step()
+        daemon.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.warns(GovernorWarning, match="did not answer update within timeout_s=0.5 s"):
+                job.update(seq_len=100)
+        finally:
+            daemon.proc.send_signal(signal.SIGCONT)
+        daemon.wait_jobs(0)
+        assert limits(orin) == BASELINE
+    del loader
