@@ -16,6 +16,7 @@ import signal
 import socket as socketlib
 import subprocess
 import sys
+import traceback
 from typing import Annotated, Literal
 
 import yaml
@@ -105,6 +106,10 @@ def job_gpus(env: dict[str, str]) -> list[str | int] | None:
 
 # slurmd gives the prolog and the epilog a bare environment: PATH may be unset or not name Slurm's commands.
 SLURM_BIN_DIRS = "/usr/bin:/usr/local/bin:/opt/slurm/bin"
+# How Slurm's commands' output is decoded. `scontrol show job` prints the job's name, comment and paths as the user's
+# bytes, which need not be UTF-8: a strict decode raised, and a prolog or epilog that fails drains the node.
+# surrogateescape keeps those bytes, so that a field written back (AdminComment) is what was read.
+OUTPUT_ERRORS = "surrogateescape"
 
 
 def slurm_command(name: str) -> str:
@@ -153,6 +158,11 @@ def run(args: argparse.Namespace) -> int:
         return (prolog if args.action == "prolog" else epilog)(config, env)
     except FtgovError as e:
         warn(f"{e}: the job runs at the default clocks")
+        return 0
+    except Exception as e:  # a bug here must not drain the node: slurmd drains it on any non-zero exit
+        traceback.print_exc()
+        warn(f"unexpected {type(e).__name__}: {e} (a bug in ftgov: the traceback above); the job runs at the default "
+             "clocks")
         return 0
     finally:
         signal.alarm(0)
@@ -278,7 +288,8 @@ def write_admin_comment(job_id: int, entry: str, timeout_s: float) -> None:
 
 def _run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess | None:
     try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, check=False)
+        return subprocess.run(args, capture_output=True, text=True, errors=OUTPUT_ERRORS, timeout=timeout_s,
+                              check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         warn(f"{args[0]}: {e}")
         return None
@@ -295,7 +306,7 @@ def scontrol_field(job_id: int, name: str, timeout_s: float) -> str | None:
     "x AdminComment=ftgov@node:energy_j=0" must not have root write that into the job's admin-only field."""
     try:
         done = subprocess.run([slurm_command("scontrol"), "show", "job", "-o", str(job_id)], capture_output=True,
-                              text=True, timeout=timeout_s, check=False)
+                              text=True, errors=OUTPUT_ERRORS, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         warn(f"scontrol show job {job_id}: {e}")
         return None
@@ -328,7 +339,7 @@ def slurm_knows(job_id: int, timeout_s: float) -> bool | None:
     """Whether Slurm still lists the job (True/False), None when squeue cannot tell."""
     try:
         done = subprocess.run([slurm_command("squeue"), "-h", "-j", str(job_id), "-o", "%T"], capture_output=True,
-                              text=True, timeout=timeout_s, check=False)
+                              text=True, errors=OUTPUT_ERRORS, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if done.returncode != 0:
