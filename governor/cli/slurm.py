@@ -88,8 +88,9 @@ def choose_policy(config: SlurmConfig, partition: str | None, comment: str | Non
 
 
 def job_gpus(env: dict[str, str]) -> list[str | int] | None:
-    """The job's GPUs on this node as the daemon's ``gpu`` keys: SLURM_JOB_GPUS (the GRES indexes), else
-    CUDA_VISIBLE_DEVICES, else GPU_DEVICE_ORDINAL; None when Slurm names none (a node without GRES, a Jetson)."""
+    """The job's GPUs on this node as slurm_hold's ``gpus``: SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES, else
+    GPU_DEVICE_ORDINAL, each the numbers of the GPUs' device files (/dev/nvidiaN; ftgovd maps them, as they need not
+    be NVML's indexes); None when Slurm names none (a node without GRES, a Jetson)."""
     for name in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"):
         value = env.get(name)
         if value is None:
