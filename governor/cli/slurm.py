@@ -152,7 +152,9 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         warn(f"{e}: the job runs at the default clocks (ftgov slurm check shows the problem)")
         return 0
-    # The last guard: whatever hangs, the prolog ends, and ends with 0, well before slurmd's PrologEpilogTimeout.
+    # The last guard: whatever hangs, the prolog ends, and ends with 0, before slurmd's PrologEpilogTimeout where that
+    # is set above this bound (slurmd drains a node whose prolog or epilog it ends for that timeout: slurm.conf(5),
+    # unverified here against its text).
     signal.signal(signal.SIGALRM, _out_of_time)
     signal.alarm(int(config.timeout_s * 4) + 1)
     try:
