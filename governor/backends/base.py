@@ -69,6 +69,9 @@ class Gpu(Protocol):
 
     id: str  # stable key: "0" for the Orin's single GPU, the NVML index otherwise
     uuid: str | None  # NVML's GPU-... UUID; None for the Orin's devfreq GPU
+    # The number of its device file, /dev/nvidiaN (the driver's minor number), which is how Slurm's GRES numbers it;
+    # None where there is none to go by (devfreq, an NVML that does not report it).
+    device_minor: int | None
     levels_hz: tuple[int, ...]  # ascending; every pin is one of these
     # Optional capabilities, declared rather than guessed: the daemon asks these flags before calling the methods.
     has_energy_counter: bool  # energy_j() reads the GPU's own cumulative energy counter (NVML; a Jetson has rails)
@@ -111,6 +114,7 @@ class GpuBase:
     """Defaults for a backend without the optional capabilities: the flags say no, and the methods refuse."""
 
     uuid: str | None = None
+    device_minor: int | None = None
     has_energy_counter = False
     has_power_cap = False
     read_only = False

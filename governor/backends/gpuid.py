@@ -33,6 +33,18 @@ def _here(gpus: Sequence[Any]) -> str:
     return f"the GPUs here are {_names(gpus)}"
 
 
+def find_by_device_file(gpus: Sequence[Any], number: int):
+    """The device among ``gpus`` whose device file is /dev/nvidia``number`` (its ``device_minor``): how Slurm's GRES
+    numbers GPUs (gres.conf's File=, SLURM_JOB_GPUS). Where no GPU reports its device file (a Jetson), the index."""
+    if all(g.device_minor is None for g in gpus):
+        return find_gpu(gpus, number)
+    for gpu in gpus:
+        if gpu.device_minor == number:
+            return gpu
+    files = ", ".join(f"{g.id} (/dev/nvidia{g.device_minor})" for g in gpus if g.device_minor is not None)
+    raise GpuNotFound(f"no GPU is /dev/nvidia{number}: the GPUs here are {files}")
+
+
 def find_gpu(gpus: Sequence[Any], key: str | int | None):
     """The device among ``gpus`` (objects with ``id`` and ``uuid``, None where the device has none) that ``key`` names.
 

@@ -135,6 +135,12 @@ class NvmlGpu(GpuBase):
         self._handle = nvml_call(nvml, f"GPU {index}: open", nvml.nvmlDeviceGetHandleByIndex, index)
         self.uuid = str(nvml_call(nvml, f"GPU {index}: UUID", nvml.nvmlDeviceGetUUID, self._handle))
         self.name = str(nvml_call(nvml, f"GPU {index}: name", nvml.nvmlDeviceGetName, self._handle))
+        # Not NVML's index: the driver numbers device files in its PCI probe order, NVML enumerates in its own, and
+        # the two differ on some hosts (PrincetonUniversity/jobstats#34).
+        try:
+            self.device_minor: int | None = int(nvml.nvmlDeviceGetMinorNumber(self._handle))
+        except nvml.NVMLError:  # NOT_SUPPORTED on some platforms (NVIDIA/k8s-device-plugin#332)
+            self.device_minor = None
         memory_mhz = nvml_call(nvml, f"GPU {index}: memory clocks", nvml.nvmlDeviceGetSupportedMemoryClocks,
                                self._handle, not_supported="this GPU reports no clock table, so it cannot be pinned")
         if not memory_mhz:

@@ -16,6 +16,7 @@ import signal
 import socket as socketlib
 import subprocess
 import sys
+import traceback
 from typing import Annotated, Literal
 
 import yaml
@@ -87,8 +88,9 @@ def choose_policy(config: SlurmConfig, partition: str | None, comment: str | Non
 
 
 def job_gpus(env: dict[str, str]) -> list[str | int] | None:
-    """The job's GPUs on this node as the daemon's ``gpu`` keys: SLURM_JOB_GPUS (the GRES indexes), else
-    CUDA_VISIBLE_DEVICES, else GPU_DEVICE_ORDINAL; None when Slurm names none (a node without GRES, a Jetson)."""
+    """The job's GPUs on this node as slurm_hold's ``gpus``: SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES, else
+    GPU_DEVICE_ORDINAL, each the numbers of the GPUs' device files (/dev/nvidiaN; ftgovd maps them, as they need not
+    be NVML's indexes); None when Slurm names none (a node without GRES, a Jetson)."""
     for name in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"):
         value = env.get(name)
         if value is None:
@@ -105,6 +107,10 @@ def job_gpus(env: dict[str, str]) -> list[str | int] | None:
 
 # slurmd gives the prolog and the epilog a bare environment: PATH may be unset or not name Slurm's commands.
 SLURM_BIN_DIRS = "/usr/bin:/usr/local/bin:/opt/slurm/bin"
+# How Slurm's commands' output is decoded. `scontrol show job` prints the job's name, comment and paths as the user's
+# bytes, which need not be UTF-8: a strict decode raised, and a prolog or epilog that fails drains the node.
+# surrogateescape keeps those bytes, so that a field written back (AdminComment) is what was read.
+OUTPUT_ERRORS = "surrogateescape"
 
 
 def slurm_command(name: str) -> str:
@@ -146,13 +152,20 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         warn(f"{e}: the job runs at the default clocks (ftgov slurm check shows the problem)")
         return 0
-    # The last guard: whatever hangs, the prolog ends, and ends with 0, well before slurmd's PrologEpilogTimeout.
+    # The last guard: whatever hangs, the prolog ends, and ends with 0, before slurmd's PrologEpilogTimeout where that
+    # is set above this bound (slurmd drains a node whose prolog or epilog it ends for that timeout: slurm.conf(5),
+    # unverified here against its text).
     signal.signal(signal.SIGALRM, _out_of_time)
     signal.alarm(int(config.timeout_s * 4) + 1)
     try:
         return (prolog if args.action == "prolog" else epilog)(config, env)
     except FtgovError as e:
         warn(f"{e}: the job runs at the default clocks")
+        return 0
+    except Exception as e:  # a bug here must not drain the node: slurmd drains it on any non-zero exit
+        traceback.print_exc()
+        warn(f"unexpected {type(e).__name__}: {e} (a bug in ftgov: the traceback above); the job runs at the default "
+             "clocks")
         return 0
     finally:
         signal.alarm(0)
@@ -278,7 +291,8 @@ def write_admin_comment(job_id: int, entry: str, timeout_s: float) -> None:
 
 def _run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess | None:
     try:
-        return subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, check=False)
+        return subprocess.run(args, capture_output=True, text=True, errors=OUTPUT_ERRORS, timeout=timeout_s,
+                              check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         warn(f"{args[0]}: {e}")
         return None
@@ -295,7 +309,7 @@ def scontrol_field(job_id: int, name: str, timeout_s: float) -> str | None:
     "x AdminComment=ftgov@node:energy_j=0" must not have root write that into the job's admin-only field."""
     try:
         done = subprocess.run([slurm_command("scontrol"), "show", "job", "-o", str(job_id)], capture_output=True,
-                              text=True, timeout=timeout_s, check=False)
+                              text=True, errors=OUTPUT_ERRORS, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         warn(f"scontrol show job {job_id}: {e}")
         return None
@@ -328,7 +342,7 @@ def slurm_knows(job_id: int, timeout_s: float) -> bool | None:
     """Whether Slurm still lists the job (True/False), None when squeue cannot tell."""
     try:
         done = subprocess.run([slurm_command("squeue"), "-h", "-j", str(job_id), "-o", "%T"], capture_output=True,
-                              text=True, timeout=timeout_s, check=False)
+                              text=True, errors=OUTPUT_ERRORS, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if done.returncode != 0:

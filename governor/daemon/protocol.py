@@ -149,7 +149,8 @@ class SlurmHoldParams(_Params):
     slurm_job_id: int = Field(ge=1, le=1 << 53)
     uid: int = Field(ge=0, le=(1 << 32) - 1)  # the job's user (SLURM_JOB_UID): who may join the hold from inside
     policy: Literal["tune", "mlg", "ffg", "off"]
-    gpus: list[str | int] | None = Field(default=None, max_length=64)  # None: the node's one integrated GPU
+    # Slurm's numbers (the device files', /dev/nvidiaN; not NVML's indexes) or UUIDs; None: the one integrated GPU
+    gpus: list[str | int] | None = Field(default=None, max_length=64)
     partition: str | None = Field(default=None, max_length=128)
 
     @field_validator("gpus", mode="before")

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from governor.backends import gpuid
 from governor.backends.base import nearest_level
 from governor.backends.rails import CounterMeter, EnergyMeter
 from governor.daemon.jobs import STATE_ENERGY_AGE_S
@@ -151,9 +152,10 @@ class SchedulerHolds:
     # ---- hold and release -------------------------------------------------------------------------------------------
     def hold(self, *, slurm_job_id: int, uid: int, partition: str | None, policy: str,
              gpus: list[str | int] | None) -> dict:
-        """Hold the job's GPUs (``gpus``: indexes or UUIDs; None: the node's one integrated GPU, as on a Jetson where
-        Slurm knows no GRES) under ``policy``. A second hold for the same job (a prolog run again) answers the first.
-        FtgovError when a GPU is unknown or a pin fails (nothing is held then)."""
+        """Hold the job's GPUs (``gpus``: Slurm's numbers, those of the device files /dev/nvidiaN, or UUIDs; None:
+        the node's one integrated GPU, as on a Jetson where Slurm knows no GRES) under ``policy``. A second hold for
+        the same job (a prolog run again) answers the first. FtgovError when a GPU is unknown or a pin fails (nothing
+        is held then)."""
         if policy not in POLICIES:
             raise FtgovError(f"policy: {policy!r} is none of {', '.join(POLICIES)}")
         existing = self._holds.get(slurm_job_id)
@@ -189,8 +191,10 @@ class SchedulerHolds:
                 return [only[0].gpu.id]
             return []
         ids: list[str] = []
+        backends = [c.gpu for c in self.pins.gpus.values()]
         for key in gpus:
-            gid = self.pins.find_gpu(key)
+            # Slurm's numbers are device files' (/dev/nvidiaN), not NVML's indexes: the two differ on some hosts.
+            gid = gpuid.find_by_device_file(backends, key).id if isinstance(key, int) else self.pins.find_gpu(key)
             if gid not in ids:
                 ids.append(gid)
         return ids

@@ -172,3 +172,37 @@ def test_a_job_whose_own_text_carries_admincomment_gets_none_written(tmp_path, m
     log = _fake_scontrol(tmp_path / "honest", monkeypatch, honest)
     write_admin_comment(8, entry, 5.0)
     assert log.read_text() == f"update JobId=8 AdminComment=ftgov@node2:energy_j=5.0,policy=tune,gpus=1;{entry}\n"
+
+
+def _scontrol_printing(where, show_line: bytes):
+    """A directory with an scontrol that prints ``show_line`` (bytes, as Slurm passes a job's own text through) for
+    `show job` and logs every `update` to updates.log beside it; the directory, for PATH."""
+    bin_dir = where / "bin"
+    bin_dir.mkdir(parents=True)
+    (where / "show.out").write_bytes(show_line + b"\n")
+    script = bin_dir / "scontrol"
+    script.write_text(f"""#!/bin/sh
+if [ "$1" = show ]; then cat {where / "show.out"}; else printf '%s\\n' "$*" >> {where / "updates.log"}; fi
+""")
+    script.chmod(0o755)
+    return bin_dir
+
+
+def test_a_job_name_that_is_not_utf8_neither_fails_the_epilog_nor_the_prolog(orin, start_daemon, tmp_path):
+    """Slurm passes a job's name and comment through as the user's bytes: a Latin-1 name made `scontrol show job`'s
+    output undecodable, the UnicodeDecodeError escaped as a traceback and exit 1, and slurmd drains a node whose prolog
+    or epilog fails: any user could drain nodes with `sbatch --job-name=$'caf\\xe9'`."""
+    d = start_daemon()
+    bin_dir = _scontrol_printing(tmp_path / "slurm",
+                                 b"JobId=48 JobName=caf\xe9 UserId=u(1000) AdminComment=(null) Comment=ftgov=off")
+    env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "48", "SLURM_JOB_UID": "0",
+           "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    config = "policy: ffg\nadmin_comment: true\ncomment_from_scontrol: true\nsweep_stale: false\n"
+    out = slurm("prolog", env, config, tmp_path)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out
+    assert "job 48: off (from the job's --comment)" in out.stdout, out  # the comment is still read
+    out = slurm("epilog", env, config, tmp_path)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out
+    assert "job 48: released" in out.stdout and d.client().call("status")["holds"] == []
+    update = (tmp_path / "slurm" / "updates.log").read_text()
+    assert update.startswith("update JobId=48 AdminComment=ftgov@") and "policy=off" in update, update

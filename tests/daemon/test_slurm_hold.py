@@ -225,3 +225,25 @@ def test_a_joined_tuned_job_gives_the_hold_its_measured_saving(start_daemon):
     rec, = store.read_scheduler_jobs(store.open_read_only(d.state_dir / "measurements.sqlite"))
     assert (rec.sched_job_id, rec.policy, rec.partition, rec.saved_pct) == (15, "tune", "train", out["saved_pct"])
     assert json.loads(rec.daemon_job_ids) == [res["job_id"]]
+
+
+def test_slurms_gpu_numbers_are_device_files_not_nvml_indexes(nvml_daemon):
+    """Slurm numbers a job's GPUs by their device files (/dev/nvidiaN, the driver's minor number: gres.conf's File=,
+    SLURM_JOB_GPUS, the prolog's CUDA_VISIBLE_DEVICES). NVML's index need not be that number (PrincetonUniversity/
+    jobstats#34: /dev/nvidia0 was nvidia-smi's GPU 6): the hold pinned NVML's GPU 0, another job's, for a job given
+    /dev/nvidia0 = NVML's GPU 1."""
+    d, calls = nvml_daemon(gpus=({"minor_number": 1}, {"minor_number": 0}))
+    c = d.client()
+    held = c.call("slurm_hold", slurm_job_id=16, uid=1000, policy="ffg", gpus=[0])
+    assert set(held["gpus"]) == {"1"}  # NVML's GPU 1 is /dev/nvidia0
+    assert [g["pinned_hz"] is not None for g in c.call("status")["gpus"]] == [False, True]
+    err = c.request("slurm_hold", slurm_job_id=17, uid=1000, policy="ffg", gpus=[2])["error"]
+    assert "/dev/nvidia2" in err["message"], err  # no such device file: nothing held, and the prolog says why
+    c.call("slurm_release", slurm_job_id=16)
+    assert [g["pinned_hz"] for g in c.call("status")["gpus"]] == [None, None]
+
+
+def test_where_nvml_reports_no_device_file_slurms_number_is_taken_as_the_index(nvml_daemon):
+    d, _calls = nvml_daemon(gpus=({"minor_number": -1}, {"minor_number": -1}))  # GetMinorNumber: NOT_SUPPORTED
+    held = d.client().call("slurm_hold", slurm_job_id=18, uid=1000, policy="ffg", gpus=[1])
+    assert set(held["gpus"]) == {"1"}

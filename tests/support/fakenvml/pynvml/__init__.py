@@ -272,6 +272,13 @@ def nvmlDeviceGetUUID(handle):
     return _gpu(system, handle).uuid
 
 
+def nvmlDeviceGetMinorNumber(handle):
+    gpu = _gpu(_enter("nvmlDeviceGetMinorNumber"), handle)
+    if gpu.minor_number == -1:
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return gpu.index if gpu.minor_number is None else gpu.minor_number
+
+
 def nvmlDeviceGetName(handle):
     system = _enter("nvmlDeviceGetName")
     return _gpu(system, handle).name

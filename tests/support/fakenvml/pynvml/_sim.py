@@ -78,6 +78,9 @@ class FakeGpu:
     energy_mj: float = 0.0  # the true energy, integrated at every state change and read
     last_update_s: float | None = None
     lost: bool = False  # every call answers GPU_IS_LOST
+    # The driver's minor number, its device file's (/dev/nvidiaN): None, the index (usual); it need not be (a host
+    # whose PCI probe order differs from NVML's enumeration). -1: GetMinorNumber answers NOT_SUPPORTED.
+    minor_number: int | None = None
     # MIG mode on: GetUtilizationRates answers NOT_SUPPORTED for the whole GPU (nvitop issue #5: no GPU utilization on
     # MIG-enabled devices, from NVML or nvidia-smi); clocks, power and the energy counter stay the whole GPU's.
     mig_mode: bool = False
