@@ -37,7 +37,7 @@ WITHOUT_GOVERNOR = "ftgov: training goes on without the GPU frequency governor: 
 RUN_JOB_ENV = "FTGOV_RUN_JOB"
 # What follows a registered job's loss of its daemon: nothing restored the clocks if the daemon was killed.
 PIN_LEFT = ("if ftgovd was killed, the GPU keeps this job's pin until ftgovd starts again (which restores the clocks, "
-            "or holds the job again until this process exits) or `ftgov restore` runs")
+            "or holds the job again until this job ends) or `ftgov restore` runs")
 
 
 class Job:
@@ -85,6 +85,10 @@ class Job:
         self.steps = 0
         self.disabled = False
         self._conn: Connection | None = None
+        # The daemon stopped answering this registered job (stopped, crashed, restarting): a restarted daemon holds it
+        # again by its process, and the job asks it to hold it by a new connection (resume) to report and end it.
+        self._lost = False
+        self._pid: int | None = None  # the process that started the job: a forked child's copy never acts on it
         self._started = False
         self._closed = False
         self._reported_steps = 0
@@ -126,6 +130,7 @@ class Job:
         if self._started or self.disabled:
             return self
         self._started = True
+        self._pid = os.getpid()
         run_job = os.environ.get(RUN_JOB_ENV)
         if run_job:
             self._defer_to_run(run_job)
@@ -232,6 +237,7 @@ class Job:
         try:
             return self._conn.call("update", job_id=self.job_id, gpu_util=gpu_util, seq_len=seq_len)
         except DaemonUnavailable as e:
+            self._lost = True
             self._disable(self._unanswered("update", e))
         except FtgovError as e:
             self._disable(f"update refused: {e}")
@@ -243,12 +249,22 @@ class Job:
             return
         self._closed = True
         conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        if conn.inherited:
+        if conn is not None and conn.inherited:
             # A forked child's copy of the job (an os.fork() inside its with block): the job is its parent's, which
             # goes on training under it.
             conn.close()
+            return
+        if conn is not None and self.job_id is not None and conn.closed_by_daemon():
+            conn.close()  # the daemon went away under the job: whatever held the job there is gone with it
+            conn, self._lost = None, True
+        if conn is None and self._lost:
+            # A restarted daemon that re-adopted the job (by its process) would hold its pin until this process
+            # exits: a notebook's kernel, long after training. Held by a new connection, it ends here as any job.
+            conn = self._resumed()
+            if conn is None:
+                log.warning("ftgov: job %s: ftgovd restarted or stopped while the job ran and has not taken it back; "
+                            "no end-of-job summary; %s", self.job_id, PIN_LEFT)
+        if conn is None:
             return
         if self.job_id is None:
             # Connected and never disabled, so still waiting for seq_len: a run shorter than the measurement.
@@ -256,12 +272,7 @@ class Job:
                  f"{self.measure_batches} batches it measures seq_len over before registering; pass seq_len= "
                  "(average non-padding tokens per sample) to register at once")
         try:
-            if self.job_id is not None and conn.closed_by_daemon():
-                # The daemon went away under the job: whatever held the job there is gone with it, and a restarted
-                # daemon that re-adopted it (by pid) ends it when this process exits. No summary to ask for.
-                log.warning("ftgov: job %s: ftgovd restarted or stopped while the job ran; no end-of-job summary; %s",
-                            self.job_id, PIN_LEFT)
-            elif self.job_id is not None:
+            if self.job_id is not None:
                 if self.steps != self._reported_steps:
                     conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase,
                                 **self._step_end())
@@ -346,13 +357,38 @@ class Job:
         if self._compute_steps:
             compute = {"compute_s": self._compute_sum_s / self._compute_steps}
             self._compute_sum_s, self._compute_steps = 0.0, 0
+        for attempt in range(2):
+            try:
+                self._conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase,
+                                  total_steps=total, **self._step_end(), **compute)
+                self._reported_steps = self.steps
+                self._sent_total_steps = self.total_steps
+                return
+            except DaemonUnavailable as e:
+                self._conn.close()
+                self._conn = self._resumed() if attempt == 0 else None
+                if self._conn is None:
+                    self._lost = True
+                    self._disable(f"{e}; {PIN_LEFT}")
+                    return
+
+    def _resumed(self) -> Connection | None:
+        """A new connection holding this job again, once a restarted daemon has re-adopted it; None when the daemon
+        does not answer or holds no such job (it restored the clocks instead)."""
+        if self.job_id is None or self._pid != os.getpid():
+            return None
         try:
-            self._conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase, total_steps=total,
-                              **self._step_end(), **compute)
-            self._reported_steps = self.steps
-            self._sent_total_steps = self.total_steps
-        except DaemonUnavailable as e:
-            self._disable(f"{e}; {PIN_LEFT}")
+            conn = Connection(self.socket, timeout_s=self.timeout_s)
+        except DaemonUnavailable:
+            return None
+        try:
+            conn.call("resume", job_id=self.job_id)
+        except FtgovError as e:
+            log.info("ftgov: job %s not resumed: %s", self.job_id, e)
+            conn.close()
+            return None
+        log.info("ftgov: job %s held again by the restarted ftgovd", self.job_id)
+        return conn
 
     def _step_end(self) -> dict:
         """When the last step counted ended (CLOCK_MONOTONIC, the daemon's host): windows are timed by the steps, not

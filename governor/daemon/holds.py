@@ -86,6 +86,16 @@ class Holds:
         self._exit_job[process.pidfd] = job_id
         self._exits.register(process.pidfd, select.EPOLLIN)  # readable once the process has exited
 
+    def attach(self, owner: Owner, job: ActiveJob) -> bool:
+        """``owner`` holds ``job`` from now on, if no connection does (a job re-adopted after a restart, whose client
+        has connected again): closing it then ends the job, as for any job. False when the job is not held here or a
+        connection holds it already."""
+        if job.job_id not in self._owner or self._owner[job.job_id] is not None:
+            return False
+        self._owner[job.job_id] = owner
+        self._of_owner.setdefault(owner, {})[job.job_id] = job
+        return True
+
     def release(self, job_id: int) -> Owner | None:
         """Stop holding the job (its process's pidfd closed); the connection that held it, if any."""
         owner = self._owner.pop(job_id, None)

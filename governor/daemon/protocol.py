@@ -180,6 +180,7 @@ METHODS: dict[str, type[_Params]] = {
     "register": RegisterParams,
     "update": UpdateParams,
     "unregister": JobParams,
+    "resume": JobParams,  # a job's client, connected again, holds its job re-adopted after a daemon restart
     "progress": ProgressParams,
     "status": EmptyParams,
     "predict": FeatureParams,

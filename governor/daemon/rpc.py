@@ -262,6 +262,27 @@ class Methods:
         except UnknownHold as e:
             raise RpcFault(UNKNOWN_JOB, str(e), {"field": "slurm_job_id"}) from e
 
+    def rpc_resume(self, conn: Connection, params) -> dict:
+        """A job's client connected again after the daemon restarted: it holds the job the restart re-adopted (held
+        by its process alone until then, so a notebook's job kept its pin until the kernel exited), and its progress,
+        unregister and closing work as before. Only a job no connection holds, only its own uid's (or root's): a
+        process of that uid could end the job's process anyway. Another's job reads as none, as elsewhere."""
+        job = self.controller.jobs.get(params.job_id)
+        limits = self.config.limits
+        if job is None or (conn.peer.uid not in (0, job.uid)):
+            raise RpcFault(UNKNOWN_JOB, f"job_id: no job {params.job_id} to resume", {"field": "job_id"})
+        if self.holds.count(conn) >= limits.max_jobs_per_connection:
+            raise RpcFault(LIMIT_EXCEEDED, f"this connection already holds {self.holds.count(conn)} jobs "
+                           "(limits.max_jobs_per_connection)")
+        if not self.holds.attach(conn, job):
+            raise RpcFault(UNKNOWN_JOB, f"job_id: job {params.job_id} is held by a connection; only a job re-adopted "
+                           "after a daemon restart can be resumed", {"field": "job_id"})
+        log.info("%s resumed by its client (uid %d, pid %s) after a daemon restart", job.label(), conn.peer.uid,
+                 conn.peer.pid)
+        d = job.decision
+        return {"job_id": job.job_id, "policy": None if d is None else d.label, "freq_hz": job.freq_hz,
+                "reason": None if d is None else d.reason, "gpu": job.gpu_id}
+
     def rpc_unregister(self, conn: Connection, params) -> dict:
         kept = self.holds.take_ended(conn, params.job_id)  # its process exited first: the summary kept then
         if kept is not None:

@@ -388,6 +388,22 @@ def read_h200(name: str, directory: Path = H200_TRACES) -> tuple[list[tuple[int,
     return reports, updates
 
 
+class CounterBetweenUpdates:
+    """A recorded energy counter as a function of time: linear between its update instants (time_s, energy_j), so
+    that an instant between two updates gets its share of the energy the later one reports."""
+
+    def __init__(self, name: str, updates: Sequence[tuple[float, float]]):
+        self.updates = list(updates)
+        self.times_s = [t for t, _ in self.updates]
+        if len(self.times_s) < 2 or any(b <= a for a, b in zip(self.times_s, self.times_s[1:], strict=False)):
+            raise ValueError(f"{name}: the counter's updates must be at least two, in time order")
+
+    def __call__(self, t_s: float) -> float:
+        i = min(len(self.times_s) - 1, max(1, bisect.bisect_left(self.times_s, t_s)))
+        (t0, e0), (t1, e1) = self.updates[i - 1], self.updates[i]
+        return e0 + (e1 - e0) * (t_s - t0) / (t1 - t0)
+
+
 @dataclass(frozen=True)
 class StepSequence:
     """A real run's steps in order, each relative to the run's mean step: its time and its energy. The energy of a
@@ -402,15 +418,8 @@ class StepSequence:
     @classmethod
     def from_readings(cls, name: str, step_ends_s: Sequence[float],
                       updates: Sequence[tuple[float, float]]) -> StepSequence:
-        times = [t for t, _ in updates]
-        if len(times) < 2 or any(b <= a for a, b in zip(times, times[1:], strict=False)):
-            raise ValueError(f"{name}: the counter's updates must be at least two, in time order")
-
-        def energy_j(t_s: float) -> float:
-            i = min(len(times) - 1, max(1, bisect.bisect_left(times, t_s)))
-            (t0, e0), (t1, e1) = updates[i - 1], updates[i]
-            return e0 + (e1 - e0) * (t_s - t0) / (t1 - t0)
-
+        energy_j = CounterBetweenUpdates(name, updates)
+        times = energy_j.times_s
         ends = [t for t in step_ends_s if times[0] <= t <= times[-1]]
         steps = [(b - a, energy_j(b) - energy_j(a)) for a, b in zip(ends, ends[1:], strict=False)]
         if len(steps) < 2 or any(d <= 0 or e <= 0 for d, e in steps):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import select
@@ -14,7 +15,6 @@ from torch.utils.data import DataLoader
 
 import governor
 from governor.client import Connection, GovernorWarning
-from governor.client.job import PIN_LEFT
 from tests.support.daemon import limits
 
 BASELINE = (306000000, 1300500000)
@@ -106,17 +106,34 @@ def test_a_start_slower_than_the_idle_timeout_still_registers(start_daemon, orin
     assert job.result["steps"] == 1 and limits(orin) == BASELINE
 
 
-def test_a_daemon_restart_under_a_job_is_one_line_at_its_end(daemon, orin, caplog):
-    """Not 'unregister failed ... Broken pipe' when the job ends on a connection the old daemon took with it."""
+def test_a_daemon_restart_under_a_job_hands_the_job_back_to_it(daemon, orin, caplog):
+    """The restarted daemon re-adopts the job by its process, which would keep the pin until the process exits (a
+    notebook's kernel, long after training). The job connects again and holds it (resume): its end ends it, with the
+    summary, and no warning."""
     with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket, report_every_s=0) as job:
         job.step()
         daemon.stop(signal.SIGKILL)  # returns once the process is gone, its end of the connection closed
         daemon.start()
         caplog.clear()
-    assert [r.getMessage() for r in caplog.records] == [
-        f"ftgov: job {job.job_id}: ftgovd restarted or stopped while the job ran; no end-of-job summary; "
-        f"{PIN_LEFT}"]
-    assert job.result is None
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert job.result is not None and job.result["ended"] == "unregistered"
+    daemon.wait_jobs(0)
+    assert limits(orin) == BASELINE and not job.disabled
+
+
+def test_a_job_reports_on_to_a_restarted_daemon(daemon, orin):
+    """A report that finds the connection gone asks the restarted daemon for the job: training goes on governed."""
+    with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket, report_every_s=0) as job:
+        job.step()
+        daemon.stop(signal.SIGKILL)
+        daemon.start()
+        for _ in range(5):
+            job.step()
+        assert not job.disabled
+        [held] = Connection(daemon.socket).call("status")["jobs"]
+        assert (held["job_id"], held["steps"], held["adopted"]) == (job.job_id, 6, True)
+    assert job.result["steps"] == 6
+    assert limits(orin) == BASELINE
 
 
 def test_a_killed_daemon_leaves_the_pin_and_the_warning_says_so(daemon, orin):
@@ -133,7 +150,7 @@ def test_a_killed_daemon_leaves_the_pin_and_the_warning_says_so(daemon, orin):
     assert warned.startswith("ftgov: training goes on without the GPU frequency governor: lost the connection to "
                              f"ftgovd at {daemon.socket}: ")
     assert warned.endswith("; if ftgovd was killed, the GPU keeps this job's pin until ftgovd starts again (which "
-                           "restores the clocks, or holds the job again until this process exits) or `ftgov restore` "
+                           "restores the clocks, or holds the job again until this job ends) or `ftgov restore` "
                            "runs")
     assert limits(orin) == (pin, pin), "what the warning says: nothing restored the clocks"
 

@@ -6,11 +6,13 @@ import signal
 import subprocess
 import sys
 
+from governor.errors import UNKNOWN_JOB
 from governor.sim import tree
 from governor.sim.tree import replace_file
 from governor.sysfs import Root
 from tests.support.daemon import FEATURES, REPO, limits
 from tests.support.fswatch import Watch
+from tests.support.security import open_to_members, run_as
 
 BASELINE = (306000000, 1300500000)
 PINNED = (714000000, 714000000)
@@ -55,6 +57,46 @@ def test_killed_daemon_restarts_and_readopts_a_live_job(orin, start_daemon):
         assert limits(orin) == BASELINE
         # Job ids go on counting within a boot: a new job never reuses an old id.
         assert d2.client().call("register", **FEATURES)["job_id"] == job + 1
+    finally:
+        worker.kill()
+
+
+# A member's attempt at resuming a job: the error code its answer carries.
+_RESUME = """
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])
+s.sendall(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "resume", "params": {"job_id": int(sys.argv[2])}}).encode()
+          + b"\\n")
+print(json.loads(s.makefile().readline())["error"]["code"])
+"""
+
+
+def test_a_readopted_job_is_held_again_by_its_clients_new_connection(orin, start_daemon, member):
+    """A restart re-adopts a live job by its process alone: a client in a notebook, whose process outlives its
+    training, would keep the pin until the kernel exits. Its new connection holds the job again (resume), and
+    closing that ends it. Only a job no connection holds, and only its own uid's."""
+    d = start_daemon()
+    worker = _worker()
+    try:
+        c = d.client()
+        job = c.call("register", pid=worker.pid, name="notebook", **FEATURES)["job_id"]
+        d.stop(signal.SIGKILL)
+        d2 = start_daemon(workdir=d.workdir, notify_name="n2.sock")
+        open_to_members(d2)
+        user, _uid = member
+        out, err = run_as(user, _RESUME, d2.socket, str(job)).communicate(timeout=60)
+        assert out.strip() == str(UNKNOWN_JOB), err  # root's job: none of a member's
+        again = d2.client()
+        assert again.call("resume", job_id=job) == {"job_id": job, "policy": "mlg", "freq_hz": PINNED[0],
+                                                     "reason": "re-adopted after a daemon restart", "gpu": "0"}
+        other = d2.client()
+        for job_id in (job, job + 1):  # held by a connection now; no such job
+            assert other.request("resume", job_id=job_id)["error"]["code"] == UNKNOWN_JOB
+        assert again.call("progress", job_id=job, steps=10) == {}  # its job now
+        again.close()
+        d2.wait_jobs(0)  # the worker lives on: the connection's end ended the job
+        assert limits(orin) == BASELINE and worker.poll() is None
+        assert "resumed by its client" in d2.log()
     finally:
         worker.kill()
 

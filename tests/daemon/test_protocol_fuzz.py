@@ -5,7 +5,7 @@ test_fuzz.py generates lines (hypothesis) and checks each line's reply; this one
 truncated JSON, NaN/Infinity and huge numbers, duplicate keys, deep nesting, long lines and binary garbage; wrong
 types in every parameter of every method; many requests pipelined on one connection; connections cut mid-line,
 mid-register, between register and progress, half-closed with replies pending, cut while a request waits on a
-measurement; progress, update, unregister, set_level and job_energy for other connections' jobs; group registrations
+measurement; progress, update, unregister, resume, set_level and job_energy for other connections' jobs; group registrations
 with inconsistent rank and world_size; registrations naming other processes (pid 1, kernel threads, the daemon
 itself, a zombie, a process that exits, a thread that is not its process's leader); tuned jobs driven by reports out of
 order on a board whose power follows the pin; ranks of groups over four fake NVML GPUs whose ranks and world sizes may
@@ -330,6 +330,7 @@ def valid_params(method: str, job_id: int, freq_hz: int) -> dict:
         "register": dict(FEATURES),
         "update": {"job_id": job_id, "gpu_util": 50.0},
         "unregister": {"job_id": job_id},
+        "resume": {"job_id": job_id},
         "progress": {"job_id": job_id, "steps": 1},
         "status": {}, "predict": dict(FEATURES), "ping": {}, "pin_check": {},
         "set_level": {"job_id": job_id, "freq_hz": freq_hz},
@@ -447,7 +448,7 @@ def s_cross(w: World, rng: random.Random) -> None:
     jobs = [owner.register(tune=rng.random() < 0.5)["result"]["job_id"] for _ in range(rng.randrange(1, 4))]
     for _ in range(rng.randrange(5, 25)):
         job = rng.choice(jobs + [0, 1, max(jobs) + 1, 1 << 53])
-        method = rng.choice(["progress", "unregister", "update", "set_level", "job_energy"])
+        method = rng.choice(["progress", "unregister", "update", "set_level", "job_energy", "resume"])
         params = valid_params(method, job, rng.choice(w.levels_hz))
         reply = other.request(method, **params)
         assert "error" in reply and reply["error"]["code"] in (-32003, -32602), reply
