@@ -2,17 +2,17 @@
 with the daemon's invariants checked after each round (docs/stress.md).
 
 test_fuzz.py generates lines (hypothesis) and checks each line's reply; this one generates *sessions*: malformed and
-truncated JSON, NaN/Infinity and huge numbers, duplicate keys, deep nesting, long lines and binary garbage; wrong
-types in every parameter of every method; many requests pipelined on one connection; connections cut mid-line,
-mid-register, between register and progress, half-closed with replies pending, cut while a request waits on a
-measurement; progress, update, unregister, resume, set_level and job_energy for other connections' jobs; group
-registrations with inconsistent rank and world_size; registrations naming other processes (pid 1, kernel threads, the
-daemon itself, a zombie, a process that exits, a thread that is not its process's leader); tuned jobs driven by reports out of
-order on a board whose power follows the pin; ranks of groups over four fake NVML GPUs whose ranks and world sizes may
-not fit; and random orders of valid calls over several connections. After every round: the daemon answers ping, its
-descriptors are back to the count they had before the round, no job or group is left, the GPU's min_freq/max_freq hold
-the baseline, the log holds no traceback, and every error reply was a JSON-RPC error object with a code the protocol
-knows and a message that says something.
+truncated JSON, NaN/Infinity and huge numbers, duplicate keys, deep nesting, long lines and binary garbage; wrong types
+in every parameter of every method; many requests pipelined on one connection; connections cut mid-line, mid-register,
+between register and progress, half-closed with replies pending, cut while a request waits on a measurement; progress,
+update, unregister, resume, set_level and job_energy for other connections' jobs; group registrations with inconsistent
+rank and world_size; registrations naming other processes (pid 1, kernel threads, the daemon itself, a zombie, a process
+that exits, a thread that is not its process's leader); tuned jobs driven by reports out of order on a board whose power
+follows the pin; ranks of groups over four fake NVML GPUs whose ranks and world sizes may not fit; and random orders of
+valid calls over several connections. After every round: the daemon answers ping, its descriptors are back to the count
+they had before the round, no job or group is left, the GPU's min_freq/max_freq hold the baseline, the log holds no
+traceback, and every error reply was a JSON-RPC error object with a code the protocol knows and a message that says
+something.
 
 Deterministic: one random.Random per round, from FTGOV_PFUZZ_SEED (default fixed); FTGOV_PFUZZ_ROUNDS sets the rounds.
 Waits are on the daemon's replies (a ping, a status), never on sleeps.
