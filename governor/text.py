@@ -23,6 +23,17 @@ import unicodedata
 
 _UNPRINTABLE_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
 _BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0")
+MAX_NAME_CHARS = 256  # the longest job name the protocol takes (and the state file keeps)
+
+
+def shortened_name(name: str | None) -> str | None:
+    """A name made up for a job (a model's local path) cut to MAX_NAME_CHARS, its end kept: the part of a path that
+    tells runs apart. A name the user gave is sent as given, and a long one is refused, naming the field."""
+    if name is None or len(name) <= MAX_NAME_CHARS:
+        return name
+    return "\u2026" + name[-(MAX_NAME_CHARS - 1):]
+
+
 MAX_MARKS = 4  # combining marks in a row: Vietnamese and Indic text need two or three
 _FSI, _PDI = "\u2068", "\u2069"
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from governor.errors import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
 from governor.features import MAX_SEQ_LEN, MIN_SEQ_LEN, Features, finite_number
-from governor.text import unprintable_at
+from governor.text import MAX_NAME_CHARS, unprintable_at
 
 MAX_LINE_BYTES = 64 * 1024
 
@@ -50,7 +50,7 @@ def _total_steps(v):
 
 
 class RegisterParams(FeatureParams):
-    name: str | None = Field(default=None, max_length=256)
+    name: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     pid: int | None = Field(default=None, ge=1, le=(1 << 31) - 1)
     gpu: str | int | None = None
     tune: bool | None = None

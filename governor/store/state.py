@@ -34,6 +34,7 @@ from governor.errors import StateError
 from governor.features import Features
 from governor.safefile import replace_at
 from governor.sysfs import Root, read_text
+from governor.text import MAX_NAME_CHARS
 
 log = logging.getLogger("ftgovd")
 
@@ -85,7 +86,7 @@ class HeldJob:
     pid: Annotated[int, Field(ge=0, le=(1 << 31) - 1)]
     start_ticks: Annotated[int, Field(ge=0, le=(1 << 63) - 1)]
     gpu: Annotated[str, Field(max_length=128)]
-    name: Annotated[str | None, Field(max_length=256)] = None
+    name: Annotated[str | None, Field(max_length=MAX_NAME_CHARS)] = None
     uid: Annotated[int, Field(ge=0, le=(1 << 32) - 1)]
     features: Annotated[dict[str, Any], AfterValidator(_valid_features)]
     freq_hz: Annotated[int | None, Field(ge=1, le=MAX_HZ)] = None

@@ -192,3 +192,18 @@ def test_the_trainers_max_steps_goes_to_the_daemon_for_the_tuners_budget(simulat
     governor_cb, spy = GovernorCallback(socket=daemon.socket, seq_len=20.0), TotalSteps(daemon)
     trainer_for(model, tokenizer, tmp_path, [governor_cb, spy], steps=5).train()
     assert governor_cb.job.total_steps == 5 and spy.seen == [5] * 5
+
+
+def test_a_long_model_path_is_shortened_into_the_jobs_name(simulated, tokenizer, tmp_path):
+    """The job is named after the model's path, which can be longer than the protocol's names: the daemon refused it,
+    and the run went on without the governor. The name keeps the path's end instead."""
+    daemon, _orin = simulated
+    model = tiny_bert(tokenizer.vocab_size)
+    model.config.name_or_path = "/data/" + "checkpoints/" * 40 + "bert-run-7"
+    governor_cb = GovernorCallback(socket=daemon.socket, seq_len=20.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GovernorWarning)
+        trainer_for(model, tokenizer, tmp_path, [governor_cb], steps=2).train()
+    name = governor_cb.job.name
+    assert len(name) == 256 and name.startswith("\u2026") and name.endswith("/checkpoints/bert-run-7")
+    assert governor_cb.job.result is not None
