@@ -305,8 +305,10 @@ class AmbiguousField(FtgovError):
 
 def scontrol_field(job_id: int, name: str, timeout_s: float) -> str | None:
     """One field of `scontrol show job -o ID` (None when scontrol fails or lacks it). The field runs to the next
-    ``Key=`` of scontrol's one-line format. AmbiguousField when ``name=`` appears twice: a user who names a job
-    "x AdminComment=ftgov@node:energy_j=0" must not have root write that into the job's admin-only field."""
+    ``Key=`` of scontrol's one-line format, whose keys begin with a capital (JobId=, StdErr=, Socks/Node=): a
+    comment "my run ftgov=off" is read whole, not cut at its own lower-case choice. AmbiguousField when ``name=``
+    appears twice: a user who names a job "x AdminComment=ftgov@node:energy_j=0" must not have root write that into
+    the job's admin-only field."""
     try:
         done = subprocess.run([slurm_command("scontrol"), "show", "job", "-o", str(job_id)], capture_output=True,
                               text=True, errors=OUTPUT_ERRORS, timeout=timeout_s, check=False)
@@ -319,7 +321,7 @@ def scontrol_field(job_id: int, name: str, timeout_s: float) -> str | None:
     if len(re.findall(rf"(?:^|\s){name}=", line)) > 1:
         raise AmbiguousField(f"scontrol show job {job_id}: {name}= appears more than once (the job's own name, "
                              "command or paths carry it)")
-    m = re.search(rf"(?:^|\s){name}=(.*?)(?=\s[A-Za-z:/]+=|$)", line)
+    m = re.search(rf"(?:^|\s){name}=(.*?)(?=\s[A-Z][A-Za-z:/]*=|$)", line)
     if m is None or m.group(1) == "(null)":
         return None
     return m.group(1)

@@ -206,3 +206,16 @@ def test_a_job_name_that_is_not_utf8_neither_fails_the_epilog_nor_the_prolog(ori
     assert "job 48: released" in out.stdout and d.client().call("status")["holds"] == []
     update = (tmp_path / "slurm" / "updates.log").read_text()
     assert update.startswith("update JobId=48 AdminComment=ftgov@") and "policy=off" in update, update
+
+
+def test_a_comment_with_more_than_the_choice_is_read_whole_from_scontrol(orin, start_daemon, tmp_path):
+    """Where slurmd passes no SLURM_JOB_COMMENT the prolog reads the comment off `scontrol show job -o`, whose fields
+    run to the next Key=: "ftgov=off" after other words was taken for a field of its own, and the choice was lost."""
+    d = start_daemon()
+    bin_dir = _scontrol_printing(tmp_path / "slurm", b"JobId=49 JobName=bert UserId=u(1000) AdminComment=(null) "
+                                                     b"Comment=sweep 3 ftgov=off StdErr=/home/u/slurm-49.out")
+    env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "49", "SLURM_JOB_UID": "0", "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    config = "policy: ffg\nadmin_comment: false\ncomment_from_scontrol: true\nsweep_stale: false\n"
+    out = slurm("prolog", env, config, tmp_path)
+    assert out.returncode == 0 and "job 49: off (from the job's --comment)" in out.stdout, out
+    assert slurm("epilog", env, config, tmp_path).returncode == 0
