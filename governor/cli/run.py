@@ -130,12 +130,15 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
             print(f"ftgov run: {command[0]}: {os.strerror(errno_)}", file=sys.stderr)
             return 127 if errno_ == errno.ENOENT else 126  # as a shell reports them
     finally:
-        _drain(waited)
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        # The job ends with the signals still held: a Ctrl-C or a SIGTERM while a slow daemon answers unregister was
+        # a KeyboardInterrupt traceback, or the wrapper's death by SIGTERM in place of the command's exit code. What
+        # arrived meanwhile was meant for the command, which is gone: drained.
         if job is not None:
             job.close()
             if verbose and job.result:
                 print(f"ftgov: job {job.job_id} ended: {describe_reply(job.result)}", file=sys.stderr)
+        _drain(waited)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
         die_of(-code)

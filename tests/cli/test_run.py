@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pty
 import re
 import select
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import termios
@@ -351,3 +353,42 @@ def test_the_shell_sees_128_plus_n_for_a_command_killed_by_signal_n(daemon):
                            + "; echo $?"], env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
                           text=True, timeout=60)
     assert proc.stdout == f"{128 + signal.SIGTERM}\n", proc.stderr
+
+
+def test_a_signal_while_the_job_ends_is_no_traceback(tmp_path):
+    """The command has exited and the wrapper waits for unregister's answer (a daemon slow to give it): a Ctrl-C then
+    was a KeyboardInterrupt traceback, and a SIGTERM the wrapper's death in place of the command's exit code. A
+    stand-in daemon answers register, and unregister only once both signals were sent."""
+    path = tmp_path / "s.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen()
+    proc = ftgov("run", "--socket", str(path), *FEATURE_ARGS, "--", "sh", "-c", "exit 3", stderr=subprocess.PIPE)
+    try:
+        server.settimeout(30)
+        conn, _ = server.accept()
+        conn.settimeout(30)
+        lines = conn.makefile("rb")
+        while True:
+            request = json.loads(lines.readline())
+            if "id" not in request:
+                continue  # a notification: no answer
+            method = request["method"]
+            if method == "unregister":
+                proc.send_signal(signal.SIGINT)
+                proc.send_signal(signal.SIGTERM)
+                result = {"job_id": 1, "duration_s": 0.1, "freq_hz": 816000000, "energy_j": 1.0, "steps": 0,
+                          "ended": "unregistered"}
+            elif method == "register":
+                result = {"job_id": 1, "policy": "ffg", "freq_hz": 816000000, "reason": "stand-in", "gpu": "0",
+                          "gpu_util": 80.0}
+            else:
+                result = {}
+            conn.sendall(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}).encode() + b"\n")
+            if method == "unregister":
+                break
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 3 and "Traceback" not in err, err
+    finally:
+        proc.kill()
+        server.close()
