@@ -16,6 +16,7 @@ user, and a textfile is read by node_exporter for anyone who can scrape it. Labe
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import os
 import signal
@@ -23,6 +24,7 @@ import socket
 import socketserver
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -263,19 +265,25 @@ def registry_for(socket: str | None = None, *, job_names: bool = False):
 
 def http_server(address: str, port_: int, registry, *, max_connections: int, timeout_s: float):
     """The /metrics endpoint: prometheus-client's WSGI app behind a wsgiref server that holds at most
-    ``max_connections`` connections, each closed after ``timeout_s`` without a byte.
+    ``max_connections`` connections, each closed when its request is not in ``timeout_s`` after it was accepted, or
+    a write of its reply takes longer.
 
     Not prometheus_client.start_http_server: it starts a thread for every connection, none of them with a timeout, and
     this exporter runs as root answering any local user, who could open connections until root's process runs out of
     threads and memory. Here the accept loop waits while every slot is taken (later connections queue in the
-    listening socket's backlog, then the kernel refuses them), and an idle connection gives its slot back.
+    listening socket's backlog, then the kernel refuses them), and a connection gives its slot back at its deadline:
+    a timeout on each read alone let a client that sends a byte every few seconds keep its slot for as long as it
+    liked, and a few such clients stopped the scrapes for good.
     """
     from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
     prometheus_client, _ = _prometheus()
 
     class Handler(WSGIRequestHandler):
-        timeout = timeout_s  # socketserver.StreamRequestHandler applies it to every read and write
+        def setup(self) -> None:
+            super().setup()
+            raw = _UntilDeadline(self.connection, time.monotonic() + timeout_s, timeout_s)
+            self.rfile, self.wfile = io.BufferedReader(raw), raw
 
         def log_message(self, format, *args):  # noqa: A002 (the base class's name)
             pass
@@ -307,6 +315,35 @@ def http_server(address: str, port_: int, registry, *, max_connections: int, tim
     return server
 
 
+class _UntilDeadline(io.RawIOBase):
+    """A connection's socket whose reads end by one deadline for the whole request (``deadline_s``, time.monotonic();
+    TimeoutError after it), and each of whose writes (a sendall) takes at most ``write_timeout_s``: the reply is
+    written after the daemon answered, which may itself take seconds, and it is a few writes."""
+
+    def __init__(self, sock: socket.socket, deadline_s: float, write_timeout_s: float):
+        self._sock = sock
+        self._deadline_s = deadline_s
+        self._write_timeout_s = write_timeout_s
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left_s = self._deadline_s - time.monotonic()
+        if left_s <= 0:
+            raise TimeoutError("the request took longer than the connection's timeout")
+        self._sock.settimeout(left_s)
+        return self._sock.recv_into(buffer)
+
+    def write(self, data) -> int:
+        self._sock.settimeout(self._write_timeout_s)
+        self._sock.sendall(data)
+        return len(data)
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("metrics", help="export ftgovd's status as Prometheus metrics",
                        description="Serve Prometheus metrics on a loopback port, or write them for node_exporter's "
@@ -320,7 +357,8 @@ def add_parser(sub) -> None:
     p.add_argument("--max-connections", type=at_least(1), default=8,
                    help="with --port: connections served at once (default 8); more wait in the listen queue")
     p.add_argument("--timeout", type=above(0), default=10.0,
-                   help="with --port: seconds a connection may stay silent before it is closed (default 10)")
+                   help="with --port: seconds a connection may take to send its request (and each write of the reply) "
+                        "before it is closed (default 10)")
     p.add_argument("--interval", type=above(0), default=15.0, help="seconds between textfile writes (default 15)")
     p.add_argument("--once", action="store_true", help="write the textfile once and exit (for a systemd timer)")
     p.add_argument("--job-names", action="store_true",

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -103,6 +104,41 @@ def test_http_endpoint_holds_a_bounded_number_of_connections(start_daemon):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
+        proc.kill()
+
+
+def test_http_endpoint_frees_a_slot_a_trickling_connection_holds(start_daemon):
+    """A connection that sends its request a byte at a time, each within the timeout, must not keep its slot for as
+    long as it trickles: with every slot so held, any local user would stop the scrapes for good. The timeout bounds
+    the whole exchange, so the next scrape is answered while the trickle goes on."""
+    daemon = start_daemon()
+    proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "metrics", "--port", "0", "--socket", daemon.socket,
+                             "--max-connections", "1", "--timeout", "1"],
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    stop = threading.Event()
+    try:
+        url = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", proc.stderr.readline())
+        assert url
+        slow = socket.create_connection(("127.0.0.1", int(url.group(1))), timeout=30)
+
+        def trickle() -> None:  # a byte of a request line that never ends, every tenth of the timeout
+            try:
+                while not stop.wait(0.1):
+                    slow.sendall(b"G")
+            except OSError:
+                pass  # the exporter closed it
+
+        sender = threading.Thread(target=trickle, daemon=True)
+        sender.start()
+        with urllib.request.urlopen(url.group(0), timeout=15) as reply:  # queued behind the trickling one
+            assert parse(reply.read().decode())[("ftgov_up", frozenset())] == 1
+        stop.set()
+        sender.join(timeout=30)
+        slow.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        stop.set()
         proc.kill()
 
 
