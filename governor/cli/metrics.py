@@ -425,8 +425,8 @@ def run(args: argparse.Namespace) -> int:
         except OSError as e:
             print(f"ftgov metrics: cannot listen on {args.address}:{args.port}: {e.strerror or e}", file=sys.stderr)
             return 1
-        print(f"ftgov metrics: serving http://{args.address}:{server.server_port}/metrics", file=sys.stderr,
-              flush=True)
+        host = f"[{args.address}]" if ":" in args.address else args.address  # an IPv6 address, as a URL writes it
+        print(f"ftgov metrics: serving http://{host}:{server.server_port}/metrics", file=sys.stderr, flush=True)
         signal.sigwait(stop_signals)
         # No server.shutdown(): it waits for the accept loop, which waits for a slot while every one is taken. The
         # loop's thread is a daemon thread, and exiting closes the socket.

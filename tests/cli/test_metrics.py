@@ -83,6 +83,24 @@ def test_http_endpoint_on_loopback(start_daemon):
         proc.kill()
 
 
+def test_http_endpoint_on_ipv6_loopback_prints_a_url_that_works(start_daemon):
+    """An IPv6 address goes in brackets in a URL (RFC 3986): http://::1:PORT/metrics is no URL to paste anywhere."""
+    daemon = start_daemon()
+    proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "metrics", "--port", "0", "--address", "::1",
+                             "--socket", daemon.socket],
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        url = re.search(r"http://\[::1\]:\d+/metrics", line)
+        assert url, line
+        with urllib.request.urlopen(url.group(0), timeout=30) as reply:
+            assert parse(reply.read().decode())[("ftgov_up", frozenset())] == 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+
+
 def test_http_endpoint_holds_a_bounded_number_of_connections(start_daemon):
     """The exporter runs as root and answers any local user: a connection that sends nothing must neither hold a
     thread for ever nor let connections multiply threads. With one slot, a silent connection holds it until its
