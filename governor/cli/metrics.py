@@ -304,6 +304,11 @@ def http_server(address: str, port_: int, registry, *, max_connections: int, tim
                 self.slots.release()
                 raise
 
+        def handle_error(self, request, client_address) -> None:
+            if isinstance(sys.exc_info()[1], OSError):
+                return  # a client that timed out or went away: any local user could fill the journal with these
+            super().handle_error(request, client_address)
+
         def process_request_thread(self, request, client_address) -> None:
             try:
                 super().process_request_thread(request, client_address)
