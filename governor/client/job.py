@@ -89,6 +89,7 @@ class Job:
         # again by its process, and the job asks it to hold it by a new connection (resume) to report and end it.
         self._lost = False
         self._pid: int | None = None  # the process that started the job: a forked child's copy never acts on it
+        self._ended_meanwhile = False  # a restarted daemon holds no such job: nothing of it is pinned
         self._started = False
         self._closed = False
         self._reported_steps = 0
@@ -261,7 +262,10 @@ class Job:
             # A restarted daemon that re-adopted the job (by its process) would hold its pin until this process
             # exits: a notebook's kernel, long after training. Held by a new connection, it ends here as any job.
             conn = self._resumed()
-            if conn is None:
+            if conn is None and self._ended_meanwhile:
+                log.info("ftgov: job %s: ftgovd restarted while the job ran, and has ended it (its process exited); "
+                         "no end-of-job summary", self.job_id)
+            elif conn is None:
                 log.warning("ftgov: job %s: ftgovd restarted or stopped while the job ran and has not taken it back; "
                             "no end-of-job summary; %s", self.job_id, PIN_LEFT)
         if conn is None:
@@ -383,6 +387,13 @@ class Job:
             return None
         try:
             conn.call("resume", job_id=self.job_id)
+        except UnknownJob as e:
+            # No such job there: the restarted daemon ended it when its process exited (`ftgov run`'s command), or
+            # never took it back (it restored the clocks). Either way nothing is pinned for it.
+            self._ended_meanwhile = True
+            log.info("ftgov: job %s not resumed: %s", self.job_id, e)
+            conn.close()
+            return None
         except FtgovError as e:
             log.info("ftgov: job %s not resumed: %s", self.job_id, e)
             conn.close()

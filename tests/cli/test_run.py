@@ -392,3 +392,27 @@ def test_a_signal_while_the_job_ends_is_no_traceback(tmp_path):
     finally:
         proc.kill()
         server.close()
+
+
+def test_a_daemon_restart_under_the_command_is_no_false_alarm(daemon, orin):
+    """The restarted daemon re-adopts the command by its pid and ends the job when it exits; the wrapper, finding its
+    connection gone, asks for the job: whether it gets it back or the job has ended, nothing is left pinned, and the
+    wrapper must not warn that the pin may be."""
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", *child_script(orin), stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE)
+    child, _ = pid_and_min_freq(proc)
+    try:
+        daemon.stop(signal.SIGKILL)
+        daemon.start()
+        daemon.wait_jobs(1)  # re-adopted
+        os.kill(child, signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        daemon.wait_jobs(0)
+        assert limits(orin) == BASELINE
+        assert "pin" not in err and "Traceback" not in err, err
+    finally:
+        proc.kill()
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
