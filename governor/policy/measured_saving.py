@@ -51,6 +51,15 @@ WARMUP_FASTER_REL = 0.10
 # The most parts a baseline is measured in, those a drift asked for included (BaselineParts): tuner.baseline_parts'
 # own bound.
 MAX_PARTS = 50
+# The first part, measured right after the warm-up gate opened, is left out of the baseline where it lies more than
+# FIRST_PART_STRAY_Z standard deviations (its own uncertainty and the later parts' scatter) from the later parts, of
+# which there are FIRST_PART_CHECK_PARTS at least: a warm-up that fades slower than WarmUp's blocks can tell (on a
+# real H100's cold start, steps 30% slower for 100 steps, the first part 24-31% dear: docs/benchmarks.md,
+# "warmup-gate"). The later parts' scatter, from as few as three, may come out small by chance (a t tail): at 5 s.d.,
+# parts of 1% noise that drift by 2-3% lose a sound first part in 0.05-0.5% of jobs (tests/policy/
+# test_measured_saving.py), and none without drift.
+FIRST_PART_STRAY_Z = 5.0
+FIRST_PART_CHECK_PARTS = 3
 
 
 @dataclass
@@ -425,9 +434,30 @@ class BaselineParts:
         return [max(1.0, hi - lo) for lo, hi in zip(edges, edges[1:], strict=False)]
 
     @property
+    def first_strays(self) -> bool:
+        """Whether the first part lies too far from the later ones to stand for the job (FIRST_PART_STRAY_Z): a
+        warm-up the gate did not see."""
+        first, rest = self.measured[0] if self.measured else None, self.measured[1:]
+        if first is None or len(rest) < FIRST_PART_CHECK_PARTS:
+            return False
+        mean = sum(m.joules_per_step for m in rest) / len(rest)
+        # One part strays from the mean of the n others by the parts' scatter times sqrt(1 + 1/n), its own noise added.
+        # The scatter of a few parts may come out small by chance: their own uncertainty is its floor, as in _more.
+        scatter = parts_scatter(rest, mean)
+        rest_own = [m.noise_rel for m in rest if m.noise_rel is not None]
+        if rest_own:
+            scatter = max(scatter, math.sqrt(sum(n * n for n in rest_own) / len(rest_own)))
+        own = first.noise_rel or 0.0
+        sd_rel = math.sqrt(scatter * scatter * (1.0 + 1.0 / len(rest)) + own * own)
+        return sd_rel > 0 and abs(first.joules_per_step / mean - 1.0) > FIRST_PART_STRAY_Z * sd_rel
+
+    @property
     def baseline(self) -> Measurement | None:
         if not self.measured:
             return None
         # Planned parts lie evenly over the job and weigh by their steps (the least scatter); added ones lie closer
         # together than those before them, and each part then weighs by the stretch it stands for.
-        return pooled(self.measured, self.spans if self.added else None)
+        parts, spans = self.measured, (self.spans if self.added else None)
+        if self.first_strays:
+            parts, spans = parts[1:], (None if spans is None else spans[1:])
+        return pooled(parts, spans)
