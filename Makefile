@@ -114,6 +114,7 @@ bench: $(DEV_VENV)/.test
 	$(VPY) -m benchmarks.bench_saving
 	$(VPY) -m benchmarks.meter_windows
 	$(VPY) -m benchmarks.baseline_drift
+	$(VPY) -m benchmarks.warmup_gate
 	$(VPY) -m benchmarks.sampler_cost
 	$(VPY) -m benchmarks.trace_register
 	$(VPY) -m benchmarks.meter_saving
