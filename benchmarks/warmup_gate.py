@@ -96,7 +96,8 @@ def replay(directory: Path, name: str, cfg: TunerConfig, part_steps: int, part_s
     if gated is not None and len(later) >= FIRST_PART_CHECK_PARTS:
         parts = BaselineParts(1 + len(later), None, None)
         for k, rel in enumerate([gated / ref_j - 1, *later]):
-            m = Measurement(None, 1.0 + rel, ref_s, part_steps, part_steps + 1)
+            # Each part's own uncertainty: what parts of this rule scatter by in the settled half.
+            m = Measurement(None, 1.0 + rel, ref_s, part_steps, part_steps + 1, noise_rel=statistics.pstdev(later))
             parts.first(m, part_steps) if k == 0 else parts.add(m, part_steps * (k + 1))
         baseline = parts.baseline.joules_per_step - 1
         all_parts = pooled(parts.measured).joules_per_step - 1

@@ -57,7 +57,7 @@ MAX_PARTS = 50
 # real H100's cold start, steps 30% slower for 100 steps, the first part 24-31% dear: docs/benchmarks.md,
 # "warmup-gate"). The later parts' scatter, from as few as three, may come out small by chance (a t tail): at 5 s.d.,
 # parts of 1% noise that drift by 2-3% lose a sound first part in 0.05-0.5% of jobs (tests/policy/
-# test_measured_saving.py), and none without drift.
+# test_measured_saving.py), and none without drift. Not for fixed-step windows, which know no uncertainty of their own.
 FIRST_PART_STRAY_Z = 5.0
 FIRST_PART_CHECK_PARTS = 3
 
@@ -440,13 +440,13 @@ class BaselineParts:
         first, rest = self.measured[0] if self.measured else None, self.measured[1:]
         if first is None or len(rest) < FIRST_PART_CHECK_PARTS:
             return False
+        if first.noise_rel is None or any(m.noise_rel is None for m in rest):
+            return False  # fixed-step windows: without the parts' own uncertainty, a few parts' scatter is too unsure
         mean = sum(m.joules_per_step for m in rest) / len(rest)
         # One part strays from the mean of the n others by the parts' scatter times sqrt(1 + 1/n), its own noise added.
         # The scatter of a few parts may come out small by chance: their own uncertainty is its floor, as in _more.
         scatter = parts_scatter(rest, mean)
-        rest_own = [m.noise_rel for m in rest if m.noise_rel is not None]
-        if rest_own:
-            scatter = max(scatter, math.sqrt(sum(n * n for n in rest_own) / len(rest_own)))
+        scatter = max(scatter, math.sqrt(sum((m.noise_rel or 0.0) ** 2 for m in rest) / len(rest)))
         own = first.noise_rel or 0.0
         sd_rel = math.sqrt(scatter * scatter * (1.0 + 1.0 / len(rest)) + own * own)
         return sd_rel > 0 and abs(first.joules_per_step / mean - 1.0) > FIRST_PART_STRAY_Z * sd_rel

@@ -248,6 +248,9 @@ def test_a_first_part_a_slow_warm_up_made_dear_is_left_out_of_the_baseline():
     assert not sound.first_strays
     assert sound.baseline.joules_per_step == pytest.approx(pooled(sound.measured).joules_per_step)
     assert not parts(2.6, [2.0, 2.04]).first_strays  # two to compare with: not enough to tell
+    fixed = BaselineParts(5, None, None)  # fixed-step windows know no uncertainty of their own: nothing is left out
+    fixed.measured = [Measurement(None, j, 0.5, 4, 5) for j in (2.6, 2.0, 2.04, 1.97, 2.01)]
+    assert not fixed.first_strays
 
 
 def test_a_sound_first_part_is_rarely_left_out_where_the_parts_drift():
