@@ -124,6 +124,7 @@ class Connection:
             raise _connect_error(self.path, e) from e
         self._sock = sock
         self._reader = sock.makefile("rb")
+        self._pending = b""  # the rest of a line a dropping notify could send only part of (drop_if_busy)
         # A forked child (a DataLoader's worker) inherits the socket: only this process may use it or end it.
         self._pid = os.getpid()
 
@@ -191,19 +192,57 @@ class Connection:
         result = reply.get("result")
         return result if isinstance(result, dict) else {}
 
-    def notify(self, method: str, **params) -> None:
-        """Send a notification: no id, and the daemon sends no reply."""
-        self._send({"jsonrpc": "2.0", "method": method, "params": _drop_none(params)})
+    def notify(self, method: str, *, drop_if_busy: bool = False, **params) -> bool:
+        """Send a notification: no id, and the daemon sends no reply. With ``drop_if_busy``, one the socket cannot
+        take at once (the daemon has stopped reading, a SIGSTOP or a hang, and the buffer is full) is dropped, and
+        False returned, rather than block the caller for up to timeout_s: a training step must not wait on us, and
+        the next progress report carries the same totals."""
+        line = self._line({"jsonrpc": "2.0", "method": method, "params": _drop_none(params)})
+        if not drop_if_busy:
+            self._send_line(line)
+            return True
+        try:
+            if self._pending:
+                self._send_now(self._pending)  # a line cut short goes first, whole, or nothing new goes
+                if self._pending:
+                    return False
+            return self._send_now(line)
+        except OSError as e:  # the daemon went away (EPIPE, ECONNRESET)
+            self.close()
+            raise DaemonUnavailable(f"lost the connection to ftgovd at {self.path}: {e}") from e
 
-    def _send(self, message: dict) -> None:
+    def _send_now(self, data: bytes) -> bool:
+        """Send what the socket takes of ``data`` without waiting; False when it took nothing. Of a line it took only
+        part of, the rest is kept (``_pending``) to go before anything else: a line cut short would run into the
+        next one."""
+        assert self._sock is not None
+        self._sock.settimeout(0.0)
+        try:
+            sent = self._sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        finally:
+            self._sock.settimeout(self.timeout_s)
+        if sent:
+            self._pending = data[sent:]
+        return sent > 0
+
+    def _line(self, message: dict) -> bytes:
         if self._sock is None:
             raise DaemonUnavailable(f"connection to {self.path} is closed")
         if self.inherited:  # its lines would interleave with the parent's, and its requests act on the parent's job
             raise DaemonUnavailable(f"the connection to {self.path} belongs to this process's parent (forked after "
                                     "it connected)")
-        line = json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+        return json.dumps(message, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+
+    def _send(self, message: dict) -> None:
+        self._send_line(self._line(message))
+
+    def _send_line(self, line: bytes) -> None:
+        assert self._sock is not None
         try:
-            self._sock.sendall(line)
+            self._sock.sendall(self._pending + line)  # a line a dropping notify left half-sent goes first
+            self._pending = b""
         except OSError as e:  # the daemon went away (EPIPE), or stopped reading for timeout_s
             self.close()
             raise DaemonUnavailable(f"lost the connection to ftgovd at {self.path}: {e}") from e

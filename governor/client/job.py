@@ -363,10 +363,11 @@ class Job:
             self._compute_sum_s, self._compute_steps = 0.0, 0
         for attempt in range(2):
             try:
-                self._conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase,
-                                  total_steps=total, **self._step_end(), **compute)
-                self._reported_steps = self.steps
-                self._sent_total_steps = self.total_steps
+                # Dropped, not waited for, when the daemon has stopped reading: the next report says the same.
+                if self._conn.notify("progress", drop_if_busy=True, job_id=self.job_id, steps=self.steps,
+                                     phase=self._phase, total_steps=total, **self._step_end(), **compute):
+                    self._reported_steps = self.steps
+                    self._sent_total_steps = self.total_steps
                 return
             except DaemonUnavailable as e:
                 self._conn.close()

@@ -420,3 +420,31 @@ def test_progress_says_when_the_last_step_ended_on_this_hosts_monotonic_clock(da
     ends = [p["step_end_s"] for p in reports]
     assert [p["steps"] for p in reports] == [1, 2, 3, 3]
     assert before <= ends[0] < ends[1] < ends[2] == ends[3] <= after
+
+
+def test_dropped_reports_never_cut_a_line(tmp_path):
+    """Reports sent without waiting: one the socket cannot take is dropped whole, and one it takes only part of is
+    finished before anything else, so the daemon reads whole lines, in order, whatever the buffer took (and the
+    small reports' case, dropped whole once the buffer is full, is the real daemon's test in test_client_daemon)."""
+    path = str(tmp_path / "s.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen()
+    conn = client.Connection(path, timeout_s=5)
+    peer, _ = server.accept()
+    with peer, conn:
+        # A line longer than the socket's buffer goes in part; the rest waits, and what follows it is dropped.
+        assert conn.notify("progress", drop_if_busy=True, job_id=1, steps=0, phase="x" * (1 << 20))
+        assert conn._pending
+        sent = [0] + [n for n in range(1, 20000) if conn.notify("progress", drop_if_busy=True, job_id=1, steps=n,
+                                                                 phase="x" * (n % 97))]
+        assert sent == [0]
+        chunks: list[bytes] = []
+        reader = threading.Thread(target=lambda: chunks.extend(iter(lambda: peer.recv(1 << 16), b"")))
+        reader.start()  # the daemon reads again
+        conn.notify("progress", job_id=1, steps=20000)  # waits: the rest of a cut line goes first
+        conn.close()
+        reader.join(timeout=30)
+        data = b"".join(chunks)
+    steps = [json.loads(line)["params"]["steps"] for line in data.splitlines()]
+    assert steps == [0, 20000]

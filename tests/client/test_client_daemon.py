@@ -136,6 +136,24 @@ def test_a_job_reports_on_to_a_restarted_daemon(daemon, orin):
     assert limits(orin) == BASELINE
 
 
+def test_a_daemon_that_stops_reading_does_not_hold_up_the_steps(daemon, orin):
+    """A stopped daemon (SIGSTOP, a hang) reads nothing: once the socket's buffer is full, each report waited
+    timeout_s and the job then gave up on the governor. Reports are dropped instead while the socket takes none
+    (the next carries the same totals), and the job goes on governed once the daemon reads again."""
+    with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket, report_every_s=0, timeout_s=2) as job:
+        daemon.proc.send_signal(signal.SIGSTOP)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", GovernorWarning)
+                for _ in range(30000):  # ~3.6 MB of reports: the socket's buffer many times over
+                    job.step()
+            assert not job.disabled
+        finally:
+            daemon.proc.send_signal(signal.SIGCONT)
+    assert job.result is not None and job.result["steps"] == 30000
+    assert limits(orin) == BASELINE
+
+
 def test_a_killed_daemon_leaves_the_pin_and_the_warning_says_so(daemon, orin):
     pin = predicted_hz(daemon, **SMALL, seq_len=40.0, gpu_util=90.0)
     with warnings.catch_warnings(record=True) as caught:
