@@ -285,6 +285,9 @@ def _connect_error(path: str, e: OSError) -> DaemonUnavailable:
         return DaemonUnavailable(
             f"ftgovd is not running: no socket at {path} "
             f"(start it with 'systemctl start ftgovd', or point {SOCKET_ENV} / --socket at its socket{simulated})")
+    if isinstance(e, BlockingIOError):  # EAGAIN: a Unix socket's listen queue is full, and connect does not wait
+        return DaemonUnavailable(f"ftgovd at {path} takes no connection now: its listen queue is full (many clients "
+                                 "connecting at once, or the daemon is stuck)")
     if isinstance(e, ConnectionRefusedError):
         if not _is_socket(path):  # connect() refuses a regular file or a directory the same way
             return DaemonUnavailable(f"{path} is not a socket: point {SOCKET_ENV} / --socket at ftgovd's socket "

@@ -448,3 +448,21 @@ def test_dropped_reports_never_cut_a_line(tmp_path):
         data = b"".join(chunks)
     steps = [json.loads(line)["params"]["steps"] for line in data.splitlines()]
     assert steps == [0, 20000]
+
+
+def test_a_full_listen_queue_is_said_as_such(tmp_path):
+    """connect() on a Unix socket whose listen queue is full fails at once with EAGAIN: not "cannot connect ...
+    Resource temporarily unavailable", which reads like a fault of the client's."""
+    path = str(tmp_path / "s.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen(0)  # one waiting connection at most, and none accepted
+    held = []
+    try:
+        with pytest.raises(client.DaemonUnavailable, match="its listen queue is full"):
+            for _ in range(8):
+                held.append(client.Connection(path, timeout_s=5))
+    finally:
+        for conn in held:
+            conn.close()
+        server.close()
