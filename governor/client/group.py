@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from governor.client.connection import DaemonUnavailable
 from governor.errors import FtgovError
 from governor.units import mhz
 
@@ -247,6 +248,9 @@ class GroupCoordinator:
             return None
         try:
             return conn.call(method, job_id=self.job.job_id, **params)
+        except DaemonUnavailable as e:  # no answer: not the daemon's judgement of the request
+            log.warning("ftgov: group %s: %s got no answer: %s", self.rank, method, e)
+            return None
         except FtgovError as e:
             log.warning("ftgov: group %s: %s refused: %s", self.rank, method, e)
             return None

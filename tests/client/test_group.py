@@ -387,3 +387,34 @@ def test_rank_0_sizes_the_next_window_by_time_and_by_the_last_ones_uncertainty(t
     assert c.sized_steps(0.5, 8, 0.03) == 18  # long steps: few of them
     job.registration = {"window": {"target_rel": -1}}  # a rule that does not validate: fixed steps, not a crash
     assert GroupCoordinator(job, TwoRanks([])).rule is None
+
+
+def test_a_read_its_daemon_did_not_answer_is_not_called_refused(tmp_path, caplog):
+    """A rank's job_energy that got no answer (the daemon gone) was logged as the daemon's refusal."""
+    import logging
+    import warnings
+
+    from governor.client import DaemonUnavailable, GovernorWarning, Job, RpcError
+    from governor.client.group import GroupCoordinator
+
+    class Conn:
+        def __init__(self, error):
+            self.error = error
+
+        def call(self, method, **params):
+            raise self.error
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GovernorWarning)
+        job = Job(dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0),
+                  socket=str(tmp_path / "absent.sock"), group="g", rank=0, world_size=2).start()
+    job.job_id, job.disabled = 7, False
+    coordinator = GroupCoordinator(job, TwoRanks([]))
+    with caplog.at_level(logging.WARNING, "governor"):
+        job._conn = Conn(DaemonUnavailable("lost the connection to ftgovd"))
+        assert coordinator._call("job_energy") is None
+        job._conn = Conn(RpcError(-32602, "job_id: this job is in no group"))
+        assert coordinator._call("job_energy") is None
+    assert [r.getMessage() for r in caplog.records] == [
+        "ftgov: group 0: job_energy got no answer: lost the connection to ftgovd",
+        "ftgov: group 0: job_energy refused: job_id: this job is in no group [JSON-RPC -32602]"]
