@@ -441,7 +441,7 @@ class JobTuner:
         without both ends."""
         if self.baseline is None or self.tuner is None:
             return None
-        parts = 1 if self.baseline_parts is None else len(self.baseline_parts.measured)
+        parts = 1 if self.baseline_parts is None else self.baseline_parts.pooled_parts
         out = self._saving.result(self.baseline, self.tuner.best_hz, [m for m, _ in self.windows],
                                   baseline_floor_rel=self.cfg.noise_rel if self.baseline.noise_rel is None else 0.0,
                                   baseline_parts=parts)

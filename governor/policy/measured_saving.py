@@ -429,7 +429,9 @@ class BaselineParts:
     def spans(self) -> list[float]:
         """The stretch of the job each measured part stands for: from halfway to the part before (the first: from
         the job's start) to halfway to the part after (the last: to the job's end)."""
-        at = self.at_steps
+        return self._spans(self.at_steps)
+
+    def _spans(self, at: list[float]) -> list[float]:
         edges = [0.0] + [(a + b) / 2.0 for a, b in zip(at, at[1:], strict=False)] + [max(self._total, at[-1])]
         return [max(1.0, hi - lo) for lo, hi in zip(edges, edges[1:], strict=False)]
 
@@ -452,12 +454,16 @@ class BaselineParts:
         return sd_rel > 0 and abs(first.joules_per_step / mean - 1.0) > FIRST_PART_STRAY_Z * sd_rel
 
     @property
+    def pooled_parts(self) -> int:
+        """How many parts the baseline pools: those measured, less a first part that strays (first_strays)."""
+        return len(self.measured) - self.first_strays
+
+    @property
     def baseline(self) -> Measurement | None:
         if not self.measured:
             return None
         # Planned parts lie evenly over the job and weigh by their steps (the least scatter); added ones lie closer
-        # together than those before them, and each part then weighs by the stretch it stands for.
-        parts, spans = self.measured, (self.spans if self.added else None)
-        if self.first_strays:
-            parts, spans = parts[1:], (None if spans is None else spans[1:])
-        return pooled(parts, spans)
+        # together than those before them, and each part then weighs by the stretch it stands for. Without a stray
+        # first part, the second stands for the job from its start.
+        skip = len(self.measured) - self.pooled_parts
+        return pooled(self.measured[skip:], self._spans(self.at_steps[skip:]) if self.added else None)

@@ -251,7 +251,7 @@ class TunedJob:
             return None
         baseline, parts = self.baseline, 1
         if self.baseline_parts is not None and self.baseline_parts.baseline is not None:
-            baseline, parts = self.baseline_parts.baseline, len(self.baseline_parts.measured)
+            baseline, parts = self.baseline_parts.baseline, self.baseline_parts.pooled_parts
         floor = self.tuner.noise_rel if baseline.noise_rel is None else 0.0
         return self.measured.result(baseline, self.best_hz, self.windows, baseline_floor_rel=floor,
                                     baseline_parts=parts)

@@ -253,6 +253,26 @@ def test_a_first_part_a_slow_warm_up_made_dear_is_left_out_of_the_baseline():
     assert not fixed.first_strays
 
 
+def test_without_its_stray_first_part_a_drifting_baseline_weighs_the_second_from_the_jobs_start():
+    """Parts added for a drift weigh by the stretch each stands for; the first part left out, the second stands for the
+    job from its start, not from halfway to the first (which leant the baseline towards the job's end), and the
+    saving counts the parts pooled."""
+    from governor.policy.measured_saving import BaselineParts, pooled
+
+    parts = BaselineParts(5, 1000, 20000, target_rel=0.0075)
+    parts.first(_part(3.0), 100)  # 50% dear: a warm-up the gate did not see
+    for steps, j in ((4080, 2.1), (8060, 1.9)):
+        parts.due(steps)
+        parts.add(_part(j), steps + 20)
+    assert parts.added > 0
+    parts.add(_part(2.0), parts.due_at[0] + 20)
+    assert parts.first_strays
+    at = parts.at_steps[1:]
+    spans = [(at[0] + at[1]) / 2, (at[2] - at[0]) / 2, 20000 - (at[1] + at[2]) / 2]
+    assert parts.baseline.joules_per_step == pytest.approx(pooled(parts.measured[1:], spans).joules_per_step)
+    assert parts.pooled_parts == 3
+
+
 def test_a_sound_first_part_is_rarely_left_out_where_the_parts_drift():
     """The later parts' scatter, from a few of them, may come out small by chance: how often a first part drawn like
     the others is left out (FIRST_PART_STRAY_Z's comment states these rates)."""

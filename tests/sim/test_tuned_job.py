@@ -171,6 +171,22 @@ def test_a_saving_run_measures_the_baseline_unpinned_then_runs_every_step_of_the
     assert abs(saving["saved_pct"] - 100 * (1 - ENERGY[3] / ENERGY[-1])) < 3 * saving["saved_pct_err"]
 
 
+def test_a_saving_counts_the_baseline_parts_it_pooled():
+    """A stray first part left out of the baseline is no part of it: the saving's blocks are a pooled part long, and
+    its baseline_parts (which narrow the drift's share of the error) are those pooled."""
+    from governor.policy.windows import Measurement
+
+    job = run_tuned_job(V, LEVELS[4], 2000, meter="nvml", seed=5, saving=SavingRun())
+    parts = job.baseline_parts
+    assert parts is not None
+    j = ENERGY[-1]
+    parts.measured = [Measurement(None, j * f, 0.5, 20, 21, noise_rel=0.01) for f in (1.5, 1.0, 1.02, 0.99)]
+    assert parts.first_strays
+    saving = job.saving()
+    assert saving["baseline_parts"] == 3
+    assert saving == job.measured.result(parts.baseline, job.best_hz, job.windows, baseline_parts=3)
+
+
 def test_a_saving_run_on_an_exact_meter_has_no_idle_board_to_read():
     with pytest.raises(ValueError, match="idle"):
         run_tuned_job(V, LEVELS[4], 2000, saving=SavingRun())
