@@ -36,6 +36,10 @@ WITHOUT_GOVERNOR = "ftgov: training goes on without the GPU frequency governor: 
 # it (the command, its torchrun ranks) is governed already, and a job of its own would be a second job on it.
 RUN_JOB_ENV = "FTGOV_RUN_JOB"
 # What follows a registered job's loss of its daemon: nothing restored the clocks if the daemon was killed.
+# resume found no such job: the restarted daemon ended it (its process exited) or, not re-adopting it, restored the
+# clocks from its state file, which a daemon that lost that file could not.
+RESTARTED_WITHOUT = ("ftgovd restarted and holds this job no more: it ended it or restored the clocks (unless it lost "
+                     "its state file: then `ftgov restore`)")
 PIN_LEFT = ("if ftgovd was killed, the GPU keeps this job's pin until ftgovd starts again (which restores the clocks, "
             "or holds the job again until this job ends) or `ftgov restore` runs")
 
@@ -263,8 +267,7 @@ class Job:
             # exits: a notebook's kernel, long after training. Held by a new connection, it ends here as any job.
             conn = self._resumed()
             if conn is None and self._ended_meanwhile:
-                log.info("ftgov: job %s: ftgovd restarted while the job ran, and has ended it (its process exited); "
-                         "no end-of-job summary", self.job_id)
+                log.info("ftgov: job %s: %s; no end-of-job summary", self.job_id, RESTARTED_WITHOUT)
             elif conn is None:
                 log.warning("ftgov: job %s: ftgovd restarted or stopped while the job ran and has not taken it back; "
                             "no end-of-job summary; %s", self.job_id, PIN_LEFT)
@@ -374,7 +377,7 @@ class Job:
                 self._conn = self._resumed() if attempt == 0 else None
                 if self._conn is None:
                     self._lost = True
-                    self._disable(f"{e}; {PIN_LEFT}")
+                    self._disable(f"{e}; " + (RESTARTED_WITHOUT if self._ended_meanwhile else PIN_LEFT))
                     return
 
     def _resumed(self) -> Connection | None:

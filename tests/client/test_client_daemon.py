@@ -154,6 +154,27 @@ def test_a_daemon_that_stops_reading_does_not_hold_up_the_steps(daemon, orin):
     assert limits(orin) == BASELINE
 
 
+def test_a_daemon_restarted_without_the_job_is_said_to_have_restored_the_clocks(daemon, orin):
+    """The restarted daemon did not take the job back (its record had not reached the state file) and restored the
+    clocks: the job's warning says so, not that the pin may be left."""
+    import json
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket, report_every_s=0) as job:
+            job.step()
+            daemon.stop(signal.SIGKILL)
+            state = daemon.state_dir / "state.json"
+            state.write_text(json.dumps({**json.loads(state.read_text()), "jobs": []}))
+            daemon.start()
+            job.step()
+            job.step()
+    [warned] = [str(w.message) for w in caught]
+    assert warned.endswith("; ftgovd restarted and holds this job no more: it ended it or restored the clocks "
+                           "(unless it lost its state file: then `ftgov restore`)"), warned
+    assert limits(orin) == BASELINE
+
+
 def test_a_killed_daemon_leaves_the_pin_and_the_warning_says_so(daemon, orin):
     pin = predicted_hz(daemon, **SMALL, seq_len=40.0, gpu_util=90.0)
     with warnings.catch_warnings(record=True) as caught:
