@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> None:
              f"in {len(late)} of {len(rows)} runs. A 2,000-step job's baseline of five parts, the four later ones "
              f"standing in from the settled half (three where it holds no more): off by "
              f"{_pct(worst['all_parts'], '')} at most pooled as they are, {_pct(worst['baseline'], '')} as "
-             "BaselineParts pools them (FIRST_PART_STRAY_Z). These runs are an "
-             "H100's, recorded with scripts/record_meter.py --warmup 0 (benchmarks/data/h100-warmup/README.md)."]
+             "BaselineParts pools them (FIRST_PART_STRAY_Z). These runs are "
+             "H100s', recorded with scripts/record_meter.py --warmup 0 (benchmarks/data/h100-warmup/README.md)."]
     publish("warmup-gate", "\n".join(lines), doc=not args.no_doc)
 
 
