@@ -208,8 +208,7 @@ class Connection:
                     return False
             return self._send_now(line)
         except OSError as e:  # the daemon went away (EPIPE, ECONNRESET)
-            self.close()
-            raise DaemonUnavailable(f"lost the connection to ftgovd at {self.path}: {e}") from e
+            raise self._lost(e) from e
 
     def _send_now(self, data: bytes) -> bool:
         """Send what the socket takes of ``data`` without waiting; False when it took nothing. Of a line it took only
@@ -244,8 +243,12 @@ class Connection:
             self._sock.sendall(self._pending + line)  # a line a dropping notify left half-sent goes first
             self._pending = b""
         except OSError as e:  # the daemon went away (EPIPE), or stopped reading for timeout_s
-            self.close()
-            raise DaemonUnavailable(f"lost the connection to ftgovd at {self.path}: {e}") from e
+            raise self._lost(e) from e
+
+    def _lost(self, e: OSError) -> DaemonUnavailable:
+        """A send failed: the connection is closed, and what to raise says so."""
+        self.close()
+        return DaemonUnavailable(f"lost the connection to ftgovd at {self.path}: {e}")
 
     def _receive(self, method: str) -> dict:
         # Lines without an id would be notifications from the daemon; the protocol has none yet, so skip them.

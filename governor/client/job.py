@@ -93,7 +93,7 @@ class Job:
         # again by its process, and the job asks it to hold it by a new connection (resume) to report and end it.
         self._lost = False
         self._pid: int | None = None  # the process that started the job: a forked child's copy never acts on it
-        self._ended_meanwhile = False  # a restarted daemon holds no such job: nothing of it is pinned
+        self._ended_meanwhile = False  # a restarted daemon holds no such job (RESTARTED_WITHOUT)
         self._started = False
         self._closed = False
         self._reported_steps = 0
@@ -391,14 +391,10 @@ class Job:
             return None
         try:
             conn.call("resume", job_id=self.job_id)
-        except UnknownJob as e:
-            # No such job there: the restarted daemon ended it when its process exited (`ftgov run`'s command), or
-            # never took it back (it restored the clocks). Either way nothing is pinned for it.
-            self._ended_meanwhile = True
-            log.info("ftgov: job %s not resumed: %s", self.job_id, e)
-            conn.close()
-            return None
         except FtgovError as e:
+            # No such job there (UnknownJob): the restarted daemon ended it when its process exited (`ftgov run`'s
+            # command), or did not take it back and restored the clocks (RESTARTED_WITHOUT).
+            self._ended_meanwhile = isinstance(e, UnknownJob)
             log.info("ftgov: job %s not resumed: %s", self.job_id, e)
             conn.close()
             return None

@@ -60,9 +60,7 @@ class Holds:
         OverLimit at ``max_per_client`` jobs held; ProcessGone or NotTheirs for a process it cannot hold (a member's
         job is held by a process of its own uid); the controller's errors as they are. The process's pidfd is closed
         if anything fails (a pidfd leaked per request would exhaust the daemon's descriptors)."""
-        held_here = self.count(client)
-        if held_here >= max_per_client:
-            raise OverLimit(f"this connection already holds {held_here} jobs (limits.max_jobs_per_connection)")
+        self._room(client, max_per_client)
         peer = client.peer
         process = peers.process_for_job(client.process, peer, reg.pid)
         try:
@@ -86,12 +84,19 @@ class Holds:
         self._exit_job[process.pidfd] = job_id
         self._exits.register(process.pidfd, select.EPOLLIN)  # readable once the process has exited
 
-    def attach(self, owner: Owner, job: ActiveJob) -> bool:
+    def _room(self, owner: Owner, max_per_client: int) -> None:
+        """OverLimit when ``owner`` already holds ``max_per_client`` jobs."""
+        held_here = self.count(owner)
+        if held_here >= max_per_client:
+            raise OverLimit(f"this connection already holds {held_here} jobs (limits.max_jobs_per_connection)")
+
+    def attach(self, owner: Owner, job: ActiveJob, max_per_client: int) -> bool:
         """``owner`` holds ``job`` from now on, if no connection does (a job re-adopted after a restart, whose client
         has connected again): closing it then ends the job, as for any job. False when the job is not held here or a
-        connection holds it already."""
+        connection holds it already; OverLimit at ``max_per_client`` jobs held, as for register."""
         if job.job_id not in self._owner or self._owner[job.job_id] is not None:
             return False
+        self._room(owner, max_per_client)
         self._owner[job.job_id] = owner
         self._of_owner.setdefault(owner, {})[job.job_id] = job
         return True

@@ -268,13 +268,13 @@ class Methods:
         unregister and closing work as before. Only a job no connection holds, only its own uid's (or root's): a
         process of that uid could end the job's process anyway. Another's job reads as none, as elsewhere."""
         job = self.controller.jobs.get(params.job_id)
-        limits = self.config.limits
         if job is None or (conn.peer.uid not in (0, job.uid)):
             raise RpcFault(UNKNOWN_JOB, f"job_id: no job {params.job_id} to resume", {"field": "job_id"})
-        if self.holds.count(conn) >= limits.max_jobs_per_connection:
-            raise RpcFault(LIMIT_EXCEEDED, f"this connection already holds {self.holds.count(conn)} jobs "
-                           "(limits.max_jobs_per_connection)")
-        if not self.holds.attach(conn, job):
+        try:
+            attached = self.holds.attach(conn, job, self.config.limits.max_jobs_per_connection)
+        except OverLimit as e:
+            raise RpcFault(LIMIT_EXCEEDED, str(e)) from e
+        if not attached:
             raise RpcFault(UNKNOWN_JOB, f"job_id: job {params.job_id} is held by a connection; only a job re-adopted "
                            "after a daemon restart can be resumed", {"field": "job_id"})
         log.info("%s resumed by its client (uid %d, pid %s) after a daemon restart", job.label(), conn.peer.uid,

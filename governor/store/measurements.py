@@ -381,11 +381,10 @@ class Store:
             job_id = self.conn.execute(_INSERT_JOB, values).lastrowid
             self.conn.executemany(_INSERT_WINDOW, [(job_id, i, w.level_hz, w.joules_per_step, w.seconds_per_step,
                                                     w.steps, w.gpu_util) for i, w in enumerate(rec.windows)])
-            self.conn.execute("UPDATE totals SET jobs = jobs + 1, energy_j = energy_j + ?, saved_j = saved_j + ?",
-                              (rec.energy_j or 0.0, saved_j or 0.0))
-            if saved_j is not None:
-                column = _SAVED_BY_BASIS.get(rec.saved_basis or "", "saved_unsplit_j")
-                self.conn.execute(f"UPDATE totals SET {column} = {column} + ?", (saved_j,))
+            # The saving also goes to its basis's column (one of _SAVED_BY_BASIS's names, never client text).
+            column = _SAVED_BY_BASIS.get(rec.saved_basis or "", "saved_unsplit_j")
+            self.conn.execute(f"UPDATE totals SET jobs = jobs + 1, energy_j = energy_j + ?, saved_j = saved_j + ?, "
+                              f"{column} = {column} + ?", (rec.energy_j or 0.0, saved_j or 0.0, saved_j or 0.0))
             count = self.conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0]
             while count > self.max_jobs:
                 dropped = self.conn.execute(_PRUNE, (count - self.max_jobs,)).rowcount

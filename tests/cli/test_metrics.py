@@ -65,14 +65,23 @@ def test_daemon_down_is_up_zero(tmp_path):
     assert parse(prom.read_text()) == {("ftgov_up", frozenset()): 0}
 
 
+def serve_metrics(daemon, *args: str, host: str = r"127\.0\.0\.1") -> tuple[subprocess.Popen, re.Match]:
+    """`ftgov metrics --port 0` for the daemon, with ``args``: the process, and the URL its first line says it serves
+    (group 1: the port). The caller stops the process."""
+    proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "metrics", "--port", "0", "--socket", daemon.socket,
+                             *args], env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    line = proc.stderr.readline()
+    url = re.search(rf"http://{host}:(\d+)/metrics", line)
+    if url is None:
+        proc.kill()
+    assert url, line
+    return proc, url
+
+
 def test_http_endpoint_on_loopback(start_daemon):
     daemon = start_daemon()
-    proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "metrics", "--port", "0", "--socket", daemon.socket],
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    proc, url = serve_metrics(daemon)
     try:
-        line = proc.stderr.readline()
-        url = re.search(r"http://127\.0\.0\.1:\d+/metrics", line)
-        assert url, line
         with urllib.request.urlopen(url.group(0), timeout=30) as reply:
             samples = parse(reply.read().decode())
         assert samples[("ftgov_up", frozenset())] == 1
@@ -86,13 +95,8 @@ def test_http_endpoint_on_loopback(start_daemon):
 def test_http_endpoint_on_ipv6_loopback_prints_a_url_that_works(start_daemon):
     """An IPv6 address goes in brackets in a URL (RFC 3986): http://::1:PORT/metrics is no URL to paste anywhere."""
     daemon = start_daemon()
-    proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "metrics", "--port", "0", "--address", "::1",
-                             "--socket", daemon.socket],
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    proc, url = serve_metrics(daemon, "--address", "::1", host=r"\[::1\]")
     try:
-        line = proc.stderr.readline()
-        url = re.search(r"http://\[::1\]:\d+/metrics", line)
-        assert url, line
         with urllib.request.urlopen(url.group(0), timeout=30) as reply:
             assert parse(reply.read().decode())[("ftgov_up", frozenset())] == 1
         proc.send_signal(signal.SIGTERM)
@@ -106,12 +110,8 @@ def test_http_endpoint_holds_a_bounded_number_of_connections(start_daemon):
     thread for ever nor let connections multiply threads. With one slot, a silent connection holds it until its
     timeout closes it; only then is the next scrape answered."""
     daemon = start_daemon()
-    proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "metrics", "--port", "0", "--socket", daemon.socket,
-                             "--max-connections", "1", "--timeout", "0.5"],
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    proc, url = serve_metrics(daemon, "--max-connections", "1", "--timeout", "0.5")
     try:
-        url = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", proc.stderr.readline())
-        assert url
         silent = socket.create_connection(("127.0.0.1", int(url.group(1))), timeout=30)
         with urllib.request.urlopen(url.group(0), timeout=30) as reply:  # queued behind the silent one
             assert parse(reply.read().decode())[("ftgov_up", frozenset())] == 1
@@ -130,13 +130,9 @@ def test_http_endpoint_frees_a_slot_a_trickling_connection_holds(start_daemon):
     long as it trickles: with every slot so held, any local user would stop the scrapes for good. The timeout bounds
     the whole exchange, so the next scrape is answered while the trickle goes on."""
     daemon = start_daemon()
-    proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "metrics", "--port", "0", "--socket", daemon.socket,
-                             "--max-connections", "1", "--timeout", "1"],
-                            env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    proc, url = serve_metrics(daemon, "--max-connections", "1", "--timeout", "1")
     stop = threading.Event()
     try:
-        url = re.search(r"http://127\.0\.0\.1:(\d+)/metrics", proc.stderr.readline())
-        assert url
         slow = socket.create_connection(("127.0.0.1", int(url.group(1))), timeout=30)
 
         def trickle() -> None:  # a byte of a request line that never ends, every tenth of the timeout
