@@ -214,7 +214,10 @@ def test_ftgov_restore_after_a_crash_restores_even_when_the_config_went_bad_mean
     d = start_daemon(config={"restore_on_stop": False})
     worker = _worker()
     try:
-        d.client().call("register", pid=worker.pid, **FEATURES)
+        # Held open: a client dropped at once ends the job, and the kill then lands in the daemon's unpin (a fake
+        # tree's attribute, unlike sysfs's, is empty between the write's truncation and its bytes).
+        c = d.client()
+        c.call("register", pid=worker.pid, **FEATURES)
         d.stop(signal.SIGKILL)
         d.config_path.write_text(d.config_path.read_text() + "limits:\n  max_jobs: 0\n")
         out = _ftgov("restore", "--on-stop", "--config", str(d.config_path), "--state-dir", str(d.state_dir),
