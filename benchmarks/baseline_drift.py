@@ -199,8 +199,8 @@ def main(argv: list[str] | None = None) -> None:
               f"run's step CV would make it in {over} of {len(rows)} runs: the steps correlate and drift, which "
               "the intervals between reports do not show. The window rule's steps' term is that of independent "
               "steps at the steps' time scatter (governor.policy.windows.window_noise_rel); read off their energy "
-              "instead it would state less than these windows really scatter (an experiment, branch "
-              "exp/energy-scatter: the rule's windows on updates on bert-large's 2,000 steps shortened from 2.8 to "
+              "instead it would state less than these windows really scatter (an experiment not kept "
+              "in the repository: the rule's windows on updates on bert-large's 2,000 steps shortened from 2.8 to "
               "1.3 s at the median, and successive ones on bert-large's 400 steps spread 3.2% where they had 2.1%, on "
               "bert-small's 2,000 3.6%, over issue 23's 3.5%)."]
     publish("baseline-drift", "\n".join(lines) + "\n", doc=not args.no_doc)

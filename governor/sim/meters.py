@@ -27,7 +27,7 @@ counter's updates J/step scattered 0.32-0.81 times s/step on the eleven H200 run
 the GPU waiting on the host, at low power), but its windows scattered as much as the model's or more, the steps
 correlating and drifting (docs/benchmarks.md, "baseline-drift"). The model keeps the two errors, which cancel at a
 window's length; a step's energy at half the elasticity, its steps still independent, made the simulated 1-s windows
-scatter 1.3-2.2% where the real ones scatter 3.2-4.6% (branch exp/energy-scatter).
+scatter 1.3-2.2% where the real ones scatter 3.2-4.6% (an experiment of 2026-12, not kept).
 ReplaySteps (``nvml-replay``) replays the real runs' own steps instead: each simulated step takes the time and energy
 of the next step of a real trace (StepSequence), relative to that run's means, so windows see the real drift and
 correlation at any level's step time and power.
