@@ -83,8 +83,9 @@ def format_status(status: dict) -> str:
     for hold in status.get("holds") or []:  # a Slurm job's GPUs held from its prolog to its epilog (docs/slurm.md)
         gpus = ", ".join(f"{gid} {mhz(g.get('freq_hz'))}" + (" (joined)" if g.get("joined") else "")
                          for gid, g in (hold.get("gpus") or {}).items())
-        lines.append(f"  Slurm job {hold.get('slurm_job_id')} (uid {hold.get('uid')}): {hold.get('policy')} on GPU "
-                     f"{gpus}, held {_duration(hold.get('duration_s'))}")
+        whose = ("another user's Slurm job" if hold.get("redacted") else
+                 f"Slurm job {hold.get('slurm_job_id')} (uid {hold.get('uid')})")
+        lines.append(f"  {whose}: {hold.get('policy')} on GPU {gpus}, held {_duration(hold.get('duration_s'))}")
     if jobs:
         rows = [("JOB", "NAME", "PID", "GPU", "POLICY", "FREQ", "STEPS", "PHASE", "TIME", "ENERGY")]
         for j in jobs:

@@ -29,7 +29,7 @@ from governor.daemon.jobs import STATE_ENERGY_AGE_S
 from governor.errors import BackendError, FtgovError
 from governor.policy import Decision, PolicyName
 from governor.store.measurements import SchedulerJobRecord
-from governor.store.state import SchedulerHold
+from governor.store.state import MAX_JOINED, SchedulerHold
 from governor.units import mhz, rounded
 
 if TYPE_CHECKING:
@@ -266,6 +266,8 @@ class SchedulerHolds:
             return None, f"Slurm job {slurm_job_id} is uid {hold.uid}'s, not uid {uid}'s"
         if gpu_id not in hold.gpus:
             return None, f"GPU {gpu_id} is not one of Slurm job {slurm_job_id}'s ({', '.join(hold.gpus)})"
+        if sum(job_id in self.pins.jobs for job_id in hold.joined) >= MAX_JOINED:
+            return None, f"Slurm job {slurm_job_id} already has {MAX_JOINED} registrations joined"
         return hold, ""
 
     @staticmethod
@@ -277,6 +279,11 @@ class SchedulerHolds:
 
     def join(self, hold: Hold, job: ActiveJob) -> None:
         hold.joined.add(job.job_id)
+        if len(hold.joined) > MAX_JOINED:
+            # The state file keeps at most MAX_JOINED a hold, and its reader refuses the whole file past that: a job's
+            # user registering short jobs in a loop would lose the hold and the baseline at the next restart. The
+            # oldest ended job's id goes (joinable keeps the live ones under the bound; their savings are kept).
+            hold.joined.discard(min(j for j in hold.joined if j not in self.pins.jobs))
         log.info("%s joins the hold of %s on GPU %s", job.label(), hold.label(), job.gpu_id,
                  extra={**job.fields(), "SLURM_JOB_ID": hold.slurm_job_id})
 

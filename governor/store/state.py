@@ -44,6 +44,8 @@ FORMAT = "ftgov-state/1"
 # A state file of the default limits (64 jobs) is about 50 KB; 65536 jobs of long names would be ~50 MB. Past this the
 # file is not ours: it is set aside unread, never loaded whole into memory.
 MAX_STATE_BYTES = 64 * 1024 * 1024
+# The ids of the registrations that joined one scheduler hold, at most: the daemon keeps no more (SchedulerHolds.join).
+MAX_JOINED = 1024
 
 
 def boot_id(root: Root) -> str:
@@ -124,7 +126,7 @@ class SchedulerHold:
     freq_hz: Annotated[dict[str, Annotated[int, Field(ge=1, le=MAX_HZ)] | None], Field(max_length=64)]
     energy_j: Annotated[dict[str, Annotated[float, Field(ge=0, le=1e15)]], Field(max_length=64)] = \
         field(default_factory=dict)
-    joined: Annotated[list[Annotated[int, Field(ge=1, le=1 << 53)]], Field(max_length=1024)] = \
+    joined: Annotated[list[Annotated[int, Field(ge=1, le=1 << 53)]], Field(max_length=MAX_JOINED)] = \
         field(default_factory=list)
     started_at: Annotated[float, Field(ge=0, le=1e11)]
 

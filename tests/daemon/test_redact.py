@@ -91,3 +91,32 @@ def test_a_store_left_readable_by_others_is_narrowed(orin, start_daemon, tmp_pat
             os.chmod(f"{path}{suffix}", 0o666)
     start_daemon(config={"store": {"path": str(path)}})
     assert set(_modes(path).values()) == {0o640}  # group-readable at most (0640 root:ftgov), never others'
+
+
+_STATUS = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(sys.argv[1])
+s.sendall(b'{"jsonrpc": "2.0", "id": 1, "method": "status"}\\n')
+print(s.makefile().readline(), end="", flush=True)
+"""
+
+
+def test_a_member_sees_others_slurm_holds_without_their_user_or_jobs(orin, start_daemon, member):
+    """A Slurm hold said whose it was (uid) and which daemon jobs joined it: with that, a member read the uid of the
+    jobs status redacts. Another user's hold shows only its policy, GPUs and duration."""
+    user, _uid = member
+    d = start_daemon()
+    open_to_members(d)
+    root = d.client()
+    root.call("slurm_hold", slurm_job_id=21, uid=0, policy="ffg", partition="lab")
+    job_id = root.call("register", slurm_job_id=21, name="/root/secret-model-path", **FEATURES)["job_id"]
+    proc = run_as(user, _STATUS, d.socket)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    status = json.loads(out)["result"]
+    assert [(j["job_id"], j["redacted"]) for j in status["jobs"]] == [(job_id, True)]
+    (hold,) = status["holds"]
+    assert hold["redacted"] and hold["policy"] == "ffg" and hold["gpus"]["0"]["joined"] is True
+    for hidden in ("uid", "joined", "slurm_job_id", "partition"):
+        assert hidden not in hold, hold
+    assert root.call("status")["holds"][0]["joined"] == [job_id]  # root sees it whole

@@ -247,3 +247,27 @@ def test_where_nvml_reports_no_device_file_slurms_number_is_taken_as_the_index(n
     d, _calls = nvml_daemon(gpus=({"minor_number": -1}, {"minor_number": -1}))  # GetMinorNumber: NOT_SUPPORTED
     held = d.client().call("slurm_hold", slurm_job_id=18, uid=1000, policy="ffg", gpus=[1])
     assert set(held["gpus"]) == {"1"}
+
+
+def test_a_hold_joined_by_many_short_jobs_is_kept_across_a_restart(orin, start_daemon):
+    """A hold keeps the ids of the registrations that joined it, and the state file keeps them; its reader takes at
+    most 1024 a hold. The job's user, registering and ending short jobs inside its batch job (at the default 2 a
+    second, under nine minutes), grew the list past that: at the next restart the state file was refused whole and
+    set aside, the hold and the baseline with it, and the GPU stayed at the hold's pin."""
+    d = start_daemon(config={"ffg_freq_hz": 612000000})
+    c = d.client()
+    c.call("slurm_hold", slurm_job_id=19, uid=0, policy="ffg")
+    for _ in range(1030):
+        job_id = c.call("register", slurm_job_id=19, **FEATURES)["job_id"]
+        c.call("unregister", job_id=job_id)
+    live = c.call("register", slurm_job_id=19, **FEATURES)["job_id"]
+    assert live in c.call("status")["holds"][0]["joined"]
+    d.stop()  # the hold stays on file (and the GPU at its baseline while no daemon runs)
+    d2 = start_daemon(workdir=d.workdir, notify_name="n2.sock", config={"ffg_freq_hz": 612000000})
+    assert "invalid" not in d2.log()
+    c = d2.client()
+    assert [h["slurm_job_id"] for h in c.call("status")["holds"]] == [19]
+    assert limits(orin) == (612000000, 612000000)
+    out = c.call("slurm_release", slurm_job_id=19)
+    assert len(out["joined"]) <= 1024 and live in out["joined"]
+    assert limits(orin) == BASELINE
