@@ -151,7 +151,9 @@ class DevfreqGpu(GpuBase):
         load_pct = None
         if self.load_path is not None:
             try:
-                load_pct = read_int(self.load_path) / 10.0  # per-mille
+                # Per-mille. Clamped: a value past 1000 (none seen on a board) would otherwise reach a job's gpu_util
+                # and make the daemon's saved state fail its own check at the next start.
+                load_pct = min(max(read_int(self.load_path) / 10.0, 0.0), 100.0)
             except BackendError:
                 load_pct = None
         return Reading(limits.min_hz, limits.max_hz, cur_hz, load_pct)

@@ -24,6 +24,14 @@ def test_discovers_gpu_node_and_skips_other_devfreq_nodes(tmp_path, layout, node
     assert gpu.read().load_pct == 0.0
 
 
+@pytest.mark.parametrize("raw,pct", [("1000", 100.0), ("1500", 100.0), ("-3", 0.0), ("437", 43.7)])
+def test_load_is_read_as_a_percentage_within_its_bounds(tmp_path, raw, pct):
+    root = tree.build(tmp_path, "jp6")
+    (gpu,) = devfreq.probe(root)
+    gpu.load_path.write_text(raw + "\n")
+    assert gpu.read().load_pct == pct
+
+
 def test_discovery_follows_absolute_links_under_the_root(tmp_path):
     root = tree.build(tmp_path, "jp6")
     link = tmp_path / "sys/class/devfreq/17000000.gpu"
