@@ -81,6 +81,37 @@ class HeldGpu:
             return None
 
 
+class PooledSaving:
+    """The joined jobs' measured savings as one figure, weighted by the steps each measured, kept as running sums: a
+    hold may outlive any number of short joined jobs, so it keeps no list of them."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.pct_steps = 0.0  # sum of saved_pct * measured_steps
+        self.err_steps_sq = 0.0  # sum of (saved_pct_err * measured_steps) ** 2
+        self.err_known = True  # every saving counted so far stated its error
+
+    def add(self, saving: dict) -> None:
+        n = saving.get("measured_steps")
+        if saving.get("saved_pct") is None or not n:
+            return
+        self.steps += n
+        self.pct_steps += saving["saved_pct"] * n
+        err = saving.get("saved_pct_err")
+        if err is None:
+            self.err_known = False
+        else:
+            self.err_steps_sq += (err * n) ** 2
+
+    def summary(self) -> dict:
+        """saved_pct and saved_pct_err over what was added (None: none measured; the error None if one had none)."""
+        if not self.steps:
+            return {"saved_pct": None, "saved_pct_err": None}
+        err = self.err_steps_sq ** 0.5 / self.steps if self.err_known else None
+        return {"saved_pct": rounded(self.pct_steps / self.steps, 2),
+                "saved_pct_err": None if err is None else rounded(err, 2)}
+
+
 @dataclass
 class Hold:
     slurm_job_id: int
@@ -91,7 +122,7 @@ class Hold:
     started_s: float = field(default_factory=time.monotonic)
     started_at: float = field(default_factory=time.time)
     joined: set[int] = field(default_factory=set)  # daemon job ids of registrations from inside the job
-    savings: list[dict] = field(default_factory=list)  # the measured savings of joined jobs that have ended
+    savings: PooledSaving = field(default_factory=PooledSaving)  # the measured savings of joined jobs that ended
 
     def label(self) -> str:
         return f"Slurm job {self.slurm_job_id}"
@@ -228,7 +259,7 @@ class SchedulerHolds:
         duration_s = time.monotonic() - hold.started_s
         known = [e for e in energy.values() if e is not None]
         energy_j = sum(known) if known and len(known) == len(energy) else None
-        saving = combined_saving(hold.savings)
+        saving = hold.savings.summary()
         gpus = {gid: {"freq_hz": g.decision.freq_hz, "energy_j": energy[gid],
                       "pinned_hz_after": self.pins.gpus[gid].pinned_hz,
                       "restore_failed": self.pins.gpus[gid].restore_failed} for gid, g in hold.gpus.items()}
@@ -292,7 +323,7 @@ class SchedulerHolds:
         its GPU is back (the pin controller applies after the end)."""
         for hold in self._holds.values():
             if ended.job.job_id in hold.joined and ended.saving is not None:
-                hold.savings.append(ended.saving)
+                hold.savings.add(ended.saving)
 
     # ---- restart ----------------------------------------------------------------------------------------------------
     def adopt(self, records: list[SchedulerHold]) -> None:
@@ -315,17 +346,3 @@ class SchedulerHolds:
         return {"slurm_job_id": hold.slurm_job_id, "policy": hold.policy,
                 "gpus": {gid: {"freq_hz": g.decision.freq_hz, "reason": g.decision.reason}
                          for gid, g in hold.gpus.items()}}
-
-
-def combined_saving(savings: list[dict]) -> dict:
-    """The joined jobs' measured savings as one figure, weighted by the steps each measured (None: none measured)."""
-    weighted = [(s["saved_pct"], s.get("saved_pct_err"), s["measured_steps"]) for s in savings
-                if s.get("saved_pct") is not None and s.get("measured_steps")]
-    if not weighted:
-        return {"saved_pct": None, "saved_pct_err": None}
-    steps = sum(n for _p, _e, n in weighted)
-    pct = sum(p * n for p, _e, n in weighted) / steps
-    errs = [e for _p, e, _n in weighted if e is not None]
-    err = (sum((e * n) ** 2 for _p, e, n in weighted if e is not None) ** 0.5 / steps) if len(errs) == len(weighted) \
-        else None
-    return {"saved_pct": rounded(pct, 2), "saved_pct_err": None if err is None else rounded(err, 2)}
