@@ -205,6 +205,7 @@ class TunedJob:
     baseline_steps: int = 0  # with a SavingRun: the steps run before the search (the first, the baseline window's)
     steps_at_hz: dict[int, int] = field(default_factory=dict)  # level -> steps run there before the tuner converged
     windows: list[Measurement] = field(default_factory=list)  # every window the tuner was given, in order
+    window_at_steps: list[int] = field(default_factory=list)  # the job's step as each window closed
     windows_by_phase: dict[str, int] = field(default_factory=dict)  # the tuner's phase when it asked for each window
     measured_energy_j: float = 0.0  # what the meter read over the steps run
     measured_time_s: float = 0.0
@@ -351,6 +352,7 @@ def run_tuned_job(board: Board, start_hz: int, job_steps: int, *, meter: str = "
         if m is None:
             continue
         job.windows.append(m)
+        job.window_at_steps.append(run.steps_run)
         job.windows_by_phase[phase] = job.windows_by_phase.get(phase, 0) + 1
         watched = watched + 1 if session.converged and not online.confirming else 0
         if job.measured is not None:
