@@ -1,4 +1,4 @@
-"""Experiment (branch exp/saving-estimator): the measured saving's error on saving_dump's jobs, decomposed, and
+"""Experiment (docs/exp-saving-estimator.md): the measured saving's error on saving_dump's jobs, decomposed, and
 alternative estimators of it evaluated on the very same jobs.
 
     python -m benchmarks.saving_analyse /tmp/dump.jsonl
@@ -23,7 +23,8 @@ def load(path):
 def summary(errs, sds=None):
     """mean abs / p99 abs (points), within 1 and 2 s.d. where given."""
     a = [100 * abs(e) for e in errs]
-    out = f"{statistics.mean(a):.2f} / {percentile(a, 99):.2f} (rms {100 * math.sqrt(statistics.mean(e * e for e in errs)):.2f})"
+    rms = 100 * math.sqrt(statistics.mean(e * e for e in errs))
+    out = f"{statistics.mean(a):.2f} / {percentile(a, 99):.2f} (rms {rms:.2f})"
     if sds is not None:
         w1 = sum(abs(e) <= s for e, s in zip(errs, sds, strict=True)) / len(errs)
         w2 = sum(abs(e) <= 2 * s for e, s in zip(errs, sds, strict=True)) / len(errs)
@@ -33,7 +34,8 @@ def summary(errs, sds=None):
 
 def rel_summary(xs):
     a = [100 * abs(x) for x in xs]
-    return f"rms {100 * math.sqrt(statistics.mean(x * x for x in xs)):.2f}%, p99 {percentile(a, 99):.2f}%, mean {100 * statistics.mean(xs):+.2f}%"
+    rms = 100 * math.sqrt(statistics.mean(x * x for x in xs))
+    return f"rms {rms:.2f}%, p99 {percentile(a, 99):.2f}%, mean {100 * statistics.mean(xs):+.2f}%"
 
 
 def tuned_side(job):
@@ -100,16 +102,18 @@ def report_decomposition(jobs, label):
     print("  baseline's time alone (its W exact):", summary(r["err_base_t_only"]))
     for k in ("base_J", "base_t", "base_P", "tuned_J", "tuned_t", "tuned_P"):
         print(f"  {k:8s} rel error: {rel_summary(r[k])}")
-    print(f"  stated rel s.d.: baseline rms {100 * math.sqrt(statistics.mean(x * x for x in r['base_rel_stated'])):.2f}%, "
-          f"tuned rms {100 * math.sqrt(statistics.mean(x * x for x in r['tuned_rel_stated'])):.2f}%; "
-          f"steps median baseline {statistics.median(r['base_steps']):.0f}, tuned {statistics.median(r['tuned_steps']):.0f}")
+    base_rms = 100 * math.sqrt(statistics.mean(x * x for x in r['base_rel_stated']))
+    tuned_rms = 100 * math.sqrt(statistics.mean(x * x for x in r['tuned_rel_stated']))
+    print(f"  stated rel s.d.: baseline rms {base_rms:.2f}%, tuned rms {tuned_rms:.2f}%; steps median baseline "
+          f"{statistics.median(r['base_steps']):.0f}, tuned {statistics.median(r['tuned_steps']):.0f}")
     # the worst jobs
     order = sorted(range(len(r["err"])), key=lambda k: -abs(r["err"][k]))[:6]
     js = [j for j in jobs if j["saving"] is not None]
     for k in order:
         j = js[k]
         print(f"    worst: {j['name']} seed {j['seed']}: err {100 * r['err'][k]:+.2f} (sd {100 * r['sd'][k]:.2f}), "
-              f"base_J {100 * r['base_J'][k]:+.2f}% base_t {100 * r['base_t'][k]:+.2f}% base_P {100 * r['base_P'][k]:+.2f}%, "
+              f"base_J {100 * r['base_J'][k]:+.2f}% base_t {100 * r['base_t'][k]:+.2f}% "
+              f"base_P {100 * r['base_P'][k]:+.2f}%, "
               f"tuned_J {100 * r['tuned_J'][k]:+.2f}%, base steps {r['base_steps'][k]}, parts {len(j['parts'])}, "
               f"top step {j['t'][-1]:.3f} s")
     return r

@@ -1,4 +1,4 @@
-"""Experiment (branch exp/saving-estimator): run meter_saving's jobs and dump, per job, what a saving estimator could
+"""Experiment (docs/exp-saving-estimator.md): run meter_saving's jobs and dump, per job, what a saving estimator could
 use (the baseline's parts, the stretches at the pick with their marks, the search's windows, the curve's truth), as
 JSON lines, so that estimators are compared offline on the very same jobs.
 
