@@ -11,7 +11,7 @@ can find one, and an index is only as right as those assumptions.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 from governor.errors import BackendError
 
@@ -33,16 +33,51 @@ def _here(gpus: Sequence[Any]) -> str:
     return f"the GPUs here are {_names(gpus)}"
 
 
-def find_by_device_file(gpus: Sequence[Any], number: int):
-    """The device among ``gpus`` whose device file is /dev/nvidia``number`` (its ``device_minor``): how Slurm's GRES
-    numbers GPUs (gres.conf's File=, SLURM_JOB_GPUS). Where no GPU reports its device file (a Jetson), the index."""
-    if all(g.device_minor is None for g in gpus):
+# How Slurm's GPU numbers (SLURM_JOB_GPUS, the prolog's CUDA_VISIBLE_DEVICES) name this node's GPUs: "index", in
+# NVML's order; "device_file", in the order of their device files /dev/nvidiaN; "auto", where both orders agree.
+SlurmNumbering = Literal["auto", "index", "device_file"]
+SLURM_NUMBERINGS: tuple[str, ...] = get_args(SlurmNumbering)
+
+
+def find_slurm_gpu(gpus: Sequence[Any], number: int, numbering: str = "auto"):
+    """The device among ``gpus`` that Slurm's GPU ``number`` names on this node.
+
+    Slurm's number is its own GRES index: the GPU's place in slurmd's list of the node's GPUs (Slurm 22.05 gives the
+    prolog 0 for a node's first GPU whose device file is /dev/nvidia1: tests/slurm). That list is in the order of
+    the device files where gres.conf lists them (File=/dev/nvidia[0-7]), and in NVML's where Slurm's AutoDetect=nvml
+    orders it so (gres_gpu.c, in the releases that sort by NVML's enumeration; unverified on a node). The two orders
+    agree on most nodes; where they do not (PrincetonUniversity/jobstats#34: /dev/nvidia0 was nvidia-smi's GPU 6),
+    "auto" takes neither: pinning another job's GPU is worse than pinning none, and the error says which setting
+    decides. "device_file" counts the node's GPUs by device file, so it assumes gres.conf lists all of them. Where
+    no GPU reports a device file (a Jetson), NVML's (the backend's) index.
+    """
+    if numbering not in SLURM_NUMBERINGS:
+        raise GpuNotFound(f"gpu_numbering {numbering!r} is none of {', '.join(SLURM_NUMBERINGS)}")
+    if numbering == "index" or any(g.device_minor is None for g in gpus):
         return find_gpu(gpus, number)
-    for gpu in gpus:
-        if gpu.device_minor == number:
-            return gpu
-    files = ", ".join(f"{g.id} (/dev/nvidia{g.device_minor})" for g in gpus if g.device_minor is not None)
-    raise GpuNotFound(f"no GPU is /dev/nvidia{number}: the GPUs here are {files}")
+    by_file = sorted(gpus, key=lambda g: g.device_minor)
+    in_file_order = by_file[number] if 0 <= number < len(by_file) else None
+    if numbering == "device_file":
+        if in_file_order is None:
+            raise GpuNotFound(f"Slurm's GPU {number} is not here: the GPUs here, by device file, are {_files(by_file)}")
+        return in_file_order
+    in_index_order = next((g for g in gpus if g.id == str(number)), None)
+    if in_file_order is not None and in_file_order is in_index_order:
+        return in_file_order
+    if in_file_order is None and in_index_order is None:
+        raise GpuNotFound(f"Slurm's GPU {number} is not here: the GPUs here are {_files(by_file)}")
+    raise GpuNotFound(f"Slurm's GPU {number} is ambiguous on this node: in NVML's order it is "
+                      f"{_file(in_index_order)}, in the device files' {_file(in_file_order)}; set gpu_numbering in the "
+                      "prolog's slurm.yaml to index (Slurm orders GPUs as NVML does) or device_file (as their device "
+                      "files): see docs/slurm.md")
+
+
+def _file(gpu) -> str:
+    return "no GPU" if gpu is None else f"NVML's GPU {gpu.id} (/dev/nvidia{gpu.device_minor})"
+
+
+def _files(gpus: Sequence[Any]) -> str:
+    return ", ".join(f"{g.id} (/dev/nvidia{g.device_minor})" for g in gpus)
 
 
 def find_gpu(gpus: Sequence[Any], key: str | int | None):

@@ -23,6 +23,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from governor import yamlfile
+from governor.backends.gpuid import SlurmNumbering
 from governor.errors import ConfigError, FtgovError
 from governor.units import figure
 
@@ -47,6 +48,9 @@ class SlurmConfig(BaseModel):
     timeout_s: float = Field(default=10.0, gt=0, le=120)  # each call to the daemon, scontrol and squeue
     socket: str | None = None  # default: $FTGOV_SOCKET, else /run/ftgov/ftgov.sock
     sweep_stale: bool = True  # the prolog releases holds of jobs Slurm no longer runs (a lost epilog)
+    # How Slurm numbers this node's GPUs, where its numbers and NVML's differ (docs/slurm.md): index (as NVML does),
+    # device_file (as /dev/nvidiaN), or auto (only numbers that name the same GPU either way; the others hold nothing)
+    gpu_numbering: SlurmNumbering = "auto"
 
 
 def load_slurm_config(path: str, *, must_exist: bool) -> SlurmConfig:
@@ -88,21 +92,29 @@ def choose_policy(config: SlurmConfig, partition: str | None, comment: str | Non
 
 
 def job_gpus(env: dict[str, str]) -> list[str | int] | None:
-    """The job's GPUs on this node as slurm_hold's ``gpus``: SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES, else
-    GPU_DEVICE_ORDINAL, each the numbers of the GPUs' device files (/dev/nvidiaN; ftgovd maps them, as they need not
-    be NVML's indexes); None when Slurm names none (a node without GRES, a Jetson)."""
+    """The job's GPUs on this node as slurm_hold's ``gpus``: the UUIDs of the prolog's CUDA_VISIBLE_DEVICES where
+    Slurm gives them (a gres.conf UniqueId, Flags=env_uuid), else the numbers of SLURM_JOB_GPUS, else of
+    CUDA_VISIBLE_DEVICES, else of GPU_DEVICE_ORDINAL (Slurm's own numbers: ftgovd maps them by gpu_numbering); None
+    when Slurm names none (a node without GRES, a Jetson)."""
+    named = {name: _keys(env[name]) for name in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS", "GPU_DEVICE_ORDINAL")
+             if name in env}
+    uuids = named.get("CUDA_VISIBLE_DEVICES")
+    if uuids and all(isinstance(k, str) for k in uuids):
+        return uuids
     for name in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"):
-        value = env.get(name)
-        if value is None:
-            continue
-        keys: list[str | int] = []
-        for entry in (e.strip() for e in value.split(",")):
-            if entry.isascii() and entry.isdigit():
-                keys.append(int(entry))
-            elif entry.upper().startswith(("GPU-", "MIG-")):
-                keys.append(entry)
-        return keys
+        if name in named:
+            return named[name]
     return None
+
+
+def _keys(value: str) -> list[str | int]:
+    keys: list[str | int] = []
+    for entry in (e.strip() for e in value.split(",")):
+        if entry.isascii() and entry.isdigit():
+            keys.append(int(entry))
+        elif entry.upper().startswith(("GPU-", "MIG-")):
+            keys.append(entry)
+    return keys
 
 
 # slurmd gives the prolog and the epilog a bare environment: PATH may be unset or not name Slurm's commands.
@@ -145,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
         gpus = job_gpus(env)
         named = ("none named by Slurm (a Jetson's GPU is held; elsewhere none)" if gpus is None
                  else ", ".join(str(g) for g in gpus) or "an empty list")
-        info(f"config OK; a job here gets {policy} (from {source}); GPUs: {named}")
+        info(f"config OK; a job here gets {policy} (from {source}); GPUs: {named} (read by gpu_numbering "
+             f"{config.gpu_numbering})")
         return 0
     try:
         config = load_slurm_config(args.config or DEFAULT_SLURM_CONFIG, must_exist=args.config is not None)
@@ -214,7 +227,7 @@ def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
         policy, source = choose_policy(config, partition, comment)
         uid = env.get("SLURM_JOB_UID", "")
         reply = conn.call("slurm_hold", slurm_job_id=job_id, uid=int(uid) if uid.isdigit() else 0, policy=policy,
-                          gpus=job_gpus(env), partition=partition)
+                          gpus=job_gpus(env), partition=partition, gpu_numbering=config.gpu_numbering)
     held = reply.get("gpus") or {}
     if not held:
         info(f"job {job_id}: nothing held ({reply.get('why', 'no GPU')})")
@@ -256,7 +269,8 @@ def admin_comment_entry(out: dict, node: str) -> str:
     if out.get("saved_pct") is not None:
         err = out.get("saved_pct_err")
         parts.append(f"saved_pct={figure(out['saved_pct'], 'g')}" + ("" if err is None else f"+-{err:g}"))
-    parts += [f"policy={out.get('policy')}", f"gpus={'+'.join(out.get('gpus') or {})}"]
+    gpus = sorted(out.get("gpus") or {}, key=lambda gid: (len(gid), gid))  # NVML's indexes in order, as nvidia-smi's
+    parts += [f"policy={out.get('policy')}", f"gpus={'+'.join(gpus)}"]
     return f"ftgov@{node}:" + ",".join(parts)
 
 

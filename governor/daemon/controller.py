@@ -62,8 +62,10 @@ class HeldGpus(Protocol):
 
 class Joins(Protocol):
     """What the controller asks of a registration's joins (governor.daemon.joins.Joins): whether it may join what it
-    names (a Joining: its ``policy`` and ``reply``), to join once admitted, to leave when its first pin failed."""
+    names (a Joining: its ``policy`` and ``reply``), to join once admitted, to leave when its first pin failed; and
+    the GPU a registration inside a one-GPU Slurm job names by a number (None: found as any job's)."""
 
+    def gpu_of(self, reg: Registration) -> str | None: ...
     def check(self, reg: Registration, gpu_id: str, policy: PolicyName | None, observe_only: bool) -> Any: ...
     def join(self, joining: Any, gov: Controller, job: ActiveJob) -> None: ...
     def failed(self, joining: Any, job: ActiveJob) -> None: ...
@@ -179,9 +181,9 @@ class Controller:
         observe_only = self.settings.policy.name is PolicyName.OBSERVE
         if reg.tune and observe_only:
             raise Refused("tune", "this daemon runs the observe policy and pins nothing")
-        gpu_id = self.find_gpu(reg.gpu)
-        policy = PolicyName.TUNE if reg.tune else None
         joins = self.joins
+        gpu_id = (joins.gpu_of(reg) if joins is not None else None) or self.find_gpu(reg.gpu)
+        policy = PolicyName.TUNE if reg.tune else None
         joining = joins.check(reg, gpu_id, policy, observe_only) if joins is not None else None
         job = self._admit(pid=process.pid, start_ticks=process.start_ticks, uid=reg.uid, name=reg.name,
                           gpu_id=gpu_id, features=reg.features, policy=joining.policy if joining else policy,

@@ -34,6 +34,10 @@ class Joins:
         self.scheduler = scheduler
         self.groups = groups
 
+    def gpu_of(self, reg: Registration) -> str | None:
+        """The GPU of a registration inside a one-GPU Slurm job that names it by a number (SchedulerHolds.only_gpu)."""
+        return self.scheduler.only_gpu(reg.slurm_job_id, reg.uid, reg.gpu)
+
     def check(self, reg: Registration, gpu_id: str, policy: PolicyName | None, observe_only: bool) -> Joining:
         """The joins ``reg`` makes on GPU ``gpu_id``: a hold it cannot join is said in the reply (the job then runs as
         one of its own, under ``policy``); a group it cannot join is refused (GroupRefused). A joined hold's policy

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from governor.backends.gpuid import SlurmNumbering
 from governor.errors import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
 from governor.features import MAX_SEQ_LEN, MIN_SEQ_LEN, Features, finite_number
 from governor.text import MAX_NAME_CHARS, unprintable_at
@@ -149,8 +150,10 @@ class SlurmHoldParams(_Params):
     slurm_job_id: int = Field(ge=1, le=1 << 53)
     uid: int = Field(ge=0, le=(1 << 32) - 1)  # the job's user (SLURM_JOB_UID): who may join the hold from inside
     policy: Literal["tune", "mlg", "ffg", "off"]
-    # Slurm's numbers (the device files', /dev/nvidiaN; not NVML's indexes) or UUIDs; None: the one integrated GPU
+    # Slurm's numbers (read by gpu_numbering: governor.backends.gpuid.find_slurm_gpu) or UUIDs; None: the one
+    # integrated GPU
     gpus: list[str | int] | None = Field(default=None, max_length=64)
+    gpu_numbering: SlurmNumbering = "auto"
     partition: str | None = Field(default=None, max_length=128)
 
     @field_validator("gpus", mode="before")

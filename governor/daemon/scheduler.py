@@ -182,17 +182,17 @@ class SchedulerHolds:
 
     # ---- hold and release -------------------------------------------------------------------------------------------
     def hold(self, *, slurm_job_id: int, uid: int, partition: str | None, policy: str,
-             gpus: list[str | int] | None) -> dict:
-        """Hold the job's GPUs (``gpus``: Slurm's numbers, those of the device files /dev/nvidiaN, or UUIDs; None:
-        the node's one integrated GPU, as on a Jetson where Slurm knows no GRES) under ``policy``. A second hold for
-        the same job (a prolog run again) answers the first. FtgovError when a GPU is unknown or a pin fails (nothing
-        is held then)."""
+             gpus: list[str | int] | None, gpu_numbering: str = "auto") -> dict:
+        """Hold the job's GPUs (``gpus``: Slurm's numbers, read by ``gpu_numbering`` (gpuid.find_slurm_gpu), or
+        UUIDs; None: the node's one integrated GPU, as on a Jetson where Slurm knows no GRES) under ``policy``. A
+        second hold for the same job (a prolog run again) answers the first. FtgovError when a GPU is unknown or
+        ambiguous, or a pin fails (nothing is held then)."""
         if policy not in POLICIES:
             raise FtgovError(f"policy: {policy!r} is none of {', '.join(POLICIES)}")
         existing = self._holds.get(slurm_job_id)
         if existing is not None:
             return {**self._describe_one(existing), "already_held": True}
-        gpu_ids = self._gpu_ids(gpus)
+        gpu_ids = self._gpu_ids(gpus, gpu_numbering)
         if not gpu_ids:
             why = ("the job was given no GPU" if gpus is not None else
                    "no GPU named and this node's GPUs are not one integrated GPU: name them (SLURM_JOB_GPUS)")
@@ -215,7 +215,7 @@ class SchedulerHolds:
             raise
         return self._describe_one(hold)
 
-    def _gpu_ids(self, gpus: list[str | int] | None) -> list[str]:
+    def _gpu_ids(self, gpus: list[str | int] | None, numbering: str) -> list[str]:
         if gpus is None:
             only = list(self.pins.gpus.values())
             if len(only) == 1 and only[0].gpu.describe().get("backend") == "devfreq":
@@ -224,8 +224,9 @@ class SchedulerHolds:
         ids: list[str] = []
         backends = [c.gpu for c in self.pins.gpus.values()]
         for key in gpus:
-            # Slurm's numbers are device files' (/dev/nvidiaN), not NVML's indexes: the two differ on some hosts.
-            gid = gpuid.find_by_device_file(backends, key).id if isinstance(key, int) else self.pins.find_gpu(key)
+            # Slurm's numbers are NVML's indexes on some nodes, device files' (/dev/nvidiaN) on others.
+            gid = (gpuid.find_slurm_gpu(backends, key, numbering).id if isinstance(key, int) else
+                   self.pins.find_gpu(key))
             if gid not in ids:
                 ids.append(gid)
         return ids
@@ -288,6 +289,18 @@ class SchedulerHolds:
             saved_pct_err=out["saved_pct_err"], daemon_job_ids=json.dumps(out["joined"]), ended=why))
 
     # ---- registrations from inside the job --------------------------------------------------------------------------
+    def only_gpu(self, slurm_job_id: int | None, uid: int, gpu: str | int | None) -> str | None:
+        """The GPU of a registration from inside a Slurm job that was given one GPU, where the registration names
+        its GPU by no UUID: a number in the job's CUDA_VISIBLE_DEVICES is Slurm's own, or the job's cgroup's, not
+        NVML's index, and in a one-GPU job it can name only that GPU. None otherwise (the GPU is found as any
+        job's)."""
+        hold = self._holds.get(slurm_job_id) if slurm_job_id is not None else None
+        if hold is None or uid not in (0, hold.uid) or len(hold.gpus) != 1:
+            return None
+        if gpu is not None and not (isinstance(gpu, int) or (gpu.isascii() and gpu.isdigit())):
+            return None
+        return next(iter(hold.gpus))
+
     def joinable(self, slurm_job_id: int, uid: int, gpu_id: str) -> tuple[Hold | None, str]:
         """The hold a registration joins, or None and why not (it then registers as a job of its own)."""
         hold = self._holds.get(slurm_job_id)

@@ -18,6 +18,7 @@ from governor.cli.slurm import (
     merged_admin_comment,
     write_admin_comment,
 )
+from tests.daemon.test_slurm_hold import nvml_daemon  # noqa: F401 (a fixture)
 from tests.support.daemon import REPO, limits
 
 BASELINE = (306000000, 1300500000)
@@ -132,6 +133,26 @@ def test_job_gpus_from_slurms_environment():
     assert job_gpus({"CUDA_VISIBLE_DEVICES": "GPU-abc,3"}) == ["GPU-abc", 3]
     assert job_gpus({"SLURM_JOB_GPUS": ""}) == []
     assert job_gpus({}) is None
+    # UUIDs (a gres.conf UniqueId, Flags=env_uuid) name the GPUs whatever Slurm's numbering: they come first.
+    assert job_gpus({"SLURM_JOB_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "GPU-abc,GPU-def"}) == ["GPU-abc", "GPU-def"]
+
+
+def test_the_prolog_reads_slurms_numbers_as_its_config_says(nvml_daemon, tmp_path):  # noqa: F811
+    """NVML's GPU 0 is /dev/nvidia1 and its GPU 1 /dev/nvidia0: Slurm's 0 means either. The prolog holds nothing and
+    says which setting decides, then holds the GPU that setting names."""
+    d, _calls = nvml_daemon(gpus=({"minor_number": 1}, {"minor_number": 0}))
+    env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "43", "SLURM_JOB_UID": "0", "SLURM_JOB_GPUS": "0"}
+    out = slurm("prolog", env, "policy: ffg\ncomment_from_scontrol: false\n", tmp_path)
+    assert out.returncode == 0 and "ambiguous" in out.stderr and "gpu_numbering" in out.stderr, out
+    assert d.client().call("status")["holds"] == []
+    config = "policy: ffg\ncomment_from_scontrol: false\ngpu_numbering: device_file\n"
+    out = slurm("check", env, config, tmp_path)
+    assert out.returncode == 0 and "GPUs: 0 (read by gpu_numbering device_file)" in out.stdout, out
+    out = slurm("prolog", env, config, tmp_path)
+    assert out.returncode == 0 and "job 43: ffg (from the default) on GPU(s) 1 at" in out.stdout, out
+    assert slurm("epilog", env, config, tmp_path).returncode == 0
+    out = slurm("check", env, "gpu_numbering: pci\n", tmp_path)
+    assert out.returncode != 0 and "gpu_numbering" in out.stderr, out
 
 
 def test_admin_comment_keeps_other_nodes_entries():
@@ -141,6 +162,9 @@ def test_admin_comment_keeps_other_nodes_entries():
     merged = merged_admin_comment("ftgov@node2:energy_j=5.0,policy=tune,gpus=0;ftgov@node1:energy_j=1.0", entry)
     assert merged == f"ftgov@node2:energy_j=5.0,policy=tune,gpus=0;{entry}"
     assert merged_admin_comment("(null)", entry) == entry
+    # The hold's GPUs come in Slurm's order, which need not be NVML's; the comment gives NVML's numbers in order.
+    entry = admin_comment_entry({"energy_j": 1.0, "policy": "ffg", "gpus": {"10": {}, "2": {}, "1": {}}}, "n")
+    assert entry.endswith("gpus=1+2+10")
 
 
 

@@ -227,20 +227,63 @@ def test_a_joined_tuned_job_gives_the_hold_its_measured_saving(start_daemon):
     assert json.loads(rec.daemon_job_ids) == [res["job_id"]]
 
 
-def test_slurms_gpu_numbers_are_device_files_not_nvml_indexes(nvml_daemon):
-    """Slurm numbers a job's GPUs by their device files (/dev/nvidiaN, the driver's minor number: gres.conf's File=,
-    SLURM_JOB_GPUS, the prolog's CUDA_VISIBLE_DEVICES). NVML's index need not be that number (PrincetonUniversity/
-    jobstats#34: /dev/nvidia0 was nvidia-smi's GPU 6): the hold pinned NVML's GPU 0, another job's, for a job given
-    /dev/nvidia0 = NVML's GPU 1."""
-    d, calls = nvml_daemon(gpus=({"minor_number": 1}, {"minor_number": 0}))
+def test_a_slurm_number_that_names_two_gpus_holds_neither_unless_the_numbering_is_set(nvml_daemon):
+    """Slurm's number is its GRES index: the GPU's place among the device files where gres.conf lists them, in NVML's
+    order where AutoDetect=nvml orders them so (PrincetonUniversity/jobstats#34: /dev/nvidia0 was nvidia-smi's GPU 6).
+    Read only as device files, a hold pinned NVML's GPU 1 for a Slurm that meant NVML's GPU 0, another job's. Where
+    the two orders name different GPUs, nothing is held unless the prolog says which numbering applies."""
+    d, calls = nvml_daemon(gpus=({"minor_number": 1}, {"minor_number": 0}, {}))
     c = d.client()
-    held = c.call("slurm_hold", slurm_job_id=16, uid=1000, policy="ffg", gpus=[0])
-    assert set(held["gpus"]) == {"1"}  # NVML's GPU 1 is /dev/nvidia0
-    assert [g["pinned_hz"] is not None for g in c.call("status")["gpus"]] == [False, True]
-    err = c.request("slurm_hold", slurm_job_id=17, uid=1000, policy="ffg", gpus=[2])["error"]
-    assert "/dev/nvidia2" in err["message"], err  # no such device file: nothing held, and the prolog says why
-    c.call("slurm_release", slurm_job_id=16)
-    assert [g["pinned_hz"] for g in c.call("status")["gpus"]] == [None, None]
+    err = c.request("slurm_hold", slurm_job_id=16, uid=1000, policy="ffg", gpus=[0])["error"]
+    assert "ambiguous" in err["message"] and "gpu_numbering" in err["message"], err
+    assert ("in NVML's order it is NVML's GPU 0 (/dev/nvidia1), in the device files' NVML's GPU 1 (/dev/nvidia0)"
+            in err["message"]), err
+    assert [g["pinned_hz"] for g in c.call("status")["gpus"]] == [None, None, None] and c.call("status")["holds"] == []
+    held = c.call("slurm_hold", slurm_job_id=17, uid=1000, policy="ffg", gpus=[2])  # either order: NVML's GPU 2
+    assert set(held["gpus"]) == {"2"}
+    held = c.call("slurm_hold", slurm_job_id=18, uid=1000, policy="ffg", gpus=[0], gpu_numbering="device_file")
+    assert set(held["gpus"]) == {"1"}  # /dev/nvidia0 is NVML's GPU 1
+    c.call("slurm_release", slurm_job_id=18)
+    held = c.call("slurm_hold", slurm_job_id=19, uid=1000, policy="ffg", gpus=[0], gpu_numbering="index")
+    assert set(held["gpus"]) == {"0"}
+    assert [g["pinned_hz"] is not None for g in c.call("status")["gpus"]] == [True, False, True]
+    for numbering in ("auto", "device_file"):
+        err = c.request("slurm_hold", slurm_job_id=20, uid=1000, policy="ffg", gpus=[3], gpu_numbering=numbering)
+        assert "Slurm's GPU 3 is not here" in err["error"]["message"], err  # nothing held, and the prolog says why
+    err = c.request("slurm_hold", slurm_job_id=20, uid=1000, policy="ffg", gpus=[0], gpu_numbering="pci")["error"]
+    assert err["data"]["field"] == "gpu_numbering", err
+    for job in (17, 19):
+        c.call("slurm_release", slurm_job_id=job)
+    assert [g["pinned_hz"] for g in c.call("status")["gpus"]] == [None, None, None]
+
+
+def test_slurm_counts_device_files_in_order_not_by_their_numbers(nvml_daemon):
+    """A node whose GPUs are /dev/nvidia1 and /dev/nvidia2 (one fell off the bus, or a driver that began at 1): Slurm
+    22.05 gives the first one's prolog 0 (tests/slurm), its place among gres.conf's files. NVML's order is the same
+    here, so the number is not ambiguous."""
+    d, _calls = nvml_daemon(gpus=({"minor_number": 1}, {"minor_number": 2}))
+    c = d.client()
+    for job, numbering in enumerate(("auto", "device_file", "index"), start=30):
+        held = c.call("slurm_hold", slurm_job_id=job, uid=1000, policy="ffg", gpus=[0], gpu_numbering=numbering)
+        assert set(held["gpus"]) == {"0"}, numbering
+        c.call("slurm_release", slurm_job_id=job)
+
+
+def test_a_registration_inside_a_one_gpu_job_is_on_that_gpu_whatever_number_it_names(nvml_daemon):
+    """Inside a Slurm job CUDA_VISIBLE_DEVICES holds Slurm's number (or, under ConstrainDevices, the cgroup's 0), not
+    NVML's index: a client that knows no UUID (no CUDA in the process: `ftgov run`) names a number. In a job given
+    one GPU it can only mean that one: the registration joins the hold there, not NVML's GPU of that number."""
+    d, _calls = nvml_daemon(gpus=({"minor_number": 1}, {"minor_number": 0}))
+    c = d.client()
+    c.call("slurm_hold", slurm_job_id=21, uid=0, policy="ffg", gpus=[0], gpu_numbering="device_file")  # NVML's 1
+    res = c.call("register", slurm_job_id=21, gpu="0", **FEATURES)
+    assert res["slurm"]["joined"] and c.call("status")["jobs"][0]["gpu"] == "1", res
+    c.call("unregister", job_id=res["job_id"])
+    uuid0 = c.call("status")["gpus"][0]["uuid"]
+    res = c.call("register", slurm_job_id=21, gpu=uuid0, **FEATURES)  # a UUID is exact: NVML's 0, not the job's
+    assert not res["slurm"]["joined"] and c.call("status")["jobs"][0]["gpu"] == "0", res
+    c.call("unregister", job_id=res["job_id"])
+    c.call("slurm_release", slurm_job_id=21)
 
 
 def test_where_nvml_reports_no_device_file_slurms_number_is_taken_as_the_index(nvml_daemon):

@@ -2,7 +2,8 @@
 container, after `make install BACKEND=nvml`.
 
 Setup: ftgovd governs two fake NVML GPUs (tests/support/fakenvml, through a drop-in that puts it first on the
-daemon's PYTHONPATH), which slurmd offers as GRES gpu:2 (gres.conf File=/dev/nvidia[0-1]); munge, MariaDB, slurmdbd,
+daemon's PYTHONPATH) whose device files are /dev/nvidia2 and /dev/nvidia1 (NVML's order and the files' differ), which
+slurmd offers as GRES gpu:2 (gres.conf File=/dev/nvidia[1-2]); munge, MariaDB, slurmdbd,
 slurmctld and slurmd are Debian's, configured here as docs/slurm.md says. Jobs are submitted by an unprivileged user
 and wait on a FIFO, so a check decides when a job ends without sleeping. Where Slurm gives no event (a job's state),
 its state is read with squeue/sacct at a bounded pace. Standard library only (the container's python3).
@@ -29,6 +30,9 @@ CLUSTER = "ftgovci"
 CI_DIR = Path("/run/ftgov-ci")
 NVML_CALLS = CI_DIR / "nvml-calls.log"
 GATES = Path("/var/tmp/ftgov-gates")  # the jobs' FIFOs: /var/tmp, which slurmd's jobs and the checks both see
+# The fake GPUs' device files in NVML's order: NVML's GPU 0 is /dev/nvidia2, its GPU 1 /dev/nvidia1 (the two orders
+# differ, as on PrincetonUniversity/jobstats#34's nodes, and the files do not start at 0).
+DEVICE_MINORS = (2, 1)
 STATE_POLL_S = 0.2  # the pace at which a job's state is read where Slurm gives no event
 JOB_STATE_TIMEOUT_S = 60
 
@@ -128,6 +132,8 @@ ReadWritePaths={ci_dir}
 WRAPPER = """\
 #!/bin/sh
 # slurm.conf's Prolog=/Epilog= take a program, not a command line; slurmd discards its output: to the journal.
+# (CI only: the GPUs slurmd names to the prolog, for check_slurms_numbers_are_its_own_index.)
+[ {action} = prolog ] && echo "$SLURM_JOB_GPUS;$CUDA_VISIBLE_DEVICES" > /run/ftgov-ci/prolog-gpus.$SLURM_JOB_ID
 exec systemd-cat -t ftgov-slurm /usr/local/bin/ftgov slurm {action}
 """
 
@@ -163,7 +169,7 @@ def setup() -> None:
     hosts.write_text(f"127.0.0.1 localhost {host}\n" + (hosts.read_text() if hosts.exists() else ""))
     CI_DIR.mkdir(exist_ok=True)
     # ftgovd on two fake NVML GPUs.
-    Path("/etc/ftgov/fakenvml.json").write_text(json.dumps({"gpus": [{}, {}]}))
+    Path("/etc/ftgov/fakenvml.json").write_text(json.dumps({"gpus": [{"minor_number": m} for m in DEVICE_MINORS]}))
     config = Path("/etc/ftgov/ftgov.yaml")
     # FFG's level (a hold's own pin) high, so that a registration that joins the hold shows by its lower pick.
     config.write_text(config.read_text() + "\nbackend: nvml\nffg_freq_hz: 1830000000\n")
@@ -181,9 +187,9 @@ def setup() -> None:
     gpus = call("status")["gpus"]
     expect([g["backend"] for g in gpus] == ["nvml", "nvml"], f"ftgovd does not govern two NVML GPUs: {gpus}")
     # The device nodes gres.conf names (slurmd checks they are devices; nothing opens them): NVIDIA's major 195.
-    for i in (0, 1):
-        if not Path(f"/dev/nvidia{i}").exists():
-            sh("mknod", f"/dev/nvidia{i}", "c", "195", str(i))
+    for minor in DEVICE_MINORS:
+        if not Path(f"/dev/nvidia{minor}").exists():
+            sh("mknod", f"/dev/nvidia{minor}", "c", "195", str(minor))
     # Slurm, as docs/slurm.md says.
     if not Path("/etc/munge/munge.key").exists():
         sh("mungekey", "--create")
@@ -194,7 +200,7 @@ def setup() -> None:
     etc = Path("/etc/slurm")
     etc.mkdir(exist_ok=True)
     (etc / "slurm.conf").write_text(SLURM_CONF.format(cluster=CLUSTER, host=host, cpus=os.cpu_count() or 1))
-    (etc / "gres.conf").write_text("Name=gpu File=/dev/nvidia[0-1]\n")
+    (etc / "gres.conf").write_text(f"Name=gpu File=/dev/nvidia[{min(DEVICE_MINORS)}-{max(DEVICE_MINORS)}]\n")
     dbd = etc / "slurmdbd.conf"
     dbd.write_text(SLURMDBD_CONF)
     sh("chown", "slurm:slurm", str(dbd))
@@ -292,6 +298,25 @@ def resets() -> int:
 
 # ---- checks ---------------------------------------------------------------------------------------------------------
 STATE: dict = {}
+
+
+def check_slurms_numbers_are_its_own_index() -> None:
+    """Slurm gives the prolog its GRES index (docs/slurm.md): the first of gres.conf's files, /dev/nvidia1, is 0.
+    Read by gpu_numbering auto, Slurm's 0 is ambiguous here (in NVML's order it is /dev/nvidia2, in the files' order
+    /dev/nvidia1): the prolog holds nothing and says which setting decides. The rest of the checks run under
+    device_file, which this gres.conf's numbering is."""
+    job_id, gate = submit("ambiguous", "--gres=gpu:1")
+    seen = (CI_DIR / f"prolog-gpus.{job_id}").read_text().strip()
+    print(f"    job {job_id}: the prolog got SLURM_JOB_GPUS;CUDA_VISIBLE_DEVICES = {seen!r}")
+    expect(seen == "0;0", f"the prolog's GPUs {seen!r}: not Slurm's index of the first GPU (its device file's is 1)")
+    expect(hold_of(job_id) is None, f"an ambiguous number was held: {call('status')['holds']}")
+    log = sh("journalctl", "-t", "ftgov-slurm", "--no-pager", check=False).stdout
+    expect("Slurm's GPU 0 is ambiguous on this node" in log and "gpu_numbering" in log,
+           f"the prolog did not say why it held nothing: {log[-600:]}")
+    release_gate(gate)
+    wait_gone(job_id)
+    expect_restored(job_id)
+    Path("/etc/ftgov/slurm.yaml").write_text("policy: ffg\npartitions: {}\ngpu_numbering: device_file\n")
 
 
 def check_gres_job_pins_both_gpus_and_restores() -> None:
@@ -394,7 +419,7 @@ def check_lost_epilog_is_caught_by_the_next_prolog() -> None:
     """A hold whose epilog never came (made here by hand, for a job id Slurm never had) is released by the next job's
     prolog on the node, which asks squeue about every held job."""
     lost = 999999
-    call("slurm_hold", {"slurm_job_id": lost, "uid": 0, "policy": "ffg", "gpus": [1]})
+    call("slurm_hold", {"slurm_job_id": lost, "uid": 0, "policy": "ffg", "gpus": [1], "gpu_numbering": "index"})
     expect(next(g for g in call("status")["gpus"] if g["id"] == "1")["pinned_hz"] is not None, "lost hold not pinned")
     job_id, gate = submit("after-a-lost-epilog", "--gres=gpu:1")
     expect(hold_of(lost) is None, f"job {job_id}'s prolog left the lost hold of job {lost}: {call('status')['holds']}")
@@ -405,8 +430,9 @@ def check_lost_epilog_is_caught_by_the_next_prolog() -> None:
     expect_restored(job_id)
 
 
-CHECKS = [check_gres_job_pins_both_gpus_and_restores, check_sacct_shows_the_energy, check_scancel_mid_job_restores,
-          check_killed_slurmstepd_restores, check_comment_chooses_off, check_a_job_that_registers_joins_its_hold,
+CHECKS = [check_slurms_numbers_are_its_own_index, check_gres_job_pins_both_gpus_and_restores,
+          check_sacct_shows_the_energy, check_scancel_mid_job_restores, check_killed_slurmstepd_restores,
+          check_comment_chooses_off, check_a_job_that_registers_joins_its_hold,
           check_lost_epilog_is_caught_by_the_next_prolog]
 
 
