@@ -63,7 +63,8 @@ class HeldGpus(Protocol):
 class Joins(Protocol):
     """What the controller asks of a registration's joins (governor.daemon.joins.Joins): whether it may join what it
     names (a Joining: its ``policy`` and ``reply``), to join once admitted, to leave when its first pin failed; and
-    the GPU a registration inside a one-GPU Slurm job names by a number (None: found as any job's)."""
+    the GPU a registration inside a Slurm job held here names by a number (SchedulerHolds.only_gpu; None: found as
+    any job's; GpuNotFound: a number that is none of a several-GPU job's)."""
 
     def gpu_of(self, reg: Registration) -> str | None: ...
     def check(self, reg: Registration, gpu_id: str, policy: PolicyName | None, observe_only: bool) -> Any: ...

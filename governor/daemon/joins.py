@@ -35,7 +35,8 @@ class Joins:
         self.groups = groups
 
     def gpu_of(self, reg: Registration) -> str | None:
-        """The GPU of a registration inside a one-GPU Slurm job that names it by a number (SchedulerHolds.only_gpu)."""
+        """The GPU of a registration inside a Slurm job held here that names it by a number (SchedulerHolds.only_gpu;
+        GpuNotFound where the number is none of the job's GPUs)."""
         return self.scheduler.only_gpu(reg.slurm_job_id, reg.uid, reg.gpu)
 
     def check(self, reg: Registration, gpu_id: str, policy: PolicyName | None, observe_only: bool) -> Joining:

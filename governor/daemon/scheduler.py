@@ -290,16 +290,25 @@ class SchedulerHolds:
 
     # ---- registrations from inside the job --------------------------------------------------------------------------
     def only_gpu(self, slurm_job_id: int | None, uid: int, gpu: str | int | None) -> str | None:
-        """The GPU of a registration from inside a Slurm job that was given one GPU, where the registration names
-        its GPU by no UUID: a number in the job's CUDA_VISIBLE_DEVICES is Slurm's own, or the job's cgroup's, not
-        NVML's index, and in a one-GPU job it can name only that GPU. None otherwise (the GPU is found as any
-        job's)."""
+        """The GPU of a registration from inside a Slurm job held here, where the registration names its GPU by no
+        UUID: a number in the job's CUDA_VISIBLE_DEVICES is Slurm's own, or the job's cgroup's (0..k-1), not NVML's
+        index. In a one-GPU job it can name only that GPU. In a job given several it is taken as NVML's index only
+        where that is one of the job's GPUs (at worst another of the same job's); else GpuNotFound: NVML's GPU of
+        that number is another job's or none's. None where the registration is not inside a hold it may join, or
+        names a UUID (the GPU is found as any job's)."""
         hold = self._holds.get(slurm_job_id) if slurm_job_id is not None else None
-        if hold is None or uid not in (0, hold.uid) or len(hold.gpus) != 1:
+        if hold is None or uid not in (0, hold.uid):
             return None
         if gpu is not None and not (isinstance(gpu, int) or (gpu.isascii() and gpu.isdigit())):
             return None
-        return next(iter(hold.gpus))
+        if len(hold.gpus) == 1:
+            return next(iter(hold.gpus))
+        if gpu is None or str(int(gpu)) in hold.gpus:
+            return None
+        raise gpuid.GpuNotFound(
+            f"GPU {gpu} inside Slurm job {slurm_job_id}, which holds GPUs {', '.join(hold.gpus)}: a number there is "
+            "Slurm's or the job's cgroup's, not NVML's index, and NVML's GPU of that number is not the job's; name "
+            "the GPU by its UUID (nvidia-smi -L)")
 
     def joinable(self, slurm_job_id: int, uid: int, gpu_id: str) -> tuple[Hold | None, str]:
         """The hold a registration joins, or None and why not (it then registers as a job of its own)."""

@@ -286,6 +286,27 @@ def test_a_registration_inside_a_one_gpu_job_is_on_that_gpu_whatever_number_it_n
     c.call("slurm_release", slurm_job_id=21)
 
 
+def test_a_number_inside_a_several_gpu_job_never_lands_on_a_gpu_outside_the_job(nvml_daemon):
+    """Inside a Slurm job given several GPUs, a number in CUDA_VISIBLE_DEVICES is Slurm's index or, under
+    ConstrainDevices, the cgroup's 0..k-1: not NVML's index. A job held on NVML's GPUs 1 and 2 whose `ftgov run`
+    names "0" (its cgroup's first GPU) was registered on NVML's GPU 0, another job's, and pinned it. It is refused
+    now; a number that is one of the job's own GPUs still joins the hold there."""
+    d, _calls = nvml_daemon(gpus=({}, {}, {}))
+    c = d.client()
+    c.call("slurm_hold", slurm_job_id=22, uid=0, policy="ffg", gpus=[1, 2], gpu_numbering="index")
+    err = c.request("register", slurm_job_id=22, gpu="0", **FEATURES)["error"]
+    assert "Slurm job 22" in err["message"] and "UUID" in err["message"], err
+    status = c.call("status")
+    assert status["jobs"] == [] and status["gpus"][0]["pinned_hz"] is None, status
+    res = c.call("register", slurm_job_id=22, gpu="2", **FEATURES)
+    assert res["slurm"]["joined"] and c.call("status")["jobs"][0]["gpu"] == "2", res
+    c.call("unregister", job_id=res["job_id"])
+    res = c.call("register", slurm_job_id=22, gpu=c.call("status")["gpus"][0]["uuid"], **FEATURES)
+    assert not res["slurm"]["joined"], res  # a UUID is exact: the process says it runs on NVML's GPU 0
+    c.call("unregister", job_id=res["job_id"])
+    c.call("slurm_release", slurm_job_id=22)
+
+
 def test_where_nvml_reports_no_device_file_slurms_number_is_taken_as_the_index(nvml_daemon):
     d, _calls = nvml_daemon(gpus=({"minor_number": -1}, {"minor_number": -1}))  # GetMinorNumber: NOT_SUPPORTED
     held = d.client().call("slurm_hold", slurm_job_id=18, uid=1000, policy="ffg", gpus=[1])
