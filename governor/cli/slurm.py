@@ -51,6 +51,9 @@ class SlurmConfig(BaseModel):
     # How Slurm numbers this node's GPUs, where its numbers and NVML's differ (docs/slurm.md): index (as NVML does),
     # device_file (as /dev/nvidiaN), or auto (only numbers that name the same GPU either way; the others hold nothing)
     gpu_numbering: SlurmNumbering = "auto"
+    # Read how many GPUs slurmd offers on this node (scontrol show node): where it offers fewer than the node has (a
+    # gres.conf listing some, MIG instances), Slurm's numbers fit no numbering, and a numbered job is not held
+    node_gpus_from_scontrol: bool = True
 
 
 def load_slurm_config(path: str, *, must_exist: bool) -> SlurmConfig:
@@ -226,8 +229,12 @@ def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
                 warn(f"job {job_id}: the comment is not read: {e}")
         policy, source = choose_policy(config, partition, comment)
         uid = env.get("SLURM_JOB_UID", "")
+        gpus = job_gpus(env)
+        node_gpus = None
+        if config.node_gpus_from_scontrol and gpus and any(isinstance(g, int) for g in gpus):
+            node_gpus = node_gpu_count(env.get("SLURMD_NODENAME") or socketlib.gethostname(), config.timeout_s)
         reply = conn.call("slurm_hold", slurm_job_id=job_id, uid=int(uid) if uid.isdigit() else 0, policy=policy,
-                          gpus=job_gpus(env), partition=partition, gpu_numbering=config.gpu_numbering)
+                          gpus=gpus, partition=partition, gpu_numbering=config.gpu_numbering, node_gpus=node_gpus)
     held = reply.get("gpus") or {}
     if not held:
         info(f"job {job_id}: nothing held ({reply.get('why', 'no GPU')})")
@@ -310,6 +317,27 @@ def _run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess | Non
     except (OSError, subprocess.TimeoutExpired) as e:
         warn(f"{args[0]}: {e}")
         return None
+
+
+def node_gpu_count(node: str, timeout_s: float) -> int | None:
+    """How many GPUs slurmd offers on ``node``: the gpu entries of `scontrol show node -o NODE`'s Gres= summed
+    ("gpu:4", "gpu:a100:2(S:0-1),gpu:v100:2", MIG profiles' counts too; shards and MPS are not GPUs). Slurm's GPU
+    numbers count these. None when scontrol fails or names none."""
+    done = _run([slurm_command("scontrol"), "show", "node", "-o", node], timeout_s)
+    if done is None or done.returncode != 0:
+        return None
+    m = re.search(r"(?:^|\s)Gres=(\S+)", done.stdout)
+    if m is None or m.group(1) == "(null)":
+        return None
+    total = 0
+    for entry in re.sub(r"\([^)]*\)", "", m.group(1)).split(","):
+        parts = entry.split(":")
+        if parts[0] != "gpu" or len(parts) < 2:
+            continue
+        if not (parts[-1].isascii() and parts[-1].isdigit()):
+            return None  # a count this reading does not know: better none than a wrong one
+        total += int(parts[-1])
+    return total
 
 
 class AmbiguousField(FtgovError):

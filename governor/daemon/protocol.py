@@ -154,6 +154,7 @@ class SlurmHoldParams(_Params):
     # integrated GPU
     gpus: list[str | int] | None = Field(default=None, max_length=64)
     gpu_numbering: SlurmNumbering = "auto"
+    node_gpus: int | None = Field(default=None, ge=0, le=4096)  # how many GPUs slurmd offers here (None: unknown)
     partition: str | None = Field(default=None, max_length=128)
 
     @field_validator("gpus", mode="before")

@@ -251,7 +251,8 @@ class Methods:
                            f"off, not {params.policy}", {"field": "policy"})
         try:
             return self.scheduler.hold(slurm_job_id=params.slurm_job_id, uid=params.uid, partition=params.partition,
-                                       policy=params.policy, gpus=params.gpus, gpu_numbering=params.gpu_numbering)
+                                       policy=params.policy, gpus=params.gpus, gpu_numbering=params.gpu_numbering,
+                                       node_gpus=params.node_gpus)
         except FtgovError as e:
             raise RpcFault(SERVER_ERROR, f"Slurm job {params.slurm_job_id}: {e}") from e
 

@@ -182,7 +182,7 @@ class SchedulerHolds:
 
     # ---- hold and release -------------------------------------------------------------------------------------------
     def hold(self, *, slurm_job_id: int, uid: int, partition: str | None, policy: str,
-             gpus: list[str | int] | None, gpu_numbering: str = "auto") -> dict:
+             gpus: list[str | int] | None, gpu_numbering: str = "auto", node_gpus: int | None = None) -> dict:
         """Hold the job's GPUs (``gpus``: Slurm's numbers, read by ``gpu_numbering`` (gpuid.find_slurm_gpu), or
         UUIDs; None: the node's one integrated GPU, as on a Jetson where Slurm knows no GRES) under ``policy``. A
         second hold for the same job (a prolog run again) answers the first. FtgovError when a GPU is unknown or
@@ -192,7 +192,7 @@ class SchedulerHolds:
         existing = self._holds.get(slurm_job_id)
         if existing is not None:
             return {**self._describe_one(existing), "already_held": True}
-        gpu_ids = self._gpu_ids(gpus, gpu_numbering)
+        gpu_ids = self._gpu_ids(gpus, gpu_numbering, node_gpus)
         if not gpu_ids:
             why = ("the job was given no GPU" if gpus is not None else
                    "no GPU named and this node's GPUs are not one integrated GPU: name them (SLURM_JOB_GPUS)")
@@ -215,7 +215,7 @@ class SchedulerHolds:
             raise
         return self._describe_one(hold)
 
-    def _gpu_ids(self, gpus: list[str | int] | None, numbering: str) -> list[str]:
+    def _gpu_ids(self, gpus: list[str | int] | None, numbering: str, node_gpus: int | None) -> list[str]:
         if gpus is None:
             only = list(self.pins.gpus.values())
             if len(only) == 1 and only[0].gpu.describe().get("backend") == "devfreq":
@@ -223,6 +223,11 @@ class SchedulerHolds:
             return []
         ids: list[str] = []
         backends = [c.gpu for c in self.pins.gpus.values()]
+        if node_gpus is not None and node_gpus != len(backends) and any(isinstance(k, int) for k in gpus):
+            raise gpuid.GpuNotFound(
+                f"slurmd offers {node_gpus} GPU(s) on this node and ftgovd governs {len(backends)}: Slurm's numbers "
+                "count only what slurmd offers (a gres.conf that lists some GPUs, or MIG instances), which no "
+                "gpu_numbering reads; give gres.conf's GPUs UniqueId= (the prolog then gets UUIDs): see docs/slurm.md")
         for key in gpus:
             # Slurm's numbers are NVML's indexes on some nodes, device files' (/dev/nvidiaN) on others.
             gid = (gpuid.find_slurm_gpu(backends, key, numbering).id if isinstance(key, int) else

@@ -16,6 +16,7 @@ from governor.cli.slurm import (
     choose_policy,
     job_gpus,
     merged_admin_comment,
+    node_gpu_count,
     write_admin_comment,
 )
 from tests.daemon.test_slurm_hold import nvml_daemon  # noqa: F401 (a fixture)
@@ -155,6 +156,30 @@ def test_the_prolog_reads_slurms_numbers_as_its_config_says(nvml_daemon, tmp_pat
     assert out.returncode != 0 and "gpu_numbering" in out.stderr, out
 
 
+@pytest.mark.parametrize("gres,count", [
+    (b"Gres=gpu:4", 4), (b"Gres=gpu:a100:2(S:0-1),gpu:v100:2(S:0,1)", 4), (b"Gres=gpu:2,shard:8,mps:200", 2),
+    (b"Gres=gpu:1g.10gb:7(S:0)", 7), (b"Gres=(null)", None), (b"", None), (b"Gres=gpu:a100:x", None)])
+def test_slurmds_gpu_count_is_read_off_scontrol_show_node(tmp_path, monkeypatch, gres, count):
+    bin_dir = _scontrol_printing(tmp_path / "slurm", b"NodeName=vm Arch=x86_64 CoresPerSocket=1 " + gres +
+                                 b" NodeAddr=vm State=IDLE")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    assert node_gpu_count("vm", 5) == count
+
+
+def test_a_prolog_on_a_node_whose_slurmd_offers_fewer_gpus_holds_none_by_number(nvml_daemon, tmp_path):  # noqa: F811
+    d, _calls = nvml_daemon()
+    bin_dir = _scontrol_printing(tmp_path / "slurm", b"NodeName=vm Arch=x86_64 Gres=gpu:1 State=ALLOCATED")
+    env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "44", "SLURM_JOB_UID": "0", "SLURM_JOB_GPUS": "0",
+           "SLURMD_NODENAME": "vm", "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    config = "policy: ffg\ncomment_from_scontrol: false\nsweep_stale: false\nadmin_comment: false\n"
+    out = slurm("prolog", env, config, tmp_path)
+    assert out.returncode == 0 and "slurmd offers 1 GPU(s) on this node and ftgovd governs 2" in out.stderr, out
+    assert d.client().call("status")["holds"] == []
+    out = slurm("prolog", env, config + "node_gpus_from_scontrol: false\n", tmp_path)  # the operator's call
+    assert out.returncode == 0 and "job 44: ffg (from the default) on GPU(s) 0 at" in out.stdout, out
+    assert slurm("epilog", env, config, tmp_path).returncode == 0
+
+
 def test_admin_comment_keeps_other_nodes_entries():
     entry = admin_comment_entry({"energy_j": 1234.56, "saved_pct": 11.5, "saved_pct_err": 2.0, "policy": "tune",
                                  "gpus": {"0": {}, "1": {}}}, "node1")
@@ -179,7 +204,7 @@ def _fake_scontrol(where, monkeypatch, show_line: str):
 if [ "$1" = show ]; then printf '%s\\n' '{show_line}'; else printf '%s\\n' "$*" >> {log}; fi
 """)
     script.chmod(0o755)
-    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     return log
 
 

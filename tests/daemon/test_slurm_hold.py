@@ -257,6 +257,23 @@ def test_a_slurm_number_that_names_two_gpus_holds_neither_unless_the_numbering_i
     assert [g["pinned_hz"] for g in c.call("status")["gpus"]] == [None, None, None]
 
 
+def test_where_slurmd_offers_another_count_of_gpus_than_the_node_has_numbers_hold_nothing(nvml_daemon):
+    """gres.conf listing some of a node's GPUs (File=/dev/nvidia[4-7] of eight), or MIG instances: Slurm's 0 is the
+    first GPU it offers, which neither NVML's order nor the device files' give. The prolog sends slurmd's count."""
+    d, _calls = nvml_daemon()
+    c = d.client()
+    err = c.request("slurm_hold", slurm_job_id=22, uid=1000, policy="ffg", gpus=[0], node_gpus=1)["error"]
+    assert "slurmd offers 1 GPU(s) on this node and ftgovd governs 2" in err["message"], err
+    assert c.call("status")["holds"] == [] and [g["pinned_hz"] for g in c.call("status")["gpus"]] == [None, None]
+    uuid1 = c.call("status")["gpus"][1]["uuid"]
+    held = c.call("slurm_hold", slurm_job_id=22, uid=1000, policy="ffg", gpus=[uuid1], node_gpus=1)  # exact
+    assert set(held["gpus"]) == {"1"}
+    held = c.call("slurm_hold", slurm_job_id=23, uid=1000, policy="ffg", gpus=[0], node_gpus=2)
+    assert set(held["gpus"]) == {"0"}
+    for job in (22, 23):
+        c.call("slurm_release", slurm_job_id=job)
+
+
 def test_slurm_counts_device_files_in_order_not_by_their_numbers(nvml_daemon):
     """A node whose GPUs are /dev/nvidia1 and /dev/nvidia2 (one fell off the bus, or a driver that began at 1): Slurm
     22.05 gives the first one's prolog 0 (tests/slurm), its place among gres.conf's files. NVML's order is the same

@@ -309,6 +309,10 @@ def check_slurms_numbers_are_its_own_index() -> None:
     seen = (CI_DIR / f"prolog-gpus.{job_id}").read_text().strip()
     print(f"    job {job_id}: the prolog got SLURM_JOB_GPUS;CUDA_VISIBLE_DEVICES = {seen!r}")
     expect(seen == "0;0", f"the prolog's GPUs {seen!r}: not Slurm's index of the first GPU (its device file's is 1)")
+    node = sh("sinfo", "-h", "-o", "%N").stdout.strip()
+    counted = sh("/opt/ftgov/bin/python", "-c", "from governor.cli.slurm import node_gpu_count as n; "
+                 f"print(n({node!r}, 10))").stdout.strip()
+    expect(counted == "2", f"the prolog reads slurmd's GPUs on {node} off scontrol as {counted}, want 2")
     expect(hold_of(job_id) is None, f"an ambiguous number was held: {call('status')['holds']}")
     log = sh("journalctl", "-t", "ftgov-slurm", "--no-pager", check=False).stdout
     expect("Slurm's GPU 0 is ambiguous on this node" in log and "gpu_numbering" in log,
