@@ -27,6 +27,7 @@ import warnings
 
 from governor.cli.features import add_feature_arguments, features_from_args
 from governor.client import RUN_JOB_ENV, GovernorWarning, Job, describe_reply
+from governor.client.features import launched_gpu
 from governor.errors import ConfigError
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
@@ -210,7 +211,7 @@ def _read_all(fd: int) -> bytes:
 def _register(pid: int, features: dict, name, socket, verbose: bool) -> Job:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", GovernorWarning)
-        job = Job(features, name=name, socket=socket, pid=pid).start()
+        job = Job(features, name=name, socket=socket, pid=pid, gpu=launched_gpu()).start()
     for w in caught:
         print(w.message, file=sys.stderr)
     if verbose and job.registration:

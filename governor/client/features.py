@@ -167,6 +167,27 @@ def visible_gpu(environ: Mapping[str, str] | None = None, torch_module: Any = No
     return entries[ordinal] if ordinal < len(entries) else None
 
 
+def launched_gpu(environ: Mapping[str, str] | None = None,
+                 driver_uuid: Callable[[int], str | None] = driver_gpu_uuid) -> str | None:
+    """The GPU a command that a launcher starts will compute on (`ftgov run`, which runs no CUDA itself), as the
+    daemon's ``gpu`` field: a UUID named in CUDA_VISIBLE_DEVICES as it is, else the UUID of the first device CUDA's
+    driver shows under this process's environment and cgroup, else visible_gpu's answer (an index).
+
+    A number in CUDA_VISIBLE_DEVICES is CUDA's, and inside a Slurm job Slurm's or its cgroup's (ConstrainDevices
+    makes it 0 whichever GPU it is), not NVML's index, so the launcher asks the driver. Initializing CUDA in the
+    launcher is harmless (driver_gpu_uuid's caution is for a process that forks data loaders): the command is
+    exec'ed and inherits none of it. ``environ`` must be the environment CUDA sees (this process's) for the
+    driver's answer to be the command's.
+    """
+    env = os.environ if environ is None else environ
+    named = visible_gpu(env)  # the launcher imports no torch: the environment's name
+    if named is not None and named.upper().startswith(("GPU-", "MIG-")):
+        return named
+    if env.get("CUDA_VISIBLE_DEVICES") is not None and named is None:
+        return None  # CUDA shows the command no GPU
+    return driver_uuid(0) or named
+
+
 def slurm_job_id(environ: Mapping[str, str] | None = None) -> int | None:
     """The Slurm job this process runs in (SLURM_JOB_ID), for the daemon to join it to the prolog's hold of the job's
     GPUs; None outside Slurm or when the variable is not a job id."""

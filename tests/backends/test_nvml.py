@@ -439,6 +439,27 @@ def test_visible_gpu_asks_the_driver_when_torch_has_no_uuid():
     assert asked == [0]  # torch's own answer first
 
 
+def test_a_launcher_names_its_commands_gpu_by_the_drivers_uuid():
+    """`ftgov run` runs no CUDA: a number in CUDA_VISIBLE_DEVICES is CUDA's (inside a Slurm job Slurm's, or the
+    cgroup's 0 whichever GPU it is), not NVML's index, so it asks the driver for CUDA's device 0."""
+    from governor.client.features import launched_gpu
+
+    asked = []
+
+    def driver(cuda_ordinal):
+        asked.append(cuda_ordinal)
+        return "GPU-8f1c2d3e-0000-1111-2222-333344445555"
+
+    assert launched_gpu({"CUDA_VISIBLE_DEVICES": "0"}, driver) == "GPU-8f1c2d3e-0000-1111-2222-333344445555"
+    assert launched_gpu({}, driver) == "GPU-8f1c2d3e-0000-1111-2222-333344445555"
+    assert asked == [0, 0]
+    assert launched_gpu({"CUDA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}, driver) == "GPU-aaa"  # named as it is
+    assert launched_gpu({"CUDA_VISIBLE_DEVICES": "-1"}, driver) is None  # CUDA shows the command no GPU
+    assert asked == [0, 0]
+    assert launched_gpu({"CUDA_VISIBLE_DEVICES": "3"}, _no_driver) == "3"  # no driver: the number, as before
+    assert launched_gpu({}, _no_driver) is None
+
+
 class _LibCuda:
     """libcuda as ctypes loads it: each call writes through its pointer arguments and returns a CUresult."""
 
