@@ -72,6 +72,19 @@ def find_slurm_gpu(gpus: Sequence[Any], number: int, numbering: str = "auto"):
                       "files): see docs/slurm.md")
 
 
+def orders_differ(minors: dict[str, int | None]) -> str | None:
+    """Where NVML's order of this node's GPUs (``minors``: NVML's index -> its device file's number) is not their
+    device files' order, in words, for the log and `ftgov doctor`; None where they agree or a file is unknown."""
+    if not minors or any(m is None for m in minors.values()):
+        return None
+    by_index = sorted(minors, key=int)
+    if by_index == sorted(minors, key=lambda gid: minors[gid]):
+        return None
+    pairs = ", ".join(f"{gid} is /dev/nvidia{minors[gid]}" for gid in by_index)
+    return (f"NVML's order of the GPUs is not their device files' ({pairs}): a Slurm prolog's GPU numbers need "
+            "gpu_numbering in its slurm.yaml, or UniqueId= in gres.conf (docs/slurm.md)")
+
+
 def _file(gpu) -> str:
     return "no GPU" if gpu is None else f"NVML's GPU {gpu.id} (/dev/nvidia{gpu.device_minor})"
 

@@ -168,6 +168,7 @@ class NvmlGpu(GpuBase):
             "memory_clock_mhz": self.memory_clock_mhz,
             "supported_mhz": [self.supported_hz[0] // MHZ, self.supported_hz[-1] // MHZ, len(self.supported_hz)],
             "levels_mhz": [hz // MHZ for hz in self.levels_hz],
+            "device_file": None if self.device_minor is None else f"/dev/nvidia{self.device_minor}",
         }
 
     def _call(self, what: str, fn: Callable, *args, **kwargs) -> Any:

@@ -374,6 +374,27 @@ def check_daemon(ctx: Context) -> list[Check]:
                                 f"{len(s.get('jobs') or [])} job(s), {len(s.get('gpus') or [])} GPU(s)")]
 
 
+def check_numbering(ctx: Context) -> list[Check]:
+    """On a node of several NVML GPUs: whether NVML's order of them is their device files', which a Slurm prolog's
+    GPU numbers depend on (docs/slurm.md)."""
+    from governor.backends.gpuid import orders_differ
+
+    minors: dict[str, int | None] = {}
+    for gpu in (ctx.status or {}).get("gpus") or []:
+        path = gpu.get("device_file")
+        if gpu.get("backend") != "nvml" or not isinstance(path, str) or not path.removeprefix("/dev/nvidia").isdigit():
+            return []
+        minors[str(gpu.get("id"))] = int(path.removeprefix("/dev/nvidia"))
+    if len(minors) < 2:
+        return []
+    differ = orders_differ(minors)
+    if differ is None:
+        return [Check("numbering", OK, "NVML's order of the GPUs is their device files' (a Slurm prolog's GPU "
+                                       "numbers read the same either way)")]
+    return [Check("numbering", WARN, differ, "where Slurm runs: set gpu_numbering in /etc/ftgov/slurm.yaml, or give "
+                                             "gres.conf's GPUs UniqueId= (docs/slurm.md)")]
+
+
 def check_model(ctx: Context) -> list[Check]:
     from governor.config import default_model_path
     from governor.errors import ModelError
@@ -430,4 +451,4 @@ def check_state(ctx: Context) -> list[Check]:
 
 CHECKS: tuple[Callable[[Context], list[Check]], ...] = (
     check_board, check_devfreq, check_daemon, check_pin, check_holder, check_cooling, check_jtop, check_nvpmodel,
-    check_rails, check_socket, check_model, check_state)
+    check_rails, check_socket, check_numbering, check_model, check_state)

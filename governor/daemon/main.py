@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from governor import DEFAULT_CONFIG_PATH, DEFAULT_SOCKET_PATH, SOCKET_ENV, __version__, backends, simpaths
-from governor.backends import devfreq
+from governor.backends import devfreq, gpuid
 from governor.backends import rails as rails_mod
 from governor.backends.base import describe_text
 from governor.config import Config, default_ffg_hz, default_model_path, load_config, store_path
@@ -234,6 +234,8 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
             log.warning("GPU %s: its devfreq node %s is outside /sys/devices/platform: the shipped unit's sandbox "
                         "leaves it read-only, so pins will fail (JetPack 4 is not supported; elsewhere add a "
                         "ReadWritePaths= drop-in: systemctl edit ftgovd)", gpu.id, node)
+    if (differ := gpuid.orders_differ({g.id: g.device_minor for g in gpus})) is not None:
+        log.info("%s", differ)
     if (why := peers.pidfd_problem()) is not None:
         log.error("%s", why)
     rails = rails_mod.discover(root)

@@ -352,3 +352,24 @@ def test_a_hold_joined_by_many_short_jobs_is_kept_across_a_restart(orin, start_d
     out = c.call("slurm_release", slurm_job_id=19)
     assert len(out["joined"]) <= 1024 and live in out["joined"]
     assert limits(orin) == BASELINE
+
+
+def test_a_node_whose_nvml_order_is_not_its_device_files_is_told_so(nvml_daemon):
+    """The orders a Slurm prolog's numbers depend on: ftgovd's start log and `ftgov doctor` say where they differ."""
+    from governor.cli.doctor_checks import OK, WARN, Context, check_numbering
+
+    d, _calls = nvml_daemon(gpus=({"minor_number": 1}, {"minor_number": 0}))
+    assert "NVML's order of the GPUs is not their device files' (0 is /dev/nvidia1, 1 is /dev/nvidia0)" in d.log()
+    status = d.client().call("status")
+    assert [g["device_file"] for g in status["gpus"]] == ["/dev/nvidia1", "/dev/nvidia0"]
+
+    def doctor(status):
+        return check_numbering(Context(root=None, config=None, config_path="", socket="", uid=0, session_gids=set(),
+                                       status=status))
+
+    (check,) = doctor(status)
+    assert check.status == WARN and "gpu_numbering" in check.fix, check
+    for gpu, minor in zip(status["gpus"], (0, 1), strict=True):
+        gpu["device_file"] = f"/dev/nvidia{minor}"
+    assert [c.status for c in doctor(status)] == [OK]
+    assert doctor({"gpus": status["gpus"][:1]}) == [] and doctor(None) == []  # one GPU, or no daemon: nothing to say
