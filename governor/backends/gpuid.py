@@ -93,6 +93,17 @@ def _files(gpus: Sequence[Any]) -> str:
     return ", ".join(f"{g.id} (/dev/nvidia{g.device_minor})" for g in gpus)
 
 
+def as_index(key: str | int) -> int | None:
+    """The index ``key`` names as find_gpu reads it (an int, or ASCII digits with blanks around them); None where it
+    names none (a UUID). Whatever decides by a key's kind asks this, so that no key reads as a UUID there and as an
+    index here."""
+    if isinstance(key, int):
+        return key
+    text = str(key).strip()
+    # ASCII digits only: str.isdigit() also takes "²" (which int() refuses) and int() takes "٣" (Arabic-Indic three).
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 def find_gpu(gpus: Sequence[Any], key: str | int | None):
     """The device among ``gpus`` (objects with ``id`` and ``uuid``, None where the device has none) that ``key`` names.
 
@@ -107,13 +118,13 @@ def find_gpu(gpus: Sequence[Any], key: str | int | None):
         raise GpuNotFound(f"the job names no GPU and there are {len(gpus)} ({_names(gpus)}): pass gpu (index or UUID)")
     if isinstance(key, bool):
         raise GpuNotFound(f"gpu must be an index or a UUID, not {key!r}")
-    text = str(key).strip()
-    # ASCII digits only: str.isdigit() also takes "²" (which int() refuses) and int() takes "٣" (Arabic-Indic three).
-    if isinstance(key, int) or (text.isascii() and text.isdigit()):
+    index = as_index(key)
+    if index is not None:
         for gpu in gpus:
-            if gpu.id == str(int(text)):
+            if gpu.id == str(index):
                 return gpu
-        raise GpuNotFound(f"no GPU with index {text}: {_here(gpus)}")
+        raise GpuNotFound(f"no GPU with index {index}: {_here(gpus)}")
+    text = str(key).strip()
     if text.upper().startswith("GPU-") and len(gpus) == 1 and not gpus[0].uuid:
         return gpus[0]
     if text.upper().startswith("MIG-"):

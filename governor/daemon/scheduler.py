@@ -304,11 +304,12 @@ class SchedulerHolds:
         hold = self._holds.get(slurm_job_id) if slurm_job_id is not None else None
         if hold is None or uid not in (0, hold.uid):
             return None
-        if gpu is not None and not (isinstance(gpu, int) or (gpu.isascii() and gpu.isdigit())):
+        index = None if gpu is None else gpuid.as_index(gpu)  # as find_gpu reads it: " 0" is a number there too
+        if gpu is not None and index is None:
             return None
         if len(hold.gpus) == 1:
             return next(iter(hold.gpus))
-        if gpu is None or str(int(gpu)) in hold.gpus:
+        if index is None or str(index) in hold.gpus:
             return None
         raise gpuid.GpuNotFound(
             f"GPU {gpu} inside Slurm job {slurm_job_id}, which holds GPUs {', '.join(hold.gpus)}: a number there is "

@@ -373,3 +373,23 @@ def test_a_node_whose_nvml_order_is_not_its_device_files_is_told_so(nvml_daemon)
         gpu["device_file"] = f"/dev/nvidia{minor}"
     assert [c.status for c in doctor(status)] == [OK]
     assert doctor({"gpus": status["gpus"][:1]}) == [] and doctor(None) == []  # one GPU, or no daemon: nothing to say
+
+
+@pytest.mark.parametrize("gpu", [" 0", "0 ", "\t0"])
+def test_a_number_with_blanks_around_it_is_read_inside_a_slurm_job_as_a_number(nvml_daemon, gpu):
+    """find_gpu strips a key before it reads a number, so " 0" is NVML's GPU 0 there; the check that a number named
+    inside a Slurm job is one of the job's GPUs read only bare digits, so " 0" passed it and landed on NVML's GPU 0,
+    another job's, and pinned it."""
+    d, _calls = nvml_daemon(gpus=({}, {}, {}))
+    c = d.client()
+    c.call("slurm_hold", slurm_job_id=23, uid=0, policy="ffg", gpus=[1, 2], gpu_numbering="index")
+    err = c.request("register", slurm_job_id=23, gpu=gpu, **FEATURES).get("error")
+    assert err is not None and "Slurm job 23" in err["message"], err
+    status = c.call("status")
+    assert status["jobs"] == [] and status["gpus"][0]["pinned_hz"] is None, status
+    c.call("slurm_hold", slurm_job_id=24, uid=0, policy="ffg", gpus=[1], gpu_numbering="index")
+    res = c.call("register", slurm_job_id=24, gpu=gpu, **FEATURES)
+    assert res["slurm"]["joined"] and c.call("status")["jobs"][0]["gpu"] == "1", res
+    c.call("unregister", job_id=res["job_id"])
+    for job in (23, 24):
+        c.call("slurm_release", slurm_job_id=job)
