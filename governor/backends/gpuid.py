@@ -49,12 +49,18 @@ def find_slurm_gpu(gpus: Sequence[Any], number: int, numbering: str = "auto"):
     agree on most nodes; where they do not (PrincetonUniversity/jobstats#34: /dev/nvidia0 was nvidia-smi's GPU 6),
     "auto" takes neither: pinning another job's GPU is worse than pinning none, and the error says which setting
     decides. "device_file" counts the node's GPUs by device file, so it assumes gres.conf lists all of them. Where
-    no GPU reports a device file (a Jetson), NVML's (the backend's) index.
+    no GPU reports a device file (a Jetson), NVML's (the backend's) index; where only some do, only "index" reads.
     """
     if numbering not in SLURM_NUMBERINGS:
         raise GpuNotFound(f"gpu_numbering {numbering!r} is none of {', '.join(SLURM_NUMBERINGS)}")
-    if numbering == "index" or any(g.device_minor is None for g in gpus):
+    unknown = [g for g in gpus if g.device_minor is None]
+    if numbering == "index" or len(unknown) == len(gpus):
         return find_gpu(gpus, number)
+    if unknown:  # the files' order is unknown, so neither device_file nor auto's check that both orders agree holds
+        raise GpuNotFound(f"Slurm's GPU {number} is not read by device file here: NVML's GPU(s) "
+                          f"{', '.join(g.id for g in unknown)} report no device file (nvmlDeviceGetMinorNumber failed "
+                          "for them); set gpu_numbering in the prolog's slurm.yaml to "
+                          "index where Slurm orders GPUs as NVML does: see docs/slurm.md")
     by_file = sorted(gpus, key=lambda g: g.device_minor)
     in_file_order = by_file[number] if 0 <= number < len(by_file) else None
     if numbering == "device_file":
