@@ -393,3 +393,19 @@ def test_a_number_with_blanks_around_it_is_read_inside_a_slurm_job_as_a_number(n
     c.call("unregister", job_id=res["job_id"])
     for job in (23, 24):
         c.call("slurm_release", slurm_job_id=job)
+
+
+def test_a_slurm_number_sent_as_text_is_read_as_slurms_number_not_nvmls_index(nvml_daemon):
+    """slurm_hold's gpus are Slurm's numbers or UUIDs; a number sent as a JSON string ("0", as a site's own prolog
+    may send what it read from the environment) went to find_gpu as NVML's index, past gpu_numbering and the
+    node_gpus check: on this node Slurm's 0 is ambiguous, and NVML's GPU 0 was held."""
+    d, _calls = nvml_daemon(gpus=({"minor_number": 1}, {"minor_number": 0}, {}))
+    c = d.client()
+    err = c.request("slurm_hold", slurm_job_id=25, uid=1000, policy="ffg", gpus=["0"])["error"]
+    assert "ambiguous" in err["message"], err
+    err = c.request("slurm_hold", slurm_job_id=25, uid=1000, policy="ffg", gpus=[" 2"], node_gpus=2)["error"]
+    assert "slurmd offers 2 GPU(s)" in err["message"], err
+    assert c.call("status")["holds"] == [] and [g["pinned_hz"] for g in c.call("status")["gpus"]] == [None] * 3
+    held = c.call("slurm_hold", slurm_job_id=25, uid=1000, policy="ffg", gpus=["0"], gpu_numbering="device_file")
+    assert set(held["gpus"]) == {"1"}
+    c.call("slurm_release", slurm_job_id=25)
