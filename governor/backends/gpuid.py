@@ -49,12 +49,18 @@ def find_slurm_gpu(gpus: Sequence[Any], number: int, numbering: str = "auto"):
     agree on most nodes; where they do not (PrincetonUniversity/jobstats#34: /dev/nvidia0 was nvidia-smi's GPU 6),
     "auto" takes neither: pinning another job's GPU is worse than pinning none, and the error says which setting
     decides. "device_file" counts the node's GPUs by device file, so it assumes gres.conf lists all of them. Where
-    no GPU reports a device file (a Jetson), NVML's (the backend's) index.
+    no GPU reports a device file (a Jetson), NVML's (the backend's) index; where only some do, only "index" reads.
     """
     if numbering not in SLURM_NUMBERINGS:
         raise GpuNotFound(f"gpu_numbering {numbering!r} is none of {', '.join(SLURM_NUMBERINGS)}")
-    if numbering == "index" or any(g.device_minor is None for g in gpus):
+    unknown = [g for g in gpus if g.device_minor is None]
+    if numbering == "index" or len(unknown) == len(gpus):
         return find_gpu(gpus, number)
+    if unknown:  # the files' order is unknown, so neither device_file nor auto's check that both orders agree holds
+        raise GpuNotFound(f"Slurm's GPU {number} is not read by device file here: NVML's GPU(s) "
+                          f"{', '.join(g.id for g in unknown)} report no device file (nvmlDeviceGetMinorNumber failed "
+                          "for them); set gpu_numbering in the prolog's slurm.yaml to "
+                          "index where Slurm orders GPUs as NVML does: see docs/slurm.md")
     by_file = sorted(gpus, key=lambda g: g.device_minor)
     in_file_order = by_file[number] if 0 <= number < len(by_file) else None
     if numbering == "device_file":
@@ -93,6 +99,17 @@ def _files(gpus: Sequence[Any]) -> str:
     return ", ".join(f"{g.id} (/dev/nvidia{g.device_minor})" for g in gpus)
 
 
+def as_index(key: str | int) -> int | None:
+    """The index ``key`` names as find_gpu reads it (an int, or ASCII digits with blanks around them); None where it
+    names none (a UUID). Whatever decides by a key's kind asks this, so that no key reads as a UUID there and as an
+    index here."""
+    if isinstance(key, int):
+        return key
+    text = str(key).strip()
+    # ASCII digits only: str.isdigit() also takes "²" (which int() refuses) and int() takes "٣" (Arabic-Indic three).
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 def find_gpu(gpus: Sequence[Any], key: str | int | None):
     """The device among ``gpus`` (objects with ``id`` and ``uuid``, None where the device has none) that ``key`` names.
 
@@ -107,13 +124,13 @@ def find_gpu(gpus: Sequence[Any], key: str | int | None):
         raise GpuNotFound(f"the job names no GPU and there are {len(gpus)} ({_names(gpus)}): pass gpu (index or UUID)")
     if isinstance(key, bool):
         raise GpuNotFound(f"gpu must be an index or a UUID, not {key!r}")
-    text = str(key).strip()
-    # ASCII digits only: str.isdigit() also takes "²" (which int() refuses) and int() takes "٣" (Arabic-Indic three).
-    if isinstance(key, int) or (text.isascii() and text.isdigit()):
+    index = as_index(key)
+    if index is not None:
         for gpu in gpus:
-            if gpu.id == str(int(text)):
+            if gpu.id == str(index):
                 return gpu
-        raise GpuNotFound(f"no GPU with index {text}: {_here(gpus)}")
+        raise GpuNotFound(f"no GPU with index {index}: {_here(gpus)}")
+    text = str(key).strip()
     if text.upper().startswith("GPU-") and len(gpus) == 1 and not gpus[0].uuid:
         return gpus[0]
     if text.upper().startswith("MIG-"):

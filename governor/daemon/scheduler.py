@@ -223,12 +223,14 @@ class SchedulerHolds:
             return []
         ids: list[str] = []
         backends = [c.gpu for c in self.pins.gpus.values()]
-        if node_gpus is not None and node_gpus != len(backends) and any(isinstance(k, int) for k in gpus):
+        # A number sent as text ("0") is Slurm's too: find_gpu would read it as NVML's index.
+        keys = [key if (n := gpuid.as_index(key)) is None else n for key in gpus]
+        if node_gpus is not None and node_gpus != len(backends) and any(isinstance(k, int) for k in keys):
             raise gpuid.GpuNotFound(
                 f"slurmd offers {node_gpus} GPU(s) on this node and ftgovd governs {len(backends)}: Slurm's numbers "
                 "count only what slurmd offers (a gres.conf that lists some GPUs, or MIG instances), which no "
                 "gpu_numbering reads; give gres.conf's GPUs UniqueId= (the prolog then gets UUIDs): see docs/slurm.md")
-        for key in gpus:
+        for key in keys:
             # Slurm's numbers are NVML's indexes on some nodes, device files' (/dev/nvidiaN) on others.
             gid = (gpuid.find_slurm_gpu(backends, key, numbering).id if isinstance(key, int) else
                    self.pins.find_gpu(key))
@@ -304,11 +306,12 @@ class SchedulerHolds:
         hold = self._holds.get(slurm_job_id) if slurm_job_id is not None else None
         if hold is None or uid not in (0, hold.uid):
             return None
-        if gpu is not None and not (isinstance(gpu, int) or (gpu.isascii() and gpu.isdigit())):
+        index = None if gpu is None else gpuid.as_index(gpu)  # as find_gpu reads it: " 0" is a number there too
+        if gpu is not None and index is None:
             return None
         if len(hold.gpus) == 1:
             return next(iter(hold.gpus))
-        if gpu is None or str(int(gpu)) in hold.gpus:
+        if index is None or str(index) in hold.gpus:
             return None
         raise gpuid.GpuNotFound(
             f"GPU {gpu} inside Slurm job {slurm_job_id}, which holds GPUs {', '.join(hold.gpus)}: a number there is "

@@ -373,3 +373,39 @@ def test_a_node_whose_nvml_order_is_not_its_device_files_is_told_so(nvml_daemon)
         gpu["device_file"] = f"/dev/nvidia{minor}"
     assert [c.status for c in doctor(status)] == [OK]
     assert doctor({"gpus": status["gpus"][:1]}) == [] and doctor(None) == []  # one GPU, or no daemon: nothing to say
+
+
+@pytest.mark.parametrize("gpu", [" 0", "0 ", "\t0"])
+def test_a_number_with_blanks_around_it_is_read_inside_a_slurm_job_as_a_number(nvml_daemon, gpu):
+    """find_gpu strips a key before it reads a number, so " 0" is NVML's GPU 0 there; the check that a number named
+    inside a Slurm job is one of the job's GPUs read only bare digits, so " 0" passed it and landed on NVML's GPU 0,
+    another job's, and pinned it."""
+    d, _calls = nvml_daemon(gpus=({}, {}, {}))
+    c = d.client()
+    c.call("slurm_hold", slurm_job_id=23, uid=0, policy="ffg", gpus=[1, 2], gpu_numbering="index")
+    err = c.request("register", slurm_job_id=23, gpu=gpu, **FEATURES).get("error")
+    assert err is not None and "Slurm job 23" in err["message"], err
+    status = c.call("status")
+    assert status["jobs"] == [] and status["gpus"][0]["pinned_hz"] is None, status
+    c.call("slurm_hold", slurm_job_id=24, uid=0, policy="ffg", gpus=[1], gpu_numbering="index")
+    res = c.call("register", slurm_job_id=24, gpu=gpu, **FEATURES)
+    assert res["slurm"]["joined"] and c.call("status")["jobs"][0]["gpu"] == "1", res
+    c.call("unregister", job_id=res["job_id"])
+    for job in (23, 24):
+        c.call("slurm_release", slurm_job_id=job)
+
+
+def test_a_slurm_number_sent_as_text_is_read_as_slurms_number_not_nvmls_index(nvml_daemon):
+    """slurm_hold's gpus are Slurm's numbers or UUIDs; a number sent as a JSON string ("0", as a site's own prolog
+    may send what it read from the environment) went to find_gpu as NVML's index, past gpu_numbering and the
+    node_gpus check: on this node Slurm's 0 is ambiguous, and NVML's GPU 0 was held."""
+    d, _calls = nvml_daemon(gpus=({"minor_number": 1}, {"minor_number": 0}, {}))
+    c = d.client()
+    err = c.request("slurm_hold", slurm_job_id=25, uid=1000, policy="ffg", gpus=["0"])["error"]
+    assert "ambiguous" in err["message"], err
+    err = c.request("slurm_hold", slurm_job_id=25, uid=1000, policy="ffg", gpus=[" 2"], node_gpus=2)["error"]
+    assert "slurmd offers 2 GPU(s)" in err["message"], err
+    assert c.call("status")["holds"] == [] and [g["pinned_hz"] for g in c.call("status")["gpus"]] == [None] * 3
+    held = c.call("slurm_hold", slurm_job_id=25, uid=1000, policy="ffg", gpus=["0"], gpu_numbering="device_file")
+    assert set(held["gpus"]) == {"1"}
+    c.call("slurm_release", slurm_job_id=25)
