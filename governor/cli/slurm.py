@@ -32,6 +32,9 @@ DEFAULT_SLURM_CONFIG = "/etc/ftgov/slurm.yaml"
 Policy = Annotated[Literal["tune", "mlg", "ffg", "off"], BeforeValidator(lambda v: "off" if v is False else v)]
 COMMENT_CHOICE = re.compile(r"(?:^|[\s,;])ftgov=(\S+?)(?=$|[\s,;])")
 MAX_ADMIN_COMMENT = 1024
+# The calls a prolog may make, each bounded by timeout_s: squeue (sweep_stale), scontrol show job (the comment),
+# scontrol show node (node_gpus_from_scontrol), ftgovd's connect and its answer. The whole run is bounded at as many.
+CALLS_AT_MOST = 5
 
 
 class SlurmConfig(BaseModel):
@@ -111,13 +114,11 @@ def job_gpus(env: dict[str, str]) -> list[str | int] | None:
 
 
 def _keys(value: str) -> list[str | int]:
-    keys: list[str | int] = []
-    for entry in (e.strip() for e in value.split(",")):
-        if entry.isascii() and entry.isdigit():
-            keys.append(int(entry))
-        elif entry.upper().startswith(("GPU-", "MIG-")):
-            keys.append(entry)
-    return keys
+    """A GPU list as CUDA reads CUDA_VISIBLE_DEVICES (up to its first entry that names no GPU: Slurm writes
+    "NoDevFiles" where gres.conf names no device files), numbers as ints."""
+    from governor.client.features import visible_entries
+
+    return [int(e) if e.isdigit() else e for e in visible_entries(value)]
 
 
 # slurmd gives the prolog and the epilog a bare environment: PATH may be unset or not name Slurm's commands.
@@ -172,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     # is set above this bound (slurmd drains a node whose prolog or epilog it ends for that timeout: slurm.conf(5),
     # unverified here against its text).
     signal.signal(signal.SIGALRM, _out_of_time)
-    signal.alarm(int(config.timeout_s * 4) + 1)
+    signal.alarm(int(config.timeout_s * CALLS_AT_MOST) + 1)
     try:
         return (prolog if args.action == "prolog" else epilog)(config, env)
     except FtgovError as e:

@@ -100,7 +100,7 @@ def _find_mask(batch):
     return None
 
 
-def _visible_entries(value: str) -> list[str]:
+def visible_entries(value: str) -> list[str]:
     """CUDA_VISIBLE_DEVICES as CUDA reads it: entries up to the first one that is not a valid name."""
     entries = []
     for entry in (e.strip() for e in value.split(",")):
@@ -162,7 +162,7 @@ def visible_gpu(environ: Mapping[str, str] | None = None, torch_module: Any = No
     visible = env.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return None if cuda_ordinal is None else str(cuda_ordinal)
-    entries = _visible_entries(visible)
+    entries = visible_entries(visible)
     ordinal = cuda_ordinal or 0
     return entries[ordinal] if ordinal < len(entries) else None
 

@@ -134,6 +134,8 @@ def test_job_gpus_from_slurms_environment():
     assert job_gpus({"CUDA_VISIBLE_DEVICES": "GPU-abc,3"}) == ["GPU-abc", 3]
     assert job_gpus({"SLURM_JOB_GPUS": ""}) == []
     assert job_gpus({}) is None
+    assert job_gpus({"SLURM_JOB_GPUS": "NoDevFiles"}) == []  # what Slurm writes where gres.conf names no files
+    assert job_gpus({"CUDA_VISIBLE_DEVICES": "1,x,2"}) == [1]  # read as CUDA reads it: up to the first non-GPU
     # UUIDs (a gres.conf UniqueId, Flags=env_uuid) name the GPUs whatever Slurm's numbering: they come first.
     assert job_gpus({"SLURM_JOB_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "GPU-abc,GPU-def"}) == ["GPU-abc", "GPU-def"]
 
