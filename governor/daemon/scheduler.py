@@ -301,13 +301,21 @@ class SchedulerHolds:
         UUID: a number in the job's CUDA_VISIBLE_DEVICES is Slurm's own, or the job's cgroup's (0..k-1), not NVML's
         index. In a one-GPU job it can name only that GPU. In a job given several it is taken as NVML's index only
         where that is one of the job's GPUs (at worst another of the same job's); else GpuNotFound: NVML's GPU of
-        that number is another job's or none's. None where the registration is not inside a hold it may join, or
-        names a UUID (the GPU is found as any job's)."""
-        hold = self._holds.get(slurm_job_id) if slurm_job_id is not None else None
-        if hold is None or uid not in (0, hold.uid):
+        that number is another job's or none's. Inside a Slurm job with no hold here that it may join, on a node of
+        several GPUs, a number tells no GPU at all: GpuNotFound. None where the registration is outside Slurm, names
+        a UUID, or the node has one GPU (the GPU is found as any job's)."""
+        if slurm_job_id is None:
             return None
         index = None if gpu is None else gpuid.as_index(gpu)  # as find_gpu reads it: " 0" is a number there too
         if gpu is not None and index is None:
+            return None
+        hold = self._holds.get(slurm_job_id)
+        if hold is None or uid not in (0, hold.uid):
+            if index is not None and len(self.pins.gpus) > 1:
+                raise gpuid.GpuNotFound(
+                    f"GPU {gpu} inside Slurm job {slurm_job_id}: a number there is Slurm's or the job's cgroup's, "
+                    "not NVML's index, and no hold of the job here says which GPU Slurm gave it; name the GPU by "
+                    "its UUID (nvidia-smi -L; the clients and ftgov run send it where CUDA's driver loads)")
             return None
         if len(hold.gpus) == 1:
             return next(iter(hold.gpus))

@@ -409,3 +409,21 @@ def test_a_slurm_number_sent_as_text_is_read_as_slurms_number_not_nvmls_index(nv
     held = c.call("slurm_hold", slurm_job_id=25, uid=1000, policy="ffg", gpus=["0"], gpu_numbering="device_file")
     assert set(held["gpus"]) == {"1"}
     c.call("slurm_release", slurm_job_id=25)
+
+
+def test_a_number_inside_a_slurm_job_with_no_hold_here_tells_no_gpu(nvml_daemon):
+    """Inside a Slurm job a GPU number is Slurm's or its cgroup's (ConstrainDevices makes any GPU 0): with no hold
+    of the job to say which GPU Slurm gave it (no prolog, or one that held nothing), NVML's GPU of that number may
+    be another job's. Refused, with the way out; a UUID, or a number outside Slurm, as before."""
+    d, _calls = nvml_daemon()
+    c = d.client()
+    err = c.request("register", slurm_job_id=77, gpu="0", **FEATURES)["error"]
+    assert "no hold of the job here says which GPU Slurm gave it" in err["message"], err
+    assert c.call("status")["jobs"] == [] and [g["pinned_hz"] for g in c.call("status")["gpus"]] == [None, None]
+    uuid1 = c.call("status")["gpus"][1]["uuid"]
+    res = c.call("register", slurm_job_id=77, gpu=uuid1, **FEATURES)
+    assert not res["slurm"]["joined"] and c.call("status")["jobs"][0]["gpu"] == "1", res
+    c.call("unregister", job_id=res["job_id"])
+    res = c.call("register", gpu="0", **FEATURES)
+    assert c.call("status")["jobs"][0]["gpu"] == "0", res
+    c.call("unregister", job_id=res["job_id"])
