@@ -170,8 +170,9 @@ def visible_gpu(environ: Mapping[str, str] | None = None, torch_module: Any = No
 def launched_gpu(environ: Mapping[str, str] | None = None,
                  driver_uuid: Callable[[int], str | None] = driver_gpu_uuid) -> str | None:
     """The GPU a command that a launcher starts will compute on (`ftgov run`, which runs no CUDA itself), as the
-    daemon's ``gpu`` field: a UUID named in CUDA_VISIBLE_DEVICES as it is, else the UUID of the first device CUDA's
-    driver shows under this process's environment and cgroup, else visible_gpu's answer (an index).
+    daemon's ``gpu`` field: a GPU's UUID named in CUDA_VISIBLE_DEVICES as it is, else the UUID of the first device
+    CUDA's driver shows under this process's environment and cgroup, else visible_gpu's answer (an index, or a MIG
+    instance's UUID, which the daemon refuses with its reason).
 
     A number in CUDA_VISIBLE_DEVICES is CUDA's, and inside a Slurm job Slurm's or its cgroup's (ConstrainDevices
     makes it 0 whichever GPU it is), not NVML's index, so the launcher asks the driver. Initializing CUDA in the
@@ -181,8 +182,8 @@ def launched_gpu(environ: Mapping[str, str] | None = None,
     """
     env = os.environ if environ is None else environ
     named = visible_gpu(env)  # the launcher imports no torch: the environment's name
-    if named is not None and named.upper().startswith(("GPU-", "MIG-")):
-        return named
+    if named is not None and named.upper().startswith("GPU-"):
+        return named  # a MIG instance's UUID goes to the driver, which may give its GPU's (unverified under MIG)
     if env.get("CUDA_VISIBLE_DEVICES") is not None and named is None:
         return None  # CUDA shows the command no GPU
     return driver_uuid(0) or named

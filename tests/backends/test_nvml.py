@@ -456,6 +456,8 @@ def test_a_launcher_names_its_commands_gpu_by_the_drivers_uuid():
     assert launched_gpu({"CUDA_VISIBLE_DEVICES": "GPU-aaa,GPU-bbb"}, driver) == "GPU-aaa"  # named as it is
     assert launched_gpu({"CUDA_VISIBLE_DEVICES": "-1"}, driver) is None  # CUDA shows the command no GPU
     assert asked == [0, 0]
+    assert launched_gpu({"CUDA_VISIBLE_DEVICES": "MIG-abc"}, driver).startswith("GPU-8f1c")  # the driver's GPU
+    assert launched_gpu({"CUDA_VISIBLE_DEVICES": "MIG-abc"}, _no_driver) == "MIG-abc"  # the daemon says why not
     assert launched_gpu({"CUDA_VISIBLE_DEVICES": "3"}, _no_driver) == "3"  # no driver: the number, as before
     assert launched_gpu({}, _no_driver) is None
 
