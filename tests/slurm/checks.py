@@ -235,7 +235,8 @@ def submit(name: str, *args: str, script_text: str = JOB_SCRIPT) -> tuple[int, P
     job_id = int(out.strip().split(";")[0])
     started = read_fifo(ready, JOB_STATE_TIMEOUT_S)
     expect(started == str(job_id), f"job {job_id} did not start within {JOB_STATE_TIMEOUT_S} s (read {started!r}; "
-           f"squeue: {job_state(job_id)!r})")
+           f"squeue: {job_state(job_id)!r}, why: "
+           f"{sh('squeue', '-h', '-j', str(job_id), '-o', '%i %r', check=False).stdout.strip()!r})")
     return job_id, gate
 
 
