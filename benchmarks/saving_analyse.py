@@ -38,6 +38,19 @@ def rel_summary(xs):
     return f"rms {rms:.2f}%, p99 {percentile(a, 99):.2f}%, mean {100 * statistics.mean(xs):+.2f}%"
 
 
+def pooled_parts(job):
+    """The baseline's parts the daemon pooled (a stray first part left out)."""
+    return job["parts"][len(job["parts"]) - job["pooled_parts"]:]
+
+
+def baseline_side(job):
+    """The pooled baseline's steps, s/step and power (its J/step over its s/step)."""
+    parts = pooled_parts(job)
+    nb = sum(p["n"] for p in parts)
+    sb = sum(p["s"] * p["n"] for p in parts) / nb
+    return nb, sb, job["saving"]["baseline_j_per_step"] / sb
+
+
 def tuned_side(job):
     """J/step and s/step over the stretches at the pick and its confirmation windows, and the steps."""
     best = job["best_hz"]
@@ -65,7 +78,7 @@ def decompose(jobs):
         E_top, t_top = job["E"][i_top], job["t"][i_top]
         E_p, t_p = job["E"][i_pick], job["t"][i_pick]
         Jb, Jt = sv["baseline_j_per_step"], sv["tuned_j_per_step"]
-        parts = job["parts"][len(job["parts"]) - job["pooled_parts"]:]
+        parts = pooled_parts(job)
         w = [p["n"] for p in parts]
         sb = sum(p["s"] * p["n"] for p in parts) / sum(w)  # pooled as `pooled` does without spans
         if job["added"]:
@@ -152,11 +165,8 @@ def est_model(job, levels_from=0.0, include_base=True):
     ``levels_from``: only levels at or above that fraction of the top clock."""
     sv = job["saving"]
     f_top = job["levels"][-1]
-    parts = job["parts"][len(job["parts"]) - job["pooled_parts"]:]
-    nb = sum(p["n"] for p in parts)
-    sb = sum(p["s"] * p["n"] for p in parts) / nb
-    Jb, Jt = sv["baseline_j_per_step"], sv["tuned_j_per_step"]
-    Pb = Jb / sb
+    nb, sb, Pb = baseline_side(job)
+    Jt = sv["tuned_j_per_step"]
     pts = []
     if include_base:
         pts.append((f_top / 1e9, sb, sb * STEP_CV / math.sqrt(nb)))
@@ -188,11 +198,8 @@ def est_model_re(job):
     top (the fit's variance and tau^2) combined with the baseline's own step time by inverse variance (a BLUP)."""
     sv = job["saving"]
     f_top = job["levels"][-1]
-    parts = job["parts"][len(job["parts"]) - job["pooled_parts"]:]
-    nb = sum(p["n"] for p in parts)
-    sb = sum(p["s"] * p["n"] for p in parts) / nb
-    Jb, Jt = sv["baseline_j_per_step"], sv["tuned_j_per_step"]
-    Pb = Jb / sb
+    nb, sb, Pb = baseline_side(job)
+    Jt = sv["tuned_j_per_step"]
     sd_b = max(sv["baseline_rel"], STEP_CV / math.sqrt(nb))  # relative
     by_level = defaultdict(lambda: [0.0, 0.0])
     for m in job["windows"]:
@@ -241,7 +248,7 @@ def est_top_windows(job):
     tops = [m for m in job["windows"] if m["level"] == f_top]
     if not tops:
         return None
-    parts = job["parts"][len(job["parts"]) - job["pooled_parts"]:]
+    parts = pooled_parts(job)
     items = parts + tops
     n = sum(m["n"] for m in items)
     J = sum(m["j"] * m["n"] for m in items) / n
@@ -286,7 +293,7 @@ def est_drift_cv(job, flank_mult=1.0, beta_fixed=None):
     sv = job["saving"]
     series = _pick_series(job)
     Jt = sv["tuned_j_per_step"]
-    parts = job["parts"][len(job["parts"]) - job["pooled_parts"]:]
+    parts = pooled_parts(job)
     if len(parts) < 2 or not series:
         return None
     n_part = statistics.median(p["n"] for p in parts)
