@@ -185,14 +185,24 @@ class SchedulerHolds:
              gpus: list[str | int] | None, gpu_numbering: str = "auto", node_gpus: int | None = None) -> dict:
         """Hold the job's GPUs (``gpus``: Slurm's numbers, read by ``gpu_numbering`` (gpuid.find_slurm_gpu), or
         UUIDs; None: the node's one integrated GPU, as on a Jetson where Slurm knows no GRES) under ``policy``. A
-        second hold for the same job (a prolog run again) answers the first. FtgovError when a GPU is unknown or
-        ambiguous, or a pin fails (nothing is held then)."""
+        second hold for the same job on the same GPUs (a prolog run again) answers the first; on other GPUs (or for
+        another uid) the first is stale: a requeued job whose epilog here was lost, run again on this node under
+        the same id, which no sweep releases (squeue lists it). It is released, and the job's GPUs now are held.
+        FtgovError when a GPU is unknown or ambiguous, or a pin fails (nothing is held then)."""
         if policy not in POLICIES:
             raise FtgovError(f"policy: {policy!r} is none of {', '.join(POLICIES)}")
         existing = self._holds.get(slurm_job_id)
+        try:
+            gpu_ids = self._gpu_ids(gpus, gpu_numbering, node_gpus)
+        except FtgovError:
+            if existing is not None:  # what Slurm gave the job now is unknown: the old run's GPUs are not it
+                self._drop_stale(existing, "its GPUs now cannot be told")
+            raise
         if existing is not None:
-            return {**self._describe_one(existing), "already_held": True}
-        gpu_ids = self._gpu_ids(gpus, gpu_numbering, node_gpus)
+            if set(existing.gpus) == set(gpu_ids) and existing.uid == uid:
+                return {**self._describe_one(existing), "already_held": True}
+            self._drop_stale(existing, f"held on GPU(s) {', '.join(existing.gpus)} for uid {existing.uid}, now "
+                                       f"asked for GPU(s) {', '.join(gpu_ids) or 'none'} for uid {uid}")
         if not gpu_ids:
             why = ("the job was given no GPU" if gpus is not None else
                    "no GPU named and this node's GPUs are not one integrated GPU: name them (SLURM_JOB_GPUS)")
@@ -214,6 +224,12 @@ class SchedulerHolds:
                 self.pins.apply_gpu(gid, quietly=True, removed=True)
             raise
         return self._describe_one(hold)
+
+    def _drop_stale(self, hold: Hold, why: str) -> None:
+        """A prolog for a job held here already, on other GPUs: the hold is a former run's (requeued), released."""
+        log.warning("%s: a prolog for a job held here already (%s): the hold is a former run's (a requeued job whose "
+                    "epilog here was lost), released", hold.label(), why, extra=hold.fields())
+        self.release(hold.slurm_job_id, "stale")
 
     def _gpu_ids(self, gpus: list[str | int] | None, numbering: str, node_gpus: int | None) -> list[str]:
         if gpus is None:

@@ -427,3 +427,22 @@ def test_a_number_inside_a_slurm_job_with_no_hold_here_tells_no_gpu(nvml_daemon)
     res = c.call("register", gpu="0", **FEATURES)
     assert c.call("status")["jobs"][0]["gpu"] == "0", res
     c.call("unregister", job_id=res["job_id"])
+
+
+def test_a_prolog_for_a_held_job_on_other_gpus_moves_the_hold_to_them(nvml_daemon):
+    """A job requeued (preempted, a node failure) whose epilog here was lost (ftgovd unreachable then: the epilog
+    warns and exits 0) may run again on this node on other GPUs, under the same job id, which the next prolog's
+    sweep keeps (squeue lists the job). The new prolog answered the old hold: its GPU, now perhaps another job's,
+    stayed pinned at the hold's level, and the job's new GPU was not held."""
+    d, _calls = nvml_daemon()
+    c = d.client()
+    c.call("slurm_hold", slurm_job_id=60, uid=1000, policy="ffg", gpus=[0])
+    again = c.call("slurm_hold", slurm_job_id=60, uid=1000, policy="ffg", gpus=[1])
+    assert set(again["gpus"]) == {"1"}, again
+    status = c.call("status")
+    assert [g["pinned_hz"] is not None for g in status["gpus"]] == [False, True], status["gpus"]
+    assert [set(h["gpus"]) for h in status["holds"]] == [{"1"}]
+    same = c.call("slurm_hold", slurm_job_id=60, uid=1000, policy="ffg", gpus=[1])  # a prolog run again: as before
+    assert same.get("already_held") and set(same["gpus"]) == {"1"}, same
+    c.call("slurm_release", slurm_job_id=60)
+    assert [g["pinned_hz"] for g in c.call("status")["gpus"]] == [None, None]
