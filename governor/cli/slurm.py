@@ -16,6 +16,7 @@ import signal
 import socket as socketlib
 import subprocess
 import sys
+import time
 import traceback
 from typing import Annotated, Literal
 
@@ -32,8 +33,9 @@ DEFAULT_SLURM_CONFIG = "/etc/ftgov/slurm.yaml"
 Policy = Annotated[Literal["tune", "mlg", "ffg", "off"], BeforeValidator(lambda v: "off" if v is False else v)]
 COMMENT_CHOICE = re.compile(r"(?:^|[\s,;])ftgov=(\S+?)(?=$|[\s,;])")
 MAX_ADMIN_COMMENT = 1024
-# The calls a prolog may make, each bounded by timeout_s: squeue (sweep_stale), scontrol show job (the comment),
-# scontrol show node (node_gpus_from_scontrol), ftgovd's connect and its answer. The whole run is bounded at as many.
+# The calls a prolog makes before the job is held, each bounded by timeout_s: scontrol show job (the comment),
+# scontrol show node (node_gpus_from_scontrol), ftgovd's connect and its answer, and one to spare. The whole run is
+# bounded at as many; the sweep of stale holds (a squeue call for each), after the hold, stops short of the bound.
 CALLS_AT_MOST = 5
 
 
@@ -215,12 +217,12 @@ def _connect(config: SlurmConfig, env: dict[str, str], script: str, nothing: str
 
 
 def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
+    # Within run's alarm (CALLS_AT_MOST calls of timeout_s, plus 1 s): the sweep, last, stops before it.
+    deadline = time.monotonic() + config.timeout_s * CALLS_AT_MOST
     job_id, conn = _connect(config, env, "a prolog", "nothing held, the job runs at the default clocks")
     if conn is None:
         return 0
     with conn:
-        if config.sweep_stale:
-            sweep_stale_holds(conn, config, job_id)
         partition = env.get("SLURM_JOB_PARTITION")
         comment = env.get("SLURM_JOB_COMMENT")
         if comment is None and config.job_choice and config.comment_from_scontrol:
@@ -234,14 +236,23 @@ def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
         node_gpus = None
         if config.node_gpus_from_scontrol and gpus and any(isinstance(g, int) for g in gpus):
             node_gpus = node_gpu_count(env.get("SLURMD_NODENAME") or socketlib.gethostname(), config.timeout_s)
-        reply = conn.call("slurm_hold", slurm_job_id=job_id, uid=int(uid) if uid.isdigit() else 0, policy=policy,
-                          gpus=gpus, partition=partition, gpu_numbering=config.gpu_numbering, node_gpus=node_gpus)
-    held = reply.get("gpus") or {}
-    if not held:
-        info(f"job {job_id}: nothing held ({reply.get('why', 'no GPU')})")
-        return 0
-    info(f"job {job_id}: {policy} (from {source}) on GPU(s) " + ", ".join(
-        f"{gid} at {_mhz(g.get('freq_hz'))}" for gid, g in held.items()))
+        try:
+            reply = conn.call("slurm_hold", slurm_job_id=job_id, uid=int(uid) if uid.isdigit() else 0,
+                              policy=policy, gpus=gpus, partition=partition, gpu_numbering=config.gpu_numbering,
+                              node_gpus=node_gpus)
+        except FtgovError as e:
+            warn(f"{e}: the job runs at the default clocks")
+        else:
+            held = reply.get("gpus") or {}
+            if not held:
+                info(f"job {job_id}: nothing held ({reply.get('why', 'no GPU')})")
+            else:
+                info(f"job {job_id}: {policy} (from {source}) on GPU(s) " + ", ".join(
+                    f"{gid} at {_mhz(g.get('freq_hz'))}" for gid, g in held.items()))
+        # After the job's own hold: the sweep makes a squeue call for every other hold here, more than the alarm's
+        # bound allows where slurmctld is slow, and the alarm then ended the prolog before the job was held.
+        if config.sweep_stale:
+            sweep_stale_holds(conn, config, job_id, deadline)
     return 0
 
 
@@ -370,14 +381,18 @@ def scontrol_field(job_id: int, name: str, timeout_s: float) -> str | None:
     return m.group(1)
 
 
-def sweep_stale_holds(conn, config: SlurmConfig, job_id: int) -> None:
+def sweep_stale_holds(conn, config: SlurmConfig, job_id: int, deadline: float | None = None) -> None:
     """Release the holds of jobs that Slurm no longer runs: their epilog was lost (slurmd killed, the epilog timed
-    out). A job Slurm still lists (running, completing) keeps its hold; when squeue cannot answer, nothing goes."""
+    out). A job Slurm still lists (running, completing) keeps its hold; when squeue cannot answer, nothing goes.
+    Stops where a squeue and a release might not end before ``deadline`` (time.monotonic()): the next prolog goes on."""
     holds = conn.call("status").get("holds") or []
     for hold in holds:
         other = hold.get("slurm_job_id")
         if other == job_id or not isinstance(other, int):
             continue
+        if deadline is not None and time.monotonic() + 2 * config.timeout_s > deadline:
+            warn("out of time for the sweep of stale holds: the next prolog goes on with it")
+            return
         if slurm_knows(other, config.timeout_s) is False:
             warn(f"job {other}: held, but Slurm no longer runs it (its epilog was lost): releasing it")
             conn.call("slurm_release", slurm_job_id=other, why="stale")

@@ -270,3 +270,24 @@ def test_a_comment_with_more_than_the_choice_is_read_whole_from_scontrol(orin, s
     out = slurm("prolog", env, config, tmp_path)
     assert out.returncode == 0 and "job 49: off (from the job's --comment)" in out.stdout, out
     assert slurm("epilog", env, config, tmp_path).returncode == 0
+
+
+def test_a_slow_squeue_in_the_sweep_does_not_cost_the_job_its_hold(nvml_daemon, tmp_path):  # noqa: F811
+    """The sweep asks squeue about every other hold on the node, one call each, while the alarm bounds the whole run at
+    CALLS_AT_MOST calls. It ran before the job's own hold: on a node of several jobs, with slurmctld slow to answer
+    (the squeue calls each near timeout_s), the alarm ended the prolog first and the job ran unheld."""
+    d, _calls = nvml_daemon()
+    c = d.client()
+    for job in range(70, 76):
+        c.call("slurm_hold", slurm_job_id=job, uid=1000, policy="ffg", gpus=[0])
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text("#!/bin/sh\nsleep 30\n")
+    (bin_dir / "squeue").chmod(0o755)
+    env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "77", "SLURM_JOB_UID": "0", "SLURM_JOB_GPUS": "1",
+           "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    config = "policy: ffg\ncomment_from_scontrol: false\nnode_gpus_from_scontrol: false\ntimeout_s: 0.5\n"
+    out = slurm("prolog", env, config, tmp_path)
+    assert out.returncode == 0, out
+    assert 77 in [h["slurm_job_id"] for h in c.call("status")["holds"]], out
+    assert "job 77: ffg (from the default) on GPU(s) 1 at" in out.stdout, out
