@@ -272,7 +272,7 @@ def epilog(config: SlurmConfig, env: dict[str, str]) -> int:
         except UnknownJob:
             info(f"job {job_id}: nothing held on this node")
             return 0
-    summary = admin_comment_entry(out, socketlib.gethostname())
+    summary = admin_comment_entry(out, env.get("SLURMD_NODENAME") or socketlib.gethostname())
     info(f"job {job_id}: released; {summary}")
     if not out.get("restored", True):
         warn(f"job {job_id}: a GPU's restore failed; ftgovd retries it (journalctl -u ftgovd)")

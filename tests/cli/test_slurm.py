@@ -291,3 +291,13 @@ def test_a_slow_squeue_in_the_sweep_does_not_cost_the_job_its_hold(nvml_daemon, 
     assert out.returncode == 0, out
     assert 77 in [h["slurm_job_id"] for h in c.call("status")["holds"]], out
     assert "job 77: ffg (from the default) on GPU(s) 1 at" in out.stdout, out
+
+
+def test_the_epilogs_entry_names_slurms_node_not_the_hostname(orin, start_daemon, tmp_path):
+    """slurmd gives the epilog SLURMD_NODENAME, the NodeName sacct and scontrol show (docs/slurm.md's ftgov@gpu01),
+    which need not be the host's name (NodeHostname=, a FQDN); the prolog already used it, the epilog did not."""
+    d = start_daemon(config={"ffg_freq_hz": 612000000})
+    env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "45", "SLURM_JOB_UID": "0", "SLURMD_NODENAME": "gpu-node-7x"}
+    assert slurm("prolog", env, CONFIG, tmp_path).returncode == 0
+    out = slurm("epilog", env, CONFIG, tmp_path)
+    assert out.returncode == 0 and "job 45: released; ftgov@gpu-node-7x:" in out.stdout, out
