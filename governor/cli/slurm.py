@@ -99,19 +99,33 @@ def choose_policy(config: SlurmConfig, partition: str | None, comment: str | Non
     return config.policy, "the default"
 
 
+class NoSlurmIndex(FtgovError):
+    """The prolog's environment numbers the job's GPUs without SLURM_JOB_GPUS: Slurm 19.05 wrote device-file numbers
+    (/dev/nvidiaN's N) there, today's Slurm the index that SLURM_JOB_GPUS carries; which one it is cannot be told."""
+
+
 def job_gpus(env: dict[str, str]) -> list[str | int] | None:
     """The job's GPUs on this node as slurm_hold's ``gpus``: the UUIDs of the prolog's CUDA_VISIBLE_DEVICES where
-    Slurm gives them (a gres.conf UniqueId, Flags=env_uuid), else the numbers of SLURM_JOB_GPUS, else of
-    CUDA_VISIBLE_DEVICES, else of GPU_DEVICE_ORDINAL (Slurm's own numbers: ftgovd maps them by gpu_numbering); None
-    when Slurm names none (a node without GRES, a Jetson)."""
+    Slurm gives them (a gres.conf UniqueId, Flags=env_uuid), else the numbers of SLURM_JOB_GPUS (Slurm's own index:
+    ftgovd maps them by gpu_numbering); None when Slurm names none (a node without GRES, a Jetson). NoSlurmIndex
+    where only CUDA_VISIBLE_DEVICES or GPU_DEVICE_ORDINAL number them: today's Slurm writes SLURM_JOB_GPUS beside
+    them, from the same list (gres_common_prep_set_env); Slurm 19.05 wrote neither SLURM_JOB_GPUS nor its index but
+    each device file's number (its gres_gpu.c, epilog_set_env), which read as the index would name another GPU."""
     named = {name: _keys(env[name]) for name in ("CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS", "GPU_DEVICE_ORDINAL")
              if name in env}
     uuids = named.get("CUDA_VISIBLE_DEVICES")
     if uuids and all(isinstance(k, str) for k in uuids):
         return uuids
-    for name in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"):
+    if "SLURM_JOB_GPUS" in named:
+        return named["SLURM_JOB_GPUS"]
+    for name in ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"):
+        if named.get(name):
+            raise NoSlurmIndex(
+                f"{name}={env[name]} without SLURM_JOB_GPUS: a Slurm that does not give the prolog SLURM_JOB_GPUS "
+                "(19.05 did not) numbers device files there, not its index; nothing numbered is held (give the "
+                "GPUs UniqueId= in gres.conf, so that Slurm names them by UUID)")
         if name in named:
-            return named[name]
+            return []
     return None
 
 
@@ -160,9 +174,12 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "check":
         config = load_slurm_config(args.config or DEFAULT_SLURM_CONFIG, must_exist=args.config is not None)
         policy, source = choose_policy(config, env.get("SLURM_JOB_PARTITION"), env.get("SLURM_JOB_COMMENT"))
-        gpus = job_gpus(env)
-        named = ("none named by Slurm (a Jetson's GPU is held; elsewhere none)" if gpus is None
-                 else ", ".join(str(g) for g in gpus) or "an empty list")
+        try:
+            gpus = job_gpus(env)
+            named = ("none named by Slurm (a Jetson's GPU is held; elsewhere none)" if gpus is None
+                     else ", ".join(str(g) for g in gpus) or "an empty list")
+        except NoSlurmIndex as e:
+            named = f"none held: {e}"
         info(f"config OK; a job here gets {policy} (from {source}); GPUs: {named} (read by gpu_numbering "
              f"{config.gpu_numbering})")
         return 0
@@ -232,7 +249,13 @@ def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
                 warn(f"job {job_id}: the comment is not read: {e}")
         policy, source = choose_policy(config, partition, comment)
         uid = env.get("SLURM_JOB_UID", "")
-        gpus = job_gpus(env)
+        told = False  # the job's log has said why nothing is held
+        try:
+            gpus = job_gpus(env)
+        except NoSlurmIndex as e:
+            told = True
+            warn(f"job {job_id}: {e}: the job runs at the default clocks")
+            gpus = []  # held on none; a former run's hold under this id, on whichever GPUs, is released
         node_gpus = None
         if config.node_gpus_from_scontrol and gpus and any(isinstance(g, int) for g in gpus):
             node_gpus = node_gpu_count(env.get("SLURMD_NODENAME") or socketlib.gethostname(), config.timeout_s)
@@ -244,9 +267,9 @@ def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
             warn(f"{e}: the job runs at the default clocks")
         else:
             held = reply.get("gpus") or {}
-            if not held:
+            if not held and not told:
                 info(f"job {job_id}: nothing held ({reply.get('why', 'no GPU')})")
-            else:
+            elif held:
                 info(f"job {job_id}: {policy} (from {source}) on GPU(s) " + ", ".join(
                     f"{gid} at {_mhz(g.get('freq_hz'))}" for gid, g in held.items()))
         # After the job's own hold: the sweep makes a squeue call for every other hold here, more than the alarm's

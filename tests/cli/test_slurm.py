@@ -11,6 +11,7 @@ import pytest
 
 from governor.cli.ops import format_status
 from governor.cli.slurm import (
+    NoSlurmIndex,
     SlurmConfig,
     admin_comment_entry,
     choose_policy,
@@ -131,11 +132,10 @@ def test_choose_policy_order_comment_then_partition_then_default(capsys):
 
 def test_job_gpus_from_slurms_environment():
     assert job_gpus({"SLURM_JOB_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0"}) == [0, 1]
-    assert job_gpus({"CUDA_VISIBLE_DEVICES": "GPU-abc,3"}) == ["GPU-abc", 3]
     assert job_gpus({"SLURM_JOB_GPUS": ""}) == []
     assert job_gpus({}) is None
     assert job_gpus({"SLURM_JOB_GPUS": "NoDevFiles"}) == []  # what Slurm writes where gres.conf names no files
-    assert job_gpus({"CUDA_VISIBLE_DEVICES": "1,x,2"}) == [1]  # read as CUDA reads it: up to the first non-GPU
+    assert job_gpus({"SLURM_JOB_GPUS": "1,x,2"}) == [1]  # read as CUDA reads it: up to the first non-GPU
     # UUIDs (a gres.conf UniqueId, Flags=env_uuid) name the GPUs whatever Slurm's numbering: they come first.
     assert job_gpus({"SLURM_JOB_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "GPU-abc,GPU-def"}) == ["GPU-abc", "GPU-def"]
 
@@ -301,3 +301,22 @@ def test_the_epilogs_entry_names_slurms_node_not_the_hostname(orin, start_daemon
     assert slurm("prolog", env, CONFIG, tmp_path).returncode == 0
     out = slurm("epilog", env, CONFIG, tmp_path)
     assert out.returncode == 0 and "job 45: released; ftgov@gpu-node-7x:" in out.stdout, out
+
+
+def test_numbers_without_slurm_job_gpus_are_not_read_as_slurms_index(nvml_daemon, tmp_path):  # noqa: F811
+    """Slurm 19.05 gave the prolog no SLURM_JOB_GPUS and wrote each device file's number in CUDA_VISIBLE_DEVICES and
+    GPU_DEVICE_ORDINAL; today's writes them from SLURM_JOB_GPUS's list. Read as the index, /dev/nvidia1's 1 was NVML's
+    second GPU, another job's: such numbers hold nothing and the log says why."""
+    assert job_gpus({"SLURM_JOB_GPUS": "1", "CUDA_VISIBLE_DEVICES": "1"}) == [1]
+    for name in ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL"):
+        with pytest.raises(NoSlurmIndex, match="without SLURM_JOB_GPUS"):
+            job_gpus({name: "1"})
+        assert job_gpus({name: ""}) == []
+    d, _calls = nvml_daemon(gpus=({"minor_number": 1}, {"minor_number": 2}))
+    env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "44", "SLURM_JOB_UID": "0", "CUDA_VISIBLE_DEVICES": "1"}
+    out = slurm("prolog", env, "policy: ffg\ncomment_from_scontrol: false\ngpu_numbering: device_file\n", tmp_path)
+    assert out.returncode == 0 and "without SLURM_JOB_GPUS" in out.stderr and "UniqueId" in out.stderr, out
+    assert "nothing held (" not in out.stderr
+    assert d.client().call("status")["holds"] == []
+    check = slurm("check", env, "policy: ffg\n", tmp_path)
+    assert check.returncode == 0 and "none held" in check.stdout + check.stderr, check
