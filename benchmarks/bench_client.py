@@ -11,6 +11,7 @@ Prints a table and writes it to docs/benchmarks.md ("client"). Run: python -m be
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -41,7 +42,10 @@ def median_ms(fn, n: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    args = p.parse_args(argv)
     import torch
 
     import governor
@@ -94,7 +98,8 @@ def main() -> int:
             "training loop, against a real `ftgovd --simulate`; each row names how many calls it covers. "
             f"Machine: {machine()}.\n\n"
             + "\n".join(markdown_table(("client figure", "value"), rows)) + "\n")
-    print(f"wrote {write_section('client', text)}", file=sys.stderr)
+    if not args.no_doc:
+        print(f"wrote {write_section('client', text)}", file=sys.stderr)
     return 0
 
 

@@ -9,6 +9,7 @@ energy. Simulated data (model/data, governor/sim/energy.py): not a hardware meas
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -52,7 +53,10 @@ def section(sweeps, summ: dict, names: list[str], tree: DecisionTree, settings: 
             "behind the oracle's average saving (target: within 2).\n")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    args = p.parse_args(argv)
     tree = DecisionTree.load(MODEL / "mlg-tree.json")
     m = tree.metadata
     print(f"MLG tree: {len(tree.nodes)} nodes, leaves {[f // 10**6 for f in tree.leaves_hz()]} MHz, "
@@ -77,7 +81,8 @@ def main() -> None:
     print(f"target: no held-out workload above MAXN (MLG) ..... {above} above: {'met' if above == 0 else 'MISSED'}")
     print(f"MLG vs FFG: {summ['mlg']['average'] - summ['ffg']['average']:+.2f} points; "
           f"MLG vs paper tree: {summ['mlg']['average'] - summ['paper']['average']:+.2f} points")
-    print(f"wrote {write_section('evaluate', section(sweeps, summ, names, tree, settings))}", file=sys.stderr)
+    if not args.no_doc:
+        print(f"wrote {write_section('evaluate', section(sweeps, summ, names, tree, settings))}", file=sys.stderr)
 
 
 if __name__ == "__main__":

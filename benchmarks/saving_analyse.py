@@ -6,10 +6,10 @@ alternative estimators of it evaluated on the very same jobs.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import statistics
-import sys
 from collections import defaultdict
 
 from benchmarks.figures import pct as percentile
@@ -382,9 +382,13 @@ def run_estimators(jobs):
             evaluate(sub, name, fn)
 
 
-def main():
-    jobs = load(sys.argv[1])
-    if "--no-decompose" not in sys.argv:
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dump", help="saving_dump's output (JSON lines)")
+    p.add_argument("--no-decompose", action="store_true", help="only the estimators, not the error's parts")
+    args = p.parse_args(argv)
+    jobs = load(args.dump)
+    if not args.no_decompose:
         for meter in sorted({j["meter"] for j in jobs}):
             report_decomposition([j for j in jobs if j["meter"] == meter], meter)
     run_estimators(jobs)

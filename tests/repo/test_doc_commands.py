@@ -127,3 +127,13 @@ def test_documented_options_exist(path, commands):
                 elif token in subs and not flagged:  # the subcommands come before any option
                     at = (*at, token)
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_runnable_benchmark_and_script_parses_its_arguments():
+    """A module run with ``python -m`` that parses no arguments runs at once on ``--help``: a benchmark then rewrote
+    docs/benchmarks.md for a reader who asked how to run it."""
+    runnable = [p for folder in ("benchmarks", "scripts") for p in sorted((REPO / folder).glob("*.py"))
+                if '__name__ == "__main__"' in p.read_text()]
+    assert runnable
+    silent = [str(p.relative_to(REPO)) for p in runnable if "ArgumentParser(" not in p.read_text()]
+    assert not silent, f"no argparse parser (--help would run them): {', '.join(silent)}"
