@@ -258,7 +258,11 @@ def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
             gpus = []  # held on none; a former run's hold under this id, on whichever GPUs, is released
         node_gpus = None
         if config.node_gpus_from_scontrol and gpus and any(isinstance(g, int) for g in gpus):
-            node_gpus = node_gpu_count(env.get("SLURMD_NODENAME") or socketlib.gethostname(), config.timeout_s)
+            node = env.get("SLURMD_NODENAME") or socketlib.gethostname()
+            node_gpus = node_gpu_count(node, config.timeout_s)
+            if node_gpus is None:
+                warn(f"job {job_id}: slurmd's GPU count for node {node} could not be read (scontrol show node -o "
+                     f"{node}): Slurm's numbers are read without that check (node_gpus_from_scontrol)")
         try:
             reply = conn.call("slurm_hold", slurm_job_id=job_id, uid=int(uid) if uid.isdigit() else 0,
                               policy=policy, gpus=gpus, partition=partition, gpu_numbering=config.gpu_numbering,

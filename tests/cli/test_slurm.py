@@ -153,6 +153,8 @@ def test_the_prolog_reads_slurms_numbers_as_its_config_says(nvml_daemon, tmp_pat
     assert out.returncode == 0 and "GPUs: 0 (read by gpu_numbering device_file)" in out.stdout, out
     out = slurm("prolog", env, config, tmp_path)
     assert out.returncode == 0 and "job 43: ffg (from the default) on GPU(s) 1 at" in out.stdout, out
+    # No scontrol on PATH: the count is not read, and the log says the numbers went without that check.
+    assert "GPU count for node" in out.stderr and "without that check" in out.stderr, out
     assert slurm("epilog", env, config, tmp_path).returncode == 0
     out = slurm("check", env, "gpu_numbering: pci\n", tmp_path)
     assert out.returncode != 0 and "gpu_numbering" in out.stderr, out
