@@ -264,9 +264,11 @@ def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
                 warn(f"job {job_id}: slurmd's GPU count for node {node} could not be read (scontrol show node -o "
                      f"{node}): Slurm's numbers are read without that check (node_gpus_from_scontrol)")
         try:
+            het = env.get("SLURM_HET_JOB_ID", "")  # a heterogeneous job's component: its leader
             reply = conn.call("slurm_hold", slurm_job_id=job_id, uid=int(uid) if uid.isdigit() else 0,
                               policy=policy, gpus=gpus, partition=partition, gpu_numbering=config.gpu_numbering,
-                              node_gpus=node_gpus)
+                              node_gpus=node_gpus,
+                              het_job_id=int(het) if het.isascii() and het.isdigit() and int(het) > 0 else None)
         except FtgovError as e:
             warn(f"{e}: the job runs at the default clocks")
         else:

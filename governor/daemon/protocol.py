@@ -155,6 +155,8 @@ class SlurmHoldParams(_Params):
     gpus: list[str | int] | None = Field(default=None, max_length=64)
     gpu_numbering: SlurmNumbering = "auto"
     node_gpus: int | None = Field(default=None, ge=0, le=4096)  # how many GPUs slurmd offers here (None: unknown)
+    # A heterogeneous job's component: its leader's id (SLURM_HET_JOB_ID), the SLURM_JOB_ID its steps' tasks see
+    het_job_id: int | None = Field(default=None, ge=1, le=1 << 53)
     partition: str | None = Field(default=None, max_length=128)
 
     @field_validator("gpus", mode="before")

@@ -252,7 +252,7 @@ class Methods:
         try:
             return self.scheduler.hold(slurm_job_id=params.slurm_job_id, uid=params.uid, partition=params.partition,
                                        policy=params.policy, gpus=params.gpus, gpu_numbering=params.gpu_numbering,
-                                       node_gpus=params.node_gpus)
+                                       node_gpus=params.node_gpus, het_job_id=params.het_job_id)
         except FtgovError as e:
             raise RpcFault(SERVER_ERROR, f"Slurm job {params.slurm_job_id}: {e}") from e
 

@@ -123,6 +123,7 @@ class Hold:
     started_at: float = field(default_factory=time.time)
     joined: set[int] = field(default_factory=set)  # daemon job ids of registrations from inside the job
     savings: PooledSaving = field(default_factory=PooledSaving)  # the measured savings of joined jobs that ended
+    het_job_id: int | None = None  # a heterogeneous job's component: the leader's id, which its steps' tasks see
 
     def label(self) -> str:
         return f"Slurm job {self.slurm_job_id}"
@@ -167,7 +168,8 @@ class SchedulerHolds:
         out = []
         for h in self._holds.values():
             energy = {gid: e for gid, g in h.gpus.items() if (e := g.so_far_j()) is not None}
-            out.append(SchedulerHold(slurm_job_id=h.slurm_job_id, uid=h.uid, partition=h.partition, policy=h.policy,
+            out.append(SchedulerHold(slurm_job_id=h.slurm_job_id, het_job_id=h.het_job_id, uid=h.uid,
+                                     partition=h.partition, policy=h.policy,
                                      freq_hz={gid: g.decision.freq_hz for gid, g in h.gpus.items()},
                                      energy_j=energy, joined=sorted(h.joined), started_at=h.started_at))
         return out
@@ -178,16 +180,20 @@ class SchedulerHolds:
         return [{"slurm_job_id": h.slurm_job_id, "uid": h.uid, "partition": h.partition, "policy": h.policy,
                  "gpus": {gid: {"freq_hz": g.decision.freq_hz, "reason": g.decision.reason,
                                 "joined": self._joined_on(h, gid)} for gid, g in h.gpus.items()},
-                 "joined": sorted(h.joined), "duration_s": round(now - h.started_s, 3)} for h in self._holds.values()]
+                 "joined": sorted(h.joined), "duration_s": round(now - h.started_s, 3),
+                 **({"het_job_id": h.het_job_id} if h.het_job_id is not None else {})} for h in self._holds.values()]
 
     # ---- hold and release -------------------------------------------------------------------------------------------
     def hold(self, *, slurm_job_id: int, uid: int, partition: str | None, policy: str,
-             gpus: list[str | int] | None, gpu_numbering: str = "auto", node_gpus: int | None = None) -> dict:
+             gpus: list[str | int] | None, gpu_numbering: str = "auto", node_gpus: int | None = None,
+             het_job_id: int | None = None) -> dict:
         """Hold the job's GPUs (``gpus``: Slurm's numbers, read by ``gpu_numbering`` (gpuid.find_slurm_gpu), or
         UUIDs; None: the node's one integrated GPU, as on a Jetson where Slurm knows no GRES) under ``policy``. A
         second hold for the same job on the same GPUs (a prolog run again) answers the first; on other GPUs (or for
         another uid) the first is stale: a requeued job whose epilog here was lost, run again on this node under
         the same id, which no sweep releases (squeue lists it). It is released, and the job's GPUs now are held.
+        ``het_job_id``: the job is a heterogeneous job's component, whose steps' tasks see the leader's id as
+        SLURM_JOB_ID (Slurm's slurmstepd sets it so): their registrations join it by that id too.
         FtgovError when a GPU is unknown or ambiguous, or a pin fails (nothing is held then)."""
         if policy not in POLICIES:
             raise FtgovError(f"policy: {policy!r} is none of {', '.join(POLICIES)}")
@@ -210,7 +216,7 @@ class SchedulerHolds:
             return {"slurm_job_id": slurm_job_id, "gpus": {}, "policy": policy, "why": why}
         hold = Hold(slurm_job_id, uid, partition, policy,
                     {gid: HeldGpu(gid, self._decide(policy, gid), self.pins.energy.new_meter(self.pins.gpus[gid].gpu))
-                     for gid in gpu_ids})
+                     for gid in gpu_ids}, het_job_id=het_job_id if het_job_id != slurm_job_id else None)
         self._holds[slurm_job_id] = hold
         log.info("%s (uid %d, partition %s) held: %s", hold.label(), uid, partition or "?",
                  "; ".join(f"GPU {gid} {mhz(g.decision.freq_hz, none='no pin')} ({g.decision.reason})"
@@ -325,28 +331,36 @@ class SchedulerHolds:
         index = None if gpu is None else gpuid.as_index(gpu)  # as find_gpu reads it: " 0" is a number there too
         if gpu is not None and index is None:
             return None
-        hold = self._holds.get(slurm_job_id)
-        if hold is None or uid not in (0, hold.uid):
+        holds = [h for h in self._holds_of(slurm_job_id) if uid in (0, h.uid)]
+        if not holds:
             if index is not None and len(self.pins.gpus) > 1:
                 raise gpuid.GpuNotFound(
                     f"GPU {gpu} inside Slurm job {slurm_job_id}: a number there is Slurm's or the job's cgroup's, "
                     "not NVML's index, and no hold of the job here says which GPU Slurm gave it; name the GPU by "
                     "its UUID (nvidia-smi -L; the clients and ftgov run send it where CUDA's driver loads)")
             return None
-        if len(hold.gpus) == 1:
-            return next(iter(hold.gpus))
-        if index is None or str(index) in hold.gpus:
+        gpus = sorted({gid for h in holds for gid in h.gpus})
+        if len(gpus) == 1:
+            return gpus[0]
+        if index is None or str(index) in gpus:
             return None
         raise gpuid.GpuNotFound(
-            f"GPU {gpu} inside Slurm job {slurm_job_id}, which holds GPUs {', '.join(hold.gpus)}: a number there is "
+            f"GPU {gpu} inside Slurm job {slurm_job_id}, which holds GPUs {', '.join(gpus)}: a number there is "
             "Slurm's or the job's cgroup's, not NVML's index, and NVML's GPU of that number is not the job's; name "
             "the GPU by its UUID (nvidia-smi -L)")
 
+    def _holds_of(self, slurm_job_id: int) -> list[Hold]:
+        """The holds a registration that says SLURM_JOB_ID may join: the job's own, and where it is a heterogeneous
+        job's leader, its components' here (their tasks see the leader's id)."""
+        own = self._holds.get(slurm_job_id)
+        return ([own] if own is not None else []) + [h for h in self._holds.values() if h.het_job_id == slurm_job_id]
+
     def joinable(self, slurm_job_id: int, uid: int, gpu_id: str) -> tuple[Hold | None, str]:
         """The hold a registration joins, or None and why not (it then registers as a job of its own)."""
-        hold = self._holds.get(slurm_job_id)
-        if hold is None:
+        holds = self._holds_of(slurm_job_id)
+        if not holds:
             return None, f"no hold for Slurm job {slurm_job_id} on this node"
+        hold = next((h for h in holds if gpu_id in h.gpus), holds[0])
         if uid not in (0, hold.uid):
             return None, f"Slurm job {slurm_job_id} is uid {hold.uid}'s, not uid {uid}'s"
         if gpu_id not in hold.gpus:
@@ -391,7 +405,8 @@ class SchedulerHolds:
                                     rec.energy_j.get(gid, 0.0))
             ran_s = max(0.0, time.time() - rec.started_at)
             hold = Hold(rec.slurm_job_id, rec.uid, rec.partition, rec.policy, gpus,
-                        started_s=time.monotonic() - ran_s, started_at=rec.started_at, joined=set(rec.joined))
+                        started_s=time.monotonic() - ran_s, started_at=rec.started_at, joined=set(rec.joined),
+                        het_job_id=rec.het_job_id)
             self._holds[rec.slurm_job_id] = hold
             log.info("%s: hold re-adopted after a daemon restart (GPUs %s)", hold.label(), ", ".join(gpus),
                      extra=hold.fields())

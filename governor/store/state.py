@@ -120,6 +120,7 @@ class SchedulerHold:
     __pydantic_config__ = _STRICT
 
     slurm_job_id: Annotated[int, Field(ge=1, le=1 << 53)]
+    het_job_id: Annotated[int | None, Field(ge=1, le=1 << 53)] = None  # a heterogeneous job's leader
     uid: Annotated[int, Field(ge=0, le=(1 << 32) - 1)]
     partition: Annotated[str | None, Field(max_length=128)] = None
     policy: Annotated[str, Field(max_length=32)]

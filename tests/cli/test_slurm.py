@@ -322,3 +322,20 @@ def test_numbers_without_slurm_job_gpus_are_not_read_as_slurms_index(nvml_daemon
     assert d.client().call("status")["holds"] == []
     check = slurm("check", env, "policy: ffg\n", tmp_path)
     assert check.returncode == 0 and "none held" in check.stdout + check.stderr, check
+
+
+def test_a_heterogeneous_components_prolog_names_its_leader(nvml_daemon, tmp_path):  # noqa: F811
+    """A component's prolog has its own SLURM_JOB_ID and the leader's SLURM_HET_JOB_ID; its tasks say the leader's
+    id, and join the component's hold by it."""
+    d, _calls = nvml_daemon()
+    env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "701", "SLURM_HET_JOB_ID": "700", "SLURM_JOB_UID": "0",
+           "SLURM_JOB_GPUS": "1"}
+    out = slurm("prolog", env, "policy: ffg\ncomment_from_scontrol: false\n", tmp_path)
+    assert out.returncode == 0 and "job 701: ffg" in out.stdout, out
+    c = d.client()
+    res = c.call("register", slurm_job_id=700, gpu=c.call("status")["gpus"][1]["uuid"], model_type="encoder",
+                 num_layers=12, hidden_size=768, seq_len=128)
+    assert res["slurm"]["joined"], res
+    c.call("unregister", job_id=res["job_id"])
+    assert slurm("epilog", env, "policy: ffg\n", tmp_path).returncode == 0
+    assert c.call("status")["holds"] == []

@@ -20,13 +20,14 @@ FFG_HZ = 1300500000  # the hold's level: above what MLG picks for FEATURES (714 
 
 @pytest.fixture
 def nvml_daemon(start_daemon, tmp_path):
-    def start(gpus=({}, {}), **config):
+    def start(gpus=({}, {}), daemon_args=None, **config):
         spec = tmp_path / "fakenvml.json"
         spec.write_text(json.dumps({"gpus": list(gpus)}))
         calls = tmp_path / "calls.log"
         env = {"FAKENVML_CONFIG": str(spec), "FAKENVML_LOG": str(calls),
                "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
-        d = start_daemon(root=tmp_path / "no-jetson", config={"backend": "nvml", "policy": "mlg", **config}, env=env)
+        d = start_daemon(root=tmp_path / "no-jetson", config={"backend": "nvml", "policy": "mlg", **config}, env=env,
+                         **(daemon_args or {}))
         return d, calls
     return start
 
@@ -446,3 +447,36 @@ def test_a_prolog_for_a_held_job_on_other_gpus_moves_the_hold_to_them(nvml_daemo
     assert same.get("already_held") and set(same["gpus"]) == {"1"}, same
     c.call("slurm_release", slurm_job_id=60)
     assert [g["pinned_hz"] for g in c.call("status")["gpus"]] == [None, None]
+
+
+def test_a_heterogeneous_jobs_component_is_joined_by_the_leaders_id_its_tasks_see(nvml_daemon):
+    """A heterogeneous job's components are jobs of their own: a component's prolog says its own SLURM_JOB_ID and
+    the leader's SLURM_HET_JOB_ID, while the tasks of its steps see the leader's id as SLURM_JOB_ID (slurmstepd sets
+    it so). Their registrations, which say the leader's id, joined no hold and ran as jobs of their own beside the
+    component's pin. They join the component held on their GPU now, a number names one of its GPUs, and the link
+    survives a restart."""
+    d, _calls = nvml_daemon(gpus=({}, {}, {}))
+    c = d.client()
+    c.call("slurm_hold", slurm_job_id=600, uid=0, policy="ffg", gpus=[0], gpu_numbering="index")  # the leader
+    c.call("slurm_hold", slurm_job_id=601, uid=0, policy="ffg", gpus=[2], gpu_numbering="index", het_job_id=600)
+    uuids = [g["uuid"] for g in c.call("status")["gpus"]]
+    res = c.call("register", slurm_job_id=600, gpu=uuids[2], **FEATURES)  # a task of component 601, on its GPU
+    assert res["slurm"]["joined"], res
+    assert {h["slurm_job_id"]: h["joined"] for h in c.call("status")["holds"]} == {600: [], 601: [res["job_id"]]}
+    c.call("unregister", job_id=res["job_id"])
+    res = c.call("register", slurm_job_id=600, gpu=uuids[0], **FEATURES)  # the leader's own task
+    assert res["slurm"]["joined"] and c.call("status")["holds"][0]["joined"] == [res["job_id"]], res
+    c.call("unregister", job_id=res["job_id"])
+    err = c.request("register", slurm_job_id=600, gpu="1", **FEATURES)["error"]  # GPU 1 is no component's
+    assert "UUID" in err["message"], err
+    res = c.call("register", slurm_job_id=600, gpu="2", **FEATURES)
+    assert res["slurm"]["joined"] and c.call("status")["jobs"][0]["gpu"] == "2", res
+    c.call("unregister", job_id=res["job_id"])
+    d.stop(signal.SIGKILL)
+    d2, _calls = nvml_daemon(gpus=({}, {}, {}), daemon_args={"workdir": d.workdir, "notify_name": "n2.sock"})
+    c = d2.client()
+    res = c.call("register", slurm_job_id=600, gpu=uuids[2], **FEATURES)
+    assert res["slurm"]["joined"] and c.call("status")["holds"][1]["joined"][-1] == res["job_id"], res
+    c.call("unregister", job_id=res["job_id"])
+    for job in (601, 600):
+        c.call("slurm_release", slurm_job_id=job)
