@@ -128,6 +128,16 @@ def test_a_simulated_daemon_never_started_or_killed_is_named_with_the_command_th
                                                "ftgovd')")
 
 
+def test_sim_job_before_the_simulated_daemon_first_ran_says_how_to_start_it(tmp_path, capsys):
+    """`eval "$(ftgovd --simulate --print-env)"` then `ftgov sim-job` before the daemon ever started: its tree is not
+    built yet, and the error names the command that builds it rather than a missing ftgov-sim/layout file."""
+    tree = tmp_path / "sim" / "sim-orin"
+    assert main(["sim-job", "--tree", str(tree)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"ftgov: error: no simulated tree at {tree}: ftgovd --simulate builds it when it starts (start "
+                   f"it: ftgovd --simulate --state-dir {tmp_path / 'sim'} &)"), err
+
+
 def test_status_into_a_reader_that_went_away_exits_quietly(daemon):
     """`ftgov status | head -0`, deterministically: the pipe's read end is closed before ftgov writes. The
     BrokenPipeError is handled once, in main(), the way the Python docs do it: quiet, exit 141."""
