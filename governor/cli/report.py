@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import sys
 from collections import Counter
 from datetime import datetime, timedelta
@@ -26,6 +27,9 @@ from governor.text import isolated, printable
 from governor.units import energy, energy_unit, figure, mhz
 
 MAX_CURVE_PANELS = 12
+# Every file a report writes. Common names: a directory that holds anything else (`--out .` in a project) keeps its
+# own summary.md unless --force says to replace it.
+REPORT_FILES = ("curves.png", "savings.png", "summary.md", "summary.csv")
 
 
 def add_parser(sub) -> None:
@@ -35,6 +39,9 @@ def add_parser(sub) -> None:
     add_store_arguments(p)
     p.add_argument("--out", type=Path, required=True, help="directory for curves.png, savings.png, summary.md/.csv")
     p.add_argument("--since", help=SINCE_HELP)
+    p.add_argument("--force", action="store_true",
+                   help="replace curves.png, savings.png, summary.md and summary.csv in a directory that holds other "
+                        "files too (without it, only a directory of an earlier report has them replaced)")
     p.set_defaults(func=run)
 
 
@@ -77,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         # Root runs reports into directories members may own: every file goes in through the checked directory's
         # descriptor (governor/safefile.py), never by path.
         out = OutDir(args.out)
+        if not args.force:
+            _refuse_to_replace_others(out)
     except (FtgovError, OSError) as e:
         print(f"ftgov report: {e}", file=sys.stderr)
         return 1
@@ -87,6 +96,21 @@ def run(args: argparse.Namespace) -> int:
         _summary(groups, totals, out)
     print(f"{args.out}: curves.png, savings.png, summary.md, summary.csv ({len(jobs)} jobs, {len(groups)} workloads)")
     return 0
+
+
+def _refuse_to_replace_others(out: OutDir) -> None:
+    """An error where the report would replace a file of a directory that holds other files as well: those of the
+    report's names there are then not an earlier report's, most likely (a project's own summary.md)."""
+    try:
+        entries = set(os.listdir(out.fd))
+    except OSError as e:
+        out.close()
+        raise FtgovError(f"{out.path}: {e.strerror or e}") from e
+    clash = [n for n in REPORT_FILES if n in entries]
+    if clash and entries - set(REPORT_FILES):
+        out.close()
+        raise FtgovError(f"{out.path} holds other files, and {', '.join(clash)} would be replaced: give a new or "
+                         f"empty directory for --out, or --force to replace them")
 
 
 def _label(g: dict) -> str:

@@ -10,7 +10,7 @@ import select
 import socket as socketlib
 import stat
 
-from governor import DEFAULT_SOCKET_PATH, SOCKET_ENV, SOCKET_GROUP, errors
+from governor import DEFAULT_SOCKET_PATH, SOCKET_ENV, SOCKET_GROUP, errors, simpaths
 from governor.errors import FtgovError
 from governor.simpaths import PRINT_ENV, simulated_state_dir, start_simulated
 
@@ -273,14 +273,24 @@ class Connection:
                 return reply
 
 
+def _simulated_dir(path: str) -> str | None:
+    """The state dir of the simulated daemon whose socket ``path`` is: one whose tree lies beside it, or --simulate's
+    default socket before its first start has built the tree (the shell was pointed at it by --print-env)."""
+    state_dir = simulated_state_dir(path)
+    default_dir = simpaths.simulate_runtime_dir()
+    if state_dir is None and os.path.abspath(path) == str(default_dir / simpaths.SOCKET_NAME):
+        return str(default_dir)
+    return state_dir
+
+
 def _connect_error(path: str, e: OSError) -> DaemonUnavailable:
     if isinstance(e, PermissionError):
         return SocketPermissionError(
             f"permission denied on {path}: join the group '{SOCKET_GROUP}' "
             f"(sudo usermod -aG {SOCKET_GROUP} $USER, then log in again), or run as root")
+    state_dir = _simulated_dir(path)
     if isinstance(e, FileNotFoundError):
-        state_dir = simulated_state_dir(path)
-        if state_dir is not None:  # the socket of a simulated daemon (its tree lies beside it)
+        if state_dir is not None:  # a simulated daemon's socket (its tree beside it, or --simulate's default)
             return DaemonUnavailable(f"ftgovd --simulate is not running: no socket at {path} (start it: "
                                      f"{start_simulated(state_dir, path)})")
         # A simulated daemon listens elsewhere: a shell never pointed at it looks here and finds no board's daemon.
@@ -295,7 +305,11 @@ def _connect_error(path: str, e: OSError) -> DaemonUnavailable:
         if not _is_socket(path):  # connect() refuses a regular file or a directory the same way
             return DaemonUnavailable(f"{path} is not a socket: point {SOCKET_ENV} / --socket at ftgovd's socket "
                                      f"(ftgovd --simulate prints its path)")
-        return DaemonUnavailable(f"nothing listens on {path}: ftgovd stopped and left its socket behind?")
+        if state_dir is not None:
+            return DaemonUnavailable(f"nothing listens on {path}: ftgovd --simulate stopped and left its socket "
+                                     f"behind (start it again: {start_simulated(state_dir, path)})")
+        return DaemonUnavailable(f"nothing listens on {path}: ftgovd stopped and left its socket behind (start it "
+                                 "again with 'systemctl start ftgovd')")
     return DaemonUnavailable(f"cannot connect to ftgovd at {path}: {e}")
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from governor.errors import FtgovError
 from governor.sim import tree
 from governor.sim.inotify import IN_CLOSE_WRITE, IN_MODIFY, Inotify
-from governor.simpaths import PRINT_ENV, SIM_TREE_ENV
+from governor.simpaths import PRINT_ENV, SIM_TREE_ENV, SOCKET_NAME, start_simulated, tree_state_dir
 from governor.sysfs import Root
 
 _announcements = itertools.count(1)
@@ -156,6 +156,10 @@ def _main(args: argparse.Namespace) -> int:
     if not args.tree:
         raise FtgovError(f"no simulated tree: give --tree DIR, or set {SIM_TREE_ENV} with {PRINT_ENV} once "
                          "ftgovd --simulate runs")
+    state_dir = tree_state_dir(args.tree)
+    if state_dir is not None and not Path(args.tree).exists():  # FTGOV_SIM_TREE set before the daemon's first start
+        raise FtgovError(f"no simulated tree at {args.tree}: ftgovd --simulate builds it when it starts (start it: "
+                         f"{start_simulated(state_dir, Path(state_dir) / SOCKET_NAME)})")
     root = Root(Path(args.tree))
     try:
         tree.layout_of(root)

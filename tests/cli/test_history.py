@@ -151,6 +151,30 @@ def test_report_draws_the_curves_and_savings_and_writes_the_summary(sim_store, t
     assert f"{len(records)} jobs recorded" in (out / "summary.md").read_text()
 
 
+def test_report_does_not_replace_files_of_a_directory_that_holds_other_work(sim_store, tmp_path, capsys):
+    """`ftgov report --out .` in a project directory must not overwrite its own summary.md: the report's names are
+    common ones. A directory that holds only an earlier report (the README's /tmp/ftgov-report, run again) is
+    replaced as before; --force replaces anyway."""
+    path, _ = sim_store
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "summary.md").write_text("my notes\n")
+    (project / "train.py").write_text("print()\n")
+    assert main(["report", "--store", str(path), "--out", str(project)]) == 1
+    err = capsys.readouterr().err
+    assert "summary.md" in err and "--force" in err and len(err.strip().splitlines()) == 1, err
+    assert (project / "summary.md").read_text() == "my notes\n"
+    assert sorted(p.name for p in project.iterdir()) == ["summary.md", "train.py"]  # nothing written at all
+    assert main(["report", "--store", str(path), "--out", str(project), "--force"]) == 0
+    assert "jobs recorded" in (project / "summary.md").read_text()
+    again = tmp_path / "ftgov-report"
+    assert main(["report", "--store", str(path), "--out", str(again)]) == 0
+    assert main(["report", "--store", str(path), "--out", str(again)]) == 0  # an earlier report's dir: replaced
+    (tmp_path / "fresh").mkdir()
+    (tmp_path / "fresh" / "notes.txt").write_text("x")
+    assert main(["report", "--store", str(path), "--out", str(tmp_path / "fresh")]) == 0  # nothing of its replaced
+
+
 def test_report_survives_names_made_to_break_it(tmp_path):
     # A member names its jobs: "$...$" is matplotlib math (a bad one made the report raise), "=..." a spreadsheet
     # formula in summary.csv.

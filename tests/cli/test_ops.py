@@ -96,6 +96,48 @@ def test_no_daemon_on_the_default_socket_says_how_to_reach_a_simulated_one(tmp_p
     assert capsys.readouterr().err.strip().endswith("(start it: ftgovd --simulate &)")
 
 
+def test_a_simulated_daemon_never_started_or_killed_is_named_with_the_command_that_starts_it(tmp_path, monkeypatch,
+                                                                                             capsys):
+    """The README's order followed loosely: `eval "$(ftgovd --simulate --print-env)"` before the daemon ever ran (no
+    tree yet beside the socket), or after it was killed (its socket file left behind). Either way the hint is the
+    simulated daemon's command, not systemctl's, and a left socket says what to do."""
+    import socket as socketlib
+
+    from governor import simpaths
+
+    sim = tmp_path / "sim"
+    monkeypatch.setattr(simpaths, "simulate_runtime_dir", lambda: sim)
+    assert main(["status", "--socket", str(sim / "ftgov.sock")]) == 1
+    assert capsys.readouterr().err.strip() == (f"ftgov status: ftgovd --simulate is not running: no socket at "
+                                               f"{sim / 'ftgov.sock'} (start it: ftgovd --simulate &)")
+    (sim / "sim-orin").mkdir(parents=True)
+    left = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    left.bind(str(sim / "ftgov.sock"))
+    left.close()  # a killed daemon's socket: the file stays, nothing listens
+    assert main(["status", "--socket", str(sim / "ftgov.sock")]) == 1
+    assert capsys.readouterr().err.strip() == (f"ftgov status: nothing listens on {sim / 'ftgov.sock'}: ftgovd "
+                                               "--simulate stopped and left its socket behind (start it again: "
+                                               "ftgovd --simulate &)")
+    board = tmp_path / "board.sock"
+    left = socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM)
+    left.bind(str(board))
+    left.close()
+    assert main(["status", "--socket", str(board)]) == 1
+    assert capsys.readouterr().err.strip() == (f"ftgov status: nothing listens on {board}: ftgovd stopped and left "
+                                               "its socket behind (start it again with 'systemctl start "
+                                               "ftgovd')")
+
+
+def test_sim_job_before_the_simulated_daemon_first_ran_says_how_to_start_it(tmp_path, capsys):
+    """`eval "$(ftgovd --simulate --print-env)"` then `ftgov sim-job` before the daemon ever started: its tree is not
+    built yet, and the error names the command that builds it rather than a missing ftgov-sim/layout file."""
+    tree = tmp_path / "sim" / "sim-orin"
+    assert main(["sim-job", "--tree", str(tree)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"ftgov: error: no simulated tree at {tree}: ftgovd --simulate builds it when it starts (start "
+                   f"it: ftgovd --simulate --state-dir {tmp_path / 'sim'} &)"), err
+
+
 def test_status_into_a_reader_that_went_away_exits_quietly(daemon):
     """`ftgov status | head -0`, deterministically: the pipe's read end is closed before ftgov writes. The
     BrokenPipeError is handled once, in main(), the way the Python docs do it: quiet, exit 141."""
