@@ -100,9 +100,10 @@ def run(args: argparse.Namespace) -> int:
             # A simulated daemon (a tree from the environment or --sysfs-root) is a process in a shell, not the unit.
             stop = ("sudo systemctl stop ftgovd" if sysfs_root is None
                     else f"end the ftgovd that runs on {sysfs_root} (`ftgovd --simulate`: Ctrl-C in its shell)")
-            raise FtgovError(f"ftgovd is running on {config.state_dir}: it holds these pins for its jobs and puts "
-                             "the baseline back when the last one ends; restored under it, it would pin again "
-                             f"(nothing was written). Stop it first: {stop}")
+            raise FtgovError(f"ftgovd is running on {config.state_dir}: while it runs the GPU's clocks are its own "
+                             "(it pins them for its jobs and puts the baseline back when the last one ends); "
+                             f"restored under it, they would be pinned again (nothing was written). Stop it first: "
+                             f"{stop}")
         return restore(config.state_dir, trusted_root(config.sysfs_root), config)
     except FtgovError as e:
         print(f"ftgov restore: error: {e}", file=sys.stderr)

@@ -118,12 +118,15 @@ def probe_at_start(config: Config, root: Root) -> tuple[list, str | None, float]
     try:
         return probe_gpus(config, root), None, 0.0
     except NodeNotFound as e:
+        why = str(e)
+        if config.backend == "auto":  # neither a devfreq GPU nor NVML: the first try on a laptop, most likely
+            why += " (no Jetson or NVIDIA GPU here? `ftgovd --simulate` runs on a simulated Orin)"
         if config.node_wait_s > 0 and backends.may_appear_later(config.backend):
-            log.warning("%s; serving meanwhile and waiting up to %g s for it (node_wait_s)", e, config.node_wait_s)
-            return [], f"waiting for the GPU node: {e}", config.node_wait_s
-        log.error("no GPU to govern: %s; serving without one and probing again every %g s (probe_retry_s)", e,
+            log.warning("%s; serving meanwhile and waiting up to %g s for it (node_wait_s)", why, config.node_wait_s)
+            return [], f"waiting for the GPU node: {why}", config.node_wait_s
+        log.error("no GPU to govern: %s; serving without one and probing again every %g s (probe_retry_s)", why,
                   config.probe_retry_s)
-        return [], str(e), 0.0
+        return [], why, 0.0
 
 
 def policy_name(config: Config, gpus: list) -> str:

@@ -86,7 +86,8 @@ class TuneStarts:
             starts._add(int(r["uid"]), (str(r["gpu_name"]), levels, r["model_type"], r["num_layers"],
                                         r["hidden_size"]), float(r["seq_len"]), int(r["freq_hz"]))
         # Jetsons' tuned jobs (devfreq) are left out: their start is the tree's prediction, not a store's level.
-        log.info("tuner starts: %d converged level(s) of NVML GPUs' tuned jobs from %s", len(starts), path)
+        if starts:  # a Jetson's store has none to tell (its tuned jobs start at the tree's level)
+            log.info("tuner starts: %d converged level(s) of NVML GPUs' tuned jobs from %s", len(starts), path)
         return starts
 
     def learn(self, key: tuple[str, tuple[int, ...]], features: Features, freq_hz: int, uid: int) -> None:

@@ -26,7 +26,15 @@ from pathlib import Path
 from governor.errors import FtgovError
 from governor.sim import tree
 from governor.sim.inotify import IN_CLOSE_WRITE, IN_MODIFY, Inotify
-from governor.simpaths import PRINT_ENV, SIM_TREE_ENV, SOCKET_NAME, start_simulated, tree_state_dir
+from governor.simpaths import (
+    PRINT_ENV,
+    SIM_TREE_ENV,
+    SIMULATED_TREE_NAME,
+    SOCKET_NAME,
+    simulated_state_dir,
+    start_simulated,
+    tree_state_dir,
+)
 from governor.sysfs import Root
 
 _announcements = itertools.count(1)
@@ -153,6 +161,9 @@ def _main(args: argparse.Namespace) -> int:
     from governor.client.job import WITHOUT_GOVERNOR  # a training script's news, not this command's
     from governor.sim.energy import workload_from_features
 
+    if not args.tree:  # the tree beside the daemon's socket (--socket, else $FTGOV_SOCKET), where one lies there
+        state = simulated_state_dir(args.socket)
+        args.tree = None if state is None else str(Path(state) / SIMULATED_TREE_NAME)
     if not args.tree:
         raise FtgovError(f"no simulated tree: give --tree DIR, or set {SIM_TREE_ENV} with {PRINT_ENV} once "
                          "ftgovd --simulate runs")

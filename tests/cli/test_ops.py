@@ -155,3 +155,18 @@ def test_a_reader_that_went_away_ends_the_command_quietly(args, tmp_path):
     args = [a.replace("{tmp}", str(tmp_path)).replace("{store}", str(tmp_path / "m.sqlite")) for a in args]
     done = run_into_closed_pipe(*args)
     assert (done.returncode, done.stderr) == (EXIT_BROKEN_PIPE, "")
+
+
+def test_sim_job_finds_the_tree_beside_the_daemons_socket(tmp_path, capsys, monkeypatch):
+    """A shell that has FTGOV_SOCKET (or a --socket) for a simulated daemon but not FTGOV_SIM_TREE: the tree lies
+    beside the socket, and sim-job takes it from there instead of saying there is none."""
+    from governor.sim import tree
+
+    tree.build(tmp_path / "sim" / "sim-orin")
+    monkeypatch.delenv("FTGOV_SIM_TREE", raising=False)
+    sock = tmp_path / "sim" / "ftgov.sock"  # no daemon listens: the run gets as far as registering
+    for args in (["--socket", str(sock)], []):
+        monkeypatch.setenv("FTGOV_SOCKET", str(sock))
+        assert main(["sim-job", *args, "--steps", "1"]) == 1
+        err = capsys.readouterr().err
+        assert "no simulated tree" not in err and "ftgovd --simulate" in err, err

@@ -10,6 +10,7 @@ def test_no_gpu_node_means_ready_without_a_gpu_then_governing_once_it_appears(tm
     d = start_daemon(root=root, config={"node_wait_s": 0.3, "probe_retry_s": 0.2})  # waits for READY=1
     d.wait_status(lambda m: "no devfreq class" in m and "waited 0.3 s" in m)  # the wait is over
     assert "no GPU to govern" in d.log() and "probing again every 0.2 s" in d.log()
+    assert "`ftgovd --simulate` runs on a simulated Orin" in d.log()  # a first try on a machine without either
     c = d.client()
     status = c.call("status")
     assert status["gpus"] == [] and "no devfreq class" in status["gpu_missing"]
