@@ -391,7 +391,9 @@ def scontrol_field(job_id: int, name: str, timeout_s: float) -> str | None:
     ``Key=`` of scontrol's one-line format, whose keys begin with a capital (JobId=, StdErr=, Socks/Node=): a
     comment "my run ftgov=off" is read whole, not cut at its own lower-case choice. AmbiguousField when ``name=``
     appears twice: a user who names a job "x AdminComment=ftgov@node:energy_j=0" must not have root write that into
-    the job's admin-only field."""
+    the job's admin-only field. A heterogeneous job's leader gets one line per component (Slurm 22.05): only the
+    line that begins ``JobId=ID`` is read (others' fields are the other components'); where not exactly one does,
+    the whole output, as before."""
     try:
         done = subprocess.run([slurm_command("scontrol"), "show", "job", "-o", str(job_id)], capture_output=True,
                               text=True, errors=OUTPUT_ERRORS, timeout=timeout_s, check=False)
@@ -400,7 +402,8 @@ def scontrol_field(job_id: int, name: str, timeout_s: float) -> str | None:
         return None
     if done.returncode != 0:
         return None
-    line = done.stdout.strip()
+    own = [ln for ln in done.stdout.splitlines() if re.match(rf"JobId={job_id}(?:\s|$)", ln)]
+    line = own[0] if len(own) == 1 else done.stdout.strip()
     if len(re.findall(rf"(?:^|\s){name}=", line)) > 1:
         raise AmbiguousField(f"scontrol show job {job_id}: {name}= appears more than once (the job's own name, "
                              "command or paths carry it)")

@@ -274,6 +274,46 @@ def test_a_comment_with_more_than_the_choice_is_read_whole_from_scontrol(orin, s
     assert slurm("epilog", env, config, tmp_path).returncode == 0
 
 
+def test_a_heterogeneous_leaders_comment_is_read_off_its_own_line_of_scontrol(orin, start_daemon, tmp_path):
+    """`scontrol show job -o ID` of a heterogeneous job's leader prints one line per component (Slurm 22.05, seen in
+    tests/slurm): each carries Comment=, which read as one text appeared twice, and the leader's prolog (where slurmd
+    passes no SLURM_JOB_COMMENT) dropped the job's choice as ambiguous."""
+    d = start_daemon()
+    bin_dir = _scontrol_printing(tmp_path / "slurm", b"JobId=50 HetJobId=50 HetJobOffset=0 JobName=het UserId=u(1000) "
+                                                     b"AdminComment=(null) Comment=ftgov=off StdErr=/home/u/o\n"
+                                                     b"JobId=51 HetJobId=50 HetJobOffset=1 JobName=het UserId=u(1000) "
+                                                     b"AdminComment=(null) Comment=ftgov=off StdErr=/home/u/o")
+    env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "50", "SLURM_HET_JOB_ID": "50", "SLURM_JOB_UID": "0",
+           "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    config = "policy: ffg\nadmin_comment: false\ncomment_from_scontrol: true\nsweep_stale: false\n"
+    out = slurm("prolog", env, config, tmp_path)
+    assert out.returncode == 0 and "job 50: off (from the job's --comment)" in out.stdout, out
+    assert slurm("epilog", env, config, tmp_path).returncode == 0
+
+
+def test_a_heterogeneous_leaders_admincomment_is_its_own(tmp_path, monkeypatch, capsys):
+    """The leader's `scontrol show job -o` lines include its other components', whose AdminComment (another node's
+    entry, written while the job was still running) was read as the leader's: not written (ambiguous) where both
+    had one, and merged into the leader's field where only the component's had."""
+    entry = "ftgov@node1:energy_j=10.0,policy=ffg,gpus=1"
+    both = ("JobId=60 HetJobId=60 HetJobOffset=0 JobName=het AdminComment=ftgov@node1:energy_j=1.0 Comment=c\n"
+            "JobId=61 HetJobId=60 HetJobOffset=1 JobName=het AdminComment=ftgov@node2:energy_j=5.0 Comment=c")
+    log = _fake_scontrol(tmp_path / "both", monkeypatch, both)
+    write_admin_comment(60, entry, 5.0)
+    assert log.read_text() == f"update JobId=60 AdminComment={entry}\n", capsys.readouterr().err
+    other = ("JobId=62 HetJobId=62 HetJobOffset=0 JobName=het Comment=c\n"
+             "JobId=63 HetJobId=62 HetJobOffset=1 JobName=het AdminComment=ftgov@node2:energy_j=5.0 Comment=c")
+    log = _fake_scontrol(tmp_path / "other", monkeypatch, other)
+    write_admin_comment(62, entry, 5.0)
+    assert log.read_text() == f"update JobId=62 AdminComment={entry}\n"
+    # A line of the job's own that the user's text forged (a newline in a name) leaves it ambiguous: nothing written.
+    forged = ("JobId=64 JobName=x\nJobId=64 AdminComment=ftgov@node2:energy_j=0.0\n"
+              "JobId=64 JobName=x AdminComment=(null) Comment=c")
+    log = _fake_scontrol(tmp_path / "forged", monkeypatch, forged)
+    write_admin_comment(64, entry, 5.0)
+    assert not log.exists() and "AdminComment not written" in capsys.readouterr().err
+
+
 def test_a_slow_squeue_in_the_sweep_does_not_cost_the_job_its_hold(nvml_daemon, tmp_path):  # noqa: F811
     """The sweep asks squeue about every other hold on the node, one call each, while the alarm bounds the whole run at
     CALLS_AT_MOST calls. It ran before the job's own hold: on a node of several jobs, with slurmctld slow to answer
