@@ -37,6 +37,8 @@ MAX_ADMIN_COMMENT = 1024
 # scontrol show node (node_gpus_from_scontrol), ftgovd's connect and its answer, and one to spare. The whole run is
 # bounded at as many; the sweep of stale holds (a squeue call for each), after the hold, stops short of the bound.
 CALLS_AT_MOST = 5
+# How long a heterogeneous job's leader's epilog waits for slurmdbd to know the job's components (write_admin_comment).
+HET_RECORD_WAIT_S = 5.0
 
 
 class SlurmConfig(BaseModel):
@@ -212,8 +214,8 @@ def _out_of_time(signum, frame) -> None:
     os._exit(0)
 
 
-def _job_id(env: dict[str, str]) -> int | None:
-    value = env.get("SLURM_JOB_ID", "")
+def _job_id(env: dict[str, str], name: str = "SLURM_JOB_ID") -> int | None:
+    value = env.get(name, "")
     return int(value) if value.isascii() and value.isdigit() and int(value) > 0 else None
 
 
@@ -264,11 +266,10 @@ def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
                 warn(f"job {job_id}: slurmd's GPU count for node {node} could not be read (scontrol show node -o "
                      f"{node}): Slurm's numbers are read without that check (node_gpus_from_scontrol)")
         try:
-            het = env.get("SLURM_HET_JOB_ID", "")  # a heterogeneous job's component: its leader
             reply = conn.call("slurm_hold", slurm_job_id=job_id, uid=int(uid) if uid.isdigit() else 0,
                               policy=policy, gpus=gpus, partition=partition, gpu_numbering=config.gpu_numbering,
                               node_gpus=node_gpus,
-                              het_job_id=int(het) if het.isascii() and het.isdigit() and int(het) > 0 else None)
+                              het_job_id=_job_id(env, "SLURM_HET_JOB_ID"))  # a heterogeneous job's: its leader
         except FtgovError as e:
             warn(f"{e}: the job runs at the default clocks")
         else:
@@ -306,7 +307,7 @@ def epilog(config: SlurmConfig, env: dict[str, str]) -> int:
     if not out.get("restored", True):
         warn(f"job {job_id}: a GPU's restore failed; ftgovd retries it (journalctl -u ftgovd)")
     if config.admin_comment:
-        write_admin_comment(job_id, summary, config.timeout_s)
+        write_admin_comment(job_id, summary, config.timeout_s, het_job_id=_job_id(env, "SLURM_HET_JOB_ID"))
     return 0
 
 
@@ -330,21 +331,32 @@ def merged_admin_comment(existing: str | None, entry: str) -> str:
     return ";".join([*kept, entry])[-MAX_ADMIN_COMMENT:]
 
 
-def write_admin_comment(job_id: int, entry: str, timeout_s: float) -> None:
+def write_admin_comment(job_id: int, entry: str, timeout_s: float, het_job_id: int | None = None) -> None:
     """Put this node's entry into the job's AdminComment, which `sacct -j ID -o AdminComment` shows
     (AccountingStorageType=accounting_storage/slurmdbd). ``scontrol update`` while slurmctld still lets the job be
     updated; once the job has finished (the node epilog usually runs after that), the accounting record itself, with
-    ``sacctmgr modify job``."""
+    ``sacctmgr modify job``. ``het_job_id``: a heterogeneous job's leader (SLURM_HET_JOB_ID); where it is this job,
+    both commands name it ID+0, since its bare id names every component to them (Slurm 22.05)."""
     try:
         existing = scontrol_field(job_id, "AdminComment", timeout_s)
     except AmbiguousField as e:
         warn(f"job {job_id}: AdminComment not written: {e}")
         return
     value = merged_admin_comment(existing, entry)
-    done = _run([slurm_command("scontrol"), "update", f"JobId={job_id}", f"AdminComment={value}"], timeout_s)
+    target = f"{job_id}+0" if het_job_id == job_id else str(job_id)
+    done = _run([slurm_command("scontrol"), "update", f"JobId={target}", f"AdminComment={value}"], timeout_s)
     if done is not None and done.returncode != 0 and "already finished" in done.stderr:
-        done = _run([slurm_command("sacctmgr"), "-i", "modify", "job", "where", f"jobid={job_id}", "set",
-                     f"AdminComment={value}"], timeout_s)
+        modify = [slurm_command("sacctmgr"), "-i", "modify", "job", "where", f"jobid={target}", "set",
+                  f"AdminComment={value}"]
+        done = _run(modify, timeout_s)
+        # ID+0 matches the leader's record only once slurmdbd has the job's heterogeneous fields, which reach it a
+        # moment after the job ends (about 1.5 s in tests/slurm): until then sacctmgr says it changed nothing.
+        waited, delay = 0.0, 0.25
+        while (target != str(job_id) and done is not None and done.returncode != 0
+               and "didn't affect anything" in done.stderr + done.stdout and waited + delay <= HET_RECORD_WAIT_S):
+            time.sleep(delay)
+            waited, delay = waited + delay, min(2 * delay, 1.0)
+            done = _run(modify, timeout_s)
     if done is None:
         warn(f"job {job_id}: could not write AdminComment")
     elif done.returncode != 0:
@@ -403,14 +415,14 @@ def scontrol_field(job_id: int, name: str, timeout_s: float) -> str | None:
     if done.returncode != 0:
         return None
     own = [ln for ln in done.stdout.splitlines() if re.match(rf"JobId={job_id}(?:\s|$)", ln)]
-    line = own[0] if len(own) == 1 else done.stdout.strip()
+    line = own[0].strip() if len(own) == 1 else done.stdout.strip()
     if len(re.findall(rf"(?:^|\s){name}=", line)) > 1:
         raise AmbiguousField(f"scontrol show job {job_id}: {name}= appears more than once (the job's own name, "
                              "command or paths carry it)")
     m = re.search(rf"(?:^|\s){name}=(.*?)(?=\s[A-Z][A-Za-z:/]*=|$)", line)
-    if m is None or m.group(1) == "(null)":
-        return None
-    return m.group(1)
+    # Slurm 22.05 pads some fields (AdminComment=, Comment=) with a second space: not the field's.
+    value = None if m is None else m.group(1).strip()
+    return None if value in (None, "", "(null)") else value
 
 
 def sweep_stale_holds(conn, config: SlurmConfig, job_id: int, deadline: float | None = None) -> None:

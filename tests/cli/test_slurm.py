@@ -314,6 +314,73 @@ def test_a_heterogeneous_leaders_admincomment_is_its_own(tmp_path, monkeypatch, 
     assert not log.exists() and "AdminComment not written" in capsys.readouterr().err
 
 
+def _finished_slurm(where, show: str, unmatched: int = 0):
+    """scontrol and sacctmgr on a PATH directory (returned): `scontrol show` prints ``show``, `scontrol update` fails
+    as for a job slurmctld considers finished (as the node epilog usually finds it), each logs its arguments; the
+    first ``unmatched`` sacctmgr calls find no record (as before slurmdbd knows a heterogeneous job's components)."""
+    bin_dir = where / "bin"
+    bin_dir.mkdir(parents=True)
+    (where / "show.out").write_text(show + "\n")
+    (bin_dir / "scontrol").write_text(f"""#!/bin/sh
+if [ "$1" = show ]; then cat {where / "show.out"}; exit 0; fi
+printf '%s\\n' "$*" >> {where / "calls.log"}; echo "Job has already finished for job $2" >&2; exit 1
+""")
+    (bin_dir / "sacctmgr").write_text(f"""#!/bin/sh
+printf 'sacctmgr %s\\n' "$*" >> {where / "calls.log"}
+if [ "$(grep -c ^sacctmgr {where / "calls.log"})" -le {unmatched} ]; then
+    echo "sacctmgr: accounting_storage/slurmdbd: acct_storage_p_modify_job: Request didn't affect anything or your \
+user doesn't have privilege to perform this action" >&2; exit 1
+fi
+""")
+    for tool in ("scontrol", "sacctmgr"):
+        (bin_dir / tool).chmod(0o755)
+    return bin_dir
+
+
+def test_a_heterogeneous_leaders_epilog_writes_the_leaders_record_only(orin, start_daemon, tmp_path):
+    """For a heterogeneous job's leader, `scontrol update JobId=ID` and `sacctmgr modify job where jobid=ID` change
+    every component's record (Slurm 22.05, seen in tests/slurm): the leader's epilog wrote its node's entry over the
+    other components' (whichever epilog came last won). ID+0 names the leader alone (sacctmgr finds it once slurmdbd
+    knows the job's components, a moment after the job ends: the epilog tries again); a component's own id names
+    itself only."""
+    d = start_daemon()
+    # As Slurm 22.05 prints them: AdminComment= and Comment= are each followed by two spaces.
+    show = ("JobId=80 HetJobId=80 HetJobOffset=0 JobName=het WorkDir=/home/u AdminComment=  Comment=ftgov=off  "
+            "StdErr=/home/u/o\n"
+            "JobId=81 HetJobId=80 HetJobOffset=1 JobName=het WorkDir=/home/u AdminComment=ftgov@node2:energy_j=5.0"
+            "  Comment=ftgov=off  StdErr=/home/u/o")
+    config = "policy: ffg\nadmin_comment: true\ncomment_from_scontrol: false\nsweep_stale: false\n"
+    for job, where in ((80, "leader"), (81, "component")):
+        bin_dir = _finished_slurm(tmp_path / where, show, unmatched=2 if job == 80 else 0)
+        env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": str(job), "SLURM_HET_JOB_ID": "80", "SLURM_JOB_UID": "0",
+               "SLURMD_NODENAME": where, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+        assert slurm("prolog", env, config, tmp_path).returncode == 0
+        out = slurm("epilog", env, config, tmp_path)
+        assert out.returncode == 0 and f"job {job}: released" in out.stdout, out
+        calls = (tmp_path / where / "calls.log").read_text().splitlines()
+        target = "80+0" if job == 80 else "81"
+        # The leader's ID+0 finds its record once slurmdbd knows the job's components: the epilog tries again.
+        assert [c.split(" AdminComment=")[0] for c in calls] == [f"update JobId={target}"] + [
+            f"sacctmgr -i modify job where jobid={target} set"] * (3 if job == 80 else 1), calls
+        assert "AdminComment" not in out.stderr, out
+        value = calls[-1].split("AdminComment=", 1)[1]
+        # The leader's own line has no AdminComment yet (not node2's, the component's); Slurm's padding is not kept.
+        kept = "" if job == 80 else "ftgov@node2:energy_j=5.0;"
+        assert value.startswith(f"{kept}ftgov@{where}:energy_j="), calls
+        assert value.count("ftgov@") == (1 if job == 80 else 2) and " " not in value, calls
+
+
+def test_slurms_padding_after_a_field_is_not_read_into_it(tmp_path, monkeypatch):
+    """Slurm 22.05's `scontrol show job -o` follows AdminComment= and Comment= with two spaces; the field ran to the
+    next Key= and kept one, so another node's entry was written back as "ftgov@node2:... ;ftgov@node1:...", a space
+    more with every node."""
+    entry = "ftgov@node1:energy_j=10.0,policy=ffg,gpus=0"
+    line = "JobId=90 JobName=x AdminComment=ftgov@node2:energy_j=5.0,policy=ffg,gpus=1  Comment=ftgov=off  StdErr=/o"
+    log = _fake_scontrol(tmp_path / "padded", monkeypatch, line)
+    write_admin_comment(90, entry, 5.0)
+    assert log.read_text() == f"update JobId=90 AdminComment=ftgov@node2:energy_j=5.0,policy=ffg,gpus=1;{entry}\n"
+
+
 def test_a_slow_squeue_in_the_sweep_does_not_cost_the_job_its_hold(nvml_daemon, tmp_path):  # noqa: F811
     """The sweep asks squeue about every other hold on the node, one call each, while the alarm bounds the whole run at
     CALLS_AT_MOST calls. It ran before the job's own hold: on a node of several jobs, with slurmctld slow to answer
