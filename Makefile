@@ -95,8 +95,8 @@ test-systemd:
 	@if [ "$$(id -u)" = 0 ]; then bash tests/systemd/run.sh; \
 	else echo "test-systemd: SKIPPED: needs root to boot a systemd container (CI runs it as root)"; fi
 
-# A real single-node Slurm (munge, slurmctld, slurmd, slurmdbd) in a container, with ftgovd on two fake NVML GPUs as
-# GRES (tests/slurm/run.sh); root, as for test-systemd.
+# A real Slurm (munge, slurmctld, slurmd, slurmdbd; a second slurmd for a heterogeneous job) in a container, with
+# ftgovd on two fake NVML GPUs as GRES (tests/slurm/run.sh); root, as for test-systemd.
 test-slurm:
 	@if [ "$$(id -u)" = 0 ]; then bash tests/slurm/run.sh; \
 	else echo "test-slurm: SKIPPED: needs root to boot a container (CI runs it as root)"; fi

@@ -1,10 +1,14 @@
-"""End-to-end checks of `ftgov slurm prolog|epilog` under a real single-node Slurm; run.sh runs this in the booted
-container, after `make install BACKEND=nvml`.
+"""End-to-end checks of `ftgov slurm prolog|epilog` under a real Slurm; run.sh runs this in the booted container, after
+`make install BACKEND=nvml`.
 
 Setup: ftgovd governs two fake NVML GPUs (tests/support/fakenvml, through a drop-in that puts it first on the
 daemon's PYTHONPATH) whose device files are /dev/nvidia2 and /dev/nvidia1 (NVML's order and the files' differ), which
 slurmd offers as GRES gpu:2 (gres.conf File=/dev/nvidia[1-2]); munge, MariaDB, slurmdbd,
-slurmctld and slurmd are Debian's, configured here as docs/slurm.md says. Jobs are submitted by an unprivileged user
+slurmctld and slurmd are Debian's, configured here as docs/slurm.md says. The node is the container's host name, in
+partition gpu (every check's but one) and het. A second node, HET_NODE, only in partition het, is a second slurmd in
+a UTS and mount namespace of its own (start_second_slurmd says how), offering /dev/nvidia2 alone: Slurm starts a
+heterogeneous job only with each component on a node of its own (the heterogeneous job's check). Both nodes'
+prologs talk to the one ftgovd. Jobs are submitted by an unprivileged user
 and wait on a FIFO, so a check decides when a job ends without sleeping. Where Slurm gives no event (a job's state),
 its state is read with squeue/sacct at a bounded pace. Standard library only (the container's python3).
 """
@@ -105,8 +109,13 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
 SlurmctldLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd.log
+# Heterogeneous jobs are started by the backfill scheduler only, every bf_interval (30 s by default).
+SchedulerParameters=bf_interval=1
 NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} Gres=gpu:2 State=UNKNOWN
-PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+# The second node (start_second_slurmd): its own address and port, one GPU; only heterogeneous jobs go there.
+NodeName={node2} NodeAddr={node2_addr} Port={node2_port} CPUs={cpus} Gres=gpu:1 State=UNKNOWN
+PartitionName=gpu Nodes={host} Default=YES MaxTime=INFINITE State=UP
+PartitionName=het Nodes={host},{node2} MaxTime=INFINITE State=UP
 """
 
 SLURMDBD_CONF = """\
@@ -132,8 +141,10 @@ ReadWritePaths={ci_dir}
 WRAPPER = """\
 #!/bin/sh
 # slurm.conf's Prolog=/Epilog= take a program, not a command line; slurmd discards its output: to the journal.
-# (CI only: the GPUs slurmd names to the prolog, for check_slurms_numbers_are_its_own_index.)
+# (CI only: the GPUs slurmd names to the prolog, for check_slurms_numbers_are_its_own_index; a heterogeneous job's
+# leader as the prolog sees it, for check_a_heterogeneous_jobs_components_are_held_and_joined.)
 [ {action} = prolog ] && echo "$SLURM_JOB_GPUS;$CUDA_VISIBLE_DEVICES" > /run/ftgov-ci/prolog-gpus.$SLURM_JOB_ID
+[ {action} = prolog ] && echo "${{SLURM_HET_JOB_ID-unset}}" > /run/ftgov-ci/prolog-het.$SLURM_JOB_ID
 exec systemd-cat -t ftgov-slurm /usr/local/bin/ftgov slurm {action}
 """
 
@@ -160,13 +171,74 @@ with governor.job(model_type="encoder", num_layers=12, hidden_size=768, seq_len=
 """
 
 
+# The second node: a second slurmd (-N) in a UTS and mount namespace of its own, sharing the container's network
+# namespace (its own address on lo and its own port) and so its ftgovd. Its own spool directory, pid file and log go
+# over the first slurmd's paths in its namespace (slurm.conf names one of each, for both; this needs no slurmd built
+# --enable-multiple-slurmd, whose %n in those paths was not tried), and so does its own slurm.yaml (NODE2_SLURM_YAML).
+HET_NODE = "node2"
+HET_NODE_ADDR = "127.0.0.2"
+HET_NODE_PORT = 6820
+HET_NODE_DIR = Path("/var/lib/slurm") / HET_NODE
+# This node offers /dev/nvidia2 alone, NVML's GPU 0, to which its Slurm GPU 0 refers: gpu_numbering index reads 0
+# as NVML's 0, the right GPU here by construction. node_gpus_from_scontrol is off since the one ftgovd governs both
+# GPUs while slurmd here offers one: a count that differs holds no numbered GPU (docs/slurm.md), a protection for a
+# node that offers some of its GPUs, which this one, sharing the other node's ftgovd, only seems to be. (Slurm
+# 22.05's gres.conf has no UniqueId=, which would name the GPU by UUID and need neither setting.)
+NODE2_SLURM_YAML = "policy: ffg\npartitions: {}\ngpu_numbering: index\nnode_gpus_from_scontrol: false\n"
+
+
+def start_second_slurmd() -> None:
+    """The second node's slurmd, as a transient unit (the container's shutdown stops it). Each path it shares with
+    the first slurmd is bound over in its own mount namespace; the bind mounts need the paths to exist."""
+    spool, pid, log = HET_NODE_DIR / "spool", HET_NODE_DIR / "slurmd.pid", Path(f"/var/log/slurm/slurmd-{HET_NODE}.log")
+    spool.mkdir(parents=True, exist_ok=True)
+    yaml = Path(f"/etc/ftgov/slurm-{HET_NODE}.yaml")
+    yaml.write_text(NODE2_SLURM_YAML)
+    for path in (pid, log, Path("/run/slurmd.pid"), Path("/var/log/slurm/slurmd.log")):
+        path.touch()
+    script = (f"hostname {HET_NODE}\n"
+              f"mount --bind {spool} /var/lib/slurm/slurmd\n"
+              f"mount --bind {pid} /run/slurmd.pid\n"
+              f"mount --bind {log} /var/log/slurm/slurmd.log\n"
+              f"mount --bind {yaml} /etc/ftgov/slurm.yaml\n"
+              f"exec /usr/sbin/slurmd -D -N {HET_NODE}\n")
+    sh("systemd-run", "--quiet", f"--unit=slurmd-{HET_NODE}", "unshare", "--uts", "--mount", "--propagation",
+       "private", "sh", "-ec", script)
+
+
+# A heterogeneous job (sbatch ... : ...): component 0's batch script runs on the first node and starts a task of
+# component 1 on the second (srun --het-group=1), which says what Slurm gave it and registers through the installed
+# client (governor.job sends its SLURM_JOB_ID and, with no CUDA driver here, its CUDA_VISIBLE_DEVICES' number).
+HET_JOB_SCRIPT = """\
+#!/bin/sh
+echo "$SLURM_JOB_ID" > {{ready}}
+exec srun --het-group=1 {task}
+"""
+
+HET_TASK_SCRIPT = """\
+#!/opt/ftgov/bin/python
+import json, os
+import governor
+NAMES = ("SLURM_JOB_ID", "SLURM_HET_JOB_ID", "SLURM_JOB_ID_HET_GROUP_0", "SLURM_JOB_ID_HET_GROUP_1", "SLURM_STEP_ID",
+         "SLURMD_NODENAME", "CUDA_VISIBLE_DEVICES", "SLURM_JOB_GPUS")
+seen = {{name: os.environ.get(name) for name in NAMES}}
+with governor.job(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, gpu_util=60.0) as job:
+    seen["registered_as"] = job.registration["slurm"]["slurm_job_id"]
+    with open("{ready}", "w") as ready:
+        ready.write(json.dumps(seen) + "\\n")
+    with open("{gate}") as gate:
+        gate.readline()
+"""
+
+
 def setup() -> None:
     host = socket.gethostname()
     # The container has its own network namespace with only a loopback, where getaddrinfo's AI_ADDRCONFIG finds no
     # IPv4 address (glibc counts any but 127.0.0.1) and Slurm's daemons cannot listen: one more address on lo.
     sh("ip", "addr", "add", "10.254.254.1/32", "dev", "lo")
     hosts = Path("/etc/hosts")
-    hosts.write_text(f"127.0.0.1 localhost {host}\n" + (hosts.read_text() if hosts.exists() else ""))
+    hosts.write_text(f"127.0.0.1 localhost {host}\n{HET_NODE_ADDR} {HET_NODE}\n"
+                     + (hosts.read_text() if hosts.exists() else ""))
     CI_DIR.mkdir(exist_ok=True)
     # ftgovd on two fake NVML GPUs.
     Path("/etc/ftgov/fakenvml.json").write_text(json.dumps({"gpus": [{"minor_number": m} for m in DEVICE_MINORS]}))
@@ -199,8 +271,12 @@ def setup() -> None:
        "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost'; FLUSH PRIVILEGES;")
     etc = Path("/etc/slurm")
     etc.mkdir(exist_ok=True)
-    (etc / "slurm.conf").write_text(SLURM_CONF.format(cluster=CLUSTER, host=host, cpus=os.cpu_count() or 1))
-    (etc / "gres.conf").write_text(f"Name=gpu File=/dev/nvidia[{min(DEVICE_MINORS)}-{max(DEVICE_MINORS)}]\n")
+    (etc / "slurm.conf").write_text(SLURM_CONF.format(cluster=CLUSTER, host=host, cpus=os.cpu_count() or 1,
+                                                      node2=HET_NODE, node2_addr=HET_NODE_ADDR,
+                                                      node2_port=HET_NODE_PORT))
+    (etc / "gres.conf").write_text(
+        f"NodeName={host} Name=gpu File=/dev/nvidia[{min(DEVICE_MINORS)}-{max(DEVICE_MINORS)}]\n"
+        f"NodeName={HET_NODE} Name=gpu File=/dev/nvidia{DEVICE_MINORS[0]}\n")  # NVML's GPU 0 (NODE2_SLURM_YAML)
     dbd = etc / "slurmdbd.conf"
     dbd.write_text(SLURMDBD_CONF)
     sh("chown", "slurm:slurm", str(dbd))
@@ -212,11 +288,19 @@ def setup() -> None:
     # slurmdbd answers once it has its tables: sacctmgr's own retry is the wait.
     wait_for("slurmdbd", lambda: sh("sacctmgr", "-i", "add", "cluster", CLUSTER, check=False).returncode == 0, 60)
     sh("systemctl", "start", "slurmctld.service", "slurmd.service")
-    wait_for("the node to be idle", lambda: sh("sinfo", "-h", "-o", "%T", check=False).stdout.strip() == "idle")
+    nodes = {f"{host} idle", f"{HET_NODE} idle"}
+    wait_for("the node to be idle", lambda: f"{host} idle" in node_states())
+    start_second_slurmd()
+    wait_for(f"both nodes to be idle ({', '.join(nodes)})", lambda: node_states() == nodes)
     sh("useradd", "--create-home", "--groups", "ftgov", JOB_USER)  # ftgov: it may reach the daemon's socket
     GATES.mkdir(mode=0o777, exist_ok=True)
     GATES.chmod(0o1777)
-    print("  slurm up:", sh("sinfo", "-h", "-o", "%N %T %G").stdout.strip())
+    print("  slurm up:", "; ".join(sh("sinfo", "-h", "-o", "%P %N %T %G").stdout.split("\n")).strip("; "))
+
+
+def node_states() -> set[str]:
+    """Each node's "NAME STATE" (sinfo lists a node once per partition)."""
+    return set(sh("sinfo", "-h", "-N", "-o", "%N %T", check=False).stdout.strip().splitlines())
 
 
 # ---- jobs -----------------------------------------------------------------------------------------------------------
@@ -310,7 +394,7 @@ def check_slurms_numbers_are_its_own_index() -> None:
     seen = (CI_DIR / f"prolog-gpus.{job_id}").read_text().strip()
     print(f"    job {job_id}: the prolog got SLURM_JOB_GPUS;CUDA_VISIBLE_DEVICES = {seen!r}")
     expect(seen == "0;0", f"the prolog's GPUs {seen!r}: not Slurm's index of the first GPU (its device file's is 1)")
-    node = sh("sinfo", "-h", "-o", "%N").stdout.strip()
+    node = sh("sinfo", "-h", "-p", "gpu", "-o", "%N").stdout.strip()
     counted = sh("/opt/ftgov/bin/python", "-c", "from governor.cli.slurm import node_gpu_count as n; "
                  f"print(n({node!r}, 10))").stdout.strip()
     expect(counted == "2", f"the prolog reads slurmd's GPUs on {node} off scontrol as {counted}, want 2")
@@ -420,6 +504,102 @@ def check_a_job_that_registers_joins_its_hold() -> None:
     expect(call("status")["jobs"] == [], "the joined registration outlived its Slurm job")
 
 
+def check_a_heterogeneous_jobs_components_are_held_and_joined() -> None:
+    """A heterogeneous job is a job per component, each with its own id, prolog, epilog and hold (docs/slurm.md).
+    Component 0 (the leader) on the first node, component 1 on HET_NODE, each --gres=gpu:1: each prolog holds its
+    node's GPU under its own id, the component's saying its leader's (SLURM_HET_JOB_ID); a task of component 1
+    (srun --het-group=1) registers with the SLURM_JOB_ID Slurm gives it, printed here, and joins component 1's hold;
+    both epilogs release and restore, each writing its own accounting record (the leader's also when it comes
+    late)."""
+    host = socket.gethostname()
+    name = "heterogeneous"
+    task_ready = GATES / f"{name}.task.ready"  # .ready: cleanup() leaves it alone
+    os.mkfifo(task_ready)
+    task_ready.chmod(0o666)
+    task = Path(f"/home/{JOB_USER}/{name}-task.py")
+    task.write_text(HET_TASK_SCRIPT.format(ready=task_ready, gate=GATES / name))
+    task.chmod(0o755)
+    component = ("--partition=het", "--gres=gpu:1", "--comment=ftgov=mlg")
+    leader, gate = submit(name, f"--nodelist={host}", *component, ":", f"--nodelist={HET_NODE}", *component,
+                          script_text=HET_JOB_SCRIPT.format(task=task))
+    got = read_fifo(task_ready, JOB_STATE_TIMEOUT_S)
+    expect(got is not None, f"job {leader}: component 1's task did not start: {sh('squeue', check=False).stdout}")
+    seen = json.loads(got)
+    # The components' own ids as Slurm lists them ("LEADER+OFFSET ID").
+    ids = dict(line.split() for line in sh("squeue", "-h", "-j", str(leader), "-o", "%i %A").stdout.splitlines())
+    expect(ids.get(f"{leader}+0") == str(leader) and f"{leader}+1" in ids, f"job {leader}'s components: {ids}")
+    comp = int(ids[f"{leader}+1"])
+    print(f"    job {leader}+1 (job {comp}): its task (srun --het-group=1, on {seen['SLURMD_NODENAME']}) sees "
+          f"SLURM_JOB_ID={seen['SLURM_JOB_ID']}, SLURM_HET_JOB_ID={seen['SLURM_HET_JOB_ID'] or '(unset)'}, "
+          f"SLURM_JOB_ID_HET_GROUP_1={seen['SLURM_JOB_ID_HET_GROUP_1']}, "
+          f"CUDA_VISIBLE_DEVICES={seen['CUDA_VISIBLE_DEVICES']}; it registered as Slurm job {seen['registered_as']}")
+    expect(seen["SLURMD_NODENAME"] == HET_NODE, f"component 1's task ran on {seen['SLURMD_NODENAME']}")
+    expect(seen["registered_as"] == int(seen["SLURM_JOB_ID"]) and seen["registered_as"] in (leader, comp),
+           f"the task registered as {seen['registered_as']}, not its SLURM_JOB_ID (leader {leader}, own {comp})")
+    # (a) Each prolog held its node's GPU under its component's own id; the component's sent its leader's.
+    prologs = {job: (CI_DIR / f"prolog-het.{job}").read_text().strip() for job in (leader, comp)}
+    print(f"    the prologs' SLURM_HET_JOB_ID: job {leader}: {prologs[leader]}, job {comp}: {prologs[comp]}")
+    status = call("status")
+    holds = {h["slurm_job_id"]: h for h in status["holds"]}
+    expect(set(holds) == {leader, comp}, f"holds {sorted(holds)}, want the components' {leader} and {comp}")
+    # The first node's Slurm GPU 0 is /dev/nvidia1, NVML's 1 (device_file); HET_NODE's is /dev/nvidia2, NVML's 0.
+    expect(set(holds[leader]["gpus"]) == {"1"} and set(holds[comp]["gpus"]) == {"0"},
+           f"held GPUs: job {leader} {sorted(holds[leader]['gpus'])} (want 1), job {comp} "
+           f"{sorted(holds[comp]['gpus'])} (want 0)")
+    expect(holds[comp].get("het_job_id") == leader and "het_job_id" not in holds[leader],
+           f"het_job_id: job {leader}'s {holds[leader].get('het_job_id')} (want none: it is the leader), job "
+           f"{comp}'s {holds[comp].get('het_job_id')} (want {leader})")
+    # (c) The task's registration joined component 1's hold, whose GPU its own pick drives. With no CUDA driver here
+    # the task names its GPU by CUDA_VISIBLE_DEVICES' number, 0; the one ftgovd holds both components' GPUs, so it
+    # reads 0 as NVML's index (docs/slurm.md), HET_NODE's GPU by construction. On a real cluster each node's ftgovd
+    # holds its own component's GPU alone.
+    jobs = status["jobs"]
+    expect(len(jobs) == 1 and holds[comp]["joined"] == [jobs[0]["job_id"]] and holds[leader]["joined"] == [],
+           f"not joined to job {comp}'s hold: holds {holds}, jobs {jobs}")
+    gid = jobs[0]["gpu"]
+    pinned = {g["id"]: g["pinned_hz"] for g in status["gpus"]}
+    expect(gid == "0" and holds[comp]["gpus"][gid]["joined"] is True, f"joined on GPU {gid}: {holds[comp]}")
+    expect(pinned[gid] == jobs[0]["freq_hz"] < holds[comp]["gpus"][gid]["freq_hz"] and jobs[0]["policy"] == "mlg",
+           f"GPU {gid} at {pinned[gid]}: want the joined job's mlg pick {jobs[0]['freq_hz']}, below the hold's "
+           f"{holds[comp]['gpus'][gid]['freq_hz']}")
+    expect(pinned["1"] == holds[leader]["gpus"]["1"]["freq_hz"], f"job {leader}'s GPU 1 at {pinned['1']}")
+    print(f"    holds: job {leader} on GPU 1 at {pinned['1']} Hz; job {comp} (het_job_id {leader}) on GPU 0, joined by "
+          f"daemon job {jobs[0]['job_id']}, at its pick {pinned[gid]} Hz")
+    # (d) Both epilogs release and restore; each component's record has its own node's entry.
+    release_gate(gate)
+    wait_gone(leader)
+    wait_gone(comp)
+    expect_restored(leader)
+    expect_restored(comp)
+    expect(call("status")["jobs"] == [], "the joined registration outlived its Slurm job")
+
+    def comments() -> dict[str, str] | None:
+        out = sh("sacct", "-j", f"{leader},{comp}", "-X", "-n", "-P", "-o", "JobIDRaw,AdminComment%400",
+                 check=False).stdout
+        got = dict(line.split("|", 1) for line in out.strip().splitlines() if "|" in line)
+        return got if all("ftgov@" in got.get(str(job), "") for job in (leader, comp)) else None
+
+    recorded = wait_for(f"sacct to show jobs {leader} and {comp}'s AdminComment", comments, 30)
+    expect(recorded[str(leader)].startswith(f"ftgov@{host}:") and "gpus=1" in recorded[str(leader)]
+           and recorded[str(comp)].startswith(f"ftgov@{HET_NODE}:") and "gpus=0" in recorded[str(comp)]
+           and "ftgov@" not in recorded[str(leader)][1:] + recorded[str(comp)][1:], f"AdminComments: {recorded}")
+    print(f"    sacct AdminComment: job {leader}: {recorded[str(leader)]}; job {comp}: {recorded[str(comp)]}")
+    # The leader's epilog names its own record alone, also where it comes once slurmdbd knows the job's components
+    # (slurmd's came before: about 1.5 s after the job's end here), when the leader's bare id names every component's
+    # record to sacctmgr: made by hand here, a hold again and the epilog with slurmd's environment for the leader.
+    wait_for(f"slurmdbd to list job {leader}'s components under its id", lambda: len(sh(
+        "sacct", "-j", str(leader), "-X", "-n", "-o", "JobIDRaw", check=False).stdout.split()) == 2, 30)
+    call("slurm_hold", {"slurm_job_id": leader, "uid": 0, "policy": "off", "gpus": [1], "gpu_numbering": "index",
+                        "het_job_id": leader})
+    out = sh("env", f"SLURM_JOB_ID={leader}", f"SLURM_HET_JOB_ID={leader}", f"SLURMD_NODENAME={host}",
+             "/usr/local/bin/ftgov", "slurm", "epilog")
+    expect(f"job {leader}: released" in out.stdout and "AdminComment" not in out.stderr, f"epilog: {out}")
+    again = comments() or {}
+    expect(again.get(str(comp)) == recorded[str(comp)] and "policy=off" in again.get(str(leader), ""),
+           f"a late leader's epilog: AdminComments {again} (job {comp}'s was {recorded[str(comp)]!r})")
+    expect_restored(leader)
+
+
 def check_lost_epilog_is_caught_by_the_next_prolog() -> None:
     """A hold whose epilog never came (made here by hand, for a job id Slurm never had) is released by the next job's
     prolog on the node, which asks squeue about every held job."""
@@ -438,11 +618,12 @@ def check_lost_epilog_is_caught_by_the_next_prolog() -> None:
 CHECKS = [check_slurms_numbers_are_its_own_index, check_gres_job_pins_both_gpus_and_restores,
           check_sacct_shows_the_energy, check_scancel_mid_job_restores, check_killed_slurmstepd_restores,
           check_comment_chooses_off, check_a_job_that_registers_joins_its_hold,
-          check_lost_epilog_is_caught_by_the_next_prolog]
+          check_a_heterogeneous_jobs_components_are_held_and_joined, check_lost_epilog_is_caught_by_the_next_prolog]
 
 
 def logs() -> None:
-    for path in ("/var/log/slurm/slurmd.log", "/var/log/slurm/slurmctld.log", "/var/log/slurm/slurmdbd.log"):
+    for path in ("/var/log/slurm/slurmd.log", f"/var/log/slurm/slurmd-{HET_NODE}.log", "/var/log/slurm/slurmctld.log",
+                 "/var/log/slurm/slurmdbd.log"):
         if Path(path).exists():
             print(f"----- {path} (last 40 lines) -----\n" + "\n".join(Path(path).read_text().splitlines()[-40:]))
     print("----- ftgov slurm prolog/epilog (journal) -----")

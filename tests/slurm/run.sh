@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# End-to-end tests of `ftgov slurm prolog|epilog` under a real single-node Slurm: boots a Debian bookworm container
-# (the machinery of tests/support/container.sh, shared with tests/systemd/run.sh) with Debian's munge, slurmctld,
-# slurmd, slurmdbd and MariaDB (for sacct), installs ftgov with `make install BACKEND=nvml`, gives ftgovd two fake NVML
-# GPUs (tests/support/fakenvml) that slurmd offers as GRES gpu:2, and runs checks.py there.
+# End-to-end tests of `ftgov slurm prolog|epilog` under a real Slurm: boots a Debian bookworm container (the machinery
+# of tests/support/container.sh, shared with tests/systemd/run.sh) with Debian's munge, slurmctld, slurmd, slurmdbd and
+# MariaDB (for sacct), installs ftgov with `make install BACKEND=nvml`, gives ftgovd two fake NVML GPUs
+# (tests/support/fakenvml) that slurmd offers as GRES gpu:2, and runs checks.py there. checks.py starts a second
+# slurmd in namespaces of its own, a second node for a heterogeneous job's second component.
 #
 # Usage: tests/slurm/run.sh [--smoke]      (as root; --smoke stops after booting the container)
 # Environment: FTGOV_CI_CACHE and FTGOV_CI_KEEP as for tests/systemd/run.sh (the root file system tarball is cached
