@@ -549,6 +549,10 @@ def check_a_heterogeneous_jobs_components_are_held_and_joined() -> None:
     expect(holds[comp].get("het_job_id") == leader and "het_job_id" not in holds[leader],
            f"het_job_id: job {leader}'s {holds[leader].get('het_job_id')} (want none: it is the leader), job "
            f"{comp}'s {holds[comp].get('het_job_id')} (want {leader})")
+    # The sweep of stale holds (the next prolog on a node) asks squeue by a hold's own id: a component's must be
+    # listed, or a job's prolog would release a live component's hold.
+    listed = sh("squeue", "-h", "-j", str(comp), "-o", "%T", check=False).stdout.split()
+    expect(listed == ["RUNNING"], f"squeue -j {comp} (the sweep's question) lists {listed}, not RUNNING")
     # (c) The task's registration joined component 1's hold, whose GPU its own pick drives. With no CUDA driver here
     # the task names its GPU by CUDA_VISIBLE_DEVICES' number, 0; the one ftgovd holds both components' GPUs, so it
     # reads 0 as NVML's index (docs/slurm.md), HET_NODE's GPU by construction. On a real cluster each node's ftgovd
