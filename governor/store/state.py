@@ -131,6 +131,11 @@ class SchedulerHold:
         field(default_factory=list)
     started_at: Annotated[float, Field(ge=0, le=1e11)]
 
+    def to_dict(self) -> dict:
+        """A hold of no heterogeneous job is written without het_job_id: the file of a daemon before them, which
+        sets aside a whole file with a key it does not know."""
+        return {k: v for k, v in vars(self).items() if v is not None or k != "het_job_id"}
+
 
 def _format_given(v: Any) -> Any:
     """The file must say its format: State's default is for states built in memory, not for a file without one."""
@@ -155,7 +160,7 @@ class State:
                "gpus": {k: v.to_dict() for k, v in self.gpus.items()},
                "jobs": [j.to_dict() for j in self.jobs]}
         if self.holds:  # absent when empty: a file without holds reads the same to an older daemon
-            out["holds"] = [vars(h) for h in self.holds]
+            out["holds"] = [h.to_dict() for h in self.holds]
         return out
 
     @classmethod

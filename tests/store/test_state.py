@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from governor.backends.base import Limits
 from governor.errors import StateError
 from governor.store import state as state_module
-from governor.store.state import GpuState, HeldJob, State, StateFile
+from governor.store.state import GpuState, HeldJob, SchedulerHold, State, StateFile
 
 FEATURES = {"model_type": "encoder", "num_layers": 12, "hidden_size": 768, "seq_len": 40.0, "gpu_util": 60.0}
 # What StateFile.write wrote for STATE below when the schema was declared twice (dataclasses and pydantic mirrors).
@@ -63,3 +63,23 @@ def test_a_file_off_the_schema_is_an_error_naming_the_field(change, where):
     change(d)
     with pytest.raises(StateError, match=re.escape(where)):
         State.from_json(json.dumps(d).encode())
+
+
+# A scheduler hold's keys as the daemon before heterogeneous jobs wrote and read them (extra="forbid": it sets aside a
+# whole file with any other key, the GPUs' baselines and the registered jobs with it).
+HOLD_KEYS_BEFORE_HET = {"slurm_job_id", "uid", "partition", "policy", "freq_hz", "energy_j", "joined", "started_at"}
+
+
+def test_a_hold_of_no_heterogeneous_job_is_written_as_an_older_daemon_reads_it(tmp_path):
+    """het_job_id (a heterogeneous component's leader) was written as null for every hold, and the previous ftgovd
+    (a rolled-back package, restarted on the kept /run/ftgov) set the whole file aside at its unknown key: the jobs'
+    holds and registrations were lost. Absent where None, as a job's group fields are; a component's is kept."""
+    plain = SchedulerHold(slurm_job_id=5, uid=1000, policy="ffg", freq_hz={"0": 714000000}, started_at=1.0)
+    component = SchedulerHold(slurm_job_id=7, het_job_id=6, uid=1000, policy="ffg", freq_hz={"0": None},
+                              started_at=1.0)
+    state = State("b00t", holds=[plain, component])
+    StateFile(tmp_path).write(state)
+    written = json.loads((tmp_path / "state.json").read_bytes())["holds"]
+    assert set(written[0]) == HOLD_KEYS_BEFORE_HET, written[0]
+    assert written[1]["het_job_id"] == 6
+    assert StateFile(tmp_path).read("b00t") == state
