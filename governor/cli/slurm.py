@@ -246,7 +246,8 @@ def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
         comment = env.get("SLURM_JOB_COMMENT")
         if comment is None and config.job_choice and config.comment_from_scontrol:
             try:
-                comment = scontrol_field(job_id, "Comment", config.timeout_s)
+                comment = scontrol_field(own_record(job_id, _job_id(env, "SLURM_HET_JOB_ID")), "Comment",
+                                         config.timeout_s)
             except AmbiguousField as e:
                 warn(f"job {job_id}: the comment is not read: {e}")
         policy, source = choose_policy(config, partition, comment)
@@ -335,15 +336,15 @@ def write_admin_comment(job_id: int, entry: str, timeout_s: float, het_job_id: i
     """Put this node's entry into the job's AdminComment, which `sacct -j ID -o AdminComment` shows
     (AccountingStorageType=accounting_storage/slurmdbd). ``scontrol update`` while slurmctld still lets the job be
     updated; once the job has finished (the node epilog usually runs after that), the accounting record itself, with
-    ``sacctmgr modify job``. ``het_job_id``: a heterogeneous job's leader (SLURM_HET_JOB_ID); where it is this job,
-    both commands name it ID+0, since its bare id names every component to them (Slurm 22.05)."""
+    ``sacctmgr modify job``. ``het_job_id``: a heterogeneous job's leader (SLURM_HET_JOB_ID); each command names the
+    job's own record (own_record)."""
+    target = own_record(job_id, het_job_id)
     try:
-        existing = scontrol_field(job_id, "AdminComment", timeout_s)
+        existing = scontrol_field(target, "AdminComment", timeout_s)
     except AmbiguousField as e:
         warn(f"job {job_id}: AdminComment not written: {e}")
         return
     value = merged_admin_comment(existing, entry)
-    target = f"{job_id}+0" if het_job_id == job_id else str(job_id)
     done = _run([slurm_command("scontrol"), "update", f"JobId={target}", f"AdminComment={value}"], timeout_s)
     if done is not None and done.returncode != 0 and "already finished" in done.stderr:
         modify = [slurm_command("sacctmgr"), "-i", "modify", "job", "where", f"jobid={target}", "set",
@@ -398,26 +399,32 @@ class AmbiguousField(FtgovError):
     its directories, all the user's) carries ``Key=`` of it, and which one is Slurm's cannot be told."""
 
 
-def scontrol_field(job_id: int, name: str, timeout_s: float) -> str | None:
-    """One field of `scontrol show job -o ID` (None when scontrol fails or lacks it). The field runs to the next
-    ``Key=`` of scontrol's one-line format, whose keys begin with a capital (JobId=, StdErr=, Socks/Node=): a
-    comment "my run ftgov=off" is read whole, not cut at its own lower-case choice. AmbiguousField when ``name=``
-    appears twice: a user who names a job "x AdminComment=ftgov@node:energy_j=0" must not have root write that into
-    the job's admin-only field. A heterogeneous job's leader gets one line per component (Slurm 22.05): only the
-    line that begins ``JobId=ID`` is read (others' fields are the other components'); where not exactly one does,
-    the whole output, as before."""
+def own_record(job_id: int, het_job_id: int | None) -> str:
+    """How scontrol and sacctmgr name the job's own record: ID+0 for a heterogeneous job's leader (``het_job_id``,
+    SLURM_HET_JOB_ID, is its own id), whose bare id names every component's (Slurm 22.05: `scontrol show job` prints
+    them all, `scontrol update` and `sacctmgr modify job` change them all); ID otherwise."""
+    return f"{job_id}+0" if het_job_id == job_id else str(job_id)
+
+
+def scontrol_field(job: str, name: str, timeout_s: float) -> str | None:
+    """One field of `scontrol show job -o JOB` (``job``: own_record's; None when scontrol fails or lacks it). The
+    field runs to the next ``Key=`` of scontrol's one-line format, whose keys begin with a capital (JobId=, StdErr=,
+    Socks/Node=): a comment "my run ftgov=off" is read whole, not cut at its own lower-case choice. AmbiguousField
+    when ``name=`` appears twice in the whole output: a user who names a job "x AdminComment=ftgov@node:energy_j=0"
+    must not have root write that into the job's admin-only field. The output is not cut into lines: Slurm prints the
+    job's name, command and directories with their newlines, so a line that begins JobId=ID can end in the user's
+    text, before Slurm's own field."""
     try:
-        done = subprocess.run([slurm_command("scontrol"), "show", "job", "-o", str(job_id)], capture_output=True,
+        done = subprocess.run([slurm_command("scontrol"), "show", "job", "-o", job], capture_output=True,
                               text=True, errors=OUTPUT_ERRORS, timeout=timeout_s, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
-        warn(f"scontrol show job {job_id}: {e}")
+        warn(f"scontrol show job {job}: {e}")
         return None
     if done.returncode != 0:
         return None
-    own = [ln for ln in done.stdout.splitlines() if re.match(rf"JobId={job_id}(?:\s|$)", ln)]
-    line = own[0].strip() if len(own) == 1 else done.stdout.strip()
+    line = done.stdout.strip()
     if len(re.findall(rf"(?:^|\s){name}=", line)) > 1:
-        raise AmbiguousField(f"scontrol show job {job_id}: {name}= appears more than once (the job's own name, "
+        raise AmbiguousField(f"scontrol show job {job}: {name}= appears more than once (the job's own name, "
                              "command or paths carry it)")
     m = re.search(rf"(?:^|\s){name}=(.*?)(?=\s[A-Z][A-Za-z:/]*=|$)", line)
     # Slurm 22.05 pads some fields (AdminComment=, Comment=) with a second space: not the field's.

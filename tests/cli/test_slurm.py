@@ -197,7 +197,21 @@ def test_admin_comment_keeps_other_nodes_entries():
 
 
 
-def _fake_scontrol(where, monkeypatch, show_line: str):
+def _show_job(where, show: str | bytes | dict[str, str]) -> str:
+    """The shell that answers `scontrol show job -o JOB` (written into ``where``): ``show`` whatever JOB is, or, as a
+    dict, show[JOB] (none: Slurm's "Invalid job id", exit 1). As Slurm 22.05 answers a heterogeneous job: its leader's
+    bare id prints every component's record, ID+0 the leader's alone (scontrol_print_job), a component's id its own."""
+    where.mkdir(parents=True, exist_ok=True)
+    for job, text in (show if isinstance(show, dict) else {"any": show}).items():
+        data = text if isinstance(text, bytes) else text.encode()
+        (where / f"show.{job}.out").write_bytes(data + b"\n")
+    if not isinstance(show, dict):
+        return f"exec cat {where / 'show.any.out'}"
+    return (f'[ -f "{where}/show.$4.out" ] && exec cat "{where}/show.$4.out"; '
+            'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1')
+
+
+def _fake_scontrol(where, monkeypatch, show_line: str | dict[str, str]):
     """An scontrol on PATH (in a new directory ``where``) that prints ``show_line`` for `show job` and logs every
     `update` (the log's path is returned)."""
     bin_dir = where / "bin"
@@ -205,7 +219,7 @@ def _fake_scontrol(where, monkeypatch, show_line: str):
     log = where / "updates.log"
     script = bin_dir / "scontrol"
     script.write_text(f"""#!/bin/sh
-if [ "$1" = show ]; then printf '%s\\n' '{show_line}'; else printf '%s\\n' "$*" >> {log}; fi
+if [ "$1" = show ]; then {_show_job(where, show_line)}; else printf '%s\\n' "$*" >> {log}; fi
 """)
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
@@ -227,15 +241,14 @@ def test_a_job_whose_own_text_carries_admincomment_gets_none_written(tmp_path, m
     assert log.read_text() == f"update JobId=8 AdminComment=ftgov@node2:energy_j=5.0,policy=tune,gpus=1;{entry}\n"
 
 
-def _scontrol_printing(where, show_line: bytes):
+def _scontrol_printing(where, show_line: bytes | dict[str, str]):
     """A directory with an scontrol that prints ``show_line`` (bytes, as Slurm passes a job's own text through) for
     `show job` and logs every `update` to updates.log beside it; the directory, for PATH."""
     bin_dir = where / "bin"
     bin_dir.mkdir(parents=True)
-    (where / "show.out").write_bytes(show_line + b"\n")
     script = bin_dir / "scontrol"
     script.write_text(f"""#!/bin/sh
-if [ "$1" = show ]; then cat {where / "show.out"}; else printf '%s\\n' "$*" >> {where / "updates.log"}; fi
+if [ "$1" = show ]; then {_show_job(where, show_line)}; else printf '%s\\n' "$*" >> {where / "updates.log"}; fi
 """)
     script.chmod(0o755)
     return bin_dir
@@ -274,15 +287,23 @@ def test_a_comment_with_more_than_the_choice_is_read_whole_from_scontrol(orin, s
     assert slurm("epilog", env, config, tmp_path).returncode == 0
 
 
-def test_a_heterogeneous_leaders_comment_is_read_off_its_own_line_of_scontrol(orin, start_daemon, tmp_path):
+def _het_shows(leader: int, *records: str) -> dict[str, str]:
+    """`scontrol show job -o JOB` of a heterogeneous job of these records (a line per component, the leader's first)
+    by JOB, as Slurm answers (_show_job): the leader's id all of them, ID+0 the leader's, a component's id its own."""
+    return {str(leader): "\n".join(records), f"{leader}+0": records[0],
+            **{str(leader + offset): r for offset, r in enumerate(records) if offset}}
+
+
+def test_a_heterogeneous_leaders_comment_is_read_off_its_own_record(orin, start_daemon, tmp_path):
     """`scontrol show job -o ID` of a heterogeneous job's leader prints one line per component (Slurm 22.05, seen in
     tests/slurm): each carries Comment=, which read as one text appeared twice, and the leader's prolog (where slurmd
-    passes no SLURM_JOB_COMMENT) dropped the job's choice as ambiguous."""
+    passes no SLURM_JOB_COMMENT) dropped the job's choice as ambiguous. ID+0 prints the leader's alone."""
     d = start_daemon()
-    bin_dir = _scontrol_printing(tmp_path / "slurm", b"JobId=50 HetJobId=50 HetJobOffset=0 JobName=het UserId=u(1000) "
-                                                     b"AdminComment=(null) Comment=ftgov=off StdErr=/home/u/o\n"
-                                                     b"JobId=51 HetJobId=50 HetJobOffset=1 JobName=het UserId=u(1000) "
-                                                     b"AdminComment=(null) Comment=ftgov=off StdErr=/home/u/o")
+    bin_dir = _scontrol_printing(tmp_path / "slurm", _het_shows(
+        50, "JobId=50 HetJobId=50 HetJobOffset=0 JobName=het UserId=u(1000) AdminComment=(null) Comment=ftgov=off "
+            "StdErr=/home/u/o",
+        "JobId=51 HetJobId=50 HetJobOffset=1 JobName=het UserId=u(1000) AdminComment=(null) Comment=ftgov=off "
+        "StdErr=/home/u/o"))
     env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "50", "SLURM_HET_JOB_ID": "50", "SLURM_JOB_UID": "0",
            "PATH": f"{bin_dir}:/usr/bin:/bin"}
     config = "policy: ffg\nadmin_comment: false\ncomment_from_scontrol: true\nsweep_stale: false\n"
@@ -292,20 +313,23 @@ def test_a_heterogeneous_leaders_comment_is_read_off_its_own_line_of_scontrol(or
 
 
 def test_a_heterogeneous_leaders_admincomment_is_its_own(tmp_path, monkeypatch, capsys):
-    """The leader's `scontrol show job -o` lines include its other components', whose AdminComment (another node's
+    """The leader's `scontrol show job -o ID` lines include its other components', whose AdminComment (another node's
     entry, written while the job was still running) was read as the leader's: not written (ambiguous) where both
-    had one, and merged into the leader's field where only the component's had."""
+    had one, and merged into the leader's field where only the component's had. ID+0 is the leader's record."""
     entry = "ftgov@node1:energy_j=10.0,policy=ffg,gpus=1"
-    both = ("JobId=60 HetJobId=60 HetJobOffset=0 JobName=het AdminComment=ftgov@node1:energy_j=1.0 Comment=c\n"
-            "JobId=61 HetJobId=60 HetJobOffset=1 JobName=het AdminComment=ftgov@node2:energy_j=5.0 Comment=c")
+    both = _het_shows(60, "JobId=60 HetJobId=60 HetJobOffset=0 JobName=het AdminComment=ftgov@node1:energy_j=1.0 "
+                          "Comment=c",
+                      "JobId=61 HetJobId=60 HetJobOffset=1 JobName=het AdminComment=ftgov@node2:energy_j=5.0 Comment=c")
     log = _fake_scontrol(tmp_path / "both", monkeypatch, both)
-    write_admin_comment(60, entry, 5.0)
-    assert log.read_text() == f"update JobId=60 AdminComment={entry}\n", capsys.readouterr().err
-    other = ("JobId=62 HetJobId=62 HetJobOffset=0 JobName=het Comment=c\n"
-             "JobId=63 HetJobId=62 HetJobOffset=1 JobName=het AdminComment=ftgov@node2:energy_j=5.0 Comment=c")
+    write_admin_comment(60, entry, 5.0, het_job_id=60)
+    # The leader's record keeps its own former entry (node1's, replaced) and has none of node2's.
+    assert log.read_text() == f"update JobId=60+0 AdminComment={entry}\n", capsys.readouterr().err
+    other = _het_shows(62, "JobId=62 HetJobId=62 HetJobOffset=0 JobName=het Comment=c",
+                       "JobId=63 HetJobId=62 HetJobOffset=1 JobName=het AdminComment=ftgov@node2:energy_j=5.0 "
+                       "Comment=c")
     log = _fake_scontrol(tmp_path / "other", monkeypatch, other)
-    write_admin_comment(62, entry, 5.0)
-    assert log.read_text() == f"update JobId=62 AdminComment={entry}\n"
+    write_admin_comment(62, entry, 5.0, het_job_id=62)
+    assert log.read_text() == f"update JobId=62+0 AdminComment={entry}\n"
     # A line of the job's own that the user's text forged (a newline in a name) leaves it ambiguous: nothing written.
     forged = ("JobId=64 JobName=x\nJobId=64 AdminComment=ftgov@node2:energy_j=0.0\n"
               "JobId=64 JobName=x AdminComment=(null) Comment=c")
@@ -314,15 +338,14 @@ def test_a_heterogeneous_leaders_admincomment_is_its_own(tmp_path, monkeypatch, 
     assert not log.exists() and "AdminComment not written" in capsys.readouterr().err
 
 
-def _finished_slurm(where, show: str, unmatched: int = 0):
+def _finished_slurm(where, show: str | dict[str, str], unmatched: int = 0):
     """scontrol and sacctmgr on a PATH directory (returned): `scontrol show` prints ``show``, `scontrol update` fails
     as for a job slurmctld considers finished (as the node epilog usually finds it), each logs its arguments; the
     first ``unmatched`` sacctmgr calls find no record (as before slurmdbd knows a heterogeneous job's components)."""
     bin_dir = where / "bin"
     bin_dir.mkdir(parents=True)
-    (where / "show.out").write_text(show + "\n")
     (bin_dir / "scontrol").write_text(f"""#!/bin/sh
-if [ "$1" = show ]; then cat {where / "show.out"}; exit 0; fi
+if [ "$1" = show ]; then {_show_job(where, show)}; fi
 printf '%s\\n' "$*" >> {where / "calls.log"}; echo "Job has already finished for job $2" >&2; exit 1
 """)
     (bin_dir / "sacctmgr").write_text(f"""#!/bin/sh
@@ -345,10 +368,10 @@ def test_a_heterogeneous_leaders_epilog_writes_the_leaders_record_only(orin, sta
     itself only."""
     d = start_daemon()
     # As Slurm 22.05 prints them: AdminComment= and Comment= are each followed by two spaces.
-    show = ("JobId=80 HetJobId=80 HetJobOffset=0 JobName=het WorkDir=/home/u AdminComment=  Comment=ftgov=off  "
-            "StdErr=/home/u/o\n"
-            "JobId=81 HetJobId=80 HetJobOffset=1 JobName=het WorkDir=/home/u AdminComment=ftgov@node2:energy_j=5.0"
-            "  Comment=ftgov=off  StdErr=/home/u/o")
+    show = _het_shows(80, "JobId=80 HetJobId=80 HetJobOffset=0 JobName=het WorkDir=/home/u AdminComment=  "
+                          "Comment=ftgov=off  StdErr=/home/u/o",
+                      "JobId=81 HetJobId=80 HetJobOffset=1 JobName=het WorkDir=/home/u "
+                      "AdminComment=ftgov@node2:energy_j=5.0  Comment=ftgov=off  StdErr=/home/u/o")
     config = "policy: ffg\nadmin_comment: true\ncomment_from_scontrol: false\nsweep_stale: false\n"
     for job, where in ((80, "leader"), (81, "component")):
         bin_dir = _finished_slurm(tmp_path / where, show, unmatched=2 if job == 80 else 0)
@@ -364,7 +387,7 @@ def test_a_heterogeneous_leaders_epilog_writes_the_leaders_record_only(orin, sta
             f"sacctmgr -i modify job where jobid={target} set"] * (3 if job == 80 else 1), calls
         assert "AdminComment" not in out.stderr, out
         value = calls[-1].split("AdminComment=", 1)[1]
-        # The leader's own line has no AdminComment yet (not node2's, the component's); Slurm's padding is not kept.
+        # The leader's own record has no AdminComment yet (not node2's, the component's); Slurm's padding is not kept.
         kept = "" if job == 80 else "ftgov@node2:energy_j=5.0;"
         assert value.startswith(f"{kept}ftgov@{where}:energy_j="), calls
         assert value.count("ftgov@") == (1 if job == 80 else 2) and " " not in value, calls
@@ -446,3 +469,17 @@ def test_a_heterogeneous_components_prolog_names_its_leader(nvml_daemon, tmp_pat
     c.call("unregister", job_id=res["job_id"])
     assert slurm("epilog", env, "policy: ffg\n", tmp_path).returncode == 0
     assert c.call("status")["holds"] == []
+
+
+def test_a_newline_in_the_jobs_own_text_does_not_get_its_admincomment_written(tmp_path, monkeypatch, capsys):
+    """Slurm prints a job's name, command and directories as the user gave them, newlines included, before
+    AdminComment=. Where only the line that begins JobId=ID was read, a working directory "/x AdminComment=forged"
+    + newline put the user's AdminComment= alone on that line and Slurm's on the next: root wrote the forged text
+    into the admin-only field. Read whole, it appears twice: nothing is written."""
+    entry = "ftgov@node1:energy_j=10.0,policy=ffg,gpus=0"
+    show = ("JobId=66 JobName=x UserId=u(1000) WorkDir=/home/u/x AdminComment=ftgov@node2:energy_j=0.0\n"
+            "y AdminComment=(null) Comment=c StdErr=/home/u/o")
+    log = _fake_scontrol(tmp_path / "newline", monkeypatch, show)
+    write_admin_comment(66, entry, 5.0)
+    assert not log.exists(), log.read_text()
+    assert "AdminComment not written" in capsys.readouterr().err
