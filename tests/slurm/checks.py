@@ -619,10 +619,74 @@ def check_lost_epilog_is_caught_by_the_next_prolog() -> None:
     expect_restored(job_id)
 
 
+ARRAY_SCRIPT = """\
+#!/bin/sh
+# A task of a job array: says its ids, then waits on its own FIFO.
+echo "$SLURM_JOB_ID $SLURM_ARRAY_JOB_ID $SLURM_ARRAY_TASK_ID" > {base}.$SLURM_ARRAY_TASK_ID.ready
+read line < {base}.$SLURM_ARRAY_TASK_ID
+"""
+
+
+def check_an_array_jobs_tasks_are_held_each_and_accounted_each() -> None:
+    """A job array (sbatch --array=0-1, a hyperparameter sweep's usual form) is a job per task, each with its own
+    SLURM_JOB_ID; one of them has the array's own id, which to scontrol and sacctmgr names every task. Each task's
+    prolog holds its GPU under its own id, each epilog restores it, and each task's AdminComment gets its own entry
+    (the task with the array's id included)."""
+    name = "array"
+    base = GATES / name
+    for task in (0, 1):
+        for fifo in (GATES / f"{name}.{task}", GATES / f"{name}.{task}.ready"):
+            os.mkfifo(fifo)
+            fifo.chmod(0o666)
+    script = Path(f"/home/{JOB_USER}/{name}.sh")
+    script.write_text(ARRAY_SCRIPT.format(base=base))
+    script.chmod(0o755)
+    out = sh("runuser", "-u", JOB_USER, "--", "sbatch", "--parsable", f"--job-name={name}", "--array=0-1",
+             "--gres=gpu:1", f"--output=/home/{JOB_USER}/{name}-%a.out", str(script),
+             cwd=f"/home/{JOB_USER}").stdout
+    array_id = int(out.strip().split(";")[0])
+    tasks = {}
+    for task in (0, 1):
+        got = read_fifo(GATES / f"{name}.{task}.ready", JOB_STATE_TIMEOUT_S)
+        expect(got is not None, f"array {array_id}: task {task} did not start: {sh('squeue', check=False).stdout}")
+        job_id, seen_array, seen_task = (int(v) for v in got.split())
+        expect(seen_array == array_id and seen_task == task, f"task {task} says {got!r}")
+        tasks[task] = job_id
+    print(f"    array {array_id}: task 0 is job {tasks[0]}, task 1 job {tasks[1]}")
+    expect(array_id in tasks.values(), f"no task has the array's id {array_id}: {tasks}")
+    holds = {h["slurm_job_id"]: h for h in call("status")["holds"]}
+    expect(set(holds) == set(tasks.values()), f"holds {sorted(holds)}, want the tasks' {sorted(tasks.values())}")
+    gpus = [set(holds[job]["gpus"]) for job in tasks.values()]
+    expect(gpus[0] | gpus[1] == {"0", "1"} and not gpus[0] & gpus[1], f"the tasks' GPUs: {gpus}")
+    # The task with the array's id ends last, after the other's record is written: were the array's id to name every
+    # task to sacctmgr (as a heterogeneous leader's bare id does), its entry would land in the other's record too.
+    last = next(t for t, job in tasks.items() if job == array_id)
+    for task in (1 - last, last):
+        release_gate(GATES / f"{name}.{task}")
+        # Its epilog's release (squeue -j of the array's id lists the array while any task runs).
+        job = tasks[task]
+        wait_for(f"job {job}'s hold to be released", lambda job=job: hold_of(job) is None, 90)
+    wait_gone(array_id)
+    expect_restored(array_id)
+
+    def comments() -> dict[str, str] | None:
+        out = sh("sacct", "-j", ",".join(f"{array_id}_{t}" for t in tasks), "-X", "-n", "-P", "-o",
+                 "JobIDRaw,AdminComment%400", check=False).stdout
+        got = dict(line.split("|", 1) for line in out.strip().splitlines() if "|" in line)
+        return got if all(got.get(str(job), "").count("ftgov@") == 1 for job in tasks.values()) else None
+
+    recorded = wait_for(f"sacct to show array {array_id}'s tasks' AdminComment", comments, 30)
+    for job in tasks.values():
+        held = "+".join(sorted(holds[job]["gpus"]))
+        expect(recorded[str(job)].endswith(f"gpus={held}"), f"job {job}'s AdminComment: {recorded[str(job)]!r}")
+    print("    sacct AdminComment: " + "; ".join(f"job {job}: {recorded[str(job)]}" for job in tasks.values()))
+
+
 CHECKS = [check_slurms_numbers_are_its_own_index, check_gres_job_pins_both_gpus_and_restores,
           check_sacct_shows_the_energy, check_scancel_mid_job_restores, check_killed_slurmstepd_restores,
           check_comment_chooses_off, check_a_job_that_registers_joins_its_hold,
-          check_a_heterogeneous_jobs_components_are_held_and_joined, check_lost_epilog_is_caught_by_the_next_prolog]
+          check_a_heterogeneous_jobs_components_are_held_and_joined,
+          check_an_array_jobs_tasks_are_held_each_and_accounted_each, check_lost_epilog_is_caught_by_the_next_prolog]
 
 
 def logs() -> None:
