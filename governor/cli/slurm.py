@@ -246,7 +246,7 @@ def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
         comment = env.get("SLURM_JOB_COMMENT")
         if comment is None and config.job_choice and config.comment_from_scontrol:
             try:
-                comment = scontrol_field(own_record(job_id, _job_id(env, "SLURM_HET_JOB_ID")), "Comment",
+                comment = scontrol_field(own_record(job_id, env), "Comment",
                                          config.timeout_s)
             except AmbiguousField as e:
                 warn(f"job {job_id}: the comment is not read: {e}")
@@ -308,7 +308,7 @@ def epilog(config: SlurmConfig, env: dict[str, str]) -> int:
     if not out.get("restored", True):
         warn(f"job {job_id}: a GPU's restore failed; ftgovd retries it (journalctl -u ftgovd)")
     if config.admin_comment:
-        write_admin_comment(job_id, summary, config.timeout_s, het_job_id=_job_id(env, "SLURM_HET_JOB_ID"))
+        write_admin_comment(job_id, summary, config.timeout_s, record=own_record(job_id, env))
     return 0
 
 
@@ -332,13 +332,13 @@ def merged_admin_comment(existing: str | None, entry: str) -> str:
     return ";".join([*kept, entry])[-MAX_ADMIN_COMMENT:]
 
 
-def write_admin_comment(job_id: int, entry: str, timeout_s: float, het_job_id: int | None = None) -> None:
+def write_admin_comment(job_id: int, entry: str, timeout_s: float, record: str | None = None) -> None:
     """Put this node's entry into the job's AdminComment, which `sacct -j ID -o AdminComment` shows
     (AccountingStorageType=accounting_storage/slurmdbd). ``scontrol update`` while slurmctld still lets the job be
     updated; once the job has finished (the node epilog usually runs after that), the accounting record itself, with
-    ``sacctmgr modify job``. ``het_job_id``: a heterogeneous job's leader (SLURM_HET_JOB_ID); each command names the
-    job's own record (own_record)."""
-    target = own_record(job_id, het_job_id)
+    ``sacctmgr modify job``. ``record``: how each command names the job's own record (own_record; the bare id
+    without)."""
+    target = record or str(job_id)
     try:
         existing = scontrol_field(target, "AdminComment", timeout_s)
     except AmbiguousField as e:
@@ -399,11 +399,13 @@ class AmbiguousField(FtgovError):
     its directories, all the user's) carries ``Key=`` of it, and which one is Slurm's cannot be told."""
 
 
-def own_record(job_id: int, het_job_id: int | None) -> str:
-    """How scontrol and sacctmgr name the job's own record: ID+0 for a heterogeneous job's leader (``het_job_id``,
-    SLURM_HET_JOB_ID, is its own id), whose bare id names every component's (Slurm 22.05: `scontrol show job` prints
-    them all, `scontrol update` and `sacctmgr modify job` change them all); ID otherwise."""
-    return f"{job_id}+0" if het_job_id == job_id else str(job_id)
+def own_record(job_id: int, env: dict[str, str]) -> str:
+    """How scontrol and sacctmgr name the job's own record: ID+0 for a heterogeneous job's leader (SLURM_HET_JOB_ID
+    is its own id), whose bare id names every component's (Slurm 22.05: `scontrol show job` prints them all,
+    `scontrol update` and `sacctmgr modify job` change them all); ID otherwise. A job array's task that has the
+    array's id needs nothing of the kind: under Slurm 22.05 that id names its own task to both once the tasks run
+    (tests/slurm, either task ending first), and its prolog and epilog get no SLURM_ARRAY_JOB_ID to tell it by."""
+    return f"{job_id}+0" if _job_id(env, "SLURM_HET_JOB_ID") == job_id else str(job_id)
 
 
 def scontrol_field(job: str, name: str, timeout_s: float) -> str | None:

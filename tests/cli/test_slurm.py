@@ -18,6 +18,7 @@ from governor.cli.slurm import (
     job_gpus,
     merged_admin_comment,
     node_gpu_count,
+    own_record,
     write_admin_comment,
 )
 from tests.daemon.test_slurm_hold import nvml_daemon  # noqa: F401 (a fixture)
@@ -321,14 +322,14 @@ def test_a_heterogeneous_leaders_admincomment_is_its_own(tmp_path, monkeypatch, 
                           "Comment=c",
                       "JobId=61 HetJobId=60 HetJobOffset=1 JobName=het AdminComment=ftgov@node2:energy_j=5.0 Comment=c")
     log = _fake_scontrol(tmp_path / "both", monkeypatch, both)
-    write_admin_comment(60, entry, 5.0, het_job_id=60)
+    write_admin_comment(60, entry, 5.0, record="60+0")
     # The leader's record keeps its own former entry (node1's, replaced) and has none of node2's.
     assert log.read_text() == f"update JobId=60+0 AdminComment={entry}\n", capsys.readouterr().err
     other = _het_shows(62, "JobId=62 HetJobId=62 HetJobOffset=0 JobName=het Comment=c",
                        "JobId=63 HetJobId=62 HetJobOffset=1 JobName=het AdminComment=ftgov@node2:energy_j=5.0 "
                        "Comment=c")
     log = _fake_scontrol(tmp_path / "other", monkeypatch, other)
-    write_admin_comment(62, entry, 5.0, het_job_id=62)
+    write_admin_comment(62, entry, 5.0, record="62+0")
     assert log.read_text() == f"update JobId=62+0 AdminComment={entry}\n"
     # A line of the job's own that the user's text forged (a newline in a name) leaves it ambiguous: nothing written.
     forged = ("JobId=64 JobName=x\nJobId=64 AdminComment=ftgov@node2:energy_j=0.0\n"
@@ -483,3 +484,13 @@ def test_a_newline_in_the_jobs_own_text_does_not_get_its_admincomment_written(tm
     write_admin_comment(66, entry, 5.0)
     assert not log.exists(), log.read_text()
     assert "AdminComment not written" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env,record", [
+    ({}, "7"),
+    ({"SLURM_HET_JOB_ID": "7"}, "7+0"),  # a heterogeneous job's leader: its bare id names every component
+    ({"SLURM_HET_JOB_ID": "6"}, "7"),  # another component: its own id is its own record
+    ({"SLURM_HET_JOB_ID": "x"}, "7"),
+])
+def test_scontrol_and_sacctmgr_are_asked_for_the_jobs_own_record(env, record):
+    assert own_record(7, env) == record

@@ -142,9 +142,11 @@ WRAPPER = """\
 #!/bin/sh
 # slurm.conf's Prolog=/Epilog= take a program, not a command line; slurmd discards its output: to the journal.
 # (CI only: the GPUs slurmd names to the prolog, for check_slurms_numbers_are_its_own_index; a heterogeneous job's
-# leader as the prolog sees it, for check_a_heterogeneous_jobs_components_are_held_and_joined.)
+# leader as the prolog sees it, for check_a_heterogeneous_jobs_components_are_held_and_joined; an array task's ids,
+# for check_an_array_jobs_tasks_are_held_each_and_accounted_each.)
 [ {action} = prolog ] && echo "$SLURM_JOB_GPUS;$CUDA_VISIBLE_DEVICES" > /run/ftgov-ci/prolog-gpus.$SLURM_JOB_ID
 [ {action} = prolog ] && echo "${{SLURM_HET_JOB_ID-unset}}" > /run/ftgov-ci/prolog-het.$SLURM_JOB_ID
+echo "${{SLURM_ARRAY_JOB_ID-unset}}/${{SLURM_ARRAY_TASK_ID-unset}}" > /run/ftgov-ci/{action}-array.$SLURM_JOB_ID
 exec systemd-cat -t ftgov-slurm /usr/local/bin/ftgov slurm {action}
 """
 
@@ -627,12 +629,9 @@ read line < {base}.$SLURM_ARRAY_TASK_ID
 """
 
 
-def check_an_array_jobs_tasks_are_held_each_and_accounted_each() -> None:
-    """A job array (sbatch --array=0-1, a hyperparameter sweep's usual form) is a job per task, each with its own
-    SLURM_JOB_ID; one of them has the array's own id, which to scontrol and sacctmgr names every task. Each task's
-    prolog holds its GPU under its own id, each epilog restores it, and each task's AdminComment gets its own entry
-    (the task with the array's id included)."""
-    name = "array"
+def run_array(name: str, array_id_last: bool) -> None:
+    """A two-task array, each task --gres=gpu:1: each held under its own job id on its own GPU, restored, and
+    accounted in its own AdminComment; the task with the array's id ends last or first (see the check)."""
     base = GATES / name
     for task in (0, 1):
         for fifo in (GATES / f"{name}.{task}", GATES / f"{name}.{task}.ready"):
@@ -652,22 +651,21 @@ def check_an_array_jobs_tasks_are_held_each_and_accounted_each() -> None:
         job_id, seen_array, seen_task = (int(v) for v in got.split())
         expect(seen_array == array_id and seen_task == task, f"task {task} says {got!r}")
         tasks[task] = job_id
-    print(f"    array {array_id}: task 0 is job {tasks[0]}, task 1 job {tasks[1]}")
     expect(array_id in tasks.values(), f"no task has the array's id {array_id}: {tasks}")
     holds = {h["slurm_job_id"]: h for h in call("status")["holds"]}
     expect(set(holds) == set(tasks.values()), f"holds {sorted(holds)}, want the tasks' {sorted(tasks.values())}")
     gpus = [set(holds[job]["gpus"]) for job in tasks.values()]
     expect(gpus[0] | gpus[1] == {"0", "1"} and not gpus[0] & gpus[1], f"the tasks' GPUs: {gpus}")
-    # The task with the array's id ends last, after the other's record is written: were the array's id to name every
-    # task to sacctmgr (as a heterogeneous leader's bare id does), its entry would land in the other's record too.
-    last = next(t for t, job in tasks.items() if job == array_id)
-    for task in (1 - last, last):
+    with_id = next(t for t, job in tasks.items() if job == array_id)
+    order = (1 - with_id, with_id) if array_id_last else (with_id, 1 - with_id)
+    for task in order:
         release_gate(GATES / f"{name}.{task}")
         # Its epilog's release (squeue -j of the array's id lists the array while any task runs).
         job = tasks[task]
         wait_for(f"job {job}'s hold to be released", lambda job=job: hold_of(job) is None, 90)
     wait_gone(array_id)
     expect_restored(array_id)
+    envs = {job: (CI_DIR / f"epilog-array.{job}").read_text().strip() for job in tasks.values()}
 
     def comments() -> dict[str, str] | None:
         out = sh("sacct", "-j", ",".join(f"{array_id}_{t}" for t in tasks), "-X", "-n", "-P", "-o",
@@ -675,11 +673,29 @@ def check_an_array_jobs_tasks_are_held_each_and_accounted_each() -> None:
         got = dict(line.split("|", 1) for line in out.strip().splitlines() if "|" in line)
         return got if all(got.get(str(job), "").count("ftgov@") == 1 for job in tasks.values()) else None
 
-    recorded = wait_for(f"sacct to show array {array_id}'s tasks' AdminComment", comments, 30)
+    try:
+        recorded = wait_for(f"sacct to show array {array_id}'s tasks' AdminComment", comments, 30)
+    except CheckFailed:
+        print(sh("sacct", "-j", str(array_id), "-P", "-o", "JobID,JobIDRaw,State,AdminComment%200",
+                 check=False).stdout)
+        raise
     for job in tasks.values():
         held = "+".join(sorted(holds[job]["gpus"]))
         expect(recorded[str(job)].endswith(f"gpus={held}"), f"job {job}'s AdminComment: {recorded[str(job)]!r}")
-    print("    sacct AdminComment: " + "; ".join(f"job {job}: {recorded[str(job)]}" for job in tasks.values()))
+    print(f"    array {array_id} (the task with its id ending {'last' if array_id_last else 'first'}): "
+          + "; ".join(f"task {t} job {job} (epilog's SLURM_ARRAY_JOB_ID/TASK_ID {envs[job]}): {recorded[str(job)]}"
+                      for t, job in tasks.items()))
+
+
+def check_an_array_jobs_tasks_are_held_each_and_accounted_each() -> None:
+    """A job array (sbatch --array=0-1, a hyperparameter sweep's usual form) is a job per task, each with its own
+    SLURM_JOB_ID; one of them has the array's own id, which could name every task to scontrol and sacctmgr, as a
+    heterogeneous leader's does. Each task's prolog holds its GPU under its own id, each epilog restores it, and each
+    task's AdminComment gets its own entry, whichever order they end in: the task with the array's id ending first,
+    while the other runs, and ending last, after the other's record is written. (Under Slurm 22.05 the array's id
+    names its own task to both here, and the epilog gets no SLURM_ARRAY_JOB_ID: printed.)"""
+    run_array("array-first", array_id_last=False)
+    run_array("array-last", array_id_last=True)
 
 
 CHECKS = [check_slurms_numbers_are_its_own_index, check_gres_job_pins_both_gpus_and_restores,
