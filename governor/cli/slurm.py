@@ -236,6 +236,8 @@ def _connect(config: SlurmConfig, env: dict[str, str], script: str, nothing: str
 
 
 def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
+    from governor.client.connection import InvalidParams
+
     # Within run's alarm (CALLS_AT_MOST calls of timeout_s, plus 1 s): the sweep, last, stops before it.
     deadline = time.monotonic() + config.timeout_s * CALLS_AT_MOST
     job_id, conn = _connect(config, env, "a prolog", "nothing held, the job runs at the default clocks")
@@ -266,11 +268,19 @@ def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
             if node_gpus is None:
                 warn(f"job {job_id}: slurmd's GPU count for node {node} could not be read (scontrol show node -o "
                      f"{node}): Slurm's numbers are read without that check (node_gpus_from_scontrol)")
+        hold = {"slurm_job_id": job_id, "uid": int(uid) if uid.isdigit() else 0, "policy": policy, "gpus": gpus,
+                "partition": partition, "gpu_numbering": config.gpu_numbering, "node_gpus": node_gpus}
+        het_job_id = _job_id(env, "SLURM_HET_JOB_ID")  # a heterogeneous job's: its leader
         try:
-            reply = conn.call("slurm_hold", slurm_job_id=job_id, uid=int(uid) if uid.isdigit() else 0,
-                              policy=policy, gpus=gpus, partition=partition, gpu_numbering=config.gpu_numbering,
-                              node_gpus=node_gpus,
-                              het_job_id=_job_id(env, "SLURM_HET_JOB_ID"))  # a heterogeneous job's: its leader
+            try:
+                reply = conn.call("slurm_hold", **hold, het_job_id=het_job_id)
+            except InvalidParams as e:
+                if het_job_id is None or not isinstance(e.data, dict) or e.data.get("field") != "het_job_id":
+                    raise
+                # An ftgovd from before heterogeneous jobs (installed over, not restarted yet): hold all the same.
+                warn(f"job {job_id}: ftgovd does not know heterogeneous jobs (restart it after an upgrade): held "
+                     "without its leader's id, so a registration from its steps runs beside the hold")
+                reply = conn.call("slurm_hold", **hold)
         except FtgovError as e:
             warn(f"{e}: the job runs at the default clocks")
         else:

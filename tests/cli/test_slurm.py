@@ -494,3 +494,42 @@ def test_a_newline_in_the_jobs_own_text_does_not_get_its_admincomment_written(tm
 ])
 def test_scontrol_and_sacctmgr_are_asked_for_the_jobs_own_record(env, record):
     assert own_record(7, env) == record
+
+
+def test_a_components_prolog_is_held_by_an_ftgovd_that_predates_heterogeneous_jobs(tmp_path, capsys):
+    """After `make install` and before ftgovd's restart, the new prolog talks to the old daemon, which refuses the
+    unknown het_job_id: the component is held all the same, without it, and the log says to restart ftgovd."""
+    import json as jsonlib
+    import threading
+
+    from governor.cli.slurm import prolog
+
+    path = str(tmp_path / "old.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    seen = []
+
+    def old_daemon():
+        conn, _ = server.accept()
+        with conn, conn.makefile("rb") as reader:
+            for line in reader:
+                req = jsonlib.loads(line)
+                seen.append(req["params"])
+                if "het_job_id" in req["params"]:  # as an ftgovd of before answers an unknown parameter
+                    reply = {"error": {"code": -32602, "message": "het_job_id: Extra inputs are not permitted",
+                                       "data": {"field": "het_job_id"}}}
+                else:
+                    reply = {"result": {"slurm_job_id": req["params"]["slurm_job_id"], "policy": "ffg",
+                                        "gpus": {"0": {"freq_hz": 816000000}}}}
+                conn.sendall(jsonlib.dumps({"jsonrpc": "2.0", "id": req["id"], **reply}).encode() + b"\n")
+
+    thread = threading.Thread(target=old_daemon, daemon=True)
+    thread.start()
+    config = SlurmConfig(socket=path, policy="ffg", comment_from_scontrol=False, sweep_stale=False)
+    env = {"SLURM_JOB_ID": "71", "SLURM_HET_JOB_ID": "70", "SLURM_JOB_UID": "0", "SLURM_JOB_GPUS": "0"}
+    assert prolog(config, env) == 0
+    server.close()
+    out = capsys.readouterr()
+    assert [p.get("het_job_id") for p in seen] == [70, None], seen
+    assert "restart it after an upgrade" in out.err and "job 71: ffg (from the default) on GPU(s) 0 at" in out.out
