@@ -3,7 +3,7 @@
 
 Setup: ftgovd governs two fake NVML GPUs (tests/support/fakenvml, through a drop-in that puts it first on the
 daemon's PYTHONPATH) whose device files are /dev/nvidia2 and /dev/nvidia1 (NVML's order and the files' differ), which
-slurmd offers as GRES gpu:2 (gres.conf File=/dev/nvidia[1-2]); munge, MariaDB, slurmdbd,
+slurmd offers as GRES gpu:2 and shard:4 (gres.conf File=/dev/nvidia[1-2]); munge, MariaDB, slurmdbd,
 slurmctld and slurmd are Debian's, configured here as docs/slurm.md says. The node is the container's host name, in
 partition gpu (every check's but one) and het. A second node, HET_NODE, only in partition het, is a second slurmd in
 a UTS and mount namespace of its own (start_second_slurmd says how), offering /dev/nvidia2 alone: Slurm starts a
@@ -102,7 +102,7 @@ KillWait=5
 Prolog=/usr/local/libexec/ftgov/slurm-prolog
 Epilog=/usr/local/libexec/ftgov/slurm-epilog
 PrologFlags=Alloc
-GresTypes=gpu
+GresTypes=gpu,shard
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 JobAcctGatherType=jobacct_gather/none
@@ -111,7 +111,7 @@ SlurmctldLogFile=/var/log/slurm/slurmctld.log
 SlurmdLogFile=/var/log/slurm/slurmd.log
 # Heterogeneous jobs are started by the backfill scheduler only, every bf_interval (30 s by default).
 SchedulerParameters=bf_interval=1
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} Gres=gpu:2 State=UNKNOWN
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} Gres=gpu:2,shard:4 State=UNKNOWN
 # The second node (start_second_slurmd): its own address and port, one GPU; only heterogeneous jobs go there.
 NodeName={node2} NodeAddr={node2_addr} Port={node2_port} CPUs={cpus} Gres=gpu:1 State=UNKNOWN
 PartitionName=gpu Nodes={host} Default=YES MaxTime=INFINITE State=UP
@@ -278,6 +278,7 @@ def setup() -> None:
                                                       node2_port=HET_NODE_PORT))
     (etc / "gres.conf").write_text(
         f"NodeName={host} Name=gpu File=/dev/nvidia[{min(DEVICE_MINORS)}-{max(DEVICE_MINORS)}]\n"
+        f"NodeName={host} Name=shard Count=4 File=/dev/nvidia[{min(DEVICE_MINORS)}-{max(DEVICE_MINORS)}]\n"
         f"NodeName={HET_NODE} Name=gpu File=/dev/nvidia{DEVICE_MINORS[0]}\n")  # NVML's GPU 0 (NODE2_SLURM_YAML)
     dbd = etc / "slurmdbd.conf"
     dbd.write_text(SLURMDBD_CONF)
@@ -484,6 +485,33 @@ def check_comment_chooses_off() -> None:
     release_gate(gate)
     wait_gone(job_id)
     expect_restored(job_id)
+
+
+def check_shard_jobs_are_held_on_their_gpu_and_share_it() -> None:
+    """A node whose GPUs Slurm also offers as shards (gres.conf Name=shard, GresTypes=gpu,shard): a job given a
+    shard gets the shard's GPU in SLURM_JOB_GPUS (Slurm 22.05: its index, as a GPU job's), so its prolog holds that
+    GPU; two shard jobs on one GPU hold it together (ftgovd's rule for several holds), and it is restored only when
+    the last of them ends."""
+    first, first_gate = submit("shard-a", "--gres=shard:1")
+    second, second_gate = submit("shard-b", "--gres=shard:1")
+    envs = {job: (CI_DIR / f"prolog-gpus.{job}").read_text().strip() for job in (first, second)}
+    holds = {job: wait_running_and_held(job) for job in (first, second)}
+    gpus = {job: set(h["gpus"]) for job, h in holds.items()}
+    expect(all(len(g) == 1 for g in gpus.values()), f"a shard job holds one GPU each: {gpus}")
+    pinned = {g["id"]: g["pinned_hz"] for g in call("status")["gpus"]}
+    expect(all(pinned[gid] is not None for g in gpus.values() for gid in g), f"shard jobs' GPUs not pinned: {pinned}")
+    shared = gpus[first] == gpus[second]
+    print(f"    shard jobs {first} and {second}: prolog SLURM_JOB_GPUS;CUDA_VISIBLE_DEVICES {envs[first]} and "
+          f"{envs[second]}; held on GPU {', '.join(sorted(gpus[first]))} and {', '.join(sorted(gpus[second]))}"
+          f"{' (one GPU, shared)' if shared else ''}")
+    release_gate(first_gate)
+    wait_gone(first)
+    expect(hold_of(first) is None, f"job {first}'s hold outlived it")
+    still = next(g["pinned_hz"] for g in call("status")["gpus"] if g["id"] in gpus[second])
+    expect(still is not None, f"job {second}'s GPU was restored when job {first} ended")
+    release_gate(second_gate)
+    wait_gone(second)
+    expect_restored(second)
 
 
 def check_a_job_that_registers_joins_its_hold() -> None:
@@ -700,7 +728,8 @@ def check_an_array_jobs_tasks_are_held_each_and_accounted_each() -> None:
 
 CHECKS = [check_slurms_numbers_are_its_own_index, check_gres_job_pins_both_gpus_and_restores,
           check_sacct_shows_the_energy, check_scancel_mid_job_restores, check_killed_slurmstepd_restores,
-          check_comment_chooses_off, check_a_job_that_registers_joins_its_hold,
+          check_comment_chooses_off, check_shard_jobs_are_held_on_their_gpu_and_share_it,
+          check_a_job_that_registers_joins_its_hold,
           check_a_heterogeneous_jobs_components_are_held_and_joined,
           check_an_array_jobs_tasks_are_held_each_and_accounted_each, check_lost_epilog_is_caught_by_the_next_prolog]
 
