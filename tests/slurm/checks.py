@@ -6,9 +6,9 @@ daemon's PYTHONPATH) whose device files are /dev/nvidia2 and /dev/nvidia1 (NVML'
 slurmd offers as GRES gpu:2 and shard:4 (gres.conf File=/dev/nvidia[1-2]); munge, MariaDB, slurmdbd,
 slurmctld and slurmd are Debian's, configured here as docs/slurm.md says. The node is the container's host name, in
 partition gpu (every check's but one) and het. A second node, HET_NODE, only in partition het, is a second slurmd in
-a UTS and mount namespace of its own (start_second_slurmd says how), offering /dev/nvidia2 alone: Slurm starts a
-heterogeneous job only with each component on a node of its own (the heterogeneous job's check). Both nodes'
-prologs talk to the one ftgovd. Jobs are submitted by an unprivileged user
+a UTS and mount namespace of its own (start_second_slurmd says how), offering /dev/nvidia2 alone (also as mps:100):
+Slurm starts a heterogeneous job only with each component on a node of its own (the heterogeneous job's check). Both
+nodes' prologs talk to the one ftgovd. Jobs are submitted by an unprivileged user
 and wait on a FIFO, so a check decides when a job ends without sleeping. Where Slurm gives no event (a job's state),
 its state is read with squeue/sacct at a bounded pace. Standard library only (the container's python3).
 """
@@ -102,7 +102,7 @@ KillWait=5
 Prolog=/usr/local/libexec/ftgov/slurm-prolog
 Epilog=/usr/local/libexec/ftgov/slurm-epilog
 PrologFlags=Alloc
-GresTypes=gpu,shard
+GresTypes=gpu,shard,mps
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 JobAcctGatherType=jobacct_gather/none
@@ -113,7 +113,7 @@ SlurmdLogFile=/var/log/slurm/slurmd.log
 SchedulerParameters=bf_interval=1
 NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} Gres=gpu:2,shard:4 State=UNKNOWN
 # The second node (start_second_slurmd): its own address and port, one GPU; only heterogeneous jobs go there.
-NodeName={node2} NodeAddr={node2_addr} Port={node2_port} CPUs={cpus} Gres=gpu:1 State=UNKNOWN
+NodeName={node2} NodeAddr={node2_addr} Port={node2_port} CPUs={cpus} Gres=gpu:1,mps:100 State=UNKNOWN
 PartitionName=gpu Nodes={host} Default=YES MaxTime=INFINITE State=UP
 PartitionName=het Nodes={host},{node2} MaxTime=INFINITE State=UP
 """
@@ -279,7 +279,8 @@ def setup() -> None:
     (etc / "gres.conf").write_text(
         f"NodeName={host} Name=gpu File=/dev/nvidia[{min(DEVICE_MINORS)}-{max(DEVICE_MINORS)}]\n"
         f"NodeName={host} Name=shard Count=4 File=/dev/nvidia[{min(DEVICE_MINORS)}-{max(DEVICE_MINORS)}]\n"
-        f"NodeName={HET_NODE} Name=gpu File=/dev/nvidia{DEVICE_MINORS[0]}\n")  # NVML's GPU 0 (NODE2_SLURM_YAML)
+        f"NodeName={HET_NODE} Name=gpu File=/dev/nvidia{DEVICE_MINORS[0]}\n"  # NVML's GPU 0 (NODE2_SLURM_YAML)
+        f"NodeName={HET_NODE} Name=mps Count=100 File=/dev/nvidia{DEVICE_MINORS[0]}\n")  # the same GPU, as MPS
     dbd = etc / "slurmdbd.conf"
     dbd.write_text(SLURMDBD_CONF)
     sh("chown", "slurm:slurm", str(dbd))
@@ -514,6 +515,20 @@ def check_shard_jobs_are_held_on_their_gpu_and_share_it() -> None:
     expect_restored(second)
 
 
+def check_an_mps_job_is_held_on_its_gpu() -> None:
+    """A job given a share of a GPU through CUDA MPS (gres.conf Name=mps on HET_NODE, --gres=mps:50) gets the GPU's
+    index in SLURM_JOB_GPUS (Slurm 22.05), so its prolog holds that GPU (HET_NODE's /dev/nvidia2, NVML's 0) and its
+    epilog restores it. (No MPS daemon runs here: Slurm's part, the environment, is what is checked.)"""
+    job_id, gate = submit("mps", "--partition=het", f"--nodelist={HET_NODE}", "--gres=mps:50")
+    env = (CI_DIR / f"prolog-gpus.{job_id}").read_text().strip()
+    hold = wait_running_and_held(job_id)
+    expect(set(hold["gpus"]) == {"0"}, f"job {job_id} (mps:50 on {HET_NODE}) held {sorted(hold['gpus'])}, want 0")
+    print(f"    job {job_id} (mps:50): prolog SLURM_JOB_GPUS;CUDA_VISIBLE_DEVICES {env}; held on GPU 0")
+    release_gate(gate)
+    wait_gone(job_id)
+    expect_restored(job_id)
+
+
 def check_a_job_that_registers_joins_its_hold() -> None:
     job_id, gate = submit("registers", "--gres=gpu:1", "--comment=ftgov=mlg", script_text=CLIENT_JOB_SCRIPT)
     hold = wait_running_and_held(job_id)
@@ -729,6 +744,7 @@ def check_an_array_jobs_tasks_are_held_each_and_accounted_each() -> None:
 CHECKS = [check_slurms_numbers_are_its_own_index, check_gres_job_pins_both_gpus_and_restores,
           check_sacct_shows_the_energy, check_scancel_mid_job_restores, check_killed_slurmstepd_restores,
           check_comment_chooses_off, check_shard_jobs_are_held_on_their_gpu_and_share_it,
+          check_an_mps_job_is_held_on_its_gpu,
           check_a_job_that_registers_joins_its_hold,
           check_a_heterogeneous_jobs_components_are_held_and_joined,
           check_an_array_jobs_tasks_are_held_each_and_accounted_each, check_lost_epilog_is_caught_by_the_next_prolog]
