@@ -13,6 +13,8 @@ import statistics
 from collections import defaultdict
 
 from benchmarks.figures import pct as percentile
+from governor.policy.measured_saving import pooled
+from governor.policy.windows import Measurement
 
 
 def load(path):
@@ -41,6 +43,13 @@ def rel_summary(xs):
 def pooled_parts(job):
     """The baseline's parts the daemon pooled (a stray first part left out)."""
     return job["parts"][len(job["parts"]) - job["pooled_parts"]:]
+
+
+def pooled_j(items):
+    """J/step and its relative s.d. of windows pooled as the daemon pools the baseline's parts
+    (governor.policy.measured_saving.pooled); a window of unknown noise counts as noise_rel 0.03."""
+    m = pooled([Measurement(None, i["j"], i["s"], i["n"], i["n"], i["noise"] or 0.03) for i in items])
+    return m.joules_per_step, m.noise_rel
 
 
 def baseline_side(job):
@@ -248,15 +257,7 @@ def est_top_windows(job):
     tops = [m for m in job["windows"] if m["level"] == f_top]
     if not tops:
         return None
-    parts = pooled_parts(job)
-    items = parts + tops
-    n = sum(m["n"] for m in items)
-    J = sum(m["j"] * m["n"] for m in items) / n
-    own = math.sqrt(sum((m["n"] * (m["noise"] or 0.03)) ** 2 for m in items)) / n
-    rel = own
-    if len(items) >= 3:
-        spread = math.sqrt(sum((m["j"] / J - 1) ** 2 for m in items) / (len(items) - 1))
-        rel = max(own, spread * math.sqrt(sum(m["n"] ** 2 for m in items)) / n)
+    J, rel = pooled_j(pooled_parts(job) + tops)
     ratio = sv["tuned_j_per_step"] / J
     return 1 - ratio, ratio * math.hypot(rel, sv["tuned_rel"])
 
@@ -335,13 +336,7 @@ def est_drift_cv(job, flank_mult=1.0, beta_fixed=None):
                     n += seg[1]
         x = J / n / Jt - 1 if n >= n_part / 2 else 0.0
         adjusted.append({**p, "j": p["j"] / (1 + beta * x)})
-    nb = sum(m["n"] for m in adjusted)
-    Jb = sum(m["j"] * m["n"] for m in adjusted) / nb
-    own = math.sqrt(sum((m["n"] * (m["noise"] or 0.03)) ** 2 for m in adjusted)) / nb
-    rel = own
-    if len(adjusted) >= 3:
-        spread = math.sqrt(sum((m["j"] / Jb - 1) ** 2 for m in adjusted) / (len(adjusted) - 1))
-        rel = max(own, spread * math.sqrt(sum(m["n"] ** 2 for m in adjusted)) / nb)
+    Jb, rel = pooled_j(adjusted)
     ratio = Jt / Jb
     return 1 - ratio, ratio * math.hypot(rel, sv["tuned_rel"])
 
