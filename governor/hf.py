@@ -45,6 +45,25 @@ class GovernorCallback(AdapterCore, TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if self.job is not None:
             self.job.step()
+            self._leaving_training(control)
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self._leaving_training(control)
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        if self.job is not None and control.should_save:
+            self.job.phase("checkpoint")
+
+    def _leaving_training(self, control) -> None:
+        """The Trainer evaluates, then saves, after the step (or epoch) whose end set its control flags: reported
+        before they begin, so that the tuner's windows and the steps at its pick leave their energy out and a
+        checkpoint gets the lowest clock (low_phases). Training is reported again at the next step's begin."""
+        if self.job is None:
+            return
+        if control.should_evaluate:
+            self.job.phase("eval")
+        elif control.should_save:
+            self.job.phase("checkpoint")
 
     def on_prediction_step(self, args, state, control, **kwargs):
         if self.job is not None:

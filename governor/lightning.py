@@ -39,6 +39,7 @@ class GovernorCallback(AdapterCore, Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if self.job is not None:
+            self.job.phase("train")  # after a checkpoint save (on_save_checkpoint)
             self.job.observe_batch(batch)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -55,6 +56,12 @@ class GovernorCallback(AdapterCore, Callback):
     def on_validation_end(self, trainer, pl_module):
         if self.job is not None:
             self.job.phase("train")
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        # Called as the checkpoint is assembled, before it is written: the write is no training step's (the tuner's
+        # windows leave its energy out) and needs only the lowest clock (low_phases).
+        if self.job is not None:
+            self.job.phase("checkpoint")
 
     def on_train_end(self, trainer, pl_module):
         self.close()

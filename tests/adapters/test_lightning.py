@@ -113,3 +113,37 @@ def test_the_fit_length_goes_to_the_daemon_for_the_tuners_budget(start_daemon, o
     governor_cb, spy = GovernorCallback(socket=daemon.socket, seq_len=20.0), TotalSteps(daemon)
     trainer([governor_cb, spy], steps=6).fit(TinyBert(), loader())
     assert governor_cb.job.total_steps == 6 and spy.seen == [6] * 6
+
+
+class Phases(pl.Callback):
+    """The phase the daemon holds for the job as each batch ends and while a checkpoint is saved, as (hook, step,
+    phase): read after a call on the job's own connection, whose answer comes after every report sent before it."""
+
+    def __init__(self, daemon, governor_cb):
+        self.rpc, self.governor_cb, self.seen = daemon.client(), governor_cb, []
+
+    def _record(self, hook: str, trainer) -> None:
+        self.governor_cb.job.update()
+        job = next(j for j in self.rpc.call("status")["jobs"] if j["job_id"] == self.governor_cb.job.job_id)
+        self.seen.append((hook, trainer.global_step, job["phase"]))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self._record("batch", trainer)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+        self._record("save", trainer)
+
+
+def test_a_checkpoint_save_is_reported_and_training_again_at_the_next_batch(start_daemon, orin, tmp_path):
+    """A checkpoint save was reported as training: the tuner's windows, the baseline's parts and the steps at its
+    pick took its energy as that of the step after it, and the checkpoint phase's lowest clock (low_phases) never
+    applied."""
+    daemon = start_daemon()
+    governor_cb = GovernorCallback(socket=daemon.socket, seq_len=20.0)
+    phases = Phases(daemon, governor_cb)
+    saves = pl.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1)
+    pl.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+               enable_model_summary=False, callbacks=[governor_cb, phases, saves]).fit(TinyBert(), loader())
+    assert [s for s in phases.seen if s[0] == "save"] == [("save", 2, "checkpoint"), ("save", 4, "checkpoint")]
+    assert [s for s in phases.seen if s[0] == "batch"] == [("batch", n, "train") for n in (1, 2, 3, 4)]
+    assert governor_cb.job.result["steps"] == 4
