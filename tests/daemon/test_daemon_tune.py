@@ -165,6 +165,33 @@ def test_an_evaluation_after_convergence_is_not_counted_in_the_steps_at_the_pick
     assert end["saved_pct"] == pytest.approx(true_pct, abs=5), (end, true_pct)
 
 
+def test_a_pause_the_job_does_not_report_is_not_counted_in_the_steps_at_the_pick(orin, start_daemon):
+    """The same job evaluates for 2 s after it converged (over 60 of its steps, the GPU busy) but reports no phase,
+    as a plain loop that saves or evaluates without the client's phase() does. The gap between its two step ends is
+    cut out of the steps at the pick as a reported pause is: the saving is within the same 5 points of the model's.
+    (Before, the pause's energy went to the step after it: the tuned side read about twice its J/step.)"""
+    d = start_daemon(simulate=True, config=scaled(TIME_SCALE, {"tuner": {"follow_up": False}}))
+    c = d.client()
+    res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE, total_steps=2000)
+    job = ProgressJob(c, res["job_id"])
+
+    def evaluate(step: int) -> None:
+        if step != 150:
+            return
+        status = next(j for j in c.call("status")["jobs"] if j["job_id"] == res["job_id"])
+        assert status["tuner"]["converged"], status["tuner"]
+        assert 2.0 > 40 * MODEL.expected(WORKLOAD, status["freq_hz"]).time_s * TIME_SCALE
+        time.sleep(2.0)  # the evaluation: the board shows the load; the job says nothing
+
+    simjob.run(Root(d.state_dir / "sim-orin"), job, WORKLOAD, 260, time_scale=TIME_SCALE, on_step=evaluate)
+    end = c.call("unregister", job_id=res["job_id"])
+    true_pct = 100 * (1 - ENERGY_J[end["freq_hz"]] / MODEL.expected(WORKLOAD, None).energy_j)
+    assert end["saving"]["tuned_over"] == "steps after convergence"
+    assert end["saved_pct"] == pytest.approx(true_pct, abs=5), (end, true_pct)
+    assert re.search(rf"job {res['job_id']} .*: 2\.\d s between the ends of steps 150 and 151, whose steps take "
+                     r"[\d.]+ s: a pause it did not report", d.log()), d.log()
+
+
 def test_the_baselines_later_parts_unpin_a_converged_job_then_pin_its_pick_again(orin, start_daemon):
     """tuner.baseline_parts (5, the default): a job of 300 steps measures the first part at its start, the others
     unpinned again while it runs converged (the GPU restored to its full range each time, then pinned at the pick);
