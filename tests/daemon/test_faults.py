@@ -190,6 +190,29 @@ def test_full_state_dir_refuses_new_pins_and_still_restores(orin, start_daemon, 
     assert c.call("register", **FEATURES)["freq_hz"] == 714000000
 
 
+def test_a_full_state_dir_under_a_held_pin_is_one_error_line_not_a_traceback_each_save(orin, start_daemon,
+                                                                                         tiny_tmpfs):
+    """The job list's saves come on a timer (a job joins or leaves at the pin held, the energy every few ticks): a
+    full /run made each a traceback in the journal ("Exception in callback StateSaver.flush()"). One line says it, and
+    one more when a save takes again."""
+    d = start_daemon(launch=False, extra_args=("--state-dir", str(tiny_tmpfs / "state")))
+    d.start()
+    c = d.client()
+    first = c.call("register", **FEATURES)["job_id"]
+    jobs = [c.call("register", **FEATURES)["job_id"] for _ in range(2)]  # each joins the pin held
+    filler = _fill(tiny_tmpfs)
+    for job in jobs:
+        c.call("unregister", job_id=job)  # the pin stays; the job list is saved on the next loop turn, and fails
+    log = d.log()
+    assert "Exception in callback" not in log and "Traceback" not in log
+    assert [line for line in log.splitlines() if "ERROR" in line and "No space left" in line] == [
+        next(line for line in log.splitlines() if "cannot write state file" in line)]
+    assert limits(orin) == PINNED
+    filler.unlink()
+    c.call("unregister", job_id=first)
+    assert limits(orin) == BASELINE and "written again" in d.log()
+
+
 # ---- the model file ------------------------------------------------------------------------------------------------
 
 
