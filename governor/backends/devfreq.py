@@ -129,6 +129,11 @@ class DevfreqGpu(GpuBase):
 
     def restore(self, limits: Limits) -> None:
         self._pinned_hz = None
+        # The two files are the whole of what a pin changes: where they read the limits already there is nothing to
+        # put back. A pin whose first write failed (a node the sandbox leaves read-only) left them so, and writing
+        # them again would fail too, and be retried on every tick for as long as the daemon runs.
+        if self.snapshot() == Limits(limits.min_hz, limits.max_hz):
+            return
         self._write_limits(limits.min_hz, limits.max_hz)
         got = self.snapshot()
         if (got.min_hz, got.max_hz) != (limits.min_hz, limits.max_hz):

@@ -73,6 +73,8 @@ def format_status(status: dict) -> str:
     lines = [f"ftgovd: policy {status.get('policy')}, {len(jobs)} job(s)"]
     for gpu in status.get("gpus") or []:
         lines.append(_gpu_line(gpu))
+        if gpu.get("write_error"):  # a restore (or pin) that failed: the daemon retries it on every tick
+            lines.append(f"  GPU {gpu.get('id')}: its last write failed and is being retried: {gpu['write_error']}")
     if status.get("gpu_missing"):
         lines.append(f"  no GPU governed: {status['gpu_missing']} (the daemon probes again)")
     power = status.get("power_mw")

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from governor import DEFAULT_CONFIG_PATH
-from governor.errors import ConfigError, FtgovError
+from governor.errors import ConfigError, FtgovError, StateError
 from governor.simpaths import SIM_TREE_ENV, env_tree, tree_state_dir
 from governor.store.state import StateFile, baseline_problem, boot_id
 from governor.sysfs import Root, trusted_root
@@ -33,9 +33,17 @@ def restore(state_dir: str, root: Root, config) -> int:
     from governor.backends import probe_gpus
 
     state_file = StateFile(state_dir)
-    state = state_file.read(boot_id(root))
-    if state is None or not state.gpus:
+    try:
+        # Not set aside: a file this command cannot read may still hold the baseline of a pin in place (one a newer
+        # ftgov wrote, read after a downgrade), for the operator to see, or the daemon to set aside at its start.
+        state = state_file.read(boot_id(root), set_aside=False)
+    except StateError as e:
+        raise StateError(f"{e}: nothing restored, and the GPU may still be pinned (`ftgov doctor` shows it)") from e
+    if state is None:
         print(f"ftgov restore: nothing to restore (no state of this boot in {state_dir})")
+        return 0
+    if not state.gpus:
+        print(f"ftgov restore: nothing to restore (no GPU left pinned in {state_file.path})")
         return 0
     gpus = {g.id: g for g in probe_gpus(config.backend, root, read_only=False)}
     failed = 0

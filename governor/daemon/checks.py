@@ -30,8 +30,13 @@ def limits_changed(pin: GpuPin, reapply: bool) -> bool:
         now = pin.gpu.read()
         holds = pin.gpu.pin_holds(now)
     except BackendError as e:
-        log.warning("GPU %s: cannot read limits to check the pin: %s", gid, e)
+        if pin.read_error != str(e):  # said when it first comes and when it changes, not on every tick it lasts
+            log.warning("GPU %s: cannot read limits to check the pin: %s", gid, e)
+        pin.read_error = str(e)
         return False
+    if pin.read_error is not None:
+        pin.read_error = None
+        log.info("GPU %s: its limits read again", gid)
     if holds:
         check_clock(pin, now.cur_hz)
         return False

@@ -412,8 +412,14 @@ class Controller:
         try:
             self._apply(gpu_id, removed=removed)
         except FtgovError as e:
-            log.error("GPU %s: could not apply the pin after a change: %s (will retry)", gpu_id, e)
-            self.gpus[gpu_id].restore_failed = True
+            pin = self.gpus[gpu_id]
+            pin.restore_failed = True
+            if pin.write_error == str(e):  # the tick's retry, failing as before: said already
+                log.debug("GPU %s: the retry failed: %s", gpu_id, e)
+                return
+            pin.write_error = str(e)
+            log.error("GPU %s: could not apply the pin after a change: %s (will retry on every tick; logged again "
+                      "when the error changes, and when it takes)", gpu_id, e)
 
     def pending_restores(self) -> bool:
         return any(ctl.restore_failed for ctl in self.gpus.values())

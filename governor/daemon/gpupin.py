@@ -31,6 +31,10 @@ class GpuPin:
         self.baseline: Limits | None = None  # snapshot taken before our first pin; None while we hold nothing
         self.pinned_hz: int | None = None
         self.restore_failed = False
+        # The last error of a write that failed (the tick retries it) and of a read of the limits under the pin:
+        # each is logged when it first comes and when it changes, not on every tick it lasts.
+        self.write_error: str | None = None
+        self.read_error: str | None = None
         self.stood_down = False  # someone else changed the limits under our pin and config says let them be
         self.capped_mw: int | None = None  # the power limit our first pin set (NVML's power_cap_w), while it holds
         self.throttled_hz: int | None = None  # the clock read below our pin (thermal throttling, a power cap)
@@ -57,7 +61,7 @@ class GpuPin:
         if first and power_cap_mw is not None and self.gpu.has_power_cap:
             self.gpu.set_power_cap_mw(power_cap_mw)
             self.capped_mw = power_cap_mw
-        self.restore_failed = False
+        self.restore_failed, self.write_error = False, None
         log.info("GPU %s pinned to %s", self.gpu.id, mhz(target_hz), extra={"FREQ_HZ": target_hz})
         return True
 
@@ -83,6 +87,7 @@ class GpuPin:
         log.info("GPU %s restored to its baseline %s..%s", self.gpu.id, mhz(self.baseline.min_hz),
                  mhz(self.baseline.max_hz))
         self.baseline, self.pinned_hz, self.restore_failed, self.capped_mw = None, None, False, None
+        self.write_error = None
         self.save_state()
 
     def stand_down(self) -> None:

@@ -47,7 +47,8 @@ class JobObserver:
         self.rule = cfg.window(self.meter.update_s)
         self._window: ProbeWindow | None = None
         self._scatter: StepScatter | None = None  # the steps' scatter in the windows closed so far, pooled
-        self.windows: list[tuple[Measurement, float | None]] = []  # for the store, as a tuned job's
+        self.windows: list[tuple[Measurement, float | None]] = []  # for the store, as a tuned job's: the last KEPT
+        self.closed = 0  # windows closed in all
         self.status = "waiting for progress reports"
 
     keep_hz = None  # a restarted daemon re-adopts an observed job at its own level: observe moves no pin
@@ -61,7 +62,7 @@ class JobObserver:
                 return
             # The first window of a job discards warm-up steps (the loop's first steps compile and allocate); the
             # clock never changes under observe, so the windows after it start where the last one ended.
-            self._window = self._new_window(job.steps, self.cfg.warmup_steps if not self.windows else 0)
+            self._window = self._new_window(job.steps, self.cfg.warmup_steps if not self.closed else 0)
             self.status = "measuring"
             return
         for steps, energy_j, time_s in points:
@@ -84,9 +85,10 @@ class JobObserver:
     def _closed(self, job, m: Measurement) -> None:
         self.windows.append((m, job.features.gpu_util))
         del self.windows[:-KEPT]
+        self.closed += 1
         spread = self.spread_rel()
         log.info("%s: observe window %d: %.4f J/step, %.4f s/step over %d steps in %.2f s%s", job.label(),
-                 len(self.windows), m.joules_per_step, m.seconds_per_step, m.measured_steps, m.duration_s or 0.0,
+                 self.closed, m.joules_per_step, m.seconds_per_step, m.measured_steps, m.duration_s or 0.0,
                  "" if spread is None else f"; successive windows differ by {100 * spread:.1f}%",
                  extra={**job.fields(), "OBSERVE_J_PER_STEP": f"{m.joules_per_step:.6f}",
                         "OBSERVE_STEPS": m.measured_steps, "OBSERVE_S": f"{m.duration_s or 0.0:.3f}"})
@@ -99,7 +101,7 @@ class JobObserver:
 
     def describe(self) -> dict:
         last = self.windows[-1][0] if self.windows else None
-        return {"mode": "observe", "status": self.status, "rule": self.cfg.window_rule, "windows": len(self.windows),
+        return {"mode": "observe", "status": self.status, "rule": self.cfg.window_rule, "windows": self.closed,
                 "spread_rel": self.spread_rel(),
                 "last_window": None if last is None else {
                     "joules_per_step": last.joules_per_step, "seconds_per_step": last.seconds_per_step,

@@ -42,6 +42,7 @@ class StateSaver:
         self._pending = False
         self._prompt = False
         self._ticks = 0
+        self._failing = False  # the last save failed: said once, until one succeeds again
 
     def state(self) -> State:
         """What a restarted daemon of this boot needs: each GPU's baseline and pin, the decided jobs, the next id."""
@@ -65,7 +66,21 @@ class StateSaver:
             # Without a state file a crash could leave the pin: refuse to pin rather than risk it.
             if state.gpus and any(p.pinned_hz is not None and not p.restore_failed for p in self._pins.values()):
                 raise
-            log.error("%s", e)
+            self._failed(e)
+            return
+        if self._failing:
+            self._failing = False
+            log.info("state file %s written again", self.state_file.path)
+
+    def _failed(self, e: StateError) -> None:
+        """A save that failed where nobody waits for it (a timer's, a job's end): one line for a run of failures (a
+        full /run fails every save until space is freed, and the energy's save comes every SAVE_ENERGY_TICKS ticks)."""
+        if self._failing:
+            log.debug("%s", e)
+            return
+        self._failing = True
+        log.error("%s; the file keeps its last contents until a later save succeeds (a crash meanwhile re-adopts the "
+                  "jobs listed there)", e)
 
     def soon(self, *, prompt: bool) -> None:
         """Save a change of the job list without making the client wait for it: on the next loop turn (``prompt``,
@@ -76,12 +91,21 @@ class StateSaver:
         if self._pending and (self._prompt or not prompt):
             return  # a save that comes soon enough is already on its way
         self._pending, self._prompt = True, prompt
-        self._defer(self.flush, 0.0 if prompt else SAVE_COALESCE_S)
+        self._defer(self._flush_later, 0.0 if prompt else SAVE_COALESCE_S)
 
     def flush(self) -> None:
         """Write a save that is still waiting (its timer, or the daemon stopping with jobs for the next start)."""
         if self._pending:
             self.save()
+
+    def _flush_later(self) -> None:
+        """flush() on its timer, where a StateError has no caller to go to: the pin already held is not moved by a
+        save of the job list, so the failure is only logged (an escaped exception was a traceback in the journal
+        each time)."""
+        try:
+            self.flush()
+        except StateError as e:
+            self._failed(e)
 
     def ticked(self) -> None:
         """One tick of the daemon passed: every SAVE_ENERGY_TICKS ticks the running jobs' energy so far is saved, for

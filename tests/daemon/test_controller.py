@@ -7,9 +7,11 @@ import dataclasses
 import pytest
 
 from governor.backends.base import GpuBase, Limits, Reading
+from governor.cli.ops import format_status
 from governor.daemon.controller import Controller
 from governor.daemon.settings import PinSettings
-from governor.errors import FtgovError, PinError
+from governor.daemon.status import status
+from governor.errors import BackendError, FtgovError, PinError
 from governor.features import Features
 from governor.policy import Policy, PolicyName
 from governor.store.state import StateFile
@@ -20,7 +22,7 @@ ENCODER = Features(model_type="encoder", num_layers=12, hidden_size=768, seq_len
 
 
 class FakeGpu(GpuBase):
-    """Holds limits like a devfreq node; ``fail_pins`` makes the next pins fail."""
+    """Holds limits like a devfreq node; ``fail_pins`` makes the next pins fail, ``broken`` every restore and read."""
 
     id = "0"
 
@@ -29,6 +31,7 @@ class FakeGpu(GpuBase):
         self.limits = BASELINE
         self.writes: list[int | None] = []  # each pin (Hz) and each restore (None)
         self.fail_pins = 0
+        self.broken = ""
 
     def describe(self) -> dict:
         return {"backend": "fake"}
@@ -44,10 +47,14 @@ class FakeGpu(GpuBase):
         self.writes.append(freq_hz)
 
     def restore(self, limits: Limits) -> None:
+        if self.broken:
+            raise BackendError(self.broken)
         self.limits = limits
         self.writes.append(None)
 
     def read(self) -> Reading:
+        if self.broken:
+            raise BackendError(self.broken)
         return Reading(self.limits.min_hz, self.limits.max_hz, self.limits.max_hz, 50.0)
 
     def pin_holds(self, reading: Reading | None = None) -> bool:
@@ -120,6 +127,30 @@ def test_a_failed_first_pin_drops_the_job_and_leaves_the_baseline(gpu, tmp_path)
     with pytest.raises(PinError):
         pins.decide(j)
     assert j.job_id not in pins.jobs and gpu.limits == BASELINE and not pins.pending_restores()
+
+
+def test_a_restore_that_keeps_failing_is_logged_when_it_fails_and_when_it_takes_not_on_every_tick(gpu, tmp_path,
+                                                                                                  caplog):
+    """The tick retries a failed restore (every sample_interval_s, a second): each retry had its error line, and the
+    tick's check of the pin its warning, for as long as the node was gone. `ftgov status` says what is retried."""
+    pins = controller(gpu, tmp_path)
+    j = job(pins)
+    pins.decide(j)
+    gpu.broken = "cannot read max_freq: No such file or directory"
+    with caplog.at_level("INFO", logger="ftgovd"):
+        pins.end(j.job_id, "unregistered")
+        for _ in range(5):
+            pins.tick()
+        assert status(pins)["gpus"][0]["write_error"] == gpu.broken
+        assert f"GPU 0: its last write failed and is being retried: {gpu.broken}" in format_status(status(pins))
+        gpu.broken = "cannot read max_freq: No such device"
+        pins.tick()
+        gpu.broken = ""
+        pins.tick()
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelname != "DEBUG"]
+    assert [level for level, _ in said if level != "INFO"] == ["ERROR", "WARNING", "WARNING", "ERROR"], said
+    assert "restored to its baseline" in said[-1][1] and gpu.limits == BASELINE
+    assert status(pins)["gpus"][0]["write_error"] is None
 
 
 def test_listeners_and_deferral_come_through_the_constructor(gpu, tmp_path):

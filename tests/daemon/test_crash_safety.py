@@ -185,6 +185,24 @@ def test_ftgov_restore_after_a_sigkill_then_the_restart_readopts(orin, start_dae
         worker.kill()
 
 
+def test_ftgov_restore_of_a_state_file_it_cannot_read_fails_and_leaves_the_file(orin, start_daemon):
+    """A crashed daemon's file that this ftgov cannot read (one a newer ftgov wrote, after a downgrade; a damaged
+    one): restore said "nothing to restore (no state of this boot)", exited 0 (the unit's ExecStopPost too) with the
+    pin in place, and moved the file aside, so that nothing could read its baseline any more."""
+    d = start_daemon()
+    c = d.client()
+    c.call("register", **FEATURES)
+    d.stop(signal.SIGKILL)
+    path = d.state_dir / "state.json"
+    newer = {**json.loads(path.read_text()), "written_by": "a later ftgov"}
+    path.write_text(json.dumps(newer))
+    out = _ftgov("restore", "--on-stop", "--config", str(d.config_path), "--state-dir", str(d.state_dir),
+                 "--sysfs-root", str(orin))
+    assert out.returncode == 1 and "nothing to restore" not in out.stdout, out
+    assert f"state file {path} is invalid" in out.stderr and "written_by" in out.stderr, out.stderr
+    assert json.loads(path.read_text()) == newer and limits(orin) == PINNED
+
+
 def test_ftgov_restore_finds_a_simulated_daemons_state_beside_ftgov_sim_tree(tmp_path, start_daemon):
     """After `eval "$(ftgovd --simulate --print-env)"`, a plain `ftgov restore` restores the simulated GPU a killed
     daemon left pinned: its state is beside $FTGOV_SIM_TREE, not in the board's /run/ftgov."""

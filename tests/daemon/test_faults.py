@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,6 +76,39 @@ def test_devfreq_fault_mid_job_restore_is_retried_until_it_takes(orin, start_dae
     c.close()
     d.wait_status(at_baseline)
     assert limits(orin) == BASELINE
+
+
+@pytest.fixture
+def read_only_node(orin):
+    """The GPU's devfreq node mounted read-only: what the unit's sandbox (ReadWritePaths=/sys/devices/platform) makes
+    of a node outside it (docs/install.md's "Read-only file system")."""
+    node = (orin / DEVFREQ).resolve()
+    proc = subprocess.run(["mount", "--bind", str(node), str(node)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot bind-mount the node read-only (needs root/CAP_SYS_ADMIN): {proc.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(node)], check=True)
+        yield node
+    finally:
+        subprocess.run(["umount", "-l", str(node)], check=False)
+
+
+def test_a_pin_the_sandbox_refuses_leaves_nothing_to_restore(orin, start_daemon, read_only_node):
+    """The first write of the pin fails: the limits never left the baseline. That is no restore to retry: before, the
+    daemon tried to write the baseline back on every tick for as long as it ran (an error line each time, `ftgov
+    status` saying "pinned" with no job), and `ftgov restore` after it failed as well."""
+    d = start_daemon()
+    c = d.client()
+    err = c.request("register", **FEATURES)["error"]
+    assert "Read-only file system" in err["message"]
+    status = c.call("status")
+    assert status["jobs"] == [] and status["gpus"][0]["pinned_hz"] is None
+    assert limits(orin) == BASELINE and "will retry" not in d.log()
+    d.close()
+    restore = subprocess.run([sys.executable, "-m", "governor.cli", "restore", "--config", str(d.config_path),
+                              "--state-dir", str(d.state_dir), "--sysfs-root", str(orin)],
+                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert restore.returncode == 0, restore.stderr
 
 
 # ---- someone else changes the limits under a pin -------------------------------------------------------------------
@@ -188,6 +222,29 @@ def test_full_state_dir_refuses_new_pins_and_still_restores(orin, start_daemon, 
     assert c.call("status")["jobs"] == [] and limits(orin) == BASELINE
     filler.unlink()
     assert c.call("register", **FEATURES)["freq_hz"] == 714000000
+
+
+def test_a_full_state_dir_under_a_held_pin_is_one_error_line_not_a_traceback_each_save(orin, start_daemon,
+                                                                                         tiny_tmpfs):
+    """The job list's saves come on a timer (a job joins or leaves at the pin held, the energy every few ticks): a
+    full /run made each a traceback in the journal ("Exception in callback StateSaver.flush()"). One line says it, and
+    one more when a save takes again."""
+    d = start_daemon(launch=False, extra_args=("--state-dir", str(tiny_tmpfs / "state")))
+    d.start()
+    c = d.client()
+    first = c.call("register", **FEATURES)["job_id"]
+    jobs = [c.call("register", **FEATURES)["job_id"] for _ in range(2)]  # each joins the pin held
+    filler = _fill(tiny_tmpfs)
+    for job in jobs:
+        c.call("unregister", job_id=job)  # the pin stays; the job list is saved on the next loop turn, and fails
+    log = d.log()
+    assert "Exception in callback" not in log and "Traceback" not in log
+    assert [line for line in log.splitlines() if "ERROR" in line and "No space left" in line] == [
+        next(line for line in log.splitlines() if "cannot write state file" in line)]
+    assert limits(orin) == PINNED
+    filler.unlink()
+    c.call("unregister", job_id=first)
+    assert limits(orin) == BASELINE and "written again" in d.log()
 
 
 # ---- the model file ------------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from governor.daemon.observing import successive_spread
+from governor.daemon.observing import KEPT, successive_spread
 from governor.sim import job as simjob
 from governor.sim.energy import Workload
 from governor.store import measurements as store
@@ -46,3 +46,17 @@ def test_the_spread_of_successive_windows():
     assert successive_spread([1.0, 1.0, 1.0]) == 0.0
     # Alternating +-1% about 1: differences of 2%, over sqrt(2): 1.41%.
     assert abs(successive_spread([1.01, 0.99, 1.01, 0.99]) - 0.02 / 2 ** 0.5) < 1e-9
+
+
+def test_a_long_observed_jobs_windows_are_counted_past_those_kept(start_daemon):
+    """A job keeps its last KEPT windows (64) for the store: its 65th window and every one after it were logged as
+    "observe window 64", and status said 64 windows, for the rest of the job."""
+    d = start_daemon(simulate=True, config={"policy": "observe", "tuner": {
+        "window_rule": "steps", "window_steps": 1, "warmup_steps": 0}})
+    c = d.client()
+    res = c.call("register", gpu_util=80.0, **BERT_BASE)
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, 2 * KEPT + 20,
+               time_scale=0.3)
+    observed = c.call("status")["jobs"][0]["tuner"]
+    assert observed["windows"] > KEPT + 5, observed
+    assert f"observe window {KEPT + 5}:" in d.log()

@@ -65,10 +65,9 @@ def _old_record(rec: dict) -> dict:
 def test_a_malformed_state_file_is_set_aside_not_a_crash(orin, start_daemon, kind):
     d = start_daemon(launch=False)
     path = write_state(d, orin, raw=_bad_files(orin)[kind])
-    out = _restore(d, orin)
-    assert out.returncode == 0 and "Traceback" not in out.stderr, out
-    assert not path.exists() and (path.parent / "state.json.invalid").exists()
-    write_state(d, orin, raw=_bad_files(orin)[kind])
+    out = _restore(d, orin)  # refused with the reason, and left where it is: the GPU may still hold its pin
+    assert out.returncode == 1 and "is invalid" in out.stderr and "Traceback" not in out.stderr, out
+    assert path.exists() and not (path.parent / "state.json.invalid").exists()
     d.start()
     assert d.client().call("ping") == {}
     assert "ignoring invalid state file" in d.log()
