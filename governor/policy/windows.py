@@ -529,7 +529,7 @@ class TuningSession:
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
         self.rule = rule
-        self._window_steps_seen: list[int] = []  # with a rule: the steps of each window kept, for the tuner's costs
+        self._window_steps_seen = (0, 0)  # with a rule: the windows kept and their steps, for the tuner's costs
         self._kept = 0  # windows given to the tuner
         self._scatter: StepScatter | None = None  # with a rule: the steps' scatter in the windows kept, pooled
         self.profiled_steps = 0
@@ -633,8 +633,9 @@ class TuningSession:
         if self.rule is not None:
             # A window's length in steps is known only once windows have run: what the next one will cost is priced
             # from the mean of those so far.
-            self._window_steps_seen.append(m.measured_steps)
-            mean_steps = round(sum(self._window_steps_seen) / len(self._window_steps_seen))
+            windows, steps_seen = self._window_steps_seen
+            self._window_steps_seen = (windows + 1, steps_seen + m.measured_steps)
+            mean_steps = round((steps_seen + m.measured_steps) / (windows + 1))
             self.tuner.set_job(probe_steps=max(1, self.warmup_steps + mean_steps))
         # The job's own count of the steps left, when its length is known: the windows' steps alone undercount it.
         left = None if self._end_steps is None else max(0, self._end_steps - math.ceil(steps))
