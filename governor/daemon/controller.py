@@ -223,8 +223,8 @@ class Controller:
                 # The hardware may hold a pin we no longer stand behind: force the next apply to write, either the
                 # re-adopted jobs' pin or the baseline.
                 ctl.baseline, ctl.pinned_hz, ctl.restore_failed = gs.baseline, gs.pinned_hz, True
-                log.info("state file: GPU %s baseline %d..%d Hz, left pinned at %s", gid, gs.baseline.min_hz,
-                         gs.baseline.max_hz, gs.pinned_hz)
+                log.info("state file: GPU %s baseline %s..%s, left pinned at %s", gid, mhz(gs.baseline.min_hz),
+                         mhz(gs.baseline.max_hz), mhz(gs.pinned_hz, none="no pin"))
         adopted = []
         for rec in state.jobs:
             if rec.gpu not in self.gpus:

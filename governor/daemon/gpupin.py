@@ -54,6 +54,14 @@ class GpuPin:
         first = self.baseline is None
         if first:
             self.baseline = self.gpu.snapshot()  # an NVML snapshot carries the power limit to restore
+            if self.baseline.min_hz is not None and self.baseline.min_hz == self.baseline.max_hz:
+                # Nothing governs a clock held at one level: jetson_clocks, or a pin whose holder is gone (a crashed
+                # ftgovd whose state file could not be read, a killed characterize). It is what every job's end puts
+                # back, and its max caps every pin: said once a pin, where the operator looks.
+                log.warning("GPU %s: its limits read min = max = %s before this pin: another tool holds the clock "
+                            "(jetson_clocks, or a pin whose holder is gone); it is the baseline each job's end puts "
+                            "back, and no pin goes above it. 'ftgov doctor' says how to free it", self.gpu.id,
+                            mhz(self.baseline.min_hz))
             target_hz = self._under_cap(target_hz)
         self.pinned_hz, self.below_pin_reads = target_hz, 0  # a read under the old pin is not one under this one
         self.save_state()  # before the write: a crash now still finds the baseline on disk

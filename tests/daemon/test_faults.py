@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -158,6 +159,26 @@ def test_limits_changed_under_a_pin_are_left_alone_with_stand_down(orin, start_d
         watch.close()
     assert c.call("register", **FEATURES)["freq_hz"] == 714000000  # with no job left it governs again
     assert limits(orin) == PINNED
+
+
+def test_a_clock_held_at_one_level_before_the_first_pin_is_named_in_the_log(orin, start_daemon):
+    """jetson_clocks (min = max = the top) or a pin whose holder is gone (a crashed ftgovd whose state file could not
+    be read) before the first pin: it becomes the baseline every job's end puts back, and its max caps every pin.
+    The daemon says so where the operator looks, once a pin; a full range says nothing."""
+    d = start_daemon()
+    node = (orin / DEVFREQ).resolve()
+    c = d.client()
+    job = c.call("register", **FEATURES)["job_id"]
+    c.call("unregister", job_id=job)
+    assert "another tool holds the clock" not in d.log()
+    held = (714000000, 714000000)
+    _write_limits(node, *held)
+    job = c.call("register", **FEATURES)["job_id"]
+    c.call("unregister", job_id=job)
+    d.wait_jobs(0)
+    assert limits(orin) == held
+    assert re.search(r"GPU 0: its limits read min = max = 714 MHz before this pin: another tool holds the clock",
+                     d.log()), d.log()
 
 
 # ---- the state dir -------------------------------------------------------------------------------------------------
