@@ -4,7 +4,8 @@ The transport (asyncio's selector transport) owns the socket, the reads and the 
 framing and the order of replies. A request is parsed, decided and answered in the callback that read it. Only a
 request that has to wait (measuring gpu_util) becomes a task, and the lines behind it wait for it, in order: reading
 pauses meanwhile. Replies a client does not read are buffered by the transport up to WRITE_HIGH_BYTES; past that it
-calls pause_writing and the connection stops being read until resume_writing says the buffer drained.
+calls pause_writing and the connection stops being read until resume_writing says the buffer drained. A connection's
+lines take at most TURN_S of a loop turn: the rest wait, reading paused, for its next turn, after everyone else's.
 
 The peer's credentials (SO_PEERCRED) are read and its process held (a pidfd: the socket's own where the kernel gives
 one, governor.daemon.peers) when it connects, so that a registration does not open /proc again and the pid cannot
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from typing import Any, Protocol, cast
 
 from governor.daemon import admission, peers, protocol, ratelimit
@@ -28,6 +30,10 @@ log = logging.getLogger("ftgovd")
 
 READ_CHUNK = 65536
 WRITE_HIGH_BYTES = 256 * 1024
+# The most of a loop turn one connection's lines take. A 64 KiB read holds 1,800 `status` notifications (each reads
+# sysfs and the rails, and none has a reply to fill the write buffer): answered in one callback, a member's 16
+# connections took the loop for 8 s a turn, with no tick, nobody else served and no watchdog ping meanwhile.
+TURN_S = 0.005
 
 
 class Host(Protocol):
@@ -68,6 +74,7 @@ class Connection(asyncio.BufferedProtocol):
         self.busy: asyncio.Task | None = None  # a request that waits; the lines behind it wait too
         self.write_paused = False  # the transport's buffer is over WRITE_HIGH_BYTES
         self.reading = True
+        self.yielded = False  # lines are left for the connection's next turn (TURN_S): reading waits for it
         self.eof = False
         self.closed = False
         self.counted = False  # in the server's connection counts
@@ -170,9 +177,15 @@ class Connection(asyncio.BufferedProtocol):
     def _process(self) -> None:
         """Answer the complete lines in the read buffer, in order, until one has to wait or replies pile up."""
         buf = self.rbuf
+        turn_ends_s = time.monotonic() + TURN_S
         # A transport that is closing has lost its peer (a reply's write failed: the client closed without reading)
         # or read its end: the lines left are no one's to answer, and a registration would pin for a lost connection.
-        while self.busy is None and not self.closed and not self.write_paused and not self.transport.is_closing():
+        while (self.busy is None and not self.closed and not self.write_paused and not self.yielded
+               and not self.transport.is_closing()):
+            if time.monotonic() >= turn_ends_s and buf.find(b"\n", self.scanned) >= 0:
+                self.yielded = True  # the others' turn: the lines left are answered on the next
+                asyncio.get_running_loop().call_soon(self._next_turn)
+                break
             nl = buf.find(b"\n", self.scanned)
             if nl < 0:
                 self.scanned = len(buf)
@@ -195,6 +208,11 @@ class Connection(asyncio.BufferedProtocol):
             if line.strip():
                 self._dispatch(line)
         self._update_reading()
+
+    def _next_turn(self) -> None:
+        self.yielded = False
+        if not self.closed:
+            self.serve()
 
     def _dispatch(self, line: bytes) -> None:
         try:
@@ -250,7 +268,7 @@ class Connection(asyncio.BufferedProtocol):
         """Read while the connection can take requests: nothing waits and the replies drain."""
         if self.closed:
             return
-        want = not self.eof and self.busy is None and not self.write_paused
+        want = not self.eof and self.busy is None and not self.write_paused and not self.yielded
         if want != self.reading:
             self.reading = want
             if want:

@@ -4,6 +4,7 @@ closed, and the per-uid defaults take many users to exhaust."""
 from __future__ import annotations
 
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -128,3 +129,47 @@ def test_a_flooded_exporter_keeps_one_connection_and_the_operator_gets_in(orin, 
     d.stop()
     d.start()  # the daemon closed the exporter's connection: the next scrape opens a new one
     assert _up(collector) == 1.0 and len(opened) == 2
+
+
+_FLOOD = """
+import socket, sys
+line = b'{"jsonrpc":"2.0","method":"status"}\\n'  # a notification: no reply, so no back-pressure either
+chunk = line * (65536 // len(line))
+conns = [socket.socket(socket.AF_UNIX) for _ in range(int(sys.argv[2]))]
+for s in conns:
+    s.connect(sys.argv[1])
+    s.setblocking(False)
+for s in conns:
+    for _ in range(4):  # what the daemon reads of it in four turns
+        try:
+            s.sendall(chunk)
+        except BlockingIOError:
+            break
+print("sent", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_members_flood_of_requests_leaves_the_loop_turning(orin, start_daemon, member):
+    """A connection's lines were all answered in the callback that read them: 64 KiB of `status` notifications (1,800
+    requests, each reading sysfs and the rails, none with a reply to hold them back) took the loop for half a second,
+    and a member's 16 connections took it for 8 s a turn, during which nobody was served, no tick ran and no
+    watchdog ping went out (WatchdogSec=20s: two or three members, and systemd kills ftgovd). A connection now gets
+    a few milliseconds a turn (connection.TURN_S), and the others theirs in between."""
+    user, _uid = member
+    d = start_daemon()
+    open_to_members(d)
+    operator = d.client()
+    assert operator.call("ping") == {}
+    flooder = run_as(user, _FLOOD, d.socket, "16")  # limits.max_connections_per_uid's default
+    try:
+        assert flooder.stdout.readline().strip() == "sent", flooder.stderr.read()
+        waits_s = []
+        for _ in range(5):
+            started_s = time.monotonic()
+            assert operator.call("ping") == {}
+            waits_s.append(time.monotonic() - started_s)
+        assert max(waits_s) < 1.0, f"root's pings waited {', '.join(f'{w:.2f}' for w in waits_s)} s"
+    finally:
+        flooder.kill()
+        flooder.wait()
