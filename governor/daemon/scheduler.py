@@ -358,11 +358,16 @@ class SchedulerHolds:
     def joinable(self, slurm_job_id: int, uid: int, gpu_id: str) -> tuple[Hold | None, str]:
         """The hold a registration joins, or None and why not (it then registers as a job of its own)."""
         holds = self._holds_of(slurm_job_id)
+        none_here = f"no hold of yours for Slurm job {slurm_job_id} on this node"
         if not holds:
-            return None, f"no hold for Slurm job {slurm_job_id} on this node"
+            return None, none_here
         hold = next((h for h in holds if gpu_id in h.gpus), holds[0])
         if uid not in (0, hold.uid):
-            return None, f"Slurm job {slurm_job_id} is uid {hold.uid}'s, not uid {uid}'s"
+            # Answered as no hold at all: whose batch job runs here is what status hides of another's hold
+            # (governor.daemon.redact); the log has it.
+            log.info("uid %d: a registration naming Slurm job %d joins nothing: Slurm job %d is uid %d's", uid,
+                     slurm_job_id, slurm_job_id, hold.uid)
+            return None, none_here
         if gpu_id not in hold.gpus:
             return None, f"GPU {gpu_id} is not one of Slurm job {slurm_job_id}'s ({', '.join(hold.gpus)})"
         if sum(job_id in self.pins.jobs for job_id in hold.joined) >= MAX_JOINED:
