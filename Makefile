@@ -180,10 +180,11 @@ install: install-venv install-units install-config
 
 # Over an existing install the venv is updated in place rather than recreated, so a running ftgovd never finds its
 # files gone; ftgov itself is reinstalled even at the same version number. Restart the service to run the new code.
+# umask 022: what ftgovd runs as root must be no one else's to write, whatever umask root's shell had (002, 000).
 install-venv:
-	$(PYTHON) -m venv '$(VENV)'
-	'$(VENV)/bin/pip' install --quiet --disable-pip-version-check $(PIP_SOURCE)
-	'$(VENV)/bin/pip' install --quiet --disable-pip-version-check --force-reinstall --no-deps $(PIP_SOURCE)
+	umask 022 && $(PYTHON) -m venv '$(VENV)'
+	umask 022 && '$(VENV)/bin/pip' install --quiet --disable-pip-version-check $(PIP_SOURCE)
+	umask 022 && '$(VENV)/bin/pip' install --quiet --disable-pip-version-check --force-reinstall --no-deps $(PIP_SOURCE)
 # A venv's scripts carry its absolute path; a staged venv must carry the final one.
 ifneq ($(DESTDIR),)
 	grep -rlIF '$(VENV)' '$(VENV)/bin' '$(VENV)/pyvenv.cfg' | xargs -r sed -i 's|$(VENV)|$(PREFIX)|g'

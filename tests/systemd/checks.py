@@ -422,9 +422,15 @@ def check_install_keeps_edited_config() -> None:
     config = Path("/etc/ftgov/ftgov.yaml")
     edited = config.read_text().replace("log_level: info", "log_level: debug")
     config.write_text(edited)
-    # The whole install again, over the running one, as an upgrade would.
-    sh("make", "-C", str(SRC), "--no-print-directory", "install", "WHEELHOUSE=/wheelhouse", timeout_s=120)
+    # The whole install again, over the running one, as an upgrade would; from a root shell whose umask is 000.
+    sh("sh", "-c", f"umask 000 && exec make -C {SRC} --no-print-directory install WHEELHOUSE=/wheelhouse",
+       timeout_s=120)
     expect(config.read_text() == edited, "make install overwrote an edited ftgov.yaml")
+    # What ftgovd runs as root is root's alone to write: no file or folder of it writable by its group or others.
+    writable = [str(p) for top in ("/opt/ftgov", "/etc/ftgov", "/etc/systemd/system/ftgovd.service")
+                for p in ([Path(top)] + (list(Path(top).rglob("*")) if Path(top).is_dir() else []))
+                if not p.is_symlink() and p.stat().st_mode & 0o022]
+    expect(not writable, f"make install under umask 000 left {len(writable)} writable by others: {writable[:5]}")
     expect(call("ping") == {}, "ftgovd does not answer after a reinstall")
     expect(Path(f"{config}.new").read_text() == (SRC / "etc/ftgov.yaml").read_text(), "no ftgov.yaml.new next to it")
 
