@@ -350,7 +350,7 @@ def write_admin_comment(job_id: int, entry: str, timeout_s: float, record: str |
     without)."""
     target = record or str(job_id)
     try:
-        existing = scontrol_field(target, "AdminComment", timeout_s)
+        existing = admin_comment_now(job_id, target, timeout_s)
     except AmbiguousField as e:
         warn(f"job {job_id}: AdminComment not written: {e}")
         return
@@ -422,10 +422,10 @@ def scontrol_field(job: str, name: str, timeout_s: float) -> str | None:
     """One field of `scontrol show job -o JOB` (``job``: own_record's; None when scontrol fails or lacks it). The
     field runs to the next ``Key=`` of scontrol's one-line format, whose keys begin with a capital (JobId=, StdErr=,
     Socks/Node=): a comment "my run ftgov=off" is read whole, not cut at its own lower-case choice. AmbiguousField
-    when ``name=`` appears twice in the whole output: a user who names a job "x AdminComment=ftgov@node:energy_j=0"
-    must not have root write that into the job's admin-only field. The output is not cut into lines: Slurm prints the
-    job's name, command and directories with their newlines, so a line that begins JobId=ID can end in the user's
-    text, before Slurm's own field."""
+    when ``name=`` appears twice in the whole output (the job's own name or paths carry it). The output is not cut
+    into lines: Slurm prints the job's name, command and directories with their newlines, so a line that begins
+    JobId=ID can end in the user's text, before Slurm's own field. The job's Comment is the user's own: an optional
+    field that only the admin sets (AdminComment) is read by admin_comment_now."""
     try:
         done = subprocess.run([slurm_command("scontrol"), "show", "job", "-o", job], capture_output=True,
                               text=True, errors=OUTPUT_ERRORS, timeout=timeout_s, check=False)
@@ -440,6 +440,43 @@ def scontrol_field(job: str, name: str, timeout_s: float) -> str | None:
                              "command or paths carry it)")
     m = re.search(rf"(?:^|\s){name}=(.*?)(?=\s[A-Z][A-Za-z:/]*=|$)", line)
     # Slurm 22.05 pads some fields (AdminComment=, Comment=) with a second space: not the field's.
+    value = None if m is None else m.group(1).strip()
+    return None if value in (None, "", "(null)") else value
+
+
+def admin_comment_now(job_id: int, job: str, timeout_s: float) -> str | None:
+    """The job's AdminComment as slurmctld holds it (None: unset), read off `scontrol show job -o JOB` (``job``:
+    own_record's) where Slurm prints it. Slurm prints AdminComment= only when the field is set, and then right after
+    WorkDir= (src/api/job_info.c: "WorkDir=%s", then, if set, "AdminComment=%s "). The user chooses the work dir, the
+    job's name, command, comment and output paths, any of which can carry " AdminComment=...": where the field is
+    unset, that would be the only one, and root would write the user's text into the admin-only field. So the field
+    is read only right after "WorkDir=" and the work dir that squeue gives alone (`squeue -o %A|%F|%K|%Z`, the line
+    of this job id), and WorkDir=, which Slurm prints once a record, must appear once. A job array's task is shown by
+    ARRAY_TASK: the array's id shows every task (Slurm 22.05, tests/slurm). AmbiguousField where this cannot be told
+    (squeue does not answer or lists the id twice, a work dir with a newline, WorkDir= twice)."""
+    listed = _run([slurm_command("squeue"), "-h", "-t", "all", "-j", str(job_id), "-o", "%A|%F|%K|%Z"], timeout_s)
+    lines = [] if listed is None or listed.returncode != 0 else listed.stdout.rstrip("\n").split("\n")
+    fields = [line.split("|", 3) for line in lines]
+    if not lines or any(len(f) != 4 or not f[0].isdigit() for f in fields):
+        raise AmbiguousField(f"squeue -j {job_id} did not list the job's work dir, after which AdminComment is printed")
+    mine = [f for f in fields if f[0] == str(job_id)]
+    if len(mine) != 1:
+        raise AmbiguousField(f"squeue -j {job_id} lists job {job_id} {len(mine)} times")
+    _, array_id, task, work_dir = mine[0]
+    if array_id.isdigit() and task.isdigit():
+        job = f"{array_id}_{task}"  # the task's record alone
+    done = _run([slurm_command("scontrol"), "show", "job", "-o", job], timeout_s)
+    if done is None or done.returncode != 0:
+        raise AmbiguousField(f"scontrol show job {job} did not answer")
+    out = done.stdout.rstrip("\n")
+    if len(re.findall(r"(?:^|\s)WorkDir=", out)) != 1:
+        raise AmbiguousField(f"scontrol show job {job}: WorkDir= appears more than once (the job's own name, command "
+                             "or paths carry it)")
+    at = out.find(f"WorkDir={work_dir}")
+    if at < 0:
+        raise AmbiguousField(f"scontrol show job {job}: no WorkDir={work_dir!r}, the work dir squeue gives")
+    # Slurm 22.05 pads AdminComment= with a second space: not the field's.
+    m = re.match(r"\s+AdminComment=(.*?)(?=\s[A-Z][A-Za-z:/]*=|$)", out[at + len(f"WorkDir={work_dir}"):])
     value = None if m is None else m.group(1).strip()
     return None if value in (None, "", "(null)") else value
 

@@ -212,9 +212,17 @@ def _show_job(where, show: str | bytes | dict[str, str]) -> str:
             'echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1')
 
 
-def _fake_scontrol(where, monkeypatch, show_line: str | dict[str, str]):
+def _squeue_work_dir(bin_dir, work_dir: str | bytes) -> None:
+    """A squeue in ``bin_dir`` that answers `squeue -h -t all -j ID -o %A|%F|%K|%Z` as for a job of that id outside
+    any array, in ``work_dir``, as the user chose it."""
+    (bin_dir / "squeue.out").write_bytes((work_dir if isinstance(work_dir, bytes) else work_dir.encode()) + b"\n")
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\nprintf '%s|N/A|N/A|' \"$5\"; exec cat {bin_dir / 'squeue.out'}\n")
+    (bin_dir / "squeue").chmod(0o755)
+
+
+def _fake_scontrol(where, monkeypatch, show_line: str | dict[str, str], work_dir: str = "/home/u"):
     """An scontrol on PATH (in a new directory ``where``) that prints ``show_line`` for `show job` and logs every
-    `update` (the log's path is returned)."""
+    `update` (the log's path is returned), and a squeue that gives the job's ``work_dir``."""
     bin_dir = where / "bin"
     bin_dir.mkdir(parents=True)
     log = where / "updates.log"
@@ -223,28 +231,46 @@ def _fake_scontrol(where, monkeypatch, show_line: str | dict[str, str]):
 if [ "$1" = show ]; then {_show_job(where, show_line)}; else printf '%s\\n' "$*" >> {log}; fi
 """)
     script.chmod(0o755)
+    _squeue_work_dir(bin_dir, work_dir)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     return log
 
 
-def test_a_job_whose_own_text_carries_admincomment_gets_none_written(tmp_path, monkeypatch, capsys):
-    """The user names the job; `scontrol show job -o` prints the name before AdminComment, so the first
-    " AdminComment=" was the user's and root wrote it back into the admin-only field."""
+def test_a_job_whose_own_text_carries_admincomment_gets_none_of_it_written(tmp_path, monkeypatch, capsys):
+    """Slurm prints AdminComment= only when the field is set, right after WorkDir= (src/api/job_info.c); the user
+    names the job, its comment and its work dir. With the field unset, a " AdminComment=" in the job's name or
+    comment was the only one, and root wrote the user's text into the admin-only field (found by a review; real
+    Slurm 22.05 prints no AdminComment= for a job without one). The field is read only where Slurm prints it."""
     entry = "ftgov@node1:energy_j=10.0,policy=tune,gpus=0"
-    forged = "JobId=7 JobName=x AdminComment=ftgov@node2:energy_j=0.0 UserId=u(1000) AdminComment=(null) Comment=c"
-    log = _fake_scontrol(tmp_path / "forged", monkeypatch, forged)
-    write_admin_comment(7, entry, 5.0)
-    assert not log.exists() and "AdminComment not written: scontrol show job 7: AdminComment= appears more than once" \
-        in capsys.readouterr().err
-    honest = "JobId=8 JobName=x UserId=u(1000) AdminComment=ftgov@node2:energy_j=5.0,policy=tune,gpus=1 Comment=c"
+    for job, show, work_dir in (
+            (7, "JobId=7 JobName=x AdminComment=ftgov@node2:energy_j=0.0 UserId=u(1000) Command=/home/u/r "
+                "WorkDir=/home/u Comment=c", "/home/u"),
+            (8, "JobId=8 JobName=x UserId=u(1000) Command=/home/u/r WorkDir=/home/u Comment=c AdminComment=forged "
+                "StdErr=/home/u/o", "/home/u"),
+            (9, "JobId=9 JobName=x UserId=u(1000) Command=/r WorkDir=/home/u/d AdminComment=forged  Comment=c",
+             "/home/u/d AdminComment=forged")):  # a work dir of that name: its text is the work dir's
+        log = _fake_scontrol(tmp_path / f"forged{job}", monkeypatch, show, work_dir)
+        write_admin_comment(job, entry, 5.0)
+        assert log.read_text() == f"update JobId={job} AdminComment={entry}\n", capsys.readouterr().err
+    # Slurm's own, after the work dir, is kept (another node's entry) whatever the user's text carries elsewhere.
+    honest = ("JobId=10 JobName=y AdminComment=forged UserId=u(1000) WorkDir=/home/u "
+              "AdminComment=ftgov@node2:energy_j=5.0,policy=tune,gpus=1  Comment=c AdminComment=forged")
     log = _fake_scontrol(tmp_path / "honest", monkeypatch, honest)
-    write_admin_comment(8, entry, 5.0)
-    assert log.read_text() == f"update JobId=8 AdminComment=ftgov@node2:energy_j=5.0,policy=tune,gpus=1;{entry}\n"
+    write_admin_comment(10, entry, 5.0)
+    assert log.read_text() == f"update JobId=10 AdminComment=ftgov@node2:energy_j=5.0,policy=tune,gpus=1;{entry}\n"
+    # WorkDir= twice (the user's text carries one too), or squeue cannot say the work dir: nothing is written.
+    for job, show, work_dir in ((11, "JobId=11 JobName=x WorkDir=/home/u AdminComment=forged UserId=u(1000) "
+                                     "WorkDir=/home/u Comment=c", "/home/u"),
+                                (12, "JobId=12 JobName=x WorkDir=/home/u Comment=c", "/home/u\n/home/v")):
+        log = _fake_scontrol(tmp_path / f"unsure{job}", monkeypatch, show, work_dir)
+        write_admin_comment(job, entry, 5.0)
+        assert not log.exists() and "AdminComment not written" in capsys.readouterr().err
 
 
-def _scontrol_printing(where, show_line: bytes | dict[str, str]):
+def _scontrol_printing(where, show_line: bytes | dict[str, str], work_dir: str | bytes = "/home/u"):
     """A directory with an scontrol that prints ``show_line`` (bytes, as Slurm passes a job's own text through) for
-    `show job` and logs every `update` to updates.log beside it; the directory, for PATH."""
+    `show job` and logs every `update` to updates.log beside it, and a squeue that gives ``work_dir``; the directory,
+    for PATH."""
     bin_dir = where / "bin"
     bin_dir.mkdir(parents=True)
     script = bin_dir / "scontrol"
@@ -252,6 +278,7 @@ def _scontrol_printing(where, show_line: bytes | dict[str, str]):
 if [ "$1" = show ]; then {_show_job(where, show_line)}; else printf '%s\\n' "$*" >> {where / "updates.log"}; fi
 """)
     script.chmod(0o755)
+    _squeue_work_dir(bin_dir, work_dir)
     return bin_dir
 
 
@@ -261,7 +288,8 @@ def test_a_job_name_that_is_not_utf8_neither_fails_the_epilog_nor_the_prolog(ori
     or epilog fails: any user could drain nodes with `sbatch --job-name=$'caf\\xe9'`."""
     d = start_daemon()
     bin_dir = _scontrol_printing(tmp_path / "slurm",
-                                 b"JobId=48 JobName=caf\xe9 UserId=u(1000) AdminComment=(null) Comment=ftgov=off")
+                                 b"JobId=48 JobName=caf\xe9 UserId=u(1000) WorkDir=/home/caf\xe9 Comment=ftgov=off  ",
+                                 b"/home/caf\xe9")
     env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "48", "SLURM_JOB_UID": "0",
            "PATH": f"{bin_dir}:/usr/bin:/bin"}
     config = "policy: ffg\nadmin_comment: true\ncomment_from_scontrol: true\nsweep_stale: false\n"
@@ -318,22 +346,23 @@ def test_a_heterogeneous_leaders_admincomment_is_its_own(tmp_path, monkeypatch, 
     entry, written while the job was still running) was read as the leader's: not written (ambiguous) where both
     had one, and merged into the leader's field where only the component's had. ID+0 is the leader's record."""
     entry = "ftgov@node1:energy_j=10.0,policy=ffg,gpus=1"
-    both = _het_shows(60, "JobId=60 HetJobId=60 HetJobOffset=0 JobName=het AdminComment=ftgov@node1:energy_j=1.0 "
-                          "Comment=c",
-                      "JobId=61 HetJobId=60 HetJobOffset=1 JobName=het AdminComment=ftgov@node2:energy_j=5.0 Comment=c")
+    both = _het_shows(60, "JobId=60 HetJobId=60 HetJobOffset=0 JobName=het WorkDir=/home/u "
+                          "AdminComment=ftgov@node1:energy_j=1.0  Comment=c",
+                      "JobId=61 HetJobId=60 HetJobOffset=1 JobName=het WorkDir=/home/u "
+                      "AdminComment=ftgov@node2:energy_j=5.0  Comment=c")
     log = _fake_scontrol(tmp_path / "both", monkeypatch, both)
     write_admin_comment(60, entry, 5.0, record="60+0")
     # The leader's record keeps its own former entry (node1's, replaced) and has none of node2's.
     assert log.read_text() == f"update JobId=60+0 AdminComment={entry}\n", capsys.readouterr().err
-    other = _het_shows(62, "JobId=62 HetJobId=62 HetJobOffset=0 JobName=het Comment=c",
-                       "JobId=63 HetJobId=62 HetJobOffset=1 JobName=het AdminComment=ftgov@node2:energy_j=5.0 "
-                       "Comment=c")
+    other = _het_shows(62, "JobId=62 HetJobId=62 HetJobOffset=0 JobName=het WorkDir=/home/u Comment=c",
+                       "JobId=63 HetJobId=62 HetJobOffset=1 JobName=het WorkDir=/home/u "
+                       "AdminComment=ftgov@node2:energy_j=5.0  Comment=c")
     log = _fake_scontrol(tmp_path / "other", monkeypatch, other)
     write_admin_comment(62, entry, 5.0, record="62+0")
     assert log.read_text() == f"update JobId=62+0 AdminComment={entry}\n"
-    # A line of the job's own that the user's text forged (a newline in a name) leaves it ambiguous: nothing written.
-    forged = ("JobId=64 JobName=x\nJobId=64 AdminComment=ftgov@node2:energy_j=0.0\n"
-              "JobId=64 JobName=x AdminComment=(null) Comment=c")
+    # A line of the job's own that the user's text forged (a newline in a name) has no say: the field is Slurm's.
+    forged = ("JobId=64 JobName=x\nJobId=64 WorkDir=/home/u AdminComment=ftgov@node2:energy_j=0.0\n"
+              "JobId=64 JobName=x WorkDir=/home/u Comment=c")
     log = _fake_scontrol(tmp_path / "forged", monkeypatch, forged)
     write_admin_comment(64, entry, 5.0)
     assert not log.exists() and "AdminComment not written" in capsys.readouterr().err
@@ -358,6 +387,7 @@ fi
 """)
     for tool in ("scontrol", "sacctmgr"):
         (bin_dir / tool).chmod(0o755)
+    _squeue_work_dir(bin_dir, "/home/u")
     return bin_dir
 
 
@@ -399,7 +429,8 @@ def test_slurms_padding_after_a_field_is_not_read_into_it(tmp_path, monkeypatch)
     next Key= and kept one, so another node's entry was written back as "ftgov@node2:... ;ftgov@node1:...", a space
     more with every node."""
     entry = "ftgov@node1:energy_j=10.0,policy=ffg,gpus=0"
-    line = "JobId=90 JobName=x AdminComment=ftgov@node2:energy_j=5.0,policy=ffg,gpus=1  Comment=ftgov=off  StdErr=/o"
+    line = ("JobId=90 JobName=x WorkDir=/home/u AdminComment=ftgov@node2:energy_j=5.0,policy=ffg,gpus=1  "
+            "Comment=ftgov=off  StdErr=/o")
     log = _fake_scontrol(tmp_path / "padded", monkeypatch, line)
     write_admin_comment(90, entry, 5.0)
     assert log.read_text() == f"update JobId=90 AdminComment=ftgov@node2:energy_j=5.0,policy=ffg,gpus=1;{entry}\n"
@@ -476,11 +507,12 @@ def test_a_newline_in_the_jobs_own_text_does_not_get_its_admincomment_written(tm
     """Slurm prints a job's name, command and directories as the user gave them, newlines included, before
     AdminComment=. Where only the line that begins JobId=ID was read, a working directory "/x AdminComment=forged"
     + newline put the user's AdminComment= alone on that line and Slurm's on the next: root wrote the forged text
-    into the admin-only field. Read whole, it appears twice: nothing is written."""
+    into the admin-only field. squeue gives that work dir as two lines, and which is Slurm's field cannot be told:
+    nothing is written."""
     entry = "ftgov@node1:energy_j=10.0,policy=ffg,gpus=0"
-    show = ("JobId=66 JobName=x UserId=u(1000) WorkDir=/home/u/x AdminComment=ftgov@node2:energy_j=0.0\n"
-            "y AdminComment=(null) Comment=c StdErr=/home/u/o")
-    log = _fake_scontrol(tmp_path / "newline", monkeypatch, show)
+    work_dir = "/home/u/x AdminComment=ftgov@node2:energy_j=0.0\ny"
+    show = f"JobId=66 JobName=x UserId=u(1000) WorkDir={work_dir} Comment=c StdErr=/home/u/o"
+    log = _fake_scontrol(tmp_path / "newline", monkeypatch, show, work_dir)
     write_admin_comment(66, entry, 5.0)
     assert not log.exists(), log.read_text()
     assert "AdminComment not written" in capsys.readouterr().err
@@ -533,3 +565,20 @@ def test_a_components_prolog_is_held_by_an_ftgovd_that_predates_heterogeneous_jo
     out = capsys.readouterr()
     assert [p.get("het_job_id") for p in seen] == [70, None], seen
     assert "restart it after an upgrade" in out.err and "job 71: ffg (from the default) on GPU(s) 0 at" in out.out
+
+
+def test_a_job_array_tasks_admincomment_is_read_off_its_own_record(tmp_path, monkeypatch, capsys):
+    """The task that has the array's id: `scontrol show job -o ID` prints every task of the array (Slurm 22.05, seen
+    in tests/slurm), with a WorkDir= each, so where Slurm's AdminComment stands could not be told and none was
+    written. squeue gives the task's index (%K) beside its raw id (%A): ARRAY_TASK shows its record alone."""
+    entry = "ftgov@vm:energy_j=26.8,policy=ffg,gpus=0"
+    shows = {"13": "JobId=14 ArrayJobId=13 ArrayTaskId=0 JobName=a WorkDir=/home/u "
+                   "AdminComment=ftgov@vm:energy_j=54.0  StdErr=/o\n"
+                   "JobId=13 ArrayJobId=13 ArrayTaskId=1 JobName=a WorkDir=/home/u StdErr=/o",
+             "13_1": "JobId=13 ArrayJobId=13 ArrayTaskId=1 JobName=a WorkDir=/home/u StdErr=/o",
+             "13_0": "JobId=14 ArrayJobId=13 ArrayTaskId=0 JobName=a WorkDir=/home/u "
+                     "AdminComment=ftgov@vm:energy_j=54.0  StdErr=/o"}
+    log = _fake_scontrol(tmp_path / "array", monkeypatch, shows)
+    (tmp_path / "array" / "bin" / "squeue").write_text("#!/bin/sh\nprintf '14|13|0|/home/u\\n13|13|1|/home/u\\n'\n")
+    write_admin_comment(13, entry, 5.0)
+    assert log.read_text() == f"update JobId=13 AdminComment={entry}\n", capsys.readouterr().err

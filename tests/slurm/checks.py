@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -447,6 +448,28 @@ def check_sacct_shows_the_energy() -> None:
     print(f"    sacct -j {job_id} -o AdminComment: {comment}")
 
 
+def check_a_jobs_own_text_never_reaches_its_admincomment() -> None:
+    """Slurm 22.05 prints AdminComment= only once the field is set, after WorkDir=; the user chooses the job's
+    comment and work dir. A job whose --comment and work dir both carry " AdminComment=forged..." ends with ftgov's
+    entry alone in the admin-only field (before, root wrote the user's text into it)."""
+    work_dir = Path(f"/home/{JOB_USER}/d AdminComment=forged-dir")
+    work_dir.mkdir(exist_ok=True)
+    shutil.chown(work_dir, JOB_USER, JOB_USER)
+    job_id, gate = submit("forge", "--gres=gpu:1", "--comment=c AdminComment=forged-comment", f"--chdir={work_dir}")
+    wait_running_and_held(job_id)
+    release_gate(gate)
+    wait_gone(job_id)
+
+    def admin_comment() -> str:
+        out = sh("sacct", "-j", str(job_id), "-X", "-n", "-P", "-o", "AdminComment%400", check=False).stdout
+        return out.strip() if "ftgov@" in out else ""
+
+    comment = wait_for(f"sacct to show job {job_id}'s AdminComment", admin_comment, 30)
+    expect("forged" not in comment and comment.count("ftgov@") == 1 and comment.startswith("ftgov@"),
+           f"AdminComment: {comment!r}")
+    print(f"    job {job_id} (its comment and work dir carry AdminComment=): sacct AdminComment {comment}")
+
+
 def check_scancel_mid_job_restores() -> None:
     job_id, _gate = submit("cancelled", "--gres=gpu:2")
     wait_running_and_held(job_id)
@@ -742,7 +765,8 @@ def check_an_array_jobs_tasks_are_held_each_and_accounted_each() -> None:
 
 
 CHECKS = [check_slurms_numbers_are_its_own_index, check_gres_job_pins_both_gpus_and_restores,
-          check_sacct_shows_the_energy, check_scancel_mid_job_restores, check_killed_slurmstepd_restores,
+          check_sacct_shows_the_energy, check_a_jobs_own_text_never_reaches_its_admincomment,
+          check_scancel_mid_job_restores, check_killed_slurmstepd_restores,
           check_comment_chooses_off, check_shard_jobs_are_held_on_their_gpu_and_share_it,
           check_an_mps_job_is_held_on_its_gpu,
           check_a_job_that_registers_joins_its_hold,
