@@ -139,16 +139,19 @@ def visible_gpu(environ: Mapping[str, str] | None = None, torch_module: Any = No
     tell, else an index.
 
     Uses torch only if the process has already imported it (importing torch here would cost seconds) or one is
-    passed. The UUID comes from torch (2.4 and later), else from the driver (``driver_uuid``): a CUDA index is the
-    process's own numbering, which inside a cgroup that hides GPUs (Slurm's ConstrainDevices) need not be NVML's.
-    None when nothing says which GPU: the daemon then picks the only one, or asks.
+    passed, and only once torch has initialized CUDA (cuda_pending): asking it for the current device earlier would
+    initialize CUDA here, a context of a few hundred MB on device 0, which under torchrun is every rank's before it
+    calls set_device, and the answer would be 0 for every rank. The UUID comes from torch (2.4 and later), else from
+    the driver (``driver_uuid``): a CUDA index is the process's own numbering, which inside a cgroup that hides GPUs
+    (Slurm's ConstrainDevices) need not be NVML's. None when nothing says which GPU: the daemon then picks the only
+    one, or asks.
     """
     env = os.environ if environ is None else environ
     torch = torch_module if torch_module is not None else sys.modules.get("torch")
     cuda_ordinal: int | None = None
     if torch is not None:
         try:
-            if torch.cuda.is_available():
+            if torch.cuda.is_initialized():
                 cuda_ordinal = int(torch.cuda.current_device())
                 uuid = getattr(torch.cuda.get_device_properties(cuda_ordinal), "uuid", None)  # torch >= 2.4
                 if uuid is not None and str(uuid):
@@ -165,6 +168,18 @@ def visible_gpu(environ: Mapping[str, str] | None = None, torch_module: Any = No
     entries = visible_entries(visible)
     ordinal = cuda_ordinal or 0
     return entries[ordinal] if ordinal < len(entries) else None
+
+
+def cuda_pending(torch_module: Any = None) -> bool:
+    """Whether this process has imported a torch built with CUDA that has not initialized CUDA yet: the GPU it will
+    compute on is not chosen yet (torch.cuda.set_device, a model's .to("cuda:N")). Initializes nothing."""
+    torch = torch_module if torch_module is not None else sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.backends.cuda.is_built()) and not torch.cuda.is_initialized()
+    except AttributeError:
+        return False
 
 
 def launched_gpu(environ: Mapping[str, str] | None = None,

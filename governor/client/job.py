@@ -17,6 +17,7 @@ from governor.client.features import (
     batch_tokens,
     check_features,
     check_partial_features,
+    cuda_pending,
     resolve_features,
     slurm_job_id,
     visible_gpu,
@@ -190,6 +191,9 @@ class Job:
         if self.group_info is not None and self.group_info.spans_nodes and self.tune:
             self._coordinate()
         if self.job_id is None or self._conn is None:
+            if self._conn is not None and self.seq_len_known and not self.disabled:
+                self._register(at_step=True)  # held back until CUDA was up (_register); it reports the steps
+                return
             if (self._conn is not None and not self.seq_len_known and self.steps >= self.measure_batches
                     and self._batches_seen == 0 and self._unmeasurable_batches == 0):
                 self._disable("seq_len is unknown and no batch was observed: pass seq_len= "
@@ -273,7 +277,7 @@ class Job:
                             "no end-of-job summary; %s", self.job_id, PIN_LEFT)
         if conn is None:
             return
-        if self.job_id is None:
+        if self.job_id is None and not self.seq_len_known:
             # Connected and never disabled, so still waiting for seq_len: a run shorter than the measurement.
             warn(f"ftgov: the job was never registered: it ended after {self._batches_seen} of the "
                  f"{self.measure_batches} batches it measures seq_len over before registering; pass seq_len= "
@@ -293,13 +297,19 @@ class Job:
         finally:
             conn.close()
 
-    def _register(self) -> None:
+    def _register(self, *, at_step: bool = False) -> None:
         if self.job_id is not None or self._conn is None:
             return
         try:
             features = check_features(self.features)
         except ValueError as e:
             self._disable(str(e))
+            return
+        if self.gpu is None and not at_step and cuda_pending():
+            # torch has not initialized CUDA yet, so which GPU this process will train on is not chosen (a torchrun
+            # rank calls set_device after making its job, say): asking would initialize CUDA on device 0 and name it.
+            # By the first step CUDA is up (or this process trains on none): the job registers there.
+            log.info("ftgov: the job registers at its first step, once CUDA has chosen its GPU")
             return
         if self._conn.closed_by_daemon():
             # Measuring seq_len took longer than the daemon keeps a connection that holds no job (or the daemon

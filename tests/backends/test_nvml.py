@@ -387,12 +387,15 @@ class _Props:
 
 
 class _Cuda:
-    """Stands in for torch.cuda on a machine with GPUs (this one has none)."""
+    """Stands in for torch.cuda on a machine with GPUs (this one has none), once the process has initialized CUDA."""
 
     def __init__(self, ordinal, uuid=None):
         self.ordinal, self.uuid = ordinal, uuid
 
     def is_available(self):
+        return True
+
+    def is_initialized(self):
         return True
 
     def current_device(self):

@@ -7,6 +7,8 @@ import os
 import re
 import select
 import signal
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -15,6 +17,7 @@ from torch.utils.data import DataLoader
 
 import governor
 from governor.client import Connection, GovernorWarning
+from tests.support import REPO
 from tests.support.daemon import limits
 
 BASELINE = (306000000, 1300500000)
@@ -229,3 +232,52 @@ def test_a_job_dropped_after_a_timeout_ends_though_a_loader_worker_holds_its_soc
         daemon.wait_jobs(0)
         assert limits(orin) == BASELINE
     del loader
+
+
+# A torch built with CUDA as a process sees it before its first CUDA call: nothing is initialized; current_device()
+# initializes CUDA on device 0 (a context there), as torch's does; set_device(n) chooses n.
+FAKE_CUDA_TORCH = '''
+import types
+_device = None
+def _is_initialized():
+    return _device is not None
+def _set_device(n):
+    global _device
+    _device = n
+def _current_device():
+    global _device
+    if _device is None:
+        _device = 0
+    return _device
+cuda = types.SimpleNamespace(
+    is_initialized=_is_initialized, is_available=lambda: True, set_device=_set_device,
+    current_device=_current_device,
+    get_device_properties=lambda n: types.SimpleNamespace(uuid=f"8f1c2d3e-0000-1111-2222-33334444555{n}"))
+backends = types.SimpleNamespace(cuda=types.SimpleNamespace(is_built=lambda: True))
+'''
+
+
+def test_a_job_made_before_set_device_touches_no_cuda_and_registers_the_ranks_gpu(daemon, orin, tmp_path):
+    """A torchrun rank that holds its job before torch.cuda.set_device(LOCAL_RANK): asking torch for the current
+    device then initialized CUDA on device 0 (a context of some hundred MB there, from every rank) and named GPU 0 for
+    every rank. The job touches no CUDA before training does, and registers at its first step, on the rank's GPU."""
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(FAKE_CUDA_TORCH)
+    code = f"""
+import torch, governor
+with governor.job(model_type="encoder", num_layers=2, hidden_size=32, seq_len=40, gpu_util=90,
+                  socket={str(daemon.socket)!r}, report_every_s=0) as job:
+    print("cuda initialized by the job:", torch.cuda.is_initialized())
+    torch.cuda.set_device(1)  # the rank's GPU (LOCAL_RANK 1)
+    job.step()
+    print("gpu:", job.gpu, "registered:", job.registered)
+    job.step()
+print("steps:", job.result["steps"])
+"""
+    out = subprocess.run([sys.executable, "-W", "error::UserWarning", "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}, timeout=60)
+    assert out.stdout.splitlines() == [
+        "cuda initialized by the job: False",
+        "gpu: GPU-8f1c2d3e-0000-1111-2222-333344445551 registered: True",
+        "steps: 2"], out.stderr
+    assert limits(orin) == BASELINE
