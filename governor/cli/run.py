@@ -179,10 +179,13 @@ def _fork_gated(executable: str, command: list[str], mask) -> tuple[int, int, in
         try:
             os.close(gate_w)
             os.close(err_r)
-            # An exec'd program expects default dispositions: Python set SIGINT to raise KeyboardInterrupt and
-            # ignores SIGPIPE and SIGXFSZ (subprocess's restore_signals does the same).
-            for signo in (signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+            # An exec'd program expects default dispositions: Python ignores SIGPIPE and SIGXFSZ (subprocess's
+            # restore_signals does the same) and set SIGINT to raise KeyboardInterrupt, but only where SIGINT was
+            # at its default: one ignored by whoever started us (a script's `cmd &`) stays ignored in the command.
+            for signo in (signal.SIGPIPE, signal.SIGXFSZ):
                 signal.signal(signo, signal.SIG_DFL)
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
             release = _read_all(gate_r)
             if not release.startswith(b"go"):
                 os._exit(125)  # the wrapper died before releasing us: do not run unsupervised

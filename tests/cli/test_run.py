@@ -416,3 +416,16 @@ def test_a_daemon_restart_under_the_command_is_no_false_alarm(daemon, orin):
             os.kill(child, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_a_signal_ignored_where_ftgov_run_starts_stays_ignored_in_the_command(daemon):
+    """A shell starts a background command (`cmd &` in a script) with SIGINT and SIGQUIT ignored, so that a Ctrl-C on
+    the script's terminal leaves it running; nohup ignores SIGHUP. The wrapper set SIGINT back to the default in its
+    command: a Ctrl-C killed a training that, run without the wrapper, would have run on."""
+    command = ("import os, signal; os.kill(os.getpid(), signal.SIGINT); os.kill(os.getpid(), signal.SIGHUP); "
+               "print('ran on', flush=True)")
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", sys.executable, "-c", command,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 preexec_fn=lambda: [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGHUP)])
+    out, err = proc.communicate(timeout=30)
+    assert (proc.returncode, out) == (0, "ran on\n"), err
