@@ -117,10 +117,13 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
         print(f"ftgov run: {command[0]}: {why}", file=sys.stderr)
         return code
     waited = set(FORWARDED_SIGNALS) | {signal.SIGCHLD}
+    # With SIGCHLD ignored (as whoever started us may leave it), the kernel reaps the command itself and sends no
+    # SIGCHLD: the wait below would never end, and every signal forwarded to a command that is gone.
+    old_chld = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
     job = None
     try:
-        pid, release, exec_error = _fork_gated(executable, command, old_mask)
+        pid, release, exec_error = _fork_gated(executable, command, old_mask, old_chld)
         job = _register(pid, features, name, socket, verbose)
         os.write(release, b"go" + (b"" if job.job_id is None else str(job.job_id).encode()))
         os.close(release)
@@ -140,6 +143,7 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
                 print(f"ftgov: job {job.job_id} ended: {describe_reply(job.result)}", file=sys.stderr)
         _drain(waited)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        signal.signal(signal.SIGCHLD, old_chld)
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
         die_of(-code)
@@ -163,14 +167,14 @@ def die_of(signo: int) -> None:
     os.kill(os.getpid(), signo)
 
 
-def _fork_gated(executable: str, command: list[str], mask) -> tuple[int, int, int]:
+def _fork_gated(executable: str, command: list[str], mask, sigchld) -> tuple[int, int, int]:
     """Fork a child that execs command once the parent writes to the release pipe and closes it; returns (pid,
     release, error).
 
     The parent writes "go", then the job's id when it registered one: the command gets it as $FTGOV_RUN_JOB
     (governor.client.RUN_JOB_ENV), so that a client job in it, or in its children, does not register the same
     process a second time. `ftgov run` has no other threads, so forking is safe; the child runs only a few system
-    calls before exec.
+    calls before exec, with ``mask`` and SIGCHLD's disposition ``sigchld`` as they were where we started.
     """
     gate_r, gate_w = os.pipe()
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
@@ -192,6 +196,8 @@ def _fork_gated(executable: str, command: list[str], mask) -> tuple[int, int, in
             env = dict(os.environ)
             if release[2:]:
                 env[RUN_JOB_ENV] = release[2:].decode()
+            if sigchld == signal.SIG_IGN:
+                signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the command inherits what we did
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C that came while gated acts now
             os.execve(executable, command, env)
         except OSError as e:

@@ -429,3 +429,19 @@ def test_a_signal_ignored_where_ftgov_run_starts_stays_ignored_in_the_command(da
                  preexec_fn=lambda: [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGHUP)])
     out, err = proc.communicate(timeout=30)
     assert (proc.returncode, out) == (0, "ran on\n"), err
+
+
+def test_started_with_sigchld_ignored_the_wrapper_still_sees_its_command_end(daemon):
+    """A parent that leaves SIGCHLD ignored (SIG_IGN survives exec) makes the kernel reap the command itself and send
+    no SIGCHLD: the wrapper waited for one forever, forwarding even a SIGTERM to a command that was gone. The command
+    inherits the ignored SIGCHLD, as it would without the wrapper."""
+    command = "import signal; print(signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN); raise SystemExit(3)"
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", sys.executable, "-c", command,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 preexec_fn=lambda: signal.signal(signal.SIGCHLD, signal.SIG_IGN))
+    try:
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out) == (3, "True\n"), err
+    daemon.wait_jobs(0)
