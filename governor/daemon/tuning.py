@@ -33,7 +33,7 @@ from governor.daemon.recorder import window_util_pct
 from governor.daemon.starts import TuneStarts, gpu_key, read_on
 from governor.errors import FtgovError
 from governor.policy import Decision, PolicyName
-from governor.policy.measured_saving import BaselineParts, MeasuredSaving, pooled
+from governor.policy.measured_saving import BaselineParts, KeptWindows, MeasuredSaving, pooled_pair
 from governor.policy.tuner import Measurement, ProbeWindow, TuningSession, WindowRule
 from governor.units import mhz
 
@@ -43,50 +43,20 @@ BASELINE_REASON = "tune: one window at the default governor (the baseline for th
 BASELINE_PART_REASON = "tune: a part of the baseline at the default governor (spread over the job, for the saving)"
 
 
-# A tuned job's windows kept one by one for the store and status; past these, each level's later windows are pooled
-# into one entry. With tuner.follow_up a converged job's windows go on at its pick for as long as it runs (one every
-# 1-10 s: up to 86,000 a day), and each was kept in the root daemon's memory and written to the store as a row.
-WINDOWS_KEPT = 256
+Window = tuple[Measurement, float | None]  # a closed window and the gpu_util measured with it, for the store
 
 
-class KeptWindows:
-    """A tuned job's closed windows, (Measurement, gpu_util) each, oldest first: the first WINDOWS_KEPT as they closed,
-    then one entry a level, after them, pooling that level's later windows (J and s a step over all their steps, their
-    own uncertainties in quadrature: governor.policy.measured_saving.pooled). ``last_pinned``: the latest window at a
-    pinned level itself (status's last_window)."""
+def _pool(a: Window, b: Window) -> Window:
+    """Two windows at one level as one, the gpu_util weighed by their steps (None where either has none)."""
+    both = pooled_pair(a[0], b[0])
+    util = None if a[1] is None or b[1] is None else (
+        (a[1] * a[0].measured_steps + b[1] * b[0].measured_steps) / both.measured_steps)
+    return both, util
 
-    def __init__(self, kept: list[tuple[Measurement, float | None]] | None = None):
-        self._items: list[tuple[Measurement, float | None]] = list(kept or [])
-        self._pooled_at: dict[int | None, int] = {}  # level -> the index of the entry pooling its later windows
-        self.last_pinned = next((m for m, _ in reversed(self._items) if m.level_hz is not None), None)
 
-    def append(self, m: Measurement, util: float | None) -> None:
-        if m.level_hz is not None:
-            self.last_pinned = m
-        if len(self._items) < WINDOWS_KEPT:
-            self._items.append((m, util))
-            return
-        at = self._pooled_at.get(m.level_hz)
-        if at is None:
-            self._pooled_at[m.level_hz] = len(self._items)
-            self._items.append((m, util))
-            return
-        was, was_util = self._items[at]
-        both = dataclasses.replace(pooled([was, m]), level_hz=m.level_hz)
-        if was_util is not None and util is not None:
-            util = (was_util * was.measured_steps + util * m.measured_steps) / both.measured_steps
-        self._items[at] = (both, util if was_util is not None else None)
-
-    def first(self, m: Measurement, util: float | None) -> None:
-        """The baseline's first part, which heads the list whenever it closes."""
-        self._items.insert(0, (m, util))
-        self._pooled_at = {level: i + 1 for level, i in self._pooled_at.items()}
-
-    def __iter__(self):
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
+def kept_windows(entries: list[Window] | None = None) -> KeptWindows[Window]:
+    """A tuned job's windows for the store and status, bounded (governor.policy.measured_saving.KeptWindows)."""
+    return KeptWindows(lambda w: w[0], _pool, entries or [])
 
 
 class TunerState(Enum):
@@ -120,7 +90,7 @@ class JobTuner:
         # None while the job waits, unpinned, for its decision (gpu_util being measured).
         self.tuner = cfg.new_tuner(self.levels_hz, start) if start in self.levels_hz else None
         self.session: TuningSession | None = None
-        self.windows = KeptWindows()  # (Measurement, gpu_util) per closed window, for the measurement store
+        self.windows = kept_windows()  # (Measurement, gpu_util) per closed window, for the measurement store
         self.status = "waiting for progress reports (without them the job keeps its start)"
         self.baseline: Measurement | None = None
         self.baseline_status = "wanted" if cfg.baseline_window else "off (tuner.baseline_window: false)"
@@ -139,7 +109,7 @@ class JobTuner:
             self._baseline_window = carry._baseline_window
             self._warmup = carry._warmup
             self.baseline_parts = carry.baseline_parts  # a part open when the decision changed is not resumed
-            self.windows = KeptWindows([w for w in carry.windows if w[0].level_hz is None])
+            self.windows = kept_windows([w for w in carry.windows if w[0].level_hz is None])
         else:
             # The tuner's own meter: its windows must not depend on the job's.
             self.feed = MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu, gov.defer, cfg.edge_every_s)
@@ -284,7 +254,7 @@ class JobTuner:
 
     def _window_closed(self, gov, job, m: Measurement) -> None:
         assert self.tuner is not None and self.session is not None, "a window closes in a session of the tuner"
-        self.windows.append(m, window_util_pct(gov, job))
+        self.windows.append((m, window_util_pct(gov, job)))
         state = self.tuner.state()
         was = self.state
         # A window that only watched the pick and left it there is logged at debug: a long job would otherwise log
@@ -366,7 +336,7 @@ class JobTuner:
             self.baseline, self.baseline_status = m, "measured"
             self.baseline_parts = self.cfg.new_baseline_parts(job.total_steps)
             self.baseline_parts.first(m, job.steps)
-            self.windows.first(m, window_util_pct(gov, job))
+            self.windows.first((m, window_util_pct(gov, job)))
             log.info("%s: baseline at the default governor: %.4f J/step, %.4f s/step over %d steps", job.label(),
                      m.joules_per_step, m.seconds_per_step, m.measured_steps,
                      extra={**job.fields(), "BASELINE_J_PER_STEP": f"{m.joules_per_step:.6f}",
@@ -459,7 +429,7 @@ class JobTuner:
         else:
             parts.add(m, job.steps)
             self.baseline = parts.baseline
-            self.windows.append(m, window_util_pct(gov, job))
+            self.windows.append((m, window_util_pct(gov, job)))
             log.info("%s: baseline part %d of %d at the default governor: %.4f J/step, %.4f s/step over %d steps",
                      job.label(), len(parts.measured), len(parts.measured) + len(parts.due_at), m.joules_per_step,
                      m.seconds_per_step, m.measured_steps,

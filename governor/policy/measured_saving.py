@@ -28,14 +28,23 @@ it runs converged, so that the baseline and the tuned side average over the same
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from governor.policy.estimates import ASSUMED_TOTAL_STEPS
 from governor.policy.windows import PRIOR_DOF, Intervals, Measurement
 from governor.units import rounded
 
 Point = tuple[float, float, float]  # (steps, energy_j, time_s), as windows take them
+T = TypeVar("T")
+
+# Windows kept one by one (KeptWindows); past these, each level's later windows are pooled into one entry. With
+# tuner.follow_up a converged job's windows go on at its pick for as long as it runs (one every 1-10 s: up to 86,000
+# a day), and each was kept in the root daemon's memory (and written to the store as a row).
+WINDOWS_KEPT = 256
 
 # The stretches keep a point every so many steps (marks) to cut blocks from: at first every MARK_STEPS, the spacing
 # doubling whenever they hold more than MAX_MARKS, so that a long job's stay bounded. The baseline's uncertainty takes
@@ -128,7 +137,8 @@ class MeasuredSaving:
         self.meter_update_s = meter_update_s
         self.settle_s = settle_s
         self.stretches: list[_Stretch] = []
-        self.at_pick: list[Measurement] = []  # windows closed while confirming near-ties, at whatever level
+        # Windows closed while confirming near-ties, at whatever level (a long job's later ones pooled by level).
+        self.at_pick: KeptWindows[Measurement] = KeptWindows(lambda m: m, pooled_pair)
         self.mixed = False  # a stretch ran while another job shared the GPU: no measurement of this one
         self._open: _Stretch | None = None
         self._moved: tuple[int, float] | None = None  # (level_hz, time_s of its first point): settling
@@ -284,6 +294,48 @@ def pooled(parts: list[Measurement], spans: list[float] | None = None) -> Measur
                        math.fsum(w * m.seconds_per_step for w, m in zip(weights, parts, strict=True)) / total, steps,
                        sum(m.profiled_steps for m in parts), noise,
                        None if any(d is None for d in durations) else sum(d for d in durations if d is not None))
+
+
+def pooled_pair(a: Measurement, b: Measurement) -> Measurement:
+    """Two windows at one level as one (pooled: J and s a step over their steps, their uncertainties in quadrature)."""
+    return dataclasses.replace(pooled([a, b]), level_hz=a.level_hz)
+
+
+class KeptWindows(Generic[T]):
+    """A job's closed windows, oldest first: the first ``kept`` as they closed, then one entry a level, after them,
+    pooling that level's later windows with ``merge``. ``measurement`` gives an entry's Measurement (entries may carry
+    more: the daemon's, the gpu_util measured with it). ``last_pinned``: the latest window at a pinned level itself."""
+
+    def __init__(self, measurement: Callable[[T], Measurement], merge: Callable[[T, T], T],
+                 entries: Iterable[T] = (), kept: int = WINDOWS_KEPT):
+        self._measurement, self._merge, self.kept = measurement, merge, kept
+        self._entries: list[T] = list(entries)
+        self._pooled_at: dict[int | None, int] = {}  # level -> the index of the entry pooling its later windows
+        self.last_pinned = next((measurement(e) for e in reversed(self._entries)
+                                 if measurement(e).level_hz is not None), None)
+
+    def append(self, entry: T) -> None:
+        m = self._measurement(entry)
+        if m.level_hz is not None:
+            self.last_pinned = m
+        at = self._pooled_at.get(m.level_hz)
+        if at is not None:
+            self._entries[at] = self._merge(self._entries[at], entry)
+            return
+        if len(self._entries) >= self.kept:
+            self._pooled_at[m.level_hz] = len(self._entries)
+        self._entries.append(entry)
+
+    def first(self, entry: T) -> None:
+        """An entry that heads the list whenever it comes (a baseline's first part)."""
+        self._entries.insert(0, entry)
+        self._pooled_at = {level: i + 1 for level, i in self._pooled_at.items()}
+
+    def __iter__(self) -> Iterator[T]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
 
 class WarmUp:

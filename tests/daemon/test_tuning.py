@@ -304,17 +304,18 @@ def test_a_long_tuned_jobs_windows_are_kept_within_a_bound_and_pooled_by_level()
     """tuner.follow_up watches a converged job's pick for as long as it runs: a window every 1-10 s, up to 86,000 a
     day, each kept in the root daemon's memory and written to the store as a row. Past WINDOWS_KEPT, each level's
     later windows are pooled into one entry: the steps, the J and the time are all there, in a bounded list."""
-    from governor.daemon.tuning import WINDOWS_KEPT, KeptWindows
+    from governor.daemon.tuning import kept_windows
+    from governor.policy.measured_saving import WINDOWS_KEPT
     from governor.policy.tuner import Measurement
 
-    kept = KeptWindows()
+    kept = kept_windows()
     levels = (612_000_000, 714_000_000, 816_000_000)
     windows = [Measurement(levels[k % 7 % 3], 2.0 + (k % 5) / 10, 0.03, 40 + k % 11, 45 + k % 11, 0.02, 1.2)
                for k in range(20_000)]
     for k, m in enumerate(windows):
-        kept.append(m, 80.0 + k % 3)
+        kept.append((m, 80.0 + k % 3))
         if k == 500:
-            kept.first(Measurement(None, 3.0, 0.02, 100, 104, 0.01, 2.0), 90.0)  # the baseline, late
+            kept.first((Measurement(None, 3.0, 0.02, 100, 104, 0.01, 2.0), 90.0))  # the baseline, late
     entries = list(kept)
     assert len(entries) == len(kept) <= WINDOWS_KEPT + 1 + len(levels)
     assert entries[0][0].level_hz is None  # the baseline heads the list
@@ -328,3 +329,4 @@ def test_a_long_tuned_jobs_windows_are_kept_within_a_bound_and_pooled_by_level()
         assert sum(m.joules_per_step * m.measured_steps for m in at) == pytest.approx(joules)
         assert sum(m.duration_s or 0 for m in at) == pytest.approx(sum(m.duration_s or 0 for m in mine))
         assert all(0 < (m.noise_rel or 0) <= 0.02 for m in at)
+    assert all(80.0 <= (u or 0) <= 82.0 for _, u in entries[1:])  # gpu_util pooled by steps

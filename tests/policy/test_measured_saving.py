@@ -289,3 +289,26 @@ def test_a_sound_first_part_is_rarely_left_out_where_the_parts_drift():
                                       noise_rel=0.01) for _ in range(1 + later)]
             left_out += b.first_strays
         assert left_out / 20000 <= at_most, (later, drift, left_out)
+
+
+def test_confirmation_windows_at_the_pick_are_kept_within_a_bound_and_the_saving_is_the_same():
+    """A job whose curve a member keeps moving (drift, a new search, new confirmations) added a window to at_pick at
+    each confirmation for as long as it ran. Past WINDOWS_KEPT they are pooled by level: the saving and its
+    uncertainty are what every window kept one by one gives."""
+    from governor.policy.measured_saving import WINDOWS_KEPT, KeptWindows
+
+    bounded, whole = MeasuredSaving(0.03, 4), MeasuredSaving(0.03, 4)
+    whole.at_pick = KeptWindows(lambda m: m, lambda a, b: a, kept=10**9)
+    for s in (bounded, whole):  # a stretch at the pick, then the confirmations
+        s.converged_at(PICK, _points((0, 0.0, 0.0), 200, 1.5, [0.5] * 200))
+        s.interrupt()
+    for k in range(3000):
+        m = Measurement(PICK if k % 3 else OTHER, 1.5 + (k % 7) / 100, 0.5, 20 + k % 5, 21 + k % 5,
+                        noise_rel=0.02 + (k % 4) / 100, duration_s=10.0)
+        bounded.window_at_pick(m)
+        whole.window_at_pick(m)
+    assert len(bounded.at_pick) <= WINDOWS_KEPT + 2 and len(whole.at_pick) == 3000
+    got, want = bounded.result(BASELINE, PICK, []), whole.result(BASELINE, PICK, [])
+    assert got is not None and want is not None
+    for key in ("saved_rel", "tuned_rel", "tuned_steps", "tuned_j_per_step"):
+        assert got[key] == pytest.approx(want[key], rel=1e-9), key
