@@ -369,6 +369,8 @@ class Job:
         return f"ftgovd did not answer {method} (it did not refuse the job): {e}{pin_left}"
 
     def _report(self) -> None:
+        if self._pid != os.getpid():
+            return  # a forked child's copy: the job and its connection are its parent's, which reports its steps
         total = self.total_steps if self.total_steps != self._sent_total_steps else None
         compute = {}
         if self._compute_steps:

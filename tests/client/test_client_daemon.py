@@ -216,6 +216,31 @@ def test_a_forked_childs_end_leaves_its_parents_job(daemon, orin):
     assert job.result["steps"] == 2 and limits(orin) == BASELINE
 
 
+def test_a_forked_childs_steps_say_nothing_of_its_parents_job(daemon, orin):
+    """A forked child that counts steps on its copy of the job (a worker that calls job.step()) cannot report them
+    (the connection is its parent's: Connection refuses to write). It warned that training went on without the
+    governor and that a killed ftgovd leaves the pin, both untrue of its parent's job: its steps now go unreported,
+    silently, and the parent's job is as it was."""
+    pin = predicted_hz(daemon, **SMALL, seq_len=40.0, gpu_util=90.0)
+    with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket, report_every_s=0) as job:
+        job.step()
+        pid = os.fork()
+        if pid == 0:
+            code = 99
+            try:
+                with warnings.catch_warnings(record=True) as said:
+                    warnings.simplefilter("always")
+                    job.step()
+                    job.step()
+                code = len(said) + (10 if job.disabled else 0)  # the warnings given, and whether it gave up
+            finally:
+                os._exit(code)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert job.registered and not job.disabled and limits(orin) == (pin, pin)
+        job.step()
+    assert job.result["steps"] == 2 and limits(orin) == BASELINE
+
+
 def test_a_job_dropped_after_a_timeout_ends_though_a_loader_worker_holds_its_socket(daemon, orin):
     """A daemon too slow to answer: the job closes its connection to end its hold. A persistent DataLoader worker,
     forked after the job connected, holds a copy of the socket; the daemon must still see the connection close."""
