@@ -102,7 +102,7 @@ class JobObserver:
     def describe(self) -> dict:
         last = self.windows[-1][0] if self.windows else None
         return {"mode": "observe", "status": self.status, "rule": self.cfg.window_rule, "windows": self.closed,
-                "spread_rel": self.spread_rel(),
+                "spread_rel": self.spread_rel(), "unreported_pauses": self.feed.gaps,
                 "last_window": None if last is None else {
                     "joules_per_step": last.joules_per_step, "seconds_per_step": last.seconds_per_step,
                     "steps": last.measured_steps, "seconds": last.duration_s, "noise_rel": last.noise_rel}}

@@ -509,7 +509,7 @@ class JobTuner:
         return {**search, "state": self.state.value, "status": self.status, "baseline": self._baseline_state(),
                 "last_window": window,
                 "profiled_steps": self.session.profiled_steps if self.session else 0,
-                "burst_windows": self.session.bursts if self.session else 0}
+                "burst_windows": self.session.bursts if self.session else 0, "unreported_pauses": self.feed.gaps}
 
     def _baseline_state(self) -> dict:
         out: dict[str, Any] = {"status": self.baseline_status}

@@ -184,6 +184,7 @@ def test_a_pause_the_job_does_not_report_is_not_counted_in_the_steps_at_the_pick
         time.sleep(2.0)  # the evaluation: the board shows the load; the job says nothing
 
     simjob.run(Root(d.state_dir / "sim-orin"), job, WORKLOAD, 260, time_scale=TIME_SCALE, on_step=evaluate)
+    assert next(j for j in c.call("status")["jobs"])["tuner"]["unreported_pauses"] == 1
     end = c.call("unregister", job_id=res["job_id"])
     true_pct = 100 * (1 - ENERGY_J[end["freq_hz"]] / MODEL.expected(WORKLOAD, None).energy_j)
     assert end["saving"]["tuned_over"] == "steps after convergence"
