@@ -15,6 +15,8 @@ or call ``close()``::
 
 from __future__ import annotations
 
+import threading
+
 try:
     from transformers import TrainerCallback
 except ImportError as e:  # governor itself never needs transformers; only this adapter does
@@ -29,6 +31,9 @@ class GovernorCallback(AdapterCore, TrainerCallback):
     def __init__(self, **options):
         super().__init__(**options)
         self._hook = None
+        # Under nn.DataParallel (a Trainer on several GPUs without torchrun) each replica's forward runs in a thread
+        # of its own, the hook with it: the job's measurement, and the register it ends in, are not for two at once.
+        self._observing = threading.Lock()
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         # A second train begin without an end is the Trainer retrying (auto_find_batch_size) or a new train() after
@@ -82,10 +87,13 @@ class GovernorCallback(AdapterCore, TrainerCallback):
     def _observe(self, module, args, kwargs):
         if not module.training or self.job is None:
             return None
-        self.job.observe_batch(kwargs)
-        if (self.job.seq_len_known or self.job.disabled) and self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        with self._observing:
+            if self._hook is None:  # another replica's thread finished the measurement meanwhile
+                return None
+            self.job.observe_batch(kwargs)
+            if self.job.seq_len_known or self.job.disabled:
+                self._hook.remove()
+                self._hook = None
         return None
 
 

@@ -259,3 +259,36 @@ def test_the_trainers_evaluations_and_checkpoint_saves_are_reported_before_they_
             expected.append(("step", 3, "train"))
     assert phases.seen == expected
     assert governor_cb.job.result["steps"] == 4
+
+
+def test_the_batches_are_measured_one_replica_at_a_time():
+    """A Trainer on several GPUs without torchrun wraps the model in nn.DataParallel, whose replicas run their
+    forward (and the forward pre-hook that measures the batches) each in a thread of its own. Job.observe_batch and
+    the register it ends in are not for two threads at once (two registers on one connection): the hook measures
+    under the callback's lock, and a replica that comes after the measurement ended measures nothing."""
+    import threading
+    from types import SimpleNamespace
+
+    cb = GovernorCallback(socket="/nonexistent/ftgov.sock")
+    seen: list[bool] = []
+
+    class Job:
+        seq_len_known = disabled = False
+
+        def observe_batch(self, batch):
+            lock = getattr(cb, "_observing", None)
+            seen.append(lock is not None and lock.locked())  # under the callback's lock
+            self.seq_len_known = True
+
+    class Hook:
+        def remove(self):
+            pass
+
+    cb.job, cb._hook = Job(), Hook()
+    module = SimpleNamespace(training=True)
+    threads = [threading.Thread(target=cb._observe, args=(module, (), {"input_ids": None})) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == [True] and cb._hook is None
