@@ -19,6 +19,10 @@ from tests.support.security import needs_root
 
 
 def pytest_configure(config):
+    if os.geteuid() == 0:
+        left = hostusers.remove_left_over()  # what a killed session made and never removed
+        if left:
+            print(f"removed {', '.join(left)}, left by a test session that did not end", file=sys.stderr)
     # The daemons' workdirs (socket, state, log) go in one directory of the session's, removed at its end. Others may
     # pass through it to a workdir (a throwaway user reaching a socket): 0755, each workdir 0700 until a test opens it.
     parent = tempfile.mkdtemp(prefix="ftgov-tests-", dir="/tmp")
