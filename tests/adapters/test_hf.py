@@ -24,7 +24,7 @@ from transformers import (  # noqa: E402
 from governor.client import GovernorWarning, find_hf_config  # noqa: E402
 from governor.features import from_hf_config  # noqa: E402
 from governor.hf import GovernorCallback  # noqa: E402
-from tests.support.daemon import limits  # noqa: E402
+from tests.support.daemon import held_phase, limits  # noqa: E402
 
 WORDS = ["the", "film", "was", "good", "bad", "great", "plot", "acting", "very", "not", "slow", "fun", "a", "story"]
 BASELINE = (306000000, 1300500000)
@@ -218,9 +218,7 @@ class Phases(TrainerCallback):
         self.rpc, self.governor_cb, self.seen = daemon.client(), governor_cb, []
 
     def _record(self, hook: str, state) -> None:
-        self.governor_cb.job.update()
-        job = next(j for j in self.rpc.call("status")["jobs"] if j["job_id"] == self.governor_cb.job.job_id)
-        self.seen.append((hook, state.global_step, job["phase"]))
+        self.seen.append((hook, state.global_step, held_phase(self.rpc, self.governor_cb.job)))
 
     def on_step_end(self, args, state, control, **kwargs):
         self._record("step", state)

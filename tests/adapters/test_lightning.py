@@ -12,7 +12,7 @@ transformers = pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from governor.lightning import GovernorCallback  # noqa: E402
-from tests.support.daemon import limits  # noqa: E402
+from tests.support.daemon import held_phase, limits  # noqa: E402
 
 BASELINE = (306000000, 1300500000)
 VOCAB = 50
@@ -123,9 +123,7 @@ class Phases(pl.Callback):
         self.rpc, self.governor_cb, self.seen = daemon.client(), governor_cb, []
 
     def _record(self, hook: str, trainer) -> None:
-        self.governor_cb.job.update()
-        job = next(j for j in self.rpc.call("status")["jobs"] if j["job_id"] == self.governor_cb.job.job_id)
-        self.seen.append((hook, trainer.global_step, job["phase"]))
+        self.seen.append((hook, trainer.global_step, held_phase(self.rpc, self.governor_cb.job)))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self._record("batch", trainer)

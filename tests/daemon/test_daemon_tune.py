@@ -139,30 +139,43 @@ def test_a_tuned_job_reports_its_measured_saving_against_the_default_governor(or
     assert log.index("restored to its baseline") < log.index("baseline at the default governor")
 
 
-def test_an_evaluation_after_convergence_is_not_counted_in_the_steps_at_the_pick(orin, start_daemon):
-    """The job evaluates for as long as 40 of its steps after it converged, the GPU as busy as in training (the board
-    shows the load), its reports saying phase eval, then train. Its saving counts the steps at the pick alone: within
-    the same 5 points of the model's as without an evaluation. (Before, the stretch at the pick ran across the
-    evaluation and took its energy for the next step's: an independent emulated Orin read 16.3% for a true 20.0%.)"""
+def _paused_after_convergence(start_daemon, pause) -> tuple:
+    """A tuned bert-base job (follow_up off) of 260 steps that pauses at step 150, converged by then: ``pause(c,
+    job_id, steps, freq_hz)`` runs there. Its saving must count the steps at the pick alone: within 5 points of the
+    model's. The daemon, its client and the unregister answer."""
     d = start_daemon(simulate=True, config=scaled(TIME_SCALE, {"tuner": {"follow_up": False}}))
     c = d.client()
     res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE, total_steps=2000)
     job = ProgressJob(c, res["job_id"])
 
-    def evaluate(step: int) -> None:
+    def at_step(step: int) -> None:
         if step != 150:
             return
         status = next(j for j in c.call("status")["jobs"] if j["job_id"] == res["job_id"])
-        assert status["tuner"]["converged"], status["tuner"]  # the evaluation falls among the steps at the pick
-        c.notify("progress", job_id=res["job_id"], steps=job.steps, phase="eval")
-        time.sleep(40 * MODEL.expected(WORKLOAD, status["freq_hz"]).time_s * TIME_SCALE)  # the board shows the load
-        c.notify("progress", job_id=res["job_id"], steps=job.steps, phase="train")
+        assert status["tuner"]["converged"], status["tuner"]  # the pause falls among the steps at the pick
+        pause(c, res["job_id"], job.steps, status["freq_hz"])
 
-    simjob.run(Root(d.state_dir / "sim-orin"), job, WORKLOAD, 260, time_scale=TIME_SCALE, on_step=evaluate)
+    simjob.run(Root(d.state_dir / "sim-orin"), job, WORKLOAD, 260, time_scale=TIME_SCALE, on_step=at_step)
+    tuner = next(j for j in c.call("status")["jobs"])["tuner"]
     end = c.call("unregister", job_id=res["job_id"])
     true_pct = 100 * (1 - ENERGY_J[end["freq_hz"]] / MODEL.expected(WORKLOAD, None).energy_j)
     assert end["saving"]["tuned_over"] == "steps after convergence"
     assert end["saved_pct"] == pytest.approx(true_pct, abs=5), (end, true_pct)
+    return d, tuner, end
+
+
+def test_an_evaluation_after_convergence_is_not_counted_in_the_steps_at_the_pick(orin, start_daemon):
+    """The job evaluates for as long as 40 of its steps after it converged, the GPU as busy as in training (the board
+    shows the load), its reports saying phase eval, then train. Its saving counts the steps at the pick alone: within
+    the same 5 points of the model's as without an evaluation. (Before, the stretch at the pick ran across the
+    evaluation and took its energy for the next step's: an independent emulated Orin read 16.3% for a true 20.0%.)"""
+
+    def evaluate(c, job_id: int, steps: int, freq_hz: int) -> None:
+        c.notify("progress", job_id=job_id, steps=steps, phase="eval")
+        time.sleep(40 * MODEL.expected(WORKLOAD, freq_hz).time_s * TIME_SCALE)  # the board shows the load
+        c.notify("progress", job_id=job_id, steps=steps, phase="train")
+
+    _paused_after_convergence(start_daemon, evaluate)
 
 
 def test_a_pause_the_job_does_not_report_is_not_counted_in_the_steps_at_the_pick(orin, start_daemon):
@@ -170,26 +183,14 @@ def test_a_pause_the_job_does_not_report_is_not_counted_in_the_steps_at_the_pick
     as a plain loop that saves or evaluates without the client's phase() does. The gap between its two step ends is
     cut out of the steps at the pick as a reported pause is: the saving is within the same 5 points of the model's.
     (Before, the pause's energy went to the step after it: the tuned side read about twice its J/step.)"""
-    d = start_daemon(simulate=True, config=scaled(TIME_SCALE, {"tuner": {"follow_up": False}}))
-    c = d.client()
-    res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE, total_steps=2000)
-    job = ProgressJob(c, res["job_id"])
 
-    def evaluate(step: int) -> None:
-        if step != 150:
-            return
-        status = next(j for j in c.call("status")["jobs"] if j["job_id"] == res["job_id"])
-        assert status["tuner"]["converged"], status["tuner"]
-        assert 2.0 > 40 * MODEL.expected(WORKLOAD, status["freq_hz"]).time_s * TIME_SCALE
+    def evaluate(c, job_id: int, steps: int, freq_hz: int) -> None:
+        assert 2.0 > 40 * MODEL.expected(WORKLOAD, freq_hz).time_s * TIME_SCALE
         time.sleep(2.0)  # the evaluation: the board shows the load; the job says nothing
 
-    simjob.run(Root(d.state_dir / "sim-orin"), job, WORKLOAD, 260, time_scale=TIME_SCALE, on_step=evaluate)
-    assert next(j for j in c.call("status")["jobs"])["tuner"]["unreported_pauses"] == 1
-    end = c.call("unregister", job_id=res["job_id"])
-    true_pct = 100 * (1 - ENERGY_J[end["freq_hz"]] / MODEL.expected(WORKLOAD, None).energy_j)
-    assert end["saving"]["tuned_over"] == "steps after convergence"
-    assert end["saved_pct"] == pytest.approx(true_pct, abs=5), (end, true_pct)
-    assert re.search(rf"job {res['job_id']} .*: 2\.\d s between the ends of steps 150 and 151, whose steps take "
+    d, tuner, end = _paused_after_convergence(start_daemon, evaluate)
+    assert tuner["unreported_pauses"] == 1
+    assert re.search(rf"job {end['job_id']} .*: 2\.\d s between the ends of steps 150 and 151, whose steps take "
                      r"[\d.]+ s: a pause it did not report", d.log()), d.log()
 
 

@@ -370,18 +370,23 @@ def _windows(feed, job, board: Board, steps, update_s: float, on_sample=None):
     return measured
 
 
+def _counter_feed(monkeypatch) -> tuple[Board, energy.MeterFeed, Job]:
+    """A board read through NVML's counter (Board.counter_j) on the feed's clock, its feed, and a training job."""
+    now = [100.0]
+    monkeypatch.setattr(energy.time, "monotonic", lambda: now[0])
+    board = Board(now)
+    feed = energy.MeterFeed(SimpleNamespace(new_meter=lambda gpu: CounterMeter(board.counter_j), total_mw=float),
+                            gpu=None)
+    return board, feed, Job(steps=0, step_end_s=None, phase="train")
+
+
 def test_a_pause_the_job_does_not_report_lands_in_no_window(monkeypatch):
     """A plain loop saves a checkpoint for 60 s between two steps (the GPU idle at 20 W) without reporting a phase:
     spread over the next step, as the points count steps between step ends, it made a window read its level many
     times dearer (a 20-step baseline part 17 times: the tuner walked away from its minimum, a measured saving of 20%
     read -86% +/- 460). The gap is cut out as a reported pause is: every window reads the steps' own J, and the
     job's own energy keeps the pause's."""
-    now = [100.0]
-    monkeypatch.setattr(energy.time, "monotonic", lambda: now[0])
-    board = Board(now)
-    feed = energy.MeterFeed(SimpleNamespace(new_meter=lambda gpu: CounterMeter(board.counter_j), total_mw=float),
-                            gpu=None)
-    job = Job(steps=0, step_end_s=None, phase="train")
+    board, feed, job = _counter_feed(monkeypatch)
     step = [(0.025, 100.0)]  # 2.5 J a step
     measured = _windows(feed, job, board, [step] * 300 + [[(60.0, 20.0)] + step] + [step] * 1500, 0.1)
     assert len(measured) >= 5, measured
@@ -431,12 +436,7 @@ def test_steps_that_scatter_are_no_pause(monkeypatch):
     step) are the job's: nothing is cut, and the windows read their mean J."""
     import random
 
-    now = [100.0]
-    monkeypatch.setattr(energy.time, "monotonic", lambda: now[0])
-    board = Board(now)
-    feed = energy.MeterFeed(SimpleNamespace(new_meter=lambda gpu: CounterMeter(board.counter_j), total_mw=float),
-                            gpu=None)
-    job = Job(steps=0, step_end_s=None, phase="train")
+    board, feed, job = _counter_feed(monkeypatch)
     rng = random.Random(7)
     steps = [[(0.04 * (3.0 if k % 50 == 49 else rng.lognormvariate(0.0, 0.15)), 200.0)] for k in range(3000)]
     measured = _windows(feed, job, board, steps, 0.1)

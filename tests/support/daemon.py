@@ -44,3 +44,10 @@ class ProgressJob:
     def step(self) -> None:
         self.steps += 1
         self.rpc.notify("progress", job_id=self.job_id, steps=self.steps)
+
+
+def held_phase(rpc, job) -> str | None:
+    """The phase the daemon holds for a client's ``job`` now: read after a call on the job's own connection, whose
+    answer comes after every report the job sent before it (``rpc``: another client of the daemon)."""
+    job.update()
+    return next(j for j in rpc.call("status")["jobs"] if j["job_id"] == job.job_id)["phase"]
