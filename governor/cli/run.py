@@ -1,16 +1,18 @@
 """`ftgov run [features] -- CMD ARGS...`: run a command as a governed job, like `powerprofilesctl launch`.
 
-The child is forked and registered with pid=<child> before it execs the command, so the pin is in place from the
-command's first instruction and the daemon holds the child's own process (pidfd): the job ends when the command exits,
-or when this wrapper's connection closes: a SIGKILLed wrapper ends the job at once, and the command runs on,
-ungoverned. If the daemon is absent or refuses, the command runs anyway after one warning. The command gets the job's
-id as $FTGOV_RUN_JOB, so that a client job inside it does not register the same process again.
+The command runs in this very process (exec), so whoever started `ftgov run` holds the command's own pid: its
+signals, its exit status and its death reach the command directly, once each, as with `nice` or `taskset`. A keeper
+process (a grandchild, in a session of its own) registers the process with pid=<ours> while it waits on a pipe, then
+lets it exec, so the pin is in place from the command's first instruction and the daemon holds the command's own
+process (pidfd): the job ends when the command exits, or when the keeper's connection closes (a SIGKILLed keeper ends
+the job at once, and the command runs on, ungoverned). If the daemon is absent or refuses, the command runs anyway
+after one warning. The command gets the job's id as $FTGOV_RUN_JOB, so that a client job inside it does not register
+the same process again.
 
-Signals: the wrapper blocks the signals it forwards and waits for them with sigwaitinfo, together with SIGCHLD, so
-there is no handler race and no polling. A signal sent to the wrapper by a process (kill, systemd, a scheduler) is
-forwarded to the child. A signal the terminal sends (Ctrl-C, Ctrl-\\, a hangup) went to the whole foreground process
-group, the child included, so it is not forwarded a second time (the way sudo tells them apart: si_code SI_KERNEL),
-unless the command moved to a process group of its own.
+Signals are not forwarded, because none needs to be: a wrapper that forwards them delivered a signal twice whenever
+its sender signalled the process group (timeout(1), `kill -- -PGID`) or every process of the job (scancel, systemd's
+KillMode=control-group). The keeper ignores the signals a job's processes are sent, and leaves when the command has
+exited.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ import errno
 import os
 import re
 import resource
+import select
 import shutil
 import signal
 import sys
+import traceback
 import warnings
 
 from governor.cli.features import add_feature_arguments, features_from_args
@@ -30,17 +34,11 @@ from governor.client import RUN_JOB_ENV, GovernorWarning, Job, describe_reply
 from governor.client.features import launched_gpu
 from governor.errors import ConfigError
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
-                     signal.SIGWINCH)
-# si_code of a signal the kernel raised itself, e.g. the tty driver for Ctrl-C (Linux <asm-generic/siginfo.h>).
-SI_KERNEL = 0x80
-
 
 def add_parser(sub) -> None:
     p = sub.add_parser("run", help="run a command as a governed fine-tuning job",
-                       description="Start CMD, register it with ftgovd for as long as it runs, forward signals to it "
-                                   "and exit with its exit code (dying of the signal that killed it, which a shell "
-                                   "reports as 128+N).")
+                       description="Run CMD (in this process, which keeps its pid: signals and the exit status are "
+                                   "the command's) registered with ftgovd for as long as it runs.")
     add_feature_arguments(p)
     p.add_argument("--name", help="job name shown by `ftgov status` (default: the command's name; for an "
                                   "interpreter, its script's: `python3 train.py` is train.py)")
@@ -106,115 +104,122 @@ def resolve(program: str) -> tuple[str | None, int, str]:
 
 def run_child(command: list[str], features: dict, *, name: str | None = None, socket: str | None = None,
               verbose: bool = False) -> int:
-    """Run command as a job; returns its exit code, or ends this process by the signal that killed it (die_of).
+    """Run command as a job in this process; returns only when the command cannot be run (its exit code).
 
-    The child is forked, registered while it waits on a pipe, then released to exec the command, so the pin is in
-    place before the command's first instruction and the daemon never sees a pid that already exited. A command that
-    cannot be run is refused before anything is registered.
+    A keeper (a grandchild in a session of its own) registers this process while it waits on a pipe, then lets it
+    exec the command, so the pin is in place before the command's first instruction. A command that cannot be run is
+    refused before anything is registered.
     """
     executable, code, why = resolve(command[0])
     if executable is None:
         print(f"ftgov run: {command[0]}: {why}", file=sys.stderr)
         return code
-    waited = set(FORWARDED_SIGNALS) | {signal.SIGCHLD}
-    # With SIGCHLD ignored (as whoever started us may leave it), the kernel reaps the command itself and sends no
-    # SIGCHLD: the wait below would never end, and every signal forwarded to a command that is gone.
-    old_chld = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, waited)
-    job = None
-    try:
-        pid, release, exec_error = _fork_gated(executable, command, old_mask, old_chld)
-        job = _register(pid, features, name, socket, verbose)
-        os.write(release, b"go" + (b"" if job.job_id is None else str(job.job_id).encode()))
-        os.close(release)
-        failure = _read_all(exec_error)  # EOF without data: the exec succeeded (the pipe was close-on-exec)
-        status = _wait_forwarding(pid, waited)
-        if failure:
-            errno_ = int(failure)
-            print(f"ftgov run: {command[0]}: {os.strerror(errno_)}", file=sys.stderr)
-            return 127 if errno_ == errno.ENOENT else 126  # as a shell reports them
-    finally:
-        # The job ends with the signals still held: a Ctrl-C or a SIGTERM while a slow daemon answers unregister was
-        # a KeyboardInterrupt traceback, or the wrapper's death by SIGTERM in place of the command's exit code. What
-        # arrived meanwhile was meant for the command, which is gone: drained.
-        if job is not None:
-            job.close()
-            if verbose and job.result:
-                print(f"ftgov: job {job.job_id} ended: {describe_reply(job.result)}", file=sys.stderr)
-        _drain(waited)
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-        signal.signal(signal.SIGCHLD, old_chld)
-    code = os.waitstatus_to_exitcode(status)
-    if code < 0:
-        die_of(-code)
-        return 128 - code
-    return code
-
-
-def die_of(signo: int) -> None:
-    """End this process by the signal that killed the command, as sudo and timeout(1) do, so that whoever waits on us
-    sees what it would without the wrapper: a shell stops its script at a Ctrl-C only when the command died of the
-    SIGINT (bash(1), SIGNALS; Python dies of it too, for that reason), and systemd counts a unit stopped by SIGTERM
-    as clean, an exit 143 as failed. A shell reports 128+N. No core file of ours for the command's SIGQUIT or
-    SIGSEGV. Returns only if the signal did not end us."""
-    _, hard = resource.getrlimit(resource.RLIMIT_CORE)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, hard))
+    release = _start_keeper(features, name, socket, verbose)
+    if not release.startswith(b"go"):
+        # The keeper died before it answered (killed, out of memory): whether the command would be governed is unknown.
+        print("ftgov run: the process that registers the job with ftgovd died; the command was not started",
+              file=sys.stderr)
+        return 125
+    env = dict(os.environ)
+    if release[2:]:
+        env[RUN_JOB_ENV] = release[2:].decode()
+    # An exec'd program expects default dispositions: Python ignores SIGPIPE and SIGXFSZ (subprocess's restore_signals
+    # does the same). Python's SIGINT handler is reset by exec; a SIGINT that whoever started us ignored stays ignored.
+    for signo in (signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(signo, signal.SIG_DFL)
     sys.stdout.flush()
     sys.stderr.flush()
-    if signo != signal.SIGKILL:
-        signal.signal(signo, signal.SIG_DFL)  # SIGINT's is Python's KeyboardInterrupt
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signo})
-    os.kill(os.getpid(), signo)
+    try:
+        os.execve(executable, command, env)
+    except OSError as e:  # resolved a moment ago, gone or changed since
+        print(f"ftgov run: {command[0]}: {os.strerror(e.errno or 0)}", file=sys.stderr)
+        return 127 if e.errno == errno.ENOENT else 126  # as a shell reports them; the keeper ends the job
+    raise AssertionError("unreachable")  # execve returns only by raising
 
 
-def _fork_gated(executable: str, command: list[str], mask, sigchld) -> tuple[int, int, int]:
-    """Fork a child that execs command once the parent writes to the release pipe and closes it; returns (pid,
-    release, error).
+def _start_keeper(features: dict, name, socket, verbose: bool) -> bytes:
+    """Start the keeper of this process's job; returns what it released us with: b"go" and the job's id when it
+    registered one (the command gets it as $FTGOV_RUN_JOB, governor.client.RUN_JOB_ENV, so that a client job in it,
+    or in its children, does not register the same process again), b"" when it died first.
 
-    The parent writes "go", then the job's id when it registered one: the command gets it as $FTGOV_RUN_JOB
-    (governor.client.RUN_JOB_ENV), so that a client job in it, or in its children, does not register the same
-    process a second time. `ftgov run` has no other threads, so forking is safe; the child runs only a few system
-    calls before exec, with ``mask`` and SIGCHLD's disposition ``sigchld`` as they were where we started.
+    The keeper is a grandchild, so that the command never finds an unknown child of its own (a wait() for any child
+    would reap it), in a session of its own, so that the terminal's and a process group's signals miss it.
+    `ftgov run` has no other threads, so forking is safe.
     """
-    gate_r, gate_w = os.pipe()
-    err_r, err_w = os.pipe2(os.O_CLOEXEC)
-    pid = os.fork()
-    if pid == 0:  # the child
+    pid = os.getpid()
+    try:
+        watch = os.pidfd_open(pid)  # the keeper's watch on this process, which becomes the command
+    except OSError as e:  # before Linux 5.3, or a system call filter: ftgovd cannot hold a process there either
+        print(f"ftgov run: cannot watch the command ({e.strerror}); it runs without the governor", file=sys.stderr)
+        return b"go"
+    gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
+    first = os.fork()
+    if first == 0:
         try:
-            os.close(gate_w)
-            os.close(err_r)
-            # An exec'd program expects default dispositions: Python ignores SIGPIPE and SIGXFSZ (subprocess's
-            # restore_signals does the same) and set SIGINT to raise KeyboardInterrupt, but only where SIGINT was
-            # at its default: one ignored by whoever started us (a script's `cmd &`) stays ignored in the command.
-            for signo in (signal.SIGPIPE, signal.SIGXFSZ):
-                signal.signal(signo, signal.SIG_DFL)
-            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-            release = _read_all(gate_r)
-            if not release.startswith(b"go"):
-                os._exit(125)  # the wrapper died before releasing us: do not run unsupervised
-            env = dict(os.environ)
-            if release[2:]:
-                env[RUN_JOB_ENV] = release[2:].decode()
-            if sigchld == signal.SIG_IGN:
-                signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the command inherits what we did
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C that came while gated acts now
-            os.execve(executable, command, env)
-        except OSError as e:
-            os.write(err_w, str(e.errno or 0).encode())
+            os.close(gate_r)
+            os.setsid()
+            if os.fork() == 0:
+                _keep(pid, watch, gate_w, features, name, socket, verbose)
         finally:
-            os._exit(126)
-    os.close(gate_r)
-    os.close(err_w)
-    return pid, gate_w, err_r
-
-
-def _read_all(fd: int) -> bytes:
+            os._exit(0)
+    os.close(watch)
+    os.close(gate_w)
+    try:
+        os.waitpid(first, 0)
+    except ChildProcessError:
+        pass  # SIGCHLD ignored where we were started: the kernel reaped it
     chunks = []
-    while chunk := os.read(fd, 64):
+    while chunk := os.read(gate_r, 64):
         chunks.append(chunk)
-    os.close(fd)
+    os.close(gate_r)
     return b"".join(chunks)
+
+
+def _keep(pid: int, watch: int, gate: int, features: dict, name, socket, verbose: bool) -> None:
+    """The keeper: register the command's process, release it, hold the job's connection until it exits, then end the
+    job (its summary with -v). Never returns.
+
+    Every signal is the command's: the keeper ignores the ones that a scheduler or systemd sends to every process of
+    a job (scancel, KillMode=control-group), so that the job stays governed while the command shuts down, and the
+    command gets each signal once, from its sender (with a wrapper that forwards signals, a signal sent to the
+    process group or to every process reached the command twice). A SIGKILLed keeper ends the job at once; the
+    command runs on, ungoverned.
+    """
+    code = 1
+    try:
+        for signo in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+                      signal.SIGPIPE):
+            signal.signal(signo, signal.SIG_IGN)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1):  # a caller that reads the command's output to its end does not wait for us
+            os.dup2(devnull, fd)
+        os.close(devnull)
+        _close_all_but((0, 1, 2, watch, gate))  # what the caller passed the command (a pipe's end) is not ours
+        job = _register(pid, features, name, socket, verbose)
+        os.write(gate, b"go" + (b"" if job.job_id is None else str(job.job_id).encode()))
+        os.close(gate)
+        if job.job_id is not None:
+            select.select([watch], [], [])  # the pidfd is readable once the command has exited
+        job.close()
+        if verbose and job.result:
+            print(f"ftgov: job {job.job_id} ended: {describe_reply(job.result)}", file=sys.stderr)
+        code = 0
+    except BaseException:
+        traceback.print_exc()  # the command was not released (125) or runs on; the job ends with this process
+    finally:
+        try:
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _close_all_but(kept: tuple[int, ...]) -> None:
+    low = 0
+    for fd in sorted(kept):
+        if low < fd:  # os.closerange(0, 0) asks close_range(2) for 0 to -1, which it reads as every descriptor
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
 
 def _register(pid: int, features: dict, name, socket, verbose: bool) -> Job:
@@ -226,33 +231,3 @@ def _register(pid: int, features: dict, name, socket, verbose: bool) -> Job:
     if verbose and job.registration:
         print(f"ftgov: job {job.job_id}: {describe_reply(job.registration)}", file=sys.stderr)
     return job
-
-
-def _wait_forwarding(pid: int, waited: set) -> int:
-    """Forward signals until the child exits; returns its wait status."""
-    while True:
-        info = signal.sigwaitinfo(waited)
-        if info.si_signo == signal.SIGCHLD:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done == pid:
-                return status
-            continue
-        try:
-            if should_forward(info, os.getpgid(pid)):
-                os.kill(pid, info.si_signo)
-        except ProcessLookupError:
-            pass  # it exited; its SIGCHLD is pending
-
-
-def should_forward(info, child_pgid: int) -> bool:
-    """Forward a signal unless the terminal sent it to our process group and the child is in that group too.
-
-    A command that made its own process group (setsid, setpgid) gets nothing from the terminal, so it gets ours.
-    """
-    return not (info.si_code == SI_KERNEL and child_pgid == os.getpgrp())
-
-
-def _drain(waited: set) -> None:
-    """Discard what arrived after the child exited, so unblocking does not deliver it to us (a late Ctrl-C)."""
-    for signo in signal.sigpending() & waited:
-        signal.sigtimedwait([signo], 0)

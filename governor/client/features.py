@@ -184,16 +184,16 @@ def cuda_pending(torch_module: Any = None) -> bool:
 
 def launched_gpu(environ: Mapping[str, str] | None = None,
                  driver_uuid: Callable[[int], str | None] = driver_gpu_uuid) -> str | None:
-    """The GPU a command that a launcher starts will compute on (`ftgov run`, which runs no CUDA itself), as the
-    daemon's ``gpu`` field: a GPU's UUID named in CUDA_VISIBLE_DEVICES as it is, else the UUID of the first device
+    """The GPU a command that a launcher starts will compute on (asked by `ftgov run`'s keeper), as the daemon's
+    ``gpu`` field: a GPU's UUID named in CUDA_VISIBLE_DEVICES as it is, else the UUID of the first device
     CUDA's driver shows under this process's environment and cgroup, else visible_gpu's answer (an index, or a MIG
     instance's UUID, which the daemon refuses with its reason).
 
     A number in CUDA_VISIBLE_DEVICES is CUDA's, and inside a Slurm job Slurm's or its cgroup's (ConstrainDevices
-    makes it 0 whichever GPU it is), not NVML's index, so the launcher asks the driver. Initializing CUDA in the
-    launcher is harmless (driver_gpu_uuid's caution is for a process that forks data loaders): the command is
-    exec'ed and inherits none of it. ``environ`` must be the environment CUDA sees (this process's) for the
-    driver's answer to be the command's.
+    makes it 0 whichever GPU it is), not NVML's index, so the launcher asks the driver. Initializing CUDA there is
+    harmless (driver_gpu_uuid's caution is for a process that forks data loaders): `ftgov run` asks in its keeper, a
+    process of its own that forks nothing after, and the command inherits none of it. ``environ`` must be the
+    environment CUDA sees (this process's, the command's copy) for the driver's answer to be the command's.
     """
     env = os.environ if environ is None else environ
     named = visible_gpu(env)  # the launcher imports no torch: the environment's name

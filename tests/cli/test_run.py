@@ -67,13 +67,30 @@ def pid_and_min_freq(proc) -> tuple[int, int]:
     return int(pid), int(min_freq)
 
 
-def test_signal_to_the_wrapper_is_forwarded_and_its_exit_code_is_the_childs(simulated):
+def keeper_of(socket_path: str) -> int:
+    """The pid of the keeper that holds a job on this socket for `ftgov run` (its command line is the one it was
+    started with, `python -m governor.cli run --socket PATH ...`; the command exec'd away its own)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            argv = (open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")) if entry.isdigit() else []
+        except OSError:
+            continue  # exited meanwhile
+        if b"governor.cli" in argv and socket_path.encode() in argv:
+            found.append(int(entry))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_the_command_keeps_the_pid_its_signals_and_its_exit_status(simulated):
+    """ftgov run execs the command: whoever started it signals and waits for the command itself."""
     daemon, orin = simulated
     pin = expected_pin(daemon)
     proc = ftgov("run", "--socket", daemon.socket, "--name", "script", *FEATURE_ARGS, "--", *child_script(orin),
                  stdout=subprocess.PIPE)
     try:
-        _, min_freq = pid_and_min_freq(proc)
+        pid, min_freq = pid_and_min_freq(proc)
+        assert pid == proc.pid
         assert min_freq == pin, "the pin is in place before the command's first instruction"
         assert limits(orin) == (pin, pin)
         proc.send_signal(signal.SIGTERM)
@@ -92,25 +109,26 @@ def test_child_killed_directly(daemon, orin):
         assert proc.wait(timeout=30) == -signal.SIGKILL
     finally:
         proc.kill()
+    daemon.wait_jobs(0)
     assert limits(orin) == BASELINE
 
 
-def test_wrapper_killed_ends_the_job_and_the_command_runs_on(daemon, orin):
+def test_keeper_killed_ends_the_job_and_the_command_runs_on(daemon, orin):
     pin = expected_pin(daemon)
     proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", *child_script(orin), stdout=subprocess.PIPE)
-    child, _ = pid_and_min_freq(proc)
+    pid_and_min_freq(proc)
     try:
         assert limits(orin) == (pin, pin)
-        proc.kill()
-        proc.wait(timeout=30)
+        os.kill(keeper_of(daemon.socket), signal.SIGKILL)
         daemon.wait_jobs(0)  # the connection closed: the daemon ended the job
         assert limits(orin) == BASELINE
-        os.kill(child, 0)  # still running: we stop governing it, not the training
+        assert proc.poll() is None  # still running: we stop governing it, not the training
     finally:
-        os.kill(child, signal.SIGKILL)
+        proc.kill()
+        proc.wait(timeout=30)
 
 
-def test_a_client_job_in_the_command_defers_to_the_wrappers_job(daemon):
+def test_a_client_job_in_the_command_defers_to_ftgov_runs_job(daemon):
     """`ftgov run -- python train.py` where train.py holds a GovernorCallback: one job on the process, not two (the
     higher pin of the two, the same energy counted twice), and the client says which to drop."""
     script = ("import os, warnings, governor\n"
@@ -211,48 +229,79 @@ def test_hf_config_dir_gives_the_shape(daemon, orin, tmp_path):
     assert re.search(r"job \d+ 'true' .*decoder L6 H512 seq 30 ", daemon.log()), daemon.log()
 
 
-@pytest.mark.parametrize("own_group", [False, True], ids=["same-group", "own-group"])
-def test_ctrl_c_on_the_terminal_reaches_the_child_once(daemon, orin, own_group):
-    """Ctrl-C goes to the whole foreground process group: the wrapper must not forward a second SIGINT.
-
-    The child counts SIGINTs as it dequeues them; on the first it asks the wrapper for a SIGUSR1 (which the wrapper
-    forwards back). The wrapper takes pending signals lowest number first, so a duplicate SIGINT would be sent
-    before that SIGUSR1, and the child dequeues SIGINT before SIGUSR1 too. (A duplicate that arrived while the
-    terminal's SIGINT was still pending would merge with it unseen, so a broken wrapper is caught often, not always;
-    a correct one always passes.) A child in a process group of its own gets the Ctrl-C only from the wrapper.
-    """
-    # In its own group the terminal's Ctrl-C no longer reaches the child: only the wrapper can pass it on.
-    own = "os.setpgid(0, 0)\n" if own_group else ""
-    script = ("import os, signal\n" + own +
-              "wanted = {signal.SIGINT, signal.SIGUSR1}\n"
+def counting_command(signo: int, orin) -> list[str]:
+    """A command that counts the signals ``signo`` it dequeues: on the first it reads the GPU's pinned minimum (the
+    job must still hold it while the command shuts down) and sends itself a SIGUSR2. Pending signals are taken lowest
+    number first, so a duplicate sent before that SIGUSR2 is counted. (A duplicate that arrived while the first was
+    still pending would merge with it unseen: a wrapper that forwards is caught often, not always; ours, which
+    forwards nothing, always passes.)"""
+    script = ("import os, signal\n"
+              f"wanted = {{signal.Signals({int(signo)}), signal.SIGUSR2}}\n"
               "signal.pthread_sigmask(signal.SIG_BLOCK, wanted)\n"
               "print('ready', flush=True)\n"
-              "count = 0\n"
+              "count, pin = 0, None\n"
               "while True:\n"
-              "    if signal.sigwaitinfo(wanted).si_signo == signal.SIGUSR1:\n"
-              "        print(f'sigint={count}', flush=True)\n"
+              "    if signal.sigwaitinfo(wanted).si_signo == signal.SIGUSR2:\n"
+              "        print(f'count={count} pin={pin}', flush=True)\n"
               "        break\n"
               "    count += 1\n"
               "    if count == 1:\n"
-              "        os.kill(os.getppid(), signal.SIGUSR1)\n")
+              f"        pin = open({str(orin / DEVFREQ / 'min_freq')!r}).read().strip()\n"
+              "        os.kill(os.getpid(), signal.SIGUSR2)\n")
+    return [sys.executable, "-c", script]
+
+
+def test_ctrl_c_on_the_terminal_reaches_the_command_once(daemon, orin):
+    """Ctrl-C goes to the terminal's foreground process group, which is the command's: once, as without ftgov run."""
     master, slave = pty.openpty()
 
     def controlling_tty():
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
-    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", sys.executable, "-c", script,
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", *counting_command(signal.SIGINT, orin),
                  stdin=slave, stdout=slave, stderr=slave, start_new_session=True, preexec_fn=controlling_tty)
     os.close(slave)
     try:
         output = _read_until(master, b"ready")
-        os.write(master, b"\x03")  # Ctrl-C, typed on the wrapper's terminal
-        output += _read_until(master, b"sigint=")
+        os.write(master, b"\x03")  # Ctrl-C, typed on the command's terminal
+        output += _read_until(master, b"count=")
         assert proc.wait(timeout=30) == 0
         output += _read_rest(master)
-        assert b"sigint=1" in output, output
+        assert f"count=1 pin={expected_pin(daemon)}".encode() in output, output
     finally:
         proc.kill()
         os.close(master)
+
+
+KEEPER_IGNORES = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+@pytest.mark.parametrize("sent_to", ["group", "every-process"])
+def test_a_signal_to_the_process_group_or_to_every_process_reaches_the_command_once(daemon, orin, sent_to):
+    """timeout(1) signals its command's process group, scancel and systemd (KillMode=control-group) every process of
+    the job: a wrapper that forwards what it gets sent the command a second SIGTERM (a training's checkpoint-on-
+    SIGTERM handler ran twice). The keeper is in a session of its own, outside the group, and ignores the signals
+    sent to every process, so the job holds its pin while the command shuts down."""
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", *counting_command(signal.SIGTERM, orin),
+                 stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert read_line(proc.stdout) == "ready\n"
+        keeper = keeper_of(daemon.socket)
+        assert os.getsid(keeper) != os.getsid(proc.pid) and os.getpgid(keeper) != proc.pid
+        ignored = int(next(line for line in open(f"/proc/{keeper}/status") if line.startswith("SigIgn:")).split()[1],
+                      16)
+        assert all(ignored >> (signo - 1) & 1 for signo in KEEPER_IGNORES), hex(ignored)
+        if sent_to == "group":
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            os.kill(keeper, signal.SIGTERM)
+            os.kill(proc.pid, signal.SIGTERM)
+        assert read_line(proc.stdout) == f"count=1 pin={expected_pin(daemon)}\n"
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+    daemon.wait_jobs(0)
+    assert limits(orin) == BASELINE
 
 
 def _read_until(fd: int, marker: bytes, timeout_s: float = 30.0) -> bytes:
@@ -276,26 +325,6 @@ def _read_rest(fd: int) -> bytes:
             break
         data += chunk
     return data
-
-
-def test_terminal_signals_are_told_apart_from_kill():
-    """The kernel marks a signal the terminal raises (Ctrl-C) with SI_KERNEL, and kill() with SI_USER: check on a
-    real pseudo-terminal, in a process that makes it its controlling terminal."""
-    script = ("import fcntl, os, pty, signal, termios\n"
-              "from governor.cli.run import should_forward\n"
-              "os.setsid()\n"
-              "master, slave = pty.openpty()\n"
-              "fcntl.ioctl(slave, termios.TIOCSCTTY, 0)\n"
-              "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
-              "os.write(master, b'\\x03')\n"
-              "tty = signal.sigwaitinfo({signal.SIGINT})\n"
-              "os.kill(os.getpid(), signal.SIGINT)\n"
-              "kill = signal.sigwaitinfo({signal.SIGINT})\n"
-              "ours, other = os.getpgrp(), os.getpgrp() + 1\n"
-              "print(should_forward(tty, ours), should_forward(tty, other), should_forward(kill, ours))\n")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert out.stdout.split() == ["False", "True", "True"], out.stderr
 
 
 def readme_try_lines() -> list[list[str]]:
@@ -323,8 +352,8 @@ def test_the_readmes_train_commands_run_as_written(daemon):
 
 def test_ctrl_c_that_kills_the_command_stops_the_script_that_runs_ftgov_run(daemon):
     """A shell waiting on a command when Ctrl-C comes goes on with its script unless the command died of the SIGINT
-    (bash's manual, SIGNALS): the wrapper dies of the signal that killed its command, as Python itself does on an
-    unhandled KeyboardInterrupt, so that a loop of `ftgov run` jobs stops at the first Ctrl-C."""
+    (bash's manual, SIGNALS): the process bash waits for is the command itself, which dies of the SIGINT, so that a
+    loop of `ftgov run` jobs stops at the first Ctrl-C."""
     wrapper = shlex.join([sys.executable, "-m", "governor.cli", "run", "--socket", daemon.socket, *FEATURE_ARGS, "--",
                           "sh", "-c", "echo ready; exec sleep 600"])
     master, slave = pty.openpty()
@@ -338,7 +367,7 @@ def test_ctrl_c_that_kills_the_command_stops_the_script_that_runs_ftgov_run(daem
     os.close(slave)
     try:
         output = _read_until(master, b"ready")
-        os.write(master, b"\x03")  # Ctrl-C: bash, the wrapper and the command are the terminal's foreground group
+        os.write(master, b"\x03")  # Ctrl-C: bash and the command are the terminal's foreground group
         assert proc.wait(timeout=30) == -signal.SIGINT
         output += _read_rest(master)
         assert b"went on" not in output, output
@@ -356,9 +385,9 @@ def test_the_shell_sees_128_plus_n_for_a_command_killed_by_signal_n(daemon):
 
 
 def test_a_signal_while_the_job_ends_is_no_traceback(tmp_path):
-    """The command has exited and the wrapper waits for unregister's answer (a daemon slow to give it): a Ctrl-C then
-    was a KeyboardInterrupt traceback, and a SIGTERM the wrapper's death in place of the command's exit code. A
-    stand-in daemon answers register, and unregister only once both signals were sent."""
+    """The command has exited and the keeper waits for unregister's answer (a daemon slow to give it): a SIGINT or a
+    SIGTERM sent to every process then (scancel, systemd) is no KeyboardInterrupt traceback, and the summary is
+    still asked for. A stand-in daemon answers register, and unregister only once both signals were sent."""
     path = tmp_path / "s.sock"
     server = socket.socket(socket.AF_UNIX)
     server.bind(str(path))
@@ -375,8 +404,9 @@ def test_a_signal_while_the_job_ends_is_no_traceback(tmp_path):
                 continue  # a notification: no answer
             method = request["method"]
             if method == "unregister":
-                proc.send_signal(signal.SIGINT)
-                proc.send_signal(signal.SIGTERM)
+                keeper = keeper_of(str(path))
+                os.kill(keeper, signal.SIGINT)
+                os.kill(keeper, signal.SIGTERM)
                 result = {"job_id": 1, "duration_s": 0.1, "freq_hz": 816000000, "energy_j": 1.0, "steps": 0,
                           "ended": "unregistered"}
             elif method == "register":
@@ -395,9 +425,9 @@ def test_a_signal_while_the_job_ends_is_no_traceback(tmp_path):
 
 
 def test_a_daemon_restart_under_the_command_is_no_false_alarm(daemon, orin):
-    """The restarted daemon re-adopts the command by its pid and ends the job when it exits; the wrapper, finding its
-    connection gone, asks for the job: whether it gets it back or the job has ended, nothing is left pinned, and the
-    wrapper must not warn that the pin may be."""
+    """The restarted daemon re-adopts the command by its pid and ends the job when it exits; the keeper, finding its
+    connection gone, asks for the job: whether it gets it back or the job has ended, nothing is left pinned, and it
+    must not warn that the pin may be."""
     proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", *child_script(orin), stdout=subprocess.PIPE,
                  stderr=subprocess.PIPE)
     child, _ = pid_and_min_freq(proc)
@@ -420,8 +450,8 @@ def test_a_daemon_restart_under_the_command_is_no_false_alarm(daemon, orin):
 
 def test_a_signal_ignored_where_ftgov_run_starts_stays_ignored_in_the_command(daemon):
     """A shell starts a background command (`cmd &` in a script) with SIGINT and SIGQUIT ignored, so that a Ctrl-C on
-    the script's terminal leaves it running; nohup ignores SIGHUP. The wrapper set SIGINT back to the default in its
-    command: a Ctrl-C killed a training that, run without the wrapper, would have run on."""
+    the script's terminal leaves it running; nohup ignores SIGHUP. Python's SIGINT handler must not become the
+    command's default: a Ctrl-C killed a training that, run without ftgov run, would have run on."""
     command = ("import os, signal; os.kill(os.getpid(), signal.SIGINT); os.kill(os.getpid(), signal.SIGHUP); "
                "print('ran on', flush=True)")
     proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", sys.executable, "-c", command,
@@ -431,10 +461,10 @@ def test_a_signal_ignored_where_ftgov_run_starts_stays_ignored_in_the_command(da
     assert (proc.returncode, out) == (0, "ran on\n"), err
 
 
-def test_started_with_sigchld_ignored_the_wrapper_still_sees_its_command_end(daemon):
-    """A parent that leaves SIGCHLD ignored (SIG_IGN survives exec) makes the kernel reap the command itself and send
-    no SIGCHLD: the wrapper waited for one forever, forwarding even a SIGTERM to a command that was gone. The command
-    inherits the ignored SIGCHLD, as it would without the wrapper."""
+def test_started_with_sigchld_ignored_ftgov_run_still_runs_its_command(daemon):
+    """A parent that leaves SIGCHLD ignored (SIG_IGN survives exec) makes the kernel reap ftgov run's children itself
+    (a wrapper that waited for its command's SIGCHLD waited forever). The command inherits the ignored SIGCHLD, as it
+    would without ftgov run."""
     command = "import signal; print(signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN); raise SystemExit(3)"
     proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", sys.executable, "-c", command,
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE,
