@@ -11,10 +11,10 @@ import dataclasses
 import math
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from governor import DEFAULT_SOCKET_PATH, SOCKET_GROUP, data, yamlfile
 from governor.errors import ConfigError, ModelError
@@ -43,8 +43,20 @@ class _Strict(BaseModel):
         return v
 
 
+def _absolute(path: str) -> str:
+    # ftgovd runs from / under systemd and from wherever it was started by hand: a relative path would name another
+    # file under each, and root would make or read it there.
+    if not path.startswith("/"):
+        raise ValueError(f"{path!r} is a relative path: give an absolute one")
+    return path
+
+
+AbsolutePath = Annotated[str, Field(min_length=1), AfterValidator(_absolute)]
+AbsolutePathOrAuto = Annotated[str, Field(min_length=1), AfterValidator(lambda p: p if p == "auto" else _absolute(p))]
+
+
 class SocketConfig(_Strict):
-    path: str = Field(DEFAULT_SOCKET_PATH, min_length=1)
+    path: AbsolutePath = DEFAULT_SOCKET_PATH
     mode: int = Field(0o660, description="file mode of the socket when ftgovd binds it itself (octal in YAML: 0660)")
     group: str = Field(SOCKET_GROUP, min_length=1, description="members of this group may register jobs")
 
@@ -281,7 +293,7 @@ DEFAULT_STORE_PATH = "/var/lib/ftgov/measurements.sqlite"  # where the unit's St
 class StoreConfig(_Strict):
     """The measurement store (governor.store.measurements): every job's features, windows and outcome."""
 
-    path: str | None = Field("auto", min_length=1, description=(
+    path: AbsolutePathOrAuto | None = Field("auto", description=(
         "SQLite file; auto: measurements.sqlite in systemd's $STATE_DIRECTORY (/var/lib/ftgov), and no store for a "
         "daemon started by hand (a test, a benchmark) unless a path is given; null: keep no store"))
     max_jobs: int = Field(20000, gt=0, le=10_000_000, description="the oldest jobs are dropped past this many")
@@ -289,14 +301,14 @@ class StoreConfig(_Strict):
 
 class Config(_Strict):
     socket: SocketConfig = SocketConfig()
-    sysfs_root: str = Field("/", min_length=1)  # "" would be the working directory
-    state_dir: str = Field(DEFAULT_STATE_DIR, min_length=1)
+    sysfs_root: AbsolutePath = "/"
+    state_dir: AbsolutePath = DEFAULT_STATE_DIR
     backend: Literal["auto", "devfreq", "nvml"] = "auto"
     policy: Literal["mlg", "ffg", "observe", "tune"] | None = Field(
         None, description="default: mlg on a Jetson; tune on NVML GPUs, where the Orin-trained tree does not transfer")
     power_cap_w: float | None = Field(None, gt=0, le=100_000, description=(
         "NVML only: also cap the GPU's power limit (W) while it is pinned; the previous limit is restored with it"))
-    model_file: str | None = Field(None, min_length=1,
+    model_file: AbsolutePath | None = Field(None,
                                    description="ftgov-tree/1 JSON; default: the tree shipped with ftgov")
     ffg_freq_hz: int | None = Field(None, description="FFG's frequency in Hz (nearest level at or above is pinned); "
                                     "default: the level with the least total energy in the training data (ffg.json)")
@@ -310,7 +322,8 @@ class Config(_Strict):
     limits: LimitsConfig = LimitsConfig()
     tuner: TunerConfig = TunerConfig()
     store: StoreConfig = StoreConfig()
-    node_wait_s: float = Field(120.0, ge=0, description="how long to wait at start for the GPU node to appear")
+    node_wait_s: float = Field(120.0, ge=0, le=86400,
+                               description="how long to wait at start for the GPU node to appear")
     probe_retry_s: float = Field(30.0, gt=0, le=86400, description=(
         "with no GPU found at start: how often to probe again (the daemon serves meanwhile and governs nothing)"))
     sample_interval_s: float = Field(1.0, gt=0, le=3600, description="rails and pin check while jobs are active")

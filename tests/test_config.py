@@ -226,6 +226,26 @@ def test_an_empty_path_is_refused_naming_its_key(tmp_path, key, text):
     refused_naming(tmp_path / "c.yaml", text, key, "String should have at least 1 character")
 
 
+@pytest.mark.parametrize("key, text", [
+    ("state_dir", "state_dir: ftgov-state\n"),  # /ftgov-state under systemd, ./ftgov-state by hand
+    ("sysfs_root", "sysfs_root: sim\n"),
+    ("model_file", "model_file: tree.json\n"),
+    ("socket.path", "socket:\n  path: ftgov.sock\n"),
+    ("store.path", "store:\n  path: measurements.sqlite\n"),
+])
+def test_a_relative_path_is_refused_naming_its_key(tmp_path, key, text):
+    """ftgovd runs from / under systemd and from anywhere by hand: a relative path names a different file under each,
+    which root would make or read there."""
+    refused_naming(tmp_path / "c.yaml", text, key, "Value error, '[^']+' is a relative path: give an absolute one")
+    (tmp_path / "ok.yaml").write_text("store:\n  path: auto\n")
+    assert load_config(tmp_path / "ok.yaml").store.path == "auto"
+
+
+def test_node_wait_s_is_bounded(tmp_path):
+    """.inf is refused as every infinity is; 1e300 s waited for ever too."""
+    refused_naming(tmp_path / "c.yaml", "node_wait_s: 1e300\n", "node_wait_s", "Input should be less than or equal")
+
+
 def test_the_shipped_config_names_every_key_at_its_default(tmp_path):
     """README: the shipped file has every key explained. Each top-level key is in it, set or commented out; those
     commented out at the file's end load, uncommented, as the defaults."""
@@ -248,3 +268,18 @@ def test_the_shipped_config_names_every_key_at_its_default(tmp_path):
 ])
 def test_no_key_takes_an_infinity_or_nan(tmp_path, text, key):
     refused_naming(tmp_path / "c.yaml", text, key, "Input should be a finite number")
+
+
+def test_a_relative_path_on_the_command_line_is_from_where_it_was_typed(tmp_path, monkeypatch):
+    """On the command line a relative path means the working directory, as everywhere: made absolute there, before the
+    config (which refuses relative paths) sees it."""
+    from governor.cli import build_parser
+    from governor.daemon.main import build_config, parse_args
+
+    monkeypatch.chdir(tmp_path)
+    args = parse_args(["--state-dir", "state", "--socket", "s.sock", "--sysfs-root", "tree"])
+    config = build_config(args)
+    assert (config.state_dir, config.socket.path, config.sysfs_root) == (
+        str(tmp_path / "state"), str(tmp_path / "s.sock"), str(tmp_path / "tree"))
+    doctor = build_parser().parse_args(["doctor", "--state-dir", "state", "--sysfs-root", "tree"])
+    assert (doctor.state_dir, doctor.sysfs_root) == (str(tmp_path / "state"), str(tmp_path / "tree"))

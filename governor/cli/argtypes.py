@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 
 
@@ -47,3 +48,11 @@ def port(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"a port is 0..65535, got {text}")
     return value
+
+
+def absolute_path(text: str) -> str:
+    """A path on the command line, as the user means it: from the directory the command was typed in (a config file's
+    paths must be absolute, and ftgovd under systemd runs from /)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path")
+    return os.path.abspath(text)

@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from governor import DEFAULT_CONFIG_PATH, SOCKET_ENV
+from governor.cli.argtypes import absolute_path
 from governor.cli.doctor_checks import (
     CHECKS,
     FAIL,
@@ -145,10 +146,12 @@ def add_parser(sub) -> None:
     p = sub.add_parser("doctor", help="check this board for what ftgovd needs, with the fix for each problem",
                        description=__doc__.splitlines()[0])
     p.add_argument("--config", default=None, help=f"daemon config (default {DEFAULT_CONFIG_PATH})")
-    p.add_argument("--sysfs-root", help="sysfs root (default: $FTGOV_SIM_TREE, the simulated Orin that ftgovd "
-                                        "--simulate --print-env names, else from the config: /)")
+    p.add_argument("--sysfs-root", type=absolute_path,
+                   help="sysfs root (default: $FTGOV_SIM_TREE, the simulated Orin that ftgovd --simulate --print-env "
+                        "names, else from the config: /)")
     p.add_argument("--socket", help="ftgovd's socket (default: $FTGOV_SOCKET, else the config's socket.path)")
-    p.add_argument("--state-dir", help="state dir (default: beside a tree that ftgovd --simulate built, else from "
-                                       "the config: /run/ftgov)")
+    p.add_argument("--state-dir", type=absolute_path,
+                   help="state dir (default: beside a tree that ftgovd --simulate built, else from the config: "
+                        "/run/ftgov)")
     p.add_argument("--json", action="store_true", help="the checks as JSON, for scripts")
     p.set_defaults(func=run)

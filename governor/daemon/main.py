@@ -20,6 +20,7 @@ from governor import DEFAULT_CONFIG_PATH, DEFAULT_SOCKET_PATH, SOCKET_ENV, __ver
 from governor.backends import devfreq, gpuid
 from governor.backends import rails as rails_mod
 from governor.backends.base import describe_text
+from governor.cli.argtypes import absolute_path
 from governor.config import Config, default_ffg_hz, default_model_path, load_config, store_path
 from governor.daemon import admission, logs, peers, tuning
 from governor.daemon.controller import Controller
@@ -42,10 +43,12 @@ log = logging.getLogger("ftgovd")
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ftgovd", description="Energy-saving GPU frequency governor for fine-tuning jobs.")
     p.add_argument("--config", default=None, help=f"YAML config (default {DEFAULT_CONFIG_PATH}; absent = defaults)")
-    p.add_argument("--socket", help="Unix socket path (default from config: /run/ftgov/ftgov.sock); its directory "
-                                    "must exist, except the daemon's own /run/ftgov, which is created")
-    p.add_argument("--sysfs-root", help="root under which /sys is read and written (default /)")
-    p.add_argument("--state-dir", help="where the crash-safety state file lives (default /run/ftgov)")
+    p.add_argument("--socket", type=absolute_path,
+                   help="Unix socket path (default from config: /run/ftgov/ftgov.sock); its directory must exist, "
+                        "except the daemon's own /run/ftgov, which is created")
+    p.add_argument("--sysfs-root", type=absolute_path, help="root under which /sys is read and written (default /)")
+    p.add_argument("--state-dir", type=absolute_path,
+                   help="where the crash-safety state file lives (default /run/ftgov)")
     p.add_argument("--simulate", action="store_true",
                    help="build a simulated Jetson AGX Orin (JetPack 6 layout), start its board, and govern it: "
                         "try ftgov without a Jetson")
