@@ -329,6 +329,7 @@ class OnlineTuner:
             "stage": self._stage,
             "searching_hz": [self.levels_hz[self._search.span[0]], self.levels_hz[self._search.span[-1]]],
             "probes": self._probes,
+            "search_probes": self._probes - self._probe_base,  # what max_probes caps: this search's windows
             "max_probes": self.max_probes,
             "start_hz": self.start_hz,
             "best_hz": self.best_hz,

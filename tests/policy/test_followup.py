@@ -131,6 +131,9 @@ def test_a_drifted_curve_makes_the_tuner_search_again_and_pick_the_new_minimum()
         assert state == [True, False] and tuner.re_searches == 1
         search(tuner, after, rng)
         assert tuner.best_hz in LEVELS[7:10], tuner.state()
+        # status: the cap counts the windows of the search running now, not the job's (search_probes)
+        st = tuner.state()
+        assert st["search_probes"] <= st["max_probes"] < st["probes"], st
 
 
 def test_a_steady_curve_is_not_searched_again_over_a_long_watch():
