@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import fcntl
 import os
 import re
 import resource
@@ -51,12 +52,12 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        print("ftgov run: no command given (ftgov run [features] -- CMD ARGS...)", file=sys.stderr)
+        _say("ftgov run: no command given (ftgov run [features] -- CMD ARGS...)")
         return 2
     try:
         features = features_from_args(args)
     except ConfigError as e:
-        print(f"ftgov run: {e}", file=sys.stderr)
+        _say(f"ftgov run: {e}")
         return 2
     return run_child(command, features, name=args.name or job_name(command), socket=args.socket,
                      verbose=args.verbose)
@@ -112,13 +113,12 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
     """
     executable, code, why = resolve(command[0])
     if executable is None:
-        print(f"ftgov run: {command[0]}: {why}", file=sys.stderr)
+        _say(f"ftgov run: {command[0]}: {why}")
         return code
     release = _start_keeper(features, name, socket, verbose)
     if not release.startswith(b"go"):
         # The keeper died before it answered (killed, out of memory): whether the command would be governed is unknown.
-        print("ftgov run: the process that registers the job with ftgovd died; the command was not started",
-              file=sys.stderr)
+        _say("ftgov run: the process that registers the job with ftgovd died; the command was not started")
         return 125
     env = dict(os.environ)
     if release[2:]:
@@ -127,12 +127,13 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
     # does the same). Python's SIGINT handler is reset by exec; a SIGINT that whoever started us ignored stays ignored.
     for signo in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(signo, signal.SIG_DFL)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # None: started with the descriptor closed
+            stream.flush()
     try:
         os.execve(executable, command, env)
     except OSError as e:  # resolved a moment ago, gone or changed since
-        print(f"ftgov run: {command[0]}: {os.strerror(e.errno or 0)}", file=sys.stderr)
+        _say(f"ftgov run: {command[0]}: {os.strerror(e.errno or 0)}")
         return 127 if e.errno == errno.ENOENT else 126  # as a shell reports them; the keeper ends the job
     raise AssertionError("unreachable")  # execve returns only by raising
 
@@ -150,10 +151,20 @@ def _start_keeper(features: dict, name, socket, verbose: bool) -> bytes:
     try:
         watch = os.pidfd_open(pid)  # the keeper's watch on this process, which becomes the command
     except OSError as e:  # before Linux 5.3, or a system call filter: ftgovd cannot hold a process there either
-        print(f"ftgov run: cannot watch the command ({e.strerror}); it runs without the governor", file=sys.stderr)
+        _say(f"ftgov run: cannot watch the command ({e.strerror}); it runs without the governor")
         return b"go"
     gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
-    first = os.fork()
+    # Started with stdin or stderr closed (a supervisor that closes them), these would be 0-2, where the keeper puts
+    # /dev/null: its watch on the command would be /dev/null, always readable, and the job ended at once.
+    watch, gate_w = _above_stdio(watch), _above_stdio(gate_w)
+    try:
+        first = os.fork()
+    except OSError as e:  # EAGAIN: at the user's process limit
+        _say(f"ftgov run: cannot start the process that holds the job ({e.strerror}); the command runs without the "
+             "governor")
+        for fd in (watch, gate_r, gate_w):
+            os.close(fd)
+        return b"go"
     if first == 0:
         try:
             os.close(gate_r)
@@ -190,10 +201,14 @@ def _keep(pid: int, watch: int, gate: int, features: dict, name, socket, verbose
         for signo in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
                       signal.SIGPIPE):
             signal.signal(signo, signal.SIG_IGN)
+        # stdin and stdout on /dev/null: a caller that reads the command's output to its end does not wait for us.
+        # stderr is kept for warnings, or /dev/null where it was closed: the job's socket must not land on 0-2.
         devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1):  # a caller that reads the command's output to its end does not wait for us
-            os.dup2(devnull, fd)
-        os.close(devnull)
+        for fd in (0, 1, 2):
+            if fd != devnull and (fd < 2 or not _is_open(fd)):
+                os.dup2(devnull, fd)
+        if devnull > 2:
+            os.close(devnull)
         _close_all_but((0, 1, 2, watch, gate))  # what the caller passed the command (a pipe's end) is not ours
         job = _register(pid, features, name, socket, verbose)
         os.write(gate, b"go" + (b"" if job.job_id is None else str(job.job_id).encode()))
@@ -202,15 +217,39 @@ def _keep(pid: int, watch: int, gate: int, features: dict, name, socket, verbose
             select.select([watch], [], [])  # the pidfd is readable once the command has exited
         job.close()
         if verbose and job.result:
-            print(f"ftgov: job {job.job_id} ended: {describe_reply(job.result)}", file=sys.stderr)
+            _say(f"ftgov: job {job.job_id} ended: {describe_reply(job.result)}")
         code = 0
     except BaseException:
         traceback.print_exc()  # the command was not released (125) or runs on; the job ends with this process
     finally:
         try:
-            sys.stderr.flush()
+            if sys.stderr is not None:
+                sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _say(text: object) -> None:
+    """Print to stderr, where there is one: started with it closed, Python's is None, and print(file=None) would write
+    to stdout, the command's output."""
+    if sys.stderr is not None:
+        print(text, file=sys.stderr)
+
+
+def _above_stdio(fd: int) -> int:
+    if fd > 2:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return moved
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def _close_all_but(kept: tuple[int, ...]) -> None:
@@ -227,7 +266,7 @@ def _register(pid: int, features: dict, name, socket, verbose: bool) -> Job:
         warnings.simplefilter("always", GovernorWarning)
         job = Job(features, name=name, socket=socket, pid=pid, gpu=launched_gpu()).start()
     for w in caught:
-        print(w.message, file=sys.stderr)
+        _say(w.message)
     if verbose and job.registration:
-        print(f"ftgov: job {job.job_id}: {describe_reply(job.registration)}", file=sys.stderr)
+        _say(f"ftgov: job {job.job_id}: {describe_reply(job.registration)}")
     return job

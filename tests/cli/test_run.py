@@ -475,3 +475,21 @@ def test_started_with_sigchld_ignored_ftgov_run_still_runs_its_command(daemon):
         proc.kill()
     assert (proc.returncode, out) == (3, "True\n"), err
     daemon.wait_jobs(0)
+
+
+@pytest.mark.parametrize("closed", [(0,), (0, 2)], ids=["stdin", "stdin-and-stderr"])
+def test_started_with_stdin_or_stderr_closed_the_job_holds_while_the_command_runs(daemon, orin, closed):
+    """A supervisor may start ftgov run with stdin (or stderr) closed: the keeper's watch on the command took fd 0,
+    where the keeper puts /dev/null, which is always readable: the job ended as the command started."""
+    pin = expected_pin(daemon)
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", *child_script(orin), stdout=subprocess.PIPE,
+                 preexec_fn=lambda: [os.close(fd) for fd in closed])
+    try:
+        assert pid_and_min_freq(proc)[1] == pin
+        with Connection(daemon.socket) as conn:
+            assert [job["pid"] for job in conn.call("status")["jobs"]] == [proc.pid]
+        assert limits(orin) == (pin, pin)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    daemon.wait_jobs(0)
