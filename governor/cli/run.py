@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import fcntl
 import os
 import re
 import resource
@@ -127,8 +128,9 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
     # does the same). Python's SIGINT handler is reset by exec; a SIGINT that whoever started us ignored stays ignored.
     for signo in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(signo, signal.SIG_DFL)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:  # None where the caller closed the descriptor
+            stream.flush()
     try:
         os.execve(executable, command, env)
     except OSError as e:  # resolved a moment ago, gone or changed since
@@ -148,11 +150,11 @@ def _start_keeper(features: dict, name, socket, verbose: bool) -> bytes:
     """
     pid = os.getpid()
     try:
-        watch = os.pidfd_open(pid)  # the keeper's watch on this process, which becomes the command
+        watch = _above_stdio(os.pidfd_open(pid))  # the keeper's watch on this process, which becomes the command
     except OSError as e:  # before Linux 5.3, or a system call filter: ftgovd cannot hold a process there either
         print(f"ftgov run: cannot watch the command ({e.strerror}); it runs without the governor", file=sys.stderr)
         return b"go"
-    gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
+    gate_r, gate_w = (_above_stdio(fd) for fd in os.pipe2(os.O_CLOEXEC))
     first = os.fork()
     if first == 0:
         try:
@@ -173,6 +175,17 @@ def _start_keeper(features: dict, name, socket, verbose: bool) -> bytes:
         chunks.append(chunk)
     os.close(gate_r)
     return b"".join(chunks)
+
+
+def _above_stdio(fd: int) -> int:
+    """fd, moved above 2 (close-on-exec) if it is stdin, stdout or stderr: started with those closed (`cmd <&-`, a
+    launcher that closes them), `ftgov run` gets their numbers for its own descriptors, and the keeper's /dev/null
+    over its stdin and stdout would replace its watch on the command or the release pipe."""
+    if fd > 2:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return moved
 
 
 def _keep(pid: int, watch: int, gate: int, features: dict, name, socket, verbose: bool) -> None:

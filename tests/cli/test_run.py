@@ -475,3 +475,39 @@ def test_started_with_sigchld_ignored_ftgov_run_still_runs_its_command(daemon):
         proc.kill()
     assert (proc.returncode, out) == (3, "True\n"), err
     daemon.wait_jobs(0)
+
+
+@pytest.mark.parametrize("closed", [(0,), (1,), (0, 1)], ids=["stdin", "stdout", "both"])
+def test_started_with_stdin_or_stdout_closed_the_command_is_governed(daemon, orin, closed):
+    """A caller may start ftgov run with stdin or stdout closed (`cmd <&-`, `cmd >&-`, a launcher that closes them).
+    The descriptors ftgov run opens for itself then take those numbers, and the keeper's /dev/null over its own stdin
+    and stdout must not replace them: over the pidfd it watches, it ended the job as the command started; over the
+    release pipe, the command never ran. The command gets them closed, as without ftgov run, and a descriptor the
+    caller passed (here the pipe it reports on)."""
+    report_r, report_w = os.pipe()
+    command = ("import os, time\n"
+               "def is_open(fd):\n"
+               "    try:\n"
+               "        return os.fstat(fd) is not None\n"
+               "    except OSError:\n"
+               "        return False\n"
+               f"pin = open({str(orin / DEVFREQ / 'min_freq')!r}).read().strip()\n"
+               f"os.write({report_w}, f'{{os.getpid()}} {{pin}} {{is_open(0)}} {{is_open(1)}}\\n'.encode())\n"
+               "time.sleep(600)\n")
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", sys.executable, "-c", command,
+                 pass_fds=(report_w,), preexec_fn=lambda: [os.close(fd) for fd in closed])
+    os.close(report_w)
+    try:
+        with os.fdopen(report_r) as report:
+            pid, pin, stdin_open, stdout_open = read_line(report).split()
+        assert (int(pid), int(pin)) == (proc.pid, expected_pin(daemon))
+        assert (stdin_open, stdout_open) == tuple(str(fd not in closed) for fd in (0, 1))
+        keeper_of(daemon.socket)  # still there: it leaves once the command has exited
+        with Connection(daemon.socket) as conn:
+            assert [job["pid"] for job in conn.call("status")["jobs"]] == [proc.pid]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        proc.kill()
+    daemon.wait_jobs(0)
+    assert limits(orin) == BASELINE
