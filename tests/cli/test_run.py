@@ -97,6 +97,7 @@ def test_the_command_keeps_the_pid_its_signals_and_its_exit_status(simulated):
         assert proc.wait(timeout=30) == -signal.SIGTERM, "dead of the command's signal"
     finally:
         proc.kill()
+    daemon.wait_jobs(0)  # the job ends after the command, by the daemon's watch or the keeper's unregister
     assert limits(orin) == BASELINE
     assert re.search(r"job \d+ 'script' \(pid \d+\) ended \((process exited|unregistered)\)", daemon.log())
 
