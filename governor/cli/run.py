@@ -115,6 +115,11 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
     if executable is None:
         print(f"ftgov run: {command[0]}: {why}", file=sys.stderr)
         return code
+    # This process is the command from here on: a Ctrl-C while the keeper registers it ends it by SIGINT, as it would
+    # end the command (a shell stops its script only then), not as Python's KeyboardInterrupt and an exit of 130. A
+    # SIGINT that whoever started us ignored (a script's `cmd &`) stays ignored.
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
     release = _start_keeper(features, name, socket, verbose)
     if not release.startswith(b"go"):
         # The keeper died before it answered (killed, out of memory): whether the command would be governed is unknown.
@@ -125,7 +130,7 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
     if release[2:]:
         env[RUN_JOB_ENV] = release[2:].decode()
     # An exec'd program expects default dispositions: Python ignores SIGPIPE and SIGXFSZ (subprocess's restore_signals
-    # does the same). Python's SIGINT handler is reset by exec; a SIGINT that whoever started us ignored stays ignored.
+    # does the same).
     for signo in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(signo, signal.SIG_DFL)
     for stream in (sys.stdout, sys.stderr):
@@ -209,7 +214,12 @@ def _keep(pid: int, watch: int, gate: int, features: dict, name, socket, verbose
         os.close(devnull)
         _close_all_but((0, 1, 2, watch, gate))  # what the caller passed the command (a pipe's end) is not ours
         job = _register(pid, features, name, socket, verbose)
-        os.write(gate, b"go" + (b"" if job.job_id is None else str(job.job_id).encode()))
+        try:
+            os.write(gate, b"go" + (b"" if job.job_id is None else str(job.job_id).encode()))
+        except BrokenPipeError:  # the process died before its release (a Ctrl-C while it waited): no command runs
+            job.close()
+            code = 0
+            return
         os.close(gate)
         if job.job_id is not None:
             select.select([watch], [], [])  # the pidfd is readable once the command has exited

@@ -512,3 +512,46 @@ def test_started_with_stdin_or_stdout_closed_the_command_is_governed(daemon, ori
         proc.kill()
     daemon.wait_jobs(0)
     assert limits(orin) == BASELINE
+
+
+def _next_call(lines) -> dict:
+    """The next request that wants an answer (notifications have no id), read by a stand-in daemon."""
+    while "id" not in (request := json.loads(lines.readline())):
+        pass
+    return request
+
+
+def _answer(conn, request: dict, result: dict) -> None:
+    conn.sendall(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}).encode() + b"\n")
+
+
+def test_ctrl_c_while_the_job_registers_ends_ftgov_run_by_sigint(tmp_path):
+    """The command is this process from the start: a Ctrl-C while the keeper registers it (the driver's start, a slow
+    daemon) ends it by SIGINT, as it would end the command, so that a shell stops its script there (bash goes on
+    after a command that exited 130 of its own accord); the keeper, with nobody left to release, ends the job and
+    leaves without a traceback. A stand-in daemon answers register only once the SIGINT has done its work."""
+    path = tmp_path / "s.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen()
+    server.settimeout(30)
+    proc = ftgov("run", "--socket", str(path), *FEATURE_ARGS, "--", "true", stderr=subprocess.PIPE)
+    try:
+        conn, _ = server.accept()
+        conn.settimeout(30)
+        lines = conn.makefile("rb")
+        request = _next_call(lines)
+        assert request["method"] == "register"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == -signal.SIGINT
+        _answer(conn, request, {"job_id": 1, "policy": "ffg", "freq_hz": 816000000, "reason": "stand-in",
+                                "gpu": "0", "gpu_util": 80.0})
+        request = _next_call(lines)
+        assert request["method"] == "unregister"
+        _answer(conn, request, {"job_id": 1, "duration_s": 0.1, "freq_hz": 816000000, "energy_j": 1.0, "steps": 0,
+                                "ended": "unregistered"})
+        err = proc.stderr.read()  # to its end: the keeper has left
+        assert "Traceback" not in err, err
+    finally:
+        proc.kill()
+        server.close()
