@@ -26,6 +26,7 @@ import resource
 import select
 import shutil
 import signal
+import stat
 import sys
 import traceback
 import warnings
@@ -223,6 +224,7 @@ def _keep(pid: int, watch: int, gate: int, features: dict, name, socket, verbose
         os.close(gate)
         if job.job_id is not None:
             select.select([watch], [], [])  # the pidfd is readable once the command has exited
+            _append_to_stderr()
         job.close()
         if verbose and job.result:
             print(f"ftgov: job {job.job_id} ended: {describe_reply(job.result)}", file=sys.stderr)
@@ -234,6 +236,21 @@ def _keep(pid: int, watch: int, gate: int, features: dict, name, socket, verbose
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+def _append_to_stderr() -> None:
+    """Reopen stderr to append where it is a file, once the command has exited: whoever started it may have written
+    to the file since (`ftgov run -v ... >log 2>&1; echo done >>log`), and at the offset the keeper shares with the
+    command the summary overwrote that. (Not before: the command, writing at that offset, would overwrite the
+    keeper's appended lines.)"""
+    try:
+        if not stat.S_ISREG(os.fstat(2).st_mode):
+            return
+        fd = os.open("/proc/self/fd/2", os.O_WRONLY | os.O_APPEND)
+    except OSError:  # closed, or not ours to open again (a file that root opened for us): written where it stands
+        return
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _close_all_but(kept: tuple[int, ...]) -> None:

@@ -555,3 +555,38 @@ def test_ctrl_c_while_the_job_registers_ends_ftgov_run_by_sigint(tmp_path):
     finally:
         proc.kill()
         server.close()
+
+
+def test_the_summary_after_the_command_overwrites_nothing_its_caller_wrote_since(tmp_path):
+    """The keeper prints -v's summary after the command has exited, when whoever started `ftgov run` may have gone on
+    writing to the same log (`ftgov run -v ... >log 2>&1; echo "exit $?" >>log`): at the offset it shared with the
+    command, the summary overwrote that line. A stand-in daemon answers unregister only once the line is written."""
+    path, log = tmp_path / "s.sock", tmp_path / "run.log"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen()
+    server.settimeout(30)
+    with open(log, "w") as out:
+        proc = ftgov("run", "-v", "--socket", str(path), *FEATURE_ARGS, "--", "sh", "-c", "echo training",
+                     stdout=out, stderr=out)
+    try:
+        conn, _ = server.accept()
+        conn.settimeout(30)
+        lines = conn.makefile("rb")
+        _answer(conn, _next_call(lines), {"job_id": 1, "policy": "ffg", "freq_hz": 816000000, "reason": "stand-in",
+                                          "gpu": "0", "gpu_util": 80.0})
+        request = _next_call(lines)
+        assert request["method"] == "unregister"
+        keeper = os.pidfd_open(keeper_of(str(path)))
+        assert proc.wait(timeout=30) == 0
+        with open(log, "a") as out:
+            out.write("exit 0\n")
+        _answer(conn, request, {"job_id": 1, "duration_s": 0.1, "freq_hz": 816000000, "energy_j": 1.0, "steps": 0,
+                                "ended": "unregistered"})
+        assert select.select([keeper], [], [], 30)[0], "the keeper has left"
+        os.close(keeper)
+        written = log.read_text().splitlines()
+        assert written[1:3] == ["training", "exit 0"] and written[3].startswith("ftgov: job 1 ended: "), written
+    finally:
+        proc.kill()
+        server.close()
