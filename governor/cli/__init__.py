@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return run_command(build_parser(), argv, prog="ftgov")
         finally:
-            sys.stdout.flush()  # inside the try, --help's exit included: a buffered write fails here, not at exit
+            if sys.stdout is not None:  # None where the caller closed it (`ftgov run ... >&-`)
+                sys.stdout.flush()  # inside the try, --help's exit included: a buffered write fails here, not at exit
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())

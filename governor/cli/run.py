@@ -26,6 +26,7 @@ import resource
 import select
 import shutil
 import signal
+import stat
 import sys
 import traceback
 import warnings
@@ -115,6 +116,11 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
     if executable is None:
         _say(f"ftgov run: {command[0]}: {why}")
         return code
+    # This process is the command from here on: a Ctrl-C while the keeper registers it ends it by SIGINT, as it would
+    # end the command (a shell stops its script only then), not as Python's KeyboardInterrupt and an exit of 130. A
+    # SIGINT that whoever started us ignored (a script's `cmd &`) stays ignored.
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
     release = _start_keeper(features, name, socket, verbose)
     if not release.startswith(b"go"):
         # The keeper died before it answered (killed, out of memory): whether the command would be governed is unknown.
@@ -124,7 +130,7 @@ def run_child(command: list[str], features: dict, *, name: str | None = None, so
     if release[2:]:
         env[RUN_JOB_ENV] = release[2:].decode()
     # An exec'd program expects default dispositions: Python ignores SIGPIPE and SIGXFSZ (subprocess's restore_signals
-    # does the same). Python's SIGINT handler is reset by exec; a SIGINT that whoever started us ignored stays ignored.
+    # does the same).
     for signo in (signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(signo, signal.SIG_DFL)
     for stream in (sys.stdout, sys.stderr):
@@ -149,14 +155,11 @@ def _start_keeper(features: dict, name, socket, verbose: bool) -> bytes:
     """
     pid = os.getpid()
     try:
-        watch = os.pidfd_open(pid)  # the keeper's watch on this process, which becomes the command
+        watch = _above_stdio(os.pidfd_open(pid))  # the keeper's watch on this process, which becomes the command
     except OSError as e:  # before Linux 5.3, or a system call filter: ftgovd cannot hold a process there either
         _say(f"ftgov run: cannot watch the command ({e.strerror}); it runs without the governor")
         return b"go"
-    gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
-    # Started with stdin or stderr closed (a supervisor that closes them), these would be 0-2, where the keeper puts
-    # /dev/null: its watch on the command would be /dev/null, always readable, and the job ended at once.
-    watch, gate_w = _above_stdio(watch), _above_stdio(gate_w)
+    gate_r, gate_w = (_above_stdio(fd) for fd in os.pipe2(os.O_CLOEXEC))
     try:
         first = os.fork()
     except OSError as e:  # EAGAIN: at the user's process limit
@@ -186,6 +189,17 @@ def _start_keeper(features: dict, name, socket, verbose: bool) -> bytes:
     return b"".join(chunks)
 
 
+def _above_stdio(fd: int) -> int:
+    """fd, moved above 2 (close-on-exec) if it is stdin, stdout or stderr: started with those closed (`cmd <&-`, a
+    launcher that closes them), `ftgov run` gets their numbers for its own descriptors, and the keeper's /dev/null
+    over its stdin and stdout would replace its watch on the command or the release pipe."""
+    if fd > 2:
+        return fd
+    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+    os.close(fd)
+    return moved
+
+
 def _keep(pid: int, watch: int, gate: int, features: dict, name, socket, verbose: bool) -> None:
     """The keeper: register the command's process, release it, hold the job's connection until it exits, then end the
     job (its summary with -v). Never returns.
@@ -211,10 +225,16 @@ def _keep(pid: int, watch: int, gate: int, features: dict, name, socket, verbose
             os.close(devnull)
         _close_all_but((0, 1, 2, watch, gate))  # what the caller passed the command (a pipe's end) is not ours
         job = _register(pid, features, name, socket, verbose)
-        os.write(gate, b"go" + (b"" if job.job_id is None else str(job.job_id).encode()))
+        try:
+            os.write(gate, b"go" + (b"" if job.job_id is None else str(job.job_id).encode()))
+        except BrokenPipeError:  # the process died before its release (a Ctrl-C while it waited): no command runs
+            job.close()
+            code = 0
+            return
         os.close(gate)
         if job.job_id is not None:
             select.select([watch], [], [])  # the pidfd is readable once the command has exited
+            _append_to_stderr()
         job.close()
         if verbose and job.result:
             _say(f"ftgov: job {job.job_id} ended: {describe_reply(job.result)}")
@@ -236,20 +256,27 @@ def _say(text: object) -> None:
         print(text, file=sys.stderr)
 
 
-def _above_stdio(fd: int) -> int:
-    if fd > 2:
-        return fd
-    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
-    os.close(fd)
-    return moved
-
-
 def _is_open(fd: int) -> bool:
     try:
         os.fstat(fd)
     except OSError:
         return False
     return True
+
+
+def _append_to_stderr() -> None:
+    """Reopen stderr to append where it is a file, once the command has exited: whoever started it may have written
+    to the file since (`ftgov run -v ... >log 2>&1; echo done >>log`), and at the offset the keeper shares with the
+    command the summary overwrote that. (Not before: the command, writing at that offset, would overwrite the
+    keeper's appended lines.)"""
+    try:
+        if not stat.S_ISREG(os.fstat(2).st_mode):
+            return
+        fd = os.open("/proc/self/fd/2", os.O_WRONLY | os.O_APPEND)
+    except OSError:  # closed, or not ours to open again (a file that root opened for us): written where it stands
+        return
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _close_all_but(kept: tuple[int, ...]) -> None:

@@ -97,6 +97,7 @@ def test_the_command_keeps_the_pid_its_signals_and_its_exit_status(simulated):
         assert proc.wait(timeout=30) == -signal.SIGTERM, "dead of the command's signal"
     finally:
         proc.kill()
+    daemon.wait_jobs(0)  # the job ends after the command, by the daemon's watch or the keeper's unregister
     assert limits(orin) == BASELINE
     assert re.search(r"job \d+ 'script' \(pid \d+\) ended \((process exited|unregistered)\)", daemon.log())
 
@@ -477,10 +478,10 @@ def test_started_with_sigchld_ignored_ftgov_run_still_runs_its_command(daemon):
     daemon.wait_jobs(0)
 
 
-@pytest.mark.parametrize("closed", [(0,), (0, 2)], ids=["stdin", "stdin-and-stderr"])
+@pytest.mark.parametrize("closed", [(2,), (0, 2)], ids=["stderr", "stdin-and-stderr"])
 def test_started_with_stdin_or_stderr_closed_the_job_holds_while_the_command_runs(daemon, orin, closed):
-    """A supervisor may start ftgov run with stdin (or stderr) closed: the keeper's watch on the command took fd 0,
-    where the keeper puts /dev/null, which is always readable: the job ended as the command started."""
+    """With stderr closed, Python's sys.stderr is None: flushing it failed ftgov run (exit 1) before the command ran,
+    and print(file=None) would write ftgov's messages to stdout, the command's output."""
     pin = expected_pin(daemon)
     proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", *child_script(orin), stdout=subprocess.PIPE,
                  preexec_fn=lambda: [os.close(fd) for fd in closed])
@@ -493,3 +494,124 @@ def test_started_with_stdin_or_stderr_closed_the_job_holds_while_the_command_run
         proc.kill()
         proc.wait(timeout=30)
     daemon.wait_jobs(0)
+
+
+@pytest.mark.parametrize("closed", [(0,), (1,), (0, 1)], ids=["stdin", "stdout", "both"])
+def test_started_with_stdin_or_stdout_closed_the_command_is_governed(daemon, orin, closed):
+    """A caller may start ftgov run with stdin or stdout closed (`cmd <&-`, `cmd >&-`, a launcher that closes them).
+    The descriptors ftgov run opens for itself then take those numbers, and the keeper's /dev/null over its own stdin
+    and stdout must not replace them: over the pidfd it watches, it ended the job as the command started; over the
+    release pipe, the command never ran. The command gets them closed, as without ftgov run, and a descriptor the
+    caller passed (here the pipe it reports on)."""
+    report_r, report_w = os.pipe()
+    command = ("import os, time\n"
+               "def is_open(fd):\n"
+               "    try:\n"
+               "        return os.fstat(fd) is not None\n"
+               "    except OSError:\n"
+               "        return False\n"
+               f"pin = open({str(orin / DEVFREQ / 'min_freq')!r}).read().strip()\n"
+               f"os.write({report_w}, f'{{os.getpid()}} {{pin}} {{is_open(0)}} {{is_open(1)}}\\n'.encode())\n"
+               "time.sleep(600)\n")
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", sys.executable, "-c", command,
+                 pass_fds=(report_w,), preexec_fn=lambda: [os.close(fd) for fd in closed])
+    os.close(report_w)
+    try:
+        with os.fdopen(report_r) as report:
+            pid, pin, stdin_open, stdout_open = read_line(report).split()
+        assert (int(pid), int(pin)) == (proc.pid, expected_pin(daemon))
+        assert (stdin_open, stdout_open) == tuple(str(fd not in closed) for fd in (0, 1))
+        keeper_of(daemon.socket)  # still there: it leaves once the command has exited
+        with Connection(daemon.socket) as conn:
+            assert [job["pid"] for job in conn.call("status")["jobs"]] == [proc.pid]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        proc.kill()
+    daemon.wait_jobs(0)
+    assert limits(orin) == BASELINE
+
+
+def _next_call(lines) -> dict:
+    """The next request that wants an answer (notifications have no id), read by a stand-in daemon."""
+    while "id" not in (request := json.loads(lines.readline())):
+        pass
+    return request
+
+
+def _answer(conn, request: dict, result: dict) -> None:
+    conn.sendall(json.dumps({"jsonrpc": "2.0", "id": request["id"], "result": result}).encode() + b"\n")
+
+
+def test_ctrl_c_while_the_job_registers_ends_ftgov_run_by_sigint(tmp_path):
+    """The command is this process from the start: a Ctrl-C while the keeper registers it (the driver's start, a slow
+    daemon) ends it by SIGINT, as it would end the command, so that a shell stops its script there (bash goes on
+    after a command that exited 130 of its own accord); the keeper, with nobody left to release, ends the job and
+    leaves without a traceback. A stand-in daemon answers register only once the SIGINT has done its work."""
+    path = tmp_path / "s.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen()
+    server.settimeout(30)
+    proc = ftgov("run", "--socket", str(path), *FEATURE_ARGS, "--", "true", stderr=subprocess.PIPE)
+    try:
+        conn, _ = server.accept()
+        conn.settimeout(30)
+        lines = conn.makefile("rb")
+        request = _next_call(lines)
+        assert request["method"] == "register"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == -signal.SIGINT
+        _answer(conn, request, {"job_id": 1, "policy": "ffg", "freq_hz": 816000000, "reason": "stand-in",
+                                "gpu": "0", "gpu_util": 80.0})
+        request = _next_call(lines)
+        assert request["method"] == "unregister"
+        _answer(conn, request, {"job_id": 1, "duration_s": 0.1, "freq_hz": 816000000, "energy_j": 1.0, "steps": 0,
+                                "ended": "unregistered"})
+        err = proc.stderr.read()  # to its end: the keeper has left
+        assert "Traceback" not in err, err
+    finally:
+        proc.kill()
+        server.close()
+
+
+def test_the_summary_after_the_command_overwrites_nothing_its_caller_wrote_since(tmp_path):
+    """The keeper prints -v's summary after the command has exited, when whoever started `ftgov run` may have gone on
+    writing to the same log (`ftgov run -v ... >log 2>&1; echo "exit $?" >>log`): at the offset it shared with the
+    command, the summary overwrote that line. A stand-in daemon answers unregister only once the line is written."""
+    path, log = tmp_path / "s.sock", tmp_path / "run.log"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen()
+    server.settimeout(30)
+    with open(log, "w") as out:
+        proc = ftgov("run", "-v", "--socket", str(path), *FEATURE_ARGS, "--", "sh", "-c", "echo training",
+                     stdout=out, stderr=out)
+    try:
+        conn, _ = server.accept()
+        conn.settimeout(30)
+        lines = conn.makefile("rb")
+        _answer(conn, _next_call(lines), {"job_id": 1, "policy": "ffg", "freq_hz": 816000000, "reason": "stand-in",
+                                          "gpu": "0", "gpu_util": 80.0})
+        request = _next_call(lines)
+        assert request["method"] == "unregister"
+        keeper = os.pidfd_open(keeper_of(str(path)))
+        assert proc.wait(timeout=30) == 0
+        with open(log, "a") as out:
+            out.write("exit 0\n")
+        _answer(conn, request, {"job_id": 1, "duration_s": 0.1, "freq_hz": 816000000, "energy_j": 1.0, "steps": 0,
+                                "ended": "unregistered"})
+        assert select.select([keeper], [], [], 30)[0], "the keeper has left"
+        os.close(keeper)
+        written = log.read_text().splitlines()
+        assert written[1:3] == ["training", "exit 0"] and written[3].startswith("ftgov: job 1 ended: "), written
+    finally:
+        proc.kill()
+        server.close()
+
+
+def test_with_stderr_closed_an_error_is_not_written_to_the_commands_stdout(tmp_path):
+    proc = ftgov("run", "--socket", str(tmp_path / "absent.sock"), *FEATURE_ARGS, "--", "no-such-command-ftgov",
+                 stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2))
+    out, _ = proc.communicate(timeout=60)
+    assert (proc.returncode, out) == (127, "")
