@@ -2,12 +2,12 @@
 
 The command runs in this very process (exec), so whoever started `ftgov run` holds the command's own pid: its
 signals, its exit status and its death reach the command directly, once each, as with `nice` or `taskset`. A keeper
-process (a grandchild, in a session of its own) registers the process with pid=<ours> while it waits on a pipe, then
-lets it exec, so the pin is in place from the command's first instruction and the daemon holds the command's own
-process (pidfd): the job ends when the command exits, or when the keeper's connection closes (a SIGKILLed keeper ends
-the job at once, and the command runs on, ungoverned). If the daemon is absent or refuses, the command runs anyway
-after one warning. The command gets the job's id as $FTGOV_RUN_JOB, so that a client job inside it does not register
-the same process again.
+process (a grandchild, in a session of its own) registers the process, on a connection it made itself, while it
+waits on a pipe, then lets it exec, so the pin is in place from the command's first instruction and the daemon holds
+the command's own process (pidfd): the job ends when the command exits, or when the keeper's connection closes (a
+SIGKILLed keeper ends the job at once, and the command runs on, ungoverned). If the daemon is absent or refuses, the
+command runs anyway after one warning. The command gets the job's id as $FTGOV_RUN_JOB, so that a client job inside
+it does not register the same process again.
 
 Signals are not forwarded, because none needs to be: a wrapper that forwards them delivered a signal twice whenever
 its sender signalled the process group (timeout(1), `kill -- -PGID`) or every process of the job (scancel, systemd's
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import fcntl
 import os
 import re
 import resource
@@ -32,7 +31,7 @@ import traceback
 import warnings
 
 from governor.cli.features import add_feature_arguments, features_from_args
-from governor.client import RUN_JOB_ENV, GovernorWarning, Job, describe_reply
+from governor.client import RUN_JOB_ENV, Connection, DaemonUnavailable, GovernorWarning, Job, describe_reply
 from governor.client.features import launched_gpu
 from governor.errors import ConfigError
 
@@ -154,30 +153,38 @@ def _start_keeper(features: dict, name, socket, verbose: bool) -> bytes:
     `ftgov run` has no other threads, so forking is safe.
     """
     pid = os.getpid()
+    filled = _fill_stdio()
     try:
-        watch = _above_stdio(os.pidfd_open(pid))  # the keeper's watch on this process, which becomes the command
+        watch = os.pidfd_open(pid)  # the keeper's watch on this process, which becomes the command
     except OSError as e:  # before Linux 5.3, or a system call filter: ftgovd cannot hold a process there either
+        _close(filled)
         _say(f"ftgov run: cannot watch the command ({e.strerror}); it runs without the governor")
         return b"go"
-    gate_r, gate_w = (_above_stdio(fd) for fd in os.pipe2(os.O_CLOEXEC))
+    gate_r, gate_w = os.pipe2(os.O_CLOEXEC)
+    # This process connects, and the keeper registers on that connection without a pid: the daemon knows the process
+    # from the socket (SO_PEERCRED, SO_PEERPIDFD), in its own pid namespace. A pid number sent from inside a container
+    # with a pid namespace of its own is that namespace's, and named another process to the daemon (the host's PID 1
+    # for a command that was the container's). No daemon: the keeper tries again by pid, and warns.
+    try:
+        conn: Connection | None = Connection(socket)
+    except DaemonUnavailable:
+        conn = None
     try:
         first = os.fork()
     except OSError as e:  # EAGAIN: at the user's process limit
+        _close([*filled, watch, gate_r, gate_w])
         _say(f"ftgov run: cannot start the process that holds the job ({e.strerror}); the command runs without the "
              "governor")
-        for fd in (watch, gate_r, gate_w):
-            os.close(fd)
         return b"go"
     if first == 0:
         try:
             os.close(gate_r)
             os.setsid()
             if os.fork() == 0:
-                _keep(pid, watch, gate_w, features, name, socket, verbose)
+                _keep(pid, conn, watch, gate_w, features, name, socket, verbose)
         finally:
             os._exit(0)
-    os.close(watch)
-    os.close(gate_w)
+    _close([*filled, watch, gate_w])  # the command gets closed what its caller closed
     try:
         os.waitpid(first, 0)
     except ChildProcessError:
@@ -189,18 +196,25 @@ def _start_keeper(features: dict, name, socket, verbose: bool) -> bytes:
     return b"".join(chunks)
 
 
-def _above_stdio(fd: int) -> int:
-    """fd, moved above 2 (close-on-exec) if it is stdin, stdout or stderr: started with those closed (`cmd <&-`, a
-    launcher that closes them), `ftgov run` gets their numbers for its own descriptors, and the keeper's /dev/null
-    over its stdin and stdout would replace its watch on the command or the release pipe."""
-    if fd > 2:
-        return fd
-    moved = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
+def _fill_stdio() -> list[int]:
+    """/dev/null on each of stdin, stdout and stderr that is closed (`cmd <&-`, a launcher that closes them) while
+    `ftgov run` opens its own descriptors, so that these land above 2: the keeper's /dev/null over its stdin and stdout
+    replaced its watch on the command (always readable: the job ended as the command started) or the release pipe.
+    Returns the descriptors to close again before the command runs."""
+    filled = []
+    while (fd := os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)) <= 2:
+        filled.append(fd)
     os.close(fd)
-    return moved
+    return filled
 
 
-def _keep(pid: int, watch: int, gate: int, features: dict, name, socket, verbose: bool) -> None:
+def _close(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _keep(pid: int, conn: Connection | None, watch: int, gate: int, features: dict, name, socket,
+          verbose: bool) -> None:
     """The keeper: register the command's process, release it, hold the job's connection until it exits, then end the
     job (its summary with -v). Never returns.
 
@@ -223,8 +237,11 @@ def _keep(pid: int, watch: int, gate: int, features: dict, name, socket, verbose
                 os.dup2(devnull, fd)
         if devnull > 2:
             os.close(devnull)
-        _close_all_but((0, 1, 2, watch, gate))  # what the caller passed the command (a pipe's end) is not ours
-        job = _register(pid, features, name, socket, verbose)
+        kept = (0, 1, 2, watch, gate) + (() if conn is None else (conn.fileno(),))
+        _close_all_but(kept)  # what the caller passed the command (a pipe's end) is not ours
+        if conn is not None:
+            conn.take_over()
+        job = _register(pid, conn, features, name, socket, verbose)
         try:
             os.write(gate, b"go" + (b"" if job.job_id is None else str(job.job_id).encode()))
         except BrokenPipeError:  # the process died before its release (a Ctrl-C while it waited): no command runs
@@ -288,10 +305,11 @@ def _close_all_but(kept: tuple[int, ...]) -> None:
     os.closerange(low, resource.getrlimit(resource.RLIMIT_NOFILE)[0])
 
 
-def _register(pid: int, features: dict, name, socket, verbose: bool) -> Job:
+def _register(pid: int, conn: Connection | None, features: dict, name, socket, verbose: bool) -> Job:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", GovernorWarning)
-        job = Job(features, name=name, socket=socket, pid=pid, gpu=launched_gpu()).start()
+        job = Job(features, name=name, socket=socket, pid=None if conn is not None else pid, connection=conn,
+                  gpu=launched_gpu()).start()
     for w in caught:
         _say(w.message)
     if verbose and job.registration:

@@ -143,6 +143,16 @@ class Connection:
         """Whether this process is a forked child of the one that connected: the connection is its parent's."""
         return self._pid != os.getpid()
 
+    def fileno(self) -> int:
+        return -1 if self._sock is None else self._sock.fileno()
+
+    def take_over(self) -> None:
+        """Make this process the connection's owner: a forked child that the process which connected handed it to
+        (`ftgov run`'s keeper takes the connection that the process which becomes the command made, so that the
+        daemon knows that process from the socket itself). The process that connected must then leave it alone (its
+        copy closes on exec)."""
+        self._pid = os.getpid()
+
     def closed_by_daemon(self) -> bool:
         """Whether ftgovd has closed its end (read without waiting, nothing consumed): it closes a connection that
         holds no job and sends nothing for its limits.idle_timeout_s, and it may have restarted meanwhile."""

@@ -60,7 +60,7 @@ class Job:
                  report_every_s: float = DEFAULT_REPORT_EVERY_S,
                  measure_batches: int = 8, timeout_s: float = 10.0, total_steps: int | None = None,
                  group: str | None = None, rank: int | None = None, world_size: int | None = None,
-                 local_world_size: int | None = None):
+                 local_world_size: int | None = None, connection: Connection | None = None):
         if report_every_s < 0:
             raise ValueError("report_every_s must be >= 0")
         if measure_batches < 1:
@@ -90,6 +90,9 @@ class Job:
         self.steps = 0
         self.disabled = False
         self._conn: Connection | None = None
+        # A connection made for this job by the process it is for (Connection.take_over): the daemon holds the process
+        # that connected, known from the socket, where a pid number is the caller's namespace's.
+        self._given_conn = connection
         # The daemon stopped answering this registered job (stopped, crashed, restarting): a restarted daemon holds it
         # again by its process, and the job asks it to hold it by a new connection (resume) to report and end it.
         self._lost = False
@@ -142,7 +145,7 @@ class Job:
             self._defer_to_run(run_job)
             return self
         try:
-            self._conn = Connection(self.socket, timeout_s=self.timeout_s)
+            self._conn = self._given_conn or Connection(self.socket, timeout_s=self.timeout_s)
         except DaemonUnavailable as e:
             self._disable(str(e))
             return self
@@ -310,6 +313,12 @@ class Job:
             # rank calls set_device after making its job, say): asking would initialize CUDA on device 0 and name it.
             # By the first step CUDA is up (or this process trains on none): the job registers there.
             log.info("ftgov: the job registers at its first step, once CUDA has chosen its GPU")
+            return
+        if self._conn.closed_by_daemon() and self._given_conn is not None:
+            # The connection names the process the job is for; one made here again would name this one.
+            self._conn.close()
+            self._conn = None
+            self._disable("ftgovd closed the connection before the job registered (restarted?)")
             return
         if self._conn.closed_by_daemon():
             # Measuring seq_len took longer than the daemon keeps a connection that holds no job (or the daemon

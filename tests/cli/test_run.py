@@ -615,3 +615,28 @@ def test_with_stderr_closed_an_error_is_not_written_to_the_commands_stdout(tmp_p
                  stdout=subprocess.PIPE, preexec_fn=lambda: os.close(2))
     out, _ = proc.communicate(timeout=60)
     assert (proc.returncode, out) == (127, "")
+
+
+def test_in_a_pid_namespace_of_its_own_the_daemon_holds_the_command_itself(daemon, orin):
+    """A container with a pid namespace of its own numbers its processes from 1: ftgov run there as its first process
+    sent pid=1, which the daemon, in the host's namespace, took for the host's PID 1 (held it, re-adopted it after a
+    restart). The daemon now knows the command from the socket its process connected on."""
+    pin = expected_pin(daemon)
+    own_users = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    wrapper = [sys.executable, "-m", "governor.cli", "run", "--socket", daemon.socket, *FEATURE_ARGS, "--",
+               *child_script(orin)]
+    proc = subprocess.Popen(["unshare", *own_users, "--pid", "--fork", "--mount-proc", *wrapper],
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, text=True, stdout=subprocess.PIPE)
+    try:
+        pid, min_freq = pid_and_min_freq(proc)
+        assert (pid, min_freq) == (1, pin)  # the command is the namespace's PID 1, pinned from its start
+        command = int(open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()[0])  # the host's number
+        with Connection(daemon.socket) as conn:
+            assert [job["pid"] for job in conn.call("status")["jobs"]] == [command]
+        os.kill(command, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    daemon.wait_jobs(0)
+    assert limits(orin) == BASELINE
