@@ -225,12 +225,14 @@ def measured_saving(windows: Iterable[Window], chosen_hz: int | None,
     """The saving per step the windows themselves show, and against what.
 
     Against the default governor when a window measured it (level None); else against the tuner's start (the tree's
-    pick), which is what tuning saved on top of the tree. None when the windows do not measure both ends.
+    pick), which is what tuning saved on top of the tree. None when the windows do not measure both ends, or when
+    nothing was chosen (``chosen_hz`` None: observe pins nothing, and its windows at the default governor compared with
+    themselves are no saving).
     """
     by_level: dict[int | None, list[float]] = {}
     for w in windows:
         by_level.setdefault(w.level_hz, []).append(w.joules_per_step)
-    if chosen_hz not in by_level:
+    if chosen_hz is None or chosen_hz not in by_level:
         return None, None
     chosen = sum(by_level[chosen_hz]) / len(by_level[chosen_hz])
     for basis, label in ((None, "default governor"), (start_hz, "start level")):
