@@ -361,10 +361,14 @@ def test_a_damaged_job_is_left_out_by_name_and_the_rest_are_shown(sim_store, tmp
     raw.close()
     assert main(["history", "--store", str(path)]) == 0
     out, err = capsys.readouterr()
-    assert "job 2" in err and "1 job(s) left out" in err and "Traceback" not in err
-    assert f"{records[0].name}-0" in out and f"{records[2].name}-2" in out and f"{records[1].name}-1" not in out
+    assert "Traceback" not in err and f"{records[0].name}-0" in out and f"{records[2].name}-2" in out
+    if "windows" in sql:  # the table reads no windows: what it shows of job 2 is sound
+        assert f"{records[1].name}-1" in out and not err
+    else:
+        assert "job 2" in err and "1 job(s) left out" in err and f"{records[1].name}-1" not in out
     assert main(["history", "--store", str(path), "--json"]) == 0
-    assert len(json.loads(capsys.readouterr().out)["jobs"]) == 2
+    out, err = capsys.readouterr()
+    assert "job 2" in err and len(json.loads(out)["jobs"]) == 2
     assert main(["report", "--store", str(path), "--out", str(tmp_path / "report")]) == 0
     assert "job 2" in capsys.readouterr().err
     with pytest.raises(BadRow, match="job 2"):  # retraining takes no partial store: it says which row
@@ -384,3 +388,39 @@ def test_damaged_totals_are_named_with_the_store(sim_store, tmp_path, capsys):
     raw.close()
     assert main(["history", "--store", str(path)]) == 1
     assert capsys.readouterr().err.strip() == f"ftgov history: {path}: the totals: energy_j is 'q', not a finite number"
+
+
+def _store_of_many_windows(path: Path, jobs: int, windows: int) -> None:
+    """``jobs`` tuned jobs of ``windows`` windows each (the daemon's bound is about 270 a job, max_jobs 20,000 jobs:
+    5 million rows a full store may hold), inserted as the store's own statements do."""
+    from governor.store import measurements as store
+
+    s = Store(path)
+    base = JobRecord(ended_at=1e9, model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, policy="tune")
+    with store._transaction(s.conn):
+        for i in range(jobs):
+            job = s.conn.execute(store._INSERT_JOB, [getattr(dataclasses.replace(base, ended_at=1e9 + i), c)
+                                                     for c in store.JOB_COLUMNS]).lastrowid
+            s.conn.executemany(store._INSERT_WINDOW, ((job, k, 714_000_000, 1.0, 0.1, 4, 60.0)
+                                                      for k in range(windows)))
+    s.close()
+
+
+def test_history_reads_no_window_it_does_not_show(tmp_path, capsys):
+    """The table shows no windows, and --since that no job matches shows no job: a full store's 5 million window rows
+    were read and held anyway (2.4 GB and 31 s for the table of a full store; 1.6 GB and 13 s for --since that matched
+    nothing), on a board whose memory its training job shares."""
+    import tracemalloc
+
+    path = tmp_path / "m.sqlite"
+    _store_of_many_windows(path, 2, 50_000)
+    for argv, said in ((["history", "--store", str(path)], "2 job(s) listed"),
+                       (["history", "--store", str(path), "--json", "--since", "2099-01-01"], '"jobs": []')):
+        tracemalloc.start()
+        try:
+            assert main(argv) == 0
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert said in capsys.readouterr().out
+        assert peak < 8e6, (argv, peak)  # the 100,000 windows held were 42 MB
