@@ -23,6 +23,7 @@ blocks the event loop; readers open the file read-only. Nothing here imports num
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -478,8 +479,7 @@ def open_read_only(path: str | os.PathLike) -> sqlite3.Connection:
     """Open a store for reading; StoreError names the file when it is absent, unreadable or not a store (a view or a
     generated column where a table belongs: `_plain_tables`)."""
     p = Path(path)
-    if not p.is_file():
-        raise StoreMissing(f"no measurement store at {p}")
+    _readable(p)
     try:
         try:
             return _checked(_connect(f"file:{_quote_path(p)}?mode=ro"), p)
@@ -490,6 +490,24 @@ def open_read_only(path: str | os.PathLike) -> sqlite3.Connection:
             return _checked(_connect(f"file:{_quote_path(p)}?mode=ro&immutable=1"), p)
     except sqlite3.Error as e:
         raise StoreError(f"cannot read the measurement store {p}: {e}") from e
+
+
+def _readable(p: Path) -> None:
+    """StoreMissing where no file is; StoreError where this user may not read it (the installed store is root's, in a
+    directory of root's: a member's `ftgov history` got a traceback, or SQLite's "unable to open database file")."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except (FileNotFoundError, NotADirectoryError):
+        raise StoreMissing(f"no measurement store at {p}") from None
+    except OSError as e:
+        hint = " (the store is root's: run as root, or on a copy)" if e.errno in (errno.EACCES, errno.EPERM) else ""
+        raise StoreError(f"cannot read the measurement store {p}: {e.strerror or e}{hint}") from e
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
+    if not regular:
+        raise StoreMissing(f"no measurement store at {p}")
 
 
 def _checked(conn: sqlite3.Connection, p: Path) -> sqlite3.Connection:

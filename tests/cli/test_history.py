@@ -4,8 +4,11 @@ import argparse
 import csv
 import dataclasses
 import json
+import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -424,3 +427,31 @@ def test_history_reads_no_window_it_does_not_show(tmp_path, capsys):
             tracemalloc.stop()
         assert said in capsys.readouterr().out
         assert peak < 8e6, (argv, peak)  # the 100,000 windows held were 42 MB
+
+
+@pytest.mark.parametrize("command", ["history", "report"])
+@pytest.mark.parametrize("closed", ["directory", "file"])
+def test_a_store_the_user_may_not_read_is_one_line_saying_so(tmp_path, command, closed):
+    """As installed, the store is 0600 in /var/lib/ftgov, 0700, both root's; a member's `ftgov history` finds it from
+    the daemon's status. Its directory closed, history and report ended in pathlib's PermissionError traceback; the
+    file closed, in SQLite's "unable to open database file". Run here as root without the capabilities that pass
+    over file modes, on a store of another uid's."""
+    from tests.support.security import needs_root
+
+    needs_root()
+    if not shutil.which("setpriv"):
+        pytest.skip("needs setpriv (util-linux)")
+    state = tmp_path / "state"
+    state.mkdir()
+    Store(state / "m.sqlite").close()
+    for p in (state, state / "m.sqlite"):
+        os.chown(p, 65534, 65534)
+    (state if closed == "directory" else state / "m.sqlite").chmod(0o700 if closed == "directory" else 0o600)
+    argv = [command, "--store", str(state / "m.sqlite")] + (["--out", str(tmp_path / "r")] * (command == "report"))
+    no_dac = "-dac_override,-dac_read_search"
+    done = subprocess.run(["setpriv", f"--inh-caps={no_dac}", f"--bounding-set={no_dac}", sys.executable, "-m",
+                           "governor.cli", *argv], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 1 and done.stderr == (
+        f"ftgov {command}: cannot read the measurement store {state / 'm.sqlite'}: Permission denied (the store is "
+        "root's: run as root, or on a copy)\n"), done.stderr
