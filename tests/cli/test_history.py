@@ -455,3 +455,29 @@ def test_a_store_the_user_may_not_read_is_one_line_saying_so(tmp_path, command, 
     assert done.returncode == 1 and done.stderr == (
         f"ftgov {command}: cannot read the measurement store {state / 'm.sqlite'}: Permission denied (the store is "
         "root's: run as root, or on a copy)\n"), done.stderr
+
+
+def test_report_keeps_a_workloads_savings_apart_by_basis(tmp_path):
+    """Against the default governor is ftgov's saving; against the tuner's start, what tuning added to the tree's
+    pick. The summary's one mean_saved_pct averaged the two (20% and 2% made 11%, which neither job measured), and the
+    cumulative curve summed them, which the store's totals keep apart (schema 4)."""
+    from governor.cli import report
+
+    path, record = one_tuned_job(tmp_path, energy_j=80.0, saved_rel=0.2, saved_basis="default governor")
+    s = Store(path)
+    s.add(dataclasses.replace(record, ended_at=record.ended_at + 60, saved_rel=0.02, saved_basis="start level"))
+    s.close()
+    out = tmp_path / "report"
+    assert main(["report", "--store", str(path), "--out", str(out)]) == 0
+    (row,) = csv.DictReader((out / "summary.csv").open())
+    assert (row["mean_saved_vs_default_pct"], row["mean_saved_vs_start_pct"]) == ("20.00", "2.00")
+    assert "11.00" not in (out / "summary.md").read_text()
+    jobs, _ = report.load(argparse.Namespace(store=str(path), config=None, socket=None))
+    kept = KeptFigures()
+    with OutDir(tmp_path / "again") as again:
+        report._savings(kept, jobs, again)
+    (savings,) = kept.figures
+    lines = {line.get_label(): line.get_ydata()[-1] for line in savings.axes[1].get_lines()}
+    assert lines == {"cumulative saved vs the default governor": pytest.approx(20.0),
+                     "cumulative saved vs the tuner's start": pytest.approx(80.0 * 0.02 / 0.98)}
+    kept.plt.close(savings)
