@@ -84,9 +84,10 @@ def add_store_arguments(p: argparse.ArgumentParser) -> None:
                    "/run/ftgov/ftgov.sock)")
 
 
-def load(args: argparse.Namespace, since: float | None = None, command: str = "history"):
-    """The store's jobs and totals. A job whose row ftgovd could not have written is left out, each with a line on
-    stderr that names it, and the rest are shown."""
+def load(args: argparse.Namespace, since: float | None = None, command: str = "history", windows: bool = True):
+    """The store's jobs and totals (``windows`` False: the jobs' windows left unread, for what shows none). A job whose
+    row ftgovd could not have written is left out, each with a line on stderr that names it, and the rest are
+    shown."""
     from governor.store import measurements as store
 
     path = store_path(args)
@@ -99,7 +100,7 @@ def load(args: argparse.Namespace, since: float | None = None, command: str = "h
         raise store.StoreMissing(f"{e} ({missing_store_hint(offer_simulated)})") from e
     skipped: list[store.BadRow] = []
     try:
-        jobs, totals = store.read_jobs(conn, since, skipped), store.read_totals(conn)
+        jobs, totals = store.read_jobs(conn, since, skipped, windows), store.read_totals(conn)
     except store.BadRow as e:  # the totals row: one of its kind, nothing to show without it
         raise store.BadRow(f"{path}: {e}") from None
     finally:
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         since = parse_since(args.since) if args.since else None
-        jobs, totals = load(args, since)
+        jobs, totals = load(args, since, windows=args.json)  # the table shows no window
     except FtgovError as e:
         print(f"ftgov history: {e}", file=sys.stderr)
         return 1

@@ -77,14 +77,15 @@ class TuneStarts:
         finally:
             conn.close()
         for r in rows:
-            try:
-                levels = tuple(int(hz) for hz in json.loads(r["levels_hz"] or "[]"))
-            except (ValueError, TypeError):
-                continue
             if r["uid"] is None:
                 continue  # whose it was is unknown: it starts nobody's job
-            starts._add(int(r["uid"]), (str(r["gpu_name"]), levels, r["model_type"], r["num_layers"],
-                                        r["hidden_size"]), float(r["seq_len"]), int(r["freq_hz"]))
+            try:
+                levels = tuple(int(hz) for hz in json.loads(r["levels_hz"] or "[]"))
+                uid, seq_len, freq_hz = int(r["uid"]), float(r["seq_len"]), int(r["freq_hz"])
+            except (ValueError, TypeError, OverflowError):
+                continue  # a damaged row (SQLite keeps text in a number's column): not worth the daemon's start
+            starts._add(uid, (str(r["gpu_name"]), levels, r["model_type"], r["num_layers"], r["hidden_size"]),
+                        seq_len, freq_hz)
         # Jetsons' tuned jobs (devfreq) are left out: their start is the tree's prediction, not a store's level.
         if starts:  # a Jetson's store has none to tell (its tuned jobs start at the tree's level)
             log.info("tuner starts: %d converged level(s) of NVML GPUs' tuned jobs from %s", len(starts), path)

@@ -23,6 +23,7 @@ blocks the event loop; readers open the file read-only. Nothing here imports num
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import logging
@@ -144,7 +145,7 @@ class BadRow(StoreError):
     levels that is not JSON): a damaged store, or one made elsewhere. Names the row and the column."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Window:
     """One measurement window: mean energy and time per step at one level (None: the default governor)."""
 
@@ -225,12 +226,14 @@ def measured_saving(windows: Iterable[Window], chosen_hz: int | None,
     """The saving per step the windows themselves show, and against what.
 
     Against the default governor when a window measured it (level None); else against the tuner's start (the tree's
-    pick), which is what tuning saved on top of the tree. None when the windows do not measure both ends.
+    pick), which is what tuning saved on top of the tree. None when the windows do not measure both ends, or when
+    nothing was chosen (``chosen_hz`` None: observe pins nothing, and its windows at the default governor compared with
+    themselves are no saving).
     """
     by_level: dict[int | None, list[float]] = {}
     for w in windows:
         by_level.setdefault(w.level_hz, []).append(w.joules_per_step)
-    if chosen_hz not in by_level:
+    if chosen_hz is None or chosen_hz not in by_level:
         return None, None
     chosen = sum(by_level[chosen_hz]) / len(by_level[chosen_hz])
     for basis, label in ((None, "default governor"), (start_hz, "start level")):
@@ -476,8 +479,7 @@ def open_read_only(path: str | os.PathLike) -> sqlite3.Connection:
     """Open a store for reading; StoreError names the file when it is absent, unreadable or not a store (a view or a
     generated column where a table belongs: `_plain_tables`)."""
     p = Path(path)
-    if not p.is_file():
-        raise StoreMissing(f"no measurement store at {p}")
+    _readable(p)
     try:
         try:
             return _checked(_connect(f"file:{_quote_path(p)}?mode=ro"), p)
@@ -488,6 +490,24 @@ def open_read_only(path: str | os.PathLike) -> sqlite3.Connection:
             return _checked(_connect(f"file:{_quote_path(p)}?mode=ro&immutable=1"), p)
     except sqlite3.Error as e:
         raise StoreError(f"cannot read the measurement store {p}: {e}") from e
+
+
+def _readable(p: Path) -> None:
+    """StoreMissing where no file is; StoreError where this user may not read it (the installed store is root's, in a
+    directory of root's: a member's `ftgov history` got a traceback, or SQLite's "unable to open database file")."""
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except (FileNotFoundError, NotADirectoryError):
+        raise StoreMissing(f"no measurement store at {p}") from None
+    except OSError as e:
+        hint = " (the store is root's: run as root, or on a copy)" if e.errno in (errno.EACCES, errno.EPERM) else ""
+        raise StoreError(f"cannot read the measurement store {p}: {e.strerror or e}{hint}") from e
+    try:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    finally:
+        os.close(fd)
+    if not regular:
+        raise StoreMissing(f"no measurement store at {p}")
 
 
 def _checked(conn: sqlite3.Connection, p: Path) -> sqlite3.Connection:
@@ -505,23 +525,34 @@ def _checked(conn: sqlite3.Connection, p: Path) -> sqlite3.Connection:
 
 
 def read_jobs(conn: sqlite3.Connection, since: float | None = None,
-              skipped: list[BadRow] | None = None) -> list[JobRecord]:
-    """Every job (ended at or after ``since``, Unix time), oldest first, with its windows. Each row is checked against
-    what ftgovd writes (``_sound``): a job that fails raises BadRow, or with ``skipped`` given, is left out and its
-    BadRow appended there, so that a reader shows the rest of a damaged store."""
+              skipped: list[BadRow] | None = None, windows: bool = True) -> list[JobRecord]:
+    """Every job (ended at or after ``since``, Unix time), oldest first, with its windows (``windows`` False: none
+    read, each job's windows empty). Each row is checked against what ftgovd writes (``_sound``): a job that fails
+    raises BadRow, or with ``skipped`` given, is left out and its BadRow appended there, so that a reader shows the
+    rest of a damaged store.
+
+    A full store holds about 5 million windows (max_jobs jobs, up to about 270 windows each): only those of the jobs
+    read are read, each made a Window as it comes (a Row apiece held until the end took 2.4 GB)."""
+    after = float("-inf") if since is None else since
     try:
-        rows = conn.execute("SELECT * FROM jobs WHERE ended_at >= ? ORDER BY id",
-                            (float("-inf") if since is None else since,)).fetchall()
-        windows: dict[int, list[sqlite3.Row]] = {}
-        for w in conn.execute("SELECT * FROM windows WHERE job >= ? ORDER BY job, seq",
-                              (rows[0]["id"] if rows else 0,)):
-            windows.setdefault(w["job"], []).append(w)
+        rows = conn.execute("SELECT * FROM jobs WHERE ended_at >= ? ORDER BY id", (after,)).fetchall()
+        kept: dict[int, list[Window]] = {}
+        bad: dict[int, BadRow] = {}
+        if windows and rows:
+            for w in conn.execute("SELECT windows.* FROM windows JOIN jobs ON jobs.id = windows.job "
+                                  "WHERE jobs.ended_at >= ? ORDER BY windows.job, windows.seq", (after,)):
+                if w["job"] not in bad:
+                    try:
+                        kept.setdefault(w["job"], []).append(_window(w))
+                    except BadRow as e:
+                        bad[w["job"]] = e
+                        kept.pop(w["job"], None)
     except sqlite3.Error as e:
         raise StoreError(f"cannot read jobs: {e}") from e
     out = []
     for r in rows:
         try:
-            out.append(_job_record(r, windows.get(r["id"], ())))
+            out.append(_job_record(r, kept.pop(r["id"], ()), bad.get(r["id"])))
         except BadRow as e:
             if skipped is None:
                 raise
@@ -529,7 +560,11 @@ def read_jobs(conn: sqlite3.Connection, since: float | None = None,
     return out
 
 
-def _job_record(r: sqlite3.Row, windows: Iterable[sqlite3.Row]) -> JobRecord:
+def _window(w: sqlite3.Row) -> Window:
+    return Window(**_sound(Window, f"job {w['job']}, window {w['seq']!r}", {f.name: w[f.name] for f in fields(Window)}))
+
+
+def _job_record(r: sqlite3.Row, windows: Iterable[Window], bad_window: BadRow | None = None) -> JobRecord:
     where = f"job {r['id']}"
     have = r.keys()  # an older schema's file lacks the newer columns
     values = _sound(JobRecord, where, {c: r[c] if c in have else None for c in JOB_COLUMNS})
@@ -537,10 +572,9 @@ def _job_record(r: sqlite3.Row, windows: Iterable[sqlite3.Row]) -> JobRecord:
         raise BadRow(f"{where}: ended_at {values['ended_at']:g} is no time (Unix seconds, 1970 to 9999)")
     _check_levels(where, values["levels_hz"])
     _check_features(where, values)
-    sound_windows = tuple(
-        Window(**_sound(Window, f"{where}, window {w['seq']!r}", {f.name: w[f.name] for f in fields(Window)}))
-        for w in windows)
-    return JobRecord(**values, windows=sound_windows)
+    if bad_window is not None:
+        raise bad_window
+    return JobRecord(**values, windows=tuple(windows))
 
 
 _LAST_TIME = 253402300799.0  # 9999-12-31 23:59:59 UTC: the last a datetime (and `history`'s column) can show

@@ -41,6 +41,28 @@ def test_an_observed_job_gets_the_tuners_windows_and_no_pin(start_daemon):
     assert rows >= 2  # recorded as windows at no pinned level: a board's curves leave them out
 
 
+def test_an_observed_job_records_no_saving(start_daemon):
+    """Observe pins nothing: its windows are all at the default governor, so there is no saving to measure. The store
+    said 0.0% against the default governor (its windows against themselves), and report's mean saving of a workload
+    averaged that 0 into the tuned jobs' savings: an operator who observed before tuning, as observe is meant for,
+    read a smaller saving than tune measured."""
+    d = start_daemon(simulate=True, config={"policy": "observe", "tuner": {
+        "window_rule": "steps", "window_steps": 2, "warmup_steps": 0}})
+    c = d.client()
+    res = c.call("register", gpu_util=80.0, **BERT_BASE)
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, 40, time_scale=0.3)
+    assert c.call("status")["jobs"][0]["tuner"]["windows"] >= 2
+    c.call("unregister", job_id=res["job_id"])
+    d.stop()
+    conn = store.open_read_only(d.state_dir / "measurements.sqlite")
+    try:
+        job, = store.read_jobs(conn)
+    finally:
+        conn.close()
+    assert len(job.windows) >= 2 and all(w.level_hz is None for w in job.windows)
+    assert (job.saved_rel, job.saved_basis) == (None, None)
+
+
 def test_the_spread_of_successive_windows():
     assert successive_spread([1.0]) is None
     assert successive_spread([1.0, 1.0, 1.0]) == 0.0

@@ -153,3 +153,24 @@ def test_history_without_store_reads_the_running_daemons(orin, start_daemon, tmp
     assert "recorded-before" in capsys.readouterr().out
     assert main(["history", "--socket", str(tmp_path / "no-daemon.sock"), "--config", str(tmp_path / "none.yaml")]) == 1
     assert "none.yaml" in capsys.readouterr().err  # --config given: the daemon is not asked, the config must exist
+
+
+def test_a_damaged_row_in_its_store_does_not_stop_the_daemon_starting(orin, start_daemon, tmp_path):
+    """The daemon reads its store's converged tuned jobs at start (governor.daemon.starts): a row whose seq_len or
+    freq_hz was text (a damaged or hand-edited store; SQLite keeps text in any column, and quick_check passes it)
+    raised ValueError out of start-up, before READY=1, at every restart. The row is left out; the others count."""
+    path = tmp_path / "m.sqlite"
+    s = store.Store(path)
+    base = dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, policy="tune", converged=True,
+                backend="nvml", gpu_name="NVIDIA H200", levels_hz="[900000000, 1500000000]", uid=1000)
+    for i, freq_hz in enumerate((900_000_000, 1_500_000_000, 900_000_000)):
+        s.add(store.JobRecord(ended_at=1e9 + i, freq_hz=freq_hz, **base))
+    s.close()
+    raw = sqlite3.connect(path)
+    raw.execute("UPDATE jobs SET seq_len = 'lots' WHERE id = 1")
+    raw.execute("UPDATE jobs SET freq_hz = 'fast' WHERE id = 2")
+    raw.commit()
+    raw.close()
+    d = start_daemon(config={"store": {"path": str(path)}})
+    assert d.client().call("status")["store"]["jobs"] == 3
+    assert "tuner starts: 1 converged level(s)" in d.log()
