@@ -57,6 +57,27 @@ def gpu_readings() -> dict:
         pynvml.nvmlShutdown()
 
 
+def observing_daemon(log_path: Path) -> Daemon:
+    """ftgovd started on the NVML backend in the observe policy, tuner.window_rule time, with a private socket and
+    state dir, its log at ``log_path``; SystemExit (the daemon stopped) unless its status shows it observing with no
+    GPU pinned."""
+    # An empty sysfs root: with the NVML backend the daemon reads the GPU through NVML alone, never /sys. The
+    # caller's PYTHONPATH goes on to it (carried dependencies; a pynvml stand-in for a dry run).
+    here = str(Path(__file__).resolve().parents[1])
+    daemon = Daemon(Path(tempfile.mkdtemp(prefix="ftgov-observe-")),
+                    config={"backend": "nvml", "policy": "observe", "restore_on_stop": False,
+                            "tuner": {"window_rule": "time"}},
+                    test_config=False,  # the daemon's defaults otherwise (the tests' 0.05 s util_sample_s is 1 read)
+                    env={"PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)},
+                    log_path=log_path, log_level=os.environ.get("OBS_LOG_LEVEL", "info"))
+    daemon.start(timeout_s=60)
+    status = daemon.client().call("status")
+    if status["policy"] != "observe" or any(g.get("pinned_hz") for g in status["gpus"]):
+        daemon.stop()
+        raise SystemExit(f"refusing to train: the daemon is not observing read-only: {status}")
+    return daemon
+
+
 def train(size: str, steps: int, socket: str, device: str, eval_every: int = 0, eval_batches: int = 20,
           seq_len: int = 128, grad_accum: int = 1) -> float:
     import torch
@@ -121,20 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     before = gpu_readings()
-    # An empty sysfs root: with the NVML backend the daemon reads the GPU through NVML alone, never /sys. The
-    # caller's PYTHONPATH goes on to it (carried dependencies; a pynvml stand-in for a dry run).
-    here = str(Path(__file__).resolve().parents[1])
-    daemon = Daemon(Path(tempfile.mkdtemp(prefix="ftgov-observe-")),
-                    config={"backend": "nvml", "policy": "observe", "restore_on_stop": False,
-                            "tuner": {"window_rule": "time"}},
-                    test_config=False,  # the daemon's defaults otherwise (the tests' 0.05 s util_sample_s is 1 read)
-                    env={"PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)},
-                    log_path=args.out / "ftgovd.log", log_level=os.environ.get("OBS_LOG_LEVEL", "info"))
-    daemon.start(timeout_s=60)
+    daemon = observing_daemon(args.out / "ftgovd.log")
     try:
-        status = daemon.client().call("status")
-        if status["policy"] != "observe" or any(g.get("pinned_hz") for g in status["gpus"]):
-            raise SystemExit(f"refusing to train: the daemon is not observing read-only: {status}")
         seconds, cpu_s = {}, {}
         for size in args.sizes:
             for every in args.eval_every:
