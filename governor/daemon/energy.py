@@ -136,6 +136,10 @@ GAP_MIN_S = 1.0
 GAP_STEPS = 3.0
 STEP_TIMES_KEPT = 32
 STEP_TIMES_MIN = 4
+# Two long steps in a row are the job slowing down (another workload) when they take alike, within this ratio; a long
+# step unlike the last one is another pause (a host's 1 s stall right before a checkpoint save: the save, taken for a
+# slowdown, read a window 6 times dearer).
+SLOWDOWN_RATIO = 2.0
 PACE_POINTS_KEPT = 16  # the points before a gap whose J and s a step stand in for the step that held it
 
 
@@ -192,7 +196,7 @@ class MeterFeed:
         self._recent: collections.deque[tuple[float, float, float]] = collections.deque(maxlen=PACE_POINTS_KEPT)
         self._gap_from: tuple[float, float, float] | None = None
         self._cut_j = self._cut_s = 0.0
-        self._gap_last = False  # the last report's step ends held one
+        self._gap_last: float | None = None  # the last report's step ends held one: its seconds a step
         self.gaps = 0  # unreported pauses cut out
 
     def settle_s(self, updates: float | None = None) -> float:
@@ -221,7 +225,7 @@ class MeterFeed:
             was, self._phase = self._phase, phase
             if was is not None:
                 self._recent.clear()  # the pace of a gap is the training steps'
-                self._gap_last = False
+                self._gap_last = None
                 return self._less_gaps(self._phase_changed(job, phase))
         if job.step_end_s is None and isinstance(self.meter, CounterMeter):
             now_s = time.monotonic()
@@ -264,16 +268,18 @@ class MeterFeed:
         gap_s = t1 - t0
         step_s = statistics.median(self._step_times_s) if len(self._step_times_s) >= STEP_TIMES_MIN else None
         long = step_s is not None and gap_s - (n1 - n0) * step_s > max(GAP_MIN_S, GAP_STEPS * step_s)
-        if not long or self._gap_last:
+        per_step_s = gap_s / (n1 - n0)
+        last = self._gap_last
+        if not long or (last is not None and max(per_step_s, last) <= SLOWDOWN_RATIO * min(per_step_s, last)):
             if long:
-                # Two long steps running: the job's steps slowed down (its workload changed), not a pause: their
-                # time is the steps' from here (cut, every step would be charged the old pace from now on).
+                # Two long steps running, alike: the job's steps slowed down (its workload changed), not a pause:
+                # their time is the steps' from here (cut, every step would be charged the old pace from now on).
                 self._step_times_s.clear()
-            self._gap_last = False
-            self._step_times_s.append(gap_s / (n1 - n0))
+            self._gap_last = None
+            self._step_times_s.append(per_step_s)
             return False
         assert step_s is not None, "a long gap is long against the job's steps"
-        self._gap_last = True
+        self._gap_last = per_step_s
         if self._gap_from is None and self._recent:
             self._gap_from = self._recent[-1]
         self.gaps += 1

@@ -445,3 +445,17 @@ def test_steps_that_scatter_are_no_pause(monkeypatch):
     pooled = sum(m.joules_per_step * m.measured_steps for m in measured) / steps_in
     assert pooled == pytest.approx(true_j, rel=0.02)
     assert feed.gaps == 0
+
+
+def test_a_pause_right_after_a_stalled_step_is_cut_too(monkeypatch):
+    """A host stalls 1.1 s in one step, and the loop then saves a checkpoint for 3 s without reporting it (seen in a
+    dry run of scripts/gpu_recheck.py): two long steps in a row were taken for the job slowing down, the save kept as
+    steps, and its window read 6 times dearer. Long steps unlike each other are pauses, each cut."""
+    board, feed, job = _counter_feed(monkeypatch)
+    step = [(0.025, 100.0)]  # 2.5 J a step
+    stall, save = [(1.1, 20.0)] + step, [(3.0, 20.0)] + step
+    measured = _windows(feed, job, board, [step] * 300 + [stall, save] + [step] * 600, 0.1)
+    assert len(measured) >= 5, measured
+    assert all(m.joules_per_step == pytest.approx(2.5, rel=0.05) for m in measured), \
+        [round(m.joules_per_step, 3) for m in measured]
+    assert feed.gaps == 2
