@@ -230,15 +230,20 @@ def measured_saving(windows: Iterable[Window], chosen_hz: int | None,
     nothing was chosen (``chosen_hz`` None: observe pins nothing, and its windows at the default governor compared with
     themselves are no saving).
     """
+    # J and steps at each level, summed: a level's J/step is over its steps, so that a pooled row (KeptWindows: one
+    # row for a level's windows past the first 256, thousands of steps) weighs as the steps it holds, not as one window.
     by_level: dict[int | None, list[float]] = {}
     for w in windows:
-        by_level.setdefault(w.level_hz, []).append(w.joules_per_step)
+        sums = by_level.setdefault(w.level_hz, [0.0, 0.0])
+        steps = max(w.steps, 1)
+        sums[0] += w.joules_per_step * steps
+        sums[1] += steps
     if chosen_hz is None or chosen_hz not in by_level:
         return None, None
-    chosen = sum(by_level[chosen_hz]) / len(by_level[chosen_hz])
+    chosen = by_level[chosen_hz][0] / by_level[chosen_hz][1]
     for basis, label in ((None, "default governor"), (start_hz, "start level")):
         if basis in by_level and (basis is not None or None in by_level):
-            ref = sum(by_level[basis]) / len(by_level[basis])
+            ref = by_level[basis][0] / by_level[basis][1]
             if ref > 0:
                 return 1.0 - chosen / ref, label
     return None, None
@@ -574,6 +579,10 @@ def _job_record(r: sqlite3.Row, windows: Iterable[Window], bad_window: BadRow | 
     _check_features(where, values)
     if bad_window is not None:
         raise bad_window
+    if values["policy"] == "observe":
+        # Observe pins nothing, so its windows measure no saving; a daemon before 2026-12-07 stored 0.0% against the
+        # default governor (its windows against themselves), which history showed and report averaged in.
+        values.update(saved_rel=None, saved_basis=None, saved_pct_err=None)
     return JobRecord(**values, windows=tuple(windows))
 
 

@@ -311,3 +311,28 @@ def test_store_names_each_class_once():
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(path.name)
     assert {name: files for name, files in where.items() if len(files) > 1} == {}
+
+
+def test_the_saving_from_windows_weighs_each_level_by_its_steps():
+    """A tuned job's windows past the first 256 at a level are stored as one pooled row of all their steps
+    (governor.policy.measured_saving.KeptWindows): averaged as one window beside a 4-step one, it counted thousands of
+    steps as many as four."""
+    from governor.store.measurements import measured_saving
+
+    windows = [Window(None, 2.0, 0.1, 40), Window(816_000_000, 1.0, 0.12, 10_000),
+               Window(816_000_000, 2.0, 0.12, 4)]
+    saved, basis = measured_saving(windows, 816_000_000, None)
+    assert basis == "default governor"
+    assert saved == pytest.approx(1 - (10_000 + 8) / 10_004 / 2.0)
+
+
+def test_an_observed_jobs_saving_from_an_older_daemon_is_read_as_none(tmp_path):
+    """A daemon before 2026-12-07 stored 0.0% against the default governor for every observed job (its windows
+    against themselves): history showed a measured 0% and report averaged it into the tuned jobs' savings."""
+    path = tmp_path / "m.sqlite"
+    s = Store(path)
+    s.add(rec(1, policy="observe", freq_hz=None, saved_rel=0.0, saved_basis="default governor",
+              windows=(Window(None, 1.0, 0.1, 40), Window(None, 1.0, 0.1, 40))))
+    s.close()
+    job, = store.read_jobs(store.open_read_only(path))
+    assert (job.saved_rel, job.saved_basis, job.saved_pct_err) == (None, None, None)
