@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from governor import DEFAULT_CONFIG_PATH, SOCKET_ENV
-from governor.cli.argtypes import absolute_path
+from governor.argtypes import absolute_path
 from governor.cli.doctor_checks import (
     CHECKS,
     FAIL,

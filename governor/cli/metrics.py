@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from governor.cli.argtypes import above, at_least, port
+from governor.argtypes import above, at_least, port
 from governor.client import Connection
 from governor.client.connection import DaemonUnavailable
 from governor.errors import FtgovError

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from governor import DEFAULT_CONFIG_PATH, DEFAULT_SOCKET_PATH, SOCKET_ENV, __version__, backends, simpaths
+from governor.argtypes import absolute_path
 from governor.backends import devfreq, gpuid
 from governor.backends import rails as rails_mod
 from governor.backends.base import describe_text
-from governor.cli.argtypes import absolute_path
 from governor.config import Config, default_ffg_hz, default_model_path, load_config, store_path
 from governor.daemon import admission, logs, peers, tuning
 from governor.daemon.controller import Controller

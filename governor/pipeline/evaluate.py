@@ -158,7 +158,7 @@ def table(sweeps: list[Sweep], results, names: list[str], job_steps: int = TuneS
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
-    from governor.cli.argtypes import at_least
+    from governor.argtypes import at_least
 
     p = subparsers.add_parser("evaluate", help="compare MAXN, FFG, the paper's tree, the trained MLG, the online "
                               "tuner and the oracle",

@@ -124,7 +124,7 @@ def run(root: Root, job, workload, steps: int, *, time_scale: float = 0.1, noise
 
 
 def add_parser(sub) -> None:
-    from governor.cli.argtypes import above, at_least
+    from governor.argtypes import above, at_least
 
     p = sub.add_parser("sim-job", help="run a simulated fine-tuning job against ftgovd --simulate",
                        description="Register a simulated training job with ftgovd and run its steps on the simulated "

@@ -1,4 +1,5 @@
-"""argparse types for numbers with a range: a value out of range is a usage error naming the option
+"""argparse types shared by ftgov, ftgovd and the simulator's commands (so not the CLI's: ftgovd loads nothing of
+governor.cli): numbers with a range, and paths. A value out of range is a usage error naming the option
 (``ftgov sim-job: error: argument --steps: must be >= 1, got -5``), not a ValueError deep inside a command."""
 
 from __future__ import annotations
