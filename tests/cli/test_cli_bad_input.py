@@ -38,8 +38,9 @@ def typed_options(parser: argparse.ArgumentParser):
 
 def generic_cases():
     for path, parser in COMMANDS.items():
-        # A command with required arguments names those first, else the unknown option.
-        yield pytest.param([*path, "--no-such-option"], 2, "error: ",
+        # A command with required arguments names those first, else the unknown option; either way the command's
+        # own usage is the one to see (`ftgov --help` does not list a subcommand's options).
+        yield pytest.param([*path, "--no-such-option"], 2, f"ftgov {' '.join(path)}: error: ",
                            id=f"{' '.join(path)} --no-such-option")
         for option, action in typed_options(parser):
             bad = "no-such-choice" if action.choices else "x1"
