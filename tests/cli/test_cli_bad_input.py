@@ -55,6 +55,9 @@ SPECIFIC = [
     (["sim-job", "--tree", "{tree}", "--seq-len", "-1"], 2, "argument --seq-len: must be > 0, got -1"),
     (["sim-job", "--tree", "{tree}", "--steps", "-5"], 2, "argument --steps: must be >= 1, got -5"),
     (["sim-job", "--tree", "{tree}", "--time-scale", "nan"], 2, "argument --time-scale: 'nan' is not a finite"),
+    # The simulated board steps its meter through each step's compressed time: at 1e-7 it fell behind for good, a
+    # core busy and the rails and load frozen, long after the job ended.
+    (["sim-job", "--tree", "{tree}", "--time-scale", "1e-7"], 2, "argument --time-scale: must be >= 0.01, got 1e-7"),
     (["sim-job", "--tree", "/etc/passwd"], 1, "/etc/passwd is not a simulated tree"),
     (["sim-job", "--tree", "{tree}", "--hidden-size", "100000000"], 1, "invalid job features: hidden_size"),
     (["sim-job", "--tree", "{tree}", "--seq-len", "0.5"], 1, "invalid job features: seq_len"),
