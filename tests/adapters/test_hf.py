@@ -150,6 +150,8 @@ def test_training_goes_on_without_the_daemon(tokenizer, tmp_path):
 def test_bad_explicit_numbers_fail_when_the_callback_is_made():
     with pytest.raises(ValueError, match="num_layers"):
         GovernorCallback(num_layers=0)
+    with pytest.raises(ValueError, match="name: must not contain control"):
+        GovernorCallback(name="bert\nsst2")  # the daemon would refuse the job when training began
 
 
 @pytest.mark.parametrize("config_cls, kwargs, expected", [

@@ -262,6 +262,28 @@ def test_an_encoder_decoder_hf_config_is_refused_until_its_numbers_are_given(dae
     assert re.search(r"job \d+ 'true' .*decoder L12 H512 seq 30 ", daemon.log()), daemon.log()
 
 
+@pytest.mark.parametrize("name, why", [
+    ("bad\nname", "must not contain control or format characters, blank fillers or stray combining marks (U+000A at "
+                  "index 3)"),
+    ("x" * 300, "must have at most 256 characters, not 300"),
+])
+def test_a_name_the_daemon_would_refuse_is_refused_before_the_command_runs(daemon, name, why):
+    """A --name the daemon refuses cost the command its pin, with a warning, and ran it (exit 0) ungoverned."""
+    proc = ftgov("run", "--socket", daemon.socket, "--name", name, *FEATURE_ARGS, "--", "true", stderr=subprocess.PIPE)
+    assert proc.wait(timeout=60) == 2
+    assert proc.stderr.read().startswith(f"ftgov run: --name: {why}")
+    assert not re.search(r"job \d+", daemon.log()), "no job was registered"
+
+
+def test_a_command_whose_own_name_is_unprintable_is_named_with_escapes(daemon, tmp_path):
+    script = tmp_path / "odd\nname"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", str(script), stderr=subprocess.PIPE)
+    assert (proc.wait(timeout=60), proc.stderr.read()) == (0, "")
+    assert re.search(r"job \d+ 'odd\\\\x0aname' \(pid", daemon.log()), daemon.log()
+
+
 def counting_command(signo: int, orin) -> list[str]:
     """A command that counts the signals ``signo`` it dequeues: on the first it reads the GPU's pinned minimum (the
     job must still hold it while the command shuts down) and sends itself a SIGUSR2. Pending signals are taken lowest

@@ -356,6 +356,15 @@ def test_numbers_complete_a_config_and_an_encoder_decoder_needs_them():
         "model_type": "decoder", "num_layers": 12, "hidden_size": 512, "seq_len": 30.0}
 
 
+def test_a_name_the_daemon_would_refuse_fails_when_the_job_is_made():
+    """It cost the job its pin at register (one warning) while training went on: a bad name is the caller's
+    mistake, as a bad number is."""
+    with pytest.raises(ValueError, match=r"name: must not contain control .* \(U\+000A at index 1\)"):
+        job(model_type="decoder", num_layers=2, hidden_size=32, seq_len=10, name="a\nb")
+    with pytest.raises(ValueError, match="name: must have at most 256 characters, not 257"):
+        job(model_type="decoder", num_layers=2, hidden_size=32, seq_len=10, name="x" * 257)
+
+
 def test_seq_len_never_measured_warns(daemon):
     with pytest.warns(GovernorWarning, match="no 2-D attention_mask"):
         with job(BERT_TINY, socket=daemon.path, measure_batches=2) as j:
