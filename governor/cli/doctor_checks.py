@@ -152,8 +152,9 @@ def check_pin(ctx: Context) -> list[Check]:
                                 f"{g.get('detail')}{how}", "" if g.get("ok") else "journalctl -u ftgovd"))
         return checks or [Check("pin", FAIL, "ftgovd governs no GPU")]
     if ctx.gpu is None:
-        return [Check("pin", FAIL, "no GPU devfreq node to pin" if ctx.config.backend != "nvml"
-                      else "ftgovd does not answer: the NVML pin cannot be checked", START_SOCKET)]
+        if ctx.config.backend == "nvml":
+            return [Check("pin", FAIL, "ftgovd does not answer: the NVML pin cannot be checked", START_SOCKET)]
+        return [Check("pin", FAIL, "no GPU devfreq node to pin", "see 'devfreq' above")]
     if ctx.uid != 0:
         return [Check("pin", WARN, f"not checked: ftgovd does not answer and only root may write the limits "
                                    f"(you are uid {ctx.uid})", f"{START_SOCKET}, or run doctor as root")]
