@@ -368,12 +368,22 @@ def installed_store_path(config: Config) -> str:
 MAX_ERRORS_SHOWN = 10  # a file of a thousand unknown keys is named by its first few, in one line of the log
 
 
+def _sections() -> dict[str, type[BaseModel]]:
+    """The config's sections (socket, limits, tuner, store): its keys that hold keys of their own."""
+    return {name: field.annotation for name, field in Config.model_fields.items()
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)}
+
+
 def _format_errors(e: ValidationError) -> str:
     lines = []
     errors = e.errors()
     for err in errors[:MAX_ERRORS_SHOWN]:
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"{key}: {err['msg']}")
+        hint = ""
+        if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:  # a section's key that lost its indent
+            owners = [name for name, model in _sections().items() if err["loc"][0] in model.model_fields]
+            hint = f" (a key of {' or '.join(owners)}: indent it under its section)" if owners else ""
+        lines.append(f"{key}: {err['msg']}{hint}")
     if len(errors) > MAX_ERRORS_SHOWN:
         lines.append(f"and {len(errors) - MAX_ERRORS_SHOWN} more")
     return "; ".join(lines)
@@ -402,7 +412,8 @@ def load_config(path: str | os.PathLike | None, overrides: dict | None = None, *
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p} must hold a mapping of keys, not {type(loaded).__name__}")
-        data = loaded
+        # A section whose every key is commented out is null: its defaults, as for a file whose every key is.
+        data = {key: {} if value is None and key in _sections() else value for key, value in loaded.items()}
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue
