@@ -80,6 +80,8 @@ SPECIFIC = [
     (["history", "--since", "soon", "--store", "{tmp}/none.sqlite"], 1, "--since 'soon'"),
     (["history", "--store", "/etc/passwd"], 1, "cannot read the measurement store /etc/passwd"),
     (["report", "--store", "/etc/passwd", "--out", "{tmp}/r"], 1, "cannot read the measurement store"),
+    # An unset variable in --out "$DIR": the report went into the directory the command was typed in.
+    (["report", "--store", "{tmp}/none.sqlite", "--out", ""], 2, "argument --out: an empty path"),
     (["status", "--socket", "/etc/passwd"], 1, "/etc/passwd is not a socket"),
     (["predict", *FEATURES, "--socket", "/etc"], 1, "/etc is not a socket"),
     (["predict", *FEATURES[:-1], "0"], 2, "seq_len"),
