@@ -168,6 +168,14 @@ def test_features_from_real_hf_configs(config_cls, kwargs, expected):
     assert (f["model_type"], f["num_layers"], f["hidden_size"]) == expected
 
 
+@pytest.mark.parametrize("config_cls", ["T5Config", "BartConfig", "WhisperConfig"])
+def test_a_real_encoder_decoder_config_asks_for_its_numbers(config_cls):
+    with pytest.raises(ValueError, match="is an encoder-decoder model"):
+        from_hf_config(getattr(transformers, config_cls)())
+    shape = from_hf_config(getattr(transformers, config_cls)(), {"model_type": "decoder", "num_layers": 12})
+    assert (shape["model_type"], shape["num_layers"]) == ("decoder", 12)
+
+
 def test_config_found_through_a_wrapping_module():
     class Wrapper(torch.nn.Module):
         def __init__(self):
