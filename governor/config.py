@@ -341,9 +341,11 @@ class Config(_Strict):
     @field_validator("ffg_freq_hz")
     @classmethod
     def _in_hz(cls, v):
-        # 816 meant as MHz would pin every job at the lowest level: no GPU clock is below 1 MHz.
+        # 816 meant as MHz would pin every job at the lowest level: no GPU clock is below 1 MHz. A GPU's levels are
+        # under 10000 in MHz and over it in kHz (cpufreq's unit, and the kernel's for devfreq's limit requests).
         if v is not None and v < MIN_FREQ_HZ:
-            hint = f"{v} MHz would be {v * 1_000_000}" if v > 0 else "816 MHz is 816000000"
+            hint = (f"{v} kHz would be {v * 1_000}" if v >= 10_000 else f"{v} MHz would be {v * 1_000_000}" if v > 0
+                    else "816 MHz is 816000000")
             raise ValueError(f"{v} Hz is below 1 MHz: the value is in Hz ({hint})")
         return v
 

@@ -42,6 +42,8 @@ def test_overrides_win_key_by_key(tmp_path):
     ("policy: fastest\n", "policy"),
     ("ffg_freq_hz: 816\n", "ffg_freq_hz: Value error, 816 Hz is below 1 MHz: the value is in Hz"),
     ("ffg_freq_hz: 0\n", "ffg_freq_hz: Value error, 0 Hz is below 1 MHz"),
+    # sysfs's devfreq speaks kHz elsewhere: read as MHz, 816000 was offered back as 816 THz.
+    ("ffg_freq_hz: 816000\n", r"816000 Hz is below 1 MHz: the value is in Hz \(816000 kHz would be 816000000\)"),
     ("tuner:\n  confirm_contenders: 0\n", "tuner.confirm_contenders"),
     ("tuner:\n  window_explore_z: 0\n", "tuner.window_explore_z"),
 ])
