@@ -341,9 +341,11 @@ class Config(_Strict):
     @field_validator("ffg_freq_hz")
     @classmethod
     def _in_hz(cls, v):
-        # 816 meant as MHz would pin every job at the lowest level: no GPU clock is below 1 MHz.
+        # 816 meant as MHz would pin every job at the lowest level: no GPU clock is below 1 MHz. A GPU's levels are
+        # under 10000 in MHz and over it in kHz (cpufreq's unit, and the kernel's for devfreq's limit requests).
         if v is not None and v < MIN_FREQ_HZ:
-            hint = f"{v} MHz would be {v * 1_000_000}" if v > 0 else "816 MHz is 816000000"
+            hint = (f"{v} kHz would be {v * 1_000}" if v >= 10_000 else f"{v} MHz would be {v * 1_000_000}" if v > 0
+                    else "816 MHz is 816000000")
             raise ValueError(f"{v} Hz is below 1 MHz: the value is in Hz ({hint})")
         return v
 
@@ -368,12 +370,22 @@ def installed_store_path(config: Config) -> str:
 MAX_ERRORS_SHOWN = 10  # a file of a thousand unknown keys is named by its first few, in one line of the log
 
 
+def _sections() -> dict[str, type[BaseModel]]:
+    """The config's sections (socket, limits, tuner, store): its keys that hold keys of their own."""
+    return {name: field.annotation for name, field in Config.model_fields.items()
+            if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)}
+
+
 def _format_errors(e: ValidationError) -> str:
     lines = []
     errors = e.errors()
     for err in errors[:MAX_ERRORS_SHOWN]:
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"{key}: {err['msg']}")
+        hint = ""
+        if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:  # a section's key that lost its indent
+            owners = [name for name, model in _sections().items() if err["loc"][0] in model.model_fields]
+            hint = f" (a key of {' or '.join(owners)}: indent it under its section)" if owners else ""
+        lines.append(f"{key}: {err['msg']}{hint}")
     if len(errors) > MAX_ERRORS_SHOWN:
         lines.append(f"and {len(errors) - MAX_ERRORS_SHOWN} more")
     return "; ".join(lines)
@@ -402,7 +414,8 @@ def load_config(path: str | os.PathLike | None, overrides: dict | None = None, *
             loaded = {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {p} must hold a mapping of keys, not {type(loaded).__name__}")
-        data = loaded
+        # A section whose every key is commented out is null: its defaults, as for a file whose every key is.
+        data = {key: {} if value is None and key in _sections() else value for key, value in loaded.items()}
     for dotted, value in (overrides or {}).items():
         if value is None:
             continue

@@ -76,16 +76,42 @@ ENCODER_MODEL_TYPES = frozenset(
 )
 
 
-def from_hf_config(config) -> dict:
+class IncompleteHFConfig(ValueError):
+    """A Hugging Face config that does not tell the structural features ``missing`` (snake_case, for a caller to word
+    as its own options): ``why`` says what it lacks."""
+
+    def __init__(self, why: str, missing: list[str]):
+        super().__init__(f"{why}: missing {', '.join(missing)}")
+        self.why, self.missing = why, missing
+
+
+_CONFIG_WORDS = {"num_layers": "layer count", "hidden_size": "hidden size"}
+
+
+def from_hf_config(config, given: dict | None = None) -> dict:
     """Structural features from a Hugging Face PretrainedConfig (or a dict of its fields).
 
-    Returns model_type, num_layers and hidden_size; seq_len and gpu_util come from the data and the GPU.
+    Returns model_type, num_layers and hidden_size; seq_len and gpu_util come from the data and the GPU. ``given``:
+    those the caller names itself, which win over the config's and stand in for what it does not name. Raises
+    IncompleteHFConfig for what is still missing.
+
+    An encoder-decoder (T5, BART, Whisper) is neither kind the tree was trained on, and its ``num_layers`` counts the
+    encoder's alone: its model_type and num_layers must be given.
     """
+    given = {k: v for k, v in (given or {}).items() if v is not None}
     get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
     hf_type = str(get("model_type", "") or "").lower()
-    layers = get("num_hidden_layers") or get("n_layer") or get("num_layers")
-    hidden = get("hidden_size") or get("n_embd") or get("d_model")
-    if not layers or not hidden:
-        raise ValueError(f"config of model_type {hf_type!r} names no layer count or hidden size")
+    if get("is_encoder_decoder", False):
+        missing = [k for k in ("model_type", "num_layers") if k not in given]
+        if missing:
+            raise IncompleteHFConfig(f"model_type {hf_type!r} is an encoder-decoder model, which the tree does not "
+                                     "know (it knows encoder-only and decoder-only models)", missing)
+    found = {"num_layers": get("num_hidden_layers") or get("n_layer") or get("num_layers"),
+             "hidden_size": get("hidden_size") or get("n_embd") or get("d_model")}
+    missing = [k for k, v in found.items() if not v and k not in given]
+    if missing:
+        raise IncompleteHFConfig(f"config of model_type {hf_type!r} names no "
+                                 f"{' or '.join(_CONFIG_WORDS[k] for k in missing)}", missing)
     is_encoder = hf_type in ENCODER_MODEL_TYPES or (not get("is_decoder", False) and hf_type.endswith("bert"))
-    return {"model_type": "encoder" if is_encoder else "decoder", "num_layers": int(layers), "hidden_size": int(hidden)}
+    return {"model_type": "encoder" if is_encoder else "decoder", **{k: int(v) for k, v in found.items() if v},
+            **given}

@@ -61,6 +61,24 @@ def unprintable_at(text: str) -> int | None:
     return next((i for i, bad in enumerate(_flags(text)) if bad), None)
 
 
+def name_problem(name: str) -> str | None:
+    """Why a job's name is refused (the daemon's protocol checks with this, and the clients before they send it), or
+    None."""
+    if len(name) > MAX_NAME_CHARS:
+        return f"must have at most {MAX_NAME_CHARS} characters, not {len(name)}"
+    bad = unprintable_at(name)
+    if bad is not None:
+        return (f"must not contain control or format characters, blank fillers or stray combining marks "
+                f"(U+{ord(name[bad]):04X} at index {bad}): a name is shown on operators' terminals (governor/text.py)")
+    return None
+
+
+def made_up_name(name: str | None) -> str | None:
+    """A name made up for a job (a command's, a model's path) that the daemon takes: what a screen could act on
+    escaped (printable), and cut to MAX_NAME_CHARS (shortened_name)."""
+    return None if name is None else shortened_name(printable(name))
+
+
 def printable(text: str) -> str:
     """text with each character `unprintable_at` would flag written as \\xNN, \\uNNNN or \\UNNNNNNNN, and
     backslashes doubled, so that an escape cannot be forged."""

@@ -42,6 +42,8 @@ def test_overrides_win_key_by_key(tmp_path):
     ("policy: fastest\n", "policy"),
     ("ffg_freq_hz: 816\n", "ffg_freq_hz: Value error, 816 Hz is below 1 MHz: the value is in Hz"),
     ("ffg_freq_hz: 0\n", "ffg_freq_hz: Value error, 0 Hz is below 1 MHz"),
+    # sysfs's devfreq speaks kHz elsewhere: read as MHz, 816000 was offered back as 816 THz.
+    ("ffg_freq_hz: 816000\n", r"816000 Hz is below 1 MHz: the value is in Hz \(816000 kHz would be 816000000\)"),
     ("tuner:\n  confirm_contenders: 0\n", "tuner.confirm_contenders"),
     ("tuner:\n  window_explore_z: 0\n", "tuner.window_explore_z"),
 ])
@@ -188,10 +190,28 @@ def test_a_directory_is_a_config_error_naming_it(tmp_path):
         load_config(tmp_path)
 
 
-def test_an_override_under_a_key_that_holds_no_section_names_the_key(tmp_path):
-    """`socket:` with its keys commented out is null: --socket must not end in a TypeError."""
+def test_a_section_whose_every_key_is_commented_out_means_its_defaults(tmp_path):
+    """`socket:` with its keys commented out is null: it stopped the daemon ("socket: Input should be a valid
+    dictionary or instance of SocketConfig"), where a file whose every key is commented out means the defaults."""
     path = tmp_path / "c.yaml"
-    path.write_text("socket:\n  # path: /run/ftgov/ftgov.sock\n")
+    path.write_text("socket:\n  # path: /run/ftgov/ftgov.sock\ntuner:\n")
+    assert load_config(path) == load_config(tmp_path / "none.yaml")
+    assert load_config(path, {"socket.path": "/tmp/x.sock"}).socket.path == "/tmp/x.sock"
+
+
+def test_a_sections_key_left_unindented_is_named_with_its_section(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("policy: tune\ntuner:\nwindow_target_rel: 0.03\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value) == (f"config file {path}: window_target_rel: Extra inputs are not permitted (a key of "
+                            "tuner: indent it under its section)")
+
+
+def test_an_override_under_a_key_that_holds_no_section_names_the_key(tmp_path):
+    """--socket must not end in a TypeError where the file's socket is no mapping."""
+    path = tmp_path / "c.yaml"
+    path.write_text("socket: /run/ftgov/ftgov.sock\n")
     with pytest.raises(ConfigError, match="socket: Input should be a valid dictionary"):
         load_config(path, {"socket.path": "/tmp/x.sock"})
 

@@ -38,6 +38,21 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
+    def parse_known_args(self, args=None, namespace=None):
+        """Notes the innermost (sub)command's parser on the namespace (it parses first), for parse_args."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        if getattr(namespace, "usage_parser", None) is None:
+            namespace.usage_parser = self
+        return namespace, extras
+
+    def parse_args(self, args=None, namespace=None):
+        """An option a subcommand does not know is left over to the top parser, whose message would name ``ftgov``
+        and point at ``ftgov --help``, where no subcommand's options are listed: the subcommand reports it."""
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            namespace.usage_parser.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="ftgov", description="Client and operator tool for ftgovd.")

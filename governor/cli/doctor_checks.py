@@ -152,11 +152,12 @@ def check_pin(ctx: Context) -> list[Check]:
                                 f"{g.get('detail')}{how}", "" if g.get("ok") else "journalctl -u ftgovd"))
         return checks or [Check("pin", FAIL, "ftgovd governs no GPU")]
     if ctx.gpu is None:
-        return [Check("pin", FAIL, "no GPU devfreq node to pin" if ctx.config.backend != "nvml"
-                      else "ftgovd does not answer: the NVML pin cannot be checked", START_SOCKET)]
+        if ctx.config.backend == "nvml":
+            return [Check("pin", FAIL, "ftgovd does not answer: the NVML pin cannot be checked", START_SOCKET)]
+        return [Check("pin", FAIL, "no GPU devfreq node to pin", "see 'devfreq' above")]
     if ctx.uid != 0:
         return [Check("pin", WARN, f"not checked: ftgovd does not answer and only root may write the limits "
-                                   f"(you are uid {ctx.uid})", f"{START_SOCKET}, or run doctor as root")]
+                                   f"(you are uid {ctx.uid})", f"{start_daemon(ctx)}, or run doctor as root")]
     return [write_back(ctx.gpu)]
 
 
@@ -366,9 +367,14 @@ def check_socket(ctx: Context) -> list[Check]:
     return checks
 
 
+def start_daemon(ctx: Context) -> str:
+    """How the daemon doctor checks is started: systemd's socket, or the simulation whose tree it is."""
+    return start_simulated(ctx.config.state_dir, ctx.socket) if ctx.simulated else START_SOCKET
+
+
 def check_daemon(ctx: Context) -> list[Check]:
     if ctx.status is None:
-        return [Check("daemon", WARN, f"ftgovd does not answer: {ctx.daemon_error}", START_SOCKET)]
+        return [Check("daemon", WARN, f"ftgovd does not answer: {ctx.daemon_error}", start_daemon(ctx))]
     s = ctx.status
     return [Check("daemon", OK, f"ftgovd answers on {ctx.socket}: policy {s.get('policy')}, "
                                 f"{len(s.get('jobs') or [])} job(s), {len(s.get('gpus') or [])} GPU(s)")]

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from governor.client import check_features
 from governor.errors import ConfigError
-from governor.features import from_hf_config
+from governor.features import IncompleteHFConfig, from_hf_config
+
+SHAPE = ("model_type", "num_layers", "hidden_size")
 
 
 def add_feature_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,14 +32,15 @@ def features_from_args(args: argparse.Namespace) -> dict:
     known: dict = {}
     if args.hf_config:
         try:
-            known.update(from_hf_config(load_hf_config(args.hf_config)))
-        except ValueError as e:
-            raise ConfigError(f"--hf-config {args.hf_config}: {e}") from e
+            known.update(from_hf_config(load_hf_config(args.hf_config), {k: getattr(args, k) for k in SHAPE}))
+        except IncompleteHFConfig as e:
+            raise ConfigError(f"--hf-config {args.hf_config}: {e.why}: give "
+                              f"{', '.join(_option(k) for k in e.missing)}") from e
     for key in ("model_type", "num_layers", "hidden_size", "seq_len", "gpu_util"):
         value = getattr(args, key)
         if value is not None:
             known[key] = value
-    shape = [f"--{k.replace('_', '-')}" for k in ("model_type", "num_layers", "hidden_size") if k not in known]
+    shape = [_option(k) for k in SHAPE if k not in known]
     missing = []
     if shape:
         missing.append(", ".join(shape) + ("" if args.hf_config else " (or --hf-config DIR for the model's shape)"))
@@ -49,6 +52,10 @@ def features_from_args(args: argparse.Namespace) -> dict:
         return check_features(known).model_dump(exclude_none=True)
     except ValueError as e:
         raise ConfigError(str(e)) from e
+
+
+def _option(feature: str) -> str:
+    return f"--{feature.replace('_', '-')}"
 
 
 def load_hf_config(path: str) -> dict:

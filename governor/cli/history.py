@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
@@ -22,12 +23,14 @@ from governor.units import energy, figure
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _DAYS_BACK = {"today": 0, "yesterday": 1}
-SINCE_HELP = "only jobs that ended since then: 7d, 12h, 30m, today, yesterday, or an ISO date/date-time"
+SINCE_HELP = ("only jobs that ended since then: 7d, 12h, 30m, today, yesterday, an ISO date/date-time, or "
+              "@epoch-seconds")
 
 
 def parse_since(text: str, now: float | None = None) -> float:
     """Unix time from '7d', '12h', '30m', '90s', '2w' (ago), 'today' or 'yesterday' (local midnight, as journalctl
-    takes them), an ISO date or date-time (local time), or epoch seconds."""
+    takes them), an ISO date or date-time (local time), or epoch seconds after an '@' (as journalctl and date -d
+    take them). A bare number is refused: '7' means 7 days more often than 7 s after 1970 (which lists every job)."""
     now = time.time() if now is None else now
     days_back = _DAYS_BACK.get(text.strip().lower())
     if days_back is not None:
@@ -37,14 +40,16 @@ def parse_since(text: str, now: float | None = None) -> float:
     if m:
         return now - float(m.group(1)) * _UNIT_S[m.group(2)]
     try:
-        return float(text)
+        if text.startswith("@"):
+            epoch_s = float(text[1:])
+            if math.isfinite(epoch_s):
+                return epoch_s
+        else:
+            return datetime.fromisoformat(text.strip()).timestamp()
     except ValueError:
         pass
-    try:
-        return datetime.fromisoformat(text.strip()).timestamp()
-    except ValueError as e:
-        raise FtgovError(f"--since {text!r}: give 7d, 12h, 30m, today, yesterday, an ISO date (2026-12-01) or "
-                          "date-time") from e
+    raise FtgovError(f"--since {text!r}: give 7d, 12h, 30m, today, yesterday, an ISO date (2026-12-01) or date-time, "
+                     "or @epoch-seconds")
 
 
 def store_path(args: argparse.Namespace) -> str:

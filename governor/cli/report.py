@@ -19,8 +19,8 @@ import sys
 from collections import Counter
 from datetime import datetime, timedelta
 from itertools import accumulate
-from pathlib import Path
 
+from governor.argtypes import absolute_path
 from governor.cli.history import SINCE_HELP, add_store_arguments, load, parse_since, saved_totals
 from governor.errors import FtgovError
 from governor.safefile import OutDir
@@ -38,7 +38,8 @@ def add_parser(sub) -> None:
                        description="Draw the board's measured energy curves per workload and the savings over time "
                                    "(PNG), and write a summary table, from the measurement store.")
     add_store_arguments(p)
-    p.add_argument("--out", type=Path, required=True, help="directory for curves.png, savings.png, summary.md/.csv")
+    p.add_argument("--out", type=absolute_path, required=True,
+                   help="directory for curves.png, savings.png, summary.md/.csv")
     p.add_argument("--since", help=SINCE_HELP)
     p.add_argument("--force", action="store_true",
                    help="replace curves.png, savings.png, summary.md and summary.csv in a directory that holds other "

@@ -34,6 +34,7 @@ from governor.cli.features import add_feature_arguments, features_from_args
 from governor.client import RUN_JOB_ENV, Connection, DaemonUnavailable, GovernorWarning, Job, describe_reply
 from governor.client.features import launched_gpu
 from governor.errors import ConfigError
+from governor.text import made_up_name, name_problem
 
 
 def add_parser(sub) -> None:
@@ -59,7 +60,11 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         _say(f"ftgov run: {e}")
         return 2
-    return run_child(command, features, name=args.name or job_name(command), socket=args.socket,
+    problem = name_problem(args.name) if args.name else None
+    if problem is not None:  # the daemon would refuse the job, and the command would run ungoverned
+        print(f"ftgov run: --name: {problem}", file=sys.stderr)
+        return 2
+    return run_child(command, features, name=args.name or made_up_name(job_name(command)), socket=args.socket,
                      verbose=args.verbose)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from governor.client.job import Job, split_options, start_job
-from governor.text import shortened_name
+from governor.text import made_up_name
 
 
 class AdapterCore:
@@ -25,7 +25,7 @@ class AdapterCore:
         if self.job is not None and not self.job.closed:
             return False
         options = dict(self._options)
-        options["name"] = options.get("name") or shortened_name(default_name)
+        options["name"] = options.get("name") or made_up_name(default_name)
         if options.get("total_steps") is None:
             options["total_steps"] = total_steps
         self.job = start_job(model, **options)

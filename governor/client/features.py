@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from governor.features import Features, from_hf_config
+from governor.features import Features, IncompleteHFConfig, from_hf_config
 
 
 def find_hf_config(model):
@@ -46,7 +46,10 @@ def resolve_features(model=None, **explicit) -> dict:
     known: dict = {}
     config = find_hf_config(model)
     if config is not None:
-        known.update(from_hf_config(config))
+        try:
+            known.update(from_hf_config(config, explicit))
+        except IncompleteHFConfig as e:
+            raise ValueError(f"{e.why}: pass {', '.join(e.missing)}") from None
     known.update({k: v for k, v in explicit.items() if v is not None})
     missing = [k for k in ("model_type", "num_layers", "hidden_size") if k not in known]
     if missing:

@@ -26,6 +26,7 @@ from governor.client.group import GroupCoordinator, GroupInfo, group_from_env, t
 from governor.client.warning import warn
 from governor.errors import FtgovError
 from governor.features import MIN_SEQ_LEN
+from governor.text import name_problem
 from governor.units import figure, mhz
 
 log = logging.getLogger("governor.client")
@@ -65,6 +66,9 @@ class Job:
             raise ValueError("report_every_s must be >= 0")
         if measure_batches < 1:
             raise ValueError("measure_batches must be >= 1")
+        problem = None if name is None else name_problem(name)
+        if problem is not None:  # the daemon would refuse the job, and training would run on unpinned
+            raise ValueError(f"name: {problem}")
         self.features = dict(features)
         self.name = name
         self.socket = socket
@@ -506,6 +510,9 @@ def split_options(options: dict) -> tuple[dict, dict]:
     features = {k: options[k] for k in FEATURE_KEYS if k in options}
     rest = {k: v for k, v in options.items() if k not in FEATURE_KEYS}
     inspect.signature(Job).bind({}, **rest)
+    problem = None if rest.get("name") is None else name_problem(rest["name"])
+    if problem is not None:
+        raise ValueError(f"name: {problem}")
     check_partial_features(features)
     return features, rest
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from governor.backends.gpuid import SlurmNumbering
 from governor.errors import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
 from governor.features import MAX_SEQ_LEN, MIN_SEQ_LEN, Features, finite_number
-from governor.text import MAX_NAME_CHARS, unprintable_at
+from governor.text import MAX_NAME_CHARS, name_problem, unprintable_at
 
 MAX_LINE_BYTES = 64 * 1024
 
@@ -85,11 +85,9 @@ class RegisterParams(FeatureParams):
     @field_validator("name")
     @classmethod
     def _printable(cls, v):
-        bad = unprintable_at(v) if v is not None else None
-        if bad is not None:
-            raise ValueError(f"must not contain control or format characters, blank fillers or stray combining marks "
-                             f"(U+{ord(v[bad]):04X} at index {bad}): a name is shown on operators' terminals "
-                             "(governor/text.py)")
+        problem = name_problem(v) if v is not None else None
+        if problem is not None:
+            raise ValueError(problem)
         return v
 
     @field_validator("gpu", mode="before")

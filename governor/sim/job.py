@@ -140,7 +140,9 @@ def add_parser(sub) -> None:
     p.add_argument("--hidden-size", type=at_least(1), default=768, help="hidden size (default 768)")
     p.add_argument("--seq-len", type=above(0), default=40.0, help="average tokens per sample (default 40)")
     p.add_argument("--steps", type=at_least(1), default=200, help="training steps (default 200)")
-    p.add_argument("--time-scale", type=above(0), default=0.1, help="wall time per simulated second (default 0.1)")
+    # The board's meter steps through each step's compressed time: much below 0.01 it cannot keep up.
+    p.add_argument("--time-scale", type=at_least(0.01, float), default=0.1,
+                   help="wall time per simulated second (default 0.1; at least 0.01)")
     p.add_argument("--tune", action="store_true", help="ask for the online tuner for this job")
     p.add_argument("--no-daemon", action="store_true",
                    help="run the steps on the board without registering, as an unmodified script (try ftgov run)")

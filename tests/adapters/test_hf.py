@@ -150,6 +150,8 @@ def test_training_goes_on_without_the_daemon(tokenizer, tmp_path):
 def test_bad_explicit_numbers_fail_when_the_callback_is_made():
     with pytest.raises(ValueError, match="num_layers"):
         GovernorCallback(num_layers=0)
+    with pytest.raises(ValueError, match="name: must not contain control"):
+        GovernorCallback(name="bert\nsst2")  # the daemon would refuse the job when training began
 
 
 @pytest.mark.parametrize("config_cls, kwargs, expected", [
@@ -164,6 +166,14 @@ def test_features_from_real_hf_configs(config_cls, kwargs, expected):
     config = getattr(transformers, config_cls)(**kwargs)
     f = from_hf_config(find_hf_config(config))
     assert (f["model_type"], f["num_layers"], f["hidden_size"]) == expected
+
+
+@pytest.mark.parametrize("config_cls", ["T5Config", "BartConfig", "WhisperConfig"])
+def test_a_real_encoder_decoder_config_asks_for_its_numbers(config_cls):
+    with pytest.raises(ValueError, match="is an encoder-decoder model"):
+        from_hf_config(getattr(transformers, config_cls)())
+    shape = from_hf_config(getattr(transformers, config_cls)(), {"model_type": "decoder", "num_layers": 12})
+    assert (shape["model_type"], shape["num_layers"]) == ("decoder", 12)
 
 
 def test_config_found_through_a_wrapping_module():

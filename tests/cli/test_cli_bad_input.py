@@ -38,8 +38,9 @@ def typed_options(parser: argparse.ArgumentParser):
 
 def generic_cases():
     for path, parser in COMMANDS.items():
-        # A command with required arguments names those first, else the unknown option.
-        yield pytest.param([*path, "--no-such-option"], 2, "error: ",
+        # A command with required arguments names those first, else the unknown option; either way the command's
+        # own usage is the one to see (`ftgov --help` does not list a subcommand's options).
+        yield pytest.param([*path, "--no-such-option"], 2, f"ftgov {' '.join(path)}: error: ",
                            id=f"{' '.join(path)} --no-such-option")
         for option, action in typed_options(parser):
             bad = "no-such-choice" if action.choices else "x1"
@@ -54,6 +55,9 @@ SPECIFIC = [
     (["sim-job", "--tree", "{tree}", "--seq-len", "-1"], 2, "argument --seq-len: must be > 0, got -1"),
     (["sim-job", "--tree", "{tree}", "--steps", "-5"], 2, "argument --steps: must be >= 1, got -5"),
     (["sim-job", "--tree", "{tree}", "--time-scale", "nan"], 2, "argument --time-scale: 'nan' is not a finite"),
+    # The simulated board steps its meter through each step's compressed time: at 1e-7 it fell behind for good, a
+    # core busy and the rails and load frozen, long after the job ended.
+    (["sim-job", "--tree", "{tree}", "--time-scale", "1e-7"], 2, "argument --time-scale: must be >= 0.01, got 1e-7"),
     (["sim-job", "--tree", "/etc/passwd"], 1, "/etc/passwd is not a simulated tree"),
     (["sim-job", "--tree", "{tree}", "--hidden-size", "100000000"], 1, "invalid job features: hidden_size"),
     (["sim-job", "--tree", "{tree}", "--seq-len", "0.5"], 1, "invalid job features: seq_len"),
@@ -76,6 +80,8 @@ SPECIFIC = [
     (["history", "--since", "soon", "--store", "{tmp}/none.sqlite"], 1, "--since 'soon'"),
     (["history", "--store", "/etc/passwd"], 1, "cannot read the measurement store /etc/passwd"),
     (["report", "--store", "/etc/passwd", "--out", "{tmp}/r"], 1, "cannot read the measurement store"),
+    # An unset variable in --out "$DIR": the report went into the directory the command was typed in.
+    (["report", "--store", "{tmp}/none.sqlite", "--out", ""], 2, "argument --out: an empty path"),
     (["status", "--socket", "/etc/passwd"], 1, "/etc/passwd is not a socket"),
     (["predict", *FEATURES, "--socket", "/etc"], 1, "/etc is not a socket"),
     (["predict", *FEATURES[:-1], "0"], 2, "seq_len"),

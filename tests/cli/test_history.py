@@ -74,7 +74,7 @@ def test_history_escapes_every_text_a_store_from_elsewhere_carries(sim_store, tm
 def test_history_since_and_json(sim_store, capsys):
     path, records = sim_store
     cutoff = records[20].ended_at
-    assert main(["history", "--store", str(path), "--json", "--since", str(cutoff)]) == 0
+    assert main(["history", "--store", str(path), "--json", "--since", f"@{cutoff}"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [j["name"] for j in doc["jobs"]] == [r.name for r in records[20:]]
     assert doc["jobs"][0]["windows"] and doc["totals"]["jobs"] == len(records)
@@ -90,6 +90,14 @@ def test_since_accepts_relative_and_iso_times_today_and_yesterday_and_refuses_th
     assert parse_since("Yesterday", now=noon) == datetime(2026, 12, 5).timestamp()
     with pytest.raises(FtgovError, match="--since 'last week': give 7d, 12h, 30m, today, yesterday"):
         parse_since("last week")
+    assert parse_since("@1796600000.5") == 1796600000.5  # epoch seconds, as journalctl and date -d take them
+
+
+@pytest.mark.parametrize("text", ["7", "12", "nan", "inf", "1e9", "@nan", "@x"])
+def test_since_refuses_a_bare_number_that_would_mean_1970(text):
+    """`--since 7` was 7 seconds after 1970 (every job), and `--since nan` no job at all: a number wants its unit."""
+    with pytest.raises(FtgovError, match=f"--since '{text}': give 7d, 12h"):
+        parse_since(text)
 
 
 def test_printable_escapes_control_and_format_characters_only():

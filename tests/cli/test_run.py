@@ -230,6 +230,61 @@ def test_hf_config_dir_gives_the_shape(daemon, orin, tmp_path):
     assert re.search(r"job \d+ 'true' .*decoder L6 H512 seq 30 ", daemon.log()), daemon.log()
 
 
+def test_numbers_stand_in_for_what_an_hf_config_does_not_name(daemon, tmp_path):
+    """--help says the numbers override --hf-config: they also complete a config that names no layer count (MPT's
+    is ``n_layers``), which was refused however many numbers came with it."""
+    (tmp_path / "config.json").write_text('{"model_type": "mpt", "n_layers": 24, "d_model": 2048}')
+    proc = ftgov("run", "--socket", daemon.socket, "--hf-config", str(tmp_path), "--num-layers", "24",
+                 "--seq-len", "30", "--gpu-util", "80", "--", "true", stderr=subprocess.PIPE)
+    assert (proc.wait(timeout=60), proc.stderr.read()) == (0, "")
+    assert re.search(r"job \d+ 'true' .*decoder L24 H2048 seq 30 ", daemon.log()), daemon.log()
+    proc = ftgov("run", "--socket", daemon.socket, "--hf-config", str(tmp_path), "--seq-len", "30", "--", "true",
+                 stderr=subprocess.PIPE)
+    assert proc.wait(timeout=60) == 2
+    assert proc.stderr.read() == (f"ftgov run: --hf-config {tmp_path}: config of model_type 'mpt' names no layer "
+                                  "count: give --num-layers\n")
+
+
+def test_an_encoder_decoder_hf_config_is_refused_until_its_numbers_are_given(daemon, tmp_path):
+    """T5 was taken for a decoder of its encoder's layers alone: the tree knows encoder-only and decoder-only models,
+    so the user says which the model is like, and with how many layers."""
+    (tmp_path / "config.json").write_text('{"model_type": "t5", "is_encoder_decoder": true, "num_layers": 6, '
+                                          '"num_decoder_layers": 6, "d_model": 512}')
+    proc = ftgov("run", "--socket", daemon.socket, "--hf-config", str(tmp_path), "--seq-len", "30", "--", "true",
+                 stderr=subprocess.PIPE)
+    assert proc.wait(timeout=60) == 2
+    assert proc.stderr.read() == (f"ftgov run: --hf-config {tmp_path}: model_type 't5' is an encoder-decoder model, "
+                                  "which the tree does not know (it knows encoder-only and decoder-only models): "
+                                  "give --model-type, --num-layers\n")
+    assert not re.search(r"job \d+", daemon.log()), "no job was registered"
+    proc = ftgov("run", "--socket", daemon.socket, "--hf-config", str(tmp_path), "--model-type", "decoder",
+                 "--num-layers", "12", "--seq-len", "30", "--gpu-util", "80", "--", "true")
+    assert proc.wait(timeout=60) == 0
+    assert re.search(r"job \d+ 'true' .*decoder L12 H512 seq 30 ", daemon.log()), daemon.log()
+
+
+@pytest.mark.parametrize("name, why", [
+    ("bad\nname", "must not contain control or format characters, blank fillers or stray combining marks (U+000A at "
+                  "index 3)"),
+    ("x" * 300, "must have at most 256 characters, not 300"),
+])
+def test_a_name_the_daemon_would_refuse_is_refused_before_the_command_runs(daemon, name, why):
+    """A --name the daemon refuses cost the command its pin, with a warning, and ran it (exit 0) ungoverned."""
+    proc = ftgov("run", "--socket", daemon.socket, "--name", name, *FEATURE_ARGS, "--", "true", stderr=subprocess.PIPE)
+    assert proc.wait(timeout=60) == 2
+    assert proc.stderr.read().startswith(f"ftgov run: --name: {why}")
+    assert not re.search(r"job \d+", daemon.log()), "no job was registered"
+
+
+def test_a_command_whose_own_name_is_unprintable_is_named_with_escapes(daemon, tmp_path):
+    script = tmp_path / "odd\nname"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    proc = ftgov("run", "--socket", daemon.socket, *FEATURE_ARGS, "--", str(script), stderr=subprocess.PIPE)
+    assert (proc.wait(timeout=60), proc.stderr.read()) == (0, "")
+    assert re.search(r"job \d+ 'odd\\\\x0aname' \(pid", daemon.log()), daemon.log()
+
+
 def counting_command(signo: int, orin) -> list[str]:
     """A command that counts the signals ``signo`` it dequeues: on the first it reads the GPU's pinned minimum (the
     job must still hold it while the command shuts down) and sends itself a SIGUSR2. Pending signals are taken lowest

@@ -342,6 +342,29 @@ def test_bad_features_raise_before_training():
         job(model_type="decoder", num_layers=2)
 
 
+def test_numbers_complete_a_config_and_an_encoder_decoder_needs_them():
+    """A config that names no layer count (MPT's ``n_layers``) was refused whatever numbers came with it; a T5 was
+    taken for a decoder of its encoder's layers alone."""
+    mpt = {"model_type": "mpt", "n_layers": 24, "d_model": 2048}
+    with pytest.raises(ValueError, match="names no layer count: pass num_layers"):
+        job(mpt, seq_len=30)
+    assert job(mpt, num_layers=24, seq_len=30).features["num_layers"] == 24
+    t5 = {"model_type": "t5", "is_encoder_decoder": True, "num_layers": 6, "num_decoder_layers": 6, "d_model": 512}
+    with pytest.raises(ValueError, match="'t5' is an encoder-decoder model.*: pass model_type, num_layers"):
+        job(t5, seq_len=30)
+    assert job(t5, model_type="decoder", num_layers=12, seq_len=30).features == {
+        "model_type": "decoder", "num_layers": 12, "hidden_size": 512, "seq_len": 30.0}
+
+
+def test_a_name_the_daemon_would_refuse_fails_when_the_job_is_made():
+    """It cost the job its pin at register (one warning) while training went on: a bad name is the caller's
+    mistake, as a bad number is."""
+    with pytest.raises(ValueError, match=r"name: must not contain control .* \(U\+000A at index 1\)"):
+        job(model_type="decoder", num_layers=2, hidden_size=32, seq_len=10, name="a\nb")
+    with pytest.raises(ValueError, match="name: must have at most 256 characters, not 257"):
+        job(model_type="decoder", num_layers=2, hidden_size=32, seq_len=10, name="x" * 257)
+
+
 def test_seq_len_never_measured_warns(daemon):
     with pytest.warns(GovernorWarning, match="no 2-D attention_mask"):
         with job(BERT_TINY, socket=daemon.path, measure_batches=2) as j:
