@@ -25,6 +25,7 @@ from governor.policy.measured_saving import MAX_PARTS, WARMUP_BLOCK_S, BaselineP
 
 DEFAULT_STATE_DIR = "/run/ftgov"
 MIN_FREQ_HZ = 1_000_000  # below any GPU's lowest clock: a smaller frequency was written in the wrong unit
+MAX_GPU_CLOCK_HZ = 10_000_000_000  # above any GPU's top clock (an H200's is 1.98 GHz, an AGX Orin's 1.3 GHz)
 
 
 class _Strict(BaseModel):
@@ -347,6 +348,8 @@ class Config(_Strict):
             hint = (f"{v} kHz would be {v * 1_000}" if v >= 10_000 else f"{v} MHz would be {v * 1_000_000}" if v > 0
                     else "816 MHz is 816000000")
             raise ValueError(f"{v} Hz is below 1 MHz: the value is in Hz ({hint})")
+        if v is not None and v > MAX_GPU_CLOCK_HZ:
+            raise ValueError(f"{v} Hz is above any GPU's clock (10 GHz): the value is in Hz (816 MHz is 816000000)")
         return v
 
 

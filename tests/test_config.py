@@ -44,6 +44,7 @@ def test_overrides_win_key_by_key(tmp_path):
     ("ffg_freq_hz: 0\n", "ffg_freq_hz: Value error, 0 Hz is below 1 MHz"),
     # sysfs's devfreq speaks kHz elsewhere: read as MHz, 816000 was offered back as 816 THz.
     ("ffg_freq_hz: 816000\n", r"816000 Hz is below 1 MHz: the value is in Hz \(816000 kHz would be 816000000\)"),
+    ("ffg_freq_hz: 816000000000\n", r"816000000000 Hz is above any GPU's clock \(10 GHz\)"),  # three zeros too many
     ("tuner:\n  confirm_contenders: 0\n", "tuner.confirm_contenders"),
     ("tuner:\n  window_explore_z: 0\n", "tuner.window_explore_z"),
 ])
@@ -303,3 +304,9 @@ def test_a_relative_path_on_the_command_line_is_from_where_it_was_typed(tmp_path
         str(tmp_path / "state"), str(tmp_path / "s.sock"), str(tmp_path / "tree"))
     doctor = build_parser().parse_args(["doctor", "--state-dir", "state", "--sysfs-root", "tree"])
     assert (doctor.state_dir, doctor.sysfs_root) == (str(tmp_path / "state"), str(tmp_path / "tree"))
+
+
+def test_ftgovd_takes_its_log_level_in_either_case():
+    from governor.daemon.main import parse_args
+
+    assert parse_args(["--log-level", "DEBUG"]).log_level == "debug"

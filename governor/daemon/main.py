@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--print-env", action="store_true",
                    help="with --simulate: print the shell lines that point ftgov at that daemon (FTGOV_SOCKET, "
                         "FTGOV_SIM_TREE) and exit, for eval \"$(ftgovd --simulate --print-env)\"")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", type=str.lower, choices=["debug", "info", "warning", "error"])
     p.add_argument("--version", action="version", version=f"ftgovd {__version__}")
     args = p.parse_args(argv)
     if args.sim_meters is not None and not args.simulate:  # without it, a real daemon would start on the host
