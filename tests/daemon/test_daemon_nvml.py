@@ -320,3 +320,19 @@ def test_an_energy_counter_that_goes_back_leaves_a_state_file_the_next_start_res
         assert "invalid state file" not in d2.log()
     finally:
         worker.kill()
+
+
+def test_doctors_pin_check_leaves_a_clock_lock_set_before_ftgovd_alone_and_a_first_pin_says_it_undoes_it(
+        nvml_daemon):
+    """An operator's `nvidia-smi -lgc 1500` before ftgovd: NVML cannot read a lock back, so the pin check's restore
+    (a reset) removed it, and the clock went back to the driver's default: the check that says it moves no clock
+    moved it, without a word. The clock event reasons show a lock in force (ApplicationsClocksSetting)."""
+    d, calls = nvml_daemon(gpus=({"util_gpu_pct": 80, "locked_mhz": [1500, 1500]},))
+    c = d.client()
+    (answer,) = c.call("pin_check")["gpus"]
+    assert not answer["ok"] and not answer["wrote"] and "nvidia-smi -i 0 -rgc" in answer["detail"], answer
+    assert not [call for call in calls.read_text().split() if call.startswith(("nvmlDeviceSet", "nvmlDeviceReset"))]
+    assert c.call("status")["gpus"][0]["cur_hz"] == 1_500_000_000
+    c.call("register", **FEATURES)  # a job's pin is the operator's choice to make (ftgovd runs): said, not refused
+    warning = next(line for line in d.log().splitlines() if "not set by ftgovd" in line)
+    assert " WARNING " in warning and "the end of its jobs resets it" in warning, warning
