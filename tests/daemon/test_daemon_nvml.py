@@ -336,3 +336,26 @@ def test_doctors_pin_check_leaves_a_clock_lock_set_before_ftgovd_alone_and_a_fir
     c.call("register", **FEATURES)  # a job's pin is the operator's choice to make (ftgovd runs): said, not refused
     warning = next(line for line in d.log().splitlines() if "not set by ftgovd" in line)
     assert " WARNING " in warning and "the end of its jobs resets it" in warning, warning
+
+
+def test_a_restart_that_finds_the_gpus_numbered_anew_restores_the_gpu_it_locked_by_its_uuid(nvml_daemon, tmp_path):
+    """NVML numbers the GPUs it finds at its init: with one of two gone (drained, or off the bus) when ftgovd starts
+    again, the locked GPU 1 is NVML's GPU 0. The state file keys GPUs by index: "GPU 1: no such GPU", its baseline
+    dropped, and its lock stayed (and a GPU 0 baseline would have been written to the other GPU)."""
+    a, b = "GPU-0000000a-5a1e-4e55-9a3d-00000000f00a", "GPU-0000000b-5a1e-4e55-9a3d-00000000f00b"
+    d, calls = nvml_daemon(gpus=({"uuid": a, "util_gpu_pct": 80}, {"uuid": b, "util_gpu_pct": 80}), policy="ffg")
+    worker = _worker()
+    try:
+        c = d.client()  # held open: closing it would end the job before the kill
+        assert c.call("register", pid=worker.pid, gpu=b, **FEATURES)["gpu"] == "1"
+        d.stop(signal.SIGKILL)
+        worker.kill()
+        worker.wait()
+        spec = tmp_path / "fakenvml.json"
+        spec.write_text(json.dumps({"gpus": [{"uuid": b, "util_gpu_pct": 80}]}))  # GPU a is gone
+        before = len(calls.read_text().split())
+        d2, _calls = nvml_daemon(restart_of=d)
+        assert "nvmlDeviceResetGpuLockedClocks" in calls.read_text().split()[before:], d2.log()
+        assert "state file: GPU 1 " + f"({b}) is GPU 0 now" in d2.log()
+    finally:
+        worker.kill()
