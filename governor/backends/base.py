@@ -109,6 +109,10 @@ class Gpu(Protocol):
     def set_power_cap_mw(self, power_mw: int) -> None:
         """Set a power limit (has_power_cap); BackendError when refused."""
 
+    def foreign_lock(self) -> str | None:
+        """Evidence, in words, of a hold on the clock that someone else set and that snapshot() cannot read, so that
+        a restore would undo it; None where none is seen (a backend whose limits show every hold says None)."""
+
 
 class GpuBase:
     """Defaults for a backend without the optional capabilities: the flags say no, and the methods refuse."""
@@ -128,6 +132,9 @@ class GpuBase:
 
     def driver_version(self) -> str | None:
         return None  # devfreq: none beyond the L4T release, which the store records apart
+
+    def foreign_lock(self) -> str | None:
+        return None  # devfreq: another tool's hold reads in min_freq/max_freq, which the snapshot keeps
 
 
 def nearest_level(levels_hz: tuple[int, ...], freq_hz: int) -> int:

@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 MHZ = 1_000_000
 DEFAULT_LEVEL_COUNT = 12
+# nvmlClocksEventReasonApplicationsClocksSetting (alias UserDefinedClocks; ...ThrottleReason... before R535): a clock
+# lock or applications clocks are in force.
+APPLICATIONS_CLOCKS_SETTING = 0x2
 
 # Readers that never change a GPU's settings: the only functions a read-only handle lets through.
 READ_ONLY_PREFIXES = ("nvmlInit", "nvmlShutdown", "nvmlDeviceGet", "nvmlSystemGet", "nvmlErrorString",
@@ -244,6 +247,17 @@ class NvmlGpu(GpuBase):
                 return None
         log.debug("GPU %s: this driver or nvidia-ml-py reads no clock event reasons", self.id)
         return None
+
+    def foreign_lock(self) -> str | None:
+        """Where this process holds no lock but the clock event reasons show one (or applications clocks): a lock
+        an operator set (nvidia-smi -lgc), which NVML cannot read back, so a restore resets it."""
+        if self._lock_hz is not None:
+            return None
+        reasons = self.clock_event_reasons()
+        if reasons is None or not reasons & APPLICATIONS_CLOCKS_SETTING:
+            return None
+        return (f"GPU {self.id}'s clock event reasons show a clock lock (nvidia-smi -lgc) or applications clocks "
+                "(-ac) not set by ftgovd (ApplicationsClocksSetting)")
 
     def read(self) -> Reading:
         """Limits are those this process locked (NVML cannot read a lock back), else the full range; cur and load

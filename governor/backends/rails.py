@@ -11,6 +11,7 @@ count that power twice.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -21,6 +22,8 @@ from pathlib import Path
 from governor.errors import BackendError
 from governor.policy.windows import NVML_COUNTER_UPDATE_S
 from governor.sysfs import Root, read_int, read_text
+
+log = logging.getLogger(__name__)
 
 RAIL_GPU_SOC = "VDD_GPU_SOC"
 RAIL_CPU_CV = "VDD_CPU_CV"
@@ -167,10 +170,18 @@ class CounterReads:
     """One GPU's energy counter as every meter on it reads it, remembering the last read (J) and when (monotonic s):
     a read of NVML's counter costs milliseconds of CPU, so a figure that may be a little old takes the last one."""
 
-    def __init__(self, read_j):
+    def __init__(self, read_j, what: str = "the energy counter"):
         self._read_j = read_j
+        self.what = what
         self.last_j: float | None = None
         self.last_s = -math.inf
+        # NVML's counter counts from the driver's load: one that reads less than before started again (a GPU reset;
+        # unverified what a reset does to it). Its reads then go on from the last one (the offset), so that no
+        # meter's difference goes below 0: a job's energy that did made its state file one no start could read, the
+        # GPU's baseline with it. What ran between the last read and the restart is not counted.
+        self._raw_j: float | None = None
+        self._offset_j = 0.0
+        self.restarts = 0
         # What the reads cost, in wall time (on an H200 a read took 8-10 ms of the process's CPU, of which the
         # calling thread's clock saw about half and the wall about all): the last read's, for the pace of a job's
         # reads, and all of them, for status (the reads' share of a core, scripts/daemon_cpu.py).
@@ -180,8 +191,16 @@ class CounterReads:
 
     def __call__(self) -> float:
         start_s = time.perf_counter()
-        self.last_j = self._read_j()
+        raw_j = self._read_j()
         self.last_cost_s = time.perf_counter() - start_s
+        if self._raw_j is not None and self.last_j is not None and raw_j < self._raw_j:
+            self._offset_j = self.last_j - raw_j
+            self.restarts += 1
+            (log.warning if self.restarts == 1 else log.debug)(
+                "%s went back from %.1f J to %.1f J (started again: a GPU reset?): energy goes on from its last "
+                "reading, and what ran since that reading is not counted", self.what, self._raw_j, raw_j)
+        self._raw_j = raw_j
+        self.last_j = raw_j + self._offset_j
         self.last_s = time.monotonic()
         self.reads += 1
         self.read_s += self.last_cost_s

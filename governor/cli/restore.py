@@ -12,7 +12,7 @@ import sys
 from governor import DEFAULT_CONFIG_PATH
 from governor.errors import ConfigError, FtgovError, StateError
 from governor.simpaths import SIM_TREE_ENV, env_tree, tree_state_dir
-from governor.store.state import StateFile, baseline_problem, boot_id
+from governor.store.state import StateFile, baseline_problem, boot_id, renumbered
 from governor.sysfs import Root, trusted_root
 
 
@@ -46,6 +46,7 @@ def restore(state_dir: str, root: Root, config) -> int:
         print(f"ftgov restore: nothing to restore (no GPU left pinned in {state_file.path})")
         return 0
     gpus = {g.id: g for g in probe_gpus(config.backend, root, read_only=False)}
+    state = renumbered(state, {gid: g.uuid for gid, g in gpus.items()})  # NVML numbers what it finds now
     failed = 0
     for gid, gs in state.gpus.items():
         gpu = gpus.get(gid)

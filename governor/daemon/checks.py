@@ -92,6 +92,12 @@ def pin_check(pin: GpuPin) -> dict:
         return {"ok": holds, "wrote": False, "pinned_hz": pin.pinned_hz,
                 "detail": f"pinned for jobs at {mhz(pin.pinned_hz)}; "
                           + ("the pin holds" if holds else "the limits no longer read the pin")}
+    if (held := pin.gpu.foreign_lock()) is not None:
+        # NVML cannot read a lock back: the check's restore would reset it to the driver's default.
+        return {"ok": False, "wrote": False,
+                "detail": f"not checked: {held}; the check's restore would reset it (NVML cannot read a lock back), "
+                          f"and so will the end of ftgovd's jobs on this GPU: remove it (sudo nvidia-smi -i "
+                          f"{pin.gpu.id} -rgc) or run ftgovd with policy observe"}
     reading = pin.gpu.read()
     now_hz = reading.cur_hz if reading.cur_hz is not None else reading.max_hz
     # Within the limits in force (another tool's min = max included), the level nearest the clock now.

@@ -471,9 +471,10 @@ class Controller:
 
     # ---- state, energy ----------------------------------------------------------------------------------------------
     def leftovers(self) -> State | None:
-        """What a previous daemon of this boot left, of what fits these GPUs (a baseline within the GPU's table, no
-        job on pid 0 or 1); None: nothing to take back."""
-        return state_mod.checked(self.saver.read(), {gid: c.gpu.levels_hz for gid, c in self.gpus.items()})
+        """What a previous daemon of this boot left, of what fits these GPUs (found by UUID where NVML numbered them
+        anew; a baseline within the GPU's table, no job on pid 0 or 1); None: nothing to take back."""
+        return state_mod.checked(self.saver.read(), {gid: c.gpu.levels_hz for gid, c in self.gpus.items()},
+                                 {gid: c.gpu.uuid for gid, c in self.gpus.items()})
 
     def flush(self) -> None:
         """Write a save that is still waiting (the daemon is stopping and leaves its jobs for the next start)."""

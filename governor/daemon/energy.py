@@ -70,7 +70,7 @@ class BoardEnergy:
             try:
                 reads = self._counters.get(gpu.id)
                 if reads is None:
-                    reads = self._counters[gpu.id] = CounterReads(gpu.energy_j)
+                    reads = self._counters[gpu.id] = CounterReads(gpu.energy_j, f"GPU {gpu.id}'s energy counter")
                 return CounterMeter(reads)
             except BackendError as e:
                 log.info("GPU %s has no energy counter: %s", gpu.id, e)

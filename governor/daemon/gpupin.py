@@ -53,6 +53,10 @@ class GpuPin:
             return True
         first = self.baseline is None
         if first:
+            if (held := self.gpu.foreign_lock()) is not None:
+                log.warning("GPU %s: %s: the end of its jobs resets it to the driver's default (NVML cannot read a "
+                            "lock back); remove it (sudo nvidia-smi -i %s -rgc) or run ftgovd with policy observe",
+                            self.gpu.id, held, self.gpu.id)
             self.baseline = self.gpu.snapshot()  # an NVML snapshot carries the power limit to restore
             if self.baseline.min_hz is not None and self.baseline.min_hz == self.baseline.max_hz:
                 # Nothing governs a clock held at one level: jetson_clocks, or a pin whose holder is gone (a crashed

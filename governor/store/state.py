@@ -22,8 +22,8 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -193,12 +193,45 @@ def baseline_problem(baseline: Limits, levels_hz: Sequence[int]) -> str | None:
     return None
 
 
-def checked(state: State | None, levels_hz: dict[str, Sequence[int]]) -> State | None:
-    """The part of a saved state that may be acted on for GPUs with these levels: each GPU's baseline and pin within
-    its table, each job on a GPU we have at one of its levels (or no pin) with a pid above 1. The rest is logged and
-    dropped. The uid of a job's process is checked when it is held (peers.hold_recorded)."""
+def renumbered(state: State, uuids: Mapping[str, str | None]) -> State:
+    """``state`` with each saved GPU under the id it has now (``uuids``: id now -> its UUID, None: it has none).
+
+    NVML numbers the GPUs it finds at its init, so one gone since the save (drained, fallen off the bus) renumbers
+    those after it: a GPU is found by the UUID its saved describe() records, and its jobs and holds go with it. A
+    saved GPU whose UUID is nowhere now gets an id no GPU has (and is dropped as such); one without a UUID (devfreq),
+    and jobs on a GPU that held no pin (no saved GPU to go by), keep their ids."""
+    now = {uuid: gid for gid, uuid in uuids.items() if uuid}
+    moved: dict[str, str] = {}
+    for gid, gs in state.gpus.items():
+        uuid = gs.describe.get("uuid")
+        if not isinstance(uuid, str) or uuids.get(gid) == uuid:
+            continue
+        moved[gid] = now.get(uuid, f"{gid} ({uuid}, not here now)")
+        if uuid in now:
+            log.info("state file: GPU %s (%s) is GPU %s now", gid, uuid, now[uuid])
+    if not moved:
+        return state
+
+    def new(gid: str) -> str:
+        return moved.get(gid, gid)
+
+    return State(state.boot_id, {new(gid): gs for gid, gs in state.gpus.items()},
+                 [replace(rec, gpu=new(rec.gpu)) for rec in state.jobs], state.next_job_id,
+                 holds=[replace(hold, freq_hz={new(g): hz for g, hz in hold.freq_hz.items()},
+                                            energy_j={new(g): j for g, j in hold.energy_j.items()})
+                        for hold in state.holds])
+
+
+def checked(state: State | None, levels_hz: dict[str, Sequence[int]],
+            uuids: Mapping[str, str | None] | None = None) -> State | None:
+    """The part of a saved state that may be acted on for GPUs with these levels (and these UUIDs: renumbered):
+    each GPU's baseline and pin within its table, each job on a GPU we have at one of its levels (or no pin) with a
+    pid above 1. The rest is logged and dropped. The uid of a job's process is checked when it is held
+    (peers.hold_recorded)."""
     if state is None:
         return None
+    if uuids is not None:
+        state = renumbered(state, uuids)
     gpus = {}
     for gid, gs in state.gpus.items():
         levels = levels_hz.get(gid)

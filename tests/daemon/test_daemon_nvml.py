@@ -2,7 +2,11 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -14,15 +18,33 @@ from tests.support.daemon import FEATURES, REPO, reload, rewrite_config
 
 @pytest.fixture
 def nvml_daemon(start_daemon, tmp_path):
-    def start(gpus=({}, {}), system=None, **config):
+    """start(gpus, system, **config): an ftgovd on the fake NVML; ``restart_of``: a killed one's workdir and state
+    again (the same fake GPUs)."""
+    def start(gpus=({}, {}), system=None, restart_of=None, **config):
         spec = tmp_path / "fakenvml.json"
-        spec.write_text(json.dumps({"gpus": list(gpus), **(system or {})}))
         calls = tmp_path / "calls.log"
         env = {"FAKENVML_CONFIG": str(spec), "FAKENVML_LOG": str(calls),
                "PYTHONPATH": os.pathsep.join([str(FAKE_DIR), str(REPO)])}
+        if restart_of is not None:
+            return start_daemon(root=tmp_path / "no-jetson", workdir=restart_of.workdir, notify_name="n2.sock",
+                                launch=True, config_file=str(restart_of.config_path), env=env), calls
+        spec.write_text(json.dumps({"gpus": list(gpus), **(system or {})}))
         d = start_daemon(root=tmp_path / "no-jetson", config={"backend": "nvml", **config}, env=env)
         return d, calls
     return start
+
+
+def set_faults(path: Path, faults: dict) -> None:
+    """Bring on faults in the fake NVML of a running daemon (FakeSystem.faults_path), whole: it reads the file at
+    every call."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(faults))
+    tmp.replace(path)
+
+
+def _worker() -> subprocess.Popen:
+    """A process that stands for a training job: it lives until it is killed."""
+    return subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
 
 
 def test_job_on_a_named_gpu_locks_that_gpu_and_reset_restores(nvml_daemon):
@@ -268,3 +290,72 @@ def test_in_observe_mode_doctors_pin_check_writes_nothing_and_a_reload_into_tune
     assert not [call for call in calls.read_text().split() if call.startswith(("nvmlDeviceSet", "nvmlDeviceReset"))]
     complaints = [line for line in d.log().splitlines() if " WARNING " in line or " ERROR " in line]
     assert len(complaints) == 1 and "reload: policy tune" in complaints[0], complaints
+
+
+def test_an_energy_counter_that_goes_back_leaves_a_state_file_the_next_start_restores_from(nvml_daemon, tmp_path):
+    """NVML's counter counts from the driver's load; one that restarts under a job (a GPU reset) read less than at the
+    job's start, the job's energy so far went negative, and the state file saved with it was one the next start (and
+    `ftgov restore`) refused whole (energy_j >= 0), baselines and all: after a crash the clock stayed locked."""
+    faults = tmp_path / "faults.json"
+    d, calls = nvml_daemon(gpus=({"util_gpu_pct": 80, "energy_mj": 5e9},), system={"faults_path": str(faults)},
+                           policy="ffg")
+    worker = _worker()
+    try:
+        c = d.client()
+        c.call("register", pid=worker.pid, **FEATURES)
+        set_faults(faults, {"gpus": {"0": {"energy_offset_mj": -5e9}}})  # the counter starts again from 0
+        other = c.call("register", **FEATURES)["job_id"]
+        c.call("unregister", job_id=other)  # a job leaves: the state file is written on the next loop turn
+        c.call("status")
+        saved = json.loads((d.state_dir / "state.json").read_text())
+        assert saved["jobs"][0]["energy_j"] >= 0, saved["jobs"]
+        assert "GPU 0's energy counter went back" in d.log()
+        d.stop(signal.SIGKILL)
+        worker.kill()
+        worker.wait()
+        before = len(calls.read_text().split())
+        d2, _calls = nvml_daemon(restart_of=d)
+        made = calls.read_text().split()[before:]
+        assert "nvmlDeviceResetGpuLockedClocks" in made, d2.log()  # the job is gone: its lock undone at start
+        assert "invalid state file" not in d2.log()
+    finally:
+        worker.kill()
+
+
+def test_doctors_pin_check_leaves_a_clock_lock_set_before_ftgovd_alone_and_a_first_pin_says_it_undoes_it(
+        nvml_daemon):
+    """An operator's `nvidia-smi -lgc 1500` before ftgovd: NVML cannot read a lock back, so the pin check's restore
+    (a reset) removed it, and the clock went back to the driver's default: the check that says it moves no clock
+    moved it, without a word. The clock event reasons show a lock in force (ApplicationsClocksSetting)."""
+    d, calls = nvml_daemon(gpus=({"util_gpu_pct": 80, "locked_mhz": [1500, 1500]},))
+    c = d.client()
+    (answer,) = c.call("pin_check")["gpus"]
+    assert not answer["ok"] and not answer["wrote"] and "nvidia-smi -i 0 -rgc" in answer["detail"], answer
+    assert not [call for call in calls.read_text().split() if call.startswith(("nvmlDeviceSet", "nvmlDeviceReset"))]
+    assert c.call("status")["gpus"][0]["cur_hz"] == 1_500_000_000
+    c.call("register", **FEATURES)  # a job's pin is the operator's choice to make (ftgovd runs): said, not refused
+    warning = next(line for line in d.log().splitlines() if "not set by ftgovd" in line)
+    assert " WARNING " in warning and "the end of its jobs resets it" in warning, warning
+
+
+def test_a_restart_that_finds_the_gpus_numbered_anew_restores_the_gpu_it_locked_by_its_uuid(nvml_daemon, tmp_path):
+    """NVML numbers the GPUs it finds at its init: with one of two gone (drained, or off the bus) when ftgovd starts
+    again, the locked GPU 1 is NVML's GPU 0. The state file keys GPUs by index: "GPU 1: no such GPU", its baseline
+    dropped, and its lock stayed (and a GPU 0 baseline would have been written to the other GPU)."""
+    a, b = "GPU-0000000a-5a1e-4e55-9a3d-00000000f00a", "GPU-0000000b-5a1e-4e55-9a3d-00000000f00b"
+    d, calls = nvml_daemon(gpus=({"uuid": a, "util_gpu_pct": 80}, {"uuid": b, "util_gpu_pct": 80}), policy="ffg")
+    worker = _worker()
+    try:
+        c = d.client()  # held open: closing it would end the job before the kill
+        assert c.call("register", pid=worker.pid, gpu=b, **FEATURES)["gpu"] == "1"
+        d.stop(signal.SIGKILL)
+        worker.kill()
+        worker.wait()
+        spec = tmp_path / "fakenvml.json"
+        spec.write_text(json.dumps({"gpus": [{"uuid": b, "util_gpu_pct": 80}]}))  # GPU a is gone
+        before = len(calls.read_text().split())
+        d2, _calls = nvml_daemon(restart_of=d)
+        assert "nvmlDeviceResetGpuLockedClocks" in calls.read_text().split()[before:], d2.log()
+        assert "state file: GPU 1 " + f"({b}) is GPU 0 now" in d2.log()
+    finally:
+        worker.kill()

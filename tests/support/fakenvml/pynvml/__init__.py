@@ -200,6 +200,9 @@ def fake_system() -> FakeSystem:
 def _enter(name: str, *, needs_init: bool = True) -> FakeSystem:
     system = fake_system()
     system.record(name)
+    code = system.faults().get(name)
+    if code is not None:
+        raise NVMLError(code)
     if needs_init and system.init_count == 0:
         raise NVMLError(NVML_ERROR_UNINITIALIZED)
     return system
@@ -211,6 +214,13 @@ def _gpu(system: FakeSystem, handle) -> FakeGpu:
     gpu = system.gpus[handle.index]
     if gpu.lost:
         raise NVMLError(NVML_ERROR_GPU_IS_LOST)
+    faults = system.faults(gpu.index)
+    hang_s = faults.get("hang_s", {}).get(system.current)
+    if hang_s:
+        time.sleep(hang_s)
+    code = faults.get(system.current, faults.get("*"))
+    if code is not None:
+        raise NVMLError(code)
     return gpu
 
 
@@ -370,7 +380,7 @@ def nvmlDeviceGetTotalEnergyConsumption(handle):
             pass
     with system.lock:
         system.settle(gpu)
-        return gpu.counter_mj()
+        return max(0, gpu.counter_mj() + int(system.faults(gpu.index).get("energy_offset_mj", 0)))
 
 
 def nvmlDeviceGetTemperature(handle, sensor):

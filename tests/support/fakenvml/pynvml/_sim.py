@@ -169,9 +169,28 @@ class FakeSystem:
     init_count: int = 0
     calls: list[str] = field(default_factory=list)  # every API function called, in order
     log_path: str | None = None  # also append each call's name to this file (for tests of other processes)
+    # Faults a test brings on while another process (the daemon) runs: a JSON file, read at every call, of
+    # {"system": {FN: CODE}, "gpus": {"INDEX": {FN: CODE, "energy_offset_mj": MJ, "hang_s": {FN: S}}}}. FN is an API
+    # function's name, or "*" for every call that names the GPU (15, GPU_IS_LOST: what a GPU off the bus, Xid 79,
+    # answers); CODE an NVML error code that call then answers. energy_offset_mj is added to the GPU's energy counter
+    # (never below 0: a counter that restarts, as after a GPU reset); hang_s makes the call block that long first
+    # (a driver that does not answer). No file: no faults.
+    faults_path: str | None = None
+    current: str = ""  # the API function being called (for its faults)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def faults(self, index: int | None = None) -> dict:
+        """The faults file's part for the system (index None) or one GPU, as it reads now."""
+        if not self.faults_path:
+            return {}
+        try:
+            faults = json.loads(Path(self.faults_path).read_text())
+        except FileNotFoundError:
+            return {}
+        return faults.get("system", {}) if index is None else faults.get("gpus", {}).get(str(index), {})
+
     def record(self, name: str) -> None:
+        self.current = name
         self.calls.append(name)
         if self.log_path:
             with open(self.log_path, "a") as f:
@@ -221,7 +240,8 @@ def system_from_config(config: dict) -> FakeSystem:
             spec["locked_mhz"] = tuple(spec["locked_mhz"])
         gpus.append(FakeGpu(**spec))
     system = FakeSystem(gpus=gpus)
-    for key in ("root", "driver_loaded", "library_found", "driver_version", "log_path", "clock_events_api"):
+    for key in ("root", "driver_loaded", "library_found", "driver_version", "log_path", "clock_events_api",
+                "faults_path"):
         if key in config:
             setattr(system, key, config[key])
     return system
