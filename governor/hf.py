@@ -34,8 +34,12 @@ class GovernorCallback(AdapterCore, TrainerCallback):
         # Under nn.DataParallel (a Trainer on several GPUs without torchrun) each replica's forward runs in a thread
         # of its own, the hook with it: the job's measurement, and the register it ends in, are not for two at once.
         self._observing = threading.Lock()
+        # The global_step of the last step counted: a Trainer that holds this callback twice (callbacks=[cb] and
+        # add_callback(cb), which it only logs) calls it twice at every event, and each step counts once.
+        self._counted_step: int | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._counted_step = state.global_step  # a retried run starts over from its checkpoint's step, or 0
         # A second train begin without an end is the Trainer retrying (auto_find_batch_size) or a new train() after
         # a failed one: the same model on the same data, so the job and its pin carry on.
         if not self._start(model, _run_name(args, model), _steps_left(state)):
@@ -49,7 +53,9 @@ class GovernorCallback(AdapterCore, TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.job is not None:
-            self.job.step()
+            if state.global_step != self._counted_step:
+                self._counted_step = state.global_step
+                self.job.step()
             self._leaving_training(control)
 
     def on_epoch_end(self, args, state, control, **kwargs):

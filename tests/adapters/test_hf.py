@@ -290,3 +290,17 @@ def test_the_batches_are_measured_one_replica_at_a_time():
     for t in threads:
         t.join()
     assert seen == [True] and cb._hook is None
+
+
+def test_a_callback_the_trainer_holds_twice_counts_each_optimizer_step_once(simulated, tokenizer, tmp_path):
+    """The Trainer calls a callback it was given twice (``callbacks=[cb]`` and ``add_callback(cb)``; it only logs that
+    it holds one already) twice at every event: each optimizer step was counted twice, so the daemon's windows, the
+    tuner's budget (steps against total_steps) and the job's summary read twice the steps the run made."""
+    daemon, _orin = simulated
+    model = tiny_bert(tokenizer.vocab_size)
+    governor_cb = GovernorCallback(socket=daemon.socket, seq_len=20.0, name="twice")
+    trainer = trainer_for(model, tokenizer, tmp_path, [governor_cb], steps=5)
+    trainer.add_callback(governor_cb)
+    trainer.train()
+    assert governor_cb.job.result["steps"] == 5
+    assert re.search(r"job \d+ 'twice' .*ended \(unregistered\) after [\d.]+ s, 5 steps", daemon.log()), daemon.log()
