@@ -304,3 +304,37 @@ def test_a_callback_the_trainer_holds_twice_counts_each_optimizer_step_once(simu
     trainer.train()
     assert governor_cb.job.result["steps"] == 5
     assert re.search(r"job \d+ 'twice' .*ended \(unregistered\) after [\d.]+ s, 5 steps", daemon.log()), daemon.log()
+
+
+class OutOfMemoryOnce(TrainerCallback):
+    """A CUDA out-of-memory error at the begin of the step after ``at_step``, once: what auto_find_batch_size retries
+    on, with a smaller batch."""
+
+    def __init__(self, at_step: int):
+        self.at_step, self.raised = at_step, False
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if not self.raised and state.global_step == self.at_step:
+            self.raised = True
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_a_run_retried_with_a_smaller_batch_sends_the_jobs_new_length(simulated, tokenizer, tmp_path):
+    """auto_find_batch_size runs the training loop again, with a smaller batch, after an out-of-memory error: the job
+    carries on (same model, same data), but its length was still the first try's max_steps (8 steps of 4 samples),
+    where the retry runs more steps of fewer samples: the tuner priced its budget, and spread its baseline's parts,
+    over a shorter job than the one it tuned."""
+    daemon, _orin = simulated
+    model = tiny_bert(tokenizer.vocab_size)
+    governor_cb, spy = GovernorCallback(socket=daemon.socket, seq_len=20.0), TotalSteps(daemon)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=1, per_device_train_batch_size=4,
+                             auto_find_batch_size=True, learning_rate=1e-3, use_cpu=True, report_to=[],
+                             save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0)
+    trainer = Trainer(model=model, args=args, train_dataset=Sentences(tokenizer, 32),
+                      data_collator=DataCollatorWithPadding(tokenizer),
+                      callbacks=[governor_cb, spy, OutOfMemoryOnce(at_step=2)])
+    output = trainer.train()
+    assert spy.seen[:2] == [8, 8], "the first try: 32 samples in batches of 4"
+    steps = 2 + output.global_step  # the first try's two steps, then the retry's
+    assert output.global_step > 8 and governor_cb.job.result["steps"] == steps
+    assert spy.seen[2:] == [steps] * output.global_step
