@@ -62,7 +62,9 @@ class GovernorCallback(AdapterCore, TrainerCallback):
         self._leaving_training(control)
 
     def on_evaluate(self, args, state, control, **kwargs):
-        if self.job is not None and control.should_save:
+        # save_strategy="best" sets should_save after on_evaluate, from the metrics: until the next step the Trainer
+        # only compares them with the best yet and saves when they are better.
+        if self.job is not None and (control.should_save or getattr(args, "save_strategy", None) == "best"):
             self.job.phase("checkpoint")
 
     def _leaving_training(self, control) -> None:

@@ -338,3 +338,21 @@ def test_a_run_retried_with_a_smaller_batch_sends_the_jobs_new_length(simulated,
     steps = 2 + output.global_step  # the first try's two steps, then the retry's
     assert output.global_step > 8 and governor_cb.job.result["steps"] == steps
     assert spy.seen[2:] == [steps] * output.global_step
+
+
+def test_a_save_of_the_best_model_is_reported_as_a_checkpoint(simulated, tokenizer, tmp_path):
+    """save_strategy="best" decides to save after the evaluation, from its metrics, once on_evaluate has run: no
+    control flag says so before, and the save ran as "eval" (at the job's pick, not low_phases' lowest clock)."""
+    daemon, _orin = simulated
+    model = tiny_bert(tokenizer.vocab_size)
+    governor_cb = GovernorCallback(socket=daemon.socket, seq_len=20.0)
+    phases = Phases(daemon, governor_cb)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=4,
+                             per_device_eval_batch_size=4, learning_rate=1e-3, use_cpu=True, report_to=[],
+                             eval_strategy="steps", eval_steps=2, save_strategy="best", metric_for_best_model="loss",
+                             logging_strategy="no", disable_tqdm=True, seed=0)
+    Trainer(model=model, args=args, train_dataset=Sentences(tokenizer, 64), eval_dataset=Sentences(tokenizer, 8, 1),
+            data_collator=DataCollatorWithPadding(tokenizer), callbacks=[governor_cb, phases]).train()
+    assert phases.seen[:5] == [("step", 1, "train"), ("step", 2, "eval"), ("evaluate", 2, "checkpoint"),
+                               ("save", 2, "checkpoint"), ("step", 3, "train")], \
+        "the first evaluation's metric is the best yet: a save"
