@@ -92,6 +92,18 @@ class GovernorCallback(AdapterCore, TrainerCallback):
             self._hook = None
         super().close()
 
+    def __getstate__(self):
+        # hyperparameter_search(backend="ray") pickles the Trainer, its callbacks with it, for Ray's workers: the copy
+        # is this callback as made (each trial's train() starts a job of its own there); a lock, a hook on a model and
+        # a job's connection do not travel.
+        state = dict(self.__dict__, job=None, _hook=None, _counted_step=None)
+        del state["_observing"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._observing = threading.Lock()
+
     def _observe(self, module, args, kwargs):
         if not module.training or self.job is None:
             return None

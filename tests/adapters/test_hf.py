@@ -356,3 +356,25 @@ def test_a_save_of_the_best_model_is_reported_as_a_checkpoint(simulated, tokeniz
     assert phases.seen[:5] == [("step", 1, "train"), ("step", 2, "eval"), ("evaluate", 2, "checkpoint"),
                                ("save", 2, "checkpoint"), ("step", 3, "train")], \
         "the first evaluation's metric is the best yet: a save"
+
+
+def test_the_trainer_pickles_with_the_callback_as_ray_tune_ships_it(simulated, tokenizer, tmp_path):
+    """hyperparameter_search(backend="ray") pickles the Trainer, callbacks included, to run its trials in Ray's
+    workers (after setting its model to None): the callback's lock did not pickle, and the search stopped with
+    "cannot pickle '_thread.lock' object" before any trial trained. The copy trains under a job of its own."""
+    import functools
+    import pickle
+
+    daemon, _orin = simulated
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=4,
+                             use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
+                             disable_tqdm=True, skip_memory_metrics=True, seed=0)
+    trainer = Trainer(model_init=functools.partial(tiny_bert, tokenizer.vocab_size), args=args,
+                      train_dataset=Sentences(tokenizer, 16), data_collator=DataCollatorWithPadding(tokenizer),
+                      callbacks=[GovernorCallback(socket=daemon.socket, seq_len=20.0, name="trial")])
+    trainer.model = None
+    shipped = pickle.loads(pickle.dumps(trainer))
+    shipped.train()
+    governor_cb = next(cb for cb in shipped.callback_handler.callbacks if isinstance(cb, GovernorCallback))
+    assert governor_cb.job.result["steps"] == 3
+    assert re.search(r"job \d+ 'trial' .*ended \(unregistered\) after [\d.]+ s, 3 steps", daemon.log()), daemon.log()
