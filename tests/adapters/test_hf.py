@@ -365,6 +365,12 @@ def test_the_trainer_pickles_with_the_callback_as_ray_tune_ships_it(simulated, t
     import functools
     import pickle
 
+    from accelerate.state import GradientState
+
+    # accelerate's state, shared by every Trainer of the process, keeps a weak reference to the dataloader of a
+    # training run before (another test's) that does not pickle: a trainer of a process that trained before the
+    # search does not ship either, callback or not.
+    GradientState._reset_state()
     daemon, _orin = simulated
     args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=4,
                              use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
