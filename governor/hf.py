@@ -34,8 +34,12 @@ class GovernorCallback(AdapterCore, TrainerCallback):
         # Under nn.DataParallel (a Trainer on several GPUs without torchrun) each replica's forward runs in a thread
         # of its own, the hook with it: the job's measurement, and the register it ends in, are not for two at once.
         self._observing = threading.Lock()
+        # The global_step of the last step counted: a Trainer that holds this callback twice (callbacks=[cb] and
+        # add_callback(cb), which it only logs) calls it twice at every event, and each step counts once.
+        self._counted_step: int | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        self._counted_step = state.global_step  # a retried run starts over from its checkpoint's step, or 0
         # A second train begin without an end is the Trainer retrying (auto_find_batch_size) or a new train() after
         # a failed one: the same model on the same data, so the job and its pin carry on.
         if not self._start(model, _run_name(args, model), _steps_left(state)):
@@ -49,14 +53,18 @@ class GovernorCallback(AdapterCore, TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.job is not None:
-            self.job.step()
+            if state.global_step != self._counted_step:
+                self._counted_step = state.global_step
+                self.job.step()
             self._leaving_training(control)
 
     def on_epoch_end(self, args, state, control, **kwargs):
         self._leaving_training(control)
 
     def on_evaluate(self, args, state, control, **kwargs):
-        if self.job is not None and control.should_save:
+        # save_strategy="best" sets should_save after on_evaluate, from the metrics: until the next step the Trainer
+        # only compares them with the best yet and saves when they are better.
+        if self.job is not None and (control.should_save or getattr(args, "save_strategy", None) == "best"):
             self.job.phase("checkpoint")
 
     def _leaving_training(self, control) -> None:
@@ -83,6 +91,18 @@ class GovernorCallback(AdapterCore, TrainerCallback):
             self._hook.remove()
             self._hook = None
         super().close()
+
+    def __getstate__(self):
+        # hyperparameter_search(backend="ray") pickles the Trainer, its callbacks with it, for Ray's workers: the copy
+        # is this callback as made (each trial's train() starts a job of its own there); a lock, a hook on a model and
+        # a job's connection do not travel.
+        state = dict(self.__dict__, job=None, _hook=None, _counted_step=None)
+        del state["_observing"]
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._observing = threading.Lock()
 
     def _observe(self, module, args, kwargs):
         if not module.training or self.job is None:

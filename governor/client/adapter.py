@@ -23,6 +23,9 @@ class AdapterCore:
         same model and data: the job and its pin carry on). ``total_steps``: the run's optimizer steps, when the
         framework knows them (a ``total_steps`` option wins)."""
         if self.job is not None and not self.job.closed:
+            # The job now ends after the steps it counted and this run's (a retry with a smaller batch runs more).
+            if self._options.get("total_steps") is None and total_steps is not None:
+                self.job.set_total_steps(self.job.steps + total_steps)
             return False
         options = dict(self._options)
         options["name"] = options.get("name") or made_up_name(default_name)

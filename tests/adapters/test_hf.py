@@ -300,3 +300,97 @@ def test_the_batches_are_measured_one_replica_at_a_time():
     for t in threads:
         t.join()
     assert seen == [True] and cb._hook is None
+
+
+def test_a_callback_the_trainer_holds_twice_counts_each_optimizer_step_once(simulated, tokenizer, tmp_path):
+    """The Trainer calls a callback it was given twice (``callbacks=[cb]`` and ``add_callback(cb)``; it only logs that
+    it holds one already) twice at every event: each optimizer step was counted twice, so the daemon's windows, the
+    tuner's budget (steps against total_steps) and the job's summary read twice the steps the run made."""
+    daemon, _orin = simulated
+    model = tiny_bert(tokenizer.vocab_size)
+    governor_cb = GovernorCallback(socket=daemon.socket, seq_len=20.0, name="twice")
+    trainer = trainer_for(model, tokenizer, tmp_path, [governor_cb], steps=5)
+    trainer.add_callback(governor_cb)
+    trainer.train()
+    assert governor_cb.job.result["steps"] == 5
+    assert re.search(r"job \d+ 'twice' .*ended \(unregistered\) after [\d.]+ s, 5 steps", daemon.log()), daemon.log()
+
+
+class OutOfMemoryOnce(TrainerCallback):
+    """A CUDA out-of-memory error at the begin of the step after ``at_step``, once: what auto_find_batch_size retries
+    on, with a smaller batch."""
+
+    def __init__(self, at_step: int):
+        self.at_step, self.raised = at_step, False
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if not self.raised and state.global_step == self.at_step:
+            self.raised = True
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def test_a_run_retried_with_a_smaller_batch_sends_the_jobs_new_length(simulated, tokenizer, tmp_path):
+    """auto_find_batch_size runs the training loop again, with a smaller batch, after an out-of-memory error: the job
+    carries on (same model, same data), but its length was still the first try's max_steps (8 steps of 4 samples),
+    where the retry runs more steps of fewer samples: the tuner priced its budget, and spread its baseline's parts,
+    over a shorter job than the one it tuned."""
+    daemon, _orin = simulated
+    model = tiny_bert(tokenizer.vocab_size)
+    governor_cb, spy = GovernorCallback(socket=daemon.socket, seq_len=20.0), TotalSteps(daemon)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), num_train_epochs=1, per_device_train_batch_size=4,
+                             auto_find_batch_size=True, learning_rate=1e-3, use_cpu=True, report_to=[],
+                             save_strategy="no", logging_strategy="no", disable_tqdm=True, seed=0)
+    trainer = Trainer(model=model, args=args, train_dataset=Sentences(tokenizer, 32),
+                      data_collator=DataCollatorWithPadding(tokenizer),
+                      callbacks=[governor_cb, spy, OutOfMemoryOnce(at_step=2)])
+    output = trainer.train()
+    assert spy.seen[:2] == [8, 8], "the first try: 32 samples in batches of 4"
+    steps = 2 + output.global_step  # the first try's two steps, then the retry's
+    assert output.global_step > 8 and governor_cb.job.result["steps"] == steps
+    assert spy.seen[2:] == [steps] * output.global_step
+
+
+def test_a_save_of_the_best_model_is_reported_as_a_checkpoint(simulated, tokenizer, tmp_path):
+    """save_strategy="best" decides to save after the evaluation, from its metrics, once on_evaluate has run: no
+    control flag says so before, and the save ran as "eval" (at the job's pick, not low_phases' lowest clock)."""
+    daemon, _orin = simulated
+    model = tiny_bert(tokenizer.vocab_size)
+    governor_cb = GovernorCallback(socket=daemon.socket, seq_len=20.0)
+    phases = Phases(daemon, governor_cb)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=4,
+                             per_device_eval_batch_size=4, learning_rate=1e-3, use_cpu=True, report_to=[],
+                             eval_strategy="steps", eval_steps=2, save_strategy="best", metric_for_best_model="loss",
+                             logging_strategy="no", disable_tqdm=True, seed=0)
+    Trainer(model=model, args=args, train_dataset=Sentences(tokenizer, 64), eval_dataset=Sentences(tokenizer, 8, 1),
+            data_collator=DataCollatorWithPadding(tokenizer), callbacks=[governor_cb, phases]).train()
+    assert phases.seen[:5] == [("step", 1, "train"), ("step", 2, "eval"), ("evaluate", 2, "checkpoint"),
+                               ("save", 2, "checkpoint"), ("step", 3, "train")], \
+        "the first evaluation's metric is the best yet: a save"
+
+
+def test_the_trainer_pickles_with_the_callback_as_ray_tune_ships_it(simulated, tokenizer, tmp_path):
+    """hyperparameter_search(backend="ray") pickles the Trainer, callbacks included, to run its trials in Ray's
+    workers (after setting its model to None): the callback's lock did not pickle, and the search stopped with
+    "cannot pickle '_thread.lock' object" before any trial trained. The copy trains under a job of its own."""
+    import functools
+    import pickle
+
+    from accelerate.state import GradientState
+
+    # accelerate's state, shared by every Trainer of the process, keeps a weak reference to the dataloader of a
+    # training run before (another test's) that does not pickle: a trainer of a process that trained before the
+    # search does not ship either, callback or not.
+    GradientState._reset_state()
+    daemon, _orin = simulated
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=4,
+                             use_cpu=True, report_to=[], save_strategy="no", logging_strategy="no",
+                             disable_tqdm=True, skip_memory_metrics=True, seed=0)
+    trainer = Trainer(model_init=functools.partial(tiny_bert, tokenizer.vocab_size), args=args,
+                      train_dataset=Sentences(tokenizer, 16), data_collator=DataCollatorWithPadding(tokenizer),
+                      callbacks=[GovernorCallback(socket=daemon.socket, seq_len=20.0, name="trial")])
+    trainer.model = None
+    shipped = pickle.loads(pickle.dumps(trainer))
+    shipped.train()
+    governor_cb = next(cb for cb in shipped.callback_handler.callbacks if isinstance(cb, GovernorCallback))
+    assert governor_cb.job.result["steps"] == 3
+    assert re.search(r"job \d+ 'trial' .*ended \(unregistered\) after [\d.]+ s, 3 steps", daemon.log()), daemon.log()
