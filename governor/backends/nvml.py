@@ -138,6 +138,12 @@ class NvmlGpu(GpuBase):
         self._handle = nvml_call(nvml, f"GPU {index}: open", nvml.nvmlDeviceGetHandleByIndex, index)
         self.uuid = str(nvml_call(nvml, f"GPU {index}: UUID", nvml.nvmlDeviceGetUUID, self._handle))
         self.name = str(nvml_call(nvml, f"GPU {index}: name", nvml.nvmlDeviceGetName, self._handle))
+        try:
+            nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
+        except nvml.NVMLError as e:
+            if getattr(e, "value", None) == nvml.NVML_ERROR_NOT_SUPPORTED:
+                # Before Volta, and some virtual GPUs: a job's energy is unknown there, and tune cannot measure.
+                self.has_energy_counter = False
         # Not NVML's index: the driver numbers device files in its PCI probe order, NVML enumerates in its own, and
         # the two differ on some hosts (PrincetonUniversity/jobstats#34).
         try:

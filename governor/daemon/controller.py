@@ -327,7 +327,8 @@ class Controller:
         saving = job.tuner.finish(job) if job.tuner is not None else None
         ended = Ended(job, time.monotonic() - job.started_s, energy_j, why, saving)
         self._apply_quietly(job.gpu_id, removed=True)
-        energy = "unknown (no rails)" if energy_j is None else f"{energy_j:.1f} J ({self.energy.source()})"
+        energy = ("unknown (no rails or energy counter)" if energy_j is None
+                  else f"{energy_j:.1f} J ({self.energy.source()})")
         err = None if saving is None else saving.get("saved_pct_err")
         saved = "" if saving is None else (f"; saved {saving['saved_pct']:g}% energy per step vs the "
                                            f"default governor, measured over {saving['measured_steps']} steps"

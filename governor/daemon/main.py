@@ -252,6 +252,11 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
         log.info("no INA3221 power rails: job energy from the GPU's own energy counter")
     else:
         log.info("no INA3221 power rails found: job energy will be reported as null")
+    if rails is None or not rails.energy_rails:
+        for g in gpus:
+            if not g.has_energy_counter:  # an NVIDIA GPU before Volta, a virtual GPU, a Jetson without its rails
+                log.warning("GPU %s has neither power rails nor an energy counter: its jobs' energy is unknown, and "
+                            "the tuner cannot measure there (a tuned job keeps its start pin)", g.id)
     policy = build_policy(config, gpus)
     boot = boot_id(root)
     recorder, starts = _store_users(config, root, boot)

@@ -359,3 +359,16 @@ def test_a_restart_that_finds_the_gpus_numbered_anew_restores_the_gpu_it_locked_
         assert "state file: GPU 1 " + f"({b}) is GPU 0 now" in d2.log()
     finally:
         worker.kill()
+
+
+def test_a_gpu_without_an_energy_counter_is_said_so_at_start_and_at_a_jobs_end(nvml_daemon):
+    """Before Volta (and on some virtual GPUs) NVML answers Not Supported for the energy counter: the daemon said
+    "job energy from the GPU's own energy counter" at start and "unknown (no rails)" at a job's end."""
+    d, _ = nvml_daemon(gpus=({"supports_energy": False},))
+    c = d.client()
+    job = c.call("register", **FEATURES)
+    c.call("unregister", job_id=job["job_id"])
+    log = d.log()
+    assert "from the GPU's own energy counter" not in log
+    assert "GPU 0 has neither power rails nor an energy counter" in log
+    assert "energy unknown (no rails or energy counter)" in log, log
