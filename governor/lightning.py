@@ -33,8 +33,11 @@ class GovernorCallback(AdapterCore, Callback):
 
     def on_train_start(self, trainer, pl_module):
         config = find_hf_config(pl_module)
+        # The rank's place in its run, from the Trainer: Lightning's own DDP launchers (ddp from `python train.py`,
+        # ddp_spawn) set no RANK in the environment, so a group= rank had none, and the group never formed.
+        place = {"rank": trainer.global_rank, "world_size": trainer.world_size}
         if self._start(pl_module, getattr(config, "name_or_path", None) or type(pl_module).__name__,
-                       _steps_left(trainer)):
+                       _steps_left(trainer), place):
             self._first_global_step = trainer.global_step
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):

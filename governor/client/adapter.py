@@ -18,10 +18,12 @@ class AdapterCore:
         self._options = options
         self.job: Job | None = None
 
-    def _start(self, model, default_name: str | None, total_steps: int | None = None) -> bool:
+    def _start(self, model, default_name: str | None, total_steps: int | None = None,
+               known: dict | None = None) -> bool:
         """Start the job for this training run; False when one is already open (a retried or repeated train on the
         same model and data: the job and its pin carry on). ``total_steps``: the run's optimizer steps, when the
-        framework knows them (a ``total_steps`` option wins)."""
+        framework knows them (a ``total_steps`` option wins); ``known``: other options the framework knows (a
+        rank's place in its run), for those not given."""
         if self.job is not None and not self.job.closed:
             # The job now ends after the steps it counted and this run's (a retry with a smaller batch runs more).
             if self._options.get("total_steps") is None and total_steps is not None:
@@ -31,6 +33,9 @@ class AdapterCore:
         options["name"] = options.get("name") or made_up_name(default_name)
         if options.get("total_steps") is None:
             options["total_steps"] = total_steps
+        for key, value in (known or {}).items():
+            if options.get(key) is None:
+                options[key] = value
         self.job = start_job(model, **options)
         return True
 

@@ -145,3 +145,17 @@ def test_a_checkpoint_save_is_reported_and_training_again_at_the_next_batch(star
     assert [s for s in phases.seen if s[0] == "save"] == [("save", 2, "checkpoint"), ("save", 4, "checkpoint")]
     assert [s for s in phases.seen if s[0] == "batch"] == [("batch", n, "train") for n in (1, 2, 3, 4)]
     assert governor_cb.job.result["steps"] == 4
+
+
+def test_a_group_rank_takes_its_place_from_the_trainer(start_daemon, orin, monkeypatch):
+    """Lightning's own DDP launchers (strategy="ddp" run as `python train.py`, ddp_spawn) set LOCAL_RANK, NODE_RANK
+    and WORLD_SIZE, not RANK: a GovernorCallback(group=...) rank registered with no rank, and its group never formed.
+    The Trainer knows the rank's place."""
+    for name in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    daemon = start_daemon()
+    governor_cb = GovernorCallback(socket=daemon.socket, seq_len=20.0, group="lightning-run")
+    trainer([governor_cb], steps=3).fit(TinyBert(), loader())
+    info = governor_cb.job.group_info
+    assert (info.key, info.rank, info.world_size) == ("lightning-run", 0, 1)
+    assert governor_cb.job.result["steps"] == 3
