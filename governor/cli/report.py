@@ -48,26 +48,44 @@ def add_parser(sub) -> None:
 
 
 def workloads(jobs) -> list[dict]:
-    """Jobs grouped by features, the most frequent first; each with its pooled curve and bracketed minimum."""
+    """Jobs grouped by features and GPU (its table of levels), the most frequent first; each with its pooled curve and
+    bracketed minimum. A host's GPUs of different tables (an A100 beside an H100) give a workload each: one table for
+    all left the other GPUs' windows out of every curve."""
     from governor.features import Features
     from governor.pipeline.board_data import board_curves, feature_key
 
-    table = next((tuple(json.loads(j.levels_hz)) for j in reversed(jobs) if j.levels_hz), None)
-    if table is None:
-        table = tuple(sorted({w.level_hz for j in jobs for w in j.windows if w.level_hz is not None}))
-    curves = {feature_key(c.features): c for c in board_curves(jobs, table)}
+    tables = _tables(jobs)
+    by_table: dict[tuple, list] = {}
+    for j in jobs:
+        by_table.setdefault(tables[id(j)], []).append(j)
+    curves = {(feature_key(c.features), table): c
+              for table, members in by_table.items() for c in board_curves(members, table)}
     groups: dict[tuple, list] = {}
     for j in jobs:
         f = Features(model_type=j.model_type, num_layers=j.num_layers, hidden_size=j.hidden_size,
                      seq_len=float(j.seq_len), gpu_util=j.gpu_util if j.gpu_util is None else float(j.gpu_util))
-        groups.setdefault(feature_key(f), []).append(j)
+        groups.setdefault((feature_key(f), tables[id(j)]), []).append(j)
     out = []
-    for key, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), str(kv[0]))):
+    for (key, table), members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), str(kv[0]))):
         names = Counter(printable(j.name) if j.name else "-" for j in members)
-        out.append({"key": key, "name": names.most_common(1)[0][0], "jobs": members, "curve": curves.get(key),
+        gpus = Counter(printable(j.gpu_name) if j.gpu_name else "-" for j in members)
+        out.append({"key": key, "name": names.most_common(1)[0][0], "gpu": gpus.most_common(1)[0][0],
+                    "jobs": members, "curve": curves.get((key, table)),
                     **{f"mean_saved_vs_{short}": _mean_saved(members, basis) for basis, short in BASES},
                     "energy_j": sum(j.energy_j or 0.0 for j in members)})
     return out
+
+
+def _tables(jobs) -> dict[int, tuple[int, ...]]:
+    """Each job's table of levels (by id): its own; for a job an older store kept without one, the newest table of a
+    job on a GPU of the same name, else the newest of all, else the levels its jobs' windows measured."""
+    newest: dict[str | None, tuple[int, ...]] = {}
+    for j in jobs:
+        if j.levels_hz:
+            newest[j.gpu_name] = newest[None] = tuple(json.loads(j.levels_hz))
+    fallback = newest.get(None) or tuple(sorted({w.level_hz for j in jobs for w in j.windows
+                                                 if w.level_hz is not None}))
+    return {id(j): tuple(json.loads(j.levels_hz)) if j.levels_hz else newest.get(j.gpu_name, fallback) for j in jobs}
 
 
 # A measured saving's basis (the store's saved_basis) and its short name in the summary's columns. The two are different
@@ -128,7 +146,7 @@ def _refuse_to_replace_others(out: OutDir) -> None:
 
 def _label(g: dict) -> str:
     model_type, layers, hidden, seq, util = g["key"]
-    return f"{g['name'][:28]}\n{model_type} L{layers} H{hidden} seq {seq:g} util {_util(util)}"
+    return f"{g['name'][:28]} ({g['gpu'][:24]})\n{model_type} L{layers} H{hidden} seq {seq:g} util {_util(util)}"
 
 
 def _util(util_pct) -> str:
@@ -218,9 +236,9 @@ def _md_cell(row: dict, key: str) -> str:
     return isolated(text) if key == "workload" else text  # a right-to-left name cannot reorder the row
 
 
-SUMMARY_FIELDS = ("workload", "model_type", "num_layers", "hidden_size", "seq_len", "gpu_util", "jobs", "tuned_jobs",
-                  "levels_measured", "bracketed_minimum_mhz", "last_pick_mhz", "mean_saved_vs_default_pct",
-                  "mean_saved_vs_start_pct", "energy_j")
+SUMMARY_FIELDS = ("workload", "gpu", "model_type", "num_layers", "hidden_size", "seq_len", "gpu_util", "jobs",
+                  "tuned_jobs", "levels_measured", "bracketed_minimum_mhz", "last_pick_mhz",
+                  "mean_saved_vs_default_pct", "mean_saved_vs_start_pct", "energy_j")
 
 
 def _summary(groups: list[dict], totals: dict, out: OutDir) -> None:
@@ -229,8 +247,9 @@ def _summary(groups: list[dict], totals: dict, out: OutDir) -> None:
         c, members = g["curve"], g["jobs"]
         model_type, layers, hidden, seq, util = g["key"]
         last = members[-1].freq_hz
-        rows.append({"workload": _cell(g["name"]), "model_type": model_type, "num_layers": layers,
-                     "hidden_size": hidden, "seq_len": seq, "gpu_util": "" if util is None else util,
+        rows.append({"workload": _cell(g["name"]), "gpu": _cell(g["gpu"]), "model_type": model_type,
+                     "num_layers": layers, "hidden_size": hidden, "seq_len": seq,
+                     "gpu_util": "" if util is None else util,
                      "jobs": len(members),
                      "tuned_jobs": sum(1 for j in members if j.windows),
                      "levels_measured": len(c.energy_j) if c else 0,

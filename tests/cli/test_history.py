@@ -489,3 +489,23 @@ def test_report_keeps_a_workloads_savings_apart_by_basis(tmp_path):
     assert lines == {"cumulative saved vs the default governor": pytest.approx(20.0),
                      "cumulative saved vs the tuner's start": pytest.approx(80.0 * 0.02 / 0.98)}
     kept.plt.close(savings)
+
+
+def test_report_gives_each_gpu_of_a_host_its_own_curve(tmp_path):
+    """A host with GPUs of different tables of levels (an A100 beside an H100): report took the newest job's table
+    for every job, so the other GPU's windows fell outside it and its workload had no curve."""
+    from governor.cli import report
+    from governor.store.measurements import JobRecord, Window
+
+    def job(i: int, gpu: str, levels: list[int]) -> JobRecord:
+        return JobRecord(ended_at=1_000_000.0 + i, model_type="encoder", num_layers=12, hidden_size=768,
+                         seq_len=40.0, gpu_util=60.0, name="bert", policy="tune", freq_hz=levels[1], gpu_name=gpu,
+                         levels_hz=json.dumps(levels), energy_j=100.0, duration_s=10.0, steps=200,
+                         windows=tuple(Window(hz, 1.0 + 0.1 * abs(k - 1), 0.1, 20) for k, hz in enumerate(levels)))
+
+    a100 = [1_005_000_000, 1_200_000_000, 1_410_000_000]
+    h100 = [1_100_000_000, 1_500_000_000, 1_980_000_000]
+    groups = report.workloads([job(1, "NVIDIA A100", a100), job(2, "NVIDIA H100", h100)])
+    assert sorted(tuple(g["curve"].energy_j) for g in groups if g["curve"]) == [tuple(a100), tuple(h100)]
+    assert sorted(g["gpu"] for g in groups) == ["NVIDIA A100", "NVIDIA H100"]
+    assert {g["curve"].label_hz for g in groups} == {a100[1], h100[1]}
