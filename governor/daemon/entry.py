@@ -14,6 +14,12 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     if "ssl" not in sys.modules:  # already loaded (an embedding process): nothing to save
         sys.modules["ssl"] = None  # type: ignore[assignment]  # None: `import ssl` raises ImportError
-    from governor.daemon.main import main as run_daemon
+    try:
+        from governor.daemon.main import main as run_daemon
 
-    return run_daemon(argv)
+        return run_daemon(argv)
+    except KeyboardInterrupt:
+        # Before the loop takes SIGINT over (imports, the store, the GPUs' probe): a Ctrl-C there was a traceback. A
+        # baseline it saved is in the state file, for the next start or `ftgov restore`.
+        print("ftgovd: interrupted while starting", file=sys.stderr)
+        return 130

@@ -24,3 +24,13 @@ def test_ssl_is_refused_only_in_the_daemon_entry():
              "print(sys.modules.get('ssl', 'absent'))")
     out = subprocess.run([sys.executable, "-c", fresh], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "None", out
+
+
+def test_a_ctrl_c_while_ftgovd_starts_is_one_line_not_a_traceback():
+    """Before the loop takes SIGINT over (the imports, the store, the GPUs' probe: about half a second), a Ctrl-C was
+    Python's KeyboardInterrupt traceback."""
+    probe = ("import sys\nfrom governor.daemon import entry, main\n"
+             "def interrupted(argv):\n    raise KeyboardInterrupt\n"
+             "main.main = interrupted\nsys.exit(entry.main([]))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stderr) == (130, "ftgovd: interrupted while starting\n"), out
