@@ -40,6 +40,10 @@ def features_from_args(args: argparse.Namespace) -> dict:
         value = getattr(args, key)
         if value is not None:
             known[key] = value
+    if args.gpu_util is not None and 0 < args.gpu_util < 1:
+        # A percent: 0.8 read as 0.8% took the tree's low-utilization branch, which a job busy 80% of the time is not.
+        raise ConfigError(f"--gpu-util {args.gpu_util:g}: a percent (0-100), and {args.gpu_util:g} looks like a "
+                          f"fraction: give {100 * args.gpu_util:g}")
     shape = [_option(k) for k in SHAPE if k not in known]
     missing = []
     if shape:

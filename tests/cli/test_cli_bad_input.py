@@ -50,6 +50,9 @@ def generic_cases():
 # Bad values a type alone does not catch, and bad files: (argv, exit code, what the line says). {tmp} is a fresh
 # directory, {tree} a simulated Orin tree in it.
 SPECIFIC = [
+    # A fraction for a percent: read as 0.8%, it took the tree's low-utilization branch.
+    (["predict", "--model-type", "encoder", "--num-layers", "12", "--hidden-size", "768", "--seq-len", "40",
+      "--gpu-util", "0.8"], 2, "--gpu-util 0.8: a percent (0-100), and 0.8 looks like a fraction: give 80"),
     (["sim-job", "--tree", "{tree}", "--num-layers", "0"], 2, "argument --num-layers: must be >= 1, got 0"),
     (["sim-job", "--tree", "{tree}", "--hidden-size", "0"], 2, "argument --hidden-size: must be >= 1, got 0"),
     (["sim-job", "--tree", "{tree}", "--seq-len", "-1"], 2, "argument --seq-len: must be > 0, got -1"),
