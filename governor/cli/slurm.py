@@ -350,28 +350,40 @@ def write_admin_comment(job_id: int, entry: str, timeout_s: float, record: str |
     without)."""
     target = record or str(job_id)
     try:
-        existing = admin_comment_now(job_id, target, timeout_s)
+        existing, own = admin_comment_now(job_id, target, timeout_s)
     except AmbiguousField as e:
         warn(f"job {job_id}: AdminComment not written: {e}")
         return
     value = merged_admin_comment(existing, entry)
-    done = _run([slurm_command("scontrol"), "update", f"JobId={target}", f"AdminComment={value}"], timeout_s)
+    done = _run([slurm_command("scontrol"), "update", f"JobId={own}", f"AdminComment={value}"], timeout_s)
     if done is not None and done.returncode != 0 and "already finished" in done.stderr:
-        modify = [slurm_command("sacctmgr"), "-i", "modify", "job", "where", f"jobid={target}", "set",
-                  f"AdminComment={value}"]
-        done = _run(modify, timeout_s)
+        done = _run(_modify_admin_comment(own, value), timeout_s)
+        # An array task's ARRAY_TASK names its record alone to Slurm 24.11's sacctmgr (its raw id, where that is the
+        # array's, every task's); Slurm 22.05's finds no record by it, and its raw id names the task alone
+        # (tests/slurm, bookworm and trixie).
+        if own != target and _affected_nothing(done):
+            done = _run(_modify_admin_comment(target, value), timeout_s)
         # ID+0 matches the leader's record only once slurmdbd has the job's heterogeneous fields, which reach it a
         # moment after the job ends (about 1.5 s in tests/slurm): until then sacctmgr says it changed nothing.
         waited, delay = 0.0, 0.25
-        while (target != str(job_id) and done is not None and done.returncode != 0
-               and "didn't affect anything" in done.stderr + done.stdout and waited + delay <= HET_RECORD_WAIT_S):
+        while target != str(job_id) and _affected_nothing(done) and waited + delay <= HET_RECORD_WAIT_S:
             time.sleep(delay)
             waited, delay = waited + delay, min(2 * delay, 1.0)
-            done = _run(modify, timeout_s)
+            done = _run(_modify_admin_comment(target, value), timeout_s)
     if done is None:
         warn(f"job {job_id}: could not write AdminComment")
     elif done.returncode != 0:
         warn(f"job {job_id}: writing AdminComment failed: {(done.stderr or done.stdout).strip() or done.returncode}")
+
+
+def _modify_admin_comment(record: str, value: str) -> list[str]:
+    return [slurm_command("sacctmgr"), "-i", "modify", "job", "where", f"jobid={record}", "set",
+            f"AdminComment={value}"]
+
+
+def _affected_nothing(done: subprocess.CompletedProcess | None) -> bool:
+    """sacctmgr found no record of that name (or the caller may not change it: Slurm says both at once)."""
+    return done is not None and done.returncode != 0 and "didn't affect anything" in done.stderr + done.stdout
 
 
 def _run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess | None:
@@ -412,9 +424,9 @@ class AmbiguousField(FtgovError):
 def own_record(job_id: int, env: dict[str, str]) -> str:
     """How scontrol and sacctmgr name the job's own record: ID+0 for a heterogeneous job's leader (SLURM_HET_JOB_ID
     is its own id), whose bare id names every component's (Slurm 22.05: `scontrol show job` prints them all,
-    `scontrol update` and `sacctmgr modify job` change them all); ID otherwise. A job array's task that has the
-    array's id needs nothing of the kind: under Slurm 22.05 that id names its own task to both once the tasks run
-    (tests/slurm, either task ending first), and its prolog and epilog get no SLURM_ARRAY_JOB_ID to tell it by."""
+    `scontrol update` and `sacctmgr modify job` change them all); ID otherwise. A job array's task is named by
+    ARRAY_TASK where its AdminComment is read and written (admin_comment_now, from squeue): its prolog and epilog get
+    no SLURM_ARRAY_JOB_ID to tell it by (Slurm 22.05 and 24.11, tests/slurm)."""
     return f"{job_id}+0" if _job_id(env, "SLURM_HET_JOB_ID") == job_id else str(job_id)
 
 
@@ -444,16 +456,21 @@ def scontrol_field(job: str, name: str, timeout_s: float) -> str | None:
     return None if value in (None, "", "(null)") else value
 
 
-def admin_comment_now(job_id: int, job: str, timeout_s: float) -> str | None:
+def admin_comment_now(job_id: int, job: str, timeout_s: float) -> tuple[str | None, str]:
     """The job's AdminComment as slurmctld holds it (None: unset), read off `scontrol show job -o JOB` (``job``:
-    own_record's) where Slurm prints it. Slurm prints AdminComment= only when the field is set, and then right after
-    WorkDir= (src/api/job_info.c: "WorkDir=%s", then, if set, "AdminComment=%s "). The user chooses the work dir, the
-    job's name, command, comment and output paths, any of which can carry " AdminComment=...": where the field is
-    unset, that would be the only one, and root would write the user's text into the admin-only field. So the field
-    is read only right after "WorkDir=" and the work dir that squeue gives alone (`squeue -o %A|%F|%K|%Z`, the line
-    of this job id), and WorkDir=, which Slurm prints once a record, must appear once. A job array's task is shown by
-    ARRAY_TASK: the array's id shows every task (Slurm 22.05, tests/slurm). AmbiguousField where this cannot be told
-    (squeue does not answer or lists the id twice, a work dir with a newline, WorkDir= twice)."""
+    own_record's) where Slurm prints it, and the name that shows and changes the job's record alone: ``job``, or an
+    array task's ARRAY_TASK. The task that has the array's id is named so too: under Slurm 24.11 `sacctmgr modify job
+    where jobid=ID` changes every task of the array ID (tests/slurm on trixie: the last task's entry replaced the
+    other task's), under 22.05 that task's alone (whose sacctmgr knows no ARRAY_TASK: write_admin_comment). Slurm
+    prints AdminComment= only when the field is set, and then
+    right after WorkDir= (src/api/job_info.c: "WorkDir=%s", then, if set, "AdminComment=%s "). The user chooses the
+    work dir, the job's name, command, comment and output paths, any of which can carry " AdminComment=...": where
+    the field is unset, that would be the only one, and root would write the user's text into the admin-only field.
+    So the field is read only right after "WorkDir=" and the work dir that squeue gives alone (`squeue -o
+    %A|%F|%K|%Z`, the line of this job id), and WorkDir=, which Slurm prints once a record, must appear once. A job
+    array's task is shown by ARRAY_TASK: the array's id shows every task (Slurm 22.05, tests/slurm). AmbiguousField
+    where this cannot be told (squeue does not answer or lists the id twice, a work dir with a newline, WorkDir=
+    twice)."""
     listed = _run([slurm_command("squeue"), "-h", "-t", "all", "-j", str(job_id), "-o", "%A|%F|%K|%Z"], timeout_s)
     lines = [] if listed is None or listed.returncode != 0 else listed.stdout.rstrip("\n").split("\n")
     fields = [line.split("|", 3) for line in lines]
@@ -478,7 +495,7 @@ def admin_comment_now(job_id: int, job: str, timeout_s: float) -> str | None:
     # Slurm 22.05 pads AdminComment= with a second space: not the field's.
     m = re.match(r"\s+AdminComment=(.*?)(?=\s[A-Z][A-Za-z:/]*=|$)", out[at + len(f"WorkDir={work_dir}"):])
     value = None if m is None else m.group(1).strip()
-    return None if value in (None, "", "(null)") else value
+    return (None if value in (None, "", "(null)") else value), job
 
 
 def sweep_stale_holds(conn, config: SlurmConfig, job_id: int, deadline: float | None = None) -> None:

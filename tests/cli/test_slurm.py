@@ -424,6 +424,25 @@ def test_a_heterogeneous_leaders_epilog_writes_the_leaders_record_only(orin, sta
         assert value.count("ftgov@") == (1 if job == 80 else 2) and " " not in value, calls
 
 
+def test_a_finished_array_tasks_accounting_record_is_named_alone(tmp_path, monkeypatch, capsys):
+    """The node epilog of the task that has the array's id, once slurmctld considers it finished, writes the
+    accounting record with sacctmgr: `jobid=ID` changed every task of the array under Slurm 24.11 (tests/slurm on
+    trixie: the other task's entry was replaced by this one's), ARRAY_TASK this task's alone. Slurm 22.05's sacctmgr
+    finds no record by ARRAY_TASK (tests/slurm on bookworm), and there the raw id is the task's alone."""
+    entry = "ftgov@vm:energy_j=45.0,policy=ffg,gpus=0"
+    shows = {"15_1": "JobId=15 ArrayJobId=15 ArrayTaskId=1 JobName=a WorkDir=/home/u StdErr=/o"}
+    for slurm_version, unmatched in (("24.11", 0), ("22.05", 1)):
+        bin_dir = _finished_slurm(tmp_path / slurm_version, shows, unmatched=unmatched)
+        (bin_dir / "squeue").write_text("#!/bin/sh\nprintf '16|15|0|/home/u\\n15|15|1|/home/u\\n'\n")
+        monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+        write_admin_comment(15, entry, 5.0)
+        calls = (tmp_path / slurm_version / "calls.log").read_text().splitlines()
+        assert calls == [f"update JobId=15_1 AdminComment={entry}",
+                         f"sacctmgr -i modify job where jobid=15_1 set AdminComment={entry}",
+                         *[f"sacctmgr -i modify job where jobid=15 set AdminComment={entry}"] * unmatched], calls
+        assert "AdminComment" not in capsys.readouterr().err
+
+
 def test_slurms_padding_after_a_field_is_not_read_into_it(tmp_path, monkeypatch):
     """Slurm 22.05's `scontrol show job -o` follows AdminComment= and Comment= with two spaces; the field ran to the
     next Key= and kept one, so another node's entry was written back as "ftgov@node2:... ;ftgov@node1:...", a space
@@ -570,7 +589,9 @@ def test_a_components_prolog_is_held_by_an_ftgovd_that_predates_heterogeneous_jo
 def test_a_job_array_tasks_admincomment_is_read_off_its_own_record(tmp_path, monkeypatch, capsys):
     """The task that has the array's id: `scontrol show job -o ID` prints every task of the array (Slurm 22.05, seen
     in tests/slurm), with a WorkDir= each, so where Slurm's AdminComment stands could not be told and none was
-    written. squeue gives the task's index (%K) beside its raw id (%A): ARRAY_TASK shows its record alone."""
+    written. squeue gives the task's index (%K) beside its raw id (%A): ARRAY_TASK shows its record alone, and
+    names it alone to scontrol update and sacctmgr (under Slurm 24.11 `sacctmgr modify job where jobid=ID` changed
+    every task of the array: tests/slurm on trixie)."""
     entry = "ftgov@vm:energy_j=26.8,policy=ffg,gpus=0"
     shows = {"13": "JobId=14 ArrayJobId=13 ArrayTaskId=0 JobName=a WorkDir=/home/u "
                    "AdminComment=ftgov@vm:energy_j=54.0  StdErr=/o\n"
@@ -581,4 +602,4 @@ def test_a_job_array_tasks_admincomment_is_read_off_its_own_record(tmp_path, mon
     log = _fake_scontrol(tmp_path / "array", monkeypatch, shows)
     (tmp_path / "array" / "bin" / "squeue").write_text("#!/bin/sh\nprintf '14|13|0|/home/u\\n13|13|1|/home/u\\n'\n")
     write_admin_comment(13, entry, 5.0)
-    assert log.read_text() == f"update JobId=13 AdminComment={entry}\n", capsys.readouterr().err
+    assert log.read_text() == f"update JobId=13_1 AdminComment={entry}\n", capsys.readouterr().err

@@ -38,6 +38,7 @@ GATES = Path("/var/tmp/ftgov-gates")  # the jobs' FIFOs: /var/tmp, which slurmd'
 # The fake GPUs' device files in NVML's order: NVML's GPU 0 is /dev/nvidia2, its GPU 1 /dev/nvidia1 (the two orders
 # differ, as on PrincetonUniversity/jobstats#34's nodes, and the files do not start at 0).
 DEVICE_MINORS = (2, 1)
+SLURMDBD_LIB = Path("/opt/ftgov-ci/slurmdbd-lib")  # run.sh's, on trixie (it says why)
 STATE_POLL_S = 0.2  # the pace at which a job's state is read where Slurm gives no event
 JOB_STATE_TIMEOUT_S = 60
 
@@ -289,6 +290,11 @@ def setup() -> None:
     for d in ("/var/log/slurm", "/var/lib/slurm/slurmctld", "/var/lib/slurm/slurmd"):
         Path(d).mkdir(parents=True, exist_ok=True)
     sh("chown", "-R", "slurm:slurm", "/var/log/slurm", "/var/lib/slurm/slurmctld")
+    if SLURMDBD_LIB.is_dir():  # run.sh put it there (trixie): a libmariadb3 with which slurmdbd runs
+        dropin = Path("/etc/systemd/system/slurmdbd.service.d/50-ci.conf")
+        dropin.parent.mkdir(parents=True, exist_ok=True)
+        dropin.write_text(f"[Service]\nEnvironment=LD_LIBRARY_PATH={SLURMDBD_LIB}\n")
+        sh("systemctl", "daemon-reload")
     sh("systemctl", "start", "slurmdbd.service")
     # slurmdbd answers once it has its tables: sacctmgr's own retry is the wait.
     wait_for("slurmdbd", lambda: sh("sacctmgr", "-i", "add", "cluster", CLUSTER, check=False).returncode == 0, 60)

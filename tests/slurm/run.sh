@@ -7,7 +7,8 @@
 #
 # Usage: tests/slurm/run.sh [--smoke]      (as root; --smoke stops after booting the container)
 # Environment: FTGOV_CI_CACHE and FTGOV_CI_KEEP as for tests/systemd/run.sh (the root file system tarball is cached
-# under its own key: its package list differs).
+# under its own key: its package list differs). FTGOV_SLURM_SUITE: the container's Debian, bookworm (the default, what
+# CI runs: Slurm 22.05, Python 3.11) or trixie (Slurm 24.11, Python 3.13).
 #
 # The host is left as found, as the systemd suite leaves it: purged host packages, no tmpfs, no cgroups, no lock file.
 set -euo pipefail
@@ -19,12 +20,41 @@ SMOKE=0
 [[ ${1:-} == --smoke ]] && SMOKE=1
 
 HOST_PYTHON=/usr/bin/python3
-SUITE=bookworm
+SUITE=${FTGOV_SLURM_SUITE:-bookworm}
 HOST_PACKAGES=(systemd-container mmdebstrap libsystemd-dev pkg-config gcc python3-dev python3-venv zstd)
-# Debian's Slurm 22.05 and what it needs: munge for authentication, slurmdbd on MariaDB so that sacct has the jobs.
+# Debian's Slurm and what it needs: munge for authentication, slurmdbd on MariaDB so that sacct has the jobs.
 # iproute2: the container's network namespace gets one more address (checks.py says why).
 ROOTFS_PACKAGES=(systemd systemd-sysv dbus python3 python3-venv make procps iproute2
                  munge slurmctld slurmd slurm-client slurmdbd mariadb-server)
+SLURMDBD_LIB=/opt/ftgov-ci/slurmdbd-lib  # (trixie) the library slurmdbd runs with, in the container
+case $SUITE in
+    bookworm) ;;
+    # Its Python is not the host's: the dependencies' wheels come from the package index for 3.13, and the container
+    # builds systemd-python, which has no wheels (tests/support/container.sh, download_target_wheels).
+    trixie)
+        TARGET_PYTHON=3.13
+        ROOTFS_PACKAGES+=(gcc python3-dev libsystemd-dev pkg-config)
+        # trixie's slurmd.service has no ConditionPathExists=/etc/slurm/slurm.conf (bookworm's has): enabled, with no
+        # slurm.conf yet, slurmd looks for a configless slurmctld in DNS until its start times out, 90 s of the boot,
+        # and the unit fails. checks.py starts it once slurm.conf is written.
+        # trixie's slurmdbd 24.11.5-4+deb13u1 with its libmariadb3 1:11.8.9+ds-0+deb13u1 stops at its first query
+        # ("mysql_query failed: 5027 Number of columns in result (=1) set execeeds maxmimum allowed number of columns
+        # (=0)", the mariadb client's same query answers); with bookworm's libmariadb3 (the host's apt, the same
+        # soname) it runs. checks.py gives slurmdbd that library where SLURMDBD_LIB is.
+        customize_rootfs() {
+            rm -f "$ROOTFS/etc/systemd/system/multi-user.target.wants/slurmd.service"
+            local deb
+            deb=$(mktemp -d)
+            (cd "$deb" && apt-get -q -o APT::Sandbox::User=root download libmariadb3 >/dev/null) \
+                || die "apt-get download libmariadb3 (the host's, for slurmdbd) failed"
+            mkdir -p "$ROOTFS$SLURMDBD_LIB"
+            dpkg-deb --fsys-tarfile "$deb"/libmariadb3_*.deb | tar -x -C "$ROOTFS$SLURMDBD_LIB" \
+                --strip-components=4 "./usr/lib/$(uname -m)-linux-gnu/libmariadb.so.3"
+            rm -rf "$deb"
+        }
+        ;;
+    *) echo "FTGOV_SLURM_SUITE=$SUITE: use bookworm or trixie" >&2; exit 2 ;;
+esac
 BOOT_TIMEOUT_S=90
 CHECKS_TIMEOUT_S=300
 LOG_TAG=slurm-ci

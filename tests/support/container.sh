@@ -1,9 +1,12 @@
-# The container machinery shared by the suites that boot a Debian bookworm container with systemd-nspawn
-# (tests/systemd/run.sh, tests/slurm/run.sh): host packages installed for the run and purged at its end, one run at a
-# time, the checkout copied as git sees it, dependency wheels and the root file system cached, a per-run cgroup, boot,
-# nsenter, and a teardown that leaves the host as found. Sourced, not run. The suite sets, before sourcing:
+# The container machinery shared by the suites that boot a Debian container (bookworm; the Slurm suite's, trixie too)
+# with systemd-nspawn (tests/systemd/run.sh, tests/slurm/run.sh): host packages installed for the run and purged at its
+# end, one run at a time, the checkout copied as git sees it, dependency wheels and the root file system cached, a
+# per-run cgroup, boot, nsenter, and a teardown that leaves the host as found. Sourced, not run. The suite sets, before
+# sourcing:
 #   REPO, CACHE (may be empty), SUITE, HOST_PYTHON, HOST_PACKAGES, ROOTFS_PACKAGES, BOOT_TIMEOUT_S, LOG_TAG, MACHINE,
-#   and optionally TMPFS_SIZE (default 3g) and NSPAWN_EXTRA (an array of more systemd-nspawn options)
+#   and optionally TMPFS_SIZE (default 3g), NSPAWN_EXTRA (an array of more systemd-nspawn options) and TARGET_PYTHON
+#   (the container's Python as X.Y, where it is not HOST_PYTHON's version: build_wheels says what changes); it may
+#   define customize_rootfs, run on the extracted root file system ($ROOTFS) before the container boots.
 # and calls `trap teardown EXIT` first thing in its main.
 # shellcheck shell=bash
 
@@ -109,19 +112,46 @@ build_wheels() {
         "$venv/bin/pip" install -q "setuptools>=68" wheel
     fi
     local key
-    key=$( { cat "$src/pyproject.toml"; "$HOST_PYTHON" --version; uname -m; } | sha_of)
+    if [[ -n ${TARGET_PYTHON:-} ]]; then
+        key=$( { cat "$src/pyproject.toml"; echo "target Python $TARGET_PYTHON"; uname -m; } | sha_of)
+    else
+        key=$( { cat "$src/pyproject.toml"; "$HOST_PYTHON" --version; uname -m; } | sha_of)
+    fi
     local deps=$CACHE/wheels-$key
     if [[ ! -d $deps ]]; then
         log "building dependency wheels into $deps"
         rm -rf "$deps.tmp"
-        # nvml: check_nvml_dropin installs with BACKEND=nvml, which adds nvidia-ml-py.
-        "$venv/bin/pip" wheel -q --no-build-isolation -w "$deps.tmp" "$src[systemd,nvml]"
+        if [[ -n ${TARGET_PYTHON:-} ]]; then
+            download_target_wheels "$src" "$deps.tmp"
+        else
+            # nvml: check_nvml_dropin installs with BACKEND=nvml, which adds nvidia-ml-py.
+            "$venv/bin/pip" wheel -q --no-build-isolation -w "$deps.tmp" "$src[systemd,nvml]"
+        fi
         rm -f "$deps.tmp"/ftgov-*.whl
         mv "$deps.tmp" "$deps"
     fi
     mkdir -p "$out"
-    cp "$deps"/*.whl "$out/"
+    cp "$deps"/* "$out/"  # download_target_wheels: a source too
     "$venv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$out" "$src"
+}
+
+# Wheels built with the host's Python are its own version's (cp311 on bookworm): pydantic-core's and pyyaml's do not
+# install in another Python. For a container whose Python is TARGET_PYTHON, the dependencies' binary wheels for that
+# version come from the package index instead. systemd-python has none: its source goes in, with setuptools and wheel
+# to build it from, and the container (gcc, python3-dev, libsystemd-dev, pkg-config in its root file system) builds
+# it during `make install`. pip reads the source's metadata here, with the host's libsystemd-dev (HOST_PACKAGES).
+download_target_wheels() {
+    local src=$1 out=$2
+    local venv=$CACHE/build-venv own abi=cp${TARGET_PYTHON/./}
+    own=$(mktemp -d)
+    "$venv/bin/pip" wheel -q --no-deps --no-build-isolation -w "$own" "$src"
+    "$venv/bin/pip" download -q -d "$out" --only-binary=:all: --python-version "$TARGET_PYTHON" --implementation cp \
+        --abi "$abi" --platform "manylinux2014_$(uname -m)" "$(echo "$own"/ftgov-*.whl)[nvml]" setuptools wheel
+    rm -rf "$own"
+    local systemd_req
+    systemd_req=$("$HOST_PYTHON" -c 'import sys, tomllib
+print(*tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["systemd"])' "$src/pyproject.toml")
+    "$venv/bin/pip" download -q -d "$out" --no-deps --no-binary=:all: "$systemd_req"
 }
 
 # A cached root file system, keyed on what goes into it. mmdebstrap writes the tarball itself (as root it keeps owners,
@@ -262,6 +292,7 @@ prepare_container() {
     ROOTFS=$WORK/rootfs
     mkdir "$ROOTFS"
     tar --zstd -C "$ROOTFS" -xpf "$ROOTFS_TAR"
+    if declare -F customize_rootfs >/dev/null; then customize_rootfs; fi
     log "root file system extracted"
     ((with_source)) || return 0
     copy_source "$WORK/src"
