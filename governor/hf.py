@@ -16,6 +16,7 @@ or call ``close()``::
 from __future__ import annotations
 
 import threading
+import weakref
 
 try:
     from transformers import TrainerCallback
@@ -23,6 +24,12 @@ except ImportError as e:  # governor itself never needs transformers; only this 
     raise ImportError("governor.hf needs transformers: pip install 'ftgov[hf]'") from e
 
 from governor.client import AdapterCore, find_hf_config
+from governor.client.warning import warn
+
+# The callback whose job trains each model now: a second GovernorCallback on one Trainer (two instances; the Trainer
+# only logs that it holds one of the class) made a second job on the same GPU, which pinned the higher of their levels
+# and counted the same energy twice. The first to start holds the run; the other does nothing.
+_TRAINING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class GovernorCallback(AdapterCore, TrainerCallback):
@@ -37,13 +44,27 @@ class GovernorCallback(AdapterCore, TrainerCallback):
         # The global_step of the last step counted: a Trainer that holds this callback twice (callbacks=[cb] and
         # add_callback(cb), which it only logs) calls it twice at every event, and each step counts once.
         self._counted_step: int | None = None
+        self._stood_down = False  # another GovernorCallback on this Trainer holds the run: said once
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._counted_step = state.global_step  # a retried run starts over from its checkpoint's step, or 0
         # A second train begin without an end is the Trainer retrying (auto_find_batch_size) or a new train() after
         # a failed one: the same model on the same data, so the job and its pin carry on.
+        holder = _holder(model)
+        if holder is not None and holder is not self:
+            if not self._stood_down:
+                self._stood_down = True
+                warn(f"ftgov: this Trainer holds two GovernorCallbacks; this one does nothing while job "
+                     f"{holder.job.job_id if holder.job is not None else '-'} of the other governs the run (one job "
+                     "per run: two would pin the higher of their levels and count the same energy twice)")
+            return
         if not self._start(model, _run_name(args, model), _steps_left(state)):
             return
+        if model is not None:
+            try:
+                _TRAINING[model] = self
+            except TypeError:  # a model that takes no weak reference: nothing to tell the other callbacks
+                pass
         if not self.job.seq_len_known and not self.job.disabled and model is not None:
             self._hook = model.register_forward_pre_hook(self._observe, with_kwargs=True)
 
@@ -96,7 +117,7 @@ class GovernorCallback(AdapterCore, TrainerCallback):
         # hyperparameter_search(backend="ray") pickles the Trainer, its callbacks with it, for Ray's workers: the copy
         # is this callback as made (each trial's train() starts a job of its own there); a lock, a hook on a model and
         # a job's connection do not travel.
-        state = dict(self.__dict__, job=None, _hook=None, _counted_step=None)
+        state = dict(self.__dict__, job=None, _hook=None, _counted_step=None, _stood_down=False)
         del state["_observing"]
         return state
 
@@ -130,3 +151,12 @@ def _run_name(args, model) -> str | None:
     config = find_hf_config(model)
     return (getattr(config, "name_or_path", None) or getattr(args, "run_name", None)
             or getattr(config, "model_type", None))
+
+
+def _holder(model) -> GovernorCallback | None:
+    """The callback whose open job trains ``model`` now, if any."""
+    try:
+        holder = _TRAINING.get(model) if model is not None else None
+    except TypeError:
+        return None
+    return holder if holder is not None and holder.job is not None and not holder.job.closed else None

@@ -394,3 +394,16 @@ def test_the_trainer_pickles_with_the_callback_as_ray_tune_ships_it(simulated, t
     governor_cb = next(cb for cb in shipped.callback_handler.callbacks if isinstance(cb, GovernorCallback))
     assert governor_cb.job.result["steps"] == 3
     assert re.search(r"job \d+ 'trial' .*ended \(unregistered\) after [\d.]+ s, 3 steps", daemon.log()), daemon.log()
+
+
+def test_a_second_governor_callback_on_one_trainer_does_nothing_and_says_so(simulated, tokenizer, tmp_path):
+    """Two GovernorCallback instances on one Trainer (the Trainer only logs that it holds one of the class) made two
+    jobs on one GPU: the higher of their pins, and the same energy counted twice. The first to start holds the run."""
+    daemon, _orin = simulated
+    model = tiny_bert(tokenizer.vocab_size)
+    first = GovernorCallback(socket=daemon.socket, seq_len=20.0, name="first")
+    second = GovernorCallback(socket=daemon.socket, seq_len=20.0, name="second")
+    with pytest.warns(GovernorWarning, match="holds two GovernorCallbacks; this one does nothing"):
+        trainer_for(model, tokenizer, tmp_path, [first, second], steps=4).train()
+    assert first.job.result["steps"] == 4 and second.job is None
+    assert re.findall(r"job \d+ '(\w+)' .*ended \(", daemon.log()) == ["first"], daemon.log()
