@@ -22,6 +22,7 @@ except ImportError:
 import math
 
 from governor.client import AdapterCore, find_hf_config
+from governor.client.group import group_from_env, shared_run_key
 
 
 class GovernorCallback(AdapterCore, Callback):
@@ -34,8 +35,12 @@ class GovernorCallback(AdapterCore, Callback):
     def on_train_start(self, trainer, pl_module):
         config = find_hf_config(pl_module)
         # The rank's place in its run, from the Trainer: Lightning's own DDP launchers (ddp from `python train.py`,
-        # ddp_spawn) set no RANK in the environment, so a group= rank had none, and the group never formed.
+        # ddp_spawn) set no RANK in the environment, and no group key, so the ranks' jobs were separate (their tuners
+        # fought) and a group= rank had no rank.
         place = {"rank": trainer.global_rank, "world_size": trainer.world_size}
+        if self._options.get("group") is None and group_from_env() is None and trainer.world_size > 1:
+            # No key from the launcher: rank 0 makes one and every rank takes it (each runs this hook here).
+            place["group"] = shared_run_key("lightning")
         if self._start(pl_module, getattr(config, "name_or_path", None) or type(pl_module).__name__,
                        _steps_left(trainer), place):
             self._first_global_step = trainer.global_step

@@ -36,6 +36,7 @@ import os
 import re
 import sys
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -165,6 +166,18 @@ def group_from_env(group: str | None = None, rank: int | None = None, world_size
                      world_size if world_size is not None else _int(env, "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE",
                                                                     "PMI_SIZE", "SLURM_NTASKS"),
                      local_world_size)
+
+
+def shared_run_key(prefix: str) -> str | None:
+    """A group key that every rank of the process group up now shares, for a launcher that sets none (Lightning's own
+    DDP launchers, deepspeed's): made by rank 0 and broadcast, so a collective that every rank must reach at the same
+    point (a framework's train-start hook, which all ranks run). None without a process group of several ranks."""
+    dist = torch_distributed()
+    if dist is None or dist.get_world_size() < 2:
+        return None
+    box = [f"{prefix}-{uuid.uuid4().hex[:12]}" if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def torch_distributed():

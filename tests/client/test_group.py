@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import queue
+import re
 import signal
 import socket
 
@@ -418,3 +419,32 @@ def test_a_read_its_daemon_did_not_answer_is_not_called_refused(tmp_path, caplog
     assert [r.getMessage() for r in caplog.records] == [
         "ftgov: group 0: job_energy got no answer: lost the connection to ftgovd",
         "ftgov: group 0: job_energy refused: job_id: this job is in no group [JSON-RPC -32602]"]
+
+
+def test_lightning_ddp_ranks_without_a_launchers_key_form_one_group(node):
+    """Lightning's own DDP launchers (strategy="ddp" from `python train.py`, ddp_spawn) and deepspeed's set no group
+    key and no RANK: each rank's job stood alone, and under tune=True their tuners fought. Rank 0 makes a key at the
+    train-start hook and broadcasts it; both ranks register in one group."""
+    pytest.importorskip("lightning.pytorch")
+    from tests.support.ranks import lightning_rank
+
+    d = node("one")
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=lightning_rank, args=(rank, 2, port, d.socket, results)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted(results.get(timeout=TIMEOUT_S) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    (rank0, key, r0, world0, registered0), (rank1, key1, r1, world1, registered1) = got
+    assert key is not None and key.startswith("lightning-") and key1 == key, got
+    assert (rank0, r0, world0, rank1, r1, world1) == (0, 0, 2, 1, 1, 2) and registered0 and registered1, got
+    assert re.search(rf"group '{key}' \(uid \d+\): started by job \d+ .*\(world size 2\)", d.log()), d.log()
+    assert re.search(rf"group '{key}' \(uid \d+\) ended with its last rank", d.log()), d.log()

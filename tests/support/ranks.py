@@ -51,3 +51,31 @@ def run_rank(rank: int, world_size: int, local_world_size: int, port: int, socke
     results.join_thread()  # os._exit skips the queue's flush at exit
     # A peer was killed: tearing down the process group could wait on it. The job has ended already.
     os._exit(0)
+
+
+def lightning_rank(rank: int, world_size: int, port: int, socket: str, results) -> None:
+    """A rank as Lightning's own DDP launcher starts one (LOCAL_RANK, NODE_RANK and WORLD_SIZE in the environment; no
+    RANK, no TORCHELASTIC_RUN_ID): the process group up over gloo, then GovernorCallback's train-start hook, as every
+    rank runs it. Reports (rank, the job's group, its rank and world size) and ends the job."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank), NODE_RANK="0",
+                      WORLD_SIZE=str(world_size))
+    for name in ("RANK", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID"):
+        os.environ.pop(name, None)
+    import torch
+    import torch.distributed as dist
+
+    from governor.lightning import GovernorCallback
+
+    class Trainer:  # what the hook reads of a Lightning Trainer
+        global_rank, global_step, max_steps, estimated_stepping_batches = rank, 0, 10, 10
+
+    Trainer.world_size = world_size
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
+    callback = GovernorCallback(**FEATURES, gpu=rank, socket=socket)
+    callback.on_train_start(Trainer(), torch.nn.Linear(2, 2))
+    info = callback.job.group_info
+    results.put((rank, info.key if info else None, info.rank if info else None, info.world_size if info else None,
+                 callback.job.registration is not None))
+    dist.barrier()  # both registered before either ends
+    callback.close()
+    dist.destroy_process_group()
