@@ -38,9 +38,9 @@ class GovernorCallback(AdapterCore, Callback):
         # ddp_spawn) set no RANK in the environment, and no group key, so the ranks' jobs were separate (their tuners
         # fought) and a group= rank had no rank.
         place = {"rank": trainer.global_rank, "world_size": trainer.world_size}
-        if self._options.get("group") is None and group_from_env() is None and trainer.world_size > 1:
-            # No key from the launcher: rank 0 makes one and every rank takes it (each runs this hook here).
-            place["group"] = shared_run_key("lightning")
+        if trainer.world_size > 1:  # every rank runs this hook here, and takes part in the key's broadcast
+            told = group_from_env(self._options.get("group"))
+            place["group"] = shared_run_key("lightning", told.key if told is not None else None)
         if self._start(pl_module, getattr(config, "name_or_path", None) or type(pl_module).__name__,
                        _steps_left(trainer), place):
             self._first_global_step = trainer.global_step

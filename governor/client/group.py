@@ -168,16 +168,19 @@ def group_from_env(group: str | None = None, rank: int | None = None, world_size
                      local_world_size)
 
 
-def shared_run_key(prefix: str) -> str | None:
-    """A group key that every rank of the process group up now shares, for a launcher that sets none (Lightning's own
-    DDP launchers, deepspeed's): made by rank 0 and broadcast, so a collective that every rank must reach at the same
-    point (a framework's train-start hook, which all ranks run). None without a process group of several ranks."""
+def shared_run_key(prefix: str, own: str | None) -> str | None:
+    """The run's group key on every rank of the process group up now: ``own`` (the caller's or the launcher's) where
+    this rank has one, else rank 0's: its own, or one it makes for a launcher that sets none (Lightning's own DDP
+    launchers, deepspeed's). A broadcast, made whenever a process group of several ranks is up, whatever the ranks
+    know, so that every rank reaches it: a rank that skipped it (its environment told it a key, another's did not)
+    would leave the others waiting. Call it where every rank passes at the same point (a framework's train-start
+    hook). ``own`` without a process group of several ranks."""
     dist = torch_distributed()
     if dist is None or dist.get_world_size() < 2:
-        return None
-    box = [f"{prefix}-{uuid.uuid4().hex[:12]}" if dist.get_rank() == 0 else None]
+        return own
+    box = [(own or f"{prefix}-{uuid.uuid4().hex[:12]}") if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    return box[0]
+    return own or box[0]
 
 
 def torch_distributed():
