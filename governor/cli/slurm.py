@@ -461,16 +461,16 @@ def admin_comment_now(job_id: int, job: str, timeout_s: float) -> tuple[str | No
     own_record's) where Slurm prints it, and the name that shows and changes the job's record alone: ``job``, or an
     array task's ARRAY_TASK. The task that has the array's id is named so too: under Slurm 24.11 `sacctmgr modify job
     where jobid=ID` changes every task of the array ID (tests/slurm on trixie: the last task's entry replaced the
-    other task's), under 22.05 that task's alone (whose sacctmgr knows no ARRAY_TASK: write_admin_comment). Slurm
-    prints AdminComment= only when the field is set, and then
-    right after WorkDir= (src/api/job_info.c: "WorkDir=%s", then, if set, "AdminComment=%s "). The user chooses the
-    work dir, the job's name, command, comment and output paths, any of which can carry " AdminComment=...": where
-    the field is unset, that would be the only one, and root would write the user's text into the admin-only field.
-    So the field is read only right after "WorkDir=" and the work dir that squeue gives alone (`squeue -o
-    %A|%F|%K|%Z`, the line of this job id), and WorkDir=, which Slurm prints once a record, must appear once. A job
-    array's task is shown by ARRAY_TASK: the array's id shows every task (Slurm 22.05, tests/slurm). AmbiguousField
-    where this cannot be told (squeue does not answer or lists the id twice, a work dir with a newline, WorkDir=
-    twice)."""
+    other task's), under 22.05 that task's alone (whose sacctmgr knows no ARRAY_TASK: write_admin_comment); and
+    `scontrol show job` of the array's id shows every task (22.05).
+
+    Slurm prints AdminComment= only when the field is set, and then right after WorkDir= (src/api/job_info.c:
+    "WorkDir=%s", then, if set, "AdminComment=%s "). The user chooses the work dir, the job's name, command, comment
+    and output paths, any of which can carry " AdminComment=...": where the field is unset, that would be the only
+    one, and root would write the user's text into the admin-only field. So the field is read only right after
+    "WorkDir=" and the work dir that squeue gives alone (`squeue -o %A|%F|%K|%Z`, the line of this job id), and
+    WorkDir=, which Slurm prints once a record, must appear once. AmbiguousField where this cannot be told (squeue
+    does not answer or lists the id twice, a work dir with a newline, WorkDir= twice)."""
     listed = _run([slurm_command("squeue"), "-h", "-t", "all", "-j", str(job_id), "-o", "%A|%F|%K|%Z"], timeout_s)
     lines = [] if listed is None or listed.returncode != 0 else listed.stdout.rstrip("\n").split("\n")
     fields = [line.split("|", 3) for line in lines]

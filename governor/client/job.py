@@ -66,9 +66,7 @@ class Job:
             raise ValueError("report_every_s must be >= 0")
         if measure_batches < 1:
             raise ValueError("measure_batches must be >= 1")
-        problem = None if name is None else name_problem(name)
-        if problem is not None:  # the daemon would refuse the job, and training would run on unpinned
-            raise ValueError(f"name: {problem}")
+        _check_name(name)
         self.features = dict(features)
         self.name = name
         self.socket = socket
@@ -318,13 +316,13 @@ class Job:
             # By the first step CUDA is up (or this process trains on none): the job registers there.
             log.info("ftgov: the job registers at its first step, once CUDA has chosen its GPU")
             return
-        if self._conn.closed_by_daemon() and self._given_conn is not None:
-            # The connection names the process the job is for; one made here again would name this one.
-            self._conn.close()
-            self._conn = None
-            self._disable("ftgovd closed the connection before the job registered (restarted?)")
-            return
         if self._conn.closed_by_daemon():
+            if self._given_conn is not None:
+                # The connection names the process the job is for; one made here again would name this one.
+                self._conn.close()
+                self._conn = None
+                self._disable("ftgovd closed the connection before the job registered (restarted?)")
+                return
             # Measuring seq_len took longer than the daemon keeps a connection that holds no job (or the daemon
             # restarted): nothing was sent on it yet, so connecting again cannot register the job twice.
             log.info("ftgov: ftgovd closed the connection while the job started; connecting again")
@@ -504,15 +502,20 @@ def job(model=None, *, model_type: str | None = None, num_layers: int | None = N
     return Job(features, **options)
 
 
+def _check_name(name: str | None) -> None:
+    """A name the daemon would refuse fails where it is given: at register, the job would run on unpinned."""
+    problem = None if name is None else name_problem(name)
+    if problem is not None:
+        raise ValueError(f"name: {problem}")
+
+
 def split_options(options: dict) -> tuple[dict, dict]:
     """``job()``'s keywords as (explicit features, `Job`'s options). A keyword neither takes is a TypeError here, as
     it would be in ``job()``; a bad feature value is a ValueError."""
     features = {k: options[k] for k in FEATURE_KEYS if k in options}
     rest = {k: v for k, v in options.items() if k not in FEATURE_KEYS}
     inspect.signature(Job).bind({}, **rest)
-    problem = None if rest.get("name") is None else name_problem(rest["name"])
-    if problem is not None:
-        raise ValueError(f"name: {problem}")
+    _check_name(rest.get("name"))
     check_partial_features(features)
     return features, rest
 

@@ -240,6 +240,20 @@ class Phases(TrainerCallback):
         self._record("save", state)
 
 
+def phases_of_a_run(daemon, tokenizer, tmp_path, **saving) -> tuple[GovernorCallback, Phases]:
+    """A 4-step Trainer run with evaluations and saves as ``saving`` (TrainingArguments) says, and the phases the
+    daemon held for it (Phases)."""
+    governor_cb = GovernorCallback(socket=daemon.socket, seq_len=20.0)
+    phases = Phases(daemon, governor_cb)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=4,
+                             per_device_eval_batch_size=4, learning_rate=1e-3, use_cpu=True, report_to=[],
+                             logging_strategy="no", disable_tqdm=True, seed=0, **saving)
+    Trainer(model=tiny_bert(tokenizer.vocab_size), args=args, train_dataset=Sentences(tokenizer, 64),
+            eval_dataset=Sentences(tokenizer, 8, 1), data_collator=DataCollatorWithPadding(tokenizer),
+            callbacks=[governor_cb, phases]).train()
+    return governor_cb, phases
+
+
 @pytest.mark.parametrize("evaluate", [False, True])
 def test_the_trainers_evaluations_and_checkpoint_saves_are_reported_before_they_begin(simulated, tokenizer, tmp_path,
                                                                                       evaluate):
@@ -248,16 +262,8 @@ def test_the_trainers_evaluations_and_checkpoint_saves_are_reported_before_they_
     60 s save at 80 W inside a 20-step baseline part of 50 ms steps at 300 W read it 17 times dearer), and the
     checkpoint phase's lowest clock (low_phases) never applied. An evaluation was reported only from its first
     prediction step. Both are known when the step that precedes them ends (the Trainer's control flags)."""
-    daemon, _orin = simulated
-    model = tiny_bert(tokenizer.vocab_size)
-    governor_cb = GovernorCallback(socket=daemon.socket, seq_len=20.0)
-    phases = Phases(daemon, governor_cb)
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=4,
-                             per_device_eval_batch_size=4, learning_rate=1e-3, use_cpu=True, report_to=[],
-                             save_strategy="steps", save_steps=2, eval_strategy="steps" if evaluate else "no",
-                             eval_steps=2, logging_strategy="no", disable_tqdm=True, seed=0)
-    Trainer(model=model, args=args, train_dataset=Sentences(tokenizer, 64), eval_dataset=Sentences(tokenizer, 8, 1),
-            data_collator=DataCollatorWithPadding(tokenizer), callbacks=[governor_cb, phases]).train()
+    governor_cb, phases = phases_of_a_run(simulated[0], tokenizer, tmp_path, save_strategy="steps", save_steps=2,
+                                          eval_strategy="steps" if evaluate else "no", eval_steps=2)
     around = [("evaluate", "checkpoint")] if evaluate else []
     expected = [("step", 1, "train")]
     for step in (2, 4):
@@ -353,16 +359,8 @@ def test_a_run_retried_with_a_smaller_batch_sends_the_jobs_new_length(simulated,
 def test_a_save_of_the_best_model_is_reported_as_a_checkpoint(simulated, tokenizer, tmp_path):
     """save_strategy="best" decides to save after the evaluation, from its metrics, once on_evaluate has run: no
     control flag says so before, and the save ran as "eval" (at the job's pick, not low_phases' lowest clock)."""
-    daemon, _orin = simulated
-    model = tiny_bert(tokenizer.vocab_size)
-    governor_cb = GovernorCallback(socket=daemon.socket, seq_len=20.0)
-    phases = Phases(daemon, governor_cb)
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=4,
-                             per_device_eval_batch_size=4, learning_rate=1e-3, use_cpu=True, report_to=[],
-                             eval_strategy="steps", eval_steps=2, save_strategy="best", metric_for_best_model="loss",
-                             logging_strategy="no", disable_tqdm=True, seed=0)
-    Trainer(model=model, args=args, train_dataset=Sentences(tokenizer, 64), eval_dataset=Sentences(tokenizer, 8, 1),
-            data_collator=DataCollatorWithPadding(tokenizer), callbacks=[governor_cb, phases]).train()
+    _governor_cb, phases = phases_of_a_run(simulated[0], tokenizer, tmp_path, eval_strategy="steps", eval_steps=2,
+                                           save_strategy="best", metric_for_best_model="loss")
     assert phases.seen[:5] == [("step", 1, "train"), ("step", 2, "eval"), ("evaluate", 2, "checkpoint"),
                                ("save", 2, "checkpoint"), ("step", 3, "train")], \
         "the first evaluation's metric is the best yet: a save"
