@@ -1,7 +1,7 @@
 """Recheck on a real NVIDIA GPU, read only: the client names its GPU without initializing CUDA, and the daemon cuts
 a pause the job does not report out of its windows.
 
-    python -m scripts.gpu_recheck --out OUT [--train-s 20] [--pause-s 4]
+    python -m scripts.gpu_recheck --out OUT [--train-s 20] [--pause-s 4] [--stall-s 1.1]
 
 One ftgovd (NVML backend, policy observe, tuner.window_rule time, a private socket and state dir:
 scripts.observe_windows.observing_daemon) and two jobs, each a plain PyTorch loop in a process of its own through the
@@ -13,7 +13,8 @@ second with it 0:
    the job must register with the GPU the loop then trains on: the GPU the client named and the one the daemon's
    status shows for the job are nvidia-smi's UUID (NVML's, off a GPU).
 2. The first job trains --train-s, sleeps --pause-s, trains, saves a checkpoint (model and optimizer, torch.save to
-   a temp dir, repeated to --pause-s), trains again, none of the pauses reported. The daemon's status (read by the
+   a temp dir, repeated to --pause-s), trains again (with --stall-s: stalls that long inside one step, sleeps
+   --pause-s, trains again), none of the pauses reported. The daemon's status (read by the
    job before it ends) must count them (the tuner's unreported_pauses), and the window that spans each pause must
    read about what its neighbours read: the summary gives each window's J/step, the pause's own energy from the
    counter, and what the spanning window would have read had the pause been spread over its steps.
@@ -73,9 +74,9 @@ def child(args: argparse.Namespace) -> int:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
         gpu = probe(read_only=True)[0]  # the pauses' own energy, from the counter (reads only)
 
-        def train(seconds: float) -> None:
-            end_s = time.monotonic() + seconds
-            while time.monotonic() < end_s:
+        def train(seconds: float, steps: int | None = None) -> None:
+            end_s, first = time.monotonic() + seconds, job.steps
+            while time.monotonic() < end_s if steps is None else job.steps < first + steps:
                 x = torch.randint(0, vocab, (batch, 128), device=dev)
                 loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), x.flatten())
                 opt.zero_grad()
@@ -91,6 +92,11 @@ def child(args: argparse.Namespace) -> int:
             t0, e0, steps = time.time(), gpu.energy_j(), job.steps
             if kind == "sleep":
                 time.sleep(args.pause_s)
+            elif kind == "stall":  # a host stall inside one step, then a sleep: two long gaps in a row, unalike
+                time.sleep(args.stall_s)
+                train(0.0, steps=1)
+                time.sleep(args.pause_s)
+                kind = f"a {args.stall_s:g} s stall in one step, then a sleep"
             else:  # a checkpoint save the loop does not report, repeated to the pause's length
                 with tempfile.TemporaryDirectory(prefix="ftgov-recheck-ckpt-") as d:
                     saves = 0
@@ -107,6 +113,9 @@ def child(args: argparse.Namespace) -> int:
             train(args.train_s)
             pause("checkpoint")
             train(args.train_s)
+            if args.stall_s:
+                pause("stall")
+                train(args.train_s)
         out["steps"] = job.steps
         with Connection(args.socket) as conn:
             status = conn.call("status")
@@ -246,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", help="cpu for a dry run against the fake NVML")
     p.add_argument("--train-s", type=float, default=20.0, help="seconds of training before, between and after pauses")
     p.add_argument("--pause-s", type=float, default=4.0, help="each unreported pause's length")
+    p.add_argument("--stall-s", type=float, default=0.0, help="a third pause: a host stall this long inside one "
+                   "step, then a sleep of --pause-s (0: none)")
     # The child's own (one job): the script runs itself with these.
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--socket", help=argparse.SUPPRESS)
@@ -272,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, "-m", "scripts.gpu_recheck", "--child", "--socket", daemon.socket, "--name",
                    f"recheck-cvd-{label}", "--result", str(result), "--device", args.device,
                    "--train-s", str(args.train_s if pauses else min(args.train_s, 5.0)),
-                   "--pause-s", str(args.pause_s)] + (["--pauses"] if pauses else [])
-            subprocess.run(cmd, env=env, check=True, timeout=60 + 4 * (args.train_s + 3 * args.pause_s))
+                   "--pause-s", str(args.pause_s), "--stall-s", str(args.stall_s)] + (["--pauses"] if pauses else [])
+            subprocess.run(cmd, env=env, check=True, timeout=60 + 5 * (args.train_s + 4 * args.pause_s))
             runs[label] = json.loads(result.read_text())
     finally:
         daemon.stop()
