@@ -421,6 +421,33 @@ def test_a_read_its_daemon_did_not_answer_is_not_called_refused(tmp_path, caplog
         "ftgov: group 0: job_energy refused: job_id: this job is in no group [JSON-RPC -32602]"]
 
 
+def ranks_reports(target, socket: str, world_size: int = 2) -> list[tuple]:
+    """Start ``world_size`` ranks running ``target`` (tests.support.ranks) against the daemon at ``socket``; what
+    each reported (rank, the job's group key, its rank and world size, registered), by rank."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(rank, world_size, port, socket, results)) for rank in range(world_size)]
+    for p in procs:
+        p.start()
+    try:
+        return sorted(results.get(timeout=TIMEOUT_S) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def assert_one_group_of_two(daemon, got: list[tuple], prefix: str) -> None:
+    (rank0, key, r0, world0, registered0), (rank1, key1, r1, world1, registered1) = got
+    assert key is not None and key.startswith(f"{prefix}-") and key1 == key, got
+    assert (rank0, r0, world0, rank1, r1, world1) == (0, 0, 2, 1, 1, 2) and registered0 and registered1, got
+    assert re.search(rf"group '{key}' \(uid \d+\): started by job \d+ .*\(world size 2\)", daemon.log()), daemon.log()
+    assert re.search(rf"group '{key}' \(uid \d+\) ended with its last rank", daemon.log()), daemon.log()
+
+
 def test_lightning_ddp_ranks_without_a_launchers_key_form_one_group(node):
     """Lightning's own DDP launchers (strategy="ddp" from `python train.py`, ddp_spawn) and deepspeed's set no group
     key and no RANK: each rank's job stood alone, and under tune=True their tuners fought. Rank 0 makes a key at the
@@ -429,22 +456,16 @@ def test_lightning_ddp_ranks_without_a_launchers_key_form_one_group(node):
     from tests.support.ranks import lightning_rank
 
     d = node("one")
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=lightning_rank, args=(rank, 2, port, d.socket, results)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = sorted(results.get(timeout=TIMEOUT_S) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    (rank0, key, r0, world0, registered0), (rank1, key1, r1, world1, registered1) = got
-    assert key is not None and key.startswith("lightning-") and key1 == key, got
-    assert (rank0, r0, world0, rank1, r1, world1) == (0, 0, 2, 1, 1, 2) and registered0 and registered1, got
-    assert re.search(rf"group '{key}' \(uid \d+\): started by job \d+ .*\(world size 2\)", d.log()), d.log()
-    assert re.search(rf"group '{key}' \(uid \d+\) ended with its last rank", d.log()), d.log()
+    assert_one_group_of_two(d, ranks_reports(lightning_rank, d.socket), "lightning")
+
+
+def test_hf_trainer_ranks_under_deepspeeds_launcher_form_one_group(node):
+    """deepspeed's launcher (and accelerate's deepspeed launch across nodes, mpirun) sets RANK and WORLD_SIZE but no
+    group key: each Trainer rank's job stood alone, and under tune=True their tuners fought. The callback's rank 0
+    makes a key at on_train_begin, which every rank runs, and broadcasts it over the process group that
+    TrainingArguments brought up; both ranks register in one group."""
+    pytest.importorskip("transformers")
+    from tests.support.ranks import hf_rank
+
+    d = node("one")
+    assert_one_group_of_two(d, ranks_reports(hf_rank, d.socket), "hf")
