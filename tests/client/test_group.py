@@ -39,8 +39,8 @@ def test_the_group_comes_from_torchrun_else_slurm_else_the_caller():
 
 def test_the_ranks_on_this_node_come_from_whichever_launcher_says():
     """Whether a run spans nodes rests on how many of its ranks share this node: torchrun's LOCAL_WORLD_SIZE, srun's
-    --ntasks-per-node or, without it, its step's task list (this node's entry), Open MPI's and MPICH's local size, or
-    the caller's."""
+    --ntasks-per-node or, without it, its step's task list (this node's entry), Open MPI's, MPICH's and deepspeed's
+    local size, or the caller's."""
     srun = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_NTASKS": "4"}
     g = group_from_env(env={**srun, "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NODEID": "1"})
     assert (g.local_world_size, g.spans_nodes) == (2, True)
@@ -61,6 +61,12 @@ def test_the_ranks_on_this_node_come_from_whichever_launcher_says():
     assert (g.rank, g.world_size, g.local_world_size, g.spans_nodes) == (5, 8, 4, True)
     g = group_from_env("mpich", env={"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "1"})
     assert (g.rank, g.world_size, g.spans_nodes) == (1, 2, True)
+    # deepspeed's launcher (its pdsh runner's too, on each node; its MPICH and Intel MPI runners) says LOCAL_SIZE, the
+    # rank 0 node's even where it was started from a Slurm batch script, whose SLURM_* describe the allocation
+    deepspeed = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_SIZE": "2", "CROSS_RANK": "1",
+                 "CROSS_SIZE": "2"}
+    g = group_from_env("hf-1", env={**deepspeed, "SLURM_JOB_ID": "77", "SLURM_NTASKS_PER_NODE": "1"})
+    assert (g.rank, g.world_size, g.local_world_size, g.spans_nodes) == (3, 4, 2, True)
     g = group_from_env("mine", 0, 4, env={}, local_world_size=2)
     assert g.spans_nodes
     assert group_from_env("mine", 0, 4, env={}).local_world_size is None
@@ -76,7 +82,7 @@ def test_a_tuned_rank_that_cannot_tell_whether_its_run_spans_nodes_warns(node, m
 
     d = node("one")
     for var in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
-                "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID"):
+                "LOCAL_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID"):
         monkeypatch.delenv(var, raising=False)
     features = dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, gpu_util=60.0)
     with pytest.warns(GovernorWarning, match="local_world_size"):

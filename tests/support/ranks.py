@@ -93,11 +93,13 @@ def lightning_rank(rank: int, world_size: int, port: int, socket: str, results) 
 
 
 def hf_rank(rank: int, world_size: int, port: int, socket: str, results) -> None:
-    """A rank as deepspeed's launcher starts one (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the
-    environment; no TORCHELASTIC_RUN_ID, no Slurm step): a Hugging Face Trainer, whose TrainingArguments bring the
-    process group up (gloo, on the CPU), trains a tiny model for two steps under GovernorCallback, DDP's all-reduce
-    keeping both ranks registered until each has stepped. Reports as lightning_rank does."""
-    _launched({"MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
+    """A rank as deepspeed's launcher starts one (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE,
+    MASTER_ADDR and MASTER_PORT in the environment; no TORCHELASTIC_RUN_ID, no Slurm step): a Hugging Face Trainer,
+    whose TrainingArguments bring the process group up (gloo, on the CPU), trains a tiny model for two steps under
+    GovernorCallback, DDP's all-reduce keeping both ranks registered until each has stepped. Reports as
+    lightning_rank does."""
+    _launched({"MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+               "LOCAL_SIZE": str(world_size), "CROSS_RANK": "0", "CROSS_SIZE": "1"})
     import tempfile
 
     import torch
