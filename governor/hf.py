@@ -48,6 +48,11 @@ class GovernorCallback(AdapterCore, TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._counted_step = state.global_step  # a retried run starts over from its checkpoint's step, or 0
+        # The rank's place in its run, from the Trainer (TrainingArguments brought the process group up when it set
+        # its device, before train()): deepspeed's launcher and mpirun set no group key, so the ranks' jobs were
+        # separate and their tuners fought. First, before what only this process knows (a second callback), since
+        # with several ranks it is a broadcast that every rank reaches here.
+        place = self._place("hf", args.process_index, args.world_size)
         # A second train begin without an end is the Trainer retrying (auto_find_batch_size) or a new train() after
         # a failed one: the same model on the same data, so the job and its pin carry on.
         holder = _holder(model)
@@ -58,7 +63,7 @@ class GovernorCallback(AdapterCore, TrainerCallback):
                      f"{holder.job.job_id if holder.job is not None else '-'} of the other governs the run (one job "
                      "per run: two would pin the higher of their levels and count the same energy twice)")
             return
-        if not self._start(model, _run_name(args, model), _steps_left(state)):
+        if not self._start(model, _run_name(args, model), _steps_left(state), place):
             return
         if model is not None:
             try:

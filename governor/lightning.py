@@ -22,7 +22,6 @@ except ImportError:
 import math
 
 from governor.client import AdapterCore, find_hf_config
-from governor.client.group import group_from_env, shared_run_key
 
 
 class GovernorCallback(AdapterCore, Callback):
@@ -37,10 +36,7 @@ class GovernorCallback(AdapterCore, Callback):
         # The rank's place in its run, from the Trainer: Lightning's own DDP launchers (ddp from `python train.py`,
         # ddp_spawn) set no RANK in the environment, and no group key, so the ranks' jobs were separate (their tuners
         # fought) and a group= rank had no rank.
-        place = {"rank": trainer.global_rank, "world_size": trainer.world_size}
-        if trainer.world_size > 1:  # every rank runs this hook here, and takes part in the key's broadcast
-            told = group_from_env(self._options.get("group"))
-            place["group"] = shared_run_key("lightning", told.key if told is not None else None)
+        place = self._place("lightning", trainer.global_rank, trainer.world_size)  # every rank runs this hook here
         if self._start(pl_module, getattr(config, "name_or_path", None) or type(pl_module).__name__,
                        _steps_left(trainer), place):
             self._first_global_step = trainer.global_step

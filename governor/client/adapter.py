@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from governor.client.group import group_from_env, shared_run_key
 from governor.client.job import Job, split_options, start_job
 from governor.text import made_up_name
 
@@ -38,6 +39,19 @@ class AdapterCore:
                 options[key] = value
         self.job = start_job(model, **options)
         return True
+
+    def _place(self, prefix: str, rank: int, world_size: int) -> dict:
+        """The rank's place in its run (``known`` for _start), as its framework's Trainer knows it: rank and world
+        size and, with several ranks, the run's group key: the caller's or the launcher's, else rank 0's, made for a
+        launcher that sets none (deepspeed's, mpirun, Lightning's own DDP: ``prefix-<random>``). With several ranks it
+        is a broadcast whatever this rank knows (shared_run_key): call it where every rank passes at the same point
+        (a framework's train-start hook), before anything only this process knows decides. One process never touches
+        torch.distributed."""
+        place: dict = {"rank": rank, "world_size": world_size}
+        if world_size > 1:
+            told = group_from_env(self._options.get("group"))
+            place["group"] = shared_run_key(prefix, told.key if told is not None else None)
+        return place
 
     def close(self) -> None:
         """End the job (unregister). Safe to call more than once."""

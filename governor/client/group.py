@@ -141,9 +141,11 @@ def _slurm_tasks_per_node(env: Mapping[str, str]) -> int | None:
 
 
 # Where launchers say how many of a run's ranks share this node: torchrun, Open MPI's mpirun, MPICH's and Intel MPI's
-# (Hydra), srun with --ntasks-per-node; then srun's per-node task list. An MPI launcher's own before Slurm's: mpirun
-# inside an allocation inherits the batch step's SLURM_* variables, which describe the allocation, not its ranks.
-LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE")
+# (Hydra), deepspeed's launcher (on each node of its pdsh runner, and its MPICH and Intel MPI runners), srun with
+# --ntasks-per-node; then srun's per-node task list. A launcher's own before Slurm's: mpirun or deepspeed inside an
+# allocation inherits the batch step's SLURM_* variables, which describe the allocation, not its ranks.
+LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_SIZE",
+                   "SLURM_NTASKS_PER_NODE")
 
 
 def group_from_env(group: str | None = None, rank: int | None = None, world_size: int | None = None,

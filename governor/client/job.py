@@ -355,8 +355,8 @@ class Job:
             # Each node's daemon tunes a group once every rank registered with it; one whose ranks span nodes is
             # tuned by rank 0 here, which needs to know that it does (GroupInfo.spans_nodes).
             warn(f"ftgov: how many of group {info.key!r}'s {info.world_size} ranks run on this node is not known (no "
-                 "LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE or MPI local size in the environment): if they span nodes, "
-                 "the run is not tuned; pass local_world_size= to Job or set LOCAL_WORLD_SIZE")
+                 "LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, MPI or deepspeed local size in the environment): if they "
+                 "span nodes, the run is not tuned; pass local_world_size= to Job or set LOCAL_WORLD_SIZE")
         if self.steps:
             self._report()
 

@@ -39,8 +39,8 @@ def test_the_group_comes_from_torchrun_else_slurm_else_the_caller():
 
 def test_the_ranks_on_this_node_come_from_whichever_launcher_says():
     """Whether a run spans nodes rests on how many of its ranks share this node: torchrun's LOCAL_WORLD_SIZE, srun's
-    --ntasks-per-node or, without it, its step's task list (this node's entry), Open MPI's and MPICH's local size, or
-    the caller's."""
+    --ntasks-per-node or, without it, its step's task list (this node's entry), Open MPI's, MPICH's and deepspeed's
+    local size, or the caller's."""
     srun = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_NTASKS": "4"}
     g = group_from_env(env={**srun, "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NODEID": "1"})
     assert (g.local_world_size, g.spans_nodes) == (2, True)
@@ -61,6 +61,12 @@ def test_the_ranks_on_this_node_come_from_whichever_launcher_says():
     assert (g.rank, g.world_size, g.local_world_size, g.spans_nodes) == (5, 8, 4, True)
     g = group_from_env("mpich", env={"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALNRANKS": "1"})
     assert (g.rank, g.world_size, g.spans_nodes) == (1, 2, True)
+    # deepspeed's launcher (its pdsh runner's too, on each node; its MPICH and Intel MPI runners) says LOCAL_SIZE, the
+    # rank 0 node's even where it was started from a Slurm batch script, whose SLURM_* describe the allocation
+    deepspeed = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_SIZE": "2", "CROSS_RANK": "1",
+                 "CROSS_SIZE": "2"}
+    g = group_from_env("hf-1", env={**deepspeed, "SLURM_JOB_ID": "77", "SLURM_NTASKS_PER_NODE": "1"})
+    assert (g.rank, g.world_size, g.local_world_size, g.spans_nodes) == (3, 4, 2, True)
     g = group_from_env("mine", 0, 4, env={}, local_world_size=2)
     assert g.spans_nodes
     assert group_from_env("mine", 0, 4, env={}).local_world_size is None
@@ -76,7 +82,7 @@ def test_a_tuned_rank_that_cannot_tell_whether_its_run_spans_nodes_warns(node, m
 
     d = node("one")
     for var in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
-                "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID"):
+                "LOCAL_SIZE", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID"):
         monkeypatch.delenv(var, raising=False)
     features = dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, gpu_util=60.0)
     with pytest.warns(GovernorWarning, match="local_world_size"):
@@ -421,6 +427,33 @@ def test_a_read_its_daemon_did_not_answer_is_not_called_refused(tmp_path, caplog
         "ftgov: group 0: job_energy refused: job_id: this job is in no group [JSON-RPC -32602]"]
 
 
+def ranks_reports(target, socket: str, world_size: int = 2) -> list[tuple]:
+    """Start ``world_size`` ranks running ``target`` (tests.support.ranks) against the daemon at ``socket``; what
+    each reported (rank, the job's group key, its rank and world size, registered), by rank."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=target, args=(rank, world_size, port, socket, results)) for rank in range(world_size)]
+    for p in procs:
+        p.start()
+    try:
+        return sorted(results.get(timeout=TIMEOUT_S) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def assert_one_group_of_two(daemon, got: list[tuple], prefix: str) -> None:
+    (rank0, key, r0, world0, registered0), (rank1, key1, r1, world1, registered1) = got
+    assert key is not None and key.startswith(f"{prefix}-") and key1 == key, got
+    assert (rank0, r0, world0, rank1, r1, world1) == (0, 0, 2, 1, 1, 2) and registered0 and registered1, got
+    assert re.search(rf"group '{key}' \(uid \d+\): started by job \d+ .*\(world size 2\)", daemon.log()), daemon.log()
+    assert re.search(rf"group '{key}' \(uid \d+\) ended with its last rank", daemon.log()), daemon.log()
+
+
 def test_lightning_ddp_ranks_without_a_launchers_key_form_one_group(node):
     """Lightning's own DDP launchers (strategy="ddp" from `python train.py`, ddp_spawn) and deepspeed's set no group
     key and no RANK: each rank's job stood alone, and under tune=True their tuners fought. Rank 0 makes a key at the
@@ -429,22 +462,16 @@ def test_lightning_ddp_ranks_without_a_launchers_key_form_one_group(node):
     from tests.support.ranks import lightning_rank
 
     d = node("one")
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=lightning_rank, args=(rank, 2, port, d.socket, results)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = sorted(results.get(timeout=TIMEOUT_S) for _ in procs)
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    (rank0, key, r0, world0, registered0), (rank1, key1, r1, world1, registered1) = got
-    assert key is not None and key.startswith("lightning-") and key1 == key, got
-    assert (rank0, r0, world0, rank1, r1, world1) == (0, 0, 2, 1, 1, 2) and registered0 and registered1, got
-    assert re.search(rf"group '{key}' \(uid \d+\): started by job \d+ .*\(world size 2\)", d.log()), d.log()
-    assert re.search(rf"group '{key}' \(uid \d+\) ended with its last rank", d.log()), d.log()
+    assert_one_group_of_two(d, ranks_reports(lightning_rank, d.socket), "lightning")
+
+
+def test_hf_trainer_ranks_under_deepspeeds_launcher_form_one_group(node):
+    """deepspeed's launcher (and accelerate's deepspeed launch across nodes, mpirun) sets RANK and WORLD_SIZE but no
+    group key: each Trainer rank's job stood alone, and under tune=True their tuners fought. The callback's rank 0
+    makes a key at on_train_begin, which every rank runs, and broadcasts it over the process group that
+    TrainingArguments brought up; both ranks register in one group."""
+    pytest.importorskip("transformers")
+    from tests.support.ranks import hf_rank
+
+    d = node("one")
+    assert_one_group_of_two(d, ranks_reports(hf_rank, d.socket), "hf")

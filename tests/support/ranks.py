@@ -53,14 +53,27 @@ def run_rank(rank: int, world_size: int, local_world_size: int, port: int, socke
     os._exit(0)
 
 
+def _launched(env: dict[str, str]) -> None:
+    """This process's environment as a launcher that sets no group key gives it: ``env`` on 127.0.0.1, and no
+    RANK unless ``env`` has one, no TORCHELASTIC_RUN_ID, no Slurm step."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", **env)
+    for name in ("RANK", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID"):
+        if name not in env:
+            os.environ.pop(name, None)
+
+
+def _report(results, rank: int, job) -> None:
+    """(rank, the job's group key, its rank and world size, whether it registered)."""
+    info = job.group_info
+    results.put((rank, info.key if info else None, info.rank if info else None, info.world_size if info else None,
+                 job.registration is not None))
+
+
 def lightning_rank(rank: int, world_size: int, port: int, socket: str, results) -> None:
     """A rank as Lightning's own DDP launcher starts one (LOCAL_RANK, NODE_RANK and WORLD_SIZE in the environment; no
     RANK, no TORCHELASTIC_RUN_ID): the process group up over gloo, then GovernorCallback's train-start hook, as every
     rank runs it. Reports (rank, the job's group, its rank and world size) and ends the job."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank), NODE_RANK="0",
-                      WORLD_SIZE=str(world_size))
-    for name in ("RANK", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_STEP_ID"):
-        os.environ.pop(name, None)
+    _launched({"MASTER_PORT": str(port), "LOCAL_RANK": str(rank), "NODE_RANK": "0", "WORLD_SIZE": str(world_size)})
     import torch
     import torch.distributed as dist
 
@@ -73,9 +86,40 @@ def lightning_rank(rank: int, world_size: int, port: int, socket: str, results) 
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
     callback = GovernorCallback(**FEATURES, gpu=rank, socket=socket)
     callback.on_train_start(Trainer(), torch.nn.Linear(2, 2))
-    info = callback.job.group_info
-    results.put((rank, info.key if info else None, info.rank if info else None, info.world_size if info else None,
-                 callback.job.registration is not None))
+    _report(results, rank, callback.job)
     dist.barrier()  # both registered before either ends
     callback.close()
     dist.destroy_process_group()
+
+
+def hf_rank(rank: int, world_size: int, port: int, socket: str, results) -> None:
+    """A rank as deepspeed's launcher starts one (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE,
+    MASTER_ADDR and MASTER_PORT in the environment; no TORCHELASTIC_RUN_ID, no Slurm step): a Hugging Face Trainer,
+    whose TrainingArguments bring the process group up (gloo, on the CPU), trains a tiny model for two steps under
+    GovernorCallback, DDP's all-reduce keeping both ranks registered until each has stepped. Reports as
+    lightning_rank does."""
+    _launched({"MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
+               "LOCAL_SIZE": str(world_size), "CROSS_RANK": "0", "CROSS_SIZE": "1"})
+    import tempfile
+
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from governor.hf import GovernorCallback
+
+    class Tiny(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 1)
+
+        def forward(self, x, labels):
+            return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
+
+    data = [{"x": torch.ones(2) * i, "labels": torch.tensor(float(i))} for i in range(8)]
+    callback = GovernorCallback(**FEATURES, gpu=rank, socket=socket)
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(output_dir=out, max_steps=2, per_device_train_batch_size=2, use_cpu=True,
+                                 ddp_backend="gloo", report_to=[], save_strategy="no", logging_strategy="no",
+                                 disable_tqdm=True)
+        Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[callback]).train()
+    _report(results, rank, callback.job)
