@@ -134,3 +134,22 @@ def test_an_nvml_init_that_does_not_return_fails_the_start_naming_it(start_daemo
     errors = [line for line in d.log_path.read_text().splitlines() if " ERROR " in line]
     assert len(errors) == 1 and "NVML did not answer nvmlInit within 0.5 s" in errors[0], errors
     assert "nvidia-persistenced" in errors[0] and "nvml_init_timeout_s" in errors[0], errors
+
+
+def test_a_stop_with_a_pin_on_a_gpu_that_does_not_answer_ends_and_leaves_the_baseline_for_the_next_start(
+        nvml_daemon, tmp_path):
+    """systemctl stop: the daemon's own restore of a GPU that does not answer gives up on it and the daemon exits
+    (before, it hung until TimeoutStopSec); the state file keeps the baseline for ExecStopPost and the next start."""
+    faults = tmp_path / "faults.json"
+    d, _calls = nvml_daemon(system={"faults_path": str(faults)}, policy="ffg")
+    worker = _worker()
+    try:
+        c = d.client()
+        c.call("register", pid=worker.pid, gpu=1, **FEATURES)
+        set_faults(faults, {"gpus": {"1": {"hang_s": {"*": FOR_GOOD_S}}}})
+        assert d.stop(timeout_s=FOR_GOOD_S / 4) == 0
+    finally:
+        worker.kill()
+    assert "1" in json.loads((d.state_dir / "state.json").read_text())["gpus"]
+    errors = [line for line in d.log().splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and "GPU 1: could not apply the pin" in errors[0] and "not answer" in errors[0], errors
