@@ -116,6 +116,7 @@ bench: $(DEV_VENV)/.test
 	$(VPY) -m benchmarks.baseline_drift
 	$(VPY) -m benchmarks.warmup_gate
 	$(VPY) -m benchmarks.sampler_cost
+	$(VPY) -m benchmarks.nvml_call_cost
 	$(VPY) -m benchmarks.trace_register
 	$(VPY) -m benchmarks.meter_saving
 	$(VPY) -m benchmarks.meter_saving --job-steps 20000 --meter nvml ina3221 nvml-edges nvml-replay --window-rule time --seeds 1 --every 2

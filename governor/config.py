@@ -309,6 +309,9 @@ class Config(_Strict):
         None, description="default: mlg on a Jetson; tune on NVML GPUs, where the Orin-trained tree does not transfer")
     power_cap_w: float | None = Field(None, gt=0, le=100_000, description=(
         "NVML only: also cap the GPU's power limit (W) while it is pinned; the previous limit is restored with it"))
+    nvml_init_timeout_s: float = Field(15.0, gt=0, le=170, description=(
+        "NVML only: how long nvmlInit may take at start (and in `ftgov restore`) before start fails; with persistence "
+        "mode off it brings every GPU up. Each other NVML call is given 1 s (docs/nvml.md)"))
     model_file: AbsolutePath | None = Field(None,
                                    description="ftgov-tree/1 JSON; default: the tree shipped with ftgov")
     ffg_freq_hz: int | None = Field(None, description="FFG's frequency in Hz (nearest level at or above is pinned); "

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from governor.backends import devfreq, nvml
 from governor.backends.base import Gpu
+from governor.backends.nvmlcalls import INIT_TIMEOUT_S
 from governor.errors import FtgovError, NodeNotFound
 from governor.sysfs import Root
 
@@ -23,13 +24,14 @@ ORDER = ("devfreq", "nvml")
 LATE = frozenset({"devfreq"})  # backends whose device may still appear: waited for up to node_wait_s
 
 
-def probe_one(name: str, root: Root, *, read_only: bool = False) -> list[Gpu]:
+def probe_one(name: str, root: Root, *, read_only: bool = False,
+              nvml_init_timeout_s: float = INIT_TIMEOUT_S) -> list[Gpu]:
     """One backend's GPUs; NodeNotFound when it finds none."""
     if name == "devfreq":
         return devfreq.probe(root)
     if name == "nvml":
         # In observe mode the NVML handle refuses every call that would change the GPU: safe on a shared machine.
-        return nvml.probe(read_only=read_only)
+        return nvml.probe(read_only=read_only, init_timeout_s=nvml_init_timeout_s)
     raise ValueError(f"unknown backend {name!r}; known: {', '.join(ORDER)}")
 
 
@@ -39,7 +41,8 @@ def may_appear_later(backend: str) -> bool:
 
 
 def probe_gpus(backend: str, root: Root, *, node_wait_s: float = 0.0, read_only: bool = False,
-               on_wait: Callable[[str, float], None] | None = None) -> list[Gpu]:
+               on_wait: Callable[[str, float], None] | None = None,
+               nvml_init_timeout_s: float = INIT_TIMEOUT_S) -> list[Gpu]:
     """The GPUs of the first backend that finds any (``backend``: "auto" for ORDER, or one name).
 
     A backend in LATE is retried until node_wait_s has passed; the others are asked once (an NVML library without a
@@ -54,7 +57,7 @@ def probe_gpus(backend: str, root: Root, *, node_wait_s: float = 0.0, read_only:
             if waiting and name not in LATE:
                 continue
             try:
-                return probe_one(name, root, read_only=read_only)
+                return probe_one(name, root, read_only=read_only, nvml_init_timeout_s=nvml_init_timeout_s)
             except NodeNotFound as e:
                 errors[name] = e
             except FtgovError as e:

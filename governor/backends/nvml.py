@@ -15,6 +15,8 @@ What NVML offers, and what that means for the Gpu protocol (docs/nvml.md has the
   only when it differs from the snapshot.
 - Every Set*/Reset* needs root (NVML_ERROR_NO_PERMISSION otherwise) and a GPU that supports it (Volta or newer;
   NVML_ERROR_NOT_SUPPORTED otherwise). NVMLError is converted to governor.errors here, with what to do about it.
+- NVML has no timeouts, and a GPU off the bus can leave a call blocked for good: every call goes through the GPU's
+  own worker thread and is given up on after a deadline (governor.backends.nvmlcalls).
 
 Units: NVML speaks MHz, mW and mJ; this module's interface speaks Hz, mW and mJ/J like the rest of ftgov.
 """
@@ -26,6 +28,13 @@ from collections.abc import Callable
 from typing import Any
 
 from governor.backends.base import POWER_LIMIT_KEY, GpuBase, Limits, Reading
+from governor.backends.nvmlcalls import (
+    CALL_TIMEOUT_S,
+    INIT_TIMEOUT_S,
+    BoundedNvml,
+    NvmlNotAnswering,
+    NvmlWorker,
+)
 from governor.errors import BackendError, NodeNotFound, PinError
 
 log = logging.getLogger(__name__)
@@ -54,6 +63,9 @@ class ReadOnlyNvml:
 
     def __init__(self, nvml: Any):
         self._nvml = nvml
+
+    def __dir__(self):
+        return dir(self._nvml)  # the NVML_ERROR_* names, for the messages
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._nvml, name)
@@ -130,13 +142,17 @@ class NvmlGpu(GpuBase):
     # H200 a read at a Trainer's first step, 0.05 s in, gave 0% (docs/observe-windows/).
     load_lag_s = 1.0
 
-    def __init__(self, nvml: Any, index: int, *, level_count: int = DEFAULT_LEVEL_COUNT):
-        self._nvml = nvml
+    def __init__(self, nvml: Any, index: int, *, level_count: int = DEFAULT_LEVEL_COUNT,
+                 call_timeout_s: float = CALL_TIMEOUT_S):
         self.read_only = isinstance(nvml, ReadOnlyNvml)
+        # Every call on this GPU, from here on, runs on its own thread and is given up on after call_timeout_s.
+        self._worker = NvmlWorker(f"GPU {index}", call_timeout_s)
+        self._nvml = nvml = BoundedNvml(nvml, self._worker)
         self.index = index
         self.id = str(index)
         self._handle = nvml_call(nvml, f"GPU {index}: open", nvml.nvmlDeviceGetHandleByIndex, index)
         self.uuid = str(nvml_call(nvml, f"GPU {index}: UUID", nvml.nvmlDeviceGetUUID, self._handle))
+        self._worker.who = f"GPU {index} ({self.uuid})"
         self.name = str(nvml_call(nvml, f"GPU {index}: name", nvml.nvmlDeviceGetName, self._handle))
         try:
             nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
@@ -226,7 +242,7 @@ class NvmlGpu(GpuBase):
     def driver_version(self) -> str | None:
         try:
             return str(self._nvml.nvmlSystemGetDriverVersion())
-        except self._nvml.NVMLError as e:
+        except (self._nvml.NVMLError, NvmlNotAnswering) as e:
             log.debug("driver version: %s", e)
             return None
 
@@ -370,10 +386,11 @@ class NvmlGpu(GpuBase):
                                            f"{got} mW")
             except BackendError as e:
                 failures.append(e)
-        if len(failures) == 1:
+        said = list(dict.fromkeys(str(f) for f in failures))  # a GPU not answering fails both alike: said once
+        if len(said) == 1:
             raise failures[0]
         if failures:
-            raise BackendError("; ".join(str(f) for f in failures)) from failures[0]
+            raise BackendError("; ".join(said)) from failures[0]
 
 
 def import_pynvml() -> Any:
@@ -384,29 +401,40 @@ def import_pynvml() -> Any:
     return pynvml
 
 
-def probe(nvml_module: Any = None, *, read_only: bool = False, level_count: int = DEFAULT_LEVEL_COUNT) -> list[NvmlGpu]:
+# NVML's process-wide calls (init, device count) on one thread for the process, as NVML's own state is one per process:
+# a probe again while an init is still stuck fails at once instead of leaving another thread blocked behind it.
+_PROCESS_WORKER = NvmlWorker("NVML (process-wide: init, device count)")
+
+
+def probe(nvml_module: Any = None, *, read_only: bool = False, level_count: int = DEFAULT_LEVEL_COUNT,
+          init_timeout_s: float = INIT_TIMEOUT_S, call_timeout_s: float = CALL_TIMEOUT_S) -> list[NvmlGpu]:
     """Initialise NVML and open every GPU it sees (reads only). NodeNotFound when there is no driver or no GPU.
 
     ``read_only`` wraps NVML so that no function that changes a GPU can be called (observe mode). A GPU that cannot
-    be opened (lost, hidden by the container) is skipped with a warning; the others are still governed.
+    be opened (lost, hidden by the container, not answering within ``call_timeout_s``) is skipped with a warning; the
+    others are still governed. An nvmlInit that does not return within ``init_timeout_s`` is a BackendError.
     """
     nvml = nvml_module if nvml_module is not None else import_pynvml()
     if read_only:
         nvml = ReadOnlyNvml(nvml)
+    process = BoundedNvml(nvml, _PROCESS_WORKER)
     try:
-        nvml.nvmlInit()
+        _PROCESS_WORKER.call("nvmlInit", nvml.nvmlInit, timeout_s=init_timeout_s)
+    except NvmlNotAnswering as e:
+        raise BackendError(f"NVML backend: {e}. With persistence mode off, each init brings every GPU up, which can "
+                           "take seconds: run nvidia-persistenced, or raise nvml_init_timeout_s in the config") from e
     except nvml.NVMLError as e:
         code = getattr(e, "value", None)
         if code in (nvml.NVML_ERROR_LIBRARY_NOT_FOUND, nvml.NVML_ERROR_DRIVER_NOT_LOADED):
             raise NodeNotFound(f"NVML backend: {e} ({_error_name(nvml, code)}): no NVIDIA driver here") from e
         raise BackendError(f"NVML backend: nvmlInit failed: {e} ({_error_name(nvml, code)})") from e
-    count = nvml_call(nvml, "count GPUs", nvml.nvmlDeviceGetCount)
+    count = nvml_call(process, "count GPUs", process.nvmlDeviceGetCount)
     if count == 0:
         raise NodeNotFound("NVML backend: the driver is loaded but sees no GPU")
     gpus = []
     for index in range(count):
         try:
-            gpus.append(NvmlGpu(nvml, index, level_count=level_count))
+            gpus.append(NvmlGpu(nvml, index, level_count=level_count, call_timeout_s=call_timeout_s))
         except BackendError as e:
             log.warning("skipping GPU %d: %s", index, e)
     if not gpus:

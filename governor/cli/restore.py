@@ -45,13 +45,15 @@ def restore(state_dir: str, root: Root, config) -> int:
     if not state.gpus:
         print(f"ftgov restore: nothing to restore (no GPU left pinned in {state_file.path})")
         return 0
-    gpus = {g.id: g for g in probe_gpus(config.backend, root, read_only=False)}
+    gpus = {g.id: g for g in probe_gpus(config.backend, root, read_only=False,
+                                        nvml_init_timeout_s=config.nvml_init_timeout_s)}
     state = renumbered(state, {gid: g.uuid for gid, g in gpus.items()})  # NVML numbers what it finds now
     failed = 0
     for gid, gs in state.gpus.items():
         gpu = gpus.get(gid)
         if gpu is None:
-            print(f"ftgov restore: GPU {gid} from the state file is not present", file=sys.stderr)
+            print(f"ftgov restore: GPU {gid} from the state file is not present or could not be opened (see above): "
+                  "not restored; the state file keeps its baseline for the next start", file=sys.stderr)
             failed += 1
             continue
         problem = baseline_problem(gs.baseline, gpu.levels_hz)

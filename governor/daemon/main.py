@@ -21,6 +21,7 @@ from governor.argtypes import absolute_path
 from governor.backends import devfreq, gpuid
 from governor.backends import rails as rails_mod
 from governor.backends.base import describe_text
+from governor.backends.nvmlcalls import SERVING_INIT_TIMEOUT_S
 from governor.config import Config, default_ffg_hz, default_model_path, load_config, store_path
 from governor.daemon import admission, logs, peers, tuning
 from governor.daemon.controller import Controller
@@ -106,10 +107,15 @@ def say_unused_paths(config_path: str, state_dir: str) -> None:
               file=sys.stderr, flush=True)
 
 
-def probe_gpus(config: Config, root: Root) -> list:
+def probe_gpus(config: Config, root: Root, *, serving: bool = False) -> list:
     """The GPUs to govern now, from the backend registry (governor.backends): devfreq, then NVML for backend auto.
-    NodeNotFound when there is none."""
-    return backends.probe_gpus(config.backend, root, read_only=config.policy == "observe")
+    NodeNotFound when there is none. ``serving``: a probe again on the event loop, where an nvmlInit that hangs is
+    given up on sooner than at start (the watchdog)."""
+    init_timeout_s = config.nvml_init_timeout_s
+    if serving:
+        init_timeout_s = min(init_timeout_s, SERVING_INIT_TIMEOUT_S)
+    return backends.probe_gpus(config.backend, root, read_only=config.policy == "observe",
+                               nvml_init_timeout_s=init_timeout_s)
 
 
 def probe_at_start(config: Config, root: Root) -> tuple[list, str | None, float]:
@@ -279,8 +285,8 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
     reloader = None
     if load_config_again is not None:
         reloader = Reloader(load_config_again, lambda new: build_policy(new, gpus))
-    server = Server(controller, config, notifier, ticker, reloader, probe=lambda: probe_gpus(config, root),
-                    node_wait_s=node_wait_s, groups=groups)
+    server = Server(controller, config, notifier, ticker, reloader,
+                    probe=lambda: probe_gpus(config, root, serving=True), node_wait_s=node_wait_s, groups=groups)
 
     sock.setblocking(False)
     try:

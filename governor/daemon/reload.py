@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ftgovd")
 
-AT_START_ONLY = ("socket", "sysfs_root", "state_dir", "backend", "node_wait_s", "store")
+AT_START_ONLY = ("socket", "sysfs_root", "state_dir", "backend", "node_wait_s", "store", "nvml_init_timeout_s")
 
 
 class Reloader:

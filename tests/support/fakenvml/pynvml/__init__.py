@@ -197,9 +197,17 @@ def fake_system() -> FakeSystem:
     return _system if _system is not None else fake_reset()
 
 
+def _hang(hang_s: dict, name: str) -> None:
+    """Block as a call the driver does not answer would (a faults file's hang_s: FN, or "*" for every call)."""
+    seconds = hang_s.get(name, hang_s.get("*"))
+    if seconds:
+        time.sleep(seconds)
+
+
 def _enter(name: str, *, needs_init: bool = True) -> FakeSystem:
     system = fake_system()
     system.record(name)
+    _hang(system.faults().get("hang_s", {}), name)
     code = system.faults().get(name)
     if code is not None:
         raise NVMLError(code)
@@ -215,10 +223,9 @@ def _gpu(system: FakeSystem, handle) -> FakeGpu:
     if gpu.lost:
         raise NVMLError(NVML_ERROR_GPU_IS_LOST)
     faults = system.faults(gpu.index)
-    hang_s = faults.get("hang_s", {}).get(system.current)
-    if hang_s:
-        time.sleep(hang_s)
-    code = faults.get(system.current, faults.get("*"))
+    name = system.current  # before the hang: a call on another GPU's thread may be recorded meanwhile
+    _hang(faults.get("hang_s", {}), name)
+    code = faults.get(name, faults.get("*"))
     if code is not None:
         raise NVMLError(code)
     return gpu

@@ -170,11 +170,12 @@ class FakeSystem:
     calls: list[str] = field(default_factory=list)  # every API function called, in order
     log_path: str | None = None  # also append each call's name to this file (for tests of other processes)
     # Faults a test brings on while another process (the daemon) runs: a JSON file, read at every call, of
-    # {"system": {FN: CODE}, "gpus": {"INDEX": {FN: CODE, "energy_offset_mj": MJ, "hang_s": {FN: S}}}}. FN is an API
-    # function's name, or "*" for every call that names the GPU (15, GPU_IS_LOST: what a GPU off the bus, Xid 79,
-    # answers); CODE an NVML error code that call then answers. energy_offset_mj is added to the GPU's energy counter
-    # (never below 0: a counter that restarts, as after a GPU reset); hang_s makes the call block that long first
-    # (a driver that does not answer). No file: no faults.
+    # {"system": {FN: CODE, "hang_s": {FN: S}}, "gpus": {"INDEX": {FN: CODE, "energy_offset_mj": MJ, "hang_s":
+    # {FN: S}}}}. FN is an API function's name, or "*" for every call that names the GPU (15, GPU_IS_LOST: what a GPU
+    # off the bus, Xid 79, answers); CODE an NVML error code that call then answers. energy_offset_mj is added to the
+    # GPU's energy counter (never below 0: a counter that restarts, as after a GPU reset); hang_s makes the call (FN,
+    # or "*": every call; under "system": any call, nvmlInit's included) block that long first (a GPU off the bus,
+    # a driver that does not answer). No file: no faults.
     faults_path: str | None = None
     current: str = ""  # the API function being called (for its faults)
     lock: threading.Lock = field(default_factory=threading.Lock)
