@@ -73,7 +73,9 @@ class BoardEnergy:
                     reads = self._counters[gpu.id] = CounterReads(gpu.energy_j, f"GPU {gpu.id}'s energy counter")
                 return CounterMeter(reads)
             except BackendError as e:
-                log.info("GPU %s has no energy counter: %s", gpu.id, e)
+                # the error says why (no counter on this GPU, or the GPU not answering): the words are its own
+                log.warning("GPU %s's energy counter cannot be read, so this job's energy goes unmeasured: %s",
+                            gpu.id, e)
         return None
 
     def counter_reads(self, gpu_id: str) -> CounterReads | None:
