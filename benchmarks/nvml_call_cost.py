@@ -3,6 +3,10 @@ NVML call the daemon makes most often, through NvmlGpu (on the GPU's worker, wit
 pynvml function called directly, on the fake NVML (a read that costs nothing itself, so the difference is the hop).
 
     python -m benchmarks.nvml_call_cost [--calls 20000] [--batches 5] [--no-doc]
+    python -m benchmarks.nvml_call_cost --real --calls 300 --no-doc   # on a real GPU (read only), printed
+
+With --real the same two ways read GPU 0's counter on the machine's own NVML, opened read only (the daemon's observe
+mode): there a read costs milliseconds of the driver's, which the hop rides on.
 
 Wall time and CPU time (the process's, every thread's) per call, the median of the batches. Prints, and writes its
 own section of docs/benchmarks.md (replaced on each run).
@@ -52,24 +56,30 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=20000)
     p.add_argument("--batches", type=int, default=5)
     p.add_argument("--no-doc", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    p.add_argument("--real", action="store_true", help="the machine's NVML, GPU 0, read only (implies --no-doc)")
     args = p.parse_args()
-    pynvml = fake_pynvml()
-
-    pynvml.fake_reset(pynvml.FakeSystem(gpus=[pynvml.FakeGpu(index=0, uuid="GPU-0", meter_update_s=0.0)]))
-    gpu, = nvml.probe(pynvml)
+    if args.real:
+        pynvml = nvml.import_pynvml()
+        gpu = nvml.probe(pynvml, read_only=True)[0]
+        where = f"the real NVML of GPU 0 ({pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))}, read only)"
+    else:
+        pynvml = fake_pynvml()
+        pynvml.fake_reset(pynvml.FakeSystem(gpus=[pynvml.FakeGpu(index=0, uuid="GPU-0", meter_update_s=0.0)]))
+        gpu, = nvml.probe(pynvml)
+        where = "the fake NVML (a read that costs nothing itself)"
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     ways = {"pynvml directly, on the caller's thread": lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle),
             "NvmlGpu.energy_mj(), on the GPU's worker": gpu.energy_mj}
     for fn in ways.values():  # warm: the worker's thread started, the caches filled
-        per_call_s(fn, 1000)
+        per_call_s(fn, min(1000, args.calls))
     results = {name: [per_call_s(fn, args.calls) for _ in range(args.batches)] for name, fn in ways.items()}
     medians = {name: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs))
                for name, rs in results.items()}
     (direct_wall, direct_cpu), (hop_wall, hop_cpu) = medians.values()
     extra_wall, extra_cpu = hop_wall - direct_wall, hop_cpu - direct_cpu
     lines = ["## The hop to a GPU's NVML worker thread", "",
-             f"`python -m benchmarks.nvml_call_cost`: {args.batches} batches of {args.calls} energy counter reads on "
-             "the fake NVML (a read that costs nothing itself), the median batch; CPU is the process's, every "
+             f"`python -m benchmarks.nvml_call_cost{' --real' if args.real else ''}`: {args.batches} batches of "
+             f"{args.calls} energy counter reads on {where}, the median batch; CPU is the process's, every "
              f"thread's. Machine: {machine()}.", "",
              "| the read | wall per call | CPU per call |", "|---|---|---|"]
     lines += [f"| {name} | {1e6 * wall:.1f} us | {1e6 * cpu:.1f} us |" for name, (wall, cpu) in medians.items()]
@@ -79,7 +89,7 @@ def main() -> int:
               f"H200's cheapest counter read ({1000 * H200_CHEAPEST_READ_S:g} ms; docs/daemon-cpu.md); as a share of "
               f"a core, {shares} (the sampler's pace with one job reporting ten times a second, and one read per "
               "report).", ""]
-    publish("nvml-call-cost", "\n".join(lines), doc=not args.no_doc)
+    publish("nvml-call-cost", "\n".join(lines), doc=not (args.no_doc or args.real))
     return 0
 
 
