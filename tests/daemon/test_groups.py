@@ -263,8 +263,10 @@ def test_the_ranks_that_wait_are_trimmed_while_the_group_step_time_holds(group_d
 
 
 def test_a_rank_whose_pin_fails_is_in_no_group(start_daemon, tmp_path, children):
-    spec = tmp_path / "fakenvml.json"
-    spec.write_text(json.dumps({"gpus": [dict(GPU), dict(GPU)], "root": False}))  # every Set* answers NO_PERMISSION
+    spec, faults = tmp_path / "fakenvml.json", tmp_path / "faults.json"
+    # The lock answers GPU_IS_LOST: this pin fails (a GPU that refuses every lock has its rank observe instead).
+    faults.write_text(json.dumps({"gpus": {"0": {"nvmlDeviceSetGpuLockedClocks": 15}}}))
+    spec.write_text(json.dumps({"gpus": [dict(GPU), dict(GPU)], "faults_path": str(faults)}))
     env = {"FAKENVML_CONFIG": str(spec), "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
     d = start_daemon(root=tmp_path / "no-jetson", config={"backend": "nvml", "policy": "mlg"}, env=env)
     c = d.client()
