@@ -127,9 +127,15 @@ class Controller:
 
     # ---- GPUs -------------------------------------------------------------------------------------------------------
     def add_gpus(self, gpus: list[Gpu]) -> None:
-        """GPUs that appeared after start (a late devfreq node found by a later probe)."""
+        """GPUs that appeared after start (a late devfreq node, NVML's GPUs, found by a later probe). One that the
+        state file kept while it was absent (StateSaver.absent) gets that baseline back: a pin of ours may stand."""
         for gpu in gpus:
-            self.gpus.setdefault(gpu.id, GpuPin(gpu, self.power_mode, self.saver.save))
+            pin = self.gpus.setdefault(gpu.id, GpuPin(gpu, self.power_mode, self.saver.save))
+            kept = self.saver.absent.pop(gpu.uuid, None) if gpu.uuid else None
+            if kept is not None and state_mod.baseline_problem(kept.baseline, gpu.levels_hz) is None:
+                log.info("GPU %s (%s) is back: restoring the baseline the state file kept for it", gpu.id, gpu.uuid)
+                pin.baseline, pin.pinned_hz, pin.restore_failed = kept.baseline, kept.pinned_hz, True
+                self._apply_quietly(gpu.id)
         self.missing_why = None
         self._notify()
 
@@ -513,9 +519,12 @@ class Controller:
     # ---- state, energy ----------------------------------------------------------------------------------------------
     def leftovers(self) -> State | None:
         """What a previous daemon of this boot left, of what fits these GPUs (found by UUID where NVML numbered them
-        anew; a baseline within the GPU's table, no job on pid 0 or 1); None: nothing to take back."""
-        return state_mod.checked(self.saver.read(), {gid: c.gpu.levels_hz for gid, c in self.gpus.items()},
-                                 {gid: c.gpu.uuid for gid, c in self.gpus.items()})
+        anew; a baseline within the GPU's table, no job on pid 0 or 1); None: nothing to take back. The saved GPUs not
+        here now stay in the state file (StateSaver.absent): nothing re-probes NVML while the daemon runs, so a GPU
+        back after a reset is restored by the next start, or by `ftgov restore`."""
+        saved, uuids = self.saver.read(), {gid: c.gpu.uuid for gid, c in self.gpus.items()}
+        self.saver.absent = state_mod.absent(saved, uuids)  # kept in the file until a start finds them back
+        return state_mod.checked(saved, {gid: c.gpu.levels_hz for gid, c in self.gpus.items()}, uuids)
 
     def flush(self) -> None:
         """Write a save that is still waiting (the daemon is stopping and leaves its jobs for the next start)."""

@@ -22,14 +22,17 @@ from tests.support.daemon import FEATURES, REPO, reload, rewrite_config
 def nvml_daemon(start_daemon, tmp_path):
     """start(gpus, system, **config): an ftgovd on the fake NVML; ``restart_of``: a killed one's workdir and state
     again (the same fake GPUs)."""
+    restarts = iter(range(2, 100))
+
     def start(gpus=({}, {}), system=None, restart_of=None, **config):
         spec = tmp_path / "fakenvml.json"
         calls = tmp_path / "calls.log"
         env = {"FAKENVML_CONFIG": str(spec), "FAKENVML_LOG": str(calls),
                "PYTHONPATH": os.pathsep.join([str(FAKE_DIR), str(REPO)])}
         if restart_of is not None:
-            return start_daemon(root=tmp_path / "no-jetson", workdir=restart_of.workdir, notify_name="n2.sock",
-                                launch=True, config_file=str(restart_of.config_path), env=env), calls
+            return start_daemon(root=tmp_path / "no-jetson", workdir=restart_of.workdir,
+                                notify_name=f"n{next(restarts)}.sock", launch=True,
+                                config_file=str(restart_of.config_path), env=env), calls
         spec.write_text(json.dumps({"gpus": list(gpus), **(system or {})}))
         d = start_daemon(root=tmp_path / "no-jetson", config={"backend": "nvml", **config}, env=env)
         return d, calls
@@ -435,3 +438,69 @@ def test_a_gpu_without_an_energy_counter_is_said_so_at_start_and_at_a_jobs_end(n
     assert "from the GPU's own energy counter" not in log
     assert "GPU 0 has neither power rails nor an energy counter" in log
     assert "energy unknown (no rails or energy counter)" in log, log
+
+
+def test_a_locked_gpu_absent_at_a_restart_keeps_its_baseline_for_the_start_that_finds_it_back(nvml_daemon, tmp_path):
+    """A killed ftgovd left GPU b locked; b was off the bus (being reset) when ftgovd started again. Its baseline was
+    dropped as "no such GPU" and the first save wrote the state file without it: nothing re-probes NVML while the
+    daemon runs, and neither the next start nor `ftgov restore` had anything left to put back once b returned."""
+    a, b = "GPU-0000000a-5a1e-4e55-9a3d-00000000f00a", "GPU-0000000b-5a1e-4e55-9a3d-00000000f00b"
+    spec = tmp_path / "fakenvml.json"
+    both = json.dumps({"gpus": [{"uuid": a, "util_gpu_pct": 80}, {"uuid": b, "util_gpu_pct": 80}]})
+    d, calls = nvml_daemon(gpus=json.loads(both)["gpus"], policy="ffg")
+    worker = _worker()
+    try:
+        c = d.client()  # held open: closing it would end the job before the kill
+        assert c.call("register", pid=worker.pid, gpu=b, **FEATURES)["gpu"] == "1"
+        d.stop(signal.SIGKILL)
+    finally:
+        worker.kill()
+        worker.wait()
+    spec.write_text(json.dumps({"gpus": [{"uuid": a, "util_gpu_pct": 80}]}))  # b is gone for now
+    d2, _calls = nvml_daemon(restart_of=d)
+    c = d2.client()
+    job = c.call("register", gpu=a, **FEATURES)  # a pin on GPU a: the state file is written again
+    assert job["freq_hz"] is not None
+    saved = json.loads((d2.state_dir / "state.json").read_text())["gpus"]
+    assert saved[b]["describe"]["uuid"] == b and saved["0"]["describe"]["uuid"] == a, saved
+    assert f"state file: GPU 1 ({b}, not here now): its baseline" in d2.log()
+    d2.stop(signal.SIGKILL)
+    # systemd's ExecStopPost: a's lock undone, b's baseline kept (its absence is no failure: it would fail every stop)
+    restore = subprocess.run([sys.executable, "-m", "governor.cli", "restore", "--on-stop", "--config",
+                              str(d.config_path), "--state-dir", str(d.state_dir)], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "FAKENVML_CONFIG": str(spec), "FAKENVML_LOG": str(calls),
+                                              "PYTHONPATH": os.pathsep.join([str(FAKE_DIR), str(REPO)])})
+    assert restore.returncode == 0, restore.stderr
+    assert "GPU 0 restored" in restore.stdout and "stays in the state file" in restore.stderr, restore
+    assert list(json.loads((d.state_dir / "state.json").read_text())["gpus"]) == [b]
+    spec.write_text(both)  # b is back
+    before = len(calls.read_text().split())
+    d3, _calls = nvml_daemon(restart_of=d)
+    assert "nvmlDeviceResetGpuLockedClocks" in calls.read_text().split()[before:], d3.log()
+    assert "GPU 1 restored to its baseline" in d3.log(), d3.log()
+    assert b not in json.loads((d3.state_dir / "state.json").read_text())["gpus"]
+
+
+def test_a_locked_gpu_found_by_a_later_probe_gets_the_baseline_the_state_file_kept(nvml_daemon, tmp_path):
+    """No GPU at all at a restart (NVML answered Driver Not Loaded): the daemon serves and probes again. The GPU a
+    killed ftgovd left locked was governed from the probe that found it, with its baseline dropped at start: its lock
+    stayed until a job's end happened to reset it."""
+    faults = tmp_path / "faults.json"
+    d, calls = nvml_daemon(gpus=({"util_gpu_pct": 80}, {"util_gpu_pct": 80}), system={"faults_path": str(faults)},
+                           policy="ffg", probe_retry_s=0.05)
+    worker = _worker()
+    try:
+        c = d.client()  # held open: closing it would end the job before the kill
+        assert c.call("register", pid=worker.pid, gpu=1, **FEATURES)["freq_hz"] is not None
+        d.stop(signal.SIGKILL)
+    finally:
+        worker.kill()
+        worker.wait()
+    set_faults(faults, {"system": {"nvmlInitWithFlags": 9}})  # NVML_ERROR_DRIVER_NOT_LOADED
+    d2, _calls = nvml_daemon(restart_of=d)
+    assert d2.client().call("status")["gpus"] == []
+    before = len(calls.read_text().split())
+    set_faults(faults, {})
+    d2.wait_status(lambda m: "GPU 1 at baseline" in m)
+    assert "nvmlDeviceResetGpuLockedClocks" in calls.read_text().split()[before:], d2.log()
+    assert "GPU 1 (GPU-00000001-5a1e-4e55-9a3d-00000000f001) is back: restoring" in d2.log()
