@@ -25,6 +25,12 @@ class PinError(BackendError):
     """A pin did not take: the files did not read back what was written."""
 
 
+class CannotPin(PinError):
+    """The GPU refused the pin as it refuses every pin: it cannot lock its clocks at all (NVML NOT_SUPPORTED: before
+    Volta, some boards) or this process may not (NO_PERMISSION: not root, some containers and virtual GPUs). Nothing
+    was written, and trying again will not help: the daemon stops pinning that GPU (governor.daemon.gpupin)."""
+
+
 class ModelError(FtgovError):
     """A decision-tree export is missing or malformed."""
 

@@ -35,7 +35,7 @@ from governor.backends.nvmlcalls import (
     NvmlNotAnswering,
     NvmlWorker,
 )
-from governor.errors import BackendError, NodeNotFound, PinError
+from governor.errors import BackendError, CannotPin, NodeNotFound, PinError
 
 log = logging.getLogger(__name__)
 
@@ -315,9 +315,17 @@ class NvmlGpu(GpuBase):
             raise PinError(f"GPU {self.id}: {freq_hz} Hz is not a supported graphics clock "
                            f"({self.supported_hz[0] // MHZ}..{self.supported_hz[-1] // MHZ} MHz)")
         mhz = freq_hz // MHZ
-        self._call(f"lock graphics clock at {mhz} MHz", self._nvml.nvmlDeviceSetGpuLockedClocks, mhz, mhz,
-                   error=PinError, not_supported="this GPU cannot lock its clocks (needs Volta or newer and a "
-                   "board that allows it): use the observe policy")
+        nvml = self._nvml
+        try:
+            nvml.nvmlDeviceSetGpuLockedClocks(self._handle, mhz, mhz)
+        except nvml.NVMLError as e:
+            # Not Supported and No Permission answer every lock alike: CannotPin, so that the daemon stops trying.
+            # Anything else (a lost GPU, a driver that did not answer) may pass: PinError, this pin failed.
+            never = getattr(e, "value", None) in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION)
+            raise converted(nvml, f"GPU {self.id} ({self.name}): lock graphics clock at {mhz} MHz", e,
+                            CannotPin if never else PinError,
+                            not_supported="this GPU cannot lock its clocks (it needs Volta or newer and a board that "
+                            "allows it)") from e
         self._lock_hz = (freq_hz, freq_hz)
         if not self.pin_holds():
             raise PinError(f"GPU {self.id}: locked at {mhz} MHz but the graphics clock reads "

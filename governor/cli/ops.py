@@ -73,6 +73,9 @@ def format_status(status: dict) -> str:
     lines = [f"ftgovd: policy {status.get('policy')}, {len(jobs)} job(s)"]
     for gpu in status.get("gpus") or []:
         lines.append(_gpu_line(gpu))
+        if gpu.get("cannot_pin"):  # refused a lock as it refuses every lock: its jobs observe
+            lines.append(f"  GPU {gpu.get('id')}: cannot be pinned, so its jobs run as observe (measured, never "
+                         f"pinned) until ftgovd restarts: {gpu['cannot_pin']}")
         if gpu.get("write_error"):  # a restore (or pin) that failed: the daemon retries it on every tick
             lines.append(f"  GPU {gpu.get('id')}: its last write failed and is being retried: {gpu['write_error']}")
     if status.get("gpu_missing"):

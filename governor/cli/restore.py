@@ -12,7 +12,7 @@ import sys
 from governor import DEFAULT_CONFIG_PATH
 from governor.errors import ConfigError, FtgovError, StateError
 from governor.simpaths import SIM_TREE_ENV, env_tree, tree_state_dir
-from governor.store.state import StateFile, baseline_problem, boot_id, renumbered
+from governor.store.state import StateFile, absent, baseline_problem, boot_id, renumbered
 from governor.sysfs import Root, trusted_root
 
 
@@ -47,10 +47,17 @@ def restore(state_dir: str, root: Root, config) -> int:
         return 0
     gpus = {g.id: g for g in probe_gpus(config.backend, root, read_only=False,
                                         nvml_init_timeout_s=config.nvml_init_timeout_s)}
-    state = renumbered(state, {gid: g.uuid for gid, g in gpus.items()})  # NVML numbers what it finds now
+    uuids = {gid: g.uuid for gid, g in gpus.items()}
+    state = renumbered(state, uuids)  # NVML numbers what it finds now
+    # A GPU off the bus or being reset: nothing can be written to it now, and its baseline must outlive this run.
+    kept = absent(state, uuids)
     failed = 0
     for gid, gs in state.gpus.items():
         gpu = gpus.get(gid)
+        if gpu is None and gs.describe.get("uuid") in kept:
+            print(f"ftgov restore: GPU {gid}: its baseline stays in the state file, restored once it is back (by "
+                  "this command or ftgovd's next start)", file=sys.stderr)
+            continue
         if gpu is None:
             print(f"ftgov restore: GPU {gid} from the state file is not present or could not be opened (see above): "
                   "not restored; the state file keeps its baseline for the next start", file=sys.stderr)
@@ -69,8 +76,9 @@ def restore(state_dir: str, root: Root, config) -> int:
             continue
         print(f"ftgov restore: GPU {gid} restored to {gs.baseline.min_hz}..{gs.baseline.max_hz} Hz")
     if not failed:
-        # Keep the jobs (a restarted daemon re-adopts the live ones) and the job counter; forget the baselines.
-        state.gpus = {}
+        # Keep the jobs (a restarted daemon re-adopts the live ones) and the job counter; forget the baselines
+        # restored, keep those of the GPUs not here (by UUID, as ftgovd keeps them).
+        state.gpus = kept
         state_file.write(state)
     return 1 if failed else 0
 

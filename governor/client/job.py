@@ -350,6 +350,12 @@ class Job:
         self.job_id = self.registration.get("job_id")
         self._sent_total_steps = self.total_steps
         log.info("ftgov: job %s registered: %s", self.job_id, describe_reply(self.registration))
+        if self.registration.get("gpu_cannot_pin"):
+            # The job is governed (measured, held, ended as any job) but its clocks are the driver's: said once, as
+            # a refusal would have been, so that nobody reads a run's energy as a tuned one's.
+            warn(f"ftgov: job {self.job_id} runs as observe (measured at the clocks the driver chooses, never "
+                 f"pinned or tuned): GPU {self.registration.get('gpu')} cannot be pinned: "
+                 f"{self.registration['gpu_cannot_pin']}")
         info = self.group_info
         if self.tune and info is not None and (info.world_size or 0) > 1 and info.local_world_size is None:
             # Each node's daemon tunes a group once every rank registered with it; one whose ranks span nodes is

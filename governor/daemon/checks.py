@@ -8,7 +8,7 @@ import logging
 
 from governor.backends.base import Limits
 from governor.daemon.gpupin import GpuPin
-from governor.errors import BackendError, FtgovError
+from governor.errors import BackendError, CannotPin, FtgovError
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
@@ -87,6 +87,9 @@ def pin_check(pin: GpuPin) -> dict:
         return {"ok": False, "wrote": False, "detail": "stood down: another tool changed the limits under a pin"}
     if pin.restore_failed:
         return {"ok": False, "wrote": False, "detail": "a restore failed and is being retried: see the journal"}
+    if pin.cannot_pin is not None:
+        return {"ok": False, "wrote": False,
+                "detail": f"cannot be pinned, so its jobs run as observe: {pin.cannot_pin}"}
     if pin.pinned_hz is not None:
         holds = pin.gpu.pin_holds()
         return {"ok": holds, "wrote": False, "pinned_hz": pin.pinned_hz,
@@ -110,6 +113,9 @@ def pin_check(pin: GpuPin) -> dict:
     try:
         pin.gpu.pin(level)
         result["detail"] = f"pinned at the current {mhz(level)} and restored"
+    except CannotPin as e:  # nothing was written: there is nothing to restore (the baseline goes unwritten)
+        pin.refused(e, first=True)
+        result.update(ok=False, wrote=False, detail=f"pin at {mhz(level)} refused: {e}")
     except FtgovError as e:
         result.update(ok=False, detail=f"pin at {mhz(level)} failed: {e}")
     try:

@@ -27,7 +27,7 @@ from governor.daemon.jobtable import JobTable, needs_hz
 from governor.daemon.powermode import PowerModeCap
 from governor.daemon.saving import Defer, StateSaver
 from governor.daemon.settings import PinSettings
-from governor.errors import BackendError, FtgovError
+from governor.errors import BackendError, CannotPin, FtgovError
 from governor.features import Features
 from governor.policy import Decision, Policy, PolicyName
 from governor.store import state as state_mod
@@ -127,9 +127,15 @@ class Controller:
 
     # ---- GPUs -------------------------------------------------------------------------------------------------------
     def add_gpus(self, gpus: list[Gpu]) -> None:
-        """GPUs that appeared after start (a late devfreq node found by a later probe)."""
+        """GPUs that appeared after start (a late devfreq node, NVML's GPUs, found by a later probe). One that the
+        state file kept while it was absent (StateSaver.absent) gets that baseline back: a pin of ours may stand."""
         for gpu in gpus:
-            self.gpus.setdefault(gpu.id, GpuPin(gpu, self.power_mode, self.saver.save))
+            pin = self.gpus.setdefault(gpu.id, GpuPin(gpu, self.power_mode, self.saver.save))
+            kept = self.saver.absent.pop(gpu.uuid, None) if gpu.uuid else None
+            if kept is not None and state_mod.baseline_problem(kept.baseline, gpu.levels_hz) is None:
+                log.info("GPU %s (%s) is back: restoring the baseline the state file kept for it", gpu.id, gpu.uuid)
+                pin.baseline, pin.pinned_hz, pin.restore_failed = kept.baseline, kept.pinned_hz, True
+                self._apply_quietly(gpu.id)
         self.missing_why = None
         self._notify()
 
@@ -154,7 +160,8 @@ class Controller:
     def predict(self, features: Features, why_util: str = "") -> Decision:
         """What a job of these features would get on the first GPU now (the predict method): nothing is pinned."""
         gid = self.default_gpu()
-        d = self.power_mode.within(gid, self.settings.policy.decide(features, self.gpus[gid].gpu.levels_hz))
+        d = self.unpinned(gid, self.power_mode.within(gid, self.settings.policy.decide(features,
+                                                                                        self.gpus[gid].gpu.levels_hz)))
         return replace(d, reason=f"{d.reason}; {why_util}") if why_util else d
 
     # ---- jobs -------------------------------------------------------------------------------------------------------
@@ -210,7 +217,8 @@ class Controller:
 
     def needs_gpu_util(self, job: ActiveJob) -> bool:
         """Whether the job's decision waits for a gpu_util it did not send (governor.daemon.utilization)."""
-        return job.features.gpu_util is None and self.settings.policy.needs_gpu_util(job.features, job.policy)
+        return (job.features.gpu_util is None and self.gpus[job.gpu_id].cannot_pin is None
+                and self.settings.policy.needs_gpu_util(job.features, job.policy))
 
     def adopt(self, state: State) -> list[ActiveJob]:
         """Take back what a previous daemon of this boot left (its state file): each GPU's baseline and pin, and the
@@ -251,7 +259,9 @@ class Controller:
 
     def _decide(self, job: ActiveJob, why_util: str = "") -> bool:
         """decide(); True when the listeners were told (the pin changed)."""
-        decision = self.settings.policy.decide(job.features, self.gpus[job.gpu_id].gpu.levels_hz, job.policy)
+        decision = self.unpinned(job.gpu_id, self.settings.policy.decide(job.features,
+                                                                         self.gpus[job.gpu_id].gpu.levels_hz,
+                                                                         job.policy))
         if why_util:
             decision = replace(decision, reason=f"{decision.reason}; {why_util}")
         # Logged before any hardware access: a read or write that hangs (and is killed by the watchdog) leaves it.
@@ -297,7 +307,10 @@ class Controller:
         """Move one job's pick (the tuner does this; None: no pin, for its baseline window) and apply the combined
         pin: at once (a failure raised to the tuner), or, within a second of the GPU's last re-pin, when that window
         ends (phase_repins, as for phases: a client's tuned jobs close windows as fast as it reports steps, and each
-        move is a sysfs write and a state save). The tuner's windows wait for the pin meanwhile (repin_pending)."""
+        move is a sysfs write and a state save). The tuner's windows wait for the pin meanwhile (repin_pending). On a
+        GPU that cannot be pinned the job observes, and stays so (a group's move of all its ranks)."""
+        if self.gpus[job.gpu_id].cannot_pin is not None:
+            return
         job.decision = Decision(PolicyName.TUNE, freq_hz, reason)
         gpu_id = job.gpu_id
         if self.phase_repins is None:
@@ -397,11 +410,42 @@ class Controller:
                 pin.stood_down = False
             self.saver.soon(prompt=removed)
             return False
-        if not pin.set(self.target_hz(gpu_id), self.settings.power_cap_mw):
+        target_hz = None if pin.cannot_pin is not None else self.target_hz(gpu_id)
+        try:
+            wrote = pin.set(target_hz, self.settings.power_cap_mw)
+        except CannotPin:  # GpuPin.refused has said so and marked the GPU
+            self._observe_on(gpu_id)
+            return True
+        if not wrote:
             self.saver.soon(prompt=removed)  # only the job list changed: re-adoption data, not safety data
             return False
         self._notify()
         return True
+
+    def unpinned(self, gpu_id: str, decision: Decision) -> Decision:
+        """``decision`` as it stands on this GPU: on one that cannot be pinned, observe (measured, never pinned)."""
+        why = self.gpus[gpu_id].cannot_pin
+        if why is None or decision.policy is PolicyName.OBSERVE:
+            return decision
+        return Decision(PolicyName.OBSERVE, None, f"observe: GPU {gpu_id} cannot be pinned, so this job is measured "
+                                                  f"at the clocks the driver chooses, never pinned ({why})")
+
+    def _observe_on(self, gpu_id: str) -> None:
+        """The GPU turned out unable to be pinned (GpuPin.cannot_pin): every job on it observes from now on, as later
+        ones will (``unpinned``); a group with a rank here stops its tuner (governor.daemon.groups). Then the GPU is
+        given its baseline back, should an earlier pin of ours stand (a failure there is retried on every tick)."""
+        for job in [j for j in self.jobs.values() if j.gpu_id == gpu_id]:
+            if job.decision is None:  # a registration being decided: its decision is ``unpinned``'s
+                continue
+            decided = self.unpinned(gpu_id, job.decision)
+            if decided is job.decision:
+                continue
+            job.decision = decided
+            log.info("%s: %s", job.label(), decided.reason, extra=job.fields())
+            if self.attach_tuner is not None:
+                self.attach_tuner(self, job)
+        self._apply_quietly(gpu_id)
+        self._notify()
 
     def reapply(self) -> None:
         """Apply every GPU's pin (or baseline) again; failures are logged and left for retry."""
@@ -459,7 +503,9 @@ class Controller:
                                              "policy)" if pin.gpu.read_only else "")})
                 continue
             results.append({"gpu": gid, **checks.pin_check(pin)})
-            if results[-1]["wrote"]:
+            if pin.cannot_pin is not None:  # the check's pin was refused as every pin would be: its jobs observe
+                self._observe_on(gid)
+            elif results[-1]["wrote"]:
                 self._notify()
         return results
 
@@ -473,9 +519,12 @@ class Controller:
     # ---- state, energy ----------------------------------------------------------------------------------------------
     def leftovers(self) -> State | None:
         """What a previous daemon of this boot left, of what fits these GPUs (found by UUID where NVML numbered them
-        anew; a baseline within the GPU's table, no job on pid 0 or 1); None: nothing to take back."""
-        return state_mod.checked(self.saver.read(), {gid: c.gpu.levels_hz for gid, c in self.gpus.items()},
-                                 {gid: c.gpu.uuid for gid, c in self.gpus.items()})
+        anew; a baseline within the GPU's table, no job on pid 0 or 1); None: nothing to take back. The saved GPUs not
+        here now stay in the state file (StateSaver.absent): nothing re-probes NVML while the daemon runs, so a GPU
+        back after a reset is restored by the next start, or by `ftgov restore`."""
+        saved, uuids = self.saver.read(), {gid: c.gpu.uuid for gid, c in self.gpus.items()}
+        self.saver.absent = state_mod.absent(saved, uuids)  # kept in the file until a start finds them back
+        return state_mod.checked(saved, {gid: c.gpu.levels_hz for gid, c in self.gpus.items()}, uuids)
 
     def flush(self) -> None:
         """Write a save that is still waiting (the daemon is stopping and leaves its jobs for the next start)."""

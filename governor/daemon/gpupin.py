@@ -14,7 +14,7 @@ from collections.abc import Callable
 from governor.backends.base import POWER_LIMIT_KEY, Gpu, Limits
 from governor.daemon import logs
 from governor.daemon.powermode import PowerModeCap
-from governor.errors import BackendError, FtgovError
+from governor.errors import BackendError, CannotPin, FtgovError
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
@@ -39,6 +39,9 @@ class GpuPin:
         self.capped_mw: int | None = None  # the power limit our first pin set (NVML's power_cap_w), while it holds
         self.throttled_hz: int | None = None  # the clock read below our pin (thermal throttling, a power cap)
         self.below_pin_reads = 0  # consecutive ticks that read the clock below the pin
+        # Why the GPU refused a lock as it refuses every lock (CannotPin: it cannot lock its clocks, or this process
+        # may not): no pin is tried again while the daemon runs, and its jobs run as observe (the controller's).
+        self.cannot_pin: str | None = None
 
     def set(self, target_hz: int | None, power_cap_mw: int | None) -> bool:
         """Pin target_hz (under the power mode's cap), or restore the baseline for None; with the first pin,
@@ -69,13 +72,33 @@ class GpuPin:
             target_hz = self._under_cap(target_hz)
         self.pinned_hz, self.below_pin_reads = target_hz, 0  # a read under the old pin is not one under this one
         self.save_state()  # before the write: a crash now still finds the baseline on disk
-        self.gpu.pin(target_hz)
+        try:
+            self.gpu.pin(target_hz)
+        except CannotPin as e:
+            self.refused(e, first=first)
+            raise
         if first and power_cap_mw is not None and self.gpu.has_power_cap:
             self.gpu.set_power_cap_mw(power_cap_mw)
             self.capped_mw = power_cap_mw
         self.restore_failed, self.write_error = False, None
         log.info("GPU %s pinned to %s", self.gpu.id, mhz(target_hz), extra={"FREQ_HZ": target_hz})
         return True
+
+    def refused(self, e: CannotPin, *, first: bool) -> None:
+        """The GPU refused a lock as it refuses every lock: said once, with what the operator can do, and remembered
+        (cannot_pin) so that no pin is tried again. ``first``: the refused lock was the first of ours, so nothing of
+        ours is on the GPU (the lock was refused, the power cap comes after it): the baseline goes without a write,
+        which under NO_PERMISSION would fail as the lock did and be retried on every tick. Otherwise an earlier pin
+        of ours may stand, and the baseline stays for the restore that follows."""
+        if self.cannot_pin is None:
+            log.warning("GPU %s cannot be pinned: %s. ftgovd will not try again while it runs: its jobs run as "
+                        "observe there (measured, never pinned; `ftgov status` shows it). If this GPU should be "
+                        "pinned, fix the cause and restart ftgovd; if it never can, policy: observe in the config says "
+                        "so from the start", self.gpu.id, e)
+        self.cannot_pin = str(e)
+        if first:
+            self.baseline, self.pinned_hz, self.capped_mw = None, None, None
+            self.save_state()
 
     def _under_cap(self, target_hz: int) -> int:
         capped = self.power_mode.clamp(self, target_hz)

@@ -226,11 +226,12 @@ class Groups:
         """The Controller's attach_tuner: a group's ranks share the group's tuner instead of each having one."""
         def attached(gov, job: ActiveJob) -> None:
             group = self._of_job.get(job.job_id)
+            observing = None if group is None else self._observing_rank(gov, group)
             if group is None or job.decision is None or job.decision.policy is not PolicyName.TUNE:
                 attach(gov, job)
                 return
             job.tuner = None
-            if group.tuner is None and not group.remote and job.decision.freq_hz is not None:
+            if group.tuner is None and not group.remote and job.decision.freq_hz is not None and observing is None:
                 cfg = self._tuner_config()
                 levels = gov.power_mode.allowed_levels(job.gpu_id)
                 if job.decision.freq_hz in levels:
@@ -239,6 +240,24 @@ class Groups:
                         group.tuner.set_job(total_steps=job.total_steps)
                     group.status = "waiting for every rank" if not group.whole() else "measuring"
         return attached
+
+    @staticmethod
+    def _observing_rank(gov, group: Group) -> ActiveJob | None:
+        """A rank whose GPU cannot be pinned (Controller.unpinned: it observes), or None. The group's windows need
+        every rank at the group's level, which that one never reaches: the group gets no tuner, and one it has stops
+        (its trim too), rather than wait for ever; the other ranks keep the level they run at."""
+        job = next((m.job for m in group.members.values() if gov.gpus[m.job.gpu_id].cannot_pin is not None), None)
+        if job is None or group.remote:
+            return job
+        status = (f"no tuner: GPU {job.gpu_id} (job {job.job_id}) cannot be pinned and observes; the other ranks "
+                  f"keep {mhz(group.level_hz, none='no pin')}")
+        if group.tuner is not None or group.trim is not None:
+            group.tuner, group.trim = None, None
+            log.warning("%s: tuning stopped: GPU %s (job %d) cannot be pinned (%s); the other ranks keep %s",
+                        group.label(), job.gpu_id, job.job_id, gov.gpus[job.gpu_id].cannot_pin,
+                        mhz(group.level_hz, none="no pin"), extra=job.fields())
+        group.status = status
+        return job
 
     # ---- the group's tuner -----------------------------------------------------------------------------------------
     def progress(self, gov, job: ActiveJob, compute_s: float | None = None) -> None:
@@ -392,6 +411,8 @@ class Groups:
         if group.tuner is not None and not group.remote and group.whole():
             raise GroupRefused("job_id", f"{group.label()} is tuned by this daemon (all its ranks are here): "
                                "set_level is for a group whose ranks span nodes")
+        if (why := gov.gpus[job.gpu_id].cannot_pin) is not None:
+            raise GroupRefused("job_id", f"GPU {job.gpu_id} cannot be pinned ({why}): this rank observes")
         if job.decision is None or job.decision.policy is PolicyName.OBSERVE:
             raise GroupRefused("job_id", "the observe policy pins nothing")
         if freq_hz not in gov.gpus[job.gpu_id].gpu.levels_hz:

@@ -153,8 +153,11 @@ class Methods:
             self.sampler.start(job, decide=measuring)
         d = job.decision
         assert d is not None, "registered: decided, or held unpinned"
+        # A GPU that cannot be pinned runs the job as observe: said apart from the reason, for the client to warn.
+        unpinnable = self.controller.gpus[job.gpu_id].cannot_pin
         return {"job_id": job.job_id, "policy": d.label, "freq_hz": d.freq_hz, "reason": d.reason,
-                "gpu": job.gpu_id, "gpu_util": job.features.gpu_util, **extra}
+                "gpu": job.gpu_id, "gpu_util": job.features.gpu_util, **extra,
+                **({"gpu_cannot_pin": unpinnable} if unpinnable is not None else {})}
 
     def _own_job(self, conn: Connection, job_id: int) -> ActiveJob:
         job = self.holds.job(conn, job_id)

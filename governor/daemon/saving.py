@@ -43,11 +43,15 @@ class StateSaver:
         self._prompt = False
         self._ticks = 0
         self._failing = False  # the last save failed: said once, until one succeeds again
+        # Saved GPUs not here at start (state.absent), by UUID: written on with every save, so that their baselines
+        # outlive this daemon for the start (or `ftgov restore`) that finds them back.
+        self.absent: dict[str, GpuState] = {}
 
     def state(self) -> State:
         """What a restarted daemon of this boot needs: each GPU's baseline and pin, the decided jobs, the next id."""
         gpus = {gid: GpuState(describe=pin.gpu.describe(), baseline=pin.baseline, pinned_hz=pin.pinned_hz)
                 for gid, pin in self._pins.items() if pin.baseline is not None}
+        gpus.update(self.absent)
         return State(self.boot_id, gpus, self._jobs.records(), self._jobs.next_job_id, holds=self._holds())
 
     def read(self) -> State | None:

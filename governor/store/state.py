@@ -222,6 +222,18 @@ def renumbered(state: State, uuids: Mapping[str, str | None]) -> State:
                         for hold in state.holds])
 
 
+def absent(state: State | None, uuids: Mapping[str, str | None]) -> dict[str, GpuState]:
+    """The saved GPUs that are not here now (``uuids``: id now -> its UUID), by their UUID: fallen off the bus, being
+    reset or hidden when NVML counted its GPUs. A pin of ours may still stand on one, so its baseline stays in the
+    state file under its UUID (StateSaver keeps it), for the next start or `ftgov restore` that finds it back
+    (``renumbered`` finds it by the UUID its describe() records). A GPU without a UUID (devfreq) has no such key."""
+    if state is None:
+        return {}
+    here = {uuid for uuid in uuids.values() if uuid}
+    return {uuid: gs for gs in state.gpus.values()
+            if isinstance(uuid := gs.describe.get("uuid"), str) and uuid not in here}
+
+
 def checked(state: State | None, levels_hz: dict[str, Sequence[int]],
             uuids: Mapping[str, str | None] | None = None) -> State | None:
     """The part of a saved state that may be acted on for GPUs with these levels (and these UUIDs: renumbered):
@@ -236,6 +248,12 @@ def checked(state: State | None, levels_hz: dict[str, Sequence[int]],
     for gid, gs in state.gpus.items():
         levels = levels_hz.get(gid)
         problem = None if levels else "no such GPU"
+        uuid = gs.describe.get("uuid")
+        if problem and uuids is not None and isinstance(uuid, str) and uuid not in uuids.values():
+            log.warning("state file: GPU %s: its baseline %s..%s Hz stays in the state file (under its UUID) for the "
+                        "next start, or `ftgov restore` with ftgovd stopped, once it is back", gid,
+                        gs.baseline.min_hz, gs.baseline.max_hz)
+            continue
         if levels and (problem := baseline_problem(gs.baseline, levels)) is None:
             if gs.pinned_hz is not None and gs.pinned_hz not in levels:
                 problem = f"pinned_hz {gs.pinned_hz} is not one of the GPU's levels"

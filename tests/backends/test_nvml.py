@@ -22,7 +22,7 @@ from governor.backends.base import Gpu, Limits
 from governor.backends.gpuid import GpuNotFound, find_gpu
 from governor.backends.nvml import POWER_LIMIT_KEY, NvmlReadOnly, ReadOnlyNvml, coarse_levels, probe
 from governor.client.features import visible_gpu
-from governor.errors import BackendError, NodeNotFound, PinError
+from governor.errors import BackendError, CannotPin, NodeNotFound, PinError
 from tests.support import FAKENVML_DIR as FAKE_DIR
 from tests.support import REPO
 
@@ -170,7 +170,7 @@ def test_pin_holds_until_another_tool_resets_the_lock(nvml, system):
 def test_without_root_pin_and_restore_say_root_is_needed(nvml, system):
     system.root = False
     gpu = probe(nvml)[0]
-    with pytest.raises(PinError, match="needs root") as pinned:
+    with pytest.raises(CannotPin, match="needs root") as pinned:  # every lock would be refused alike
         gpu.pin(gpu.levels_hz[0])
     assert isinstance(pinned.value.__cause__, nvml.NVMLError_NoPermission)
     assert "NVML_ERROR_NO_PERMISSION" in str(pinned.value)
@@ -183,10 +183,18 @@ def test_without_root_pin_and_restore_say_root_is_needed(nvml, system):
 def test_a_gpu_that_cannot_lock_clocks_says_so(nvml, system):
     system.gpus[1].supports_locking = False
     gpu = probe(nvml)[1]
-    with pytest.raises(PinError, match="cannot lock its clocks") as pinned:
+    with pytest.raises(CannotPin, match="cannot lock its clocks") as pinned:
         gpu.pin(gpu.levels_hz[0])
     assert isinstance(pinned.value.__cause__, nvml.NVMLError_NotSupported)
     assert pinned.value.__cause__.value == nvml.NVML_ERROR_NOT_SUPPORTED
+
+
+def test_a_lock_that_fails_for_a_lost_gpu_is_that_pins_error_only(nvml, system):
+    gpu = probe(nvml)[0]
+    system.gpus[0].lost = True
+    with pytest.raises(PinError, match="GPU_IS_LOST") as pinned:
+        gpu.pin(gpu.levels_hz[0])
+    assert not isinstance(pinned.value, CannotPin)  # it may pass: the daemon tries again
 
 
 # ---- power cap ----

@@ -456,8 +456,8 @@ def assert_one_group_of_two(daemon, got: list[tuple], prefix: str) -> None:
 
 def test_lightning_ddp_ranks_without_a_launchers_key_form_one_group(node):
     """Lightning's own DDP launchers (strategy="ddp" from `python train.py`, ddp_spawn) set no group key and no RANK
-    (deepspeed's sets RANK, but no key): each rank's job stood alone, and under tune=True their tuners fought. Rank 0 makes a key at the
-    train-start hook and broadcasts it; both ranks register in one group."""
+    (deepspeed's sets RANK, but no key): each rank's job stood alone, and under tune=True their tuners fought. Rank 0
+    makes a key at the train-start hook and broadcasts it; both ranks register in one group."""
     pytest.importorskip("lightning.pytorch")
     from tests.support.ranks import lightning_rank
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import governor
+from governor.client import GovernorWarning
 from governor.sim.meters import NVML_UPDATE_JITTER_S, NVML_UPDATE_S, UpdateClock
 from governor.store import measurements as store
 from tests.support import FAKENVML_DIR as FAKE_DIR
@@ -20,14 +22,17 @@ from tests.support.daemon import FEATURES, REPO, reload, rewrite_config
 def nvml_daemon(start_daemon, tmp_path):
     """start(gpus, system, **config): an ftgovd on the fake NVML; ``restart_of``: a killed one's workdir and state
     again (the same fake GPUs)."""
+    restarts = iter(range(2, 100))
+
     def start(gpus=({}, {}), system=None, restart_of=None, **config):
         spec = tmp_path / "fakenvml.json"
         calls = tmp_path / "calls.log"
         env = {"FAKENVML_CONFIG": str(spec), "FAKENVML_LOG": str(calls),
                "PYTHONPATH": os.pathsep.join([str(FAKE_DIR), str(REPO)])}
         if restart_of is not None:
-            return start_daemon(root=tmp_path / "no-jetson", workdir=restart_of.workdir, notify_name="n2.sock",
-                                launch=True, config_file=str(restart_of.config_path), env=env), calls
+            return start_daemon(root=tmp_path / "no-jetson", workdir=restart_of.workdir,
+                                notify_name=f"n{next(restarts)}.sock", launch=True,
+                                config_file=str(restart_of.config_path), env=env), calls
         spec.write_text(json.dumps({"gpus": list(gpus), **(system or {})}))
         d = start_daemon(root=tmp_path / "no-jetson", config={"backend": "nvml", **config}, env=env)
         return d, calls
@@ -72,13 +77,74 @@ def test_a_job_naming_no_gpu_on_a_multi_gpu_host_is_refused(nvml_daemon):
     assert err["code"] == -32602 and "no GPU with index 7" in err["message"]
 
 
-def test_no_permission_is_an_error_to_the_client_and_nothing_stays_registered(nvml_daemon):
-    d, calls = nvml_daemon(gpus=({},), system={"root": False})  # every Set*/Reset* answers NVML_ERROR_NO_PERMISSION
+def test_without_permission_to_lock_clocks_a_job_runs_as_observe_and_nothing_is_retried(nvml_daemon):
+    """Not root, or a container or virtual GPU that withholds clock control: every Set*/Reset* answers
+    NVML_ERROR_NO_PERMISSION. Every tune job's register was refused; and a refused pin check's restore (a Reset, refused
+    alike) was retried on every tick. The first refusal is the evidence: the job is measured, never pinned."""
+    d, calls = nvml_daemon(gpus=({"util_gpu_pct": 80},), system={"root": False})
     c = d.client()
+    (check,) = c.call("pin_check")["gpus"]
+    assert not check["ok"] and not check["wrote"] and "NO_PERMISSION" in check["detail"], check
+    res = c.call("register", tune=True, **FEATURES)
+    assert res["policy"] == "observe" and res["freq_hz"] is None and "NO_PERMISSION" in res["gpu_cannot_pin"], res
+    (gpu,) = c.call("status")["gpus"]
+    assert gpu["cannot_pin"] and gpu["write_error"] is None and gpu["pinned_hz"] is None, gpu
+    c.call("unregister", job_id=res["job_id"])
+    made = calls.read_text().split()
+    assert made.count("nvmlDeviceSetGpuLockedClocks") == 1 and "nvmlDeviceResetGpuLockedClocks" not in made
+    assert "restore failed" not in d.log() and "could not apply" not in d.log()
+
+
+def test_a_gpu_that_cannot_lock_its_clocks_runs_its_jobs_as_observe_and_the_operator_is_told_once(nvml_daemon):
+    """Before Volta, and on some boards, NVML answers Not Supported to a clock lock. Under tune (the default on NVML)
+    every register was refused ("use the observe policy"), and nothing at start said so. Now the first refused lock
+    marks the GPU for the daemon's life: that job and every later one is measured as observe, the register reply and
+    the status say why, the journal says it once, and no lock is tried again."""
+    from governor.cli.ops import format_status
+
+    d, calls = nvml_daemon(gpus=({"supports_locking": False, "util_gpu_pct": 80},))
+    c = d.client()
+    res = c.call("register", tune=True, **FEATURES)
+    assert res["policy"] == "observe" and res["freq_hz"] is None, res
+    assert "NOT_SUPPORTED" in res["gpu_cannot_pin"] and "cannot be pinned" in res["reason"], res
+    again = c.call("register", **FEATURES)
+    assert again["policy"] == "observe" and again["gpu_cannot_pin"] == res["gpu_cannot_pin"], again
+    status = c.call("status")
+    (gpu,) = status["gpus"]
+    assert gpu["cannot_pin"] == res["gpu_cannot_pin"] and gpu["pinned_hz"] is None and gpu["write_error"] is None
+    assert [j["tuner"]["mode"] for j in status["jobs"]] == ["observe", "observe"]  # measured as observe measures
+    assert "GPU 0: cannot be pinned, so its jobs run as observe" in format_status(status)
+    for job in (res, again):
+        assert c.call("unregister", job_id=job["job_id"])["energy_j"] is not None
+    assert calls.read_text().split().count("nvmlDeviceSetGpuLockedClocks") == 1
+    told = [line for line in d.log().splitlines() if "GPU 0 cannot be pinned:" in line]
+    assert len(told) == 1 and " WARNING " in told[0] and "restart ftgovd" in told[0], told
+    assert json.loads((d.state_dir / "state.json").read_text())["gpus"] == {}  # no baseline of a GPU never written
+
+
+def test_a_job_on_a_gpu_that_cannot_lock_its_clocks_warns_its_user_once_and_trains_on(nvml_daemon):
+    """The client logged the register reply at info: a user who asked for tune read nothing of observe."""
+    d, _ = nvml_daemon(gpus=({"supports_locking": False, "util_gpu_pct": 80},))
+    with pytest.warns(GovernorWarning, match=r"job \d+ runs as observe .*GPU 0 cannot be pinned: .*NOT_SUPPORTED") as w:
+        with governor.job(**FEATURES, gpu=0, tune=True, socket=d.socket) as job:
+            for _ in range(3):
+                job.step()
+    assert len([x for x in w if issubclass(x.category, GovernorWarning)]) == 1
+    assert not job.disabled and job.result["steps"] == 3
+
+
+def test_a_lock_that_fails_otherwise_is_the_registers_error_and_the_next_job_pins(nvml_daemon, tmp_path):
+    """A lost GPU (or any error but Not Supported and No Permission) fails that pin only: the GPU is not marked."""
+    faults = tmp_path / "faults.json"
+    d, _calls = nvml_daemon(gpus=({"util_gpu_pct": 80},), system={"faults_path": str(faults)})
+    c = d.client()
+    set_faults(faults, {"gpus": {"0": {"nvmlDeviceSetGpuLockedClocks": 15}}})  # NVML_ERROR_GPU_IS_LOST
     err = c.request("register", **FEATURES)["error"]
-    assert err["code"] == -32000 and "NO_PERMISSION" in err["message"]
-    assert c.call("status")["jobs"] == []
-    assert c.call("ping") == {}
+    assert err["code"] == -32000 and "GPU_IS_LOST" in err["message"], err
+    set_faults(faults, {})
+    res = c.call("register", **FEATURES)
+    assert res["policy"] == "tune" and res["freq_hz"] is not None and "gpu_cannot_pin" not in res, res
+    assert c.call("status")["gpus"][0]["cannot_pin"] is None
 
 
 def test_observe_mode_changes_nothing_and_refuses_tune(nvml_daemon):
@@ -372,3 +438,69 @@ def test_a_gpu_without_an_energy_counter_is_said_so_at_start_and_at_a_jobs_end(n
     assert "from the GPU's own energy counter" not in log
     assert "GPU 0 has neither power rails nor an energy counter" in log
     assert "energy unknown (no rails or energy counter)" in log, log
+
+
+def test_a_locked_gpu_absent_at_a_restart_keeps_its_baseline_for_the_start_that_finds_it_back(nvml_daemon, tmp_path):
+    """A killed ftgovd left GPU b locked; b was off the bus (being reset) when ftgovd started again. Its baseline was
+    dropped as "no such GPU" and the first save wrote the state file without it: nothing re-probes NVML while the
+    daemon runs, and neither the next start nor `ftgov restore` had anything left to put back once b returned."""
+    a, b = "GPU-0000000a-5a1e-4e55-9a3d-00000000f00a", "GPU-0000000b-5a1e-4e55-9a3d-00000000f00b"
+    spec = tmp_path / "fakenvml.json"
+    both = json.dumps({"gpus": [{"uuid": a, "util_gpu_pct": 80}, {"uuid": b, "util_gpu_pct": 80}]})
+    d, calls = nvml_daemon(gpus=json.loads(both)["gpus"], policy="ffg")
+    worker = _worker()
+    try:
+        c = d.client()  # held open: closing it would end the job before the kill
+        assert c.call("register", pid=worker.pid, gpu=b, **FEATURES)["gpu"] == "1"
+        d.stop(signal.SIGKILL)
+    finally:
+        worker.kill()
+        worker.wait()
+    spec.write_text(json.dumps({"gpus": [{"uuid": a, "util_gpu_pct": 80}]}))  # b is gone for now
+    d2, _calls = nvml_daemon(restart_of=d)
+    c = d2.client()
+    job = c.call("register", gpu=a, **FEATURES)  # a pin on GPU a: the state file is written again
+    assert job["freq_hz"] is not None
+    saved = json.loads((d2.state_dir / "state.json").read_text())["gpus"]
+    assert saved[b]["describe"]["uuid"] == b and saved["0"]["describe"]["uuid"] == a, saved
+    assert f"state file: GPU 1 ({b}, not here now): its baseline" in d2.log()
+    d2.stop(signal.SIGKILL)
+    # systemd's ExecStopPost: a's lock undone, b's baseline kept (its absence is no failure: it would fail every stop)
+    restore = subprocess.run([sys.executable, "-m", "governor.cli", "restore", "--on-stop", "--config",
+                              str(d.config_path), "--state-dir", str(d.state_dir)], capture_output=True, text=True,
+                             timeout=60, env={**os.environ, "FAKENVML_CONFIG": str(spec), "FAKENVML_LOG": str(calls),
+                                              "PYTHONPATH": os.pathsep.join([str(FAKE_DIR), str(REPO)])})
+    assert restore.returncode == 0, restore.stderr
+    assert "GPU 0 restored" in restore.stdout and "stays in the state file" in restore.stderr, restore
+    assert list(json.loads((d.state_dir / "state.json").read_text())["gpus"]) == [b]
+    spec.write_text(both)  # b is back
+    before = len(calls.read_text().split())
+    d3, _calls = nvml_daemon(restart_of=d)
+    assert "nvmlDeviceResetGpuLockedClocks" in calls.read_text().split()[before:], d3.log()
+    assert "GPU 1 restored to its baseline" in d3.log(), d3.log()
+    assert b not in json.loads((d3.state_dir / "state.json").read_text())["gpus"]
+
+
+def test_a_locked_gpu_found_by_a_later_probe_gets_the_baseline_the_state_file_kept(nvml_daemon, tmp_path):
+    """No GPU at all at a restart (NVML answered Driver Not Loaded): the daemon serves and probes again. The GPU a
+    killed ftgovd left locked was governed from the probe that found it, with its baseline dropped at start: its lock
+    stayed until a job's end happened to reset it."""
+    faults = tmp_path / "faults.json"
+    d, calls = nvml_daemon(gpus=({"util_gpu_pct": 80}, {"util_gpu_pct": 80}), system={"faults_path": str(faults)},
+                           policy="ffg", probe_retry_s=0.05)
+    worker = _worker()
+    try:
+        c = d.client()  # held open: closing it would end the job before the kill
+        assert c.call("register", pid=worker.pid, gpu=1, **FEATURES)["freq_hz"] is not None
+        d.stop(signal.SIGKILL)
+    finally:
+        worker.kill()
+        worker.wait()
+    set_faults(faults, {"system": {"nvmlInitWithFlags": 9}})  # NVML_ERROR_DRIVER_NOT_LOADED
+    d2, _calls = nvml_daemon(restart_of=d)
+    assert d2.client().call("status")["gpus"] == []
+    before = len(calls.read_text().split())
+    set_faults(faults, {})
+    d2.wait_status(lambda m: "GPU 1 at baseline" in m)
+    assert "nvmlDeviceResetGpuLockedClocks" in calls.read_text().split()[before:], d2.log()
+    assert "GPU 1 (GPU-00000001-5a1e-4e55-9a3d-00000000f001) is back: restoring" in d2.log()

@@ -263,8 +263,10 @@ def test_the_ranks_that_wait_are_trimmed_while_the_group_step_time_holds(group_d
 
 
 def test_a_rank_whose_pin_fails_is_in_no_group(start_daemon, tmp_path, children):
-    spec = tmp_path / "fakenvml.json"
-    spec.write_text(json.dumps({"gpus": [dict(GPU), dict(GPU)], "root": False}))  # every Set* answers NO_PERMISSION
+    spec, faults = tmp_path / "fakenvml.json", tmp_path / "faults.json"
+    # The lock answers GPU_IS_LOST: this pin fails (a GPU that refuses every lock has its rank observe instead).
+    faults.write_text(json.dumps({"gpus": {"0": {"nvmlDeviceSetGpuLockedClocks": 15}}}))
+    spec.write_text(json.dumps({"gpus": [dict(GPU), dict(GPU)], "faults_path": str(faults)}))
     env = {"FAKENVML_CONFIG": str(spec), "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
     d = start_daemon(root=tmp_path / "no-jetson", config={"backend": "nvml", "policy": "mlg"}, env=env)
     c = d.client()
@@ -344,3 +346,26 @@ def test_a_ranks_window_is_compared_with_its_share_of_the_groups_reference():
     assert Groups._reference(group, b) == Reference(2.0, 0.02, exploring=True)
     b.last_joules_per_step = None  # a rank that joined since the last window
     assert Groups._reference(group, a) is None
+
+
+@pytest.mark.parametrize("unpinnable_first", [False, True])
+def test_a_rank_on_a_gpu_that_cannot_lock_its_clocks_observes_and_the_group_does_not_wait_for_it(
+        group_daemon, children, unpinnable_first):
+    """A rank whose GPU refuses every lock (Not Supported) was refused its register; now it observes there. The
+    group's windows need every rank at its level, which that one never reaches: the group has no tuner (whichever rank
+    came first), says why, and the other rank keeps the level it was pinned at, rather than a search that never
+    measures a window."""
+    d = group_daemon(gpus=[dict(GPU), {**GPU, "supports_locking": False}])
+    c = d.client()
+    order = [1, 0] if unpinnable_first else [0, 1]
+    reply = {rank: register_rank(c, children(), rank) for rank in order}
+    assert reply[1]["policy"] == "observe" and reply[1]["freq_hz"] is None and reply[1]["gpu_cannot_pin"], reply
+    assert reply[0]["policy"] == "tune" and reply[0]["freq_hz"] == max(LEVELS_MHZ) * 1_000_000, reply
+    for steps in range(1, 20):
+        for rank in (0, 1):
+            c.notify("progress", job_id=reply[rank]["job_id"], steps=steps)
+    (group,) = c.call("status")["groups"]
+    assert group["tuner"] is None and group["status"].startswith("no tuner: GPU 1 (job"), group
+    gpus = gpus_of(c)
+    assert gpus["0"]["pinned_hz"] == reply[0]["freq_hz"] and gpus["1"]["pinned_hz"] is None, gpus
+    assert [j["tuner"]["mode"] for j in c.call("status")["jobs"] if j["gpu"] == "1"] == ["observe"]
