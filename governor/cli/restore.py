@@ -55,8 +55,12 @@ def restore(state_dir: str, root: Root, config) -> int:
     for gid, gs in state.gpus.items():
         gpu = gpus.get(gid)
         if gpu is None and gs.describe.get("uuid") in kept:
-            print(f"ftgov restore: GPU {gid}: its baseline stays in the state file, restored once it is back (by "
-                  "this command or ftgovd's next start)", file=sys.stderr)
+            # Not a failure of this command (ExecStopPost would fail every stop while the GPU is away): nothing can
+            # be written to a GPU that is not there or does not answer (a reset clears its lock), and its baseline
+            # is kept for when it is back.
+            print(f"ftgov restore: GPU {gid} is not here or does not answer now (see above): its baseline stays in "
+                  "the state file, restored once it is back (by this command or ftgovd's next start)",
+                  file=sys.stderr)
             continue
         if gpu is None:
             print(f"ftgov restore: GPU {gid} from the state file is not present or could not be opened (see above): "

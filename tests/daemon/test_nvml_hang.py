@@ -95,8 +95,8 @@ def _ftgov(*args, env: dict) -> subprocess.CompletedProcess:
 
 def test_ftgov_restore_gives_up_on_a_gpu_that_does_not_answer_and_says_which(nvml_daemon, tmp_path):
     """The unit's ExecStopPost (`ftgov restore --on-stop`) after a kill: a GPU that does not answer hung it until
-    TimeoutStopSec. It gives up on that GPU within its deadline, says so, exits 1, and the state file keeps the
-    baseline for the next start."""
+    TimeoutStopSec. It gives up on that GPU within its deadline, says so, and the state file keeps the baseline for
+    the next start; as for a GPU that is not there, that is no failure of the stop (exit 0)."""
     faults = tmp_path / "faults.json"
     d, _calls = nvml_daemon(system={"faults_path": str(faults)}, policy="ffg")
     worker = _worker()
@@ -112,10 +112,11 @@ def test_ftgov_restore_gives_up_on_a_gpu_that_does_not_answer_and_says_which(nvm
     started = time.monotonic()
     out = _ftgov("restore", "--on-stop", "--config", str(d.config_path), "--state-dir", str(d.state_dir), env=env)
     assert time.monotonic() - started < FOR_GOOD_S / 4
-    assert out.returncode == 1, out
+    assert out.returncode == 0, out
     assert "GPU 1: NVML did not answer nvmlDeviceGet" in out.stderr and "fallen off the bus" in out.stderr, out.stderr
     last = out.stderr.splitlines()[-1]
-    assert last.startswith("ftgov restore: GPU 1 ") and "not restored" in last, out.stderr
+    assert last.startswith("ftgov restore: GPU 1 ") and "does not answer now" in last, out.stderr
+    assert "stays in the state file" in last, out.stderr
     assert json.loads((d.state_dir / "state.json").read_text())["gpus"], "the baseline stays for the next start"
 
 
