@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 
 from governor.backends.base import POWER_LIMIT_KEY, Gpu, Limits
 from governor.daemon import logs
@@ -18,6 +19,11 @@ from governor.errors import BackendError, CannotPin, FtgovError
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
+
+
+def without_power_limit(limits: Limits) -> Limits:
+    """``limits`` with no power limit to put back: a restore of it leaves the power limit as it finds it."""
+    return replace(limits, extra=tuple(kv for kv in limits.extra if kv[0] != POWER_LIMIT_KEY))
 
 
 class GpuPin:
@@ -61,6 +67,10 @@ class GpuPin:
                             "lock back); remove it (sudo nvidia-smi -i %s -rgc) or run ftgovd with policy observe",
                             self.gpu.id, held, self.gpu.id)
             self.baseline = self.gpu.snapshot()  # an NVML snapshot carries the power limit to restore
+            if not (power_cap_mw is not None and self.gpu.has_power_cap):
+                # No cap of ours: the limit is someone else's (an operator's nvidia-smi -pl while the job runs), and
+                # no restore (the job's end, the next start, `ftgov restore`) may set it back.
+                self.baseline = without_power_limit(self.baseline)
             if self.baseline.min_hz is not None and self.baseline.min_hz == self.baseline.max_hz:
                 # Nothing governs a clock held at one level: jetson_clocks, or a pin whose holder is gone (a crashed
                 # ftgovd whose state file could not be read, a killed characterize). It is what every job's end puts

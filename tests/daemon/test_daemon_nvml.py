@@ -504,3 +504,19 @@ def test_a_locked_gpu_found_by_a_later_probe_gets_the_baseline_the_state_file_ke
     d2.wait_status(lambda m: "GPU 1 at baseline" in m)
     assert "nvmlDeviceResetGpuLockedClocks" in calls.read_text().split()[before:], d2.log()
     assert "GPU 1 (GPU-00000001-5a1e-4e55-9a3d-00000000f001) is back: restoring" in d2.log()
+
+
+def test_a_pin_that_sets_no_power_cap_keeps_no_power_limit_to_put_back(nvml_daemon):
+    """With no power_cap_w, ftgovd never writes the power limit, but its baseline carried the limit read at the first
+    pin, and every restore (the job's end, the next start, `ftgov restore`) set it back where it read otherwise: an
+    operator's `nvidia-smi -pl` during a job was undone, and where power limits may not be set the restore failed,
+    retried on every tick."""
+    d, calls = nvml_daemon(gpus=({"util_gpu_pct": 80},))
+    c = d.client()
+    res = c.call("register", tune=True, **FEATURES)
+    assert res["freq_hz"] is not None, res
+    (saved,) = json.loads((d.state_dir / "state.json").read_text())["gpus"].values()
+    assert "power_limit_mw" not in saved["baseline"]["extra"], saved
+    c.call("unregister", job_id=res["job_id"])
+    assert "nvmlDeviceSetPowerManagementLimit" not in calls.read_text().split()
+
