@@ -31,6 +31,12 @@ class CannotPin(PinError):
     was written, and trying again will not help: the daemon stops pinning that GPU (governor.daemon.gpupin)."""
 
 
+class CannotCap(PinError):
+    """The GPU refused a power limit as it refuses every power limit: it has no settable limit (NVML NOT_SUPPORTED:
+    many virtual and cloud GPUs, some boards) or this process may not set it (NO_PERMISSION). Nothing was written, and
+    trying again will not help: the clock pin stands without the cap (governor.daemon.gpupin)."""
+
+
 class ModelError(FtgovError):
     """A decision-tree export is missing or malformed."""
 

@@ -35,7 +35,7 @@ from governor.backends.nvmlcalls import (
     NvmlNotAnswering,
     NvmlWorker,
 )
-from governor.errors import BackendError, CannotPin, NodeNotFound, PinError
+from governor.errors import BackendError, CannotCap, CannotPin, NodeNotFound, PinError
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +99,7 @@ def _advice(nvml: Any, code: int | None, not_supported: str) -> str:
 
 
 NOT_SUPPORTED_ADVICE = "this GPU or driver does not support it"
+POWER_LIMIT_NOT_SUPPORTED = "this GPU does not allow its power limit to be changed (many virtual and cloud GPUs)"
 
 
 def converted(nvml: Any, what: str, e: Exception, error: type = BackendError,
@@ -343,12 +344,27 @@ class NvmlGpu(GpuBase):
         return clock_hz <= self._lock_hz[1] + self._clock_tolerance_hz
 
     def set_power_cap_mw(self, power_mw: int) -> None:
-        """Set the power limit (mW) and read it back. Snapshot first: restore puts the snapshot's limit back."""
-        low, high = self.power_limit_range_mw()
+        """Set the power limit (mW) and read it back. Snapshot first: restore puts the snapshot's limit back.
+        CannotCap where the GPU refuses every power limit (NOT_SUPPORTED, NO_PERMISSION): nothing was written."""
+        nvml = self._nvml
+        what = f"GPU {self.id} ({self.name}): set power limit to {power_mw} mW"
+        try:
+            low, high = self.power_limit_range_mw()
+        except BackendError as e:
+            # No constraints to read: a GPU without power management, where no limit can be set either.
+            cause = e.__cause__
+            if getattr(cause, "value", None) != nvml.NVML_ERROR_NOT_SUPPORTED:
+                raise
+            raise converted(nvml, what, cause, CannotCap, not_supported=POWER_LIMIT_NOT_SUPPORTED) from cause
         if not low <= power_mw <= high:
             raise PinError(f"GPU {self.id}: power cap {power_mw} mW is outside what it allows ({low}..{high} mW)")
-        self._call(f"set power limit to {power_mw} mW", self._nvml.nvmlDeviceSetPowerManagementLimit, power_mw,
-                   error=PinError, not_supported="this GPU does not allow its power limit to be changed")
+        try:
+            nvml.nvmlDeviceSetPowerManagementLimit(self._handle, power_mw)
+        except nvml.NVMLError as e:
+            # As for a lock: these two answer every limit alike (CannotCap, so that the daemon stops trying).
+            never = getattr(e, "value", None) in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION)
+            raise converted(nvml, what, e, CannotCap if never else PinError,
+                            not_supported=POWER_LIMIT_NOT_SUPPORTED) from e
         got = self.power_limit_mw()
         if got != power_mw:
             raise PinError(f"GPU {self.id}: set the power limit to {power_mw} mW but it reads {got} mW")

@@ -15,7 +15,7 @@ from dataclasses import replace
 from governor.backends.base import POWER_LIMIT_KEY, Gpu, Limits
 from governor.daemon import logs
 from governor.daemon.powermode import PowerModeCap
-from governor.errors import BackendError, CannotPin, FtgovError
+from governor.errors import BackendError, CannotCap, CannotPin, FtgovError
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
@@ -48,6 +48,9 @@ class GpuPin:
         # Why the GPU refused a lock as it refuses every lock (CannotPin: it cannot lock its clocks, or this process
         # may not): no pin is tried again while the daemon runs, and its jobs run as observe (the controller's).
         self.cannot_pin: str | None = None
+        # Why the GPU refused the power cap as it refuses every power limit (CannotCap): its pins go on without one,
+        # and no cap is tried again while the daemon runs.
+        self.cannot_cap: str | None = None
 
     def set(self, target_hz: int | None, power_cap_mw: int | None) -> bool:
         """Pin target_hz (under the power mode's cap), or restore the baseline for None; with the first pin,
@@ -67,7 +70,7 @@ class GpuPin:
                             "lock back); remove it (sudo nvidia-smi -i %s -rgc) or run ftgovd with policy observe",
                             self.gpu.id, held, self.gpu.id)
             self.baseline = self.gpu.snapshot()  # an NVML snapshot carries the power limit to restore
-            if not (power_cap_mw is not None and self.gpu.has_power_cap):
+            if not self._caps(power_cap_mw):
                 # No cap of ours: the limit is someone else's (an operator's nvidia-smi -pl while the job runs), and
                 # no restore (the job's end, the next start, `ftgov restore`) may set it back.
                 self.baseline = without_power_limit(self.baseline)
@@ -87,9 +90,12 @@ class GpuPin:
         except CannotPin as e:
             self.refused(e, first=first)
             raise
-        if first and power_cap_mw is not None and self.gpu.has_power_cap:
-            self.gpu.set_power_cap_mw(power_cap_mw)
-            self.capped_mw = power_cap_mw
+        if first and power_cap_mw is not None and self._caps(power_cap_mw):
+            try:
+                self.gpu.set_power_cap_mw(power_cap_mw)
+                self.capped_mw = power_cap_mw
+            except CannotCap as e:  # the clock pin stands: the cap is what the GPU refuses, not the pin
+                self._cap_refused(e, power_cap_mw)
         self.restore_failed, self.write_error = False, None
         log.info("GPU %s pinned to %s", self.gpu.id, mhz(target_hz), extra={"FREQ_HZ": target_hz})
         return True
@@ -108,6 +114,21 @@ class GpuPin:
         self.cannot_pin = str(e)
         if first:
             self.baseline, self.pinned_hz, self.capped_mw = None, None, None
+            self.save_state()
+
+    def _caps(self, power_cap_mw: int | None) -> bool:
+        """Whether a first pin sets the power cap: one is configured, and the GPU has not refused every limit."""
+        return power_cap_mw is not None and self.gpu.has_power_cap and self.cannot_cap is None
+
+    def _cap_refused(self, e: CannotCap, power_cap_mw: int) -> None:
+        """The GPU refused the power cap as it refuses every limit: nothing was written, so the baseline has no power
+        limit to put back (a restore would be refused alike, and retried on every tick); said once, remembered."""
+        log.warning("GPU %s: its power limit cannot be set: %s. Its pins go on without power_cap_w (%s W), and "
+                    "ftgovd will not try again while it runs (`ftgov status` shows it); if it should be capped, fix "
+                    "the cause and restart ftgovd, else remove power_cap_w", self.gpu.id, e, f"{power_cap_mw / 1000:g}")
+        self.cannot_cap = str(e)
+        if self.baseline is not None:
+            self.baseline = without_power_limit(self.baseline)
             self.save_state()
 
     def _under_cap(self, target_hz: int) -> int:

@@ -21,7 +21,7 @@ def status(ctl: Controller) -> dict:
             reading |= {"energy_counter_reads": reads.reads, "energy_counter_read_s": round(reads.read_s, 6)}
         gpus.append({"id": gid, **pin.gpu.describe(), "available_hz": list(pin.gpu.levels_hz), **reading,
                      "pinned_hz": pin.pinned_hz, "stood_down": pin.stood_down, "throttled_hz": pin.throttled_hz,
-                     "cannot_pin": pin.cannot_pin,
+                     "cannot_pin": pin.cannot_pin, "cannot_cap": pin.cannot_cap,
                      "write_error": pin.write_error if pin.restore_failed else None,
                      "baseline_min_hz": pin.baseline.min_hz if pin.baseline else None,
                      "baseline_max_hz": pin.baseline.max_hz if pin.baseline else None})

@@ -22,7 +22,7 @@ from governor.backends.base import Gpu, Limits
 from governor.backends.gpuid import GpuNotFound, find_gpu
 from governor.backends.nvml import POWER_LIMIT_KEY, NvmlReadOnly, ReadOnlyNvml, coarse_levels, probe
 from governor.client.features import visible_gpu
-from governor.errors import BackendError, CannotPin, NodeNotFound, PinError
+from governor.errors import BackendError, CannotCap, CannotPin, NodeNotFound, PinError
 from tests.support import FAKENVML_DIR as FAKE_DIR
 from tests.support import REPO
 
@@ -205,6 +205,23 @@ def test_power_cap_is_set_read_back_and_restored(nvml, system):
     gpu.set_power_cap_mw(450_000)
     assert system.gpus[0].power_limit_mw == 450_000
     gpu.restore(baseline)
+    assert system.gpus[0].power_limit_mw == 700_000
+
+
+def test_a_power_cap_refused_as_every_limit_would_be_is_cannot_cap(nvml, system):
+    """No permission (not root), or a GPU with no power management (many virtual GPUs: even the constraints answer
+    Not Supported): every limit is refused alike, so the daemon can stop trying (a lost GPU is that cap's error)."""
+    system.gpus[1].supports_power_limit = False
+    no_limit, gpu = probe(nvml)[1], probe(nvml)[0]
+    with pytest.raises(CannotCap, match="does not allow its power limit to be changed"):
+        no_limit.set_power_cap_mw(450_000)
+    system.root = False
+    with pytest.raises(CannotCap, match="NO_PERMISSION"):
+        gpu.set_power_cap_mw(450_000)
+    system.root, system.gpus[0].lost = True, True
+    with pytest.raises(BackendError, match="GPU_IS_LOST") as lost:
+        gpu.set_power_cap_mw(450_000)
+    assert not isinstance(lost.value, CannotCap)
     assert system.gpus[0].power_limit_mw == 700_000
 
 

@@ -520,3 +520,37 @@ def test_a_pin_that_sets_no_power_cap_keeps_no_power_limit_to_put_back(nvml_daem
     c.call("unregister", job_id=res["job_id"])
     assert "nvmlDeviceSetPowerManagementLimit" not in calls.read_text().split()
 
+
+@pytest.mark.parametrize("code", [3, 4], ids=["not-supported", "no-permission"])
+def test_a_power_cap_the_gpu_refuses_leaves_the_clock_pin_and_is_not_tried_again(nvml_daemon, tmp_path, code):
+    """Many virtual and cloud GPUs allow clock locks but not power limits: nvmlDeviceSetPowerManagementLimit answers
+    NOT_SUPPORTED or NO_PERMISSION to any limit. With power_cap_w set, every register there failed (the job dropped)
+    after its clock lock had been written. Now the clock pin applies, the cap does not: said once in the journal and
+    shown in status, and no later pin tries it again; no restore touches a power limit that was never changed."""
+    from governor.cli.ops import format_status
+
+    faults = tmp_path / "faults.json"
+    set_faults(faults, {"gpus": {"0": {"nvmlDeviceSetPowerManagementLimit": code}}})
+    d, calls = nvml_daemon(gpus=({"util_gpu_pct": 80},), system={"faults_path": str(faults)}, power_cap_w=500)
+    c = d.client()
+    first = c.call("register", tune=True, **FEATURES)
+    assert first["policy"] == "tune" and first["freq_hz"] is not None, first
+    status = c.call("status")
+    (gpu,) = status["gpus"]
+    assert gpu["pinned_hz"] == first["freq_hz"] and gpu["write_error"] is None and gpu["cannot_pin"] is None, gpu
+    assert ("NOT_SUPPORTED" if code == 3 else "NO_PERMISSION") in gpu["cannot_cap"], gpu
+    assert "GPU 0: its power limit cannot be set, so power_cap_w is not applied" in format_status(status)
+    (saved,) = json.loads((d.state_dir / "state.json").read_text())["gpus"].values()
+    assert "power_limit_mw" not in saved["baseline"]["extra"], saved  # nothing for a restore after a crash to set
+    c.call("unregister", job_id=first["job_id"])
+    again = c.call("register", tune=True, **FEATURES)
+    assert again["freq_hz"] is not None, again
+    c.call("unregister", job_id=again["job_id"])
+    made = calls.read_text().split()
+    assert made.count("nvmlDeviceSetPowerManagementLimit") == 1  # neither the restores nor the next pin tried again
+    assert made.count("nvmlDeviceSetGpuLockedClocks") == 2 and made.count("nvmlDeviceResetGpuLockedClocks") == 2
+    (gpu,) = c.call("status")["gpus"]
+    assert gpu["pinned_hz"] is None and gpu["write_error"] is None and gpu["baseline_max_hz"] is None, gpu
+    told = [line for line in d.log().splitlines() if "power limit cannot be set" in line]
+    assert len(told) == 1 and " WARNING " in told[0], told
+    assert "could not apply" not in d.log() and "restore failed" not in d.log()
