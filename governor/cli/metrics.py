@@ -77,6 +77,13 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
         "pinned_hz": Family(f"{PREFIX}_gpu_pinned_frequency_hertz", "frequency ftgovd pins the GPU to (absent: none)"),
     }
     load = Family(f"{PREFIX}_gpu_load_ratio", "GPU load, 0..1")
+    # 0/1 per GPU; absent where the daemon's status has no such key (a daemon from before it): not known, not 0.
+    flags = {
+        "cannot_pin": Family(f"{PREFIX}_gpu_cannot_pin", "1 when the GPU refused a clock lock as it refuses every "
+                             "lock: its jobs run as observe (measured, never pinned) until ftgovd restarts"),
+        "cannot_cap": Family(f"{PREFIX}_gpu_cannot_cap", "1 when the GPU refused power_cap_w as it refuses every "
+                             "power limit: its pins go on uncapped until ftgovd restarts"),
+    }
     # The energy model behind the estimate is the Orin's: on an NVML GPU it would read the Orin curve at that GPU's
     # clocks (an H100's 1980 MHz is far past the Orin's top, a -142% 'saving').
     jetson_gpus = {gpu.get("id") for gpu in status.get("gpus") or [] if gpu.get("backend") == "devfreq"}
@@ -85,6 +92,9 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
             fam.add(gpu.get(key), gpu=gpu.get("id"))
         if gpu.get("load_pct") is not None:
             load.add(gpu["load_pct"] / 100, gpu=gpu.get("id"))
+        for key, fam in flags.items():
+            if key in gpu:
+                fam.add(int(gpu[key] is not None), gpu=gpu.get("id"))
     power = Family(f"{PREFIX}_rail_power_watts", "power of each INA3221 rail")
     for rail, mw in sorted((status.get("power_mw") or {}).items()):
         power.add(mw / 1000, rail=rail)
@@ -124,8 +134,8 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
             if j.get("energy_j") is not None and ratio < 1:
                 # energy_j was spent at the pin; MAXN would have spent energy_j / (1 - ratio).
                 saved.add(j["energy_j"] * ratio / (1 - ratio), **labels)
-    return [up, active, *gpu_fams.values(), load, power, job_freq, job_energy, job_time, job_steps, savings, saved,
-            measured, measured_err, measured_steps, *store_families(status.get("store"))]
+    return [up, active, *gpu_fams.values(), load, *flags.values(), power, job_freq, job_energy, job_time, job_steps,
+            savings, saved, measured, measured_err, measured_steps, *store_families(status.get("store"))]
 
 
 def store_families(store: dict | None) -> list[Family]:

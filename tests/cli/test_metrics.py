@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -18,7 +19,8 @@ import governor
 from governor.cli import main
 from governor.cli.metrics import families
 from governor.client import Connection
-from tests.support.daemon import REPO
+from tests.support import FAKENVML_DIR
+from tests.support.daemon import FEATURES, REPO
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
@@ -247,3 +249,24 @@ def test_a_textfile_that_cannot_be_written_again_is_not_left_pretending(tmp_path
     assert len(calls) == 2
     assert "No space left on device" in capsys.readouterr().err
     assert not prom.exists()
+
+
+def test_a_gpu_that_cannot_be_pinned_or_capped_says_so_in_a_gauge(start_daemon, tmp_path):
+    """A GPU that refuses every clock lock runs its jobs as observe until ftgovd restarts, and one that refuses every
+    power limit runs its pins uncapped; status said so, the exporter did not: a fleet's dashboard read such a node as
+    governed. Each is a 0/1 gauge per GPU."""
+    spec, faults, prom = tmp_path / "fakenvml.json", tmp_path / "faults.json", tmp_path / "ftgov.prom"
+    faults.write_text(json.dumps({"gpus": {"1": {"nvmlDeviceSetPowerManagementLimit": 3}}}))  # NOT_SUPPORTED
+    spec.write_text(json.dumps({"gpus": [{"supports_locking": False}, {}, {}], "faults_path": str(faults)}))
+    env = {"FAKENVML_CONFIG": str(spec), "PYTHONPATH": os.pathsep.join([str(FAKENVML_DIR), str(REPO)])}
+    daemon = start_daemon(root=tmp_path / "no-jetson", config={"backend": "nvml", "power_cap_w": 500}, env=env)
+    with Connection(daemon.socket) as conn:
+        for gpu in (0, 1):
+            conn.call("register", gpu=gpu, **FEATURES)
+        assert main(["metrics", "--textfile", str(prom), "--once", "--socket", daemon.socket]) == 0
+    samples = parse(prom.read_text())
+    for name, flagged in (("ftgov_gpu_cannot_pin", "0"), ("ftgov_gpu_cannot_cap", "1")):
+        assert {gpu: samples[(name, frozenset({("gpu", gpu)}))] for gpu in ("0", "1", "2")} == {
+            gpu: float(gpu == flagged) for gpu in ("0", "1", "2")}, name
+    older = {f.name: f.samples for f in families({"jobs": [], "gpus": [{"id": "0", "backend": "nvml"}]})}
+    assert older["ftgov_gpu_cannot_pin"] == [] and older["ftgov_gpu_cannot_cap"] == []  # no key: not known, no 0
