@@ -89,7 +89,7 @@ def format_status(status: dict) -> str:
         rails = ", ".join(f"{rail} {mw:.0f} mW" for rail, mw in sorted(power.items()))
         lines.append(f"  power: {rails}" + (f" (job energy counts {'+'.join(counted)})" if counted else ""))
     for hold in status.get("holds") or []:  # a Slurm job's GPUs held from its prolog to its epilog (docs/slurm.md)
-        gpus = ", ".join(f"{gid} {mhz(g.get('freq_hz'))}" + (" (joined)" if g.get("joined") else "")
+        gpus = ", ".join(f"{gid} {mhz(g.get('freq_hz'), none='no pin')}" + (" (joined)" if g.get("joined") else "")
                          for gid, g in (hold.get("gpus") or {}).items())
         whose = ("another user's Slurm job" if hold.get("redacted") else
                  f"Slurm job {hold.get('slurm_job_id')} (uid {hold.get('uid')})")

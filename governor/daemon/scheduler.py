@@ -178,8 +178,7 @@ class SchedulerHolds:
         """For status."""
         now = time.monotonic()
         return [{"slurm_job_id": h.slurm_job_id, "uid": h.uid, "partition": h.partition, "policy": h.policy,
-                 "gpus": {gid: {"freq_hz": g.decision.freq_hz, "reason": g.decision.reason,
-                                "joined": self._joined_on(h, gid)} for gid, g in h.gpus.items()},
+                 "gpus": {gid: {**self._in_effect(g), "joined": self._joined_on(h, gid)} for gid, g in h.gpus.items()},
                  "joined": sorted(h.joined), "duration_s": round(now - h.started_s, 3),
                  **({"het_job_id": h.het_job_id} if h.het_job_id is not None else {})} for h in self._holds.values()]
 
@@ -219,8 +218,8 @@ class SchedulerHolds:
                      for gid in gpu_ids}, het_job_id=het_job_id if het_job_id != slurm_job_id else None)
         self._holds[slurm_job_id] = hold
         log.info("%s (uid %d, partition %s) held: %s", hold.label(), uid, partition or "?",
-                 "; ".join(f"GPU {gid} {mhz(g.decision.freq_hz, none='no pin')} ({g.decision.reason})"
-                           for gid, g in hold.gpus.items()), extra=hold.fields())
+                 "; ".join(f"GPU {gid} {mhz(d['freq_hz'], none='no pin')} ({d['reason']})"
+                           for gid, d in self._describe_one(hold)["gpus"].items()), extra=hold.fields())
         try:
             for gid in gpu_ids:
                 self.pins.apply_gpu(gid)
@@ -290,7 +289,7 @@ class SchedulerHolds:
         known = [e for e in energy.values() if e is not None]
         energy_j = sum(known) if known and len(known) == len(energy) else None
         saving = hold.savings.summary()
-        gpus = {gid: {"freq_hz": g.decision.freq_hz, "energy_j": energy[gid],
+        gpus = {gid: {"freq_hz": self._in_effect(g)["freq_hz"], "energy_j": energy[gid],
                       "pinned_hz_after": self.pins.gpus[gid].pinned_hz,
                       "restore_failed": self.pins.gpus[gid].restore_failed} for gid, g in hold.gpus.items()}
         out = {"slurm_job_id": slurm_job_id, "policy": hold.policy, "duration_s": round(duration_s, 3),
@@ -418,5 +417,10 @@ class SchedulerHolds:
 
     def _describe_one(self, hold: Hold) -> dict:
         return {"slurm_job_id": hold.slurm_job_id, "policy": hold.policy,
-                "gpus": {gid: {"freq_hz": g.decision.freq_hz, "reason": g.decision.reason}
-                         for gid, g in hold.gpus.items()}}
+                "gpus": {gid: self._in_effect(g) for gid, g in hold.gpus.items()}}
+
+    def _in_effect(self, held: HeldGpu) -> dict:
+        """The hold's pin on that GPU as it stands: none, and why, on a GPU that cannot be pinned (the controller's
+        ``unpinned``: it observes). The hold keeps its own decision (the state file's), for a start that may pin."""
+        decision = self.pins.unpinned(held.gpu_id, held.decision)
+        return {"freq_hz": decision.freq_hz, "reason": decision.reason}

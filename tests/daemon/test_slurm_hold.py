@@ -487,3 +487,28 @@ def test_a_heterogeneous_jobs_component_is_joined_by_the_leaders_id_its_tasks_se
     c.call("unregister", job_id=res["job_id"])
     for job in (601, 600):
         c.call("slurm_release", slurm_job_id=job)
+
+
+def test_a_hold_on_a_gpu_that_cannot_be_pinned_says_it_observes(nvml_daemon):
+    """A GPU that refuses every clock lock (Not Supported) is never pinned, a Slurm hold's pin included; the hold's
+    reply, status and `ftgov status` still showed the policy's level as the GPU's, a pin that was not in effect. Now
+    they say the hold observes there and why; the other GPU of the job is pinned, and the release restores it."""
+    from governor.cli.ops import format_status
+
+    d, calls = nvml_daemon(gpus=({"supports_locking": False}, {}))
+    c = d.client()
+    held = c.call("slurm_hold", slurm_job_id=43, uid=1000, policy="ffg", gpus=[0, 1])
+    status = c.call("status")
+    assert [g["pinned_hz"] for g in status["gpus"]] == [None, held["gpus"]["1"]["freq_hz"]], status["gpus"]
+    assert status["gpus"][0]["cannot_pin"] and held["gpus"]["1"]["freq_hz"] is not None
+    for gpus in (held["gpus"], status["holds"][0]["gpus"]):
+        assert gpus["0"]["freq_hz"] is None and "GPU 0 cannot be pinned" in gpus["0"]["reason"], gpus
+    (line,) = [line for line in format_status(status).splitlines() if "Slurm job 43" in line]
+    assert "0 no pin" in line and "1 " in line, line
+    again = c.call("slurm_hold", slurm_job_id=44, uid=1000, policy="ffg", gpus=[0])  # the GPU known unpinnable now
+    assert again["gpus"]["0"]["freq_hz"] is None and "cannot be pinned" in again["gpus"]["0"]["reason"], again
+    for job in (43, 44):
+        c.call("slurm_release", slurm_job_id=job)
+    made = calls.read_text().split()
+    assert made.count("nvmlDeviceSetGpuLockedClocks") == 2  # GPU 0's one refused lock, GPU 1's pin
+    assert [g["pinned_hz"] for g in c.call("status")["gpus"]] == [None, None]
