@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from governor import DEFAULT_CONFIG_PATH
-from governor.errors import ConfigError, FtgovError, StateError
+from governor.errors import ConfigError, FtgovError, NodeNotFound, StateError
 from governor.simpaths import SIM_TREE_ENV, env_tree, tree_state_dir
 from governor.store.state import StateFile, absent, baseline_problem, boot_id, renumbered
 from governor.sysfs import Root, trusted_root
@@ -45,8 +45,16 @@ def restore(state_dir: str, root: Root, config) -> int:
     if not state.gpus:
         print(f"ftgov restore: nothing to restore (no GPU left pinned in {state_file.path})")
         return 0
-    gpus = {g.id: g for g in probe_gpus(config.backend, root, read_only=False,
-                                        nvml_init_timeout_s=config.nvml_init_timeout_s)}
+    try:
+        found = probe_gpus(config.backend, root, read_only=False, nvml_init_timeout_s=config.nvml_init_timeout_s)
+    except NodeNotFound as e:
+        # No GPU at all: on a node of one GPU, the one off the bus or not answering. GPUs saved with a UUID (NVML's)
+        # are kept as a GPU not here is among others; one without (devfreq) fails as before.
+        if not all(isinstance(gs.describe.get("uuid"), str) for gs in state.gpus.values()):
+            raise
+        print(f"ftgov restore: {e}", file=sys.stderr)
+        found = []
+    gpus = {g.id: g for g in found}
     uuids = {gid: g.uuid for gid, g in gpus.items()}
     state = renumbered(state, uuids)  # NVML numbers what it finds now
     # A GPU off the bus or being reset: nothing can be written to it now, and its baseline must outlive this run.
