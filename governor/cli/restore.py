@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from governor import DEFAULT_CONFIG_PATH
+from governor.backends.nvmlcalls import NvmlNotAnswering
 from governor.errors import ConfigError, FtgovError, NodeNotFound, StateError
 from governor.simpaths import SIM_TREE_ENV, env_tree, tree_state_dir
 from governor.store.state import StateFile, absent, baseline_problem, boot_id, renumbered
@@ -27,6 +28,10 @@ def add_parser(sub) -> None:
     p.add_argument("--on-stop", action="store_true",
                    help="called as the service stops: do nothing when the config says restore_on_stop: false")
     p.set_defaults(func=run)
+
+
+KEPT = ("is not here or does not answer now (see above): its baseline stays in the state file, restored once it is "
+        "back (by this command or ftgovd's next start)")
 
 
 def restore(state_dir: str, root: Root, config) -> int:
@@ -66,9 +71,7 @@ def restore(state_dir: str, root: Root, config) -> int:
             # Not a failure of this command (ExecStopPost would fail every stop while the GPU is away): nothing can
             # be written to a GPU that is not there or does not answer (a reset clears its lock), and its baseline
             # is kept for when it is back.
-            print(f"ftgov restore: GPU {gid} is not here or does not answer now (see above): its baseline stays in "
-                  "the state file, restored once it is back (by this command or ftgovd's next start)",
-                  file=sys.stderr)
+            print(f"ftgov restore: GPU {gid} {KEPT}", file=sys.stderr)
             continue
         if gpu is None:
             print(f"ftgov restore: GPU {gid} from the state file is not present or could not be opened (see above): "
@@ -82,6 +85,16 @@ def restore(state_dir: str, root: Root, config) -> int:
             continue
         try:
             gpu.restore(gs.baseline)
+        except NvmlNotAnswering as e:
+            # It answered the probe but not the restore: kept, as one that does not answer the probe is.
+            print(f"ftgov restore: GPU {gid}: {e}", file=sys.stderr)
+            uuid = gs.describe.get("uuid")
+            if not isinstance(uuid, str):
+                failed += 1
+                continue
+            kept[uuid] = gs
+            print(f"ftgov restore: GPU {gid} {KEPT}", file=sys.stderr)
+            continue
         except FtgovError as e:
             print(f"ftgov restore: GPU {gid}: {e}", file=sys.stderr)
             failed += 1

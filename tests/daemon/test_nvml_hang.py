@@ -153,6 +153,23 @@ def test_ftgov_restore_on_a_node_whose_only_gpu_does_not_answer_keeps_its_baseli
     assert saved["describe"]["index"] == 0 and saved["pinned_hz"] is not None
 
 
+def test_ftgov_restore_keeps_the_baseline_of_a_gpu_that_stops_answering_at_its_restore_and_does_not_fail(
+        nvml_daemon, tmp_path):
+    """A GPU that answered the probe but not the restore's reset failed the stop (exit 1), where one that did not
+    answer the probe does not: nothing can be written to it now either. Its baseline stays in the state file, the
+    other GPU's is restored and dropped."""
+    d, faults, env = _killed_with_a_pin(nvml_daemon, tmp_path)
+    uuid = json.loads((d.state_dir / "state.json").read_text())["gpus"]["1"]["describe"]["uuid"]
+    set_faults(faults, {"gpus": {"1": {"hang_s": {"nvmlDeviceResetGpuLockedClocks": FOR_GOOD_S}}}})
+    started = time.monotonic()
+    out = _ftgov("restore", "--on-stop", "--config", str(d.config_path), "--state-dir", str(d.state_dir), env=env)
+    assert time.monotonic() - started < FOR_GOOD_S / 4
+    assert out.returncode == 0, out
+    assert "NVML did not answer nvmlDeviceResetGpuLockedClocks" in out.stderr, out.stderr
+    assert "GPU 1 is not here or does not answer now" in out.stderr, out.stderr
+    assert list(json.loads((d.state_dir / "state.json").read_text())["gpus"]) == [uuid]
+
+
 def test_an_nvml_init_that_does_not_return_fails_the_start_naming_it(start_daemon, tmp_path):
     """Before READY=1 a hung nvmlInit held the start until systemd's TimeoutStartSec (180 s) killed it, without a
     word. Start fails after nvml_init_timeout_s, saying what did not answer and what to check."""
