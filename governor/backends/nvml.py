@@ -147,7 +147,7 @@ class NvmlGpu(GpuBase):
                  call_timeout_s: float = CALL_TIMEOUT_S):
         self.read_only = isinstance(nvml, ReadOnlyNvml)
         # Every call on this GPU, from here on, runs on its own thread and is given up on after call_timeout_s.
-        self._worker = NvmlWorker(f"GPU {index}", call_timeout_s)
+        self._worker = _gpu_worker(nvml, index, call_timeout_s)
         self._nvml = nvml = BoundedNvml(nvml, self._worker)
         self.index = index
         self.id = str(index)
@@ -428,6 +428,19 @@ def import_pynvml() -> Any:
 # NVML's process-wide calls (init, device count) on one thread for the process, as NVML's own state is one per process:
 # a probe again while an init is still stuck fails at once instead of leaving another thread blocked behind it.
 _PROCESS_WORKER = NvmlWorker("NVML (process-wide: init, device count)")
+# Each GPU's worker, by NVML module and index, for the process's life as NVML's handles are: a probe again (the
+# daemon's, while it has no GPU) fails a GPU whose call is still stuck at once, instead of leaving one more thread
+# blocked on it and the event loop waiting out its deadline again at every probe.
+_GPU_WORKERS: dict[tuple[Any, int], NvmlWorker] = {}
+
+
+def _gpu_worker(nvml: Any, index: int, timeout_s: float) -> NvmlWorker:
+    module = nvml._nvml if isinstance(nvml, ReadOnlyNvml) else nvml
+    worker = _GPU_WORKERS.get((module, index))
+    if worker is None:
+        worker = _GPU_WORKERS[(module, index)] = NvmlWorker(f"GPU {index}")
+    worker.who, worker.timeout_s = f"GPU {index}", timeout_s
+    return worker
 
 
 def probe(nvml_module: Any = None, *, read_only: bool = False, level_count: int = DEFAULT_LEVEL_COUNT,

@@ -10,7 +10,8 @@ import argparse
 import sys
 
 from governor import DEFAULT_CONFIG_PATH
-from governor.errors import ConfigError, FtgovError, StateError
+from governor.backends.nvmlcalls import NvmlNotAnswering
+from governor.errors import ConfigError, FtgovError, NodeNotFound, StateError
 from governor.simpaths import SIM_TREE_ENV, env_tree, tree_state_dir
 from governor.store.state import StateFile, absent, baseline_problem, boot_id, renumbered
 from governor.sysfs import Root, trusted_root
@@ -29,6 +30,10 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+KEPT = ("is not here or does not answer now (see above): its baseline stays in the state file, restored once it is "
+        "back (by this command or ftgovd's next start)")
+
+
 def restore(state_dir: str, root: Root, config) -> int:
     from governor.backends import probe_gpus
 
@@ -45,8 +50,16 @@ def restore(state_dir: str, root: Root, config) -> int:
     if not state.gpus:
         print(f"ftgov restore: nothing to restore (no GPU left pinned in {state_file.path})")
         return 0
-    gpus = {g.id: g for g in probe_gpus(config.backend, root, read_only=False,
-                                        nvml_init_timeout_s=config.nvml_init_timeout_s)}
+    try:
+        found = probe_gpus(config.backend, root, read_only=False, nvml_init_timeout_s=config.nvml_init_timeout_s)
+    except NodeNotFound as e:
+        # No GPU at all: on a node of one GPU, the one off the bus or not answering. GPUs saved with a UUID (NVML's)
+        # are kept as a GPU not here is among others; one without (devfreq) fails as before.
+        if not all(isinstance(gs.describe.get("uuid"), str) for gs in state.gpus.values()):
+            raise
+        print(f"ftgov restore: {e}", file=sys.stderr)
+        found = []
+    gpus = {g.id: g for g in found}
     uuids = {gid: g.uuid for gid, g in gpus.items()}
     state = renumbered(state, uuids)  # NVML numbers what it finds now
     # A GPU off the bus or being reset: nothing can be written to it now, and its baseline must outlive this run.
@@ -58,9 +71,7 @@ def restore(state_dir: str, root: Root, config) -> int:
             # Not a failure of this command (ExecStopPost would fail every stop while the GPU is away): nothing can
             # be written to a GPU that is not there or does not answer (a reset clears its lock), and its baseline
             # is kept for when it is back.
-            print(f"ftgov restore: GPU {gid} is not here or does not answer now (see above): its baseline stays in "
-                  "the state file, restored once it is back (by this command or ftgovd's next start)",
-                  file=sys.stderr)
+            print(f"ftgov restore: GPU {gid} {KEPT}", file=sys.stderr)
             continue
         if gpu is None:
             print(f"ftgov restore: GPU {gid} from the state file is not present or could not be opened (see above): "
@@ -74,6 +85,16 @@ def restore(state_dir: str, root: Root, config) -> int:
             continue
         try:
             gpu.restore(gs.baseline)
+        except NvmlNotAnswering as e:
+            # It answered the probe but not the restore: kept, as one that does not answer the probe is.
+            print(f"ftgov restore: GPU {gid}: {e}", file=sys.stderr)
+            uuid = gs.describe.get("uuid")
+            if not isinstance(uuid, str):
+                failed += 1
+                continue
+            kept[uuid] = gs
+            print(f"ftgov restore: GPU {gid} {KEPT}", file=sys.stderr)
+            continue
         except FtgovError as e:
             print(f"ftgov restore: GPU {gid}: {e}", file=sys.stderr)
             failed += 1

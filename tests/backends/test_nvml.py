@@ -653,3 +653,22 @@ def test_standing_down_gives_back_the_power_cap_the_pin_set_unless_the_tool_set_
     pin.stand_down()
     assert system.gpus[0].power_limit_mw == (500_000 if tool_sets_power else 700_000)
     assert system.gpus[0].locked_mhz is None and pin.baseline is None and pin.stood_down
+
+
+def test_a_probe_again_fails_a_gpu_whose_call_is_still_stuck_at_once_without_another_thread(nvml, system, tmp_path):
+    """The daemon probes again every probe_retry_s while it has no GPU (a node whose only GPU does not answer). Each
+    probe gave that GPU a worker of its own: one more thread blocked on it for good, and the event loop waiting out
+    its deadline again, at every probe. The GPU's worker is the process's, as NVML's handles are: a probe again
+    fails it at once while its call is stuck."""
+    import threading
+    import time
+
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"gpus": {"0": {"hang_s": {"*": 3}}}}))
+    system.faults_path = str(faults)
+    assert [g.id for g in probe(nvml, call_timeout_s=0.2)] == ["1"]
+    threads = threading.active_count()
+    started = time.monotonic()
+    assert [g.id for g in probe(nvml, call_timeout_s=0.2)] == ["1"]
+    assert time.monotonic() - started < 0.2
+    assert threading.active_count() == threads

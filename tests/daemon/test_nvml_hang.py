@@ -120,6 +120,56 @@ def test_ftgov_restore_gives_up_on_a_gpu_that_does_not_answer_and_says_which(nvm
     assert json.loads((d.state_dir / "state.json").read_text())["gpus"], "the baseline stays for the next start"
 
 
+def _killed_with_a_pin(nvml_daemon, tmp_path, gpus=({}, {}), gpu=1):
+    """A daemon killed (SIGKILL) with GPU ``gpu`` pinned for a live job: the state file holds its baseline. Returns the
+    daemon, its faults file and the environment `ftgov restore` runs in."""
+    faults = tmp_path / "faults.json"
+    d, _calls = nvml_daemon(gpus=gpus, system={"faults_path": str(faults)}, policy="ffg")
+    worker = _worker()
+    try:
+        d.client().call("register", pid=worker.pid, gpu=gpu, **FEATURES)
+        d.stop(signal.SIGKILL)
+    finally:
+        worker.kill()
+    env = {"FAKENVML_CONFIG": str(tmp_path / "fakenvml.json"),
+           "PYTHONPATH": os.pathsep.join([str(FAKE_DIR), str(REPO)])}
+    return d, faults, env
+
+
+def test_ftgov_restore_on_a_node_whose_only_gpu_does_not_answer_keeps_its_baseline_and_does_not_fail_the_stop(
+        nvml_daemon, tmp_path):
+    """A GPU that does not answer is no failure of the stop where another GPU answers; on a node of one GPU (or where
+    none answers) the probe found no GPU at all and `ftgov restore --on-stop` failed (exit 1), failing every stop of
+    the unit while the GPU is away. The baseline stays in the state file either way."""
+    d, faults, env = _killed_with_a_pin(nvml_daemon, tmp_path, gpus=({},), gpu=0)
+    set_faults(faults, {"gpus": {"0": {"hang_s": {"*": FOR_GOOD_S}}}})
+    out = _ftgov("restore", "--on-stop", "--config", str(d.config_path), "--state-dir", str(d.state_dir), env=env)
+    assert out.returncode == 0, out
+    assert "none of the 1 GPUs could be opened" in out.stderr, out.stderr
+    last = out.stderr.splitlines()[-1]
+    assert last.startswith("ftgov restore: GPU 0 ") and "is not here or does not answer now" in last, out.stderr
+    assert "stays in the state file" in last, out.stderr
+    (saved,) = json.loads((d.state_dir / "state.json").read_text())["gpus"].values()
+    assert saved["describe"]["index"] == 0 and saved["pinned_hz"] is not None
+
+
+def test_ftgov_restore_keeps_the_baseline_of_a_gpu_that_stops_answering_at_its_restore_and_does_not_fail(
+        nvml_daemon, tmp_path):
+    """A GPU that answered the probe but not the restore's reset failed the stop (exit 1), where one that did not
+    answer the probe does not: nothing can be written to it now either. Its baseline stays in the state file, the
+    other GPU's is restored and dropped."""
+    d, faults, env = _killed_with_a_pin(nvml_daemon, tmp_path)
+    uuid = json.loads((d.state_dir / "state.json").read_text())["gpus"]["1"]["describe"]["uuid"]
+    set_faults(faults, {"gpus": {"1": {"hang_s": {"nvmlDeviceResetGpuLockedClocks": FOR_GOOD_S}}}})
+    started = time.monotonic()
+    out = _ftgov("restore", "--on-stop", "--config", str(d.config_path), "--state-dir", str(d.state_dir), env=env)
+    assert time.monotonic() - started < FOR_GOOD_S / 4
+    assert out.returncode == 0, out
+    assert "NVML did not answer nvmlDeviceResetGpuLockedClocks" in out.stderr, out.stderr
+    assert "GPU 1 is not here or does not answer now" in out.stderr, out.stderr
+    assert list(json.loads((d.state_dir / "state.json").read_text())["gpus"]) == [uuid]
+
+
 def test_an_nvml_init_that_does_not_return_fails_the_start_naming_it(start_daemon, tmp_path):
     """Before READY=1 a hung nvmlInit held the start until systemd's TimeoutStartSec (180 s) killed it, without a
     word. Start fails after nvml_init_timeout_s, saying what did not answer and what to check."""
