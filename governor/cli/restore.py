@@ -70,8 +70,8 @@ def restore(state_dir: str, root: Root, config) -> int:
         if gpu is None and gs.describe.get("uuid") in kept:
             # Not a failure of this command (ExecStopPost would fail every stop while the GPU is away): nothing can
             # be written to a GPU that is not there or does not answer (a reset clears its lock), and its baseline
-            # is kept for when it is back.
-            print(f"ftgov restore: GPU {gid} {KEPT}", file=sys.stderr)
+            # is kept for when it is back. Named by its UUID: it has no number now.
+            print(f"ftgov restore: GPU {gs.describe['uuid']} {KEPT}", file=sys.stderr)
             continue
         if gpu is None:
             print(f"ftgov restore: GPU {gid} from the state file is not present or could not be opened (see above): "

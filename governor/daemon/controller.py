@@ -132,10 +132,16 @@ class Controller:
         for gpu in gpus:
             pin = self.gpus.setdefault(gpu.id, GpuPin(gpu, self.power_mode, self.saver.save))
             kept = self.saver.absent.pop(gpu.uuid, None) if gpu.uuid else None
-            if kept is not None and state_mod.baseline_problem(kept.baseline, gpu.levels_hz) is None:
-                log.info("GPU %s (%s) is back: restoring the baseline the state file kept for it", gpu.id, gpu.uuid)
-                pin.baseline, pin.pinned_hz, pin.restore_failed = kept.baseline, kept.pinned_hz, True
-                self._apply_quietly(gpu.id)
+            if kept is None:
+                continue
+            if (problem := state_mod.baseline_problem(kept.baseline, gpu.levels_hz)) is not None:
+                # as the start's check says it of a saved GPU whose baseline does not fit (state.checked)
+                log.warning("GPU %s (%s) is back, but the baseline the state file kept for it is not restored: %s",
+                            gpu.id, gpu.uuid, problem)
+                continue
+            log.info("GPU %s (%s) is back: restoring the baseline the state file kept for it", gpu.id, gpu.uuid)
+            pin.baseline, pin.pinned_hz, pin.restore_failed = kept.baseline, kept.pinned_hz, True
+            self._apply_quietly(gpu.id)
         self.missing_why = None
         self._notify()
 
@@ -331,17 +337,20 @@ class Controller:
         job = self.jobs.remove(job_id)
         if job is None:
             return None
-        energy_j = None
+        energy_j, unknown = None, "unknown (no rails or energy counter)"
+        pin = self.gpus.get(job.gpu_id)
+        if job.meter is None and pin is not None and pin.gpu.has_energy_counter:
+            unknown = "unknown (its GPU's energy counter could not be read when it started)"
         if job.meter is not None:
             try:
                 energy_j = job.earlier_energy_j + job.meter.total_j(time.monotonic(), self.energy.total_mw())
             except BackendError as e:
                 log.warning("%s: cannot read energy at its end: %s", job.label(), e)
+                unknown = "unknown (its end could not be read)"
         saving = job.tuner.finish(job) if job.tuner is not None else None
         ended = Ended(job, time.monotonic() - job.started_s, energy_j, why, saving)
         self._apply_quietly(job.gpu_id, removed=True)
-        energy = ("unknown (no rails or energy counter)" if energy_j is None
-                  else f"{energy_j:.1f} J ({self.energy.source()})")
+        energy = unknown if energy_j is None else f"{energy_j:.1f} J ({self.energy.source()})"
         err = None if saving is None else saving.get("saved_pct_err")
         saved = "" if saving is None else (f"; saved {saving['saved_pct']:g}% energy per step vs the "
                                            f"default governor, measured over {saving['measured_steps']} steps"

@@ -506,6 +506,34 @@ def test_a_locked_gpu_found_by_a_later_probe_gets_the_baseline_the_state_file_ke
     assert "GPU 1 (GPU-00000001-5a1e-4e55-9a3d-00000000f001) is back: restoring" in d2.log()
 
 
+def test_a_kept_baseline_that_does_not_fit_the_gpu_found_back_is_said_and_not_written(nvml_daemon, tmp_path):
+    """The same, with the kept baseline outside the GPU's table (it did not come from this GPU): it was dropped
+    without a word, where the start's check of a saved GPU says so."""
+    faults = tmp_path / "faults.json"
+    d, calls = nvml_daemon(gpus=({"util_gpu_pct": 80}, {"util_gpu_pct": 80}), system={"faults_path": str(faults)},
+                           policy="ffg", probe_retry_s=0.05)
+    worker = _worker()
+    try:
+        c = d.client()
+        assert c.call("register", pid=worker.pid, gpu=1, **FEATURES)["freq_hz"] is not None
+        d.stop(signal.SIGKILL)
+    finally:
+        worker.kill()
+        worker.wait()
+    state_path = d.state_dir / "state.json"
+    state = json.loads(state_path.read_text())
+    state["gpus"]["1"]["baseline"]["min_hz"] = 1  # below any level
+    state_path.write_text(json.dumps(state))
+    set_faults(faults, {"system": {"nvmlInitWithFlags": 9}})  # NVML_ERROR_DRIVER_NOT_LOADED
+    d2, _calls = nvml_daemon(restart_of=d)
+    before = len(calls.read_text().split())
+    set_faults(faults, {})
+    d2.wait_status(lambda m: "GPU 1 at baseline" in m)
+    said = [line for line in d2.log().splitlines() if ") is back" in line]
+    assert len(said) == 1 and " WARNING " in said[0] and "is not restored: baseline 1.." in said[0], said
+    assert "nvmlDeviceResetGpuLockedClocks" not in calls.read_text().split()[before:]
+
+
 def test_a_pin_that_sets_no_power_cap_keeps_no_power_limit_to_put_back(nvml_daemon):
     """With no power_cap_w, ftgovd never writes the power limit, but its baseline carried the limit read at the first
     pin, and every restore (the job's end, the next start, `ftgov restore`) set it back where it read otherwise: an
