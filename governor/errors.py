@@ -37,6 +37,11 @@ class CannotCap(PinError):
     trying again will not help: the clock pin stands without the cap (governor.daemon.gpupin)."""
 
 
+class CapOutOfRange(CannotCap):
+    """The power cap is outside the GPU's own range (one power_cap_w for a node of unlike GPUs): nothing was written,
+    and this value will never take there; another (a reloaded config's) may."""
+
+
 class ModelError(FtgovError):
     """A decision-tree export is missing or malformed."""
 

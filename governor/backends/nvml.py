@@ -35,7 +35,7 @@ from governor.backends.nvmlcalls import (
     NvmlNotAnswering,
     NvmlWorker,
 )
-from governor.errors import BackendError, CannotCap, CannotPin, NodeNotFound, PinError
+from governor.errors import BackendError, CannotCap, CannotPin, CapOutOfRange, NodeNotFound, PinError
 
 log = logging.getLogger(__name__)
 
@@ -357,7 +357,8 @@ class NvmlGpu(GpuBase):
                 raise
             raise converted(nvml, what, cause, CannotCap, not_supported=POWER_LIMIT_NOT_SUPPORTED) from cause
         if not low <= power_mw <= high:
-            raise PinError(f"GPU {self.id}: power cap {power_mw} mW is outside what it allows ({low}..{high} mW)")
+            raise CapOutOfRange(f"GPU {self.id}: power cap {power_mw} mW is outside what it allows "
+                                f"({low}..{high} mW)")
         try:
             nvml.nvmlDeviceSetPowerManagementLimit(self._handle, power_mw)
         except nvml.NVMLError as e:

@@ -15,7 +15,7 @@ from dataclasses import replace
 from governor.backends.base import POWER_LIMIT_KEY, Gpu, Limits
 from governor.daemon import logs
 from governor.daemon.powermode import PowerModeCap
-from governor.errors import BackendError, CannotCap, CannotPin, FtgovError
+from governor.errors import BackendError, CannotCap, CannotPin, CapOutOfRange, FtgovError
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
@@ -51,6 +51,7 @@ class GpuPin:
         # Why the GPU refused the power cap as it refuses every power limit (CannotCap): its pins go on without one,
         # and no cap is tried again while the daemon runs.
         self.cannot_cap: str | None = None
+        self.cap_out_of_range_mw: int | None = None  # the cap refused as outside the GPU's range (CapOutOfRange)
 
     def set(self, target_hz: int | None, power_cap_mw: int | None) -> bool:
         """Pin target_hz (under the power mode's cap), or restore the baseline for None; with the first pin,
@@ -93,7 +94,7 @@ class GpuPin:
         if first and power_cap_mw is not None and self._caps(power_cap_mw):
             try:
                 self.gpu.set_power_cap_mw(power_cap_mw)
-                self.capped_mw = power_cap_mw
+                self.capped_mw, self.cannot_cap, self.cap_out_of_range_mw = power_cap_mw, None, None
             except CannotCap as e:  # the clock pin stands: the cap is what the GPU refuses, not the pin
                 self._cap_refused(e, power_cap_mw)
         self.restore_failed, self.write_error = False, None
@@ -117,8 +118,13 @@ class GpuPin:
             self.save_state()
 
     def _caps(self, power_cap_mw: int | None) -> bool:
-        """Whether a first pin sets the power cap: one is configured, and the GPU has not refused every limit."""
-        return power_cap_mw is not None and self.gpu.has_power_cap and self.cannot_cap is None
+        """Whether a first pin sets the power cap: one is configured, and the GPU has not refused every limit, nor
+        this one as outside its range (a reloaded config's other cap is tried)."""
+        if power_cap_mw is None or not self.gpu.has_power_cap:
+            return False
+        if self.cap_out_of_range_mw is not None:
+            return power_cap_mw != self.cap_out_of_range_mw
+        return self.cannot_cap is None
 
     def _cap_refused(self, e: CannotCap, power_cap_mw: int) -> None:
         """The GPU refused the power cap as it refuses every limit: nothing was written, so the baseline has no power
@@ -127,6 +133,7 @@ class GpuPin:
                     "ftgovd will not try again while it runs (`ftgov status` shows it); if it should be capped, fix "
                     "the cause and restart ftgovd, else remove power_cap_w", self.gpu.id, e, f"{power_cap_mw / 1000:g}")
         self.cannot_cap = str(e)
+        self.cap_out_of_range_mw = power_cap_mw if isinstance(e, CapOutOfRange) else None
         if self.baseline is not None:
             self.baseline = without_power_limit(self.baseline)
             self.save_state()

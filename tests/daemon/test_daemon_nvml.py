@@ -582,3 +582,26 @@ def test_a_power_cap_the_gpu_refuses_leaves_the_clock_pin_and_is_not_tried_again
     told = [line for line in d.log().splitlines() if "power limit cannot be set" in line]
     assert len(told) == 1 and " WARNING " in told[0], told
     assert "could not apply" not in d.log() and "restore failed" not in d.log()
+
+
+def test_a_power_cap_outside_a_gpus_range_leaves_its_clock_pin_and_is_said_once(nvml_daemon):
+    """One power_cap_w for a node of unlike GPUs: a cap outside one GPU's range failed every register there (the
+    job dropped, after its lock had been written). The clock pin applies without the cap there, said once, while
+    the GPU whose range holds the cap is capped; nothing is left pinned or limited."""
+    d, calls = nvml_daemon(gpus=({"util_gpu_pct": 80}, {"util_gpu_pct": 80, "power_limit_range_mw": [100000, 350000]}),
+                           power_cap_w=500)
+    c = d.client()
+    jobs = [c.call("register", tune=True, gpu=gpu, **FEATURES) for gpu in (0, 1, 1)]
+    assert all(j["freq_hz"] is not None for j in jobs), jobs
+    gpus = c.call("status")["gpus"]
+    assert gpus[1]["pinned_hz"] == jobs[1]["freq_hz"] and gpus[1]["write_error"] is None, gpus[1]
+    assert "outside" in gpus[1]["cannot_cap"] and gpus[0]["cannot_cap"] is None, gpus
+    for job in jobs:
+        c.call("unregister", job_id=job["job_id"])
+    again = c.call("register", tune=True, gpu=1, **FEATURES)  # a later first pin: not tried again
+    c.call("unregister", job_id=again["job_id"])
+    made = calls.read_text().split()
+    assert made.count("nvmlDeviceSetPowerManagementLimit") == 2, made  # GPU 0's cap and its restore, none on GPU 1
+    assert all(g["pinned_hz"] is None and g["write_error"] is None for g in c.call("status")["gpus"])
+    told = [line for line in d.log().splitlines() if "power limit cannot be set" in line]
+    assert len(told) == 1 and "GPU 1" in told[0] and "100000..350000 mW" in told[0], told

@@ -69,3 +69,32 @@ def test_a_failed_restore_is_marked_for_retry_and_saved():
     assert pin.restore_failed and pin.baseline == BASELINE and events[-1] == ("save", BASELINE, LEVELS[2])
     gpu.fail_pins = 0
     assert pin.set(None, None) and gpu.limits == BASELINE and not pin.restore_failed
+
+
+def test_a_cap_outside_the_gpus_range_is_not_tried_again_but_a_reloaded_cap_is():
+    """CapOutOfRange marks that value alone: the same cap is not tried at the next first pin, another one (a config
+    reloaded with a cap the GPU allows) is, and takes; a GPU that refuses every limit (CannotCap) is not asked again."""
+    from governor.errors import CannotCap, CapOutOfRange
+
+    class Capped(FakeGpu):
+        has_power_cap = True
+
+        def __init__(self, refuse):
+            super().__init__()
+            self.refuse, self.asked = refuse, []
+
+        def set_power_cap_mw(self, power_mw: int) -> None:
+            self.asked.append(power_mw)
+            if (error := self.refuse(power_mw)) is not None:
+                raise error
+
+    gpu = Capped(lambda mw: CapOutOfRange(f"{mw} outside") if mw > 350_000 else None)
+    pin = pin_of(gpu, [])
+    for cap_mw in (500_000, 500_000, 300_000):
+        assert pin.set(LEVELS[2], cap_mw) and pin.set(None, None)
+    assert gpu.asked == [500_000, 300_000] and pin.cannot_cap is None
+    never = Capped(lambda mw: CannotCap("not supported"))
+    pin = pin_of(never, [])
+    for cap_mw in (500_000, 300_000):
+        assert pin.set(LEVELS[2], cap_mw) and pin.set(None, None)
+    assert never.asked == [500_000] and pin.cannot_cap == "not supported"
