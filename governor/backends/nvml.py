@@ -85,7 +85,9 @@ def _error_name(nvml: Any, code: int | None) -> str:
 
 def _advice(nvml: Any, code: int | None, not_supported: str) -> str:
     if code == getattr(nvml, "NVML_ERROR_NO_PERMISSION", None):
-        return "changing clocks or power limits needs root: run ftgovd as root, or use the observe policy"
+        # No "use the observe policy": a GPU whose every lock is refused already runs its jobs as observe (CannotPin).
+        return ("changing clocks or power limits needs root (CAP_SYS_ADMIN), and some containers and virtual GPUs "
+                "refuse it even to root: run ftgovd as root")
     if code == getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", None):
         return not_supported
     if code in (getattr(nvml, "NVML_ERROR_GPU_IS_LOST", None), getattr(nvml, "NVML_ERROR_RESET_REQUIRED", None)):

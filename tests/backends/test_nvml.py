@@ -174,6 +174,8 @@ def test_without_root_pin_and_restore_say_root_is_needed(nvml, system):
         gpu.pin(gpu.levels_hz[0])
     assert isinstance(pinned.value.__cause__, nvml.NVMLError_NoPermission)
     assert "NVML_ERROR_NO_PERMISSION" in str(pinned.value)
+    # ftgovd itself runs such a GPU's jobs as observe: advice to "use the observe policy" read as the user's to do
+    assert "observe" not in str(pinned.value) and "virtual GPUs" in str(pinned.value)
     with pytest.raises(BackendError, match="needs root"):
         gpu.restore(gpu.snapshot())
     with pytest.raises(PinError, match="needs root"):
