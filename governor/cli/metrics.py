@@ -81,8 +81,8 @@ def families(status: dict | None, estimate=None, *, job_names: bool = False) -> 
     flags = {
         "cannot_pin": Family(f"{PREFIX}_gpu_cannot_pin", "1 when the GPU refused a clock lock as it refuses every "
                              "lock: its jobs run as observe (measured, never pinned) until ftgovd restarts"),
-        "cannot_cap": Family(f"{PREFIX}_gpu_cannot_cap", "1 when the GPU refused power_cap_w as it refuses every "
-                             "power limit: its pins go on uncapped until ftgovd restarts"),
+        "cannot_cap": Family(f"{PREFIX}_gpu_cannot_cap", "1 when the GPU refused power_cap_w (it refuses every "
+                             "power limit, or the cap is outside its range): its pins go on uncapped"),
     }
     # The energy model behind the estimate is the Orin's: on an NVML GPU it would read the Orin curve at that GPU's
     # clocks (an H100's 1980 MHz is far past the Orin's top, a -142% 'saving').

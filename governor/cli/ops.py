@@ -76,9 +76,9 @@ def format_status(status: dict) -> str:
         if gpu.get("cannot_pin"):  # refused a lock as it refuses every lock: its jobs observe
             lines.append(f"  GPU {gpu.get('id')}: cannot be pinned, so its jobs run as observe (measured, never "
                          f"pinned) until ftgovd restarts: {gpu['cannot_pin']}")
-        if gpu.get("cannot_cap"):  # refused the power cap as it refuses every limit: its pins go on without it
-            lines.append(f"  GPU {gpu.get('id')}: its power limit cannot be set, so power_cap_w is not applied (its "
-                         f"clocks are pinned) until ftgovd restarts: {gpu['cannot_cap']}")
+        if gpu.get("cannot_cap"):  # refused every power limit, or this cap as outside its range: pinned without it
+            lines.append(f"  GPU {gpu.get('id')}: power_cap_w is not applied (its clocks are pinned without it): "
+                         f"{gpu['cannot_cap']}")
         if gpu.get("write_error"):  # a restore (or pin) that failed: the daemon retries it on every tick
             lines.append(f"  GPU {gpu.get('id')}: its last write failed and is being retried: {gpu['write_error']}")
     if status.get("gpu_missing"):

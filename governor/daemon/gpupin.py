@@ -129,9 +129,15 @@ class GpuPin:
     def _cap_refused(self, e: CannotCap, power_cap_mw: int) -> None:
         """The GPU refused the power cap as it refuses every limit: nothing was written, so the baseline has no power
         limit to put back (a restore would be refused alike, and retried on every tick); said once, remembered."""
-        log.warning("GPU %s: its power limit cannot be set: %s. Its pins go on without power_cap_w (%s W), and "
-                    "ftgovd will not try again while it runs (`ftgov status` shows it); if it should be capped, fix "
-                    "the cause and restart ftgovd, else remove power_cap_w", self.gpu.id, e, f"{power_cap_mw / 1000:g}")
+        if isinstance(e, CapOutOfRange):  # this value only: a reloaded config's other cap is tried (``_caps``)
+            log.warning("GPU %s: power_cap_w (%s W) is not applied: %s. Its pins go on without it, and this cap is not "
+                        "tried there again (`ftgov status` shows it); a reload with a power_cap_w within its range "
+                        "tries that one", self.gpu.id, f"{power_cap_mw / 1000:g}", e)
+        else:
+            log.warning("GPU %s: its power limit cannot be set: %s. Its pins go on without power_cap_w (%s W), and "
+                        "ftgovd will not try again while it runs (`ftgov status` shows it); if it should be capped, "
+                        "fix the cause and restart ftgovd, else remove power_cap_w", self.gpu.id, e,
+                        f"{power_cap_mw / 1000:g}")
         self.cannot_cap = str(e)
         self.cap_out_of_range_mw = power_cap_mw if isinstance(e, CapOutOfRange) else None
         if self.baseline is not None:

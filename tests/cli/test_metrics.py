@@ -270,3 +270,8 @@ def test_a_gpu_that_cannot_be_pinned_or_capped_says_so_in_a_gauge(start_daemon, 
             gpu: float(gpu == flagged) for gpu in ("0", "1", "2")}, name
     older = {f.name: f.samples for f in families({"jobs": [], "gpus": [{"id": "0", "backend": "nvml"}]})}
     assert older["ftgov_gpu_cannot_pin"] == [] and older["ftgov_gpu_cannot_cap"] == []  # no key: not known, no 0
+    # a cap outside the GPU's range is flagged too, and is tried again with a reloaded cap: not "until ftgovd restarts"
+    out_of_range = {"id": "1", "cannot_cap": "GPU 1: power cap 500000 mW is outside what it allows (100000..350000 mW)"}
+    (cap,) = [f for f in families({"jobs": [], "gpus": [out_of_range]}) if f.name == "ftgov_gpu_cannot_cap"]
+    assert cap.samples == [({"gpu": "1"}, 1.0)]
+    assert "outside its range" in cap.help and "restarts" not in cap.help, cap.help

@@ -567,7 +567,7 @@ def test_a_power_cap_the_gpu_refuses_leaves_the_clock_pin_and_is_not_tried_again
     (gpu,) = status["gpus"]
     assert gpu["pinned_hz"] == first["freq_hz"] and gpu["write_error"] is None and gpu["cannot_pin"] is None, gpu
     assert ("NOT_SUPPORTED" if code == 3 else "NO_PERMISSION") in gpu["cannot_cap"], gpu
-    assert "GPU 0: its power limit cannot be set, so power_cap_w is not applied" in format_status(status)
+    assert "GPU 0: power_cap_w is not applied (its clocks are pinned without it): " in format_status(status)
     (saved,) = json.loads((d.state_dir / "state.json").read_text())["gpus"].values()
     assert "power_limit_mw" not in saved["baseline"]["extra"], saved  # nothing for a restore after a crash to set
     c.call("unregister", job_id=first["job_id"])
@@ -588,14 +588,20 @@ def test_a_power_cap_outside_a_gpus_range_leaves_its_clock_pin_and_is_said_once(
     """One power_cap_w for a node of unlike GPUs: a cap outside one GPU's range failed every register there (the
     job dropped, after its lock had been written). The clock pin applies without the cap there, said once, while
     the GPU whose range holds the cap is capped; nothing is left pinned or limited."""
+    from governor.cli.ops import format_status
+
     d, calls = nvml_daemon(gpus=({"util_gpu_pct": 80}, {"util_gpu_pct": 80, "power_limit_range_mw": [100000, 350000]}),
                            power_cap_w=500)
     c = d.client()
     jobs = [c.call("register", tune=True, gpu=gpu, **FEATURES) for gpu in (0, 1, 1)]
     assert all(j["freq_hz"] is not None for j in jobs), jobs
-    gpus = c.call("status")["gpus"]
+    status = c.call("status")
+    gpus = status["gpus"]
     assert gpus[1]["pinned_hz"] == jobs[1]["freq_hz"] and gpus[1]["write_error"] is None, gpus[1]
     assert "outside" in gpus[1]["cannot_cap"] and gpus[0]["cannot_cap"] is None, gpus
+    # its power limit can be set (to a value in its range), and a reload with another cap tries it: not "until restart"
+    (said,) = [line for line in format_status(status).splitlines() if "power_cap_w" in line]
+    assert said.startswith("  GPU 1: power_cap_w is not applied") and "restart" not in said, said
     for job in jobs:
         c.call("unregister", job_id=job["job_id"])
     again = c.call("register", tune=True, gpu=1, **FEATURES)  # a later first pin: not tried again
@@ -603,5 +609,7 @@ def test_a_power_cap_outside_a_gpus_range_leaves_its_clock_pin_and_is_said_once(
     made = calls.read_text().split()
     assert made.count("nvmlDeviceSetPowerManagementLimit") == 2, made  # GPU 0's cap and its restore, none on GPU 1
     assert all(g["pinned_hz"] is None and g["write_error"] is None for g in c.call("status")["gpus"])
-    told = [line for line in d.log().splitlines() if "power limit cannot be set" in line]
+    told = [line for line in d.log().splitlines() if "power_cap_w (500 W) is not applied" in line]
     assert len(told) == 1 and "GPU 1" in told[0] and "100000..350000 mW" in told[0], told
+    assert "a reload with a power_cap_w within its range tries that one" in told[0], told
+    assert "power limit cannot be set" not in d.log() and "will not try again while it runs" not in d.log()
