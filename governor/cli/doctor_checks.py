@@ -447,10 +447,18 @@ def check_state(ctx: Context) -> list[Check]:
     if state is None or not state.gpus:
         what = "no state file" if not state_file.path.exists() else "no pin recorded for this boot"
         return [Check("state", OK, f"{state_file.path}: {what}")]
-    pins = ", ".join(f"GPU {gid} pinned at {mhz(g.pinned_hz, none='?')}, baseline {mhz(g.baseline.min_hz, none='?')}.."
+    # A GPU kept under its UUID was not there (or did not answer) when its baseline was due back: ftgovd and
+    # `ftgov restore` keep it so, for the start or restore that finds it back (governor.store.state.absent).
+    away = {gid for gid, g in state.gpus.items() if gid == g.describe.get("uuid")}
+    pins = ", ".join(f"GPU {gid}{' (away when last restored)' if gid in away else ''} pinned at "
+                     f"{mhz(g.pinned_hz, none='?')}, baseline {mhz(g.baseline.min_hz, none='?')}.."
                      f"{mhz(g.baseline.max_hz, none='?')}" for gid, g in state.gpus.items())
     if ctx.status is not None:
         return [Check("state", OK, f"{state_file.path}: {pins} (the running ftgovd's)")]
+    if away == set(state.gpus):  # a clean stop leaves these too: no crash, and nothing to restore until it is back
+        return [Check("state", FAIL, f"{state_file.path}: {pins}, kept while the GPU is off the bus, being reset or "
+                                     "not answering: a lock of ftgovd's may stand on it once it is back",
+                      "once nvidia-smi lists the GPU again: sudo ftgov restore (or start ftgovd)")]
     return [Check("state", FAIL, f"{state_file.path}: {pins}, but ftgovd does not run: a crashed daemon left the pin",
                   "sudo ftgov restore (systemd's ExecStopPost does this after a crash)")]
 
