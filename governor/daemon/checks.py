@@ -115,7 +115,8 @@ def pin_check(pin: GpuPin) -> dict:
         result["detail"] = f"pinned at the current {mhz(level)} and restored"
     except CannotPin as e:  # nothing was written: there is nothing to restore (the baseline goes unwritten)
         pin.refused(e, first=True)
-        result.update(ok=False, wrote=False, detail=f"pin at {mhz(level)} refused: {e}")
+        result.update(ok=False, wrote=False, detail=f"pin at {mhz(level)} refused as every pin would be, so its jobs "
+                      f"run as observe (measured, never pinned) until ftgovd restarts: {e}")
     except FtgovError as e:
         result.update(ok=False, detail=f"pin at {mhz(level)} failed: {e}")
     try:

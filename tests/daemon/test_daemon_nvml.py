@@ -85,6 +85,7 @@ def test_without_permission_to_lock_clocks_a_job_runs_as_observe_and_nothing_is_
     c = d.client()
     (check,) = c.call("pin_check")["gpus"]
     assert not check["ok"] and not check["wrote"] and "NO_PERMISSION" in check["detail"], check
+    assert "so its jobs run as observe" in check["detail"], check  # doctor's reader learns what the refusal did
     res = c.call("register", tune=True, **FEATURES)
     assert res["policy"] == "observe" and res["freq_hz"] is None and "NO_PERMISSION" in res["gpu_cannot_pin"], res
     (gpu,) = c.call("status")["gpus"]
