@@ -430,7 +430,8 @@ def import_pynvml() -> Any:
 
 # NVML's process-wide calls (init, device count) on one thread for the process, as NVML's own state is one per process:
 # a probe again while an init is still stuck fails at once instead of leaving another thread blocked behind it.
-_PROCESS_WORKER = NvmlWorker("NVML (process-wide: init, device count)")
+_PROCESS_WORKER = NvmlWorker("NVML (process-wide: init, device count)",
+                             cause="a GPU may have fallen off the bus (Xid 79) or the driver hung")
 # Each GPU's worker, by NVML module and index, for the process's life as NVML's handles are: a probe again (the
 # daemon's, while it has no GPU) fails a GPU whose call is still stuck at once, instead of leaving one more thread
 # blocked on it and the event loop waiting out its deadline again at every probe.
@@ -452,7 +453,7 @@ def probe(nvml_module: Any = None, *, read_only: bool = False, level_count: int 
 
     ``read_only`` wraps NVML so that no function that changes a GPU can be called (observe mode). A GPU that cannot
     be opened (lost, hidden by the container, not answering within ``call_timeout_s``) is skipped with a warning; the
-    others are still governed. An nvmlInit that does not return within ``init_timeout_s`` is a BackendError.
+    others are still governed. An nvmlInit that does not return within ``init_timeout_s`` is NvmlNotAnswering.
     """
     nvml = nvml_module if nvml_module is not None else import_pynvml()
     if read_only:
@@ -460,9 +461,10 @@ def probe(nvml_module: Any = None, *, read_only: bool = False, level_count: int 
     process = BoundedNvml(nvml, _PROCESS_WORKER)
     try:
         _PROCESS_WORKER.call("nvmlInit", nvml.nvmlInit, timeout_s=init_timeout_s)
-    except NvmlNotAnswering as e:
-        raise BackendError(f"NVML backend: {e}. With persistence mode off, each init brings every GPU up, which can "
-                           "take seconds: run nvidia-persistenced, or raise nvml_init_timeout_s in the config") from e
+    except NvmlNotAnswering as e:  # not answering still: `ftgov restore` keeps the baselines, as for a GPU away
+        raise NvmlNotAnswering(f"NVML backend: {e}. With persistence mode off, each init brings every GPU up, which "
+                               "can take seconds: run nvidia-persistenced, or raise nvml_init_timeout_s in the "
+                               "config") from e
     except nvml.NVMLError as e:
         code = getattr(e, "value", None)
         if code in (nvml.NVML_ERROR_LIBRARY_NOT_FOUND, nvml.NVML_ERROR_DRIVER_NOT_LOADED):

@@ -63,8 +63,10 @@ class NvmlWorker:
     the first call and lives as long as the process (a daemon thread, never joined).
     """
 
-    def __init__(self, who: str, timeout_s: float = CALL_TIMEOUT_S):
+    def __init__(self, who: str, timeout_s: float = CALL_TIMEOUT_S,
+                 cause: str = "the GPU may have fallen off the bus (Xid 79) or its driver hung"):
         self.who = who
+        self.cause = cause  # the likely cause, in an error's words
         self.timeout_s = timeout_s
         self._calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -93,9 +95,8 @@ class NvmlWorker:
                 if not call.returned:
                     self._stuck = call
                     self._stuck_error = (
-                        f"{self.who}: NVML did not answer {name} within {deadline_s:g} s; the GPU may have fallen "
-                        "off the bus (Xid 79) or its driver hung: look for an Xid in `dmesg` and check `nvidia-smi`. "
-                        "Its calls fail at once until that one returns")
+                        f"{self.who}: NVML did not answer {name} within {deadline_s:g} s; {self.cause}: look for "
+                        "an Xid in `dmesg` and check `nvidia-smi`. Its calls fail at once until that one returns")
                     log.warning("%s is not answering: %s has not returned after %g s (its other calls fail at once "
                                 "until it does; look for an Xid in `dmesg`, check `nvidia-smi`)", self.who, name,
                                 deadline_s)

@@ -52,9 +52,10 @@ def restore(state_dir: str, root: Root, config) -> int:
         return 0
     try:
         found = probe_gpus(config.backend, root, read_only=False, nvml_init_timeout_s=config.nvml_init_timeout_s)
-    except NodeNotFound as e:
-        # No GPU at all: on a node of one GPU, the one off the bus or not answering. GPUs saved with a UUID (NVML's)
-        # are kept as a GPU not here is among others; one without (devfreq) fails as before.
+    except (NodeNotFound, NvmlNotAnswering) as e:
+        # No GPU at all: on a node of one GPU, the one off the bus or not answering; or NVML's init did not return (a
+        # wedged driver). GPUs saved with a UUID (NVML's) are kept as a GPU not here is among others; one without
+        # (devfreq) fails as before.
         if not all(isinstance(gs.describe.get("uuid"), str) for gs in state.gpus.values()):
             raise
         print(f"ftgov restore: {e}", file=sys.stderr)

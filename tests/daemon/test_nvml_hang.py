@@ -159,6 +159,22 @@ def test_ftgov_restore_on_a_node_whose_only_gpu_does_not_answer_keeps_its_baseli
     assert saved["describe"]["index"] == 0 and saved["pinned_hz"] is not None
 
 
+def test_ftgov_restore_under_an_nvml_init_that_does_not_return_keeps_the_baselines_and_does_not_fail_the_stop(
+        nvml_daemon, tmp_path):
+    """A hung nvmlInit (a wedged driver) failed the stop (exit 1) where a GPU that does not answer does not: nothing
+    can be written to any GPU then either. Said, the baselines kept, exit 0."""
+    d, faults, env = _killed_with_a_pin(nvml_daemon, tmp_path, gpus=({},), gpu=0)
+    config = tmp_path / "restore.yaml"
+    config.write_text(d.config_path.read_text() + "\nnvml_init_timeout_s: 0.5\n")
+    set_faults(faults, {"system": {"hang_s": {"nvmlInitWithFlags": FOR_GOOD_S}}})
+    out = _ftgov("restore", "--on-stop", "--config", str(config), "--state-dir", str(d.state_dir), env=env)
+    assert out.returncode == 0, out
+    assert "NVML did not answer nvmlInit within 0.5 s" in out.stderr and "the driver hung" in out.stderr, out.stderr
+    assert "stays in the state file" in out.stderr.splitlines()[-1], out.stderr
+    (saved,) = json.loads((d.state_dir / "state.json").read_text())["gpus"].values()
+    assert saved["pinned_hz"] is not None
+
+
 def test_ftgov_restore_keeps_the_baseline_of_a_gpu_that_stops_answering_at_its_restore_and_does_not_fail(
         nvml_daemon, tmp_path):
     """A GPU that answered the probe but not the restore's reset failed the stop (exit 1), where one that did not
