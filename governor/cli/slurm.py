@@ -372,6 +372,10 @@ def write_admin_comment(job_id: int, entry: str, timeout_s: float, record: str |
             done = _run(_modify_admin_comment(target, value), timeout_s)
     if done is None:
         warn(f"job {job_id}: could not write AdminComment")
+    elif done.returncode != 0 and "didn't give me anything to set" in done.stderr + done.stdout:
+        # Slurm 21.08's `sacctmgr modify job` sets Comment, DerivedExitCode and WCKey alone (tests/slurm on jammy).
+        warn(f"job {job_id}: AdminComment not written: this Slurm's sacctmgr cannot set it in a finished job's "
+             "record (Slurm before 22.05); admin_comment: false in slurm.yaml stops the epilog trying")
     elif done.returncode != 0:
         warn(f"job {job_id}: writing AdminComment failed: {(done.stderr or done.stdout).strip() or done.returncode}")
 

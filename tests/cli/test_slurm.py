@@ -443,6 +443,24 @@ def test_a_finished_array_tasks_accounting_record_is_named_alone(tmp_path, monke
         assert "AdminComment" not in capsys.readouterr().err
 
 
+def test_a_slurm_whose_sacctmgr_cannot_set_admincomment_is_named_in_the_warning(tmp_path, monkeypatch, capsys):
+    """Slurm 21.08's `sacctmgr modify job` sets Comment, DerivedExitCode and WCKey alone (tests/slurm on Ubuntu
+    jammy): every epilog's write of a finished job's AdminComment fails, and the warning passed on sacctmgr's "You
+    didn't give me anything to set", which says neither why nor what to do."""
+    bin_dir = _finished_slurm(tmp_path, "JobId=20 JobName=a WorkDir=/home/u StdErr=/o")
+    (bin_dir / "sacctmgr").write_text(f"""#!/bin/sh
+printf 'sacctmgr %s\\n' "$*" >> {tmp_path / "calls.log"}
+echo " Unknown option: $7"; echo " Use keyword 'where' to modify condition"
+echo " You didn't give me anything to set" >&2; exit 1
+""")
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    write_admin_comment(20, "ftgov@vm:energy_j=45.0,policy=ffg,gpus=0", 5.0)
+    assert (tmp_path / "calls.log").read_text().count("sacctmgr") == 1
+    err = capsys.readouterr().err
+    assert "job 20: AdminComment not written" in err and "Slurm before 22.05" in err, err
+    assert "admin_comment: false" in err, err
+
+
 def test_slurms_padding_after_a_field_is_not_read_into_it(tmp_path, monkeypatch):
     """Slurm 22.05's `scontrol show job -o` follows AdminComment= and Comment= with two spaces; the field ran to the
     next Key= and kept one, so another node's entry was written back as "ftgov@node2:... ;ftgov@node1:...", a space

@@ -7,8 +7,9 @@
 #
 # Usage: tests/slurm/run.sh [--smoke]      (as root; --smoke stops after booting the container)
 # Environment: FTGOV_CI_CACHE and FTGOV_CI_KEEP as for tests/systemd/run.sh (the root file system tarball is cached
-# under its own key: its package list differs). FTGOV_SLURM_SUITE: the container's Debian, bookworm (the default, what
-# CI runs: Slurm 22.05, Python 3.11) or trixie (Slurm 24.11, Python 3.13).
+# under its own key: its package list differs). FTGOV_SLURM_SUITE: the container's release, Debian's bookworm (the
+# default, what CI runs: Slurm 22.05, Python 3.11) or trixie (Slurm 24.11, Python 3.13), or Ubuntu's noble (Slurm
+# 23.11, Python 3.12) or jammy (Slurm 21.08, Python 3.10).
 #
 # The host is left as found, as the systemd suite leaves it: purged host packages, no tmpfs, no cgroups, no lock file.
 set -euo pipefail
@@ -27,6 +28,25 @@ HOST_PACKAGES=(systemd-container mmdebstrap libsystemd-dev pkg-config gcc python
 ROOTFS_PACKAGES=(systemd systemd-sysv dbus python3 python3-venv make procps iproute2
                  munge slurmctld slurmd slurm-client slurmdbd mariadb-server)
 SLURMDBD_LIB=/opt/ftgov-ci/slurmdbd-lib  # (trixie) the library slurmdbd runs with, in the container
+UBUNTU_MIRROR=http://archive.ubuntu.com/ubuntu
+
+# Ubuntu's archive key, for mmdebstrap: bookworm has no ubuntu-keyring, trixie has (signed by trixie's key, which the
+# host's debian-archive-keyring has). apt-get downloads it from trixie with a source list, lists and a cache of its own
+# in the run's directory, leaving the host's apt as found.
+ubuntu_keyring() {
+    local dir=$WORK/apt-trixie keyring=$WORK/ubuntu-archive-keyring.gpg
+    mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" \
+        >"$dir/sources.list"
+    local apt=(apt-get -q -o "Dir::Etc::SourceList=$dir/sources.list" -o Dir::Etc::SourceParts=/nonexistent
+               -o "Dir::State::Lists=$dir/lists" -o "Dir::Cache=$dir/cache" -o APT::Sandbox::User=root)
+    { "${apt[@]}" update && (cd "$dir" && "${apt[@]}" download ubuntu-keyring); } >/dev/null \
+        || die "apt-get download ubuntu-keyring (trixie's, for Ubuntu's archive key) failed"
+    dpkg-deb --fsys-tarfile "$dir"/ubuntu-keyring_*.deb \
+        | tar -x -O ./usr/share/keyrings/ubuntu-archive-keyring.gpg >"$keyring"
+    rm -rf "$dir"
+    MMDEBSTRAP_OPTS+=(--keyring="$keyring")
+}
 case $SUITE in
     bookworm) ;;
     # Its Python is not the host's: the dependencies' wheels come from the package index for 3.13, and the container
@@ -53,7 +73,23 @@ case $SUITE in
             rm -rf "$deb"
         }
         ;;
-    *) echo "FTGOV_SLURM_SUITE=$SUITE: use bookworm or trixie" >&2; exit 2 ;;
+    # Ubuntu's Slurm, from Ubuntu's archive (main and universe, with the -updates and -security pockets a cluster
+    # has), signed by a key that ubuntu_keyring fetches. Python as for trixie: not the host's.
+    noble | jammy)
+        case $SUITE in noble) TARGET_PYTHON=3.12 ;; jammy) TARGET_PYTHON=3.10 ;; esac
+        ROOTFS_PACKAGES+=(gcc python3-dev libsystemd-dev pkg-config)
+        MMDEBSTRAP_MIRRORS=("deb $UBUNTU_MIRROR $SUITE main universe"
+                            "deb $UBUNTU_MIRROR $SUITE-updates main universe"
+                            "deb $UBUNTU_MIRROR $SUITE-security main universe")
+        prepare_mmdebstrap() { ubuntu_keyring; }
+        # noble's slurmd.service has its ConditionPathExists=/etc/slurm/slurm.conf commented out (jammy's has it, as
+        # bookworm's): enabled, with no slurm.conf yet, slurmd fails during the boot and the container comes up
+        # degraded. As on trixie, checks.py starts it once slurm.conf is written.
+        if [[ $SUITE == noble ]]; then
+            customize_rootfs() { rm -f "$ROOTFS/etc/systemd/system/multi-user.target.wants/slurmd.service"; }
+        fi
+        ;;
+    *) echo "FTGOV_SLURM_SUITE=$SUITE: use bookworm, trixie, noble or jammy" >&2; exit 2 ;;
 esac
 BOOT_TIMEOUT_S=90
 CHECKS_TIMEOUT_S=300

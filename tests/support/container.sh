@@ -1,17 +1,22 @@
-# The container machinery shared by the suites that boot a Debian container (bookworm; the Slurm suite's, trixie too)
-# with systemd-nspawn (tests/systemd/run.sh, tests/slurm/run.sh): host packages installed for the run and purged at its
-# end, one run at a time, the checkout copied as git sees it, dependency wheels and the root file system cached, a
-# per-run cgroup, boot, nsenter, and a teardown that leaves the host as found. Sourced, not run. The suite sets, before
+# The container machinery shared by the suites that boot a Debian container (bookworm; the Slurm suite's, trixie or
+# Ubuntu's noble or jammy too) with systemd-nspawn (tests/systemd/run.sh, tests/slurm/run.sh): host packages
+# installed for the run and purged at its end, one run at a time, the checkout copied as git sees it, dependency wheels
+# and the root file system cached, a per-run cgroup, boot, nsenter, and a teardown that leaves the host as found. Sourced, not run. The suite sets, before
 # sourcing:
 #   REPO, CACHE (may be empty), SUITE, HOST_PYTHON, HOST_PACKAGES, ROOTFS_PACKAGES, BOOT_TIMEOUT_S, LOG_TAG, MACHINE,
 #   and optionally TMPFS_SIZE (default 3g), NSPAWN_EXTRA (an array of more systemd-nspawn options) and TARGET_PYTHON
-#   (the container's Python as X.Y, where it is not HOST_PYTHON's version: build_wheels says what changes); it may
-#   define customize_rootfs, run on the extracted root file system ($ROOTFS) before the container boots.
+#   (the container's Python as X.Y, where it is not HOST_PYTHON's version: build_wheels says what changes),
+#   MMDEBSTRAP_MIRRORS (mmdebstrap's MIRROR arguments, sources.list lines; default: Debian's mirror for SUITE) and
+#   MMDEBSTRAP_OPTS (more mmdebstrap options); it may define customize_rootfs, run on the extracted root file system
+#   ($ROOTFS) before the container boots, and prepare_mmdebstrap, run before a root file system is built (only then:
+#   a cached one needs nothing), which may add to MMDEBSTRAP_OPTS.
 # and calls `trap teardown EXIT` first thing in its main.
 # shellcheck shell=bash
 
 RUN_LOCK=/run/lock/ftgov-ci.lock
 NSPAWN_EXTRA=(${NSPAWN_EXTRA[@]+"${NSPAWN_EXTRA[@]}"})  # more systemd-nspawn options (the Slurm suite: a network namespace of its own)
+MMDEBSTRAP_MIRRORS=(${MMDEBSTRAP_MIRRORS[@]+"${MMDEBSTRAP_MIRRORS[@]}"})  # (the Slurm suite's Ubuntu releases)
+MMDEBSTRAP_OPTS=(${MMDEBSTRAP_OPTS[@]+"${MMDEBSTRAP_OPTS[@]}"})
 
 log() { printf '[%s %(%T)T] %s\n' "$LOG_TAG" -1 "$*" >&2; }
 die() { log "FAIL: $*"; exit 1; }
@@ -158,13 +163,16 @@ print(*tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]
 # modes and device nodes); the tarball is renamed into place only once complete, so an interrupted run leaves no bad cache.
 ensure_rootfs_tarball() {
     local key
-    key=$(printf '%s\n' "$SUITE" "${ROOTFS_PACKAGES[@]}" "$(uname -m)" | sha_of)
+    key=$(printf '%s\n' "$SUITE" "${ROOTFS_PACKAGES[@]}" "$(uname -m)" ${MMDEBSTRAP_MIRRORS[@]+"${MMDEBSTRAP_MIRRORS[@]}"} \
+        | sha_of)
     ROOTFS_TAR=$CACHE/rootfs-$SUITE-$key.tar.zst
     [[ -f $ROOTFS_TAR ]] && return
     log "building the $SUITE root file system (cold cache: half a minute; the Slurm suite's, a minute or two)"
+    if declare -F prepare_mmdebstrap >/dev/null; then prepare_mmdebstrap; fi
     local pkgs
     pkgs=$(IFS=,; echo "${ROOTFS_PACKAGES[*]}")
-    mmdebstrap --quiet --variant=apt --include="$pkgs" "$SUITE" "$ROOTFS_TAR.tmp.tar.zst"
+    mmdebstrap --quiet --variant=apt --include="$pkgs" ${MMDEBSTRAP_OPTS[@]+"${MMDEBSTRAP_OPTS[@]}"} \
+        "$SUITE" "$ROOTFS_TAR.tmp.tar.zst" ${MMDEBSTRAP_MIRRORS[@]+"${MMDEBSTRAP_MIRRORS[@]}"}
     mv "$ROOTFS_TAR.tmp.tar.zst" "$ROOTFS_TAR"
 }
 
