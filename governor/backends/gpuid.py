@@ -88,7 +88,7 @@ def orders_differ(minors: dict[str, int | None]) -> str | None:
         return None
     pairs = ", ".join(f"{gid} is /dev/nvidia{minors[gid]}" for gid in by_index)
     return (f"NVML's order of the GPUs is not their device files' ({pairs}): a Slurm prolog's GPU numbers need "
-            "gpu_numbering in its slurm.yaml, or UniqueId= in gres.conf (docs/slurm.md)")
+            "gpu_numbering in its slurm.yaml (docs/slurm.md)")
 
 
 def _file(gpu) -> str:

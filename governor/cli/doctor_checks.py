@@ -397,8 +397,8 @@ def check_numbering(ctx: Context) -> list[Check]:
     if differ is None:
         return [Check("numbering", OK, "NVML's order of the GPUs is their device files' (a Slurm prolog's GPU "
                                        "numbers read the same either way)")]
-    return [Check("numbering", WARN, differ, "where Slurm runs: set gpu_numbering in /etc/ftgov/slurm.yaml, or give "
-                                             "gres.conf's GPUs UniqueId= (docs/slurm.md)")]
+    return [Check("numbering", WARN, differ,
+                  "where Slurm runs: set gpu_numbering in /etc/ftgov/slurm.yaml (docs/slurm.md)")]
 
 
 def check_model(ctx: Context) -> list[Check]:

@@ -108,7 +108,7 @@ class NoSlurmIndex(FtgovError):
 
 def job_gpus(env: dict[str, str]) -> list[str | int] | None:
     """The job's GPUs on this node as slurm_hold's ``gpus``: the UUIDs of the prolog's CUDA_VISIBLE_DEVICES where
-    Slurm gives them (a gres.conf UniqueId, Flags=env_uuid), else the numbers of SLURM_JOB_GPUS (Slurm's own index:
+    Slurm gives them (reported of Slurm 25.11; unverified), else the numbers of SLURM_JOB_GPUS (Slurm's own index:
     ftgovd maps them by gpu_numbering); None when Slurm names none (a node without GRES, a Jetson). NoSlurmIndex
     where only CUDA_VISIBLE_DEVICES or GPU_DEVICE_ORDINAL number them: today's Slurm writes SLURM_JOB_GPUS beside
     them, from the same list (gres_common_prep_set_env); Slurm 19.05 wrote neither SLURM_JOB_GPUS nor its index but
@@ -124,8 +124,8 @@ def job_gpus(env: dict[str, str]) -> list[str | int] | None:
         if named.get(name):
             raise NoSlurmIndex(
                 f"{name}={env[name]} without SLURM_JOB_GPUS: a Slurm that does not give the prolog SLURM_JOB_GPUS "
-                "(19.05 did not) numbers device files there, not its index; nothing numbered is held (give the "
-                "GPUs UniqueId= in gres.conf, so that Slurm names them by UUID)")
+                "(19.05 did not) numbers device files there, not its index; nothing numbered is held (a Slurm that "
+                "names the GPUs by UUID in CUDA_VISIBLE_DEVICES needs neither: docs/slurm.md)")
         if name in named:
             return []
     return None

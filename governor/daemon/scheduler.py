@@ -250,7 +250,8 @@ class SchedulerHolds:
             raise gpuid.GpuNotFound(
                 f"slurmd offers {node_gpus} GPU(s) on this node and ftgovd governs {len(backends)}: Slurm's numbers "
                 "count only what slurmd offers (a gres.conf that lists some GPUs, or MIG instances), which no "
-                "gpu_numbering reads; give gres.conf's GPUs UniqueId= (the prolog then gets UUIDs): see docs/slurm.md")
+                "gpu_numbering reads; a Slurm that names GPUs by UUID avoids it: see docs/slurm.md, 'slurm.conf, "
+                "gres.conf'")
         for key in keys:
             # Slurm's numbers are NVML's indexes on some nodes, device files' (/dev/nvidiaN) on others.
             gid = (gpuid.find_slurm_gpu(backends, key, numbering).id if isinstance(key, int) else

@@ -137,7 +137,7 @@ def test_job_gpus_from_slurms_environment():
     assert job_gpus({}) is None
     assert job_gpus({"SLURM_JOB_GPUS": "NoDevFiles"}) == []  # what Slurm writes where gres.conf names no files
     assert job_gpus({"SLURM_JOB_GPUS": "1,x,2"}) == [1]  # read as CUDA reads it: up to the first non-GPU
-    # UUIDs (a gres.conf UniqueId, Flags=env_uuid) name the GPUs whatever Slurm's numbering: they come first.
+    # UUIDs (as Slurm 25.11 is reported to give them) name the GPUs whatever Slurm's numbering: they come first.
     assert job_gpus({"SLURM_JOB_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "GPU-abc,GPU-def"}) == ["GPU-abc", "GPU-def"]
 
 
@@ -516,7 +516,7 @@ def test_numbers_without_slurm_job_gpus_are_not_read_as_slurms_index(nvml_daemon
     d, _calls = nvml_daemon(gpus=({"minor_number": 1}, {"minor_number": 2}))
     env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "44", "SLURM_JOB_UID": "0", "CUDA_VISIBLE_DEVICES": "1"}
     out = slurm("prolog", env, "policy: ffg\ncomment_from_scontrol: false\ngpu_numbering: device_file\n", tmp_path)
-    assert out.returncode == 0 and "without SLURM_JOB_GPUS" in out.stderr and "UniqueId" in out.stderr, out
+    assert out.returncode == 0 and "without SLURM_JOB_GPUS" in out.stderr and "by UUID" in out.stderr, out
     assert "nothing held (" not in out.stderr
     assert d.client().call("status")["holds"] == []
     check = slurm("check", env, "policy: ffg\n", tmp_path)
