@@ -150,6 +150,12 @@ def check_pin(ctx: Context) -> list[Check]:
             how = " (no write: the pin is in place)" if not g.get("wrote") and g.get("pinned_hz") else ""
             checks.append(Check("pin", OK if g.get("ok") else FAIL, f"GPU {g.get('gpu')} through ftgovd: "
                                 f"{g.get('detail')}{how}", "" if g.get("ok") else "journalctl -u ftgovd"))
+        # A power cap a GPU refused (cannot_cap): its pins go on uncapped, which only status and the journal said.
+        checks += [Check("power cap", WARN, f"GPU {g.get('id')}: power_cap_w is not applied there: {g['cannot_cap']}",
+                         "a cap outside the GPU's range: set power_cap_w within it and reload ftgovd (systemctl "
+                         "reload ftgovd); a GPU that refuses every power limit cannot be capped: remove power_cap_w "
+                         "or leave it, its pins go on uncapped")
+                   for g in ctx.status.get("gpus") or [] if g.get("cannot_cap")]
         return checks or [Check("pin", FAIL, "ftgovd governs no GPU")]
     if ctx.gpu is None:
         if ctx.config.backend == "nvml":

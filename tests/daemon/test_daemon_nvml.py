@@ -613,4 +613,12 @@ def test_a_power_cap_outside_a_gpus_range_leaves_its_clock_pin_and_is_said_once(
     told = [line for line in d.log().splitlines() if "power_cap_w (500 W) is not applied" in line]
     assert len(told) == 1 and "GPU 1" in told[0] and "100000..350000 mW" in told[0], told
     assert "a reload with a power_cap_w within its range tries that one" in told[0], told
+    # ftgov doctor says it too, where an operator checks a node (only status and the journal did)
+    env = {**os.environ, "FAKENVML_CONFIG": str(d.workdir.parent / "fakenvml.json"),
+           "PYTHONPATH": os.pathsep.join([str(FAKE_DIR), str(REPO)])}
+    out = subprocess.run([sys.executable, "-m", "governor.cli", "doctor", "--json", "--config", str(d.config_path),
+                          "--socket", d.socket, "--state-dir", str(d.state_dir)], capture_output=True, text=True,
+                         env=env, timeout=60, cwd="/")
+    (cap,) = [check for check in json.loads(out.stdout)["checks"] if check["name"] == "power cap"]
+    assert cap["status"] == "WARN" and cap["detail"].startswith("GPU 1: power_cap_w is not applied"), cap
     assert "power limit cannot be set" not in d.log() and "will not try again while it runs" not in d.log()
