@@ -134,6 +134,11 @@ class DevfreqGpu(GpuBase):
         # them again would fail too, and be retried on every tick for as long as the daemon runs.
         if self.snapshot() == Limits(limits.min_hz, limits.max_hz):
             return
+        self.write_limits(limits)
+
+    def write_limits(self, limits: Limits) -> None:
+        """Write min_freq and max_freq (widen first) even where they read these already, and check the read-back:
+        restore's writes without its shortcut (`ftgov doctor`'s root write test)."""
         self._write_limits(limits.min_hz, limits.max_hz)
         got = self.snapshot()
         if (got.min_hz, got.max_hz) != (limits.min_hz, limits.max_hz):

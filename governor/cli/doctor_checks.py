@@ -169,11 +169,12 @@ def check_pin(ctx: Context) -> list[Check]:
 
 def write_back(gpu) -> Check:
     """Root, ftgovd stopped: write min_freq and max_freq with what they read, through the backend's own restore
-    (widen-first writes, then the read-back check). The kernel keeps one user request per limit and reads back the
-    effective range, so writing back what it reads leaves the range as it was."""
+    writes (widen-first writes, then the read-back check), without restore's shortcut of writing nothing where the
+    files read the limits already, which is always here. The kernel keeps one user request per limit and reads back
+    the effective range, so writing back what it reads leaves the range as it was."""
     before = gpu.snapshot()
     try:
-        gpu.restore(before)
+        gpu.write_limits(before)
     except BackendError as e:
         return Check("pin", FAIL, f"root write test: {e}",
                      "check the kernel log (dmesg) and SELinux/AppArmor; if the limits read back changed, something "

@@ -310,6 +310,11 @@ def _run_hardware(args) -> int:
         # The MAXN row would be measured at this pin and labelled as the board's default: refuse rather than lie.
         raise FtgovError(f"the GPU is pinned at {baseline.min_hz} Hz already (a crashed run, ftgovd, jetson_clocks?): "
                          f"restore its default limits before characterizing")
+    if baseline.max_hz < gpu.levels_hz[-1]:
+        # AGX Orin's default power mode, MODE_30W, caps max_freq at 612 MHz: the maxn row would be that mode's.
+        raise FtgovError(f"the GPU is capped at {baseline.max_hz} Hz (its table reaches {gpu.levels_hz[-1]} Hz): a "
+                         "power mode's cap (nvpmodel) or another tool's max_freq; the MAXN row would be measured under "
+                         "it. Set the power mode without a GPU cap (MAXN: sudo nvpmodel -q shows the mode) first")
     job = hf_job(args.model_dir, args.task, args.task_dir, gpu, rails, model_name=args.model_name,
                  batch_size=args.batch_size, seed=args.seed, device=args.device, max_len=args.max_len)
     prov = Provenance("measured", "jetson", args.seed)

@@ -164,6 +164,23 @@ def test_root_write_test_with_ftgovd_stopped(orin):
     assert limits(orin) == BASELINE
 
 
+def test_root_write_test_writes(orin):
+    """A node that reads fine and looks writable (0644) but refuses root's writes (a read-only /sys in a container,
+    an LSM) fails the write test: it writes, it does not only read."""
+    if os.geteuid() != 0:
+        pytest.skip("the write test runs only as root")
+    max_freq = orin / DEVFREQ / "max_freq"
+    if subprocess.run(["chattr", "+i", str(max_freq)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i (an immutable file, which refuses root's writes) is not available here")
+    try:
+        rc, checks = doctor(orin)
+    finally:
+        subprocess.run(["chattr", "-i", str(max_freq)], check=True)
+    pin = one(checks, "pin")
+    assert rc == 1 and pin["status"] == "FAIL" and "max_freq" in pin["detail"], pin
+    assert limits(orin) == BASELINE
+
+
 def test_pinned_by_someone_else(orin, start_daemon):
     d = start_daemon()
     node = orin / DEVFREQ

@@ -268,6 +268,19 @@ def test_command_line_refuses_a_board_left_pinned(tmp_path, board, glue, tiny_be
     assert not (tmp_path / "x.csv").exists()
 
 
+def test_command_line_refuses_a_board_under_a_power_mode_cap(tmp_path, board, glue, tiny_bert):
+    """AGX Orin's default power mode (MODE_30W) caps max_freq at 612 MHz: a maxn row measured there would be that
+    mode's, labelled as MAXN's."""
+    gpu = probe(board)[0]
+    (gpu.node / "max_freq").write_text(f"{LEVELS_HZ[1]}\n")  # what nvpmodel leaves in a capped mode
+    args = parse(["characterize", "--model-dir", str(tiny_bert), "--task", "sst2", "--task-dir", str(glue / "SST-2"),
+                  "--sysfs-root", str(board.root), "--device", "cpu", "--out", str(tmp_path / "x.csv")])
+    with pytest.raises(FtgovError, match="capped at 816000000 Hz"):
+        args.func(args)
+    assert not (tmp_path / "x.csv").exists()
+    assert limits(gpu) == (LEVELS_HZ[0], LEVELS_HZ[1])
+
+
 def test_glue_tsv_layouts_are_read_with_their_label_names(tmp_path):
     mnli = tmp_path / "MNLI"
     mnli.mkdir()
