@@ -1,8 +1,9 @@
 """Every sysfs and procfs path goes through here, so the same code runs on a Jetson, a simulated Orin and a test tree.
 
 ``Root("/")`` is the real machine; ``Root("/tmp/x")`` maps ``/sys/class/devfreq`` to ``/tmp/x/sys/class/devfreq``.
-Symlinks inside the tree are absolute on a real board (``/sys/devices/...``); ``resolve`` re-roots them so that a
-fake tree can carry the same absolute links as the board it mirrors.
+Symlinks inside the tree are relative on a real board (``../../devices/...``, as the kernel makes them); an absolute
+one (``/sys/devices/...``, which a hand-made tree may carry) is re-rooted by ``resolve``, so either kind stays inside
+the root.
 
 The daemon opens these files as root, so each open takes only what it claims: attributes are opened with O_NOFOLLOW
 (a symlink planted at ``max_freq`` is refused, not followed to /etc/shadow) and must be regular files (a FIFO or

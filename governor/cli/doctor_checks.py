@@ -217,7 +217,19 @@ def check_cooling(ctx: Context) -> list[Check]:
         return []
     wanted = f"devfreq-{ctx.gpu.node.name}"
     devices = sorted(ctx.root.path(THERMAL_CLASS).glob("cooling_device*"))
-    found = [d.name for d in devices if (_read(ctx.root, f"{THERMAL_CLASS}/{d.name}/type") or "").strip() == wanted]
+    types = {d.name: (_read(ctx.root, f"{THERMAL_CLASS}/{d.name}/type") or "").strip() for d in devices}
+    found = [name for name, kind in types.items() if kind == wanted]
+    # Before Linux 5.12 (JetPack 5's 5.10) devfreq_cooling named its device thermal-devfreq-<number> (upstream's
+    # drivers/thermal/devfreq_cooling.c), which says not which devfreq device it caps: on a Jetson the GPU's is likely
+    # (unverified on a board).
+    numbered = [name for name, kind in types.items() if re.fullmatch(r"thermal-devfreq-\d+", kind)]
+    if not found and numbered:
+        return [Check("cooling", WARN, f"{numbered[0]} ({types[numbered[0]]}) is a devfreq cooling device, and this "
+                                       "kernel names no device for it (before Linux 5.12): if it is the GPU's, its cap "
+                                       "reads in max_freq, and ftgovd takes a max that drops under its pin for "
+                                       "nvpmodel's, which the jobs' end restores (a hot spell's cap would stay)",
+                      "after a hot spell, check the limits (ftgov doctor) and set the power mode again if they stay "
+                      "low (sudo nvpmodel -m <mode>); please report this board and JetPack release (docs/hardware.md)")]
     if not found:
         return [Check("cooling", OK, f"no cooling device {wanted}: thermal throttling shows in cur_freq, not in the "
                                      "limits ftgovd pins")]

@@ -145,6 +145,12 @@ def test_a_cooling_device_on_the_gpus_devfreq_is_warned_of(orin):
     rc, checks = doctor(orin)
     cooling = one(checks, "cooling")
     assert cooling["status"] == "WARN" and "cooling_device1" in cooling["detail"] and "nvpmodel" in cooling["fix"]
+    # Before Linux 5.12 (JetPack 5's 5.10) the kernel named a devfreq cooling device by a number, not by its device:
+    # one was missed and doctor said OK.
+    (gpu / "type").write_text("thermal-devfreq-0\n")
+    cooling = one(doctor(orin)[1], "cooling")
+    assert cooling["status"] == "WARN" and "cooling_device1 (thermal-devfreq-0)" in cooling["detail"], cooling
+    assert "names no device" in cooling["detail"], cooling
 
 
 def test_min_freq_read_only(orin):
