@@ -4,9 +4,9 @@ a pause the job does not report out of its windows.
     python -m scripts.gpu_recheck --out OUT [--train-s 20] [--pause-s 4] [--stall-s 1.1]
 
 One ftgovd (NVML backend, policy observe, tuner.window_rule time, a private socket and state dir:
-scripts.observe_windows.observing_daemon) and two jobs, each a plain PyTorch loop in a process of its own through the
-governor Job API (governor.job, seq_len given, job.step() each step), the first with CUDA_VISIBLE_DEVICES unset, the
-second with it 0:
+scripts.observe_windows.observing_daemon) and three jobs, each a plain PyTorch loop in a process of its own through
+the governor Job API (governor.job, seq_len given, job.step() each step), the first with CUDA_VISIBLE_DEVICES unset,
+the second with it 0, the third with it the GPU's UUID:
 
 1. The process imports torch and enters its job before the model is on the GPU. torch.cuda.is_initialized() must
    still be False after the job started (a torch built with CUDA: the job registers at its first step instead), and
@@ -275,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     daemon = observing_daemon(log_path)
     runs = {}
     try:
-        for label, visible, pauses in (("unset", None, True), ("0", "0", False)):
+        # the GPU named by its UUID too, as Slurm 25.11 is reported to set it (docs/slurm.md)
+        runs_by = (("unset", None, True), ("0", "0", False)) + ((("uuid", uuid, False),) if uuid else ())
+        for label, visible, pauses in runs_by:
             env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
             if visible is not None:
                 env["CUDA_VISIBLE_DEVICES"] = visible
