@@ -223,11 +223,19 @@ install-config:
 	  echo "kept your $(SYSCONFDIR)/ftgov/ftgov.yaml; the new default is ftgov.yaml.new"; \
 	fi
 
-# Leaves the ftgov group (files may still carry its gid) and an edited config in place. Deletes PREFIX only when it is
-# a venv (has pyvenv.cfg), whatever PREFIX says.
+# Leaves the ftgov group (files may still carry its gid), an edited config and the measurement store in place. Deletes
+# PREFIX only when it is a venv (has pyvenv.cfg), whatever PREFIX says.
+# After the stop, `ftgov restore` (not --on-stop: whatever restore_on_stop says) puts back a pin the stop left, with the
+# config the unit names: once the venv is gone, nothing could. If it fails, the uninstall stops before removing anything.
+UNINSTALL_RESTORE = config=$$(systemctl show -p Environment --value ftgovd.service | tr ' ' '\n' \
+	  | sed -n 's/^FTGOV_CONFIG=//p' | tail -n 1); \
+	'$(VENV)/bin/ftgov' restore --state-dir /run/ftgov $${config:+--config "$$config"} \
+	  || { echo "make uninstall: the GPU may still be pinned (see above); no file removed: fix that, run it again"; \
+	    exit 1; }
 uninstall:
 ifneq ($(LIVE_SYSTEMD),)
 	-systemctl disable --now ftgovd.socket ftgovd.service
+	if [ -x '$(VENV)/bin/ftgov' ]; then $(UNINSTALL_RESTORE); fi
 endif
 	for u in $(UNITS); do rm -f '$(DESTDIR)$(UNITDIR)/'$$u; done
 	rm -f '$(DROPIN_DIR)/nvml.conf'
@@ -243,3 +251,4 @@ endif
 	rm -f '$(CONFIG).new'
 	@if cmp -s etc/ftgov.yaml '$(CONFIG)'; then rm -f '$(CONFIG)'; rmdir '$(DESTDIR)$(SYSCONFDIR)/ftgov' 2>/dev/null || true; \
 	else [ ! -e '$(CONFIG)' ] || echo "kept your edited $(SYSCONFDIR)/ftgov/ftgov.yaml"; fi
+	@[ ! -d '$(DESTDIR)/var/lib/ftgov' ] || echo "kept the measurement store /var/lib/ftgov (ftgov history's jobs)"

@@ -436,7 +436,18 @@ def check_install_keeps_edited_config() -> None:
 
 
 def check_uninstall() -> None:
-    sh("make", "-C", str(SRC), "--no-print-directory", "uninstall")
+    """Nothing is left pinned with no ftgov left to restore it: not even a pin restore_on_stop: false keeps."""
+    good = CI_CONFIG.read_text()
+    CI_CONFIG.write_text(good.replace("\nrestore_on_stop: true\n", "\nrestore_on_stop: false\n"))
+    try:
+        sh("systemctl", "restart", "ftgovd.service")
+        start_job("ftgov-ci-job6")
+        expect(not at_baseline(), "the job did not pin: the check would prove nothing")
+        sh("make", "-C", str(SRC), "--no-print-directory", "uninstall")
+        expect(at_baseline(), f"make uninstall left the GPU pinned at {limits_hz()}")
+    finally:
+        CI_CONFIG.write_text(good)
+        stop_job("ftgov-ci-job6")
     for gone in ("/opt/ftgov", "/usr/local/bin/ftgov", "/usr/local/bin/ftgovd", "/etc/systemd/system/ftgovd.service",
                  "/etc/systemd/system/ftgovd.socket", "/usr/lib/sysusers.d/ftgov.conf", "/etc/ftgov/ftgov.yaml.new",
                  str(NVML_DROPIN)):
