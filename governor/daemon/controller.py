@@ -111,6 +111,8 @@ class Controller:
         # A batch scheduler's holds (governor.daemon.scheduler), one more voice in each GPU's combine, and what a
         # registration joins (governor.daemon.joins): set by the server that owns them.
         self.scheduler: HeldGpus | None = None
+        # The daemon stops with restore_on_stop: every GPU goes back to its baseline, the jobs stay (state file).
+        self.stopping = False
         self.joins: Joins | None = None
 
     @property
@@ -419,7 +421,7 @@ class Controller:
                 pin.stood_down = False
             self.saver.soon(prompt=removed)
             return False
-        target_hz = None if pin.cannot_pin is not None else self.target_hz(gpu_id)
+        target_hz = None if pin.cannot_pin is not None or self.stopping else self.target_hz(gpu_id)
         try:
             wrote = pin.set(target_hz, self.settings.power_cap_mw)
         except CannotPin:  # GpuPin.refused has said so and marked the GPU

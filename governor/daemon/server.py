@@ -200,10 +200,15 @@ class Server:
     def shutdown(self) -> None:
         self.ticker.stop()
         if self.config.restore_on_stop:
-            for job_id in list(self.controller.jobs):
-                self.holds.end(job_id, "daemon stopping")
-            self.scheduler.suspended = True  # the holds stay in the state file for the next start, unpinned meanwhile
+            # Every GPU goes back to its baseline, and the jobs and holds stay in the state file: the next start
+            # (systemctl restart, an upgrade) takes back those whose processes still run, as after a crash, and
+            # their clients' resume finds them. Ending them here left a restart nothing to take back: every
+            # running job trained on at the default clocks for good.
+            self.controller.stopping = self.scheduler.suspended = True
             self.controller.reapply()
+            if self.controller.jobs:
+                log.info("restore_on_stop: every GPU restored; %d job(s) kept in the state file for the next start "
+                         "(taken back while their processes run)", len(self.controller.jobs))
         elif self.controller.holds_pins():
             log.info("restore_on_stop is false: leaving %d job(s) and the pin in place for the next start",
                      len(self.controller.jobs))

@@ -124,11 +124,16 @@ def test_a_daemon_restart_under_a_job_hands_the_job_back_to_it(daemon, orin, cap
     assert limits(orin) == BASELINE and not job.disabled
 
 
-def test_a_job_reports_on_to_a_restarted_daemon(daemon, orin):
-    """A report that finds the connection gone asks the restarted daemon for the job: training goes on governed."""
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["crash", "clean-restart"])
+def test_a_job_reports_on_to_a_restarted_daemon(daemon, orin, how):
+    """A report that finds the connection gone asks the restarted daemon for the job: training goes on governed,
+    after a crash and after a clean restart (systemctl restart, an upgrade), whose stop restored the clocks and ended
+    the job for good before."""
     with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket, report_every_s=0) as job:
         job.step()
-        daemon.stop(signal.SIGKILL)
+        daemon.stop(how)
+        if how == signal.SIGTERM:
+            assert limits(orin) == BASELINE  # restore_on_stop: nothing pinned while no daemon runs
         daemon.start()
         for _ in range(5):
             job.step()

@@ -289,6 +289,28 @@ def test_sigterm_restores_by_default(orin, start_daemon):
     assert limits(orin) == BASELINE
 
 
+def test_a_clean_restart_restores_at_stop_and_takes_the_running_jobs_back(orin, start_daemon):
+    """systemctl restart (an upgrade) ended every job at the stop ("daemon stopping") and dropped it from the state
+    file: the restarted daemon had nothing to take back, each client's resume was refused, and the jobs trained on
+    at the default clocks for good; only a crash kept them. The stop still restores the GPU (restore_on_stop), and
+    keeps the jobs in the state file: the next start takes back those whose processes run, and pins again."""
+    d = start_daemon()
+    worker = _worker()
+    try:
+        c = d.client()
+        job = c.call("register", pid=worker.pid, **FEATURES)
+        assert limits(orin) == PINNED
+        assert d.stop() == 0
+        assert limits(orin) == BASELINE  # nothing left pinned while no daemon runs
+        assert "ended (daemon stopping)" not in d.log()
+        d2 = start_daemon(workdir=d.workdir, notify_name="n2.sock")
+        (adopted,) = d2.client().call("status")["jobs"]
+        assert adopted["job_id"] == job["job_id"] and adopted["adopted"] is True, adopted
+        assert limits(orin) == PINNED
+    finally:
+        worker.kill()
+
+
 def test_limits_changed_under_the_pin_are_reapplied_or_left(orin, start_daemon):
     theirs = (306000000, 2147483647)
     for mode in ("reapply", "stand_down"):

@@ -245,12 +245,17 @@ def check_kill_restarts_and_restores() -> None:
 
 
 def check_stop_restores() -> None:
+    """systemctl stop restores the GPU (restore_on_stop) and keeps the running job in the state file: the next start
+    (systemctl restart, an upgrade) takes it back and pins again, and its end is recorded when it ends."""
     job, _ = start_job("ftgov-ci-job2")
     expect(limits_hz() == (job["freq_hz"],) * 2, f"second job: tree holds {limits_hz()}")
     sh("systemctl", "stop", "ftgovd.service")
     expect(limits_hz() == STATE["baseline"], f"after systemctl stop the tree holds {limits_hz()}")
     expect(show("ftgovd.service", "Result")["Result"] == "success", "stop did not end cleanly")
+    sh("systemctl", "start", "ftgovd.service")  # returns at READY=1, which comes after the leftovers are taken back
+    expect(limits_hz() == (job["freq_hz"],) * 2, f"the restart did not take the running job back: {limits_hz()}")
     stop_job("ftgov-ci-job2")
+    wait_until(lambda: limits_hz() == STATE["baseline"], "the job's end to restore the GPU")
     ends = [e for e in journal("-u", "ftgovd.service", f"JOB_ID={job['job_id']}", "JOB_NAME=ftgov-ci-job2")
             if "ENERGY_J" in e and "DURATION_S" in e]
     expect(ends, f"no entry of job {job['job_id']} carries ENERGY_J and DURATION_S (its end)")
