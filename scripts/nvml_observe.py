@@ -185,12 +185,20 @@ class Recorder:
               "daemon_energy_j"]
 
     def begin(self) -> tuple[float, float]:
-        return time.monotonic(), self.gpu.energy_j()
+        return self._stamped_energy_j()
+
+    def _stamped_energy_j(self) -> tuple[float, float]:
+        """(when, the counter): the read runs on the GPU's NVML worker thread (governor.backends.nvmlcalls), after
+        the hop there and any read of the sampler's thread queued before it, so the instant it read is somewhere in
+        the call: its middle, not its start (a segment of tenths of a second read 8% dear on a loaded CI host)."""
+        before_s = time.monotonic()
+        energy_j = self.gpu.energy_j()
+        return (before_s + time.monotonic()) / 2, energy_j
 
     def end(self, started: tuple[float, float], phase: str, step: int, loss: float | None = None,
             status: bool = False) -> dict:
         t_start, e_start = started
-        t_end, e_end = time.monotonic(), self.gpu.energy_j()
+        t_end, e_end = self._stamped_energy_j()
         clocks, util = self.gpu.clocks_mhz(), self.gpu.utilization_pct()
         window = self.sampler.window(t_start - self.t0, t_end - self.t0)
         duration_s = t_end - t_start
