@@ -100,6 +100,12 @@ def _advice(nvml: Any, code: int | None, not_supported: str) -> str:
     return "see nvidia-smi -q for the GPU's state"
 
 
+def refuses_every(nvml: Any, e: Exception) -> bool:
+    """Whether an NVMLError answers every such write alike on this GPU (NOT_SUPPORTED, NO_PERMISSION), rather than
+    failing this one (a lost GPU, a driver that did not answer)."""
+    return getattr(e, "value", None) in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION)
+
+
 NOT_SUPPORTED_ADVICE = "this GPU or driver does not support it"
 POWER_LIMIT_NOT_SUPPORTED = "this GPU does not allow its power limit to be changed (many virtual and cloud GPUs)"
 
@@ -324,9 +330,8 @@ class NvmlGpu(GpuBase):
         except nvml.NVMLError as e:
             # Not Supported and No Permission answer every lock alike: CannotPin, so that the daemon stops trying.
             # Anything else (a lost GPU, a driver that did not answer) may pass: PinError, this pin failed.
-            never = getattr(e, "value", None) in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION)
             raise converted(nvml, f"GPU {self.id} ({self.name}): lock graphics clock at {mhz} MHz", e,
-                            CannotPin if never else PinError,
+                            CannotPin if refuses_every(nvml, e) else PinError,
                             not_supported="this GPU cannot lock its clocks (it needs Volta or newer and a board that "
                             "allows it)") from e
         self._lock_hz = (freq_hz, freq_hz)
@@ -365,8 +370,7 @@ class NvmlGpu(GpuBase):
             nvml.nvmlDeviceSetPowerManagementLimit(self._handle, power_mw)
         except nvml.NVMLError as e:
             # As for a lock: these two answer every limit alike (CannotCap, so that the daemon stops trying).
-            never = getattr(e, "value", None) in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION)
-            raise converted(nvml, what, e, CannotCap if never else PinError,
+            raise converted(nvml, what, e, CannotCap if refuses_every(nvml, e) else PinError,
                             not_supported=POWER_LIMIT_NOT_SUPPORTED) from e
         got = self.power_limit_mw()
         if got != power_mw:

@@ -101,18 +101,8 @@ def test_ftgov_restore_gives_up_on_a_gpu_that_does_not_answer_and_says_which(nvm
     """The unit's ExecStopPost (`ftgov restore --on-stop`) after a kill: a GPU that does not answer hung it until
     TimeoutStopSec. It gives up on that GPU within its deadline, says so, and the state file keeps the baseline for
     the next start; as for a GPU that is not there, that is no failure of the stop (exit 0)."""
-    faults = tmp_path / "faults.json"
-    d, _calls = nvml_daemon(system={"faults_path": str(faults)}, policy="ffg")
-    worker = _worker()
-    try:
-        c = d.client()
-        c.call("register", pid=worker.pid, gpu=1, **FEATURES)
-        d.stop(signal.SIGKILL)
-    finally:
-        worker.kill()
+    d, faults, env = _killed_with_a_pin(nvml_daemon, tmp_path)
     set_faults(faults, {"gpus": {"1": {"hang_s": {"*": FOR_GOOD_S}}}})
-    env = {"FAKENVML_CONFIG": str(tmp_path / "fakenvml.json"),
-           "PYTHONPATH": os.pathsep.join([str(FAKE_DIR), str(REPO)])}
     started = time.monotonic()
     out = _ftgov("restore", "--on-stop", "--config", str(d.config_path), "--state-dir", str(d.state_dir), env=env)
     assert time.monotonic() - started < FOR_GOOD_S / 4
@@ -133,7 +123,8 @@ def _killed_with_a_pin(nvml_daemon, tmp_path, gpus=({}, {}), gpu=1):
     d, _calls = nvml_daemon(gpus=gpus, system={"faults_path": str(faults)}, policy="ffg")
     worker = _worker()
     try:
-        d.client().call("register", pid=worker.pid, gpu=gpu, **FEATURES)
+        c = d.client()  # held open until the kill: a client dropped at once ends the job
+        c.call("register", pid=worker.pid, gpu=gpu, **FEATURES)
         d.stop(signal.SIGKILL)
     finally:
         worker.kill()
