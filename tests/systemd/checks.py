@@ -232,14 +232,15 @@ def check_kill_restarts_and_restores() -> None:
     expect(after["ActiveState"] == "active" and after["MainPID"] != before["MainPID"], f"not restarted: {after}")
     expect(int(after["NRestarts"]) == int(before["NRestarts"]) + 1,
            f"NRestarts {before['NRestarts']} -> {after['NRestarts']}: Restart=on-failure did not bring it back")
+    # The job outlived the crash (its unit still runs), so the new daemon takes it back from the state file under its
+    # job id, pinned as before; its end, below, is noticed on the pidfd the new daemon opened.
     job, pid = STATE["job"], STATE["pid"]
+    expect(show("ftgov-ci-job1", "ActiveState")["ActiveState"] == "active", "the job died with the daemon")
     adopted = [j for j in call("status")["jobs"] if j["pid"] == pid]
-    if adopted:
-        expect(limits_hz() == (job["freq_hz"],) * 2, f"job re-adopted but tree holds {limits_hz()}")
-        print(f"    live job re-adopted as {adopted[0]['job_id']}, pin held")
-    else:
-        expect(limits_hz() == STATE["baseline"], f"job not re-adopted, yet the tree holds {limits_hz()}")
-        print("    job not re-adopted; tree at baseline")
+    expect([j["job_id"] for j in adopted] == [job["job_id"]],
+           f"the live job {job['job_id']} (pid {pid}) was not taken back after the crash: status lists {adopted}")
+    expect(limits_hz() == (job["freq_hz"],) * 2, f"job re-adopted but tree holds {limits_hz()}")
+    print(f"    live job re-adopted as {adopted[0]['job_id']}, pin held")
     stop_job("ftgov-ci-job1")
     wait_until(at_baseline, "the baseline after the job ended")
 
@@ -512,9 +513,16 @@ def check_reload_switches_the_tree() -> None:
         expect(show("ftgovd.service", "MainPID")["MainPID"] == pid, "reload restarted the daemon")
         expect(limits_hz() == pinned, f"the job's pin {pinned} became {limits_hz()} at the reload")
         expect(any(j["job_id"] == job["job_id"] for j in call("status")["jobs"]), "the job was dropped at the reload")
-        CI_CONFIG.write_text(good + "\nlimits: {max_jobs: -1}\n")
+        # A value the schema refuses, in the file's own limits: block (appending a second `limits:` would be refused
+        # as a duplicate key, which proves less).
+        expect("\n  max_jobs: 64\n" in good, "the config has no `  max_jobs: 64` line under limits:")
+        CI_CONFIG.write_text(good.replace("\n  max_jobs: 64\n", "\n  max_jobs: -1\n") + f"\nmodel_file: {paper}\n")
         sh("systemctl", "reload", "ftgovd.service")
-        wait_until(lambda: logged("reload refused"), "the refused reload's log line")
+        wait_until(lambda: any("reload refused" in str(e.get("MESSAGE", "")) and "max_jobs" in str(e.get("MESSAGE"))
+                               for e in journal("-u", "ftgovd.service")),
+                   "the refused reload's log line naming limits.max_jobs")
+        refused = [e["MESSAGE"] for e in journal("-u", "ftgovd.service") if "reload refused" in str(e.get("MESSAGE"))]
+        expect("duplicate" not in refused[-1].lower(), f"refused for another reason: {refused[-1]!r}")
         expect(show("ftgovd.service", "MainPID", "ActiveState") == {"MainPID": pid, "ActiveState": "active"},
                "a bad config on reload stopped the daemon")
         expect(limits_hz() == pinned, "a refused reload moved the pin")
