@@ -431,4 +431,8 @@ class StateFile:
             where = f"moved to {self.dir / SET_ASIDE}"
         except OSError as e:
             where = f"and could not be moved aside: {e.strerror or e}"
-        log.warning("ignoring invalid state file %s (%s): %s", self.path, where, why)
+        # What the file held is lost with it: a pin a crashed ftgovd recorded there has no baseline to go back to, and
+        # the next pin takes the limits it finds (that pin) as the baseline. Said here, where the cause is.
+        log.warning("ignoring invalid state file %s (%s): %s. A pin it recorded (a crashed ftgovd's) stays on the "
+                    "GPU, and the next pin's warning says so (on a Jetson 'ftgov doctor' says how to free it; on NVML, "
+                    "nvidia-smi -rgc)", self.path, where, why)
