@@ -32,6 +32,7 @@ from governor.client import Connection, DaemonUnavailable, socket_path
 from governor.errors import ConfigError, FtgovError
 from governor.simpaths import SOCKET_NAME, env_tree, tree_state_dir
 from governor.sysfs import trusted_root
+from governor.text import printable
 
 __all__ = ["Check", "Context", "l4t_release", "parse_nvpmodel", "refuse_while_daemon_runs", "run_checks",
            "socket_access"]
@@ -118,12 +119,14 @@ def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:
 
 
 def format_checks(checks: list[Check]) -> str:
+    """The checks as text; escaped as `ftgov status` is (governor/text.py): a detail may quote whatever answered on
+    the socket, which need not be root's daemon (--socket, $FTGOV_SOCKET under sudo -E)."""
     lines = []
     for c in checks:
         lines.append(f"{c.status:<5} {c.name:<11} {c.detail}")
         if c.fix and c.status != OK:
             lines.append(f"{'':<17} fix: {c.fix}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def run(args: argparse.Namespace) -> int:

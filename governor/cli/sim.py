@@ -32,11 +32,13 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from governor.sim import tree
 
-    # The tree is written by path below DIR: DIR must be one nobody else can plant links in (governor/safefile.py).
-    with OutDir(args.dir):
-        pass
+    # The tree is written by path below DIR: DIR must be one nobody else can plant links in (governor/safefile.py),
+    # and the paths start at the directory that was checked (its descriptor's /proc/self/fd link), not at DIR again:
+    # a DIR under a member's directory could be swapped for a link once checked.
     try:
-        spec = tree.layout_of(tree.build(args.dir, args.layout, max_hz=args.max_hz, power_mode=args.power_mode))
+        with OutDir(args.dir) as out:
+            checked = f"/proc/self/fd/{out.fd}"
+            spec = tree.layout_of(tree.build(checked, args.layout, max_hz=args.max_hz, power_mode=args.power_mode))
     except ValueError as e:
         raise FtgovError(str(e)) from e
     except OSError as e:  # DIR is a file, or lies under one, or is not writable

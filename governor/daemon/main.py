@@ -214,6 +214,9 @@ def run(config: Config, *, simulate: bool = False, sim_meters: str = "ina3221",
     tree_lock = None
     try:
         if simulate:
+            # The tree lies in the state dir and is emptied to be rebuilt: a state dir others can write (/tmp) would
+            # let them plant it as a link to any directory, which root emptied before serve() checked the dir.
+            StateFile(config.state_dir).check()
             tree_lock = lock_simulated_tree(Path(config.sysfs_root))
             start_simulated_board(config, sim_meters)
         serve(config, sock, load_config_again)

@@ -321,6 +321,15 @@ class StateFile:
             raise
         return fd
 
+    def check(self) -> None:
+        """Create the state dir if missing and check it as every use of it does; StateError when it fails."""
+        try:
+            fd = self._open_dir(create=True)
+        except OSError as e:
+            raise StateError(f"cannot open the state dir {self.dir}: {e.strerror or e}") from e
+        assert fd is not None  # created
+        os.close(fd)
+
     def hold(self) -> int | None:
         """The daemon's claim on this state dir for as long as it runs: an exclusive flock on the directory, the fd
         returned (kept open; the kernel drops the lock when the process ends, however it ends). None when another

@@ -220,3 +220,28 @@ def test_sim_tree_refuses_a_dir_others_can_write(victim, tmp_path, capsys):
     plant(d, ("sys",), victim)
     refused(capsys, main(["sim-tree", str(d)]), d)
     assert victim.read_bytes() == SECRET
+
+
+def test_sim_tree_writes_into_the_dir_it_checked_not_one_swapped_in_after(tmp_path, monkeypatch):
+    """A tree under a member's home: the member renames the directory root checked and leaves a link in its place
+    before root writes (inotify tells when it is made); written by path, the tree went where the link led."""
+    needs_root()
+    from governor.sim import tree
+
+    home = tmp_path / "member"
+    home.mkdir()
+    os.chown(home, NOBODY, NOBODY)
+    d, etc = home / "tree", tmp_path / "etc"
+    etc.mkdir()
+    build = tree.build
+
+    def swapped_then_built(directory, *args, **kwargs):
+        os.rename(d, home / "checked")
+        d.symlink_to(etc)
+        os.lchown(d, NOBODY, NOBODY)
+        return build(directory, *args, **kwargs)
+
+    monkeypatch.setattr(tree, "build", swapped_then_built)
+    assert main(["sim-tree", str(d)]) == 0
+    assert list(etc.iterdir()) == []
+    assert (home / "checked" / "ftgov-sim" / "layout").read_text() == "jp6\n"

@@ -424,3 +424,31 @@ def test_a_tune_policy_needs_the_tree_it_starts_from(orin, start_daemon, tmp_pat
     _, checks = doctor(orin, d)
     model = one(checks, "model")
     assert model["status"] == "WARN" and "does not load" in model["detail"] and "tuner starts" in model["detail"], model
+
+
+def test_text_output_escapes_what_the_socket_answered(orin, tmp_path):
+    """Root's doctor talks to whichever socket it is given (--socket, or $FTGOV_SOCKET from a member's shell under
+    sudo -E): what answers there must not reach root's terminal as escape sequences."""
+    import socketserver
+    import threading
+
+    class Answer(socketserver.StreamRequestHandler):
+        def handle(self):
+            for line in self.rfile:
+                req = json.loads(line)
+                result = ({"policy": "mlg\x1b]0;owned\x07\x1b[2J", "jobs": [], "gpus": [], "holds": []}
+                          if req.get("method") == "status" else {})
+                self.wfile.write((json.dumps({"jsonrpc": "2.0", "id": req.get("id"), "result": result}) + "\n")
+                                 .encode())
+
+    path = str(tmp_path / "a.sock")
+    server = socketserver.ThreadingUnixStreamServer(path, Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        p = subprocess.run([sys.executable, "-m", "governor.cli", "doctor", "--sysfs-root", str(orin), "--socket",
+                            path, "--state-dir", str(orin / "state"), "--config", str(REPO / "etc/ftgov.yaml")],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "policy mlg\\x1b]0;owned\\x07\\x1b[2J" in p.stdout and "\x1b" not in p.stdout, p.stdout

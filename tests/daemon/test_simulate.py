@@ -20,6 +20,7 @@ from tests.support import REPO
 from tests.support.board import running_board, wait_reads
 from tests.support.daemon import FEATURES, Daemon, limits
 from tests.support.fswatch import Watch
+from tests.support.security import needs_root
 
 # Run ftgovd's own entry point, and write down at exit which modules its process imported.
 _RECORD_MODULES = (
@@ -31,6 +32,7 @@ _RECORD_MODULES = (
 )
 
 THROTTLE_TICKS = 3  # ticks to wait for the daemon to flag (or clear) a throttled clock: two reads in a row
+NOBODY = 65534
 
 
 class RecordingDaemon(Daemon):
@@ -103,6 +105,24 @@ def test_simulate_refuses_a_tree_of_your_own(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert proc.returncode == 2 and "--simulate builds its own tree" in proc.stderr, proc
     assert list(tmp_path.iterdir()) == [], "nothing written, nothing removed"
+
+
+def test_simulate_refuses_a_state_dir_others_can_write_before_it_clears_the_tree(tmp_path):
+    """--simulate empties sim-orin in the state dir to build its tree there. A state dir like /tmp lets another user
+    plant sim-orin as a link to a directory of root's: root emptied that directory before the state dir was checked."""
+    needs_root()
+    shared, own, precious = tmp_path / "shared", tmp_path / "own", tmp_path / "precious"
+    for d in (shared, own, precious):
+        d.mkdir()
+    shared.chmod(0o1777)  # /tmp
+    (precious / "keep").write_text("root's\n")
+    (shared / "sim-orin").symlink_to(precious)
+    os.lchown(shared / "sim-orin", NOBODY, NOBODY)
+    proc = subprocess.run([sys.executable, "-m", "governor.daemon", "--simulate", "--state-dir", str(shared),
+                           "--socket", str(own / "ftgov.sock"), "--config", os.devnull], capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 1 and f"state dir {shared} is writable by group or others" in proc.stderr, proc
+    assert [p.name for p in precious.iterdir()] == ["keep"], "nothing removed, nothing written"
 
 
 def test_sim_job_tunes_against_simulate_while_the_daemon_rewrites_the_limits(start_daemon):
