@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from governor import safefile
 from governor.errors import FtgovError
 
 log = logging.getLogger("ftgovd")
@@ -328,6 +329,13 @@ class Store:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"cannot create {self.path.parent}: {e.strerror or e}") from e
+        # SQLite opens the store and its -wal and -shm by path: in a directory another user may write to, they could
+        # put their own database there (rows of uid 0, which `ftgov model retrain` trusts) or links for ours. The
+        # directory is checked as root-run writers check theirs (the default, /var/lib/ftgov, is root's and 0700).
+        try:
+            os.close(safefile.open_dir(self.path.parent, create=False))
+        except (safefile.UnsafeDirectory, OSError) as e:
+            raise StoreError(f"measurement store {self.path}: {getattr(e, 'strerror', None) or e}") from e
         _private(self.path)
         try:
             return self._open_sound()

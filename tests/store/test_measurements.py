@@ -128,6 +128,21 @@ def test_garbage_file_is_moved_aside_and_a_fresh_store_starts(tmp_path, caplog):
     assert "moved aside" in caplog.text
 
 
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770])
+def test_a_store_in_a_directory_others_may_write_is_refused_before_sqlite_opens_it(tmp_path, mode):
+    """SQLite opens the store, -wal and -shm by path: there another user could put their own database (rows of uid
+    0, which retrain trusts) or links in place of ours. Refused with the directory's reason; nothing created."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    writer = StoreWriter(shared / "m.sqlite")
+    writer.submit(rec(1))
+    writer.join_queue()
+    assert "writable by group or others" in writer.status()["error"]
+    writer.close()
+    assert list(shared.iterdir()) == []
+
+
 def test_a_damaged_page_is_moved_aside(tmp_path):
     path = tmp_path / "m.sqlite"
     s = Store(path)
