@@ -16,8 +16,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pickle
+import stat
 import sys
+import typing
 from pathlib import Path
 
 from governor.errors import FtgovError
@@ -96,11 +99,32 @@ def to_rules(estimator, header: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def open_trusted(path: Path) -> typing.BinaryIO:
+    """``path`` opened for reading if only its reader or root could have written it: it is unpickled, and a pickle
+    runs whatever code it names. Checked on the opened file, so a swapped name cannot slip another one in."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # non-blocking: a FIFO is refused, not waited on
+    st = os.fstat(fd)
+    why = None
+    if not stat.S_ISREG(st.st_mode):
+        why = "not a regular file"
+    elif st.st_uid not in (0, os.geteuid()):
+        why = f"it belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}) or root"
+    elif st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != os.getegid()):
+        # A group-writable file of one's own group is a umask of 002's (Ubuntu's for users), not another's write.
+        why = f"it is writable by others (mode {stat.S_IMODE(st.st_mode):04o}, group {st.st_gid})"
+    if why is not None:
+        os.close(fd)
+        raise FtgovError(f"refusing to unpickle {path}: {why}, and loading a pickle runs any code its writer put in "
+                         "it; fit it yourself (ftgov model fit) or take the exported JSON tree instead")
+    return os.fdopen(fd, "rb")
+
+
 def run_export(data: Path, estimator_path: Path, report_path: Path, tree_path: Path, rules_path: Path) -> None:
     import joblib
 
     try:
-        estimator = joblib.load(estimator_path)
+        with open_trusted(estimator_path) as f:
+            estimator = joblib.load(f)
         report = json.loads(report_path.read_text())
     # Unpickling a file that is not one fails in whatever way the bytes lead it (EOFError, IndexError, ...).
     except (OSError, ValueError, EOFError, IndexError, KeyError, AttributeError, ImportError,

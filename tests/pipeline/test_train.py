@@ -57,6 +57,42 @@ def test_a_stage_rerun_on_the_same_data_leaves_its_files_untouched(fresh):
     assert [p.stat().st_mtime_ns for p in outputs] == [0, 0, 0]
 
 
+class _Planted:
+    """A pickle that runs code as it loads: it touches the file its writer named."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("planted_by", ["world-writable", "group-writable, another group", "another user"])
+def test_export_unpickles_no_estimator_someone_else_could_have_written(fresh, tmp_path, capsys, planted_by):
+    """`ftgov model export --estimator` loads a pickle: one whose file another user could have written (theirs, or
+    writable by others or by a group not the exporter's) is refused before it is read, so its code never runs as the
+    exporter (root)."""
+    import joblib
+
+    if planted_by != "world-writable" and os.geteuid() != 0:
+        pytest.skip("giving a file to another user or group needs root")
+    marker, planted = tmp_path / "ran", tmp_path / "mlg.joblib"
+    joblib.dump(_Planted(marker), planted)
+    if planted_by == "another user":
+        os.chown(planted, 65534, -1)
+    elif planted_by == "world-writable":
+        planted.chmod(0o646)
+    else:
+        os.chown(planted, -1, 65534)
+        planted.chmod(0o664)
+    art = fresh / "artifacts"
+    assert ftgov(["model", "export", "--data", str(DATA), "--estimator", str(planted), "--report",
+                  str(art / "cv-report.json"), "--tree", str(tmp_path / "t.json"), "--rules",
+                  str(tmp_path / "r.txt")]) != 0
+    assert "refusing to unpickle" in capsys.readouterr().err
+    assert not marker.exists() and not (tmp_path / "t.json").exists()
+
+
 def test_committed_tree_loads_and_names_its_data():
     tree = DecisionTree.load(REPO / "model" / "mlg-tree.json")
     assert tree.source == "trained"
