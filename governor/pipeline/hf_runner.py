@@ -235,10 +235,19 @@ class HfTrainingRunner:
             self.tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
             if self.tokenizer.pad_token is None:  # Pythia ships without one
                 self.tokenizer.pad_token = self.tokenizer.eos_token
+            # Weights from safetensors only: characterize runs as root on a board, and a pickled checkpoint
+            # (pytorch_model.bin) can run code as it loads where torch.load's weights_only is not enforced
+            # (CVE-2025-32434: transformers 4.40-4.49 with torch < 2.6, which JetPack's wheels are).
             self.model = AutoModelForSequenceClassification.from_pretrained(
-                model_dir, local_files_only=True, num_labels=fmt.num_labels).to(self.device)
+                model_dir, local_files_only=True, use_safetensors=True, num_labels=fmt.num_labels).to(self.device)
         except OSError as e:  # transformers reports a missing or unreadable checkpoint as OSError
-            raise FtgovError(f"cannot load a Hugging Face model from {model_dir}: {e}") from e
+            hint = ""
+            if not any(Path(model_dir).glob("*.safetensors")):
+                hint = (" (it has no .safetensors weights: characterize loads no pickled checkpoint such as "
+                        "pytorch_model.bin, which can run code as it loads; convert it as its owner, not as root: "
+                        "python -c 'import sys, transformers as t; m = t.AutoModel.from_pretrained(sys.argv[1]); "
+                        f"m.save_pretrained(sys.argv[1], safe_serialization=True)' {model_dir})")
+            raise FtgovError(f"cannot load a Hugging Face model from {model_dir}: {e}{hint}") from e
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         # Characterization needs steps x settings x batch samples, not a whole epoch of QQP or MNLI: tokenize a
         # seeded sample. seq_len (a feature of the tree) is the mean over that sample.

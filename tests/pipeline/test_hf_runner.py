@@ -236,6 +236,24 @@ def test_limits_moved_by_someone_else_during_a_measurement_are_refused(board, gl
         gpu.restore(baseline)
 
 
+def test_a_pickled_checkpoint_is_refused_with_how_to_convert_it(tmp_path, glue, tiny_bert, board):
+    """characterize runs as root: weights come from safetensors only, never unpickled from pytorch_model.bin (which can
+    run code as it loads on the transformers and torch of a JetPack board)."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    pickled = tmp_path / "pickled-bert"
+    shutil.copytree(tiny_bert, pickled)
+    weights = pickled / "model.safetensors"
+    torch.save(load_file(weights), pickled / "pytorch_model.bin")
+    weights.unlink()
+    with pytest.raises(FtgovError, match=r"no \.safetensors weights.*pytorch_model\.bin.*save_pretrained") as e:
+        HfTrainingRunner(pickled, HfTask("sst2", glue / "SST-2"), probe(board)[0], discover(board), batch_size=8,
+                         device="cpu")
+    assert str(pickled) in str(e.value)
+
+
 def parse(argv):
     parser = argparse.ArgumentParser()
     ch.add_parser(parser.add_subparsers())
