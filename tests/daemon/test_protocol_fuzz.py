@@ -35,8 +35,10 @@ import pytest
 
 from governor.daemon.protocol import METHODS
 from governor.sim import tree
+from governor.store.state import State
 from tests.support import FAKENVML_DIR, REPO
 from tests.support.daemon import FEATURES, Daemon, limits, scaled
+from tests.support.security import open_to_members, run_as
 
 SEED = int(os.environ.get("FTGOV_PFUZZ_SEED", "20250611"))
 ROUNDS = int(os.environ.get("FTGOV_PFUZZ_ROUNDS", "12"))
@@ -724,3 +726,82 @@ def test_every_parameter_of_every_method_refuses_wrong_types(world):
     settled(world, "every wrong type")
     assert sent > 500
 
+
+
+# ---- the same, from a member: an unprivileged client, as the socket's group lets in ---------------------------------
+
+# Sends its lines (hex, one JSON list on stdin) in pieces of argv[2] bytes (0: one write), half-closes, prints every
+# reply until the daemon closes.
+_MEMBER_SESSION = """
+import json, socket, sys
+lines = [bytes.fromhex(h) for h in json.loads(sys.stdin.readline())]
+data = b"".join(line + b"\\n" for line in lines)
+step = int(sys.argv[2]) or len(data)
+s = socket.socket(socket.AF_UNIX); s.settimeout(60); s.connect(sys.argv[1])
+for i in range(0, len(data), step):
+    s.sendall(data[i:i + step])
+s.shutdown(socket.SHUT_WR)
+out = b""
+while (got := s.recv(65536)):
+    out += got
+sys.stdout.write(out.decode())
+"""
+
+
+def _member_lines(root_job: int, daemon_pid: int) -> list[tuple[bytes, object, frozenset, str | None]]:
+    """(line, the id its reply carries, the error codes it may get, the field its -32602 must name)."""
+    out = []
+
+    def add(method: str, params: dict, codes: set, field: str | None = None) -> None:
+        rid = len(out) + 1
+        out.append((json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}).encode(), rid,
+                    frozenset(codes), field))
+
+    for method in sorted(METHODS):
+        for name in [*sorted(METHODS[method].model_fields), "bogus"]:
+            for value in ([], {}, "\x00"):  # wrong for every field (an empty list of GPUs asks root's slurm_hold)
+                add(method, {**valid_params(method, root_job, 714000000), name: value}, {-32602, -32001}, name)
+    for method in ("unregister", "progress", "update", "set_level", "job_energy", "resume"):
+        add(method, valid_params(method, root_job, 714000000), {-32003})  # root's job, on another connection
+    for method in ("slurm_hold", "slurm_release"):
+        add(method, valid_params(method, root_job, 714000000), {-32001})
+    for pid in (1, daemon_pid):
+        add("register", {**FEATURES, "pid": pid}, {-32001})
+    for line, code in ((b'{"jsonrpc":"2.0","id":NaN,"method":"ping"}', -32700), (b"[" * 60000, -32700),
+                       (b'{"jsonrpc":"2.0","id":5,"method":"ping\xff"}', -32700),
+                       (b"x" * (MAX_LINE_BYTES + 1), -32600)):
+        out.append((line, None, frozenset({code}), None))
+    return out
+
+
+@pytest.mark.parametrize("piece_bytes", [0, 7])
+def test_a_members_bad_requests_each_get_an_error_and_leave_roots_job_and_the_daemon_as_they_were(
+        orin, start_daemon, member, piece_bytes):
+    """A member's session of bad requests (every field of every method wrong, root's job asked for on another
+    connection, root's methods, processes not its own, lines that are no request), pipelined whole or cut in pieces
+    across lines, then half-closed: one error per line, in order, with its id, a known code and the field named; then
+    root's job is untouched, its pin stands, every descriptor of the session is closed and the state file holds the
+    pin."""
+    user, _uid = member
+    d = start_daemon()
+    open_to_members(d)
+    root = d.client()
+    job = root.call("register", **FEATURES)["job_id"]
+    before = d.open_fds()
+    lines = _member_lines(job, d.proc.pid)
+    out, err = run_as(user, _MEMBER_SESSION, d.socket, str(piece_bytes)).communicate(
+        json.dumps([line.hex() for line, *_ in lines]) + "\n", timeout=120)
+    replies = [json.loads(raw) for raw in out.splitlines()]
+    assert len(replies) == len(lines), (err, replies[-3:])
+    for (line, rid, codes, named), reply in zip(lines, replies, strict=True):
+        error = TALLY.reply(reply, line[:120])["error"]
+        assert reply["id"] == rid and error["code"] in codes, (line[:200], reply)
+        if error["code"] == -32602 and named is not None:
+            assert named in error["message"] or error["message"].startswith("params"), (line[:200], reply)
+    assert d.open_fds() == before  # the member saw the end once the daemon had closed its socket and its pidfd
+    [held] = root.call("status")["jobs"]
+    assert (held["job_id"], held["steps"], held["freq_hz"]) == (job, 0, 714000000)
+    assert limits(orin) == (714000000, 714000000)
+    assert State.from_json((d.state_dir / "state.json").read_bytes()).gpus["0"].pinned_hz == 714000000
+    assert root.call("unregister", job_id=job)["job_id"] == job
+    assert limits(orin) == BASELINE
