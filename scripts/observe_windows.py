@@ -69,7 +69,9 @@ def observing_daemon(log_path: Path) -> Daemon:
                             "tuner": {"window_rule": "time"}},
                     test_config=False,  # the daemon's defaults otherwise (the tests' 0.05 s util_sample_s is 1 read)
                     env={"PYTHONPATH": os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)},
-                    log_path=log_path, log_level=os.environ.get("OBS_LOG_LEVEL", "info"))
+                    log_path=log_path,
+                    # debug: every window's line (info has the first ones and one in 60), for windows.csv
+                    log_level=os.environ.get("OBS_LOG_LEVEL", "debug"))
     daemon.start(timeout_s=60)
     status = daemon.client().call("status")
     if status["policy"] != "observe" or any(g.get("pinned_hz") for g in status["gpus"]):

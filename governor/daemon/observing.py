@@ -21,6 +21,7 @@ from governor.policy.windows import Measurement, ProbeWindow, StepScatter
 log = logging.getLogger("ftgovd")
 
 KEPT = 64  # windows kept per job for the spread and the store: a long job keeps its most recent ones
+INFO_FIRST, INFO_EVERY = 5, 60  # windows logged at info: the first ones, then one in INFO_EVERY
 
 
 def successive_spread(values: list[float]) -> float | None:
@@ -87,7 +88,11 @@ class JobObserver:
         del self.windows[:-KEPT]
         self.closed += 1
         spread = self.spread_rel()
-        log.info("%s: observe window %d: %.4f J/step, %.4f s/step over %d steps in %.2f s%s", job.label(),
+        # The first windows at info, where an operator trying observe looks, then one in INFO_EVERY: a job observed for
+        # hours logged a line a window (6 a minute at the time rule's cap), as a tuner's watching windows are kept to
+        # debug for (status and the store have the last KEPT windows).
+        level = logging.INFO if self.closed <= INFO_FIRST or self.closed % INFO_EVERY == 0 else logging.DEBUG
+        log.log(level, "%s: observe window %d: %.4f J/step, %.4f s/step over %d steps in %.2f s%s", job.label(),
                  self.closed, m.joules_per_step, m.seconds_per_step, m.measured_steps, m.duration_s or 0.0,
                  "" if spread is None else f"; successive windows differ by {100 * spread:.1f}%",
                  extra={**job.fields(), "OBSERVE_J_PER_STEP": f"{m.joules_per_step:.6f}",

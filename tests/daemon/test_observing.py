@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from governor.daemon.observing import KEPT, successive_spread
+from governor.daemon.observing import INFO_EVERY, INFO_FIRST, KEPT, successive_spread
 from governor.sim import job as simjob
 from governor.sim.energy import Workload
 from governor.store import measurements as store
@@ -82,3 +82,18 @@ def test_a_long_observed_jobs_windows_are_counted_past_those_kept(start_daemon):
     observed = c.call("status")["jobs"][0]["tuner"]
     assert observed["windows"] > KEPT + 5, observed
     assert f"observe window {KEPT + 5}:" in d.log()
+
+
+def test_a_long_observed_job_logs_its_first_windows_then_one_in_sixty_at_info(start_daemon):
+    """An operator's journal (log_level info) gets the first windows and then one in INFO_EVERY, not a line a window
+    for as long as the job is observed; status counts every window."""
+    d = start_daemon(simulate=True, log_level="info", config={"policy": "observe", "tuner": {
+        "window_rule": "steps", "window_steps": 1, "warmup_steps": 0}})
+    c = d.client()
+    res = c.call("register", gpu_util=80.0, **BERT_BASE)
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), WORKLOAD, 4 * INFO_EVERY + 20,
+               time_scale=0.3)
+    closed = c.call("status")["jobs"][0]["tuner"]["windows"]
+    assert closed >= 2 * INFO_EVERY, closed
+    logged = [n for n in range(1, closed + 1) if f"observe window {n}:" in d.log()]
+    assert logged == [*range(1, INFO_FIRST + 1), *range(INFO_EVERY, closed + 1, INFO_EVERY)], logged
