@@ -135,7 +135,7 @@ def add_parser(sub) -> None:
     p.add_argument("--tree", default=os.environ.get(SIM_TREE_ENV),
                    help="the simulated Orin tree ftgovd --simulate printed (default: $FTGOV_SIM_TREE, which "
                         "`eval \"$(ftgovd --simulate --print-env)\"` sets)")
-    p.add_argument("--model-type", choices=["encoder", "decoder"], default="encoder")
+    p.add_argument("--model-type", choices=["encoder", "decoder"], default="encoder", help="(default encoder)")
     p.add_argument("--num-layers", type=at_least(1), default=12, help="transformer layers (default 12)")
     p.add_argument("--hidden-size", type=at_least(1), default=768, help="hidden size (default 768)")
     p.add_argument("--seq-len", type=above(0), default=40.0, help="average tokens per sample (default 40)")
