@@ -101,8 +101,10 @@ def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:
                                "defaults"))
     except ConfigError as e:
         config = Config.model_validate({k: v for k, v in overrides.items() if v is not None})
-        early.append(Check("config", FAIL, f"{e} (the checks below use the defaults)",
-                           "fix the file: ftgovd refuses to start with it"))
+        fix = ("fix the file: ftgovd refuses to start with it" if Path(config_path).exists() else
+               "give the config file ftgovd runs with (given one that does not exist, it refuses to start), or no "
+               "--config for the defaults")
+        early.append(Check("config", FAIL, f"{e} (the checks below use the defaults)", fix))
     socket = (args.socket or os.environ.get(SOCKET_ENV)
               or (str(Path(simulated_state) / SOCKET_NAME) if simulated_state else config.socket.path))
     # As root, a tree someone else can write decides what root reads (and prints) and writes: $FTGOV_SIM_TREE may

@@ -424,3 +424,17 @@ def test_a_tune_policy_needs_the_tree_it_starts_from(orin, start_daemon, tmp_pat
     _, checks = doctor(orin, d)
     model = one(checks, "model")
     assert model["status"] == "WARN" and "does not load" in model["detail"] and "tuner starts" in model["detail"], model
+
+
+def test_a_config_that_does_not_exist_is_not_told_to_be_fixed(orin, tmp_path):
+    """--config naming no file was told "fix the file"; a bad file still is."""
+    for text, fix in ((None, "give the config file ftgovd runs with"), ("polcy: ffg\n", "fix the file")):
+        config = tmp_path / "ftgov.yaml"
+        if text is not None:
+            config.write_text(text)
+        p = subprocess.run([sys.executable, "-m", "governor.cli", "doctor", "--json", "--sysfs-root", str(orin),
+                            "--config", str(config), "--socket", str(orin / "none.sock"), "--state-dir",
+                            str(orin / "state")], capture_output=True, text=True, timeout=60, cwd="/",
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
+        (check,) = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "config"]
+        assert check["status"] == "FAIL" and check["fix"].startswith(fix), check
