@@ -28,7 +28,7 @@ from governor.cli.doctor_checks import (
     parse_nvpmodel,
     socket_access,
 )
-from governor.client import Connection, DaemonUnavailable, socket_path
+from governor.client import Connection, DaemonUnavailable, SocketPermissionError, socket_path
 from governor.errors import ConfigError, FtgovError
 from governor.simpaths import SOCKET_NAME, env_tree, tree_state_dir
 from governor.sysfs import trusted_root
@@ -45,6 +45,7 @@ def contact(ctx: Context) -> None:
             ctx.status = conn.call("status")
     except FtgovError as e:  # absent, refused (permission), or broken: check_daemon and check_socket say which
         ctx.daemon_error = str(e)
+        ctx.daemon_denied = isinstance(e, SocketPermissionError)
 
 
 def run_checks(ctx: Context) -> list[Check]:

@@ -307,6 +307,8 @@ def _permission_fix(path: str) -> str:
         group = grp.getgrgid(st.st_gid).gr_name
     except KeyError:
         group = str(st.st_gid)
+    if st.st_gid == 0:  # joining root's group would open every file root shares with it, not this socket alone
+        return "its group is root: run as root"
     if not st.st_mode & stat.S_IWGRP:
         return f"only its owner may connect (mode {stat.S_IMODE(st.st_mode):04o}): run as its owner or root"
     return f"join the group '{group}' (sudo usermod -aG {group} $USER, then log in again), or run as root"

@@ -321,15 +321,17 @@ def test_stale_socket_file_is_named(short_dir):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
-@pytest.mark.parametrize("socket_mode, dir_mode, says", [
+@pytest.mark.parametrize("group, socket_mode, dir_mode, says", [
     # The socket's own group, the config's socket.group: it was always 'ftgov', which an operator's other group is not.
-    (0o660, 0o755, "join the group 'disk' (sudo usermod -aG disk $USER, then log in again), or run as root"),
-    (0o600, 0o755, "only its owner may connect (mode 0600): run as its owner or root"),
+    ("disk", 0o660, 0o755, "join the group 'disk' (sudo usermod -aG disk $USER, then log in again), or run as root"),
+    ("disk", 0o600, 0o755, "only its owner may connect (mode 0600): run as its owner or root"),
+    # Root's group (a daemon started by hand where no ftgov group exists): joining it would open far more than this.
+    ("root", 0o660, 0o755, "its group is root: run as root"),
     # Its directory is closed: joining the socket's group would change nothing.
-    (0o660, 0o700, "a directory on its path is closed to you, so no group of the socket's would help"),
-], ids=["group", "owner-only", "closed-dir"])
-def test_permission_denied_says_who_may_connect(daemon, socket_mode, dir_mode, says):
-    os.chown(daemon.path, 0, grp.getgrnam("disk").gr_gid)  # a group nobody (65534) is not in
+    ("disk", 0o660, 0o700, "a directory on its path is closed to you, so no group of the socket's would help"),
+], ids=["group", "owner-only", "root-group", "closed-dir"])
+def test_permission_denied_says_who_may_connect(daemon, group, socket_mode, dir_mode, says):
+    os.chown(daemon.path, 0, grp.getgrnam(group).gr_gid)  # groups nobody (65534) is not in
     os.chmod(daemon.path, socket_mode)
     os.chmod(os.path.dirname(daemon.path), dir_mode)
     # Import as root (the interpreter lives under /root), then become nobody before connecting.
