@@ -8,6 +8,7 @@ root-owned file, never from clients.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 import os
 from pathlib import Path
@@ -382,15 +383,31 @@ def _sections() -> dict[str, type[BaseModel]]:
             if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)}
 
 
+def _unknown_key_hint(loc: tuple) -> str:
+    """What a key the config does not know was likely meant to be: a section's key that lost its indent, else a
+    known key of its own section that it misspells (``polcy``: policy)."""
+    sections = _sections()
+    if len(loc) == 1:
+        owners = [name for name, model in sections.items() if loc[0] in model.model_fields]
+        if owners:
+            return f" (a key of {' or '.join(owners)}: indent it under its section)"
+        model: type[BaseModel] | None = Config
+    else:
+        model = sections.get(str(loc[0])) if len(loc) == 2 else None
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f" (did you mean {'.'.join([*map(str, loc[:-1]), close[0]])}?)" if close else ""
+
+
 def _format_errors(e: ValidationError) -> str:
     lines = []
     errors = e.errors()
     for err in errors[:MAX_ERRORS_SHOWN]:
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
         hint = ""
-        if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:  # a section's key that lost its indent
-            owners = [name for name, model in _sections().items() if err["loc"][0] in model.model_fields]
-            hint = f" (a key of {' or '.join(owners)}: indent it under its section)" if owners else ""
+        if err["type"] == "extra_forbidden":
+            hint = _unknown_key_hint(err["loc"])
         lines.append(f"{key}: {err['msg']}{hint}")
     if len(errors) > MAX_ERRORS_SHOWN:
         lines.append(f"and {len(errors) - MAX_ERRORS_SHOWN} more")

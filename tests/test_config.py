@@ -209,6 +209,20 @@ def test_a_sections_key_left_unindented_is_named_with_its_section(tmp_path):
                             "tuner: indent it under its section)")
 
 
+def test_a_misspelt_key_is_named_with_the_key_it_misspells(tmp_path):
+    """`polcy: ffg` said only "Extra inputs are not permitted": which key was meant, in its own section."""
+    path = tmp_path / "c.yaml"
+    path.write_text("polcy: ffg\nlimits:\n  max_job: 3\ntuner:\n  window_target_rell: 0.03\nfoo: 1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert str(e.value) == (f"config file {path}: "
+                            "limits.max_job: Extra inputs are not permitted (did you mean limits.max_jobs?); "
+                            "tuner.window_target_rell: Extra inputs are not permitted (did you mean "
+                            "tuner.window_target_rel?); "
+                            "polcy: Extra inputs are not permitted (did you mean policy?); "
+                            "foo: Extra inputs are not permitted")
+
+
 def test_an_override_under_a_key_that_holds_no_section_names_the_key(tmp_path):
     """--socket must not end in a TypeError where the file's socket is no mapping."""
     path = tmp_path / "c.yaml"

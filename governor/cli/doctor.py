@@ -28,7 +28,7 @@ from governor.cli.doctor_checks import (
     parse_nvpmodel,
     socket_access,
 )
-from governor.client import Connection, DaemonUnavailable, socket_path
+from governor.client import Connection, DaemonUnavailable, SocketPermissionError, socket_path
 from governor.errors import ConfigError, FtgovError
 from governor.simpaths import SOCKET_NAME, env_tree, tree_state_dir
 from governor.sysfs import trusted_root
@@ -46,6 +46,7 @@ def contact(ctx: Context) -> None:
             ctx.status = conn.call("status")
     except FtgovError as e:  # absent, refused (permission), or broken: check_daemon and check_socket say which
         ctx.daemon_error = str(e)
+        ctx.daemon_denied = isinstance(e, SocketPermissionError)
 
 
 def run_checks(ctx: Context) -> list[Check]:
@@ -102,8 +103,10 @@ def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:
                                "defaults"))
     except ConfigError as e:
         config = Config.model_validate({k: v for k, v in overrides.items() if v is not None})
-        early.append(Check("config", FAIL, f"{e} (the checks below use the defaults)",
-                           "fix the file: ftgovd refuses to start with it"))
+        fix = ("fix the file: ftgovd refuses to start with it" if Path(config_path).exists() else
+               "give the config file ftgovd runs with (given one that does not exist, it refuses to start), or no "
+               "--config for the defaults")
+        early.append(Check("config", FAIL, f"{e} (the checks below use the defaults)", fix))
     socket = (args.socket or os.environ.get(SOCKET_ENV)
               or (str(Path(simulated_state) / SOCKET_NAME) if simulated_state else config.socket.path))
     # As root, a tree someone else can write decides what root reads (and prints) and writes: $FTGOV_SIM_TREE may

@@ -48,6 +48,7 @@ class Context:
     session_gids: set[int]
     status: dict | None = None  # the daemon's status; None when it does not answer
     daemon_error: str = ""
+    daemon_denied: bool = False  # it did not answer because this caller may not connect (check_socket says why)
     gpu: object = None  # the DevfreqGpu found by check_devfreq
     simulated: bool = False  # the tree is one ftgovd --simulate built (its socket is made for the caller)
 
@@ -159,11 +160,11 @@ def check_pin(ctx: Context) -> list[Check]:
         return checks or [Check("pin", FAIL, "ftgovd governs no GPU")]
     if ctx.gpu is None:
         if ctx.config.backend == "nvml":
-            return [Check("pin", FAIL, "ftgovd does not answer: the NVML pin cannot be checked", START_SOCKET)]
+            return [Check("pin", FAIL, "ftgovd does not answer: the NVML pin cannot be checked", reach_daemon(ctx))]
         return [Check("pin", FAIL, "no GPU devfreq node to pin", "see 'devfreq' above")]
     if ctx.uid != 0:
         return [Check("pin", WARN, f"not checked: ftgovd does not answer and only root may write the limits "
-                                   f"(you are uid {ctx.uid})", f"{start_daemon(ctx)}, or run doctor as root")]
+                                   f"(you are uid {ctx.uid})", f"{reach_daemon(ctx)}, or run doctor as root")]
     return [write_back(ctx.gpu)]
 
 
@@ -359,6 +360,10 @@ def socket_access(path: str, uid: int, session_gids: set[int]) -> Check:
         user = pwd.getpwuid(uid).pw_name
     except KeyError:
         user = str(uid)
+    if st.st_gid == 0:  # joining root's group would open every file root shares with it, not this socket alone
+        return Check("socket", FAIL, detail + f"; you ({user}) are not root, and the socket is root's group's",
+                     "run as root, or give the socket a group of its own (socket.group, the ftgov group "
+                     "make install adds)")
     if group is not None and user in group.gr_mem:
         return Check("socket", FAIL, detail + f"; {user} is in group {group_name} in /etc/group, but not in this "
                                               "login session", "log out and in again (or run: newgrp "
@@ -391,9 +396,15 @@ def start_daemon(ctx: Context) -> str:
     return start_simulated(ctx.config.state_dir, ctx.socket) if ctx.simulated else START_SOCKET
 
 
+def reach_daemon(ctx: Context) -> str:
+    """The fix for a daemon that does not answer: start it, or, where it runs and this caller may not connect,
+    what the socket check says (starting another would find the socket taken)."""
+    return "see 'socket' below" if ctx.daemon_denied else start_daemon(ctx)
+
+
 def check_daemon(ctx: Context) -> list[Check]:
     if ctx.status is None:
-        return [Check("daemon", WARN, f"ftgovd does not answer: {ctx.daemon_error}", start_daemon(ctx))]
+        return [Check("daemon", WARN, f"ftgovd does not answer: {ctx.daemon_error}", reach_daemon(ctx))]
     s = ctx.status
     return [Check("daemon", OK, f"ftgovd answers on {ctx.socket}: policy {s.get('policy')}, "
                                 f"{len(s.get('jobs') or [])} job(s), {len(s.get('gpus') or [])} GPU(s)")]

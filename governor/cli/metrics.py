@@ -375,7 +375,7 @@ def add_parser(sub) -> None:
                    help="with --port: seconds a connection may take to send its request (and each write of the reply) "
                         "before it is closed (default 10)")
     p.add_argument("--interval", type=above(0), default=15.0, help="seconds between textfile writes (default 15)")
-    p.add_argument("--once", action="store_true", help="write the textfile once and exit (for a systemd timer)")
+    p.add_argument("--once", action="store_true", help="with --textfile: write it once and exit (for a systemd timer)")
     p.add_argument("--job-names", action="store_true",
                    help="label job metrics with job names too (off by default: names, often model paths, would be "
                         "readable by anyone who can scrape the exporter)")
@@ -393,6 +393,11 @@ def _remove(out: OutDir, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.once and args.port is not None:
+        # Ignored, it left a timer's one-shot run (or a look at the metrics) serving the port until it was killed.
+        print("ftgov metrics: --once goes with --textfile: with --port the metrics are served until ftgov metrics is "
+              "stopped", file=sys.stderr)
+        return 2
     textfile = Path(args.textfile) if args.textfile else None
     if textfile is not None and textfile.suffix != ".prom":
         # node_exporter's textfile collector reads only *.prom files in its directory (node_exporter's README):

@@ -10,13 +10,13 @@ connection closes, or when the process exits. A job therefore keeps its connecti
 
 from __future__ import annotations
 
+from governor import SOCKET_GROUP
 from governor.client.adapter import AdapterCore
 from governor.client.connection import (
                                         DEFAULT_REPORT_EVERY_S,
                                         DEFAULT_SOCKET,
                                         MAX_REPLY_BYTES,
                                         SOCKET_ENV,
-                                        SOCKET_GROUP,
                                         Connection,
                                         DaemonUnavailable,
                                         GovernorWarning,

@@ -3,6 +3,7 @@ failure to connect means for the user."""
 
 from __future__ import annotations
 
+import grp
 import json
 import logging
 import os
@@ -10,7 +11,7 @@ import select
 import socket as socketlib
 import stat
 
-from governor import DEFAULT_SOCKET_PATH, SOCKET_ENV, SOCKET_GROUP, errors, simpaths
+from governor import DEFAULT_SOCKET_PATH, SOCKET_ENV, errors, simpaths
 from governor.errors import FtgovError
 from governor.simpaths import PRINT_ENV, simulated_state_dir, start_simulated
 
@@ -293,11 +294,29 @@ def _simulated_dir(path: str) -> str | None:
     return state_dir
 
 
+def _permission_fix(path: str) -> str:
+    """Who may connect to the socket at ``path``, and how to become one: its own group, which is the config's
+    socket.group (``ftgov`` unless the operator chose another), or, where the socket cannot even be looked at, the
+    directory that keeps it."""
+    try:
+        st = os.stat(path)
+    except OSError:  # a directory on the way is closed to this user: no group of the socket's would help
+        return (f"a directory on its path is closed to you, so no group of the socket's would help: run as that "
+                f"directory's owner or root, or point {SOCKET_ENV} / --socket at a socket you may reach")
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    if st.st_gid == 0:  # joining root's group would open every file root shares with it, not this socket alone
+        return "its group is root: run as root"
+    if not st.st_mode & stat.S_IWGRP:
+        return f"only its owner may connect (mode {stat.S_IMODE(st.st_mode):04o}): run as its owner or root"
+    return f"join the group '{group}' (sudo usermod -aG {group} $USER, then log in again), or run as root"
+
+
 def _connect_error(path: str, e: OSError) -> DaemonUnavailable:
     if isinstance(e, PermissionError):
-        return SocketPermissionError(
-            f"permission denied on {path}: join the group '{SOCKET_GROUP}' "
-            f"(sudo usermod -aG {SOCKET_GROUP} $USER, then log in again), or run as root")
+        return SocketPermissionError(f"permission denied on {path}: {_permission_fix(path)}")
     state_dir = _simulated_dir(path)
     if isinstance(e, FileNotFoundError):
         if state_dir is not None:  # a simulated daemon's socket (its tree beside it, or --simulate's default)

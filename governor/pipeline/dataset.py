@@ -181,8 +181,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("dataset", help="label each characterized configuration with its energy-optimal level",
                               description="Write the training set: per configuration the five features and the label "
                               "(the energy optimum of the 1-2-1 smoothed curve).")
-    p.add_argument("--data", type=Path, default=Path("model/data/characterization.csv"), help="characterization CSV")
-    p.add_argument("--out", type=Path, default=Path("model/artifacts/dataset.csv"))
+    p.add_argument("--data", type=Path, default=Path("model/data/characterization.csv"),
+                   help="characterization CSV (default: %(default)s, from a checkout's root)")
+    p.add_argument("--out", type=Path, default=Path("model/artifacts/dataset.csv"), help="default: %(default)s")
     p.set_defaults(func=run)
     return p
 

@@ -160,11 +160,15 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("export", help="write the fitted tree as the daemon's JSON and as readable rules",
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, default=Path("model/data/characterization.csv"),
-                   help="characterization CSV (its provenance goes into the tree's metadata)")
-    p.add_argument("--estimator", type=Path, default=Path("model/artifacts/mlg.joblib"), help="from `fit`")
-    p.add_argument("--report", type=Path, default=Path("model/artifacts/cv-report.json"), help="from `fit`")
-    p.add_argument("--tree", type=Path, default=Path("governor/data/mlg-tree.json"), help="ftgov-tree/1 JSON to write")
-    p.add_argument("--rules", type=Path, default=Path("model/mlg-rules.txt"), help="readable rules to write")
+                   help="characterization CSV (its provenance goes into the tree's metadata) (default: %(default)s)")
+    p.add_argument("--estimator", type=Path, default=Path("model/artifacts/mlg.joblib"),
+                   help="from `fit` (default: %(default)s)")
+    p.add_argument("--report", type=Path, default=Path("model/artifacts/cv-report.json"),
+                   help="from `fit` (default: %(default)s)")
+    p.add_argument("--tree", type=Path, default=Path("governor/data/mlg-tree.json"),
+                   help="ftgov-tree/1 JSON to write (default: %(default)s)")
+    p.add_argument("--rules", type=Path, default=Path("model/mlg-rules.txt"),
+                   help="readable rules to write (default: %(default)s)")
     p.set_defaults(func=run)
     return p
 

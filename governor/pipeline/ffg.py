@@ -41,8 +41,9 @@ def run_ffg(data: Path, out: Path) -> int:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("ffg", help="derive FFG's single frequency from the characterization data",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=Path("model/data/characterization.csv"), help="characterization CSV")
-    p.add_argument("--out", type=Path, default=Path("governor/data/ffg.json"))
+    p.add_argument("--data", type=Path, default=Path("model/data/characterization.csv"),
+                   help="characterization CSV (default: %(default)s, from a checkout's root)")
+    p.add_argument("--out", type=Path, default=Path("governor/data/ffg.json"), help="default: %(default)s")
     p.set_defaults(func=run)
     return p
 

@@ -135,7 +135,7 @@ def add_parser(sub) -> None:
     p.add_argument("--tree", default=os.environ.get(SIM_TREE_ENV),
                    help="the simulated Orin tree ftgovd --simulate printed (default: $FTGOV_SIM_TREE, which "
                         "`eval \"$(ftgovd --simulate --print-env)\"` sets)")
-    p.add_argument("--model-type", choices=["encoder", "decoder"], default="encoder")
+    p.add_argument("--model-type", choices=["encoder", "decoder"], default="encoder", help="(default encoder)")
     p.add_argument("--num-layers", type=at_least(1), default=12, help="transformer layers (default 12)")
     p.add_argument("--hidden-size", type=at_least(1), default=768, help="hidden size (default 768)")
     p.add_argument("--seq-len", type=above(0), default=40.0, help="average tokens per sample (default 40)")
@@ -203,9 +203,21 @@ def _main(args: argparse.Namespace) -> int:
                         if issubclass(w.category, client.GovernorWarning)) or "the job was not registered"
         raise FtgovError(f"{why}. sim-job runs its steps for ftgovd to govern: start ftgovd --simulate, then "
                          f"{PRINT_ENV} (or pass --socket); --no-daemon runs them without it")
-    try:
-        run(root, job, workload, args.steps, time_scale=args.time_scale)
-    finally:
-        job.close()
+    # Nor is a daemon that went away while the steps ran: no summary, and its warning is this command's error, not a
+    # Python warning that points at the ftgov script.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", client.GovernorWarning)
+        try:
+            run(root, job, workload, args.steps, time_scale=args.time_scale)
+        finally:
+            job.close()
+    lost = [str(w.message).removeprefix(WITHOUT_GOVERNOR) for w in caught
+            if issubclass(w.category, client.GovernorWarning)]
+    for w in caught:
+        if not issubclass(w.category, client.GovernorWarning):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+    if job.result is None:
+        raise FtgovError(f"{'; '.join(lost) or 'ftgovd gave no summary of the job'}. The job's steps ran on "
+                         "without it: no summary")
     print(json.dumps(job.result, indent=2, sort_keys=True))  # unregister's answer: the job's energy, pin, saving
     return 0

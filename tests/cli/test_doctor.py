@@ -227,7 +227,31 @@ def test_caller_not_in_the_socket_group(start_daemon):
     socket = one(checks, "socket")
     assert socket["status"] == "FAIL" and "not in group" in socket["detail"], socket
     assert "usermod -aG" in socket["fix"]
-    assert one(checks, "pin")["status"] == "WARN"  # nobody may neither reach the daemon nor write the limits
+    # The daemon runs: the fix is the socket's, not "start it" (another would find its socket taken).
+    daemon = one(checks, "daemon")
+    assert daemon["status"] == "WARN" and daemon["fix"] == "see 'socket' below", daemon
+    pin = one(checks, "pin")  # nobody may neither reach the daemon nor write the limits
+    assert pin["status"] == "WARN" and pin["fix"] == "see 'socket' below, or run doctor as root", pin
+
+
+def test_a_socket_of_roots_group_is_not_fixed_by_joining_it(start_daemon):
+    """A socket of group root (ftgovd started by hand where no ftgov group exists) was fixed with 'sudo usermod -aG
+    root USER', which would open every file root's group may read or write."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run doctor as another user")
+    board = Path(tempfile.mkdtemp(prefix="ftgdoc", dir="/tmp"))
+    try:
+        board.chmod(0o755)
+        tree.build(board, "jp6")
+        d = start_daemon(board)
+        d.workdir.chmod(0o755)
+        os.chown(d.socket, 0, 0)
+        rc, checks = doctor(board, d, user=65534)
+    finally:
+        shutil.rmtree(board)
+    access = checks["socket"][0]
+    assert access["status"] == "FAIL" and access["fix"].startswith("run as root"), access
+    assert "usermod" not in access["fix"] and "its group is root: run as root" in one(checks, "daemon")["detail"]
 
 
 def test_pin_left_by_a_crashed_daemon(orin, start_daemon):
@@ -452,3 +476,17 @@ def test_text_output_escapes_what_the_socket_answered(orin, tmp_path):
         server.shutdown()
         server.server_close()
     assert "policy mlg\\x1b]0;owned\\x07\\x1b[2J" in p.stdout and "\x1b" not in p.stdout, p.stdout
+
+
+def test_a_config_that_does_not_exist_is_not_told_to_be_fixed(orin, tmp_path):
+    """--config naming no file was told "fix the file"; a bad file still is."""
+    for text, fix in ((None, "give the config file ftgovd runs with"), ("polcy: ffg\n", "fix the file")):
+        config = tmp_path / "ftgov.yaml"
+        if text is not None:
+            config.write_text(text)
+        p = subprocess.run([sys.executable, "-m", "governor.cli", "doctor", "--json", "--sysfs-root", str(orin),
+                            "--config", str(config), "--socket", str(orin / "none.sock"), "--state-dir",
+                            str(orin / "state")], capture_output=True, text=True, timeout=60, cwd="/",
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
+        (check,) = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "config"]
+        assert check["status"] == "FAIL" and check["fix"].startswith(fix), check

@@ -67,6 +67,16 @@ def test_daemon_down_is_up_zero(tmp_path):
     assert parse(prom.read_text()) == {("ftgov_up", frozenset()): 0}
 
 
+def test_once_with_a_port_is_a_usage_error_not_a_server_for_ever(tmp_path):
+    """--once was ignored with --port: a timer's one-shot run served the port until it was killed (here: until the
+    timeout fails the test)."""
+    done = subprocess.run([sys.executable, "-m", "governor.cli", "metrics", "--port", "0", "--once", "--socket",
+                           str(tmp_path / "none.sock")], env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stderr) == (2, "ftgov metrics: --once goes with --textfile: with --port the metrics "
+                                                 "are served until ftgov metrics is stopped\n")
+
+
 def serve_metrics(daemon, *args: str, host: str = r"127\.0\.0\.1") -> tuple[subprocess.Popen, re.Match]:
     """`ftgov metrics --port 0` for the daemon, with ``args``: the process, and the URL its first line says it serves
     (group 1: the port). The caller stops the process."""

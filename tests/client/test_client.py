@@ -6,6 +6,7 @@ The tests against the real daemon are in test_client_daemon.py.
 from __future__ import annotations
 
 import contextlib
+import grp
 import json
 import logging
 import os
@@ -320,16 +321,26 @@ def test_stale_socket_file_is_named(short_dir):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
-def test_permission_denied_names_the_group(daemon):
-    os.chmod(daemon.path, 0o600)
-    os.chmod(os.path.dirname(daemon.path), 0o755)
+@pytest.mark.parametrize("group, socket_mode, dir_mode, says", [
+    # The socket's own group, the config's socket.group: it was always 'ftgov', which an operator's other group is not.
+    ("disk", 0o660, 0o755, "join the group 'disk' (sudo usermod -aG disk $USER, then log in again), or run as root"),
+    ("disk", 0o600, 0o755, "only its owner may connect (mode 0600): run as its owner or root"),
+    # Root's group (a daemon started by hand where no ftgov group exists): joining it would open far more than this.
+    ("root", 0o660, 0o755, "its group is root: run as root"),
+    # Its directory is closed: joining the socket's group would change nothing.
+    ("disk", 0o660, 0o700, "a directory on its path is closed to you, so no group of the socket's would help"),
+], ids=["group", "owner-only", "root-group", "closed-dir"])
+def test_permission_denied_says_who_may_connect(daemon, group, socket_mode, dir_mode, says):
+    os.chown(daemon.path, 0, grp.getgrnam(group).gr_gid)  # groups nobody (65534) is not in
+    os.chmod(daemon.path, socket_mode)
+    os.chmod(os.path.dirname(daemon.path), dir_mode)
     # Import as root (the interpreter lives under /root), then become nobody before connecting.
     code = ("import os\nfrom governor.client import Connection, SocketPermissionError\n"
             "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
             f"try:\n    Connection({daemon.path!r})\nexcept SocketPermissionError as e:\n    print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"PYTHONPATH": str(REPO)}, timeout=60)
-    assert "permission denied" in out.stdout and "group 'ftgov'" in out.stdout, out.stderr
+    assert out.stdout.startswith(f"permission denied on {daemon.path}: {says}"), (out.stdout, out.stderr)
     assert issubclass(SocketPermissionError, DaemonUnavailable)
 
 

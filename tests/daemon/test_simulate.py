@@ -138,6 +138,26 @@ def test_sim_job_tunes_against_simulate_while_the_daemon_rewrites_the_limits(sta
         assert result["steps"] == 120 and result["ended"] == "unregistered", out.stdout
 
 
+def test_sim_job_whose_daemon_stops_under_it_fails_with_why(start_daemon):
+    """A daemon stopped while sim-job's steps ran left it printing `null` as the job's summary and exiting 0, after a
+    Python warning that pointed at the ftgov script's own line."""
+    d = start_daemon(None, simulate=True)
+    proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "sim-job", "--socket", d.socket, "--tree",
+                             str(d.state_dir / "sim-orin"), "--steps", "300", "--time-scale", "0.05"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        d.wait_jobs(1)
+        d.stop()
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert (proc.returncode, out) == (1, ""), err
+    assert re.search(r"^ftgov: error: lost the connection to ftgovd at .*The job's steps ran on without it: no "
+                     r"summary$", err, re.M), err
+    assert "GovernorWarning" not in err, err
+
+
 def test_a_node_outside_sys_devices_platform_is_warned_about_at_start(tmp_path, start_daemon):
     # JetPack 4's layout: the GPU directly under /sys/devices, which the unit's ReadWritePaths= does not open.
     root = tree.build(tmp_path / "jp4", "jp6")
