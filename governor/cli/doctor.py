@@ -68,6 +68,11 @@ def refuse_while_daemon_runs(what: str, socket: str | None = None) -> None:
     path = socket_path(socket)
     try:
         conn = Connection(path, timeout_s=5.0)
+    except SocketPermissionError as e:
+        # The socket is there and refuses this user: whether a daemon listens behind it cannot be told, and taking
+        # it for "none" let a sweep run under a serving ftgovd.
+        raise FtgovError(f"{what}: cannot tell whether ftgovd is active on {path}: {e}. Run this as root, or stop "
+                         "ftgovd for the run: sudo systemctl stop ftgovd.socket ftgovd") from e
     except DaemonUnavailable:
         return
     try:

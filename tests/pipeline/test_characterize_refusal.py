@@ -50,6 +50,19 @@ def test_not_refused_when_nothing_listens(tmp_path):
     refuse_while_daemon_runs("test", str(tmp_path / "none.sock"))  # no socket: nothing to fight with
 
 
+def test_refused_when_the_socket_refuses_this_user(tmp_path, monkeypatch):
+    """A socket this user may not connect to may have a daemon behind it: refused, not taken for none."""
+    from governor.cli import doctor
+    from governor.client import SocketPermissionError
+
+    def refuse(path, timeout_s):
+        raise SocketPermissionError(f"permission denied on {path}")
+
+    monkeypatch.setattr(doctor, "Connection", refuse)
+    with pytest.raises(FtgovError, match="cannot tell whether ftgovd is active.*permission denied.*Run this as root"):
+        refuse_while_daemon_runs("test", str(tmp_path / "theirs.sock"))
+
+
 def test_refused_when_something_accepts_but_does_not_answer(tmp_path):
     path = str(tmp_path / "mute.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
