@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
+from governor import SOCKET_ENV
 from governor.errors import FtgovError
 from governor.sim import tree
 from governor.sim.inotify import IN_CLOSE_WRITE, IN_MODIFY, Inotify
@@ -191,7 +192,11 @@ def _main(args: argparse.Namespace) -> int:
         print(json.dumps({"registered": False, "steps": args.steps,
                           "wall_s": round(time.monotonic() - started_s, 3)}, indent=2, sort_keys=True))
         return 0
-    job = client.job(name="sim-job", socket=args.socket, tune=args.tune or None, report_every_s=0.05, **features)
+    # The daemon of this tree: --socket, else $FTGOV_SOCKET, else the socket beside a tree --simulate built (a shell
+    # that exported only FTGOV_SIM_TREE looked for the board's /run/ftgov/ftgov.sock).
+    socket = args.socket or os.environ.get(SOCKET_ENV) or (
+        None if state_dir is None else str(Path(state_dir) / SOCKET_NAME))
+    job = client.job(name="sim-job", socket=socket, tune=args.tune or None, report_every_s=0.05, **features)
     # A training script carries on without the governor (a warning); this job exists to be governed, so a daemon
     # that does not take it is this command's failure, not a null summary and exit 0.
     with warnings.catch_warnings(record=True) as caught:
@@ -201,8 +206,9 @@ def _main(args: argparse.Namespace) -> int:
         job.close()
         why = "; ".join(str(w.message).removeprefix(WITHOUT_GOVERNOR) for w in caught
                         if issubclass(w.category, client.GovernorWarning)) or "the job was not registered"
-        raise FtgovError(f"{why}. sim-job runs its steps for ftgovd to govern: start ftgovd --simulate, then "
-                         f"{PRINT_ENV} (or pass --socket); --no-daemon runs them without it")
+        start = "start ftgovd --simulate" if PRINT_ENV in why else f"start ftgovd --simulate, then {PRINT_ENV}"
+        raise FtgovError(f"{why}. sim-job runs its steps for ftgovd to govern: {start} (or pass --socket); "
+                         "--no-daemon runs them without it")
     # Nor is a daemon that went away while the steps ran: no summary, and its warning is this command's error, not a
     # Python warning that points at the ftgov script.
     with warnings.catch_warnings(record=True) as caught:

@@ -138,6 +138,20 @@ def test_sim_job_tunes_against_simulate_while_the_daemon_rewrites_the_limits(sta
         assert result["steps"] == 120 and result["ended"] == "unregistered", out.stdout
 
 
+def test_sim_job_finds_the_daemon_beside_the_tree_it_was_given(start_daemon):
+    """A shell that exported FTGOV_SIM_TREE alone (no FTGOV_SOCKET): sim-job looked for the board's
+    /run/ftgov/ftgov.sock instead of the socket beside the tree, where ftgovd --simulate listens."""
+    d = start_daemon(None, simulate=True, launch=False)
+    d.socket = str(d.state_dir / "ftgov.sock")  # where ftgovd --simulate listens unless told otherwise
+    d.start()
+    env = {k: v for k, v in os.environ.items() if k != "FTGOV_SOCKET"}
+    out = subprocess.run([sys.executable, "-m", "governor.cli", "sim-job", "--steps", "20", "--time-scale", "0.02"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**env, "PYTHONPATH": str(REPO), "FTGOV_SIM_TREE": str(d.state_dir / "sim-orin")})
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["steps"] == 20
+
+
 def test_sim_job_whose_daemon_stops_under_it_fails_with_why(start_daemon):
     """A daemon stopped while sim-job's steps ran left it printing `null` as the job's summary and exiting 0, after a
     Python warning that pointed at the ftgov script's own line."""
