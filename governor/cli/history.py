@@ -168,8 +168,9 @@ def format_table(jobs, totals: dict) -> str:
 def saved_totals(totals: dict) -> str:
     """The store's measured saving in words, by basis: against the default governor is ftgov's saving; against the
     tuner's start it is what tuning added on top of the tree's pick, the default governor's cost unmeasured."""
-    text = (f"measured saved: {energy(totals['saved_default_j'])} against the default governor, "
-            f"{energy(totals['saved_start_j'])} against the tuner's start")
+    parts = [f"{energy(totals['saved_default_j'])} against the default governor"]
+    if totals["saved_start_j"]:  # only jobs whose saving was measured against the tuner's start have one
+        parts.append(f"{energy(totals['saved_start_j'])} against the tuner's start")
     if totals["saved_unsplit_j"]:
-        text += f", {energy(totals['saved_unsplit_j'])} recorded before the store kept the two apart"
-    return text
+        parts.append(f"{energy(totals['saved_unsplit_j'])} recorded before the store kept the two apart")
+    return "measured saved: " + ", ".join(parts)

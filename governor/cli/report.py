@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         jobs, totals = load(args, parse_since(args.since) if args.since else None, "report")
         if not jobs:
-            raise FtgovError("the store holds no jobs (in that range)")
+            raise FtgovError("the store holds no jobs" + (f" since {args.since}" if args.since else ""))
         try:
             import matplotlib
 
