@@ -112,8 +112,11 @@ def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:
                "give the config file ftgovd runs with (given one that does not exist, it refuses to start), or no "
                "--config for the defaults")
         early.append(Check("config", FAIL, f"{e} (the checks below use the defaults)", fix))
-    socket = (args.socket or os.environ.get(SOCKET_ENV)
-              or (str(Path(simulated_state) / SOCKET_NAME) if simulated_state else config.socket.path))
+    # The daemon of the tree checked: --socket, else the one beside a simulated tree named on the command line (a
+    # shell's $FTGOV_SOCKET may be another simulated daemon's, which governs another tree), else $FTGOV_SOCKET.
+    beside = str(Path(simulated_state) / SOCKET_NAME) if simulated_state else None
+    socket = (args.socket or (beside if args.sysfs_root else None) or os.environ.get(SOCKET_ENV) or beside
+              or config.socket.path)
     # As root, a tree someone else can write decides what root reads (and prints) and writes: $FTGOV_SIM_TREE may
     # come from a member's shell (sudo -E, su without -). The daemon and restore refuse such a root too.
     try:

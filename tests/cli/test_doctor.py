@@ -385,6 +385,20 @@ def test_doctor_on_a_simulated_tree_checks_that_daemons_state_file(start_daemon)
         state
 
 
+def test_doctor_of_a_named_simulated_tree_asks_that_trees_daemon(start_daemon, tmp_path):
+    """--sysfs-root names a simulated tree: its daemon is the one beside it, not $FTGOV_SOCKET's (a shell pointed at
+    another simulated daemon by the print-env eval), which governs another tree."""
+    d = start_daemon(simulate=True, launch=False)
+    d.socket = str(d.state_dir / "ftgov.sock")  # where ftgovd --simulate listens unless told otherwise
+    d.start()
+    env = {**os.environ, "PYTHONPATH": str(REPO), "FTGOV_SOCKET": str(tmp_path / "another-simulation.sock")}
+    p = subprocess.run([sys.executable, "-m", "governor.cli", "doctor", "--json", "--sysfs-root",
+                        str(d.state_dir / "sim-orin"), "--config", os.devnull], capture_output=True, text=True,
+                       env=env, timeout=60, cwd="/")
+    out = json.loads(p.stdout)
+    assert [c["status"] for c in out["checks"] if c["name"] in ("daemon", "socket")] == ["OK", "OK"], out
+
+
 def test_doctor_after_the_print_env_eval_checks_the_simulated_daemon(start_daemon, tmp_path):
     """As a newcomer runs it: `eval "$(ftgovd --simulate --print-env)"`, then `ftgov doctor` with no options. The
     tree is $FTGOV_SIM_TREE (not the host's /), the state beside it, and the socket's group is not asked of a
