@@ -325,17 +325,16 @@ class Store:
         self.conn = self._open()
 
     def _open(self) -> sqlite3.Connection:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise StoreError(f"cannot create {self.path.parent}: {e.strerror or e}") from e
         # SQLite opens the store and its -wal and -shm by path: in a directory another user may write to, they could
         # put their own database there (rows of uid 0, which `ftgov model retrain` trusts) or links for ours. The
-        # directory is checked as root-run writers check theirs (the default, /var/lib/ftgov, is root's and 0700).
+        # directory is checked as root-run writers check theirs (the default, /var/lib/ftgov, is root's and 0700);
+        # one made here is made 0700 whatever the umask (the store holds the job names status redacts).
         try:
-            os.close(safefile.open_dir(self.path.parent, create=False))
-        except (safefile.UnsafeDirectory, OSError) as e:
-            raise StoreError(f"measurement store {self.path}: {getattr(e, 'strerror', None) or e}") from e
+            os.close(safefile.open_dir(self.path.parent, create=True, mode=0o700))
+        except safefile.UnsafeDirectory as e:
+            raise StoreError(f"measurement store {self.path}: {e}") from e
+        except OSError as e:
+            raise StoreError(f"cannot create or open {self.path.parent}: {e.strerror or e}") from e
         _private(self.path)
         try:
             return self._open_sound()
