@@ -76,6 +76,13 @@ class ReadOnlyNvml:
         return value
 
 
+def _text(value: Any) -> str:
+    """A string NVML returned, as str: nvidia-ml-py decodes them, the legacy ``pynvml`` package (gpuopenanalytics,
+    11.4.1 in NGC PyTorch containers) returns bytes, and its pynvml/ package shadows nvidia-ml-py's pynvml.py where
+    both are installed (vllm-project/vllm#7649). str() of bytes would be "b'GPU-...'", which no job's GPU matches."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
 def _error_name(nvml: Any, code: int | None) -> str:
     for name in dir(nvml):
         if name.startswith("NVML_ERROR_") and getattr(nvml, name) == code:
@@ -160,9 +167,9 @@ class NvmlGpu(GpuBase):
         self.index = index
         self.id = str(index)
         self._handle = nvml_call(nvml, f"GPU {index}: open", nvml.nvmlDeviceGetHandleByIndex, index)
-        self.uuid = str(nvml_call(nvml, f"GPU {index}: UUID", nvml.nvmlDeviceGetUUID, self._handle))
+        self.uuid = _text(nvml_call(nvml, f"GPU {index}: UUID", nvml.nvmlDeviceGetUUID, self._handle))
         self._worker.who = f"GPU {index} ({self.uuid})"
-        self.name = str(nvml_call(nvml, f"GPU {index}: name", nvml.nvmlDeviceGetName, self._handle))
+        self.name = _text(nvml_call(nvml, f"GPU {index}: name", nvml.nvmlDeviceGetName, self._handle))
         try:
             nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
         except nvml.NVMLError as e:
@@ -250,7 +257,7 @@ class NvmlGpu(GpuBase):
 
     def driver_version(self) -> str | None:
         try:
-            return str(self._nvml.nvmlSystemGetDriverVersion())
+            return _text(self._nvml.nvmlSystemGetDriverVersion())
         except (self._nvml.NVMLError, NvmlNotAnswering) as e:
             log.debug("driver version: %s", e)
             return None

@@ -92,6 +92,16 @@ def test_probe_without_the_python_package_says_what_to_install(monkeypatch):
         probe()
 
 
+def test_the_legacy_pynvml_packages_bytes_are_decoded_so_that_jobs_find_their_gpu(nvml, system):
+    # The legacy pynvml package (NGC PyTorch containers ship 11.4.1) shadows nvidia-ml-py and returns bytes: read as
+    # str(b"GPU-..."), no job's "GPU-..." named its GPU and the name and driver version read "b'...'".
+    system.legacy_bytes = True
+    gpus = probe(nvml)
+    assert [g.uuid for g in gpus] == [g.uuid for g in system.gpus]
+    assert gpus[1].name == "NVIDIA H200" and gpus[1].driver_version() == system.driver_version
+    assert find_gpu(gpus, system.gpus[1].uuid) is gpus[1]
+
+
 def test_a_lost_gpu_is_skipped_and_the_others_kept(nvml, system):
     system.gpus[0].lost = True
     assert [g.id for g in probe(nvml)] == ["1"]
