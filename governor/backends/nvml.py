@@ -108,9 +108,16 @@ def _advice(nvml: Any, code: int | None, not_supported: str) -> str:
 
 
 def refuses_every(nvml: Any, e: Exception) -> bool:
-    """Whether an NVMLError answers every such write alike on this GPU (NOT_SUPPORTED, NO_PERMISSION), rather than
+    """Whether an NVMLError answers every such write alike on this GPU (NOT_SUPPORTED, NO_PERMISSION, and
+    FUNCTION_NOT_FOUND: the driver's library lacks the call, which pynvml says before calling anything), rather than
     failing this one (a lost GPU, a driver that did not answer)."""
-    return getattr(e, "value", None) in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION)
+    return getattr(e, "value", None) in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION,
+                                         _missing(nvml))
+
+
+def _missing(nvml: Any) -> int | None:
+    """NVML_ERROR_FUNCTION_NOT_FOUND: what pynvml raises for a function the driver's libnvidia-ml.so lacks."""
+    return getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", None)
 
 
 NOT_SUPPORTED_ADVICE = "this GPU or driver does not support it"
@@ -387,15 +394,17 @@ class NvmlGpu(GpuBase):
         """nvmlDeviceResetGpuLockedClocks: back to the driver's default ("the gpu clock that will be used after system
         reboot or driver reload", NVML API reference, Device Commands), not to a lock someone held before us.
 
-        NOT_SUPPORTED means the GPU has no locked clocks at all (Volta or newer only; Set answers the same), so no
-        lock can be in force and there is nothing to undo: done, not a failure. As a failure it left every restore
-        after a refused pin (doctor's pin check included) failing, retried on every tick for ever."""
+        NOT_SUPPORTED means the GPU has no locked clocks at all (Volta or newer only; Set answers the same), and
+        FUNCTION_NOT_FOUND a driver without the call (nor the one that sets a lock), so no lock can be in force and
+        there is nothing to undo: done, not a failure. As a failure it left every restore after a refused pin
+        (doctor's pin check included) failing, retried on every tick for ever."""
         try:
             self._nvml.nvmlDeviceResetGpuLockedClocks(self._handle)
         except self._nvml.NVMLError as e:
-            if getattr(e, "value", None) != self._nvml.NVML_ERROR_NOT_SUPPORTED:
+            code = getattr(e, "value", None)
+            if code not in (self._nvml.NVML_ERROR_NOT_SUPPORTED, _missing(self._nvml)):
                 raise converted(self._nvml, f"GPU {self.id} ({self.name}): reset locked clocks", e) from e
-            log.debug("GPU %s: no locked clocks to reset (NVML_ERROR_NOT_SUPPORTED)", self.id)
+            log.debug("GPU %s: no locked clocks to reset (%s)", self.id, _error_name(self._nvml, code))
         self._lock_hz = None
 
     def restore(self, limits: Limits) -> None:

@@ -283,6 +283,21 @@ def test_restore_on_a_gpu_that_cannot_lock_is_done_not_a_failure(nvml, system):
     assert system.gpus[1].power_limit_mw == 700_000
 
 
+def test_a_driver_without_the_lock_calls_refuses_every_lock_and_has_none_to_reset(nvml, system, tmp_path):
+    # pynvml raises NVMLError(FUNCTION_NOT_FOUND) for a function the driver's libnvidia-ml.so lacks (its
+    # _nvmlGetFunctionPointer), on every call alike: a PinError there was tried again at every pin, and the reset's
+    # failure left the restore after it retried on every tick, as NOT_SUPPORTED once did.
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"system": {"nvmlDeviceSetGpuLockedClocks": nvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                                             "nvmlDeviceResetGpuLockedClocks": nvml.NVML_ERROR_FUNCTION_NOT_FOUND}}))
+    system.faults_path = str(faults)
+    gpu = probe(nvml)[0]
+    baseline = gpu.snapshot()
+    with pytest.raises(CannotPin, match="update the driver"):
+        gpu.pin(gpu.levels_hz[0])
+    gpu.restore(baseline)  # no error: no lock can be in force where the driver has no call to set one
+
+
 def test_restore_leaves_an_unchanged_power_limit_alone(nvml, system):
     gpu = probe(nvml)[0]
     gpu.restore(gpu.snapshot())
