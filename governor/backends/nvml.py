@@ -76,6 +76,13 @@ class ReadOnlyNvml:
         return value
 
 
+def _text(value: Any) -> str:
+    """A string NVML returned, as str: nvidia-ml-py decodes them, the legacy ``pynvml`` package (gpuopenanalytics,
+    11.4.1 in NGC PyTorch containers) returns bytes, and its pynvml/ package shadows nvidia-ml-py's pynvml.py where
+    both are installed (vllm-project/vllm#7649). str() of bytes would be "b'GPU-...'", which no job's GPU matches."""
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
 def _error_name(nvml: Any, code: int | None) -> str:
     for name in dir(nvml):
         if name.startswith("NVML_ERROR_") and getattr(nvml, name) == code:
@@ -101,9 +108,16 @@ def _advice(nvml: Any, code: int | None, not_supported: str) -> str:
 
 
 def refuses_every(nvml: Any, e: Exception) -> bool:
-    """Whether an NVMLError answers every such write alike on this GPU (NOT_SUPPORTED, NO_PERMISSION), rather than
+    """Whether an NVMLError answers every such write alike on this GPU (NOT_SUPPORTED, NO_PERMISSION, and
+    FUNCTION_NOT_FOUND: the driver's library lacks the call, which pynvml says before calling anything), rather than
     failing this one (a lost GPU, a driver that did not answer)."""
-    return getattr(e, "value", None) in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION)
+    return getattr(e, "value", None) in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_NO_PERMISSION,
+                                         _missing(nvml))
+
+
+def _missing(nvml: Any) -> int | None:
+    """NVML_ERROR_FUNCTION_NOT_FOUND: what pynvml raises for a function the driver's libnvidia-ml.so lacks."""
+    return getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", None)
 
 
 NOT_SUPPORTED_ADVICE = "this GPU or driver does not support it"
@@ -160,9 +174,9 @@ class NvmlGpu(GpuBase):
         self.index = index
         self.id = str(index)
         self._handle = nvml_call(nvml, f"GPU {index}: open", nvml.nvmlDeviceGetHandleByIndex, index)
-        self.uuid = str(nvml_call(nvml, f"GPU {index}: UUID", nvml.nvmlDeviceGetUUID, self._handle))
+        self.uuid = _text(nvml_call(nvml, f"GPU {index}: UUID", nvml.nvmlDeviceGetUUID, self._handle))
         self._worker.who = f"GPU {index} ({self.uuid})"
-        self.name = str(nvml_call(nvml, f"GPU {index}: name", nvml.nvmlDeviceGetName, self._handle))
+        self.name = _text(nvml_call(nvml, f"GPU {index}: name", nvml.nvmlDeviceGetName, self._handle))
         try:
             nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
         except nvml.NVMLError as e:
@@ -250,7 +264,7 @@ class NvmlGpu(GpuBase):
 
     def driver_version(self) -> str | None:
         try:
-            return str(self._nvml.nvmlSystemGetDriverVersion())
+            return _text(self._nvml.nvmlSystemGetDriverVersion())
         except (self._nvml.NVMLError, NvmlNotAnswering) as e:
             log.debug("driver version: %s", e)
             return None
@@ -380,15 +394,17 @@ class NvmlGpu(GpuBase):
         """nvmlDeviceResetGpuLockedClocks: back to the driver's default ("the gpu clock that will be used after system
         reboot or driver reload", NVML API reference, Device Commands), not to a lock someone held before us.
 
-        NOT_SUPPORTED means the GPU has no locked clocks at all (Volta or newer only; Set answers the same), so no
-        lock can be in force and there is nothing to undo: done, not a failure. As a failure it left every restore
-        after a refused pin (doctor's pin check included) failing, retried on every tick for ever."""
+        NOT_SUPPORTED means the GPU has no locked clocks at all (Volta or newer only; Set answers the same), and
+        FUNCTION_NOT_FOUND a driver without the call (nor the one that sets a lock), so no lock can be in force and
+        there is nothing to undo: done, not a failure. As a failure it left every restore after a refused pin
+        (doctor's pin check included) failing, retried on every tick for ever."""
         try:
             self._nvml.nvmlDeviceResetGpuLockedClocks(self._handle)
         except self._nvml.NVMLError as e:
-            if getattr(e, "value", None) != self._nvml.NVML_ERROR_NOT_SUPPORTED:
+            code = getattr(e, "value", None)
+            if code not in (self._nvml.NVML_ERROR_NOT_SUPPORTED, _missing(self._nvml)):
                 raise converted(self._nvml, f"GPU {self.id} ({self.name}): reset locked clocks", e) from e
-            log.debug("GPU %s: no locked clocks to reset (NVML_ERROR_NOT_SUPPORTED)", self.id)
+            log.debug("GPU %s: no locked clocks to reset (%s)", self.id, _error_name(self._nvml, code))
         self._lock_hz = None
 
     def restore(self, limits: Limits) -> None:

@@ -92,6 +92,16 @@ def test_probe_without_the_python_package_says_what_to_install(monkeypatch):
         probe()
 
 
+def test_the_legacy_pynvml_packages_bytes_are_decoded_so_that_jobs_find_their_gpu(nvml, system):
+    # The legacy pynvml package (NGC PyTorch containers ship 11.4.1) shadows nvidia-ml-py and returns bytes: read as
+    # str(b"GPU-..."), no job's "GPU-..." named its GPU and the name and driver version read "b'...'".
+    system.legacy_bytes = True
+    gpus = probe(nvml)
+    assert [g.uuid for g in gpus] == [g.uuid for g in system.gpus]
+    assert gpus[1].name == "NVIDIA H200" and gpus[1].driver_version() == system.driver_version
+    assert find_gpu(gpus, system.gpus[1].uuid) is gpus[1]
+
+
 def test_a_lost_gpu_is_skipped_and_the_others_kept(nvml, system):
     system.gpus[0].lost = True
     assert [g.id for g in probe(nvml)] == ["1"]
@@ -271,6 +281,21 @@ def test_restore_on_a_gpu_that_cannot_lock_is_done_not_a_failure(nvml, system):
     gpu.set_power_cap_mw(300_000)
     gpu.restore(baseline)
     assert system.gpus[1].power_limit_mw == 700_000
+
+
+def test_a_driver_without_the_lock_calls_refuses_every_lock_and_has_none_to_reset(nvml, system, tmp_path):
+    # pynvml raises NVMLError(FUNCTION_NOT_FOUND) for a function the driver's libnvidia-ml.so lacks (its
+    # _nvmlGetFunctionPointer), on every call alike: a PinError there was tried again at every pin, and the reset's
+    # failure left the restore after it retried on every tick, as NOT_SUPPORTED once did.
+    faults = tmp_path / "faults.json"
+    faults.write_text(json.dumps({"system": {"nvmlDeviceSetGpuLockedClocks": nvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                                             "nvmlDeviceResetGpuLockedClocks": nvml.NVML_ERROR_FUNCTION_NOT_FOUND}}))
+    system.faults_path = str(faults)
+    gpu = probe(nvml)[0]
+    baseline = gpu.snapshot()
+    with pytest.raises(CannotPin, match="update the driver"):
+        gpu.pin(gpu.levels_hz[0])
+    gpu.restore(baseline)  # no error: no lock can be in force where the driver has no call to set one
 
 
 def test_restore_leaves_an_unchanged_power_limit_alone(nvml, system):

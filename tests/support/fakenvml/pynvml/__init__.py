@@ -255,8 +255,14 @@ def nvmlShutdown():
     system.init_count -= 1
 
 
+def _string(system: FakeSystem, text: str):
+    """A string as the installed bindings return it: str (nvidia-ml-py), bytes (the legacy pynvml package)."""
+    return text.encode() if system.legacy_bytes else text
+
+
 def nvmlSystemGetDriverVersion():
-    return _enter("nvmlSystemGetDriverVersion").driver_version
+    system = _enter("nvmlSystemGetDriverVersion")
+    return _string(system, system.driver_version)
 
 
 def nvmlDeviceGetCount():
@@ -286,7 +292,7 @@ def nvmlDeviceGetIndex(handle):
 
 def nvmlDeviceGetUUID(handle):
     system = _enter("nvmlDeviceGetUUID")
-    return _gpu(system, handle).uuid
+    return _string(system, _gpu(system, handle).uuid)
 
 
 def nvmlDeviceGetMinorNumber(handle):
@@ -298,7 +304,7 @@ def nvmlDeviceGetMinorNumber(handle):
 
 def nvmlDeviceGetName(handle):
     system = _enter("nvmlDeviceGetName")
-    return _gpu(system, handle).name
+    return _string(system, _gpu(system, handle).name)
 
 
 def nvmlDeviceGetSupportedMemoryClocks(handle):

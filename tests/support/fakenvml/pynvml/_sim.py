@@ -165,6 +165,11 @@ class FakeSystem:
     # False: a driver older than R535, whose libnvidia-ml.so has no nvmlDeviceGetCurrentClocksEventReasons (the older
     # ...ThrottleReasons only): pynvml then raises NVMLError(FUNCTION_NOT_FOUND) for it (leptonai/gpud PR #48).
     clock_events_api: bool = True
+    # True: strings come back as bytes (UUID, name, driver version), as from the legacy `pynvml` package
+    # (gpuopenanalytics/pynvml 11.4.1, shipped in NGC PyTorch containers), whose pynvml/ package shadows nvidia-ml-py's
+    # pynvml.py when both are installed (vllm-project/vllm#7649, huggingface/optimum-benchmark#240). nvidia-ml-py
+    # decodes them (its convertStrBytes).
+    legacy_bytes: bool = False
     clock: Callable[[], float] = time.monotonic
     init_count: int = 0
     calls: list[str] = field(default_factory=list)  # every API function called, in order
@@ -242,7 +247,7 @@ def system_from_config(config: dict) -> FakeSystem:
         gpus.append(FakeGpu(**spec))
     system = FakeSystem(gpus=gpus)
     for key in ("root", "driver_loaded", "library_found", "driver_version", "log_path", "clock_events_api",
-                "faults_path"):
+                "faults_path", "legacy_bytes"):
         if key in config:
             setattr(system, key, config[key])
     return system
