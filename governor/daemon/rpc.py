@@ -207,7 +207,10 @@ class Methods:
         job = self._own_job(conn, params.job_id)
         if params.step_end_s is not None:
             check_step_end(job, params.steps, params.step_end_s, time.monotonic())
-            job.step_end_s = params.step_end_s
+            # Only a step not counted yet has a new end: a report of one counted already (a count again, or stale)
+            # would make the step held end later than it did.
+            if params.steps > job.steps or (params.steps == job.steps and job.step_end_s is None):
+                job.step_end_s = params.step_end_s
         elif params.steps > job.steps:
             job.step_end_s = None  # a client that stopped sending them: this report's steps have no time
         job.steps = max(job.steps, params.steps)

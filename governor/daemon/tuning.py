@@ -292,14 +292,22 @@ class JobTuner:
     def set_total_steps(self, gov, job) -> None:
         """The client told the job's length after the search began: the budget is re-priced over the steps left. The
         window open goes on at its level (the re-plan decides the one after it); a search the new length ends is
-        pinned at its choice at once (also one stopped: its pin moves to the level chosen, its windows stay off)."""
+        pinned at its choice at once, where the follow-up's windows go on from a fresh one (also one stopped: its pin
+        moves to the level chosen, its windows stay off)."""
         if self.tuner is None or self.session is None or job.total_steps is None:  # a session runs over a tuner
             return
-        searching = not self.tuner.converged
+        searching, window_hz = not self.tuner.converged, self.session.measuring_hz
         self.session.set_total_steps(job.total_steps, job.steps)
         if searching and self.tuner.converged:
-            self._enter(TunerState.STOPPED if self.state is TunerState.STOPPED else TunerState.CONVERGED, "converged")
-            self._move(gov, job, self.tuner.best_hz,
+            stopped = self.state is TunerState.STOPPED
+            self._enter(TunerState.STOPPED if stopped else self._converged_state(), "converged")
+            # The follow-up's window (the session opened it at its level): where the job is pinned from now on.
+            level_hz = self.session.measuring_hz if self.session.measuring and not stopped else self.tuner.best_hz
+            if self.session.measuring_hz != window_hz:
+                # That window starts over at the next report, warm-up first: this report's points are of steps before
+                # the one it opened at, run at the level measured before.
+                self._pin_waited = True
+            self._move(gov, job, level_hz,
                        f"tune: converged on {mhz(self.tuner.best_hz)} (the job's length ended the search)")
 
     # ---- the baseline window ----------------------------------------------------------------------------------------

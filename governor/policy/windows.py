@@ -552,8 +552,11 @@ class TuningSession:
         left = max(0, self._end_steps - steps)
         if self.tuner.converged:
             self.tuner.set_job(steps_left=left)
-        else:
-            self.tuner.set_job(total_steps=max(1, left), steps_left=left)
+            return
+        self.tuner.set_job(total_steps=max(1, left), steps_left=left)
+        if self.tuner.converged and self.measuring and self.tuner.next_level_hz() != self._measuring_hz:
+            # The length ended the search: the window open at another level is no window of what is pinned now.
+            self._window = self._new_window(self.tuner.next_level_hz(), steps, self.warmup_steps)
 
     def _new_window(self, level_hz: int, steps: float, warmup_steps: int) -> ProbeWindow:
         self._measuring_hz = level_hz  # the window's level, known to be a pinned one here

@@ -312,6 +312,23 @@ def test_a_step_end_that_is_not_this_hosts_recent_clock_is_refused_in_one_line(n
     assert c.call("status")["jobs"][0]["steps"] == 4
 
 
+def test_a_report_of_steps_already_counted_does_not_move_the_last_steps_end(nvml_daemon):
+    """A report whose count is not past the one held (a stale count, a step reported again) says when no new step
+    ended: its step_end_s was taken for the end of the step held, so that step "ended" later than it did. The energy
+    meter's points then counted no step up to there and two in the next (a tuned job's windows closed in the step
+    counted twice read 5% cheap, a baseline so and the saving 21% where it was 29%), and the next step's true end,
+    before that one, was refused."""
+    d, _calls = nvml_daemon(gpus=({},))
+    c = d.client()
+    job_id = c.call("register", **FEATURES)["job_id"]
+    now = time.monotonic()
+    c.call("progress", job_id=job_id, steps=10, step_end_s=now - 3)
+    c.call("progress", job_id=job_id, steps=5, step_end_s=now - 1)
+    c.call("progress", job_id=job_id, steps=10, step_end_s=now - 1)
+    c.call("progress", job_id=job_id, steps=11, step_end_s=now - 2)  # step 11's end: after step 10's
+    assert c.call("status")["jobs"][0]["steps"] == 11
+
+
 def test_the_counters_update_instants_are_found_by_the_daemons_own_reads_when_reports_keep_its_pace(nvml_daemon):
     """The HF callback reports about 10 times a second: on an H200 its reads, all at one phase of the counter's
     100 ms updates, never showed where the updates fall. The daemon reads the counter on a timer of its own at the

@@ -311,6 +311,42 @@ def test_the_jobs_length_told_mid_search_goes_on_with_the_search(orin, start_dae
     assert tuner["converged"] and entry["freq_hz"] == tuner["best_hz"], (entry["freq_hz"], tuner)
 
 
+def test_a_length_that_ends_the_search_mid_window_moves_the_window_to_the_pick(orin, start_daemon):
+    """A job told mid-window that it is at its end (or past it: a resumed run's new total under the steps done) ends
+    its search at its pick, and the pin moves there. The follow-up's window open at another level stayed there, and
+    at the next report it found the GPU at the pick, not at the level it measured: "tuning stopped", with a warning,
+    and the saving was the tuner's few windows at the pick instead of every step run there after."""
+    d = start_daemon(simulate=True, config=scaled(TIME_SCALE, {"tuner": {"follow_up": True}}))
+    c = d.client()
+    res = c.call("register", tune=True, gpu_util=80.0, total_steps=2000, **BERT_BASE)
+    told: list[dict] = []
+
+    class Job(ProgressJob):
+        def step(self) -> None:  # the new length comes with a step's report, as a client sends it
+            self.steps += 1
+            total = {"total_steps": 3} if len(told) == 1 else {}
+            self.rpc.notify("progress", job_id=self.job_id, steps=self.steps, **total)
+            if total:
+                told.append(total)
+
+    def shrink_once_a_window_is_open_away_from_the_best(steps: int) -> None:
+        if told:
+            return
+        tuner = c.call("status")["jobs"][0]["tuner"]
+        if tuner["state"] == "searching" and tuner["probes"] >= 1 and tuner["next_hz"] != tuner["best_hz"]:
+            told.append(tuner)
+
+    simjob.run(Root(d.state_dir / "sim-orin"), Job(c, res["job_id"]), WORKLOAD, 120, time_scale=TIME_SCALE,
+               on_step=shrink_once_a_window_is_open_away_from_the_best)
+    assert len(told) == 2, "no window was ever open away from the best level"
+    entry = c.call("status")["jobs"][0]
+    tuner = entry["tuner"]
+    assert tuner["state"] == "converged" and entry["freq_hz"] == tuner["best_hz"], (entry["freq_hz"], tuner)
+    end = c.call("unregister", job_id=res["job_id"])
+    assert "tuning stopped" not in d.log()
+    assert end["saving"]["tuned_over"] == "steps after convergence" and end["saving"]["tuned_steps"] > 40, end
+
+
 def test_windows_sized_by_time_span_their_minimum_and_carry_their_own_uncertainty(orin, start_daemon):
     # window_rule time in the real daemon: each window spans window_min_s of the job's steps (whatever their count)
     # and reports its own uncertainty, from the rails' energy integrated at the reports (the simulated tree's
