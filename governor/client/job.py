@@ -478,6 +478,8 @@ def describe_reply(reply: dict) -> str:
     if reply.get("saved_pct") is not None:
         parts.append(f"saved {figure(reply['saved_pct'], 'g')}% energy per step vs the default governor, measured over "
                      f"{reply.get('saved_measured_steps')} steps")
+    elif reply.get("saving_unmeasured"):
+        parts.append(f"no saving measured: {reply['saving_unmeasured']}")
     if reply.get("reason"):
         parts.append(f"({reply['reason']})")
     return " ".join(parts)

@@ -198,4 +198,6 @@ def summary(ended: Ended) -> dict:
         out.update(saved_pct=ended.saving["saved_pct"], saved_pct_err=ended.saving.get("saved_pct_err"),
                    saved_measured_steps=ended.saving["measured_steps"],
                    saving=ended.saving)
+    elif ended.unmeasured is not None:
+        out["saving_unmeasured"] = ended.unmeasured
     return out

@@ -158,3 +158,4 @@ class Ended:
     energy_j: float | None
     why: str
     saving: dict | None = None  # measured against the default governor (governor.daemon.tuning.JobTuner.finish)
+    unmeasured: str | None = None  # a tuned job without a saving: why (JobTuner.unmeasured_why)

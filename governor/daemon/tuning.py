@@ -491,6 +491,16 @@ class JobTuner:
                                                    reason=f"tune: converged on {mhz(self.tuner.best_hz)}")
         return self.saving()
 
+    def unmeasured_why(self) -> str:
+        """Why a job that ends without a measured saving has none (finish gave None): its end says so, where the
+        reply's saving was only missing and status, gone with the job, was the one place that told."""
+        if self.baseline is None:
+            return {"wanted": "its baseline window at the default governor had not closed when it ended"}.get(
+                self.baseline_status, f"its baseline at the default governor: {self.baseline_status}")
+        if self.tuner is None:
+            return f"tuning {self.status}" if self.status.startswith("stopped") else f"no search: {self.status}"
+        return "no window at its level closed to set against the baseline"
+
     # ---- pins, status -----------------------------------------------------------------------------------------------
 
     def _move(self, gov, job, level_hz: int | None, reason: str) -> None:

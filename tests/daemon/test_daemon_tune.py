@@ -222,7 +222,21 @@ def test_without_the_baseline_window_the_search_starts_at_once_and_no_saving_is_
     assert job["tuner"]["baseline"]["status"].startswith("off") and job["saving"] is None
     end = res["client"].call("unregister", job_id=res["job_id"])
     assert "saved_pct" not in end
+    assert end["saving_unmeasured"] == "its baseline at the default governor: off (tuner.baseline_window: false)"
     assert d.log().count("restored to its baseline") == 1  # only at the end: never unpinned for a baseline
+
+
+def test_a_tuned_job_that_ends_before_its_baseline_closes_says_why_it_has_no_saving(orin, start_daemon):
+    """The end of a tuned job without a saving said nothing of it (the reply's saving keys were only missing, and
+    status, gone with the job, was the one place that told): the reply and the log say why."""
+    d = start_daemon(simulate=True, config=scaled(TIME_SCALE))
+    job, res = tuned_job(d, 3)
+    assert job["tuner"]["baseline"]["status"] == "wanted", job["tuner"]
+    end = res["client"].call("unregister", job_id=res["job_id"])
+    assert "saved_pct" not in end
+    assert end["saving_unmeasured"] == "its baseline window at the default governor had not closed when it ended"
+    assert re.search(rf"job {res['job_id']} .*ended \(unregistered\).*; no saving measured: its baseline window "
+                     "at the default governor had not closed when it ended", d.log()), d.log()
 
 
 def test_tune_without_progress_keeps_the_mlg_pick(orin, start_daemon):
