@@ -29,8 +29,8 @@ from governor.sim.meters import (
     held_energy_j,
 )
 
-# Values quoted from NVIDIA's specifications where known; the H200 graphics table (345..1980 MHz in 15 MHz steps) is
-# the shape H100 SXM reports and is assumed for H200, unverified. scripts/nvml_observe.py records the real table.
+# Values quoted from NVIDIA's specifications where known; the H200 graphics table (345..1980 MHz in 15 MHz steps, 110
+# clocks, memory 3201 MHz) is the one scripts/nvml_observe.py read off a real H200 (docs/nvml-observe/run.json).
 H200_GRAPHICS_MHZ = tuple(range(1980, 344, -15))
 H200_MEMORY_MHZ = (3201,)
 
