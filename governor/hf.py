@@ -6,8 +6,8 @@ the trainer's model (its config) and the sequence length from the first training
 through a forward pre-hook that removes itself once it has measured.
 
 The Trainer has no callback for a failed run. A process that dies closes its connection, which ends the job in the
-daemon; a process that lives on after a caught exception (a notebook) should hold the callback in a ``with`` block,
-or call ``close()``::
+daemon; in a process that lives on after a caught exception (a notebook) the job ends when the next training run
+begins in its thread (_end_abandoned), or with the callback's ``with`` block, or ``close()``::
 
     with GovernorCallback() as governor_cb:
         Trainer(model, args, train_dataset=ds, callbacks=[governor_cb]).train()
@@ -15,6 +15,7 @@ or call ``close()``::
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 
@@ -26,10 +27,14 @@ except ImportError as e:  # governor itself never needs transformers; only this 
 from governor.client import AdapterCore, find_hf_config
 from governor.client.warning import warn
 
+log = logging.getLogger("governor.client")
+
 # The callback whose job trains each model now: a second GovernorCallback on one Trainer (two instances; the Trainer
 # only logs that it holds one of the class) made a second job on the same GPU, which pinned the higher of their levels
 # and counted the same energy twice. The first to start holds the run; the other does nothing.
 _TRAINING: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# The callbacks of this process whose job is open (_end_abandoned).
+_OPEN: weakref.WeakSet = weakref.WeakSet()
 
 
 class GovernorCallback(AdapterCore, TrainerCallback):
@@ -45,6 +50,8 @@ class GovernorCallback(AdapterCore, TrainerCallback):
         # add_callback(cb), which it only logs) calls it twice at every event, and each step counts once.
         self._counted_step: int | None = None
         self._stood_down = False  # another GovernorCallback on this Trainer holds the run: said once
+        # The training run that began last: (thread, its TrainerState, a weak reference to its model).
+        self._run: tuple | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._counted_step = state.global_step  # a retried run starts over from its checkpoint's step, or 0
@@ -53,8 +60,13 @@ class GovernorCallback(AdapterCore, TrainerCallback):
         # separate and their tuners fought. First, before what only this process knows (a second callback), since
         # with several ranks it is a broadcast that every rank reaches here.
         place = self._place("hf", args.process_index, args.world_size)
+        run = (threading.get_ident(), state, _weak(model))
+        _end_abandoned(self, run)
+        if self.job is not None and not self.job.closed and self._run is not None and self._run[2]() is not model:
+            self.close()  # train() again after a failed one, on another model: a run of its own, not a retry
+        self._run = run
         # A second train begin without an end is the Trainer retrying (auto_find_batch_size) or a new train() after
-        # a failed one: the same model on the same data, so the job and its pin carry on.
+        # a failed one on the same model: the same run, so the job and its pin carry on.
         holder = _holder(model)
         if holder is not None and holder is not self:
             if not self._stood_down:
@@ -65,6 +77,7 @@ class GovernorCallback(AdapterCore, TrainerCallback):
             return
         if not self._start(model, _run_name(args, model), _steps_left(state), place):
             return
+        _OPEN.add(self)
         if model is not None:
             try:
                 _TRAINING[model] = self
@@ -116,13 +129,14 @@ class GovernorCallback(AdapterCore, TrainerCallback):
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        _OPEN.discard(self)
         super().close()
 
     def __getstate__(self):
         # hyperparameter_search(backend="ray") pickles the Trainer, its callbacks with it, for Ray's workers: the copy
         # is this callback as made (each trial's train() starts a job of its own there); a lock, a hook on a model and
         # a job's connection do not travel.
-        state = dict(self.__dict__, job=None, _hook=None, _counted_step=None, _stood_down=False)
+        state = dict(self.__dict__, job=None, _hook=None, _counted_step=None, _stood_down=False, _run=None)
         del state["_observing"]
         return state
 
@@ -141,6 +155,30 @@ class GovernorCallback(AdapterCore, TrainerCallback):
                 self._hook.remove()
                 self._hook = None
         return None
+
+
+def _end_abandoned(starting: GovernorCallback, run: tuple) -> None:
+    """End the jobs of runs that raised out of train(): the Trainer tells its callbacks nothing then, so such a job
+    stayed open while the process lived on (a notebook: an interrupted cell, an out-of-memory error). Re-running the
+    cell made a new callback, which either stood down for the old one on the same model (whose job then counted none
+    of the new run's steps and never ended) or started a second job beside it on a new model. A run that begins in
+    the thread of another's run is after it: that run is over."""
+    thread, state = run[0], run[1]
+    for other in list(_OPEN):
+        if other is starting or other.job is None or other.job.closed or other._run is None:
+            continue
+        if other._run[0] == thread and other._run[1] is not state:
+            log.info("ftgov: job %s: its train() ended without on_train_end (it raised); a new run begins, so "
+                     "it ends here", other.job.job_id)
+            other.close()
+
+
+def _weak(model):
+    """A weak reference to ``model``, or a callable that gives None for one that takes none (nothing to compare)."""
+    try:
+        return weakref.ref(model)
+    except TypeError:
+        return lambda: None
 
 
 def _steps_left(state) -> int | None:

@@ -405,3 +405,52 @@ def test_a_second_governor_callback_on_one_trainer_does_nothing_and_says_so(simu
         trainer_for(model, tokenizer, tmp_path, [first, second], steps=4).train()
     assert first.job.result["steps"] == 4 and second.job is None
     assert re.findall(r"job \d+ '(\w+)' .*ended \(", daemon.log()) == ["first"], daemon.log()
+
+
+class InterruptAt(TrainerCallback):
+    """A KeyboardInterrupt (a notebook's stop button) at the end of step ``at_step``, once."""
+
+    def __init__(self, at_step: int):
+        self.at_step = at_step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.at_step:
+            raise KeyboardInterrupt
+
+
+class JobNames(TrainerCallback):
+    """The names of the jobs the daemon holds, read after every step."""
+
+    def __init__(self, daemon):
+        self.rpc, self.seen = daemon.client(), []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seen.append(sorted(j["name"] for j in self.rpc.call("status")["jobs"]))
+
+
+@pytest.mark.parametrize("again", ["new callback, same model", "new callback, new model", "same callback, new model"])
+def test_a_run_that_raised_out_of_train_ends_its_job_when_the_next_run_begins(simulated, tokenizer, tmp_path, again):
+    """The Trainer calls no callback when train() raises: in a notebook the job stays open. Re-running the cell (a new
+    Trainer, its callback made anew) started a second job beside it on a new model (the higher of two pins, the same
+    energy counted twice), or, on the same model, stood down for the old job with a warning of two callbacks on one
+    Trainer: the new run's steps went uncounted and the old job never ended. The same callback given a new model
+    carried the old job, and the old model's features, on. The new run's job is the only one."""
+    daemon, _orin = simulated
+    model = tiny_bert(tokenizer.vocab_size)
+    first = GovernorCallback(socket=daemon.socket, seq_len=20.0, name="first")
+    with pytest.raises(KeyboardInterrupt):
+        trainer_for(model, tokenizer, tmp_path, [first, InterruptAt(2)], steps=4).train()
+    assert first.job.registered
+    old_job = first.job
+    second = first if again.startswith("same callback") else GovernorCallback(socket=daemon.socket, seq_len=20.0,
+                                                                                name="second")
+    if again.endswith("new model"):
+        model = tiny_bert(tokenizer.vocab_size)
+    names = JobNames(daemon)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GovernorWarning)
+        trainer_for(model, tokenizer, tmp_path, [second, names], steps=3).train()
+    assert old_job.closed and second.job is not old_job
+    assert names.seen == [[second.job.name]] * 3
+    ended = re.findall(r"job \d+ '(\w+)' .*ended \(unregistered\) after [\d.]+ s, (\d+) steps", daemon.log())
+    assert ended == [("first", "2"), (second.job.name, "3")], daemon.log()
