@@ -52,6 +52,13 @@ def tree_state_dir(sysfs_root: str | None) -> str | None:
     return None
 
 
+def tree_socket(sysfs_root: str | None) -> str | None:
+    """The socket ftgovd --simulate listens on for the tree at sysfs_root (beside it), where the tree tells; None for
+    another tree."""
+    state_dir = tree_state_dir(sysfs_root)
+    return None if state_dir is None else str(Path(state_dir) / SOCKET_NAME)
+
+
 def env_tree(environ: Mapping[str, str] = os.environ) -> str | None:
     """$FTGOV_SIM_TREE, the simulated tree the shell was pointed at; None when unset or empty."""
     return environ.get(SIM_TREE_ENV) or None

@@ -30,7 +30,7 @@ from governor.cli.doctor_checks import (
 )
 from governor.client import Connection, DaemonUnavailable, SocketPermissionError, socket_path
 from governor.errors import ConfigError, FtgovError
-from governor.simpaths import SOCKET_NAME, env_tree, tree_state_dir
+from governor.simpaths import env_tree, tree_socket, tree_state_dir
 from governor.sysfs import trusted_root
 from governor.text import printable
 
@@ -114,7 +114,7 @@ def make_context(args: argparse.Namespace) -> tuple[Context, list[Check]]:
         early.append(Check("config", FAIL, f"{e} (the checks below use the defaults)", fix))
     # The daemon of the tree checked: --socket, else the one beside a simulated tree named on the command line (a
     # shell's $FTGOV_SOCKET may be another simulated daemon's, which governs another tree), else $FTGOV_SOCKET.
-    beside = str(Path(simulated_state) / SOCKET_NAME) if simulated_state else None
+    beside = tree_socket(sysfs_root)
     socket = (args.socket or (beside if args.sysfs_root else None) or os.environ.get(SOCKET_ENV) or beside
               or config.socket.path)
     # As root, a tree someone else can write decides what root reads (and prints) and writes: $FTGOV_SIM_TREE may

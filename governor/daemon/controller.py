@@ -350,18 +350,15 @@ class Controller:
                 log.warning("%s: cannot read energy at its end: %s", job.label(), e)
                 unknown = "unknown (its end could not be read)"
         saving = job.tuner.finish(job) if job.tuner is not None else None
-        # A tuned job without a saving says why (observe measures none by design: no unmeasured_why).
-        why_not = getattr(job.tuner, "unmeasured_why", None)
-        unmeasured = why_not() if saving is None and why_not is not None else None
+        # A tuned job without a saving says why (an observed one has nothing to say: it measures none by design).
+        unmeasured = job.tuner.unmeasured_why() if saving is None and job.tuner is not None else None
         ended = Ended(job, time.monotonic() - job.started_s, energy_j, why, saving, unmeasured)
         self._apply_quietly(job.gpu_id, removed=True)
         energy = unknown if energy_j is None else f"{energy_j:.1f} J ({self.energy.source()})"
         err = None if saving is None else saving.get("saved_pct_err")
-        saved = "" if saving is None else (f"; saved {saving['saved_pct']:g}% energy per step vs the "
-                                           f"default governor, measured over {saving['measured_steps']} steps"
-                                           + ("" if err is None else f" (+/- {err:g} points)"))
-        if unmeasured is not None:
-            saved = f"; no saving measured: {unmeasured}"
+        saved = ("" if unmeasured is None else f"; no saving measured: {unmeasured}") if saving is None else (
+            f"; saved {saving['saved_pct']:g}% energy per step vs the default governor, measured over "
+            f"{saving['measured_steps']} steps" + ("" if err is None else f" (+/- {err:g} points)"))
         log.info("%s ended (%s) after %.1f s, %d steps, at %s, energy %s%s", job.label(), why, ended.duration_s,
                  job.steps, mhz(job.freq_hz, none="no pin"), energy, saved,
                  extra={**job.fields(), "DURATION_S": f"{ended.duration_s:.3f}", "STEPS": job.steps,

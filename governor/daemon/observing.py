@@ -117,3 +117,7 @@ class JobObserver:
 
     def finish(self, job) -> None:
         return None
+
+    def unmeasured_why(self) -> None:
+        """Nothing to say of a saving: observe pins nothing, so it measures none by design."""
+        return None

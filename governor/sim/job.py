@@ -31,9 +31,9 @@ from governor.simpaths import (
     PRINT_ENV,
     SIM_TREE_ENV,
     SIMULATED_TREE_NAME,
-    SOCKET_NAME,
     simulated_state_dir,
     start_simulated,
+    tree_socket,
     tree_state_dir,
 )
 from governor.sysfs import Root
@@ -159,9 +159,28 @@ class _Unregistered:
         pass
 
 
+@contextmanager
+def _governor_news() -> Iterator[list[str]]:
+    """The client's GovernorWarnings inside the block, as this command's words (a list filled as the block ends):
+    what a training script is warned of is sim-job's error. Other warnings are shown as they would have been."""
+    from governor.client import GovernorWarning
+    from governor.client.job import WITHOUT_GOVERNOR  # a training script's news, not this command's
+
+    news: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", GovernorWarning)
+        try:
+            yield news
+        finally:
+            news += [str(w.message).removeprefix(WITHOUT_GOVERNOR) for w in caught
+                     if issubclass(w.category, GovernorWarning)]
+    for w in caught:
+        if not issubclass(w.category, GovernorWarning):
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+
+
 def _main(args: argparse.Namespace) -> int:
     from governor import client
-    from governor.client.job import WITHOUT_GOVERNOR  # a training script's news, not this command's
     from governor.sim.energy import workload_from_features
 
     if not args.tree:  # the tree beside the daemon's socket (--socket, else $FTGOV_SOCKET), where one lies there
@@ -173,7 +192,7 @@ def _main(args: argparse.Namespace) -> int:
     state_dir = tree_state_dir(args.tree)
     if state_dir is not None and not Path(args.tree).exists():  # FTGOV_SIM_TREE set before the daemon's first start
         raise FtgovError(f"no simulated tree at {args.tree}: ftgovd --simulate builds it when it starts (start it: "
-                         f"{start_simulated(state_dir, Path(state_dir) / SOCKET_NAME)})")
+                         f"{start_simulated(state_dir, tree_socket(args.tree))})")
     root = Root(Path(args.tree))
     try:
         tree.layout_of(root)
@@ -194,34 +213,25 @@ def _main(args: argparse.Namespace) -> int:
         return 0
     # The daemon of this tree: --socket, else $FTGOV_SOCKET, else the socket beside a tree --simulate built (a shell
     # that exported only FTGOV_SIM_TREE looked for the board's /run/ftgov/ftgov.sock).
-    socket = args.socket or os.environ.get(SOCKET_ENV) or (
-        None if state_dir is None else str(Path(state_dir) / SOCKET_NAME))
+    socket = args.socket or os.environ.get(SOCKET_ENV) or tree_socket(args.tree)
     job = client.job(name="sim-job", socket=socket, tune=args.tune or None, report_every_s=0.05, **features)
     # A training script carries on without the governor (a warning); this job exists to be governed, so a daemon
     # that does not take it is this command's failure, not a null summary and exit 0.
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", client.GovernorWarning)
+    with _governor_news() as news:
         job.start()
     if not job.registered:
         job.close()
-        why = "; ".join(str(w.message).removeprefix(WITHOUT_GOVERNOR) for w in caught
-                        if issubclass(w.category, client.GovernorWarning)) or "the job was not registered"
+        why = "; ".join(news) or "the job was not registered"
         start = "start ftgovd --simulate" if PRINT_ENV in why else f"start ftgovd --simulate, then {PRINT_ENV}"
         raise FtgovError(f"{why}. sim-job runs its steps for ftgovd to govern: {start} (or pass --socket); "
                          "--no-daemon runs them without it")
     # Nor is a daemon that went away while the steps ran: no summary, and its warning is this command's error, not a
     # Python warning that points at the ftgov script.
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", client.GovernorWarning)
+    with _governor_news() as lost:
         try:
             run(root, job, workload, args.steps, time_scale=args.time_scale)
         finally:
             job.close()
-    lost = [str(w.message).removeprefix(WITHOUT_GOVERNOR) for w in caught
-            if issubclass(w.category, client.GovernorWarning)]
-    for w in caught:
-        if not issubclass(w.category, client.GovernorWarning):
-            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
     if job.result is None:
         raise FtgovError(f"{'; '.join(lost) or 'ftgovd gave no summary of the job'}. The job's steps ran on "
                          "without it: no summary")

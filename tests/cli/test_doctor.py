@@ -210,19 +210,25 @@ def test_no_rails_is_a_warning(orin, start_daemon):
     assert rails["status"] == "WARN" and "energy is not reported" in rails["detail"]
 
 
-def test_caller_not_in_the_socket_group(start_daemon):
+def doctor_as_nobody(start_daemon, prepare=lambda d: None) -> tuple[int, dict[str, list[dict]]]:
+    """doctor as uid 65534 against a running daemon of a board nobody may read, as /sys and /run/ftgov are (pytest's
+    own temporary directories are not); ``prepare(daemon)`` first."""
     if os.geteuid() != 0:
         pytest.skip("needs root to run doctor as another user")
-    # Readable by anyone, as /sys and /run/ftgov are (pytest's own temporary directories are not).
     board = Path(tempfile.mkdtemp(prefix="ftgdoc", dir="/tmp"))
     try:
         board.chmod(0o755)
         tree.build(board, "jp6")
         d = start_daemon(board)
         d.workdir.chmod(0o755)
-        rc, checks = doctor(board, d, user=65534)
+        prepare(d)
+        return doctor(board, d, user=65534)
     finally:
         shutil.rmtree(board)
+
+
+def test_caller_not_in_the_socket_group(start_daemon):
+    rc, checks = doctor_as_nobody(start_daemon)
     assert rc == 1
     socket = one(checks, "socket")
     assert socket["status"] == "FAIL" and "not in group" in socket["detail"], socket
@@ -237,18 +243,7 @@ def test_caller_not_in_the_socket_group(start_daemon):
 def test_a_socket_of_roots_group_is_not_fixed_by_joining_it(start_daemon):
     """A socket of group root (ftgovd started by hand where no ftgov group exists) was fixed with 'sudo usermod -aG
     root USER', which would open every file root's group may read or write."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root to run doctor as another user")
-    board = Path(tempfile.mkdtemp(prefix="ftgdoc", dir="/tmp"))
-    try:
-        board.chmod(0o755)
-        tree.build(board, "jp6")
-        d = start_daemon(board)
-        d.workdir.chmod(0o755)
-        os.chown(d.socket, 0, 0)
-        rc, checks = doctor(board, d, user=65534)
-    finally:
-        shutil.rmtree(board)
+    rc, checks = doctor_as_nobody(start_daemon, lambda d: os.chown(d.socket, 0, 0))
     access = checks["socket"][0]
     assert access["status"] == "FAIL" and access["fix"].startswith("run as root"), access
     assert "usermod" not in access["fix"] and "its group is root: run as root" in one(checks, "daemon")["detail"]
