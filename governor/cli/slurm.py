@@ -473,7 +473,8 @@ def admin_comment_now(job_id: int, job: str, timeout_s: float) -> tuple[str | No
     and output paths, any of which can carry " AdminComment=...": where the field is unset, that would be the only
     one, and root would write the user's text into the admin-only field. So the field is read only right after
     "WorkDir=" and the work dir that squeue gives alone (`squeue -o %A|%F|%K|%Z`, the line of this job id), and
-    WorkDir=, which Slurm prints once a record, must appear once. AmbiguousField where this cannot be told (squeue
+    WorkDir=, which Slurm prints once a record, must appear once after a space (the user's text can carry it after
+    anything else: "JobName=WorkDir=/home/u AdminComment=..."). AmbiguousField where this cannot be told (squeue
     does not answer or lists the id twice, a work dir with a newline, WorkDir= twice)."""
     listed = _run([slurm_command("squeue"), "-h", "-t", "all", "-j", str(job_id), "-o", "%A|%F|%K|%Z"], timeout_s)
     lines = [] if listed is None or listed.returncode != 0 else listed.stdout.rstrip("\n").split("\n")
@@ -490,14 +491,15 @@ def admin_comment_now(job_id: int, job: str, timeout_s: float) -> tuple[str | No
     if done is None or done.returncode != 0:
         raise AmbiguousField(f"scontrol show job {job} did not answer")
     out = done.stdout.rstrip("\n")
-    if len(re.findall(r"(?:^|\s)WorkDir=", out)) != 1:
-        raise AmbiguousField(f"scontrol show job {job}: WorkDir= appears more than once (the job's own name, command "
-                             "or paths carry it)")
-    at = out.find(f"WorkDir={work_dir}")
-    if at < 0:
-        raise AmbiguousField(f"scontrol show job {job}: no WorkDir={work_dir!r}, the work dir squeue gives")
+    # Slurm's WorkDir= follows a space; one after anything else is the user's text (JobName=WorkDir=/home/u ...).
+    keys = [m.end() for m in re.finditer(r"(?:^|\s)WorkDir=", out)]
+    if len(keys) != 1:
+        raise AmbiguousField(f"scontrol show job {job}: WorkDir= appears {len(keys)} times (the job's own name, "
+                             "command or paths carry it)")
+    if not out.startswith(work_dir, keys[0]):
+        raise AmbiguousField(f"scontrol show job {job}: its WorkDir= is not {work_dir!r}, the work dir squeue gives")
     # Slurm 22.05 pads AdminComment= with a second space: not the field's.
-    m = re.match(r"\s+AdminComment=(.*?)(?=\s[A-Z][A-Za-z:/]*=|$)", out[at + len(f"WorkDir={work_dir}"):])
+    m = re.match(r"\s+AdminComment=(.*?)(?=\s[A-Z][A-Za-z:/]*=|$)", out[keys[0] + len(work_dir):])
     value = None if m is None else m.group(1).strip()
     return (None if value in (None, "", "(null)") else value), job
 

@@ -248,7 +248,13 @@ def test_a_job_whose_own_text_carries_admincomment_gets_none_of_it_written(tmp_p
             (8, "JobId=8 JobName=x UserId=u(1000) Command=/home/u/r WorkDir=/home/u Comment=c AdminComment=forged "
                 "StdErr=/home/u/o", "/home/u"),
             (9, "JobId=9 JobName=x UserId=u(1000) Command=/r WorkDir=/home/u/d AdminComment=forged  Comment=c",
-             "/home/u/d AdminComment=forged")):  # a work dir of that name: its text is the work dir's
+             "/home/u/d AdminComment=forged"),  # a work dir of that name: its text is the work dir's
+            # "WorkDir=" and the work dir in the job's name, after no space: the first "WorkDir=/home/u" in the
+            # output, where the field was read until a review found it
+            (13, "JobId=13 JobName=WorkDir=/home/u AdminComment=forged UserId=u(1000) WorkDir=/home/u Comment=c",
+             "/home/u"),
+            (14, "JobId=14 JobName=xWorkDir=/home/u AdminComment=forged UserId=u(1000) WorkDir=/home/u Comment=c",
+             "/home/u")):
         log = _fake_scontrol(tmp_path / f"forged{job}", monkeypatch, show, work_dir)
         write_admin_comment(job, entry, 5.0)
         assert log.read_text() == f"update JobId={job} AdminComment={entry}\n", capsys.readouterr().err
