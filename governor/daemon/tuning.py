@@ -96,8 +96,8 @@ class JobTuner:
         self.baseline_status = "wanted" if cfg.baseline_window else "off (tuner.baseline_window: false)"
         self._baseline_window: ProbeWindow | None = None
         self._warmup = cfg.new_warmup()  # the baseline's first part opens after the job's warm-up
-        # The baseline's parts (tuner.baseline_parts): planned once the first closes; a later one measured while
-        # _part_window is open (the job unpinned while converged).
+        # The baseline's parts (tuner.baseline_parts): planned once the first closes, again when the job's length
+        # changes (set_total_steps); a later one measured while _part_window is open (the job unpinned while converged).
         self.baseline_parts: BaselineParts | None = None
         self._part_window: ProbeWindow | None = None
         # A window's pin waited for the GPU's re-pin interval: the window starts over once it lands. It outlives a
@@ -290,11 +290,17 @@ class JobTuner:
         self._move(gov, job, self.session.level_hz, f"tune: probing ({state['reason']})")
 
     def set_total_steps(self, gov, job) -> None:
-        """The client told the job's length after the search began: the budget is re-priced over the steps left. The
-        window open goes on at its level (the re-plan decides the one after it); a search the new length ends is
-        pinned at its choice at once, where the follow-up's windows go on from a fresh one (also one stopped: its pin
-        moves to the level chosen, its windows stay off)."""
-        if self.tuner is None or self.session is None or job.total_steps is None:  # a session runs over a tuner
+        """The client told the job's length, or a new one. The baseline's parts not measured yet are planned again
+        over the steps left (BaselineParts.replan; a part being measured goes on). After the search began, its
+        budget is re-priced over the steps left: the window open goes on at its level (the re-plan decides the one
+        after it); a search the new length ends is pinned at its choice at once, where the follow-up's windows go on
+        from a fresh one (also one stopped: its pin moves to the level chosen, its windows stay off)."""
+        if job.total_steps is None:
+            return
+        if self.baseline_parts is not None:
+            self.baseline_parts.replan(self.cfg.new_baseline_parts(job.total_steps), job.steps,
+                                       measuring=self._part_window is not None)
+        if self.tuner is None or self.session is None:  # a session runs over a tuner
             return
         searching, window_hz = not self.tuner.converged, self.session.measuring_hz
         self.session.set_total_steps(job.total_steps, job.steps)

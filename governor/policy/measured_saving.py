@@ -403,7 +403,12 @@ class BaselineParts:
     baseline's target, tuner.baseline_target_rel), more parts are planned, as many as that scatter says the target
     needs and the budget left pays for (parts as long as the longest so far), at most MAX_PARTS in all, spread over the
     steps left; the pooled baseline then weighs each part by the stretch of the job it stands for (``spans``), as
-    the added parts lie closer together than the planned ones."""
+    the added parts lie closer together than the planned ones.
+
+    A job whose length is told, or changes, after the first part (``replan``: a client that sends total_steps with
+    its progress, a run extended or cut short) has the parts not measured yet planned again over the steps it has
+    left, as many as its new length's plan has beyond those measured and its new budget pays for; the parts measured
+    stay, and they too then weigh by the stretch each stands for."""
 
     def __init__(self, parts: int, budget_steps: int | None, total_steps: int | None,
                  target_rel: float | None = None):
@@ -415,6 +420,7 @@ class BaselineParts:
         self.at_steps: list[float] = []  # the job's step at each measured part's middle
         self.due_at: list[float] = []
         self.added = 0  # parts planned beyond ``parts`` for a drift they showed
+        self.uneven = False  # parts measured before the job's length changed (replan): not spread evenly over it
 
     @property
     def _total(self) -> float:
@@ -423,12 +429,35 @@ class BaselineParts:
     def first(self, m: Measurement, steps: float) -> None:
         """The first part closed at job step ``steps``: the others are planned."""
         self.measured, self.at_steps = [m], [steps - m.measured_steps / 2.0]
-        more = self.parts - 1
+        self.due_at = self._plan(steps)
+
+    def replan(self, plan: BaselineParts, steps: float, measuring: bool = False) -> None:
+        """The job's length was told, or changed, at job step ``steps``: ``plan`` is the schedule for its new length
+        (TunerConfig.new_baseline_parts). The parts measured stay (none is measured again); those not measured yet are
+        planned as ``first`` plans them, over the steps left: as many as the new length's plan has beyond those
+        measured, within what its budget has left. ``measuring``: a part is being measured now, the one due first; it
+        counts as measured (a part's length of the budget) and stays due."""
+        self.parts, self.budget_steps, self.total_steps = plan.parts, plan.budget_steps, plan.total_steps
+        if not self.measured:
+            return
+        running = self.due_at[:1] if measuring else []
+        self.due_at = running + self._plan(steps, len(running))
+        # The parts measured so far were spread over the old length: each now weighs by the stretch it stands for.
+        self.uneven = self.uneven or len(self.measured) + len(running) > 1
+        if not running:  # a part being measured asks for more, for a drift, once it closes (add)
+            self._more(steps)
+
+    def _plan(self, steps: float, running: int = 0) -> list[float]:
+        """The steps the parts not measured yet fall due at, evenly from job step ``steps`` to the job's end: the plan's
+        parts less those measured and ``running``, at most what is left of the budget pays for (a part as long as the
+        longest so far)."""
+        longest = max(m.measured_steps for m in self.measured)
+        more = max(0, self.parts - len(self.measured) - running)
         if self.budget_steps is not None and more:
-            left = self.budget_steps - m.measured_steps
-            more = min(more, max(0, round(left / max(1, m.measured_steps))))
+            left = self.budget_steps - sum(m.measured_steps for m in self.measured) - running * longest
+            more = min(more, max(0, round(left / max(1, longest))))
         span = max(0.0, self._total - steps)
-        self.due_at = [steps + span * k / (more + 1) for k in range(1, more + 1)] if span > 0 else []
+        return [steps + span * k / (more + 1) for k in range(1, more + 1)] if span > 0 else []
 
     def due(self, steps: float) -> bool:
         """Whether a part is due at job step ``steps``, the job running converged at its pick. A part due since
@@ -515,7 +544,8 @@ class BaselineParts:
         if not self.measured:
             return None
         # Planned parts lie evenly over the job and weigh by their steps (the least scatter); added ones lie closer
-        # together than those before them, and each part then weighs by the stretch it stands for. Without a stray
-        # first part, the second stands for the job from its start.
+        # together than those before them, as do those measured before a replan and those after it, and each part
+        # then weighs by the stretch it stands for. Without a stray first part, the second stands for the job from its
+        # start.
         skip = len(self.measured) - self.pooled_parts
-        return pooled(self.measured[skip:], self._spans(self.at_steps[skip:]) if self.added else None)
+        return pooled(self.measured[skip:], self._spans(self.at_steps[skip:]) if self.added or self.uneven else None)

@@ -220,6 +220,31 @@ def test_the_baselines_later_parts_unpin_a_converged_job_then_pin_its_pick_again
         assert re.match(r"[^\n]*\n[^\n]*GPU 0 pinned to ", after), after[:300]
 
 
+def test_a_length_told_after_the_baseline_replans_its_later_parts_over_the_steps_left(orin, start_daemon):
+    """A job that registers without total_steps and tells it with a progress report once its baseline's first part
+    is measured (a client that learns its length late): the parts not measured yet are planned over the 300 steps it
+    has, not over the 2,000 assumed when the first closed, which put them all past its end (the saving then rested on
+    the first part alone)."""
+    d = start_daemon(simulate=True, config=scaled(TIME_SCALE, {"tuner": {"follow_up": False}}))
+    c = d.client()
+    res = c.call("register", tune=True, gpu_util=80.0, **BERT_BASE)
+    job = ProgressJob(c, res["job_id"])
+
+    def at_step(step: int) -> None:
+        if step == 40:
+            baseline = c.call("status")["jobs"][0]["tuner"]["baseline"]
+            assert baseline["status"] == "measured" and baseline["parts"] == 1, baseline
+            c.notify("progress", job_id=res["job_id"], steps=step, total_steps=300)
+
+    simjob.run(Root(d.state_dir / "sim-orin"), job, WORKLOAD, 300, time_scale=TIME_SCALE, on_step=at_step)
+    tuner = c.call("status")["jobs"][0]["tuner"]
+    assert tuner["converged"], tuner
+    baseline = tuner["baseline"]
+    assert 2 <= baseline["parts"] <= baseline["parts_planned"] <= 5, baseline
+    end = c.call("unregister", job_id=res["job_id"])
+    assert end["saving"]["baseline_parts"] == baseline["parts"]
+
+
 def test_without_the_baseline_window_the_search_starts_at_once_and_no_saving_is_claimed(orin, start_daemon):
     d = start_daemon(simulate=True, config=scaled(TIME_SCALE, {"tuner": {"baseline_window": False}}))
     job, res = tuned_job(d, 30)

@@ -227,6 +227,64 @@ def test_a_job_that_ends_in_a_baseline_part_is_summed_up_at_its_pick(tmp_path):
     assert saving is not None and saving["freq_hz"] == pick
 
 
+def _tell_length(pins: Controller, job, total_steps: int) -> None:
+    """A progress report that tells the job's length (the RPC layer's path: the count stays, the total changes)."""
+    job.total_steps = total_steps
+    pins.progress(job, None, total_steps_changed=True)
+
+
+def _converged_at(pins: Controller, job, until: int) -> int:
+    steps = job.steps
+    while job.tuner.state is not TunerState.CONVERGED and steps < until:
+        steps += 1
+        _report(pins, job, steps)
+    assert job.tuner.state is TunerState.CONVERGED
+    return steps
+
+
+@pytest.mark.parametrize("planned_for, told", [(200, 2000), (2000, 400)])
+def test_a_new_length_plans_the_baselines_parts_not_measured_yet_over_the_steps_left(tmp_path, planned_for, told):
+    """The parts were planned over the length known when the first closed: one the client then makes longer (a run
+    extended or resumed) had them crowded into its first 200 steps, one it makes shorter had them all past its end.
+    Told at step 150, the parts not measured yet fall due at equal steps from there to the new end; those measured
+    stay, and by the end the baseline has its five parts, spread over the job's real length."""
+    pins = _controller(tmp_path, _CountingGpu(), baseline_window=True, follow_up=False)
+    job = _tuned_job(pins, 100)
+    job.total_steps = planned_for
+    steps = _converged_at(pins, job, 150)
+    while steps < 150:
+        steps += 1
+        _report(pins, job, steps)
+    parts = job.tuner.baseline_parts
+    measured = list(parts.measured)
+    assert job.freq_hz is not None and not job.tuner.describe()["baseline"]["measuring_part"]
+    _tell_length(pins, job, told)
+    left = 5 - len(measured)
+    assert parts.measured == measured and parts.due_at == [150 + (told - 150) * k / (left + 1)
+                                                           for k in range(1, left + 1)]
+    while steps < told:
+        steps += 1
+        _report(pins, job, steps)
+    assert parts.measured[:len(measured)] == measured and len(parts.measured) == 5 and not parts.due_at
+    assert parts.at_steps[-1] > 150 + (told - 150) * left / (left + 1) - 1  # the last one near the new end
+    assert job.tuner.saving()["baseline_parts"] == 5
+
+
+def test_a_new_length_while_a_baseline_part_is_measured_lets_it_close_and_plans_the_rest(tmp_path):
+    """The part being measured goes on and counts as measured; the plan for the new length follows it: 4,000 steps
+    plan ten parts (five for each 2,000), eight after those two."""
+    pins, job, steps, pick, _ = _in_a_baseline_part(tmp_path)
+    parts = job.tuner.baseline_parts
+    assert len(parts.measured) == 1
+    _tell_length(pins, job, 4000)
+    assert job.freq_hz is None and job.tuner.describe()["baseline"]["measuring_part"]
+    assert parts.due_at[1:] == [steps + (4000 - steps) * k / 9 for k in range(1, 9)]
+    while job.freq_hz is None and steps < 400:
+        steps += 1
+        _report(pins, job, steps)
+    assert job.freq_hz == pick and len(parts.measured) == 2
+    assert len(parts.due_at) == 8 and parts.due_at[0] > 400
+
 class _UnpinFailsGpu(_CountingGpu):
     """A GPU whose restore (the unpin for the baseline window) fails."""
 

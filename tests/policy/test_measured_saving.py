@@ -227,6 +227,38 @@ def test_parts_that_agree_or_a_spent_budget_ask_for_no_more():
     assert untargeted.added == 0
 
 
+def test_a_new_length_plans_the_parts_left_over_the_steps_left_within_its_budget():
+    """replan: the parts measured stay, and those of the new length's plan beyond them fall due at equal steps over
+    the steps left, as many as what its budget has left pays for (baseline_max_share holds)."""
+    from governor.policy.measured_saving import BaselineParts, pooled
+
+    parts = BaselineParts(5, 100, 2000, target_rel=0.0075)
+    parts.first(_part(2.0), 100)
+    assert parts.due(480)
+    parts.add(_part(2.2), 500)
+    measured = list(parts.measured)
+    # Extended to 20,000 steps: 50 parts and 1,000 steps; 40 spent, 48 more of 20 over the 19,500 steps left.
+    parts.replan(BaselineParts(50, 1000, 20000, target_rel=0.0075), 500)
+    assert parts.measured == measured and parts.due_at == [500 + 19500 * k / 49 for k in range(1, 49)]
+    # Measured over 500 steps of a job of 20,000, the two weigh by the stretches they stand for, not by their steps.
+    assert parts.due(parts.due_at[0])
+    parts.add(_part(2.0), parts.due_at[0] + 20)
+    assert parts.baseline.joules_per_step == pytest.approx(pooled(parts.measured, parts.spans).joules_per_step)
+    assert parts.baseline.joules_per_step < pooled(parts.measured).joules_per_step
+    # Cut short to 600 steps: its budget, 30 steps, is spent.
+    parts.replan(BaselineParts(5, 30, 600), 550)
+    assert parts.due_at == [] and len(parts.measured) == 3
+    # A part being measured stays due and counts as measured: 4,000 steps, 10 parts and 200 steps, 2 of them
+    # measured or measuring, 8 more (160 steps left).
+    open_part = BaselineParts(5, 100, 2000)
+    open_part.first(_part(2.0), 100)
+    assert open_part.due(480)
+    open_part.replan(BaselineParts(10, 200, 4000), 490, measuring=True)
+    assert open_part.due_at[0] == 480 and len(open_part.due_at) == 1 + 8
+    open_part.add(_part(2.0), 500)
+    assert open_part.due_at == [490 + 3510 * k / 9 for k in range(1, 9)]
+
+
 def test_a_first_part_a_slow_warm_up_made_dear_is_left_out_of_the_baseline():
     """The first part opens once WarmUp's blocks stop speeding up; a warm-up that fades slower than they can tell
     (a real H100's cold start: the first part 24-31% dear) would put the whole baseline off. Against three later
