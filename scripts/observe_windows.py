@@ -49,10 +49,15 @@ def gpu_readings() -> dict:
     pynvml.nvmlInit()
     try:
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        # The legacy pynvml package (NGC containers') has only the older name of the reasons' call, and answers
+        # strings in bytes (governor.backends.nvml._text).
+        reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        name = pynvml.nvmlDeviceGetName(h)
         return {"power_limit_mw": pynvml.nvmlDeviceGetPowerManagementLimit(h),
-                "clocks_event_reasons": pynvml.nvmlDeviceGetCurrentClocksEventReasons(h),
-                "name": pynvml.nvmlDeviceGetName(h) + (" (the fake NVML of tests/support)"
-                                                       if "fakenvml" in (pynvml.__file__ or "") else "")}
+                "clocks_event_reasons": (reasons or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)(h),
+                "name": (name.decode() if isinstance(name, bytes) else name)
+                + (" (the fake NVML of tests/support)" if "fakenvml" in (pynvml.__file__ or "") else ""),
+                "pynvml": pynvml.__file__}
     finally:
         pynvml.nvmlShutdown()
 
