@@ -28,6 +28,7 @@ from typing import Protocol
 
 from governor.backends.rails import AGX_ORIN_RAILS, ENERGY_RAILS
 from governor.errors import FtgovError
+from governor.pipeline.dataset import whole_rows
 from governor.pipeline.measure import SettingMeasurement
 from governor.safefile import OutDir, write_file
 
@@ -84,7 +85,7 @@ def done_keys(csv_path: Path) -> set[tuple[str, str]]:
             reader = csv.DictReader(f)
             if tuple(reader.fieldnames or ()) != COLUMNS:
                 raise FtgovError(f"{csv_path} has different columns: not a characterization CSV of this version")
-            return {(r["workload"], r["freq_hz"] or SETTING_MAXN) for r in reader}
+            return {(r["workload"], r["freq_hz"] or SETTING_MAXN) for r in whole_rows(reader, csv_path)}
     except OSError as e:
         raise FtgovError(f"cannot read {csv_path}: {e.strerror or e}") from e
 
