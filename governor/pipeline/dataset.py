@@ -13,6 +13,7 @@ Regret is always measured against the raw energies (docs/energy-model.md has the
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import hashlib
 import json
@@ -77,6 +78,10 @@ def load(path: str | Path) -> list[Sweep]:
                          f"bad or missing column {e}") from e
     if not sweeps:
         raise FtgovError(f"{path} holds no measurements")
+    sources = collections.Counter(r["source"] for r in rows)
+    if len(sources) > 1:  # characterize never writes one; a file put together by hand would be trained on as one
+        raise FtgovError(f"{path} mixes " + " and ".join(f"{n} {source} rows" for source, n in sorted(sources.items()))
+                         + ": train on one kind at a time")
     levels = {s.levels_hz for s in sweeps}
     if len(levels) != 1:
         raise FtgovError(f"{path}: workloads were measured at different levels")
