@@ -219,7 +219,7 @@ def run(config: Config, *, simulate: bool = False, sim_meters: str = "ina3221",
             StateFile(config.state_dir).check()
             tree_lock = lock_simulated_tree(Path(config.sysfs_root))
             start_simulated_board(config, sim_meters)
-        serve(config, sock, load_config_again)
+        serve(config, sock, load_config_again, simulated=simulate)
     finally:
         sock.close()
         if not fds:
@@ -233,9 +233,10 @@ def run(config: Config, *, simulate: bool = False, sim_meters: str = "ina3221",
     return 0
 
 
-def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], Config] | None) -> None:
+def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], Config] | None, *,
+          simulated: bool = False) -> None:
     """Find the GPUs, build the controller and the server, and serve on sock until stopped. The socket is bound
-    already: clients that connect meanwhile wait in its queue."""
+    already: clients that connect meanwhile wait in its queue. ``simulated``: the GPU is ftgovd --simulate's."""
     notifier = Notifier()
     root = trusted_root(config.sysfs_root)
     gpus, missing_why, node_wait_s = probe_at_start(config, root)
@@ -268,7 +269,7 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
                             "the tuner cannot measure there (a tuned job keeps its start pin)", g.id)
     policy = build_policy(config, gpus)
     boot = boot_id(root)
-    recorder, starts = _store_users(config, root, boot)
+    recorder, starts = _store_users(config, root, boot, simulated)
     tuner = tuning.TunerAttach(starts)
     ticker = Ticker(notifier, config.sample_interval_s)
     # A group's ranks share one tuner (governor.daemon.groups), on the tuner config of the controller's settings.
@@ -333,9 +334,10 @@ def check_ffg_in_a_table(ffg_hz: int, gpus: list) -> None:
                       "the value is in Hz")
 
 
-def _store_users(config: Config, root: Root, boot: str):
+def _store_users(config: Config, root: Root, boot: str, simulated: bool):
     """The measurement store's recorder, told of every job that ends, and the tuned jobs' starts read from it before
-    READY=1 (where tuned jobs start on NVML GPUs); (None, None): no store."""
+    READY=1 (where tuned jobs start on NVML GPUs); (None, None): no store. ``simulated``: its jobs are recorded as
+    the simulated board's."""
     path = store_path(config)
     if path is None:
         log.info("no measurement store (store.path %s)", "auto: no $STATE_DIRECTORY" if config.store.path else "null")
@@ -343,7 +345,7 @@ def _store_users(config: Config, root: Root, boot: str):
     from governor.daemon.recorder import Recorder, StoreWriter
     from governor.daemon.starts import TuneStarts
 
-    return Recorder(StoreWriter(path, config.store.max_jobs), root, boot), TuneStarts.load(path)
+    return Recorder(StoreWriter(path, config.store.max_jobs), root, boot, simulated), TuneStarts.load(path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,10 +38,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("ftgovd")
 
 
-def board_identity(root: Root, gpu) -> dict:
-    """Board model and L4T release (Jetson: /proc/device-tree/model, /etc/nv_tegra_release), GPU name and driver."""
+def board_identity(root: Root, gpu, simulated: bool = False) -> dict:
+    """Board model and L4T release (Jetson: /proc/device-tree/model, /etc/nv_tegra_release), GPU name and driver.
+    ``simulated``: the board model is marked "(simulated)". The simulated tree names the board it imitates, and a
+    store's jobs are told apart by board: unmarked, `ftgov model retrain --from` merged them with that board's."""
     desc = gpu.describe()
-    return {"levels_hz": json.dumps(list(gpu.levels_hz)),"board_model": _first_line(root, "/proc/device-tree/model"),
+    model = _first_line(root, "/proc/device-tree/model")
+    if simulated:
+        model = f"{model or 'unknown board'} (simulated)"
+    return {"levels_hz": json.dumps(list(gpu.levels_hz)), "board_model": model,
             "l4t_release": _first_line(root, "/etc/nv_tegra_release"),
             "backend": desc.get("backend"), "gpu_name": desc.get("name"), "driver": gpu.driver_version()}
 
@@ -67,15 +72,16 @@ def _first_line(root: Root, path: str) -> str | None:
 
 
 class Recorder:
-    def __init__(self, writer: StoreWriter, root: Root, boot_id: str | None):
+    def __init__(self, writer: StoreWriter, root: Root, boot_id: str | None, simulated: bool = False):
         self.writer = writer
         self.root = root
+        self.simulated = simulated
         self._identity: dict[str, dict] = {}  # per GPU id, read at its first job's end: a GPU found late has one too
         self.boot_id = boot_id
 
     def identity(self, gpu: Gpu) -> dict:
         if gpu.id not in self._identity:
-            self._identity[gpu.id] = board_identity(self.root, gpu)
+            self._identity[gpu.id] = board_identity(self.root, gpu, self.simulated)
         return self._identity[gpu.id]
 
     def job_ended(self, ended, gpu: Gpu, policy: Policy) -> None:

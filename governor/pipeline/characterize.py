@@ -28,6 +28,7 @@ from typing import Protocol
 
 from governor.backends.rails import AGX_ORIN_RAILS, ENERGY_RAILS
 from governor.errors import FtgovError
+from governor.pipeline.dataset import whole_rows
 from governor.pipeline.measure import SettingMeasurement
 from governor.safefile import OutDir, write_file
 
@@ -70,13 +71,22 @@ class Provenance:
     model_version: str  # the energy model's VERSION, or a board description
     seed: int
 
+    def describe(self, row: dict[str, str] | None = None) -> str:
+        """What a CSV holding these rows holds: "simulated orin-energy/1.0 seed 0", "measured" (a board's runs, one
+        workload each, may differ in seed)."""
+        source, version, seed = (row["source"], row["model_version"], row["seed"]) if row else \
+            (self.source, self.model_version, str(self.seed))
+        return f"{source} {version} seed {seed}" if source == "simulated" else source
+
 
 def setting_key(freq_hz: int | None) -> str:
     return SETTING_MAXN if freq_hz is None else str(freq_hz)
 
 
-def done_keys(csv_path: Path) -> set[tuple[str, str]]:
-    """(workload, setting key) pairs already measured in the CSV; refuses a CSV with other columns."""
+def done_keys(csv_path: Path, prov: Provenance) -> set[tuple[str, str]]:
+    """(workload, setting key) pairs already measured in the CSV; refuses a CSV with other columns, or with rows that
+    ``prov``'s would not join: another source, or another simulated run. A CSV is one kind of data: its sidecar
+    describes it, the stages train on all of it, and the tree records where it came from."""
     if not csv_path.exists() or csv_path.stat().st_size == 0:
         return set()
     try:
@@ -84,7 +94,13 @@ def done_keys(csv_path: Path) -> set[tuple[str, str]]:
             reader = csv.DictReader(f)
             if tuple(reader.fieldnames or ()) != COLUMNS:
                 raise FtgovError(f"{csv_path} has different columns: not a characterization CSV of this version")
-            return {(r["workload"], r["freq_hz"] or SETTING_MAXN) for r in reader}
+            done = set()
+            for r in whole_rows(reader, csv_path):
+                if prov.describe(r) != prov.describe():
+                    raise FtgovError(f"{csv_path} holds {prov.describe(r)} rows (line {reader.line_num}), not "
+                                     f"{prov.describe()}: write these to another --out")
+                done.add((r["workload"], r["freq_hz"] or SETTING_MAXN))
+            return done
     except OSError as e:
         raise FtgovError(f"cannot read {csv_path}: {e.strerror or e}") from e
 
@@ -146,7 +162,7 @@ def characterize(jobs: Iterable[SweepJob], gpu, csv_path: Path, steps: int, warm
     """
     jobs = list(jobs)
     settings: list[int | None] = [None, *gpu.levels_hz]
-    done = done_keys(csv_path)
+    done = done_keys(csv_path, prov)
     todo = [(j, f) for j in jobs for f in settings if (j.workload, setting_key(f)) not in done]
     bar = Progress(len(jobs) * len(settings), len(jobs) * len(settings) - len(todo)) if progress else None
     baseline = gpu.snapshot()

@@ -13,11 +13,13 @@ Regret is always measured against the raw energies (docs/energy-model.md has the
 from __future__ import annotations
 
 import argparse
+import collections
 import csv
 import hashlib
 import json
 import math
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,7 +65,7 @@ def load(path: str | Path) -> list[Sweep]:
     path = Path(path)
     try:
         with path.open(newline="") as f:
-            rows = list(csv.DictReader(f))
+            rows = list(whole_rows(csv.DictReader(f), path))
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise FtgovError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from e
     by_workload: dict[str, list[dict]] = {}
@@ -76,10 +78,30 @@ def load(path: str | Path) -> list[Sweep]:
                          f"bad or missing column {e}") from e
     if not sweeps:
         raise FtgovError(f"{path} holds no measurements")
+    sources = collections.Counter(r["source"] for r in rows)
+    if len(sources) > 1:  # characterize never writes one; a file put together by hand would be trained on as one
+        raise FtgovError(f"{path} mixes " + " and ".join(f"{n} {source} rows" for source, n in sorted(sources.items()))
+                         + ": train on one kind at a time")
     levels = {s.levels_hz for s in sweeps}
     if len(levels) != 1:
         raise FtgovError(f"{path}: workloads were measured at different levels")
     return sweeps
+
+
+def whole_rows(reader: csv.DictReader, path: Path) -> Iterator[dict]:
+    """The reader's rows, each with exactly the header's fields. A row cut short (a characterization stopped while
+    writing it: a disk that filled, a power cut) still holds numbers in the columns before the cut, the last of them
+    with some of its digits: read as it is, it would be trained on, and a resumed characterization would skip it."""
+    for r in reader:
+        if None in r or None in r.values():  # DictReader's fill for a short row, and its key for a long row's rest
+            raise FtgovError(f"{path}: line {reader.line_num} is cut short or has extra fields ({_fields(r)} where "
+                             f"the header has {len(reader.fieldnames or ())}): delete the line, and `ftgov "
+                             "characterize` measures it again")
+        yield r
+
+
+def _fields(row: dict) -> int:
+    return sum(1 for k, v in row.items() if k is not None and v is not None) + len(row.get(None) or ())
 
 
 def _sweep(name: str, rows: list[dict]) -> Sweep:

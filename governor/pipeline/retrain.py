@@ -12,6 +12,7 @@ measurement store (docs/store.md has the reasoning; this docstring is the rule).
 7. Moves: how many workloads (the characterization sweeps' and the board's) the new tree moves by more than one
    level against the tree in use. The command does not export when more than MAX_MOVED_SHARE of them move, unless
    told to (--force): a change that large is more likely a poisoned store than a board.
+   Nor when the store taught nothing (no label, no level corrected): the tree would be the sweeps' alone.
 8. Export: ftgov-tree/1 with the provenance (stores, jobs, identity, offsets, figures) in ``metadata`` and a top-level
    ``provenance``; checked by the daemon's own reader, then written to a temporary file and renamed over the target.
    `systemctl reload ftgovd` loads it (set ``model_file`` to it once).
@@ -364,12 +365,19 @@ def _run(args: argparse.Namespace) -> int:
                                "model_id": tree.metadata.get("model_id")}}
     r = result.report
     m = r["moved"]
-    refused = m["more_than_one_level"] > MAX_MOVED_SHARE * m["workloads"] and not args.force
+    learnt = r["labelled_curves"] > 0 or any(r["level_log_offsets"].values())
+    refused = not learnt or m["more_than_one_level"] > MAX_MOVED_SHARE * m["workloads"] and not args.force
     model_id = None if refused else export_tree(result, out, provenance)
     if args.json:
         print(json.dumps({"out": None if refused else str(out), "model_id": model_id, **identity, **r}, indent=2))
     else:
         _print_report(result, identity, len(paths))
+    if not learnt:
+        # The fit would be the sweeps' alone: a tree called retrained that the operator installs as the board's.
+        raise FtgovError(f"not exported: nothing to learn from in the store: {r['tuned_jobs']} tuned jobs used, none "
+                         f"with a bracketed minimum nor agreeing on a level's correction; "
+                         f"{identity['jobs_left_out']} jobs of other users left out (--uid UID learns from a user's "
+                         "jobs, docs/security.md)")
     if refused:
         raise FtgovError(f"not exported: the new tree moves {m['more_than_one_level']} of {m['workloads']} workloads "
                          "(the characterization set's and the board's) by more than one level against the tree in "

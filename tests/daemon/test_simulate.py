@@ -273,3 +273,34 @@ def test_simulate_rails_report_as_an_ina3221_by_default_and_a_job_measures_its_e
         assert result["steps"] == 60, out.stdout
         energy_j[meters] = result["energy_j"]
     assert abs(energy_j["ina3221"] / energy_j["exact"] - 1) < 0.10, energy_j
+
+
+def test_a_simulated_daemons_jobs_are_recorded_as_simulated_and_retrain_keeps_them_apart(start_daemon, tmp_path,
+                                                                                          capsys):
+    """The simulated tree names the board it imitates (/proc/device-tree/model): its jobs were recorded as that board's,
+    and `ftgov model retrain --from` merged a simulated store with real boards' as one kind of board, without a word."""
+    from governor.cli import main
+    from governor.pipeline import retrain
+    from governor.policy.tree import DecisionTree
+    from governor.sim import learning
+    from governor.store import measurements as store
+
+    d = start_daemon(None, simulate=True)
+    out = subprocess.run([sys.executable, "-m", "governor.cli", "sim-job", "--socket", d.socket, "--tree",
+                          str(d.state_dir / "sim-orin"), "--steps", "20", "--time-scale", "0.02"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    assert d.stop() == 0  # the store's writer drains its queue first
+    fleet = tmp_path / "fleet"
+    fleet.mkdir()
+    (fleet / "sim.sqlite").write_bytes((d.state_dir / "measurements.sqlite").read_bytes())
+    [job] = store.read_jobs(store.open_read_only(fleet / "sim.sqlite"))
+    assert job.board_model == f"{learning.BOARD_MODEL} (simulated)"
+    board = store.Store(fleet / "board.sqlite")
+    shipped = DecisionTree.load(REPO / "model" / "mlg-tree.json")
+    for rec in learning.stream(retrain.tree_decider(shipped, learning.board_model().levels_hz), 4, seed=2):
+        board.add(rec)  # a real AGX Orin's jobs, as its daemon records them
+    board.close()
+    assert main(["model", "retrain", "--from", str(fleet), "--out", str(tmp_path / "t.json"), "--uid", "1000"]) == 1
+    err = capsys.readouterr().err
+    assert "different kinds of board" in err and "(simulated)" in err, err

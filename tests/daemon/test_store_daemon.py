@@ -42,7 +42,7 @@ def test_a_tuned_job_lands_in_the_store_with_its_windows(start_daemon):
     assert (j.model_type, j.num_layers, j.hidden_size, j.seq_len, j.gpu_util) == ("encoder", 12, 768, 40.0, 80.0)
     assert j.policy == "tune" and j.freq_hz == summary["freq_hz"] == tuner["best_hz"] and j.converged
     assert j.start_hz == tuner["start_hz"] and j.steps == JOB_STEPS and j.energy_j > 0 and j.duration_s > 0
-    assert j.board_model == "NVIDIA Jetson AGX Orin Developer Kit" and j.l4t_release.startswith("# R36")
+    assert j.board_model == "NVIDIA Jetson AGX Orin Developer Kit (simulated)" and j.l4t_release.startswith("# R36")
     assert json.loads(j.levels_hz) == list(OrinEnergyModel().levels_hz)
     assert j.backend == "devfreq" and j.model_source == "paper" and j.model_version
     # The baseline window first, at the default governor (level NULL), then the tuner's windows.

@@ -12,6 +12,7 @@ import pytest
 from governor.backends.rails import ENERGY_RAILS
 from governor.errors import FtgovError
 from governor.pipeline import characterize as ch
+from governor.pipeline import dataset
 from governor.pipeline.workloads import characterization_workloads, held_out_workloads
 from governor.sim.energy import OrinEnergyModel
 from governor.sim.gpu import SimulatedGpu
@@ -126,3 +127,48 @@ def test_held_out_set_covers_every_model_on_the_six_unseen_tasks():
     tasks = {w.name.split("/")[1] for w in held_out_workloads()}
     assert tasks == {"qqp", "rte", "cola", "stsb", "mnli", "wnli"}
     assert not tasks & {w.name.split("/")[1] for w in characterization_workloads()}
+
+
+def cut_last_row_in(path, column):
+    """The file as a characterization stopped while writing its last row leaves it: cut inside ``column``."""
+    text = path.read_text().rstrip("\n")
+    head, last = text.rsplit("\n", 1)
+    fields = last.split(",")
+    at = ch.COLUMNS.index(column)
+    path.write_text(head + "\n" + ",".join(fields[:at] + [fields[at][:1]]))
+    return fields[at][:1], fields[at]
+
+
+def test_a_row_cut_short_is_refused_not_trained_on_nor_taken_as_measured(tmp_path):
+    # energy_per_step_j cut to its first digit: every column the sweep reads is there, the ones after it are not.
+    gpu, out, _ = sweep(tmp_path, characterization_workloads()[:2])
+    cut, whole = cut_last_row_in(out, "energy_per_step_j")
+    assert float(cut) != float(whole)
+    lines = len(out.read_text().splitlines())
+    with pytest.raises(FtgovError, match=f"line {lines} .*cut short"):
+        dataset.load(out)
+    with pytest.raises(FtgovError, match=f"line {lines} .*cut short"):  # a resume must not skip it as done
+        ch.characterize(ch.simulated_jobs(characterization_workloads()[:2], gpu, 0, 1.0), gpu, out, 5, 1, PROV,
+                        progress=False)
+
+
+@pytest.mark.parametrize("prov,why", [(ch.Provenance("measured", "jetson", 0), "simulated orin-energy/1.0 seed 0"),
+                                      (ch.Provenance("simulated", OrinEnergyModel.VERSION, 1), "simulated .* seed 0")])
+def test_rows_of_another_source_or_simulated_run_are_not_appended(tmp_path, prov, why):
+    # A board's measurements added to the shipped simulated CSV (the file `make model` reads) would be trained on with
+    # its 27 simulated sweeps, and the sidecar, rewritten by the run, would call the whole file measured.
+    gpu, out, _ = sweep(tmp_path, characterization_workloads()[:1])
+    before = out.read_bytes()
+    more = ch.simulated_jobs(characterization_workloads()[1:2], gpu, seed=0, noise=1.0)
+    with pytest.raises(FtgovError, match=f"holds {why}.*another --out"):
+        ch.characterize(more, gpu, out, 5, 1, prov, progress=False)
+    assert out.read_bytes() == before
+
+
+def test_a_csv_mixing_simulated_and_measured_rows_is_not_trained_on(tmp_path):
+    _, out, _ = sweep(tmp_path, characterization_workloads()[:2])
+    text = out.read_text().splitlines()
+    measured = [line.replace(",simulated,", ",measured,") for line in text[13:]]  # the second workload's rows
+    out.write_text("\n".join(text[:13] + measured) + "\n")
+    with pytest.raises(FtgovError, match="mixes 12 measured rows and 12 simulated rows"):
+        dataset.load(out)

@@ -231,3 +231,26 @@ def test_a_store_of_a_gpu_without_the_characterization_levels_is_refused(tmp_pat
     err = capsys.readouterr().err
     assert "only 0 of the" in err and "tuned windows in the store are at a level of the characterization" in err, err
     assert "NVIDIA H100 80GB HBM3" in err and not out.exists()
+
+
+def test_a_store_with_nothing_to_learn_from_writes_no_tree(tmp_path, capsys):
+    # Jobs registered by users (the ftgov group's members, not root) are left out unless named with --uid: a store of
+    # such jobs only, like an empty one, labels nothing and corrects no level, and the "retrained" tree would be the
+    # sweeps' alone, installed by the operator as if it were the board's.
+    shipped = REPO / "model" / "mlg-tree.json"
+    path = tmp_path / "m.sqlite"
+    s = Store(path)
+    for rec in learning.stream(retrain.tree_decider(DecisionTree.load(shipped), learning.board_model().levels_hz), 12,
+                               seed=4):
+        s.add(JobRecord(**{**rec.__dict__, "uid": 1000}))
+    s.close()
+    out = tmp_path / "t.json"
+    assert run_cli("--store", path, "--out", out, "--current", shipped) == 1
+    err = capsys.readouterr().err
+    assert "nothing to learn from" in err and "12 jobs of other users left out (--uid" in err, err
+    assert not out.exists()
+    Store(tmp_path / "empty.sqlite").close()
+    assert run_cli("--store", tmp_path / "empty.sqlite", "--out", out, "--current", shipped, "--json") == 1
+    assert json.loads(capsys.readouterr().out)["out"] is None and not out.exists()
+    assert run_cli("--store", path, "--out", out, "--current", shipped, "--uid", 1000, "--force") == 0
+    assert DecisionTree.load(out).source == "retrained"
