@@ -45,8 +45,10 @@ comma := ,
 space := $(subst ,, )
 PKG_EXTRAS = $(strip $(EXTRAS) $(if $(filter nvml,$(BACKEND)),nvml))
 PKG_SPEC = $(if $(PKG_EXTRAS),[$(subst $(space),$(comma),$(PKG_EXTRAS))])
+# What building the package reads (pyproject.toml's readme, license-files and packages).
+PACKAGE_SOURCE = pyproject.toml README.md LICENSE MANIFEST.in governor
 ifeq ($(WHEELHOUSE),)
-PIP_SOURCE = '.$(PKG_SPEC)'
+PIP_SOURCE = "$$src"'$(PKG_SPEC)'
 else
 PIP_SOURCE = --no-index --find-links '$(WHEELHOUSE)' 'ftgov$(PKG_SPEC)'
 endif
@@ -182,10 +184,13 @@ install: install-venv install-units install-config
 # Over an existing install the venv is updated in place rather than recreated, so a running ftgovd never finds its
 # files gone; ftgov itself is reinstalled even at the same version number. Restart the service to run the new code.
 # umask 022: what ftgovd runs as root must be no one else's to write, whatever umask root's shell had (002, 000).
+# pip builds a source directory in place (build/, ftgov.egg-info): the package is built from a copy ($$src), so that
+# root leaves nothing in the checkout that its owner's next `make demo` or `make test` could not overwrite.
 install-venv:
 	umask 022 && $(PYTHON) -m venv '$(VENV)'
-	umask 022 && '$(VENV)/bin/pip' install --quiet --disable-pip-version-check $(PIP_SOURCE)
-	umask 022 && '$(VENV)/bin/pip' install --quiet --disable-pip-version-check --force-reinstall --no-deps $(PIP_SOURCE)
+	umask 022 && src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && cp -R $(PACKAGE_SOURCE) "$$src" && \
+	  '$(VENV)/bin/pip' install --quiet --disable-pip-version-check $(PIP_SOURCE) && \
+	  '$(VENV)/bin/pip' install --quiet --disable-pip-version-check --force-reinstall --no-deps $(PIP_SOURCE)
 # A venv's scripts carry its absolute path; a staged venv must carry the final one.
 ifneq ($(DESTDIR),)
 	grep -rlIF '$(VENV)' '$(VENV)/bin' '$(VENV)/pyvenv.cfg' | xargs -r sed -i 's|$(VENV)|$(PREFIX)|g'

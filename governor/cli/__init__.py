@@ -27,6 +27,16 @@ SUBCOMMAND_MODULES = (
 )
 
 
+# The optional modules commands import inside run() -> (their distribution, the extra that installs it): a command
+# that finds one missing names the extra (`pip install ftgov` has none of them) instead of ending in a traceback.
+OPTIONAL_MODULES = {
+    "numpy": ("numpy", "model"),
+    "sklearn": ("scikit-learn", "model"),
+    "joblib": ("joblib", "model"),
+    "matplotlib": ("matplotlib", "model"),
+    "transformers": ("transformers", "hf"),
+}
+
 # What a shell reports for a command that SIGPIPE killed: `ftgov status | head -1` ends as `cat` would there.
 EXIT_BROKEN_PIPE = 128 + 13
 
@@ -64,9 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_command(parser: argparse.ArgumentParser, argv: list[str] | None, prog: str) -> int:
-    """Parse and run one command. A user's error (an FtgovError: a missing file, a bad value, no GPU node) is one
-    line on stderr and exit 1; bad usage is argparse's message and exit 2; anything else is a bug and keeps its
-    traceback."""
+    """Parse and run one command. A user's error (an FtgovError: a missing file, a bad value, no GPU node; an
+    optional module not installed) is one line on stderr and exit 1; bad usage is argparse's message and exit 2;
+    anything else is a bug and keeps its traceback."""
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -75,6 +85,12 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None, prog: s
         return int(args.func(args) or 0)
     except FtgovError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as e:
+        if e.name not in OPTIONAL_MODULES:  # one of their own modules missing is a broken install: its traceback
+            raise
+        dist, extra = OPTIONAL_MODULES[e.name]
+        print(f"{prog}: error: {args.usage_parser.prog} needs {dist}: pip install 'ftgov[{extra}]'", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -7,6 +7,8 @@ devfreq writes, load, clock and rails following the pin and the simulated jobs).
 from __future__ import annotations
 
 import argparse
+import shlex
+import sys
 
 from governor.errors import FtgovError
 from governor.safefile import OutDir
@@ -43,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
         raise FtgovError(str(e)) from e
     except OSError as e:  # DIR is a file, or lies under one, or is not writable
         raise FtgovError(f"cannot write a tree at {args.dir}: {e.strerror or e}") from e
+    # This interpreter, by its path: installed, ftgov's venv is not the `python` on PATH (JetPack has none).
+    board = shlex.join([sys.executable, "-m", "governor.sim.board", "--tree", args.dir])
     print(f"simulated {spec.description} at {args.dir}: ftgovd --sysfs-root {args.dir}; "
-          f"python -m governor.sim.board --tree {args.dir} makes it follow the pins")
+          f"{board} makes it follow the pins")
     return 0

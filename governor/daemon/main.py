@@ -85,7 +85,8 @@ def build_config(args: argparse.Namespace) -> Config:
     if args.simulate:
         if args.sysfs_root:
             raise FtgovError("--simulate builds its own tree (under the state directory); to serve a tree of your "
-                             "own, run python -m governor.sim.board --tree DIR beside ftgovd --sysfs-root DIR")
+                             f"own, run {shlex.quote(sys.executable)} -m governor.sim.board --tree DIR beside ftgovd "
+                             "--sysfs-root DIR")
         # Everything in one directory: --state-dir moves the socket too (a second simulated daemon needs only it).
         overrides["state_dir"] = args.state_dir or str(simpaths.simulate_runtime_dir())
         overrides["socket.path"] = args.socket or str(Path(overrides["state_dir"]) / simpaths.SOCKET_NAME)

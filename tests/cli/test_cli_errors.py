@@ -3,6 +3,8 @@ traceback."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 import governor.pipeline.characterize as characterize
@@ -36,3 +38,20 @@ def test_an_internal_error_keeps_its_traceback(monkeypatch, tmp_path):
     monkeypatch.setattr(characterize, "run", broken)
     with pytest.raises(RuntimeError, match="a bug"):
         main(["characterize", "--simulate", "--out", str(tmp_path / "c.csv")])
+
+
+@pytest.mark.parametrize("argv, missing", [
+    (["model", "fit", "--data", "{tmp}/c.csv", "--dataset", "{tmp}/d.csv", "--estimator", "{tmp}/e.joblib",
+      "--report", "{tmp}/r.json"], "joblib"),
+    (["model", "export", "--estimator", "{tmp}/e.joblib", "--tree", "{tmp}/t.json"], "joblib"),
+    (["evaluate", "--no-tune", "--out", "{tmp}/plots"], "matplotlib"),
+])
+def test_a_command_whose_extra_is_not_installed_names_the_extra(argv, missing, tmp_path, capsys, monkeypatch):
+    """`pip install ftgov` leaves the model extra out: its commands say which extra to install, as `ftgov report`
+    does, rather than end in a ModuleNotFoundError's traceback."""
+    monkeypatch.setitem(sys.modules, missing, None)  # `import missing` raises ModuleNotFoundError, as if uninstalled
+    assert main([a.replace("{tmp}", str(tmp_path)) for a in argv]) == 1
+    err = capsys.readouterr().err
+    prog = "ftgov " + " ".join(argv[:2] if argv[0] == "model" else argv[:1])
+    assert err == f"ftgov: error: {prog} needs {missing}: pip install 'ftgov[model]'\n"
+

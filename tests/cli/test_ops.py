@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
+import subprocess
+import sys
 
 import pytest
 
 import governor
 from governor.cli import EXIT_BROKEN_PIPE, main
 from governor.client import Connection
+from tests.support import REPO
 from tests.support.daemon import limits
 from tests.support.pipes import run_into_closed_pipe
 
@@ -170,3 +175,16 @@ def test_sim_job_finds_the_tree_beside_the_daemons_socket(tmp_path, capsys, monk
         assert main(["sim-job", *args, "--steps", "1"]) == 1
         err = capsys.readouterr().err
         assert "no simulated tree" not in err and "ftgovd --simulate" in err, err
+
+
+def test_sim_tree_names_a_board_command_that_runs_where_python_is_not_this_one(tmp_path):
+    """The board command sim-tree prints runs as printed from an installed ftgov (/opt/ftgov's venv, linked into
+    /usr/local/bin), where `python` on PATH is another interpreter or none (JetPack has only python3)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PATH": "/nonexistent"}
+    made = subprocess.run([sys.executable, "-m", "governor.cli", "sim-tree", str(tmp_path / "t")], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert made.returncode == 0, made.stderr
+    board = made.stdout.split("; ", 1)[1].removesuffix(" makes it follow the pins\n")
+    ran = subprocess.run(shlex.split(board) + ["--until-stdin-closes"], stdin=subprocess.DEVNULL, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import tomllib
 
+from governor.cli import OPTIONAL_MODULES
+
 REPO = Path(__file__).resolve().parents[2]
 
 # Distribution name -> the module the package imports.
@@ -43,3 +45,11 @@ def test_every_declared_dependency_is_imported():
     unused = sorted((where, dist) for where, dist in declared
                     if dist not in NEEDED_BY_ANOTHER and IMPORT_NAMES.get(dist, dist.replace("-", "_")) not in modules)
     assert not unused, f"declared but imported by nothing in governor/: {unused}"
+
+
+def test_the_extra_a_missing_module_names_declares_that_module():
+    """`ftgov` names an extra to install for an optional module it did not find (governor.cli.OPTIONAL_MODULES)."""
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for module, (dist, extra) in OPTIONAL_MODULES.items():
+        assert dist in {distribution(r) for r in extras[extra]}, (module, dist, extra)
+        assert IMPORT_NAMES.get(dist, dist.replace("-", "_")) == module, (module, dist)

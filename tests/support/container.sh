@@ -113,9 +113,11 @@ build_wheels() {
         log "creating the wheel-building venv with $HOST_PYTHON"
         rm -rf "$venv"
         "$HOST_PYTHON" -m venv "$venv"
-        # setuptools>=68 is the project's build requirement; ensurepip's is older. wheel: systemd-python builds with it.
-        "$venv/bin/pip" install -q "setuptools>=68" wheel
     fi
+    # setuptools>=77 is the project's build requirement (pyproject.toml); ensurepip's is older, and so is one a cached
+    # venv (FTGOV_CI_CACHE) got under an older requirement: pip asks the index only when the installed one falls short.
+    # wheel: systemd-python builds with it.
+    "$venv/bin/pip" install -q "setuptools>=77" wheel
     local key
     if [[ -n ${TARGET_PYTHON:-} ]]; then
         key=$( { cat "$src/pyproject.toml"; echo "target Python $TARGET_PYTHON"; uname -m; } | sha_of)
