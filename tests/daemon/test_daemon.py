@@ -480,3 +480,13 @@ def test_one_user_cannot_take_every_connection_and_another_still_gets_in(orin, s
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_socket_group_that_does_not_exist_is_said_at_start(orin, start_daemon):
+    """Started by hand before the ftgov group exists, the daemon serves only root (safe), and said nothing: the
+    members' refusals were the first sign."""
+    if os.geteuid() != 0:
+        pytest.skip("the group is given to the socket only by root")
+    d = start_daemon(config={"socket": {"group": "ftgov-no-such-group"}})
+    assert d.client().call("status")["jobs"] == []
+    assert "socket.group 'ftgov-no-such-group' does not exist" in d.log()
