@@ -274,7 +274,7 @@ def serve(config: Config, sock: socket.socket, load_config_again: Callable[[], C
             if not g.has_energy_counter:  # an NVIDIA GPU before Volta, a virtual GPU, a Jetson without its rails
                 log.warning("GPU %s has neither power rails nor an energy counter: its jobs' energy is unknown, and "
                             "the tuner cannot measure there (a tuned job keeps its start pin)", g.id)
-    policy = build_policy(config, gpus)
+    policy = build_policy(config, gpus).said()
     boot = boot_id(root)
     recorder, starts = _store_users(config, root, boot, simulated)
     tuner = tuning.TunerAttach(starts)

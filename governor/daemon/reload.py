@@ -83,4 +83,4 @@ class Reloader:
         policy = self.build_policy(new)
         if policy.fallback_reason and not server.controller.policy.fallback_reason:
             raise FtgovError(f"the new model cannot be used ({policy.fallback_reason})")
-        return new, policy
+        return new, policy.said()

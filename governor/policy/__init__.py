@@ -56,11 +56,12 @@ class Policy:
     """Decides for one GPU's table of levels."""
 
     def __init__(self, name: PolicyName | str, ffg_freq_hz: int, tree: DecisionTree | None,
-                 fallback_reason: str = ""):
+                 fallback_reason: str = "", model_file: str | Path | None = None):
         self.name = PolicyName(name)
         self.ffg_freq_hz = ffg_freq_hz
         self.tree = tree
         self.fallback_reason = fallback_reason
+        self.model_file = model_file  # where the tree came from
 
     @classmethod
     def from_config(cls, name: PolicyName | str, ffg_freq_hz: int, model_file: str | Path) -> Policy:
@@ -73,11 +74,19 @@ class Policy:
             if name is PolicyName.OBSERVE:
                 log.info("observe: no tree to report what MLG would pick: %s", e)
                 return cls(name, ffg_freq_hz, None)
-            log.warning("MLG falls back to FFG at %.0f MHz: %s", ffg_freq_hz / 1e6, e)
-            return cls(name, ffg_freq_hz, None, fallback_reason=str(e))
-        log.info("MLG tree loaded from %s (source: %s, %d nodes, leaves %s MHz)", model_file, tree.source,
-                 len(tree.nodes), ", ".join(mhz(hz, unit=False) for hz in tree.leaves_hz()))
-        return cls(name, ffg_freq_hz, tree)
+            return cls(name, ffg_freq_hz, None, fallback_reason=str(e))  # said by the daemon once it takes it: said()
+        return cls(name, ffg_freq_hz, tree, model_file=model_file)
+
+    def said(self) -> Policy:
+        """Log what this policy decides from (the tree loaded, or why MLG falls back to FFG): once the daemon takes it,
+        at start or at a reload it accepts; a reload it refuses must not log a fallback it never made."""
+        if self.fallback_reason:
+            log.warning("MLG falls back to FFG at %.0f MHz: %s", self.ffg_freq_hz / 1e6, self.fallback_reason)
+        elif self.tree is not None:
+            log.info("MLG tree loaded from %s (source: %s, %d nodes, leaves %s MHz)", self.model_file,
+                     self.tree.source, len(self.tree.nodes), ", ".join(mhz(hz, unit=False)
+                                                                       for hz in self.tree.leaves_hz()))
+        return self
 
     def needs_gpu_util(self, features: Features, policy: PolicyName | None = None) -> bool:
         """Whether the decision for these features depends on gpu_util: the tree's path for them tests it."""

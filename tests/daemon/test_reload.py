@@ -42,6 +42,8 @@ def test_a_model_that_cannot_be_loaded_is_refused(orin, start_daemon, tmp_path):
     assert "cannot read model file" in reload(d, "reload refused")
     res = d.client().call("register", **FEATURES)
     assert (res["policy"], res["freq_hz"]) == ("mlg", 714_000_000)  # the tree, not FFG
+    # Nor does the log say otherwise: a refused model's fallback was never made.
+    assert "MLG falls back to FFG" not in d.log()
 
 
 def test_a_reload_applies_the_new_connection_limits_root_reserve_and_idle_timeout(orin, start_daemon):
