@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from governor.client.group import group_from_env, shared_run_key
 from governor.client.job import Job, split_options, start_job
+from governor.client.warning import warn
 from governor.text import made_up_name
 
 
@@ -43,14 +44,24 @@ class AdapterCore:
     def _place(self, prefix: str, rank: int, world_size: int) -> dict:
         """The rank's place in its run (``known`` for _start), as its framework's Trainer knows it: rank and world
         size and, with several ranks, the run's group key: the caller's or the launcher's, else rank 0's, made for a
-        launcher that sets none (deepspeed's, mpirun, Lightning's own DDP: ``prefix-<random>``). With several ranks it
-        is a broadcast whatever this rank knows (shared_run_key): call it where every rank passes at the same point
-        (a framework's train-start hook), before anything only this process knows decides. One process never touches
+        launcher that sets none (deepspeed's, mpirun, Lightning's own DDP: ``prefix-<random>``); with neither a key
+        nor a process group, none, and a warning that names the group option. With several ranks it is a broadcast
+        whatever this rank knows (shared_run_key): call it where every rank passes at the same point (a framework's
+        train-start hook), before anything only this process knows decides. One process never touches
         torch.distributed."""
         place: dict = {"rank": rank, "world_size": world_size}
         if world_size > 1:
             told = group_from_env(self._options.get("group"))
             place["group"] = shared_run_key(prefix, told.key if told is not None else None)
+            if place["group"] is None:
+                # Ranks with no torch.distributed group to agree over (a Trainer under torch_xla, whose processes
+                # accelerate counts without one) and no key: each registered a job of its own, silently, and under tune
+                # their tuners fought. Once a place (Python's filter): a run's every train begin would say the same.
+                warn(f"ftgov: this process is rank {rank} of {world_size} of a training run, but nothing tells its "
+                     "ranks that they are one run (no group key from the launcher: TORCHELASTIC_RUN_ID, a Slurm "
+                     "step; no torch.distributed process group to agree on one over): each rank's job stands alone, "
+                     "and under tune their tuners fight. Pass the same key to every rank's callback: "
+                     "GovernorCallback(group=...)")
         return place
 
     def close(self) -> None:

@@ -159,3 +159,66 @@ def test_a_group_rank_takes_its_place_from_the_trainer(start_daemon, orin, monke
     info = governor_cb.job.group_info
     assert (info.key, info.rank, info.world_size) == ("lightning-run", 0, 1)
     assert governor_cb.job.result["steps"] == 3
+
+
+class TwoOptimizers(TinyBert):
+    """A GAN's setup: manual optimization, two optimizers, each stepping once a training batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        for opt in self.optimizers():
+            opt.zero_grad()
+            self.manual_backward(self.model(**batch).loss)
+            opt.step()
+
+    def configure_optimizers(self):
+        return (torch.optim.AdamW(self.model.bert.parameters(), lr=1e-3),
+                torch.optim.AdamW(self.model.classifier.parameters(), lr=1e-3))
+
+
+class Progress(TotalSteps):
+    """(the job's steps, its length as the daemon holds it) after every batch: read after a call on the job's own
+    connection, whose answer comes after every report it sent before it."""
+
+    def __init__(self, daemon, governor_cb):
+        super().__init__(daemon)
+        self.governor_cb = governor_cb
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        job = self.governor_cb.job
+        job.update()
+        (held,) = (j for j in self.rpc.call("status")["jobs"] if j["job_id"] == job.job_id)
+        self.seen.append((job.steps, held["total_steps"]))
+
+
+def fit_length(daemon, module, **limits) -> tuple[list, int]:
+    """Fit ``module`` over 16 batches under ``limits`` (the Trainer's max_steps, max_epochs...): what Progress saw,
+    and the steps the job ended with."""
+    governor_cb = GovernorCallback(socket=daemon.socket, seq_len=20.0)
+    progress = Progress(daemon, governor_cb)
+    pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+               enable_model_summary=False, callbacks=[governor_cb, progress], **limits).fit(module, loader())
+    return progress.seen, governor_cb.job.result["steps"]
+
+
+def test_manual_optimization_with_two_optimizers_counts_a_step_per_batch(start_daemon, orin):
+    """Under manual optimization global_step counts each optimizer.step() call, two a batch here, while the fit's
+    length (estimated_stepping_batches) counts batches: the job's progress ran twice as fast as its length (the
+    tuner's budget and the baseline's parts took it for half over at a quarter). A step is a training batch."""
+    seen, steps = fit_length(start_daemon(), TwoOptimizers(), max_epochs=1)
+    assert seen == [(n, 16) for n in range(1, 17)] and steps == 16
+
+
+def test_manual_optimization_under_max_steps_learns_the_fits_length_in_batches(start_daemon, orin):
+    """max_steps counts optimizer.step() calls under manual optimization: 12 with two optimizers is 6 batches. The
+    length starts as Lightning's estimate (one step a batch) and is the batches' once the first batch has stepped."""
+    seen, steps = fit_length(start_daemon(), TwoOptimizers(), max_steps=12)
+    assert seen == [(n, 6) for n in range(1, 7)] and steps == 6
+
+
+def test_automatic_optimization_counts_optimizer_steps_under_gradient_accumulation(start_daemon, orin):
+    seen, steps = fit_length(start_daemon(), TinyBert(), max_epochs=1, accumulate_grad_batches=2)
+    assert seen == [(n // 2, 8) for n in range(1, 17)] and steps == 8

@@ -427,9 +427,9 @@ def test_a_read_its_daemon_did_not_answer_is_not_called_refused(tmp_path, caplog
         "ftgov: group 0: job_energy refused: job_id: this job is in no group [JSON-RPC -32602]"]
 
 
-def ranks_reports(target, socket: str, world_size: int = 2) -> list[tuple]:
+def ranks_reports(target, socket: str, world_size: int = 2, reports: int = 1) -> list[tuple]:
     """Start ``world_size`` ranks running ``target`` (tests.support.ranks) against the daemon at ``socket``; what
-    each reported (rank, the job's group key, its rank and world size, registered), by rank."""
+    each reported (rank, the job's group key, its rank and world size, registered; ``reports`` a rank), by rank."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -437,7 +437,7 @@ def ranks_reports(target, socket: str, world_size: int = 2) -> list[tuple]:
     for p in procs:
         p.start()
     try:
-        return sorted(results.get(timeout=TIMEOUT_S) for _ in procs)
+        return sorted((results.get(timeout=TIMEOUT_S) for _ in range(reports * len(procs))), key=lambda r: r[0])
     finally:
         for p in procs:
             p.join(timeout=30)
@@ -475,3 +475,27 @@ def test_hf_trainer_ranks_under_deepspeeds_launcher_form_one_group(node):
 
     d = node("one")
     assert_one_group_of_two(d, ranks_reports(hf_rank, d.socket), "hf")
+
+
+def test_hf_trainer_ranks_with_no_process_group_and_no_key_are_told_how_to_form_one(node):
+    """Ranks whose Trainer shares no torch.distributed process group (under torch_xla, accelerate counts the processes
+    without one) under a launcher that sets no group key cannot be told that they are one run: each registered a job of
+    its own, silently, and under tune=True their tuners fought. Each rank warns once, naming the group option; with it,
+    the ranks form one group."""
+    from functools import partial
+
+    pytest.importorskip("transformers")
+    from tests.support.ranks import hf_rank_without_process_group
+
+    d = node("one")
+    got = ranks_reports(hf_rank_without_process_group, d.socket, reports=2)
+    warned = [r for r in got if r[1] == "warned"]
+    assert [(rank, len(said)) for rank, _, said in warned] == [(0, 1), (1, 1)], warned
+    for rank, _, (said,) in warned:
+        assert f"rank {rank} of 2" in said and "GovernorCallback(group=...)" in said, said
+    assert sorted(r for r in got if r[1] != "warned") == [(0, None, None, None, True), (1, None, None, None, True)]
+    assert "group '" not in d.log()
+
+    got = ranks_reports(partial(hf_rank_without_process_group, group="xla-run"), d.socket, reports=2)
+    assert [(r[0], r[2]) for r in got if r[1] == "warned"] == [(0, []), (1, [])]
+    assert_one_group_of_two(d, [r for r in got if r[1] != "warned"], "xla")

@@ -123,3 +123,32 @@ def hf_rank(rank: int, world_size: int, port: int, socket: str, results) -> None
                                  disable_tqdm=True)
         Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[callback]).train()
     _report(results, rank, callback.job)
+
+
+def hf_rank_without_process_group(rank: int, world_size: int, port: int, socket: str, results,
+                                  group: str | None = None) -> None:
+    """A rank of a Trainer whose ranks share no torch.distributed process group (under torch_xla, accelerate counts the
+    processes without one: args.world_size is theirs), started by a launcher that sets RANK and WORLD_SIZE but no group
+    key: GovernorCallback(group=group)'s train begin twice (a second train() on the same model carries the job on), as
+    every rank runs it. Reports as lightning_rank does, with the warnings it gave."""
+    _launched({"MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
+    import warnings
+
+    import torch
+    from transformers import TrainerControl, TrainerState
+
+    from governor.hf import GovernorCallback
+
+    class Args:  # what the hook reads of TrainingArguments when the ranks' group is not torch.distributed's
+        process_index, run_name = rank, None
+
+    Args.world_size = world_size
+    model = torch.nn.Linear(2, 2)
+    callback = GovernorCallback(**FEATURES, gpu=rank, socket=socket, group=group)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(2):
+            callback.on_train_begin(Args(), TrainerState(max_steps=10), TrainerControl(), model=model)
+    results.put((rank, "warned", [str(w.message) for w in caught]))
+    _report(results, rank, callback.job)
+    callback.close()
