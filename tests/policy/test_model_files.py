@@ -36,6 +36,8 @@ def test_model_dir_links_to_the_shipped_files():
     ('{"freq_hz": true}', "positive integer"),
     ('{"freq_hz": 816.0}', "positive integer"),
     ("[816000000]", "positive integer"),
+    ('{"freq_hz": 816}', "no GPU clock in Hz"),  # MHz: it would pin every job at the lowest level
+    ('{"freq_hz": 816000000000}', "no GPU clock in Hz"),
 ])
 def test_a_bad_ffg_file_is_refused_with_its_name_and_fault(tmp_path, content, fault):
     path = tmp_path / "ffg.json"
