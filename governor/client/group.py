@@ -246,6 +246,7 @@ class GroupCoordinator:
         self.windows = 0
         self.closed_early = 0  # windows closed at a read inside (early_close)
         self.last_window: dict[str, Any] | None = None  # rank 0: the last window its tuner observed
+        self._told_steps: int | None = None  # rank 0: its job's length as its tuner was last told it
 
     @property
     def rule(self):
@@ -558,8 +559,8 @@ class GroupCoordinator:
             start = (self.job.registration or {}).get("freq_hz")
             levels = (self.job.registration or {}).get("levels_hz") or []
             start_hz = start if start in levels else max(levels)
-            self.tuner = self._new_tuner(levels, start_hz, probe_steps=self.warmup_steps + self.window_steps,
-                                         total_steps=self.job.total_steps)
+            self.tuner = self._new_tuner(levels, start_hz, probe_steps=self.warmup_steps + self.window_steps)
+            self._tell_length()
             self.level_hz = start_hz
             timed = [w for w in windows if w[1] > 0 and w[3] > 0 and w[4] > 0]
             if len(timed) < n or not self._is_window([[w[1], w[2], w[3], w[4], w[6]] for w in timed]):
@@ -592,7 +593,12 @@ class GroupCoordinator:
         from governor.policy.windows import summed_noise_rel
 
         noise = summed_noise_rel([(j, w[6] if w[6] > 0 else None) for j, w in zip(per_rank, windows, strict=True)])
-        self.tuner.observe(self.level_hz, joules_per_step, seconds_per_step, noise_rel=noise)
+        told = self.job.total_steps
+        # The steps the run has left, when its length is known, as the daemon's tuners are told them: the windows'
+        # steps alone undercount them.
+        self.tuner.observe(self.level_hz, joules_per_step, seconds_per_step, noise_rel=noise,
+                           steps_left=None if told is None else max(0, told - self.job.steps))
+        self._tell_length()
         self.last_window = {"level_hz": self.level_hz, "joules_per_step": joules_per_step,
                             "seconds_per_step": seconds_per_step, "steps": steps,
                             "seconds": max(w[4] for w in windows), "noise_rel": noise}
@@ -606,6 +612,18 @@ class GroupCoordinator:
             self.trimmer = self._new_trimmer(self.tuner.levels_hz, self.level_hz, list(range(n)))
             return [1.0, 0.0, 0.0, float(nxt)] + [float(self.level_hz)] * n
         return [float(converged), 0.0, float(converged), float(nxt)] + [float(self.level_hz)] * n
+
+    def _tell_length(self) -> None:
+        """Rank 0: its job's length (rank 0's is the group's: the ranks of one run tell the same), once told or changed
+        (Job.set_total_steps, a callback's next run in one process), to its tuner while it searches: re-priced over
+        the steps left, as the daemon's tuners are; a search it ends has converged at the next level asked for."""
+        told = self.job.total_steps
+        if self.tuner is None or told is None or told == self._told_steps:
+            return
+        self._told_steps = told
+        if not self.tuner.converged:
+            left = max(0, told - self.job.steps)
+            self.tuner.set_job(total_steps=max(1, left), steps_left=left)
 
     def _is_window(self, so_far: list[list[float]]) -> bool:
         """Rank 0: whether the stretch before the first edge, as the ranks measured it so far ([measured, energy_j,

@@ -83,6 +83,7 @@ class Group:
     features: object | None = None  # the first rank's Features: every later rank is decided on them
     level_hz: int | None = None  # the level the group runs at (its tuner's, or its rank 0's through set_level)
     tuner: OnlineTuner | None = None
+    total_steps: int | None = None  # the group's length as its tuner was last told it (Groups._tell_length)
     status: str = "no tuner (the group's policy pins one level)"
     remote: bool = False  # its rank 0 tunes it through set_level: this daemon's tuner stays off
     windows: list[GroupWindow] = field(default_factory=list)
@@ -235,10 +236,9 @@ class Groups:
                 cfg = self._tuner_config()
                 levels = gov.power_mode.allowed_levels(job.gpu_id)
                 if job.decision.freq_hz in levels:
-                    group.tuner = cfg.new_tuner(levels, job.decision.freq_hz)
-                    if job.total_steps is not None:
-                        group.tuner.set_job(total_steps=job.total_steps)
+                    group.tuner, group.total_steps = cfg.new_tuner(levels, job.decision.freq_hz), None
                     group.status = "waiting for every rank" if not group.whole() else "measuring"
+                    self._tell_length(gov, group)
         return attached
 
     @staticmethod
@@ -271,9 +271,12 @@ class Groups:
         if compute_s is not None:
             member.compute.sum_s += compute_s * max(0, job.steps - member.compute.last_steps)
             member.compute.last_steps = job.steps
-        tuner = group.tuner
-        if tuner is None or group.remote:
+        if group.tuner is None or group.remote:
             return  # no meter read: a group without a tuner here costs its reports nothing more
+        self._tell_length(gov, group)
+        tuner = group.tuner
+        if tuner is None:  # the length ended the search, and a pin at its choice failed
+            return
         points: list = []
         if member.feed is not None and member.feed.meter is not None and not tuner.converged:
             # Read at every report while searching, so that the counter's edges stay continuous.
@@ -325,6 +328,33 @@ class Groups:
         if all(m.measured is not None for m in group.members.values()):
             self._window_closed(gov, group)
 
+    def _tell_length(self, gov, group: Group) -> None:
+        """The group's length, once told or changed, to its tuner, priced over the steps left as a single job's is
+        (TuningSession.set_total_steps); a search the new length ends pins every rank at its choice at once. The
+        group's length is the largest its ranks told (each rank's latest, at register or with progress): the ranks of
+        one run tell the same; where they differ, the search is priced for the longest."""
+        tuner = group.tuner
+        told = [m.job.total_steps for m in group.members.values() if m.job.total_steps is not None]
+        if tuner is None or not told or max(told) == group.total_steps:
+            return
+        group.total_steps = max(told)
+        if tuner.converged:
+            return  # a converged group's tuner measures no more windows: its trim follows
+        left = max(0, group.total_steps - self._steps(group))
+        tuner.set_job(total_steps=max(1, left), steps_left=left)
+        if tuner.converged:
+            group.restart_windows()  # a window open at a level of the search is none of the level chosen
+            group.status = "converged"
+            log.info("%s: %d steps left of %d: the search ends on %s", group.label(), left, group.total_steps,
+                     mhz(tuner.best_hz))
+            self._move(gov, group, tuner.best_hz,
+                       f"tune: converged for {group.label()} (the group's length ended the search)")
+
+    @staticmethod
+    def _steps(group: Group) -> int:
+        """The group's steps so far: its ranks run the same steps, the one that reported last counted the most."""
+        return max(m.job.steps for m in group.members.values())
+
     @staticmethod
     def _reference(group: Group, member: Member) -> Reference | None:
         """What a rank's window is compared with, so that it closes once that is clear, as a single job's does
@@ -373,10 +403,14 @@ class Groups:
             # mean of those so far, as a single job's (TuningSession).
             sized = [g.steps for g in group.windows if g.noise_rel is not None]
             tuner.set_job(probe_steps=self._tuner_config().warmup_steps + round(sum(sized) / len(sized)))
+        steps = self._steps(group)
+        # The group's own count of the steps left, when its length is known, as TuningSession gives a single job's:
+        # the windows' steps alone undercount it (the steps that wait for the pins, a pause).
+        left = None if group.total_steps is None else max(0, group.total_steps - steps)
         try:
             # The window's middle step, for the tuner's drift (as TuningSession gives a single job's).
-            at_step = max(m.job.steps for m in group.members.values()) - w.steps / 2
-            tuner.observe(w.level_hz, w.joules_per_step, w.seconds_per_step, noise_rel=w.noise_rel, at_step=at_step)
+            tuner.observe(w.level_hz, w.joules_per_step, w.seconds_per_step, noise_rel=w.noise_rel,
+                          at_step=steps - w.steps / 2, steps_left=left)
         except FtgovError as e:
             log.warning("%s: tuning stopped: %s; keeping %s", group.label(), e, mhz(group.level_hz))
             group.tuner, group.status = None, f"stopped: {e}"

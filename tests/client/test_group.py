@@ -494,8 +494,43 @@ def test_hf_trainer_ranks_with_no_process_group_and_no_key_are_told_how_to_form_
     for rank, _, (said,) in warned:
         assert f"rank {rank} of 2" in said and "GovernorCallback(group=...)" in said, said
     assert sorted(r for r in got if r[1] != "warned") == [(0, None, None, None, True), (1, None, None, None, True)]
-    assert "group '" not in d.log()
+    assert ": started by job" not in d.log()  # no group began (its line: "group 'KEY' (uid U): started by ...")
 
     got = ranks_reports(partial(hf_rank_without_process_group, group="xla-run"), d.socket, reports=2)
     assert [(r[0], r[2]) for r in got if r[1] == "warned"] == [(0, []), (1, [])]
     assert_one_group_of_two(d, [r for r in got if r[1] != "warned"], "xla")
+
+
+def test_rank_0s_tuner_learns_a_length_told_after_it_began_and_ends_its_search_on_it(tmp_path):
+    """Rank 0's job tells its length after the group's tuner began (Job.set_total_steps, the callbacks' next run in
+    one process): the tuner is re-priced over the steps left, as the daemon's are, and a length at its end ends the
+    search at the next window, every rank given the choice. Before, rank 0's tuner took only the length its job knew
+    when the tuner was made, and searched on for the assumed 2,000 steps."""
+    import warnings
+
+    from governor.client import GovernorWarning, Job
+    from governor.client.group import GroupCoordinator
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GovernorWarning)
+        job = Job(dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0),
+                  socket=str(tmp_path / "absent.sock"), group="g", rank=0, world_size=2).start()
+    levels = [510_000_000, 1_005_000_000, 1_500_000_000, 1_980_000_000]
+    job.registration = {"freq_hz": levels[-1], "levels_hz": levels}
+    coordinator = GroupCoordinator(job, TwoRanks([]))
+
+    def window(joules: float) -> list[float]:  # able, measured, energy_j, steps, seconds, compute_s, noise_rel
+        return [1.0, 1.0, joules * 8, 8.0, 0.2, -1.0, 0.0]
+
+    coordinator._decide([window(1.0)] * 2)  # the stretch before the first edge times the steps: the tuner begins
+    for _ in range(20):
+        job.step()
+    converged, _stop, _done, _steps, *ranks = coordinator._decide([window(1.0)] * 2)
+    assert coordinator.tuner is not None and not converged
+    job.set_total_steps(5000)
+    coordinator._decide([window(0.9)] * 2)
+    assert coordinator.tuner.total_steps == 5000 - 20, coordinator.tuner.state()
+    assert not coordinator.tuner.converged
+    job.set_total_steps(21)  # cut short: one step left
+    converged, _stop, _done, _steps, *ranks = coordinator._decide([window(0.8)] * 2)
+    assert converged and ranks == [float(coordinator.tuner.best_hz)] * 2, (ranks, coordinator.tuner.state())

@@ -372,7 +372,8 @@ def test_in_observe_mode_doctors_pin_check_writes_nothing_and_a_reload_into_tune
     assert res["freq_hz"] is None
     c.call("unregister", job_id=res["job_id"])
     assert not [call for call in calls.read_text().split() if call.startswith(("nvmlDeviceSet", "nvmlDeviceReset"))]
-    complaints = [line for line in d.log().splitlines() if " WARNING " in line or " ERROR " in line]
+    complaints = [line for line in d.log().splitlines() if (" WARNING " in line or " ERROR " in line)
+                  and "socket.group" not in line]  # a host without the ftgov group: said at start, root serves on
     assert len(complaints) == 1 and "reload: policy tune" in complaints[0], complaints
 
 

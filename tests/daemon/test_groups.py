@@ -369,3 +369,67 @@ def test_a_rank_on_a_gpu_that_cannot_lock_its_clocks_observes_and_the_group_does
     gpus = gpus_of(c)
     assert gpus["0"]["pinned_hz"] == reply[0]["freq_hz"] and gpus["1"]["pinned_hz"] is None, gpus
     assert [j["tuner"]["mode"] for j in c.call("status")["jobs"] if j["gpu"] == "1"] == ["observe"]
+
+
+def _searching_group(group_daemon, children, register: dict | None = None) -> tuple:
+    """A daemon whose group of two ranks (rank r registered with ``register[r]`` besides) has measured its first
+    window and searches on: the client, the ranks' job ids, the steps so far."""
+    d = group_daemon(tuner={"baseline_window": False, "noise_rel": 0.05, "window_steps": 3, "max_probes": 12,
+                            "window_rule": "steps", "settle_updates": 0})
+    c = d.client()
+    jobs = [register_rank(c, children(), r, **(register or {}).get(r, {}))["job_id"] for r in range(2)]
+    for steps in range(1, 100):
+        for job_id in jobs:
+            c.notify("progress", job_id=job_id, steps=steps)
+        (group,) = c.call("status")["groups"]
+        if group["tuner"]["probes"]:
+            assert not group["tuner"]["converged"], group
+            return c, jobs, steps
+    pytest.fail(f"no window in 100 steps: {group}")
+
+
+def test_a_length_the_ranks_tell_with_progress_reprices_the_groups_search_and_may_end_it(group_daemon, children):
+    """Ranks registered without total_steps tell it with progress (Job.set_total_steps, the callbacks' second run in
+    one process): the group's tuner is priced over the steps left, as a single job's is, and a length that ends the
+    search pins the group at its choice. The group's length is the largest its ranks told (each rank's latest).
+    Before, only the first rank's registered length reached the group's tuner: this one stayed priced for the
+    tuner's assumed 2,000 steps and searched on past the run's end."""
+    c, jobs, steps = _searching_group(group_daemon, children)
+    for job_id in jobs:
+        c.notify("progress", job_id=job_id, steps=steps, total_steps=5000)
+    (group,) = c.call("status")["groups"]
+    assert group["tuner"]["total_steps"] == 5000 - steps, group["tuner"]
+    # Ranks that disagree: the largest. Rank 0 alone at its end leaves the search to rank 1's length.
+    c.notify("progress", job_id=jobs[0], steps=steps, total_steps=steps + 1)
+    (group,) = c.call("status")["groups"]
+    assert group["tuner"]["total_steps"] == 5000 - steps and not group["tuner"]["converged"], group["tuner"]
+    c.notify("progress", job_id=jobs[1], steps=steps, total_steps=steps + 1)
+    (group,) = c.call("status")["groups"]
+    tuner = group["tuner"]
+    assert tuner["converged"] and group["status"] == "converged", group
+    assert group["level_hz"] == tuner["best_hz"]
+    assert [j["freq_hz"] for j in c.call("status")["jobs"]] == [tuner["best_hz"]] * 2  # every rank's pin moved
+
+
+def test_a_length_a_later_rank_registers_with_reaches_the_groups_tuner(group_daemon, children):
+    """The first rank registered without total_steps, the second with it: the group's tuner learns it (it took only
+    the first rank's, at its start)."""
+    c, jobs, steps = _searching_group(group_daemon, children, {1: {"total_steps": 800}})
+    (group,) = c.call("status")["groups"]
+    assert group["tuner"]["total_steps"] is not None and group["tuner"]["total_steps"] <= 800, group["tuner"]
+
+
+def test_a_groups_tuner_counts_the_steps_left_from_the_ranks_steps(group_daemon, children):
+    """Once the group's length is known, each window tells its tuner the steps the ranks have left, as a single
+    job's session does: counted down by the windows' steps alone, the steps that waited for the pins went uncounted.
+    (The follow-up's plan, which status shows once converged, is made from that count.)"""
+    c, jobs, told_at = _searching_group(group_daemon, children)
+    for job_id in jobs:
+        c.notify("progress", job_id=job_id, steps=told_at, total_steps=5000)
+    for steps in range(told_at + 1, told_at + 400):
+        for job_id in jobs:
+            c.notify("progress", job_id=job_id, steps=steps)
+        (group,) = c.call("status")["groups"]
+        if group["tuner"]["converged"]:
+            break
+    assert group["tuner"]["follow_up"]["steps_left"] == 5000 - steps, (steps, group["tuner"])
