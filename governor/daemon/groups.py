@@ -236,7 +236,10 @@ class Groups:
                 cfg = self._tuner_config()
                 levels = gov.power_mode.allowed_levels(job.gpu_id)
                 if job.decision.freq_hz in levels:
-                    group.tuner, group.total_steps = cfg.new_tuner(levels, job.decision.freq_hz), None
+                    # No follow-up (tuner.follow_up): a converged group measures no more windows (its trim
+                    # follows), so a near-tie its tuner would go on to confirm would be where it stayed.
+                    group.tuner = cfg.model_copy(update={"follow_up": False}).new_tuner(levels, job.decision.freq_hz)
+                    group.total_steps = None
                     group.status = "waiting for every rank" if not group.whole() else "measuring"
                     self._tell_length(gov, group)
         return attached
@@ -415,7 +418,7 @@ class Groups:
             log.warning("%s: tuning stopped: %s; keeping %s", group.label(), e, mhz(group.level_hz))
             group.tuner, group.status = None, f"stopped: {e}"
             return
-        nxt = tuner.next_level_hz()
+        nxt = tuner.best_hz if tuner.converged else tuner.next_level_hz()
         noise = "" if w.noise_rel is None else f" +-{100 * w.noise_rel:.1f}%"
         log.info("%s: window %d at %s: %.4f J/step%s over %d ranks, %.4f s/step (slowest), %d steps -> %s",
                  group.label(), tuner.probes, mhz(w.level_hz), w.joules_per_step, noise, w.ranks, w.seconds_per_step,

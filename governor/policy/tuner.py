@@ -338,6 +338,7 @@ class OnlineTuner:
             "max_slowdown": self.max_slowdown,
             "fastest_seconds_per_step": None if fit is None else fit[-1],
             "total_steps": self.total_steps,
+            "steps_left": None if (left := self._known_steps_left) is None else round(left),  # None: length unknown
             "explore_budget_j": None if best is None else est.budget_j(log_j, best),
             "explore_spent_j": self.explore_spent_j,
             "drift_rel": est.drift.sd_rel,
