@@ -57,8 +57,8 @@ class GovernorCallback(AdapterCore, TrainerCallback):
         self._counted_step = state.global_step  # a retried run starts over from its checkpoint's step, or 0
         # The rank's place in its run, from the Trainer (TrainingArguments brought the process group up when it set
         # its device, before train()): deepspeed's launcher and mpirun set no group key, so the ranks' jobs were
-        # separate and their tuners fought. First, before what only this process knows (a second callback), since
-        # with several ranks it is a broadcast that every rank reaches here.
+        # separate and their tuners fought. First, before what only this process knows (a second callback): with
+        # several ranks every rank's callback agrees on the group here (a rank missing: none, after a bounded wait).
         place = self._place("hf", args.process_index, args.world_size)
         run = (threading.get_ident(), state, _weak(model))
         _end_abandoned(self, run)

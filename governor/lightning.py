@@ -41,7 +41,7 @@ class GovernorCallback(AdapterCore, Callback):
         # The rank's place in its run, from the Trainer: Lightning's own DDP launchers (ddp from `python train.py`,
         # ddp_spawn) set no RANK in the environment, and no group key, so the ranks' jobs were separate (their tuners
         # fought) and a group= rank had no rank.
-        place = self._place("lightning", trainer.global_rank, trainer.world_size)  # every rank runs this hook here
+        place = self._place("lightning", trainer.global_rank, trainer.world_size)  # every rank's callback agrees
         manual = not getattr(pl_module, "automatic_optimization", True)
         self._manual = _ManualLength(trainer) if manual else None
         total = self._manual.batches_left(trainer, 0) if self._manual is not None else _steps_left(trainer)

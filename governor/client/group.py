@@ -30,6 +30,7 @@ daemon says (one that refused or is absent sends "not measured"), so that the co
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -39,6 +40,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from governor.client.connection import DaemonUnavailable
@@ -59,6 +61,16 @@ GROUP_WINDOW_STEPS = 8  # every window without a rule; with one, the least, and 
 # the rank's own daemon, well under a ms), whose scatter tells the window's own uncertainty (rank_window_noise). On the
 # H200's traces 8 read windows as short as 4 did for the same spread of successive windows (docs/benchmarks.md).
 SUB_WINDOWS = 8
+# At a train start (shared_run_key), how long rank 0 waits for every rank to say it holds a callback, and each other
+# rank for rank 0's word. The ranks reach the hook within moments of each other (DDP's wrap, the frameworks' barriers
+# line them up), but rank 0 may come late: the Trainer runs its other callbacks' train begin first, and the main
+# process's loggers (wandb.init) may take seconds there. A rank whose peers hold no callback loses this once.
+ANNOUNCE_WAIT_S = 5.0
+DECISION_WAIT_S = 30.0
+# The group key of a rank whose job stands alone whatever its launcher says (its ranks did not agree on a group).
+NO_GROUP = ""
+# This process's train starts so far (shared_run_key): each agrees under keys of its own in the process group's store.
+_TRAIN_STARTS = itertools.count()
 
 
 _UNREAD = object()
@@ -150,7 +162,10 @@ LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALN
 
 def group_from_env(group: str | None = None, rank: int | None = None, world_size: int | None = None,
                    env: Mapping[str, str] | None = None, local_world_size: int | None = None) -> GroupInfo | None:
-    """The rank's group: what the caller gives wins over the launcher's environment; None outside any group."""
+    """The rank's group: what the caller gives wins over the launcher's environment; None outside any group, or where
+    ``group`` is NO_GROUP."""
+    if group == NO_GROUP:
+        return None
     env = os.environ if env is None else env
     key = group
     if key is None and env.get("TORCHELASTIC_RUN_ID"):
@@ -171,18 +186,49 @@ def group_from_env(group: str | None = None, rank: int | None = None, world_size
 
 
 def shared_run_key(prefix: str, own: str | None) -> str | None:
-    """The run's group key on every rank of the process group up now: ``own`` (the caller's or the launcher's) where
-    this rank has one, else rank 0's: its own, or one it makes for a launcher that sets none (Lightning's own DDP
-    launchers, deepspeed's). A broadcast, made whenever a process group of several ranks is up, whatever the ranks
-    know, so that every rank reaches it: a rank that skipped it (its environment told it a key, another's did not)
-    would leave the others waiting. Call it where every rank passes at the same point (a framework's train-start
-    hook). ``own`` without a process group of several ranks."""
+    """The run's group key, agreed by every rank of the process group up now at its train start: ``own`` (the caller's
+    or the launcher's) where this rank has one, else rank 0's: its own, or one it makes for a launcher that sets none
+    (Lightning's own DDP launchers, deepspeed's). NO_GROUP where not every rank took part in time (a callback on rank 0
+    only): this rank's job stands alone. ``own`` without a process group of several ranks, or without a store to agree
+    over (None if it has none).
+
+    Agreed through the process group's store, never a collective: a collective that only the ranks holding a callback
+    reach waits for good in the others' next one (DDP's all-reduce). Each rank says it is there; rank 0 waits
+    ANNOUNCE_WAIT_S for every rank, the others DECISION_WAIT_S for its word, and the first word set (compare_set) is
+    every rank's: rank 0's key, or "none" from rank 0 (a rank missing) or from a rank that waited in vain. Keys are per
+    train start of this process (``ftgov/<n>/``), so a second run in one process (a notebook) agrees afresh."""
     dist = torch_distributed()
     if dist is None or dist.get_world_size() < 2:
         return own
-    box = [(own or f"{prefix}-{uuid.uuid4().hex[:12]}") if dist.get_rank() == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return own or box[0]
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    base = f"ftgov/{next(_TRAIN_STARTS)}"
+    try:
+        store = dist.distributed_c10d._get_default_store()  # private: torch offers no public handle on it
+    except Exception as e:  # noqa: BLE001 - gone or changed in some torch: the ranks cannot agree
+        log.info("ftgov: no torch.distributed store to agree on a group key over (%s)", e)
+        return own
+    decision = f"{base}/group"
+    try:
+        store.set(f"{base}/rank/{rank}", "1")
+        if rank == 0:
+            try:
+                store.wait([f"{base}/rank/{r}" for r in range(world_size)], timedelta(seconds=ANNOUNCE_WAIT_S))
+                word = "key:" + (own or f"{prefix}-{uuid.uuid4().hex[:12]}")
+            except RuntimeError:  # the wait timed out (DistStoreError)
+                word = "none"
+        else:
+            try:
+                store.wait([decision], timedelta(seconds=DECISION_WAIT_S))
+            except RuntimeError:
+                pass  # "none", unless rank 0's word comes first
+            word = "none"
+        agreed = store.compare_set(decision, "", word).decode()
+    except Exception as e:  # noqa: BLE001 - the store failed: no group rather than a stopped training
+        log.info("ftgov: agreeing on a group key over torch.distributed's store failed: %s", e)
+        return NO_GROUP
+    if not agreed.startswith("key:"):
+        return NO_GROUP
+    return own or agreed[len("key:"):]
 
 
 def torch_distributed():

@@ -92,15 +92,20 @@ def lightning_rank(rank: int, world_size: int, port: int, socket: str, results) 
     dist.destroy_process_group()
 
 
-def hf_rank(rank: int, world_size: int, port: int, socket: str, results) -> None:
+def hf_rank(rank: int, world_size: int, port: int, socket: str, results, holders: tuple[int, ...] | None = None,
+            runs: int = 1, env: dict[str, str] | None = None, tune: bool | None = None) -> None:
     """A rank as deepspeed's launcher starts one (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_SIZE, CROSS_RANK, CROSS_SIZE,
     MASTER_ADDR and MASTER_PORT in the environment; no TORCHELASTIC_RUN_ID, no Slurm step): a Hugging Face Trainer,
     whose TrainingArguments bring the process group up (gloo, on the CPU), trains a tiny model for two steps under
-    GovernorCallback, DDP's all-reduce keeping both ranks registered until each has stepped. Reports as
-    lightning_rank does."""
+    GovernorCallback, DDP's all-reduce keeping both ranks registered until each has stepped; ``runs`` times, a new
+    Trainer and callback each (a notebook's cells). Only the ranks in ``holders`` (all: None) hold the callback (with
+    ``tune``); ``env``: more of the launcher's environment.
+    Reports as lightning_rank does after each run (a rank without the callback: no group, not registered), then
+    (rank, "warned", the warnings it gave)."""
     _launched({"MASTER_PORT": str(port), "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
-               "LOCAL_SIZE": str(world_size), "CROSS_RANK": "0", "CROSS_SIZE": "1"})
+               "LOCAL_SIZE": str(world_size), "CROSS_RANK": "0", "CROSS_SIZE": "1", **(env or {})})
     import tempfile
+    import warnings
 
     import torch
     from transformers import Trainer, TrainingArguments
@@ -116,13 +121,21 @@ def hf_rank(rank: int, world_size: int, port: int, socket: str, results) -> None
             return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
 
     data = [{"x": torch.ones(2) * i, "labels": torch.tensor(float(i))} for i in range(8)]
-    callback = GovernorCallback(**FEATURES, gpu=rank, socket=socket)
-    with tempfile.TemporaryDirectory() as out:
-        args = TrainingArguments(output_dir=out, max_steps=2, per_device_train_batch_size=2, use_cpu=True,
-                                 ddp_backend="gloo", report_to=[], save_strategy="no", logging_strategy="no",
-                                 disable_tqdm=True)
-        Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=[callback]).train()
-    _report(results, rank, callback.job)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(runs):
+            held = holders is None or rank in holders
+            callbacks = [GovernorCallback(**FEATURES, gpu=rank, socket=socket, tune=tune)] if held else []
+            with tempfile.TemporaryDirectory() as out:
+                args = TrainingArguments(output_dir=out, max_steps=2, per_device_train_batch_size=2, use_cpu=True,
+                                         ddp_backend="gloo", report_to=[], save_strategy="no", logging_strategy="no",
+                                         disable_tqdm=True)
+                Trainer(model=Tiny(), args=args, train_dataset=data, callbacks=callbacks).train()
+            if held:
+                _report(results, rank, callbacks[0].job)
+            else:
+                results.put((rank, None, None, None, False))
+    results.put((rank, "warned", [str(w.message) for w in caught if "ftgov" in str(w.message)]))
 
 
 def hf_rank_without_process_group(rank: int, world_size: int, port: int, socket: str, results,
