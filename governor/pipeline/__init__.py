@@ -1,15 +1,17 @@
 """The model pipeline (never imported by the daemon), one command per stage, each with path arguments:
 
     characterize  measure every level (the simulated Orin, or a Hugging Face loop on a board) -> characterization CSV
-    dataset       label each configuration with its energy-optimal level              -> model/artifacts/dataset.csv
+    dataset       label each configuration with its energy-optimal level              -> dataset.csv
     fit           LOOCV hyperparameter search and fit                                 -> mlg.joblib, cv-report.json
-    export        the fitted tree as the daemon's JSON and as rules                   -> governor/data/mlg-tree.json
-    ffg           FFG's single frequency                                              -> governor/data/ffg.json
+    export        the fitted tree as the daemon's JSON and as rules                   -> mlg-tree.json, mlg-rules.txt
+    ffg           FFG's single frequency                                              -> ffg.json
     evaluate      every policy through the daemon's Policy.decide on held-out workloads
     retrain       the tree from the board's measurement store and the characterization -> mlg-tree.json
 
 Run as ``python -m governor.pipeline STAGE`` or ``ftgov model STAGE`` (characterize and evaluate also as ``ftgov
-STAGE``); the Makefile's ``model`` target chains them by their files. STAGES is the one list every entry builds its
+STAGE``); the Makefile's ``model`` target chains them by their files, named in full (model/artifacts/, and the
+package data in governor/data/). Without paths a stage reads the shipped characterization and writes the names above
+in the current directory, so the stages run from an installed ftgov too. STAGES is the one list every entry builds its
 commands from. Each stage module has add_parser(subparsers) and run(args) and keeps numpy and scikit-learn imports
 inside its functions, so listing the stages costs nothing.
 """

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from governor import data as shipped
 from governor.errors import FtgovError
 from governor.features import FEATURE_ORDER, Features
 from governor.safefile import open_file
@@ -176,7 +177,8 @@ def read_labels(path: str | Path, sweeps: list[Sweep]) -> dict[str, int]:
         with path.open(newline="") as f:
             rows = {r["workload"]: r for r in csv.DictReader(f)}
     except OSError as e:
-        raise FtgovError(f"cannot read {path}: {e.strerror or e}") from e
+        raise FtgovError(f"cannot read {path}: {e.strerror or e} (write it with the `dataset` stage, or give "
+                         "--dataset)") from e
     except (KeyError, csv.Error) as e:
         raise FtgovError(f"{path}: not a dataset written by `dataset` ({e})") from e
     labels = {}
@@ -199,13 +201,20 @@ def read_labels(path: str | Path, sweeps: list[Sweep]) -> dict[str, int]:
     return labels
 
 
+def add_data_argument(p: argparse.ArgumentParser, what: str) -> None:
+    """--data, the characterization CSV a stage reads: by default the one shipped with ftgov (package data), so that a
+    stage runs wherever ftgov is installed; the stages' outputs default to plain names in the current directory."""
+    p.add_argument("--data", type=Path, default=shipped.path(shipped.CHARACTERIZATION),
+                   help=f"{what} (default: the one shipped with ftgov)")
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("dataset", help="label each characterized configuration with its energy-optimal level",
                               description="Write the training set: per configuration the five features and the label "
                               "(the energy optimum of the 1-2-1 smoothed curve).")
-    p.add_argument("--data", type=Path, default=Path("model/data/characterization.csv"),
-                   help="characterization CSV (default: %(default)s, from a checkout's root)")
-    p.add_argument("--out", type=Path, default=Path("model/artifacts/dataset.csv"), help="default: %(default)s")
+    add_data_argument(p, "characterization CSV")
+    p.add_argument("--out", type=Path, default=Path("dataset.csv"),
+                   help="where to write it (default: %(default)s in the current directory)")
     p.set_defaults(func=run)
     return p
 

@@ -1,5 +1,5 @@
-"""The `export` stage: a fitted scikit-learn DecisionTreeClassifier as the daemon's ``ftgov-tree/1`` JSON (by default
-into governor/data/, the package data the daemon loads), and as readable rules.
+"""The `export` stage: a fitted scikit-learn DecisionTreeClassifier as the daemon's ``ftgov-tree/1`` JSON (`make model`
+writes it into governor/data/, the package data the daemon loads), and as readable rules.
 
 Node indices are scikit-learn's (depth-first, root 0), ``<=`` goes left, a leaf holds its majority class (the first
 one on a tie, as ``predict`` does).
@@ -129,7 +129,11 @@ def run_export(data: Path, estimator_path: Path, report_path: Path, tree_path: P
     # Unpickling a file that is not one fails in whatever way the bytes lead it (EOFError, IndexError, ...).
     except (OSError, ValueError, EOFError, IndexError, KeyError, AttributeError, ImportError,
             pickle.UnpicklingError) as e:
-        raise FtgovError(f"cannot read the fitted tree ({estimator_path}, {report_path}): {e}; run `fit` first") from e
+        raise FtgovError(f"cannot read the fitted tree ({estimator_path}, {report_path}): {e}; run `fit` first, or "
+                         "give the files it wrote as --estimator and --report") from e
+    if dataset.sha256(data) != report.get("data_sha256"):  # the metadata would name one file's provenance for another's
+        raise FtgovError(f"{data} is not the characterization `fit` trained on ({report_path} names "
+                         f"{report.get('data')}): give that CSV as --data")
     meta = dataset.meta(data)
     metadata = {
         "data": report["data"], "data_sha256": report["data_sha256"], "data_source": meta.get("source", "unknown"),
@@ -159,16 +163,17 @@ def run_export(data: Path, estimator_path: Path, report_path: Path, tree_path: P
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("export", help="write the fitted tree as the daemon's JSON and as readable rules",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=Path("model/data/characterization.csv"),
-                   help="characterization CSV (its provenance goes into the tree's metadata) (default: %(default)s)")
-    p.add_argument("--estimator", type=Path, default=Path("model/artifacts/mlg.joblib"),
-                   help="from `fit` (default: %(default)s)")
-    p.add_argument("--report", type=Path, default=Path("model/artifacts/cv-report.json"),
-                   help="from `fit` (default: %(default)s)")
-    p.add_argument("--tree", type=Path, default=Path("governor/data/mlg-tree.json"),
-                   help="ftgov-tree/1 JSON to write (default: %(default)s)")
-    p.add_argument("--rules", type=Path, default=Path("model/mlg-rules.txt"),
-                   help="readable rules to write (default: %(default)s)")
+    dataset.add_data_argument(p, "characterization CSV `fit` trained on (its provenance goes into the tree's "
+                              "metadata)")
+    p.add_argument("--estimator", type=Path, default=Path("mlg.joblib"),
+                   help="from `fit` (default: %(default)s in the current directory)")
+    p.add_argument("--report", type=Path, default=Path("cv-report.json"),
+                   help="from `fit` (default: %(default)s in the current directory)")
+    p.add_argument("--tree", type=Path, default=Path("mlg-tree.json"),
+                   help="ftgov-tree/1 JSON to write (default: %(default)s in the current directory; point the "
+                        "daemon's model_file at it)")
+    p.add_argument("--rules", type=Path, default=Path("mlg-rules.txt"),
+                   help="readable rules to write (default: %(default)s in the current directory)")
     p.set_defaults(func=run)
     return p
 

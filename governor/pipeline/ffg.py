@@ -1,5 +1,5 @@
 """The `ffg` stage: FFG's single frequency, the one level with the least total energy per step summed over every
-characterized configuration (by default into governor/data/ffg.json, the package data the daemon loads).
+characterized configuration (`make model` writes governor/data/ffg.json, the package data the daemon loads).
 
 A sum of joules weighs each configuration by its energy, as a board running all of them for the same number of steps
 would; the mean relative energy (each configuration against its own MAXN) is reported beside it.
@@ -41,9 +41,9 @@ def run_ffg(data: Path, out: Path) -> int:
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("ffg", help="derive FFG's single frequency from the characterization data",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=Path("model/data/characterization.csv"),
-                   help="characterization CSV (default: %(default)s, from a checkout's root)")
-    p.add_argument("--out", type=Path, default=Path("governor/data/ffg.json"), help="default: %(default)s")
+    dataset.add_data_argument(p, "characterization CSV")
+    p.add_argument("--out", type=Path, default=Path("ffg.json"),
+                   help="where to write it (default: %(default)s in the current directory)")
     p.set_defaults(func=run)
     return p
 

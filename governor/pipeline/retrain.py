@@ -5,7 +5,8 @@ measurement store (docs/store.md has the reasoning; this docstring is the rule).
    the sweeps: governor/pipeline/board_data.py.
 5. Fit: the training grid, leave-one-out CV over every sample with the weights above, chosen by weighted LOOCV energy
    regret (accuracy breaks ties), then fitted on everything. Deterministic for the same stores, data and seed.
-6. Report: accuracy and energy regret of the tree the daemon uses now and of the new one on the board's own labelled
+6. Report: accuracy and energy regret of the tree the daemon uses now (the one that decided the store's latest job,
+   by the version the daemon records with each job: before_tree) and of the new one on the board's own labelled
    workloads, each left out: the correction and the fit (with the chosen hyperparameters) are redone without its
    jobs, so the "after" is on jobs the fit did not see (regret where the pick was not measured: the measured
    neighbour's energy times the corrected sweep's ratio, counted as estimated); and the LOOCV figures.
@@ -28,10 +29,11 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from governor import data
 from governor.config import DEFAULT_STORE_PATH
-from governor.errors import FtgovError
+from governor.errors import FtgovError, ModelError
 from governor.features import Features
 from governor.pipeline import dataset, train
 from governor.pipeline.board_data import (
@@ -50,6 +52,9 @@ from governor.pipeline.dataset import Sweep
 from governor.safefile import write_file
 from governor.simpaths import holds_simulated_tree, missing_store_hint, simulated_store
 from governor.units import mhz
+
+if TYPE_CHECKING:
+    from governor.policy.tree import DecisionTree
 
 
 def _design(samples: list[Sample]):
@@ -118,10 +123,12 @@ def store_paths(store: str | None, from_dir: str | None) -> list[Path]:
 def load_records(paths: list[Path], uids: set[int] | None = None) -> tuple[list, dict]:
     """Every job of every store (of ``uids`` only, when given: the users whose measurements are trusted, since a
     client reports its own step counts), duplicates (the same store copied twice) once; the boards' identity, which
-    must be one kind of board, with ``jobs_left_out``: the jobs of other users."""
+    must be one kind of board, with ``jobs_left_out``: the jobs of other users, and ``latest_tree``: the version and
+    source of the tree that decided the latest job of any user (the daemon records them, not the client), or None."""
     from governor.store import measurements as store
 
     seen, records, kinds, sources, left_out = set(), [], set(), [], 0
+    latest = None
     for p in paths:
         conn = store.open_read_only(p)
         try:
@@ -134,6 +141,8 @@ def load_records(paths: list[Path], uids: set[int] | None = None) -> tuple[list,
         sources.append({"path": str(p), "jobs": len(jobs)})
         for r in jobs:
             kinds.add((r.board_model, r.gpu_name))  # the daemon records these, whoever ran the job
+            if r.model_version is not None and (latest is None or r.ended_at >= latest.ended_at):
+                latest = r
             key = (r.boot_id, r.daemon_job_id, r.ended_at, r.board_model, r.name)
             if key in seen:
                 continue
@@ -148,8 +157,9 @@ def load_records(paths: list[Path], uids: set[int] | None = None) -> tuple[list,
                          + " (retrain one kind at a time)")
     board, gpu = next(iter(kinds)) if kinds else (None, None)
     l4t = sorted({r.l4t_release for r in records if r.l4t_release})
+    latest_tree = None if latest is None else {"model_version": latest.model_version, "source": latest.model_source}
     return records, {"board_model": board, "gpu_name": gpu, "l4t_releases": l4t, "stores": sources,
-                     "jobs_left_out": left_out}
+                     "jobs_left_out": left_out, "latest_tree": latest_tree}
 
 
 def check_levels(records: list, identity: dict, levels_hz: tuple[int, ...]) -> None:
@@ -167,6 +177,70 @@ def check_levels(records: list, identity: dict, levels_hz: tuple[int, ...]) -> N
                      f"{', '.join(mhz(hz, unit=False) for hz in levels_hz)} MHz): retraining corrects those sweeps "
                      "with the board's curves, level by level, so it needs a store of the kind of board the data was "
                      "measured on (characterize this GPU and give the result as --data)")
+
+
+# ---- the tree in use -------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Before:
+    """The tree the "before" figures and the moves are measured against, and why it is that one."""
+
+    path: Path
+    tree: DecisionTree
+    why: str
+
+    def describe(self) -> dict:
+        from governor.daemon.recorder import tree_version
+
+        return {"path": str(self.path), "source": self.tree.source, "model_version": tree_version(self.tree),
+                "chosen": self.why}
+
+
+def before_tree(current: Path | None, candidates: list[Path], latest: dict | None) -> Before:
+    """``current`` (--current) when given. Else the tree that decided the store's latest job, found among the
+    ``candidates`` (the config's model_file, the shipped tree, the tree retrain writes beside the store) by the version
+    the daemon recorded with each job: a daemon started with another config decides with another tree than this
+    command's config names. Where the store names no tree (no job, or none decided by a tree), the first candidate.
+    A store that names a tree none of them is refused: the figures and the moves would be against a tree that
+    decided none of its jobs."""
+    from governor.daemon.recorder import tree_version  # the daemon's own id of a tree, as it records it
+    from governor.policy.tree import DecisionTree
+
+    if current is not None:
+        tree = DecisionTree.load(current)
+        why = "--current"
+        if latest is not None and latest["model_version"] != tree_version(tree):
+            why += f" (the store's latest job was decided by another tree, {_named(latest)})"
+        return Before(current, tree, why)
+    if latest is None:
+        return Before(candidates[0], DecisionTree.load(candidates[0]), "the store names no tree that decided a job")
+    seen = []
+    for path in candidates:
+        try:
+            tree = DecisionTree.load(path)
+        except ModelError as e:
+            seen.append(f"{path} ({e})")
+            continue
+        if tree_version(tree) == latest["model_version"]:
+            return Before(path, tree, "it decided the store's latest job")
+        seen.append(f"{path} ({tree_version(tree)})")
+    raise FtgovError(f"the store's latest job was decided by the tree {_named(latest)}, which is none of "
+                     f"{'; '.join(seen)}: give the tree the daemon decides with as --current FILE (or the config it "
+                     "was started with as --config)")
+
+
+def _named(latest: dict) -> str:
+    return f"{latest['model_version']} (source {latest['source'] or 'unknown'})"
+
+
+def tree_candidates(model_file: str | None, paths: list[Path], from_dir: str | None) -> list[Path]:
+    from governor.config import default_model_path
+
+    found = [Path(model_file)] if model_file else []
+    found.append(default_model_path())
+    if from_dir is None:
+        found.append(paths[0].with_name("mlg-tree.json"))  # where retrain writes by default
+    return [p for i, p in enumerate(found) if p not in found[:i] and (i == 0 or p.is_file())]
 
 
 # ---- the whole stage -------------------------------------------------------------------------------------------------
@@ -304,8 +378,9 @@ def add_parser(sub) -> None:
     src.add_argument("--from", dest="from_dir", metavar="DIR",
                      help="merge every *.sqlite store under DIR (copied from many boards of one kind)")
     p.add_argument("--data", type=Path, help="the characterization CSV (default: the one shipped with ftgov)")
-    p.add_argument("--current", type=Path, help="the tree the board uses now, for the before figures "
-                   "(default: model_file of --config, else the shipped tree)")
+    p.add_argument("--current", type=Path, help="the tree the board uses now, for the before figures and the moves "
+                   "(default: the one that decided the store's latest job, as the store records it: model_file of "
+                   "--config or of the installed config, the shipped tree, or mlg-tree.json beside the store)")
     p.add_argument("--config", help="ftgovd's config, for model_file and store.path")
     p.add_argument("--out", type=Path, help="where to write the tree (default: mlg-tree.json beside the store)")
     p.add_argument("--uid", type=int, action="append", default=[], metavar="UID",
@@ -329,19 +404,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from governor.policy.tree import DecisionTree
     from governor.store.measurements import StoreMissing
 
-    store_path, current = args.store, args.current
+    store_path, model_file = args.store, None
     if store_path is None and args.from_dir is None and args.config is None:
         store_path = simulated_store()  # the shell was pointed at ftgovd --simulate: its store, not the board's
-    if args.config or current is None or store_path is None:
+    if args.config or args.current is None or store_path is None:
         from governor import DEFAULT_CONFIG_PATH
-        from governor.config import default_model_path, installed_store_path, load_config
+        from governor.config import installed_store_path, load_config
 
         cfg = load_config(args.config or DEFAULT_CONFIG_PATH, must_exist=args.config is not None)
         store_path = store_path or (installed_store_path(cfg) if not args.from_dir else None)
-        current = current or Path(cfg.model_file or default_model_path())
+        model_file = cfg.model_file
     if args.data is None:
         args.data = data.path(data.CHARACTERIZATION)
     paths = store_paths(store_path, args.from_dir)
@@ -355,23 +429,23 @@ def _run(args: argparse.Namespace) -> int:
     identity["trusted_uids"] = sorted(trusted)
     sweeps = dataset.load(args.data)
     check_levels(records, identity, sweeps[0].levels_hz)
-    tree = DecisionTree.load(current)
-    result = retrain(records, sweeps, args.seed, tree, args.jobs)
+    before = before_tree(args.current, tree_candidates(model_file, paths, args.from_dir), identity["latest_tree"])
+    result = retrain(records, sweeps, args.seed, before.tree, args.jobs)
     out = (args.out or paths[0].with_name("mlg-tree.json")) if args.from_dir is None else args.out
     if out is None:
         raise FtgovError("--from needs --out: where to write the fleet's tree")
     provenance = {**identity, "data": args.data.name, "data_sha256": dataset.sha256(args.data),
-                  "replaces": {"path": str(current), "source": tree.source,
-                               "model_id": tree.metadata.get("model_id")}}
+                  "replaces": {**before.describe(), "model_id": before.tree.metadata.get("model_id")}}
     r = result.report
     m = r["moved"]
     learnt = r["labelled_curves"] > 0 or any(r["level_log_offsets"].values())
     refused = not learnt or m["more_than_one_level"] > MAX_MOVED_SHARE * m["workloads"] and not args.force
     model_id = None if refused else export_tree(result, out, provenance)
     if args.json:
-        print(json.dumps({"out": None if refused else str(out), "model_id": model_id, **identity, **r}, indent=2))
+        print(json.dumps({"out": None if refused else str(out), "model_id": model_id, **identity, **r,
+                          "before_tree": before.describe()}, indent=2))
     else:
-        _print_report(result, identity, len(paths))
+        _print_report(result, identity, len(paths), before)
     if not learnt:
         # The fit would be the sweeps' alone: a tree called retrained that the operator installs as the board's.
         raise FtgovError(f"not exported: nothing to learn from in the store: {r['tuned_jobs']} tuned jobs used, none "
@@ -389,7 +463,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_report(result: Result, identity: dict, stores: int) -> None:
+def _print_report(result: Result, identity: dict, stores: int, before: Before) -> None:
     r = result.report
     print(f"{r['jobs']} jobs from {stores} store(s) ({identity['board_model'] or 'unknown board'}): "
           f"{r['tuned_jobs']} tuned, {r['board_curves']} workloads, {r['labelled_curves']} with a bracketed minimum")
@@ -398,6 +472,8 @@ def _print_report(result: Result, identity: dict, stores: int) -> None:
           f"{identity['jobs_left_out']} jobs of other users left out")
     print(f"LOOCV over {len(result.samples)} samples: accuracy {r['loocv_accuracy']:.3f}, mean energy regret "
           f"{r['loocv_mean_regret_pct']:.2f}%; chosen {json.dumps(r['hyperparameters'], sort_keys=True)}")
+    b = before.describe()
+    print(f"the tree in use: {b['path']} ({b['source']}, {b['model_version']}): {b['chosen']}")
     for key, name in (("before", "before (the tree in use)"), ("after", "after (each left out)")):
         s = r[key]
         if s is None or not s["curves"]:

@@ -150,14 +150,14 @@ def run_fit(data: Path, dataset_path: Path, estimator_path: Path, report_path: P
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("fit", help="choose the tree's hyperparameters by LOOCV energy regret and fit it",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=Path("model/data/characterization.csv"),
-                   help="characterization CSV (the energy curves that score each fold) (default: %(default)s)")
-    p.add_argument("--dataset", type=Path, default=Path("model/artifacts/dataset.csv"),
-                   help="labels from `dataset` (default: %(default)s)")
-    p.add_argument("--estimator", type=Path, default=Path("model/artifacts/mlg.joblib"),
-                   help="joblib file to write (default: %(default)s)")
-    p.add_argument("--report", type=Path, default=Path("model/artifacts/cv-report.json"),
-                   help="CV report to write (default: %(default)s)")
+    dataset.add_data_argument(p, "characterization CSV (the energy curves that score each fold), the one `dataset` "
+                              "labelled")
+    p.add_argument("--dataset", type=Path, default=Path("dataset.csv"),
+                   help="labels from `dataset` (default: %(default)s in the current directory)")
+    p.add_argument("--estimator", type=Path, default=Path("mlg.joblib"),
+                   help="joblib file to write (default: %(default)s in the current directory)")
+    p.add_argument("--report", type=Path, default=Path("cv-report.json"),
+                   help="CV report to write (default: %(default)s in the current directory)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=2, help="joblib workers for the LOOCV search")
     p.set_defaults(func=run)

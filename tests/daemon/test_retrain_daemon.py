@@ -41,3 +41,60 @@ def test_the_daemon_decides_with_the_retrained_tree_and_records_its_version(star
     recorded = store.read_jobs(store.open_read_only(tmp_path / "daemon.sqlite"))
     assert [j.freq_hz for j in recorded] == picks
     assert {(j.model_version, j.model_source) for j in recorded} == {(model_id, "retrained")}
+
+
+def test_retrain_measures_before_against_the_tree_that_decided_the_stores_jobs(start_daemon, tmp_path, monkeypatch,
+                                                                               capsys):
+    """A daemon started with its own config decides with its model_file, not the one of /etc/ftgov or the shipped
+    tree: retrain's "before" figures and its guard on moved workloads are against the tree the store says decided
+    its jobs (each job records its tree's version), and a store naming a tree retrain cannot find is refused."""
+    import json
+
+    import governor
+    from governor.cli import main
+
+    monkeypatch.setattr(governor, "DEFAULT_CONFIG_PATH", str(tmp_path / "none.yaml"))  # no /etc/ftgov config
+    monkeypatch.delenv("FTGOV_SIM_TREE", raising=False)
+    monkeypatch.delenv("FTGOV_SOCKET", raising=False)
+    state = tmp_path / "state"
+    state.mkdir()
+    board_store = state / "measurements.sqlite"
+    shipped = DecisionTree.load(REPO / "model" / "mlg-tree.json")
+    s = Store(board_store)
+    for rec in learning.stream(retrain.tree_decider(shipped, learning.board_model().levels_hz), 40, seed=3):
+        s.add(rec)
+    s.close()
+    in_use = state / "mlg-tree.json"  # where retrain writes by default, beside the store
+    result = retrain.retrain(store.read_jobs(store.open_read_only(board_store)),
+                             dataset.load(REPO / "model" / "data" / "characterization.csv"), seed=0)
+    model_id = retrain.export_tree(result, in_use, {"stores": [str(board_store)]})
+    d = start_daemon(config={"model_file": str(in_use), "store": {"path": str(board_store)}})
+    c = d.client()
+    c.call("unregister", job_id=c.call("register", **FEATURES)["job_id"])
+    d.stop()
+    assert store.read_jobs(store.open_read_only(board_store))[-1].model_version == model_id
+
+    def run(*extra) -> dict:
+        argv = ["model", "retrain", "--store", str(board_store), "--uid", "1000", "--force", "--json", *extra]
+        assert main([*map(str, argv), "--out", str(tmp_path / "new.json")]) == 0, capsys.readouterr().err
+        return json.loads(capsys.readouterr().out)
+
+    found = run()
+    assert json.loads((tmp_path / "new.json").read_text())["provenance"]["replaces"]["path"] == str(in_use)
+    against_in_use, against_shipped = run("--current", in_use), run("--current", REPO / "model" / "mlg-tree.json")
+    assert against_in_use["before"] != against_shipped["before"]  # the test tells the two trees apart
+    for key in ("before", "moved"):
+        assert found[key] == against_in_use[key]
+    assert found["before_tree"]["path"] == str(in_use) and found["latest_tree"]["model_version"] == model_id
+    assert against_shipped["before_tree"]["chosen"].startswith("--current (the store's latest job was decided by "
+                                                                f"another tree, {model_id}")
+
+    elsewhere = tmp_path / "elsewhere.json"  # the daemon's model_file, known only to its config
+    in_use.rename(elsewhere)
+    assert main(["model", "retrain", "--store", str(board_store), "--uid", "1000", "--force", "--out",
+                 str(tmp_path / "refused.json")]) == 1
+    err = capsys.readouterr().err
+    assert f"decided by the tree {model_id}" in err and "--current FILE" in err, err
+    assert not (tmp_path / "refused.json").exists()
+    d.config_path.write_text(d.config_path.read_text().replace(str(in_use), str(elsewhere)))
+    assert run("--config", d.config_path)["before"] == against_in_use["before"]

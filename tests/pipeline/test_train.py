@@ -44,6 +44,39 @@ def test_committed_model_equals_a_fresh_training_run(fresh, name):
     assert (fresh / name).read_bytes() == (REPO / "model" / name).read_bytes()
 
 
+def test_the_stages_run_outside_a_checkout_on_the_shipped_data_into_the_current_directory(tmp_path, monkeypatch,
+                                                                                         capsys):
+    """An installed ftgov has no model/ nor a writable governor/data/: with no paths, each stage reads the shipped
+    characterization and writes plain names in the current directory, and the chain makes the shipped model."""
+    shipped = [REPO / "governor" / "data" / name for name in ("mlg-tree.json", "ffg.json")]
+    before = [(p.read_bytes(), p.stat().st_mtime_ns) for p in shipped]
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert ftgov(["model", "fit", "--jobs", "1"]) == 1  # fit before dataset: what is missing, and what to give
+    err = capsys.readouterr().err
+    assert "cannot read dataset.csv" in err and "give --dataset" in err
+    for stage in (["dataset"], ["fit", "--jobs", "1"], ["export"], ["ffg"]):
+        assert ftgov(["model", *stage]) == 0, capsys.readouterr().err
+    written = {"dataset.csv", "mlg.joblib", "cv-report.json", "mlg-tree.json", "mlg-rules.txt", "ffg.json"}
+    assert {p.name for p in work.iterdir()} == written
+    for name in ("mlg-tree.json", "mlg-rules.txt", "ffg.json"):
+        assert (work / name).read_bytes() == (REPO / "model" / name).read_bytes()
+    assert [(p.read_bytes(), p.stat().st_mtime_ns) for p in shipped] == before  # the package's data is left alone
+
+
+def test_export_refuses_data_other_than_fits(fresh, tmp_path, capsys):
+    """The tree's metadata names the data's provenance: another CSV's (the shipped default, where fit was given a
+    board's own) would be recorded as the data the tree was trained on."""
+    other = tmp_path / "other.csv"
+    other.write_bytes(DATA.read_bytes() + b"\n")
+    art = fresh / "artifacts"
+    assert ftgov(["model", "export", "--data", str(other), "--estimator", str(art / "mlg.joblib"), "--report",
+                  str(art / "cv-report.json"), "--tree", str(tmp_path / "t.json"), "--rules",
+                  str(tmp_path / "r.txt")]) == 1
+    assert "give that CSV as --data" in capsys.readouterr().err and not (tmp_path / "t.json").exists()
+
+
 def test_a_stage_rerun_on_the_same_data_leaves_its_files_untouched(fresh):
     """make reruns export and ffg on a fresh clone (any input may look newer): the shipped files they recompute
     byte-identically are not rewritten, so a clean checkout stays clean, mtimes included."""
