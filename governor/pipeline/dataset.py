@@ -66,7 +66,13 @@ def load(path: str | Path) -> list[Sweep]:
     path = Path(path)
     try:
         with path.open(newline="") as f:
-            rows = list(whole_rows(csv.DictReader(f), path))
+            reader = csv.DictReader(f)
+            # Another file altogether (a typo'd --data) is told as such before any of its lines is judged as a row.
+            missing = [c for c in SWEEP_COLUMNS if c not in (reader.fieldnames or ())]
+            if missing:
+                raise FtgovError(f"{path} is not a characterization CSV (`ftgov characterize` writes one): no "
+                                 f"column {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+            rows = list(whole_rows(reader, path))
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise FtgovError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from e
     by_workload: dict[str, list[dict]] = {}
@@ -103,6 +109,11 @@ def whole_rows(reader: csv.DictReader, path: Path) -> Iterator[dict]:
 
 def _fields(row: dict) -> int:
     return sum(1 for k, v in row.items() if k is not None and v is not None) + len(row.get(None) or ())
+
+
+# The columns load() reads (characterize's COLUMNS has them all, and more).
+SWEEP_COLUMNS = ("workload", "model", "task", "params_m", "model_type", "num_layers", "hidden_size", "seq_len",
+                 "setting", "freq_hz", "energy_per_step_j", "step_time_s", "gpu_util_pct", "source")
 
 
 def _sweep(name: str, rows: list[dict]) -> Sweep:
