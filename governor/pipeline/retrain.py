@@ -200,9 +200,10 @@ def before_tree(current: Path | None, candidates: list[Path], latest: dict | Non
     """``current`` (--current) when given. Else the tree that decided the store's latest job, found among the
     ``candidates`` (the config's model_file, the shipped tree, the tree retrain writes beside the store) by the version
     the daemon recorded with each job: a daemon started with another config decides with another tree than this
-    command's config names. Where the store names no tree (no job, or none decided by a tree), the first candidate.
-    A store that names a tree none of them is refused: the figures and the moves would be against a tree that
-    decided none of its jobs."""
+    command's config names. Where the store names no tree (no job, or none decided by a tree), or one none of them is
+    (a tree an upgrade replaced, a model_file only another config names), the first candidate, and ``why`` says so:
+    the figures and the moves are then against the tree this command's config would have replaced, which the report
+    names beside the one the jobs had."""
     from governor.daemon.recorder import tree_version  # the daemon's own id of a tree, as it records it
     from governor.policy.tree import DecisionTree
 
@@ -224,9 +225,10 @@ def before_tree(current: Path | None, candidates: list[Path], latest: dict | Non
         if tree_version(tree) == latest["model_version"]:
             return Before(path, tree, "it decided the store's latest job")
         seen.append(f"{path} ({tree_version(tree)})")
-    raise FtgovError(f"the store's latest job was decided by the tree {_named(latest)}, which is none of "
-                     f"{'; '.join(seen)}: give the tree the daemon decides with as --current FILE (or the config it "
-                     "was started with as --config)")
+    return Before(candidates[0], DecisionTree.load(candidates[0]),
+                  f"the store's latest job was decided by the tree {_named(latest)}, which is none of {'; '.join(seen)} "
+                  "(give the tree the daemon decides with as --current FILE, or the config it was started with as "
+                  "--config)")
 
 
 def _named(latest: dict) -> str:
