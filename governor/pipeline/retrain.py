@@ -226,9 +226,9 @@ def before_tree(current: Path | None, candidates: list[Path], latest: dict | Non
             return Before(path, tree, "it decided the store's latest job")
         seen.append(f"{path} ({tree_version(tree)})")
     return Before(candidates[0], DecisionTree.load(candidates[0]),
-                  f"the store's latest job was decided by the tree {_named(latest)}, which is none of {'; '.join(seen)} "
-                  "(give the tree the daemon decides with as --current FILE, or the config it was started with as "
-                  "--config)")
+                  f"the store's latest job was decided by the tree {_named(latest)}, which is none of "
+                  f"{'; '.join(seen)} (give the tree the daemon decides with as --current FILE, or the config it was "
+                  "started with as --config)")
 
 
 def _named(latest: dict) -> str:
