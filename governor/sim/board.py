@@ -14,6 +14,11 @@ INA3221 rails from the energy model (governor.sim.energy): the model's mean powe
 hwmon ``update_interval`` before its last refresh, the GPU rail following a step's phases, steps scattering as real
 ones do, in the jobs' compressed time where they run faster than the model. Several jobs at once: the board runs the
 heaviest one. Idle rails are the model's idle at the lowest clock. The simplifications: docs/energy-model.md.
+
+A job whose steps run at ``time_scale`` of the model's time (governor.sim.job) draws the model's power divided by
+time_scale while they run: the daemon integrates power over wall time, so its steps take the workload's energy
+whatever the scale, and a store's J/step is the workload's (the rails read high instead: a simulated GPU faster and
+hungrier alike). The model's power would make every scale a board of its own, and retrain pools jobs by features.
 """
 from __future__ import annotations
 
@@ -81,7 +86,9 @@ class Board:
         except FileNotFoundError:
             realistic = False
         self.ina = Ina3221(clock(), update_s, PHASED_RAILS) if realistic else None
-        self.time_scale = 1.0  # a simulated job's steps run this much faster than the model's: so do the meters
+        # The running job's steps take this fraction of the model's time: the meters run as fast, the power is
+        # divided by it (the module's docstring says why).
+        self.time_scale = 1.0
         self._pidfds: dict[int, int] = {}  # pidfd -> pid of a job's process
 
     # -- the kernel's side: requests and the effective range ---------------------------------------------------
@@ -138,10 +145,10 @@ class Board:
 
     # -- what runs ---------------------------------------------------------------------------------------------
 
-    def running_workloads(self) -> list[Workload]:
-        """The workloads of announced jobs whose steps run now and whose process lives (stale files are removed);
-        ``time_scale`` becomes theirs (the fastest, when several run)."""
-        out, scales = [], []
+    def running_workloads(self) -> list[tuple[Workload, float]]:
+        """The workloads of announced jobs whose steps run now and whose process lives (stale files are removed), each
+        with its time scale."""
+        out = []
         for path in sorted(self.jobs_dir.glob("*.json")):
             try:
                 job = json.loads(path.read_text())
@@ -156,9 +163,7 @@ class Board:
                 path.unlink(missing_ok=True)
                 continue
             if job.get("stepping"):
-                out.append(workload)
-                scales.append(float(job.get("time_scale", 1.0)))
-        self.time_scale = min(scales, default=1.0)
+                out.append((workload, float(job.get("time_scale", 1.0))))
         return out
 
     def _watch_pid(self, pid: int) -> bool:
@@ -197,13 +202,14 @@ class Board:
         allowed = tuple(hz for hz in self.levels_hz if min_hz <= hz <= max_hz)
         throttle_hz = self.thermal_cap_hz()
         workloads = self.running_workloads()
-        step_s = None
+        step_s, self.time_scale = None, 1.0
         if not workloads:
             cur_hz, load, rails = min_hz, 0, self._model(self.levels_hz).idle_rails_mw()
             if throttle_hz is not None:
                 cur_hz = min(cur_hz, throttle_hz)
         else:
-            heaviest = max(workloads, key=lambda w: w.num_layers * w.hidden_size ** 2 * w.seq_len)
+            heaviest, self.time_scale = max(workloads, key=lambda ws: ws[0].num_layers * ws[0].hidden_size ** 2 *
+                                            ws[0].seq_len)
             if throttle_hz is not None and throttle_hz < (allowed[-1] if allowed else max_hz):
                 cur_hz = throttle_hz  # throttled below what the range allows
                 sample = self._model(self.levels_hz).expected(heaviest, cur_hz)
@@ -213,10 +219,11 @@ class Board:
                 cur_hz = allowed[0] if allowed else max_hz
                 sample = self._model(self.levels_hz).expected(heaviest, cur_hz)
             load, rails, step_s = round(sample.gpu_util_pct * 10), sample.rails_mw, sample.time_s
+        power_mw = {name: mw / self.time_scale for name, mw in self._rails_of(rails).items()}
         if self.ina is None:
-            self._write_rails(self._rails_of(rails))
+            self._write_rails(power_mw)
         else:
-            self._set_ina(self._rails_of(rails), step_s)
+            self._set_ina(power_mw, step_s)
         # Rails, then load, then cur_freq: a reader that sees a new load sees the rails' reading then (the sensor's
         # average catches up at its next refreshes), one that sees a new clock sees both.
         if self.load_path is not None:

@@ -133,13 +133,14 @@ def main() -> int:
         with client.job(name="bert-base/mnli (tuned)", socket=sock, tune=True, report_every_s=0,
                         total_steps=TUNED_STEPS, **JOB) as tjob:
             say(f"   starts at MLG's pick, {mhz(tjob.registration['freq_hz'])}; steps take as long as the "
-                "energy model says at the pinned clock")
+                f"energy model says at the pinned clock, in {TIME_SCALE:g}x the wall time at the power / "
+                f"{TIME_SCALE:g} (a step takes its energy)")
             simjob.run(Root(root), tjob, w, TUNED_STEPS, time_scale=TIME_SCALE)
             with client.Connection(sock) as conn:
                 t = conn.call("status")["jobs"][0]
         for e in t["tuner"]["estimates"]:
             say(f"   measured {e['freq_hz'] / 1e6:6g} MHz: {e['joules_per_step']:.3f} J/step over "
-                f"{e['windows']} window(s) (steps run at 0.15x wall time)")
+                f"{e['windows']} window(s) (the model: {model.expected(w, e['freq_hz']).energy_j:.3f})")
         oracle = min(model.levels_hz, key=lambda hz: model.expected(w, hz).energy_j)
         say(f"   {t['reason']}: {mhz(t['freq_hz'])} (the model's true minimum: {mhz(oracle)})")
         if tjob.result and tjob.result.get("saved_pct") is not None:

@@ -2,7 +2,9 @@
 current clock, so the daemon's rails-based energy per step has the real U shape and the tuner has something to find.
 
 Used by tests, the demo and `ftgov sim-job` (try the `tune` policy without a Jetson). ``time_scale`` shrinks every
-step by the same factor, which keeps the ratios between levels (and so the energy-optimal level) unchanged.
+step by the same factor, and the board draws the model's power divided by time_scale while the steps run: each step
+still takes the workload's energy, so the daemon measures and records the workload's J/step at any scale (its s/step
+and the rails' power are the compressed time's).
 
 A job tells the simulated board (governor.sim.board) what it runs through the tree, as a training process tells a
 real GPU by running kernels on it: ``announce`` writes a file under the tree's ``ftgov-sim/jobs/`` with the workload
@@ -43,7 +45,8 @@ _announcements = itertools.count(1)
 
 class Announcement:
     """A job's file in the board's jobs directory; ``stepping(True)`` while its training steps run. ``time_scale``:
-    how much faster than the model the job's steps run (the board runs its meters in the same compressed time)."""
+    the share of the model's time the job's steps take (the board runs its meters in the same compressed time, and
+    divides the power by it)."""
 
     def __init__(self, root: Root, workload, time_scale: float = 1.0):
         self.root, self.workload, self.time_scale = root, workload, time_scale
@@ -143,7 +146,8 @@ def add_parser(sub) -> None:
     p.add_argument("--steps", type=at_least(1), default=200, help="training steps (default 200)")
     # The board's meter steps through each step's compressed time: much below 0.01 it cannot keep up.
     p.add_argument("--time-scale", type=at_least(0.01, float), default=0.1,
-                   help="wall time per simulated second (default 0.1; at least 0.01)")
+                   help="wall time per simulated second (default 0.1; at least 0.01): the board draws the "
+                        "model's power / TIME_SCALE meanwhile, so the energy per step is the workload's at any scale")
     p.add_argument("--tune", action="store_true", help="ask for the online tuner for this job")
     p.add_argument("--no-daemon", action="store_true",
                    help="run the steps on the board without registering, as an unmodified script (try ftgov run)")
