@@ -323,7 +323,8 @@ class Config(_Strict):
     on_external_change: Literal["reapply", "stand_down"] = "reapply"
     low_phases: list[Literal["eval", "checkpoint", "data"]] = Field(
         default_factory=lambda: ["checkpoint", "data"],
-        description="phases (reported with progress) during which a job needs only the lowest level; [] disables")
+        description="phases (reported with progress) during which a job needs only the lowest level, once one has "
+        "lasted a second (or repin_interval_s): a shorter one is training; [] disables")
     limits: LimitsConfig = LimitsConfig()
     tuner: TunerConfig = TunerConfig()
     store: StoreConfig = StoreConfig()

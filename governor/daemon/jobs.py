@@ -77,7 +77,8 @@ class ActiveJob:
     earlier_energy_j: float = 0.0  # measured by the daemon before a restart (a re-adopted job); the meter adds to it
     steps: int = 0
     step_end_s: float | None = None  # when step number ``steps`` ended (CLOCK_MONOTONIC), if the client says
-    phase: str | None = None
+    phase: str | None = None  # the phase the daemon acts on (governor.daemon.phases: a short stretch is training)
+    phase_said: str | None = None  # the phase the job reported last (status)
     meter: EnergyMeter | None = None
     adopted: bool = False
     tuner: JobTuner | None = None  # when the tune policy drives this job

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING
 
 from governor.backends.gpuid import GpuNotFound
 from governor.config import Config
-from governor.daemon import peers, ratelimit, redact, status
+from governor.daemon import peers, phases, ratelimit, redact, status
 from governor.daemon.controller import MEASURING, Controller
 from governor.daemon.groups import GroupRefused, Groups
 from governor.daemon.holds import Holds, summary
 from governor.daemon.jobs import ActiveJob, GroupTag, OverLimit, Refused, Registration
 from governor.daemon.protocol import RpcFault
 from governor.daemon.scheduler import SchedulerHolds, UnknownHold
+from governor.daemon.ticks import defer_on_loop
 from governor.daemon.utilization import measure_load_pct
 from governor.errors import INVALID_PARAMS, LIMIT_EXCEEDED, PERMISSION_DENIED, SERVER_ERROR, UNKNOWN_JOB, FtgovError
 from governor.features import Features
@@ -55,6 +56,7 @@ class Methods:
         self.scheduler = scheduler
         self._pin_checked_s: dict[int, float] = {}  # uid -> when its last pin check ran (monotonic)
         self._registrations: ratelimit.TokenBuckets | None = None  # per non-root uid; made from the config in force
+        self.phases = phases.PhaseHold(defer_on_loop, self._phase_lasted)
 
     def call(self, conn: Connection, method: str, params):
         return getattr(self, f"rpc_{method}")(conn, params)
@@ -217,11 +219,24 @@ class Methods:
         total_steps_changed = params.total_steps is not None and params.total_steps != job.total_steps
         if total_steps_changed:
             job.total_steps = params.total_steps
-        self.controller.progress(job, params.phase, total_steps_changed=total_steps_changed)
-        self.sampler.progress(job, params.phase)  # reads the load only: the board follows a pin on its own time
+        phase = self.phases.reported(job, params.phase, self._phase_hold_s())
+        self.controller.progress(job, phase, total_steps_changed=total_steps_changed)
+        self.sampler.progress(job, phase)  # reads the load only: the board follows a pin on its own time
         if job.group is not None:
             self.groups.progress(self.controller, job, params.compute_s)
         return {}
+
+    def _phase_hold_s(self) -> float:
+        """How long a stretch out of training is training (governor.daemon.phases)."""
+        return max(phases.SHORT_PHASE_S, self.controller.settings.repin_interval_s)
+
+    def _phase_lasted(self, job: ActiveJob, phase: str) -> None:
+        """A stretch out of training lasted past the hold: acted on as a report of it now would be."""
+        if self.controller.jobs.get(job.job_id) is not job:
+            return  # ended meanwhile
+        self.controller.progress(job, phase)
+        if job.group is not None:
+            self.groups.progress(self.controller, job)
 
     def rpc_set_level(self, conn: Connection, params) -> dict:
         """A rank of a group whose ranks span nodes moves its own GPU to the level its rank 0 chose: only the

@@ -39,7 +39,7 @@ def status(ctl: Controller) -> dict:
                      "policy": j.decision.label if j.decision else None, "freq_hz": j.freq_hz,
                      "reason": j.decision.reason if j.decision else None, "features": j.features.model_dump(),
                      "duration_s": round(now - j.started_s, 3), "steps": j.steps, "total_steps": j.total_steps,
-                     "phase": j.phase,
+                     "phase": j.phase_said or j.phase,
                      "energy_j": energy, "adopted": j.adopted,
                      "tuner": j.tuner.describe() if j.tuner is not None else None,
                      "saving": j.tuner.saving() if j.tuner is not None else None})

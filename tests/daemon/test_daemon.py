@@ -349,8 +349,12 @@ def test_checkpoint_and_data_phases_drop_to_the_lowest_level(orin, start_daemon)
     other = d.client()
     other.call("register", model_type="decoder", num_layers=6, hidden_size=512, seq_len=20.0, gpu_util=50.0)
     assert limits(orin) == (714000000, 714000000)
+    d.notify.drain()
     c.notify("progress", job_id=job, steps=100, phase="checkpoint")
-    assert c.call("ping") == {}  # the notification was handled before this reply
+    # Acted on once it has lasted a second (governor.daemon.phases): a shorter stretch is training.
+    assert c.call("status")["jobs"][0]["phase"] == "checkpoint"
+    assert limits(orin) == (714000000, 714000000)
+    d.wait_status(lambda m: "pinned to 510 MHz" in m)
     assert limits(orin) == (510000000, 510000000)  # the other job's pick, the highest need now
     d.notify.drain()
     other.close()
