@@ -90,7 +90,9 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None, prog: s
         if e.name not in OPTIONAL_MODULES:  # one of their own modules missing is a broken install: its traceback
             raise
         dist, extra = OPTIONAL_MODULES[e.name]
-        print(f"{prog}: error: {args.usage_parser.prog} needs {dist}: pip install 'ftgov[{extra}]'", file=sys.stderr)
+        # The (sub)command that needs it: ftgov's parser notes it; `python -m governor.pipeline`'s is argparse's own.
+        command = args.usage_parser.prog if hasattr(args, "usage_parser") else f"{prog} {args.command}"
+        print(f"{prog}: error: {command} needs {dist}: pip install 'ftgov[{extra}]'", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -55,3 +55,13 @@ def test_a_command_whose_extra_is_not_installed_names_the_extra(argv, missing, t
     prog = "ftgov " + " ".join(argv[:2] if argv[0] == "model" else argv[:1])
     assert err == f"ftgov: error: {prog} needs {missing}: pip install 'ftgov[model]'\n"
 
+
+def test_the_pipelines_own_entry_names_the_extra_too(tmp_path, capsys, monkeypatch):
+    """`python -m governor.pipeline` (make model's entry) runs its stages through the same run_command: a stage whose
+    extra is missing is told so there too, not an AttributeError's traceback from the message naming the stage."""
+    from governor.pipeline.__main__ import main as pipeline
+
+    monkeypatch.setitem(sys.modules, "joblib", None)
+    assert pipeline(["export", "--estimator", str(tmp_path / "e.joblib"), "--tree", str(tmp_path / "t.json")]) == 1
+    assert capsys.readouterr().err == ("python -m governor.pipeline: error: python -m governor.pipeline export needs "
+                                       "joblib: pip install 'ftgov[model]'\n")
