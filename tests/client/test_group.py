@@ -580,3 +580,45 @@ def test_rank_0s_tuner_learns_a_length_told_after_it_began_and_ends_its_search_o
     job.set_total_steps(21)  # cut short: one step left
     converged, _stop, _done, _steps, *ranks = coordinator._decide([window(0.8)] * 2)
     assert converged and ranks == [float(coordinator.tuner.best_hz)] * 2, (ranks, coordinator.tuner.state())
+
+
+def test_a_rank_whose_store_wait_fails_oddly_still_takes_the_runs_word(monkeypatch):
+    """Rank 1's wait for rank 0's word fails with something other than a timeout (a store of another torch): it must
+    still read the word rank 0 set (compare_set), or rank 0 and the others would form a group without it, and a run
+    across nodes would wait in collectives it never joins."""
+    from governor.client import group
+
+    class Store:
+        def __init__(self):
+            self.values = {}
+
+        def set(self, key, value):
+            self.values[key] = value.encode()
+
+        def wait(self, keys, timeout):
+            raise ValueError("a store that fails its waits")
+
+        def compare_set(self, key, expected, desired):
+            if key not in self.values and expected == "":
+                self.values[key] = desired.encode()
+            return self.values[key]
+
+    class Dist:
+        def __init__(self, rank, store):
+            self.rank, self.store = rank, store
+            self.distributed_c10d = self
+
+        def get_world_size(self):
+            return 2
+
+        def get_rank(self):
+            return self.rank
+
+        def _get_default_store(self):
+            return self.store
+
+    store, counter = Store(), group._TRAIN_STARTS
+    n = next(counter)
+    store.values[f"ftgov/{n + 1}/group"] = b"key:hf-abc"  # rank 0's word, set before rank 1 asks
+    monkeypatch.setattr(group, "torch_distributed", lambda: Dist(1, store))
+    assert group.shared_run_key("hf", None) == "hf-abc"
