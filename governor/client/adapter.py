@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from governor.client.group import NO_GROUP, group_from_env, shared_run_key
+from governor.client.group import ANNOUNCE_WAIT_S, NO_GROUP, group_from_env, shared_run_key
 from governor.client.job import Job, split_options, start_job
 from governor.client.warning import warn
 from governor.text import made_up_name
@@ -59,9 +59,10 @@ class AdapterCore:
                 # A collective at train start hung the training for good where only rank 0 held a callback (the
                 # others waited in DDP's all-reduce); a run whose ranks did not all agree on a group is none.
                 warn(f"ftgov: this process is rank {rank} of {world_size} of a training run, but not every rank's "
-                     "GovernorCallback answered at train start: this "
+                     f"GovernorCallback answered at train start (within {ANNOUNCE_WAIT_S:g} s of rank 0's): this "
                      "rank's job stands alone, and a run across nodes is not tuned. Give every rank's Trainer a "
-                     "GovernorCallback, not only rank 0's (each takes part in its run's job group)")
+                     "GovernorCallback, not only rank 0's (each takes part in its run's job group); where every rank "
+                     "has one, a rank reached its train start late (a slow setup of its own)")
             elif place["group"] is None:
                 # Ranks with no torch.distributed group to agree over (a Trainer under torch_xla, whose processes
                 # accelerate counts without one) and no key: each registered a job of its own, silently, and under tune
