@@ -258,6 +258,7 @@ class GroupCoordinator:
         self.warmup_steps, self.window_steps = warmup_steps, window_steps
         self._rule: Any = _UNREAD  # the daemon's window rule, read from the register reply once there is one
         self.next_window_steps = window_steps  # the open (or next) window's length, as rank 0 broadcast it
+        self.steps = 0  # the job's steps, as step() was last told them
         # NCCL moves only device tensors; gloo (and the rest) host ones.
         self.device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
                        else torch.device("cpu"))
@@ -337,6 +338,7 @@ class GroupCoordinator:
 
     # ---- the edges -----------------------------------------------------------------------------------------------
     def step(self, steps: int) -> None:
+        self.steps = steps
         if self.done:
             return
         try:
@@ -643,7 +645,7 @@ class GroupCoordinator:
         # The steps the run has left, when its length is known, as the daemon's tuners are told them: the windows'
         # steps alone undercount them.
         self.tuner.observe(self.level_hz, joules_per_step, seconds_per_step, noise_rel=noise,
-                           steps_left=None if told is None else max(0, told - self.job.steps))
+                           steps_left=None if told is None else max(0, told - self.steps))
         self._tell_length()
         self.last_window = {"level_hz": self.level_hz, "joules_per_step": joules_per_step,
                             "seconds_per_step": seconds_per_step, "steps": steps,
@@ -668,7 +670,7 @@ class GroupCoordinator:
             return
         self._told_steps = told
         if not self.tuner.converged:
-            left = max(0, told - self.job.steps)
+            left = max(0, told - self.steps)
             self.tuner.set_job(total_steps=max(1, left), steps_left=left)
 
     def _is_window(self, so_far: list[list[float]]) -> bool:

@@ -7,7 +7,6 @@ window); the StoreWriter commits records on a thread of its own.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from governor.errors import FtgovError
+from governor.policy.tree import tree_version
 from governor.store.measurements import (
     DEFAULT_MAX_JOBS,
     JobRecord,
@@ -215,14 +215,3 @@ class StoreWriter:
             return
         with self._lock:
             self._totals, self.error = totals, None
-
-
-def tree_version(tree) -> str | None:
-    """A short id of the tree the daemon decides with: its own ``model_id`` when the export carries one, else a hash of
-    its nodes (so a reload that changes the tree changes the id)."""
-    if tree is None:
-        return None
-    meta = getattr(tree, "metadata", None) or {}
-    if isinstance(meta.get("model_id"), str):
-        return meta["model_id"]
-    return hashlib.sha256(repr(tree.nodes).encode()).hexdigest()[:16]

@@ -190,7 +190,7 @@ class Before:
     why: str
 
     def describe(self) -> dict:
-        from governor.daemon.recorder import tree_version
+        from governor.policy.tree import tree_version
 
         return {"path": str(self.path), "source": self.tree.source, "model_version": tree_version(self.tree),
                 "chosen": self.why}
@@ -204,8 +204,7 @@ def before_tree(current: Path | None, candidates: list[Path], latest: dict | Non
     (a tree an upgrade replaced, a model_file only another config names), the first candidate, and ``why`` says so:
     the figures and the moves are then against the tree this command's config would have replaced, which the report
     names beside the one the jobs had."""
-    from governor.daemon.recorder import tree_version  # the daemon's own id of a tree, as it records it
-    from governor.policy.tree import DecisionTree
+    from governor.policy.tree import DecisionTree, tree_version  # tree_version: the id the daemon records
 
     if current is not None:
         tree = DecisionTree.load(current)

@@ -17,6 +17,7 @@ The ``<=`` goes left, as in scikit-learn, so an exported tree gives the same ans
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import math
 import os
@@ -210,3 +211,15 @@ def _check_is_tree(nodes: list[Split | Leaf]) -> None:
             stack += [node.left, node.right]
     if len(seen) != len(nodes):
         raise ModelError(f"nodes {sorted(set(range(len(nodes))) - seen)} are unreachable")
+
+
+def tree_version(tree) -> str | None:
+    """A short id of the tree the daemon decides with (recorded with each job; retrain finds the tree by it): its own
+    ``model_id`` when the export carries one, else a hash of its nodes (so a reload that changes the tree changes
+    the id)."""
+    if tree is None:
+        return None
+    meta = getattr(tree, "metadata", None) or {}
+    if isinstance(meta.get("model_id"), str):
+        return meta["model_id"]
+    return hashlib.sha256(repr(tree.nodes).encode()).hexdigest()[:16]
