@@ -48,6 +48,8 @@ def test_simulate_keeps_the_simulator_out_of_the_daemon_process(start_daemon):
         d.start()
         assert d.client().call("register", **FEATURES)["freq_hz"] == 714000000
         board_pid = int(re.search(r"board process (\d+)", d.log()).group(1))
+        # A try-out's socket is its user's: no word of the ftgov group (the demo's log began with it, as root).
+        assert "socket.group" not in d.log()
         board = os.pidfd_open(board_pid)
         assert d.stop() == 0
         # The board waits on a pipe only the daemon held: it ends with it.
