@@ -42,6 +42,8 @@ RUN_JOB_ENV = "FTGOV_RUN_JOB"
 # clocks from its state file, which a daemon that lost that file could not.
 RESTARTED_WITHOUT = ("ftgovd restarted and holds this job no more: it ended it or restored the clocks (unless it lost "
                      "its state file: then `ftgov restore`)")
+# How often a job registers in all: once, and again after restarted daemons that had lost it (_register_again).
+MAX_REGISTRATIONS = 3
 PIN_LEFT = ("if ftgovd was killed, the GPU keeps this job's pin until ftgovd starts again (which restores the clocks, "
             "or holds the job again until this job ends) or `ftgov restore` runs")
 
@@ -100,6 +102,10 @@ class Job:
         self._lost = False
         self._pid: int | None = None  # the process that started the job: a forked child's copy never acts on it
         self._ended_meanwhile = False  # a restarted daemon holds no such job (RESTARTED_WITHOUT)
+        # The steps counted before the daemon in force registered the job: 0, unless a restarted daemon had lost it and
+        # it registered again (_register_again), its steps and length then counted from there.
+        self._steps_before = 0
+        self._registrations = 0
         self._started = False
         self._closed = False
         self._reported_steps = 0
@@ -290,8 +296,8 @@ class Job:
         try:
             if self.job_id is not None:
                 if self.steps != self._reported_steps:
-                    conn.notify("progress", job_id=self.job_id, steps=self.steps, phase=self._phase,
-                                **self._step_end())
+                    conn.notify("progress", job_id=self.job_id, steps=self.steps - self._steps_before,
+                                phase=self._phase, **self._step_end())
                 self.result = conn.call("unregister", job_id=self.job_id)
                 log.info("ftgov: job %s ended: %s", self.job_id, describe_reply(self.result))
         except UnknownJob:
@@ -340,7 +346,7 @@ class Job:
         try:
             self.registration = self._conn.call(
                 "register", **features.model_dump(exclude_none=True), name=self.name, pid=self.pid, gpu=self.gpu,
-                tune=self.tune, total_steps=self.total_steps, slurm_job_id=slurm_job_id(), **grouped)
+                tune=self.tune, total_steps=self._daemon_total(), slurm_job_id=slurm_job_id(), **grouped)
         except DaemonUnavailable as e:
             self._disable(self._unanswered("register", e))
             return
@@ -348,6 +354,7 @@ class Job:
             self._disable(f"register refused: {e}")
             return
         self.job_id = self.registration.get("job_id")
+        self._registrations += 1
         self._sent_total_steps = self.total_steps
         log.info("ftgov: job %s registered: %s", self.job_id, describe_reply(self.registration))
         if self.registration.get("gpu_cannot_pin"):
@@ -363,7 +370,7 @@ class Job:
             warn(f"ftgov: how many of group {info.key!r}'s {info.world_size} ranks run on this node is not known (no "
                  "LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE, MPI or deepspeed local size in the environment): if they "
                  "span nodes, the run is not tuned; pass local_world_size= to Job or set LOCAL_WORLD_SIZE")
-        if self.steps:
+        if self.steps > self._steps_before:
             self._report()
 
     def _coordinate(self) -> None:
@@ -396,14 +403,18 @@ class Job:
         for attempt in range(2):
             try:
                 # Dropped, not waited for, when the daemon has stopped reading: the next report says the same.
-                if self._conn.notify("progress", drop_if_busy=True, job_id=self.job_id, steps=self.steps,
-                                     phase=self._phase, total_steps=total, **self._step_end(), **compute):
+                if self._conn.notify("progress", drop_if_busy=True, job_id=self.job_id,
+                                     steps=self.steps - self._steps_before, phase=self._phase,
+                                     total_steps=None if total is None else self._daemon_total(),
+                                     **self._step_end(), **compute):
                     self._reported_steps = self.steps
                     self._sent_total_steps = self.total_steps
                 return
             except DaemonUnavailable as e:
                 self._conn.close()
                 self._conn = self._resumed() if attempt == 0 else None
+                if self._conn is None and self._ended_meanwhile and self._register_again():
+                    return
                 if self._conn is None:
                     self._lost = True
                     self._disable(f"{e}; " + (RESTARTED_WITHOUT if self._ended_meanwhile else PIN_LEFT))
@@ -429,6 +440,33 @@ class Job:
             return None
         log.info("ftgov: job %s held again by the restarted ftgovd", self.job_id)
         return conn
+
+    def _register_again(self) -> bool:
+        """A restarted daemon holds no such job and restored the clocks (it lost the job's record: a crash within
+        moments of its registration, a state file it set aside): register it again, as a new job counted from here, so
+        that the rest of the training is governed. Only a job for this very process (whose process evidently lives:
+        ``ftgov run``'s, for its command, may have ended), and a few times at most. True where this handled the loss
+        (registered, or refused and disabled with its own warning)."""
+        if (self._given_conn is not None or self.pid not in (None, os.getpid())
+                or self._registrations >= MAX_REGISTRATIONS):
+            return False
+        try:
+            conn = Connection(self.socket, timeout_s=self.timeout_s)
+        except DaemonUnavailable:
+            return False
+        lost = self.job_id
+        self._conn, self.job_id, self.registration, self._ended_meanwhile = conn, None, None, False
+        self._steps_before, self._reported_steps, self._sent_total_steps = self.steps, self.steps, None
+        self._register(at_step=True)
+        if self.job_id is not None:
+            warn(f"ftgov: ftgovd restarted without job {lost} (it restored the clocks): the job registered again, "
+                 f"as job {self.job_id}, its steps counted from step {self.steps}: "
+                 f"{describe_reply(self.registration or {})}")
+        return True
+
+    def _daemon_total(self) -> int | None:
+        """The job's length as the daemon in force counts its steps (from the registration it holds)."""
+        return None if self.total_steps is None else max(1, self.total_steps - self._steps_before)
 
     def _step_end(self) -> dict:
         """When the last step counted ended (CLOCK_MONOTONIC, the daemon's host): windows are timed by the steps, not

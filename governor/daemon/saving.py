@@ -2,10 +2,11 @@
 SAVE_ENERGY_TICKS ticks with the running jobs' energy so far.
 
 A job joining at the pin already held changes only the re-adoption list: one write for a burst of registrations,
-SAVE_COALESCE_S after the first of them. Should the daemon crash first, the job is just not re-adopted, and runs on at
-the default clocks (safe, and what a job whose client lost the daemon does anyway). A job that left is saved on the
-next event-loop turn (prompt): a job that unregistered while its process lives on must not be re-adopted after a
-crash and keep a pin it gave up. The baseline and any change of pin are saved before the write (governor.daemon.gpupin).
+SAVE_COALESCE_S after the first of them. Should the daemon crash first, the job is just not re-adopted: the restart
+restores the clocks, and the Python client registers the job again (governor.client.job, _register_again). A job
+that left is saved on the next event-loop turn (prompt): a job that unregistered while its process lives on must
+not be re-adopted after a crash and keep a pin it gave up. The baseline and any change of pin are saved before the
+write (governor.daemon.gpupin).
 """
 
 from __future__ import annotations

@@ -162,24 +162,37 @@ def test_a_daemon_that_stops_reading_does_not_hold_up_the_steps(daemon, orin):
     assert limits(orin) == BASELINE
 
 
-def test_a_daemon_restarted_without_the_job_is_said_to_have_restored_the_clocks(daemon, orin):
-    """The restarted daemon did not take the job back (its record had not reached the state file) and restored the
-    clocks: the job's warning says so, not that the pin may be left."""
+def test_a_daemon_restarted_without_the_job_registers_it_again(daemon, orin):
+    """The restarted daemon did not take the job back (its record had not reached the state file, or it set the file
+    aside) and restored the clocks: the job registers again, as a new job counted from there, and the rest of the
+    training is governed (it went on at the default clocks, warned, for as long as it ran: hours of a fine-tuning
+    run after an upgrade). Said once; the new job's steps and length are its own."""
     import json
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket, report_every_s=0) as job:
+        with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket, report_every_s=0,
+                          total_steps=100) as job:
             job.step()
+            first = job.job_id
             daemon.stop(signal.SIGKILL)
             state = daemon.state_dir / "state.json"
             state.write_text(json.dumps({**json.loads(state.read_text()), "jobs": []}))
             daemon.start()
+            assert limits(orin) == BASELINE  # restored at the restart: the job was not taken back
             job.step()
             job.step()
+            job.step()
+            assert not job.disabled and job.job_id != first
+            status = Connection(daemon.socket)
+            [held] = status.call("status")["jobs"]
+            status.close()
+            assert (held["job_id"], held["steps"], held["total_steps"]) == (job.job_id, 2, 98), held
+            assert limits(orin) != BASELINE  # pinned again
     [warned] = [str(w.message) for w in caught]
-    assert warned.endswith("; ftgovd restarted and holds this job no more: it ended it or restored the clocks "
-                           "(unless it lost its state file: then `ftgov restore`)"), warned
+    assert warned.startswith(f"ftgov: ftgovd restarted without job {first} (it restored the clocks): the job "
+                             f"registered again, as job {job.job_id}"), warned
+    assert job.result["steps"] == 2
     assert limits(orin) == BASELINE
 
 
