@@ -10,6 +10,7 @@ from governor.backends.base import Limits, nearest_level
 from governor.errors import BackendError, NodeNotFound, PinError
 from governor.sim import tree
 from governor.sysfs import Root
+from tests.support import READ_ONLY_INT_FILE
 
 
 @pytest.mark.parametrize("layout,node_name,levels", [("jp6", "17000000.gpu", tree.JP6_LEVELS_HZ),
@@ -97,9 +98,6 @@ def test_widen_first_order_keeps_min_below_max(tmp_path):
     assert all(s.min_hz <= s.max_hz for s in seen), seen
 
 
-# A file that reads as an integer but refuses every write, root's included: /proc/sys/fs/file-nr is mode 0444 and
-# sysctl enforces that mode even for root (root ignores the mode of an ordinary file, so chmod would prove nothing).
-READ_ONLY_INT_FILE = Path("/proc/sys/fs/file-nr")
 
 
 @pytest.mark.parametrize("name,target_hz", [("max_freq", 1224000000), ("min_freq", 408000000)])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from governor.sim import tree
-from tests.support import NVPMODEL_CONF, hostusers
+from tests.support import NVPMODEL_CONF, READ_ONLY_INT_FILE, hostusers
 from tests.support.daemon import DEVFREQ, FEATURES, REPO, limits
 
 BASELINE = (306000000, 1300500000)
@@ -283,7 +283,6 @@ def test_text_output_gives_each_fix(orin):
     assert lines[-1].endswith("WARN") and "FAIL" in lines[-1]
 
 
-READ_ONLY_INT_FILE = Path("/proc/sys/fs/file-nr")  # reads as an integer, refuses writes, root's too
 
 
 def _mount_read_only_int_file(path: Path) -> None:

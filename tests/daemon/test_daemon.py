@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from governor.sim import tree
-from tests.support import hostusers
+from tests.support import READ_ONLY_INT_FILE, hostusers
 from tests.support.daemon import DEVFREQ, FEATURES, REPO, Daemon, Rpc, limits
 
 BASELINE = (306000000, 1300500000)
@@ -332,7 +332,7 @@ def test_failed_pin_is_an_error_to_the_client_and_leaves_the_baseline(orin, star
     node = orin / DEVFREQ
     saved = (node / "min_freq").read_text()
     (node / "min_freq").unlink()
-    (node / "min_freq").symlink_to("/proc/sys/fs/file-nr")  # reads as an integer, refuses writes (root too)
+    (node / "min_freq").symlink_to(READ_ONLY_INT_FILE)
     c = d.client()
     err = c.request("register", **FEATURES)["error"]
     assert err["code"] == -32000 and "min_freq" in err["message"]

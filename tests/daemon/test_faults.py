@@ -20,12 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import READ_ONLY_INT_FILE
 from tests.support.daemon import DEVFREQ, FEATURES, REPO, limits
 from tests.support.faults import BASELINE, PINNED, at_baseline, kill_trial, limits_now
 from tests.support.fswatch import Watch
-
-READ_ONLY_INT_FILE = Path("/proc/sys/fs/file-nr")  # reads as an integer, refuses writes, root's too
-
 
 # ---- devfreq files failing under a job -----------------------------------------------------------------------------
 

@@ -14,6 +14,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 FAKENVML_DIR = Path(__file__).resolve().parent / "fakenvml"
+# A file that reads as an integer but refuses every write, root's included: a sysctl of mode 0444 (sysctl enforces its
+# mode even for root, who ignores the mode of an ordinary file, so chmod would prove nothing). One whose value holds
+# still: /proc/sys/fs/file-nr, used before, counts the system's open files, so a limit read from it moved between a
+# pin's snapshot and its restore's on a busy machine, and the restore, finding "changed" limits, wrote and failed.
+READ_ONLY_INT_FILE = Path("/proc/sys/kernel/ngroups_max")
 
 # An AGX Orin /etc/nvpmodel.conf cut to two modes, in the layout ftgov doctor parses (unverified on a board).
 NVPMODEL_CONF = """\
