@@ -670,8 +670,7 @@ class GroupCoordinator:
             return
         self._told_steps = told
         if not self.tuner.converged:
-            left = max(0, told - self.steps)
-            self.tuner.set_job(total_steps=max(1, left), steps_left=left)
+            self.tuner.set_steps_left(max(0, told - self.steps))
 
     def _is_window(self, so_far: list[list[float]]) -> bool:
         """Rank 0: whether the stretch before the first edge, as the ranks measured it so far ([measured, energy_j,

@@ -344,7 +344,7 @@ class Groups:
         if tuner.converged:
             return  # a converged group's tuner measures no more windows: its trim follows
         left = max(0, group.total_steps - self._steps(group))
-        tuner.set_job(total_steps=max(1, left), steps_left=left)
+        tuner.set_steps_left(left)
         if tuner.converged:
             group.restart_windows()  # a window open at a level of the search is none of the level chosen
             group.status = "converged"

@@ -219,13 +219,19 @@ def add_data_argument(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"{what} (default: the one shipped with ftgov)")
 
 
+def add_file_argument(p: argparse.ArgumentParser, flag: str, name: str, what: str, more: str = "") -> None:
+    """A file one stage writes and the next reads: by default ``name`` in the current directory, the same name on
+    both sides, so that the stages chain with no paths given."""
+    p.add_argument(flag, type=Path, default=Path(name),
+                   help=f"{what} (default: %(default)s in the current directory{more})")
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("dataset", help="label each characterized configuration with its energy-optimal level",
                               description="Write the training set: per configuration the five features and the label "
                               "(the energy optimum of the 1-2-1 smoothed curve).")
     add_data_argument(p, "characterization CSV")
-    p.add_argument("--out", type=Path, default=Path("dataset.csv"),
-                   help="where to write it (default: %(default)s in the current directory)")
+    add_file_argument(p, "--out", "dataset.csv", "where to write it")
     p.set_defaults(func=run)
     return p
 

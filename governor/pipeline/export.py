@@ -165,15 +165,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__.split("\n\n")[0])
     dataset.add_data_argument(p, "characterization CSV `fit` trained on (its provenance goes into the tree's "
                               "metadata)")
-    p.add_argument("--estimator", type=Path, default=Path("mlg.joblib"),
-                   help="from `fit` (default: %(default)s in the current directory)")
-    p.add_argument("--report", type=Path, default=Path("cv-report.json"),
-                   help="from `fit` (default: %(default)s in the current directory)")
-    p.add_argument("--tree", type=Path, default=Path("mlg-tree.json"),
-                   help="ftgov-tree/1 JSON to write (default: %(default)s in the current directory; point the "
-                        "daemon's model_file at it)")
-    p.add_argument("--rules", type=Path, default=Path("mlg-rules.txt"),
-                   help="readable rules to write (default: %(default)s in the current directory)")
+    dataset.add_file_argument(p, "--estimator", "mlg.joblib", "from `fit`")
+    dataset.add_file_argument(p, "--report", "cv-report.json", "from `fit`")
+    dataset.add_file_argument(p, "--tree", "mlg-tree.json", "ftgov-tree/1 JSON to write",
+                              "; point the daemon's model_file at it")
+    dataset.add_file_argument(p, "--rules", "mlg-rules.txt", "readable rules to write")
     p.set_defaults(func=run)
     return p
 

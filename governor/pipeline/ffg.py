@@ -42,8 +42,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("ffg", help="derive FFG's single frequency from the characterization data",
                               description=__doc__.split("\n\n")[0])
     dataset.add_data_argument(p, "characterization CSV")
-    p.add_argument("--out", type=Path, default=Path("ffg.json"),
-                   help="where to write it (default: %(default)s in the current directory)")
+    dataset.add_file_argument(p, "--out", "ffg.json", "where to write it")
     p.set_defaults(func=run)
     return p
 

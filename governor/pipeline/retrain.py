@@ -214,17 +214,18 @@ def before_tree(current: Path | None, candidates: list[Path], latest: dict | Non
         return Before(current, tree, why)
     if latest is None:
         return Before(candidates[0], DecisionTree.load(candidates[0]), "the store names no tree that decided a job")
-    seen = []
+    seen, loaded = [], {}
     for path in candidates:
         try:
-            tree = DecisionTree.load(path)
+            tree = loaded[path] = DecisionTree.load(path)
         except ModelError as e:
             seen.append(f"{path} ({e})")
             continue
         if tree_version(tree) == latest["model_version"]:
             return Before(path, tree, "it decided the store's latest job")
         seen.append(f"{path} ({tree_version(tree)})")
-    return Before(candidates[0], DecisionTree.load(candidates[0]),
+    first = loaded.get(candidates[0]) or DecisionTree.load(candidates[0])  # not loaded: its error, as without a store
+    return Before(candidates[0], first,
                   f"the store's latest job was decided by the tree {_named(latest)}, which is none of "
                   f"{'; '.join(seen)} (give the tree the daemon decides with as --current FILE, or the config it was "
                   "started with as --config)")

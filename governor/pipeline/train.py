@@ -152,12 +152,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=__doc__.split("\n\n")[0])
     dataset.add_data_argument(p, "characterization CSV (the energy curves that score each fold), the one `dataset` "
                               "labelled")
-    p.add_argument("--dataset", type=Path, default=Path("dataset.csv"),
-                   help="labels from `dataset` (default: %(default)s in the current directory)")
-    p.add_argument("--estimator", type=Path, default=Path("mlg.joblib"),
-                   help="joblib file to write (default: %(default)s in the current directory)")
-    p.add_argument("--report", type=Path, default=Path("cv-report.json"),
-                   help="CV report to write (default: %(default)s in the current directory)")
+    dataset.add_file_argument(p, "--dataset", "dataset.csv", "labels from `dataset`")
+    dataset.add_file_argument(p, "--estimator", "mlg.joblib", "joblib file to write")
+    dataset.add_file_argument(p, "--report", "cv-report.json", "CV report to write")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=2, help="joblib workers for the LOOCV search")
     p.set_defaults(func=run)

@@ -248,6 +248,14 @@ class OnlineTuner:
         elif self._follow is not None:
             self._plan_follow()
 
+    def set_steps_left(self, steps_left: int) -> None:
+        """The job's length was told (or changed), ``steps_left`` steps to go: a search's budget is re-priced over
+        them (a length at its end ends it); a converged tuner's follow-up is priced by them."""
+        if self.converged:
+            self.set_job(steps_left=steps_left)
+        else:
+            self.set_job(total_steps=max(1, steps_left), steps_left=steps_left)
+
     def window_reference(self, level_hz: int) -> Reference | None:
         """The estimate a window at ``level_hz`` opened now will be compared with, so that it may close as soon as
         that comparison is clear (WindowRule.decide_z): while searching, the incumbent's (``exploring`` in the

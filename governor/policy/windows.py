@@ -31,6 +31,8 @@ class Tuner(Protocol):
     def set_job(self, total_steps: int | None = None, probe_steps: int | None = None,
                 steps_left: int | None = None) -> None: ...
 
+    def set_steps_left(self, steps_left: int) -> None: ...
+
     def window_reference(self, level_hz: int) -> Reference | None: ...
 
 # A probe is DEFAULT_WARMUP_STEPS discarded steps after a change of level, then DEFAULT_WINDOW_STEPS measured steps.
@@ -549,12 +551,9 @@ class TuningSession:
         """The job's length told after the session began (or changed), ``steps`` the count now: a search's budget
         is re-priced over the steps left, and those steps end it or price the follow-up's windows."""
         self._end_steps = int(total_steps)
-        left = max(0, self._end_steps - steps)
-        if self.tuner.converged:
-            self.tuner.set_job(steps_left=left)
-            return
-        self.tuner.set_job(total_steps=max(1, left), steps_left=left)
-        if self.tuner.converged and self.measuring and self.tuner.next_level_hz() != self._measuring_hz:
+        searching = not self.tuner.converged
+        self.tuner.set_steps_left(max(0, self._end_steps - steps))
+        if searching and self.tuner.converged and self.measuring and self.tuner.next_level_hz() != self._measuring_hz:
             # The length ended the search: the window open at another level is no window of what is pinned now.
             self._window = self._new_window(self.tuner.next_level_hz(), steps, self.warmup_steps)
 
