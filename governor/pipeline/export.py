@@ -146,9 +146,12 @@ def run_export(data: Path, estimator_path: Path, report_path: Path, tree_path: P
         "gpu_util": "GPU load under MAXN (the board's default governor), percent",
         "thresholds": "float64 equivalents of scikit-learn's float32 comparisons (see governor/pipeline/export.py)",
     }
-    description = ("MLG tree trained by the model pipeline (make model) on the " + str(meta.get("source", ""))
-                   + " characterization set (model/data/characterization.csv): label = energy-optimal level of the "
-                   "1-2-1 smoothed curve, hyperparameters by LOOCV energy regret.")
+    # The data as fit named it (a board's own CSV, or the shipped one); its digest is in the metadata.
+    source = metadata["data_source"]
+    description = (f"MLG tree trained by the model pipeline on {report['data']}"
+                   + (f", a {source} characterization set" if source != "unknown" else "")
+                   + ": label = energy-optimal level of the 1-2-1 smoothed curve, hyperparameters by LOOCV energy "
+                   "regret.")
     write_if_changed(tree_path, to_json(estimator, description, metadata))
     header = [f"MLG tree, trained on {report['data']} ({metadata['data_source']}, {metadata['energy_model']}, "
               f"data seed {metadata['data_seed']}), training seed {report['seed']}",

@@ -193,3 +193,18 @@ def test_exported_nodes_mirror_the_estimator():
     estimator = train.fit(sweeps, tree.metadata["hyperparameters"], tree.metadata["seed"])
     assert len(tree.nodes) == estimator.tree_.node_count
     assert sum(isinstance(n, Leaf) for n in tree.nodes) == estimator.get_n_leaves()
+
+
+def test_a_tree_trained_on_a_boards_own_data_names_that_data(tmp_path, monkeypatch):
+    """The export's description names the CSV fit trained on, as its metadata does: a tree from a board's own
+    measurements said it came from the shipped simulated set."""
+    board = tmp_path / "orin-lab-3.csv"
+    board.write_bytes(DATA.read_bytes())
+    sidecar = DATA.with_name(DATA.name + ".meta.json")  # characterize writes one beside its CSV
+    board.with_name(board.name + ".meta.json").write_bytes(sidecar.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    for stage in (["dataset"], ["fit", "--jobs", "1"], ["export"]):
+        assert ftgov(["model", *stage, "--data", str(board)]) == 0, stage
+    tree = json.loads((tmp_path / "mlg-tree.json").read_text())
+    assert tree["metadata"]["data"] == "orin-lab-3.csv"
+    assert "on orin-lab-3.csv, a simulated characterization set" in tree["description"], tree["description"]
