@@ -523,6 +523,24 @@ def test_hf_trainer_with_the_callback_on_rank_0_only_trains_on_and_says_why_it_i
     assert not re.search(r"group '[^']*' \(uid", d.log()), d.log()
 
 
+def test_lightning_trainer_with_the_callback_on_rank_0_only_trains_on_and_says_why_it_is_ungrouped(node):
+    """A real Lightning Trainer under DDP (two ranks as its own launcher starts them, gloo) with the callback on rank 0
+    only (``callbacks=[cb] if trainer.global_rank == 0 else []``), as the Hugging Face test above: the fit finishes,
+    rank 0 registers a job of its own and warns once, naming the fix; rank 1 says nothing."""
+    from functools import partial
+
+    pytest.importorskip("lightning.pytorch")
+    from tests.support.ranks import lightning_trainer_rank
+
+    d = node("one")
+    got = ranks_reports(partial(lightning_trainer_rank, holders=(0,)), d.socket, reports=2, timeout_s=60)
+    assert [r for r in got if r[1] != "warned"] == [(0, None, None, None, True), (1, None, None, None, False)], got
+    (said,) = [r[2] for r in got if r[1] == "warned" and r[0] == 0][0]
+    assert "rank 0 of 2" in said and "Give every rank's Trainer a GovernorCallback" in said, said
+    assert [r[2] for r in got if r[1] == "warned" and r[0] == 1] == [[]], got
+    assert not re.search(r"group '[^']*' \(uid", d.log()), d.log()
+
+
 def test_hf_trainer_ranks_with_no_process_group_and_no_key_are_told_how_to_form_one(node):
     """Ranks whose Trainer shares no torch.distributed process group (under torch_xla, accelerate counts the processes
     without one) under a launcher that sets no group key cannot be told that they are one run: each registered a job of
