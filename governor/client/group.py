@@ -267,12 +267,17 @@ class GroupCoordinator:
         self.trimming = False  # every rank: rank 0 trims (its broadcasts after convergence go on)
         self.level_hz: int | None = None  # the group's level (rank 0's table)
         self.own_hz: int | None = (job.registration or {}).get("freq_hz")  # what this rank's GPU was last given
+        self._given_hz: int | None = None  # the level last given to this rank (_apply): the group's, or its trimmed one
+        self._job_id = job.job_id  # the registration the figures above follow (_registered)
         self.done = False
         self.status = "starting"
         self._edge: int | None = None  # the step count of the next edge
         self._opening = False  # the next edge opens a window (after the warm-up) rather than closing one
         # (energy_j, time_s, steps, compute_total_s, compute_steps_total) where the window opened
         self._mark: tuple[float, float, int, float, int] | None = None
+        # The job's connection when the window opened: another (its daemon restarted; Job._resumed, _register_again)
+        # reads another meter, counted from its own start.
+        self._source: object = None
         self._reads: list[tuple[float, float, float]] = []  # (steps, energy_j, at_s) in the open window, with a rule
         self._sub_edges: list[int] = []  # the step counts of the open window's reads still to come
         # Every rank: whether the open window may close early at its reads inside (the search runs, with a rule); then
@@ -315,7 +320,10 @@ class GroupCoordinator:
         try:
             return conn.call(method, job_id=self.job.job_id, **params)
         except DaemonUnavailable as e:  # no answer: not the daemon's judgement of the request
+            # A daemon restarting: the job's next report finds it again (or gives the governor up, which this rank
+            # says at the next edge: not able). The open window, which this read belonged to, is measured again.
             log.warning("ftgov: group %s: %s got no answer: %s", self.rank, method, e)
+            self._left = True
             return None
         except FtgovError as e:
             log.warning("ftgov: group %s: %s refused: %s", self.rank, method, e)
@@ -324,6 +332,8 @@ class GroupCoordinator:
     def _energy_j(self) -> tuple[float, float] | None:
         """This rank's GPU's energy so far and when its daemon read it (CLOCK_MONOTONIC, this host's)."""
         reply = self._call("job_energy")
+        if self.job._conn is not self._source:
+            self._left = True  # read from another meter than the window's first read: the window is measured again
         if reply is None or reply.get("energy_j") is None:
             return None
         return float(reply["energy_j"]), float(reply.get("at_s", time.monotonic()))
@@ -339,6 +349,8 @@ class GroupCoordinator:
     # ---- the edges -----------------------------------------------------------------------------------------------
     def step(self, steps: int) -> None:
         self.steps = steps
+        if self.job.job_id != self._job_id:
+            self._registered()
         if self.done:
             return
         try:
@@ -409,13 +421,27 @@ class GroupCoordinator:
         self._open_cost_s = 0.0
         self.coord_s += time.perf_counter() - began
 
+    def _registered(self) -> None:
+        """The job registered, or registered again (Job._register_again: its daemon restarted without it): the new
+        job's GPU is at what that daemon decided, its energy on a new meter, its window rule that daemon's. The GPU
+        goes back to the level last given to this rank (the coordination may be done: nothing else would move it);
+        the open window is measured again."""
+        self._job_id = self.job.job_id
+        self.own_hz = (self.job.registration or {}).get("freq_hz")
+        self._rule = _UNREAD
+        if self._mark is not None:
+            self._left = True
+        if self._given_hz is not None:
+            self._apply(self._given_hz)
+
     def _open(self, steps: int, n: int) -> None:
         """A window opens at ``steps``, to measure ``n`` steps: its first read, and where its reads inside fall."""
-        read = self._energy_j()
+        self._left, self._break, self._cut = False, None, (0.0, 0.0)  # a time out before the window: none of its
+        self._source = self.job._conn
+        read = self._energy_j()  # one that got no answer leaves the window to be measured again (_left)
         # Times are the daemon's reads' own (at_s: this host's CLOCK_MONOTONIC), as the energy is.
         self._mark = None if read is None else (read[0], read[1], steps, self.job.compute_total_s,
                                                 self.job.compute_steps_total)
-        self._left, self._break, self._cut = False, None, (0.0, 0.0)  # a time out before the window: none of its
         self._reads = [] if read is None or self.rule is None else [(steps, read[0], read[1])]
         # Every rank reads at the same steps whether its own reads work or not (or its daemon sent no rule): the
         # reads inside may be collectives.
@@ -526,12 +552,18 @@ class GroupCoordinator:
         able = float(self.job.job_id is not None and not self.job.disabled
                      and bool((self.job.registration or {}).get("levels_hz")))
         none = [able, 0.0, 0.0, 0.0, 0.0, -1.0, -1.0]
-        if self._mark is None or not able:
+        # measured -1: a time out it could not cut out, or a daemon that did not answer or restarted in the window
+        again = [able, -1.0, 0.0, 0.0, 0.0, -1.0, -1.0]
+        if not able:
             return none
         if self._left:
-            return [able, -1.0, 0.0, 0.0, 0.0, -1.0, -1.0]  # measured -1: a time out it could not cut out
+            return again
+        if self._mark is None:
+            return none
         read = self._window_read()
         e0, t0, n0, c0, cn0 = self._mark
+        if self._left:
+            return again
         if read is None or steps <= n0:
             return none
         counted = self.job.compute_steps_total - cn0
@@ -692,6 +724,7 @@ class GroupCoordinator:
 
     def _apply(self, level_hz: int) -> None:
         """This rank's GPU to ``level_hz`` (the group's level, or this rank's trimmed one)."""
+        self._given_hz = level_hz
         own = self._own_level(level_hz)
         if own is not None and own != self.own_hz:
             reply = self._call("set_level", freq_hz=own)

@@ -171,10 +171,7 @@ class Groups:
             group.features = job.features
         else:
             job.features = group.features  # type: ignore[assignment]
-        # The rails' sampler integrates only the jobs' meters and their tuners': a group's windows read the job's.
-        feed = MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu,
-                         meter=job.meter if isinstance(job.meter, EnergyMeter) else None)
-        group.members[job.job_id] = Member(job, feed)
+        group.members[job.job_id] = Member(job, self._feed(gov, job))
         self._of_job[job.job_id] = group
         group.membership_changed()
         return group
@@ -194,9 +191,11 @@ class Groups:
             log.info("%s: job %d left (%s); %d rank(s) carry on at %s", group.label(), job_id, why,
                      len(group.members), mhz(group.level_hz, none="no pin"))
 
-    def readopt(self, jobs: list[ActiveJob]) -> None:
+    def readopt(self, gov, jobs: list[ActiveJob]) -> None:
         """A restarted daemon's re-adopted jobs: the groups rebuilt from their tags, at the level they were left at.
-        Their tuner does not resume (its windows are gone): the group keeps that level."""
+        Their tuner does not resume (its windows are gone): the group keeps that level. Each rank's meter goes on, as
+        join's: a run across nodes reads its ranks' energy (job_energy), and a rank that registers again (its job lost
+        by the restart) starts the group's tuner over."""
         for job in jobs:
             if job.group is None:
                 continue
@@ -205,8 +204,15 @@ class Groups:
                 group = self._groups[(job.uid, job.group.key)] = Group(job.uid, job.group.key, job.group.world_size)
                 group.features, group.level_hz = job.features, job.freq_hz
                 group.status = "re-adopted after a daemon restart: keeps its level"
-            group.members[job.job_id] = Member(job)
+            group.members[job.job_id] = Member(job, self._feed(gov, job))
             self._of_job[job.job_id] = group
+
+    @staticmethod
+    def _feed(gov, job: ActiveJob) -> MeterFeed:
+        """The group's own meter of a rank's GPU. The rails' sampler integrates only the jobs' meters and their
+        tuners': a group's windows read the job's."""
+        return MeterFeed(gov.energy, gov.gpus[job.gpu_id].gpu,
+                         meter=job.meter if isinstance(job.meter, EnergyMeter) else None)
 
     # ---- the decision ----------------------------------------------------------------------------------------------
     def plan_tune(self, plan: PlanTune) -> PlanTune:

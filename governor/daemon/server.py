@@ -97,7 +97,7 @@ class Server:
                 continue
             live.append(rec)
         adopted = self.controller.adopt(dataclasses.replace(state, jobs=live))
-        self.groups.readopt(adopted)
+        self.groups.readopt(self.controller, adopted)
         for job in adopted:
             self.holds.hold(job, held[job.job_id])
             if job.features.gpu_util is None and job.freq_hz is None:  # it was waiting for its measurement

@@ -427,6 +427,90 @@ def test_a_read_its_daemon_did_not_answer_is_not_called_refused(tmp_path, caplog
         "ftgov: group 0: job_energy refused: job_id: this job is in no group [JSON-RPC -32602]"]
 
 
+def restart_without(daemon, lost: list[int]) -> None:
+    """SIGKILL ``daemon`` and start it again, the jobs ``lost`` gone from its state file (their records had not reached
+    it, or it was set aside): it re-adopts the others and restores the lost ones' clocks."""
+    import json
+
+    daemon.stop(signal.SIGKILL)
+    state = daemon.state_dir / "state.json"
+    saved = json.loads(state.read_text())
+    state.write_text(json.dumps({**saved, "jobs": [j for j in saved["jobs"] if j["job_id"] not in lost]}))
+    daemon.start()
+
+
+def test_a_rank_a_restarted_daemon_lost_rejoins_its_group_and_the_group_is_tuned_again(node):
+    """Two ranks on one node; the daemon restarts having lost rank 1's job (re-adopting rank 0's): rank 1 registers
+    again and rejoins its group by key, and the group's tuner starts over. Before, the re-adopted rank had no meter
+    in the group, and the tuner made for the rejoined rank stopped at once, its status saying that a rank's GPU had
+    no energy source."""
+    import warnings
+
+    import governor
+    from governor.client import GovernorWarning
+
+    d = node("one")
+    features = dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, gpu_util=60.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GovernorWarning)  # the re-registration's, which the client's tests check
+        jobs = [governor.job(**features, gpu=r, socket=d.socket, tune=True, group="g", rank=r, world_size=2,
+                             local_world_size=2, report_every_s=0).start() for r in range(2)]
+        for job in jobs:
+            job.step()
+        first = [job.job_id for job in jobs]
+        restart_without(d, lost=[first[1]])
+        for _ in range(20):
+            for job in jobs:
+                job.step()
+        assert jobs[0].job_id == first[0] and jobs[1].job_id not in (None, first[1]) and not jobs[1].disabled
+        (group,) = status_of(d)["groups"]
+        assert sorted((r["rank"], r["job_id"]) for r in group["ranks"]) == [(0, first[0]), (1, jobs[1].job_id)]
+        assert group["tuner"] is not None and group["status"] == "measuring", group
+        for job in jobs:
+            job.close()
+
+
+@pytest.mark.parametrize("lost", [False, True], ids=["re-adopted", "registered-again"])
+def test_a_rank_across_nodes_goes_on_being_tuned_after_its_daemon_restarts(node, lost):
+    """Rank 0 of a run across nodes (rank 1's windows given), its node's daemon restarted under it. Re-adopted, the
+    job's energy was no more to be had (the group's re-adopted rank had no meter): rank 0 stopped the group's tuning
+    at its next edge, every GPU left at the level of the search it was at. Registered again (the restart lost the
+    job), its new job was pinned at what the daemon decided for it, not at the group's level, while the coordinator
+    took its GPU for still there; and the window open across the restart took the new meter's energy for the old
+    one's (a window of negative energy stopped the tuning). Now the window open across the restart is measured
+    again, the GPU is put back at the group's level, and the search goes on."""
+    import warnings
+
+    from governor.client import GovernorWarning, Job
+    from governor.client.group import GroupCoordinator
+
+    d = node("one")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", GovernorWarning)
+        job = Job(dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0, gpu_util=60.0),
+                  socket=d.socket, gpu=0, tune=True, group="g", rank=0, world_size=2, local_world_size=1,
+                  report_every_s=0).start()
+        start_hz = job.registration["freq_hz"]
+        # rank 1: 8 steps of 0.2 s at 1 J each; at a read inside, nothing read yet
+        coordinator = job.coordinator = GroupCoordinator(job, TwoRanks([1.0, 1.0, 8.0, 8.0, 0.2, -1.0, -1.0]))
+        while coordinator.own_hz in (None, start_hz) and not coordinator.done:  # until the search moved the GPU
+            job.step()
+        assert not coordinator.done, coordinator.status
+        level, windows, first = coordinator.own_hz, coordinator.windows, job.job_id
+        restart_without(d, lost=[first] if lost else [])
+        job.step()  # finds the daemon gone: the job is held again, or registered again
+        job.step()
+        assert (job.job_id != first) == lost and not job.disabled
+        assert decided(d) == {"0": coordinator.own_hz} and coordinator.own_hz in (level, coordinator.level_hz)
+        for _ in range(400):
+            job.step()
+            if coordinator.windows > windows + 1 or coordinator.done:
+                break
+    assert coordinator.windows > windows + 1 and not coordinator.status.startswith("stopped"), coordinator.status
+    assert coordinator.last_window["joules_per_step"] > 1.0, coordinator.last_window  # rank 0's part counted
+    job.close()
+
+
 def ranks_reports(target, socket: str, world_size: int = 2, reports: int = 1,
                   timeout_s: float = TIMEOUT_S) -> list[tuple]:
     """Start ``world_size`` ranks running ``target`` (tests.support.ranks) against the daemon at ``socket``; what
@@ -520,6 +604,24 @@ def test_hf_trainer_with_the_callback_on_rank_0_only_trains_on_and_says_why_it_i
     across = {"TORCHELASTIC_RUN_ID": "run-across", "LOCAL_WORLD_SIZE": "1"}
     got = ranks_reports(partial(hf_rank, holders=(0,), env=across, tune=True), d.socket, reports=2, timeout_s=60)
     assert [r for r in got if r[1] != "warned"] == [(0, None, None, None, True), (1, None, None, None, False)], got
+    assert not re.search(r"group '[^']*' \(uid", d.log()), d.log()
+
+
+def test_lightning_trainer_with_the_callback_on_rank_0_only_trains_on_and_says_why_it_is_ungrouped(node):
+    """A real Lightning Trainer under DDP (two ranks as its own launcher starts them, gloo) with the callback on rank 0
+    only (``callbacks=[cb] if trainer.global_rank == 0 else []``), as the Hugging Face test above: the fit finishes,
+    rank 0 registers a job of its own and warns once, naming the fix; rank 1 says nothing."""
+    from functools import partial
+
+    pytest.importorskip("lightning.pytorch")
+    from tests.support.ranks import lightning_trainer_rank
+
+    d = node("one")
+    got = ranks_reports(partial(lightning_trainer_rank, holders=(0,)), d.socket, reports=2, timeout_s=60)
+    assert [r for r in got if r[1] != "warned"] == [(0, None, None, None, True), (1, None, None, None, False)], got
+    (said,) = [r[2] for r in got if r[1] == "warned" and r[0] == 0][0]
+    assert "rank 0 of 2" in said and "Give every rank's Trainer a GovernorCallback" in said, said
+    assert [r[2] for r in got if r[1] == "warned" and r[0] == 1] == [[]], got
     assert not re.search(r"group '[^']*' \(uid", d.log()), d.log()
 
 

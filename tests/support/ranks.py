@@ -165,3 +165,45 @@ def hf_rank_without_process_group(rank: int, world_size: int, port: int, socket:
     results.put((rank, "warned", [str(w.message) for w in caught]))
     _report(results, rank, callback.job)
     callback.close()
+
+
+def lightning_trainer_rank(rank: int, world_size: int, port: int, socket: str, results,
+                           holders: tuple[int, ...] | None = None) -> None:
+    """A rank as Lightning's own DDP launcher starts one (as lightning_rank): a real Lightning Trainer (strategy ddp
+    over gloo, on the CPU) fits a tiny model for two steps, DDP's all-reduce keeping the ranks in step; only the ranks
+    in ``holders`` (all: None) hold a GovernorCallback. Reports as hf_rank does."""
+    _launched({"MASTER_PORT": str(port), "LOCAL_RANK": str(rank), "NODE_RANK": "0", "WORLD_SIZE": str(world_size)})
+    import warnings
+
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.strategies import DDPStrategy
+
+    from governor.lightning import GovernorCallback
+
+    class Tiny(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.TensorDataset(torch.ones(8, 2), torch.ones(8))
+    held = holders is None or rank in holders
+    callbacks = [GovernorCallback(**FEATURES, gpu=rank, socket=socket)] if held else []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pl.Trainer(max_steps=2, accelerator="cpu", devices=world_size, num_nodes=1,
+                   strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)), logger=False,
+                   enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                   callbacks=callbacks).fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=2))
+    if held:
+        _report(results, rank, callbacks[0].job)
+    else:
+        results.put((rank, None, None, None, False))
+    results.put((rank, "warned", [str(w.message) for w in caught if "ftgov" in str(w.message)]))
