@@ -173,6 +173,7 @@ class Groups:
             job.features = group.features  # type: ignore[assignment]
         group.members[job.job_id] = Member(job, self._feed(gov, job))
         self._of_job[job.job_id] = group
+        job.group_kept_hz = lambda: self.kept_hz(job)
         group.membership_changed()
         return group
 
@@ -182,7 +183,9 @@ class Groups:
         group = self._of_job.pop(job_id, None)
         if group is None:
             return
-        group.members.pop(job_id, None)
+        member = group.members.pop(job_id, None)
+        if member is not None:
+            member.job.group_kept_hz = None
         group.membership_changed()
         if not group.members:
             del self._groups[(group.uid, group.key)]
@@ -206,6 +209,22 @@ class Groups:
                 group.status = "re-adopted after a daemon restart: keeps its level"
             group.members[job.job_id] = Member(job, self._feed(gov, job))
             self._of_job[job.job_id] = group
+
+    def kept_hz(self, job: ActiveJob) -> int | None:
+        """The level a restarted daemon re-adopts a rank at (ActiveJob.kept_hz), where its group's tuner is here:
+        what stopping the tuning now would keep, as for a single job (JobTuner.keep_hz). A restart loses the search,
+        and a re-adopted group keeps its level until its ranks end: the level a window was measuring would be held
+        that long. While the search runs, the best level measured so far; while the trim searches, the group's
+        level (a rank's trim probe may slow the group's steps); None where the rank's own level stands (no tuner
+        here, a converged or trimmed group, one tuned by its rank 0 across nodes)."""
+        group = self._of_job.get(job.job_id)
+        if group is None or group.remote:
+            return None
+        if group.trim is not None and not group.trim.trimmer.done:
+            return group.level_hz
+        if group.tuner is None or group.tuner.converged:
+            return None
+        return group.tuner.best_hz
 
     @staticmethod
     def _feed(gov, job: ActiveJob) -> MeterFeed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -87,6 +88,8 @@ class ActiveJob:
     # What the job registered with (governor.daemon.groups owns the membership it implies): the group key, its rank
     # and the world size; kept here so that the state file keeps them with the job.
     group: GroupTag | None = None
+    # A group's rank, whose group (not the job) has the tuner: what a restart would keep for it (Groups.kept_hz).
+    group_kept_hz: Callable[[], int | None] | None = None
 
     @property
     def freq_hz(self) -> int | None:
@@ -121,6 +124,8 @@ class ActiveJob:
         pick): a restart loses the search, and the level a window was measuring (perhaps the curve's costliest) or a
         baseline part's unpinned steps would otherwise be held until the job ends."""
         keep = self.tuner.keep_hz if self.tuner is not None else None
+        if keep is None and self.group_kept_hz is not None:
+            keep = self.group_kept_hz()
         return self.freq_hz if keep is None else keep
 
     def record(self) -> HeldJob:

@@ -230,6 +230,50 @@ def test_a_group_survives_a_daemon_restart(group_daemon, children, tmp_path):
     assert gpus_of(c)["0"]["pinned_hz"] is None and gpus_of(c)["1"]["pinned_hz"] == level
 
 
+class _Probing(Exception):
+    """The group's search is measuring a level that is not its best so far, and the state file says so."""
+
+
+def test_a_daemon_killed_mid_search_takes_a_group_back_at_its_best_level_not_the_probe(group_daemon, children,
+                                                                                      tmp_path):
+    """A restart loses the group's search, as a single job's: its ranks are re-adopted at what stopping the tuning
+    would keep (the best level measured so far), not at the level a window was measuring, which the re-adopted group
+    would otherwise keep until its ranks end."""
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    d = group_daemon(workdir=workdir, tuner={"baseline_window": False, "noise_rel": 0.05, "window_rule": "steps",
+                                             "settle_updates": 0, "follow_up": False, "window_steps": 300})
+    c = d.client()
+    jobs = [register_rank(c, children(), r)["job_id"] for r in range(2)]
+    state = d.state_dir / "state.json"
+    seen: dict = {}
+    for steps in range(1, 5000):  # windows of 300 steps: a probe outlasts the state file's deferred save
+        before_ns = state.stat().st_mtime_ns  # the move may come with this step's reports, and its save at once
+        for job_id in jobs:
+            c.notify("progress", job_id=job_id, steps=steps)
+        (group,) = c.call("status")["groups"]
+        tuner = group["tuner"]
+        if tuner["converged"]:
+            pytest.fail(f"converged before a probe away from the best was saved: {group}")
+        if tuner["probes"] < 1 or group["level_hz"] == tuner["best_hz"]:
+            seen.clear()
+            continue
+        if seen.get("probe") != group["level_hz"]:  # a probe begins: the state file is saved a moment after the move
+            seen.update(best=tuner["best_hz"], probe=group["level_hz"], mtime=before_ns)
+        if state.stat().st_mtime_ns != seen["mtime"] and tuner["best_hz"] == seen["best"]:
+            seen["saved"] = [j["freq_hz"] for j in json.loads(state.read_text())["jobs"]]
+            break
+    assert seen.get("saved") == [seen["best"]] * 2 != [seen["probe"]] * 2, seen
+    c.close()
+    d.stop(signal.SIGKILL)
+    d.notify.close()
+    d2 = group_daemon(workdir=workdir)
+    c = d2.client()
+    (group,) = c.call("status")["groups"]
+    assert group["level_hz"] == seen["best"]
+    assert [g["pinned_hz"] for g in gpus_of(c).values()] == [seen["best"]] * 2
+
+
 def test_the_ranks_that_wait_are_trimmed_while_the_group_step_time_holds(group_daemon, children):
     """After convergence, ranks that report their step ends and compute times on GPUs of different speeds (the
     simulation of governor.sim.groups, driven by the pins the daemon sets): the fast ranks are lowered, the slowest
