@@ -118,6 +118,7 @@ bench: $(DEV_VENV)/.test
 	$(VPY) -m benchmarks.baseline_drift
 	$(VPY) -m benchmarks.warmup_gate
 	$(VPY) -m benchmarks.sampler_cost
+	$(VPY) -m benchmarks.phase_cost
 	$(VPY) -m benchmarks.nvml_call_cost
 	$(VPY) -m benchmarks.trace_register
 	$(VPY) -m benchmarks.meter_saving

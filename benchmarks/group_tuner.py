@@ -20,6 +20,7 @@ beyond 6% with a 95% Wilson interval; p99 by nearest rank. Writes docs/benchmark
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import sys
@@ -40,7 +41,8 @@ BEYOND = 0.06
 
 class SimRank:
     """governor.client.Job as a GroupCoordinator sees it, on a simulated GPU: its daemon's job_energy reads the
-    counter as it held at the last step's end (and that end as the read's time), set_level moves the GPU at once."""
+    counter as it held at the last step's end (and that end as the read's time), set_level moves the GPU at once.
+    ``calls`` counts the calls to its daemon by method."""
 
     def __init__(self, curve: Curve, start_hz: int, window: dict | None, total_steps: int):
         self.job_id, self.disabled, self.total_steps = 1, False, total_steps
@@ -49,8 +51,10 @@ class SimRank:
         self._conn = self
         self.level_hz = start_hz
         self.read: tuple[float, float] = (0.0, 0.0)  # (energy_j, time_s) at the last step's end
+        self.calls: collections.Counter[str] = collections.Counter()
 
     def call(self, method: str, job_id: int, **params) -> dict:
+        self.calls[method] += 1
         if method == "job_energy":
             return {"job_id": job_id, "energy_j": self.read[0], "at_s": self.read[1]}
         if method == "set_level":
@@ -60,14 +64,15 @@ class SimRank:
 
 
 def one_rank(curve: Curve, start_hz: int, job_steps: int, sized: bool):
-    """A SimRank of ``curve`` at ``start_hz`` and the real GroupCoordinator over it (one rank, simulated collectives);
-    sized: its register reply carries the daemon's window rule on NVML's counter."""
+    """A SimRank of ``curve`` at ``start_hz`` and the real GroupCoordinator over it (one rank, simulated collectives,
+    the rank's simulated time as its clock); sized: its register reply carries the daemon's window rule on NVML's
+    counter."""
     from governor.client.group import GroupCoordinator
 
     rule = TunerConfig().window(NVML_UPDATE_S) if sized else None
     window = None if rule is None else {name: getattr(rule, name) for name in RULE_FIELDS}
     rank = SimRank(curve, start_hz, window, job_steps)
-    return rank, GroupCoordinator(rank, SimulatedCollectives(1))
+    return rank, GroupCoordinator(rank, SimulatedCollectives(1), clock=lambda: rank.read[1])
 
 
 def run_group(curve: Curve, start: str, seed: int, job_steps: int, sized: bool) -> dict:

@@ -38,7 +38,7 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -246,13 +246,15 @@ class GroupCoordinator:
     windows' edges here), ``window_costs_s`` (that time per window: its opening edge and its closing one) and
     ``windows`` (those rank 0's tuner observed)."""
 
-    def __init__(self, job, dist, *, warmup_steps: int = GROUP_WARMUP_STEPS, window_steps: int = GROUP_WINDOW_STEPS):
+    def __init__(self, job, dist, *, warmup_steps: int = GROUP_WARMUP_STEPS, window_steps: int = GROUP_WINDOW_STEPS,
+                 clock: Callable[[], float] = time.monotonic):
         import torch
 
         from governor.policy.trim import Trimmer
         from governor.policy.tuner import OnlineTuner
 
         self._new_tuner, self._new_trimmer = OnlineTuner, Trimmer
+        self._clock = clock  # this host's CLOCK_MONOTONIC, the daemon's reads' at_s (a simulated rank's own)
         self.job, self.dist, self.torch = job, dist, torch
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.warmup_steps, self.window_steps = warmup_steps, window_steps
@@ -283,10 +285,11 @@ class GroupCoordinator:
         # Every rank: whether the open window may close early at its reads inside (the search runs, with a rule); then
         # each read inside is also a collective (early_close), as a single job's window closes at any report.
         self._may_close = False
-        # Every rank: a time out of training (left_training, back_to_training) inside the open window is cut out of
-        # it: its energy and seconds (_cut), read at both ends; where a read failed the window cannot be mended and
-        # is measured again (_left).
-        self._break: tuple[float, float] | None = None  # (energy_j, at_s) when the job left training
+        # Every rank: a stretch out of training (left_training, back_to_training) inside the open window. One shorter
+        # than SHORT_PHASE_S is training; a longer one is cut out of the window: its energy and seconds (_cut), from
+        # its start (estimated) to a read as training comes back. Where that cannot be done the window is measured
+        # again (_left).
+        self._away: tuple[float, int] | None = None  # (when the job left training, self._clock; its steps then)
         self._cut = (0.0, 0.0)  # (energy_j, seconds) cut out of the open window so far
         self._left = False
         self._step_prior = None  # the steps' scatter over this rank's windows so far (rank_window_noise)
@@ -380,7 +383,7 @@ class GroupCoordinator:
             raise CollectiveFailed(str(e)) from e
 
     def _step(self, steps: int) -> None:
-        if self._break is not None:  # a step without Job.phase("train") first: training came back by now
+        if self._away is not None:  # a step without Job.phase("train") first: training came back by now
             self.back_to_training()
         if self._edge is None:
             # The first step every rank sees. The first edge (the start decided, the next window's length told) comes
@@ -436,7 +439,7 @@ class GroupCoordinator:
 
     def _open(self, steps: int, n: int) -> None:
         """A window opens at ``steps``, to measure ``n`` steps: its first read, and where its reads inside fall."""
-        self._left, self._break, self._cut = False, None, (0.0, 0.0)  # a time out before the window: none of its
+        self._left, self._away, self._cut = False, None, (0.0, 0.0)  # a time out before the window: none of its
         self._source = self.job._conn
         read = self._energy_j()  # one that got no answer leaves the window to be measured again (_left)
         # Times are the daemon's reads' own (at_s: this host's CLOCK_MONOTONIC), as the energy is.
@@ -449,28 +452,63 @@ class GroupCoordinator:
         self._edge = steps + n
 
     def left_training(self) -> None:
-        """The job left training (an evaluation, a checkpoint; Job.phase): the open window pauses. Its energy is read
-        now and again when training comes back (back_to_training, or the next step), and what ran between is cut out
-        of the window, as the daemon's windows do (ProbeWindow). A read that fails leaves the window spoilt: this
-        rank says so at its end, and rank 0 measures it again at the same level."""
-        if self._mark is None or self._break is not None or self._left:
+        """The job left training (Job.phase: an evaluation, a checkpoint, a batch's loading). Whether the stretch is
+        training (short) or cut out of the window (long) is known only as it ends (back_to_training): where the window
+        can estimate its energy at this instant then (a read of training since its mark), only the instant is kept;
+        else the energy is read now, as the one edge that a long stretch's cut needs (one call, not two: the stretch's
+        end is read only if it was long)."""
+        if self._mark is None or self._away is not None or self._left:
             return
-        read = self._energy_j()
-        if read is None:
-            self._left = True
-        else:
-            self._break = read
+        start = None if self._estimable() else self._energy_j()
+        if start is None and not self._estimable():
+            self._left = True  # the read failed: nothing to cut a long stretch from
+        self._away = (self._clock(), self.steps, start)
+
+    def _estimable(self) -> bool:
+        """Whether the open window has read training since its mark (the power it carries on: back_to_training)."""
+        return self._mark is not None and bool(self._reads) and self._reads[-1][2] > self._mark[1]
 
     def back_to_training(self) -> None:
-        """Training goes on (Job.phase("train")): the pause ends here."""
-        if self._break is None:
+        """Training goes on (Job.phase("train"), or the next step): the stretch out of training ends here.
+
+        One shorter than SHORT_PHASE_S (governor.policy.windows, the daemon's rule for its own windows:
+        governor.daemon.phases) is training: nothing is read, and its energy and seconds stay in the window. A loop
+        that reports `data` around every batch's loading thus pays no call to its daemon for it where its windows
+        read inside (time windows, past their first read), one where they do not, and its windows measure its steps
+        with their data loading, as the same loop's without phase reports would.
+
+        A longer one (an evaluation, a checkpoint save) is cut out of the window, as the daemon's windows cut it
+        (ProbeWindow): the energy is read now, and the energy at the stretch's start is the read made then
+        (left_training), or, where none was, estimated from the window's own reads: its mean power from its mark to
+        its last read, carried on from that read to the instant the job left training (the training steps between,
+        at most a sub-window's). The error is the scatter of those few steps' power about the window's mean, not the
+        stretch's energy. Where a step was counted inside the stretch, or a read fails, the window is spoilt: this
+        rank says so at its end, and rank 0 measures it again at the same level."""
+        if self._away is None:
             return
-        (e0, t0), self._break = self._break, None
+        from governor.policy.windows import SHORT_PHASE_S
+
+        (left_s, left_steps, start), self._away = self._away, None
+        if self._clock() - left_s < SHORT_PHASE_S or self._mark is None or self._left:
+            return
+        if self.steps != left_steps:
+            self._left = True
+            return
         read = self._energy_j()
         if read is None:
             self._left = True
             return
-        self._cut = (self._cut[0] + read[0] - e0, self._cut[1] + read[1] - t0)
+        cut_j, cut_s = self._cut
+        if start is not None:  # read as the job left training: the stretch's own energy and seconds
+            self._cut = (cut_j + read[0] - start[0], cut_s + read[1] - start[1])
+            return
+        e0, t0 = self._mark[0], self._mark[1]
+        _n, last_j, last_s = self._reads[-1]  # the window's own energy and time (the stretches before cut out)
+        left_s = max(last_s, left_s - cut_s)
+        # The window's energy as the job left training: its mean power so far, carried on from its last read; never
+        # more than the window holds now.
+        start_j = min(last_j + (last_j - e0) / (last_s - t0) * (left_s - last_s), read[0] - cut_j)
+        self._cut = (read[0] - start_j, read[1] - left_s)
 
     def _window_read(self) -> tuple[float, float] | None:
         """This rank's energy and time now, as the open window counts them (the pauses cut out)."""
@@ -597,7 +635,7 @@ class GroupCoordinator:
             self.bytes_sent += decision.numel() * decision.element_size()
         converged, stop, done, window_steps, may_close, *levels = decided
         self._mark, self._reads, self._sub_edges = None, [], []
-        self._left, self._break, self._cut = False, None, (0.0, 0.0)
+        self._left, self._away, self._cut = False, None, (0.0, 0.0)
         self._may_close = bool(may_close)
         self.next_window_steps = max(1, int(window_steps))
         if stop:

@@ -12,7 +12,13 @@ from collections.abc import Callable, Iterable
 from governor.backends.base import Gpu
 from governor.backends.rails import CounterMeter, CounterReads, EnergyMeter, Rails
 from governor.errors import BackendError
-from governor.policy.windows import AVERAGE_SETTLE_UPDATES, COUNTER_SETTLE_UPDATES, UpdateEdges, WindowRule
+from governor.policy.windows import (
+    AVERAGE_SETTLE_UPDATES,
+    COUNTER_SETTLE_UPDATES,
+    SHORT_PHASE_S,
+    UpdateEdges,
+    WindowRule,
+)
 
 log = logging.getLogger("ftgovd")
 
@@ -134,7 +140,7 @@ PACED_READ_MIN_S = 0.0001
 # baseline part of 50 ms steps at 300 W 17 times dearer, and a measured saving of 20% came out at -86% +/- 460. Such a
 # gap is cut out of the points as a reported pause is (MeterFeed's docstring). Steps that scatter 13-17% (the H200's)
 # never come near it.
-GAP_MIN_S = 1.0
+GAP_MIN_S = SHORT_PHASE_S  # a stretch shorter than that is training, reported or not
 GAP_STEPS = 3.0
 STEP_TIMES_KEPT = 32
 STEP_TIMES_MIN = 4

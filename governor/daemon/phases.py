@@ -1,12 +1,13 @@
 """A job's phase as the daemon acts on it (the pin under low_phases, the tuner's windows, the measured saving).
 
-A stretch out of training shorter than a second (SHORT_PHASE_S, or limits.repin_interval_s where that is longer) is
-training: a loop that reports `data` around each batch's loading, or evaluates every step or two, is measured and
-pinned as the same loop without phase reports is, its data loading inside its steps. Acted on at once, each such
-report would pause the tuner's windows, leaving them no training between two reports to measure (the job is never
-tuned), and `data` in low_phases would move the pin to the lowest level, where the training after it runs until the
-re-pin interval lets the pin back. A second is where a pause the job does not report is cut out of the windows
-(governor.daemon.energy.GAP_MIN_S); a stretch shorter than the re-pin interval is one the pin cannot follow.
+A stretch out of training shorter than a second (governor.policy.windows.SHORT_PHASE_S, which the client's windows of
+a group across nodes follow too; or limits.repin_interval_s where that is longer) is training: a loop that reports
+`data` around each batch's loading, or evaluates every step or two, is measured and pinned as the same loop without
+phase reports is, its data loading inside its steps. Acted on at once, each such report would pause the tuner's
+windows, leaving them no training between two reports to measure (the job is never tuned), and `data` in low_phases
+would move the pin to the lowest level, where the training after it runs until the re-pin interval lets the pin back.
+A second is where a pause the job does not report is cut out of the windows (governor.daemon.energy.GAP_MIN_S); a
+stretch shorter than the re-pin interval is one the pin cannot follow.
 
 A longer stretch (an evaluation, a checkpoint save) is acted on once it has lasted that long, as if reported then:
 the windows cut it out from the last step that ended before it (no step ended meanwhile, so nothing of it was
@@ -20,12 +21,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from governor.daemon.energy import GAP_MIN_S
 from governor.daemon.jobs import ActiveJob
 
 log = logging.getLogger("ftgovd")
-
-SHORT_PHASE_S = GAP_MIN_S
 
 Defer = Callable[[Callable[[], None], float], None]
 

@@ -28,6 +28,7 @@ from governor.daemon.utilization import measure_load_pct
 from governor.errors import INVALID_PARAMS, LIMIT_EXCEEDED, PERMISSION_DENIED, SERVER_ERROR, UNKNOWN_JOB, FtgovError
 from governor.features import Features
 from governor.policy import PolicyName
+from governor.policy.windows import SHORT_PHASE_S
 
 if TYPE_CHECKING:
     from governor.daemon.connection import Connection
@@ -228,7 +229,7 @@ class Methods:
 
     def _phase_hold_s(self) -> float:
         """How long a stretch out of training is training (governor.daemon.phases)."""
-        return max(phases.SHORT_PHASE_S, self.controller.settings.repin_interval_s)
+        return max(SHORT_PHASE_S, self.controller.settings.repin_interval_s)
 
     def _phase_lasted(self, job: ActiveJob, phase: str) -> None:
         """A stretch out of training lasted past the hold: acted on as a report of it now would be."""

@@ -48,6 +48,13 @@ NVML_COUNTER_UPDATE_S = 0.100
 # wholly after the change comes at most two intervals after it.
 COUNTER_SETTLE_UPDATES = 1
 AVERAGE_SETTLE_UPDATES = 2
+# A stretch out of training (a job's phase other than train) shorter than this is training: a loop that reports `data`
+# around each batch's loading, or evaluates every step or two, is measured as the same loop without phase reports is,
+# its data loading inside its steps; a longer one (an evaluation, a checkpoint save) is cut out of the windows. The
+# daemon's windows and pin (governor.daemon.phases, which holds it for the re-pin interval where that is longer), its
+# cut of a pause the job does not report (governor.daemon.energy.GAP_MIN_S), and the windows of a group whose ranks
+# span nodes (governor.client.group) follow it.
+SHORT_PHASE_S = 1.0
 # A counter that holds between updates reads the same across a window shorter than one update (4 steps of 26 ms):
 # such a window stays open until the counter moves. One that has not moved for this many updates is stalled.
 STALL_UPDATES = 10

@@ -98,51 +98,98 @@ def test_long_steps_make_the_stretch_before_the_first_edge_the_start_window():
             assert n > 1 + GROUP_WINDOW_STEPS + 1 and window["seconds"] >= rule.shortest_s, first_move
 
 
-def test_a_window_that_runs_across_an_evaluation_has_it_cut_out():
-    """Rank 0's job evaluates for 5 s (its GPU busy, no steps) in the middle of a window, its callback saying so
-    (Job.phase("eval"), then "train": left_training, back_to_training). The window pauses: its energy is read at both
-    ends of the evaluation and what ran between is cut out, so the tuner gets the steps' J/step and the window is not
-    lost. Untold, the evaluation inflates the window."""
+def recording(observed: list):
+    """A tuner factory for GroupCoordinator._new_tuner whose tuners add each window they observe (level, J/step,
+    s/step) to ``observed``."""
     from governor.policy.tuner import OnlineTuner
 
-    curve = real_curves()[3]
-    observed = []
-
-    def recording_tuner(*args, **kwargs):
+    def make(*args, **kwargs):
         tuner = OnlineTuner(*args, **kwargs)
         plain = tuner.observe
-        tuner.observe = lambda hz, j, s, **kw: (observed.append((hz, j)), plain(hz, j, s, **kw))[1]
+        tuner.observe = lambda hz, j, s, **kw: (observed.append((hz, j, s)), plain(hz, j, s, **kw))[1]
         return tuner
 
+    return make
+
+
+def test_a_data_phase_around_every_batch_costs_no_reads_and_stays_in_the_windows():
+    """A loop that reports `data` around each batch's loading (Job.phase("data"), then "train"): each stretch, a few
+    ms, is training, as the daemon's windows count it (SHORT_PHASE_S). Once its window has read its training inside
+    (the energy at a long stretch's start can then be estimated) it makes no job_energy call, before that one (the
+    start of a stretch that might be long); two a step before, blocking the training on its daemon at every step.
+    The windows measure the steps with their data loading (it was cut out of them)."""
+    curve = real_curves()[3]
+    observed: list[tuple[int, float, float]] = []
+    rank, coordinator = one_rank(curve, curve.levels_hz[-1], 2000, sized=True)
+    coordinator._new_tuner = recording(observed)
+    free = paid = 0
+    for _n, joules, seconds in exact_steps(curve, rank, coordinator):
+        if coordinator.done:
+            break
+        before, estimable = dict(rank.calls), coordinator._estimable()
+        coordinator.left_training()  # the next batch's loading: 10% of a step's time at a fifth of its power
+        rank.read = (rank.read[0] + 0.02 * joules, rank.read[1] + 0.1 * seconds)
+        coordinator.back_to_training()
+        reads = rank.calls.get("job_energy", 0) - before.get("job_energy", 0)
+        assert reads == (0 if estimable or coordinator._mark is None else 1), (estimable, rank.calls, before)
+        free += estimable
+        paid += reads
+    assert free > 100 and free > 3 * paid and coordinator.tuner.converged, (free, paid, coordinator.describe())
+    for hz, joules_per_step, seconds_per_step in observed:
+        joules, seconds = curve.expected(hz)
+        assert joules_per_step == pytest.approx(1.02 * joules, rel=1e-9), (hz, joules_per_step, joules)
+        assert seconds_per_step == pytest.approx(1.1 * seconds, rel=1e-9)
+
+
+@pytest.mark.parametrize("where", ["after a read inside", "before any read inside"])
+def test_a_window_that_runs_across_an_evaluation_has_it_cut_out(where):
+    """Rank 0's job evaluates for 5 s (its GPU busy, no steps) in the middle of a window, its callback saying so
+    (Job.phase("eval"), then "train": left_training, back_to_training). The window pauses: its energy is read as
+    training comes back (one call), the energy as the evaluation began taken from the window's reads so far (its mean
+    power, carried on from its last read), or, before the window's first read inside, read as it began (a second
+    call), and what ran between is cut out, so the tuner gets the steps' J/step and the window is not lost. Untold,
+    the evaluation inflates the window."""
+    curve = real_curves()[3]
+    observed: list[tuple[int, float, float]] = []
     for tell in (True, False):
         observed.clear()
         rank, coordinator = one_rank(curve, curve.levels_hz[-1], 2000, sized=True)
-        coordinator._new_tuner = recording_tuner
+        coordinator._new_tuner = recording(observed)
         evaluated = False
         for n, joules, seconds in exact_steps(curve, rank, coordinator):
-            if (not evaluated and coordinator.windows >= 1 and coordinator._mark is not None
-                    and coordinator._edge - n > 5):
-                # inside a window of the search: an evaluation of 5 s at the step's power
+            inside = len(coordinator._reads) >= 2 if where == "after a read inside" else len(coordinator._reads) == 1
+            if (not evaluated and coordinator.windows >= 1 and coordinator._mark is not None and inside
+                    and coordinator._reads[-1][0] < n and coordinator._edge - n > 5):
+                # inside a window of the search, steps after its last read: an evaluation of 5 s at the step's power
                 evaluated = True
+                reads = rank.calls["job_energy"]
                 if tell:
                     coordinator.left_training()
                 rank.read = (rank.read[0] + 5.0 * joules / seconds, rank.read[1] + 5.0)
                 if tell:
                     coordinator.back_to_training()
                     cut = coordinator._cut
-        spoiled = [j / curve.expected(hz)[0] - 1 for hz, j in observed if j > 1.2 * curve.expected(hz)[0]]
+                    # the read as training came back; as it left, only where the window had nothing to estimate by
+                    assert rank.calls["job_energy"] == reads + (1 if where == "after a read inside" else 2)
+        spoiled = [j / curve.expected(hz)[0] - 1 for hz, j, _s in observed if j > 1.2 * curve.expected(hz)[0]]
         assert evaluated
         if tell:
             assert observed and not spoiled, observed
             assert coordinator.tuner.converged
-            assert cut[1] == 5.0 and cut[0] > 0  # the evaluation's seconds and energy, cut out of its window
+            # the evaluation's seconds and energy, cut out of its window (the steps before it estimated exactly:
+            # the simulated steps draw a constant power)
+            assert cut == pytest.approx((5.0 * joules / seconds, 5.0), rel=1e-9), cut
+            assert all(j == pytest.approx(curve.expected(hz)[0], rel=1e-9) for hz, j, _s in observed), observed
         else:
             assert spoiled, observed  # the check can fail: untold, the evaluation lands in a window
 
 
-def test_a_pause_whose_read_fails_spoils_the_window_and_rank_0_measures_it_again():
-    """Where the energy cannot be read as the job leaves training, the pause cannot be cut out: the rank sends
-    measured -1 and rank 0 repeats the window at the same level rather than observe it or stop."""
+@pytest.mark.parametrize("why", ["the read fails", "the read as it left failed"])
+def test_a_long_pause_that_cannot_be_cut_out_spoils_the_window_and_rank_0_measures_it_again(why):
+    """Where the energy cannot be read as the job comes back to training, or, in a window that had read nothing of
+    its training yet to tell the energy at the pause's start by (the pause came before its first read inside), the
+    read as the job left training failed, the pause cannot be cut out: the rank sends measured -1 and rank 0 repeats
+    the window at the same level rather than observe it or stop."""
     curve = real_curves()[3]
     rank, coordinator = one_rank(curve, curve.levels_hz[-1], 2000, sized=True)
     spoilt_at = None
@@ -150,13 +197,21 @@ def test_a_pause_whose_read_fails_spoils_the_window_and_rank_0_measures_it_again
     for n, joules, seconds in exact_steps(curve, rank, coordinator):
         if spoilt_at is not None and coordinator.windows == windows and coordinator._mark is None and not spoilt_at[1]:
             spoilt_at = (spoilt_at[0], (level, coordinator.level_hz))  # the spoilt window closed: nothing observed
-        if spoilt_at is None and coordinator.windows >= 1 and coordinator._mark is not None:
+        first_read = coordinator._mark is not None and len(coordinator._reads) == 1
+        if spoilt_at is None and coordinator.windows >= 1 and coordinator._mark is not None and (
+                first_read if why == "the read as it left failed" else len(coordinator._reads) >= 2):
             real = coordinator._energy_j
-            coordinator._energy_j = lambda: None  # the daemon does not answer this once
+            if why == "the read as it left failed":
+                coordinator._energy_j = lambda: None  # the daemon does not answer this once
             coordinator.left_training()
             coordinator._energy_j = real
-            spoilt_at = (n, None)
             rank.read = (rank.read[0] + 5.0 * joules / seconds, rank.read[1] + 5.0)
+            if why == "the read fails":
+                coordinator._energy_j = lambda: None
+            coordinator.back_to_training()
+            coordinator._energy_j = real
+            assert coordinator._left
+            spoilt_at = (n, None)
         windows, level = coordinator.windows, coordinator.level_hz
     assert spoilt_at is not None and spoilt_at[1] is not None, spoilt_at
     before, after = spoilt_at[1]

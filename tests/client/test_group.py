@@ -396,6 +396,51 @@ def test_rank_0_sizes_the_next_window_by_time_and_by_the_last_ones_uncertainty(t
     assert GroupCoordinator(job, TwoRanks([])).rule is None
 
 
+def test_a_loop_that_reports_data_around_each_batch_reads_its_energy_only_at_its_windows_edges(tmp_path):
+    """A rank of a run across nodes whose loop reports `data` around each batch's loading (job.phase("data"), then
+    "train"): each stretch is training (shorter than SHORT_PHASE_S). Its windows here are fixed-step (no window rule
+    from the daemon: no reads inside to estimate a long stretch's start by), so a stretch costs one job_energy call,
+    as it begins, and none as it ends. Before, each phase change made a blocking job_energy call: two a step."""
+    import warnings
+
+    from governor.client import GovernorWarning, Job
+    from governor.client.group import GroupCoordinator
+
+    class Daemon:  # the rank's daemon as its connection answers: energy at 10 J a step
+        def __init__(self, job):
+            self.job, self.energy_reads = job, 0
+
+        def call(self, method, **params):
+            if method == "job_energy":
+                self.energy_reads += 1
+                return {"job_id": params["job_id"], "energy_j": 10.0 * self.job.steps, "at_s": 0.1 * self.job.steps}
+            return {"job_id": params["job_id"], "freq_hz": params["freq_hz"], "deferred": False}  # set_level
+
+        def notify(self, method, **params):
+            return True
+
+    levels = [510_000_000, 1_005_000_000, 1_500_000_000, 1_980_000_000]
+    reads = []
+    for phases in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", GovernorWarning)
+            job = Job(dict(model_type="encoder", num_layers=12, hidden_size=768, seq_len=40.0),
+                      socket=str(tmp_path / "absent.sock"), group="g", rank=0, world_size=2, local_world_size=1,
+                      tune=True).start()
+        daemon = Daemon(job)
+        job.job_id, job.disabled, job._conn = 7, False, daemon
+        job.registration = {"job_id": 7, "freq_hz": levels[-1], "levels_hz": levels}  # no window rule: 8-step windows
+        job.coordinator = GroupCoordinator(job, TwoRanks([1.0, 1.0, 80.0, 8.0, 0.8, -1.0, -1.0]))
+        for _ in range(200):
+            if phases:
+                job.phase("data")  # the next batch's loading
+                job.phase("train")
+            job.step()
+        assert job.coordinator.windows >= 5 and "stopped" not in job.coordinator.status, job.coordinator.describe()
+        reads.append(daemon.energy_reads)
+    assert reads[1] - reads[0] <= 200, reads  # at most one a stretch (400 before)
+
+
 def test_a_read_its_daemon_did_not_answer_is_not_called_refused(tmp_path, caplog):
     """A rank's job_energy that got no answer (the daemon gone) was logged as the daemon's refusal."""
     import logging
