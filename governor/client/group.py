@@ -30,7 +30,6 @@ daemon says (one that refused or is absent sends "not measured"), so that the co
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import os
@@ -62,15 +61,17 @@ GROUP_WINDOW_STEPS = 8  # every window without a rule; with one, the least, and 
 # H200's traces 8 read windows as short as 4 did for the same spread of successive windows (docs/benchmarks.md).
 SUB_WINDOWS = 8
 # At a train start (shared_run_key), how long rank 0 waits for every rank to say it holds a callback, and each other
-# rank for rank 0's word. The ranks reach the hook within moments of each other (DDP's wrap, the frameworks' barriers
-# line them up), but rank 0 may come late: the Trainer runs its other callbacks' train begin first, and the main
-# process's loggers (wandb.init) may take seconds there. A rank whose peers hold no callback loses this once.
+# rank for rank 0's word (and, where rank 0 has not opened this start yet, for it to). The ranks reach the hook within
+# moments of each other (DDP's wrap, the frameworks' barriers line them up), but rank 0 may come late: the Trainer runs
+# its other callbacks' train begin first, and the main process's loggers (wandb.init) may take seconds there. A rank
+# whose peers hold no callback loses this once.
 ANNOUNCE_WAIT_S = 5.0
 DECISION_WAIT_S = 30.0
 # The group key of a rank whose job stands alone whatever its launcher says (its ranks did not agree on a group).
 NO_GROUP = ""
-# This process's train starts so far (shared_run_key): each agrees under keys of its own in the process group's store.
-_TRAIN_STARTS = itertools.count()
+# In the process group's store: how many train starts rank 0 has opened (shared_run_key). Start g agrees under
+# ftgov/<g>/: its open, each other rank's announce (rank/<r>) and the word (group).
+GENERATION_KEY = "ftgov/gen"
 
 
 _UNREAD = object()
@@ -193,42 +194,69 @@ def shared_run_key(prefix: str, own: str | None) -> str | None:
     over (None if it has none).
 
     Agreed through the process group's store, never a collective: a collective that only the ranks holding a callback
-    reach waits for good in the others' next one (DDP's all-reduce). Each rank says it is there; rank 0 waits
+    reach waits for good in the others' next one (DDP's all-reduce). Rank 0 numbers its train starts in the store
+    (GENERATION_KEY) and opens each (``ftgov/<g>/open``); every other rank joins the start rank 0 is at (opened, no word
+    yet), else waits up to DECISION_WAIT_S for rank 0 to open its next one, and says it is there. Rank 0 waits
     ANNOUNCE_WAIT_S for every rank, the others DECISION_WAIT_S for its word, and the first word set (compare_set) is
-    every rank's: rank 0's key, or "none" from rank 0 (a rank missing) or from a rank that waited in vain. Keys are per
-    train start of this process (``ftgov/<n>/``), so a second run in one process (a notebook) agrees afresh."""
+    every rank's: rank 0's key, or "none" from rank 0 (a rank missing) or from a rank that waited in vain. A rank whose
+    wait for an opening ends in vain goes alone having said nothing, so that no start counts it. The starts are rank
+    0's, not each process's own count: a start that one rank ran and the others did not (a Trainer with the callback on
+    rank 0 only, then one with it on every rank: a notebook's cells) leaves the next ones agreeing. The price: a rank
+    more than ANNOUNCE_WAIT_S late to a start that rank 0 has decided "none" without it waits DECISION_WAIT_S for a
+    next opening before it goes alone (a rank reaches its train start with the others', after DDP's own collectives)."""
     dist = torch_distributed()
     if dist is None or dist.get_world_size() < 2:
         return own
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    base = f"ftgov/{next(_TRAIN_STARTS)}"
     try:
         store = dist.distributed_c10d._get_default_store()  # private: torch offers no public handle on it
     except Exception as e:  # noqa: BLE001 - gone or changed in some torch: the ranks cannot agree
         log.info("ftgov: no torch.distributed store to agree on a group key over (%s)", e)
         return own
-    decision = f"{base}/group"
     try:
-        store.set(f"{base}/rank/{rank}", "1")
         if rank == 0:
+            start = store.add(GENERATION_KEY, 1)
+            store.set(f"ftgov/{start}/open", "1")
             try:
-                store.wait([f"{base}/rank/{r}" for r in range(world_size)], timedelta(seconds=ANNOUNCE_WAIT_S))
+                store.wait([f"ftgov/{start}/rank/{r}" for r in range(1, world_size)],
+                           timedelta(seconds=ANNOUNCE_WAIT_S))
                 word = "key:" + (own or f"{prefix}-{uuid.uuid4().hex[:12]}")
             except Exception:  # noqa: BLE001 - timed out (DistStoreError), or failed: every rank still reaches compare_set
                 word = "none"
         else:
+            joined = _start_to_join(store)
+            if joined is None:
+                return NO_GROUP  # said nothing: no start of rank 0's counts this rank
+            start = joined
+            store.set(f"ftgov/{start}/rank/{rank}", "1")
             try:
-                store.wait([decision], timedelta(seconds=DECISION_WAIT_S))
+                store.wait([f"ftgov/{start}/group"], timedelta(seconds=DECISION_WAIT_S))
             except Exception:  # noqa: BLE001 - as rank 0's: a rank that skipped compare_set could stand alone in a group
                 pass  # "none", unless rank 0's word comes first
             word = "none"
-        agreed = store.compare_set(decision, "", word).decode()
+        agreed = store.compare_set(f"ftgov/{start}/group", "", word).decode()
     except Exception as e:  # noqa: BLE001 - the store failed: no group rather than a stopped training
         log.info("ftgov: agreeing on a group key over torch.distributed's store failed: %s", e)
         return NO_GROUP
     if not agreed.startswith("key:"):
         return NO_GROUP
     return own or agreed[len("key:"):]
+
+
+def _start_to_join(store) -> int | None:
+    """A rank other than 0: the train start of rank 0's that this one is (shared_run_key), None where rank 0 opened
+    none in time. The one rank 0 is at where it has no word yet; else (none opened yet, or rank 0's last was decided:
+    this rank is early, or that one went without it) rank 0's next, once opened. Rank 0 deciding its last and opening
+    the next between the two reads here leaves the next: the one this rank is early for."""
+    start = store.add(GENERATION_KEY, 0)
+    if start >= 1 and not store.check([f"ftgov/{start}/group"]):
+        return start
+    opened = f"ftgov/{start + 1}/open"
+    try:
+        store.wait([opened], timedelta(seconds=DECISION_WAIT_S))
+    except Exception:  # noqa: BLE001 - timed out, or failed: whether it opened meanwhile decides
+        pass
+    return start + 1 if store.check([opened]) else None
 
 
 def torch_distributed():

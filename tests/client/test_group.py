@@ -670,6 +670,71 @@ def test_lightning_trainer_with_the_callback_on_rank_0_only_trains_on_and_says_w
     assert not re.search(r"group '[^']*' \(uid", d.log()), d.log()
 
 
+def rank_1_first(start: int) -> dict[int, list[tuple]]:
+    """Gates (tests.support.ranks.agreeing_rank) for train start ``start``: rank 1 waits for rank 0 to open it before
+    rank 0 does."""
+    return {1: [(start, "wait", r"/open$", f"test/{start}/waiting", None)],
+            0: [(start, "add", r"ftgov/gen$", None, f"test/{start}/waiting")]}
+
+
+def rank_0_opened_first(start: int) -> dict[int, list[tuple]]:
+    """Gates for train start ``start``: rank 1 comes once rank 0 has opened it and waits for the ranks."""
+    return {0: [(start, "wait", r"/rank/", f"test/{start}/opened", None)],
+            1: [(start, "add", r"ftgov/gen$", None, f"test/{start}/opened")]}
+
+
+def agreed_keys(starts: list[tuple[int, ...]], gates: dict[int, list[tuple]], unsynced: tuple[int, ...] = ()) -> dict:
+    """Two gloo ranks through ``starts`` (tests.support.ranks.agreeing_rank): the key each agreed on, by (rank,
+    start)."""
+    from functools import partial
+
+    from tests.support.ranks import agreeing_rank
+
+    got = ranks_reports(partial(agreeing_rank, starts=starts, gates=gates, unsynced=unsynced), None,
+                        reports=len(starts))
+    return {(rank, start): key for rank, start, key in got}
+
+
+ORDERS = pytest.mark.parametrize("order", [rank_1_first, rank_0_opened_first], ids=["rank-1-first", "rank-0-first"])
+
+
+@ORDERS
+def test_ranks_agree_on_a_group_after_rank_0_ran_a_train_start_alone(order):
+    """A Trainer with the callback on rank 0 only, then one with it on every rank (a notebook's cells): each process
+    counted its own train starts, so rank 0's second agreed under keys that rank 1's first had used, and every later
+    train start stood ungrouped (rank 0 waiting 5 s each time). Now the starts are rank 0's: the second is one group."""
+    keys = agreed_keys([(0,), (0, 1)], order(1))
+    assert keys[(0, 0)] == "" and keys[(1, 0)] is None, keys
+    assert keys[(0, 1)] == keys[(1, 1)] and keys[(0, 1)].startswith("hf-"), keys
+
+
+@ORDERS
+def test_ranks_agree_on_a_group_after_rank_1_ran_a_train_start_alone(order):
+    """As above, the callback on rank 1 only first: rank 1 waits for a start of rank 0's that never opens and goes
+    alone having said nothing, so that rank 0's next start, with every rank, is one group (it waited 30 s at every
+    later train start)."""
+    keys = agreed_keys([(1,), (0, 1)], order(1))
+    assert keys[(1, 0)] == "" and keys[(0, 0)] is None, keys
+    assert keys[(0, 1)] == keys[(1, 1)] and keys[(0, 1)].startswith("hf-"), keys
+
+
+def test_ranks_agree_at_each_train_start_whichever_comes_first():
+    """Every rank at every train start: rank 1 before rank 0 opened it, then after; a group each, its own key."""
+    keys = agreed_keys([(0, 1), (0, 1)], {r: rank_1_first(0)[r] + rank_0_opened_first(1)[r] for r in (0, 1)})
+    assert keys[(0, 0)] == keys[(1, 0)] and keys[(0, 1)] == keys[(1, 1)], keys
+    assert keys[(0, 0)].startswith("hf-") and keys[(0, 1)].startswith("hf-") and keys[(0, 0)] != keys[(0, 1)], keys
+
+
+def test_a_rank_early_for_rank_0s_next_train_start_joins_that_one():
+    """Rank 1 reads which start rank 0 is at while rank 0 is at one without it (its callback on rank 0 only), and rank
+    0 decides that one and opens its next before rank 1 looks at it: rank 1 joins the next, one group."""
+    gates = {0: [(0, "wait", r"/rank/", "test/opened0", "test/read"), (1, "wait", r"/rank/", "test/opened1", None)],
+             1: [(1, "add", r"ftgov/gen$", None, "test/opened0"),
+                 (1, "check", r"/group$", "test/read", "test/opened1")]}
+    keys = agreed_keys([(0,), (0, 1)], gates, unsynced=(0,))
+    assert keys[(0, 0)] == "" and keys[(0, 1)] == keys[(1, 1)] and keys[(0, 1)].startswith("hf-"), keys
+
+
 def test_hf_trainer_ranks_with_no_process_group_and_no_key_are_told_how_to_form_one(node):
     """Ranks whose Trainer shares no torch.distributed process group (under torch_xla, accelerate counts the processes
     without one) under a launcher that sets no group key cannot be told that they are one run: each registered a job of
@@ -738,10 +803,19 @@ def test_a_rank_whose_store_wait_fails_oddly_still_takes_the_runs_word(monkeypat
 
     class Store:
         def __init__(self):
-            self.values = {}
+            self.values = {group.GENERATION_KEY: b"1", "ftgov/1/open": b"1"}  # rank 0 is at its first train start
 
         def set(self, key, value):
             self.values[key] = value.encode()
+            if key == "ftgov/1/rank/1":
+                self.values["ftgov/1/group"] = b"key:hf-abc"  # rank 0's word, once rank 1 said it is there
+
+        def add(self, key, amount):
+            self.values[key] = str(int(self.values.get(key, b"0")) + amount).encode()
+            return int(self.values[key])
+
+        def check(self, keys):
+            return all(key in self.values for key in keys)
 
         def wait(self, keys, timeout):
             raise ValueError("a store that fails its waits")
@@ -765,8 +839,10 @@ def test_a_rank_whose_store_wait_fails_oddly_still_takes_the_runs_word(monkeypat
         def _get_default_store(self):
             return self.store
 
-    store, counter = Store(), group._TRAIN_STARTS
-    n = next(counter)
-    store.values[f"ftgov/{n + 1}/group"] = b"key:hf-abc"  # rank 0's word, set before rank 1 asks
+    store = Store()
     monkeypatch.setattr(group, "torch_distributed", lambda: Dist(1, store))
     assert group.shared_run_key("hf", None) == "hf-abc"
+    # Rank 0's first start decided, its next not opened: the wait for that opening fails as oddly; rank 1 goes alone
+    # having said nothing there.
+    assert group.shared_run_key("hf", None) == group.NO_GROUP
+    assert not any(key.startswith("ftgov/2/") for key in store.values), store.values

@@ -207,3 +207,57 @@ def lightning_trainer_rank(rank: int, world_size: int, port: int, socket: str, r
     else:
         results.put((rank, None, None, None, False))
     results.put((rank, "warned", [str(w.message) for w in caught if "ftgov" in str(w.message)]))
+
+
+class _GatedStore:
+    """The process group's store, as shared_run_key sees it, with gates that order the ranks through the store, never
+    by time: ``(start, method, pattern, mark, after)``: before this rank's first call of ``method`` on a key matching
+    ``pattern`` at train start ``start`` (``self.start``), it sets the key ``mark`` and waits for the key ``after``
+    (another rank's mark), either of them None for none."""
+
+    def __init__(self, store, gates: list[tuple]):
+        self.store, self.gates, self.start = store, list(gates), 0
+
+    def __getattr__(self, method: str):
+        import re
+
+        call = getattr(self.store, method)
+
+        def gated(keys, *args):
+            for gate in list(self.gates):
+                start, name, pattern, mark, after = gate
+                if (start, name) == (self.start, method) and any(
+                        re.search(pattern, key) for key in (keys if isinstance(keys, list) else [keys])):
+                    self.gates.remove(gate)
+                    if mark is not None:
+                        self.store.set(mark, "1")
+                    if after is not None:
+                        self.store.wait([after], timedelta(seconds=60))
+            return call(keys, *args)
+        return gated
+
+
+def agreeing_rank(rank: int, world_size: int, port: int, socket: str | None, results, starts: list[tuple[int, ...]],
+                  gates: dict[int, list[tuple]] | None = None, unsynced: tuple[int, ...] = ()) -> None:
+    """A rank whose process group is up (gloo) runs the callbacks' agreement at train start (shared_run_key) at each of
+    ``starts`` that holds it (the ranks whose Trainer has a callback at that start; the others skip it), then a barrier
+    (none after the starts in ``unsynced``), as a notebook's cells each train a Trainer under DDP, which keeps the
+    ranks in step. At a start that some rank skips, the agreement's waits are short (0.5 s): their ending is all that
+    start waits for. ``gates``: this rank's, by rank (_GatedStore). Reports (rank, the start, the key it agreed on;
+    None: it skipped that start) for each start."""
+    _launched({"MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world_size)})
+    import torch.distributed as dist
+
+    from governor.client import group
+
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=120))
+    store = _GatedStore(dist.distributed_c10d._get_default_store(), (gates or {}).get(rank, []))
+    dist.distributed_c10d._get_default_store = lambda: store
+    waits = group.ANNOUNCE_WAIT_S, group.DECISION_WAIT_S
+    for start, holders in enumerate(starts):
+        store.start = start
+        group.ANNOUNCE_WAIT_S, group.DECISION_WAIT_S = waits if len(holders) == world_size else (0.5, 0.5)
+        results.put((rank, start, group.shared_run_key("hf", None) if rank in holders else None))
+        if start not in unsynced:
+            dist.barrier()
+    dist.destroy_process_group()
