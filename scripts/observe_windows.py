@@ -115,6 +115,41 @@ def train(size: str, steps: int, socket: str, device: str, eval_every: int = 0, 
     return time.monotonic() - start
 
 
+def train_lightning(size: str, steps: int, socket: str, device: str, seq_len: int = 128) -> float:
+    """The same model, data and batch as train()'s, fitted by a Lightning Trainer with governor.lightning's callback
+    (a step: a batch; no evaluation)."""
+    import lightning.pytorch as pl
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    from governor.lightning import GovernorCallback
+
+    layers, hidden, heads = SIZES[size]
+
+    class MaskedLM(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = BertForMaskedLM(BertConfig(num_hidden_layers=layers, hidden_size=hidden,
+                                                    num_attention_heads=heads, intermediate_size=4 * hidden))
+
+        def training_step(self, batch, batch_idx):
+            return self.model(**batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=5e-5)
+
+    torch.manual_seed(0)
+    module = MaskedLM()
+    data = torch.utils.data.DataLoader(token_dataset(32 * steps, seq_len), batch_size=32, num_workers=2)
+    trainer = pl.Trainer(max_steps=steps, accelerator="cpu" if device == "cpu" else "gpu", devices=1,
+                         precision="32-true" if device == "cpu" else "bf16-mixed", logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[GovernorCallback(name=f"lightning-bert-{size}", socket=socket, seq_len=seq_len)])
+    start = time.monotonic()
+    trainer.fit(module, data)
+    return time.monotonic() - start
+
+
 def summarize(rows: list[dict]) -> list[dict]:
     out = []
     for name in dict.fromkeys(r["job"] for r in rows):
@@ -146,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=128, help="tokens a sample")
     p.add_argument("--grad-accum", type=int, default=1,
                    help="batches of 32 in each optimizer step (the step the daemon counts): long steps")
+    p.add_argument("--lightning", action="store_true",
+                   help="after each size's HF Trainer jobs, the same model fitted by a Lightning Trainer "
+                        "(governor.lightning.GovernorCallback)")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     before = gpu_readings()
@@ -158,6 +196,11 @@ def main(argv: list[str] | None = None) -> int:
                 cpu0 = process_cpu_s(daemon.proc.pid)
                 seconds[run] = train(size, args.steps, daemon.socket, args.device, every, args.eval_batches,
                                      args.seq_len, args.grad_accum)
+                cpu_s[run] = process_cpu_s(daemon.proc.pid) - cpu0
+            if args.lightning:
+                run = f"lightning-{size}"
+                cpu0 = process_cpu_s(daemon.proc.pid)
+                seconds[run] = train_lightning(size, args.steps, daemon.socket, args.device, args.seq_len)
                 cpu_s[run] = process_cpu_s(daemon.proc.pid) - cpu0
     finally:
         daemon.stop()
@@ -179,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
              + (f", evaluation ({args.eval_batches} batches of 32) every "
                 f"{' / '.join(str(e) for e in args.eval_every if e)} steps in the jobs so named"
                 if any(args.eval_every) else "")
+             + ("; the same model and batches fitted by a Lightning Trainer (governor.lightning) in the jobs named "
+                "lightning-*" if args.lightning else "")
              + "; ftgovd with the NVML backend, policy observe, tuner.window_rule time (WindowRule's defaults). "
              "The first window of each job (the loop's warm-up) is left out of the medians and the spread. One run "
              "per job.", "",
