@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.figures import machine, publish
+from benchmarks.sampler_cost import cpu_s
 from governor.sim import tree
 from governor.sim.launch import FEATURES, Daemon
 
@@ -33,11 +34,6 @@ REPO = Path(__file__).resolve().parent.parent
 STEP_S = 0.025
 DATA_S = 0.005
 WARM_S = 3.0
-
-
-def cpu_s(ps: psutil.Process) -> float:
-    t = ps.cpu_times()
-    return t.user + t.system
 
 
 def one_loop(seconds: float, phases: bool) -> tuple[float, float]:

@@ -85,18 +85,24 @@ def observing_daemon(log_path: Path) -> Daemon:
     return daemon
 
 
+def bert(size: str):
+    """The masked LM of ``size`` (SIZES), built from a config: random weights, seeded."""
+    import torch
+    from transformers import BertConfig, BertForMaskedLM
+
+    layers, hidden, heads = SIZES[size]
+    torch.manual_seed(0)
+    return BertForMaskedLM(BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                                      intermediate_size=4 * hidden))
+
+
 def train(size: str, steps: int, socket: str, device: str, eval_every: int = 0, eval_batches: int = 20,
           seq_len: int = 128, grad_accum: int = 1) -> float:
-    import torch
-    from transformers import BertConfig, BertForMaskedLM, Trainer, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
     from governor.hf import GovernorCallback
 
-    layers, hidden, heads = SIZES[size]
-
-    torch.manual_seed(0)
-    model = BertForMaskedLM(BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                                       intermediate_size=4 * hidden))
+    model = bert(size)
     evaluation = {}
     if eval_every:  # the Trainer's evaluation every eval_every steps: eval_batches of forward passes, no steps
         evaluation = {"eval_steps": eval_every, "per_device_eval_batch_size": 32,
@@ -120,17 +126,13 @@ def train_lightning(size: str, steps: int, socket: str, device: str, seq_len: in
     (a step: a batch; no evaluation)."""
     import lightning.pytorch as pl
     import torch
-    from transformers import BertConfig, BertForMaskedLM
 
     from governor.lightning import GovernorCallback
-
-    layers, hidden, heads = SIZES[size]
 
     class MaskedLM(pl.LightningModule):
         def __init__(self):
             super().__init__()
-            self.model = BertForMaskedLM(BertConfig(num_hidden_layers=layers, hidden_size=hidden,
-                                                    num_attention_heads=heads, intermediate_size=4 * hidden))
+            self.model = bert(size)
 
         def training_step(self, batch, batch_idx):
             return self.model(**batch).loss
@@ -138,7 +140,6 @@ def train_lightning(size: str, steps: int, socket: str, device: str, seq_len: in
         def configure_optimizers(self):
             return torch.optim.AdamW(self.parameters(), lr=5e-5)
 
-    torch.manual_seed(0)
     module = MaskedLM()
     data = torch.utils.data.DataLoader(token_dataset(32 * steps, seq_len), batch_size=32, num_workers=2)
     trainer = pl.Trainer(max_steps=steps, accelerator="cpu" if device == "cpu" else "gpu", devices=1,

@@ -315,9 +315,10 @@ class GroupCoordinator:
         self._may_close = False
         # Every rank: a stretch out of training (left_training, back_to_training) inside the open window. One shorter
         # than SHORT_PHASE_S is training; a longer one is cut out of the window: its energy and seconds (_cut), from
-        # its start (estimated) to a read as training comes back. Where that cannot be done the window is measured
-        # again (_left).
-        self._away: tuple[float, int] | None = None  # (when the job left training, self._clock; its steps then)
+        # its start (read then, or estimated from the window's reads) to a read as training comes back. Where that
+        # cannot be done the window is measured again (_left).
+        # (when the job left training, self._clock; its steps then; the energy read then, where one was)
+        self._away: tuple[float, int, tuple[float, float] | None] | None = None
         self._cut = (0.0, 0.0)  # (energy_j, seconds) cut out of the open window so far
         self._left = False
         self._step_prior = None  # the steps' scatter over this rank's windows so far (rank_window_noise)
@@ -367,7 +368,7 @@ class GroupCoordinator:
             self._left = True  # read from another meter than the window's first read: the window is measured again
         if reply is None or reply.get("energy_j") is None:
             return None
-        return float(reply["energy_j"]), float(reply.get("at_s", time.monotonic()))
+        return float(reply["energy_j"]), float(reply.get("at_s", self._clock()))
 
     def _own_level(self, level_hz: int) -> int | None:
         """The level of this rank's GPU for the group's level: the highest not above it (tables should be equal)."""
@@ -487,9 +488,11 @@ class GroupCoordinator:
         end is read only if it was long)."""
         if self._mark is None or self._away is not None or self._left:
             return
-        start = None if self._estimable() else self._energy_j()
-        if start is None and not self._estimable():
-            self._left = True  # the read failed: nothing to cut a long stretch from
+        start = None
+        if not self._estimable():
+            start = self._energy_j()
+            if start is None:
+                self._left = True  # the read failed: nothing to cut a long stretch from
         self._away = (self._clock(), self.steps, start)
 
     def _estimable(self) -> bool:

@@ -183,9 +183,7 @@ class Groups:
         group = self._of_job.pop(job_id, None)
         if group is None:
             return
-        member = group.members.pop(job_id, None)
-        if member is not None:
-            member.job.group_kept_hz = None
+        group.members.pop(job_id, None)  # kept_hz answers None for it from now on (no group)
         group.membership_changed()
         if not group.members:
             del self._groups[(group.uid, group.key)]

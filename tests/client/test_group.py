@@ -626,6 +626,16 @@ def test_hf_trainer_ranks_of_two_runs_in_one_process_form_a_group_each(node):
         assert_one_group_of_two(d, run, "hf")
 
 
+def assert_rank_0_alone_and_told(got: list, d) -> None:
+    """Ranks' reports (ranks_reports) of a run whose callback is on rank 0 only: rank 0 registered a job of its own and
+    warned once, naming the fix; rank 1 registered none and said nothing; the daemon formed no group."""
+    assert [r for r in got if r[1] != "warned"] == [(0, None, None, None, True), (1, None, None, None, False)], got
+    (said,) = [r[2] for r in got if r[1] == "warned" and r[0] == 0][0]
+    assert "rank 0 of 2" in said and "Give every rank's Trainer a GovernorCallback" in said, said
+    assert [r[2] for r in got if r[1] == "warned" and r[0] == 1] == [[]], got
+    assert not re.search(r"group '[^']*' \(uid", d.log()), d.log()
+
+
 def test_hf_trainer_with_the_callback_on_rank_0_only_trains_on_and_says_why_it_is_ungrouped(node):
     """The callback on the main process only (``callbacks=[cb] if rank == 0 else []``): rank 0's train begin was a
     broadcast that the other ranks never reached, while they waited in DDP's all-reduce: the training hung for good.
@@ -638,11 +648,7 @@ def test_hf_trainer_with_the_callback_on_rank_0_only_trains_on_and_says_why_it_i
 
     d = node("one")
     got = ranks_reports(partial(hf_rank, holders=(0,)), d.socket, reports=2, timeout_s=60)
-    assert [r for r in got if r[1] != "warned"] == [(0, None, None, None, True), (1, None, None, None, False)], got
-    (said,) = [r[2] for r in got if r[1] == "warned" and r[0] == 0][0]
-    assert "rank 0 of 2" in said and "Give every rank's Trainer a GovernorCallback" in said, said
-    assert [r[2] for r in got if r[1] == "warned" and r[0] == 1] == [[]], got
-    assert not re.search(r"group '[^']*' \(uid", d.log()), d.log()
+    assert_rank_0_alone_and_told(got, d)
 
     # A tuned run across nodes under torchrun (its key from the launcher, one rank a node): rank 0 alone in the group
     # would have waited at its first step in the tuning's collectives.
@@ -663,11 +669,7 @@ def test_lightning_trainer_with_the_callback_on_rank_0_only_trains_on_and_says_w
 
     d = node("one")
     got = ranks_reports(partial(lightning_trainer_rank, holders=(0,)), d.socket, reports=2, timeout_s=60)
-    assert [r for r in got if r[1] != "warned"] == [(0, None, None, None, True), (1, None, None, None, False)], got
-    (said,) = [r[2] for r in got if r[1] == "warned" and r[0] == 0][0]
-    assert "rank 0 of 2" in said and "Give every rank's Trainer a GovernorCallback" in said, said
-    assert [r[2] for r in got if r[1] == "warned" and r[0] == 1] == [[]], got
-    assert not re.search(r"group '[^']*' \(uid", d.log()), d.log()
+    assert_rank_0_alone_and_told(got, d)
 
 
 def rank_1_first(start: int) -> dict[int, list[tuple]]:

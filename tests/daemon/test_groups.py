@@ -60,6 +60,14 @@ def search_until_converged(c, jobs: list[int], max_steps: int) -> tuple[int, dic
     pytest.fail(f"no convergence in {max_steps} steps: {group}")
 
 
+def killed_and_restarted(group_daemon, d, c, workdir):
+    """The group daemon ``d`` (its workdir ``workdir``, ``c`` a client of it) SIGKILLed and started again there."""
+    c.close()
+    d.stop(signal.SIGKILL)
+    d.notify.close()
+    return group_daemon(workdir=workdir)
+
+
 def gpus_of(c) -> dict[str, dict]:
     return {g["id"]: g for g in c.call("status")["gpus"]}
 
@@ -217,10 +225,7 @@ def test_a_group_survives_a_daemon_restart(group_daemon, children, tmp_path):
     c = d.client()
     procs = [children(), children()]
     level = [register_rank(c, p, r) for r, p in enumerate(procs)][0]["freq_hz"]
-    c.close()
-    d.stop(signal.SIGKILL)
-    d.notify.close()
-    d2 = group_daemon(workdir=workdir)
+    d2 = killed_and_restarted(group_daemon, d, c, workdir)
     c = d2.client()
     (group,) = c.call("status")["groups"]
     assert group["key"] == "run-1" and [r["rank"] for r in group["ranks"]] == [0, 1]
@@ -264,11 +269,7 @@ def test_a_daemon_killed_mid_search_takes_a_group_back_at_its_best_level_not_the
             seen["saved"] = [j["freq_hz"] for j in json.loads(state.read_text())["jobs"]]
             break
     assert seen.get("saved") == [seen["best"]] * 2 != [seen["probe"]] * 2, seen
-    c.close()
-    d.stop(signal.SIGKILL)
-    d.notify.close()
-    d2 = group_daemon(workdir=workdir)
-    c = d2.client()
+    c = killed_and_restarted(group_daemon, d, c, workdir).client()
     (group,) = c.call("status")["groups"]
     assert group["level_hz"] == seen["best"]
     assert [g["pinned_hz"] for g in gpus_of(c).values()] == [seen["best"]] * 2
