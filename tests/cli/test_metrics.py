@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import urllib.request
 
 import pytest
@@ -21,6 +20,7 @@ from governor.cli.metrics import families
 from governor.client import Connection
 from tests.support import FAKENVML_DIR
 from tests.support.daemon import FEATURES, REPO
+from tests.support.fswatch import Watch
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
@@ -224,12 +224,11 @@ def test_a_stopped_textfile_exporter_takes_its_file_away(start_daemon, tmp_path)
     from a timer, leaves it: node_textfile_mtime_seconds tells its age)."""
     daemon = start_daemon()
     prom = tmp_path / "ftgov.prom"
+    watch = Watch(tmp_path)  # the exporter's rename of its first file into place
     proc = subprocess.Popen([sys.executable, "-m", "governor.cli", "metrics", "--textfile", str(prom), "--interval",
                              "0.2", "--socket", daemon.socket], env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
-        deadline = time.monotonic() + 30
-        while not prom.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        watch.wait(lambda: prom.exists() or proc.poll() is not None, timeout_s=30)
         assert parse(prom.read_text())[("ftgov_up", frozenset())] == 1
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
@@ -237,6 +236,7 @@ def test_a_stopped_textfile_exporter_takes_its_file_away(start_daemon, tmp_path)
         assert not list(tmp_path.glob("*.prom*")), "no temporary file left either"
     finally:
         proc.kill()
+        watch.close()
 
 
 def test_a_textfile_that_cannot_be_written_again_is_not_left_pretending(tmp_path, monkeypatch, capsys):

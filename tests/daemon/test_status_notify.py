@@ -31,16 +31,22 @@ def test_a_status_the_full_queue_dropped_is_sent_again_once_the_reader_reads(tmp
 
     async def main() -> list[str]:
         ticker = ticks.Ticker(notifier, sample_interval_s=60.0)
+        resent = asyncio.Event()
+        resend = ticker._resend_status
+
+        def resend_and_tell(ctl) -> None:
+            resend(ctl)
+            resent.set()
+
+        ticker._resend_status = resend_and_tell  # type: ignore[method-assign]
         while notifier.status("filler"):  # the reader reads nothing yet: its queue fills
             pass
         jobs.clear()  # the last change of a burst (a job's end), told while the queue is full
         ticker._send_status(ctl)
         assert ticker._retry is not None
-        before = read_all()  # the reader catches up
-        for _ in range(100):
-            await asyncio.sleep(0.01)
-            if ticker._retry is None:
-                break
+        before = read_all()  # the reader catches up before the loop runs the retry
+        await asyncio.wait_for(resent.wait(), timeout=10)
+        assert ticker._retry is None, "the status was sent again, not dropped again"
         ticker.stop()
         return before + read_all()
 
