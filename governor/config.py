@@ -87,7 +87,11 @@ class LimitsConfig(_Strict):
     idle_timeout_s: float = Field(60.0, gt=0, le=86400, description=(
         "a connection that holds no job and sends nothing this long is closed"))
     max_jobs_per_connection: int = Field(8, gt=0, le=1024)
-    max_jobs_per_uid: int = Field(8, gt=0, le=65536, description="so that a few users cannot take every job slot")
+    max_jobs_per_uid: int = Field(8, gt=0, le=65536, description=(
+        "so that a few users cannot take every job slot; a job group counts once"))
+    max_ranks_per_uid: int = Field(16, gt=0, le=65536, description=(
+        "one user's jobs with every rank of its groups counted: max_jobs_per_uid counts a group once, so without "
+        "this a member's groups, a rank on each GPU, would take max_jobs_per_uid times the GPUs' slots"))
     max_jobs: int = Field(64, gt=0, le=65536)
     registrations_per_s: float = Field(2.0, gt=0, le=1e6, description=(
         "registrations a second per non-root user, on average: each pins the GPU and saves the state file, and so "
@@ -96,6 +100,13 @@ class LimitsConfig(_Strict):
     repin_interval_s: float = Field(1.0, gt=0, le=60, description=(
         "a GPU's pin moves for phase changes and tuner probes at most once per this interval (each is a sysfs write "
         "and a state save); the latest move waits for the interval's end, and a tuned job's window for its pin"))
+
+    @model_validator(mode="after")
+    def _ranks_cover_jobs(self):
+        if self.max_ranks_per_uid < self.max_jobs_per_uid:
+            raise ValueError(f"max_ranks_per_uid ({self.max_ranks_per_uid}) must be at least max_jobs_per_uid "
+                             f"({self.max_jobs_per_uid}): it counts the same jobs and every rank of a group besides")
+        return self
 
 
 class TunerConfig(_Strict):

@@ -203,7 +203,8 @@ class Controller:
         joining = joins.check(reg, gpu_id, policy, observe_only) if joins is not None else None
         job = self._admit(pid=process.pid, start_ticks=process.start_ticks, uid=reg.uid, name=reg.name,
                           gpu_id=gpu_id, features=reg.features, policy=joining.policy if joining else policy,
-                          group=reg.group, max_per_uid=self.settings.max_jobs_per_uid)
+                          group=reg.group, max_per_uid=self.settings.max_jobs_per_uid,
+                          max_ranks_per_uid=self.settings.max_ranks_per_uid)
         job.total_steps = reg.total_steps
         if joins is not None and joining is not None:
             joins.join(joining, self, job)

@@ -33,7 +33,8 @@ class GroupTag:
 
 
 class OverLimit(FtgovError):
-    """A registration over one of the limits (limits.max_jobs, max_jobs_per_uid, max_jobs_per_connection)."""
+    """A registration over one of the limits (limits.max_jobs, max_jobs_per_uid, max_ranks_per_uid,
+    max_jobs_per_connection)."""
 
 
 class Refused(FtgovError):

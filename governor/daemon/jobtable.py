@@ -16,7 +16,7 @@ from governor.store.state import HeldJob
 
 
 class TableFull(OverLimit):
-    """The daemon holds limits.max_jobs jobs already, or the uid limits.max_jobs_per_uid."""
+    """The daemon holds limits.max_jobs jobs already, or the uid limits.max_jobs_per_uid or max_ranks_per_uid."""
 
 
 def needs_hz(job: ActiveJob, low_phases: frozenset[str], lowest_hz: int) -> int | None:
@@ -59,11 +59,14 @@ class JobTable(Mapping[int, ActiveJob]):
         return self._jobs.items()
 
     def admit(self, *, pid: int, start_ticks: int, uid: int, name: str | None, gpu_id: str, features: Features,
-              policy: PolicyName | None, max_jobs: int, max_per_uid: int | None = None, group: GroupTag | None = None,
+              policy: PolicyName | None, max_jobs: int, max_per_uid: int | None = None,
+              max_ranks_per_uid: int | None = None, group: GroupTag | None = None,
               job_id: int | None = None) -> ActiveJob:
-        """A new job, undecided, under the next id, a rank of ``group`` if given; TableFull at ``max_jobs``, or at
-        ``max_per_uid`` of the uid's (of_uid). A job re-adopted with its old ``job_id`` is not a new admission: the
-        limits (perhaps lowered since) do not apply to it."""
+        """A new job, undecided, under the next id, a rank of ``group`` if given; TableFull at ``max_jobs``, at
+        ``max_per_uid`` of the uid's (of_uid: a group once), or at ``max_ranks_per_uid`` of them with every rank
+        counted (a group's ranks each pin a GPU and hold a pidfd: counted once alone, one member's groups would take
+        max_per_uid times the GPUs' slots, the whole table on a node of eight). A job re-adopted with its old
+        ``job_id`` is not a new admission: the limits (perhaps lowered since) do not apply to it."""
         if job_id is None:
             if len(self._jobs) >= max_jobs:
                 raise TableFull(f"the daemon already holds {len(self._jobs)} jobs (limits.max_jobs)")
@@ -72,6 +75,11 @@ class JobTable(Mapping[int, ActiveJob]):
                 if held >= max_per_uid:
                     raise TableFull(f"uid {uid} already holds {held} jobs (limits.max_jobs_per_uid; a job group "
                                     "counts once)")
+            if max_ranks_per_uid is not None:
+                ranks = sum(j.uid == uid for j in self._jobs.values())
+                if ranks >= max_ranks_per_uid:
+                    raise TableFull(f"uid {uid} already holds {ranks} jobs, each rank of a job group counted "
+                                    "(limits.max_ranks_per_uid)")
             job_id, self.next_job_id = self.next_job_id, self.next_job_id + 1
         job = ActiveJob(job_id, pid, start_ticks, uid, name, gpu_id, features, policy, group=group)
         self._jobs[job_id] = job

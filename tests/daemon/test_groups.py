@@ -18,6 +18,7 @@ from governor.sim.groups import SimGroup
 from governor.sysfs import Root
 from tests.support import FAKENVML_DIR
 from tests.support.daemon import FEATURES, REPO, ProgressJob
+from tests.support.security import open_to_members, run_as
 
 BERT_BASE = {k: v for k, v in FEATURES.items() if k != "gpu_util"}
 WORKLOAD = Workload(name="bert-base", **BERT_BASE)
@@ -149,6 +150,47 @@ def test_the_per_uid_cap_counts_a_group_once(group_daemon, children):
     assert err["code"] == -32002 and "counts once" in err["message"], err
     err = c.request("register", pid=children().pid, gpu=3, group="run-2", **FEATURES)["error"]
     assert err["code"] == -32002, err
+
+
+# A member's registrations, each a rank of group g<i> on GPU j, on one connection: their replies, as JSON.
+_GROUPS_ON_EVERY_GPU = r"""
+import json, socket, sys
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rwb")
+out = []
+for g in range(int(sys.argv[2])):
+    for gpu in range(int(sys.argv[3])):
+        f.write(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "register",
+                            "params": {**json.loads(sys.argv[4]), "gpu": gpu, "group": f"g{g}"}}).encode() + b"\n")
+        f.flush()
+        out.append(json.loads(f.readline()))
+print(json.dumps(out), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_one_members_groups_cannot_take_every_job_slot(group_daemon, member):
+    """The per-uid cap counts a group once; on its own it let one member hold max_jobs_per_uid groups with a rank on
+    every GPU: on an 8-GPU node at the default limits, all 64 of limits.max_jobs, and nobody else, root included,
+    could register. limits.max_ranks_per_uid (16 by default) counts every rank."""
+    d = group_daemon(count=8, limits={"repin_interval_s": 0.01, "max_jobs": 20, "max_jobs_per_connection": 64,
+                                      "registrations_per_s": 1000, "registration_burst": 1000})
+    open_to_members(d)
+    name, uid = member
+    proc = run_as(name, _GROUPS_ON_EVERY_GPU, d.socket, "3", "8", json.dumps(FEATURES))
+    try:
+        replies = json.loads(proc.stdout.readline())
+        assert all("result" in r for r in replies[:16]), replies[:16]
+        refusals = [r["error"] for r in replies[16:]]
+        assert [e["code"] for e in refusals] == [-32002] * 8, refusals
+        assert all(f"uid {uid} already holds 16 jobs" in e["message"] and "max_ranks_per_uid" in e["message"]
+                   for e in refusals), refusals
+        c = d.client()
+        assert c.call("register", gpu=0, **FEATURES)["job_id"], "root still registers"
+        assert len(c.call("status")["jobs"]) == 17
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    d.wait_jobs(1)
 
 
 def test_a_killed_ranks_gpu_is_restored_while_the_others_keep_the_pin(group_daemon, children):

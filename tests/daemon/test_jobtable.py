@@ -57,6 +57,18 @@ def test_the_per_uid_cap_counts_a_group_once_and_a_rank_joining_it_nothing_more(
     assert admit(table, 107, uid=2000, max_per_uid=2).uid == 2000
 
 
+def test_the_rank_cap_counts_every_rank_of_a_uid():
+    table = JobTable()
+    for rank in range(3):
+        admit(table, 101 + rank, uid=1000, gpu_id=str(rank), max_per_uid=1, max_ranks_per_uid=4,
+              group=GroupTag("run", rank, 4))
+    admit(table, 104, uid=1000, gpu_id="3", max_per_uid=1, max_ranks_per_uid=4, group=GroupTag("run", 3, 4))
+    with pytest.raises(TableFull, match=r"uid 1000 already holds 4 jobs, each rank .*max_ranks_per_uid"):
+        admit(table, 105, uid=1000, max_per_uid=2, max_ranks_per_uid=4, group=GroupTag("another run"))
+    assert admit(table, 106, uid=2000, max_per_uid=1, max_ranks_per_uid=4).uid == 2000  # another uid's own count
+    assert admit(table, 107, uid=1000, max_ranks_per_uid=4, job_id=9).job_id == 9  # re-adopted: no admission
+
+
 def test_ids_continue_from_a_previous_daemon_of_the_boot():
     table = JobTable()
     table.continue_ids(5)

@@ -16,12 +16,14 @@ POLICY = Policy(PolicyName.FFG, 714_000_000, None)
 
 
 def test_every_setting_comes_from_its_config_key():
-    config = Config.model_validate({"limits": {"max_jobs": 7, "max_jobs_per_uid": 5, "repin_interval_s": 2.5},
+    config = Config.model_validate({"limits": {"max_jobs": 7, "max_jobs_per_uid": 5, "max_ranks_per_uid": 6,
+                                               "repin_interval_s": 2.5},
                                     "low_phases": ["eval"], "on_external_change": "stand_down", "power_cap_w": 12.5,
                                     "pin_above_power_mode": True, "tuner": {"baseline_window": False}})
     settings = PinSettings.from_config(config, POLICY)
     defaults = PinSettings(POLICY)
-    assert settings == PinSettings(POLICY, max_jobs=7, max_jobs_per_uid=5, low_phases=frozenset({"eval"}),
+    assert settings == PinSettings(POLICY, max_jobs=7, max_jobs_per_uid=5, max_ranks_per_uid=6,
+                                   low_phases=frozenset({"eval"}),
                                    on_external_change="stand_down", power_cap_mw=12_500,
                                    pin_above_power_mode=True, repin_interval_s=2.5, tuner=config.tuner)
     assert not settings.tuner.baseline_window
