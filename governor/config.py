@@ -92,7 +92,9 @@ class LimitsConfig(_Strict):
     max_ranks_per_uid: int = Field(16, gt=0, le=65536, description=(
         "one user's jobs with every rank of its groups counted: max_jobs_per_uid counts a group once, so without "
         "this a member's groups, a rank on each GPU, would take max_jobs_per_uid times the GPUs' slots"))
-    max_jobs: int = Field(64, gt=0, le=65536)
+    max_jobs: int = Field(64, gt=0, le=4096, description=(
+        "jobs in all; status lists each in a few KB (a name of 256 characters, escaped), and a client reads it whole "
+        "(governor.client.connection.MAX_REPLY_BYTES)"))
     registrations_per_s: float = Field(2.0, gt=0, le=1e6, description=(
         "registrations a second per non-root user, on average: each pins the GPU and saves the state file, and so "
         "does the end of the job it makes"))

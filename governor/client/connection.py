@@ -21,8 +21,10 @@ DEFAULT_SOCKET = DEFAULT_SOCKET_PATH
 # Progress goes out at most this often. A fine-tuning step on an Orin takes 100 ms or more, so every step is reported
 # (the tuner times steps from these reports); faster loops are sampled, and a step costs a clock read.
 DEFAULT_REPORT_EVERY_S = 0.1
-# One reply line is a few hundred bytes; a status with many jobs a few kilobytes. Anything past this is not ftgovd.
-MAX_REPLY_BYTES = 1 << 20
+# One reply line is a few hundred bytes; status up to ~5 KB a job (a name of 256 characters outside the BMP is 3 KB
+# of JSON escapes), at limits.max_jobs' ceiling of 4096 jobs about 20 MB. Anything past this is not ftgovd. At 1 MiB,
+# a member's 300 jobs so named made root's `ftgov status` and the exporter fail where max_jobs had been raised.
+MAX_REPLY_BYTES = 64 << 20
 
 
 class DaemonUnavailable(FtgovError):

@@ -49,6 +49,31 @@ def test_status_shows_jobs_pin_load_and_power(daemon, orin, capsys):
     assert f"job {job.job_id}: {entry['reason']}" in text
 
 
+def test_status_of_many_jobs_with_long_names_is_read_whole(start_daemon, capsys):
+    """Each of these jobs takes ~3.5 KB of status (its name, 256 characters outside the BMP, is 3 KB of JSON escapes):
+    400 of them, where an operator raised limits.max_jobs, took status past the 1 MiB a client once read, and root's
+    `ftgov status` (and the exporter) failed however the jobs' owners named them."""
+    n = 400
+    d = start_daemon(config={"limits": {"max_jobs": n, "max_jobs_per_connection": n, "max_jobs_per_uid": n,
+                                        "max_ranks_per_uid": n, "registration_burst": n}})
+    c = d.client()
+    name = "\N{GRINNING FACE}" * 256
+    for _ in range(n):
+        c.call("register", model_type="encoder", num_layers=12, hidden_size=768, seq_len=40, gpu_util=70, name=name)
+    assert main(["status", "--socket", d.socket, "--json"]) == 0
+    out = capsys.readouterr().out
+    status = json.loads(out)
+    assert len(status["jobs"]) == n and {j["name"] for j in status["jobs"]} == {name}
+    assert len(json.dumps(status, separators=(",", ":"))) > 1 << 20  # as the daemon sends it: past the old bound
+
+
+def test_max_jobs_is_bounded_so_status_fits_a_reply(tmp_path):
+    from governor.config import LimitsConfig
+
+    with pytest.raises(ValueError, match="less than or equal to 4096"):
+        LimitsConfig(max_jobs=4097)
+
+
 def test_status_with_no_jobs(daemon, capsys):
     assert main(["status", "--socket", daemon.socket]) == 0
     out = capsys.readouterr().out
