@@ -230,7 +230,7 @@ class Connection:
         assert self._sock is not None
         self._sock.settimeout(0.0)
         try:
-            sent = self._sock.send(data)
+            sent = self._sock.send(data, socketlib.MSG_NOSIGNAL)
         except BlockingIOError:
             sent = 0
         finally:
@@ -253,7 +253,10 @@ class Connection:
     def _send_line(self, line: bytes) -> None:
         assert self._sock is not None
         try:
-            self._sock.sendall(self._pending + line)  # a line a dropping notify left half-sent goes first
+            # MSG_NOSIGNAL: to a daemon that died, EPIPE and not SIGPIPE, which kills a process that restored its
+            # default (`signal(SIGPIPE, SIG_DFL)`, for `train.py | head`; Python embedded in a program that never
+            # ignored it).
+            self._sock.sendall(self._pending + line, socketlib.MSG_NOSIGNAL)  # a line left half-sent goes first
             self._pending = b""
         except OSError as e:  # the daemon went away (EPIPE), or stopped reading for timeout_s
             raise self._lost(e) from e

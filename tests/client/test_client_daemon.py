@@ -215,6 +215,31 @@ def test_a_killed_daemon_leaves_the_pin_and_the_warning_says_so(daemon, orin):
     assert limits(orin) == (pin, pin), "what the warning says: nothing restored the clocks"
 
 
+def test_a_killed_daemon_does_not_kill_a_process_that_takes_sigpipe(daemon, orin):
+    """A training script that restores SIGPIPE's default (the idiom for `python train.py | head`), or Python embedded
+    in a program that never ignored it: the first report to a daemon that was killed wrote to a closed socket, and
+    the kernel's SIGPIPE killed the training. A report must fail as an error (EPIPE), never as a signal."""
+    code = f"""
+import signal, sys, governor
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+with governor.job(model_type="encoder", num_layers=2, hidden_size=32, seq_len=40, gpu_util=90,
+                  socket={str(daemon.socket)!r}, report_every_s=0) as job:
+    job.step()
+    print("registered", flush=True)
+    sys.stdin.readline()
+    job.step()
+    job.step()
+print("trained on:", job.steps, "steps; governed:", not job.disabled)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout.readline() == "registered\n"
+    daemon.stop(signal.SIGKILL)
+    out, err = proc.communicate("\n", timeout=60)
+    assert (proc.returncode, out) == (0, "trained on: 3 steps; governed: False\n"), err
+    assert "lost the connection to ftgovd" in err
+
+
 def test_a_forked_childs_end_leaves_its_parents_job(daemon, orin):
     """A child forked inside the with block (os.fork) holds a copy of the job and its socket: its way out of the block
     must not unregister the job its parent trains under."""
