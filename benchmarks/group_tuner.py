@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import statistics
 import sys
@@ -49,6 +50,7 @@ class SimRank:
         self.registration = {"levels_hz": list(curve.levels_hz), "freq_hz": start_hz, "window": window}
         self.compute_total_s, self.compute_steps_total = 0.0, 0  # no compute times told: no trim
         self._conn = self
+        self._talking = contextlib.nullcontext()  # one thread: nothing to wait for
         self.level_hz = start_hz
         self.read: tuple[float, float] = (0.0, 0.0)  # (energy_j, time_s) at the last step's end
         self.calls: collections.Counter[str] = collections.Counter()

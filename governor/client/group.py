@@ -346,6 +346,10 @@ class GroupCoordinator:
 
     # ---- the daemon ---------------------------------------------------------------------------------------------
     def _call(self, method: str, **params) -> dict | None:
+        with self.job._talking:  # a thread of the user's may talk to the daemon on the job's connection meanwhile
+            return self._call_now(method, **params)
+
+    def _call_now(self, method: str, **params) -> dict | None:
         conn = self.job._conn
         if conn is None or self.job.job_id is None or self.job.disabled:
             return None

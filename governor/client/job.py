@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
+import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from governor.client.connection import (
     DEFAULT_REPORT_EVERY_S,
@@ -46,6 +50,21 @@ RESTARTED_WITHOUT = ("ftgovd restarted and holds this job no more: it ended it o
 MAX_REGISTRATIONS = 3
 PIN_LEFT = ("if ftgovd was killed, the GPU keeps this job's pin until ftgovd starts again (which restores the clocks, "
             "or holds the job again until this job ends) or `ftgov restore` runs")
+
+_Method = TypeVar("_Method", bound=Callable)
+
+
+def _talks(method: _Method) -> _Method:
+    """``method`` talks to the daemon: one thread at a time (Job._talking). A forked child's copy of the job never
+    talks (the connection is its parent's) and takes no lock: a thread of the parent's that held it at the fork would
+    hold the child's copy for good."""
+    @functools.wraps(method)
+    def talking(self, *args, **kwargs):
+        if self._pid not in (None, os.getpid()):
+            return method(self, *args, **kwargs)
+        with self._talking:
+            return method(self, *args, **kwargs)
+    return talking  # type: ignore[return-value]
 
 
 class Job:
@@ -94,6 +113,9 @@ class Job:
         self.steps = 0
         self.disabled = False
         self._conn: Connection | None = None
+        # One thread at a time talks to the daemon (the connection's lines and replies, and which connection it is):
+        # a thread of the user's may send update(gpu_util=...) while the training thread steps.
+        self._talking = threading.RLock()
         # A connection made for this job by the process it is for (Connection.take_over): the daemon holds the process
         # that connected, known from the socket, where a pid number is the caller's namespace's.
         self._given_conn = connection
@@ -122,6 +144,17 @@ class Job:
         self._samples = 0
         self._batches_seen = 0
         self._unmeasurable_batches = 0
+
+    def __getstate__(self) -> dict:
+        # An ended job pickles (a Lightning Trainer under ddp_spawn ships its callbacks, the last fit's job with them):
+        # the lock is made anew.
+        state = dict(self.__dict__)
+        del state["_talking"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._talking = threading.RLock()
 
     def __enter__(self) -> Job:
         self.start()
@@ -201,6 +234,17 @@ class Job:
         self._step_end_s = now_s
         if self.group_info is not None and self.group_info.spans_nodes and self.tune:
             self._coordinate()
+        if self._conn is None or (self.job_id is not None and self._step_end_s < self._next_report_s):
+            return
+        if not self._talking.acquire(blocking=False):
+            return  # another thread waits on the daemon (update()): not this step, the next report says the same
+        try:
+            self._step_talk()
+        finally:
+            self._talking.release()
+
+    def _step_talk(self) -> None:
+        """What a step says to the daemon: its report, or the registration it held back."""
         if self.job_id is None or self._conn is None:
             if self._conn is not None and self.seq_len_known and not self.disabled:
                 self._register(at_step=True)  # held back until CUDA was up (_register); it reports the steps
@@ -210,7 +254,7 @@ class Job:
                 self._disable("seq_len is unknown and no batch was observed: pass seq_len= "
                               "or call job.observe_batch(batch) on the first batches")
             return
-        if self._step_end_s >= self._next_report_s:
+        if self._step_end_s is not None and self._step_end_s >= self._next_report_s:
             self._next_report_s = self._step_end_s + self.report_every_s
             self._report()
 
@@ -240,6 +284,7 @@ class Job:
         if self.job_id is not None and self._conn is not None and self.total_steps != self._sent_total_steps:
             self._report()
 
+    @_talks
     def update(self, *, gpu_util: float | None = None, seq_len: float | None = None) -> dict | None:
         """Send new feature values; the daemon may move the pin. Returns its answer, None when not registered.
 
@@ -263,6 +308,7 @@ class Job:
             self._disable(f"update refused: {e}")
         return None
 
+    @_talks
     def close(self) -> None:
         """Report the final step count, unregister and close. Idempotent; never raises for the daemon's sake."""
         if self._closed:
@@ -308,6 +354,7 @@ class Job:
         finally:
             conn.close()
 
+    @_talks
     def _register(self, *, at_step: bool = False) -> None:
         if self.job_id is not None or self._conn is None:
             return
@@ -392,9 +439,12 @@ class Job:
                     f"not refuse the job): {e}{pin_left}")
         return f"ftgovd did not answer {method} (it did not refuse the job): {e}{pin_left}"
 
+    @_talks
     def _report(self) -> None:
         if self._pid != os.getpid():
             return  # a forked child's copy: the job and its connection are its parent's, which reports its steps
+        if self._conn is None or self.job_id is None:
+            return  # given up, or closed, by another thread since this one's caller looked
         total = self.total_steps if self.total_steps != self._sent_total_steps else None
         compute = {}
         if self._compute_steps:
@@ -481,6 +531,7 @@ class Job:
              "register; drop one of the two (tune=True needs this job or callback without `ftgov run`, which sends "
              "no step reports)")
 
+    @_talks
     def _disable(self, why: str) -> None:
         """Warn once and carry on without the governor."""
         if self.disabled:

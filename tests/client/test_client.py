@@ -225,6 +225,19 @@ def test_daemon_absent_warns_once_and_training_goes_on(short_dir):
     assert j.disabled and not j.registered and j.steps == 20
 
 
+def test_an_ended_job_pickles(daemon):
+    """A Lightning Trainer under ddp_spawn pickles its callbacks for its processes, with the job of the callback's
+    last fit: ended, it has no connection, and nothing else of it may stop the pickle (the lock that keeps two
+    threads from talking to the daemon at once is made anew)."""
+    import pickle
+
+    with job(BERT_TINY, seq_len=40, socket=daemon.path) as j:
+        j.step()
+    copy = pickle.loads(pickle.dumps(j))
+    assert copy.closed and copy.steps == 1 and copy.job_id == j.job_id
+    copy.close()
+
+
 def test_the_warning_points_at_the_users_line_not_into_ftgov(short_dir):
     """Not governor/client/job.py: a location of ours reads as an ftgov bug, and Python's default filter would show
     the warning once for every user's line together."""

@@ -240,6 +240,39 @@ print("trained on:", job.steps, "steps; governed:", not job.disabled)
     assert "lost the connection to ftgovd" in err
 
 
+def test_a_thread_that_updates_the_job_beside_the_training_loop(daemon, orin):
+    """A thread of the user's that measures the GPU load and sends it (job.update(gpu_util=...), "at any time") while
+    the training thread steps: the step's report switched the shared socket to non-blocking for its send, the other
+    thread's reply read found nothing there and took it for the daemon's close, the job ended, and the training
+    thread's next step raised AttributeError on the connection closed under it. One thread at a time talks to the
+    daemon; a step whose report would wait for the other's reply drops it (the next carries the same totals)."""
+    import threading
+
+    done, failed = threading.Event(), []
+
+    def train():
+        try:
+            while not done.is_set():
+                job.step()
+        except BaseException as e:  # noqa: BLE001 - what the training loop would have raised
+            failed.append(e)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", GovernorWarning)
+        with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket, report_every_s=0) as job:
+            trainer = threading.Thread(target=train)
+            trainer.start()
+            try:
+                for i in range(200):
+                    assert job.update(gpu_util=50 + i % 40) is not None, i
+            finally:
+                done.set()
+                trainer.join()
+            assert failed == [] and not job.disabled
+    assert job.result["steps"] == job.steps
+    assert limits(orin) == BASELINE
+
+
 def test_a_forked_childs_end_leaves_its_parents_job(daemon, orin):
     """A child forked inside the with block (os.fork) holds a copy of the job and its socket: its way out of the block
     must not unregister the job its parent trains under."""
