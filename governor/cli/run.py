@@ -255,7 +255,11 @@ def _keep(pid: int, conn: Connection | None, watch: int, gate: int, features: di
             return
         os.close(gate)
         if job.job_id is not None:
-            select.select([watch], [], [])  # the pidfd is readable once the command has exited
+            # The pidfd is readable once the command has exited. poll, not select: a caller that passed us a thousand
+            # descriptors put the pidfd above select's 1023, and the keeper died at once, ending the job.
+            exited = select.poll()
+            exited.register(watch, select.POLLIN)
+            exited.poll()
             _append_to_stderr()
         job.close()
         if verbose and job.result:

@@ -507,6 +507,26 @@ def test_a_daemon_restart_under_the_command_is_no_false_alarm(daemon, orin):
             pass
 
 
+def test_started_with_a_thousand_descriptors_open_the_keeper_holds_the_job(daemon, orin):
+    """A caller that passes ftgov run more than a thousand open descriptors (a launcher that leaks them): the
+    keeper's watch on the command came above select()'s limit of 1023, and the keeper died of a ValueError as soon
+    as it had released the command, its connection with it: the command ran ungoverned, under a traceback."""
+    launcher = ("import os, sys\n"
+                "for _ in range(1100):\n"
+                "    os.set_inheritable(os.open(os.devnull, os.O_RDONLY), True)\n"
+                "os.execv(sys.executable, [sys.executable, '-m', 'governor.cli', *sys.argv[1:]])")
+    proc = subprocess.Popen([sys.executable, "-c", launcher, "run", "--socket", daemon.socket, *FEATURE_ARGS, "--",
+                             "true"], env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=60)  # stderr closes once the keeper is gone too
+        assert proc.returncode == 0 and "Traceback" not in err, err
+        daemon.wait_jobs(0)
+        assert re.search(r"job \d+ .*ended \((process exited|unregistered)\)", daemon.log()), daemon.log()
+        assert limits(orin) == BASELINE
+    finally:
+        proc.kill()
+
+
 def test_a_signal_ignored_where_ftgov_run_starts_stays_ignored_in_the_command(daemon):
     """A shell starts a background command (`cmd &` in a script) with SIGINT and SIGQUIT ignored, so that a Ctrl-C on
     the script's terminal leaves it running; nohup ignores SIGHUP. Python's SIGINT handler must not become the
