@@ -87,6 +87,8 @@ class Job:
             raise ValueError("report_every_s must be >= 0")
         if measure_batches < 1:
             raise ValueError("measure_batches must be >= 1")
+        if not timeout_s > 0:  # NaN too: the socket's timeout would refuse it only when the job starts
+            raise ValueError("timeout_s must be > 0 (seconds to wait for ftgovd's answers)")
         _check_name(name)
         self.features = dict(features)
         self.name = name
@@ -356,7 +358,9 @@ class Job:
 
     @_talks
     def _register(self, *, at_step: bool = False) -> None:
-        if self.job_id is not None or self._conn is None:
+        if self.job_id is not None or self._conn is None or self._pid != os.getpid():
+            # A forked child's copy (observe_batch in a DataLoader worker's collate_fn): the job is its parent's to
+            # register, on the parent's connection; connecting again here would register a second one, the child's.
             return
         try:
             features = check_features(self.features)

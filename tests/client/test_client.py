@@ -357,6 +357,12 @@ def test_permission_denied_says_who_may_connect(daemon, group, socket_mode, dir_
     assert issubclass(SocketPermissionError, DaemonUnavailable)
 
 
+@pytest.mark.parametrize("timeout_s", [0, -1, float("nan")])
+def test_a_bad_timeout_raises_when_the_job_is_made(timeout_s):
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        job(model_type="encoder", num_layers=2, hidden_size=32, seq_len=10, timeout_s=timeout_s)
+
+
 def test_bad_features_raise_before_training():
     with pytest.raises(ValueError, match="model_type"):
         job(model_type="mixture", num_layers=2, hidden_size=32, seq_len=10)

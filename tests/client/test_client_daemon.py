@@ -317,6 +317,37 @@ def test_a_forked_childs_steps_say_nothing_of_its_parents_job(daemon, orin):
     assert job.result["steps"] == 2 and limits(orin) == BASELINE
 
 
+def test_a_forked_child_that_measures_batches_registers_nothing(daemon, orin):
+    """A child forked while the job still measures seq_len (a collate_fn that calls job.observe_batch in a forked
+    DataLoader worker) completed the measurement on its copy and registered on its parent's connection: refused (the
+    connection is the parent's), it warned that training went on without the governor, untrue of its parent's job; and
+    where the daemon had closed that idle connection it would have connected again and registered a second job, its
+    own. The child's copy registers nothing; the parent's job registers from its own batches."""
+    mask = torch.ones(4, 32, dtype=torch.long)
+    batch = {"input_ids": mask, "attention_mask": mask}
+    with governor.job(**SMALL, gpu_util=90, socket=daemon.socket, measure_batches=2, report_every_s=0) as job:
+        pid = os.fork()
+        if pid == 0:
+            code = 99
+            try:
+                with warnings.catch_warnings(record=True) as said:
+                    warnings.simplefilter("always")
+                    job.observe_batch(batch)
+                    job.observe_batch(batch)
+                    job.step()
+                code = len(said) + (10 if job.disabled else 0) + (20 if job.job_id is not None else 0)
+            finally:
+                os._exit(code)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert daemon.client().call("status")["jobs"] == [] and limits(orin) == BASELINE
+        job.observe_batch(batch)
+        job.observe_batch(batch)
+        job.step()
+        pin = predicted_hz(daemon, **SMALL, seq_len=32.0, gpu_util=90.0)
+        assert job.registered and not job.disabled and limits(orin) == (pin, pin)
+    assert job.result["steps"] == 1 and limits(orin) == BASELINE
+
+
 def test_a_job_dropped_after_a_timeout_ends_though_a_loader_worker_holds_its_socket(daemon, orin):
     """A daemon too slow to answer: the job closes its connection to end its hold. A persistent DataLoader worker,
     forked after the job connected, holds a copy of the socket; the daemon must still see the connection close."""
