@@ -159,7 +159,13 @@ class Job:
         self._talking = threading.RLock()
 
     def __enter__(self) -> Job:
-        self.start()
+        try:
+            self.start()
+        except BaseException:
+            # Interrupted in start (Ctrl-C while register waits on the daemon): the with block's exit will not run,
+            # and a notebook's traceback keeps this object alive, with its connection and the job the daemon made on it.
+            self.close()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:

@@ -10,6 +10,7 @@ import grp
 import json
 import logging
 import os
+import signal
 import socket
 import socketserver
 import subprocess
@@ -355,6 +356,35 @@ def test_permission_denied_says_who_may_connect(daemon, group, socket_mode, dir_
                          env={"PYTHONPATH": str(REPO)}, timeout=60)
     assert out.stdout.startswith(f"permission denied on {daemon.path}: {says}"), (out.stdout, out.stderr)
     assert issubclass(SocketPermissionError, DaemonUnavailable)
+
+
+def test_ctrl_c_while_register_waits_closes_the_connection(tmp_path):
+    """Ctrl-C while register waits for the daemon's answer (`with governor.job(...)`): __exit__ does not run for an
+    __enter__ that raised, and a notebook's traceback keeps the job alive, so its connection, and the job the daemon
+    registered on it, stayed open until the kernel exited. The interrupted start closes it."""
+    path = str(tmp_path / "s.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen()
+    main_thread = threading.main_thread().ident
+    closed = threading.Event()
+
+    def daemon_that_never_answers() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.makefile("rb").readline()  # the register
+            signal.pthread_kill(main_thread, signal.SIGINT)  # Ctrl-C, while the client waits for the answer
+            if conn.recv(4096) == b"":
+                closed.set()
+
+    t = threading.Thread(target=daemon_that_never_answers, daemon=True)
+    t.start()
+    with pytest.raises(KeyboardInterrupt) as interrupted:
+        with job(model_type="encoder", num_layers=2, hidden_size=32, seq_len=10, socket=path, timeout_s=60):
+            pytest.fail("the block must not run")
+    assert closed.wait(30), "the connection stays open while the traceback holds the job"
+    assert interrupted.traceback  # held until here, as a notebook holds the last one
+    server.close()
 
 
 @pytest.mark.parametrize("timeout_s", [0, -1, float("nan")])
