@@ -627,3 +627,48 @@ def test_a_job_array_tasks_admincomment_is_read_off_its_own_record(tmp_path, mon
     (tmp_path / "array" / "bin" / "squeue").write_text("#!/bin/sh\nprintf '14|13|0|/home/u\\n13|13|1|/home/u\\n'\n")
     write_admin_comment(13, entry, 5.0)
     assert log.read_text() == f"update JobId=13_1 AdminComment={entry}\n", capsys.readouterr().err
+
+
+def _docs_wrapper(tmp_path, action: str, ftgov: str) -> str:
+    """docs/slurm.md's wrapper for slurm.conf's Prolog= (or, for the epilog, as the page says to change it), written
+    to a file with its ftgov at ``ftgov``."""
+    page = (REPO / "docs" / "slurm.md").read_text()
+    text = next(block for block in page.split("```sh\n")[1:] if block.startswith("#!/bin/sh"))
+    text = text.split("```", 1)[0].replace("/usr/local/bin/ftgov", ftgov).replace("slurm prolog", f"slurm {action}")
+    path = tmp_path / f"slurm-{action}"
+    path.write_text(text)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_the_docs_wrapper_exits_0_where_systemd_cat_or_ftgov_cannot_run(orin, start_daemon, tmp_path):
+    """slurmd drains a node whose prolog or epilog exits non-zero. The page's wrapper exec'd systemd-cat, which cannot
+    start without journald (a slurmd in a container: systemd 252's says "Failed to create stream fd" and exits 1,
+    never running its command) and exits 1 where its command is missing (ftgov uninstalled, or mid-upgrade): every
+    job's prolog drained its node. The wrapper exits 0 whatever happens, and runs ftgov without systemd-cat."""
+    d = start_daemon(config={"ffg_freq_hz": 612000000})
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemd-cat").write_text(  # as systemd 252's where /run/systemd/journal/stdout is absent
+        "#!/bin/sh\necho 'Failed to create stream fd: No such file or directory' >&2\nexit 1\n")
+    (bin_dir / "systemd-cat").chmod(0o755)
+    config = tmp_path / "slurm.yaml"
+    config.write_text(CONFIG)
+    ftgov = tmp_path / "ftgov"  # the installed ftgov, with this test's slurm.yaml
+    ftgov.write_text(f'#!/bin/sh\nexec {sys.executable} -m governor.cli "$@" --config {config}\n')
+    ftgov.chmod(0o755)
+    env = {"PATH": str(bin_dir), "PYTHONPATH": str(REPO), "FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "46",
+           "SLURM_JOB_UID": "0", "SLURM_JOB_PARTITION": "gpu"}
+    out = subprocess.run([_docs_wrapper(tmp_path, "prolog", str(ftgov))], capture_output=True, text=True,
+                         timeout=30, env=env)
+    assert out.returncode == 0, out
+    assert [h["slurm_job_id"] for h in d.client().call("status")["holds"]] == [46], out
+    assert limits(orin) == (612000000, 612000000)
+    out = subprocess.run([_docs_wrapper(tmp_path, "epilog", str(ftgov))], capture_output=True, text=True,
+                         timeout=30, env=env)
+    assert out.returncode == 0 and d.client().call("status")["holds"] == [], out
+    assert limits(orin) == BASELINE
+    for action in ("prolog", "epilog"):  # ftgov not installed (or half-installed by an upgrade)
+        out = subprocess.run([_docs_wrapper(tmp_path, action, str(tmp_path / "none" / "ftgov"))], capture_output=True,
+                             text=True, timeout=30, env=env)
+        assert out.returncode == 0, out
