@@ -438,10 +438,13 @@ def scontrol_field(job: str, name: str, timeout_s: float) -> str | None:
     """One field of `scontrol show job -o JOB` (``job``: own_record's; None when scontrol fails or lacks it). The
     field runs to the next ``Key=`` of scontrol's one-line format, whose keys begin with a capital (JobId=, StdErr=,
     Socks/Node=): a comment "my run ftgov=off" is read whole, not cut at its own lower-case choice. AmbiguousField
-    when ``name=`` appears twice in the whole output (the job's own name or paths carry it). The output is not cut
-    into lines: Slurm prints the job's name, command and directories with their newlines, so a line that begins
-    JobId=ID can end in the user's text, before Slurm's own field. The job's Comment is the user's own: an optional
-    field that only the admin sets (AdminComment) is read by admin_comment_now."""
+    when ``name=`` appears twice in the whole output with two values (the job's own name or paths carry it). Twice
+    with one value is read: `scontrol show job` of a job array's id prints every task of the array (Slurm 22.05),
+    whose comments are one, and the prolog and epilog get no SLURM_ARRAY_TASK_ID to name the task alone by. The
+    output is not cut into lines: Slurm prints the job's name, command and directories with their newlines, so a
+    line that begins JobId=ID can end in the user's text, before Slurm's own field. The job's Comment is the user's
+    own, all of that text the one user's: an optional field that only the admin sets (AdminComment) is read by
+    admin_comment_now."""
     try:
         done = subprocess.run([slurm_command("scontrol"), "show", "job", "-o", job], capture_output=True,
                               text=True, errors=OUTPUT_ERRORS, timeout=timeout_s, check=False)
@@ -451,12 +454,12 @@ def scontrol_field(job: str, name: str, timeout_s: float) -> str | None:
     if done.returncode != 0:
         return None
     line = done.stdout.strip()
-    if len(re.findall(rf"(?:^|\s){name}=", line)) > 1:
-        raise AmbiguousField(f"scontrol show job {job}: {name}= appears more than once (the job's own name, "
-                             "command or paths carry it)")
-    m = re.search(rf"(?:^|\s){name}=(.*?)(?=\s[A-Z][A-Za-z:/]*=|$)", line)
     # Slurm 22.05 pads some fields (AdminComment=, Comment=) with a second space: not the field's.
-    value = None if m is None else m.group(1).strip()
+    values = {m.group(1).strip() for m in re.finditer(rf"(?:^|\s){name}=(.*?)(?=\s[A-Z][A-Za-z:/]*=|$)", line)}
+    if len(values) > 1:
+        raise AmbiguousField(f"scontrol show job {job}: {name}= appears more than once, with different values (the "
+                             "job's own name, command or paths carry it)")
+    value = values.pop() if values else None
     return None if value in (None, "", "(null)") else value
 
 

@@ -672,3 +672,30 @@ def test_the_docs_wrapper_exits_0_where_systemd_cat_or_ftgov_cannot_run(orin, st
         out = subprocess.run([_docs_wrapper(tmp_path, action, str(tmp_path / "none" / "ftgov"))], capture_output=True,
                              text=True, timeout=30, env=env)
         assert out.returncode == 0, out
+
+
+def test_a_job_array_tasks_comment_is_read_where_scontrol_prints_every_task(orin, start_daemon, tmp_path):
+    """The prolog of the task that has the array's id, where slurmd passes no SLURM_JOB_COMMENT (Slurm 22.05): its
+    `scontrol show job -o ID` prints every task of the array (tests/slurm), a Comment= each, and the prolog took the
+    job's choice for ambiguous: that task of an array submitted with --comment ftgov=off was pinned at FFG's level
+    while the others were not. The prolog gets no SLURM_ARRAY_TASK_ID to name the task by; the tasks' comments, the
+    one user's text all of it, say the same."""
+    d = start_daemon(config={"ffg_freq_hz": 612000000})
+    shows = {"13": "JobId=14 ArrayJobId=13 ArrayTaskId=0 JobName=a UserId=u(1000) WorkDir=/home/u "
+                   "Comment=sweep ftgov=off  StdErr=/o\n"
+                   "JobId=13 ArrayJobId=13 ArrayTaskId=1 JobName=a UserId=u(1000) WorkDir=/home/u "
+                   "Comment=sweep ftgov=off  StdErr=/o"}
+    bin_dir = _scontrol_printing(tmp_path / "slurm", shows)
+    env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "13", "SLURM_JOB_UID": "0", "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    config = "policy: ffg\nadmin_comment: false\ncomment_from_scontrol: true\nsweep_stale: false\n"
+    out = slurm("prolog", env, config, tmp_path)
+    assert out.returncode == 0 and "job 13: off (from the job's --comment)" in out.stdout, out
+    assert limits(orin) == BASELINE
+    assert slurm("epilog", env, config, tmp_path).returncode == 0
+    # Where the records' comments differ (a task's comment changed with scontrol update), none is taken.
+    shows["13"] = shows["13"].replace("ftgov=off  StdErr=/o\nJobId=13", "ftgov=tune  StdErr=/o\nJobId=13")
+    bin_dir = _scontrol_printing(tmp_path / "differ", shows)
+    out = slurm("prolog", {**env, "PATH": f"{bin_dir}:/usr/bin:/bin"}, config, tmp_path)
+    assert out.returncode == 0 and "job 13: ffg (from the default)" in out.stdout, out
+    assert "the comment is not read" in out.stderr, out
+    assert slurm("epilog", env, config, tmp_path).returncode == 0
