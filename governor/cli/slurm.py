@@ -510,7 +510,10 @@ def admin_comment_now(job_id: int, job: str, timeout_s: float) -> tuple[str | No
 def sweep_stale_holds(conn, config: SlurmConfig, job_id: int, deadline: float | None = None) -> None:
     """Release the holds of jobs that Slurm no longer runs: their epilog was lost (slurmd killed, the epilog timed
     out). A job Slurm still lists (running, completing) keeps its hold; when squeue cannot answer, nothing goes.
-    Stops where a squeue and a release might not end before ``deadline`` (time.monotonic()): the next prolog goes on."""
+    Stops where a squeue and a release might not end before ``deadline`` (time.monotonic()): the next prolog goes on.
+    A hold released meanwhile (its epilog ended while squeue was asked) is passed over."""
+    from governor.client.connection import UnknownJob
+
     holds = conn.call("status").get("holds") or []
     for hold in holds:
         other = hold.get("slurm_job_id")
@@ -520,8 +523,11 @@ def sweep_stale_holds(conn, config: SlurmConfig, job_id: int, deadline: float | 
             warn("out of time for the sweep of stale holds: the next prolog goes on with it")
             return
         if slurm_knows(other, config.timeout_s) is False:
-            warn(f"job {other}: held, but Slurm no longer runs it (its epilog was lost): releasing it")
-            conn.call("slurm_release", slurm_job_id=other, why="stale")
+            try:
+                conn.call("slurm_release", slurm_job_id=other, why="stale")
+            except UnknownJob:
+                continue  # its epilog released it after the status was read
+            warn(f"job {other}: held, but Slurm no longer runs it (its epilog was lost): released")
 
 
 def slurm_knows(job_id: int, timeout_s: float) -> bool | None:

@@ -699,3 +699,31 @@ def test_a_job_array_tasks_comment_is_read_where_scontrol_prints_every_task(orin
     assert out.returncode == 0 and "job 13: ffg (from the default)" in out.stdout, out
     assert "the comment is not read" in out.stderr, out
     assert slurm("epilog", env, config, tmp_path).returncode == 0
+
+
+def test_an_epilog_that_ends_during_the_sweep_neither_stops_it_nor_unsays_the_hold(nvml_daemon, tmp_path):  # noqa: F811
+    """The sweep reads the node's holds, then asks squeue about each. A job whose epilog released its hold meanwhile
+    (jobs ending together on a busy node), and which squeue no longer lists, was released a second time: ftgovd's
+    'no hold' ended the prolog with "the job runs at the default clocks", untrue of the job just held, and the holds
+    after it went unswept."""
+    d, _calls = nvml_daemon()
+    c = d.client()
+    for job in (70, 71):
+        c.call("slurm_hold", slurm_job_id=job, uid=1000, policy="ffg", gpus=[0])
+    config = tmp_path / "slurm.yaml"
+    config.write_text("policy: ffg\ncomment_from_scontrol: false\nnode_gpus_from_scontrol: false\n"
+                      "admin_comment: false\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # squeue -h -j ID -o %T: job 70's epilog ends as squeue is asked about it; neither job is listed any more.
+    (bin_dir / "squeue").write_text(f"""#!/bin/sh
+[ "$3" = 70 ] && SLURM_JOB_ID=70 {sys.executable} -m governor.cli slurm epilog --config {config} > /dev/null 2>&1
+exit 0
+""")
+    (bin_dir / "squeue").chmod(0o755)
+    env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "77", "SLURM_JOB_UID": "0", "SLURM_JOB_GPUS": "1",
+           "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    out = slurm("prolog", env, config.read_text(), tmp_path)
+    assert out.returncode == 0 and "job 77: ffg (from the default) on GPU(s) 1 at" in out.stdout, out
+    assert "default clocks" not in out.stderr, out
+    assert [h["slurm_job_id"] for h in c.call("status")["holds"]] == [77], out
