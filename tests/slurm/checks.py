@@ -163,7 +163,8 @@ WRAPPER = """\
 [ {action} = prolog ] && echo "$SLURM_JOB_GPUS;$CUDA_VISIBLE_DEVICES" > /run/ftgov-ci/prolog-gpus.$SLURM_JOB_ID
 [ {action} = prolog ] && echo "${{SLURM_HET_JOB_ID-unset}}" > /run/ftgov-ci/prolog-het.$SLURM_JOB_ID
 echo "${{SLURM_ARRAY_JOB_ID-unset}}/${{SLURM_ARRAY_TASK_ID-unset}}" > /run/ftgov-ci/{action}-array.$SLURM_JOB_ID
-exec systemd-cat -t ftgov-slurm /usr/local/bin/ftgov slurm {action}
+systemd-cat -t ftgov-slurm /usr/local/bin/ftgov slurm {action} || /usr/local/bin/ftgov slurm {action}
+exit 0
 """
 
 JOB_SCRIPT = """\
