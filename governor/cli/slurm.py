@@ -288,7 +288,9 @@ def prolog(config: SlurmConfig, env: dict[str, str]) -> int:
             if not held and not told:
                 info(f"job {job_id}: nothing held ({reply.get('why', 'no GPU')})")
             elif held:
-                info(f"job {job_id}: {policy} (from {source}) on GPU(s) " + ", ".join(
+                taken = reply.get("policy", policy)
+                as_taken = "" if taken == policy else f", held as {taken} by ftgovd (its own policy: see its log)"
+                info(f"job {job_id}: {policy} (from {source}{as_taken}) on GPU(s) " + ", ".join(
                     f"{gid} at {_mhz(g.get('freq_hz'))}" for gid, g in held.items()))
         # After the job's own hold: the sweep makes a squeue call for every other hold here, more than the alarm's
         # bound allows where slurmctld is slow, and the alarm then ended the prolog before the job was held.

@@ -268,12 +268,16 @@ class Methods:
         self._root_only(conn, "slurm_hold")
         if not self.controller.gpus:
             raise self._no_gpu()
-        if params.policy != "off" and self.controller.settings.policy.name is PolicyName.OBSERVE:
-            raise RpcFault(INVALID_PARAMS, f"policy: this daemon runs the observe policy and pins nothing; ask for "
-                           f"off, not {params.policy}", {"field": "policy"})
+        policy = params.policy
+        if policy != "off" and self.controller.settings.policy.name is PolicyName.OBSERVE:
+            # A daemon that observes pins nothing for anyone and measures every job: this one too, as off (its
+            # record, the accounting's too, says what ran). Refused, the jobs that never heard of ftgov went unmeasured.
+            log.info("Slurm job %d: %s asked; this daemon runs the observe policy: held as off (measured, no pin)",
+                     params.slurm_job_id, policy)
+            policy = "off"
         try:
             return self.scheduler.hold(slurm_job_id=params.slurm_job_id, uid=params.uid, partition=params.partition,
-                                       policy=params.policy, gpus=params.gpus, gpu_numbering=params.gpu_numbering,
+                                       policy=policy, gpus=params.gpus, gpu_numbering=params.gpu_numbering,
                                        node_gpus=params.node_gpus, het_job_id=params.het_job_id)
         except FtgovError as e:
             raise RpcFault(SERVER_ERROR, f"Slurm job {params.slurm_job_id}: {e}") from e

@@ -2,6 +2,7 @@
 environment; an absent or silent daemon and a bad config warn and exit 0 in bounded time (a failing prolog drains the
 node). Slurm itself (scontrol, squeue, sacct) is exercised in the container suite, tests/slurm."""
 
+import re
 import socket
 import subprocess
 import sys
@@ -61,6 +62,24 @@ def test_prolog_holds_the_job_and_epilog_restores(orin, start_daemon, tmp_path):
     assert limits(orin) == BASELINE
     out = slurm("epilog", env, CONFIG, tmp_path)  # a second epilog finds nothing and is no error
     assert out.returncode == 0 and "nothing held" in out.stdout
+
+
+def test_a_daemon_that_observes_measures_a_held_job_and_pins_nothing(orin, start_daemon, tmp_path):
+    """The observe policy pins nothing and measures every job: a hold the prolog asks under ffg (its config's) was
+    refused, so Slurm's jobs, the jobs that never heard of ftgov, went unmeasured on a daemon set up to measure them."""
+    d = start_daemon(config={"policy": "observe"})
+    env = {"FTGOV_SOCKET": d.socket, "SLURM_JOB_ID": "44", "SLURM_JOB_UID": "0", "SLURM_JOB_PARTITION": "gpu"}
+    out = slurm("prolog", env, CONFIG, tmp_path)
+    assert out.returncode == 0, out
+    assert "job 44: ffg (from partition gpu, held as off by ftgovd (its own policy: see its log)) on GPU(s) 0 at no " \
+           "pin" in out.stdout, out
+    assert limits(orin) == BASELINE
+    (hold,) = d.client().call("status")["holds"]
+    assert (hold["slurm_job_id"], hold["policy"]) == (44, "off") and "held as off (measured, no pin)" in d.log()
+    out = slurm("epilog", env, CONFIG, tmp_path)
+    assert out.returncode == 0 and re.search(r"job 44: released; ftgov@\S+:energy_j=[0-9.]+,policy=off,gpus=0",
+                                             out.stdout), out
+    assert limits(orin) == BASELINE
 
 
 def test_the_comment_chooses_the_policy(orin, start_daemon, tmp_path):
