@@ -203,12 +203,25 @@ def write_file(path: str | os.PathLike, data: bytes | str, mode: int = 0o644) ->
     """``data`` written atomically as ``path``, its directory opened and checked as `OutDir` does."""
     path = Path(path)
     with OutDir(path.parent) as d:
-        d.write_bytes(path.name, data.encode() if isinstance(data, str) else data, mode)
+        try:
+            d.write_bytes(path.name, data.encode() if isinstance(data, str) else data, mode)
+        except OSError as e:
+            raise _cannot_write(path, e) from e
 
 
 @contextlib.contextmanager
 def open_file(path: str | os.PathLike, *, text: bool = True, mode: int = 0o644) -> Iterator[io.IOBase]:
     """A file object that becomes ``path`` when the block ends well (see `OutDir.open`)."""
     path = Path(path)
-    with OutDir(path.parent) as d, d.open(path.name, text=text, mode=mode) as f:
-        yield f
+    with OutDir(path.parent) as d:
+        try:
+            with d.open(path.name, text=text, mode=mode) as f:
+                yield f
+        except OSError as e:  # the temp file's creation, a write in the block (a full disk), or the rename
+            raise _cannot_write(path, e) from e
+
+
+def _cannot_write(path: Path, e: OSError) -> FtgovError:
+    """One line naming the file asked for, not the temp name the error carries (``--out DIR`` for a file: Is a
+    directory)."""
+    return FtgovError(f"cannot write {path}: {e.strerror or e}")

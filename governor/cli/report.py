@@ -120,11 +120,15 @@ def run(args: argparse.Namespace) -> int:
     except (FtgovError, OSError) as e:
         print(f"ftgov report: {e}", file=sys.stderr)
         return 1
-    with out:
-        groups = workloads(jobs)
-        _curves(plt, groups, out)
-        _savings(plt, jobs, out)
-        _summary(groups, totals, out)
+    try:
+        with out:
+            groups = workloads(jobs)
+            _curves(plt, groups, out)
+            _savings(plt, jobs, out)
+            _summary(groups, totals, out)
+    except OSError as e:  # a directory of root's for a member, a full disk: the error's own name is a temp file's
+        print(f"ftgov report: cannot write the report in {args.out}: {e.strerror or e}", file=sys.stderr)
+        return 1
     print(f"{args.out}: curves.png, savings.png, summary.md, summary.csv ({len(jobs)} jobs, {len(groups)} workloads)")
     return 0
 

@@ -131,6 +131,26 @@ def test_report_onto_a_file_is_one_line(store, tmp_path, capsys):
     refused(capsys, main(["report", "--store", str(store), "--out", str(f)]), f)
 
 
+def test_report_that_cannot_write_its_files_is_one_line(store, tmp_path, capsys):
+    """The directory opens, and then a write fails: here a directory where a figure goes, as root can meet it; a
+    member meets the same error in a directory of root's (Permission denied: the README's /tmp/ftgov-report after
+    root tried it). It was a traceback."""
+    out = tmp_path / "ftgov-report"
+    (out / "curves.png").mkdir(parents=True)
+    refused(capsys, main(["report", "--store", str(store), "--out", str(out)]), out)
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temp file left
+
+
+@pytest.mark.parametrize("stage", ["ffg", "dataset"])
+def test_a_stage_given_a_directory_for_out_is_one_line(stage, tmp_path, capsys):
+    """`--out DIR` for a stage that writes one file: the write fails once the file is made (a traceback before)."""
+    d = tmp_path / "model"
+    d.mkdir()
+    rc = main(["model", stage, "--data", str(REPO / "governor" / "data" / "characterization.csv"), "--out", str(d)])
+    refused(capsys, rc, d)
+    assert list(d.iterdir()) == [] and [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
 def test_a_link_in_a_sticky_dir_is_followed_only_when_root_or_the_caller_owns_it(tmp_path):
     """The kernel's fs.protected_symlinks rule, applied whatever the sysctl says."""
     needs_root()
