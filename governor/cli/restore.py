@@ -144,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
         if StateFile(config.state_dir).held_elsewhere():
             # A simulated daemon (a tree from the environment or --sysfs-root) is a process in a shell, not the unit.
             stop = ("sudo systemctl stop ftgovd" if sysfs_root is None
-                    else f"end the ftgovd that runs on {sysfs_root} (`ftgovd --simulate`: Ctrl-C in its shell)")
+                    else f"end the ftgovd that runs on {sysfs_root} (`ftgovd --simulate`: Ctrl-C in its shell, "
+                         "or `kill %1` there where it runs in the background)")
             raise FtgovError(f"ftgovd is running on {config.state_dir}: while it runs the GPU's clocks are its own "
                              "(it pins them for its jobs and puts the baseline back when the last one ends); "
                              f"restored under it, they would be pinned again (nothing was written). Stop it first: "
