@@ -641,3 +641,29 @@ def test_a_power_cap_outside_a_gpus_range_leaves_its_clock_pin_and_is_said_once(
     (cap,) = [check for check in json.loads(out.stdout)["checks"] if check["name"] == "power cap"]
     assert cap["status"] == "WARN" and cap["detail"].startswith("GPU 1: power_cap_w is not applied"), cap
     assert "power limit cannot be set" not in d.log() and "will not try again while it runs" not in d.log()
+
+
+def test_a_gpu_lost_under_a_tuned_job_is_said_once_and_its_reports_are_still_taken(nvml_daemon, tmp_path):
+    """GPU 1 off the bus (every call: GPU_IS_LOST) while tuned jobs run on both GPUs. Each report of GPU 1's job
+    read its energy counter, and the error failed the whole report: "progress from uid 0 failed" at every report
+    (tens a second, for as long as the job ran), and the rest of the report (the load sampler, the job's group) was
+    skipped. The job stays (its process runs), its energy is unknown, the other GPU's job goes on, said once."""
+    faults = tmp_path / "faults.json"
+    d, _calls = nvml_daemon(gpus=({"util_gpu_pct": 80}, {"util_gpu_pct": 80}), system={"faults_path": str(faults)})
+    c = d.client()
+    jobs = [c.call("register", tune=True, gpu=gpu, **FEATURES)["job_id"] for gpu in (0, 1)]
+    set_faults(faults, {"gpus": {"1": {"*": 15}}})  # NVML_ERROR_GPU_IS_LOST
+    for steps in range(1, 21):
+        for job_id in jobs:
+            c.notify("progress", job_id=job_id, steps=steps, phase="train")
+    status = c.call("status")
+    assert [(j["gpu"], j["steps"]) for j in status["jobs"]] == [("0", 20), ("1", 20)], status["jobs"]
+    assert status["jobs"][0]["energy_j"] is not None and status["jobs"][1]["energy_j"] is None, status["jobs"]
+    log = d.log()
+    assert "progress from uid 0 failed" not in log, log
+    said = [line for line in log.splitlines() if "energy counter cannot be read" in line]
+    assert len(said) == 1 and f"job {jobs[1]} " in said[0] and "GPU_IS_LOST" in said[0], said
+    set_faults(faults, {})  # back (the same handle answers again)
+    c.notify("progress", job_id=jobs[1], steps=21, phase="train")
+    c.call("status")
+    assert f"job {jobs[1]} (pid {os.getpid()}): its energy counter reads again" in d.log()
