@@ -159,6 +159,10 @@ class EnergyMeter:
         """The integral so far (its last sample; reading nothing), as CounterMeter.recent_j."""
         return self.energy_j
 
+    def last_read(self) -> tuple[float, float]:
+        """(energy_j, monotonic s) as of the last sample, reading nothing, as CounterMeter.last_read."""
+        return self.energy_j, self.last_t_s
+
     def total_j(self, t_s: float, total_mw: float) -> float:
         """The whole energy since start at ``t_s``, where the power reads ``total_mw``: the integral carried to now
         (not added), less the readings' lag."""
@@ -233,6 +237,12 @@ class CounterMeter:
     def recent_j(self, max_age_s: float) -> float:
         """energy_j as of a read at most ``max_age_s`` old (any meter's on the GPU): for figures that may lag."""
         return self.read_j.recent_j(max_age_s) - self.start_j
+
+    def last_read(self) -> tuple[float, float]:
+        """(energy_j, monotonic s) as of the counter's last read (any meter's on the GPU, at least this meter's
+        first), reading nothing: what stands for the energy where the counter cannot be read now."""
+        assert self.read_j.last_j is not None, "the meter's start read the counter"
+        return self.read_j.last_j - self.start_j, self.read_j.last_s
 
     def add(self, t_s: float, total_mw: float) -> float:
         return self.energy_j

@@ -667,3 +667,27 @@ def test_a_gpu_lost_under_a_tuned_job_is_said_once_and_its_reports_are_still_tak
     c.notify("progress", job_id=jobs[1], steps=21, phase="train")
     c.call("status")
     assert f"job {jobs[1]} (pid {os.getpid()}): its energy counter reads again" in d.log()
+
+
+def test_a_job_ended_by_its_gpu_falling_off_the_bus_keeps_the_energy_read_before(nvml_daemon, tmp_path):
+    """Xid 79: the GPU falls off the bus, the training process dies of it, and the job's end finds the counter
+    answering GPU_IS_LOST. Its energy was "unknown" for the whole run, in the log, the unregister reply and the
+    measurement store, though the daemon had read the counter moments before: it is counted up to that read."""
+    faults = tmp_path / "faults.json"
+    d, _calls = nvml_daemon(gpus=({"util_gpu_pct": 80, "meter_update_s": 0}, {"util_gpu_pct": 80, "meter_update_s": 0}),
+                            system={"faults_path": str(faults)}, policy="ffg")
+    worker = _worker()
+    try:
+        c = d.client()
+        job_id = c.call("register", pid=worker.pid, gpu=1, **FEATURES)["job_id"]
+        so_far_j = c.call("status")["jobs"][0]["energy_j"]  # a read of the counter
+        assert so_far_j > 0
+        set_faults(faults, {"gpus": {"1": {"*": 15}}})  # NVML_ERROR_GPU_IS_LOST
+        worker.kill()
+        d.wait_status(lambda m: "=0 job(s)" in m)
+    finally:
+        worker.kill()
+        worker.wait()
+    ended = next(line for line in d.log().splitlines() if f"job {job_id} (pid {worker.pid}) ended" in line)
+    assert "energy unknown" not in ended and f"energy {so_far_j:.1f} J" in ended, ended
+    assert "its energy is counted up to the last read" in d.log()
