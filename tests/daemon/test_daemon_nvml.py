@@ -691,3 +691,20 @@ def test_a_job_ended_by_its_gpu_falling_off_the_bus_keeps_the_energy_read_before
     ended = next(line for line in d.log().splitlines() if f"job {job_id} (pid {worker.pid}) ended" in line)
     assert "energy unknown" not in ended and f"energy {so_far_j:.1f} J" in ended, ended
     assert "its energy is counted up to the last read" in d.log()
+
+
+def test_doctors_pin_check_on_a_node_with_a_gpu_off_the_bus_checks_the_others(nvml_daemon, tmp_path):
+    """A GPU off the bus (GPU_IS_LOST), pinned for a job (GPU 1) or idle (GPU 2): its read failed the whole pin
+    check, so `ftgov doctor` on the node an operator looks at because a GPU is in trouble said only "pin check
+    through ftgovd failed", and nothing of the GPUs that work. Each GPU is answered for; the lost ones say why."""
+    faults = tmp_path / "faults.json"
+    d, _calls = nvml_daemon(gpus=({"util_gpu_pct": 80},) * 3, system={"faults_path": str(faults)}, policy="ffg")
+    c = d.client()
+    assert c.call("register", gpu=1, **FEATURES)["freq_hz"] is not None
+    set_faults(faults, {"gpus": {"1": {"*": 15}, "2": {"*": 15}}})  # NVML_ERROR_GPU_IS_LOST
+    answers = c.call("pin_check")["gpus"]
+    assert [(a["gpu"], a["ok"], a["wrote"]) for a in answers] == [("0", True, True), ("1", False, False),
+                                                                 ("2", False, False)], answers
+    assert all(a["detail"].startswith("cannot be read: ") and "GPU_IS_LOST" in a["detail"] for a in answers[1:])
+    status = c.call("status")["gpus"]
+    assert [g["pinned_hz"] is not None for g in status] == [False, True, False], status  # nothing written on 1, 2
