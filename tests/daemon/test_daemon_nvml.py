@@ -708,3 +708,23 @@ def test_doctors_pin_check_on_a_node_with_a_gpu_off_the_bus_checks_the_others(nv
     assert all(a["detail"].startswith("cannot be read: ") and "GPU_IS_LOST" in a["detail"] for a in answers[1:])
     status = c.call("status")["gpus"]
     assert [g["pinned_hz"] is not None for g in status] == [False, True, False], status  # nothing written on 1, 2
+
+
+def test_an_energy_counter_that_jumps_by_more_than_any_gpu_draws_is_not_a_jobs_energy(nvml_daemon, tmp_path):
+    """A counter that jumps by a megajoule between two reads a second apart (a glitch; 1 GW): taken as energy, it
+    went whole into the job's energy (1000980 J for 3 s of an H200) and into the window open across it (a tuner's
+    level read 65000 J/step against 14), so a saving or a search could rest on it. It is dropped, as a counter that
+    goes back is, and said once."""
+    faults = tmp_path / "faults.json"
+    d, _calls = nvml_daemon(gpus=({"util_gpu_pct": 80, "meter_update_s": 0},), system={"faults_path": str(faults)},
+                            policy="ffg")
+    c = d.client()
+    job_id = c.call("register", **FEATURES)["job_id"]
+    c.call("status")  # a read of the counter
+    set_faults(faults, {"gpus": {"0": {"energy_offset_mj": 1e9}}})
+    assert c.call("status")["jobs"][0]["energy_j"] < 1000  # under a second of an H200 at its 700 W
+    set_faults(faults, {"gpus": {"0": {"energy_offset_mj": 2e9}}})  # and again: said once
+    end = c.call("unregister", job_id=job_id)
+    assert 0 < end["energy_j"] < 1000, end
+    said = [line for line in d.log().splitlines() if "GPU 0's energy counter jumped" in line and " DEBUG " not in line]
+    assert len(said) == 1 and " WARNING " in said[0], said
