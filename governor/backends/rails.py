@@ -159,11 +159,20 @@ class EnergyMeter:
         """The integral so far (its last sample; reading nothing), as CounterMeter.recent_j."""
         return self.energy_j
 
+    def last_read(self) -> tuple[float, float]:
+        """(energy_j, monotonic s) as of the last sample, reading nothing, as CounterMeter.last_read."""
+        return self.energy_j, self.last_t_s
+
     def total_j(self, t_s: float, total_mw: float) -> float:
         """The whole energy since start at ``t_s``, where the power reads ``total_mw``: the integral carried to now
         (not added), less the readings' lag."""
         since_j = max(0.0, t_s - self.last_t_s) * (self.last_mw + total_mw) / 2.0 / 1000.0
         return self.energy_j + since_j + self.update_s * (total_mw - self.start_mw) / 1000.0
+
+
+# A GPU's energy counter moving faster than this is no GPU's power (an H200 board is 700 W, a GB200 superchip about
+# 2.7 kW): over at least a second, so that a read just after one of NVML's 100 ms updates is never taken for one.
+MAX_COUNTER_W = 10_000.0
 
 
 class CounterReads:
@@ -182,6 +191,7 @@ class CounterReads:
         self._raw_j: float | None = None
         self._offset_j = 0.0
         self.restarts = 0
+        self.jumps = 0
         # What the reads cost, in wall time (on an H200 a read took 8-10 ms of the process's CPU, of which the
         # calling thread's clock saw about half and the wall about all): the last read's, for the pace of a job's
         # reads, and all of them, for status (the reads' share of a core, scripts/daemon_cpu.py).
@@ -199,6 +209,17 @@ class CounterReads:
             (log.warning if self.restarts == 1 else log.debug)(
                 "%s went back from %.1f J to %.1f J (started again: a GPU reset?): energy goes on from its last "
                 "reading, and what ran since that reading is not counted", self.what, self._raw_j, raw_j)
+        elif self._raw_j is not None and self.last_j is not None and (
+                raw_j - self._raw_j > MAX_COUNTER_W * max(time.monotonic() - self.last_s, 1.0)):
+            # More than any GPU board draws: a counter that jumped (a glitch, a driver's new origin), not energy.
+            # Taken as energy it went whole into the job's energy and the window open across it: one level read
+            # thousands of times dearer, or a baseline's saving near 100%. Dropped, as a restart is.
+            self._offset_j = self.last_j - raw_j
+            self.jumps += 1
+            (log.warning if self.jumps == 1 else log.debug)(
+                "%s jumped from %.1f J to %.1f J in %.1f s, above %g W: taken for a glitch, energy goes on from its "
+                "last reading, and what ran since that reading is not counted", self.what, self._raw_j, raw_j,
+                time.monotonic() - self.last_s, MAX_COUNTER_W)
         self._raw_j = raw_j
         self.last_j = raw_j + self._offset_j
         self.last_s = time.monotonic()
@@ -233,6 +254,12 @@ class CounterMeter:
     def recent_j(self, max_age_s: float) -> float:
         """energy_j as of a read at most ``max_age_s`` old (any meter's on the GPU): for figures that may lag."""
         return self.read_j.recent_j(max_age_s) - self.start_j
+
+    def last_read(self) -> tuple[float, float]:
+        """(energy_j, monotonic s) as of the counter's last read (any meter's on the GPU, at least this meter's
+        first), reading nothing: what stands for the energy where the counter cannot be read now."""
+        assert self.read_j.last_j is not None, "the meter's start read the counter"
+        return self.read_j.last_j - self.start_j, self.read_j.last_s
 
     def add(self, t_s: float, total_mw: float) -> float:
         return self.energy_j

@@ -90,6 +90,16 @@ def pin_check(pin: GpuPin) -> dict:
     if pin.cannot_pin is not None:
         return {"ok": False, "wrote": False,
                 "detail": f"cannot be pinned, so its jobs run as observe: {pin.cannot_pin}"}
+    # The reads come before any write: one that fails (a GPU off the bus, a devfreq node gone) fails this GPU's
+    # check alone. Raised, it failed the whole check, every other GPU's answer with it, on the node an operator runs
+    # `ftgov doctor` on because a GPU is in trouble.
+    try:
+        return _checked(pin)
+    except BackendError as e:
+        return {"ok": False, "wrote": False, "detail": f"cannot be read: {e}"}
+
+
+def _checked(pin: GpuPin) -> dict:
     if pin.pinned_hz is not None:
         holds = pin.gpu.pin_holds()
         return {"ok": holds, "wrote": False, "pinned_hz": pin.pinned_hz,

@@ -340,7 +340,8 @@ class Controller:
         job = self.jobs.remove(job_id)
         if job is None:
             return None
-        energy_j, unknown = None, "unknown (no rails or energy counter)"
+        energy_j: float | None = None
+        unknown = "unknown (no rails or energy counter)"
         pin = self.gpus.get(job.gpu_id)
         if job.meter is None and pin is not None and pin.gpu.has_energy_counter:
             unknown = "unknown (its GPU's energy counter could not be read when it started)"
@@ -348,8 +349,13 @@ class Controller:
             try:
                 energy_j = job.earlier_energy_j + job.meter.total_j(time.monotonic(), self.energy.total_mw())
             except BackendError as e:
-                log.warning("%s: cannot read energy at its end: %s", job.label(), e)
-                unknown = "unknown (its end could not be read)"
+                # A GPU off the bus is what ends most jobs on it (Xid 79 kills their CUDA context), and its counter
+                # answers no more: the last read (a tuner's, the state file's: seconds old) stands for the energy of
+                # the whole run, short by what ran since, where "unknown" lost all of it.
+                so_far_j, at_s = job.meter.last_read()
+                energy_j = job.earlier_energy_j + so_far_j
+                log.warning("%s: cannot read energy at its end: %s; its energy is counted up to the last read, "
+                            "%.1f s before", job.label(), e, time.monotonic() - at_s)
         saving = job.tuner.finish(job) if job.tuner is not None else None
         # A tuned job without a saving says why (an observed one has nothing to say: it measures none by design).
         unmeasured = job.tuner.unmeasured_why() if saving is None and job.tuner is not None else None

@@ -206,6 +206,7 @@ class MeterFeed:
         self._cut_j = self._cut_s = 0.0
         self._gap_last: float | None = None  # the last report's step ends held one: its seconds a step
         self.gaps = 0  # unreported pauses cut out
+        self.read_error: str | None = None  # why the counter could not be read at the last report that read it
 
     def settle_s(self, updates: float | None = None) -> float:
         """How long the meter takes to show a change of clock or an unpin wholly: ``updates`` of its updates (None:
@@ -240,7 +241,22 @@ class MeterFeed:
             if now_s - self._report_read_s < self.pace_s():  # a cheap counter: read at every report
                 return []
             self._report_read_s = now_s
-        return self._less_gaps(self.points(job, self.energy_j(job)))
+        try:
+            energy_j = self.energy_j(job)
+        except BackendError as e:
+            # A counter that cannot be read now (a GPU off the bus, NVML's Unknown or Timeout once): no point, and
+            # the windows wait for the next read (the counter counts on meanwhile, so the window loses nothing).
+            # Raised, it failed the whole report, at every report for as long as it lasted: a warning line each,
+            # and the load sampler and the job's group never heard of its steps.
+            if self.read_error is None:
+                log.warning("%s: its energy counter cannot be read: %s; its windows wait for it (said again when "
+                            "it reads)", job.label(), e, extra=job.fields())
+            self.read_error = str(e)
+            return []
+        if self.read_error is not None:
+            log.info("%s: its energy counter reads again", job.label(), extra=job.fields())
+            self.read_error = None
+        return self._less_gaps(self.points(job, energy_j))
 
     def _less_gaps(self, points: list[tuple[float, float, float]]) -> list[tuple[float, float, float]]:
         """``points`` less what the unreported pauses so far drew and lasted (the class's docstring). The first point

@@ -641,3 +641,90 @@ def test_a_power_cap_outside_a_gpus_range_leaves_its_clock_pin_and_is_said_once(
     (cap,) = [check for check in json.loads(out.stdout)["checks"] if check["name"] == "power cap"]
     assert cap["status"] == "WARN" and cap["detail"].startswith("GPU 1: power_cap_w is not applied"), cap
     assert "power limit cannot be set" not in d.log() and "will not try again while it runs" not in d.log()
+
+
+def test_a_gpu_lost_under_a_tuned_job_is_said_once_and_its_reports_are_still_taken(nvml_daemon, tmp_path):
+    """GPU 1 off the bus (every call: GPU_IS_LOST) while tuned jobs run on both GPUs. Each report of GPU 1's job
+    read its energy counter, and the error failed the whole report: "progress from uid 0 failed" at every report
+    (tens a second, for as long as the job ran), and the rest of the report (the load sampler, the job's group) was
+    skipped. The job stays (its process runs), its energy is unknown, the other GPU's job goes on, said once."""
+    faults = tmp_path / "faults.json"
+    d, _calls = nvml_daemon(gpus=({"util_gpu_pct": 80}, {"util_gpu_pct": 80}), system={"faults_path": str(faults)})
+    c = d.client()
+    jobs = [c.call("register", tune=True, gpu=gpu, **FEATURES)["job_id"] for gpu in (0, 1)]
+    set_faults(faults, {"gpus": {"1": {"*": 15}}})  # NVML_ERROR_GPU_IS_LOST
+    for steps in range(1, 21):
+        for job_id in jobs:
+            c.notify("progress", job_id=job_id, steps=steps, phase="train")
+    status = c.call("status")
+    assert [(j["gpu"], j["steps"]) for j in status["jobs"]] == [("0", 20), ("1", 20)], status["jobs"]
+    assert status["jobs"][0]["energy_j"] is not None and status["jobs"][1]["energy_j"] is None, status["jobs"]
+    log = d.log()
+    assert "progress from uid 0 failed" not in log, log
+    said = [line for line in log.splitlines() if "energy counter cannot be read" in line]
+    assert len(said) == 1 and f"job {jobs[1]} " in said[0] and "GPU_IS_LOST" in said[0], said
+    set_faults(faults, {})  # back (the same handle answers again)
+    c.notify("progress", job_id=jobs[1], steps=21, phase="train")
+    c.call("status")
+    assert f"job {jobs[1]} (pid {os.getpid()}): its energy counter reads again" in d.log()
+
+
+def test_a_job_ended_by_its_gpu_falling_off_the_bus_keeps_the_energy_read_before(nvml_daemon, tmp_path):
+    """Xid 79: the GPU falls off the bus, the training process dies of it, and the job's end finds the counter
+    answering GPU_IS_LOST. Its energy was "unknown" for the whole run, in the log, the unregister reply and the
+    measurement store, though the daemon had read the counter moments before: it is counted up to that read."""
+    faults = tmp_path / "faults.json"
+    d, _calls = nvml_daemon(gpus=({"util_gpu_pct": 80, "meter_update_s": 0}, {"util_gpu_pct": 80, "meter_update_s": 0}),
+                            system={"faults_path": str(faults)}, policy="ffg")
+    worker = _worker()
+    try:
+        c = d.client()
+        job_id = c.call("register", pid=worker.pid, gpu=1, **FEATURES)["job_id"]
+        so_far_j = c.call("status")["jobs"][0]["energy_j"]  # a read of the counter
+        assert so_far_j > 0
+        set_faults(faults, {"gpus": {"1": {"*": 15}}})  # NVML_ERROR_GPU_IS_LOST
+        worker.kill()
+        d.wait_status(lambda m: "=0 job(s)" in m)
+    finally:
+        worker.kill()
+        worker.wait()
+    ended = next(line for line in d.log().splitlines() if f"job {job_id} (pid {worker.pid}) ended" in line)
+    assert "energy unknown" not in ended and f"energy {so_far_j:.1f} J" in ended, ended
+    assert "its energy is counted up to the last read" in d.log()
+
+
+def test_doctors_pin_check_on_a_node_with_a_gpu_off_the_bus_checks_the_others(nvml_daemon, tmp_path):
+    """A GPU off the bus (GPU_IS_LOST), pinned for a job (GPU 1) or idle (GPU 2): its read failed the whole pin
+    check, so `ftgov doctor` on the node an operator looks at because a GPU is in trouble said only "pin check
+    through ftgovd failed", and nothing of the GPUs that work. Each GPU is answered for; the lost ones say why."""
+    faults = tmp_path / "faults.json"
+    d, _calls = nvml_daemon(gpus=({"util_gpu_pct": 80},) * 3, system={"faults_path": str(faults)}, policy="ffg")
+    c = d.client()
+    assert c.call("register", gpu=1, **FEATURES)["freq_hz"] is not None
+    set_faults(faults, {"gpus": {"1": {"*": 15}, "2": {"*": 15}}})  # NVML_ERROR_GPU_IS_LOST
+    answers = c.call("pin_check")["gpus"]
+    assert [(a["gpu"], a["ok"], a["wrote"]) for a in answers] == [("0", True, True), ("1", False, False),
+                                                                 ("2", False, False)], answers
+    assert all(a["detail"].startswith("cannot be read: ") and "GPU_IS_LOST" in a["detail"] for a in answers[1:])
+    status = c.call("status")["gpus"]
+    assert [g["pinned_hz"] is not None for g in status] == [False, True, False], status  # nothing written on 1, 2
+
+
+def test_an_energy_counter_that_jumps_by_more_than_any_gpu_draws_is_not_a_jobs_energy(nvml_daemon, tmp_path):
+    """A counter that jumps by a megajoule between two reads a second apart (a glitch; 1 GW): taken as energy, it
+    went whole into the job's energy (1000980 J for 3 s of an H200) and into the window open across it (a tuner's
+    level read 65000 J/step against 14), so a saving or a search could rest on it. It is dropped, as a counter that
+    goes back is, and said once."""
+    faults = tmp_path / "faults.json"
+    d, _calls = nvml_daemon(gpus=({"util_gpu_pct": 80, "meter_update_s": 0},), system={"faults_path": str(faults)},
+                            policy="ffg")
+    c = d.client()
+    job_id = c.call("register", **FEATURES)["job_id"]
+    c.call("status")  # a read of the counter
+    set_faults(faults, {"gpus": {"0": {"energy_offset_mj": 1e9}}})
+    assert c.call("status")["jobs"][0]["energy_j"] < 1000  # under a second of an H200 at its 700 W
+    set_faults(faults, {"gpus": {"0": {"energy_offset_mj": 2e9}}})  # and again: said once
+    end = c.call("unregister", job_id=job_id)
+    assert 0 < end["energy_j"] < 1000, end
+    said = [line for line in d.log().splitlines() if "GPU 0's energy counter jumped" in line and " DEBUG " not in line]
+    assert len(said) == 1 and " WARNING " in said[0], said
