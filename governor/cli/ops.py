@@ -79,6 +79,9 @@ def format_status(status: dict) -> str:
         if gpu.get("cannot_cap"):  # refused every power limit, or this cap as outside its range: pinned without it
             lines.append(f"  GPU {gpu.get('id')}: power_cap_w is not applied (its clocks are pinned without it): "
                          f"{gpu['cannot_cap']}")
+        if gpu.get("read_error"):  # the tick's check of a pin could not read it (NVML's read() answers no clock then)
+            lines.append(f"  GPU {gpu.get('id')}: cannot be read, so its pin is not checked (the daemon tries again "
+                         f"every tick): {gpu['read_error']}")
         if gpu.get("write_error"):  # a restore (or pin) that failed: the daemon retries it on every tick
             lines.append(f"  GPU {gpu.get('id')}: its last write failed and is being retried: {gpu['write_error']}")
     if status.get("gpu_missing"):

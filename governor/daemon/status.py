@@ -23,6 +23,7 @@ def status(ctl: Controller) -> dict:
                      "pinned_hz": pin.pinned_hz, "stood_down": pin.stood_down, "throttled_hz": pin.throttled_hz,
                      "cannot_pin": pin.cannot_pin, "cannot_cap": pin.cannot_cap,
                      "write_error": pin.write_error if pin.restore_failed else None,
+                     "read_error": pin.read_error,
                      "baseline_min_hz": pin.baseline.min_hz if pin.baseline else None,
                      "baseline_max_hz": pin.baseline.max_hz if pin.baseline else None})
     power = None

@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 
 import governor
+from governor.cli.ops import format_status
 from governor.client import GovernorWarning
 from governor.sim.meters import NVML_UPDATE_JITTER_S, NVML_UPDATE_S, UpdateClock
 from governor.store import measurements as store
 from tests.support import FAKENVML_DIR as FAKE_DIR
 from tests.support.daemon import FEATURES, REPO, reload, rewrite_config
+from tests.support.fswatch import Watch
 
 
 @pytest.fixture
@@ -663,6 +665,14 @@ def test_a_gpu_lost_under_a_tuned_job_is_said_once_and_its_reports_are_still_tak
     assert "progress from uid 0 failed" not in log, log
     said = [line for line in log.splitlines() if "energy counter cannot be read" in line]
     assert len(said) == 1 and f"job {jobs[1]} " in said[0] and "GPU_IS_LOST" in said[0], said
+    watch = Watch(Path(d.log_path).parent)  # the next tick's check of the pins: status then says which GPU is lost
+    try:
+        watch.wait(lambda: "GPU 1: cannot read limits to check the pin" in d.log(), timeout_s=30)
+    finally:
+        watch.close()
+    status = c.call("status")
+    assert [g["read_error"] is not None for g in status["gpus"]] == [False, True], status["gpus"]
+    assert "GPU 1: cannot be read, so its pin is not checked" in format_status(status)
     set_faults(faults, {})  # back (the same handle answers again)
     c.notify("progress", job_id=jobs[1], steps=21, phase="train")
     c.call("status")
