@@ -132,9 +132,9 @@ def main() -> int:
         # The job says how long it runs: the tuner's exploration budget is a share of the job's energy.
         with client.job(name="bert-base/mnli (tuned)", socket=sock, tune=True, report_every_s=0,
                         total_steps=TUNED_STEPS, **JOB) as tjob:
-            say(f"   starts at MLG's pick, {mhz(tjob.registration['freq_hz'])}; steps take as long as the "
-                f"energy model says at the pinned clock, in {TIME_SCALE:g}x the wall time at the power / "
-                f"{TIME_SCALE:g} (a step takes its energy)")
+            say(f"   starts at MLG's pick, {mhz(tjob.registration['freq_hz'])}; each step runs in {TIME_SCALE:g}x "
+                f"the energy model's time at the pinned clock, the board drawing 1/{TIME_SCALE:g} of its power: the "
+                "step's energy is the model's")
             simjob.run(Root(root), tjob, w, TUNED_STEPS, time_scale=TIME_SCALE)
             with client.Connection(sock) as conn:
                 t = conn.call("status")["jobs"][0]
@@ -142,7 +142,8 @@ def main() -> int:
             say(f"   measured {e['freq_hz'] / 1e6:6g} MHz: {e['joules_per_step']:.3f} J/step over "
                 f"{e['windows']} window(s) (the model: {model.expected(w, e['freq_hz']).energy_j:.3f})")
         oracle = min(model.levels_hz, key=lambda hz: model.expected(w, hz).energy_j)
-        say(f"   {t['reason']}: {mhz(t['freq_hz'])} (the model's true minimum: {mhz(oracle)})")
+        level = mhz(t["freq_hz"])
+        say(f"   {t['reason']}{'' if level in t['reason'] else ': ' + level} (the model's true minimum: {mhz(oracle)})")
         if tjob.result and tjob.result.get("saved_pct") is not None:
             say(f"   measured: saved {tjob.result['saved_pct']:g}% energy per step vs the default governor, over "
                 f"{tjob.result['saved_measured_steps']} steps (the model says "
