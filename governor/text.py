@@ -88,6 +88,32 @@ def printable(text: str) -> str:
                    for ch, bad in zip(text, _flags(text), strict=True))
 
 
+def cells(text: str) -> int:
+    """The terminal cells text takes: two for a wide or fullwidth character (CJK, most emoji), none for a combining
+    mark, one for the rest (what wcwidth says of the characters `printable` leaves)."""
+    if text.isascii():
+        return len(text)
+    return sum(0 if unicodedata.category(ch) in ("Mn", "Me") else 2 if unicodedata.east_asian_width(ch) in "WF"
+               else 1 for ch in text)
+
+
+def padded(text: str, width: int) -> str:
+    """text and spaces up to ``width`` cells (str.ljust counts characters: a wide name pushed the columns after it)."""
+    return text + " " * (width - cells(text))
+
+
+def cut(text: str, width: int, mark: str = "~") -> str:
+    """text in at most ``width`` cells, its end replaced by ``mark`` where it was longer."""
+    if cells(text) <= width:
+        return text
+    out, used = "", cells(mark)
+    for ch in text:
+        if used + cells(ch) > width:
+            break
+        out, used = out + ch, used + cells(ch)
+    return out + mark
+
+
 def isolated(text: str) -> str:
     """text between FSI and PDI when it holds a right-to-left letter, so that it cannot reorder its neighbours."""
     if text.isascii() or not any(unicodedata.bidirectional(ch) in ("R", "AL") for ch in text):

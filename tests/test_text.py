@@ -6,7 +6,7 @@ import pytest
 
 from governor.cli.metrics import families
 from governor.cli.ops import format_status
-from governor.text import isolated, printable, unprintable_at
+from governor.text import cells, cut, isolated, padded, printable, unprintable_at
 from tests.support.daemon import FEATURES
 from tests.support.security import ftgov, job_record, write_state
 
@@ -108,3 +108,30 @@ def test_a_right_to_left_name_is_isolated_in_the_status_table_and_history():
     # The cells after the name still line up: the isolates take no column.
     assert rows[0].replace("\u2068", "").replace("\u2069", "").index(" 10 ") == rows[1].index(" 11 ")
     assert isolated("plain") == "plain" and isolated(rtl) == f"\u2068{rtl}\u2069"
+
+
+def test_wide_names_keep_the_columns_after_them_in_line():
+    """A name of wide characters (CJK, emoji: two terminal cells each) was padded by characters, so the cells after
+    it began further right than on the other rows; a long one was cut by characters too, past the column."""
+    names = ["\N{GRINNING FACE}" * 3 + "-run", "\u6a21\u578b-bert", "plain", "e\u0301te"]  # emoji, CJK, ASCII, a mark
+    status = {"policy": "mlg", "gpus": [], "jobs": [
+        {"job_id": i, "name": name, "pid": 10 + i, "gpu": "0", "freq_hz": 714000000} for i, name in enumerate(names)]}
+    rows = format_status(status).splitlines()[-len(names):]
+    assert len({cells(row[:row.index(f" {10 + i} ")]) for i, row in enumerate(rows)}) == 1, rows
+    assert cells("\N{GRINNING FACE}") == 2 and cells("e\u0301") == 1 and cells("abc") == 3
+    long = "\u6a21" * 30
+    assert cells(cut(long, 24)) <= 24 and cut(long, 24).endswith("~") and cut("short", 24) == "short"
+    assert padded("\u6a21", 4) == "\u6a21  "
+
+
+def test_history_lines_up_after_a_wide_name():
+    from governor.cli.history import format_table
+    from governor.store.measurements import JobRecord
+
+    fields = {f: None for f in JobRecord.__dataclass_fields__}
+    jobs = [JobRecord(**{**fields, "name": name, "ended_at": 1.7e9, "policy": "mlg", "freq_hz": 714000000,
+                         "duration_s": 10.0, "steps": 5, "energy_j": 12.5})
+            for name in ("\N{GRINNING FACE}" * 20, "plain")]
+    totals = {"jobs": 2, "energy_j": 25.0, "saved_default_j": 0.0, "saved_start_j": 0.0, "saved_unsplit_j": 0.0}
+    rows = format_table(jobs, totals).splitlines()[1:3]
+    assert cells(rows[0][:rows[0].index("mlg")]) == cells(rows[1][:rows[1].index("mlg")]), rows

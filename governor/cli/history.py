@@ -17,7 +17,7 @@ from datetime import datetime, timedelta
 
 from governor.errors import FtgovError
 from governor.simpaths import missing_store_hint, simulated_store
-from governor.text import isolated, printable
+from governor.text import cut, isolated, padded, printable
 from governor.units import energy, figure
 
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
@@ -151,13 +151,12 @@ def format_table(jobs, totals: dict) -> str:
     head = f"{'ended':19}  {'job':24}  {'policy':8}  {'MHz':>7}  {'time s':>8}  {'steps':>6}  {'energy J':>9}  saved"
     lines = [head]
     for j in jobs:
-        name = printable(j.name) if j.name else "-"
-        if len(name) > 24:
-            name = name[:23] + "~"
+        name = cut(printable(j.name), 24) if j.name else "-"
         err = "" if j.saved_pct_err is None else f" ± {j.saved_pct_err:.1f}"
         saved = ("-" if j.saved_rel is None
                  else f"{figure(100 * j.saved_rel, '.1f')}%{err} vs {printable(j.saved_basis or '-')}")
-        lines.append(f"{datetime.fromtimestamp(j.ended_at).strftime('%Y-%m-%d %H:%M:%S')}  {isolated(f'{name:24}')}  "
+        ended = datetime.fromtimestamp(j.ended_at).strftime('%Y-%m-%d %H:%M:%S')
+        lines.append(f"{ended}  {isolated(padded(name, 24))}  "
                      f"{printable(j.policy or '-'):8}  {_num(j.freq_hz and j.freq_hz / 1e6, 'g'):>7}  "
                      f"{_num(j.duration_s, '.1f'):>8}  {_num(j.steps, 'd'):>6}  {_num(j.energy_j, '.1f'):>9}  {saved}")
     lines.append(f"{len(jobs)} job(s) listed; in all {totals['jobs']} recorded, {energy(totals['energy_j'])}; "

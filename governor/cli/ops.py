@@ -13,7 +13,7 @@ import sys
 from governor.cli.features import add_feature_arguments, features_from_args
 from governor.client import Connection
 from governor.errors import ConfigError, FtgovError
-from governor.text import isolated, printable
+from governor.text import cells, isolated, padded, printable
 from governor.units import energy, mhz
 
 
@@ -104,10 +104,10 @@ def format_status(status: dict) -> str:
                 str(j.get("job_id")), str(j.get("name") or "-"), _or_dash(j.get("pid")), str(j.get("gpu")),
                 str(j.get("policy") or "-"), mhz(j.get("freq_hz")), str(j.get("steps", 0)),
                 str(j.get("phase") or "-"), _duration(j.get("duration_s")), energy(j.get("energy_j")))))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        widths = [max(cells(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = [printable(line) for line in lines] + [""]
         # A right-to-left name is isolated (governor/text.py) so that it cannot reorder the cells beside it.
-        lines += ["  ".join(isolated(cell.ljust(w)) if i == 1 else cell.ljust(w)
+        lines += ["  ".join(isolated(padded(cell, w)) if i == 1 else padded(cell, w)
                             for i, (cell, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in rows]
         lines += [printable(f"  job {j.get('job_id')}: {j['reason']}") for j in jobs if j.get("reason")]
         lines += [printable(line) for line in _group_lines(status.get("groups") or [])]
