@@ -18,6 +18,7 @@ import itertools
 import json
 import os
 import select
+import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -39,6 +40,7 @@ from governor.simpaths import (
     tree_state_dir,
 )
 from governor.sysfs import Root
+from governor.units import mhz
 
 _announcements = itertools.count(1)
 
@@ -229,6 +231,12 @@ def _main(args: argparse.Namespace) -> int:
         start = "start ftgovd --simulate" if PRINT_ENV in why else f"start ftgovd --simulate, then {PRINT_ENV}"
         raise FtgovError(f"{why}. sim-job runs its steps for ftgovd to govern: {start} (or pass --socket); "
                          "--no-daemon runs them without it")
+    # The steps take a while (2,000 of BERT-base: ~40 s): said on stderr, stdout keeps the summary's JSON alone.
+    reg = job.registration or {}
+    print(f"sim-job: job {job.job_id} registered ({reg.get('policy')}, "
+          f"{mhz(reg.get('freq_hz'), none='not pinned yet')}); "
+          f"running {args.steps} steps; `ftgov status` or ftgovd's log shows the pin meanwhile, the summary comes at "
+          "the end", file=sys.stderr, flush=True)
     # Nor is a daemon that went away while the steps ran: no summary, and its warning is this command's error, not a
     # Python warning that points at the ftgov script.
     with _governor_news() as lost:

@@ -138,6 +138,9 @@ def test_sim_job_tunes_against_simulate_while_the_daemon_rewrites_the_limits(sta
         assert out.returncode == 0, out.stderr
         result = json.loads(out.stdout)  # unregister's answer, as JSON
         assert result["steps"] == 120 and result["ended"] == "unregistered", out.stdout
+        # What runs meanwhile (2,000 steps take ~40 s) is said at the start, on stderr: stdout is the JSON alone.
+        said = rf"sim-job: job {result['job_id']} registered \(tune, ([0-9.]+ MHz|not pinned yet)\); running 120 steps"
+        assert re.search(said, out.stderr), out.stderr
 
 
 def test_sim_job_finds_the_daemon_beside_the_tree_it_was_given(start_daemon):
