@@ -30,7 +30,14 @@ from governor.cli.doctor_checks import (
 )
 from governor.client import Connection, DaemonUnavailable, SocketPermissionError, socket_path
 from governor.errors import ConfigError, FtgovError
-from governor.simpaths import env_tree, tree_socket, tree_state_dir
+from governor.simpaths import (
+    PRINT_ENV,
+    SOCKET_NAME,
+    env_tree,
+    simulate_runtime_dir,
+    tree_socket,
+    tree_state_dir,
+)
 from governor.sysfs import trusted_root
 from governor.text import printable
 
@@ -153,7 +160,21 @@ def run(args: argparse.Namespace) -> int:
         fails = sum(c.status == FAIL for c in checks)
         warns = sum(c.status == WARN for c in checks)
         print(f"{fails} FAIL, {warns} WARN" if fails or warns else "all checks OK")
+        if fails and (hint := _simulated_elsewhere(args)) is not None:
+            print(hint)
     return 0 if ok else 1
+
+
+def _simulated_elsewhere(args: argparse.Namespace) -> str | None:
+    """Where doctor checked this machine's board (nothing named a simulated one) while ftgovd --simulate listens here:
+    a new shell that was never pointed at it, whose checks fail on a machine with no Jetson. How to check that one."""
+    if args.sysfs_root or args.socket or env_tree() or os.environ.get(SOCKET_ENV):
+        return None
+    sock = simulate_runtime_dir() / SOCKET_NAME
+    if not sock.is_socket():
+        return None
+    return (f"(ftgovd --simulate listens on {sock}: to check its simulated board instead, run {PRINT_ENV} in this "
+            "shell, then ftgov doctor)")
 
 
 def add_parser(sub) -> None:

@@ -498,3 +498,32 @@ def test_a_config_that_does_not_exist_is_not_told_to_be_fixed(orin, tmp_path):
                            env={**os.environ, "PYTHONPATH": str(REPO)})
         (check,) = [c for c in json.loads(p.stdout)["checks"] if c["name"] == "config"]
         assert check["status"] == "FAIL" and check["fix"].startswith(fix), check
+
+
+def test_a_shell_never_pointed_at_a_running_simulated_daemon_is_told_how(tmp_path, monkeypatch, capsys):
+    """A new shell: `ftgov doctor` checks this machine's board, which on a machine without a Jetson fails four ways,
+    while ftgovd --simulate runs beside it; nothing said how to check that one (status and history do)."""
+    import socket as socketlib
+
+    from governor.cli import doctor as doctor_cli
+    from governor.cli import main
+
+    runtime = tmp_path / "ftgov-sim"
+    runtime.mkdir()
+    listening = socketlib.socket(socketlib.AF_UNIX)
+    listening.bind(str(runtime / "ftgov.sock"))
+    monkeypatch.setattr(doctor_cli, "simulate_runtime_dir", lambda: runtime)
+    for name in ("FTGOV_SIM_TREE", "FTGOV_SOCKET"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "ftgov.yaml"
+    config.write_text(f"sysfs_root: {tmp_path / 'no-board'}\nstate_dir: {tmp_path / 'state'}\n")
+    try:
+        assert main(["doctor", "--config", str(config)]) == 1
+        out = capsys.readouterr().out
+        assert f"ftgovd --simulate listens on {runtime / 'ftgov.sock'}" in out
+        assert 'eval "$(ftgovd --simulate --print-env)"' in out.splitlines()[-1], out
+        monkeypatch.setenv("FTGOV_SOCKET", str(tmp_path / "other.sock"))  # a shell pointed somewhere: no hint
+        assert main(["doctor", "--config", str(config)]) == 1
+        assert "listens on" not in capsys.readouterr().out
+    finally:
+        listening.close()
