@@ -329,7 +329,8 @@ class Config(_Strict):
     model_file: AbsolutePath | None = Field(None,
                                    description="ftgov-tree/1 JSON; default: the tree shipped with ftgov")
     ffg_freq_hz: int | None = Field(None, description="FFG's frequency in Hz (nearest level at or above is pinned); "
-                                    "default: the level with the least total energy in the training data (ffg.json)")
+                                    "default: the level with the least total energy in the training data (the "
+                                    "ffg.json beside model_file, else the shipped one)")
     pin_above_power_mode: bool = Field(False, description=(
         "pin above the GPU's max_freq as found before the first pin (the nvpmodel power mode's cap); default never"))
     restore_on_stop: bool = True
@@ -471,12 +472,16 @@ def load_config(path: str | os.PathLike | None, overrides: dict | None = None, *
         raise ConfigError(f"{where}: {_format_errors(e)}") from e
 
 
-FALLBACK_FFG_HZ = 612_000_000  # used only when no ffg.json ships beside the model (a broken install); logged
+FALLBACK_FFG_HZ = 612_000_000  # used only when the ffg.json found cannot be read (a broken install); logged
 
 
 def default_ffg_hz(model_file: str | os.PathLike) -> tuple[int, str]:
-    """FFG's frequency from ffg.json beside the model (written by `make model` from the same data), and where from."""
+    """FFG's frequency from ffg.json beside the model (written by `make model`, or `ftgov model ffg` in the directory
+    of an operator's own tree, from the same data as the tree), and where from. A tree with none beside it (`ftgov
+    model retrain`'s, a hand-written one) gets the shipped ffg.json's: no ffg.json of its data exists."""
     path = Path(model_file).with_name("ffg.json")
+    if not os.path.lexists(path):
+        path = data.path(data.FFG)
     try:
         return read_ffg_hz(path), str(path)
     except ModelError as e:

@@ -326,7 +326,7 @@ def build_policy(config: Config, gpus: list) -> Policy:
     model_file = config.model_file or str(shipped_model)
     ffg_hz, ffg_from = config.ffg_freq_hz, "config"
     if ffg_hz is None:
-        ffg_hz, ffg_from = default_ffg_hz(shipped_model)
+        ffg_hz, ffg_from = default_ffg_hz(model_file)
     else:
         check_ffg_in_a_table(ffg_hz, gpus)
     log.info("FFG frequency %s (from %s)", mhz(ffg_hz), ffg_from)

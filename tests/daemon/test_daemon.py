@@ -320,6 +320,22 @@ def test_mlg_falls_back_to_ffg_when_the_model_file_is_bad(orin, start_daemon, tm
     assert "fell back to ffg" in res["reason"] and "MLG falls back to FFG" in d.log()
 
 
+@pytest.mark.parametrize("beside_hz, pinned_hz", [(510000000, 510000000), (None, 816000000)])
+def test_ffg_reads_the_ffg_json_beside_the_model_file(orin, start_daemon, tmp_path, beside_hz, pinned_hz):
+    # An operator's own `ftgov model export` and `ftgov model ffg` write mlg-tree.json and ffg.json side by side
+    # (model/README.md): pointed at the tree, the daemon's FFG is that data's level, not the shipped simulated one's
+    # (816 MHz). A tree with no ffg.json beside it (`ftgov model retrain`'s) keeps the shipped level.
+    own = tmp_path / "ftgov-model"
+    own.mkdir()
+    (own / "mlg-tree.json").write_text((REPO / "governor" / "data" / "mlg-tree.json").read_text())
+    if beside_hz is not None:
+        (own / "ffg.json").write_text(json.dumps({"freq_hz": beside_hz}))
+    d = start_daemon(config={"model_file": str(own / "mlg-tree.json"), "policy": "ffg"})
+    c = d.client()
+    assert c.call("register", **FEATURES)["freq_hz"] == pinned_hz
+    assert limits(orin) == (pinned_hz, pinned_hz)
+
+
 def test_observe_policy_pins_nothing(orin, start_daemon):
     d = start_daemon(config={"policy": "observe"})
     res = d.client().call("register", **FEATURES)
