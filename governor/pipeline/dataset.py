@@ -26,7 +26,9 @@ from pathlib import Path
 from governor import data as shipped
 from governor.errors import FtgovError
 from governor.features import FEATURE_ORDER, Features
+from governor.policy.tree import MAX_LEAF_HZ, MIN_LEAF_HZ
 from governor.safefile import open_file
+from governor.units import mhz
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,12 @@ def load(path: str | Path) -> list[Sweep]:
     levels = {s.levels_hz for s in sweeps}
     if len(levels) != 1:
         raise FtgovError(f"{path}: workloads were measured at different levels")
+    # The levels become the tree's leaves and FFG's frequency, which the daemon refuses outside this range (MHz
+    # written for Hz would pin every job at the lowest level): a file in another unit is told here, not at the daemon.
+    off = [hz for hz in sweeps[0].levels_hz if not MIN_LEAF_HZ <= hz <= MAX_LEAF_HZ]
+    if off:
+        raise FtgovError(f"{path}: freq_hz {off[0]} is not a GPU clock in Hz ({mhz(MIN_LEAF_HZ)} to "
+                         f"{mhz(MAX_LEAF_HZ)}): the column is in Hz (816 MHz is 816000000)")
     return sweeps
 
 

@@ -172,3 +172,18 @@ def test_a_csv_mixing_simulated_and_measured_rows_is_not_trained_on(tmp_path):
     out.write_text("\n".join(text[:13] + measured) + "\n")
     with pytest.raises(FtgovError, match="mixes 12 measured rows and 12 simulated rows"):
         dataset.load(out)
+
+
+def test_a_csv_with_levels_in_mhz_is_not_trained_on(tmp_path):
+    # A CSV put together by hand with freq_hz in MHz trained and exported a tree of 612/714/816 "Hz" leaves and an
+    # ffg.json of 816, which the daemon refuses (MLG then falls back to a built-in FFG level): refused where it is read.
+    _, out, _ = sweep(tmp_path, characterization_workloads()[:2])
+    table = rows(out)
+    for r in table:
+        r["freq_hz"] = r["freq_hz"] and str(int(r["freq_hz"]) // 1_000_000)
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(table)
+    with pytest.raises(FtgovError, match=r"freq_hz 306 is not a GPU clock in Hz .*816 MHz is 816000000"):
+        dataset.load(out)
