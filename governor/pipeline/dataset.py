@@ -129,6 +129,9 @@ def _sweep(name: str, rows: list[dict]) -> Sweep:
     pinned = [r for r in rows if r["setting"] == "pinned"]
     if len(maxn) != 1 or not pinned:
         raise FtgovError(f"{name}: needs exactly one MAXN row and pinned rows (has {len(maxn)} and {len(pinned)})")
+    for r in rows:
+        for column in ("energy_per_step_j", "step_time_s"):
+            _positive(name, r, column)
     first = rows[0]
     features = Features(model_type=first["model_type"], num_layers=int(first["num_layers"]),
                         hidden_size=int(first["hidden_size"]), seq_len=float(first["seq_len"]),
@@ -141,6 +144,16 @@ def _sweep(name: str, rows: list[dict]) -> Sweep:
         gpu_util_pct={int(r["freq_hz"]): float(r["gpu_util_pct"]) for r in pinned},
         maxn_energy_j=float(maxn[0]["energy_per_step_j"]), maxn_time_s=float(maxn[0]["step_time_s"]),
     )
+
+
+def _positive(name: str, row: dict, column: str) -> None:
+    """A row's energy or time, which labels, FFG and regret take logs and sums of: 'nan' passed float() and made FFG
+    pick the lowest level; 0 ended in a math domain error."""
+    value = row[column]
+    number = float(value)
+    if not (math.isfinite(number) and number > 0):
+        at = "MAXN" if row["setting"] == "maxn" else mhz(int(row["freq_hz"]))
+        raise FtgovError(f"{name}: {column} {value!r} at {at} is not a positive finite number")
 
 
 def sha256(path: str | Path) -> str:

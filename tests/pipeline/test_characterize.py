@@ -187,3 +187,19 @@ def test_a_csv_with_levels_in_mhz_is_not_trained_on(tmp_path):
         w.writerows(table)
     with pytest.raises(FtgovError, match=r"freq_hz 306 is not a GPU clock in Hz .*816 MHz is 816000000"):
         dataset.load(out)
+
+
+@pytest.mark.parametrize("column", ["energy_per_step_j", "step_time_s"])
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+def test_a_row_whose_energy_or_time_is_no_positive_number_is_refused(tmp_path, column, value):
+    # 'nan' in one pinned row's energy made `ffg` pick the lowest level (306 MHz) and `dataset` label on it; 0 or a
+    # negative number ended `dataset` in a traceback (math domain error).
+    _, out, _ = sweep(tmp_path, characterization_workloads()[:2])
+    table = rows(out)
+    table[1][column] = value
+    with out.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(table)
+    with pytest.raises(FtgovError, match=f"{table[1]['workload']}: {column} {value!r} at 306 MHz is not a positive"):
+        dataset.load(out)
