@@ -73,6 +73,9 @@ class ActiveJob:
     gpu_id: str
     features: Features
     policy: PolicyName | None = None  # per-job policy request (tune), else the daemon's
+    # Where the daemon measured features.gpu_util under a pin (its Hz), the job's load at that clock; None where the
+    # client gave it or it was measured at the default governor: the feature's meaning (the tree's, the store's).
+    gpu_util_at_hz: int | None = None
     decision: Decision | None = None
     started_s: float = field(default_factory=time.monotonic)
     started_at: float = field(default_factory=time.time)  # the same moment on the wall clock, for the state file
@@ -135,7 +138,8 @@ class ActiveJob:
                        uid=self.uid, features=self.features.model_dump(), freq_hz=self.kept_hz,
                        policy=self.decision.label if self.decision else "", started_at=self.started_at,
                        energy_j=self.energy_so_far_j(STATE_ENERGY_AGE_S), group=tag.key if tag else None,
-                       rank=tag.rank if tag else None, world_size=tag.world_size if tag else None)
+                       rank=tag.rank if tag else None, world_size=tag.world_size if tag else None,
+                       gpu_util_at_hz=self.gpu_util_at_hz)
 
     def resume(self, rec: HeldJob) -> None:
         """Continue a job a previous daemon of this boot held: its start time and the energy it measured until its
@@ -147,6 +151,7 @@ class ActiveJob:
             self.earlier_energy_j = rec.energy_j
         if rec.group is not None:
             self.group = GroupTag(rec.group, rec.rank, rec.world_size)
+        self.gpu_util_at_hz = rec.gpu_util_at_hz
 
 
 class Registered(NamedTuple):

@@ -121,7 +121,7 @@ class Recorder:
         return JobRecord(
             ended_at=time.time(), duration_s=ended.duration_s, boot_id=self.boot_id, daemon_job_id=job.job_id,
             uid=job.uid, name=job.name, model_type=f.model_type, num_layers=f.num_layers,
-            hidden_size=f.hidden_size, seq_len=f.seq_len, gpu_util=f.gpu_util,
+            hidden_size=f.hidden_size, seq_len=f.seq_len, gpu_util=f.gpu_util, gpu_util_at_hz=job.gpu_util_at_hz,
             **self.identity(gpu), model_version=tree_version(tree),
             model_source=getattr(tree, "source", None), policy=job.decision.label, freq_hz=job.freq_hz,
             reason=job.decision.reason, steps=job.steps, energy_j=ended.energy_j, start_hz=start_hz,

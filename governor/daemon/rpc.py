@@ -175,6 +175,8 @@ class Methods:
         if changes and any(getattr(job.features, k) != v for k, v in changes.items()):
             old = job.features
             job.features = job.features.model_copy(update=changes)
+            if "gpu_util" in changes:
+                job.gpu_util_at_hz = None  # the client's own: the feature's meaning, not a load read under a pin
             deferred_s = self.redecide.request(job.job_id, lambda: self._redecide(job, old))
         d = job.decision
         assert d is not None, "a job is decided, or held unpinned, before its register is answered"

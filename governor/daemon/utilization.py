@@ -174,6 +174,7 @@ class UtilizationSampler:
             why += f" (while other jobs held the GPU at {mhz(pinned_hz)}, not at the default governor)"
         log.info("%s: %s", job.label(), why, extra={**job.fields(), "GPU_UTIL_PCT": f"{util_pct:.1f}"})
         job.features = job.features.model_copy(update={"gpu_util": util_pct})
+        job.gpu_util_at_hz = pinned_hz  # the feature means the load at the default governor only where this is None
         if not pending.decide:
             return
         try:

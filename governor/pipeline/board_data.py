@@ -61,6 +61,18 @@ def feature_key(f: Features) -> tuple:
             None if f.gpu_util is None else round(f.gpu_util))
 
 
+def feature_util(r) -> float | None:
+    """The job's gpu_util as the tree means it, the load at the default governor: as recorded where the client gave
+    it or the daemon measured it there; where the daemon measured it under a pin (gpu_util_at_hz: a decision that did
+    not test it pins at once, and the load is read at the pin, higher at a low clock), the mean of the loads read as
+    the job's windows at the default governor closed (its tuner's baseline), else unknown. Trained on the load at a
+    pin, a tree split on numbers that new jobs, measured at the default governor, never show."""
+    if getattr(r, "gpu_util_at_hz", None) is None:
+        return None if r.gpu_util is None else float(r.gpu_util)
+    loads = [w.gpu_util for w in r.windows if w.level_hz is None and w.gpu_util is not None]
+    return sum(loads) / len(loads) if loads else None
+
+
 def board_curves(records: Iterable, levels_hz: tuple[int, ...], by_uid: bool = False) -> list[BoardCurve]:
     """Group tuned jobs by features (and by uid, ``by_uid``); pool their windows per level (only levels of the
     characterization table). A job registered without gpu_util and never measured groups with the others of unknown
@@ -71,7 +83,7 @@ def board_curves(records: Iterable, levels_hz: tuple[int, ...], by_uid: bool = F
         if not wins:
             continue
         f = Features(model_type=r.model_type, num_layers=r.num_layers, hidden_size=r.hidden_size,
-                     seq_len=float(r.seq_len), gpu_util=None if r.gpu_util is None else float(r.gpu_util))
+                     seq_len=float(r.seq_len), gpu_util=feature_util(r))
         key = (*feature_key(f), r.uid if r.uid is not None else -1) if by_uid else feature_key(f)
         g = sums.setdefault(key, {"features": f, "j": {}, "steps": {}, "n": {}, "jobs": 0, "uids": set()})
         g["jobs"] += 1

@@ -42,7 +42,7 @@ from governor.errors import FtgovError
 
 log = logging.getLogger("ftgovd")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 DEFAULT_MAX_JOBS = 20000
 BUSY_TIMEOUT_S = 5.0
 
@@ -69,6 +69,8 @@ CREATE TABLE jobs (
     name TEXT,                          -- the client's string, as given
     model_type TEXT NOT NULL, num_layers INTEGER NOT NULL, hidden_size INTEGER NOT NULL, seq_len REAL NOT NULL,
     gpu_util REAL,
+    gpu_util_at_hz INTEGER,             -- NULL: gpu_util as given or measured at the default governor; else the pin
+                                        -- it was measured under (the job's load at that clock, not the feature's)
     board_model TEXT, l4t_release TEXT, backend TEXT, gpu_name TEXT, driver TEXT,
     levels_hz TEXT,                     -- the GPU's table of levels, JSON: a window's neighbours are read from it
     model_version TEXT, model_source TEXT,
@@ -108,13 +110,14 @@ _MIGRATIONS = {
 ALTER TABLE totals ADD COLUMN saved_start_j REAL NOT NULL DEFAULT 0;
 ALTER TABLE totals ADD COLUMN saved_unsplit_j REAL NOT NULL DEFAULT 0;
 UPDATE totals SET saved_unsplit_j = saved_j;""",
+    4: "ALTER TABLE jobs ADD COLUMN gpu_util_at_hz INTEGER;",
 }
 # A job's saved_basis -> the totals' column its saving is added to (measured_saving's labels).
 _SAVED_BY_BASIS = {"default governor": "saved_default_j", "start level": "saved_start_j"}
 
 JOB_COLUMNS = ("ended_at", "duration_s", "boot_id", "daemon_job_id", "uid", "name", "model_type", "num_layers",
-               "hidden_size", "seq_len", "gpu_util", "board_model", "l4t_release", "backend", "gpu_name", "driver",
-               "levels_hz",
+               "hidden_size", "seq_len", "gpu_util", "gpu_util_at_hz", "board_model", "l4t_release", "backend",
+               "gpu_name", "driver", "levels_hz",
                "model_version", "model_source", "policy", "freq_hz", "reason", "steps", "energy_j", "start_hz",
                "converged", "saved_rel", "saved_basis", "saved_pct_err", "ended")
 _INSERT_JOB = f"INSERT INTO jobs ({', '.join(JOB_COLUMNS)}) VALUES ({', '.join('?' * len(JOB_COLUMNS))})"
@@ -188,6 +191,7 @@ class JobRecord:
     hidden_size: int
     seq_len: float
     gpu_util: float | None = None
+    gpu_util_at_hz: int | None = None  # where gpu_util was measured under a pin (its Hz); None: the feature's meaning
     duration_s: float | None = None
     boot_id: str | None = None
     daemon_job_id: int | None = None

@@ -102,13 +102,16 @@ class HeldJob:
     group: Annotated[str | None, Field(min_length=1, max_length=256)] = None
     rank: Annotated[int | None, Field(ge=0, le=1 << 20)] = None
     world_size: Annotated[int | None, Field(ge=1, le=1 << 20)] = None
+    # Where the daemon measured the job's gpu_util under a pin (governor.daemon.jobs.ActiveJob.gpu_util_at_hz).
+    gpu_util_at_hz: Annotated[int | None, Field(ge=1, le=MAX_HZ)] = None
 
     def to_dict(self) -> dict:
-        """A job outside any group is written without the group's fields (the file of a daemon without groups)."""
-        return {k: v for k, v in vars(self).items() if v is not None or k not in _GROUP_FIELDS}
+        """A job outside any group is written without the group's fields, and one whose gpu_util was not measured under
+        a pin without gpu_util_at_hz (the file of a daemon without them)."""
+        return {k: v for k, v in vars(self).items() if v is not None or k not in _OMITTED_WHEN_NONE}
 
 
-_GROUP_FIELDS = ("group", "rank", "world_size")
+_OMITTED_WHEN_NONE = ("group", "rank", "world_size", "gpu_util_at_hz")
 
 
 @dataclass(kw_only=True)

@@ -65,6 +65,30 @@ def test_a_tuned_job_lands_in_the_store_with_its_windows(start_daemon):
     assert j.saved_pct_err == summary["saved_pct_err"] > 0  # and its uncertainty
 
 
+def test_a_gpu_util_measured_under_a_pin_is_recorded_as_such_and_retrain_reads_the_default_governors(start_daemon):
+    """A job registered without gpu_util whose decision does not test it is pinned at once, and its load is measured
+    at the pin: higher than at the default governor, which is what the tree's gpu_util means. The store kept it as the
+    feature, and `ftgov model retrain` trained on it: a tree split on loads that new jobs, measured at the default
+    governor, never show. The store notes the pin, and retrain takes the load its baseline windows read instead."""
+    from governor.pipeline.board_data import feature_util
+
+    # The shipped tree (mlg-tree.json), which never tests gpu_util: the decision is made without it.
+    d = start_daemon(simulate=True, config={**scaled(TIME_SCALE),
+                                            "model_file": str(REPO / "governor" / "data" / "mlg-tree.json")})
+    c = d.client()
+    res = c.call("register", tune=True, **BERT_BASE)
+    simjob.run(Root(d.state_dir / "sim-orin"), ProgressJob(c, res["job_id"]), Workload(name="w", **BERT_BASE),
+               JOB_STEPS, time_scale=TIME_SCALE)
+    c.call("unregister", job_id=res["job_id"])
+    d.stop()
+    (j,) = store.read_jobs(store.open_read_only(d.state_dir / "measurements.sqlite"))
+    assert j.gpu_util is not None and j.gpu_util_at_hz is not None, (j.gpu_util, j.gpu_util_at_hz, d.log())
+    baseline = [w.gpu_util for w in j.windows if w.level_hz is None]
+    assert baseline and feature_util(j) == sum(baseline) / len(baseline)
+    assert feature_util(j) < j.gpu_util, "at the default governor the GPU waits less on itself than at the pin"
+    assert f"at the pin of {j.gpu_util_at_hz / 1e6:g} MHz; recorded only" in d.log()
+
+
 def test_jobs_at_different_time_scales_record_the_workloads_energy_per_step(start_daemon):
     """A simulated job's steps run at time_scale of the model's time, and the daemon integrates the rails over wall
     time: the board drew the model's power, so a job at 0.05 recorded a third of the J/step of one at 0.15, and

@@ -15,11 +15,23 @@ INSERT INTO totals VALUES (1, 0, 0.0, 0.0);
 """
 
 
+def _without_gpu_util_at_hz(sql: str) -> str:
+    """The jobs table before schema 5 noted where gpu_util was measured: the column and its comment's lines gone."""
+    lines = sql.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("gpu_util_at_hz "))
+    end = start + 1
+    while lines[end].lstrip().startswith("--"):
+        end += 1
+    return "".join(lines[:start] + lines[end:])
+
+
 def schema(version: int) -> str:
     """The SQL that creates an empty store of ``version`` (1 to the current one)."""
     if version >= store.SCHEMA_VERSION:
         return store._SCHEMA + store._SCHEDULER_TABLE
-    sql = store._SCHEMA[:store._SCHEMA.index("CREATE TABLE totals")] + _TOTALS_BEFORE_4
+    sql = _without_gpu_util_at_hz(store._SCHEMA)
+    if version < 4:
+        sql = sql[:sql.index("CREATE TABLE totals")] + _TOTALS_BEFORE_4
     if version < 2:
         without = sql.replace("    saved_pct_err REAL,", "")
         assert without != sql
