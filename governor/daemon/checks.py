@@ -40,6 +40,10 @@ def limits_changed(pin: GpuPin, reapply: bool) -> bool:
     if holds:
         check_clock(pin, now.cur_hz)
         return False
+    if pin.restore_failed:
+        # A write of ours failed (the tick retries it): the limits read our last pin, or half of this one. Taken for
+        # another tool's, our old pin became the baseline's max (reapply) or stayed on the GPU for good (stand_down).
+        return False
     log.warning("GPU %s: limits changed under our pin of %s (now min %s max %s, clock %s): nvpmodel, "
                 "jetson_clocks or another tool? %s", gid, mhz(pin.pinned_hz), mhz(now.min_hz),
                 mhz(now.max_hz), mhz(now.cur_hz, none="no pin"),

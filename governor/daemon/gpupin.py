@@ -91,6 +91,11 @@ class GpuPin:
         except CannotPin as e:
             self.refused(e, first=first)
             raise
+        except BackendError:
+            # Retried on the tick whoever asked (a tuner's move too), and meanwhile not checked as a pin that holds
+            # (checks.limits_changed): the limits read our last pin, or half of this one.
+            self.restore_failed = True
+            raise
         if first and power_cap_mw is not None and self._caps(power_cap_mw):
             try:
                 self.gpu.set_power_cap_mw(power_cap_mw)
