@@ -12,7 +12,7 @@ from governor.cli.ops import format_status
 from governor.daemon.controller import Controller
 from governor.daemon.settings import PinSettings
 from governor.daemon.status import status
-from governor.errors import BackendError, FtgovError, PinError
+from governor.errors import BackendError, FtgovError, PinError, StateError
 from governor.features import Features
 from governor.policy import Policy, PolicyName
 from governor.store.state import StateFile
@@ -174,6 +174,21 @@ def test_a_tuners_move_that_failed_mid_write_is_retried_not_taken_for_another_to
     assert limits(orin) == (510_000_000, 510_000_000)
     pins.end(j.job_id, "unregistered")
     assert limits(orin) == (BASELINE.min_hz, BASELINE.max_hz)
+
+
+def test_a_tuners_move_whose_save_failed_is_not_taken_for_made_and_is_retried(gpu, tmp_path):
+    """A move's save fails (a full /run) before its write: nothing is written. The pin was taken for moved all the
+    same, so status showed the new level over the old one, and the move was never made once the disk had room."""
+    pins = controller(gpu, tmp_path)
+    j = job(pins)
+    pins.decide(j)
+    pins.saver.state_file = StateFile("/proc/ftgov-no-state")  # every save fails, as on a full state dir
+    with pytest.raises(StateError):
+        pins.set_freq(j, 612_000_000, "tune: a move")
+    assert gpu.limits == Limits(714_000_000, 714_000_000) and status(pins)["gpus"][0]["pinned_hz"] == 714_000_000
+    pins.saver.state_file = StateFile(tmp_path / "state")  # room again
+    pins.tick()
+    assert gpu.limits == Limits(612_000_000, 612_000_000) and status(pins)["gpus"][0]["pinned_hz"] == 612_000_000
 
 
 def test_listeners_and_deferral_come_through_the_constructor(gpu, tmp_path):
