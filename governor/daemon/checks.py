@@ -8,7 +8,7 @@ import logging
 
 from governor.backends.base import Limits
 from governor.daemon.gpupin import GpuPin
-from governor.errors import BackendError, CannotPin, FtgovError
+from governor.errors import BackendError, CannotPin, FtgovError, StateError
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
@@ -121,7 +121,11 @@ def _checked(pin: GpuPin) -> dict:
     allowed = [hz for hz in pin.gpu.levels_hz if reading.min_hz <= hz <= reading.max_hz] or pin.gpu.levels_hz
     level = min(allowed, key=lambda hz: abs(hz - now_hz))
     pin.baseline, pin.pinned_hz = pin.gpu.snapshot(), level
-    pin.save_state()  # before the write, as for a job: a crash in between still finds the baseline
+    try:
+        pin.save_state()  # before the write, as for a job: a crash in between still finds the baseline
+    except StateError as e:  # nothing written, as a job's pin would not be: no pin of ours to show or restore
+        pin.baseline, pin.pinned_hz = None, None
+        return {"ok": False, "wrote": False, "detail": f"not checked: {e}; no job can be pinned until it can be"}
     result: dict = {"ok": True, "wrote": True, "pinned_hz": level}
     log.info("GPU %s: pin check: pinning at the current %s, restoring at once", pin.gpu.id, mhz(level))
     try:

@@ -296,6 +296,21 @@ def test_a_full_state_dir_under_a_held_pin_is_one_error_line_not_a_traceback_eac
     assert limits(orin) == BASELINE and "written again" in d.log()
 
 
+def test_a_pin_check_on_a_full_state_dir_writes_nothing_and_leaves_no_pin_behind(orin, start_daemon, tiny_tmpfs):
+    """`ftgov doctor`'s pin check saves the state before its pin, as a job's pin does: refused by a full /run, it
+    left the idle GPU marked pinned (status, STATUS=) at the check's level with nothing on it, for good."""
+    d = start_daemon(launch=False, extra_args=("--state-dir", str(tiny_tmpfs / "state")))
+    d.start()
+    c = d.client()
+    c.call("unregister", job_id=c.call("register", **FEATURES)["job_id"])  # the state file exists: the dir is full
+    filler = _fill(tiny_tmpfs)
+    (result,) = c.call("pin_check")["gpus"]
+    assert result["ok"] is False and result["wrote"] is False and "No space left" in result["detail"]
+    assert c.call("status")["gpus"][0]["pinned_hz"] is None and limits(orin) == BASELINE
+    filler.unlink()
+    assert c.call("pin_check")["gpus"][0]["ok"] is True
+
+
 # ---- the model file ------------------------------------------------------------------------------------------------
 
 
