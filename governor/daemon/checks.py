@@ -8,7 +8,7 @@ import logging
 
 from governor.backends.base import Limits
 from governor.daemon.gpupin import GpuPin
-from governor.errors import BackendError, CannotPin, FtgovError
+from governor.errors import BackendError, CannotPin, FtgovError, StateError
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
@@ -39,6 +39,10 @@ def limits_changed(pin: GpuPin, reapply: bool) -> bool:
         log.info("GPU %s: its limits read again", gid)
     if holds:
         check_clock(pin, now.cur_hz)
+        return False
+    if pin.restore_failed:
+        # A write of ours failed (the tick retries it): the limits read our last pin, or half of this one. Taken for
+        # another tool's, our old pin became the baseline's max (reapply) or stayed on the GPU for good (stand_down).
         return False
     log.warning("GPU %s: limits changed under our pin of %s (now min %s max %s, clock %s): nvpmodel, "
                 "jetson_clocks or another tool? %s", gid, mhz(pin.pinned_hz), mhz(now.min_hz),
@@ -117,7 +121,11 @@ def _checked(pin: GpuPin) -> dict:
     allowed = [hz for hz in pin.gpu.levels_hz if reading.min_hz <= hz <= reading.max_hz] or pin.gpu.levels_hz
     level = min(allowed, key=lambda hz: abs(hz - now_hz))
     pin.baseline, pin.pinned_hz = pin.gpu.snapshot(), level
-    pin.save_state()  # before the write, as for a job: a crash in between still finds the baseline
+    try:
+        pin.save_state()  # before the write, as for a job: a crash in between still finds the baseline
+    except StateError as e:  # nothing written, as a job's pin would not be: no pin of ours to show or restore
+        pin.baseline, pin.pinned_hz = None, None
+        return {"ok": False, "wrote": False, "detail": f"not checked: {e}; no job can be pinned until it can be"}
     result: dict = {"ok": True, "wrote": True, "pinned_hz": level}
     log.info("GPU %s: pin check: pinning at the current %s, restoring at once", pin.gpu.id, mhz(level))
     try:

@@ -248,11 +248,17 @@ class Controller:
                 log.warning("job %d from before the restart ran on GPU %s, which is not here now: not re-adopted",
                             rec.job_id, rec.gpu)
                 continue
+            try:
+                decision = Decision.from_label(rec.policy, rec.freq_hz, "re-adopted after a daemon restart")
+            except ValueError:  # a file a newer ftgov wrote: its schema holds the label as any string
+                log.warning("job %d from before the restart has policy %r, which this ftgov does not know: not "
+                            "re-adopted", rec.job_id, rec.policy)
+                continue
             job = self.admit(pid=rec.pid, start_ticks=rec.start_ticks, uid=rec.uid, name=rec.name, gpu_id=rec.gpu,
                              features=Features(**rec.features), job_id=rec.job_id)
             job.adopted = True
             job.resume(rec)
-            job.decision = Decision.from_label(rec.policy, rec.freq_hz, "re-adopted after a daemon restart")
+            job.decision = decision
             adopted.append(job)
             log.info("%s re-adopted after a daemon restart at %s", job.label(), mhz(rec.freq_hz, none="no pin"),
                      extra=job.fields())

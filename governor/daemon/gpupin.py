@@ -15,7 +15,7 @@ from dataclasses import replace
 from governor.backends.base import POWER_LIMIT_KEY, Gpu, Limits
 from governor.daemon import logs
 from governor.daemon.powermode import PowerModeCap
-from governor.errors import BackendError, CannotCap, CannotPin, CapOutOfRange, FtgovError
+from governor.errors import BackendError, CannotCap, CannotPin, CapOutOfRange, FtgovError, StateError
 from governor.units import mhz
 
 log = logging.getLogger("ftgovd")
@@ -84,12 +84,26 @@ class GpuPin:
                             "back, and no pin goes above it. 'ftgov doctor' says how to free it", self.gpu.id,
                             mhz(self.baseline.min_hz))
             target_hz = self._under_cap(target_hz)
+        held_hz = self.pinned_hz
         self.pinned_hz, self.below_pin_reads = target_hz, 0  # a read under the old pin is not one under this one
-        self.save_state()  # before the write: a crash now still finds the baseline on disk
+        try:
+            self.save_state()  # before the write: a crash now still finds the baseline on disk
+        except StateError:
+            # Nothing was written: the GPU holds what it held (nothing of ours before a first pin), and the tick
+            # tries again whoever asked (a tuner's move too).
+            self.pinned_hz, self.restore_failed = held_hz, True
+            if first:
+                self.baseline = None
+            raise
         try:
             self.gpu.pin(target_hz)
         except CannotPin as e:
             self.refused(e, first=first)
+            raise
+        except BackendError:
+            # Retried on the tick whoever asked (a tuner's move too), and meanwhile not checked as a pin that holds
+            # (checks.limits_changed): the limits read our last pin, or half of this one.
+            self.restore_failed = True
             raise
         if first and power_cap_mw is not None and self._caps(power_cap_mw):
             try:
@@ -153,8 +167,8 @@ class GpuPin:
 
     def restore(self) -> None:
         """Write the baseline back; BackendError (marked restore_failed, for a retry) when that fails."""
-        if self.baseline is None:
-            self.pinned_hz = None
+        if self.baseline is None:  # nothing of ours on the GPU: nothing to retry either
+            self.pinned_hz, self.restore_failed = None, False
             self.save_state()
             return
         try:

@@ -99,9 +99,11 @@ class Server:
         adopted = self.controller.adopt(dataclasses.replace(state, jobs=live))
         self.groups.readopt(self.controller, adopted)
         for job in adopted:
-            self.holds.hold(job, held[job.job_id])
+            self.holds.hold(job, held.pop(job.job_id))
             if job.features.gpu_util is None and job.freq_hz is None:  # it was waiting for its measurement
                 self.sampler.start(job)
+        for process in held.values():  # left out by the controller (its GPU not here, its policy unknown)
+            process.close()
         self.ticker.changed(self.controller)  # starts the tick, which retries a restore that failed just now
 
     async def serve(self, listen_sock: socket.socket) -> None:

@@ -6,15 +6,18 @@ import dataclasses
 
 import pytest
 
+from governor.backends import devfreq
 from governor.backends.base import GpuBase, Limits, Reading
 from governor.cli.ops import format_status
 from governor.daemon.controller import Controller
 from governor.daemon.settings import PinSettings
 from governor.daemon.status import status
-from governor.errors import BackendError, FtgovError, PinError
+from governor.errors import BackendError, FtgovError, PinError, StateError
 from governor.features import Features
 from governor.policy import Policy, PolicyName
 from governor.store.state import StateFile
+from governor.sysfs import trusted_root
+from tests.support.daemon import DEVFREQ, limits
 
 LEVELS = (306_000_000, 612_000_000, 714_000_000, 918_000_000, 1_300_500_000)
 BASELINE = Limits(306_000_000, 1_300_500_000)
@@ -151,6 +154,41 @@ def test_a_restore_that_keeps_failing_is_logged_when_it_fails_and_when_it_takes_
     assert [level for level, _ in said if level != "INFO"] == ["ERROR", "WARNING", "WARNING", "ERROR"], said
     assert "restored to its baseline" in said[-1][1] and gpu.limits == BASELINE
     assert status(pins)["gpus"][0]["write_error"] is None
+
+
+def test_a_tuners_move_that_failed_mid_write_is_retried_not_taken_for_another_tools_change(orin, tmp_path):
+    """A tuner's move raises to the tuner, which stops: the move was not retried, and the tick read the limits our
+    failed write left as another tool's change under the pin, taking our old pin for the baseline's max."""
+    (gpu,) = devfreq.probe(trusted_root(orin))
+    node = (orin / DEVFREQ).resolve()
+    pins = controller(gpu, tmp_path)
+    j = job(pins)
+    pins.decide(j)
+    assert limits(orin) == (714_000_000, 714_000_000)
+    saved = (node / "min_freq").read_text()
+    (node / "min_freq").unlink()  # the move down writes min first: it fails, nothing written
+    with pytest.raises(BackendError):
+        pins.set_freq(j, 510_000_000, "tune: a move")
+    (node / "min_freq").write_text(saved)
+    pins.tick()
+    assert limits(orin) == (510_000_000, 510_000_000)
+    pins.end(j.job_id, "unregistered")
+    assert limits(orin) == (BASELINE.min_hz, BASELINE.max_hz)
+
+
+def test_a_tuners_move_whose_save_failed_is_not_taken_for_made_and_is_retried(gpu, tmp_path):
+    """A move's save fails (a full /run) before its write: nothing is written. The pin was taken for moved all the
+    same, so status showed the new level over the old one, and the move was never made once the disk had room."""
+    pins = controller(gpu, tmp_path)
+    j = job(pins)
+    pins.decide(j)
+    pins.saver.state_file = StateFile("/proc/ftgov-no-state")  # every save fails, as on a full state dir
+    with pytest.raises(StateError):
+        pins.set_freq(j, 612_000_000, "tune: a move")
+    assert gpu.limits == Limits(714_000_000, 714_000_000) and status(pins)["gpus"][0]["pinned_hz"] == 714_000_000
+    pins.saver.state_file = StateFile(tmp_path / "state")  # room again
+    pins.tick()
+    assert gpu.limits == Limits(612_000_000, 612_000_000) and status(pins)["gpus"][0]["pinned_hz"] == 612_000_000
 
 
 def test_listeners_and_deferral_come_through_the_constructor(gpu, tmp_path):

@@ -247,6 +247,27 @@ def test_ftgov_restore_after_a_crash_restores_even_when_the_config_went_bad_mean
         worker.kill()
 
 
+def test_a_saved_job_of_a_policy_this_ftgov_does_not_know_is_not_adopted_and_the_start_restores(orin, start_daemon):
+    """A state file a newer ftgov wrote (a downgrade in one boot) may name a policy this one does not have: the job's
+    label passes the file's schema, and its adoption raised out of the start, which a restart could never get past
+    (the file keeps its jobs), the pin in place meanwhile. The job is left out, as one on a GPU not here is."""
+    d = start_daemon()
+    worker = _worker()
+    try:
+        c = d.client()
+        c.call("register", pid=worker.pid, **FEATURES)
+        d.stop(signal.SIGKILL)
+        path = d.state_dir / "state.json"
+        saved = json.loads(path.read_text())
+        saved["jobs"][0]["policy"] = "greedy"
+        path.write_text(json.dumps(saved))  # as a newer ftgov wrote it
+        d.start()
+        assert limits(orin) == BASELINE and d.client().call("status")["jobs"] == []
+        assert "policy 'greedy', which this ftgov does not know" in d.log()
+    finally:
+        worker.kill()
+
+
 def test_state_from_another_boot_is_ignored(orin, start_daemon):
     d = start_daemon()
     c = d.client()

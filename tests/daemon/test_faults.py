@@ -25,6 +25,9 @@ from tests.support.daemon import DEVFREQ, FEATURES, REPO, limits
 from tests.support.faults import BASELINE, PINNED, at_baseline, kill_trial, limits_now
 from tests.support.fswatch import Watch
 
+LOW_FEATURES = {"model_type": "decoder", "num_layers": 6, "hidden_size": 512, "seq_len": 20.0,
+                "gpu_util": 50.0}  # 510 MHz under the paper's tree (FEATURES: 714 MHz)
+
 # ---- devfreq files failing under a job -----------------------------------------------------------------------------
 
 
@@ -75,6 +78,33 @@ def test_devfreq_fault_mid_job_restore_is_retried_until_it_takes(orin, start_dae
     c.close()
     d.wait_status(at_baseline)
     assert limits(orin) == BASELINE
+
+
+@pytest.mark.parametrize("on_external_change", ["reapply", "stand_down"])
+def test_a_repin_that_failed_mid_write_is_retried_not_taken_for_another_tools_change(orin, start_daemon,
+                                                                                    on_external_change):
+    """A re-pin (down to the other job's level as a job leaves) whose write fails leaves the files at our old pin or
+    half way. That is our failed write, retried on the tick: it was read as limits another tool had set under the pin,
+    and the old pin became the baseline's max (reapply: the jobs' end left the GPU capped at that level) or the daemon
+    stood down (the pin left on the idle GPU)."""
+    d = start_daemon(config={"on_external_change": on_external_change})
+    node = (orin / DEVFREQ).resolve()
+    c, other = d.client(), d.client()
+    high = c.call("register", **FEATURES)["job_id"]
+    other.call("register", **LOW_FEATURES)
+    assert limits(orin) == PINNED
+    heal = _vanish_file(node / "min_freq")
+    c.call("unregister", job_id=high)  # down to the other job's 510 MHz: the first write (min) fails
+    assert "will retry" in d.log()
+    heal()
+    d.notify.drain()
+    for _ in range(2):  # each tick says STATUS=: the second comes from a tick that began after the heal
+        d.wait_status(lambda m: m.startswith("STATUS=1 job(s)"))
+    assert limits(orin) == (510000000, 510000000)
+    other.close()
+    d.wait_status(at_baseline)
+    assert limits(orin) == BASELINE
+    assert "limits changed under our pin" not in d.log()
 
 
 @pytest.fixture
@@ -264,6 +294,21 @@ def test_a_full_state_dir_under_a_held_pin_is_one_error_line_not_a_traceback_eac
     filler.unlink()
     c.call("unregister", job_id=first)
     assert limits(orin) == BASELINE and "written again" in d.log()
+
+
+def test_a_pin_check_on_a_full_state_dir_writes_nothing_and_leaves_no_pin_behind(orin, start_daemon, tiny_tmpfs):
+    """`ftgov doctor`'s pin check saves the state before its pin, as a job's pin does: refused by a full /run, it
+    left the idle GPU marked pinned (status, STATUS=) at the check's level with nothing on it, for good."""
+    d = start_daemon(launch=False, extra_args=("--state-dir", str(tiny_tmpfs / "state")))
+    d.start()
+    c = d.client()
+    c.call("unregister", job_id=c.call("register", **FEATURES)["job_id"])  # the state file exists: the dir is full
+    filler = _fill(tiny_tmpfs)
+    (result,) = c.call("pin_check")["gpus"]
+    assert result["ok"] is False and result["wrote"] is False and "No space left" in result["detail"]
+    assert c.call("status")["gpus"][0]["pinned_hz"] is None and limits(orin) == BASELINE
+    filler.unlink()
+    assert c.call("pin_check")["gpus"][0]["ok"] is True
 
 
 # ---- the model file ------------------------------------------------------------------------------------------------
