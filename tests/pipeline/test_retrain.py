@@ -2,6 +2,7 @@
 export (the daemon's reader, scikit-learn's answers), fleets, and the command."""
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -212,6 +213,23 @@ def test_retrain_may_learn_from_trusted_users_only(tmp_path):
     assert len(every) == 6 and len(trusted) == 4 and {r.uid for r in trusted} == {0}
     with pytest.raises(SystemExit):  # a uid must be a number
         run_cli("--store", path, "--uid", "root", "--out", tmp_path / "t.json")
+
+
+def test_a_store_another_user_owns_is_that_users_word_whatever_uid_its_rows_say(tmp_path):
+    """retrain learns from root's jobs unless told to trust more users; but a row's uid is the word of whoever wrote
+    the file. A member's own file of rows that say uid 0, given with --store, was learnt from as root's."""
+    shipped = DecisionTree.load(REPO / "model" / "mlg-tree.json")
+    path = tmp_path / "forged.sqlite"
+    s = Store(path)
+    for rec in learning.stream(retrain.tree_decider(shipped, learning.board_model().levels_hz), 4, seed=4):
+        s.add(JobRecord(**{**rec.__dict__, "uid": 0}))
+    s.close()
+    for f in tmp_path.iterdir():
+        os.chown(f, 4242, 4242)
+    trusted, identity = retrain.load_records([path], {0})
+    assert trusted == [] and identity["jobs_left_out"] == 4
+    vouched, _ = retrain.load_records([path], {0, 4242})  # --uid 4242: that user's word is taken
+    assert len(vouched) == 4
 
 
 def test_a_store_of_a_gpu_without_the_characterization_levels_is_refused(tmp_path, capsys):
