@@ -436,11 +436,16 @@ def _run(args: argparse.Namespace) -> int:
     identity["trusted_uids"] = sorted(trusted)
     sweeps = dataset.load(args.data)
     check_levels(records, identity, sweeps[0].levels_hz)
-    before = before_tree(args.current, tree_candidates(model_file, paths, args.from_dir), identity["latest_tree"])
-    result = retrain(records, sweeps, args.seed, before.tree, args.jobs)
+    # Said before the search (a minute or more on a board's CPUs), not after it.
     out = (args.out or paths[0].with_name("mlg-tree.json")) if args.from_dir is None else args.out
     if out is None:
         raise FtgovError("--from needs --out: where to write the fleet's tree")
+    if not records:
+        raise FtgovError(f"not exported: nothing to learn from in the store: no jobs of the trusted users; "
+                         f"{identity['jobs_left_out']} jobs of other users left out (--uid UID learns from a user's "
+                         "jobs, docs/security.md)")
+    before = before_tree(args.current, tree_candidates(model_file, paths, args.from_dir), identity["latest_tree"])
+    result = retrain(records, sweeps, args.seed, before.tree, args.jobs)
     provenance = {**identity, "data": args.data.name, "data_sha256": dataset.sha256(args.data),
                   "replaces": {**before.describe(), "model_id": before.tree.metadata.get("model_id")}}
     r = result.report
