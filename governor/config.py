@@ -78,6 +78,9 @@ class SocketConfig(_Strict):
         return v
 
 
+DEFAULT_RANKS_PER_UID = 16  # two runs over 8 GPUs at once
+
+
 class LimitsConfig(_Strict):
     max_connections: int = Field(256, gt=0, le=65536)
     max_connections_per_uid: int = Field(16, gt=0, le=65536, description=(
@@ -89,9 +92,10 @@ class LimitsConfig(_Strict):
     max_jobs_per_connection: int = Field(8, gt=0, le=1024)
     max_jobs_per_uid: int = Field(8, gt=0, le=65536, description=(
         "so that a few users cannot take every job slot; a job group counts once"))
-    max_ranks_per_uid: int = Field(16, gt=0, le=65536, description=(
+    max_ranks_per_uid: int | None = Field(None, gt=0, le=65536, description=(
         "one user's jobs with every rank of its groups counted: max_jobs_per_uid counts a group once, so without "
-        "this a member's groups, a rank on each GPU, would take max_jobs_per_uid times the GPUs' slots"))
+        "this a member's groups, a rank on each GPU, would take max_jobs_per_uid times the GPUs' slots; default "
+        f"{DEFAULT_RANKS_PER_UID}, or max_jobs_per_uid where that is higher (ranks_per_uid)"))
     max_jobs: int = Field(64, gt=0, le=4096, description=(
         "jobs in all; status lists each in a few KB (a name of 256 characters, escaped), and a client reads it whole "
         "(governor.client.connection.MAX_REPLY_BYTES)"))
@@ -103,9 +107,17 @@ class LimitsConfig(_Strict):
         "a GPU's pin moves for phase changes and tuner probes at most once per this interval (each is a sysfs write "
         "and a state save); the latest move waits for the interval's end, and a tuned job's window for its pin"))
 
+    @property
+    def ranks_per_uid(self) -> int:
+        """The rank cap in force: as set, else the default or max_jobs_per_uid, whichever is higher (a config that
+        raised max_jobs_per_uid before the rank cap existed keeps working)."""
+        if self.max_ranks_per_uid is not None:
+            return self.max_ranks_per_uid
+        return max(DEFAULT_RANKS_PER_UID, self.max_jobs_per_uid)
+
     @model_validator(mode="after")
     def _ranks_cover_jobs(self):
-        if self.max_ranks_per_uid < self.max_jobs_per_uid:
+        if self.max_ranks_per_uid is not None and self.max_ranks_per_uid < self.max_jobs_per_uid:
             raise ValueError(f"max_ranks_per_uid ({self.max_ranks_per_uid}) must be at least max_jobs_per_uid "
                              f"({self.max_jobs_per_uid}): it counts the same jobs and every rank of a group besides")
         return self

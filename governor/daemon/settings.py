@@ -32,7 +32,7 @@ class PinSettings:
     @classmethod
     def from_config(cls, config: Config, policy: Policy) -> PinSettings:
         return cls(policy, max_jobs=config.limits.max_jobs, max_jobs_per_uid=config.limits.max_jobs_per_uid,
-                   max_ranks_per_uid=config.limits.max_ranks_per_uid,
+                   max_ranks_per_uid=config.limits.ranks_per_uid,
                    low_phases=frozenset(config.low_phases),
                    on_external_change=config.on_external_change,
                    power_cap_mw=round(config.power_cap_w * 1000) if config.power_cap_w else None,

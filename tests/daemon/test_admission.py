@@ -81,7 +81,7 @@ def test_defaults_take_many_users_to_exhaust():
     limits = LimitsConfig()
     assert limits.max_connections // limits.max_connections_per_uid >= 16
     assert limits.max_jobs // limits.max_jobs_per_uid >= 8
-    assert limits.max_jobs // limits.max_ranks_per_uid >= 4  # with a rank on each of 8 GPUs, two groups each
+    assert limits.max_jobs // limits.ranks_per_uid >= 4  # with a rank on each of 8 GPUs, two groups each
     assert limits.root_reserve_connections > 0 and limits.idle_timeout_s <= 120
 
 
@@ -90,7 +90,9 @@ def test_the_rank_cap_is_not_below_the_job_cap():
 
     with pytest.raises(ValidationError, match=r"max_ranks_per_uid \(4\) must be at least max_jobs_per_uid \(8\)"):
         LimitsConfig(max_ranks_per_uid=4)
-    assert LimitsConfig(max_jobs_per_uid=4, max_ranks_per_uid=4).max_ranks_per_uid == 4
+    assert LimitsConfig(max_jobs_per_uid=4, max_ranks_per_uid=4).ranks_per_uid == 4
+    # A config that raised max_jobs_per_uid before the rank cap existed loads as it did, the cap raised with it.
+    assert LimitsConfig(max_jobs_per_uid=256).ranks_per_uid == 256 and LimitsConfig().ranks_per_uid == 16
 
 
 @pytest.mark.parametrize("key", ["root_reserve_connections", "idle_timeout_s"])
