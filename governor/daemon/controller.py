@@ -242,6 +242,11 @@ class Controller:
                 ctl.baseline, ctl.pinned_hz, ctl.restore_failed = gs.baseline, gs.pinned_hz, True
                 log.info("state file: GPU %s baseline %s..%s, left pinned at %s", gid, mhz(gs.baseline.min_hz),
                          mhz(gs.baseline.max_hz), mhz(gs.pinned_hz, none="no pin"))
+        for gid in state.stood_down:
+            if gid in self.gpus:  # another tool's limits, left alone until the jobs there end (GpuPin.stand_down)
+                self.gpus[gid].stood_down = True
+                log.info("state file: GPU %s was stood down from (another tool changed its limits under the pin): "
+                         "its re-adopted jobs leave them alone", gid)
         adopted = []
         for rec in state.jobs:
             if rec.gpu not in self.gpus:

@@ -53,7 +53,8 @@ class StateSaver:
         gpus = {gid: GpuState(describe=pin.gpu.describe(), baseline=pin.baseline, pinned_hz=pin.pinned_hz)
                 for gid, pin in self._pins.items() if pin.baseline is not None}
         gpus.update(self.absent)
-        return State(self.boot_id, gpus, self._jobs.records(), self._jobs.next_job_id, holds=self._holds())
+        return State(self.boot_id, gpus, self._jobs.records(), self._jobs.next_job_id, holds=self._holds(),
+                     stood_down=[gid for gid, pin in self._pins.items() if pin.stood_down])
 
     def read(self) -> State | None:
         """What a previous daemon of this boot left (None: nothing, or another boot's)."""

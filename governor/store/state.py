@@ -157,6 +157,10 @@ class State:
     next_job_id: Annotated[int, Field(ge=1, le=1 << 53)] = 1
     format: Literal["ftgov-state/1"] = FORMAT
     holds: Annotated[list[SchedulerHold], Field(max_length=4096)] = field(default_factory=list)
+    # GPUs whose limits another tool took under our pin (on_external_change: stand_down) while jobs still run there:
+    # a restart leaves them alone too, until those jobs end (their records still name the level they had).
+    stood_down: Annotated[list[Annotated[str, Field(max_length=128)]], Field(max_length=64)] = \
+        field(default_factory=list)
 
     def to_dict(self) -> dict:
         out = {"format": self.format, "boot_id": self.boot_id, "next_job_id": self.next_job_id,
@@ -164,6 +168,8 @@ class State:
                "jobs": [j.to_dict() for j in self.jobs]}
         if self.holds:  # absent when empty: a file without holds reads the same to an older daemon
             out["holds"] = [h.to_dict() for h in self.holds]
+        if self.stood_down:  # likewise
+            out["stood_down"] = list(self.stood_down)
         return out
 
     @classmethod
@@ -222,7 +228,8 @@ def renumbered(state: State, uuids: Mapping[str, str | None]) -> State:
                  [replace(rec, gpu=new(rec.gpu)) for rec in state.jobs], state.next_job_id,
                  holds=[replace(hold, freq_hz={new(g): hz for g, hz in hold.freq_hz.items()},
                                             energy_j={new(g): j for g, j in hold.energy_j.items()})
-                        for hold in state.holds])
+                        for hold in state.holds],
+                 stood_down=[new(gid) for gid in state.stood_down])
 
 
 def absent(state: State | None, uuids: Mapping[str, str | None]) -> dict[str, GpuState]:
@@ -287,7 +294,8 @@ def checked(state: State | None, levels_hz: dict[str, Sequence[int]],
                         bad[0])
             continue
         holds.append(hold)
-    return State(state.boot_id, gpus, jobs, state.next_job_id, holds=holds)
+    return State(state.boot_id, gpus, jobs, state.next_job_id, holds=holds,
+                 stood_down=[gid for gid in state.stood_down if gid in levels_hz])
 
 
 def _check_dir(fd: int, path: Path) -> None:

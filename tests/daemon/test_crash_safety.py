@@ -332,6 +332,34 @@ def test_a_clean_restart_restores_at_stop_and_takes_the_running_jobs_back(orin, 
         worker.kill()
 
 
+def test_a_gpu_stood_down_from_stays_so_across_a_restart_while_its_jobs_run(orin, start_daemon):
+    """on_external_change: stand_down leaves another tool's limits alone while the jobs under them run. The state
+    file kept no trace of it: a restart (an upgrade, a crash) re-adopted the jobs and pinned over the tool's limits,
+    which the daemon had left alone until then."""
+    theirs = (1300500000, 1300500000)  # jetson_clocks: min = max = the top level
+    d = start_daemon(config={"on_external_change": "stand_down"})
+    worker = _worker()
+    node = orin / "sys/class/devfreq/17000000.gpu"
+    try:
+        c = d.client()
+        c.call("register", pid=worker.pid, **FEATURES)
+        assert limits(orin) == PINNED
+        d.notify.drain()
+        replace_file(Root(orin), node / "min_freq", f"{theirs[0]}\n")
+        replace_file(Root(orin), node / "max_freq", f"{theirs[1]}\n")
+        d.wait_status(lambda m: "STATUS=1 job(s); GPU 0 at baseline" in m)  # stood down: it holds no pin now
+        d.stop(signal.SIGKILL)
+        d2 = start_daemon(workdir=d.workdir, notify_name="n2.sock", config={"on_external_change": "stand_down"})
+        (adopted,) = d2.client().call("status")["jobs"]
+        assert adopted["adopted"] is True and d2.client().call("status")["gpus"][0]["stood_down"] is True
+        assert limits(orin) == theirs, "the restart pinned over the other tool's limits"
+    finally:
+        worker.kill()
+    d2.wait_jobs(0)
+    assert limits(orin) == theirs  # and the job's end leaves them, as before the restart
+    assert d2.client().call("register", **FEATURES)["freq_hz"] == PINNED[0]  # no job left: it governs again
+
+
 def test_limits_changed_under_the_pin_are_reapplied_or_left(orin, start_daemon):
     theirs = (306000000, 2147483647)
     for mode in ("reapply", "stand_down"):
