@@ -292,6 +292,24 @@ def test_a_forked_childs_end_leaves_its_parents_job(daemon, orin):
     assert job.result["steps"] == 2 and limits(orin) == BASELINE
 
 
+def in_a_forked_child(job, *calls) -> int:
+    """Run ``calls`` on the job's copy in a forked child: its exit code counts the warnings given, plus 10 where the
+    copy gave up (disabled) and 20 where it registered a job of its own; 0 is a copy that said and did nothing."""
+    parents = job.job_id
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                for call in calls:
+                    call()
+            code = len(said) + (10 if job.disabled else 0) + (20 if job.job_id != parents else 0)
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
 def test_a_forked_childs_steps_say_nothing_of_its_parents_job(daemon, orin):
     """A forked child that counts steps on its copy of the job (a worker that calls job.step()) cannot report them
     (the connection is its parent's: Connection refuses to write). It warned that training went on without the
@@ -300,18 +318,7 @@ def test_a_forked_childs_steps_say_nothing_of_its_parents_job(daemon, orin):
     pin = predicted_hz(daemon, **SMALL, seq_len=40.0, gpu_util=90.0)
     with governor.job(**SMALL, seq_len=40, gpu_util=90, socket=daemon.socket, report_every_s=0) as job:
         job.step()
-        pid = os.fork()
-        if pid == 0:
-            code = 99
-            try:
-                with warnings.catch_warnings(record=True) as said:
-                    warnings.simplefilter("always")
-                    job.step()
-                    job.step()
-                code = len(said) + (10 if job.disabled else 0)  # the warnings given, and whether it gave up
-            finally:
-                os._exit(code)
-        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert in_a_forked_child(job, job.step, job.step) == 0
         assert job.registered and not job.disabled and limits(orin) == (pin, pin)
         job.step()
     assert job.result["steps"] == 2 and limits(orin) == BASELINE
@@ -326,19 +333,7 @@ def test_a_forked_child_that_measures_batches_registers_nothing(daemon, orin):
     mask = torch.ones(4, 32, dtype=torch.long)
     batch = {"input_ids": mask, "attention_mask": mask}
     with governor.job(**SMALL, gpu_util=90, socket=daemon.socket, measure_batches=2, report_every_s=0) as job:
-        pid = os.fork()
-        if pid == 0:
-            code = 99
-            try:
-                with warnings.catch_warnings(record=True) as said:
-                    warnings.simplefilter("always")
-                    job.observe_batch(batch)
-                    job.observe_batch(batch)
-                    job.step()
-                code = len(said) + (10 if job.disabled else 0) + (20 if job.job_id is not None else 0)
-            finally:
-                os._exit(code)
-        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert in_a_forked_child(job, lambda: job.observe_batch(batch), lambda: job.observe_batch(batch), job.step) == 0
         assert daemon.client().call("status")["jobs"] == [] and limits(orin) == BASELINE
         job.observe_batch(batch)
         job.observe_batch(batch)

@@ -34,6 +34,14 @@ def rows(path):
         return list(csv.DictReader(f))
 
 
+def write_rows(path, table):
+    """The CSV again, with ``table``'s rows (a file put together or edited by hand)."""
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(table[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(table)
+
+
 def test_one_row_per_setting_with_named_rails_and_consistent_energy(tmp_path):
     workloads = characterization_workloads()[:2]
     _, out, added = sweep(tmp_path, workloads)
@@ -181,10 +189,7 @@ def test_a_csv_with_levels_in_mhz_is_not_trained_on(tmp_path):
     table = rows(out)
     for r in table:
         r["freq_hz"] = r["freq_hz"] and str(int(r["freq_hz"]) // 1_000_000)
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(table[0]), lineterminator="\n")
-        w.writeheader()
-        w.writerows(table)
+    write_rows(out, table)
     with pytest.raises(FtgovError, match=r"freq_hz 306 is not a GPU clock in Hz .*816 MHz is 816000000"):
         dataset.load(out)
 
@@ -197,9 +202,6 @@ def test_a_row_whose_energy_or_time_is_no_positive_number_is_refused(tmp_path, c
     _, out, _ = sweep(tmp_path, characterization_workloads()[:2])
     table = rows(out)
     table[1][column] = value
-    with out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(table[0]), lineterminator="\n")
-        w.writeheader()
-        w.writerows(table)
+    write_rows(out, table)
     with pytest.raises(FtgovError, match=f"{table[1]['workload']}: {column} {value!r} at 306 MHz is not a positive"):
         dataset.load(out)
