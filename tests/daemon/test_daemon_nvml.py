@@ -267,7 +267,11 @@ def test_a_client_that_times_its_steps_gets_windows_whose_ends_are_the_counters_
     # Status counts every read of the counter the daemon made, and what they cost (scripts/daemon_cpu.py's figure).
     gpu, = status["gpus"]
     made = _calls.read_text().split().count("nvmlDeviceGetTotalEnergyConsumption")  # and the timer's since status
-    assert 0 < gpu["energy_counter_reads"] <= made <= gpu["energy_counter_reads"] + 2, (gpu, made)
+    # Every read made before a second status is counted in it, but the backend's probe of the counter at start (one
+    # call, governor/backends/nvml.py): no allowance for the timer's reads in between, which a loaded machine made
+    # more of than the two the check allowed.
+    (after,) = c.call("status")["gpus"]
+    assert 0 < gpu["energy_counter_reads"] <= made <= after["energy_counter_reads"] + 1, (gpu, made, after)
     assert gpu["energy_counter_read_s"] > 0, gpu
     end = c.call("unregister", job_id=job_id)
     assert isinstance(end["saved_measured_steps"], int) and end["saved_pct_err"] > 0, end  # steps counted whole
